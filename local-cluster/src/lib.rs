@@ -1,0 +1,9 @@
+//! `local-cluster`: a small but real host for the xce plugins — controller (with the
+//! scheduler and the apiserver), worker agent, and an all-in-one dev mode.
+//!
+//! It wires plugins in through the `plugin-api` traits only; nothing here knows what a
+//! port name or an endpoint is.
+#![warn(unreachable_pub)]
+
+pub mod profile;
+pub mod proto;

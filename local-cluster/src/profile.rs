@@ -1,0 +1,453 @@
+//! The host's part of a service profile (DESIGN §3): name, project, replicas, command,
+//! readiness. Sections owned by resource plugins (e.g. `ports`) are validated by the
+//! plugins; this module only routes them and rejects keys nobody owns.
+//!
+//! Validation collects every problem (field path + reason) so a profile is rejected whole.
+
+use plugin_api::{FieldError, ResourcePlugin};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::time::Duration;
+
+/// How the worker probes a replica's readiness.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Readiness {
+    /// The probe.
+    pub probe: Probe,
+    /// Time between probes.
+    #[serde(with = "humantime_serde_ms")]
+    pub interval: Duration,
+    /// Time one probe may take.
+    #[serde(with = "humantime_serde_ms")]
+    pub timeout: Duration,
+}
+
+/// A readiness probe. Socket names are the names a resource plugin declared.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Probe {
+    /// Ready when a TCP connection to the named socket succeeds.
+    Tcp {
+        /// Socket name.
+        socket: String,
+    },
+    /// Ready when `GET path` on the named socket answers 2xx or 3xx.
+    Http {
+        /// Socket name.
+        socket: String,
+        /// Request path.
+        path: String,
+    },
+}
+
+mod humantime_serde_ms {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_millis() as u64)
+    }
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        Ok(Duration::from_millis(u64::deserialize(d)?))
+    }
+}
+
+/// A validated profile.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Profile {
+    /// Service name.
+    pub name: String,
+    /// Project.
+    pub project: String,
+    /// Replica count.
+    pub replicas: u32,
+    /// argv.
+    pub command: Vec<String>,
+    /// Readiness probe, if any.
+    pub readiness: Option<Readiness>,
+    /// The whole `[service]` table as JSON (plugin sections included), as stored.
+    pub raw: Value,
+}
+
+/// The most replicas one service may ask for.
+pub const MAX_REPLICAS: u64 = 1000;
+
+const HOST_KEYS: &[&str] = &["name", "project", "replicas", "command", "readiness"];
+
+/// Parses a TOML profile into its JSON form (`{"service": {...}}`).
+pub fn toml_to_json(text: &str) -> Result<Value, FieldError> {
+    let v: toml::Value = toml::from_str(text).map_err(|e| {
+        FieldError::new(
+            "profile",
+            format!("not valid TOML: {}", e.message().trim_end_matches('.')),
+        )
+    })?;
+    serde_json::to_value(v).map_err(|e| FieldError::new("profile", e.to_string()))
+}
+
+/// Validates a whole profile (`{"service": {...}}`) with the host's rules and every
+/// plugin's, collecting every problem.
+pub fn validate(doc: &Value, plugins: &[&dyn ResourcePlugin]) -> Result<Profile, Vec<FieldError>> {
+    let mut errs = Vec::new();
+    let Some(top) = doc.as_object() else {
+        return Err(vec![FieldError::new(
+            "profile",
+            "must be a table/object with a [service] table",
+        )]);
+    };
+    for k in top.keys() {
+        if k != "service" {
+            errs.push(FieldError::new(k.clone(), "unknown field"));
+        }
+    }
+    let empty = Map::new();
+    let svc = match top.get("service") {
+        Some(Value::Object(m)) => m,
+        Some(_) => {
+            errs.push(FieldError::new("service", "must be a table"));
+            &empty
+        }
+        None => {
+            errs.push(FieldError::new("service", "missing"));
+            &empty
+        }
+    };
+    for k in svc.keys() {
+        if !HOST_KEYS.contains(&k.as_str()) && !plugins.iter().any(|p| p.name() == k) {
+            errs.push(FieldError::new(format!("service.{k}"), "unknown field"));
+        }
+    }
+
+    let name = match svc.get("name") {
+        Some(Value::String(s)) => match check_service_name(s) {
+            Ok(()) => s.clone(),
+            Err(reason) => {
+                errs.push(FieldError::new("service.name", reason));
+                String::new()
+            }
+        },
+        Some(_) => {
+            errs.push(FieldError::new("service.name", "must be a string"));
+            String::new()
+        }
+        None => {
+            if !svc.is_empty() || top.contains_key("service") {
+                errs.push(FieldError::new("service.name", "missing"));
+            }
+            String::new()
+        }
+    };
+    let project = match svc.get("project") {
+        None => "default".to_owned(),
+        Some(Value::String(s)) => match check_service_name(s) {
+            Ok(()) => s.clone(),
+            Err(reason) => {
+                errs.push(FieldError::new("service.project", reason));
+                String::new()
+            }
+        },
+        Some(_) => {
+            errs.push(FieldError::new("service.project", "must be a string"));
+            String::new()
+        }
+    };
+    let replicas = match svc.get("replicas") {
+        None => 1,
+        Some(v) => match v.as_u64() {
+            Some(n) if (1..=MAX_REPLICAS).contains(&n) => n as u32,
+            Some(_) | None if v.is_i64() || v.is_u64() => {
+                errs.push(FieldError::new(
+                    "service.replicas",
+                    format!("must be between 1 and {MAX_REPLICAS}"),
+                ));
+                0
+            }
+            _ => {
+                errs.push(FieldError::new("service.replicas", "must be an integer"));
+                0
+            }
+        },
+    };
+    let command = match svc.get("command") {
+        Some(Value::Array(items)) if !items.is_empty() => {
+            let mut out = Vec::new();
+            for (i, it) in items.iter().enumerate() {
+                match it.as_str() {
+                    Some(s) if s.contains('\0') => errs.push(FieldError::new(
+                        format!("service.command[{i}]"),
+                        "must not contain NUL",
+                    )),
+                    Some(s) => out.push(s.to_owned()),
+                    None => errs.push(FieldError::new(
+                        format!("service.command[{i}]"),
+                        "must be a string",
+                    )),
+                }
+            }
+            if out.first().is_some_and(|s| s.is_empty()) {
+                errs.push(FieldError::new("service.command[0]", "must not be empty"));
+            }
+            out
+        }
+        Some(Value::Array(_)) => {
+            errs.push(FieldError::new("service.command", "must not be empty"));
+            Vec::new()
+        }
+        Some(_) => {
+            errs.push(FieldError::new(
+                "service.command",
+                "must be an array of strings",
+            ));
+            Vec::new()
+        }
+        None => {
+            errs.push(FieldError::new("service.command", "missing"));
+            Vec::new()
+        }
+    };
+
+    // Plugins validate their own sections and tell us which socket names exist.
+    let mut sockets: Vec<String> = Vec::new();
+    for p in plugins {
+        match p.validate(svc.get(p.name())) {
+            Ok(info) => sockets.extend(info.socket_names),
+            Err(mut e) => errs.append(&mut e),
+        }
+    }
+
+    let readiness = match svc.get("readiness") {
+        None => None,
+        Some(Value::Object(r)) => parse_readiness(r, &sockets, &mut errs),
+        Some(_) => {
+            errs.push(FieldError::new("service.readiness", "must be a table"));
+            None
+        }
+    };
+
+    if errs.is_empty() {
+        Ok(Profile {
+            name,
+            project,
+            replicas,
+            command,
+            readiness,
+            raw: Value::Object(svc.clone()),
+        })
+    } else {
+        Err(errs)
+    }
+}
+
+fn parse_readiness(
+    r: &Map<String, Value>,
+    sockets: &[String],
+    errs: &mut Vec<FieldError>,
+) -> Option<Readiness> {
+    let before = errs.len();
+    for k in r.keys() {
+        if !["tcp", "http", "interval", "timeout"].contains(&k.as_str()) {
+            errs.push(FieldError::new(
+                format!("service.readiness.{k}"),
+                "unknown field",
+            ));
+        }
+    }
+    let check_socket = |field: &str, v: Option<&Value>, errs: &mut Vec<FieldError>| -> String {
+        match v.and_then(Value::as_str) {
+            Some(s) if sockets.iter().any(|n| n == s) => s.to_owned(),
+            Some(s) => {
+                errs.push(FieldError::new(
+                    field,
+                    format!("names no declared port: {s:?}"),
+                ));
+                String::new()
+            }
+            None => {
+                errs.push(FieldError::new(
+                    field,
+                    "must be the name of a declared port",
+                ));
+                String::new()
+            }
+        }
+    };
+    let probe = match (r.get("tcp"), r.get("http")) {
+        (Some(t), None) => Some(Probe::Tcp {
+            socket: check_socket("service.readiness.tcp", Some(t), errs),
+        }),
+        (None, Some(Value::Object(h))) => {
+            for k in h.keys() {
+                if k != "port" && k != "path" {
+                    errs.push(FieldError::new(
+                        format!("service.readiness.http.{k}"),
+                        "unknown field",
+                    ));
+                }
+            }
+            let socket = check_socket("service.readiness.http.port", h.get("port"), errs);
+            let path = match h.get("path") {
+                None => "/".to_owned(),
+                Some(Value::String(p))
+                    if p.starts_with('/') && !p.chars().any(char::is_control) =>
+                {
+                    p.clone()
+                }
+                Some(_) => {
+                    errs.push(FieldError::new(
+                        "service.readiness.http.path",
+                        "must be a path starting with '/'",
+                    ));
+                    String::new()
+                }
+            };
+            Some(Probe::Http { socket, path })
+        }
+        (None, Some(_)) => {
+            errs.push(FieldError::new(
+                "service.readiness.http",
+                "must be a table { port, path }",
+            ));
+            None
+        }
+        (Some(_), Some(_)) => {
+            errs.push(FieldError::new(
+                "service.readiness",
+                "set either tcp or http, not both",
+            ));
+            None
+        }
+        (None, None) => {
+            errs.push(FieldError::new("service.readiness", "needs tcp or http"));
+            None
+        }
+    };
+    let dur =
+        |field: &str, v: Option<&Value>, default: Duration, errs: &mut Vec<FieldError>| match v {
+            None => default,
+            Some(Value::String(s)) => match humantime::parse_duration(s) {
+                Ok(d) if d >= Duration::from_millis(100) && d <= Duration::from_secs(3600) => d,
+                Ok(_) => {
+                    errs.push(FieldError::new(field, "must be between 100ms and 1h"));
+                    default
+                }
+                Err(e) => {
+                    errs.push(FieldError::new(field, format!("not a duration ({e})")));
+                    default
+                }
+            },
+            Some(_) => {
+                errs.push(FieldError::new(
+                    field,
+                    "must be a duration string like \"1s\"",
+                ));
+                default
+            }
+        };
+    let interval = dur(
+        "service.readiness.interval",
+        r.get("interval"),
+        Duration::from_secs(1),
+        errs,
+    );
+    let timeout = dur(
+        "service.readiness.timeout",
+        r.get("timeout"),
+        interval.min(Duration::from_secs(1)),
+        errs,
+    );
+    if errs.len() > before {
+        return None;
+    }
+    probe.map(|probe| Readiness {
+        probe,
+        interval,
+        timeout,
+    })
+}
+
+/// DESIGN §3: 1-63 chars, `[a-z0-9-]`, starts with a letter, ends alphanumeric.
+pub fn check_service_name(s: &str) -> Result<(), String> {
+    if s.is_empty() || s.len() > 63 {
+        return Err("must be 1-63 characters".into());
+    }
+    if !s
+        .bytes()
+        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        return Err("may contain only a-z, 0-9 and '-'".into());
+    }
+    if !s.as_bytes()[0].is_ascii_lowercase() {
+        return Err("must start with a letter".into());
+    }
+    if s.ends_with('-') {
+        return Err("must end with a letter or digit".into());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn check(doc: Value, expect: expect_test::Expect) {
+        let out = match validate(&doc, &[]) {
+            Ok(p) => format!(
+                "ok {} {} {} {:?}",
+                p.name, p.project, p.replicas, p.readiness
+            ),
+            Err(errs) => errs
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        };
+        expect.assert_eq(&out);
+    }
+
+    #[test]
+    fn minimal_profile_gets_defaults() {
+        check(
+            json!({"service": {"name": "web", "command": ["true"]}}),
+            expect_test::expect!["ok web default 1 None"],
+        );
+    }
+
+    #[test]
+    fn every_problem_is_listed() {
+        check(
+            json!({"svc": 1, "service": {"name": "Web_", "replicas": 0, "command": [], "extra": true}}),
+            expect_test::expect![[r#"
+                svc: unknown field
+                service.extra: unknown field
+                service.name: may contain only a-z, 0-9 and '-'
+                service.replicas: must be between 1 and 1000
+                service.command: must not be empty"#]],
+        );
+    }
+
+    #[test]
+    fn readiness_must_name_a_declared_socket() {
+        check(
+            json!({"service": {"name": "web", "command": ["x"], "readiness": {"tcp": "http", "interval": "fast"}}}),
+            expect_test::expect![[r#"
+                service.readiness.tcp: names no declared port: "http"
+                service.readiness.interval: not a duration (expected number at 0)"#]],
+        );
+    }
+
+    #[test]
+    fn service_names() {
+        for ok in ["a", "web", "web-1", "a1"] {
+            assert_eq!(check_service_name(ok), Ok(()), "{ok}");
+        }
+        for bad in ["", "1a", "-a", "a-", "A", "a_b", &"a".repeat(64)] {
+            assert!(check_service_name(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn toml_errors_name_the_profile() {
+        let e = toml_to_json("[service\nname=").unwrap_err();
+        assert_eq!(e.field, "profile");
+    }
+}

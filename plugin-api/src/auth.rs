@@ -1,0 +1,237 @@
+//! The apiserver's extension points: routes, and the authentication and authorization
+//! that extensions call. Also the one error shape every REST answer uses.
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+
+/// A permission of DESIGN §6.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Permission {
+    /// See a project's services, jobs and endpoints.
+    #[serde(rename = "job.view")]
+    JobView,
+    /// Submit and stop a project's services.
+    #[serde(rename = "job.submit")]
+    JobSubmit,
+    /// Everything, including host-scoped data.
+    #[serde(rename = "admin")]
+    Admin,
+}
+
+/// Who a principal is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PrincipalKind {
+    /// A person or script with grants.
+    User,
+    /// A worker agent: may report for this one host only, and read nothing else.
+    Worker {
+        /// The host the credential belongs to.
+        host: String,
+    },
+}
+
+/// An authenticated caller and what it may do.
+#[derive(Debug, Clone)]
+pub struct Principal {
+    /// Its name (for logs and per-principal limits). Never the secret.
+    pub name: String,
+    /// User or worker.
+    pub kind: PrincipalKind,
+    /// `(permission, projects)` pairs; `"*"` in projects means all projects.
+    pub grants: Vec<(Permission, Vec<String>)>,
+}
+
+impl Principal {
+    /// Whether the principal holds `permission` on `project`. `admin` implies the others.
+    pub fn may(&self, permission: Permission, project: &str) -> bool {
+        self.grants.iter().any(|(p, projects)| {
+            (*p == permission || *p == Permission::Admin)
+                && projects.iter().any(|pr| pr == "*" || pr == project)
+        })
+    }
+
+    /// Whether the principal is an admin on every project.
+    pub fn is_admin(&self) -> bool {
+        self.may(Permission::Admin, "*")
+    }
+}
+
+/// Why a request could not be authenticated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuthError {
+    /// No `Authorization: Bearer` header.
+    #[error("missing bearer token")]
+    Missing,
+    /// A token that matches no principal.
+    #[error("invalid bearer token")]
+    Invalid,
+}
+
+/// Turns a bearer token into a principal. Implemented by the host (tokens file, worker
+/// credentials); extensions never see secrets.
+///
+/// **Who calls it**: the [`Principal`] extractor, once per request. Must compare secrets
+/// in constant time and never log them.
+pub trait Authenticator: Send + Sync + 'static {
+    /// Authenticates `token` (the text after `Bearer `), or `None` if absent.
+    fn authenticate(&self, token: Option<&str>) -> Result<Principal, AuthError>;
+}
+
+/// What the host lends an extension when it mounts its routes.
+#[derive(Clone)]
+pub struct ApiContext {
+    /// The host's authenticator. The host also installs it as a request extension, so the
+    /// [`Principal`] extractor works in extension handlers.
+    pub auth: Arc<dyn Authenticator>,
+}
+
+impl std::fmt::Debug for ApiContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiContext").finish_non_exhaustive()
+    }
+}
+
+impl ApiContext {
+    /// A context whose authenticator accepts the listed `(secret, principal)` pairs.
+    pub fn for_test(tokens: Vec<(String, Principal)>) -> Self {
+        struct Fixed(Vec<(String, Principal)>);
+        impl Authenticator for Fixed {
+            fn authenticate(&self, token: Option<&str>) -> Result<Principal, AuthError> {
+                let token = token.ok_or(AuthError::Missing)?;
+                self.0
+                    .iter()
+                    .find(|(s, _)| s == token)
+                    .map(|(_, p)| p.clone())
+                    .ok_or(AuthError::Invalid)
+            }
+        }
+        Self {
+            auth: Arc::new(Fixed(tokens)),
+        }
+    }
+}
+
+/// Adds routes to the apiserver.
+///
+/// **Who calls it**: the host, once at apiserver start; the returned router is merged into
+/// the host's (its paths must not clash with the host's or other extensions'). Handlers
+/// authenticate with the [`Principal`] extractor and authorize with [`Principal::may`] on
+/// the object's own project; they answer errors with [`ApiError`].
+pub trait ApiExtension: Send + Sync + 'static {
+    /// Builds the extension's routes.
+    fn router(&self, cx: ApiContext) -> axum::Router;
+}
+
+/// The JSON error every REST answer uses:
+/// `{"error": {"code": "...", "message": "...", "details": [...]}}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// Stable machine code, e.g. `not_found`.
+    pub code: &'static str,
+    /// Human message, lowercase.
+    pub message: String,
+    /// Per-field problems, when any.
+    pub details: Vec<crate::FieldError>,
+}
+
+impl ApiError {
+    /// Builds an error.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            details: Vec::new(),
+        }
+    }
+    /// The one 404 for a service that does not exist **or** that the caller may not view:
+    /// both answers are byte-identical, so there is no existence oracle.
+    pub fn service_not_found(name: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("service {name:?} not found"),
+        )
+    }
+    /// 401.
+    pub fn unauthenticated(err: AuthError) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthenticated", err.to_string())
+    }
+    /// 403, for actions on objects the caller may see but not change.
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", message)
+    }
+    /// 400 with every field problem.
+    pub fn invalid(message: impl Into<String>, details: Vec<crate::FieldError>) -> Self {
+        Self {
+            details,
+            ..Self::new(StatusCode::BAD_REQUEST, "invalid", message)
+        }
+    }
+    /// 400 for a bad query parameter.
+    pub fn bad_param(field: &str, reason: impl Into<String>) -> Self {
+        let reason = reason.into();
+        Self::invalid(
+            format!("{field}: {reason}"),
+            vec![crate::FieldError::new(field, reason)],
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({
+            "error": {"code": self.code, "message": self.message, "details": self.details}
+        });
+        let mut resp = (self.status, axum::Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        resp
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Principal {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        let auth = parts
+            .extensions
+            .get::<ApiContext>()
+            .cloned()
+            .ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "authenticator not installed",
+                )
+            })?;
+        let token = match parts.headers.get(axum::http::header::AUTHORIZATION) {
+            None => None,
+            Some(v) => {
+                let v = v
+                    .to_str()
+                    .map_err(|_| ApiError::unauthenticated(AuthError::Invalid))?;
+                match v
+                    .strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+                {
+                    Some(t) => Some(t.trim()),
+                    None => return Err(ApiError::unauthenticated(AuthError::Invalid)),
+                }
+            }
+        };
+        auth.auth
+            .authenticate(token)
+            .map_err(ApiError::unauthenticated)
+    }
+}

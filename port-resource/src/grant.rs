@@ -1,0 +1,69 @@
+//! The grant format: what the scheduler reserved for one job. Persisted with the job,
+//! handed to the worker's launch hook and to cluster listeners (the endpoint table).
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Transport protocol of a port. tcp/80 and udp/80 are different ports.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// TCP (the default).
+    #[default]
+    Tcp,
+    /// UDP.
+    Udp,
+}
+
+impl fmt::Display for Protocol {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        })
+    }
+}
+
+/// One granted port.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrantedPort {
+    /// The declared name.
+    pub name: String,
+    /// Its protocol.
+    pub protocol: Protocol,
+    /// The port number granted on the host.
+    pub port: u16,
+}
+
+/// All ports granted to one job, in declaration order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct PortGrant {
+    /// The ports.
+    pub ports: Vec<GrantedPort>,
+}
+
+/// A grant value that is not a port grant.
+#[derive(Debug, thiserror::Error)]
+#[error("malformed port grant: {0}")]
+pub struct MalformedGrant(#[from] serde_json::Error);
+
+impl PortGrant {
+    /// Decodes a grant as stored by the host.
+    pub fn from_value(value: &serde_json::Value) -> Result<Self, MalformedGrant> {
+        Ok(serde_json::from_value(value.clone())?)
+    }
+
+    /// Encodes for the host to persist.
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("a port grant always serializes")
+    }
+
+    /// The port granted under `name`, if any.
+    pub fn get(&self, name: &str) -> Option<&GrantedPort> {
+        self.ports.iter().find(|p| p.name == name)
+    }
+}
