@@ -124,6 +124,12 @@ impl ApiContext {
 pub trait ApiExtension: Send + Sync + 'static {
     /// Builds the extension's routes.
     fn router(&self, cx: ApiContext) -> axum::Router;
+
+    /// Registers the extension's metrics in the host's registry (served on `/metrics`).
+    /// Called once, before [`router`](Self::router).
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        let _ = registry;
+    }
 }
 
 /// The JSON error every REST answer uses:
