@@ -107,6 +107,13 @@ pub trait ResourcePlugin: Send + Sync + 'static {
         let _ = registry;
     }
 
+    /// A JSON summary of one job's grant for the REST answers about the job (e.g.
+    /// `{"http": 20417}`), shown under the plugin's name. `None` hides it.
+    fn grant_summary(&self, grant: &Grant) -> Option<serde_json::Value> {
+        let _ = grant;
+        None
+    }
+
     /// A JSON summary of the plugin's view of `host` for the host API (e.g. pool usage),
     /// shown under the plugin's name. `None` when the plugin has nothing to say.
     fn host_summary(&self, host: &HostId) -> Option<serde_json::Value> {
@@ -151,5 +158,8 @@ impl<T: ResourcePlugin + ?Sized> ResourcePlugin for Box<T> {
     }
     fn host_summary(&self, host: &HostId) -> Option<serde_json::Value> {
         (**self).host_summary(host)
+    }
+    fn grant_summary(&self, grant: &Grant) -> Option<serde_json::Value> {
+        (**self).grant_summary(grant)
     }
 }
