@@ -5,5 +5,9 @@
 //! port name or an endpoint is.
 #![warn(unreachable_pub)]
 
+pub mod auth;
+pub mod controller;
 pub mod profile;
 pub mod proto;
+pub mod store;
+pub mod worker;

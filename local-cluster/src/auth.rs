@@ -1,0 +1,1 @@
+//! Tokens file and bearer authentication.

@@ -1,0 +1,1 @@
+//! The controller: cluster state, the scheduler, and the apiserver's host routes.
