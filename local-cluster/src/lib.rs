@@ -6,6 +6,7 @@
 #![warn(unreachable_pub)]
 
 pub mod auth;
+pub mod clientconf;
 pub mod controller;
 pub mod profile;
 pub mod proto;
