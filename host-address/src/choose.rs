@@ -1,0 +1,396 @@
+//! Choosing the advertised address and the reported list: a pure function over a list of
+//! interfaces and the settings.
+
+use crate::config::{AddressConfig, Advertise, Cidr, ConfigError};
+use crate::interfaces::Interface;
+use crate::kind::AddressKind;
+use plugin_api::{HostAddress, HostFacts};
+use std::fmt;
+use std::net::IpAddr;
+
+/// What a host reports: its advertised address and every usable address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Choice {
+    /// The advertised address (`ip_addr`, `XCE_HOST_IP`).
+    pub ip_addr: IpAddr,
+    /// All usable addresses, the advertised one first, then the others in interface order.
+    pub addresses: Vec<HostAddress>,
+}
+
+impl Choice {
+    /// Writes this choice into the host's facts (`ip_addr` and `addresses`, replaced whole).
+    pub fn apply(self, facts: &mut HostFacts) {
+        facts.ip_addr = Some(self.ip_addr);
+        facts.addresses = self.addresses;
+    }
+}
+
+/// An address that was left out, and why; listed in errors so the user sees what the
+/// host has.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// The interface it is on.
+    pub interface: String,
+    /// The address.
+    pub ip: IpAddr,
+    /// Why it was left out.
+    pub reason: SkipReason,
+}
+
+/// Why an address was left out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SkipReason {
+    /// Its interface is down or not running.
+    InterfaceDown,
+    /// Its kind is not usable (or, for loopback, not allowed).
+    Kind(AddressKind),
+}
+
+impl fmt::Display for Skipped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.reason {
+            SkipReason::InterfaceDown => {
+                write!(f, "{} {} (interface down)", self.interface, self.ip)
+            }
+            SkipReason::Kind(kind) => write!(f, "{} {} ({kind})", self.interface, self.ip),
+        }
+    }
+}
+
+/// Why no address could be chosen. Every message says what to configure.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChooseError {
+    /// The settings are invalid whatever the interfaces.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// No `advertise` and no interface has a usable address.
+    #[error(
+        "no usable address on this host ({}); set advertise to one of this host's IPs, an \
+         interface name or a CIDR{}",
+        list_skipped(.skipped), loopback_hint(.skipped)
+    )]
+    NoUsableAddress {
+        /// Everything that was left out.
+        skipped: Vec<Skipped>,
+    },
+    /// `advertise` names an interface this host does not have.
+    #[error("advertise: no interface named {name} on this host (interfaces: {})", .available.join(", "))]
+    NoSuchInterface {
+        /// The configured name.
+        name: String,
+        /// The names this host has.
+        available: Vec<String>,
+    },
+    /// `advertise` names an interface that is down.
+    #[error("advertise: interface {name} is down")]
+    InterfaceDown {
+        /// The configured name.
+        name: String,
+    },
+    /// `advertise` names an interface without a usable address.
+    #[error(
+        "advertise: interface {name} has no usable address ({}){}",
+        list_skipped(.skipped), loopback_hint(.skipped)
+    )]
+    NoUsableOnInterface {
+        /// The configured name.
+        name: String,
+        /// Its addresses that were left out.
+        skipped: Vec<Skipped>,
+    },
+    /// `advertise` is a CIDR no usable address is in.
+    #[error(
+        "advertise: no usable address of this host is in {cidr} (usable: {}; skipped: {}){}",
+        list_addrs(.usable), list_skipped(.skipped), loopback_hint(.skipped)
+    )]
+    NoneInCidr {
+        /// The configured network.
+        cidr: Cidr,
+        /// The usable addresses outside it.
+        usable: Vec<HostAddress>,
+        /// Everything that was left out.
+        skipped: Vec<Skipped>,
+    },
+    /// `advertise` is an IP this host does not have.
+    #[error(
+        "advertise: {ip} is not an address of this host (its addresses: {}); set advertise \
+         to one of them, an interface name or a CIDR",
+        list_addrs(.local)
+    )]
+    NotLocal {
+        /// The configured address.
+        ip: IpAddr,
+        /// Every address of every interface.
+        local: Vec<HostAddress>,
+    },
+    /// `advertise` is an IP on an interface that is down.
+    #[error("advertise: {ip} is on interface {interface}, which is down")]
+    AdvertiseDown {
+        /// The configured address.
+        ip: IpAddr,
+        /// Its interface.
+        interface: String,
+    },
+}
+
+fn list_skipped(skipped: &[Skipped]) -> String {
+    if skipped.is_empty() {
+        return "no interface has an address".to_owned();
+    }
+    skipped
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn list_addrs(addrs: &[HostAddress]) -> String {
+    if addrs.is_empty() {
+        return "none".to_owned();
+    }
+    addrs
+        .iter()
+        .map(|a| match &a.interface {
+            Some(i) => format!("{i} {}", a.ip),
+            None => a.ip.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn loopback_hint(skipped: &[Skipped]) -> &'static str {
+    let loopback = skipped
+        .iter()
+        .any(|s| s.reason == SkipReason::Kind(AddressKind::Loopback));
+    if loopback {
+        "; or set allow_loopback = true for a single-machine setup"
+    } else {
+        ""
+    }
+}
+
+/// A usable address and what ranks it.
+struct Candidate<'a> {
+    iface: &'a Interface,
+    ip: IpAddr,
+}
+
+impl Candidate<'_> {
+    fn host_address(&self) -> HostAddress {
+        HostAddress {
+            ip: self.ip,
+            interface: Some(self.iface.name.clone()),
+        }
+    }
+}
+
+/// Chooses the advertised address and the reported list from `interfaces` (in the
+/// kernel's order) under `config`.
+///
+/// Usable: on an up interface; not unspecified, multicast, broadcast or link-local; not
+/// loopback unless `allow_loopback`. Without `advertise`, the first usable address wins,
+/// ranked by: not loopback, not on a loopback interface (a VIP on `lo`), of the preferred
+/// family, interface order. `advertise` narrows the choice to one IP, one interface or one
+/// network. A configured loopback IP need not be listed on an interface (Linux routes all
+/// of `127.0.0.0/8` to `lo`); any other configured IP must be.
+pub fn choose(interfaces: &[Interface], config: &AddressConfig) -> Result<Choice, ChooseError> {
+    config.validate()?;
+    let mut usable = Vec::new();
+    let mut skipped = Vec::new();
+    for iface in interfaces {
+        for addr in &iface.addrs {
+            let reason = if !iface.up {
+                Some(SkipReason::InterfaceDown)
+            } else {
+                match AddressKind::of(addr.ip) {
+                    AddressKind::Routable => None,
+                    AddressKind::Loopback if config.allow_loopback => None,
+                    kind => Some(SkipReason::Kind(kind)),
+                }
+            };
+            match reason {
+                None => usable.push(Candidate { iface, ip: addr.ip }),
+                Some(reason) => skipped.push(Skipped {
+                    interface: iface.name.clone(),
+                    ip: addr.ip,
+                    reason,
+                }),
+            }
+        }
+    }
+
+    let best = |pick: &dyn Fn(&Candidate<'_>) -> bool| -> Option<HostAddress> {
+        usable
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| pick(c))
+            .min_by_key(|(pos, c)| {
+                (
+                    AddressKind::of(c.ip) == AddressKind::Loopback,
+                    c.iface.loopback,
+                    crate::config::Family::of(c.ip) != config.prefer,
+                    *pos,
+                )
+            })
+            .map(|(_, c)| c.host_address())
+    };
+
+    let advertised = match &config.advertise {
+        None => best(&|_| true).ok_or_else(|| ChooseError::NoUsableAddress {
+            skipped: skipped.clone(),
+        })?,
+        Some(Advertise::Interface(name)) => {
+            let Some(iface) = interfaces.iter().find(|i| &i.name == name) else {
+                return Err(ChooseError::NoSuchInterface {
+                    name: name.clone(),
+                    available: interfaces.iter().map(|i| i.name.clone()).collect(),
+                });
+            };
+            if !iface.up {
+                return Err(ChooseError::InterfaceDown { name: name.clone() });
+            }
+            best(&|c| &c.iface.name == name).ok_or_else(|| ChooseError::NoUsableOnInterface {
+                name: name.clone(),
+                skipped: skipped
+                    .iter()
+                    .filter(|s| &s.interface == name)
+                    .cloned()
+                    .collect(),
+            })?
+        }
+        Some(Advertise::Cidr(cidr)) => {
+            best(&|c| cidr.contains(c.ip)).ok_or_else(|| ChooseError::NoneInCidr {
+                cidr: *cidr,
+                usable: usable.iter().map(Candidate::host_address).collect(),
+                skipped: skipped.clone(),
+            })?
+        }
+        Some(Advertise::Ip(ip)) => locate(interfaces, *ip)?,
+    };
+
+    let mut addresses = vec![advertised.clone()];
+    addresses.extend(
+        usable
+            .iter()
+            .map(Candidate::host_address)
+            .filter(|a| *a != advertised),
+    );
+    Ok(Choice {
+        ip_addr: advertised.ip,
+        addresses,
+    })
+}
+
+/// Finds the interface of a configured IP (already validated by [`AddressConfig::validate`]).
+fn locate(interfaces: &[Interface], ip: IpAddr) -> Result<HostAddress, ChooseError> {
+    let loopback = AddressKind::of(ip) == AddressKind::Loopback;
+    let holder = interfaces
+        .iter()
+        .find(|i| i.addrs.iter().any(|a| a.ip == ip))
+        .or_else(|| {
+            // 127.0.0.11 is not listed anywhere but lives on the loopback interface that
+            // holds 127.0.0.1/8.
+            interfaces.iter().find(|i| {
+                loopback
+                    && i.loopback
+                    && i.addrs
+                        .iter()
+                        .any(|a| Cidr::new(a.ip, a.prefix).is_some_and(|n| n.contains(ip)))
+            })
+        });
+    match holder {
+        Some(i) if !i.up => Err(ChooseError::AdvertiseDown {
+            ip,
+            interface: i.name.clone(),
+        }),
+        Some(i) => Ok(HostAddress {
+            ip,
+            interface: Some(i.name.clone()),
+        }),
+        None if loopback => Ok(HostAddress {
+            ip,
+            interface: None,
+        }),
+        None => Err(ChooseError::NotLocal {
+            ip,
+            local: interfaces
+                .iter()
+                .flat_map(|i| {
+                    i.addrs.iter().map(|a| HostAddress {
+                        ip: a.ip,
+                        interface: Some(i.name.clone()),
+                    })
+                })
+                .collect(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::interfaces::InterfaceAddr;
+    use expect_test::{expect, Expect};
+
+    /// `interfaces`: one line per interface, `name up|down [loopback] ip/prefix...`;
+    /// `config`: the `[address]` table as TOML.
+    fn check(interfaces: &str, config: &str, expect: Expect) {
+        let interfaces: Vec<Interface> = interfaces
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(|line| {
+                let mut words = line.split_whitespace();
+                let mut iface = Interface {
+                    name: words.next().unwrap().to_owned(),
+                    up: false,
+                    loopback: false,
+                    addrs: Vec::new(),
+                };
+                for w in words {
+                    match w {
+                        "up" => iface.up = true,
+                        "down" => iface.up = false,
+                        "loopback" => iface.loopback = true,
+                        _ => {
+                            let (ip, prefix) = w.split_once('/').unwrap();
+                            iface.addrs.push(InterfaceAddr {
+                                ip: ip.parse().unwrap(),
+                                prefix: prefix.parse().unwrap(),
+                            });
+                        }
+                    }
+                }
+                iface
+            })
+            .collect();
+        let config: AddressConfig = toml::from_str(config).unwrap();
+        let out = match choose(&interfaces, &config) {
+            Ok(choice) => {
+                let mut out = format!("ip_addr {}", choice.ip_addr);
+                for a in &choice.addresses {
+                    let iface = a.interface.as_deref().unwrap_or("-");
+                    out.push_str(&format!("\n  {iface} {}", a.ip));
+                }
+                out
+            }
+            Err(e) => format!("error: {e}"),
+        };
+        expect.assert_eq(&out);
+    }
+
+    const LO: &str = "lo up loopback 127.0.0.1/8 ::1/128";
+
+    #[test]
+    fn ipv4_only() {
+        check(
+            &format!("{LO}\neth0 up 10.0.0.5/24"),
+            "",
+            expect![[r#"
+                ip_addr 10.0.0.5
+                  eth0 10.0.0.5"#]],
+        );
+    }
+}

@@ -1,0 +1,161 @@
+//! The controller side: the check of a worker's reported addresses.
+
+use crate::kind::AddressKind;
+use plugin_api::{FieldError, HostFacts, HostFactsPolicy, HostId};
+use std::net::IpAddr;
+
+/// At most this many addresses per report; a host with more is misconfigured or hostile.
+pub const MAX_ADDRESSES: usize = 256;
+
+/// Which hosts may report loopback or link-local addresses.
+///
+/// ```toml
+/// [address]
+/// allow_loopback_hosts = ["*"]          # every host (xced dev: all workers on 127.0.0.x)
+/// allow_link_local_hosts = ["exec-07"]  # only this host
+/// ```
+///
+/// A list of host ids; `"*"` matches every host. Both default to empty: nobody.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PolicyConfig {
+    /// Hosts that may report loopback addresses (`127.0.0.0/8`, `::1`).
+    pub allow_loopback_hosts: Vec<HostId>,
+    /// Hosts that may report link-local addresses (`169.254.0.0/16`, `fe80::/10`).
+    pub allow_link_local_hosts: Vec<HostId>,
+}
+
+/// Refuses reports whose addresses no other host could reach, unless the host is
+/// configured for them. Implements [`HostFactsPolicy`].
+///
+/// Refused: a missing `ip_addr`, an `ip_addr` not among `addresses`, unspecified,
+/// multicast and broadcast addresses, loopback and link-local addresses of hosts not
+/// allowed them, duplicate entries, empty or overlong interface names, more than
+/// [`MAX_ADDRESSES`] addresses. That the worker reports for its own host is the caller's
+/// check (it authenticates the worker before calling).
+#[derive(Debug, Clone)]
+pub struct AddressPolicy {
+    config: PolicyConfig,
+}
+
+impl AddressPolicy {
+    /// Builds the policy.
+    pub fn new(config: PolicyConfig) -> Self {
+        Self { config }
+    }
+
+    /// Why `ip` may not be an address of `host`, if it may not.
+    fn refusal(&self, host: &HostId, ip: IpAddr) -> Option<String> {
+        let allowed = |list: &[HostId]| list.iter().any(|h| h == "*" || h == host);
+        match AddressKind::of(ip) {
+            kind if kind.is_never_usable() => {
+                Some(format!("{kind} address {ip} cannot be a host's address"))
+            }
+            AddressKind::Loopback if !allowed(&self.config.allow_loopback_hosts) => Some(format!(
+                "loopback address {ip} is not allowed for host {host} \
+                 (controller setting allow_loopback_hosts)"
+            )),
+            AddressKind::LinkLocal if !allowed(&self.config.allow_link_local_hosts) => {
+                Some(format!(
+                    "link-local address {ip} is not allowed for host {host} \
+                     (controller setting allow_link_local_hosts)"
+                ))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl HostFactsPolicy for AddressPolicy {
+    fn check(&self, host: &HostId, facts: &HostFacts) -> Result<(), Vec<FieldError>> {
+        let mut errors = Vec::new();
+        if facts.addresses.len() > MAX_ADDRESSES {
+            errors.push(FieldError::new(
+                "addresses",
+                format!(
+                    "too many addresses: {}, at most {MAX_ADDRESSES}",
+                    facts.addresses.len()
+                ),
+            ));
+            return Err(errors);
+        }
+        match facts.ip_addr {
+            None => errors.push(FieldError::new(
+                "ip_addr",
+                "missing: the worker reported no advertised address",
+            )),
+            Some(ip) => {
+                if let Some(reason) = self.refusal(host, ip) {
+                    errors.push(FieldError::new("ip_addr", reason));
+                }
+                if !facts.addresses.iter().any(|a| a.ip == ip) {
+                    errors.push(FieldError::new(
+                        "ip_addr",
+                        format!("{ip} is not among the reported addresses"),
+                    ));
+                }
+            }
+        }
+        for (i, a) in facts.addresses.iter().enumerate() {
+            if let Some(reason) = self.refusal(host, a.ip) {
+                errors.push(FieldError::new(format!("addresses[{i}].ip"), reason));
+            }
+            if let Some(name) = &a.interface {
+                let bad = if name.is_empty() {
+                    Some("empty interface name")
+                } else if name.len() > 64 {
+                    Some("interface name longer than 64 bytes")
+                } else if name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+                    Some("interface name contains whitespace or control characters")
+                } else {
+                    None
+                };
+                if let Some(reason) = bad {
+                    errors.push(FieldError::new(format!("addresses[{i}].interface"), reason));
+                }
+            }
+            if let Some(j) = facts.addresses[..i].iter().position(|b| b == a) {
+                errors.push(FieldError::new(
+                    format!("addresses[{i}]"),
+                    format!("duplicate of addresses[{j}]"),
+                ));
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use expect_test::{expect, Expect};
+
+    /// `config`: the controller's `[address]` table as TOML; `facts`: the report as JSON.
+    fn check(config: &str, host: &str, facts: &str, expect: Expect) {
+        let policy = AddressPolicy::new(toml::from_str(config).unwrap());
+        let facts: HostFacts = serde_json::from_str(facts).unwrap();
+        let out = match policy.check(&host.to_owned(), &facts) {
+            Ok(()) => "accepted".to_owned(),
+            Err(errors) => errors
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n"),
+        };
+        expect.assert_eq(&out);
+    }
+
+    #[test]
+    fn accepts_routable() {
+        check(
+            "",
+            "exec-01",
+            r#"{"ip_addr":"10.0.0.5","addresses":[{"ip":"10.0.0.5","interface":"eth0"},{"ip":"2001:db8::5","interface":"eth0"}]}"#,
+            expect!["accepted"],
+        );
+    }
+}
