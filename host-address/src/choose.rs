@@ -92,7 +92,7 @@ pub enum ChooseError {
     /// `advertise` names an interface without a usable address.
     #[error(
         "advertise: interface {name} has no usable address ({}){}",
-        list_skipped(.skipped), loopback_hint(.skipped)
+        list_or(.skipped, "it has no address"), loopback_hint(.skipped)
     )]
     NoUsableOnInterface {
         /// The configured name.
@@ -102,15 +102,16 @@ pub enum ChooseError {
     },
     /// `advertise` is a CIDR no usable address is in.
     #[error(
-        "advertise: no usable address of this host is in {cidr} (usable: {}; skipped: {}){}",
-        list_addrs(.usable), list_skipped(.skipped), loopback_hint(.skipped)
+        "advertise: no usable address of this host is in {cidr} (usable: {}; skipped in \
+         {cidr}: {}){}",
+        list_addrs(.usable), list_or(.skipped, "none"), loopback_hint(.skipped)
     )]
     NoneInCidr {
         /// The configured network.
         cidr: Cidr,
-        /// The usable addresses outside it.
+        /// The usable addresses (all outside it).
         usable: Vec<HostAddress>,
-        /// Everything that was left out.
+        /// The addresses inside it that were left out.
         skipped: Vec<Skipped>,
     },
     /// `advertise` is an IP this host does not have.
@@ -146,6 +147,13 @@ fn list_skipped(skipped: &[Skipped]) -> String {
         .join(", ")
 }
 
+fn list_or(skipped: &[Skipped], empty: &str) -> String {
+    if skipped.is_empty() {
+        return empty.to_owned();
+    }
+    list_skipped(skipped)
+}
+
 fn list_addrs(addrs: &[HostAddress]) -> String {
     if addrs.is_empty() {
         return "none".to_owned();
@@ -165,7 +173,7 @@ fn loopback_hint(skipped: &[Skipped]) -> &'static str {
         .iter()
         .any(|s| s.reason == SkipReason::Kind(AddressKind::Loopback));
     if loopback {
-        "; or set allow_loopback = true for a single-machine setup"
+        "; set allow_loopback = true to use loopback (single-machine setups only)"
     } else {
         ""
     }
@@ -264,7 +272,11 @@ pub fn choose(interfaces: &[Interface], config: &AddressConfig) -> Result<Choice
             best(&|c| cidr.contains(c.ip)).ok_or_else(|| ChooseError::NoneInCidr {
                 cidr: *cidr,
                 usable: usable.iter().map(Candidate::host_address).collect(),
-                skipped: skipped.clone(),
+                skipped: skipped
+                    .iter()
+                    .filter(|s| cidr.contains(s.ip))
+                    .cloned()
+                    .collect(),
             })?
         }
         Some(Advertise::Ip(ip)) => locate(interfaces, *ip)?,
@@ -389,7 +401,264 @@ mod tests {
             &format!("{LO}\neth0 up 10.0.0.5/24"),
             "",
             expect![[r#"
+            ip_addr 10.0.0.5
+              eth0 10.0.0.5"#]],
+        );
+    }
+
+    #[test]
+    fn ipv6_only() {
+        // Link-local is skipped; the preference for IPv4 is only a preference.
+        check(
+            &format!("{LO}\neth0 up fe80::5/64 2001:db8::5/64 fd00::5/64"),
+            "",
+            expect![[r#"
+                ip_addr 2001:db8::5
+                  eth0 2001:db8::5
+                  eth0 fd00::5"#]],
+        );
+    }
+
+    #[test]
+    fn both_families() {
+        let ifaces = format!("{LO}\neth0 up 2001:db8::5/64 10.0.0.5/24\neth1 up 192.168.1.5/24");
+        check(
+            &ifaces,
+            "",
+            expect![[r#"
+            ip_addr 10.0.0.5
+              eth0 10.0.0.5
+              eth0 2001:db8::5
+              eth1 192.168.1.5"#]],
+        );
+        check(
+            &ifaces,
+            r#"prefer = "ipv6""#,
+            expect![[r#"
+            ip_addr 2001:db8::5
+              eth0 2001:db8::5
+              eth0 10.0.0.5
+              eth1 192.168.1.5"#]],
+        );
+    }
+
+    #[test]
+    fn loopback_only() {
+        check(LO, "", expect!["error: no usable address on this host (lo 127.0.0.1 (loopback), lo ::1 (loopback)); set advertise to one of this host's IPs, an interface name or a CIDR; set allow_loopback = true to use loopback (single-machine setups only)"]);
+        check(
+            LO,
+            "allow_loopback = true",
+            expect![[r#"
+            ip_addr 127.0.0.1
+              lo 127.0.0.1
+              lo ::1"#]],
+        );
+        check(
+            LO,
+            "allow_loopback = true\nprefer = \"ipv6\"",
+            expect![[r#"
+            ip_addr ::1
+              lo ::1
+              lo 127.0.0.1"#]],
+        );
+    }
+
+    #[test]
+    fn allowed_loopback_is_last_resort() {
+        check(
+            &format!("{LO}\neth0 up 10.0.0.5/24"),
+            "allow_loopback = true",
+            expect![[r#"
                 ip_addr 10.0.0.5
+                  eth0 10.0.0.5
+                  lo 127.0.0.1
+                  lo ::1"#]],
+        );
+    }
+
+    #[test]
+    fn vip_on_loopback_interface_not_preferred() {
+        check(
+            "lo up loopback 127.0.0.1/8 10.1.1.1/32\neth0 up 10.0.0.5/24",
+            "",
+            expect![[r#"
+                ip_addr 10.0.0.5
+                  eth0 10.0.0.5
+                  lo 10.1.1.1"#]],
+        );
+    }
+
+    #[test]
+    fn down_and_unusable_skipped() {
+        check(
+            &format!(
+                "{LO}\ndocker0 down 172.17.0.1/16\nweird up 0.0.0.0/0 224.0.0.1/4 \
+                 255.255.255.255/32 169.254.7.7/16\neth0 up 10.0.0.5/24"
+            ),
+            "",
+            expect![[r#"
+                ip_addr 10.0.0.5
+                  eth0 10.0.0.5"#]],
+        );
+    }
+
+    #[test]
+    fn nothing_usable() {
+        check(
+            &format!("{LO}\neth0 up fe80::5/64 169.254.7.7/16\neth1 down 10.0.0.5/24"),
+            "",
+            expect!["error: no usable address on this host (lo 127.0.0.1 (loopback), lo ::1 (loopback), eth0 fe80::5 (link-local), eth0 169.254.7.7 (link-local), eth1 10.0.0.5 (interface down)); set advertise to one of this host's IPs, an interface name or a CIDR; set allow_loopback = true to use loopback (single-machine setups only)"],
+        );
+        check("eth0 up", "", expect!["error: no usable address on this host (no interface has an address); set advertise to one of this host's IPs, an interface name or a CIDR"]);
+        check("", "", expect!["error: no usable address on this host (no interface has an address); set advertise to one of this host's IPs, an interface name or a CIDR"]);
+    }
+
+    #[test]
+    fn cidr() {
+        let ifaces =
+            format!("{LO}\neth0 up 10.0.0.5/24 fd00::5/64\neth1 up 192.168.1.5/24 fd01::5/64");
+        check(
+            &ifaces,
+            r#"advertise = "192.168.0.0/16""#,
+            expect![[r#"
+            ip_addr 192.168.1.5
+              eth1 192.168.1.5
+              eth0 10.0.0.5
+              eth0 fd00::5
+              eth1 fd01::5"#]],
+        );
+        check(
+            &ifaces,
+            r#"advertise = "fd01::/16""#,
+            expect![[r#"
+            ip_addr fd01::5
+              eth1 fd01::5
+              eth0 10.0.0.5
+              eth0 fd00::5
+              eth1 192.168.1.5"#]],
+        );
+        check(&ifaces, r#"advertise = "172.16.0.0/12""#, expect!["error: advertise: no usable address of this host is in 172.16.0.0/12 (usable: eth0 10.0.0.5, eth0 fd00::5, eth1 192.168.1.5, eth1 fd01::5; skipped in 172.16.0.0/12: none)"]);
+        check(&ifaces, r#"advertise = "127.0.0.0/8""#, expect!["error: advertise: no usable address of this host is in 127.0.0.0/8 (usable: eth0 10.0.0.5, eth0 fd00::5, eth1 192.168.1.5, eth1 fd01::5; skipped in 127.0.0.0/8: lo 127.0.0.1 (loopback)); set allow_loopback = true to use loopback (single-machine setups only)"]);
+        check(
+            &ifaces,
+            "advertise = \"127.0.0.0/8\"\nallow_loopback = true",
+            expect![[r#"
+                ip_addr 127.0.0.1
+                  lo 127.0.0.1
+                  lo ::1
+                  eth0 10.0.0.5
+                  eth0 fd00::5
+                  eth1 192.168.1.5
+                  eth1 fd01::5"#]],
+        );
+    }
+
+    #[test]
+    fn interface_name() {
+        let ifaces = format!(
+            "{LO}\neth0 up 10.0.0.5/24\neth1 up fd01::5/64 192.168.1.5/24\neth2 down 10.2.0.5/24\neth3 up fe80::3/64"
+        );
+        check(
+            "eth0 up",
+            r#"advertise = "eth0""#,
+            expect!["error: advertise: interface eth0 has no usable address (it has no address)"],
+        );
+        check(
+            &ifaces,
+            r#"advertise = "eth1""#,
+            expect![[r#"
+            ip_addr 192.168.1.5
+              eth1 192.168.1.5
+              eth0 10.0.0.5
+              eth1 fd01::5"#]],
+        );
+        check(
+            &ifaces,
+            "advertise = \"eth1\"\nprefer = \"ipv6\"",
+            expect![[r#"
+                ip_addr fd01::5
+                  eth1 fd01::5
+                  eth0 10.0.0.5
+                  eth1 192.168.1.5"#]],
+        );
+        check(&ifaces, r#"advertise = "eth9""#, expect!["error: advertise: no interface named eth9 on this host (interfaces: lo, eth0, eth1, eth2, eth3)"]);
+        check(
+            &ifaces,
+            r#"advertise = "eth2""#,
+            expect!["error: advertise: interface eth2 is down"],
+        );
+        check(&ifaces, r#"advertise = "eth3""#, expect!["error: advertise: interface eth3 has no usable address (eth3 fe80::3 (link-local))"]);
+        check(&ifaces, r#"advertise = "lo""#, expect!["error: advertise: interface lo has no usable address (lo 127.0.0.1 (loopback), lo ::1 (loopback)); set allow_loopback = true to use loopback (single-machine setups only)"]);
+        check(
+            &ifaces,
+            "advertise = \"lo\"\nallow_loopback = true",
+            expect![[r#"
+                ip_addr 127.0.0.1
+                  lo 127.0.0.1
+                  lo ::1
+                  eth0 10.0.0.5
+                  eth1 fd01::5
+                  eth1 192.168.1.5"#]],
+        );
+    }
+
+    #[test]
+    fn explicit_ip() {
+        let ifaces = format!("{LO}\neth0 up 10.0.0.5/24 169.254.7.7/16\neth2 down 10.2.0.5/24");
+        check(
+            &ifaces,
+            r#"advertise = "10.0.0.5""#,
+            expect![[r#"
+            ip_addr 10.0.0.5
+              eth0 10.0.0.5"#]],
+        );
+        check(&ifaces, r#"advertise = "10.0.0.9""#, expect!["error: advertise: 10.0.0.9 is not an address of this host (its addresses: lo 127.0.0.1, lo ::1, eth0 10.0.0.5, eth0 169.254.7.7, eth2 10.2.0.5); set advertise to one of them, an interface name or a CIDR"]);
+        check(
+            &ifaces,
+            r#"advertise = "10.2.0.5""#,
+            expect!["error: advertise: 10.2.0.5 is on interface eth2, which is down"],
+        );
+        check(
+            &ifaces,
+            r#"advertise = "169.254.7.7""#,
+            expect![[r#"
+            ip_addr 169.254.7.7
+              eth0 169.254.7.7
+              eth0 10.0.0.5"#]],
+        );
+        check(&ifaces, r#"advertise = "127.0.0.11""#, expect!["error: advertise 127.0.0.11 is a loopback address, reachable from this machine only; set allow_loopback = true to advertise it (single-machine setups only)"]);
+    }
+
+    #[test]
+    fn dev_mode_loopback_hosts() {
+        // xced dev: every worker on its own 127.0.0.x, attributed to lo.
+        let ifaces = format!("{LO}\neth0 up 10.0.0.5/24");
+        check(
+            &ifaces,
+            "advertise = \"127.0.0.12\"\nallow_loopback = true",
+            expect![[r#"
+                ip_addr 127.0.0.12
+                  lo 127.0.0.12
+                  lo 127.0.0.1
+                  lo ::1
+                  eth0 10.0.0.5"#]],
+        );
+        check(
+            &ifaces,
+            "advertise = \"::1\"\nallow_loopback = true",
+            expect![[r#"
+                ip_addr ::1
+                  lo ::1
+                  lo 127.0.0.1
+                  eth0 10.0.0.5"#]],
+        );
+        // Without a loopback interface holding 127.0.0.0/8 there is none to name.
+        check(
+            "eth0 up 10.0.0.5/24",
+            "advertise = \"127.0.0.12\"\nallow_loopback = true",
+            expect![[r#"
+                ip_addr 127.0.0.12
+                  - 127.0.0.12
                   eth0 10.0.0.5"#]],
         );
     }

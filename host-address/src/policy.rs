@@ -149,13 +149,161 @@ mod tests {
         expect.assert_eq(&out);
     }
 
+    const ETH0: &str = r#"{"ip_addr":"10.0.0.5","addresses":[{"ip":"10.0.0.5","interface":"eth0"},{"ip":"2001:db8::5","interface":"eth0"}]}"#;
+    const DEV: &str = r#"{"ip_addr":"127.0.0.11","addresses":[{"ip":"127.0.0.11","interface":"lo"},{"ip":"::1","interface":"lo"},{"ip":"10.0.0.5","interface":"eth0"}]}"#;
+    const LINK_LOCAL: &str = r#"{"ip_addr":"169.254.7.7","addresses":[{"ip":"169.254.7.7","interface":"eth0"},{"ip":"fe80::7","interface":"eth0"}]}"#;
+
     #[test]
     fn accepts_routable() {
+        check("", "exec-01", ETH0, expect!["accepted"]);
+        // A configured address may come without an interface.
         check(
             "",
             "exec-01",
-            r#"{"ip_addr":"10.0.0.5","addresses":[{"ip":"10.0.0.5","interface":"eth0"},{"ip":"2001:db8::5","interface":"eth0"}]}"#,
+            r#"{"ip_addr":"fd00::5","addresses":[{"ip":"fd00::5"}]}"#,
             expect!["accepted"],
         );
+    }
+
+    #[test]
+    fn loopback_per_host() {
+        check(
+            "",
+            "exec-01",
+            DEV,
+            expect![[r#"
+            ip_addr: loopback address 127.0.0.11 is not allowed for host exec-01 (controller setting allow_loopback_hosts)
+            addresses[0].ip: loopback address 127.0.0.11 is not allowed for host exec-01 (controller setting allow_loopback_hosts)
+            addresses[1].ip: loopback address ::1 is not allowed for host exec-01 (controller setting allow_loopback_hosts)"#]],
+        );
+        check(
+            r#"allow_loopback_hosts = ["*"]"#,
+            "exec-01",
+            DEV,
+            expect!["accepted"],
+        );
+        check(
+            r#"allow_loopback_hosts = ["exec-01"]"#,
+            "exec-01",
+            DEV,
+            expect!["accepted"],
+        );
+        check(
+            r#"allow_loopback_hosts = ["exec-01"]"#,
+            "exec-02",
+            DEV,
+            expect![[r#"
+                ip_addr: loopback address 127.0.0.11 is not allowed for host exec-02 (controller setting allow_loopback_hosts)
+                addresses[0].ip: loopback address 127.0.0.11 is not allowed for host exec-02 (controller setting allow_loopback_hosts)
+                addresses[1].ip: loopback address ::1 is not allowed for host exec-02 (controller setting allow_loopback_hosts)"#]],
+        );
+        // Loopback carried in an IPv4-mapped IPv6 address is still loopback.
+        check(
+            "",
+            "exec-01",
+            r#"{"ip_addr":"::ffff:127.0.0.1","addresses":[{"ip":"::ffff:127.0.0.1"}]}"#,
+            expect![[r#"
+                ip_addr: loopback address ::ffff:127.0.0.1 is not allowed for host exec-01 (controller setting allow_loopback_hosts)
+                addresses[0].ip: loopback address ::ffff:127.0.0.1 is not allowed for host exec-01 (controller setting allow_loopback_hosts)"#]],
+        );
+    }
+
+    #[test]
+    fn link_local_per_host() {
+        check(
+            "",
+            "exec-07",
+            LINK_LOCAL,
+            expect![[r#"
+            ip_addr: link-local address 169.254.7.7 is not allowed for host exec-07 (controller setting allow_link_local_hosts)
+            addresses[0].ip: link-local address 169.254.7.7 is not allowed for host exec-07 (controller setting allow_link_local_hosts)
+            addresses[1].ip: link-local address fe80::7 is not allowed for host exec-07 (controller setting allow_link_local_hosts)"#]],
+        );
+        check(
+            r#"allow_link_local_hosts = ["exec-07"]"#,
+            "exec-07",
+            LINK_LOCAL,
+            expect!["accepted"],
+        );
+        // Allowing loopback does not allow link-local.
+        check(
+            r#"allow_loopback_hosts = ["*"]"#,
+            "exec-07",
+            LINK_LOCAL,
+            expect![[r#"
+                ip_addr: link-local address 169.254.7.7 is not allowed for host exec-07 (controller setting allow_link_local_hosts)
+                addresses[0].ip: link-local address 169.254.7.7 is not allowed for host exec-07 (controller setting allow_link_local_hosts)
+                addresses[1].ip: link-local address fe80::7 is not allowed for host exec-07 (controller setting allow_link_local_hosts)"#]],
+        );
+    }
+
+    #[test]
+    fn never_usable() {
+        check(
+            r#"allow_loopback_hosts = ["*"]
+               allow_link_local_hosts = ["*"]"#,
+            "exec-01",
+            r#"{"ip_addr":"0.0.0.0","addresses":[{"ip":"0.0.0.0"},{"ip":"::"},{"ip":"224.0.0.1"},{"ip":"ff02::1"},{"ip":"255.255.255.255"}]}"#,
+            expect![[r#"
+                ip_addr: unspecified address 0.0.0.0 cannot be a host's address
+                addresses[0].ip: unspecified address 0.0.0.0 cannot be a host's address
+                addresses[1].ip: unspecified address :: cannot be a host's address
+                addresses[2].ip: multicast address 224.0.0.1 cannot be a host's address
+                addresses[3].ip: multicast address ff02::1 cannot be a host's address
+                addresses[4].ip: broadcast address 255.255.255.255 cannot be a host's address"#]],
+        );
+    }
+
+    #[test]
+    fn ip_addr_consistency() {
+        check(
+            "",
+            "exec-01",
+            r#"{"addresses":[{"ip":"10.0.0.5"}]}"#,
+            expect!["ip_addr: missing: the worker reported no advertised address"],
+        );
+        check(
+            "",
+            "exec-01",
+            r#"{"ip_addr":"10.0.0.5"}"#,
+            expect!["ip_addr: 10.0.0.5 is not among the reported addresses"],
+        );
+        check(
+            "",
+            "exec-01",
+            r#"{"ip_addr":"10.0.0.6","addresses":[{"ip":"10.0.0.5","interface":"eth0"}]}"#,
+            expect!["ip_addr: 10.0.0.6 is not among the reported addresses"],
+        );
+    }
+
+    #[test]
+    fn malformed_entries() {
+        check(
+            "",
+            "exec-01",
+            r#"{"ip_addr":"10.0.0.5","addresses":[{"ip":"10.0.0.5","interface":"eth0"},{"ip":"10.0.0.5","interface":"eth0"},{"ip":"10.0.0.5","interface":"lo"},{"ip":"10.0.0.6","interface":""},{"ip":"10.0.0.7","interface":"eth 0"}]}"#,
+            expect![[r#"
+                addresses[1]: duplicate of addresses[0]
+                addresses[3].interface: empty interface name
+                addresses[4].interface: interface name contains whitespace or control characters"#]],
+        );
+        let many: Vec<String> = (0..=MAX_ADDRESSES)
+            .map(|i| format!(r#"{{"ip":"10.0.{}.{}"}}"#, i / 250, i % 250 + 1))
+            .collect();
+        check(
+            "",
+            "exec-01",
+            &format!(
+                r#"{{"ip_addr":"10.0.0.1","addresses":[{}]}}"#,
+                many.join(",")
+            ),
+            expect!["addresses: too many addresses: 257, at most 256"],
+        );
+    }
+
+    #[test]
+    fn config_rejects_unknown_keys() {
+        let err = toml::from_str::<PolicyConfig>("allow_loopback = true").unwrap_err();
+        expect!["unknown field `allow_loopback`, expected `allow_loopback_hosts` or `allow_link_local_hosts`"].assert_eq(err.message());
     }
 }
