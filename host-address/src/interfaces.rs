@@ -159,3 +159,25 @@ mod sys {
         ones as u8
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every machine this runs on has an up loopback interface holding 127.0.0.1/8; this
+    /// checks the FFI copy (names, flags, netmask to prefix) against it.
+    #[test]
+    fn reads_loopback_of_this_machine() {
+        let interfaces = read_interfaces().unwrap();
+        let lo = interfaces
+            .iter()
+            .find(|i| i.loopback)
+            .unwrap_or_else(|| panic!("no loopback interface in {interfaces:?}"));
+        assert!(lo.up, "{lo:?}");
+        let want = InterfaceAddr {
+            ip: "127.0.0.1".parse().unwrap(),
+            prefix: 8,
+        };
+        assert!(lo.addrs.contains(&want), "{lo:?}");
+    }
+}
