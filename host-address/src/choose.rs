@@ -1,7 +1,7 @@
 //! Choosing the advertised address and the reported list: a pure function over a list of
 //! interfaces and the settings.
 
-use crate::config::{AddressConfig, Advertise, Cidr, ConfigError};
+use crate::config::{AddressConfig, Advertise, Cidr, ConfigError, Family};
 use crate::interfaces::Interface;
 use crate::kind::AddressKind;
 use plugin_api::{HostAddress, HostFacts};
@@ -238,7 +238,7 @@ pub fn choose(interfaces: &[Interface], config: &AddressConfig) -> Result<Choice
                 (
                     AddressKind::of(c.ip) == AddressKind::Loopback,
                     c.iface.loopback,
-                    crate::config::Family::of(c.ip) != config.prefer,
+                    Family::of(c.ip) != config.prefer,
                     *pos,
                 )
             })
@@ -309,7 +309,7 @@ fn locate(interfaces: &[Interface], ip: IpAddr) -> Result<HostAddress, ChooseErr
                     && i.loopback
                     && i.addrs
                         .iter()
-                        .any(|a| Cidr::new(a.ip, a.prefix).is_some_and(|n| n.contains(ip)))
+                        .any(|a| Cidr::try_new(a.ip, a.prefix).is_ok_and(|n| n.contains(ip)))
             })
         });
     match holder {

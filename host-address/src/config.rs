@@ -164,14 +164,17 @@ pub struct Cidr {
 }
 
 impl Cidr {
-    /// Builds the network of `addr` with `prefix` bits; `None` if the prefix is longer
-    /// than the address.
-    pub fn new(addr: IpAddr, prefix: u8) -> Option<Self> {
+    /// Builds the network of `addr` with `prefix` bits (host bits cleared); refuses a
+    /// prefix longer than the address.
+    pub fn try_new(addr: IpAddr, prefix: u8) -> Result<Self, CidrError> {
         let max = match addr {
             IpAddr::V4(_) => 32,
             IpAddr::V6(_) => 128,
         };
-        (prefix <= max).then(|| Self {
+        if prefix > max {
+            return Err(CidrError::Prefix);
+        }
+        Ok(Self {
             network: mask(addr, prefix),
             prefix,
         })
@@ -215,7 +218,7 @@ impl FromStr for Cidr {
         let (addr, prefix) = s.split_once('/').ok_or(CidrError::NoPrefix)?;
         let addr: IpAddr = addr.parse().map_err(|_| CidrError::Address)?;
         let prefix: u8 = prefix.parse().map_err(|_| CidrError::Prefix)?;
-        Self::new(addr, prefix).ok_or(CidrError::Prefix)
+        Self::try_new(addr, prefix)
     }
 }
 
@@ -443,6 +446,40 @@ mod tests {
             expect![[
                 r#"AddressConfig { advertise: Some(Ip(169.254.3.4)), prefer: Ipv4, allow_loopback: false }"#
             ]],
+        );
+    }
+
+    /// `cidr ip...` → which of the IPs it contains.
+    fn check_contains(input: &str, expect: Expect) {
+        let mut words = input.split_whitespace();
+        let cidr: Cidr = words.next().unwrap().parse().unwrap();
+        let inside: Vec<&str> = words
+            .filter(|ip| cidr.contains(ip.parse().unwrap()))
+            .collect();
+        expect.assert_eq(&format!("{cidr}: {}", inside.join(" ")));
+    }
+
+    #[test]
+    fn cidr_contains() {
+        check_contains(
+            "10.1.2.3/8 10.0.0.1 10.255.255.255 11.0.0.0 ::ffff:10.0.0.1",
+            expect!["10.0.0.0/8: 10.0.0.1 10.255.255.255"],
+        );
+        check_contains(
+            "0.0.0.0/0 1.2.3.4 255.255.255.255 ::1",
+            expect!["0.0.0.0/0: 1.2.3.4 255.255.255.255"],
+        );
+        check_contains(
+            "192.168.1.5/32 192.168.1.5 192.168.1.6",
+            expect!["192.168.1.5/32: 192.168.1.5"],
+        );
+        check_contains(
+            "fd00::/8 fd12::1 fe80::1 10.0.0.1",
+            expect!["fd00::/8: fd12::1"],
+        );
+        check_contains(
+            "::/0 ::1 2001:db8::1 127.0.0.1",
+            expect!["::/0: ::1 2001:db8::1"],
         );
     }
 }

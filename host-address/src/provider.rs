@@ -66,8 +66,8 @@ mod tests {
     use super::*;
     use std::net::IpAddr;
 
-    /// This machine always has a loopback interface, so with `allow_loopback` and
-    /// `advertise = "lo"`-free settings the real read must find and report something.
+    /// Every machine has a loopback interface, so the xced dev settings (a loopback
+    /// address of its own, `allow_loopback`) work against the real interfaces anywhere.
     #[tokio::test]
     async fn collects_from_real_interfaces() {
         let provider = AddressProvider::new(AddressConfig {
