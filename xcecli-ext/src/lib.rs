@@ -1,1 +1,154 @@
-//! placeholder
+//! `xcecli-ext`: the client side of `xcecli` — `service submit|list|stop|endpoints` and
+//! `host list` (DESIGN §7): the REST client, the output formats, `--watch` and
+//! `--wait-ready`.
+//!
+//! The binary (in `local-cluster`) parses its global flags, the config file and the
+//! environment, then hands this crate everything it needs: a [`ClientConfig`] (api URL,
+//! token) and an [`Io`] (writers, whether they are terminals). This crate never reads the
+//! environment, the terminal state, config files or the home directory itself.
+//!
+//! ```no_run
+//! # async fn demo() {
+//! use clap::Parser;
+//! #[derive(Parser)]
+//! struct Cli {
+//!     #[command(subcommand)]
+//!     command: xcecli_ext::Command,
+//! }
+//! let cli = Cli::parse();
+//! let config = xcecli_ext::ClientConfig { api: "http://127.0.0.1:7480".into(), token: None };
+//! let mut io = xcecli_ext::Io::new(
+//!     Box::new(std::io::stdout()), Box::new(std::io::stderr()), false, false);
+//! let code = xcecli_ext::execute(cli.command, config, &mut io).await;
+//! std::process::exit(code);
+//! # }
+//! ```
+#![warn(missing_docs, unreachable_pub)]
+#![forbid(unsafe_code)]
+
+mod cli;
+mod client;
+mod endpoints;
+mod error;
+mod format;
+mod model;
+
+pub use cli::{
+    Command, EndpointFormat, EndpointsArgs, HostCommand, ListFormat, ServiceCommand,
+};
+pub use client::{Client, ClientConfig};
+pub use error::{CliError, ErrorKind};
+
+use std::io::Write;
+
+/// Where the commands write, and whether those are terminals (the host finds out; this
+/// crate does not look).
+pub struct Io {
+    /// Standard output: results.
+    pub stdout: Box<dyn Write + Send>,
+    /// Standard error: warnings, progress, errors.
+    pub stderr: Box<dyn Write + Send>,
+    /// Whether stdout is a terminal (picks the default `-o` of `service endpoints`).
+    pub stdout_is_tty: bool,
+    /// Whether stderr is a terminal (enables the `--wait-ready` progress line).
+    pub stderr_is_tty: bool,
+}
+
+impl Io {
+    /// Bundles the writers.
+    pub fn new(
+        stdout: Box<dyn Write + Send>,
+        stderr: Box<dyn Write + Send>,
+        stdout_is_tty: bool,
+        stderr_is_tty: bool,
+    ) -> Self {
+        Self {
+            stdout,
+            stderr,
+            stdout_is_tty,
+            stderr_is_tty,
+        }
+    }
+}
+
+impl std::fmt::Debug for Io {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Io")
+            .field("stdout_is_tty", &self.stdout_is_tty)
+            .field("stderr_is_tty", &self.stderr_is_tty)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Runs one command against the apiserver. Results go to `io.stdout`; warnings and
+/// progress to `io.stderr`. The error is returned, not printed: print it with its
+/// `Display` and exit with [`CliError::exit_code`] (or let [`execute`] do both).
+///
+/// `--watch` runs until `--timeout` (if given) or until the future is dropped.
+pub async fn run(cmd: Command, client: &Client, io: &mut Io) -> Result<(), CliError> {
+    match cmd {
+        Command::Service(ServiceCommand::Endpoints(args)) => {
+            endpoints::run(args, client, io).await
+        }
+        Command::Service(ServiceCommand::List { output }) => {
+            let answer = client.services().await?;
+            let out = match output {
+                ListFormat::Table => format::service_list(&answer.value),
+                ListFormat::Json => json_line(&answer.raw),
+            };
+            endpoints::write_out(io, &out).map(drop)
+        }
+        Command::Service(ServiceCommand::Submit { file }) => {
+            let toml = tokio::fs::read_to_string(&file).await.map_err(|e| {
+                CliError::new(
+                    ErrorKind::Invalid,
+                    format!("cannot read {}: {e}", file.display()),
+                )
+            })?;
+            let answer = client.submit(toml).await.map_err(|e| match e.kind {
+                ErrorKind::Invalid if !e.details.is_empty() => CliError {
+                    hint: Some(format!("fix {} and submit it again", file.display())),
+                    ..e
+                },
+                _ => e,
+            })?;
+            endpoints::write_out(io, &format::submitted(&answer.value)).map(drop)
+        }
+        Command::Service(ServiceCommand::Stop { name }) => {
+            let answer = client.stop(&name).await?;
+            endpoints::write_out(io, &format::stopped(&answer.value)).map(drop)
+        }
+        Command::Host(HostCommand::List { output }) => {
+            let answer = client.hosts().await?;
+            let out = match output {
+                ListFormat::Table => format::host_list(&answer.value),
+                ListFormat::Json => json_line(&answer.raw),
+            };
+            endpoints::write_out(io, &out).map(drop)
+        }
+    }
+}
+
+/// Builds the client, runs `cmd`, prints any error on `io.stderr`, and returns the exit
+/// code of DESIGN §7 (0 on success).
+pub async fn execute(cmd: Command, config: ClientConfig, io: &mut Io) -> i32 {
+    let result = match Client::new(config) {
+        Ok(client) => run(cmd, &client, io).await,
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            // Nothing better to do if stderr itself is broken.
+            let _ = write!(io.stderr, "{e}");
+            let _ = io.stderr.flush();
+            e.exit_code()
+        }
+    }
+}
+
+fn json_line(raw: &str) -> String {
+    let mut s = raw.trim_end().to_owned();
+    s.push('\n');
+    s
+}

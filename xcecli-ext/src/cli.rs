@@ -1,0 +1,106 @@
+//! The command line of `xcecli service …` and `xcecli host …` (DESIGN §7), as clap types
+//! the binary embeds. Global flags (`--api`, `--token`, the config file) are the binary's.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The client's subcommands.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Submit, list and stop services, and read their endpoints
+    #[command(subcommand)]
+    Service(ServiceCommand),
+    /// Show exec hosts
+    #[command(subcommand)]
+    Host(HostCommand),
+}
+
+/// `xcecli service …`.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum ServiceCommand {
+    /// Submit a service profile (TOML)
+    Submit {
+        /// The profile file, e.g. examples/web.toml
+        file: PathBuf,
+    },
+    /// List the services you may view, with their ready counts
+    List {
+        /// Output format
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = ListFormat::Table)]
+        output: ListFormat,
+    },
+    /// Stop all replicas of a service
+    Stop {
+        /// The service name
+        name: String,
+    },
+    /// Print the endpoints (address:port) of a service's ready replicas
+    Endpoints(EndpointsArgs),
+}
+
+/// `xcecli host …`.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum HostCommand {
+    /// List exec hosts with their addresses and port usage
+    List {
+        /// Output format
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = ListFormat::Table)]
+        output: ListFormat,
+    },
+}
+
+/// `xcecli service endpoints NAME …`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EndpointsArgs {
+    /// The service name
+    pub name: String,
+    /// Keep only this port (by name)
+    #[arg(long, value_name = "P")]
+    pub port: Option<String>,
+    /// Output format [default: table on a terminal; otherwise plain when the service has
+    /// one port or --port is given, else json]
+    #[arg(short = 'o', long = "output", value_enum)]
+    pub output: Option<EndpointFormat>,
+    /// Also show replicas that are placed but not ready (table and json)
+    #[arg(long)]
+    pub all: bool,
+    /// Keep running and print the list again on every change
+    #[arg(long)]
+    pub watch: bool,
+    /// With --watch: run CMD (sh -c) with the list on stdin, initially and on every change
+    #[arg(long, value_name = "CMD", requires = "watch")]
+    pub exec: Option<String>,
+    /// Wait until at least N replicas are ready, then print them
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub wait_ready: Option<u32>,
+    /// Give up --wait-ready after DURATION (exit 3), or end --watch after it (exit 0),
+    /// e.g. 30s, 2m
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+}
+
+/// Output formats of `service endpoints`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EndpointFormat {
+    /// Aligned columns for people
+    Table,
+    /// The REST entry as the apiserver sent it
+    Json,
+    /// One address:port line per ready replica, for one port
+    Plain,
+    /// XCE_ENDPOINTS_<PORT>=addr:port,... lines for eval
+    Env,
+}
+
+/// Output formats of the list commands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ListFormat {
+    /// Aligned columns for people
+    Table,
+    /// The REST answer as the apiserver sent it
+    Json,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 30s, 2m, 1h)"))
+}

@@ -1,0 +1,488 @@
+//! The HTTP client of the apiserver's REST API: one place that builds requests, sends the
+//! bearer token, and sorts every failure into a [`CliError`].
+
+use crate::error::{CliError, ErrorKind};
+use crate::model::{EndpointEntry, ErrorBody, HostList, ServiceDetail, ServiceList, StopAnswer};
+use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
+use reqwest::{Method, StatusCode, Url};
+use std::time::Duration;
+
+/// How long an ordinary (non-blocking) request may take, connect included.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long connecting may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How much longer than its `wait` a blocking query may take before the connection is
+/// considered dead (the server answers at `wait` at the latest).
+const BLOCKING_SLACK: Duration = Duration::from_secs(30);
+
+/// What the host passes in: where the apiserver is and who we are. The host resolves these
+/// from flags, `XCE_API`/`XCE_TOKEN` and the config file; this crate reads none of them.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClientConfig {
+    /// Base URL, e.g. `http://127.0.0.1:7480`. Only `http` (no TLS in v1).
+    pub api: String,
+    /// The bearer token, if any.
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for ClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the secret.
+        f.debug_struct("ClientConfig")
+            .field("api", &self.api)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+/// A client of the apiserver. Cheap to build: no connection is made until the first call.
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: Url,
+    auth: Option<HeaderValue>,
+}
+
+/// The query of `GET /v1/services/{name}/endpoints`.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct EndpointsQuery<'a> {
+    /// `?port=`.
+    pub(crate) port: Option<&'a str>,
+    /// `?include=all`.
+    pub(crate) all: bool,
+    /// `?index=N&wait=…`: a blocking query.
+    pub(crate) block: Option<(u64, Duration)>,
+}
+
+/// A parsed answer with the body as sent (for `-o json`).
+#[derive(Debug, Clone)]
+pub(crate) struct Answer<T> {
+    pub(crate) value: T,
+    pub(crate) raw: String,
+}
+
+// === impl Client ===
+
+impl Client {
+    /// Checks the config and builds the client.
+    ///
+    /// Errors ([`ErrorKind::Config`]): the URL does not parse, is not `http`, or the token
+    /// cannot travel in an HTTP header.
+    pub fn new(config: ClientConfig) -> Result<Client, CliError> {
+        let config_err = |msg: String| {
+            CliError::new(ErrorKind::Config, msg)
+                .with_hint("pass --api http://HOST:PORT or set XCE_API (default http://127.0.0.1:7480)")
+        };
+        let base = Url::parse(config.api.trim())
+            .map_err(|e| config_err(format!("invalid apiserver url {:?}: {e}", config.api)))?;
+        match base.scheme() {
+            "http" => {}
+            "https" => {
+                return Err(config_err(format!(
+                    "cannot use {}: https is not supported (no tls in v1)",
+                    config.api
+                )))
+            }
+            s => {
+                return Err(config_err(format!(
+                    "invalid apiserver url {:?}: scheme {s:?} is not http",
+                    config.api
+                )))
+            }
+        }
+        if base.host().is_none() || base.cannot_be_a_base() {
+            return Err(config_err(format!(
+                "invalid apiserver url {:?}: no host",
+                config.api
+            )));
+        }
+        let auth = match config.token.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(t) => {
+                let mut v = HeaderValue::from_str(&format!("Bearer {t}")).map_err(|_| {
+                    CliError::new(
+                        ErrorKind::Config,
+                        "the token contains characters that cannot be sent in an http header",
+                    )
+                    .with_hint("check XCE_TOKEN, --token or the config file")
+                })?;
+                v.set_sensitive(true);
+                Some(v)
+            }
+        };
+        let http = reqwest::Client::builder()
+            // The library never reads the environment: no proxy from HTTP_PROXY & co.
+            .no_proxy()
+            .connect_timeout(CONNECT_TIMEOUT)
+            .build()
+            .map_err(|e| {
+                CliError::new(
+                    ErrorKind::Internal,
+                    format!("cannot build the http client: {e}"),
+                )
+            })?;
+        Ok(Client { http, base, auth })
+    }
+
+    /// The base URL of the apiserver.
+    pub fn api(&self) -> &Url {
+        &self.base
+    }
+
+    /// `base` + `/v1/<segments…>`, each segment percent-encoded.
+    fn url(&self, segments: &[&str]) -> Url {
+        let mut url = self.base.clone();
+        url.set_query(None);
+        url.set_fragment(None);
+        if let Ok(mut path) = url.path_segments_mut() {
+            path.pop_if_empty().push("v1").extend(segments);
+        }
+        url
+    }
+
+    /// Sends a request and returns the body of a 2xx answer; everything else is sorted
+    /// into a [`CliError`].
+    async fn send(
+        &self,
+        method: Method,
+        url: Url,
+        timeout: Duration,
+        body: Option<(&'static str, String)>,
+    ) -> Result<(String, Option<u64>), CliError> {
+        let mut req = self.http.request(method, url.clone()).timeout(timeout);
+        if let Some(auth) = &self.auth {
+            req = req.header(AUTHORIZATION, auth.clone());
+        }
+        if let Some((content_type, body)) = body {
+            req = req.header(CONTENT_TYPE, content_type).body(body);
+        }
+        let resp = req.send().await.map_err(|e| transport_error(&url, &e))?;
+        let status = resp.status();
+        let index = resp
+            .headers()
+            .get("x-xce-index")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
+        let text = resp.text().await.map_err(|e| transport_error(&url, &e))?;
+        if status.is_success() {
+            Ok((text, index))
+        } else {
+            Err(status_error(&url, status, &text))
+        }
+    }
+
+    async fn get<T: serde::de::DeserializeOwned>(
+        &self,
+        url: Url,
+        timeout: Duration,
+    ) -> Result<(Answer<T>, Option<u64>), CliError> {
+        let (raw, index) = self.send(Method::GET, url.clone(), timeout, None).await?;
+        let value = parse(&url, &raw)?;
+        Ok((Answer { value, raw }, index))
+    }
+
+    /// `GET /v1/services/{name}/endpoints`, blocking when `q.block` is set. The entry is
+    /// checked ([`EndpointEntry::check`]) before it is returned.
+    pub(crate) async fn endpoints(
+        &self,
+        name: &str,
+        q: &EndpointsQuery<'_>,
+    ) -> Result<Answer<EndpointEntry>, CliError> {
+        let mut url = self.url(&["services", name, "endpoints"]);
+        let mut timeout = REQUEST_TIMEOUT;
+        {
+            let mut pairs = url.query_pairs_mut();
+            if let Some(p) = q.port {
+                pairs.append_pair("port", p);
+            }
+            if q.all {
+                pairs.append_pair("include", "all");
+            }
+            if let Some((index, wait)) = q.block {
+                pairs.append_pair("index", &index.to_string());
+                pairs.append_pair("wait", &format!("{}ms", wait.as_millis()));
+                timeout = wait + BLOCKING_SLACK;
+            }
+        }
+        if url.query() == Some("") {
+            url.set_query(None);
+        }
+        let (answer, _) = self.get::<EndpointEntry>(url, timeout).await?;
+        answer.value.check()?;
+        Ok(answer)
+    }
+
+    /// `GET /v1/services`.
+    pub(crate) async fn services(&self) -> Result<Answer<ServiceList>, CliError> {
+        let url = self.url(&["services"]);
+        Ok(self.get(url, REQUEST_TIMEOUT).await?.0)
+    }
+
+    /// `GET /v1/services/{name}`.
+    pub(crate) async fn service(&self, name: &str) -> Result<Answer<ServiceDetail>, CliError> {
+        let url = self.url(&["services", name]);
+        Ok(self.get(url, REQUEST_TIMEOUT).await?.0)
+    }
+
+    /// `POST /v1/services` with a TOML profile.
+    pub(crate) async fn submit(&self, toml: String) -> Result<Answer<ServiceDetail>, CliError> {
+        let url = self.url(&["services"]);
+        let (raw, _) = self
+            .send(
+                Method::POST,
+                url.clone(),
+                REQUEST_TIMEOUT,
+                Some(("application/toml", toml)),
+            )
+            .await?;
+        let value = parse(&url, &raw)?;
+        Ok(Answer { value, raw })
+    }
+
+    /// `DELETE /v1/services/{name}`.
+    pub(crate) async fn stop(&self, name: &str) -> Result<Answer<StopAnswer>, CliError> {
+        let url = self.url(&["services", name]);
+        let (raw, _) = self
+            .send(Method::DELETE, url.clone(), REQUEST_TIMEOUT, None)
+            .await?;
+        let value = parse(&url, &raw)?;
+        Ok(Answer { value, raw })
+    }
+
+    /// `GET /v1/hosts`.
+    pub(crate) async fn hosts(&self) -> Result<Answer<HostList>, CliError> {
+        let url = self.url(&["hosts"]);
+        Ok(self.get(url, REQUEST_TIMEOUT).await?.0)
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(url: &Url, raw: &str) -> Result<T, CliError> {
+    serde_json::from_str(raw).map_err(|e| {
+        CliError::new(
+            ErrorKind::Server,
+            format!("cannot read the answer of {}: {e}", without_query(url)),
+        )
+        .with_hint("the apiserver may be a different version than this xcecli")
+    })
+}
+
+fn without_query(url: &Url) -> String {
+    let mut u = url.clone();
+    u.set_query(None);
+    u.to_string()
+}
+
+/// A request that got no HTTP answer.
+fn transport_error(url: &Url, err: &reqwest::Error) -> CliError {
+    // reqwest's own text is generic ("error sending request"); the innermost cause says
+    // what happened ("Connection refused (os error 111)").
+    let mut cause: &dyn std::error::Error = err;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    let url = without_query(url);
+    let message = if err.is_timeout() {
+        format!("no answer from the apiserver at {url} in time")
+    } else if err.is_connect() {
+        format!("cannot reach the apiserver at {url}: {cause}")
+    } else {
+        format!("lost the connection to the apiserver at {url}: {cause}")
+    };
+    CliError::new(ErrorKind::Unreachable, message).with_hint(
+        "is the apiserver running (e.g. `xced dev`)? pass --api or set XCE_API to its url",
+    )
+}
+
+/// A non-2xx answer.
+fn status_error(url: &Url, status: StatusCode, body: &str) -> CliError {
+    let parsed = serde_json::from_str::<ErrorBody>(body).ok().map(|b| b.error);
+    let server_message = parsed
+        .as_ref()
+        .map(|e| e.message.clone())
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| {
+            status
+                .canonical_reason()
+                .unwrap_or("unknown status")
+                .to_lowercase()
+        });
+    let details: Vec<String> = parsed
+        .as_ref()
+        .map(|e| {
+            e.details
+                .iter()
+                .map(|d| match (d.field.is_empty(), d.reason.is_empty()) {
+                    (false, _) => format!("{}: {}", d.field, d.reason),
+                    (true, _) => d.reason.clone(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let code = parsed.as_ref().map(|e| e.code.as_str()).unwrap_or("");
+    match status {
+        StatusCode::UNAUTHORIZED => CliError::new(
+            ErrorKind::Auth,
+            format!("not authenticated: {server_message}"),
+        )
+        .with_hint("set XCE_TOKEN, pass --token, or run `xced dev` which writes the client config"),
+        StatusCode::FORBIDDEN => CliError::new(
+            ErrorKind::Forbidden,
+            format!("forbidden: {server_message}"),
+        )
+        .with_hint("your token lacks the permission on this project (e.g. job.submit); ask an admin"),
+        StatusCode::NOT_FOUND => CliError::new(ErrorKind::NotFound, server_message)
+            .with_hint("`xcecli service list` shows the services you may view"),
+        StatusCode::BAD_REQUEST
+        | StatusCode::CONFLICT
+        | StatusCode::PAYLOAD_TOO_LARGE
+        | StatusCode::UNPROCESSABLE_ENTITY => {
+            let err = CliError::new(ErrorKind::Invalid, server_message).with_details(details);
+            match (status, code) {
+                (StatusCode::CONFLICT, _) => err.with_hint(
+                    "a service with this name exists: stop it first or choose another name",
+                ),
+                (StatusCode::PAYLOAD_TOO_LARGE, _) => {
+                    err.with_hint("the request is larger than the apiserver accepts")
+                }
+                _ => err,
+            }
+        }
+        s if s.is_server_error() => CliError::new(
+            ErrorKind::Server,
+            format!(
+                "the apiserver failed ({}) on {}: {server_message}",
+                s.as_u16(),
+                without_query(url)
+            ),
+        )
+        .with_details(details),
+        s => CliError::new(
+            ErrorKind::Server,
+            format!(
+                "unexpected answer {} from {}: {server_message}",
+                s.as_u16(),
+                without_query(url)
+            ),
+        )
+        .with_details(details),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use expect_test::{expect, Expect};
+
+    fn check_config(api: &str, token: Option<&str>, expect: Expect) {
+        let actual = match Client::new(ClientConfig {
+            api: api.to_owned(),
+            token: token.map(str::to_owned),
+        }) {
+            Ok(c) => format!(
+                "ok {} auth={}",
+                c.url(&["services", "a b/c", "endpoints"]),
+                c.auth.is_some()
+            ),
+            Err(e) => format!("exit {}: {e}", e.exit_code()),
+        };
+        expect.assert_eq(&actual);
+    }
+
+    #[test]
+    fn config() {
+        check_config(
+            "http://127.0.0.1:7480",
+            Some("t"),
+            expect!["ok http://127.0.0.1:7480/v1/services/a%20b%2Fc/endpoints auth=true"],
+        );
+        check_config(
+            "http://h:1/prefix/?x=1",
+            None,
+            expect!["ok http://h:1/prefix/v1/services/a%20b%2Fc/endpoints auth=false"],
+        );
+        check_config(
+            "https://h",
+            None,
+            expect![[r#"
+                exit 1: error: cannot use https://h: https is not supported (no tls in v1)
+                hint: pass --api http://HOST:PORT or set XCE_API (default http://127.0.0.1:7480)
+            "#]],
+        );
+        check_config(
+            "127.0.0.1:7480",
+            None,
+            expect![[r#"
+                exit 1: error: invalid apiserver url "127.0.0.1:7480": relative URL without a base
+                hint: pass --api http://HOST:PORT or set XCE_API (default http://127.0.0.1:7480)
+            "#]],
+        );
+        check_config(
+            "http://h",
+            Some("a\nb"),
+            expect![[r#"
+                exit 1: error: the token contains characters that cannot be sent in an http header
+                hint: check XCE_TOKEN, --token or the config file
+            "#]],
+        );
+    }
+
+    fn check_status(status: u16, body: &str, expect: Expect) {
+        let url = Url::parse("http://127.0.0.1:7480/v1/services?x=1").unwrap();
+        let err = status_error(&url, StatusCode::from_u16(status).unwrap(), body);
+        expect.assert_eq(&format!("exit {}: {err}", err.exit_code()));
+    }
+
+    #[test]
+    fn statuses() {
+        check_status(
+            401,
+            r#"{"error":{"code":"unauthenticated","message":"invalid bearer token","details":[]}}"#,
+            expect![[r#"
+                exit 5: error: not authenticated: invalid bearer token
+                hint: set XCE_TOKEN, pass --token, or run `xced dev` which writes the client config
+            "#]],
+        );
+        check_status(
+            404,
+            r#"{"error":{"code":"not_found","message":"service \"web\" not found","details":[]}}"#,
+            expect![[r#"
+                exit 4: error: service "web" not found
+                hint: `xcecli service list` shows the services you may view
+            "#]],
+        );
+        check_status(
+            400,
+            r#"{"error":{"code":"invalid","message":"invalid service profile","details":[
+                {"field":"service.ports[1].name","reason":"duplicate port name \"http\""},
+                {"field":"service.ports[0].port","reason":"must be 1-65535"}]}}"#,
+            expect![[r#"
+                exit 1: error: invalid service profile
+                  service.ports[1].name: duplicate port name "http"
+                  service.ports[0].port: must be 1-65535
+            "#]],
+        );
+        check_status(
+            403,
+            r#"{"error":{"code":"forbidden","message":"job.submit on project team-a required","details":[]}}"#,
+            expect![[r#"
+                exit 1: error: forbidden: job.submit on project team-a required
+                hint: your token lacks the permission on this project (e.g. job.submit); ask an admin
+            "#]],
+        );
+        check_status(
+            409,
+            r#"{"error":{"code":"conflict","message":"service \"web\" exists","details":[]}}"#,
+            expect![[r#"
+                exit 1: error: service "web" exists
+                hint: a service with this name exists: stop it first or choose another name
+            "#]],
+        );
+        check_status(
+            502,
+            "<html>bad gateway</html>",
+            expect![[r#"
+                exit 1: error: the apiserver failed (502) on http://127.0.0.1:7480/v1/services: bad gateway
+            "#]],
+        );
+    }
+}

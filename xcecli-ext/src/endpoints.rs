@@ -1,0 +1,386 @@
+//! `xcecli service endpoints`: one read, `--wait-ready`, and `--watch [--exec]`, all one
+//! loop over blocking queries.
+//!
+//! The loop: the first request is an ordinary GET; each later one is a blocking query
+//! (`?index=<last>&wait=5m`) that the apiserver answers only when the service changed (or
+//! when `wait` runs out, with the same index). So an idle watch costs one open request,
+//! never a polling loop. After the first answer, connection failures and 5xx answers are
+//! retried with capped exponential backoff, each retry logged on stderr, and the watch
+//! resumes from the last index it saw: an apiserver restart loses nothing.
+//!
+//! What is printed when: a rendering is emitted when it differs from the last one emitted
+//! (so an index change that leaves e.g. the `plain` list unchanged prints nothing, and a
+//! `--exec` hook runs only when its input changed). With `--exec` the list goes to the
+//! command's stdin instead of our stdout; the command's own output is passed through.
+
+use crate::cli::{EndpointFormat, EndpointsArgs};
+use crate::client::{Answer, Client, EndpointsQuery};
+use crate::error::{CliError, ErrorKind};
+use crate::format::{self, EndpointsView};
+use crate::model::EndpointEntry;
+use crate::Io;
+use std::collections::BTreeSet;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How long one blocking query may wait on the server (its default, under the 10m cap).
+const BLOCK_WAIT: Duration = Duration::from_secs(300);
+/// First retry delay after a failure; doubles up to [`BACKOFF_MAX`].
+const BACKOFF_START: Duration = Duration::from_millis(200);
+/// Longest retry delay.
+const BACKOFF_MAX: Duration = Duration::from_secs(10);
+/// A blocking query that comes back unchanged faster than this means the server ignored
+/// `wait`; the next one is delayed so a misbehaving server cannot make us spin.
+const MIN_UNCHANGED_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Runs the command.
+pub(crate) async fn run(
+    args: EndpointsArgs,
+    client: &Client,
+    io: &mut Io,
+) -> Result<(), CliError> {
+    if args.all {
+        if let Some(f @ (EndpointFormat::Plain | EndpointFormat::Env)) = args.output {
+            return Err(CliError::usage(format!(
+                "--all shows replicas that are not ready, which -o {} never prints",
+                if f == EndpointFormat::Plain {
+                    "plain"
+                } else {
+                    "env"
+                }
+            ))
+            .with_hint("use --all with -o table or -o json"));
+        }
+    }
+    let deadline = args.timeout.map(|t| Instant::now() + t);
+    let mut run = Run {
+        args: &args,
+        client,
+        format: None,
+        declared: None,
+        last_output: None,
+        ready_reached: args.wait_ready.is_none(),
+        progress_shown: false,
+        last_ready: 0,
+    };
+    let result = run.main_loop(io, deadline).await;
+    run.clear_progress(io);
+    result
+}
+
+/// The state of one run of the command.
+struct Run<'a> {
+    args: &'a EndpointsArgs,
+    client: &'a Client,
+    /// The output format, resolved from the first answer and then fixed.
+    format: Option<EndpointFormat>,
+    /// The service's declared port names, fetched only when an output needs them.
+    declared: Option<Vec<String>>,
+    /// The last rendering emitted.
+    last_output: Option<String>,
+    /// `--wait-ready` was satisfied (or not asked for).
+    ready_reached: bool,
+    /// A progress line is on the terminal and must be cleared.
+    progress_shown: bool,
+    /// Ready replicas in the last answer (for the timeout message).
+    last_ready: usize,
+}
+
+// === impl Run ===
+
+impl Run<'_> {
+    async fn main_loop(&mut self, io: &mut Io, deadline: Option<Instant>) -> Result<(), CliError> {
+        let args = self.args;
+        let mut last_index: Option<u64> = None;
+        let mut backoff = BACKOFF_START;
+        let mut failing = false;
+        loop {
+            let query = EndpointsQuery {
+                port: args.port.as_deref(),
+                all: args.all,
+                block: last_index.map(|i| (i, BLOCK_WAIT)),
+            };
+            let sent = Instant::now();
+            let result = match until(deadline, self.client.endpoints(&args.name, &query)).await {
+                Some(r) => r,
+                None => return self.timed_out(),
+            };
+            let answer = match result {
+                Ok(a) => a,
+                Err(e) if last_index.is_some() && is_transient(&e) => {
+                    // Keep the last index: the next query resumes where we were.
+                    self.clear_progress(io);
+                    warn(
+                        io,
+                        &format!(
+                            "{}; retrying in {} (resuming from index {})",
+                            e.message,
+                            humantime::format_duration(backoff),
+                            last_index.unwrap_or_default()
+                        ),
+                    )?;
+                    failing = true;
+                    if until(deadline, tokio::time::sleep(backoff)).await.is_none() {
+                        return self.timed_out();
+                    }
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            if failing {
+                failing = false;
+                backoff = BACKOFF_START;
+                warn(
+                    io,
+                    &format!(
+                        "reconnected to the apiserver at {} (index {})",
+                        self.client.api(),
+                        answer.value.index
+                    ),
+                )?;
+            }
+            let unchanged = last_index == Some(answer.value.index);
+            last_index = Some(answer.value.index);
+            if self.handle(io, answer).await? == Flow::Done {
+                return Ok(());
+            }
+            if unchanged && sent.elapsed() < MIN_UNCHANGED_INTERVAL {
+                let pause = MIN_UNCHANGED_INTERVAL - sent.elapsed();
+                if until(deadline, tokio::time::sleep(pause)).await.is_none() {
+                    return self.timed_out();
+                }
+            }
+        }
+    }
+
+    /// What running out of `--timeout` means: exit 3 while `--wait-ready` waits, the end
+    /// of a `--watch` (exit 0, reported as `Ok` by the caller), else a slow apiserver.
+    fn timed_out(&self) -> Result<(), CliError> {
+        let args = self.args;
+        let after = humantime::format_duration(args.timeout.unwrap_or_default());
+        Err(match args.wait_ready {
+            Some(n) if !self.ready_reached => CliError::new(
+                ErrorKind::Timeout,
+                format!(
+                    "service {} has {} of {n} replicas ready after {after}",
+                    args.name, self.last_ready
+                ),
+            )
+            .with_hint("`xcecli service endpoints --all` shows replicas that are not ready"),
+            _ if args.watch => return Ok(()),
+            _ => CliError::new(
+                ErrorKind::Unreachable,
+                format!("no answer from the apiserver at {} within {after}", self.client.api()),
+            ),
+        })
+    }
+
+    /// Handles one answer: progress, rendering, emitting.
+    async fn handle(&mut self, io: &mut Io, answer: Answer<EndpointEntry>) -> Result<Flow, CliError> {
+        let args = self.args;
+        let entry = &answer.value;
+        let ready = entry.ready().count();
+        self.last_ready = ready;
+        if !self.ready_reached {
+            let want = args.wait_ready.unwrap_or_default() as usize;
+            if ready < want {
+                if io.stderr_is_tty {
+                    let line = format!(
+                        "\r\x1b[Kwaiting for service {}: {ready}/{want} replicas ready",
+                        args.name
+                    );
+                    io.stderr.write_all(line.as_bytes()).map_err(CliError::io)?;
+                    io.stderr.flush().map_err(CliError::io)?;
+                    self.progress_shown = true;
+                }
+                return Ok(Flow::More);
+            }
+            self.ready_reached = true;
+            self.clear_progress(io);
+        }
+        let format = match self.format {
+            Some(f) => f,
+            None => {
+                let f = self.resolve_format(io, entry).await;
+                self.format = Some(f);
+                f
+            }
+        };
+        if format == EndpointFormat::Env
+            && args.port.is_none()
+            && entry.ready().next().is_none()
+            && self.declared.is_none()
+        {
+            // No ready replica tells us the port names: ask the profile, so that `eval`
+            // still clears every XCE_ENDPOINTS_<PORT>.
+            self.declared = Some(self.declared_ports().await);
+        }
+        let view = EndpointsView {
+            format,
+            port: args.port.as_deref(),
+            all: args.all,
+            declared: self.declared.as_deref().unwrap_or_default(),
+        };
+        let output = format::endpoints(view, entry, &answer.raw)?;
+        if self.last_output.as_deref() != Some(output.as_str()) {
+            let go_on = match &args.exec {
+                Some(cmd) => {
+                    run_hook(io, cmd, &output, entry.index).await?;
+                    true
+                }
+                None => write_out(io, &output)?,
+            };
+            self.last_output = Some(output);
+            if !go_on {
+                return Ok(Flow::Done);
+            }
+        }
+        Ok(if args.watch { Flow::More } else { Flow::Done })
+    }
+
+    /// The default format: table on a terminal; otherwise plain when one port is printed
+    /// (`--port`, or the service has one port), else json.
+    async fn resolve_format(&mut self, io: &Io, entry: &EndpointEntry) -> EndpointFormat {
+        let args = self.args;
+        if let Some(f) = args.output {
+            return f;
+        }
+        if io.stdout_is_tty {
+            return EndpointFormat::Table;
+        }
+        if args.all {
+            return EndpointFormat::Json;
+        }
+        if args.port.is_some() {
+            return EndpointFormat::Plain;
+        }
+        let mut names: BTreeSet<String> = entry
+            .endpoints
+            .iter()
+            .flat_map(|e| e.ports.keys().cloned())
+            .collect();
+        if names.is_empty() {
+            let declared = self.declared_ports().await;
+            names.extend(declared.iter().cloned());
+            self.declared = Some(declared);
+        }
+        if names.len() <= 1 {
+            EndpointFormat::Plain
+        } else {
+            EndpointFormat::Json
+        }
+    }
+
+    /// The port names of the service's profile; empty if they cannot be had (the endpoint
+    /// read succeeded, so this is a best effort for a nicer output, not a new failure).
+    async fn declared_ports(&self) -> Vec<String> {
+        let Ok(detail) = self.client.service(&self.args.name).await else {
+            return Vec::new();
+        };
+        let ports = detail.value.profile.get("ports").and_then(|p| p.as_array());
+        ports
+            .into_iter()
+            .flatten()
+            .filter_map(|p| p.get("name")?.as_str())
+            // Same rule as the entry check: only names that need no quoting.
+            .filter(|n| {
+                !n.is_empty()
+                    && n.len() <= 15
+                    && n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            })
+            .map(str::to_owned)
+            .collect()
+    }
+
+    fn clear_progress(&mut self, io: &mut Io) {
+        if self.progress_shown {
+            self.progress_shown = false;
+            // Best effort: a broken terminal is no reason to fail the command.
+            let _ = io.stderr.write_all(b"\r\x1b[K");
+            let _ = io.stderr.flush();
+        }
+    }
+}
+
+/// Whether the main loop goes on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Flow {
+    More,
+    Done,
+}
+
+/// Failures worth retrying in a watch: the apiserver is away or failing, not refusing us.
+fn is_transient(e: &CliError) -> bool {
+    matches!(e.kind, ErrorKind::Unreachable | ErrorKind::Server)
+}
+
+/// Runs `fut` until `deadline`; `None` when the deadline came first.
+async fn until<F: std::future::Future>(deadline: Option<Instant>, fut: F) -> Option<F::Output> {
+    match deadline {
+        None => Some(fut.await),
+        Some(d) => tokio::time::timeout_at(d, fut).await.ok(),
+    }
+}
+
+/// A `warning:` line on stderr.
+fn warn(io: &mut Io, message: &str) -> Result<(), CliError> {
+    writeln!(io.stderr, "warning: {message}").map_err(CliError::io)?;
+    io.stderr.flush().map_err(CliError::io)
+}
+
+/// Writes to stdout; `false` when the reader went away (`| head`), which ends a watch
+/// quietly rather than as an error.
+pub(crate) fn write_out(io: &mut Io, s: &str) -> Result<bool, CliError> {
+    match io.stdout.write_all(s.as_bytes()).and_then(|()| io.stdout.flush()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(CliError::io(e)),
+    }
+}
+
+/// Runs `sh -c CMD` with `input` on its stdin and passes its output through. A command
+/// that fails (or cannot start) is reported on stderr; it never ends the watch.
+async fn run_hook(io: &mut Io, cmd: &str, input: &str, index: u64) -> Result<(), CliError> {
+    use std::process::Stdio;
+    use tokio::io::AsyncWriteExt;
+
+    let spawned = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(cmd)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn();
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) => return warn(io, &format!("cannot run `{cmd}` (index {index}): {e}")),
+    };
+    let stdin = child.stdin.take();
+    let feed = async move {
+        if let Some(mut stdin) = stdin {
+            // A command that does not read its stdin closes the pipe early: not an error.
+            let _ = stdin.write_all(input.as_bytes()).await;
+        }
+    };
+    let ((), output) = tokio::join!(feed, child.wait_with_output());
+    let output = match output {
+        Ok(o) => o,
+        Err(e) => return warn(io, &format!("cannot run `{cmd}` (index {index}): {e}")),
+    };
+    io.stdout.write_all(&output.stdout).map_err(CliError::io)?;
+    io.stdout.flush().map_err(CliError::io)?;
+    io.stderr.write_all(&output.stderr).map_err(CliError::io)?;
+    if output.status.success() {
+        io.stderr.flush().map_err(CliError::io)
+    } else {
+        warn(
+            io,
+            &format!(
+                "`{cmd}` failed ({}) for index {index}; still watching",
+                output.status
+            ),
+        )
+    }
+}

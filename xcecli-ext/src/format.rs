@@ -1,0 +1,583 @@
+//! Rendering answers as text: pure functions from parsed answers to the exact bytes the
+//! commands print.
+
+use crate::cli::EndpointFormat;
+use crate::error::CliError;
+use crate::model::{EndpointEntry, HostList, ServiceDetail, ServiceList, StopAnswer};
+use std::collections::BTreeSet;
+
+/// What an endpoints rendering needs besides the entry.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct EndpointsView<'a> {
+    /// The output format (already resolved from the default).
+    pub(crate) format: EndpointFormat,
+    /// `--port`: keep only this port.
+    pub(crate) port: Option<&'a str>,
+    /// `--all`: show replicas that are placed but not ready (table and json only).
+    pub(crate) all: bool,
+    /// The service's declared port names, when known: lets `env` print an empty
+    /// `XCE_ENDPOINTS_<PORT>=` line for a port no ready replica has yet.
+    pub(crate) declared: &'a [String],
+}
+
+/// Renders an endpoint entry. `raw` is the body as the server sent it (for `json`).
+pub(crate) fn endpoints(
+    view: EndpointsView<'_>,
+    entry: &EndpointEntry,
+    raw: &str,
+) -> Result<String, CliError> {
+    match view.format {
+        EndpointFormat::Json => {
+            let mut out = raw.trim_end().to_owned();
+            out.push('\n');
+            Ok(out)
+        }
+        EndpointFormat::Table => Ok(endpoints_table(view, entry)),
+        EndpointFormat::Plain => {
+            let Some(port) = plain_port(view.port, entry)? else {
+                return Ok(String::new());
+            };
+            let mut out = String::new();
+            for e in entry.ready() {
+                if let Some(p) = e.ports.get(port) {
+                    out.push_str(&e.socket(*p));
+                    out.push('\n');
+                }
+            }
+            Ok(out)
+        }
+        EndpointFormat::Env => {
+            let names: BTreeSet<&str> = match view.port {
+                Some(p) => [p].into(),
+                None => entry
+                    .ready()
+                    .flat_map(|e| e.ports.keys().map(String::as_str))
+                    .chain(view.declared.iter().map(String::as_str))
+                    .collect(),
+            };
+            let mut out = String::new();
+            for name in names {
+                let sockets: Vec<String> = entry
+                    .ready()
+                    .filter_map(|e| e.ports.get(name).map(|p| e.socket(*p)))
+                    .collect();
+                out.push_str(&format!("{}={}\n", env_name(name), sockets.join(",")));
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// The port `plain` prints: `--port`, or the one port the ready replicas have. `None` when
+/// no replica is ready (nothing to print either way).
+fn plain_port<'a>(
+    port: Option<&'a str>,
+    entry: &'a EndpointEntry,
+) -> Result<Option<&'a str>, CliError> {
+    if let Some(p) = port {
+        return Ok(Some(p));
+    }
+    let names: BTreeSet<&str> = entry
+        .ready()
+        .flat_map(|e| e.ports.keys().map(String::as_str))
+        .collect();
+    match names.len() {
+        0 => Ok(None),
+        1 => Ok(names.into_iter().next()),
+        _ => Err(several_ports(&entry.service, names.into_iter())),
+    }
+}
+
+/// The usage error for `-o plain` without `--port` on a multi-port service.
+pub(crate) fn several_ports<'a>(service: &str, names: impl Iterator<Item = &'a str>) -> CliError {
+    let names: Vec<&str> = names.collect();
+    CliError::usage(format!(
+        "service {service:?} has several ports ({}): -o plain prints one",
+        names.join(", ")
+    ))
+    .with_hint(format!(
+        "pass --port {}, or use -o env or -o json",
+        names.first().unwrap_or(&"NAME")
+    ))
+}
+
+/// `XCE_ENDPOINTS_<NAME>`: the port name upper-cased, `-` → `_` (port names are checked to
+/// be `[a-z0-9-]`, so the result is a valid shell variable name).
+fn env_name(port: &str) -> String {
+    let mut s = String::from("XCE_ENDPOINTS_");
+    s.extend(
+        port.chars()
+            .map(|c| if c == '-' { '_' } else { c.to_ascii_uppercase() }),
+    );
+    s
+}
+
+fn endpoints_table(view: EndpointsView<'_>, entry: &EndpointEntry) -> String {
+    let rows: Vec<&crate::model::Endpoint> = if view.all {
+        entry.endpoints.iter().collect()
+    } else {
+        entry.ready().collect()
+    };
+    if rows.is_empty() {
+        return format!(
+            "no ready endpoints for service {} (index {})\n",
+            entry.service, entry.index
+        );
+    }
+    let mut headers = vec!["REPLICA", "HOST", "ADDRESS", "PORTS"];
+    if view.all {
+        headers.extend(["READY", "STATE"]);
+    }
+    let lines = rows
+        .iter()
+        .map(|e| {
+            let ports: Vec<String> = e
+                .ports
+                .iter()
+                .filter(|(name, _)| view.port.is_none_or(|p| p == name.as_str()))
+                .map(|(name, p)| format!("{name}={p}"))
+                .collect();
+            let mut row = vec![
+                e.replica.to_string(),
+                dash(&e.host),
+                e.address.clone(),
+                dash(&ports.join(",")),
+            ];
+            if view.all {
+                row.push(if e.is_ready() { "yes" } else { "no" }.to_owned());
+                row.push(e.state.clone().unwrap_or_else(|| "-".to_owned()));
+            }
+            Line::Row(row)
+        })
+        .collect::<Vec<_>>();
+    table(&headers, &lines)
+}
+
+/// `service list` as a table, with the pending reason under a pending service.
+pub(crate) fn service_list(list: &ServiceList) -> String {
+    if list.services.is_empty() {
+        return "no services\n".to_owned();
+    }
+    let mut lines = Vec::new();
+    for s in &list.services {
+        lines.push(Line::Row(vec![
+            s.name.clone(),
+            dash(&s.project),
+            s.replicas.to_string(),
+            s.ready.to_string(),
+            s.pending.to_string(),
+            dash(&s.state),
+        ]));
+        if s.pending > 0 {
+            if let Some(reason) = &s.pending_reason {
+                lines.push(Line::Note(format!("  pending: {reason}")));
+            }
+        }
+    }
+    table(
+        &["NAME", "PROJECT", "REPLICAS", "READY", "PENDING", "STATE"],
+        &lines,
+    )
+}
+
+/// `host list` as a table.
+pub(crate) fn host_list(list: &HostList) -> String {
+    if list.hosts.is_empty() {
+        return "no hosts\n".to_owned();
+    }
+    let lines: Vec<Line> = list
+        .hosts
+        .iter()
+        .map(|h| {
+            let addresses: Vec<String> = h
+                .addresses
+                .iter()
+                .map(|a| match &a.interface {
+                    Some(i) if !i.is_empty() => format!("{}({i})", a.ip),
+                    _ => a.ip.clone(),
+                })
+                .collect();
+            Line::Row(vec![
+                h.id.clone(),
+                dash(&h.state),
+                h.ip_addr.clone().unwrap_or_else(|| "-".to_owned()),
+                dash(&addresses.join(",")),
+                h.jobs.to_string(),
+                ports_used(h.ports.as_ref()),
+            ])
+        })
+        .collect();
+    table(
+        &["ID", "STATE", "IP_ADDR", "ADDRESSES", "JOBS", "PORTS-USED"],
+        &lines,
+    )
+}
+
+/// `used/capacity`, and the ports found taken by something outside xce, if any.
+fn ports_used(summary: Option<&serde_json::Value>) -> String {
+    let Some(s) = summary else {
+        return "-".to_owned();
+    };
+    let num = |k: &str| s.get(k).and_then(serde_json::Value::as_u64);
+    match (num("used"), num("capacity")) {
+        (Some(used), Some(cap)) => match num("unavailable") {
+            Some(u) if u > 0 => format!("{used}/{cap} ({u} unavailable)"),
+            _ => format!("{used}/{cap}"),
+        },
+        _ => "-".to_owned(),
+    }
+}
+
+/// What `service submit` prints about the created service.
+pub(crate) fn submitted(detail: &ServiceDetail) -> String {
+    let mut out = format!(
+        "created service {} in project {} (index {}): {} replicas, {} placed, {} pending\n",
+        detail.name,
+        dash(&detail.project),
+        detail.index,
+        detail.replicas,
+        detail.jobs.len(),
+        detail.pending.len()
+    );
+    if !detail.jobs.is_empty() {
+        let lines: Vec<Line> = detail
+            .jobs
+            .iter()
+            .map(|j| {
+                Line::Row(vec![
+                    j.replica.to_string(),
+                    j.job.clone(),
+                    dash(&j.host),
+                    dash(&j.state),
+                    if j.ready { "yes" } else { "no" }.to_owned(),
+                    grant_summary(&j.ports),
+                ])
+            })
+            .collect();
+        out.push_str(&table(
+            &["REPLICA", "JOB", "HOST", "STATE", "READY", "PORTS"],
+            &lines,
+        ));
+    }
+    for p in &detail.pending {
+        out.push_str(&format!("pending replica {}: {}\n", p.replica, p.reason));
+    }
+    out
+}
+
+/// A job's grant summary: `name=port` pairs when it is a flat map of numbers (the port
+/// plugin's), else compact JSON.
+fn grant_summary(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::Null => "-".to_owned(),
+        serde_json::Value::Object(m) if m.is_empty() => "-".to_owned(),
+        serde_json::Value::Object(m) if m.values().all(serde_json::Value::is_u64) => m
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect::<Vec<_>>()
+            .join(","),
+        other => other.to_string(),
+    }
+}
+
+/// What `service stop` prints.
+pub(crate) fn stopped(answer: &StopAnswer) -> String {
+    format!(
+        "stopping service {} ({} replicas)\n",
+        answer.name, answer.stopping
+    )
+}
+
+fn dash(s: &str) -> String {
+    if s.is_empty() {
+        "-".to_owned()
+    } else {
+        s.to_owned()
+    }
+}
+
+/// A table line: an aligned row, or a free-form note under the previous row.
+enum Line {
+    Row(Vec<String>),
+    Note(String),
+}
+
+/// Left-aligned columns separated by two spaces, no trailing blanks.
+fn table(headers: &[&str], lines: &[Line]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for line in lines {
+        if let Line::Row(cells) = line {
+            for (w, c) in widths.iter_mut().zip(cells) {
+                *w = (*w).max(c.chars().count());
+            }
+        }
+    }
+    let row = |cells: &mut dyn Iterator<Item = &str>| {
+        let mut line = String::new();
+        for (i, (cell, w)) in cells.zip(&widths).enumerate() {
+            if i > 0 {
+                line.push_str("  ");
+            }
+            line.push_str(cell);
+            line.extend(std::iter::repeat_n(' ', w - cell.chars().count()));
+        }
+        let mut line = line.trim_end().to_owned();
+        line.push('\n');
+        line
+    };
+    let mut out = row(&mut headers.iter().copied());
+    for line in lines {
+        match line {
+            Line::Row(cells) => out.push_str(&row(&mut cells.iter().map(String::as_str))),
+            Line::Note(note) => {
+                out.push_str(note);
+                out.push('\n');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use expect_test::{expect, Expect};
+
+    const WEB: &str = r#"{"service":"web","index":42,"endpoints":[
+        {"replica":0,"job":"j-17","host":"exec-01","address":"127.0.0.11","ports":{"http":20417,"metrics":9100}},
+        {"replica":1,"job":"j-18","host":"exec-02","address":"127.0.0.12","ports":{"http":20533,"metrics":9100}},
+        {"replica":2,"job":"j-19","host":"exec-03","address":"fd00::3","ports":{"http":20001,"metrics":9100},"ready":false,"state":"running"}]}"#;
+
+    /// `args`: `format [port=P] [all] [declared=a,b]`.
+    fn check(json: &str, args: &str, expect: Expect) {
+        let entry: EndpointEntry = serde_json::from_str(json).unwrap();
+        entry.check().unwrap();
+        let mut words = args.split_whitespace();
+        let format = match words.next().unwrap() {
+            "table" => EndpointFormat::Table,
+            "json" => EndpointFormat::Json,
+            "plain" => EndpointFormat::Plain,
+            "env" => EndpointFormat::Env,
+            f => panic!("unknown format {f}"),
+        };
+        let (mut port, mut all, mut declared) = (None, false, Vec::new());
+        for w in words {
+            if let Some(p) = w.strip_prefix("port=") {
+                port = Some(p);
+            } else if let Some(d) = w.strip_prefix("declared=") {
+                declared = d.split(',').map(str::to_owned).collect();
+            } else if w == "all" {
+                all = true;
+            }
+        }
+        let view = EndpointsView {
+            format,
+            port,
+            all,
+            declared: &declared,
+        };
+        let actual = match endpoints(view, &entry, json) {
+            Ok(out) => out,
+            Err(e) => format!("exit {}: {e}", e.exit_code()),
+        };
+        expect.assert_eq(&actual);
+    }
+
+    #[test]
+    fn table() {
+        check(
+            WEB,
+            "table",
+            expect![[r#"
+                REPLICA  HOST     ADDRESS     PORTS
+                0        exec-01  127.0.0.11  http=20417,metrics=9100
+                1        exec-02  127.0.0.12  http=20533,metrics=9100
+            "#]],
+        );
+        check(
+            WEB,
+            "table port=http all",
+            expect![[r#"
+                REPLICA  HOST     ADDRESS     PORTS       READY  STATE
+                0        exec-01  127.0.0.11  http=20417  yes    -
+                1        exec-02  127.0.0.12  http=20533  yes    -
+                2        exec-03  fd00::3     http=20001  no     running
+            "#]],
+        );
+        check(
+            r#"{"service":"web","index":7,"endpoints":[]}"#,
+            "table",
+            expect![[r#"
+                no ready endpoints for service web (index 7)
+            "#]],
+        );
+    }
+
+    #[test]
+    fn plain() {
+        check(
+            WEB,
+            "plain port=http",
+            expect![[r#"
+                127.0.0.11:20417
+                127.0.0.12:20533
+            "#]],
+        );
+        check(
+            WEB,
+            "plain",
+            expect![[r#"
+                exit 2: error: service "web" has several ports (http, metrics): -o plain prints one
+                hint: pass --port http, or use -o env or -o json
+            "#]],
+        );
+        check(
+            r#"{"service":"db","index":3,"endpoints":[
+                {"replica":0,"address":"fd00::1","ports":{"pg":5432}}]}"#,
+            "plain",
+            expect![[r#"
+                [fd00::1]:5432
+            "#]],
+        );
+        check(
+            r#"{"service":"db","index":3,"endpoints":[]}"#,
+            "plain",
+            expect![""],
+        );
+    }
+
+    #[test]
+    fn env() {
+        check(
+            WEB,
+            "env",
+            expect![[r#"
+                XCE_ENDPOINTS_HTTP=127.0.0.11:20417,127.0.0.12:20533
+                XCE_ENDPOINTS_METRICS=127.0.0.11:9100,127.0.0.12:9100
+            "#]],
+        );
+        check(
+            WEB,
+            "env port=metrics",
+            expect![[r#"
+                XCE_ENDPOINTS_METRICS=127.0.0.11:9100,127.0.0.12:9100
+            "#]],
+        );
+        check(
+            r#"{"service":"web","index":9,"endpoints":[]}"#,
+            "env declared=http,admin-api",
+            expect![[r#"
+                XCE_ENDPOINTS_ADMIN_API=
+                XCE_ENDPOINTS_HTTP=
+            "#]],
+        );
+    }
+
+    #[test]
+    fn json_is_the_entry_as_sent() {
+        check(
+            r#"{"service":"web","endpoints":[],"index":9}"#,
+            "json",
+            expect![[r#"
+                {"service":"web","endpoints":[],"index":9}
+            "#]],
+        );
+    }
+
+    /// Whatever a (checked) entry holds, `env` lines are `NAME=VALUE` where neither part
+    /// needs shell quoting, so `eval "$(xcecli ... -o env)"` cannot run anything.
+    #[test]
+    fn env_values_never_need_quoting() {
+        let entry = r#"{"service":"s","index":1,"endpoints":[
+            {"replica":0,"address":"fe80::1%eth0","ports":{"a-b-9":1,"http":65535}},
+            {"replica":1,"address":"host-1.example","ports":{"a-b-9":2}},
+            {"replica":2,"address":"10.0.0.1","ports":{"http":3}}]}"#;
+        let entry: EndpointEntry = serde_json::from_str(entry).unwrap();
+        entry.check().unwrap();
+        let view = EndpointsView {
+            format: EndpointFormat::Env,
+            port: None,
+            all: false,
+            declared: &[],
+        };
+        let out = endpoints(view, &entry, "").unwrap();
+        assert_eq!(out.lines().count(), 2, "{out}");
+        for line in out.lines() {
+            let (name, value) = line.split_once('=').unwrap();
+            assert!(
+                name.bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_'),
+                "{line}"
+            );
+            assert!(
+                value.bytes().all(|b| b.is_ascii_alphanumeric()
+                    || b":.,[]%-".contains(&b)),
+                "{line}"
+            );
+        }
+    }
+
+    fn check_list(kind: &str, json: &str, expect: Expect) {
+        let actual = match kind {
+            "services" => service_list(&serde_json::from_str(json).unwrap()),
+            "hosts" => host_list(&serde_json::from_str(json).unwrap()),
+            "submitted" => submitted(&serde_json::from_str(json).unwrap()),
+            "stopped" => stopped(&serde_json::from_str(json).unwrap()),
+            k => panic!("unknown kind {k}"),
+        };
+        expect.assert_eq(&actual);
+    }
+
+    #[test]
+    fn lists() {
+        check_list(
+            "services",
+            r#"{"services":[
+                {"name":"web","project":"default","replicas":3,"running":3,"ready":3,"pending":0,"pending_reason":null,"state":"active","index":42},
+                {"name":"metrics-exporter","project":"team-a","replicas":4,"running":3,"ready":2,"pending":1,"pending_reason":"port metrics/tcp 9100 is taken on all 3 hosts","state":"active","index":7}]}"#,
+            expect![[r#"
+                NAME              PROJECT  REPLICAS  READY  PENDING  STATE
+                web               default  3         3      0        active
+                metrics-exporter  team-a   4         2      1        active
+                  pending: port metrics/tcp 9100 is taken on all 3 hosts
+            "#]],
+        );
+        check_list("services", r#"{"services":[]}"#, expect![[r#"
+            no services
+        "#]]);
+        check_list(
+            "hosts",
+            r#"{"hosts":[
+                {"id":"exec-01","state":"ready","ip_addr":"127.0.0.11","addresses":[{"ip":"127.0.0.11","interface":"lo"}],"jobs":3,"ports":{"range":"20000-32000","capacity":12001,"used":3,"unavailable":0}},
+                {"id":"exec-02","state":"lost","ip_addr":null,"addresses":[],"jobs":0,"ports":{"range":"20000-32000","capacity":12001,"used":0,"unavailable":2}},
+                {"id":"exec-03","state":"ready","ip_addr":"fd00::3","addresses":[{"ip":"fd00::3","interface":"eth0"},{"ip":"10.0.0.3"}],"jobs":1}]}"#,
+            expect![[r#"
+                ID       STATE  IP_ADDR     ADDRESSES               JOBS  PORTS-USED
+                exec-01  ready  127.0.0.11  127.0.0.11(lo)          3     3/12001
+                exec-02  lost   -           -                       0     0/12001 (2 unavailable)
+                exec-03  ready  fd00::3     fd00::3(eth0),10.0.0.3  1     -
+            "#]],
+        );
+        check_list(
+            "submitted",
+            r#"{"name":"web","project":"default","replicas":3,"state":"active","index":42,"profile":{},
+                "pending":[{"replica":2,"reason":"port metrics/tcp 9100 is taken on all 3 hosts"}],
+                "jobs":[{"job":"j-17","replica":0,"host":"exec-01","state":"running","ready":true,"ports":{"http":20417}},
+                        {"job":"j-18","replica":1,"host":"exec-02","state":"placed","ready":false,"ports":{}}]}"#,
+            expect![[r#"
+                created service web in project default (index 42): 3 replicas, 2 placed, 1 pending
+                REPLICA  JOB   HOST     STATE    READY  PORTS
+                0        j-17  exec-01  running  yes    http=20417
+                1        j-18  exec-02  placed   no     -
+                pending replica 2: port metrics/tcp 9100 is taken on all 3 hosts
+            "#]],
+        );
+        check_list(
+            "stopped",
+            r#"{"name":"web","stopping":3}"#,
+            expect![[r#"
+                stopping service web (3 replicas)
+            "#]],
+        );
+    }
+}
