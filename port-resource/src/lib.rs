@@ -1,12 +1,27 @@
-//! Named ports as a per-host consumable resource.
+//! Named ports as a per-host consumable resource (DESIGN §3, §4).
 //!
-//! Owns the `service.ports` profile section, the per-host port pools, the scheduler's
-//! [`plugin_api::ResourcePlugin`], the worker's [`plugin_api::LaunchHook`] (the `XCE_PORT_*`
-//! environment) and the port grant format (`grant`).
+//! Owns the `service.ports` profile section ([`profile`]), the per-host port pools
+//! ([`pool`]), the scheduler's [`plugin_api::ResourcePlugin`] ([`PortsPlugin`]), the
+//! worker's [`plugin_api::HostFactsProvider`] ([`PortFactsProvider`]) and
+//! [`plugin_api::LaunchHook`] ([`PortsLaunchHook`], the `XCE_PORT_*` environment), and the
+//! port grant format ([`grant`]).
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+pub mod facts;
 pub mod grant;
+mod hook;
+pub mod name;
+mod plugin;
+pub mod pool;
+pub mod profile;
+pub mod range;
+
+pub use facts::{HostPortsFacts, PortFactsProvider, PortsConfigError, WorkerPortsConfig};
+pub use grant::{GrantedPort, PortGrant, Protocol};
+pub use hook::PortsLaunchHook;
+pub use plugin::PortsPlugin;
+pub use range::{InvalidRange, PortRange};
 
 /// The plugin's name: its profile section (`service.ports`), host-facts section and grant key.
 pub const PLUGIN_NAME: &str = "ports";

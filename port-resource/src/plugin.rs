@@ -1,0 +1,425 @@
+//! The scheduler's consumable-resource plugin for named ports.
+
+use crate::facts::HostPortsFacts;
+use crate::grant::{GrantedPort, PortGrant, Protocol};
+use crate::hook::RefusalDetail;
+use crate::pool::{HostPool, Shortfall};
+use crate::profile::{self, PortsSection, SECTION_PATH};
+use crate::PLUGIN_NAME;
+use plugin_api::{
+    FieldError, Grant, HostFacts, HostId, JobId, PlacementRequest, ResourcePlugin, SectionInfo,
+    Unfit,
+};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use std::collections::HashMap;
+
+/// Allocates named ports per host (DESIGN §4).
+///
+/// Unavailable ports (reported by the launch hook through
+/// [`ResourcePlugin::launch_refused`]) stay out of the pool of that host until the host
+/// re-reports a changed `ports` facts section, the host is removed, or
+/// [`MAX_UNAVAILABLE`](crate::pool::MAX_UNAVAILABLE) newer marks on the same host and
+/// protocol push the oldest out. They are never "held": a job's release frees what it
+/// held, and marks are bounded, so nothing leaks.
+#[derive(Debug, Default)]
+pub struct PortsPlugin {
+    hosts: HashMap<HostId, HostEntry>,
+    metrics: Metrics,
+}
+
+/// What the plugin knows about one host.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct HostEntry {
+    /// The last usable `ports` facts section, as reported.
+    section: Option<serde_json::Value>,
+    /// The pool; `None` while the host has not reported usable facts (reservations
+    /// restored meanwhile are kept in `jobs` and applied when the pool is built).
+    pool: Option<HostPool>,
+    /// Live reservations.
+    jobs: HashMap<JobId, PortGrant>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct HostLabels {
+    host: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReasonLabels {
+    reason: String,
+}
+
+#[derive(Debug, Clone, Default)]
+struct Metrics {
+    capacity: Family<HostLabels, Gauge>,
+    used: Family<HostLabels, Gauge>,
+    unavailable: Family<HostLabels, Gauge>,
+    failures: Family<ReasonLabels, Counter>,
+}
+
+// === impl Metrics ===
+
+impl Metrics {
+    fn update(&self, host: &str, pool: Option<&HostPool>) {
+        let labels = HostLabels {
+            host: host.to_owned(),
+        };
+        let (c, u, n) = pool.map_or((0, 0, 0), |p| (p.capacity(), p.held(), p.unavailable()));
+        self.capacity.get_or_create(&labels).set(c.into());
+        self.used.get_or_create(&labels).set(u.into());
+        self.unavailable.get_or_create(&labels).set(n.into());
+    }
+
+    fn remove(&self, host: &str) {
+        let labels = HostLabels {
+            host: host.to_owned(),
+        };
+        self.capacity.remove(&labels);
+        self.used.remove(&labels);
+        self.unavailable.remove(&labels);
+    }
+
+    fn failed(&self, reason: &str) {
+        self.failures
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+}
+
+// === impl PortsPlugin ===
+
+impl PortsPlugin {
+    /// A plugin that knows no host yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Why a request does not fit a host, as the scheduler shows it.
+    fn unfit(&self, section: &PortsSection, pool: &HostPool, s: Shortfall) -> Unfit {
+        let (index, why, kind) = match s {
+            Shortfall::Taken { index } => (index, "is taken".to_owned(), "taken"),
+            Shortfall::Reserved { index } => (index, "is reserved".to_owned(), "reserved"),
+            Shortfall::Unavailable { index } => (
+                index,
+                "is unavailable (held by a process outside xce)".to_owned(),
+                "unavailable",
+            ),
+            Shortfall::Exhausted { index } => (
+                index,
+                format!("has no free port in {}", pool.facts().range),
+                "exhausted",
+            ),
+        };
+        self.metrics.failed(kind);
+        let d = &section.ports[index];
+        let resource = match d.port {
+            Some(port) => format!("port {}/{} {port}", d.name, d.protocol),
+            None => format!("port {}/{}", d.name, d.protocol),
+        };
+        Unfit { resource, why }
+    }
+
+    fn unreported(&self) -> Unfit {
+        self.metrics.failed("unreported");
+        Unfit {
+            resource: "ports".to_owned(),
+            why: "are not reported by the host".to_owned(),
+        }
+    }
+
+    /// The section of a placement request; it was validated, so a failure is a host bug.
+    fn section(&self, request: &PlacementRequest<'_>) -> Result<PortsSection, Unfit> {
+        PortsSection::parse(request.section).map_err(|errors| {
+            self.metrics.failed("invalid");
+            Unfit {
+                resource: "ports".to_owned(),
+                why: format!(
+                    "are not valid: {}",
+                    errors.first().map(|e| e.to_string()).unwrap_or_default()
+                ),
+            }
+        })
+    }
+
+    fn apply_holds(pool: &mut HostPool, jobs: &HashMap<JobId, PortGrant>) {
+        for grant in jobs.values() {
+            for p in &grant.ports {
+                // Conflicts were refused when the jobs were restored.
+                let _ = pool.hold(p.protocol, p.port);
+            }
+        }
+    }
+}
+
+impl ResourcePlugin for PortsPlugin {
+    fn name(&self) -> &'static str {
+        PLUGIN_NAME
+    }
+
+    fn validate(
+        &self,
+        section: Option<&serde_json::Value>,
+    ) -> Result<SectionInfo, Vec<FieldError>> {
+        let (drafts, mut errors) = profile::draft(section);
+        let pools: Vec<&HostPool> = self
+            .hosts
+            .values()
+            .filter_map(|h| h.pool.as_ref())
+            .collect();
+        // Checks against the cluster only make sense once some host is known.
+        if !pools.is_empty() {
+            for d in &drafts {
+                if let Some(Some(port)) = d.port {
+                    if pools.iter().all(|p| p.is_reserved(port)) {
+                        errors.push(FieldError::new(
+                            format!("{SECTION_PATH}[{}].port", d.index),
+                            format!("port {port} is reserved on every host"),
+                        ));
+                    }
+                }
+            }
+            let most = pools.iter().map(|p| p.capacity()).max().unwrap_or(0);
+            for proto in [Protocol::Tcp, Protocol::Udp] {
+                let any = drafts
+                    .iter()
+                    .filter(|d| d.protocol == Some(proto) && d.port == Some(None))
+                    .count() as u32;
+                if any > most {
+                    errors.push(FieldError::new(
+                        SECTION_PATH,
+                        format!(
+                            "{any} \"any free\" {proto} ports are more than any host's \
+                             range can hold (at most {most})"
+                        ),
+                    ));
+                }
+            }
+        }
+        if !errors.is_empty() {
+            return Err(errors);
+        }
+        Ok(SectionInfo {
+            socket_names: drafts
+                .into_iter()
+                .filter_map(|d| d.name.map(|n| n.as_str().to_owned()))
+                .collect(),
+        })
+    }
+
+    fn host_up(&mut self, host: &HostId, facts: &HostFacts) -> Result<(), FieldError> {
+        let entry = self.hosts.entry(host.clone()).or_default();
+        let parsed = match HostPortsFacts::from_facts(facts) {
+            Ok(p) => p,
+            Err(e) => {
+                entry.section = None;
+                entry.pool = None;
+                self.metrics.update(host, None);
+                return Err(e);
+            }
+        };
+        let value = facts.sections.get(PLUGIN_NAME);
+        if entry.pool.is_some() && entry.section.as_ref() == value {
+            return Ok(());
+        }
+        let pool = match &entry.pool {
+            Some(old) => old.rebuild(&parsed),
+            None => {
+                let mut pool = HostPool::new(&parsed);
+                Self::apply_holds(&mut pool, &entry.jobs);
+                pool
+            }
+        };
+        if let Some(o) = parsed.ephemeral_overlap() {
+            tracing::info!(%host, overlap = %o, "ports of the ephemeral range are not handed out");
+        }
+        entry.section = value.cloned();
+        entry.pool = Some(pool);
+        self.metrics.update(host, entry.pool.as_ref());
+        Ok(())
+    }
+
+    fn host_removed(&mut self, host: &HostId) {
+        self.hosts.remove(host);
+        self.metrics.remove(host);
+    }
+
+    fn fits(&self, host: &HostId, request: &PlacementRequest<'_>) -> Result<(), Unfit> {
+        let section = self.section(request)?;
+        if section.ports.is_empty() {
+            return Ok(());
+        }
+        let Some(pool) = self.hosts.get(host).and_then(|h| h.pool.as_ref()) else {
+            return Err(self.unreported());
+        };
+        pool.check(&section.requests())
+            .map_err(|s| self.unfit(&section, pool, s))
+    }
+
+    fn reserve(&mut self, host: &HostId, request: &PlacementRequest<'_>) -> Result<Grant, Unfit> {
+        let section = self.section(request)?;
+        if let Some(existing) = self.hosts.get(host).and_then(|h| h.jobs.get(request.job)) {
+            // Reserving twice for one job is idempotent.
+            return Ok(existing.to_value());
+        }
+        if section.ports.is_empty() {
+            return Ok(PortGrant::default().to_value());
+        }
+        let Some(entry) = self.hosts.get_mut(host).filter(|h| h.pool.is_some()) else {
+            return Err(self.unreported());
+        };
+        let pool = entry.pool.as_mut().expect("filtered on a pool");
+        let mut out = Vec::with_capacity(section.ports.len());
+        if let Err(s) = pool.reserve(&section.requests(), &mut out) {
+            let pool = self.hosts[host].pool.as_ref().expect("checked above");
+            return Err(self.unfit(&section, pool, s));
+        }
+        let grant = PortGrant {
+            ports: section
+                .ports
+                .iter()
+                .zip(out)
+                .map(|(d, port)| GrantedPort {
+                    name: d.name.as_str().to_owned(),
+                    protocol: d.protocol,
+                    port,
+                })
+                .collect(),
+        };
+        tracing::debug!(
+            %host, job = request.job, service = request.service, replica = request.replica,
+            ports = ?grant.ports.iter().map(|p| (p.name.as_str(), p.port)).collect::<Vec<_>>(),
+            "ports reserved"
+        );
+        entry.jobs.insert(request.job.to_owned(), grant.clone());
+        self.metrics.update(host, entry.pool.as_ref());
+        Ok(grant.to_value())
+    }
+
+    fn release(&mut self, host: &HostId, job: &JobId) {
+        let Some(entry) = self.hosts.get_mut(host) else {
+            return;
+        };
+        let Some(grant) = entry.jobs.remove(job) else {
+            return;
+        };
+        if let Some(pool) = entry.pool.as_mut() {
+            for p in &grant.ports {
+                pool.release(p.protocol, p.port);
+            }
+        }
+        self.metrics.update(host, entry.pool.as_ref());
+    }
+
+    fn restore(&mut self, host: &HostId, job: &JobId, grant: &Grant) -> Result<(), String> {
+        let grant = PortGrant::from_value(grant).map_err(|e| e.to_string())?;
+        let entry = self.hosts.entry(host.clone()).or_default();
+        if let Some(existing) = entry.jobs.get(job) {
+            return if *existing == grant {
+                Ok(())
+            } else {
+                Err(format!(
+                    "job {job} on {host} was already restored with other ports"
+                ))
+            };
+        }
+        for (i, p) in grant.ports.iter().enumerate() {
+            let twice = grant.ports[..i]
+                .iter()
+                .any(|o| o.protocol == p.protocol && o.port == p.port);
+            let holder = entry.jobs.iter().find_map(|(other, g)| {
+                g.ports
+                    .iter()
+                    .any(|o| o.protocol == p.protocol && o.port == p.port)
+                    .then_some(other.as_str())
+            });
+            if twice || holder.is_some() {
+                return Err(format!(
+                    "port {}/{} {} of job {job} on {host} is already held by job {}",
+                    p.name,
+                    p.protocol,
+                    p.port,
+                    holder.unwrap_or(job)
+                ));
+            }
+        }
+        if let Some(pool) = entry.pool.as_mut() {
+            for p in &grant.ports {
+                pool.hold(p.protocol, p.port)
+                    .map_err(|e| format!("job {job} on {host}: {e}"))?;
+            }
+        }
+        entry.jobs.insert(job.clone(), grant);
+        self.metrics.update(host, entry.pool.as_ref());
+        Ok(())
+    }
+
+    fn launch_refused(&mut self, host: &HostId, job: &JobId, detail: &serde_json::Value) {
+        let detail: RefusalDetail = match serde_json::from_value(detail.clone()) {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(%host, %job, error = %e, "unreadable port refusal detail");
+                return;
+            }
+        };
+        let Some(pool) = self.hosts.get_mut(host).and_then(|h| h.pool.as_mut()) else {
+            return;
+        };
+        for p in &detail.ports {
+            tracing::warn!(
+                %host, %job, protocol = %p.protocol, port = p.port,
+                "port held by a process outside xce; marked unavailable on the host"
+            );
+            pool.mark_unavailable(p.protocol, p.port);
+        }
+        self.metrics.update(host, Some(pool));
+    }
+
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        registry.register(
+            "xce_port_pool_capacity",
+            "Ports of a host's dynamic range that may be handed out (per protocol)",
+            self.metrics.capacity.clone(),
+        );
+        registry.register(
+            "xce_port_pool_used",
+            "Ports held by live jobs on a host (both protocols, fixed ports included)",
+            self.metrics.used.clone(),
+        );
+        registry.register(
+            "xce_port_pool_unavailable",
+            "Ports marked unavailable on a host (held by a process outside xce)",
+            self.metrics.unavailable.clone(),
+        );
+        registry.register(
+            "xce_port_alloc_failures",
+            "Port allocations that failed on a host (fit checks and reservations), by reason",
+            self.metrics.failures.clone(),
+        );
+    }
+
+    fn grant_summary(&self, grant: &Grant) -> Option<serde_json::Value> {
+        let grant = PortGrant::from_value(grant).ok()?;
+        Some(serde_json::Value::Object(
+            grant
+                .ports
+                .into_iter()
+                .map(|p| (p.name, p.port.into()))
+                .collect(),
+        ))
+    }
+
+    fn host_summary(&self, host: &HostId) -> Option<serde_json::Value> {
+        let pool = self.hosts.get(host)?.pool.as_ref()?;
+        Some(serde_json::json!({
+            "range": pool.facts().range.to_string(),
+            "capacity": pool.capacity(),
+            "used": pool.held(),
+            "unavailable": pool.unavailable(),
+        }))
+    }
+}
