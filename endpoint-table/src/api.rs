@@ -1,0 +1,360 @@
+//! The apiserver side: its own copy of the entries, fed by [`Update`]s, with one watch
+//! channel per service so a watcher wakes only when its own service changed.
+
+use crate::config::TableConfig;
+use crate::entry::Entry;
+use crate::metrics::Metrics;
+use crate::queue::{Queue, Update};
+use crate::table::Change;
+use axum::http::StatusCode;
+use plugin_api::{ApiContext, ApiError, ApiExtension, Permission, Principal};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
+use std::time::Instant;
+use tokio::sync::watch;
+
+/// What a service's watch channel holds.
+#[derive(Debug, Clone)]
+pub(crate) struct Slot {
+    /// Raised on every update of the slot: how far behind a stream is, in changes.
+    pub(crate) seq: u64,
+    /// The entry; `None` once the service is gone.
+    pub(crate) entry: Option<Arc<Entry>>,
+}
+
+/// The apiserver side of the endpoint table: register it as an [`ApiExtension`].
+///
+/// It serves from its own copy of the entries, fed by [`Update`]s: from the in-process
+/// [`TableFeed`](crate::TableFeed) when built by [`endpoint_table`](crate::endpoint_table)
+/// (the feed is pumped by a task started in [`ApiExtension::router`]), or by
+/// [`apply`](Self::apply) from any other source.
+#[derive(Debug)]
+pub struct EndpointApi {
+    shared: Arc<Shared>,
+    /// The in-process queue, until [`ApiExtension::router`] starts its pump.
+    pump: Mutex<Option<Arc<Queue>>>,
+}
+
+/// State shared by the routes and the pump.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) cfg: TableConfig,
+    pub(crate) metrics: Arc<Metrics>,
+    state: RwLock<ApiState>,
+    watchers: Mutex<WatcherCounts>,
+    /// The queue generation applied so far (in-process feed only).
+    applied: watch::Sender<u64>,
+    queue: Option<Arc<Queue>>,
+}
+
+#[derive(Debug, Default)]
+struct ApiState {
+    /// Whether a resync arrived (until then the routes answer 503).
+    synced: bool,
+    slots: HashMap<String, watch::Sender<Slot>>,
+}
+
+#[derive(Debug, Default)]
+struct WatcherCounts {
+    total: usize,
+    per_principal: HashMap<String, usize>,
+}
+
+/// One watcher counted against the caps; uncounted when dropped.
+#[derive(Debug)]
+pub(crate) struct WatcherGuard {
+    shared: Arc<Shared>,
+    principal: String,
+}
+
+// === impl EndpointApi ===
+
+impl EndpointApi {
+    pub(crate) fn new(cfg: TableConfig, metrics: Arc<Metrics>, queue: Option<Arc<Queue>>) -> Self {
+        let mut cfg = cfg;
+        cfg.default_wait = cfg.default_wait.min(cfg.max_wait);
+        let shared = Arc::new(Shared {
+            cfg,
+            metrics,
+            state: RwLock::default(),
+            watchers: Mutex::default(),
+            applied: watch::Sender::new(0),
+            queue: queue.clone(),
+        });
+        Self {
+            shared,
+            pump: Mutex::new(queue),
+        }
+    }
+
+    /// An apiserver side with no in-process feed, driven by [`apply`](Self::apply) (e.g.
+    /// from a remote controller's change stream).
+    pub fn standalone(cfg: TableConfig) -> Self {
+        Self::new(cfg, Arc::new(Metrics::new()), None)
+    }
+
+    /// Applies one update from the controller side, waking the watchers of the services it
+    /// changes (and only those).
+    pub fn apply(&self, update: Update) {
+        self.shared.apply(update, None);
+    }
+
+    /// Waits until everything the in-process feed had queued when called is applied here
+    /// (at once without an in-process feed). The pump must be running, i.e.
+    /// [`ApiExtension::router`] called.
+    pub async fn flushed(&self) {
+        let Some(queue) = &self.shared.queue else {
+            return;
+        };
+        let target = queue.generation();
+        let mut applied = self.shared.applied.subscribe();
+        // The sender lives in `self.shared`, so this cannot fail while `self` lives.
+        let _ = applied.wait_for(|g| *g >= target).await;
+    }
+
+    /// The entry of `service` as served now (no access control: for the host's own use).
+    pub fn entry(&self, service: &str) -> Option<Arc<Entry>> {
+        let state = self.shared.read();
+        let entry = state.slots.get(service)?.borrow().entry.clone();
+        entry
+    }
+
+    fn start_pump(&self) {
+        let Some(queue) = self
+            .pump
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        else {
+            return;
+        };
+        let shared = Arc::downgrade(&self.shared);
+        let pump = pump(queue, shared);
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(pump);
+            }
+            Err(_) => {
+                // Called outside a runtime: run the pump on its own thread rather than
+                // leave the routes answering 503 forever.
+                let spawned = std::thread::Builder::new()
+                    .name("endpoint-table".into())
+                    .spawn(
+                        move || match tokio::runtime::Builder::new_current_thread().build() {
+                            Ok(rt) => rt.block_on(pump),
+                            Err(error) => {
+                                tracing::error!(%error, "cannot start the endpoint table feed")
+                            }
+                        },
+                    );
+                if let Err(error) = spawned {
+                    tracing::error!(%error, "cannot start the endpoint table feed");
+                }
+            }
+        }
+    }
+}
+
+/// Moves updates from the in-process queue to the apiserver side until the feed is gone.
+async fn pump(queue: Arc<Queue>, shared: Weak<Shared>) {
+    while let Some(drained) = queue.next().await {
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        for (update, at) in drained.updates {
+            shared.apply(update, Some(at));
+        }
+        shared.applied.send_replace(drained.generation);
+    }
+    tracing::debug!("endpoint table feed closed");
+}
+
+impl ApiExtension for EndpointApi {
+    fn router(&self, cx: ApiContext) -> axum::Router {
+        self.start_pump();
+        crate::routes::router(self.shared.clone(), cx)
+    }
+
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        self.shared.metrics.register(registry);
+    }
+}
+
+// === impl Shared ===
+
+impl Shared {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, ApiState> {
+        self.state.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn apply(&self, update: Update, received: Option<Instant>) {
+        let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
+        match update {
+            Update::Resync { entries } => {
+                state.synced = true;
+                let mut entries: HashMap<String, Arc<Entry>> = entries
+                    .into_iter()
+                    .map(|e| (e.service.clone(), e))
+                    .collect();
+                state.slots.retain(|name, tx| match entries.remove(name) {
+                    Some(entry) => {
+                        set(tx, Some(entry));
+                        true
+                    }
+                    None => {
+                        set(tx, None);
+                        false
+                    }
+                });
+                for (name, entry) in entries {
+                    state.slots.insert(name, new_slot(entry));
+                }
+            }
+            Update::Change {
+                change: Change::Upsert { entry },
+            } => match state.slots.get(&entry.service) {
+                Some(tx) => set(tx, Some(entry)),
+                None => {
+                    state.slots.insert(entry.service.clone(), new_slot(entry));
+                }
+            },
+            Update::Change {
+                change: Change::Removed { service },
+            } => {
+                if let Some(tx) = state.slots.remove(&service) {
+                    set(&tx, None);
+                }
+            }
+        }
+        drop(state);
+        if let Some(at) = received {
+            self.metrics.propagation.observe(at.elapsed().as_secs_f64());
+        }
+    }
+
+    /// 503 until the first resync arrived: never serve an empty table while catching up.
+    pub(crate) fn ensure_synced(&self) -> Result<(), ApiError> {
+        if self.read().synced {
+            Ok(())
+        } else {
+            Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the endpoint table is catching up, retry shortly",
+            ))
+        }
+    }
+
+    /// The watch channel and current entry of `service`, if it exists and `principal` may
+    /// view it; otherwise the one 404 (unknown and invisible answer the same).
+    pub(crate) fn visible(
+        &self,
+        principal: &Principal,
+        service: &str,
+    ) -> Result<(watch::Receiver<Slot>, Arc<Entry>), ApiError> {
+        let not_found = || ApiError::service_not_found(service);
+        let rx = self
+            .read()
+            .slots
+            .get(service)
+            .ok_or_else(not_found)?
+            .subscribe();
+        let entry = rx.borrow().entry.clone().ok_or_else(not_found)?;
+        if !principal.may(Permission::JobView, &entry.project) {
+            return Err(not_found());
+        }
+        Ok((rx, entry))
+    }
+
+    /// Every entry `principal` may view, by service name.
+    pub(crate) fn visible_entries(&self, principal: &Principal) -> Vec<Arc<Entry>> {
+        let mut entries: Vec<Arc<Entry>> = self
+            .read()
+            .slots
+            .values()
+            .filter_map(|tx| tx.borrow().entry.clone())
+            .filter(|e| principal.may(Permission::JobView, &e.project))
+            .collect();
+        entries.sort_by(|a, b| a.service.cmp(&b.service));
+        entries
+    }
+
+    /// Counts one more watcher for `principal`, or 429 past a cap.
+    pub(crate) fn watcher(
+        self: &Arc<Self>,
+        principal: &Principal,
+    ) -> Result<WatcherGuard, ApiError> {
+        let mut counts = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
+        let mine = counts
+            .per_principal
+            .get(&principal.name)
+            .copied()
+            .unwrap_or(0);
+        let refused = if counts.total >= self.cfg.max_watchers {
+            Some("too many watchers on this apiserver, retry later".to_owned())
+        } else if mine >= self.cfg.max_watchers_per_principal {
+            Some(format!(
+                "too many watchers for {:?} (at most {}), retry later",
+                principal.name, self.cfg.max_watchers_per_principal
+            ))
+        } else {
+            None
+        };
+        if let Some(message) = refused {
+            self.metrics.watchers_rejected.inc();
+            tracing::debug!(principal = %principal.name, "watcher refused");
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "too_many_watchers",
+                message,
+            ));
+        }
+        counts.total += 1;
+        *counts
+            .per_principal
+            .entry(principal.name.clone())
+            .or_default() += 1;
+        self.metrics.watchers.inc();
+        Ok(WatcherGuard {
+            shared: self.clone(),
+            principal: principal.name.clone(),
+        })
+    }
+}
+
+fn new_slot(entry: Arc<Entry>) -> watch::Sender<Slot> {
+    watch::Sender::new(Slot {
+        seq: 1,
+        entry: Some(entry),
+    })
+}
+
+/// Updates a slot, waking its watchers only if the entry really differs.
+fn set(tx: &watch::Sender<Slot>, entry: Option<Arc<Entry>>) {
+    tx.send_if_modified(|slot| {
+        if slot.entry == entry {
+            return false;
+        }
+        slot.seq += 1;
+        slot.entry = entry;
+        true
+    });
+}
+
+impl Drop for WatcherGuard {
+    fn drop(&mut self) {
+        let mut counts = self
+            .shared
+            .watchers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        counts.total -= 1;
+        if let Some(n) = counts.per_principal.get_mut(&self.principal) {
+            *n -= 1;
+            if *n == 0 {
+                counts.per_principal.remove(&self.principal);
+            }
+        }
+        self.shared.metrics.watchers.dec();
+    }
+}

@@ -1,0 +1,91 @@
+//! The table's value type: one service's entry, as the controller side computes it and the
+//! apiserver side serves it. Serializable so a remote feed can ship it.
+
+use plugin_api::JobState;
+use port_resource::grant::Protocol;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+
+/// One service's entry in the endpoint table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// Service name.
+    pub service: String,
+    /// The service's project (the RBAC scope every read is checked against).
+    pub project: String,
+    /// The change index: at least 1, raised on every change of the entry, never lowered.
+    pub index: u64,
+    /// The ports the service declares, in declaration order.
+    pub ports: Vec<DeclaredPort>,
+    /// Every live (not ended) job of the service, ordered by replica index then job id.
+    pub replicas: Vec<Replica>,
+}
+
+/// A port a service declares (`service.ports[]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeclaredPort {
+    /// The port's name.
+    pub name: String,
+    /// Its protocol.
+    pub protocol: Protocol,
+}
+
+/// One live job of a service.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Replica {
+    /// Replica index, 0-based.
+    pub replica: u32,
+    /// Job id.
+    pub job: String,
+    /// The host the job is on.
+    pub host: String,
+    /// The host's advertised address, when it reported one.
+    pub address: Option<IpAddr>,
+    /// Granted ports by name.
+    pub ports: BTreeMap<String, u16>,
+    /// The job's state.
+    pub state: JobState,
+    /// Whether the job passes its readiness probe (as the controller reports it).
+    pub ready: bool,
+}
+
+// === impl Entry ===
+
+impl Entry {
+    /// The replicas that are endpoints (see [`Replica::is_endpoint`]).
+    pub fn endpoints(&self) -> impl Iterator<Item = &Replica> {
+        self.replicas.iter().filter(|r| r.is_endpoint())
+    }
+
+    /// Whether the service declares a port named `name`.
+    pub fn declares(&self, name: &str) -> bool {
+        self.ports.iter().any(|p| p.name == name)
+    }
+
+    /// Whether `self` and `other` say the same thing, whatever their indexes.
+    pub(crate) fn same_content(&self, other: &Entry) -> bool {
+        self.service == other.service
+            && self.project == other.project
+            && self.ports == other.ports
+            && self.replicas == other.replicas
+    }
+}
+
+// === impl Replica ===
+
+impl Replica {
+    /// Whether the replica is an endpoint: ready, running (or unknown within the host's
+    /// grace period, which keeps readiness) and on a host with an advertised address.
+    /// A stopping replica is never one.
+    pub fn is_endpoint(&self) -> bool {
+        self.ready
+            && matches!(self.state, JobState::Running | JobState::Unknown)
+            && self.address.is_some()
+    }
+
+    /// `address:port` of the port named `port` (IPv6 bracketed), if both are known.
+    pub fn socket_addr(&self, port: &str) -> Option<SocketAddr> {
+        Some(SocketAddr::new(self.address?, *self.ports.get(port)?))
+    }
+}

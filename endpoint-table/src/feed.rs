@@ -1,0 +1,79 @@
+//! The controller side: a [`ClusterListener`] that owns the table and pushes its changes.
+
+use crate::metrics::Metrics;
+use crate::queue::Queue;
+use crate::table::{Change, Table};
+use plugin_api::{ClusterEvent, ClusterListener, ClusterSnapshot};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+
+/// The controller side of the endpoint table: register it as the controller's
+/// [`ClusterListener`]. It applies every event to its [`Table`] at once and queues the
+/// resulting changes for the apiserver side without ever waiting for it.
+///
+/// Dropping it ends the apiserver side's feed; the apiserver keeps serving what it has.
+#[derive(Debug)]
+pub struct TableFeed {
+    table: Mutex<Table>,
+    queue: Arc<Queue>,
+    metrics: Arc<Metrics>,
+}
+
+impl TableFeed {
+    pub(crate) fn new(queue: Arc<Queue>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            table: Mutex::new(Table::new()),
+            queue,
+            metrics,
+        }
+    }
+
+    fn record(&self, changes: &[Change], rev: u64) {
+        self.metrics.changes.inc_by(changes.len() as u64);
+        for change in changes {
+            match change {
+                Change::Upsert { entry } => tracing::debug!(
+                    service = %entry.service,
+                    index = entry.index,
+                    endpoints = entry.endpoints().count(),
+                    rev,
+                    "endpoint entry changed"
+                ),
+                Change::Removed { service } => {
+                    tracing::debug!(service = %service, rev, "endpoint entry removed")
+                }
+            }
+        }
+    }
+}
+
+impl ClusterListener for TableFeed {
+    fn resync(&self, snapshot: &ClusterSnapshot) {
+        let at = Instant::now();
+        let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let changes = table.resync(snapshot);
+        self.record(&changes, snapshot.rev);
+        self.queue.push_resync(table.entries().cloned(), at);
+        tracing::info!(
+            rev = snapshot.rev,
+            services = snapshot.services.len(),
+            changed = changes.len(),
+            "endpoint table resynced"
+        );
+    }
+
+    fn on_event(&self, event: &ClusterEvent) {
+        let at = Instant::now();
+        let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
+        let changes = table.apply(event);
+        drop(table);
+        self.record(&changes, event.rev());
+        self.queue.push_changes(changes, at);
+    }
+}
+
+impl Drop for TableFeed {
+    fn drop(&mut self) {
+        self.queue.close();
+    }
+}

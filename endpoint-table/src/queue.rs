@@ -1,0 +1,274 @@
+//! The seam between the controller side and the apiserver side: [`Update`]s, and the
+//! in-process coalescing queue that carries them.
+//!
+//! The controller must never wait for the apiserver side. So the queue is not a FIFO of
+//! every change: it keeps at most one pending change per service (the newest entry
+//! replaces an older one that was not taken yet), and a pending resync absorbs the changes
+//! that follow it. Its size is therefore bounded by the number of services, however slow
+//! the consumer, and every entry carries the whole state of its service, so dropping the
+//! intermediate ones loses nothing a reader could observe except the intermediate indexes.
+
+use crate::entry::Entry;
+use crate::table::Change;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Instant;
+use tokio::sync::Notify;
+
+/// What the apiserver side applies to its copy of the table.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", tag = "update")]
+pub enum Update {
+    /// Replace everything with these entries (the first update, and after a controller
+    /// restart). Until the first one arrives, the endpoint routes answer 503.
+    Resync {
+        /// Every entry.
+        entries: Vec<Arc<Entry>>,
+    },
+    /// One service changed.
+    Change {
+        /// The change.
+        change: Change,
+    },
+}
+
+/// The pending updates, newest entry per service.
+#[derive(Debug, Default)]
+struct Pending {
+    /// A resync not taken yet, with the changes since applied on top, and when it came.
+    resync: Option<(BTreeMap<String, Arc<Entry>>, Instant)>,
+    /// Changes not taken yet, by service, with when the oldest of them came.
+    changes: BTreeMap<String, (Change, Instant)>,
+    /// How many pushes there were, ever.
+    generation: u64,
+    /// The producer is gone.
+    closed: bool,
+}
+
+/// Updates taken from the queue at once.
+#[derive(Debug)]
+pub(crate) struct Drained {
+    /// The updates, each with when the feed received the event behind it.
+    pub(crate) updates: Vec<(Update, Instant)>,
+    /// The queue's generation they bring the consumer to.
+    pub(crate) generation: u64,
+}
+
+/// A single-producer, single-consumer coalescing queue of [`Update`]s.
+#[derive(Debug, Default)]
+pub(crate) struct Queue {
+    pending: Mutex<Pending>,
+    notify: Notify,
+}
+
+// === impl Queue ===
+
+impl Queue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues a full resync; pending changes are superseded by it.
+    pub(crate) fn push_resync(&self, entries: impl IntoIterator<Item = Arc<Entry>>, at: Instant) {
+        let mut pending = self.lock();
+        let entries = entries
+            .into_iter()
+            .map(|e| (e.service.clone(), e))
+            .collect();
+        pending.resync = Some((entries, at));
+        pending.changes.clear();
+        pending.generation += 1;
+        drop(pending);
+        self.notify.notify_one();
+    }
+
+    /// Queues changes, replacing older pending ones of the same services. Never blocks
+    /// (beyond a short lock) and never grows past one change per service.
+    pub(crate) fn push_changes(&self, changes: Vec<Change>, at: Instant) {
+        if changes.is_empty() {
+            return;
+        }
+        let mut pending = self.lock();
+        let pending = &mut *pending;
+        for change in changes {
+            let service = change.service().to_owned();
+            if let Some((entries, _)) = &mut pending.resync {
+                match change {
+                    Change::Upsert { entry } => entries.insert(service, entry),
+                    Change::Removed { .. } => entries.remove(&service),
+                };
+                continue;
+            }
+            match pending.changes.get_mut(&service) {
+                // Keep the oldest arrival: the propagation latency is that of the first
+                // event the consumer has not seen yet.
+                Some(slot) => slot.0 = change,
+                None => {
+                    pending.changes.insert(service, (change, at));
+                }
+            }
+        }
+        pending.generation += 1;
+        self.notify.notify_one();
+    }
+
+    /// Marks the producer gone; the consumer ends once it took everything.
+    pub(crate) fn close(&self) {
+        self.lock().closed = true;
+        self.notify.notify_one();
+    }
+
+    /// How many pushes there were so far.
+    pub(crate) fn generation(&self) -> u64 {
+        self.lock().generation
+    }
+
+    /// Takes everything pending, if anything is.
+    pub(crate) fn drain(&self) -> Option<Drained> {
+        let mut pending = self.lock();
+        if pending.resync.is_none() && pending.changes.is_empty() {
+            return None;
+        }
+        let mut updates = Vec::with_capacity(pending.changes.len() + 1);
+        if let Some((entries, at)) = pending.resync.take() {
+            let entries = entries.into_values().collect();
+            updates.push((Update::Resync { entries }, at));
+        }
+        let changes = std::mem::take(&mut pending.changes);
+        updates.extend(
+            changes
+                .into_values()
+                .map(|(change, at)| (Update::Change { change }, at)),
+        );
+        Some(Drained {
+            updates,
+            generation: pending.generation,
+        })
+    }
+
+    /// Waits for pending updates; `None` once the producer is gone and all was taken.
+    pub(crate) async fn next(&self) -> Option<Drained> {
+        loop {
+            if let Some(drained) = self.drain() {
+                return Some(drained);
+            }
+            if self.lock().closed {
+                return None;
+            }
+            // `notify_one` leaves a permit when nobody waits, so a push between the
+            // checks above and this wait is not lost.
+            self.notify.notified().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use expect_test::{expect, Expect};
+
+    fn entry(service: &str, index: u64) -> Arc<Entry> {
+        Arc::new(Entry {
+            service: service.into(),
+            project: "p".into(),
+            index,
+            ports: vec![],
+            replicas: vec![],
+        })
+    }
+
+    fn upsert(service: &str, index: u64) -> Change {
+        Change::Upsert {
+            entry: entry(service, index),
+        }
+    }
+
+    fn removed(service: &str) -> Change {
+        Change::Removed {
+            service: service.into(),
+        }
+    }
+
+    enum Op {
+        Resync(Vec<Arc<Entry>>),
+        Changes(Vec<Change>),
+        Drain,
+    }
+
+    fn check(ops: Vec<Op>, expect: Expect) {
+        let queue = Queue::default();
+        let mut out = String::new();
+        for op in ops {
+            match op {
+                Op::Resync(entries) => queue.push_resync(entries, Instant::now()),
+                Op::Changes(changes) => queue.push_changes(changes, Instant::now()),
+                Op::Drain => {
+                    let Some(drained) = queue.drain() else {
+                        out.push_str("drain: nothing\n");
+                        continue;
+                    };
+                    let updates: Vec<String> = drained
+                        .updates
+                        .iter()
+                        .map(|(u, _)| match u {
+                            Update::Resync { entries } => {
+                                let e: Vec<_> = entries
+                                    .iter()
+                                    .map(|e| format!("{}#{}", e.service, e.index))
+                                    .collect();
+                                format!("resync[{}]", e.join(" "))
+                            }
+                            Update::Change {
+                                change: Change::Upsert { entry },
+                            } => format!("{}#{}", entry.service, entry.index),
+                            Update::Change {
+                                change: Change::Removed { service },
+                            } => format!("-{service}"),
+                        })
+                        .collect();
+                    out.push_str(&format!(
+                        "drain gen {}: {}\n",
+                        drained.generation,
+                        updates.join(", ")
+                    ));
+                }
+            }
+        }
+        expect.assert_eq(&out);
+    }
+
+    #[test]
+    fn coalesces_per_service() {
+        check(
+            vec![
+                Op::Drain,
+                Op::Changes(vec![upsert("a", 1), upsert("b", 2)]),
+                Op::Changes(vec![upsert("a", 3)]),
+                Op::Changes(vec![]),
+                Op::Changes(vec![removed("b")]),
+                Op::Drain,
+                Op::Drain,
+                Op::Changes(vec![upsert("a", 4)]),
+                Op::Resync(vec![entry("a", 5), entry("c", 5)]),
+                Op::Changes(vec![upsert("d", 6), removed("c")]),
+                Op::Drain,
+            ],
+            expect![[r#"
+                drain: nothing
+                drain gen 3: a#3, -b
+                drain: nothing
+                drain gen 6: resync[a#5 d#6]
+            "#]],
+        );
+    }
+
+    #[tokio::test]
+    async fn next_ends_after_close() {
+        let queue = Arc::new(Queue::default());
+        queue.push_changes(vec![upsert("a", 1)], Instant::now());
+        queue.close();
+        let first = queue.next().await.map(|d| d.updates.len());
+        let second = queue.next().await.map(|d| d.updates.len());
+        assert_eq!((first, second), (Some(1), None));
+    }
+}

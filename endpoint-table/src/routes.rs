@@ -1,0 +1,434 @@
+//! The endpoint routes (DESIGN §5): entry, plain text, blocking queries, the SSE stream,
+//! Prometheus service discovery and the filtered list.
+
+use crate::api::{Shared, Slot, WatcherGuard};
+use crate::entry::Entry;
+use crate::wire::{self, EndpointsAnswer, EndpointsList, INDEX_HEADER};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Extension, Json, Router};
+use plugin_api::{ApiContext, ApiError, Permission, Principal};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::watch;
+
+type Params = Result<Query<RawParams>, QueryRejection>;
+
+/// Builds the routes. Paths: `/v1/services/{name}/endpoints`,
+/// `/v1/services/{name}/endpoints/stream`, `/v1/sd/prometheus`, `/v1/endpoints`.
+pub(crate) fn router(shared: Arc<Shared>, cx: ApiContext) -> Router {
+    Router::new()
+        .route("/v1/services/{name}/endpoints", get(entry))
+        .route("/v1/services/{name}/endpoints/stream", get(stream))
+        .route("/v1/sd/prometheus", get(prometheus_sd))
+        .route("/v1/endpoints", get(list))
+        .with_state(shared)
+        // The host installs the context too; installing it here keeps the routes
+        // self-contained (and testable without the host).
+        .layer(Extension(cx))
+}
+
+/// The query parameters, all as text: parsed below so every mistake answers our 400.
+#[derive(Debug, Default, serde::Deserialize)]
+struct RawParams {
+    port: Option<String>,
+    include: Option<String>,
+    format: Option<String>,
+    index: Option<String>,
+    wait: Option<String>,
+    service: Option<String>,
+}
+
+/// How to render an entry.
+#[derive(Debug)]
+struct View {
+    port: Option<String>,
+    all: bool,
+    plain: bool,
+}
+
+/// `?index=&wait=`.
+#[derive(Debug, Clone, Copy)]
+struct Blocking {
+    index: u64,
+    wait: Duration,
+}
+
+fn params(query: Params) -> Result<RawParams, ApiError> {
+    query
+        .map(|Query(p)| p)
+        .map_err(|e| ApiError::bad_param("query", e.body_text()))
+}
+
+// === impl View ===
+
+impl View {
+    fn parse(p: &RawParams, headers: &HeaderMap) -> Result<Self, ApiError> {
+        let all = match p.include.as_deref() {
+            None => false,
+            Some("all") => true,
+            Some(_) => return Err(ApiError::bad_param("include", "expected \"all\"")),
+        };
+        let plain = match p.format.as_deref() {
+            None => accepts_plain(headers),
+            Some("json") => false,
+            Some("plain") => true,
+            Some(_) => {
+                return Err(ApiError::bad_param(
+                    "format",
+                    "expected \"json\" or \"plain\"",
+                ))
+            }
+        };
+        Ok(Self {
+            port: p.port.clone(),
+            all,
+            plain,
+        })
+    }
+
+    /// Checks the view against the service (after its visibility was checked, so these
+    /// 400s tell nothing to a caller who may not see it).
+    fn check(&self, entry: &Entry) -> Result<(), ApiError> {
+        if let Some(port) = &self.port {
+            if !entry.declares(port) {
+                return Err(ApiError::bad_param(
+                    "port",
+                    format!(
+                        "service {:?} has no port {port:?} (it declares: {})",
+                        entry.service,
+                        declared(entry)
+                    ),
+                ));
+            }
+        }
+        if self.plain {
+            plain_port(entry, self.port.as_deref())?;
+        }
+        Ok(())
+    }
+
+    fn render(&self, entry: &Entry) -> Result<Response, ApiError> {
+        let mut resp = if self.plain {
+            let port = plain_port(entry, self.port.as_deref())?;
+            (
+                [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+                wire::plain(entry, port),
+            )
+                .into_response()
+        } else {
+            Json(EndpointsAnswer::new(entry, self.port.as_deref(), self.all)).into_response()
+        };
+        with_index(&mut resp, entry.index);
+        Ok(resp)
+    }
+}
+
+/// `Accept: text/plain` (and not JSON) selects the plain format.
+fn accepts_plain(headers: &HeaderMap) -> bool {
+    let types: Vec<String> = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|t| {
+            t.split(';')
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .collect();
+    types.iter().any(|t| t == "text/plain") && !types.iter().any(|t| t == "application/json")
+}
+
+fn declared(entry: &Entry) -> String {
+    if entry.ports.is_empty() {
+        return "none".into();
+    }
+    let names: Vec<&str> = entry.ports.iter().map(|p| p.name.as_str()).collect();
+    names.join(", ")
+}
+
+/// The port a one-port-per-line answer is for: `?port=`, or the only declared one.
+fn plain_port<'a>(entry: &'a Entry, port: Option<&'a str>) -> Result<&'a str, ApiError> {
+    if let Some(port) = port {
+        return Ok(port);
+    }
+    match entry.ports.as_slice() {
+        [only] => Ok(&only.name),
+        [] => Err(ApiError::bad_param(
+            "port",
+            format!("service {:?} declares no ports", entry.service),
+        )),
+        _ => Err(ApiError::bad_param(
+            "port",
+            format!(
+                "required: service {:?} declares several ports ({})",
+                entry.service,
+                declared(entry)
+            ),
+        )),
+    }
+}
+
+fn with_index(resp: &mut Response, index: u64) {
+    resp.headers_mut()
+        .insert(INDEX_HEADER, HeaderValue::from(index));
+}
+
+// === impl Blocking ===
+
+impl Blocking {
+    fn parse(p: &RawParams, shared: &Shared) -> Result<Option<Self>, ApiError> {
+        let wait = match p.wait.as_deref() {
+            None => shared.cfg.default_wait,
+            Some(text) => humantime::parse_duration(text)
+                .map_err(|_| ApiError::bad_param("wait", "expected a duration such as \"30s\""))?,
+        };
+        let Some(index) = p.index.as_deref() else {
+            return Ok(None);
+        };
+        let index = index
+            .parse()
+            .map_err(|_| ApiError::bad_param("index", "expected a non-negative integer"))?;
+        Ok(Some(Self {
+            index,
+            wait: wait.min(shared.cfg.max_wait),
+        }))
+    }
+
+    /// The wait with up to 1/16 added, so clients that started together do not all come
+    /// back together.
+    fn deadline(&self) -> tokio::time::Instant {
+        let max_jitter = u64::try_from(self.wait.as_millis() / 16).unwrap_or(u64::MAX);
+        let jitter = Duration::from_millis(fastrand::u64(0..=max_jitter));
+        tokio::time::Instant::now() + self.wait + jitter
+    }
+}
+
+// === handlers ===
+
+/// `GET /v1/services/{name}/endpoints`
+async fn entry(
+    State(shared): State<Arc<Shared>>,
+    principal: Principal,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    query: Params,
+) -> Result<Response, ApiError> {
+    shared.ensure_synced()?;
+    let p = params(query)?;
+    let view = View::parse(&p, &headers)?;
+    let blocking = Blocking::parse(&p, &shared)?;
+    let (mut rx, mut entry) = shared.visible(&principal, &name)?;
+    view.check(&entry)?;
+    if let Some(blocking) = blocking {
+        if entry.index <= blocking.index && !blocking.wait.is_zero() {
+            let _watcher = shared.watcher(&principal)?;
+            entry = wait_for_change(&mut rx, entry, &principal, &name, blocking).await?;
+            view.check(&entry)?;
+        }
+    }
+    view.render(&entry)
+}
+
+/// Waits until the entry's index passes `blocking.index` or the wait runs out; the latest
+/// visible entry either way, or 404 if the service went away (or out of sight).
+async fn wait_for_change(
+    rx: &mut watch::Receiver<Slot>,
+    mut entry: Arc<Entry>,
+    principal: &Principal,
+    name: &str,
+    blocking: Blocking,
+) -> Result<Arc<Entry>, ApiError> {
+    let deadline = blocking.deadline();
+    loop {
+        match tokio::time::timeout_at(deadline, rx.changed()).await {
+            Err(_elapsed) => return Ok(entry),
+            Ok(Err(_closed)) => return Err(ApiError::service_not_found(name)),
+            Ok(Ok(())) => {
+                let slot = rx.borrow_and_update().clone();
+                match slot.entry {
+                    Some(e) if principal.may(Permission::JobView, &e.project) => entry = e,
+                    _ => return Err(ApiError::service_not_found(name)),
+                }
+                if entry.index > blocking.index {
+                    return Ok(entry);
+                }
+            }
+        }
+    }
+}
+
+/// `GET /v1/sd/prometheus?service=S&port=P`
+async fn prometheus_sd(
+    State(shared): State<Arc<Shared>>,
+    principal: Principal,
+    query: Params,
+) -> Result<Response, ApiError> {
+    shared.ensure_synced()?;
+    let p = params(query)?;
+    let service = p
+        .service
+        .as_deref()
+        .ok_or_else(|| ApiError::bad_param("service", "required"))?;
+    let (_, entry) = shared.visible(&principal, service)?;
+    let view = View {
+        port: p.port.clone(),
+        all: false,
+        plain: true,
+    };
+    view.check(&entry)?;
+    let port = plain_port(&entry, p.port.as_deref())?;
+    let mut resp = Json(wire::prometheus_sd(&entry, port)).into_response();
+    with_index(&mut resp, entry.index);
+    Ok(resp)
+}
+
+/// `GET /v1/endpoints`: every entry the caller may view.
+async fn list(
+    State(shared): State<Arc<Shared>>,
+    principal: Principal,
+    query: Params,
+) -> Result<Response, ApiError> {
+    shared.ensure_synced()?;
+    let p = params(query)?;
+    let all = View::parse(&p, &HeaderMap::new())?.all;
+    let services = shared
+        .visible_entries(&principal)
+        .iter()
+        .map(|e| EndpointsAnswer::new(e, None, all))
+        .collect();
+    Ok(Json(EndpointsList { services }).into_response())
+}
+
+/// `GET /v1/services/{name}/endpoints/stream`
+async fn stream(
+    State(shared): State<Arc<Shared>>,
+    principal: Principal,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    query: Params,
+) -> Result<Response, ApiError> {
+    shared.ensure_synced()?;
+    let p = params(query)?;
+    // The stream is always JSON events; `Accept: text/event-stream` must not matter.
+    let view = View::parse(&p, &HeaderMap::new())?;
+    if view.plain {
+        return Err(ApiError::bad_param("format", "the stream sends json only"));
+    }
+    let last_event_id = match headers.get("last-event-id") {
+        None => None,
+        Some(v) => Some(
+            v.to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .ok_or_else(|| {
+                    ApiError::bad_param("Last-Event-ID", "expected a non-negative integer")
+                })?,
+        ),
+    };
+    let (rx, entry) = shared.visible(&principal, &name)?;
+    view.check(&entry)?;
+    let watcher = shared.watcher(&principal)?;
+    tracing::debug!(service = %name, index = entry.index, last_event_id, "stream opened");
+    let events = EventStream {
+        rx,
+        first: true,
+        done: false,
+        last_seq: 0,
+        sent: last_event_id,
+        name,
+        principal,
+        view,
+        shared: shared.clone(),
+        _watcher: watcher,
+    };
+    let stream = futures_util::stream::unfold(events, |mut s| async move {
+        let event = s.next().await?;
+        Some((Ok::<_, Infallible>(event), s))
+    });
+    let mut resp = Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response();
+    with_index(&mut resp, entry.index);
+    Ok(resp)
+}
+
+/// One client's stream: the current entry, then one event per change.
+///
+/// It holds no queue: the service's watch channel keeps only the newest entry, and every
+/// event is the whole entry, so a client that reads slowly skips intermediate states and
+/// memory does not grow. A client that falls more than `stream_buffer` changes behind is
+/// disconnected instead (it resumes with `Last-Event-ID` and gets the current entry).
+struct EventStream {
+    rx: watch::Receiver<Slot>,
+    first: bool,
+    done: bool,
+    last_seq: u64,
+    /// The index of the last entry the client has (sent, or named by `Last-Event-ID`).
+    sent: Option<u64>,
+    name: String,
+    principal: Principal,
+    view: View,
+    shared: Arc<Shared>,
+    _watcher: WatcherGuard,
+}
+
+impl EventStream {
+    async fn next(&mut self) -> Option<Event> {
+        if self.done {
+            return None;
+        }
+        loop {
+            if !self.first {
+                if self.rx.changed().await.is_err() {
+                    return Some(self.gone());
+                }
+            }
+            self.first = false;
+            let slot = self.rx.borrow_and_update().clone();
+            let behind = slot.seq.saturating_sub(self.last_seq);
+            if self.last_seq != 0 && behind > self.shared.cfg.stream_buffer {
+                self.shared.metrics.streams_lagged.inc();
+                tracing::info!(
+                    service = %self.name,
+                    principal = %self.principal.name,
+                    behind,
+                    "stream client fell behind, disconnecting it"
+                );
+                return None;
+            }
+            self.last_seq = slot.seq;
+            let entry = match slot.entry {
+                Some(e) if self.principal.may(Permission::JobView, &e.project) => e,
+                _ => return Some(self.gone()),
+            };
+            if self.sent.is_some_and(|sent| entry.index <= sent) {
+                continue;
+            }
+            self.sent = Some(entry.index);
+            let answer = EndpointsAnswer::new(&entry, self.view.port.as_deref(), self.view.all);
+            let data = serde_json::to_string(&answer).expect("an answer always serializes");
+            return Some(Event::default().id(entry.index.to_string()).data(data));
+        }
+    }
+
+    /// The last event when the service went away: the same body as the 404.
+    fn gone(&mut self) -> Event {
+        self.done = true;
+        let e = ApiError::service_not_found(&self.name);
+        let body = serde_json::json!({"error": {
+            "code": e.code,
+            "message": e.message,
+            "details": e.details,
+        }});
+        Event::default().event("error").data(body.to_string())
+    }
+}

@@ -1,0 +1,302 @@
+//! The pure core: the endpoint table, fed by the controller's events, producing one
+//! [`Change`] per service whose entry really changed.
+
+use crate::entry::{DeclaredPort, Entry, Replica};
+use plugin_api::{ClusterEvent, ClusterSnapshot, HostInfo, JobInfo, JobState, ServiceInfo};
+use port_resource::grant::{PortGrant, Protocol};
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+
+/// One change of the table, as it travels from the controller side to the apiserver side.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case", tag = "change")]
+pub enum Change {
+    /// The service's entry is now this one (new, or changed with a higher index).
+    Upsert {
+        /// The whole new entry.
+        entry: Arc<Entry>,
+    },
+    /// The service is gone from the table.
+    Removed {
+        /// Its name.
+        service: String,
+    },
+}
+
+impl Change {
+    /// The service the change is about.
+    pub fn service(&self) -> &str {
+        match self {
+            Change::Upsert { entry } => &entry.service,
+            Change::Removed { service } => service,
+        }
+    }
+}
+
+/// What the table keeps of a service.
+#[derive(Debug, Clone)]
+struct ServiceRec {
+    project: String,
+    ports: Vec<DeclaredPort>,
+}
+
+/// What the table keeps of a live job.
+#[derive(Debug, Clone)]
+struct JobRec {
+    service: String,
+    replica: u32,
+    host: String,
+    state: JobState,
+    ready: bool,
+    ports: BTreeMap<String, u16>,
+}
+
+/// The endpoint table: services, their live jobs, host addresses, and the entries derived
+/// from them. Synchronous and deterministic; the controller side owns one.
+///
+/// Invariants: an entry exists exactly for every known service; its index is at least 1,
+/// and is raised (to the revision of the event that caused it) exactly when the entry's
+/// content changes — never otherwise, and never lowered, resyncs included.
+#[derive(Debug, Default)]
+pub struct Table {
+    services: BTreeMap<String, ServiceRec>,
+    jobs: BTreeMap<String, JobRec>,
+    by_service: BTreeMap<String, BTreeSet<String>>,
+    by_host: BTreeMap<String, BTreeSet<String>>,
+    hosts: BTreeMap<String, Option<IpAddr>>,
+    entries: BTreeMap<String, Arc<Entry>>,
+}
+
+// === impl Table ===
+
+impl Table {
+    /// An empty table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The entry of `service`, if the table knows the service.
+    pub fn entry(&self, service: &str) -> Option<&Arc<Entry>> {
+        self.entries.get(service)
+    }
+
+    /// Every entry, by service name.
+    pub fn entries(&self) -> impl Iterator<Item = &Arc<Entry>> {
+        self.entries.values()
+    }
+
+    /// Applies one controller event; returns the changes it caused (at most one per service).
+    pub fn apply(&mut self, event: &ClusterEvent) -> Vec<Change> {
+        let rev = event.rev();
+        let mut touched = BTreeSet::new();
+        let mut changes = Vec::new();
+        match event {
+            ClusterEvent::Service { service, .. } => {
+                self.put_service(service);
+                touched.insert(service.name.clone());
+            }
+            ClusterEvent::ServiceRemoved { name, .. } => {
+                self.services.remove(name);
+                if self.entries.remove(name).is_some() {
+                    changes.push(Change::Removed {
+                        service: name.clone(),
+                    });
+                }
+            }
+            ClusterEvent::Job { job, .. } => {
+                if let Some(old) = self.jobs.get(&job.job) {
+                    touched.insert(old.service.clone());
+                }
+                if job.state.is_ended() {
+                    self.remove_job(&job.job);
+                } else {
+                    self.put_job(job);
+                }
+                touched.insert(job.service.clone());
+            }
+            ClusterEvent::JobEnded { job, .. } => {
+                if let Some(old) = self.remove_job(&job.job) {
+                    touched.insert(old.service);
+                }
+                touched.insert(job.service.clone());
+            }
+            ClusterEvent::Host { host, services, .. } => {
+                self.put_host(host);
+                touched.extend(services.iter().cloned());
+                if let Some(jobs) = self.by_host.get(&host.id) {
+                    touched.extend(jobs.iter().map(|j| self.jobs[j].service.clone()));
+                }
+            }
+        }
+        changes.extend(touched.iter().filter_map(|s| self.refresh(s, rev)));
+        changes
+    }
+
+    /// Replaces everything with `snapshot`; returns the changes against what the table held
+    /// before (none for a service whose entry is the same).
+    pub fn resync(&mut self, snapshot: &ClusterSnapshot) -> Vec<Change> {
+        self.services.clear();
+        self.jobs.clear();
+        self.by_service.clear();
+        self.by_host.clear();
+        self.hosts.clear();
+        for host in &snapshot.hosts {
+            self.put_host(host);
+        }
+        for service in &snapshot.services {
+            self.put_service(service);
+        }
+        for job in snapshot.jobs.iter().filter(|j| !j.state.is_ended()) {
+            self.put_job(job);
+        }
+        let gone: Vec<String> = self
+            .entries
+            .keys()
+            .filter(|s| !self.services.contains_key(*s))
+            .cloned()
+            .collect();
+        let mut changes: Vec<Change> = gone
+            .into_iter()
+            .map(|service| {
+                self.entries.remove(&service);
+                Change::Removed { service }
+            })
+            .collect();
+        for service in &snapshot.services {
+            changes.extend(self.refresh(&service.name, service.rev));
+        }
+        changes
+    }
+
+    /// Recomputes the entry of `service` after a change at revision `rev`.
+    fn refresh(&mut self, service: &str, rev: u64) -> Option<Change> {
+        let mut entry = self.compute(service)?;
+        match self.entries.get(service) {
+            Some(old) if old.same_content(&entry) => return None,
+            // Raised on every change, never lowered: revisions only grow, but a source
+            // that repeats one must still not make two different entries share an index.
+            Some(old) => entry.index = rev.max(old.index + 1),
+            None => entry.index = rev.max(1),
+        }
+        let entry = Arc::new(entry);
+        self.entries.insert(service.to_owned(), entry.clone());
+        Some(Change::Upsert { entry })
+    }
+
+    /// The entry of `service` from scratch, index 0.
+    fn compute(&self, service: &str) -> Option<Entry> {
+        let rec = self.services.get(service)?;
+        let mut replicas: Vec<Replica> = self
+            .by_service
+            .get(service)
+            .into_iter()
+            .flatten()
+            .map(|id| {
+                let job = &self.jobs[id];
+                Replica {
+                    replica: job.replica,
+                    job: id.clone(),
+                    host: job.host.clone(),
+                    address: self.hosts.get(&job.host).copied().flatten(),
+                    ports: job.ports.clone(),
+                    state: job.state,
+                    ready: job.ready,
+                }
+            })
+            .collect();
+        replicas.sort_by(|a, b| (a.replica, &a.job).cmp(&(b.replica, &b.job)));
+        Some(Entry {
+            service: service.to_owned(),
+            project: rec.project.clone(),
+            index: 0,
+            ports: rec.ports.clone(),
+            replicas,
+        })
+    }
+
+    fn put_service(&mut self, service: &ServiceInfo) {
+        let rec = ServiceRec {
+            project: service.project.clone(),
+            ports: declared_ports(service),
+        };
+        self.services.insert(service.name.clone(), rec);
+    }
+
+    fn put_host(&mut self, host: &HostInfo) {
+        self.hosts.insert(host.id.clone(), host.facts.ip_addr);
+    }
+
+    fn put_job(&mut self, job: &JobInfo) {
+        self.remove_job(&job.job);
+        let rec = JobRec {
+            service: job.service.clone(),
+            replica: job.replica,
+            host: job.host.clone(),
+            state: job.state,
+            ready: job.ready,
+            ports: granted_ports(job),
+        };
+        let by_service = self.by_service.entry(rec.service.clone()).or_default();
+        by_service.insert(job.job.clone());
+        let by_host = self.by_host.entry(rec.host.clone()).or_default();
+        by_host.insert(job.job.clone());
+        self.jobs.insert(job.job.clone(), rec);
+    }
+
+    fn remove_job(&mut self, job: &str) -> Option<JobRec> {
+        let rec = self.jobs.remove(job)?;
+        remove_from(&mut self.by_service, &rec.service, job);
+        remove_from(&mut self.by_host, &rec.host, job);
+        Some(rec)
+    }
+}
+
+fn remove_from(index: &mut BTreeMap<String, BTreeSet<String>>, key: &str, job: &str) {
+    if let Some(set) = index.get_mut(key) {
+        set.remove(job);
+        if set.is_empty() {
+            index.remove(key);
+        }
+    }
+}
+
+/// The declared ports of a service: the array at `profile["ports"]`, validated by the
+/// port plugin before the service was accepted; anything unreadable is skipped.
+fn declared_ports(service: &ServiceInfo) -> Vec<DeclaredPort> {
+    let Some(ports) = service
+        .profile
+        .get(port_resource::PLUGIN_NAME)
+        .and_then(|p| p.as_array())
+    else {
+        return Vec::new();
+    };
+    ports
+        .iter()
+        .filter_map(|p| {
+            let name = p.get("name")?.as_str()?.to_owned();
+            let protocol = match p.get("protocol").and_then(|p| p.as_str()) {
+                Some("udp") => Protocol::Udp,
+                _ => Protocol::Tcp,
+            };
+            Some(DeclaredPort { name, protocol })
+        })
+        .collect()
+}
+
+/// The ports granted to a job by the port plugin, by name.
+fn granted_ports(job: &JobInfo) -> BTreeMap<String, u16> {
+    let Some(grant) = job.grants.get(port_resource::PLUGIN_NAME) else {
+        return BTreeMap::new();
+    };
+    match PortGrant::from_value(grant) {
+        Ok(grant) => grant.ports.into_iter().map(|p| (p.name, p.port)).collect(),
+        Err(error) => {
+            tracing::warn!(job = %job.job, service = %job.service, %error, "ignoring port grant");
+            BTreeMap::new()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,442 @@
+use super::*;
+use crate::testutil::*;
+use expect_test::{expect, Expect};
+use plugin_api::ClusterSnapshot;
+use std::fmt::Write;
+
+enum Step {
+    Event(ClusterEvent),
+    Resync(ClusterSnapshot),
+}
+
+fn render_entry(e: &Entry) -> String {
+    let ports: Vec<_> = e
+        .ports
+        .iter()
+        .map(|p| format!("{}/{}", p.name, p.protocol))
+        .collect();
+    let mut out = format!(
+        "{}#{} {} {{{}}}",
+        e.service,
+        e.index,
+        e.project,
+        ports.join(",")
+    );
+    for r in &e.replicas {
+        let addr = r.address.map_or("-".to_owned(), |a| a.to_string());
+        let ports: Vec<_> = r.ports.iter().map(|(n, p)| format!("{n}={p}")).collect();
+        let _ = write!(
+            out,
+            " [{} {} {} {} {:?} ready={} {}{}]",
+            r.replica,
+            r.job,
+            r.host,
+            addr,
+            r.state,
+            r.ready,
+            ports.join(","),
+            if r.is_endpoint() { " ENDPOINT" } else { "" },
+        );
+    }
+    out
+}
+
+fn render_changes(changes: &[Change]) -> String {
+    if changes.is_empty() {
+        return "no change".into();
+    }
+    let lines: Vec<_> = changes
+        .iter()
+        .map(|c| match c {
+            Change::Upsert { entry } => render_entry(entry),
+            Change::Removed { service } => format!("{service} removed"),
+        })
+        .collect();
+    lines.join("\n    ")
+}
+
+fn check(steps: Vec<Step>, expect: Expect) {
+    let mut table = Table::new();
+    let mut out = String::new();
+    for step in steps {
+        let (label, changes) = match step {
+            Step::Event(ev) => {
+                let label = match &ev {
+                    ClusterEvent::Service { service, .. } => format!("service {}", service.name),
+                    ClusterEvent::ServiceRemoved { name, .. } => format!("removed {name}"),
+                    ClusterEvent::Job { job, .. } => format!("job {} {:?}", job.job, job.state),
+                    ClusterEvent::JobEnded { job, .. } => format!("ended {}", job.job),
+                    ClusterEvent::Host { host, .. } => format!("host {}", host.id),
+                };
+                (format!("@{} {label}", ev.rev()), table.apply(&ev))
+            }
+            Step::Resync(snap) => (format!("@{} resync", snap.rev), table.resync(&snap)),
+        };
+        let _ = writeln!(out, "{label}: {}", render_changes(&changes));
+    }
+    expect.assert_eq(&out);
+}
+
+#[test]
+fn readiness_and_lifecycle() {
+    let web = service("web", "team-a", &["http"]);
+    let mut j1 = job("j-1", "web", "team-a", 0, "exec-01", &[("http", 20001)]);
+    j1.state = JobState::Placed;
+    j1.ready = false;
+    let placed = j1.clone();
+    let running = JobInfo {
+        state: JobState::Running,
+        ..placed.clone()
+    };
+    let ready = JobInfo {
+        ready: true,
+        ..running.clone()
+    };
+    let unknown = JobInfo {
+        state: JobState::Unknown,
+        ..ready.clone()
+    };
+    let stopping = JobInfo {
+        state: JobState::Stopping,
+        ..ready.clone()
+    };
+    check(
+        vec![
+            Step::Event(ev_host(1, host("exec-01", Some("127.0.0.11")), &[])),
+            Step::Event(ev_service(2, web)),
+            Step::Event(ev_job(3, placed)),
+            Step::Event(ev_job(4, running)),
+            Step::Event(ev_job(5, ready.clone())),
+            Step::Event(ev_job(6, ready)),
+            Step::Event(ev_job(7, unknown)),
+            Step::Event(ev_job(8, stopping.clone())),
+            Step::Event(ev_ended(9, stopping)),
+            Step::Event(ev_removed(10, "web", "team-a")),
+            Step::Event(ev_job(11, j1)),
+        ],
+        expect![[r#"
+            @1 host exec-01: no change
+            @2 service web: web#2 team-a {http/tcp}
+            @3 job j-1 Placed: web#3 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Placed ready=false http=20001]
+            @4 job j-1 Running: web#4 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Running ready=false http=20001]
+            @5 job j-1 Running: web#5 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT]
+            @6 job j-1 Running: no change
+            @7 job j-1 Unknown: web#7 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Unknown ready=true http=20001 ENDPOINT]
+            @8 job j-1 Stopping: web#8 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Stopping ready=true http=20001]
+            @9 ended j-1: web#9 team-a {http/tcp}
+            @10 removed web: web removed
+            @11 job j-1 Placed: no change
+        "#]],
+    );
+}
+
+#[test]
+fn host_addresses() {
+    let web = service("web", "team-a", &["http", "metrics"]);
+    let j1 = job(
+        "j-1",
+        "web",
+        "team-a",
+        1,
+        "exec-01",
+        &[("http", 20001), ("metrics", 20002)],
+    );
+    let j2 = job("j-2", "web", "team-a", 0, "exec-02", &[("http", 20001)]);
+    let mut unreachable = host("exec-01", Some("::1"));
+    unreachable.state = plugin_api::HostState::Unreachable;
+    check(
+        vec![
+            Step::Event(ev_service(1, web)),
+            Step::Event(ev_job(2, j1)),
+            Step::Event(ev_job(3, j2)),
+            Step::Event(ev_host(4, host("exec-01", None), &["web"])),
+            Step::Event(ev_host(5, host("exec-01", Some("::1")), &["web"])),
+            Step::Event(ev_host(6, unreachable, &["web"])),
+            Step::Event(ev_host(7, host("exec-02", Some("127.0.0.12")), &[])),
+        ],
+        expect![[r#"
+            @1 service web: web#1 team-a {http/tcp,metrics/tcp}
+            @2 job j-1 Running: web#2 team-a {http/tcp,metrics/tcp} [1 j-1 exec-01 - Running ready=true http=20001,metrics=20002]
+            @3 job j-2 Running: web#3 team-a {http/tcp,metrics/tcp} [0 j-2 exec-02 - Running ready=true http=20001] [1 j-1 exec-01 - Running ready=true http=20001,metrics=20002]
+            @4 host exec-01: no change
+            @5 host exec-01: web#5 team-a {http/tcp,metrics/tcp} [0 j-2 exec-02 - Running ready=true http=20001] [1 j-1 exec-01 ::1 Running ready=true http=20001,metrics=20002 ENDPOINT]
+            @6 host exec-01: no change
+            @7 host exec-02: web#7 team-a {http/tcp,metrics/tcp} [0 j-2 exec-02 127.0.0.12 Running ready=true http=20001 ENDPOINT] [1 j-1 exec-01 ::1 Running ready=true http=20001,metrics=20002 ENDPOINT]
+        "#]],
+    );
+}
+
+#[test]
+fn resync_keeps_indexes_of_unchanged_entries() {
+    let web = service("web", "team-a", &["http"]);
+    let api = service("api", "team-b", &[]);
+    let j1 = job("j-1", "web", "team-a", 0, "exec-01", &[("http", 20001)]);
+    let mut malformed = job("j-2", "web", "team-a", 1, "exec-01", &[]);
+    malformed
+        .grants
+        .insert("ports".into(), serde_json::json!({"ports": "nope"}));
+    let snapshot = |rev, services: Vec<ServiceInfo>, jobs| ClusterSnapshot {
+        rev,
+        services: services
+            .into_iter()
+            .map(|s| ServiceInfo { rev, ..s })
+            .collect(),
+        jobs,
+        hosts: vec![host("exec-01", Some("127.0.0.11"))],
+    };
+    check(
+        vec![
+            Step::Resync(snapshot(
+                5,
+                vec![web.clone(), api.clone()],
+                vec![j1.clone()],
+            )),
+            Step::Resync(snapshot(
+                9,
+                vec![web.clone(), api.clone()],
+                vec![j1.clone()],
+            )),
+            Step::Resync(snapshot(12, vec![web.clone()], vec![j1.clone(), malformed])),
+            // A snapshot older than what the table holds must still raise the index.
+            Step::Resync(snapshot(3, vec![web.clone()], vec![])),
+            Step::Event(ev_service(13, service("web", "team-b", &["http"]))),
+        ],
+        expect![[r#"
+            @5 resync: web#5 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT]
+                api#5 team-b {}
+            @9 resync: no change
+            @12 resync: api removed
+                web#12 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT] [1 j-2 exec-01 127.0.0.11 Running ready=true  ENDPOINT]
+            @3 resync: web#13 team-a {http/tcp}
+            @13 service web: web#14 team-b {http/tcp}
+        "#]],
+    );
+}
+
+// === property: the table equals a from-scratch recomputation ===
+
+mod prop {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    const SERVICES: [&str; 2] = ["a", "b"];
+    const HOSTS: [&str; 3] = ["h1", "h2", "h3"];
+    const JOBS: [&str; 5] = ["j1", "j2", "j3", "j4", "j5"];
+    const STATES: [JobState; 6] = [
+        JobState::Placed,
+        JobState::Running,
+        JobState::Stopping,
+        JobState::Unknown,
+        JobState::Exited,
+        JobState::Lost,
+    ];
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Service(usize, usize, usize),
+        Remove(usize),
+        Job(usize, usize, u32, usize, usize, bool, u16),
+        Ended(usize),
+        Host(usize, usize, Vec<usize>),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0..2usize, 0..2usize, 0..3usize).prop_map(|(s, p, n)| Op::Service(s, p, n)),
+            (0..2usize).prop_map(Op::Remove),
+            (
+                0..5usize,
+                0..2usize,
+                0..3u32,
+                0..3usize,
+                0..6usize,
+                any::<bool>(),
+                0..3u16
+            )
+                .prop_map(|(j, s, r, h, st, ready, p)| Op::Job(j, s, r, h, st, ready, p)),
+            (0..5usize).prop_map(Op::Ended),
+            (
+                0..3usize,
+                0..4usize,
+                proptest::collection::vec(0..2usize, 0..2)
+            )
+                .prop_map(|(h, ip, s)| Op::Host(h, ip, s)),
+        ]
+    }
+
+    /// The cluster as plain maps: what the controller would hold.
+    #[derive(Default)]
+    struct Model {
+        services: BTreeMap<String, ServiceInfo>,
+        jobs: BTreeMap<String, JobInfo>,
+        hosts: BTreeMap<String, HostInfo>,
+    }
+
+    impl Model {
+        /// Every entry from scratch (index 0), written independently of `Table`.
+        fn entries(&self) -> BTreeMap<String, Entry> {
+            let mut out = BTreeMap::new();
+            for s in self.services.values() {
+                let ports = s.profile["ports"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|p| DeclaredPort {
+                        name: p["name"].as_str().unwrap().into(),
+                        protocol: Protocol::Tcp,
+                    })
+                    .collect();
+                let mut replicas: Vec<Replica> = self
+                    .jobs
+                    .values()
+                    .filter(|j| j.service == s.name)
+                    .map(|j| Replica {
+                        replica: j.replica,
+                        job: j.job.clone(),
+                        host: j.host.clone(),
+                        address: self.hosts.get(&j.host).and_then(|h| h.facts.ip_addr),
+                        ports: PortGrant::from_value(&j.grants["ports"])
+                            .unwrap()
+                            .ports
+                            .into_iter()
+                            .map(|p| (p.name, p.port))
+                            .collect(),
+                        state: j.state,
+                        ready: j.ready,
+                    })
+                    .collect();
+                replicas.sort_by_key(|r| (r.replica, r.job.clone()));
+                let entry = Entry {
+                    service: s.name.clone(),
+                    project: s.project.clone(),
+                    index: 0,
+                    ports,
+                    replicas,
+                };
+                out.insert(s.name.clone(), entry);
+            }
+            out
+        }
+
+        fn event(&mut self, rev: u64, op: &Op) -> ClusterEvent {
+            let ports = [&[][..], &["http"][..], &["http", "metrics"][..]];
+            match op {
+                Op::Service(s, p, n) => {
+                    let svc = service(SERVICES[*s], ["p1", "p2"][*p], ports[*n]);
+                    let svc = ServiceInfo { rev, ..svc };
+                    self.services.insert(svc.name.clone(), svc.clone());
+                    ClusterEvent::Service { rev, service: svc }
+                }
+                Op::Remove(s) => {
+                    self.services.remove(SERVICES[*s]);
+                    ev_removed(rev, SERVICES[*s], "p1")
+                }
+                Op::Job(j, s, r, h, st, ready, p) => {
+                    let mut info = job(
+                        JOBS[*j],
+                        SERVICES[*s],
+                        "p1",
+                        *r,
+                        HOSTS[*h],
+                        &[("http", 20000 + p)],
+                    );
+                    info.state = STATES[*st];
+                    info.ready = *ready;
+                    if info.state.is_ended() {
+                        self.jobs.remove(JOBS[*j]);
+                    } else {
+                        self.jobs.insert(info.job.clone(), info.clone());
+                    }
+                    ev_job(rev, info)
+                }
+                Op::Ended(j) => {
+                    let info = self
+                        .jobs
+                        .remove(JOBS[*j])
+                        .unwrap_or_else(|| job(JOBS[*j], "a", "p1", 0, "h1", &[]));
+                    ev_ended(rev, info)
+                }
+                Op::Host(h, ip, s) => {
+                    let ip = [None, Some("10.0.0.1"), Some("10.0.0.2"), Some("::1")][*ip];
+                    let info = host(HOSTS[*h], ip);
+                    self.hosts.insert(info.id.clone(), info.clone());
+                    let services: Vec<&str> = s.iter().map(|s| SERVICES[*s]).collect();
+                    ev_host(rev, info, &services)
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn table_matches_recomputation(ops in proptest::collection::vec(op(), 1..60)) {
+            let mut model = Model::default();
+            let mut table = Table::new();
+            let mut expected: BTreeMap<String, Entry> = BTreeMap::new();
+            let mut rev = 0;
+            for op in &ops {
+                rev += 1 + u64::from(rev % 3 == 0);
+                let event = model.event(rev, op);
+                let changes = table.apply(&event);
+
+                // The expected entries: content from scratch; the index is the revision of
+                // the last event that changed the content.
+                let mut next = BTreeMap::new();
+                let mut expected_changes = BTreeMap::new();
+                for (name, mut entry) in model.entries() {
+                    match expected.get(name.as_str()) {
+                        Some(old) if old.same_content(&entry) => entry.index = old.index,
+                        _ => {
+                            entry.index = rev;
+                            expected_changes.insert(name.clone(), Some(entry.clone()));
+                        }
+                    }
+                    next.insert(name, entry);
+                }
+                for name in expected.keys().filter(|n| !next.contains_key(*n)) {
+                    expected_changes.insert(name.clone(), None);
+                }
+                for (name, old) in &expected {
+                    if let Some(new) = next.get(name) {
+                        prop_assert!(new.index >= old.index && new.index >= 1);
+                    }
+                }
+                expected = next;
+
+                let got: BTreeMap<String, Option<Entry>> = changes
+                    .iter()
+                    .map(|c| match c {
+                        Change::Upsert { entry } => (entry.service.clone(), Some((**entry).clone())),
+                        Change::Removed { service } => (service.clone(), None),
+                    })
+                    .collect();
+                prop_assert_eq!(got.len(), changes.len(), "one change per service");
+                prop_assert_eq!(&got, &expected_changes);
+                let table_entries: BTreeMap<String, Entry> =
+                    table.entries().map(|e| (e.service.clone(), (**e).clone())).collect();
+                prop_assert_eq!(&table_entries, &expected);
+            }
+
+            // A resync with the same state changes nothing, and a fresh table agrees.
+            let snapshot = ClusterSnapshot {
+                rev,
+                services: model
+                    .services
+                    .values()
+                    .map(|s| ServiceInfo { rev, ..s.clone() })
+                    .collect(),
+                jobs: model.jobs.values().cloned().collect(),
+                hosts: model.hosts.values().cloned().collect(),
+            };
+            prop_assert_eq!(table.resync(&snapshot), vec![]);
+            let mut fresh = Table::new();
+            fresh.resync(&snapshot);
+            for (name, entry) in &expected {
+                let other = fresh.entry(name).unwrap();
+                prop_assert!(other.same_content(entry));
+                prop_assert!(other.index >= entry.index);
+            }
+        }
+    }
+}

@@ -1,0 +1,98 @@
+//! Builders for the controller's vocabulary, shared by the unit tests.
+
+use plugin_api::{
+    ClusterEvent, EndReason, HostFacts, HostInfo, HostState, JobInfo, JobState, ServiceInfo,
+};
+use port_resource::grant::{GrantedPort, PortGrant, Protocol};
+use std::collections::BTreeMap;
+
+/// A service declaring `ports` (all tcp).
+pub(crate) fn service(name: &str, project: &str, ports: &[&str]) -> ServiceInfo {
+    let ports: Vec<_> = ports
+        .iter()
+        .map(|p| serde_json::json!({"name": p, "protocol": "tcp"}))
+        .collect();
+    ServiceInfo {
+        name: name.into(),
+        project: project.into(),
+        replicas: 3,
+        profile: serde_json::json!({"name": name, "project": project, "ports": ports}),
+        rev: 0,
+    }
+}
+
+/// A running, ready job with `ports` granted.
+pub(crate) fn job(
+    id: &str,
+    service: &str,
+    project: &str,
+    replica: u32,
+    host: &str,
+    ports: &[(&str, u16)],
+) -> JobInfo {
+    let grant = PortGrant {
+        ports: ports
+            .iter()
+            .map(|(name, port)| GrantedPort {
+                name: (*name).into(),
+                protocol: Protocol::Tcp,
+                port: *port,
+            })
+            .collect(),
+    };
+    JobInfo {
+        job: id.into(),
+        service: service.into(),
+        project: project.into(),
+        replica,
+        host: host.into(),
+        state: JobState::Running,
+        ready: true,
+        grants: BTreeMap::from([(port_resource::PLUGIN_NAME.to_owned(), grant.to_value())]),
+    }
+}
+
+/// A ready host advertising `ip`.
+pub(crate) fn host(id: &str, ip: Option<&str>) -> HostInfo {
+    HostInfo {
+        id: id.into(),
+        state: HostState::Ready,
+        facts: HostFacts {
+            ip_addr: ip.map(|ip| ip.parse().unwrap()),
+            ..HostFacts::default()
+        },
+    }
+}
+
+pub(crate) fn ev_service(rev: u64, mut service: ServiceInfo) -> ClusterEvent {
+    service.rev = rev;
+    ClusterEvent::Service { rev, service }
+}
+
+pub(crate) fn ev_removed(rev: u64, name: &str, project: &str) -> ClusterEvent {
+    ClusterEvent::ServiceRemoved {
+        rev,
+        name: name.into(),
+        project: project.into(),
+    }
+}
+
+pub(crate) fn ev_job(rev: u64, job: JobInfo) -> ClusterEvent {
+    ClusterEvent::Job { rev, job }
+}
+
+pub(crate) fn ev_ended(rev: u64, job: JobInfo) -> ClusterEvent {
+    ClusterEvent::JobEnded {
+        rev,
+        job,
+        reason: EndReason::Stopped,
+    }
+}
+
+pub(crate) fn ev_host(rev: u64, host: HostInfo, services: &[&str]) -> ClusterEvent {
+    ClusterEvent::Host {
+        rev,
+        host,
+        services: services.iter().map(|s| (*s).to_owned()).collect(),
+    }
+}

@@ -1,0 +1,138 @@
+//! The wire formats of the endpoint routes (DESIGN §5). This crate owns them; clients
+//! (`xcecli-ext`) may deserialize answers with these types.
+
+use crate::entry::{Entry, Replica};
+use plugin_api::JobState;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::net::IpAddr;
+
+/// The header carrying a service's index on every endpoint answer.
+pub const INDEX_HEADER: &str = "x-xce-index";
+
+/// `GET /v1/services/{name}/endpoints` (and each stream event's data):
+/// `{"service":"web","index":42,"endpoints":[...]}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointsAnswer {
+    /// Service name.
+    pub service: String,
+    /// The service's index.
+    pub index: u64,
+    /// Ready replicas (all live ones with `?include=all`), by replica index.
+    pub endpoints: Vec<EndpointAnswer>,
+}
+
+/// One replica in an [`EndpointsAnswer`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointAnswer {
+    /// Replica index, 0-based.
+    pub replica: u32,
+    /// Job id.
+    pub job: String,
+    /// Host id.
+    pub host: String,
+    /// The host's advertised address (absent only for a non-ready replica whose host has
+    /// not reported one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<IpAddr>,
+    /// Ports by name (only the one named by `?port=` when given).
+    pub ports: BTreeMap<String, u16>,
+    /// With `?include=all` only: whether the replica is an endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<bool>,
+    /// With `?include=all` only: the job's state (`placed`, `running`, `stopping`, `unknown`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<JobState>,
+}
+
+/// `GET /v1/endpoints`: the entries of every service the caller may view, by name.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EndpointsList {
+    /// The entries.
+    pub services: Vec<EndpointsAnswer>,
+}
+
+/// One target group of Prometheus' HTTP service discovery (`GET /v1/sd/prometheus`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SdTargetGroup {
+    /// `address:port` of one ready replica.
+    pub targets: Vec<String>,
+    /// `__meta_xce_{service,project,replica,host,job,port}`.
+    pub labels: BTreeMap<String, String>,
+}
+
+// === impl EndpointsAnswer ===
+
+impl EndpointsAnswer {
+    /// The answer for `entry`: ports filtered to `port` when given, non-ready replicas
+    /// included (with `ready` and `state`) when `all`.
+    pub fn new(entry: &Entry, port: Option<&str>, all: bool) -> Self {
+        let endpoints = entry
+            .replicas
+            .iter()
+            .filter(|r| all || r.is_endpoint())
+            .map(|r| EndpointAnswer::new(r, port, all))
+            .collect();
+        Self {
+            service: entry.service.clone(),
+            index: entry.index,
+            endpoints,
+        }
+    }
+}
+
+impl EndpointAnswer {
+    fn new(r: &Replica, port: Option<&str>, all: bool) -> Self {
+        let ports = r
+            .ports
+            .iter()
+            .filter(|(name, _)| port.is_none_or(|p| p == name.as_str()))
+            .map(|(name, port)| (name.clone(), *port))
+            .collect();
+        Self {
+            replica: r.replica,
+            job: r.job.clone(),
+            host: r.host.clone(),
+            address: r.address,
+            ports,
+            ready: all.then(|| r.is_endpoint()),
+            state: all.then_some(r.state),
+        }
+    }
+}
+
+/// The plain-text answer: one `address:port` line per ready replica (IPv6 bracketed) for
+/// the port named `port`.
+pub fn plain(entry: &Entry, port: &str) -> String {
+    let mut out = String::new();
+    for addr in entry.endpoints().filter_map(|r| r.socket_addr(port)) {
+        let _ = writeln!(out, "{addr}");
+    }
+    out
+}
+
+/// The Prometheus HTTP SD answer: one target group per ready replica, for `port`.
+pub fn prometheus_sd(entry: &Entry, port: &str) -> Vec<SdTargetGroup> {
+    entry
+        .endpoints()
+        .filter_map(|r| {
+            let addr = r.socket_addr(port)?;
+            let labels = [
+                ("service", entry.service.clone()),
+                ("project", entry.project.clone()),
+                ("replica", r.replica.to_string()),
+                ("host", r.host.clone()),
+                ("job", r.job.clone()),
+                ("port", port.to_owned()),
+            ]
+            .into_iter()
+            .map(|(k, v)| (format!("__meta_xce_{k}"), v))
+            .collect();
+            Some(SdTargetGroup {
+                targets: vec![addr.to_string()],
+                labels,
+            })
+        })
+        .collect()
+}
