@@ -423,3 +423,6 @@ impl ResourcePlugin for PortsPlugin {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests;
