@@ -326,22 +326,25 @@ fn metrics_are_exposed() {
     let _ = plugin.fits(&"exec-02".into(), &request("j-2", Some(&s)));
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-    expect![[r#"
-        # HELP xce_port_pool_capacity Ports of a host's dynamic range that may be handed out (per protocol).
-        # TYPE xce_port_pool_capacity gauge
-        xce_port_pool_capacity{host="exec-01"} 10
-        # HELP xce_port_pool_used Ports held by live jobs on a host (both protocols, fixed ports included).
-        # TYPE xce_port_pool_used gauge
-        xce_port_pool_used{host="exec-01"} 2
-        # HELP xce_port_pool_unavailable Ports marked unavailable on a host (held by a process outside xce).
-        # TYPE xce_port_pool_unavailable gauge
-        xce_port_pool_unavailable{host="exec-01"} 0
+    // Samples of one family come in hash order: sort the lines.
+    let mut lines: Vec<&str> = text.lines().collect();
+    lines.sort_unstable();
+    let text = lines.join("\n");
+    expect![[r##"
+        # EOF
         # HELP xce_port_alloc_failures Port allocations that failed on a host (fit checks and reservations), by reason.
+        # HELP xce_port_pool_capacity Ports of a host's dynamic range that may be handed out (per protocol).
+        # HELP xce_port_pool_unavailable Ports marked unavailable on a host (held by a process outside xce).
+        # HELP xce_port_pool_used Ports held by live jobs on a host (both protocols, fixed ports included).
         # TYPE xce_port_alloc_failures counter
+        # TYPE xce_port_pool_capacity gauge
+        # TYPE xce_port_pool_unavailable gauge
+        # TYPE xce_port_pool_used gauge
         xce_port_alloc_failures_total{reason="taken"} 1
         xce_port_alloc_failures_total{reason="unreported"} 1
-        # EOF
-    "#]]
+        xce_port_pool_capacity{host="exec-01"} 10
+        xce_port_pool_unavailable{host="exec-01"} 0
+        xce_port_pool_used{host="exec-01"} 2"##]]
     .assert_eq(&text);
 }
 
