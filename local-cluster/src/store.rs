@@ -1,1 +1,326 @@
 //! The controller's persistent store.
+//!
+//! A deliberately small interface — namespaced keys to opaque bytes, loaded whole at
+//! start and changed only by atomic batches — so that a distributed store (etcd, later)
+//! can replace the embedded one without touching the controller. The controller persists
+//! every mutation as one [`Batch`] *before* it applies the mutation in memory, announces it
+//! or answers the request that caused it.
+//!
+//! Two implementations: [`RedbStore`] (an embedded redb file, the default) and
+//! [`MemStore`] (in memory, for tests). [`tests::suite`] checks both against the same
+//! contract.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::Path;
+use std::sync::Mutex;
+
+/// A key: a namespace (e.g. `job`) and a key within it (e.g. `j-17`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Key {
+    /// The namespace.
+    pub ns: String,
+    /// The key within the namespace.
+    pub key: String,
+}
+
+impl Key {
+    /// Builds a key.
+    pub fn new(ns: impl Into<String>, key: impl Into<String>) -> Self {
+        Self {
+            ns: ns.into(),
+            key: key.into(),
+        }
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.ns, self.key)
+    }
+}
+
+/// One change of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Sets the key to the bytes.
+    Put(Key, Vec<u8>),
+    /// Removes the key (no-op when absent).
+    Delete(Key),
+}
+
+/// Changes applied all together or not at all, in order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// The changes.
+    pub ops: Vec<Op>,
+}
+
+impl Batch {
+    /// Adds a put.
+    pub fn put(&mut self, key: Key, value: Vec<u8>) {
+        self.ops.push(Op::Put(key, value));
+    }
+    /// Adds a delete.
+    pub fn delete(&mut self, key: Key) {
+        self.ops.push(Op::Delete(key));
+    }
+    /// Whether the batch changes nothing.
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty()
+    }
+}
+
+/// Why the store failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The backend failed (I/O, corruption, a lock held by another process).
+    #[error("store backend: {0}")]
+    Backend(String),
+    /// A test store told to fail.
+    #[error("store failure injected for a test")]
+    Injected,
+}
+
+/// The controller's storage.
+///
+/// **Who calls it**: the controller's single state task (so calls never overlap), at
+/// start ([`load_all`](Self::load_all)) and for every mutation ([`commit`](Self::commit)).
+/// Calls are synchronous and may block briefly on disk.
+pub trait Store: Send + Sync + 'static {
+    /// Everything stored, sorted by key.
+    fn load_all(&self) -> Result<Vec<(Key, Vec<u8>)>, StoreError>;
+    /// Applies the batch atomically and durably: after `Ok`, a later `load_all` (also
+    /// after a process restart, for durable stores) sees all of it; after `Err`, none.
+    fn commit(&self, batch: Batch) -> Result<(), StoreError>;
+}
+
+// === impl MemStore ===
+
+/// An in-memory store for tests. Can be told to fail the next commit.
+#[derive(Debug, Default)]
+pub struct MemStore {
+    inner: Mutex<MemInner>,
+}
+
+#[derive(Debug, Default)]
+struct MemInner {
+    data: BTreeMap<Key, Vec<u8>>,
+    fail_next: bool,
+}
+
+impl MemStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Makes the next [`Store::commit`] fail with [`StoreError::Injected`] (changing
+    /// nothing).
+    pub fn fail_next_commit(&self) {
+        self.inner.lock().unwrap().fail_next = true;
+    }
+}
+
+impl Store for MemStore {
+    fn load_all(&self) -> Result<Vec<(Key, Vec<u8>)>, StoreError> {
+        let inner = self.inner.lock().unwrap();
+        Ok(inner
+            .data
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect())
+    }
+
+    fn commit(&self, batch: Batch) -> Result<(), StoreError> {
+        let mut inner = self.inner.lock().unwrap();
+        if std::mem::take(&mut inner.fail_next) {
+            return Err(StoreError::Injected);
+        }
+        for op in batch.ops {
+            match op {
+                Op::Put(k, v) => {
+                    inner.data.insert(k, v);
+                }
+                Op::Delete(k) => {
+                    inner.data.remove(&k);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+// === impl RedbStore ===
+
+/// All keys live in one table keyed by `(namespace, key)`.
+const TABLE: redb::TableDefinition<'static, (&str, &str), &[u8]> =
+    redb::TableDefinition::new("xce");
+
+/// The embedded store: one redb file.
+pub struct RedbStore {
+    db: redb::Database,
+}
+
+impl fmt::Debug for RedbStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedbStore").finish_non_exhaustive()
+    }
+}
+
+fn backend(e: impl fmt::Display) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+impl RedbStore {
+    /// Opens (or creates) the store file at `path`. Fails when another process has it
+    /// open.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        let db = redb::Database::create(path.as_ref())
+            .map_err(|e| StoreError::Backend(format!("open {}: {e}", path.as_ref().display())))?;
+        // Create the table up front so `load_all` on a fresh file finds it.
+        let tx = db.begin_write().map_err(backend)?;
+        tx.open_table(TABLE).map_err(backend)?;
+        tx.commit().map_err(backend)?;
+        Ok(Self { db })
+    }
+}
+
+impl Store for RedbStore {
+    fn load_all(&self) -> Result<Vec<(Key, Vec<u8>)>, StoreError> {
+        use redb::ReadableTable;
+        let tx = self.db.begin_read().map_err(backend)?;
+        let table = tx.open_table(TABLE).map_err(backend)?;
+        let mut out = Vec::new();
+        for row in table.iter().map_err(backend)? {
+            let (k, v) = row.map_err(backend)?;
+            let (ns, key) = k.value();
+            out.push((Key::new(ns, key), v.value().to_vec()));
+        }
+        Ok(out)
+    }
+
+    fn commit(&self, batch: Batch) -> Result<(), StoreError> {
+        let tx = self.db.begin_write().map_err(backend)?;
+        {
+            let mut table = tx.open_table(TABLE).map_err(backend)?;
+            for op in &batch.ops {
+                match op {
+                    Op::Put(k, v) => {
+                        table
+                            .insert((k.ns.as_str(), k.key.as_str()), v.as_slice())
+                            .map_err(backend)?;
+                    }
+                    Op::Delete(k) => {
+                        table
+                            .remove((k.ns.as_str(), k.key.as_str()))
+                            .map_err(backend)?;
+                    }
+                }
+            }
+        }
+        // Dropping an uncommitted write transaction aborts it: all or nothing.
+        tx.commit().map_err(backend)
+    }
+}
+
+/// The shared contract suite every [`Store`] must pass.
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use expect_test::expect;
+
+    fn dump(store: &dyn Store) -> String {
+        store
+            .load_all()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| format!("{k}={}", String::from_utf8_lossy(v)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    fn batch(ops: &[(&str, &str, Option<&str>)]) -> Batch {
+        let mut b = Batch::default();
+        for (ns, k, v) in ops {
+            match v {
+                Some(v) => b.put(Key::new(*ns, *k), v.as_bytes().to_vec()),
+                None => b.delete(Key::new(*ns, *k)),
+            }
+        }
+        b
+    }
+
+    /// Runs the contract against a fresh, empty store; `reopen` gives the store again as
+    /// a restarted process would see it.
+    pub(crate) fn suite(
+        store: Box<dyn Store>,
+        reopen: impl FnOnce(Box<dyn Store>) -> Box<dyn Store>,
+    ) {
+        assert_eq!(dump(&*store), "");
+        store
+            .commit(batch(&[
+                ("job", "j-2", Some("b")),
+                ("job", "j-1", Some("a")),
+                ("meta", "rev", Some("7")),
+                ("host", "exec-01", Some("h")),
+            ]))
+            .unwrap();
+        expect!["host/exec-01=h job/j-1=a job/j-2=b meta/rev=7"].assert_eq(&dump(&*store));
+
+        // Later ops of one batch win; deleting an absent key is a no-op.
+        store
+            .commit(batch(&[
+                ("job", "j-1", None),
+                ("job", "j-3", Some("c")),
+                ("job", "j-3", Some("c2")),
+                ("job", "nope", None),
+                ("meta", "rev", Some("8")),
+            ]))
+            .unwrap();
+        expect!["host/exec-01=h job/j-2=b job/j-3=c2 meta/rev=8"].assert_eq(&dump(&*store));
+
+        // Namespaces do not collide.
+        store.commit(batch(&[("jo", "bj-2", Some("x"))])).unwrap();
+        expect!["host/exec-01=h jo/bj-2=x job/j-2=b job/j-3=c2 meta/rev=8"]
+            .assert_eq(&dump(&*store));
+
+        let store = reopen(store);
+        expect!["host/exec-01=h jo/bj-2=x job/j-2=b job/j-3=c2 meta/rev=8"]
+            .assert_eq(&dump(&*store));
+        store.commit(Batch::default()).unwrap();
+        expect!["host/exec-01=h jo/bj-2=x job/j-2=b job/j-3=c2 meta/rev=8"]
+            .assert_eq(&dump(&*store));
+    }
+
+    #[test]
+    fn mem_store_passes_the_suite() {
+        // A process restart loses a MemStore; "reopening" it keeps the same instance.
+        suite(Box::new(MemStore::new()), |s| s);
+    }
+
+    #[test]
+    fn redb_store_passes_the_suite() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.redb");
+        let p2 = path.clone();
+        suite(Box::new(RedbStore::open(&path).unwrap()), move |s| {
+            drop(s);
+            Box::new(RedbStore::open(&p2).unwrap())
+        });
+    }
+
+    #[test]
+    fn failed_commit_changes_nothing() {
+        let s = MemStore::new();
+        s.commit(batch(&[("a", "1", Some("x"))])).unwrap();
+        s.fail_next_commit();
+        assert!(s
+            .commit(batch(&[("a", "1", None), ("a", "2", Some("y"))]))
+            .is_err());
+        expect!["a/1=x"].assert_eq(&dump(&s));
+        s.commit(batch(&[("a", "2", Some("y"))])).unwrap();
+        expect!["a/1=x a/2=y"].assert_eq(&dump(&s));
+    }
+}

@@ -1,1 +1,296 @@
 //! The controller: cluster state, the scheduler, and the apiserver's host routes.
+//!
+//! ```text
+//!  HTTP ──► api.rs handlers ──Command──► task.rs (one task) ──► core.rs (sync state machine)
+//!             ▲                                                   │ model.rs Txn → Store
+//!             └──── watch<View> / watch<Assignments> ◄────────────┘ scheduler.rs (pure)
+//! ```
+//!
+//! Invariants:
+//! - One task owns the mutable state; handlers send commands and read snapshots.
+//! - Every mutation is persisted as one atomic batch before it is applied in memory,
+//!   announced to listeners or answered; plugin releases follow the commit.
+//! - Grants are released exactly when a job ends: reported exited (also when stopping),
+//!   launch refused, or its host lost past the grace period.
+//! - The global revision strictly increases, is persisted, and continues after a restart.
+//! - Change-driven: the scheduler runs after a change, timers sleep until the next
+//!   deadline; nothing polls.
+
+mod api;
+mod core;
+mod metrics;
+mod model;
+mod scheduler;
+mod task;
+#[cfg(test)]
+mod tests;
+
+use crate::auth::Tokens;
+use crate::store::Store;
+use anyhow::Context as _;
+use plugin_api::{ApiContext, ApiExtension, ClusterListener, HostFactsPolicy, ResourcePlugin};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+/// The controller's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControllerConfig {
+    /// Where the apiserver listens.
+    pub listen: SocketAddr,
+    /// Where the embedded store lives (the integrator opens `RedbStore` in it).
+    pub data_dir: PathBuf,
+    /// How often workers heartbeat (told to them at registration).
+    pub heartbeat_interval: Duration,
+    /// A host silent this long is unreachable (its jobs become `unknown`, kept).
+    pub unreachable_after: Duration,
+    /// A host silent this long is lost (its jobs end, their grants are released).
+    pub grace_period: Duration,
+    /// The largest request body accepted (413 above).
+    pub body_limit: usize,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7480)),
+            data_dir: PathBuf::from("./xce-data"),
+            heartbeat_interval: Duration::from_secs(1),
+            unreachable_after: Duration::from_secs(3),
+            grace_period: Duration::from_secs(30),
+            body_limit: 1024 * 1024,
+        }
+    }
+}
+
+/// Why a [`ControllerConfig`] is unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The grace period must outlast the unreachable timeout.
+    #[error("grace_period ({grace:?}) must be longer than unreachable_after ({unreachable:?})")]
+    GraceTooShort {
+        /// The grace period.
+        grace: Duration,
+        /// The unreachable timeout.
+        unreachable: Duration,
+    },
+    /// Heartbeats must come more often than the unreachable timeout.
+    #[error("heartbeat_interval ({heartbeat:?}) must be shorter than unreachable_after ({unreachable:?})")]
+    HeartbeatTooSlow {
+        /// The heartbeat interval.
+        heartbeat: Duration,
+        /// The unreachable timeout.
+        unreachable: Duration,
+    },
+    /// A zero heartbeat interval or body limit.
+    #[error("{0} must be greater than zero")]
+    Zero(&'static str),
+}
+
+impl ControllerConfig {
+    /// Checks the timing rules: `0 < heartbeat_interval < unreachable_after <
+    /// grace_period`, and `body_limit > 0`.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.heartbeat_interval.is_zero() {
+            return Err(ConfigError::Zero("heartbeat_interval"));
+        }
+        if self.body_limit == 0 {
+            return Err(ConfigError::Zero("body_limit"));
+        }
+        if self.heartbeat_interval >= self.unreachable_after {
+            return Err(ConfigError::HeartbeatTooSlow {
+                heartbeat: self.heartbeat_interval,
+                unreachable: self.unreachable_after,
+            });
+        }
+        if self.grace_period <= self.unreachable_after {
+            return Err(ConfigError::GraceTooShort {
+                grace: self.grace_period,
+                unreachable: self.unreachable_after,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// The plugins the integrator wires in (through the `plugin-api` traits only).
+#[derive(Default)]
+pub struct ControllerPlugins {
+    /// Consumable resources the scheduler allocates (e.g. ports).
+    pub resources: Vec<Box<dyn ResourcePlugin>>,
+    /// Checks of worker-reported host facts.
+    pub facts_policies: Vec<Arc<dyn HostFactsPolicy>>,
+    /// Receivers of the change feed.
+    pub listeners: Vec<Arc<dyn ClusterListener>>,
+    /// Extra apiserver routes.
+    pub extensions: Vec<Arc<dyn ApiExtension>>,
+}
+
+impl std::fmt::Debug for ControllerPlugins {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerPlugins")
+            .field(
+                "resources",
+                &self.resources.iter().map(|p| p.name()).collect::<Vec<_>>(),
+            )
+            .field("facts_policies", &self.facts_policies.len())
+            .field("listeners", &self.listeners.len())
+            .field("extensions", &self.extensions.len())
+            .finish()
+    }
+}
+
+/// A controller whose state task runs, without a socket: serve [`Controller::router`]
+/// yourself (tests use `tower::ServiceExt::oneshot`), or use [`start`].
+#[derive(Debug)]
+pub struct Controller {
+    api: api::ApiState,
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl Controller {
+    /// Loads the state from `store`, brings the plugins up to it (`host_up` for every
+    /// known host, `restore` for every live job), resyncs the listeners, registers every
+    /// metric, and spawns the state task. Must run inside a tokio runtime.
+    pub async fn new(
+        cfg: &ControllerConfig,
+        tokens: Tokens,
+        plugins: ControllerPlugins,
+        store: Arc<dyn Store>,
+    ) -> anyhow::Result<Self> {
+        cfg.validate().context("invalid controller config")?;
+        let ControllerPlugins {
+            resources,
+            facts_policies,
+            listeners,
+            extensions,
+        } = plugins;
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = metrics::Metrics::default();
+        metrics.register(&mut registry);
+        for p in &resources {
+            p.register_metrics(&mut registry);
+        }
+        for e in &extensions {
+            e.register_metrics(&mut registry);
+        }
+        let timing = core::Timing {
+            heartbeat_interval: cfg.heartbeat_interval,
+            unreachable_after: cfg.unreachable_after,
+            grace_period: cfg.grace_period,
+        };
+        let core = core::Core::load(
+            timing,
+            store,
+            core::Wiring {
+                resources,
+                policies: facts_policies,
+                listeners,
+            },
+            metrics,
+            tokio::time::Instant::now(),
+        )
+        .context("cannot load the controller state from the store")?;
+        let view = core.view();
+        let (tx, rx) = mpsc::channel(256);
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let task = tokio::spawn(task::run(core, rx, shutdown_rx.clone()));
+        let api = api::ApiState {
+            tx,
+            view,
+            ctx: ApiContext {
+                auth: Arc::new(tokens),
+            },
+            registry: Arc::new(registry),
+            extensions,
+            body_limit: cfg.body_limit,
+            shutdown: shutdown_rx,
+        };
+        Ok(Self {
+            api,
+            shutdown,
+            task,
+        })
+    }
+
+    /// The apiserver's routes (see [`router`]).
+    pub fn router(&self) -> axum::Router {
+        router(self)
+    }
+
+    /// Stops the state task (pending blocking queries answer at once) and waits for it.
+    /// The store is released when this returns, unless a router still holds a handle.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.task.await;
+    }
+}
+
+/// The whole apiserver: `/healthz`, `/metrics`, `/v1` services and hosts, the
+/// `/internal/v1` worker routes, and every extension's routes, with the [`ApiContext`]
+/// installed as a request extension (so `plugin_api::Principal` works everywhere) and the
+/// body limit answering 413 in the JSON error shape.
+pub fn router(controller: &Controller) -> axum::Router {
+    api::build(controller.api.clone())
+}
+
+/// A controller serving on a socket.
+#[derive(Debug)]
+pub struct RunningController {
+    /// The bound address (useful with port 0).
+    pub addr: SocketAddr,
+    controller: Controller,
+    server: JoinHandle<std::io::Result<()>>,
+}
+
+/// Builds the controller (see [`Controller::new`]), binds `cfg.listen` and serves.
+pub async fn start(
+    cfg: ControllerConfig,
+    tokens: Tokens,
+    plugins: ControllerPlugins,
+    store: Arc<dyn Store>,
+) -> anyhow::Result<RunningController> {
+    let controller = Controller::new(&cfg, tokens, plugins, store).await?;
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    let addr = listener.local_addr()?;
+    let app = controller.router();
+    let mut stop = controller.shutdown.subscribe();
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await
+    });
+    tracing::info!(%addr, "apiserver listening");
+    Ok(RunningController {
+        addr,
+        controller,
+        server,
+    })
+}
+
+impl RunningController {
+    /// Stops serving (in-flight requests finish; blocking queries answer at once) and
+    /// stops the state task.
+    pub async fn shutdown(self) {
+        let _ = self.controller.shutdown.send(true);
+        let _ = self.server.await;
+        self.controller.shutdown().await;
+    }
+
+    /// Serves until the server fails (it does not stop by itself otherwise).
+    pub async fn wait(self) -> anyhow::Result<()> {
+        let r = self.server.await;
+        self.controller.shutdown().await;
+        r.context("apiserver task panicked")?
+            .context("apiserver failed")
+    }
+}

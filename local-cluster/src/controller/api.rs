@@ -1,0 +1,508 @@
+//! The apiserver: `/healthz`, `/metrics`, the `/v1` service and host routes, the
+//! `/internal/v1` worker routes of [`crate::proto`], and every extension's routes.
+//!
+//! Handlers authenticate with the [`Principal`] extractor, read the state task's latest
+//! [`View`] for queries and send commands for changes. Errors are [`ApiError`] JSON;
+//! client mistakes are logged at debug level only.
+
+use super::core::{CoreError, HostView, JobView, ServiceView, View};
+use super::model::ServiceState;
+use super::task::Command;
+use crate::proto::{Assignments, RegisterRequest, WorkerEvent};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Extension, Json, Router};
+use plugin_api::{
+    ApiContext, ApiError, ApiExtension, FieldError, HostFacts, JobState, Permission, Principal,
+    PrincipalKind,
+};
+use prometheus_client::registry::Registry;
+use serde_json::{json, Map, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// Default and cap of `wait` on the assignments blocking query.
+const WAIT_DEFAULT: Duration = Duration::from_secs(30);
+const WAIT_MAX: Duration = Duration::from_secs(600);
+
+/// What the handlers share.
+#[derive(Clone)]
+pub(crate) struct ApiState {
+    pub(crate) tx: mpsc::Sender<Command>,
+    pub(crate) view: watch::Receiver<Arc<View>>,
+    pub(crate) ctx: ApiContext,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) extensions: Vec<Arc<dyn ApiExtension>>,
+    pub(crate) body_limit: usize,
+    pub(crate) shutdown: watch::Receiver<bool>,
+}
+
+impl std::fmt::Debug for ApiState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiState").finish_non_exhaustive()
+    }
+}
+
+/// Builds the whole apiserver router.
+pub(crate) fn build(state: ApiState) -> Router {
+    let limit = state.body_limit;
+    let mut app = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/metrics", get(metrics))
+        .route("/v1/services", post(submit).get(list_services))
+        .route(
+            "/v1/services/{name}",
+            get(get_service).delete(delete_service),
+        )
+        .route("/v1/hosts", get(list_hosts))
+        .route("/internal/v1/hosts/{host}/register", post(register))
+        .route("/internal/v1/hosts/{host}/heartbeat", post(heartbeat))
+        .route("/internal/v1/hosts/{host}/facts", put(facts))
+        .route("/internal/v1/hosts/{host}/assignments", get(assignments))
+        .route("/internal/v1/hosts/{host}/events", post(events))
+        .with_state(state.clone());
+    for ext in &state.extensions {
+        app = app.merge(ext.router(state.ctx.clone()));
+    }
+    app.fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .layer(axum::middleware::map_response(
+            move |r: Response| async move { json_errors(r, limit) },
+        ))
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(Extension(state.ctx.clone()))
+}
+
+/// Rewrites error answers that are not JSON yet (axum's own rejections: 413 body too
+/// large, 405, bad paths) into the [`ApiError`] shape.
+fn json_errors(r: Response, limit: usize) -> Response {
+    let status = r.status();
+    let is_json = r
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return r;
+    }
+    let e = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
+            status,
+            "too_large",
+            format!("request body is larger than the limit of {limit} bytes"),
+        ),
+        StatusCode::METHOD_NOT_ALLOWED => ApiError::new(
+            status,
+            "method_not_allowed",
+            "method not allowed on this route",
+        ),
+        StatusCode::NOT_FOUND => ApiError::new(status, "not_found", "no such route"),
+        s if s.is_client_error() => ApiError::new(status, "invalid", "invalid request"),
+        _ => ApiError::new(status, "internal", "internal error"),
+    };
+    e.into_response()
+}
+
+fn internal(msg: &str) -> ApiError {
+    ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", msg)
+}
+
+fn unavailable() -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        "the controller is shutting down",
+    )
+}
+
+fn from_core(e: CoreError) -> ApiError {
+    match e {
+        CoreError::ServiceNotFound(name) => ApiError::service_not_found(&name),
+        CoreError::Forbidden(m) => ApiError::forbidden(m),
+        CoreError::Conflict(name) => ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!("service {name:?} already exists"),
+        ),
+        CoreError::Invalid(details) => ApiError::invalid("invalid profile", details),
+        CoreError::FactsRefused(details) => ApiError::invalid("host facts refused", details),
+        CoreError::UnknownHost(h) => ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("host {h:?} is not registered"),
+        ),
+        // Internals are logged where they happen and never exposed.
+        CoreError::Store(_) => internal("the controller could not persist the change"),
+    }
+}
+
+impl ApiState {
+    async fn call<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<T, CoreError>>) -> Command,
+    ) -> Result<T, ApiError> {
+        let (tx, rx) = oneshot::channel();
+        self.tx.send(make(tx)).await.map_err(|_| unavailable())?;
+        rx.await.map_err(|_| unavailable())?.map_err(from_core)
+    }
+
+    fn view(&self) -> Arc<View> {
+        self.view.borrow().clone()
+    }
+}
+
+// --- auth helpers ---
+
+/// Users only: worker credentials read nothing of the `/v1` API.
+fn user(p: &Principal) -> Result<(), ApiError> {
+    match p.kind {
+        PrincipalKind::User => Ok(()),
+        PrincipalKind::Worker { .. } => Err(ApiError::forbidden(
+            "worker credentials may only call the worker api of their host",
+        )),
+    }
+}
+
+/// The worker of `host` only.
+fn worker_of(p: &Principal, host: &str) -> Result<(), ApiError> {
+    match &p.kind {
+        PrincipalKind::Worker { host: h } if h == host => Ok(()),
+        PrincipalKind::Worker { .. } => Err(ApiError::forbidden(
+            "a worker may act for its own host only",
+        )),
+        PrincipalKind::User => Err(ApiError::forbidden(
+            "the worker api needs a worker credential",
+        )),
+    }
+}
+
+// --- /metrics ---
+
+async fn metrics(State(st): State<ApiState>) -> Response {
+    let mut out = String::new();
+    if prometheus_client::encoding::text::encode(&mut out, &st.registry).is_err() {
+        return internal("metrics encoding failed").into_response();
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        )],
+        out,
+    )
+        .into_response()
+}
+
+// --- /v1/services ---
+
+fn state_name(s: JobState) -> &'static str {
+    match s {
+        JobState::Placed => "placed",
+        JobState::Running => "running",
+        JobState::Stopping => "stopping",
+        JobState::Unknown => "unknown",
+        JobState::Exited => "exited",
+        JobState::Lost => "lost",
+    }
+}
+
+fn service_state(s: ServiceState) -> &'static str {
+    match s {
+        ServiceState::Active => "active",
+        ServiceState::Stopping => "stopping",
+    }
+}
+
+fn job_json(j: &JobView) -> Value {
+    let mut m = Map::new();
+    m.insert("job".into(), json!(j.info.job));
+    m.insert("replica".into(), json!(j.info.replica));
+    m.insert("host".into(), json!(j.info.host));
+    m.insert("state".into(), json!(state_name(j.info.state)));
+    m.insert("ready".into(), json!(j.info.ready));
+    for (plugin, v) in &j.summaries {
+        m.entry(plugin.clone()).or_insert_with(|| v.clone());
+    }
+    Value::Object(m)
+}
+
+fn service_detail(s: &ServiceView) -> Value {
+    json!({
+        "name": s.info.name,
+        "project": s.info.project,
+        "replicas": s.info.replicas,
+        "state": service_state(s.state),
+        "index": s.info.rev,
+        "profile": s.info.profile,
+        "pending": s.pending.iter().map(|(r, why)| json!({"replica": r, "reason": why})).collect::<Vec<_>>(),
+        "jobs": s.jobs.iter().map(job_json).collect::<Vec<_>>(),
+    })
+}
+
+fn service_summary(s: &ServiceView) -> Value {
+    json!({
+        "name": s.info.name,
+        "project": s.info.project,
+        "replicas": s.info.replicas,
+        "running": s.jobs.iter().filter(|j| j.info.state == JobState::Running).count(),
+        "ready": s.jobs.iter().filter(|j| j.info.ready).count(),
+        "pending": s.pending.len(),
+        "pending_reason": s.pending.first().map(|(_, why)| why),
+        "state": service_state(s.state),
+        "index": s.info.rev,
+    })
+}
+
+/// Parses a submitted profile: JSON, or TOML with `Content-Type: application/toml`.
+fn parse_profile(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
+    let ctype = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json");
+    let mime = ctype
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let text = std::str::from_utf8(body).map_err(|_| {
+        ApiError::invalid(
+            "invalid profile",
+            vec![FieldError::new("profile", "not valid UTF-8")],
+        )
+    })?;
+    match mime.as_str() {
+        "application/toml" | "text/toml" => plugin_api_profile_toml(text),
+        "application/json" | "" => serde_json::from_str(text).map_err(|e| {
+            ApiError::invalid(
+                "invalid profile",
+                vec![FieldError::new("profile", format!("not valid JSON: {e}"))],
+            )
+        }),
+        other => Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!("content type {other:?} is not supported; send application/json or application/toml"),
+        )),
+    }
+}
+
+fn plugin_api_profile_toml(text: &str) -> Result<Value, ApiError> {
+    crate::profile::toml_to_json(text).map_err(|e| ApiError::invalid("invalid profile", vec![e]))
+}
+
+async fn submit(
+    State(st): State<ApiState>,
+    who: Principal,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    user(&who)?;
+    let doc = parse_profile(&headers, &body)?;
+    let name = st
+        .call(|reply| Command::Submit {
+            doc,
+            who: who.clone(),
+            reply,
+        })
+        .await?;
+    let view = st.view();
+    let s = view
+        .services
+        .get(&name)
+        .ok_or_else(|| internal("submitted service missing from the view"))?;
+    Ok((StatusCode::CREATED, Json(service_detail(s))).into_response())
+}
+
+async fn list_services(
+    State(st): State<ApiState>,
+    who: Principal,
+) -> Result<Json<Value>, ApiError> {
+    user(&who)?;
+    let view = st.view();
+    let services: Vec<Value> = view
+        .services
+        .values()
+        .filter(|s| who.may(Permission::JobView, &s.info.project))
+        .map(service_summary)
+        .collect();
+    Ok(Json(json!({ "services": services })))
+}
+
+async fn get_service(
+    State(st): State<ApiState>,
+    who: Principal,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    user(&who)?;
+    let view = st.view();
+    match view.services.get(&name) {
+        Some(s) if who.may(Permission::JobView, &s.info.project) => Ok(Json(service_detail(s))),
+        _ => Err(ApiError::service_not_found(&name)),
+    }
+}
+
+async fn delete_service(
+    State(st): State<ApiState>,
+    who: Principal,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    user(&who)?;
+    let n = st
+        .call(|reply| Command::Delete {
+            name: name.clone(),
+            who: who.clone(),
+            reply,
+        })
+        .await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "name": name, "stopping": n })),
+    )
+        .into_response())
+}
+
+// --- /v1/hosts ---
+
+fn host_json(h: &HostView) -> Value {
+    let mut m = Map::new();
+    m.insert("id".into(), json!(h.info.id));
+    m.insert(
+        "state".into(),
+        serde_json::to_value(h.info.state).unwrap_or(Value::Null),
+    );
+    m.insert("ip_addr".into(), json!(h.info.facts.ip_addr));
+    m.insert("addresses".into(), json!(h.info.facts.addresses));
+    m.insert("jobs".into(), json!(h.jobs));
+    for (plugin, v) in &h.summaries {
+        m.entry(plugin.clone()).or_insert_with(|| v.clone());
+    }
+    Value::Object(m)
+}
+
+async fn list_hosts(State(st): State<ApiState>, who: Principal) -> Result<Json<Value>, ApiError> {
+    user(&who)?;
+    let view = st.view();
+    Ok(Json(
+        json!({ "hosts": view.hosts.iter().map(host_json).collect::<Vec<_>>() }),
+    ))
+}
+
+// --- /internal/v1 ---
+
+fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::invalid(
+            "invalid request body",
+            vec![FieldError::new("body", e.to_string())],
+        )
+    })
+}
+
+async fn register(
+    State(st): State<ApiState>,
+    who: Principal,
+    Path(host): Path<String>,
+    body: Bytes,
+) -> Result<Json<crate::proto::RegisterResponse>, ApiError> {
+    worker_of(&who, &host)?;
+    let req: RegisterRequest = json_body(&body)?;
+    let resp = st
+        .call(|reply| Command::Register { host, req, reply })
+        .await?;
+    Ok(Json(resp))
+}
+
+async fn heartbeat(
+    State(st): State<ApiState>,
+    who: Principal,
+    Path(host): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    worker_of(&who, &host)?;
+    st.call(|reply| Command::Heartbeat { host, reply }).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn facts(
+    State(st): State<ApiState>,
+    who: Principal,
+    Path(host): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    worker_of(&who, &host)?;
+    let facts: HostFacts = json_body(&body)?;
+    st.call(|reply| Command::Facts { host, facts, reply })
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn events(
+    State(st): State<ApiState>,
+    who: Principal,
+    Path(host): Path<String>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    worker_of(&who, &host)?;
+    let events: Vec<WorkerEvent> = json_body(&body)?;
+    st.call(|reply| Command::Events {
+        host,
+        events,
+        reply,
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `?index=N&wait=30s`: answers when the host's index differs from N (normally: is
+/// greater; a smaller one means the controller's state was replaced), or when `wait`
+/// runs out.
+async fn assignments(
+    State(st): State<ApiState>,
+    who: Principal,
+    Path(host): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    worker_of(&who, &host)?;
+    let index: u64 = match q.get("index") {
+        None => 0,
+        Some(s) => s
+            .parse()
+            .map_err(|_| ApiError::bad_param("index", "must be a non-negative integer"))?,
+    };
+    let wait = match q.get("wait") {
+        None => WAIT_DEFAULT,
+        Some(s) => humantime::parse_duration(s)
+            .map_err(|e| ApiError::bad_param("wait", format!("not a duration ({e})")))?
+            .min(WAIT_MAX),
+    };
+    let (tx, rx) = oneshot::channel();
+    st.tx
+        .send(Command::Assignments {
+            host: host.clone(),
+            reply: tx,
+        })
+        .await
+        .map_err(|_| unavailable())?;
+    let Some(mut rx) = rx.await.map_err(|_| unavailable())? else {
+        return Err(from_core(CoreError::UnknownHost(host)));
+    };
+    let current = rx.borrow_and_update().index;
+    if current == index {
+        let mut shutdown = st.shutdown.clone();
+        tokio::select! {
+            _ = rx.changed() => {}
+            () = tokio::time::sleep(wait) => {}
+            _ = shutdown.wait_for(|s| *s) => {}
+        }
+    }
+    let a: Arc<Assignments> = rx.borrow().clone();
+    let mut resp = Json(&*a).into_response();
+    if let Ok(v) = HeaderValue::from_str(&a.index.to_string()) {
+        resp.headers_mut().insert("x-xce-index", v);
+    }
+    Ok(resp)
+}

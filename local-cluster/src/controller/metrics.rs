@@ -1,0 +1,52 @@
+//! The controller's own metrics, in the one shared registry served on `/metrics`.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+type Labels = Vec<(String, String)>;
+
+/// Gauges and counters the state task updates after every command.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Metrics {
+    pub(crate) jobs: Family<Labels, Gauge>,
+    pub(crate) hosts: Family<Labels, Gauge>,
+    pub(crate) pending: Gauge,
+    pub(crate) placements: Counter,
+    pub(crate) revision: Gauge,
+}
+
+impl Metrics {
+    pub(crate) fn register(&self, r: &mut Registry) {
+        r.register("xce_jobs", "Live jobs by state", self.jobs.clone());
+        r.register("xce_hosts", "Hosts by state", self.hosts.clone());
+        r.register(
+            "xce_pending_replicas",
+            "Replicas of active services without a live job",
+            self.pending.clone(),
+        );
+        r.register(
+            "xce_placements",
+            "Replicas placed on a host",
+            self.placements.clone(),
+        );
+        r.register(
+            "xce_revision",
+            "The controller's global revision",
+            self.revision.clone(),
+        );
+    }
+
+    pub(crate) fn set_jobs(&self, state: &str, n: usize) {
+        self.jobs
+            .get_or_create(&vec![("state".to_owned(), state.to_owned())])
+            .set(n as i64);
+    }
+
+    pub(crate) fn set_hosts(&self, state: &str, n: usize) {
+        self.hosts
+            .get_or_create(&vec![("state".to_owned(), state.to_owned())])
+            .set(n as i64);
+    }
+}

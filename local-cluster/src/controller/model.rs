@@ -1,0 +1,366 @@
+//! The controller's persisted records, the in-memory cluster they load into, and the
+//! transaction that changes both: a [`Txn`] collects new record values and the events
+//! they cause, is committed to the store as one batch, and only then applied in memory.
+
+use crate::store::{Batch, Key, Store, StoreError};
+use plugin_api::{
+    ClusterEvent, ClusterSnapshot, EndReason, HostId, HostInfo, JobId, JobInfo, JobState,
+    ServiceInfo,
+};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+const NS_META: &str = "meta";
+const NS_SERVICE: &str = "service";
+const NS_JOB: &str = "job";
+const NS_HOST: &str = "host";
+
+/// Whether a service runs or is being stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum ServiceState {
+    Active,
+    Stopping,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct ServiceRec {
+    pub(crate) info: ServiceInfo,
+    pub(crate) state: ServiceState,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct JobRec {
+    pub(crate) info: JobInfo,
+    /// While `Unknown`: the state to return to when the host is heard from again.
+    #[serde(default)]
+    pub(crate) held: Option<JobState>,
+}
+
+impl JobRec {
+    /// The state the job is in as far as the worker is concerned (`Unknown` looks
+    /// through to the state it will return to).
+    pub(crate) fn effective_state(&self) -> JobState {
+        match (self.info.state, self.held) {
+            (JobState::Unknown, Some(s)) => s,
+            (s, _) => s,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct HostRec {
+    pub(crate) info: HostInfo,
+    /// Jobs the worker runs that the controller does not know; the host takes no new
+    /// placements until the worker reported all of them exited.
+    #[serde(default)]
+    pub(crate) orphans: BTreeSet<JobId>,
+}
+
+/// Everything the controller knows, as loaded from the store.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Cluster {
+    pub(crate) rev: u64,
+    pub(crate) next_job: u64,
+    pub(crate) services: BTreeMap<String, ServiceRec>,
+    pub(crate) jobs: BTreeMap<JobId, JobRec>,
+    pub(crate) hosts: BTreeMap<HostId, HostRec>,
+}
+
+/// Why the stored state could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LoadError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("stored record {key} is unreadable: {err}")]
+    Decode { key: Key, err: serde_json::Error },
+    #[error("stored record {0} is in an unknown namespace")]
+    Unknown(Key),
+}
+
+// === impl Cluster ===
+
+impl Cluster {
+    pub(crate) fn load(store: &dyn Store) -> Result<Self, LoadError> {
+        let mut c = Cluster {
+            next_job: 1,
+            ..Cluster::default()
+        };
+        for (key, bytes) in store.load_all()? {
+            macro_rules! de {
+                () => {
+                    serde_json::from_slice(&bytes).map_err(|err| LoadError::Decode {
+                        key: key.clone(),
+                        err,
+                    })?
+                };
+            }
+            match (key.ns.as_str(), key.key.as_str()) {
+                (NS_META, "rev") => c.rev = de!(),
+                (NS_META, "next_job") => c.next_job = de!(),
+                (NS_SERVICE, name) => {
+                    c.services.insert(name.to_owned(), de!());
+                }
+                (NS_JOB, id) => {
+                    c.jobs.insert(id.to_owned(), de!());
+                }
+                (NS_HOST, id) => {
+                    c.hosts.insert(id.to_owned(), de!());
+                }
+                _ => return Err(LoadError::Unknown(key)),
+            }
+        }
+        Ok(c)
+    }
+
+    pub(crate) fn snapshot(&self) -> ClusterSnapshot {
+        ClusterSnapshot {
+            rev: self.rev,
+            services: self.services.values().map(|s| s.info.clone()).collect(),
+            jobs: self.jobs.values().map(|j| j.info.clone()).collect(),
+            hosts: self.hosts.values().map(|h| h.info.clone()).collect(),
+        }
+    }
+
+    pub(crate) fn jobs_on<'a>(&'a self, host: &'a str) -> impl Iterator<Item = &'a JobRec> + 'a {
+        self.jobs.values().filter(move |j| j.info.host == host)
+    }
+
+    pub(crate) fn jobs_of<'a>(&'a self, service: &'a str) -> impl Iterator<Item = &'a JobRec> + 'a {
+        self.jobs
+            .values()
+            .filter(move |j| j.info.service == service)
+    }
+}
+
+/// Plugin calls due once a transaction is committed.
+#[derive(Debug, Clone)]
+pub(crate) enum After {
+    /// `launch_refused` on the named plugin (before the release that always follows).
+    Refused {
+        host: HostId,
+        job: JobId,
+        plugin: String,
+        detail: serde_json::Value,
+    },
+    /// `release` on every plugin.
+    Release { host: HostId, job: JobId },
+}
+
+/// A set of changes, committed to the store as one batch and then applied in memory.
+///
+/// Reads go through the transaction (`service`, `job`, `host`) so later steps of one
+/// command see earlier ones.
+#[derive(Debug, Default)]
+pub(crate) struct Txn {
+    rev: u64,
+    next_job: Option<u64>,
+    services: BTreeMap<String, Option<ServiceRec>>,
+    jobs: BTreeMap<JobId, Option<JobRec>>,
+    hosts: BTreeMap<HostId, Option<HostRec>>,
+    pub(crate) events: Vec<ClusterEvent>,
+    pub(crate) after: Vec<After>,
+}
+
+// === impl Txn ===
+
+impl Txn {
+    pub(crate) fn new(c: &Cluster) -> Self {
+        Txn {
+            rev: c.rev,
+            ..Txn::default()
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.next_job.is_none()
+            && self.services.is_empty()
+            && self.jobs.is_empty()
+            && self.hosts.is_empty()
+    }
+
+    fn next_rev(&mut self) -> u64 {
+        self.rev += 1;
+        self.rev
+    }
+
+    pub(crate) fn service(&self, c: &Cluster, name: &str) -> Option<ServiceRec> {
+        match self.services.get(name) {
+            Some(s) => s.clone(),
+            None => c.services.get(name).cloned(),
+        }
+    }
+
+    pub(crate) fn job(&self, c: &Cluster, id: &str) -> Option<JobRec> {
+        match self.jobs.get(id) {
+            Some(j) => j.clone(),
+            None => c.jobs.get(id).cloned(),
+        }
+    }
+
+    pub(crate) fn host(&self, c: &Cluster, id: &str) -> Option<HostRec> {
+        match self.hosts.get(id) {
+            Some(h) => h.clone(),
+            None => c.hosts.get(id).cloned(),
+        }
+    }
+
+    /// Live jobs as they will be after this transaction.
+    pub(crate) fn live_jobs(&self, c: &Cluster) -> Vec<JobRec> {
+        let mut out: BTreeMap<&JobId, &JobRec> = c.jobs.iter().collect();
+        for (id, j) in &self.jobs {
+            match j {
+                Some(j) => out.insert(id, j),
+                None => out.remove(id),
+            };
+        }
+        out.into_values().cloned().collect()
+    }
+
+    /// Takes a fresh job id.
+    pub(crate) fn new_job_id(&mut self, c: &Cluster) -> JobId {
+        let n = self.next_job.unwrap_or(c.next_job);
+        self.next_job = Some(n + 1);
+        format!("j-{n}")
+    }
+
+    fn touch_service(&mut self, c: &Cluster, name: &str, rev: u64) {
+        if let Some(mut s) = self.service(c, name) {
+            s.info.rev = rev;
+            self.services.insert(name.to_owned(), Some(s));
+        }
+    }
+
+    /// A service was created or changed.
+    pub(crate) fn put_service(&mut self, mut s: ServiceRec) {
+        let rev = self.next_rev();
+        s.info.rev = rev;
+        self.events.push(ClusterEvent::Service {
+            rev,
+            service: s.info.clone(),
+        });
+        self.services.insert(s.info.name.clone(), Some(s));
+    }
+
+    /// A service is gone.
+    pub(crate) fn remove_service(&mut self, s: &ServiceRec) {
+        let rev = self.next_rev();
+        self.events.push(ClusterEvent::ServiceRemoved {
+            rev,
+            name: s.info.name.clone(),
+            project: s.info.project.clone(),
+        });
+        self.services.insert(s.info.name.clone(), None);
+    }
+
+    /// A job was placed or changed.
+    pub(crate) fn put_job(&mut self, c: &Cluster, j: JobRec) {
+        let rev = self.next_rev();
+        self.touch_service(c, &j.info.service, rev);
+        self.events.push(ClusterEvent::Job {
+            rev,
+            job: j.info.clone(),
+        });
+        self.jobs.insert(j.info.job.clone(), Some(j));
+    }
+
+    /// A job ended: it leaves the live set and its grants are released after the commit.
+    pub(crate) fn end_job(&mut self, c: &Cluster, mut j: JobRec, reason: EndReason, lost: bool) {
+        let rev = self.next_rev();
+        self.touch_service(c, &j.info.service, rev);
+        j.info.state = if lost {
+            JobState::Lost
+        } else {
+            JobState::Exited
+        };
+        j.info.ready = false;
+        self.after.push(After::Release {
+            host: j.info.host.clone(),
+            job: j.info.job.clone(),
+        });
+        self.jobs.insert(j.info.job.clone(), None);
+        self.events.push(ClusterEvent::JobEnded {
+            rev,
+            job: j.info,
+            reason,
+        });
+    }
+
+    /// A host registered or changed state or facts: an event, and the services with live
+    /// jobs on it get its revision.
+    pub(crate) fn put_host(&mut self, c: &Cluster, h: HostRec) {
+        let rev = self.next_rev();
+        let services: BTreeSet<String> = self
+            .live_jobs(c)
+            .into_iter()
+            .filter(|j| j.info.host == h.info.id)
+            .map(|j| j.info.service)
+            .collect();
+        for s in &services {
+            self.touch_service(c, s, rev);
+        }
+        self.events.push(ClusterEvent::Host {
+            rev,
+            host: h.info.clone(),
+            services: services.into_iter().collect(),
+        });
+        self.hosts.insert(h.info.id.clone(), Some(h));
+    }
+
+    /// A host record change nobody listens to (its orphan list).
+    pub(crate) fn put_host_quiet(&mut self, h: HostRec) {
+        self.hosts.insert(h.info.id.clone(), Some(h));
+    }
+
+    pub(crate) fn batch(&self) -> Batch {
+        fn enc<T: Serialize>(v: &T) -> Vec<u8> {
+            serde_json::to_vec(v).expect("records serialize to JSON")
+        }
+        let mut b = Batch::default();
+        let mut section = |ns: &str, key: &str, v: Option<Vec<u8>>| match v {
+            Some(v) => b.put(Key::new(ns, key), v),
+            None => b.delete(Key::new(ns, key)),
+        };
+        for (k, v) in &self.services {
+            section(NS_SERVICE, k, v.as_ref().map(enc));
+        }
+        for (k, v) in &self.jobs {
+            section(NS_JOB, k, v.as_ref().map(enc));
+        }
+        for (k, v) in &self.hosts {
+            section(NS_HOST, k, v.as_ref().map(enc));
+        }
+        if let Some(n) = self.next_job {
+            section(NS_META, "next_job", Some(enc(&n)));
+        }
+        section(NS_META, "rev", Some(enc(&self.rev)));
+        b
+    }
+
+    /// Applies the (committed) changes in memory; returns the events and plugin calls.
+    pub(crate) fn apply(self, c: &mut Cluster) -> (Vec<ClusterEvent>, Vec<After>) {
+        c.rev = self.rev;
+        if let Some(n) = self.next_job {
+            c.next_job = n;
+        }
+        for (k, v) in self.services {
+            match v {
+                Some(v) => c.services.insert(k, v),
+                None => c.services.remove(&k),
+            };
+        }
+        for (k, v) in self.jobs {
+            match v {
+                Some(v) => c.jobs.insert(k, v),
+                None => c.jobs.remove(&k),
+            };
+        }
+        for (k, v) in self.hosts {
+            match v {
+                Some(v) => c.hosts.insert(k, v),
+                None => c.hosts.remove(&k),
+            };
+        }
+        (self.events, self.after)
+    }
+}

@@ -1,0 +1,127 @@
+//! The single task that owns the controller's state: it receives commands over a channel,
+//! applies them to the [`Core`], settles (removes stopped services, places replicas,
+//! publishes) and answers. Timers are one `sleep_until` on the next deadline.
+
+use super::core::{Core, CoreError};
+use crate::proto::{Assignments, RegisterRequest, RegisterResponse, WorkerEvent};
+use plugin_api::{HostFacts, HostId, Principal};
+use serde_json::Value;
+use std::sync::Arc;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
+
+type Reply<T> = oneshot::Sender<Result<T, CoreError>>;
+
+/// A request to the state task.
+#[derive(Debug)]
+pub(crate) enum Command {
+    Submit {
+        doc: Value,
+        who: Principal,
+        reply: Reply<String>,
+    },
+    Delete {
+        name: String,
+        who: Principal,
+        reply: Reply<usize>,
+    },
+    Register {
+        host: HostId,
+        req: RegisterRequest,
+        reply: Reply<RegisterResponse>,
+    },
+    Heartbeat {
+        host: HostId,
+        reply: Reply<()>,
+    },
+    Facts {
+        host: HostId,
+        facts: HostFacts,
+        reply: Reply<()>,
+    },
+    Events {
+        host: HostId,
+        events: Vec<WorkerEvent>,
+        reply: Reply<()>,
+    },
+    Assignments {
+        host: HostId,
+        reply: oneshot::Sender<Option<watch::Receiver<Arc<Assignments>>>>,
+    },
+}
+
+/// Runs until `shutdown` turns true or every command sender is gone.
+pub(crate) async fn run(
+    mut core: Core,
+    mut rx: mpsc::Receiver<Command>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    // The first pass places what the stored state leaves pending.
+    core.settle(Instant::now());
+    loop {
+        let deadline = core.next_deadline(Instant::now());
+        let timer = async {
+            match deadline {
+                Some(d) => tokio::time::sleep_until(d).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            cmd = rx.recv() => match cmd {
+                Some(cmd) => handle(&mut core, cmd),
+                None => break,
+            },
+            () = timer => {
+                let now = Instant::now();
+                core.tick(now);
+                core.mark_dirty();
+                core.settle(now);
+            }
+            _ = shutdown.wait_for(|s| *s) => break,
+        }
+    }
+    tracing::info!("controller state task stopped");
+}
+
+fn handle(core: &mut Core, cmd: Command) {
+    let now = Instant::now();
+    // Settle before answering, so the answer (and the view the handler reads next)
+    // includes the placements the command made possible.
+    fn done<T>(core: &mut Core, now: Instant, reply: Reply<T>, r: Result<T, CoreError>) {
+        core.settle(now);
+        let _ = reply.send(r);
+    }
+    match cmd {
+        Command::Submit { doc, who, reply } => {
+            let r = core.submit(doc, &who, now);
+            done(core, now, reply, r)
+        }
+        Command::Delete { name, who, reply } => {
+            let r = core.delete(&name, &who, now);
+            done(core, now, reply, r)
+        }
+        Command::Register { host, req, reply } => {
+            let r = core.register(&host, req, now);
+            done(core, now, reply, r)
+        }
+        Command::Heartbeat { host, reply } => {
+            let r = core.heartbeat(&host, now);
+            done(core, now, reply, r)
+        }
+        Command::Facts { host, facts, reply } => {
+            let r = core.facts(&host, facts, now);
+            done(core, now, reply, r)
+        }
+        Command::Events {
+            host,
+            events,
+            reply,
+        } => {
+            let r = core.events(&host, events, now);
+            done(core, now, reply, r)
+        }
+        Command::Assignments { host, reply } => {
+            let _ = reply.send(core.assignments(&host));
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Router and socket tests.
