@@ -70,8 +70,9 @@ impl Client {
     /// cannot travel in an HTTP header.
     pub fn new(config: ClientConfig) -> Result<Client, CliError> {
         let config_err = |msg: String| {
-            CliError::new(ErrorKind::Config, msg)
-                .with_hint("pass --api http://HOST:PORT or set XCE_API (default http://127.0.0.1:7480)")
+            CliError::new(ErrorKind::Config, msg).with_hint(
+                "pass --api http://HOST:PORT or set XCE_API (default http://127.0.0.1:7480)",
+            )
         };
         let base = Url::parse(config.api.trim())
             .map_err(|e| config_err(format!("invalid apiserver url {:?}: {e}", config.api)))?;
@@ -295,7 +296,9 @@ fn transport_error(url: &Url, err: &reqwest::Error) -> CliError {
 
 /// A non-2xx answer.
 fn status_error(url: &Url, status: StatusCode, body: &str) -> CliError {
-    let parsed = serde_json::from_str::<ErrorBody>(body).ok().map(|b| b.error);
+    let parsed = serde_json::from_str::<ErrorBody>(body)
+        .ok()
+        .map(|b| b.error);
     let server_message = parsed
         .as_ref()
         .map(|e| e.message.clone())
@@ -325,11 +328,11 @@ fn status_error(url: &Url, status: StatusCode, body: &str) -> CliError {
             format!("not authenticated: {server_message}"),
         )
         .with_hint("set XCE_TOKEN, pass --token, or run `xced dev` which writes the client config"),
-        StatusCode::FORBIDDEN => CliError::new(
-            ErrorKind::Forbidden,
-            format!("forbidden: {server_message}"),
-        )
-        .with_hint("your token lacks the permission on this project (e.g. job.submit); ask an admin"),
+        StatusCode::FORBIDDEN => {
+            CliError::new(ErrorKind::Forbidden, format!("forbidden: {server_message}")).with_hint(
+                "your token lacks the permission on this project (e.g. job.submit); ask an admin",
+            )
+        }
         StatusCode::NOT_FOUND => CliError::new(ErrorKind::NotFound, server_message)
             .with_hint("`xcecli service list` shows the services you may view"),
         StatusCode::BAD_REQUEST

@@ -34,11 +34,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(10);
 const MIN_UNCHANGED_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Runs the command.
-pub(crate) async fn run(
-    args: EndpointsArgs,
-    client: &Client,
-    io: &mut Io,
-) -> Result<(), CliError> {
+pub(crate) async fn run(args: EndpointsArgs, client: &Client, io: &mut Io) -> Result<(), CliError> {
     if args.all {
         if let Some(f @ (EndpointFormat::Plain | EndpointFormat::Env)) = args.output {
             return Err(CliError::usage(format!(
@@ -171,13 +167,20 @@ impl Run<'_> {
             _ if args.watch => return Ok(()),
             _ => CliError::new(
                 ErrorKind::Unreachable,
-                format!("no answer from the apiserver at {} within {after}", self.client.api()),
+                format!(
+                    "no answer from the apiserver at {} within {after}",
+                    self.client.api()
+                ),
             ),
         })
     }
 
     /// Handles one answer: progress, rendering, emitting.
-    async fn handle(&mut self, io: &mut Io, answer: Answer<EndpointEntry>) -> Result<Flow, CliError> {
+    async fn handle(
+        &mut self,
+        io: &mut Io,
+        answer: Answer<EndpointEntry>,
+    ) -> Result<Flow, CliError> {
         let args = self.args;
         let entry = &answer.value;
         let ready = entry.ready().count();
@@ -202,7 +205,7 @@ impl Run<'_> {
         let format = match self.format {
             Some(f) => f,
             None => {
-                let f = self.resolve_format(io, entry).await;
+                let f = self.resolve_format(io.stdout_is_tty, entry).await;
                 self.format = Some(f);
                 f
             }
@@ -241,12 +244,16 @@ impl Run<'_> {
 
     /// The default format: table on a terminal; otherwise plain when one port is printed
     /// (`--port`, or the service has one port), else json.
-    async fn resolve_format(&mut self, io: &Io, entry: &EndpointEntry) -> EndpointFormat {
+    async fn resolve_format(
+        &mut self,
+        stdout_is_tty: bool,
+        entry: &EndpointEntry,
+    ) -> EndpointFormat {
         let args = self.args;
         if let Some(f) = args.output {
             return f;
         }
-        if io.stdout_is_tty {
+        if stdout_is_tty {
             return EndpointFormat::Table;
         }
         if args.all {
@@ -287,7 +294,8 @@ impl Run<'_> {
             .filter(|n| {
                 !n.is_empty()
                     && n.len() <= 15
-                    && n.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                    && n.bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
             })
             .map(str::to_owned)
             .collect()
@@ -332,7 +340,11 @@ fn warn(io: &mut Io, message: &str) -> Result<(), CliError> {
 /// Writes to stdout; `false` when the reader went away (`| head`), which ends a watch
 /// quietly rather than as an error.
 pub(crate) fn write_out(io: &mut Io, s: &str) -> Result<bool, CliError> {
-    match io.stdout.write_all(s.as_bytes()).and_then(|()| io.stdout.flush()) {
+    match io
+        .stdout
+        .write_all(s.as_bytes())
+        .and_then(|()| io.stdout.flush())
+    {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
         Err(e) => Err(CliError::io(e)),

@@ -105,10 +105,13 @@ pub(crate) fn several_ports<'a>(service: &str, names: impl Iterator<Item = &'a s
 /// be `[a-z0-9-]`, so the result is a valid shell variable name).
 fn env_name(port: &str) -> String {
     let mut s = String::from("XCE_ENDPOINTS_");
-    s.extend(
-        port.chars()
-            .map(|c| if c == '-' { '_' } else { c.to_ascii_uppercase() }),
-    );
+    s.extend(port.chars().map(|c| {
+        if c == '-' {
+            '_'
+        } else {
+            c.to_ascii_uppercase()
+        }
+    }));
     s
 }
 
@@ -510,8 +513,9 @@ mod tests {
                 "{line}"
             );
             assert!(
-                value.bytes().all(|b| b.is_ascii_alphanumeric()
-                    || b":.,[]%-".contains(&b)),
+                value
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b":.,[]%-".contains(&b)),
                 "{line}"
             );
         }
@@ -542,9 +546,13 @@ mod tests {
                   pending: port metrics/tcp 9100 is taken on all 3 hosts
             "#]],
         );
-        check_list("services", r#"{"services":[]}"#, expect![[r#"
+        check_list(
+            "services",
+            r#"{"services":[]}"#,
+            expect![[r#"
             no services
-        "#]]);
+        "#]],
+        );
         check_list(
             "hosts",
             r#"{"hosts":[

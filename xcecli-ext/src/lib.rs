@@ -33,9 +33,7 @@ mod error;
 mod format;
 mod model;
 
-pub use cli::{
-    Command, EndpointFormat, EndpointsArgs, HostCommand, ListFormat, ServiceCommand,
-};
+pub use cli::{Command, EndpointFormat, EndpointsArgs, HostCommand, ListFormat, ServiceCommand};
 pub use client::{Client, ClientConfig};
 pub use error::{CliError, ErrorKind};
 
@@ -87,9 +85,7 @@ impl std::fmt::Debug for Io {
 /// `--watch` runs until `--timeout` (if given) or until the future is dropped.
 pub async fn run(cmd: Command, client: &Client, io: &mut Io) -> Result<(), CliError> {
     match cmd {
-        Command::Service(ServiceCommand::Endpoints(args)) => {
-            endpoints::run(args, client, io).await
-        }
+        Command::Service(ServiceCommand::Endpoints(args)) => endpoints::run(args, client, io).await,
         Command::Service(ServiceCommand::List { output }) => {
             let answer = client.services().await?;
             let out = match output {

@@ -1,0 +1,623 @@
+//! A fake apiserver on loopback: the REST shapes of DESIGN §5 with canned but realistic
+//! data, a real blocking query on the endpoints route, and a restart that keeps its state
+//! (as the real one keeps its indexes).
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{oneshot, watch};
+use tokio::task::JoinHandle;
+
+/// The token the fake accepts.
+pub(crate) const TOKEN: &str = "test-secret";
+
+/// One replica of a fake service.
+#[derive(Debug, Clone)]
+struct Replica {
+    replica: u32,
+    job: String,
+    host: String,
+    address: String,
+    ports: BTreeMap<String, u16>,
+    ready: bool,
+}
+
+#[derive(Debug, Clone)]
+struct Svc {
+    project: String,
+    replicas: u32,
+    ports: Vec<String>,
+    placed: Vec<Replica>,
+    pending_reason: Option<String>,
+    index: u64,
+    state: &'static str,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    /// Last index handed out (all services share one counter; each keeps its own).
+    counter: u64,
+    services: BTreeMap<String, Svc>,
+}
+
+/// One logged request: server generation, path, query.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Logged {
+    pub(crate) generation: u32,
+    pub(crate) path: String,
+    pub(crate) query: BTreeMap<String, String>,
+}
+
+struct Shared {
+    inner: Mutex<Inner>,
+    /// Bumped on every change: blocking queries wake on it.
+    changed: watch::Sender<u64>,
+    log: Mutex<Vec<Logged>>,
+    /// Bumped on every logged request, so tests can wait for a request.
+    logged: watch::Sender<usize>,
+}
+
+#[derive(Clone)]
+struct AppState {
+    shared: Arc<Shared>,
+    generation: u32,
+    /// Flips to true when this generation shuts down: blocked queries answer at once.
+    stopping: watch::Receiver<bool>,
+}
+
+/// A running (or stopped) fake apiserver.
+pub(crate) struct Fake {
+    pub(crate) addr: SocketAddr,
+    shared: Arc<Shared>,
+    generation: u32,
+    running: Option<(oneshot::Sender<()>, watch::Sender<bool>, JoinHandle<()>)>,
+}
+
+impl Fake {
+    /// Starts on 127.0.0.1 on a free port, with the canned services.
+    pub(crate) async fn start() -> Fake {
+        let (changed, _) = watch::channel(0);
+        let (logged, _) = watch::channel(0);
+        let shared = Arc::new(Shared {
+            inner: Mutex::new(canned()),
+            changed,
+            log: Mutex::new(Vec::new()),
+            logged,
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut fake = Fake {
+            addr,
+            shared,
+            generation: 0,
+            running: None,
+        };
+        fake.serve(listener);
+        fake
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn serve(&mut self, listener: tokio::net::TcpListener) {
+        self.generation += 1;
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let (stopping_tx, stopping_rx) = watch::channel(false);
+        let state = AppState {
+            shared: self.shared.clone(),
+            generation: self.generation,
+            stopping: stopping_rx,
+        };
+        let app = router(state);
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stop_rx.await;
+                })
+                .await
+                .unwrap();
+        });
+        self.running = Some((stop_tx, stopping_tx, task));
+    }
+
+    /// Stops serving: blocked queries answer, the listener closes, connections end.
+    pub(crate) async fn stop(&mut self) {
+        let (stop, stopping, task) = self.running.take().expect("fake is running");
+        stopping.send_replace(true);
+        let _ = stop.send(());
+        task.await.unwrap();
+    }
+
+    /// Serves again on the same address with the same state.
+    pub(crate) async fn restart(&mut self) {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_reuseaddr(true).unwrap();
+        socket.bind(self.addr).unwrap();
+        let listener = socket.listen(64).unwrap();
+        self.serve(listener);
+    }
+
+    /// Marks replica `replica` of `service` ready or not; bumps the service's index.
+    pub(crate) fn set_ready(&self, service: &str, replica: u32, ready: bool) -> u64 {
+        let mut inner = self.shared.inner.lock().unwrap();
+        inner.counter += 1;
+        let index = inner.counter;
+        let svc = inner.services.get_mut(service).expect("known service");
+        let r = svc
+            .placed
+            .iter_mut()
+            .find(|r| r.replica == replica)
+            .expect("placed replica");
+        r.ready = ready;
+        svc.index = index;
+        drop(inner);
+        self.shared.changed.send_replace(index);
+        index
+    }
+
+    /// The index of a service now.
+    pub(crate) fn index(&self, service: &str) -> u64 {
+        self.shared.inner.lock().unwrap().services[service].index
+    }
+
+    /// All requests so far.
+    pub(crate) fn log(&self) -> Vec<Logged> {
+        self.shared.log.lock().unwrap().clone()
+    }
+
+    /// Waits until a logged request matches `pred` (bounded by the test's timeout).
+    pub(crate) async fn wait_request(&self, pred: impl Fn(&Logged) -> bool) -> Logged {
+        let mut rx = self.shared.logged.subscribe();
+        loop {
+            if let Some(l) = self.log().into_iter().find(|l| pred(l)) {
+                return l;
+            }
+            rx.changed().await.unwrap();
+        }
+    }
+
+    pub(crate) fn generation(&self) -> u32 {
+        self.generation
+    }
+}
+
+fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/services", get(list_services).post(submit))
+        .route("/v1/services/{name}", get(detail).delete(stop))
+        .route("/v1/services/{name}/endpoints", get(endpoints))
+        .route("/v1/hosts", get(hosts))
+        .with_state(state)
+}
+
+fn api_error(status: StatusCode, code: &str, message: &str, details: Value) -> Response {
+    let body = json!({"error": {"code": code, "message": message, "details": details}});
+    let mut resp = (status, Json(body)).into_response();
+    if status == StatusCode::UNAUTHORIZED {
+        resp.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, "Bearer".parse().unwrap());
+    }
+    resp
+}
+
+fn not_found(name: &str) -> Response {
+    api_error(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        &format!("service {name:?} not found"),
+        json!([]),
+    )
+}
+
+/// Logs the request and checks the bearer token: `Some` is the rejection.
+fn admit(
+    state: &AppState,
+    headers: &HeaderMap,
+    path: String,
+    query: &HashMap<String, String>,
+) -> Option<Response> {
+    state.shared.log.lock().unwrap().push(Logged {
+        generation: state.generation,
+        path,
+        query: query.clone().into_iter().collect(),
+    });
+    state.shared.logged.send_modify(|n| *n += 1);
+    let token = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match token {
+        Some(TOKEN) => None,
+        None => Some(api_error(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "missing bearer token",
+            json!([]),
+        )),
+        Some(_) => Some(api_error(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "invalid bearer token",
+            json!([]),
+        )),
+    }
+}
+
+async fn list_services(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    if let Some(r) = admit(&state, &headers, "/v1/services".into(), &q) {
+        return r;
+    }
+    let inner = state.shared.inner.lock().unwrap();
+    let services: Vec<Value> = inner
+        .services
+        .iter()
+        .map(|(name, s)| {
+            let ready = s.placed.iter().filter(|r| r.ready).count();
+            let pending = s.replicas as usize - s.placed.len();
+            json!({"name": name, "project": s.project, "replicas": s.replicas,
+                   "running": s.placed.len(), "ready": ready, "pending": pending,
+                   "pending_reason": s.pending_reason, "state": s.state, "index": s.index})
+        })
+        .collect();
+    Json(json!({ "services": services })).into_response()
+}
+
+fn detail_json(name: &str, s: &Svc) -> Value {
+    let jobs: Vec<Value> = s
+        .placed
+        .iter()
+        .map(|r| {
+            json!({"job": r.job, "replica": r.replica, "host": r.host,
+                   "state": "running", "ready": r.ready, "ports": r.ports})
+        })
+        .collect();
+    let pending: Vec<Value> = (s.placed.len() as u32..s.replicas)
+        .map(|i| json!({"replica": i, "reason": s.pending_reason}))
+        .collect();
+    let ports: Vec<Value> = s
+        .ports
+        .iter()
+        .map(|p| json!({"name": p, "protocol": "tcp"}))
+        .collect();
+    json!({"name": name, "project": s.project, "replicas": s.replicas, "state": s.state,
+           "index": s.index,
+           "profile": {"name": name, "project": s.project, "replicas": s.replicas,
+                       "command": ["sh", "-c", "exec server"], "ports": ports},
+           "pending": pending, "jobs": jobs})
+}
+
+async fn detail(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    if let Some(r) = admit(&state, &headers, format!("/v1/services/{name}"), &q) {
+        return r;
+    }
+    let inner = state.shared.inner.lock().unwrap();
+    match inner.services.get(&name) {
+        Some(s) => Json(detail_json(&name, s)).into_response(),
+        None => not_found(&name),
+    }
+}
+
+async fn submit(State(state): State<AppState>, headers: HeaderMap, body: String) -> Response {
+    if let Some(r) = admit(
+        &state,
+        &headers,
+        "POST /v1/services".into(),
+        &HashMap::new(),
+    ) {
+        return r;
+    }
+    if headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        != Some("application/toml")
+    {
+        return api_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported",
+            "expected application/json or application/toml",
+            json!([]),
+        );
+    }
+    let doc: toml::Table = match toml::from_str(&body) {
+        Ok(d) => d,
+        Err(e) => {
+            return api_error(
+                StatusCode::BAD_REQUEST,
+                "invalid",
+                "invalid service profile",
+                json!([{"field": "", "reason": e.message()}]),
+            )
+        }
+    };
+    let svc = doc.get("service").and_then(|s| s.as_table());
+    let Some(svc) = svc else {
+        return api_error(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            "invalid service profile",
+            json!([{"field": "service", "reason": "missing table"}]),
+        );
+    };
+    // A few of the real checks, every problem listed.
+    let mut details = Vec::new();
+    let name = svc.get("name").and_then(|v| v.as_str()).unwrap_or("");
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_lowercase() || b == b'-') {
+        details.push(json!({"field": "service.name", "reason": "must be 1-63 chars of [a-z0-9-], starting with a letter"}));
+    }
+    let replicas = svc
+        .get("replicas")
+        .and_then(|v| v.as_integer())
+        .unwrap_or(1);
+    if replicas < 1 {
+        details.push(json!({"field": "service.replicas", "reason": "must be at least 1"}));
+    }
+    let mut ports = Vec::new();
+    for (i, p) in svc
+        .get("ports")
+        .and_then(|v| v.as_array())
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let pname = p
+            .get("name")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+            .to_owned();
+        if ports.contains(&pname) {
+            details.push(json!({"field": format!("service.ports[{i}].name"), "reason": format!("duplicate port name {pname:?}")}));
+        }
+        if let Some(n) = p.get("port").and_then(|v| v.as_integer()) {
+            if !(1..=65535).contains(&n) {
+                details.push(json!({"field": format!("service.ports[{i}].port"), "reason": "must be 1-65535"}));
+            }
+        }
+        ports.push(pname);
+    }
+    if !details.is_empty() {
+        return api_error(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            "invalid service profile",
+            Value::Array(details),
+        );
+    }
+    let mut inner = state.shared.inner.lock().unwrap();
+    if inner.services.contains_key(name) {
+        return api_error(
+            StatusCode::CONFLICT,
+            "conflict",
+            &format!("service {name:?} exists"),
+            json!([]),
+        );
+    }
+    inner.counter += 1;
+    let svc = Svc {
+        project: svc
+            .get("project")
+            .and_then(|v| v.as_str())
+            .unwrap_or("default")
+            .to_owned(),
+        replicas: replicas as u32,
+        ports,
+        placed: Vec::new(),
+        pending_reason: Some("waiting for the scheduler".into()),
+        index: inner.counter,
+        state: "active",
+    };
+    let body = detail_json(name, &svc);
+    inner.services.insert(name.to_owned(), svc);
+    (StatusCode::CREATED, Json(body)).into_response()
+}
+
+async fn stop(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Response {
+    if let Some(r) = admit(
+        &state,
+        &headers,
+        format!("DELETE /v1/services/{name}"),
+        &HashMap::new(),
+    ) {
+        return r;
+    }
+    let mut inner = state.shared.inner.lock().unwrap();
+    inner.counter += 1;
+    let counter = inner.counter;
+    match inner.services.get_mut(&name) {
+        Some(s) => {
+            s.state = "stopping";
+            s.index = counter;
+            (
+                StatusCode::ACCEPTED,
+                Json(json!({"name": name, "stopping": s.placed.len()})),
+            )
+                .into_response()
+        }
+        None => not_found(&name),
+    }
+}
+
+async fn endpoints(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    if let Some(r) = admit(
+        &state,
+        &headers,
+        format!("/v1/services/{name}/endpoints"),
+        &q,
+    ) {
+        return r;
+    }
+    let current = |name: &str| {
+        let inner = state.shared.inner.lock().unwrap();
+        inner.services.get(name).map(|s| s.index)
+    };
+    if current(&name).is_none() {
+        return not_found(&name);
+    }
+    if let Some(index) = q.get("index").and_then(|i| i.parse::<u64>().ok()) {
+        let wait = q
+            .get("wait")
+            .map(|w| humantime::parse_duration(w).unwrap())
+            .unwrap_or(Duration::from_secs(300));
+        let mut changed = state.shared.changed.subscribe();
+        let mut stopping = state.stopping.clone();
+        let deadline = tokio::time::sleep(wait);
+        tokio::pin!(deadline);
+        while current(&name).is_some_and(|i| i <= index) && !*stopping.borrow() {
+            tokio::select! {
+                _ = changed.changed() => {}
+                _ = stopping.changed() => {}
+                _ = &mut deadline => break,
+            }
+        }
+    }
+    let inner = state.shared.inner.lock().unwrap();
+    let Some(s) = inner.services.get(&name) else {
+        return not_found(&name);
+    };
+    if let Some(p) = q.get("port") {
+        if !s.ports.contains(p) {
+            return api_error(
+                StatusCode::BAD_REQUEST,
+                "invalid",
+                &format!("port: service {name:?} has no port {p:?}"),
+                json!([{"field": "port", "reason": format!("service {name:?} has no port {p:?}")}]),
+            );
+        }
+    }
+    let all = q.get("include").map(String::as_str) == Some("all");
+    let endpoints: Vec<Value> = s
+        .placed
+        .iter()
+        .filter(|r| r.ready || all)
+        .map(|r| {
+            let ports: BTreeMap<&String, &u16> = r
+                .ports
+                .iter()
+                .filter(|(n, _)| q.get("port").is_none_or(|p| p == *n))
+                .collect();
+            let mut e = json!({"replica": r.replica, "job": r.job, "host": r.host,
+                               "address": r.address, "ports": ports});
+            if !r.ready {
+                e["ready"] = json!(false);
+                e["state"] = json!("running");
+            }
+            e
+        })
+        .collect();
+    let body = json!({"service": name, "index": s.index, "endpoints": endpoints});
+    ([("x-xce-index", s.index.to_string())], Json(body)).into_response()
+}
+
+async fn hosts(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    if let Some(r) = admit(&state, &headers, "/v1/hosts".into(), &q) {
+        return r;
+    }
+    let inner = state.shared.inner.lock().unwrap();
+    let hosts: Vec<Value> = (1..=3)
+        .map(|i| {
+            let id = format!("exec-{i:02}");
+            let ip = format!("127.0.0.{}", 10 + i);
+            let jobs = inner
+                .services
+                .values()
+                .flat_map(|s| &s.placed)
+                .filter(|r| r.host == id)
+                .count();
+            json!({"id": id, "state": "ready", "ip_addr": ip,
+                   "addresses": [{"ip": ip, "interface": "lo"}], "jobs": jobs,
+                   "ports": {"range": "20000-32000", "capacity": 12001, "used": jobs,
+                             "unavailable": if i == 3 { 1 } else { 0 }}})
+        })
+        .collect();
+    Json(json!({ "hosts": hosts })).into_response()
+}
+
+/// The canned cluster: `web` (one port, 2 of 3 ready), `api` (two ports, both ready),
+/// `batch` (one replica pending, nothing ready).
+fn canned() -> Inner {
+    let replica = |i: u32, job: u32, ports: &[(&str, u16)], ready: bool| Replica {
+        replica: i,
+        job: format!("j-{job}"),
+        host: format!("exec-{:02}", i + 1),
+        address: format!("127.0.0.{}", 11 + i),
+        ports: ports.iter().map(|(n, p)| (n.to_string(), *p)).collect(),
+        ready,
+    };
+    let mut services = BTreeMap::new();
+    services.insert(
+        "web".to_owned(),
+        Svc {
+            project: "default".into(),
+            replicas: 3,
+            ports: vec!["http".into()],
+            placed: vec![
+                replica(0, 17, &[("http", 20417)], true),
+                replica(1, 18, &[("http", 20533)], true),
+                replica(2, 19, &[("http", 20101)], false),
+            ],
+            pending_reason: None,
+            index: 40,
+            state: "active",
+        },
+    );
+    services.insert(
+        "api".to_owned(),
+        Svc {
+            project: "team-a".into(),
+            replicas: 2,
+            ports: vec!["http".into(), "metrics".into()],
+            placed: vec![
+                replica(0, 21, &[("http", 20001), ("metrics", 9100)], true),
+                replica(1, 22, &[("http", 20002), ("metrics", 9100)], true),
+            ],
+            pending_reason: None,
+            index: 41,
+            state: "active",
+        },
+    );
+    services.insert(
+        "batch".to_owned(),
+        Svc {
+            project: "default".into(),
+            replicas: 1,
+            ports: vec!["grpc".into(), "admin-api".into()],
+            placed: Vec::new(),
+            pending_reason: Some("port admin-api/tcp 8080 is taken on all 3 hosts".into()),
+            index: 42,
+            state: "active",
+        },
+    );
+    Inner {
+        counter: 42,
+        services,
+    }
+}
