@@ -119,6 +119,11 @@ impl EndpointApi {
         entry
     }
 
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.shared
+    }
+
     fn start_pump(&self) {
         let Some(queue) = self
             .pump
@@ -230,6 +235,16 @@ impl Shared {
         if let Some(at) = received {
             self.metrics.propagation.observe(at.elapsed().as_secs_f64());
         }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn watcher_count(&self) -> usize {
+        self.watchers.lock().unwrap().total
+    }
+
+    #[cfg(test)]
+    pub(crate) fn subscribe(&self, service: &str) -> Option<watch::Receiver<Slot>> {
+        Some(self.read().slots.get(service)?.subscribe())
     }
 
     /// 503 until the first resync arrived: never serve an empty table while catching up.

@@ -17,6 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
+/// The most jitter added to a blocking query's wait: clients give the server `wait` plus
+/// some slack (xcecli: 30s) before they call the connection dead.
+const MAX_JITTER: Duration = Duration::from_secs(5);
+
 type Params = Result<Query<RawParams>, QueryRejection>;
 
 /// Builds the routes. Paths: `/v1/services/{name}/endpoints`,
@@ -203,10 +207,11 @@ impl Blocking {
         }))
     }
 
-    /// The wait with up to 1/16 added, so clients that started together do not all come
-    /// back together.
+    /// The wait with up to 1/16 (at most [`MAX_JITTER`]) added, so clients that started
+    /// together do not all come back together.
     fn deadline(&self) -> tokio::time::Instant {
-        let max_jitter = u64::try_from(self.wait.as_millis() / 16).unwrap_or(u64::MAX);
+        let max_jitter = (self.wait / 16).min(MAX_JITTER).as_millis();
+        let max_jitter = u64::try_from(max_jitter).unwrap_or(u64::MAX);
         let jitter = Duration::from_millis(fastrand::u64(0..=max_jitter));
         tokio::time::Instant::now() + self.wait + jitter
     }
@@ -387,10 +392,8 @@ impl EventStream {
             return None;
         }
         loop {
-            if !self.first {
-                if self.rx.changed().await.is_err() {
-                    return Some(self.gone());
-                }
+            if !self.first && self.rx.changed().await.is_err() {
+                return Some(self.gone());
             }
             self.first = false;
             let slot = self.rx.borrow_and_update().clone();
@@ -432,3 +435,6 @@ impl EventStream {
         Event::default().event("error").data(body.to_string())
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,869 @@
+//! Router tests without sockets: every format, parameter and error of the endpoint routes.
+
+use crate::testutil::*;
+use crate::{endpoint_table, EndpointApi, TableConfig, TableFeed};
+use axum::body::{Body, BodyDataStream};
+use axum::http::{Request, Response};
+use axum::Router;
+use expect_test::{expect, Expect};
+use futures_util::StreamExt;
+use plugin_api::{
+    ApiContext, ApiExtension, ClusterEvent, ClusterListener, ClusterSnapshot, JobInfo, JobState,
+    Permission, Principal, PrincipalKind, ServiceInfo,
+};
+use std::fmt::Write;
+use std::time::Duration;
+use tower::ServiceExt;
+
+/// How long a test waits for something that must happen (a bound, not a timing claim).
+const PATIENCE: Duration = Duration::from_secs(10);
+
+fn user(name: &str, grants: &[(Permission, &str)]) -> Principal {
+    Principal {
+        name: name.into(),
+        kind: PrincipalKind::User,
+        grants: grants
+            .iter()
+            .map(|(p, project)| (*p, vec![(*project).to_owned()]))
+            .collect(),
+    }
+}
+
+fn context() -> ApiContext {
+    ApiContext::for_test(vec![
+        (
+            "alice".into(),
+            user("alice", &[(Permission::JobView, "team-a")]),
+        ),
+        (
+            "bob".into(),
+            user("bob", &[(Permission::JobView, "team-b")]),
+        ),
+        // job.submit alone does not let one see endpoints.
+        (
+            "carol".into(),
+            user("carol", &[(Permission::JobSubmit, "team-a")]),
+        ),
+        ("root".into(), user("root", &[(Permission::Admin, "*")])),
+    ])
+}
+
+fn web_job(id: &str, replica: u32, host_id: &str, port: u16) -> JobInfo {
+    job(id, "web", "team-a", replica, host_id, &[("http", port)])
+}
+
+/// The cluster every test starts from, at revision 10.
+fn snapshot(with_web: bool) -> ClusterSnapshot {
+    let svc = |s: ServiceInfo, rev| ServiceInfo { rev, ..s };
+    let mut placed = web_job("j-3", 2, "exec-01", 20419);
+    placed.state = JobState::Placed;
+    placed.ready = false;
+    let mut services = vec![
+        svc(service("multi", "team-a", &["http", "metrics"]), 8),
+        svc(service("noports", "team-a", &[]), 5),
+        svc(service("secret", "team-b", &["http"]), 9),
+    ];
+    if with_web {
+        services.push(svc(service("web", "team-a", &["http"]), 10));
+    }
+    ClusterSnapshot {
+        rev: 10,
+        services,
+        jobs: vec![
+            web_job("j-1", 0, "exec-01", 20417),
+            web_job("j-2", 1, "exec-02", 20418),
+            placed,
+            // Ready, but its host reports no address: not an endpoint.
+            web_job("j-4", 3, "exec-03", 20420),
+            job(
+                "j-5",
+                "multi",
+                "team-a",
+                0,
+                "exec-01",
+                &[("http", 21000), ("metrics", 21001)],
+            ),
+            job("j-6", "secret", "team-b", 0, "exec-02", &[("http", 22000)]),
+        ],
+        hosts: vec![
+            host("exec-01", Some("127.0.0.11")),
+            host("exec-02", Some("fd00::2")),
+            host("exec-03", None),
+        ],
+    }
+}
+
+struct Cluster {
+    feed: TableFeed,
+    api: EndpointApi,
+    router: Router,
+}
+
+impl Cluster {
+    /// A cluster whose table has not been resynced yet.
+    fn empty(cfg: TableConfig) -> Self {
+        let (feed, api) = endpoint_table(cfg);
+        let router = api.router(context());
+        Self { feed, api, router }
+    }
+
+    async fn new(cfg: TableConfig) -> Self {
+        let cluster = Self::empty(cfg);
+        cluster.resync(snapshot(true)).await;
+        cluster
+    }
+
+    async fn resync(&self, snapshot: ClusterSnapshot) {
+        self.feed.resync(&snapshot);
+        self.api.flushed().await;
+    }
+
+    async fn event(&self, event: ClusterEvent) {
+        self.feed.on_event(&event);
+        self.api.flushed().await;
+    }
+
+    /// `line` is `TOKEN PATH [| header: value]...`; TOKEN `-` sends no Authorization.
+    fn request(line: &str) -> Request<Body> {
+        let mut parts = line.split(" | ");
+        let (token, path) = parts.next().unwrap().split_once(' ').unwrap();
+        let mut req = Request::get(path);
+        if token != "-" {
+            req = req.header("authorization", format!("Bearer {token}"));
+        }
+        for h in parts {
+            let (name, value) = h.split_once(": ").unwrap();
+            req = req.header(name, value);
+        }
+        req.body(Body::empty()).unwrap()
+    }
+
+    async fn get(&self, line: &str) -> Response<Body> {
+        let call = self.router.clone().oneshot(Self::request(line));
+        tokio::time::timeout(PATIENCE, call).await.unwrap().unwrap()
+    }
+
+    async fn watchers_reach(&self, n: usize) {
+        let shared = self.api.shared().clone();
+        let reached = async {
+            while shared.watcher_count() != n {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(PATIENCE, reached).await.unwrap();
+    }
+
+    fn metrics(&self) -> String {
+        let mut registry = prometheus_client::registry::Registry::default();
+        self.api.register_metrics(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        text.lines()
+            .filter(|l| !l.starts_with('#') && !l.contains("_bucket") && !l.contains("_sum"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// Status, the headers that matter, and the body.
+async fn render(resp: Response<Body>) -> String {
+    let mut out = format!("{}", resp.status().as_u16());
+    for name in ["content-type", "x-xce-index", "www-authenticate"] {
+        if let Some(v) = resp.headers().get(name) {
+            let _ = write!(out, " {name}={}", v.to_str().unwrap());
+        }
+    }
+    out.push('\n');
+    let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    out.push_str(std::str::from_utf8(&body).unwrap());
+    out
+}
+
+/// Everything about a response, for byte-identical comparisons.
+async fn exact(resp: Response<Body>) -> String {
+    let mut out = format!("{:?}\n", resp.status());
+    let mut headers: Vec<_> = resp.headers().iter().collect();
+    headers.sort_by_key(|(k, _)| k.as_str());
+    for (k, v) in headers {
+        let _ = writeln!(out, "{k}: {v:?}");
+    }
+    let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    out.push_str(std::str::from_utf8(&body).unwrap());
+    out
+}
+
+/// Sends each request in turn and compares all answers with `expect`.
+async fn check(cluster: &Cluster, requests: &[&str], expect: Expect) {
+    let mut out = String::new();
+    for line in requests {
+        let resp = render(cluster.get(line).await).await;
+        let _ = write!(out, "> {line}\n{}\n\n", resp.trim_end());
+    }
+    expect.assert_eq(&out);
+}
+
+/// The events of an SSE body.
+struct Events(BodyDataStream, String);
+
+impl Events {
+    fn new(resp: Response<Body>) -> Self {
+        assert_eq!(resp.status(), 200);
+        Self(resp.into_body().into_data_stream(), String::new())
+    }
+
+    /// The next event (keep-alive comments skipped), `None` at the end of the stream.
+    async fn next(&mut self) -> Option<String> {
+        loop {
+            if let Some(end) = self.1.find("\n\n") {
+                let event: String = self.1.drain(..end + 2).collect();
+                if event.starts_with(':') {
+                    continue;
+                }
+                return Some(event.trim_end().to_owned());
+            }
+            let chunk = tokio::time::timeout(PATIENCE, self.0.next())
+                .await
+                .unwrap()?;
+            self.1
+                .push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+        }
+    }
+}
+
+fn small(f: impl FnOnce(&mut TableConfig)) -> TableConfig {
+    let mut cfg = TableConfig::default();
+    f(&mut cfg);
+    cfg
+}
+
+#[tokio::test]
+async fn formats_and_parameters() {
+    let c = Cluster::new(TableConfig::default()).await;
+    check(
+        &c,
+        &[
+            "alice /v1/services/web/endpoints",
+            "alice /v1/services/web/endpoints?include=all",
+            "alice /v1/services/multi/endpoints?port=metrics",
+            "alice /v1/services/multi/endpoints?port=nope",
+            "alice /v1/services/web/endpoints?format=plain",
+            "alice /v1/services/web/endpoints | accept: text/plain",
+            "alice /v1/services/web/endpoints | accept: application/json, text/plain;q=0.5",
+            "alice /v1/services/web/endpoints?format=json | accept: text/plain",
+            "alice /v1/services/multi/endpoints?format=plain",
+            "alice /v1/services/multi/endpoints?format=plain&port=metrics",
+            "alice /v1/services/noports/endpoints?format=plain",
+            "alice /v1/services/noports/endpoints",
+            "alice /v1/services/web/endpoints?include=ready",
+            "alice /v1/services/web/endpoints?format=xml",
+            "alice /v1/services/web/endpoints?index=-1",
+            "alice /v1/services/web/endpoints?index=3&wait=soon",
+            "alice /v1/services/web/endpoints?index=3&wait=1s",
+            "alice /v1/services/web/endpoints?wait=1s",
+        ],
+        expect![[r#"
+            > alice /v1/services/web/endpoints
+            200 content-type=application/json x-xce-index=10
+            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}}]}
+
+            > alice /v1/services/web/endpoints?include=all
+            200 content-type=application/json x-xce-index=10
+            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417},"ready":true,"state":"running"},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418},"ready":true,"state":"running"},{"replica":2,"job":"j-3","host":"exec-01","address":"127.0.0.11","ports":{"http":20419},"ready":false,"state":"placed"},{"replica":3,"job":"j-4","host":"exec-03","ports":{"http":20420},"ready":false,"state":"running"}]}
+
+            > alice /v1/services/multi/endpoints?port=metrics
+            200 content-type=application/json x-xce-index=8
+            {"service":"multi","index":8,"endpoints":[{"replica":0,"job":"j-5","host":"exec-01","address":"127.0.0.11","ports":{"metrics":21001}}]}
+
+            > alice /v1/services/multi/endpoints?port=nope
+            400 content-type=application/json
+            {"error":{"code":"invalid","details":[{"field":"port","reason":"service \"multi\" has no port \"nope\" (it declares: http, metrics)"}],"message":"port: service \"multi\" has no port \"nope\" (it declares: http, metrics)"}}
+
+            > alice /v1/services/web/endpoints?format=plain
+            200 content-type=text/plain; charset=utf-8 x-xce-index=10
+            127.0.0.11:20417
+            [fd00::2]:20418
+
+            > alice /v1/services/web/endpoints | accept: text/plain
+            200 content-type=text/plain; charset=utf-8 x-xce-index=10
+            127.0.0.11:20417
+            [fd00::2]:20418
+
+            > alice /v1/services/web/endpoints | accept: application/json, text/plain;q=0.5
+            200 content-type=application/json x-xce-index=10
+            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}}]}
+
+            > alice /v1/services/web/endpoints?format=json | accept: text/plain
+            200 content-type=application/json x-xce-index=10
+            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}}]}
+
+            > alice /v1/services/multi/endpoints?format=plain
+            400 content-type=application/json
+            {"error":{"code":"invalid","details":[{"field":"port","reason":"required: service \"multi\" declares several ports (http, metrics)"}],"message":"port: required: service \"multi\" declares several ports (http, metrics)"}}
+
+            > alice /v1/services/multi/endpoints?format=plain&port=metrics
+            200 content-type=text/plain; charset=utf-8 x-xce-index=8
+            127.0.0.11:21001
+
+            > alice /v1/services/noports/endpoints?format=plain
+            400 content-type=application/json
+            {"error":{"code":"invalid","details":[{"field":"port","reason":"service \"noports\" declares no ports"}],"message":"port: service \"noports\" declares no ports"}}
+
+            > alice /v1/services/noports/endpoints
+            200 content-type=application/json x-xce-index=5
+            {"service":"noports","index":5,"endpoints":[]}
+
+            > alice /v1/services/web/endpoints?include=ready
+            400 content-type=application/json
+            {"error":{"code":"invalid","details":[{"field":"include","reason":"expected \"all\""}],"message":"include: expected \"all\""}}
+
+            > alice /v1/services/web/endpoints?format=xml
+            400 content-type=application/json
+            {"error":{"code":"invalid","details":[{"field":"format","reason":"expected \"json\" or \"plain\""}],"message":"format: expected \"json\" or \"plain\""}}
+
+            > alice /v1/services/web/endpoints?index=-1
+            400 content-type=application/json
+            {"error":{"code":"invalid","details":[{"field":"index","reason":"expected a non-negative integer"}],"message":"index: expected a non-negative integer"}}
+
+            > alice /v1/services/web/endpoints?index=3&wait=soon
+            400 content-type=application/json
+            {"error":{"code":"invalid","details":[{"field":"wait","reason":"expected a duration such as \"30s\""}],"message":"wait: expected a duration such as \"30s\""}}
+
+            > alice /v1/services/web/endpoints?index=3&wait=1s
+            200 content-type=application/json x-xce-index=10
+            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}}]}
+
+            > alice /v1/services/web/endpoints?wait=1s
+            200 content-type=application/json x-xce-index=10
+            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}}]}
+
+        "#]],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn prometheus_sd_and_list() {
+    let c = Cluster::new(TableConfig::default()).await;
+    check(
+        &c,
+        &[
+            "alice /v1/sd/prometheus?service=web",
+            "alice /v1/sd/prometheus?service=web&port=http",
+            "alice /v1/sd/prometheus?service=multi",
+            "alice /v1/sd/prometheus?service=multi&port=metrics",
+            "alice /v1/sd/prometheus?service=multi&port=nope",
+            "alice /v1/sd/prometheus",
+            "alice /v1/endpoints",
+            "bob /v1/endpoints",
+            "carol /v1/endpoints",
+            "root /v1/endpoints?include=all",
+        ],
+        expect![[r#"
+            > alice /v1/sd/prometheus?service=web
+            200 content-type=application/json x-xce-index=10
+            [{"targets":["127.0.0.11:20417"],"labels":{"__meta_xce_host":"exec-01","__meta_xce_job":"j-1","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"0","__meta_xce_service":"web"}},{"targets":["[fd00::2]:20418"],"labels":{"__meta_xce_host":"exec-02","__meta_xce_job":"j-2","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"1","__meta_xce_service":"web"}}]
+
+            > alice /v1/sd/prometheus?service=web&port=http
+            200 content-type=application/json x-xce-index=10
+            [{"targets":["127.0.0.11:20417"],"labels":{"__meta_xce_host":"exec-01","__meta_xce_job":"j-1","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"0","__meta_xce_service":"web"}},{"targets":["[fd00::2]:20418"],"labels":{"__meta_xce_host":"exec-02","__meta_xce_job":"j-2","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"1","__meta_xce_service":"web"}}]
+
+            > alice /v1/sd/prometheus?service=multi
+            400 content-type=application/json
+            {"error":{"code":"invalid","details":[{"field":"port","reason":"required: service \"multi\" declares several ports (http, metrics)"}],"message":"port: required: service \"multi\" declares several ports (http, metrics)"}}
+
+            > alice /v1/sd/prometheus?service=multi&port=metrics
+            200 content-type=application/json x-xce-index=8
+            [{"targets":["127.0.0.11:21001"],"labels":{"__meta_xce_host":"exec-01","__meta_xce_job":"j-5","__meta_xce_port":"metrics","__meta_xce_project":"team-a","__meta_xce_replica":"0","__meta_xce_service":"multi"}}]
+
+            > alice /v1/sd/prometheus?service=multi&port=nope
+            400 content-type=application/json
+            {"error":{"code":"invalid","details":[{"field":"port","reason":"service \"multi\" has no port \"nope\" (it declares: http, metrics)"}],"message":"port: service \"multi\" has no port \"nope\" (it declares: http, metrics)"}}
+
+            > alice /v1/sd/prometheus
+            400 content-type=application/json
+            {"error":{"code":"invalid","details":[{"field":"service","reason":"required"}],"message":"service: required"}}
+
+            > alice /v1/endpoints
+            200 content-type=application/json
+            {"services":[{"service":"multi","index":8,"endpoints":[{"replica":0,"job":"j-5","host":"exec-01","address":"127.0.0.11","ports":{"http":21000,"metrics":21001}}]},{"service":"noports","index":5,"endpoints":[]},{"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}}]}]}
+
+            > bob /v1/endpoints
+            200 content-type=application/json
+            {"services":[{"service":"secret","index":9,"endpoints":[{"replica":0,"job":"j-6","host":"exec-02","address":"fd00::2","ports":{"http":22000}}]}]}
+
+            > carol /v1/endpoints
+            200 content-type=application/json
+            {"services":[]}
+
+            > root /v1/endpoints?include=all
+            200 content-type=application/json
+            {"services":[{"service":"multi","index":8,"endpoints":[{"replica":0,"job":"j-5","host":"exec-01","address":"127.0.0.11","ports":{"http":21000,"metrics":21001},"ready":true,"state":"running"}]},{"service":"noports","index":5,"endpoints":[]},{"service":"secret","index":9,"endpoints":[{"replica":0,"job":"j-6","host":"exec-02","address":"fd00::2","ports":{"http":22000},"ready":true,"state":"running"}]},{"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417},"ready":true,"state":"running"},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418},"ready":true,"state":"running"},{"replica":2,"job":"j-3","host":"exec-01","address":"127.0.0.11","ports":{"http":20419},"ready":false,"state":"placed"},{"replica":3,"job":"j-4","host":"exec-03","ports":{"http":20420},"ready":false,"state":"running"}]}]}
+
+        "#]],
+    )
+    .await;
+}
+
+/// Every surface answers 401 without a valid token, and the same 404 for a service that
+/// does not exist and one the caller may not view.
+#[tokio::test]
+async fn unauthenticated_and_invisible() {
+    let with_web = Cluster::new(TableConfig::default()).await;
+    let without_web = Cluster::empty(TableConfig::default());
+    without_web.resync(snapshot(false)).await;
+    let surfaces = [
+        "/v1/services/web/endpoints",
+        "/v1/services/web/endpoints?format=plain",
+        "/v1/services/web/endpoints?index=10&wait=10m",
+        "/v1/services/web/endpoints/stream",
+        "/v1/sd/prometheus?service=web",
+    ];
+    let mut requests = Vec::new();
+    for surface in surfaces {
+        for who in ["-", "wrong-token"] {
+            requests.push(format!("{who} {surface}"));
+        }
+        // Whoever may not view team-a, and whatever else they ask, gets the same 404 as
+        // for a service that does not exist.
+        let sep = if surface.contains('?') { '&' } else { '?' };
+        let asked = format!("{surface}{sep}port=nope");
+        for line in [
+            format!("bob {surface}"),
+            format!("carol {surface}"),
+            format!("bob {asked}"),
+        ] {
+            let invisible = exact(with_web.get(&line).await).await;
+            let unknown = exact(without_web.get(&format!("alice {surface}")).await).await;
+            assert_eq!(invisible, unknown, "{line}");
+            assert!(invisible.starts_with("404"), "{invisible}");
+        }
+    }
+    requests.push("- /v1/endpoints".into());
+    requests.push("alice /v1/services/ghost/endpoints".into());
+    let resp = with_web
+        .get("- /v1/services/web/endpoints | authorization: Basic YWxpY2U6")
+        .await;
+    assert_eq!(resp.status(), 401);
+    let requests: Vec<&str> = requests.iter().map(|s| s.as_str()).collect();
+    check(
+        &with_web,
+        &requests,
+        expect![[r#"
+        > - /v1/services/web/endpoints
+        401 content-type=application/json www-authenticate=Bearer
+        {"error":{"code":"unauthenticated","details":[],"message":"missing bearer token"}}
+
+        > wrong-token /v1/services/web/endpoints
+        401 content-type=application/json www-authenticate=Bearer
+        {"error":{"code":"unauthenticated","details":[],"message":"invalid bearer token"}}
+
+        > - /v1/services/web/endpoints?format=plain
+        401 content-type=application/json www-authenticate=Bearer
+        {"error":{"code":"unauthenticated","details":[],"message":"missing bearer token"}}
+
+        > wrong-token /v1/services/web/endpoints?format=plain
+        401 content-type=application/json www-authenticate=Bearer
+        {"error":{"code":"unauthenticated","details":[],"message":"invalid bearer token"}}
+
+        > - /v1/services/web/endpoints?index=10&wait=10m
+        401 content-type=application/json www-authenticate=Bearer
+        {"error":{"code":"unauthenticated","details":[],"message":"missing bearer token"}}
+
+        > wrong-token /v1/services/web/endpoints?index=10&wait=10m
+        401 content-type=application/json www-authenticate=Bearer
+        {"error":{"code":"unauthenticated","details":[],"message":"invalid bearer token"}}
+
+        > - /v1/services/web/endpoints/stream
+        401 content-type=application/json www-authenticate=Bearer
+        {"error":{"code":"unauthenticated","details":[],"message":"missing bearer token"}}
+
+        > wrong-token /v1/services/web/endpoints/stream
+        401 content-type=application/json www-authenticate=Bearer
+        {"error":{"code":"unauthenticated","details":[],"message":"invalid bearer token"}}
+
+        > - /v1/sd/prometheus?service=web
+        401 content-type=application/json www-authenticate=Bearer
+        {"error":{"code":"unauthenticated","details":[],"message":"missing bearer token"}}
+
+        > wrong-token /v1/sd/prometheus?service=web
+        401 content-type=application/json www-authenticate=Bearer
+        {"error":{"code":"unauthenticated","details":[],"message":"invalid bearer token"}}
+
+        > - /v1/endpoints
+        401 content-type=application/json www-authenticate=Bearer
+        {"error":{"code":"unauthenticated","details":[],"message":"missing bearer token"}}
+
+        > alice /v1/services/ghost/endpoints
+        404 content-type=application/json
+        {"error":{"code":"not_found","details":[],"message":"service \"ghost\" not found"}}
+
+    "#]],
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn unavailable_until_the_first_resync() {
+    let c = Cluster::empty(TableConfig::default());
+    let lines = [
+        "- /v1/services/web/endpoints",
+        "alice /v1/services/web/endpoints",
+        "alice /v1/services/web/endpoints/stream",
+        "alice /v1/sd/prometheus?service=web",
+        "alice /v1/endpoints",
+    ];
+    check(&c, &lines, expect![[r#"
+        > - /v1/services/web/endpoints
+        401 content-type=application/json www-authenticate=Bearer
+        {"error":{"code":"unauthenticated","details":[],"message":"missing bearer token"}}
+
+        > alice /v1/services/web/endpoints
+        503 content-type=application/json
+        {"error":{"code":"unavailable","details":[],"message":"the endpoint table is catching up, retry shortly"}}
+
+        > alice /v1/services/web/endpoints/stream
+        503 content-type=application/json
+        {"error":{"code":"unavailable","details":[],"message":"the endpoint table is catching up, retry shortly"}}
+
+        > alice /v1/sd/prometheus?service=web
+        503 content-type=application/json
+        {"error":{"code":"unavailable","details":[],"message":"the endpoint table is catching up, retry shortly"}}
+
+        > alice /v1/endpoints
+        503 content-type=application/json
+        {"error":{"code":"unavailable","details":[],"message":"the endpoint table is catching up, retry shortly"}}
+
+    "#]]).await;
+    c.resync(snapshot(true)).await;
+    let resp = c.get("alice /v1/services/web/endpoints").await;
+    assert_eq!(resp.status(), 200);
+}
+
+#[tokio::test]
+async fn blocking_queries() {
+    let c = Cluster::new(TableConfig::default()).await;
+    // Already past the index: at once. Not yet: the wait runs out, the index is unchanged.
+    check(
+        &c,
+        &[
+            "alice /v1/services/web/endpoints?index=9&wait=10m&format=plain",
+            "alice /v1/services/web/endpoints?index=10&wait=50ms&format=plain",
+            "alice /v1/services/web/endpoints?index=10&wait=0s&format=plain",
+        ],
+        expect![[r#"
+            > alice /v1/services/web/endpoints?index=9&wait=10m&format=plain
+            200 content-type=text/plain; charset=utf-8 x-xce-index=10
+            127.0.0.11:20417
+            [fd00::2]:20418
+
+            > alice /v1/services/web/endpoints?index=10&wait=50ms&format=plain
+            200 content-type=text/plain; charset=utf-8 x-xce-index=10
+            127.0.0.11:20417
+            [fd00::2]:20418
+
+            > alice /v1/services/web/endpoints?index=10&wait=0s&format=plain
+            200 content-type=text/plain; charset=utf-8 x-xce-index=10
+            127.0.0.11:20417
+            [fd00::2]:20418
+
+        "#]],
+    )
+    .await;
+
+    // A change of the service wakes a waiting query.
+    let waiting = tokio::spawn(c.router.clone().oneshot(Cluster::request(
+        "alice /v1/services/web/endpoints?index=10&wait=10m",
+    )));
+    c.watchers_reach(1).await;
+    let mut ready = web_job("j-3", 2, "exec-01", 20419);
+    ready.ready = true;
+    c.event(ev_job(11, ready)).await;
+    let resp = tokio::time::timeout(PATIENCE, waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    let got = render(resp.unwrap()).await;
+    expect![[r#"
+        200 content-type=application/json x-xce-index=11
+        {"service":"web","index":11,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","address":"127.0.0.11","ports":{"http":20419}}]}"#]].assert_eq(&got);
+    c.watchers_reach(0).await;
+
+    // The service going away while a query waits answers 404.
+    let waiting = tokio::spawn(c.router.clone().oneshot(Cluster::request(
+        "alice /v1/services/web/endpoints?index=11&wait=10m",
+    )));
+    c.watchers_reach(1).await;
+    c.event(ev_removed(12, "web", "team-a")).await;
+    let resp = tokio::time::timeout(PATIENCE, waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    expect![[r#"
+        404 content-type=application/json
+        {"error":{"code":"not_found","details":[],"message":"service \"web\" not found"}}"#]]
+    .assert_eq(&render(resp.unwrap()).await);
+    c.watchers_reach(0).await;
+}
+
+#[tokio::test]
+async fn wait_is_capped() {
+    let c = Cluster::new(small(|c| {
+        c.max_wait = Duration::from_millis(20);
+        c.default_wait = Duration::from_millis(20);
+    }))
+    .await;
+    // Both would wait for minutes uncapped; the test's patience bounds them.
+    check(
+        &c,
+        &[
+            "alice /v1/services/web/endpoints?index=10&wait=10m&format=plain",
+            "alice /v1/services/web/endpoints?index=10&format=plain",
+        ],
+        expect![[r#"
+            > alice /v1/services/web/endpoints?index=10&wait=10m&format=plain
+            200 content-type=text/plain; charset=utf-8 x-xce-index=10
+            127.0.0.11:20417
+            [fd00::2]:20418
+
+            > alice /v1/services/web/endpoints?index=10&format=plain
+            200 content-type=text/plain; charset=utf-8 x-xce-index=10
+            127.0.0.11:20417
+            [fd00::2]:20418
+
+        "#]],
+    )
+    .await;
+}
+
+/// A watcher wakes only when its own service's entry changed: not for other services,
+/// not for events that leave its entry as it was, not for a resync with the same state.
+#[tokio::test]
+async fn watchers_wake_only_for_their_service() {
+    let c = Cluster::new(TableConfig::default()).await;
+    let mut web = c.api.shared().subscribe("web").unwrap();
+    web.mark_unchanged();
+    let mut multi = job(
+        "j-5",
+        "multi",
+        "team-a",
+        0,
+        "exec-01",
+        &[("http", 21000), ("metrics", 21001)],
+    );
+    multi.ready = false;
+    c.event(ev_job(11, multi)).await;
+    c.event(ev_job(12, web_job("j-1", 0, "exec-01", 20417)))
+        .await;
+    c.event(ev_host(13, host("exec-02", Some("fd00::2")), &["web"]))
+        .await;
+    c.resync(snapshot(true)).await;
+    assert!(!web.has_changed().unwrap());
+    c.event(ev_host(14, host("exec-02", Some("fd00::3")), &["web"]))
+        .await;
+    assert!(web.has_changed().unwrap());
+    let plain = render(c.get("alice /v1/services/web/endpoints?format=plain").await).await;
+    expect![[r#"
+        200 content-type=text/plain; charset=utf-8 x-xce-index=14
+        127.0.0.11:20417
+        [fd00::3]:20418
+    "#]]
+    .assert_eq(&plain);
+}
+
+#[tokio::test]
+async fn stream_events_and_resume() {
+    let c = Cluster::new(TableConfig::default()).await;
+    let mut j3 = web_job("j-3", 2, "exec-01", 20419);
+    let mut out = String::new();
+
+    // The first event is the current entry; then one per change.
+    let resp = c.get("alice /v1/services/web/endpoints/stream").await;
+    let _ = writeln!(
+        out,
+        "headers: {:?} {:?}",
+        resp.headers()["content-type"],
+        resp.headers()["x-xce-index"]
+    );
+    let mut events = Events::new(resp);
+    let _ = writeln!(out, "{}", events.next().await.unwrap());
+    c.event(ev_job(11, j3.clone())).await;
+    let _ = writeln!(out, "{}", events.next().await.unwrap());
+
+    // Resuming behind the current index: the current entry at once.
+    let resp = c
+        .get("alice /v1/services/web/endpoints/stream?port=http | last-event-id: 10")
+        .await;
+    let mut behind = Events::new(resp);
+    let _ = writeln!(out, "resumed at 10: {}", behind.next().await.unwrap());
+
+    // Resuming at the current index: nothing until the next change.
+    let resp = c
+        .get("alice /v1/services/web/endpoints/stream?include=all | last-event-id: 11")
+        .await;
+    let mut current = Events::new(resp);
+    j3.state = JobState::Stopping;
+    c.event(ev_job(12, j3.clone())).await;
+    let _ = writeln!(out, "resumed at 11: {}", current.next().await.unwrap());
+    let _ = writeln!(out, "first stream: {}", events.next().await.unwrap());
+
+    // Removal ends every stream with the 404 body.
+    c.event(ev_removed(13, "web", "team-a")).await;
+    for mut stream in [events, behind, current] {
+        let _ = writeln!(out, "{}", stream.next().await.unwrap());
+        let _ = writeln!(out, "then: {:?}", stream.next().await);
+    }
+    c.watchers_reach(0).await;
+    expect![[r#"
+        headers: "text/event-stream" "10"
+        id: 10
+        data: {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}}]}
+        id: 11
+        data: {"service":"web","index":11,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","address":"127.0.0.11","ports":{"http":20419}}]}
+        resumed at 10: id: 11
+        data: {"service":"web","index":11,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","address":"127.0.0.11","ports":{"http":20419}}]}
+        resumed at 11: id: 12
+        data: {"service":"web","index":12,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417},"ready":true,"state":"running"},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418},"ready":true,"state":"running"},{"replica":2,"job":"j-3","host":"exec-01","address":"127.0.0.11","ports":{"http":20419},"ready":false,"state":"stopping"},{"replica":3,"job":"j-4","host":"exec-03","ports":{"http":20420},"ready":false,"state":"running"}]}
+        first stream: id: 12
+        data: {"service":"web","index":12,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}}]}
+        event: error
+        data: {"error":{"code":"not_found","details":[],"message":"service \"web\" not found"}}
+        then: None
+        event: error
+        data: {"error":{"code":"not_found","details":[],"message":"service \"web\" not found"}}
+        then: None
+        event: error
+        data: {"error":{"code":"not_found","details":[],"message":"service \"web\" not found"}}
+        then: None
+    "#]].assert_eq(&out);
+
+    check(
+        &c,
+        &[
+            "alice /v1/services/multi/endpoints/stream | last-event-id: soon",
+            "alice /v1/services/multi/endpoints/stream?format=plain",
+            "alice /v1/services/multi/endpoints/stream?port=nope",
+        ],
+        expect![[r#"
+            > alice /v1/services/multi/endpoints/stream | last-event-id: soon
+            400 content-type=application/json
+            {"error":{"code":"invalid","details":[{"field":"Last-Event-ID","reason":"expected a non-negative integer"}],"message":"Last-Event-ID: expected a non-negative integer"}}
+
+            > alice /v1/services/multi/endpoints/stream?format=plain
+            400 content-type=application/json
+            {"error":{"code":"invalid","details":[{"field":"format","reason":"the stream sends json only"}],"message":"format: the stream sends json only"}}
+
+            > alice /v1/services/multi/endpoints/stream?port=nope
+            400 content-type=application/json
+            {"error":{"code":"invalid","details":[{"field":"port","reason":"service \"multi\" has no port \"nope\" (it declares: http, metrics)"}],"message":"port: service \"multi\" has no port \"nope\" (it declares: http, metrics)"}}
+
+        "#]],
+    )
+    .await;
+}
+
+/// A stream client more than `stream_buffer` changes behind is disconnected; one within it
+/// gets the newest entry.
+#[tokio::test]
+async fn stream_client_falling_behind_is_disconnected() {
+    let c = Cluster::new(small(|c| c.stream_buffer = 2)).await;
+    let mut events = Events::new(c.get("alice /v1/services/web/endpoints/stream").await);
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", events.next().await.unwrap());
+    let mut j3 = web_job("j-3", 2, "exec-01", 20419);
+    let mut rev = 10;
+    let mut toggle = async |n: usize| {
+        for _ in 0..n {
+            rev += 1;
+            j3.ready = !j3.ready;
+            c.event(ev_job(rev, j3.clone())).await;
+        }
+    };
+    toggle(2).await;
+    let _ = writeln!(out, "2 behind: {}", events.next().await.unwrap());
+    toggle(3).await;
+    let _ = writeln!(out, "3 behind: {:?}", events.next().await);
+    c.watchers_reach(0).await;
+    let _ = writeln!(out, "{}", c.metrics());
+    expect![[r#"
+        id: 10
+        data: {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}}]}
+        2 behind: id: 12
+        data: {"service":"web","index":12,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","address":"127.0.0.11","ports":{"http":20419}}]}
+        3 behind: None
+        xce_endpoint_table_changes_total 9
+        xce_endpoint_watchers 0
+        xce_endpoint_watchers_rejected_total 0
+        xce_endpoint_streams_lagged_total 1
+        xce_endpoint_propagation_seconds_count 6
+    "#]].assert_eq(&out);
+}
+
+#[tokio::test]
+async fn watcher_caps() {
+    let c = Cluster::new(small(|c| {
+        c.max_watchers = 3;
+        c.max_watchers_per_principal = 2;
+    }))
+    .await;
+    let stream = "/v1/services/web/endpoints/stream";
+    let a1 = c.get(&format!("alice {stream}")).await;
+    let a2 = c.get(&format!("alice {stream}")).await;
+    assert_eq!((a1.status().as_u16(), a2.status().as_u16()), (200, 200));
+    check(
+        &c,
+        &[
+            &format!("alice {stream}"),
+            "alice /v1/services/web/endpoints?index=10&wait=10m",
+            // Not a watcher: it answers at once.
+            "alice /v1/services/web/endpoints?index=9&wait=10m&format=plain",
+            "alice /v1/services/web/endpoints?format=plain",
+        ],
+        expect![[r#"
+            > alice /v1/services/web/endpoints/stream
+            429 content-type=application/json
+            {"error":{"code":"too_many_watchers","details":[],"message":"too many watchers for \"alice\" (at most 2), retry later"}}
+
+            > alice /v1/services/web/endpoints?index=10&wait=10m
+            429 content-type=application/json
+            {"error":{"code":"too_many_watchers","details":[],"message":"too many watchers for \"alice\" (at most 2), retry later"}}
+
+            > alice /v1/services/web/endpoints?index=9&wait=10m&format=plain
+            200 content-type=text/plain; charset=utf-8 x-xce-index=10
+            127.0.0.11:20417
+            [fd00::2]:20418
+
+            > alice /v1/services/web/endpoints?format=plain
+            200 content-type=text/plain; charset=utf-8 x-xce-index=10
+            127.0.0.11:20417
+            [fd00::2]:20418
+
+        "#]],
+    )
+    .await;
+    let b1 = c.get("bob /v1/services/secret/endpoints/stream").await;
+    assert_eq!(b1.status(), 200);
+    check(&c, &[&format!("root {stream}")], expect![[r#"
+        > root /v1/services/web/endpoints/stream
+        429 content-type=application/json
+        {"error":{"code":"too_many_watchers","details":[],"message":"too many watchers on this apiserver, retry later"}}
+
+    "#]]).await;
+    // A closed stream frees its place.
+    drop(a1);
+    c.watchers_reach(2).await;
+    let root = c.get(&format!("root {stream}")).await;
+    assert_eq!(root.status(), 200);
+    expect![[r#"
+        xce_endpoint_table_changes_total 4
+        xce_endpoint_watchers 3
+        xce_endpoint_watchers_rejected_total 3
+        xce_endpoint_streams_lagged_total 0
+        xce_endpoint_propagation_seconds_count 1"#]]
+    .assert_eq(&c.metrics());
+    drop((a2, b1, root));
+    c.watchers_reach(0).await;
+}
