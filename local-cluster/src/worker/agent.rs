@@ -1,0 +1,696 @@
+//! The state task: one task owns the jobs, reconciles the desired set, and is told about
+//! exits, readiness transitions and acknowledged events over a channel. Around it: the
+//! registration, heartbeat, facts, assignments and event sender tasks.
+
+use plugin_api::{HostFacts, JobId, LaunchContext, LaunchPlan};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio::task::{JoinHandle, JoinSet};
+use tracing::Instrument;
+
+use super::client::{CallError, Client};
+use super::events::{Backoff, Outbox};
+use super::process;
+use super::reconcile::{self, Action, RunState};
+use super::state::{self, ExitRecord, JobRecord};
+use super::sys::{PidFd, Signal};
+use super::{collect_facts, probe, ShutdownMode, WorkerConfig, WorkerPlugins};
+use crate::proto::{Assignment, Assignments, RegisterRequest, RunningJob, WorkerEvent};
+
+/// How long a shutdown waits for queued events to be acknowledged.
+const FLUSH_PATIENCE: Duration = Duration::from_secs(3);
+/// The smallest heartbeat period the worker accepts from the controller.
+const MIN_HEARTBEAT: Duration = Duration::from_millis(100);
+
+/// What the other tasks tell the state task.
+#[derive(Debug)]
+pub(crate) enum Msg {
+    /// The desired set changed.
+    Assignments(Assignments),
+    /// A job's process exited.
+    Exited {
+        job: JobId,
+        pid: u32,
+        code: Option<i32>,
+    },
+    /// A job's readiness changed.
+    Ready { job: JobId, pid: u32, ready: bool },
+    /// The controller acknowledged the `Exited` events of these jobs.
+    Acked(Vec<JobId>),
+}
+
+/// A job whose process runs (or is being stopped).
+#[derive(Debug)]
+struct Job {
+    record: JobRecord,
+    pidfd: Arc<PidFd>,
+    state: RunState,
+    watcher: JoinHandle<()>,
+    prober: Option<JoinHandle<()>>,
+    killer: Option<JoinHandle<()>>,
+}
+
+impl Job {
+    fn abort_tasks(&mut self) {
+        self.watcher.abort();
+        if let Some(p) = self.prober.take() {
+            p.abort();
+        }
+        if let Some(k) = self.killer.take() {
+            k.abort();
+        }
+    }
+}
+
+pub(crate) struct Agent {
+    cfg: WorkerConfig,
+    plugins: WorkerPlugins,
+    client: Client,
+    jobs_path: PathBuf,
+    logs: PathBuf,
+    jobs: BTreeMap<JobId, Job>,
+    /// Exits not acknowledged yet (kept on disk until they are).
+    exits: BTreeMap<JobId, JobRecord>,
+    /// Jobs that ended on this worker (exited, refused, reported gone): never relaunched.
+    ended: BTreeSet<JobId>,
+    desired: Vec<Assignment>,
+    outbox: Arc<Outbox>,
+    tx: mpsc::Sender<Msg>,
+    rx: mpsc::Receiver<Msg>,
+    /// The facts the controller last accepted.
+    facts: watch::Sender<HostFacts>,
+    /// What runs, for re-registration.
+    running: watch::Sender<Vec<RunningJob>>,
+    probe_http: reqwest::Client,
+    tasks: JoinSet<()>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("host", &self.cfg.host)
+            .field("jobs", &self.jobs.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl Agent ===
+
+impl Agent {
+    /// Prepares the worker: first facts, the controller client, and the jobs of a
+    /// previous worker (adopted if still running, reported exited otherwise).
+    pub(crate) async fn start(cfg: WorkerConfig, plugins: WorkerPlugins) -> anyhow::Result<Self> {
+        use anyhow::Context as _;
+        let facts = collect_facts(&plugins)
+            .await
+            .context("collecting host facts")?;
+        let client = Client::new(&cfg.controller, &cfg.host, &cfg.credential)?;
+        let logs = cfg.data_dir.join("logs");
+        std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+        let jobs_path = cfg.data_dir.join("jobs.json");
+        let records = state::load(&jobs_path)?;
+        let (tx, rx) = mpsc::channel(256);
+        let mut agent = Agent {
+            client,
+            jobs_path,
+            logs,
+            jobs: BTreeMap::new(),
+            exits: BTreeMap::new(),
+            ended: BTreeSet::new(),
+            desired: Vec::new(),
+            outbox: Outbox::new(),
+            tx,
+            rx,
+            facts: watch::Sender::new(facts),
+            running: watch::Sender::new(Vec::new()),
+            probe_http: probe::http_client(),
+            tasks: JoinSet::new(),
+            cfg,
+            plugins,
+        };
+        for rec in records {
+            agent.readopt(rec);
+        }
+        agent.persist()?;
+        agent.publish_running();
+        Ok(agent)
+    }
+
+    fn readopt(&mut self, mut rec: JobRecord) {
+        let span = tracing::info_span!("job", job = %rec.job, pid = rec.pid);
+        let _e = span.enter();
+        if rec.exited.is_none() {
+            if let Some(fd) = process::adopt(rec.pid, rec.start_time) {
+                tracing::info!(ready = rec.ready, "re-adopted running replica");
+                let pidfd = Arc::new(fd);
+                let ready = rec.ready;
+                let watcher = self.spawn_watcher(&rec, pidfd.clone(), None);
+                let prober = self.spawn_prober(&rec, ready);
+                self.jobs.insert(
+                    rec.job.clone(),
+                    Job {
+                        record: rec,
+                        pidfd,
+                        state: RunState::Running,
+                        watcher,
+                        prober,
+                        killer: None,
+                    },
+                );
+                return;
+            }
+            tracing::info!("replica of a previous worker is gone");
+            rec.exited = Some(ExitRecord { code: None });
+        }
+        let code = rec.exited.and_then(|e| e.code);
+        self.outbox.push(WorkerEvent::Exited {
+            job: rec.job.clone(),
+            code,
+        });
+        self.ended.insert(rec.job.clone());
+        self.exits.insert(rec.job.clone(), rec);
+    }
+
+    /// Registers (retrying while the controller is unreachable), then runs until
+    /// `shutdown` resolves.
+    pub(crate) async fn run<F>(mut self, shutdown: F) -> anyhow::Result<()>
+    where
+        F: std::future::Future<Output = ShutdownMode>,
+    {
+        let mut shutdown = std::pin::pin!(shutdown);
+        let heartbeat = tokio::select! {
+            mode = &mut shutdown => return self.shutdown(mode).await,
+            hb = register(&self.client, &self.facts, &self.running) => hb,
+        };
+        self.spawn_background(heartbeat);
+        loop {
+            tokio::select! {
+                mode = &mut shutdown => return self.shutdown(mode).await,
+                msg = self.rx.recv() => match msg {
+                    Some(msg) => self.handle(msg).await?,
+                    None => anyhow::bail!("worker state channel closed"),
+                },
+            }
+        }
+    }
+
+    fn spawn_background(&mut self, heartbeat: Duration) {
+        let span = tracing::Span::current();
+        self.tasks.spawn(
+            heartbeat_loop(
+                self.client.clone(),
+                heartbeat,
+                self.facts.clone(),
+                self.running.clone(),
+            )
+            .instrument(span.clone()),
+        );
+        self.tasks.spawn(
+            facts_loop(
+                self.client.clone(),
+                self.plugins.clone(),
+                self.cfg.facts_interval,
+                self.facts.clone(),
+            )
+            .instrument(span.clone()),
+        );
+        self.tasks
+            .spawn(assignments_loop(self.client.clone(), self.tx.clone()).instrument(span.clone()));
+        self.tasks.spawn(
+            self.outbox
+                .clone()
+                .send_loop(self.client.clone(), self.tx.clone())
+                .instrument(span),
+        );
+    }
+
+    async fn handle(&mut self, msg: Msg) -> anyhow::Result<()> {
+        match msg {
+            Msg::Assignments(a) => {
+                tracing::info!(index = a.index, jobs = a.jobs.len(), "assignments changed");
+                self.desired = a.jobs;
+                self.reconcile().await?;
+            }
+            Msg::Exited { job, pid, code } => self.on_exit(job, pid, code)?,
+            Msg::Ready { job, pid, ready } => {
+                let Some(j) = self.jobs.get_mut(&job) else {
+                    return Ok(());
+                };
+                if j.record.pid != pid || (!ready && super::sys::pidfd_exited(&j.pidfd)) {
+                    // Stale, or the process just died: its exit is the news.
+                    return Ok(());
+                }
+                j.record.ready = ready;
+                self.persist()?;
+                self.outbox.push(WorkerEvent::Readiness { job, ready });
+                self.publish_running();
+            }
+            Msg::Acked(jobs) => {
+                let before = self.exits.len();
+                for j in &jobs {
+                    self.exits.remove(j);
+                }
+                if self.exits.len() != before {
+                    self.persist()?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn reconcile(&mut self) -> anyhow::Result<()> {
+        let running: BTreeMap<JobId, RunState> = self
+            .jobs
+            .iter()
+            .map(|(k, j)| (k.clone(), j.state))
+            .collect();
+        let actions = reconcile::reconcile(&self.desired, &running, &self.ended);
+        for action in actions {
+            match action {
+                Action::Launch(job) => {
+                    let Some(a) = self.desired.iter().find(|a| a.job == job).cloned() else {
+                        continue;
+                    };
+                    let span = tracing::info_span!("job", job = %job, pid = tracing::field::Empty);
+                    self.launch(a).instrument(span).await?;
+                }
+                Action::Stop(job) => self.stop(&job),
+                Action::ReportGone(job) => {
+                    tracing::info!(job = %job, "asked to stop a job that does not run; reporting it exited");
+                    self.outbox.push(WorkerEvent::Exited {
+                        job: job.clone(),
+                        code: None,
+                    });
+                    self.ended.insert(job);
+                }
+            }
+        }
+        // Forget ended jobs the controller no longer lists (it never lists them again),
+        // keeping those whose exit it has not acknowledged.
+        let listed: BTreeSet<&JobId> = self.desired.iter().map(|a| &a.job).collect();
+        let exits = &self.exits;
+        self.ended
+            .retain(|j| listed.contains(j) || exits.contains_key(j));
+        Ok(())
+    }
+
+    async fn launch(&mut self, a: Assignment) -> anyhow::Result<()> {
+        let cx = LaunchContext {
+            job: a.job.clone(),
+            service: a.service.clone(),
+            project: a.project.clone(),
+            replica: a.replica,
+            host: self.cfg.host.clone(),
+            host_ip: self.facts.borrow().ip_addr,
+            grants: a.grants.clone(),
+        };
+        let mut plan = LaunchPlan::default();
+        for hook in &self.plugins.hooks {
+            if let Err(refusal) = hook.prepare(&cx, &mut plan).await {
+                tracing::warn!(hook = hook.name(), reason = %refusal.reason, "launch refused");
+                self.outbox.push(WorkerEvent::Refused {
+                    job: a.job.clone(),
+                    refusal,
+                });
+                self.ended.insert(a.job);
+                return Ok(());
+            }
+        }
+        let log = process::log_path(&self.logs, &a.job);
+        let spawned = match process::spawn(&a.command, &plan.env, &log) {
+            Ok(s) => s,
+            Err(e) => {
+                // Like a shell: 127 when the program is not there, 126 otherwise.
+                let code = if e.kind() == std::io::ErrorKind::NotFound {
+                    127
+                } else {
+                    126
+                };
+                tracing::error!(command = ?a.command, error = %e, "cannot start replica");
+                self.outbox.push(WorkerEvent::Exited {
+                    job: a.job.clone(),
+                    code: Some(code),
+                });
+                self.ended.insert(a.job);
+                return Ok(());
+            }
+        };
+        tracing::Span::current().record("pid", spawned.pid);
+        // Without a probe the replica is ready as soon as it runs.
+        let ready = a.readiness.is_none();
+        let record = JobRecord {
+            job: a.job.clone(),
+            pid: spawned.pid,
+            start_time: spawned.start_time,
+            assignment: a,
+            sockets: plan.sockets,
+            ready,
+            exited: None,
+        };
+        let pidfd = Arc::new(spawned.pidfd);
+        let watcher = self.spawn_watcher(&record, pidfd.clone(), Some(spawned.child));
+        let prober = self.spawn_prober(&record, false);
+        let job = record.job.clone();
+        let pid = record.pid;
+        self.jobs.insert(
+            job.clone(),
+            Job {
+                record,
+                pidfd,
+                state: RunState::Running,
+                watcher,
+                prober,
+                killer: None,
+            },
+        );
+        // On disk before the controller hears of it: a worker restart re-adopts it.
+        self.persist()?;
+        tracing::info!(log = %log.display(), "replica started");
+        self.outbox.push(WorkerEvent::Started {
+            job: job.clone(),
+            pid,
+        });
+        if ready {
+            self.outbox
+                .push(WorkerEvent::Readiness { job, ready: true });
+        }
+        self.publish_running();
+        Ok(())
+    }
+
+    fn spawn_watcher(
+        &self,
+        rec: &JobRecord,
+        pidfd: Arc<PidFd>,
+        child: Option<std::process::Child>,
+    ) -> JoinHandle<()> {
+        let span = tracing::info_span!("job", job = %rec.job, pid = rec.pid);
+        tokio::spawn(
+            process::watch(rec.job.clone(), rec.pid, pidfd, child, self.tx.clone())
+                .instrument(span),
+        )
+    }
+
+    fn spawn_prober(&self, rec: &JobRecord, last: bool) -> Option<JoinHandle<()>> {
+        let readiness = rec.assignment.readiness.clone()?;
+        let span = tracing::info_span!("job", job = %rec.job, pid = rec.pid);
+        let pj = probe::ProbeJob {
+            job: rec.job.clone(),
+            pid: rec.pid,
+            start_time: rec.start_time,
+            readiness,
+            sockets: rec.sockets.clone(),
+            last,
+        };
+        Some(tokio::spawn(
+            probe::run(pj, self.probe_http.clone(), self.tx.clone()).instrument(span),
+        ))
+    }
+
+    /// SIGTERM to the job's group now, SIGKILL after the grace; the watcher reports the
+    /// exit.
+    fn stop(&mut self, job: &JobId) {
+        let Some(j) = self.jobs.get_mut(job) else {
+            return;
+        };
+        if j.state == RunState::Stopping {
+            return;
+        }
+        let span = tracing::info_span!("job", job = %job, pid = j.record.pid);
+        let _e = span.enter();
+        tracing::info!(grace = ?self.cfg.stop_timeout, "stopping replica");
+        j.state = RunState::Stopping;
+        process::signal(&j.pidfd, j.record.pid, Signal::Term);
+        let pidfd = j.pidfd.clone();
+        let pid = j.record.pid;
+        let grace = self.cfg.stop_timeout;
+        j.killer = Some(tokio::spawn(
+            async move {
+                tokio::time::sleep(grace).await;
+                tracing::warn!("replica did not stop within the grace; killing it");
+                process::signal(&pidfd, pid, Signal::Kill);
+            }
+            .instrument(span.clone()),
+        ));
+    }
+
+    fn on_exit(&mut self, job: JobId, pid: u32, code: Option<i32>) -> anyhow::Result<()> {
+        match self.jobs.get(&job) {
+            Some(j) if j.record.pid == pid => {}
+            _ => return Ok(()),
+        }
+        let mut j = self.jobs.remove(&job).expect("checked above");
+        j.abort_tasks();
+        j.record.exited = Some(ExitRecord { code });
+        self.exits.insert(job.clone(), j.record);
+        self.ended.insert(job.clone());
+        self.persist()?;
+        self.outbox.push(WorkerEvent::Exited { job, code });
+        self.publish_running();
+        Ok(())
+    }
+
+    fn persist(&self) -> Result<(), state::StateError> {
+        let records: Vec<JobRecord> = self
+            .jobs
+            .values()
+            .map(|j| j.record.clone())
+            .chain(self.exits.values().cloned())
+            .collect();
+        state::save(&self.jobs_path, &records)
+    }
+
+    fn publish_running(&self) {
+        let running = self
+            .jobs
+            .values()
+            .map(|j| RunningJob {
+                job: j.record.job.clone(),
+                pid: j.record.pid,
+                ready: j.record.ready,
+            })
+            .collect();
+        self.running.send_replace(running);
+    }
+
+    async fn shutdown(mut self, mode: ShutdownMode) -> anyhow::Result<()> {
+        tracing::info!(?mode, jobs = self.jobs.len(), "worker shutting down");
+        if mode == ShutdownMode::StopReplicas {
+            let jobs: Vec<JobId> = self.jobs.keys().cloned().collect();
+            for job in &jobs {
+                self.stop(job);
+            }
+            // Bounded: every replica is SIGKILLed after the grace.
+            let patience = self.cfg.stop_timeout + Duration::from_secs(5);
+            let deadline = tokio::time::Instant::now() + patience;
+            while !self.jobs.is_empty() {
+                let msg = tokio::time::timeout_at(deadline, self.rx.recv()).await;
+                match msg {
+                    Ok(Some(m @ Msg::Exited { .. })) | Ok(Some(m @ Msg::Acked(_))) => {
+                        self.handle(m).await?
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) | Err(_) => {
+                        tracing::error!(left = self.jobs.len(), "replicas did not exit in time");
+                        break;
+                    }
+                }
+            }
+        }
+        // Assignments and heartbeats end now; the sender keeps going for the flush.
+        let left = self.outbox.flush(FLUSH_PATIENCE).await;
+        if left > 0 {
+            tracing::warn!(events = left, "events not delivered before shutdown");
+        }
+        self.tasks.abort_all();
+        // Late acknowledgements: drop their exit records.
+        while let Ok(msg) = self.rx.try_recv() {
+            if let m @ Msg::Acked(_) = msg {
+                self.handle(m).await?;
+            }
+        }
+        for j in self.jobs.values_mut() {
+            // Detach: the processes keep running; only our watchers end.
+            j.abort_tasks();
+        }
+        self.persist()?;
+        Ok(())
+    }
+}
+
+/// Registers with the controller, retrying with capped backoff until it answers.
+/// Returns the heartbeat period.
+async fn register(
+    client: &Client,
+    facts: &watch::Sender<HostFacts>,
+    running: &watch::Sender<Vec<RunningJob>>,
+) -> Duration {
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    loop {
+        let req = RegisterRequest {
+            facts: facts.borrow().clone(),
+            running: running.borrow().clone(),
+        };
+        match client.register(&req).await {
+            Ok(resp) => {
+                tracing::info!(
+                    running = req.running.len(),
+                    heartbeat_ms = resp.heartbeat_ms,
+                    "registered with the controller"
+                );
+                return Duration::from_millis(resp.heartbeat_ms).max(MIN_HEARTBEAT);
+            }
+            Err(e) => {
+                let wait = backoff.next();
+                match e.status().map(|s| s.as_u16()) {
+                    Some(401 | 403) => {
+                        tracing::error!(error = %e, retry_in = ?wait, "controller refused the worker credential")
+                    }
+                    Some(400) => {
+                        tracing::error!(error = %e, retry_in = ?wait, "controller refused the registration")
+                    }
+                    _ => {
+                        tracing::warn!(error = %e, retry_in = ?wait, "registration failed; retrying")
+                    }
+                }
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+}
+
+async fn heartbeat_loop(
+    client: Client,
+    mut period: Duration,
+    facts: watch::Sender<HostFacts>,
+    running: watch::Sender<Vec<RunningJob>>,
+) {
+    loop {
+        tokio::time::sleep(period).await;
+        match client.heartbeat().await {
+            Ok(()) => {}
+            Err(e) if e.status().map(|s| s.as_u16()) == Some(404) => {
+                tracing::warn!("controller does not know this host; registering again");
+                period = register(&client, &facts, &running).await;
+            }
+            Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+        }
+    }
+}
+
+/// Re-reads the facts every `interval` and reports them when they differ from the last
+/// report (accepted or refused: a refused report is not repeated until the facts change).
+async fn facts_loop(
+    client: Client,
+    plugins: WorkerPlugins,
+    interval: Duration,
+    accepted: watch::Sender<HostFacts>,
+) {
+    let mut last_sent = accepted.borrow().clone();
+    loop {
+        tokio::time::sleep(interval).await;
+        let facts = match collect_facts(&plugins).await {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(error = %e, "re-reading host facts failed; keeping the last ones");
+                continue;
+            }
+        };
+        if facts == last_sent {
+            continue;
+        }
+        match client.put_facts(&facts).await {
+            Ok(()) => {
+                tracing::info!(ip_addr = ?facts.ip_addr, "host facts changed; reported");
+                last_sent = facts.clone();
+                accepted.send_replace(facts);
+            }
+            Err(CallError::Status { status, body }) if status.as_u16() == 400 => {
+                for problem in problems(&body) {
+                    tracing::error!(%problem, "controller refused the host facts");
+                }
+                last_sent = facts;
+            }
+            Err(e) => tracing::warn!(error = %e, "reporting host facts failed; will retry"),
+        }
+    }
+}
+
+/// The problems of an `ApiError` body (`{"error": {"message", "details": [...]}}`), or the
+/// raw body when it is not one.
+fn problems(body: &str) -> Vec<String> {
+    let parsed: Option<serde_json::Value> = serde_json::from_str(body).ok();
+    let err = parsed.as_ref().and_then(|v| v.get("error"));
+    let details: Vec<String> = err
+        .and_then(|e| e.get("details"))
+        .and_then(|d| d.as_array())
+        .map(|d| {
+            d.iter()
+                .filter_map(|p| serde_json::from_value::<plugin_api::FieldError>(p.clone()).ok())
+                .map(|p| p.to_string())
+                .collect()
+        })
+        .unwrap_or_default();
+    if !details.is_empty() {
+        return details;
+    }
+    match err.and_then(|e| e.get("message")).and_then(|m| m.as_str()) {
+        Some(m) => vec![m.to_owned()],
+        None => vec![body.to_owned()],
+    }
+}
+
+/// The blocking query loop: one outstanding request; the controller answers when the
+/// host's desired set changes (or the wait runs out).
+async fn assignments_loop(client: Client, owner: mpsc::Sender<Msg>) {
+    let mut index = 0;
+    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    loop {
+        match client.assignments(index).await {
+            Ok(a) => {
+                backoff.reset();
+                // Any other index is news; a lower one means the controller started over.
+                if a.index != index {
+                    index = a.index;
+                    if owner.send(Msg::Assignments(a)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            Err(e) => {
+                let wait = backoff.next();
+                tracing::warn!(error = %e, retry_in = ?wait, "assignments query failed");
+                tokio::time::sleep(wait).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(body: &str, expect: expect_test::Expect) {
+        expect.assert_eq(&problems(body).join("\n"));
+    }
+
+    #[test]
+    fn lists_every_problem_of_a_refusal() {
+        check(
+            r#"{"error": {"code": "invalid", "message": "bad facts", "details": [
+                {"field": "ip_addr", "reason": "not an address of the host"},
+                {"field": "sections.ports.range", "reason": "empty"}]}}"#,
+            expect_test::expect![[r#"
+                ip_addr: not an address of the host
+                sections.ports.range: empty"#]],
+        );
+        check(
+            r#"{"error": {"code": "invalid", "message": "bad facts", "details": []}}"#,
+            expect_test::expect!["bad facts"],
+        );
+        check("oops", expect_test::expect!["oops"]);
+    }
+}

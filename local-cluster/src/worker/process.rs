@@ -1,0 +1,165 @@
+//! Replica processes: spawning (own process group, output to a log file, never a pipe to
+//! the worker) and exit watching through a pidfd, for children and adopted processes
+//! alike.
+
+use plugin_api::JobId;
+use std::collections::BTreeMap;
+use std::io;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+
+use super::agent::Msg;
+use super::procfs;
+use super::sys::{self, PidFd, Signal};
+
+/// A freshly spawned replica.
+#[derive(Debug)]
+pub(crate) struct Spawned {
+    pub(crate) child: Child,
+    pub(crate) pid: u32,
+    pub(crate) start_time: u64,
+    pub(crate) pidfd: PidFd,
+}
+
+/// The log file of a job: `logs/<job>.log`, with anything but `[A-Za-z0-9._-]` in the id
+/// replaced so a job id can never name a path outside the directory.
+pub(crate) fn log_path(logs: &Path, job: &str) -> PathBuf {
+    let safe: String = job
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    let safe = if safe.starts_with('.') || safe.is_empty() {
+        format!("_{safe}")
+    } else {
+        safe
+    };
+    logs.join(format!("{safe}.log"))
+}
+
+/// Spawns `argv` with `env` added to the worker's environment, in a new process group,
+/// stdin from /dev/null and stdout/stderr appended to `log`.
+pub(crate) fn spawn(
+    argv: &[String],
+    env: &BTreeMap<String, String>,
+    log: &Path,
+) -> io::Result<Spawned> {
+    let (program, args) = argv
+        .split_first()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty command"))?;
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    let err = out.try_clone()?;
+    let child = Command::new(program)
+        .args(args)
+        .envs(env)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        // Its own group: survives the worker (no terminal signals from the worker's
+        // group), and stops as a whole with one kill(-pgid).
+        .process_group(0)
+        .spawn()?;
+    let pid = child.id();
+    // The child is not reaped yet, so its pid and /proc entry are certainly its own.
+    let pidfd = sys::pidfd_open(pid)?;
+    let start_time = procfs::read_stat(pid)?
+        .ok_or_else(|| io::Error::other("spawned process has no /proc entry"))?
+        .start_time;
+    Ok(Spawned {
+        child,
+        pid,
+        start_time,
+        pidfd,
+    })
+}
+
+/// Opens a pidfd on a process from a previous worker, if it is still the same process
+/// (same start time) and still running.
+pub(crate) fn adopt(pid: u32, start_time: u64) -> Option<PidFd> {
+    // Open first, check second: if the check passes, the pidfd (opened before it) refers
+    // to the process the check saw, even if the pid is recycled right after.
+    let fd = sys::pidfd_open(pid).ok()?;
+    procfs::is_same_and_live(pid, start_time).then_some(fd)
+}
+
+/// Sends `sig` to the job's process group, if its leader has not exited yet.
+pub(crate) fn signal(pidfd: &PidFd, pid: u32, sig: Signal) {
+    if sys::pidfd_exited(pidfd) {
+        return;
+    }
+    match sys::kill_group(pid, sig) {
+        Ok(_) => tracing::debug!(?sig, "signalled process group"),
+        Err(e) => tracing::warn!(?sig, error = %e, "signalling process group failed"),
+    }
+}
+
+/// Waits for the process to exit and tells the state task. For a child of ours, kills
+/// what is left of its group (before reaping, while the group id cannot be recycled) and
+/// reports the exit code; for an adopted process the code is unknown.
+pub(crate) async fn watch(
+    job: JobId,
+    pid: u32,
+    pidfd: Arc<PidFd>,
+    child: Option<Child>,
+    owner: mpsc::Sender<Msg>,
+) {
+    match sys::async_pidfd(pidfd) {
+        Ok(afd) => {
+            if let Err(e) = afd.readable().await {
+                tracing::error!(error = %e, "watching the process failed; assuming it exited");
+            }
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "cannot watch the process; assuming it exited");
+        }
+    }
+    let code = match child {
+        Some(mut child) => {
+            if let Err(e) = sys::kill_group(pid, Signal::Kill) {
+                tracing::debug!(error = %e, "cleaning up the process group failed");
+            }
+            match child.try_wait() {
+                Ok(Some(status)) => status.code(),
+                // Readable pidfd means exited; a failed reap only loses the code.
+                Ok(None) | Err(_) => tokio::task::spawn_blocking(move || child.wait())
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+                    .and_then(|s| s.code()),
+            }
+        }
+        None => None,
+    };
+    tracing::info!(code, "process exited");
+    let _ = owner.send(Msg::Exited { job, pid, code }).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(job: &str, expect: expect_test::Expect) {
+        expect.assert_eq(&log_path(Path::new("/d/logs"), job).display().to_string());
+    }
+
+    #[test]
+    fn log_paths_stay_in_the_directory() {
+        check("j-17", expect_test::expect!["/d/logs/j-17.log"]);
+        check(
+            "../../etc/passwd",
+            expect_test::expect!["/d/logs/_.._.._etc_passwd.log"],
+        );
+        check("", expect_test::expect!["/d/logs/_.log"]);
+    }
+}

@@ -1,0 +1,870 @@
+//! Real processes on loopback against a fake controller (an axum router implementing the
+//! `/internal/v1` routes of [`crate::proto`] and recording what the worker sends).
+
+use super::*;
+use crate::profile::{Probe, Readiness};
+use crate::proto::{
+    Assignment, Assignments, Desired, RegisterRequest, RegisterResponse, RunningJob, WorkerEvent,
+};
+use async_trait::async_trait;
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use plugin_api::{LaunchContext, LaunchPlan, LaunchRefusal};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use tokio::sync::{oneshot, watch};
+
+const HOST: &str = "exec-01";
+const TOKEN: &str = "worker-secret";
+/// Every test ends within this, whatever happens.
+const TEST_BOUND: Duration = Duration::from_secs(60);
+
+// === fake controller ===
+
+#[derive(Debug)]
+struct FakeState {
+    assignments: Assignments,
+    events: Vec<WorkerEvent>,
+    register_attempts: u32,
+    registers: Vec<RegisterRequest>,
+    facts_puts: Vec<HostFacts>,
+    /// Answer this many registrations with 503 first.
+    fail_registers: u32,
+    /// Answer heartbeats with 404 until the next registration.
+    forget_host: bool,
+    /// Answer fact reports with 400.
+    refuse_facts: bool,
+}
+
+impl Default for FakeState {
+    fn default() -> Self {
+        Self {
+            assignments: Assignments {
+                index: 0,
+                jobs: Vec::new(),
+            },
+            events: Vec::new(),
+            register_attempts: 0,
+            registers: Vec::new(),
+            facts_puts: Vec::new(),
+            fail_registers: 0,
+            forget_host: false,
+            refuse_facts: false,
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Fake {
+    state: Arc<Mutex<FakeState>>,
+    /// Bumped on every change of `state`.
+    generation: Arc<watch::Sender<u64>>,
+}
+
+impl Fake {
+    fn new() -> Self {
+        Self {
+            state: Arc::default(),
+            generation: Arc::new(watch::Sender::new(0)),
+        }
+    }
+
+    fn update<R>(&self, f: impl FnOnce(&mut FakeState) -> R) -> R {
+        let r = f(&mut self.state.lock().unwrap());
+        self.generation.send_modify(|g| *g += 1);
+        r
+    }
+
+    /// Waits until `pred` holds of the state (woken by every change, no polling).
+    async fn wait_until(&self, what: &str, pred: impl Fn(&FakeState) -> bool) {
+        let mut rx = self.generation.subscribe();
+        let wait = async {
+            loop {
+                if pred(&self.state.lock().unwrap()) {
+                    return;
+                }
+                rx.changed().await.unwrap();
+            }
+        };
+        if tokio::time::timeout(Duration::from_secs(30), wait)
+            .await
+            .is_err()
+        {
+            panic!(
+                "timed out waiting for {what}; state: {:#?}",
+                self.state.lock().unwrap()
+            );
+        }
+    }
+
+    fn set_jobs(&self, jobs: Vec<Assignment>) {
+        self.update(|s| {
+            s.assignments.index += 1;
+            s.assignments.jobs = jobs;
+        });
+    }
+
+    fn events_of(&self, job: &str) -> Vec<WorkerEvent> {
+        self.state
+            .lock()
+            .unwrap()
+            .events
+            .iter()
+            .filter(|e| event_job(e) == job)
+            .cloned()
+            .collect()
+    }
+
+    async fn serve(&self) -> String {
+        let app = Router::new()
+            .route("/internal/v1/hosts/{host}/register", post(register))
+            .route("/internal/v1/hosts/{host}/heartbeat", post(heartbeat))
+            .route("/internal/v1/hosts/{host}/facts", put(facts))
+            .route("/internal/v1/hosts/{host}/assignments", get(assignments))
+            .route("/internal/v1/hosts/{host}/events", post(events))
+            .with_state(self.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        format!("http://{addr}")
+    }
+}
+
+fn event_job(e: &WorkerEvent) -> &str {
+    match e {
+        WorkerEvent::Started { job, .. }
+        | WorkerEvent::Readiness { job, .. }
+        | WorkerEvent::Exited { job, .. }
+        | WorkerEvent::Refused { job, .. } => job,
+    }
+}
+
+fn authorized(host: &str, headers: &HeaderMap) -> Result<(), StatusCode> {
+    let bearer = headers
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if bearer != Some(TOKEN) {
+        return Err(StatusCode::UNAUTHORIZED);
+    }
+    if host != HOST {
+        return Err(StatusCode::FORBIDDEN);
+    }
+    Ok(())
+}
+
+async fn register(
+    State(fake): State<Fake>,
+    UrlPath(host): UrlPath<String>,
+    headers: HeaderMap,
+    Json(req): Json<RegisterRequest>,
+) -> Response {
+    if let Err(status) = authorized(&host, &headers) {
+        return status.into_response();
+    }
+    fake.update(|s| {
+        s.register_attempts += 1;
+        if s.fail_registers > 0 {
+            s.fail_registers -= 1;
+            return StatusCode::SERVICE_UNAVAILABLE.into_response();
+        }
+        s.forget_host = false;
+        s.registers.push(req);
+        Json(RegisterResponse { heartbeat_ms: 100 }).into_response()
+    })
+}
+
+async fn heartbeat(
+    State(fake): State<Fake>,
+    UrlPath(host): UrlPath<String>,
+    headers: HeaderMap,
+) -> Response {
+    if let Err(status) = authorized(&host, &headers) {
+        return status.into_response();
+    }
+    if fake.state.lock().unwrap().forget_host {
+        StatusCode::NOT_FOUND.into_response()
+    } else {
+        StatusCode::NO_CONTENT.into_response()
+    }
+}
+
+async fn facts(
+    State(fake): State<Fake>,
+    UrlPath(host): UrlPath<String>,
+    headers: HeaderMap,
+    Json(facts): Json<HostFacts>,
+) -> Response {
+    if let Err(status) = authorized(&host, &headers) {
+        return status.into_response();
+    }
+    fake.update(|s| {
+        s.facts_puts.push(facts);
+        if s.refuse_facts {
+            let body = serde_json::json!({"error": {"code": "invalid", "message": "bad facts",
+                "details": [{"field": "sections.fake", "reason": "refused by the test"}]}});
+            (StatusCode::BAD_REQUEST, Json(body)).into_response()
+        } else {
+            StatusCode::NO_CONTENT.into_response()
+        }
+    })
+}
+
+async fn assignments(
+    State(fake): State<Fake>,
+    UrlPath(host): UrlPath<String>,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    if let Err(status) = authorized(&host, &headers) {
+        return status.into_response();
+    }
+    let index: u64 = q["index"].parse().unwrap();
+    let wait = humantime::parse_duration(&q["wait"]).unwrap();
+    let mut rx = fake.generation.subscribe();
+    let newer = async {
+        loop {
+            let a = fake.state.lock().unwrap().assignments.clone();
+            if a.index > index {
+                return a;
+            }
+            rx.changed().await.unwrap();
+        }
+    };
+    let a = match tokio::time::timeout(wait, newer).await {
+        Ok(a) => a,
+        Err(_) => fake.state.lock().unwrap().assignments.clone(),
+    };
+    Json(a).into_response()
+}
+
+async fn events(
+    State(fake): State<Fake>,
+    UrlPath(host): UrlPath<String>,
+    headers: HeaderMap,
+    Json(evs): Json<Vec<WorkerEvent>>,
+) -> Response {
+    if let Err(status) = authorized(&host, &headers) {
+        return status.into_response();
+    }
+    fake.update(|s| s.events.extend(evs));
+    StatusCode::NO_CONTENT.into_response()
+}
+
+// === fake plugins ===
+
+/// Puts `XCE_TEST_PORT` and a marker into the environment and declares socket `http`,
+/// from the `fake` grant (`{"port": N}`); refuses when the grant says `"refuse": true`.
+struct FakeHook;
+
+#[async_trait]
+impl LaunchHook for FakeHook {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+
+    async fn prepare(
+        &self,
+        cx: &LaunchContext,
+        plan: &mut LaunchPlan,
+    ) -> Result<(), LaunchRefusal> {
+        let grant = &cx.grants["fake"];
+        if grant["refuse"] == serde_json::json!(true) {
+            return Err(LaunchRefusal {
+                plugin: "fake".into(),
+                reason: "refused by the test".into(),
+                detail: grant.clone(),
+            });
+        }
+        let port = grant["port"].as_u64().unwrap();
+        let ip = cx.host_ip.unwrap();
+        plan.env.insert("XCE_TEST_PORT".into(), port.to_string());
+        plan.env
+            .insert("XCE_TEST_MARK".into(), format!("{}@{}", cx.job, cx.host));
+        plan.sockets
+            .insert("http".into(), SocketAddr::new(ip, port as u16));
+        Ok(())
+    }
+}
+
+use std::net::SocketAddr;
+
+/// Reports `ip_addr = 127.0.0.1` and `sections.fake = <value>`; counts its calls.
+struct FakeFacts {
+    value: Mutex<serde_json::Value>,
+    calls: watch::Sender<u64>,
+    fail: bool,
+}
+
+#[async_trait]
+impl HostFactsProvider for FakeFacts {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+
+    async fn collect(&self, facts: &mut HostFacts) -> Result<(), FactsError> {
+        self.calls.send_modify(|c| *c += 1);
+        if self.fail {
+            return Err(FactsError::new("fake", "no interfaces found"));
+        }
+        facts.ip_addr = Some("127.0.0.1".parse().unwrap());
+        facts
+            .sections
+            .insert("fake".into(), self.value.lock().unwrap().clone());
+        Ok(())
+    }
+}
+
+impl FakeFacts {
+    fn new(fail: bool) -> Arc<Self> {
+        Arc::new(Self {
+            value: Mutex::new(serde_json::json!(1)),
+            calls: watch::Sender::new(0),
+            fail,
+        })
+    }
+
+    /// Waits until `n` more collections than now happened.
+    async fn wait_calls(&self, n: u64) {
+        let mut rx = self.calls.subscribe();
+        let target = *rx.borrow() + n;
+        tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|c| *c >= target))
+            .await
+            .expect("facts re-read in time")
+            .unwrap();
+    }
+}
+
+// === harness ===
+
+struct Worker {
+    stop: oneshot::Sender<ShutdownMode>,
+    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Worker {
+    fn start(cfg: WorkerConfig, facts: Arc<FakeFacts>) -> Self {
+        let plugins = WorkerPlugins {
+            facts: vec![facts],
+            hooks: vec![Arc::new(FakeHook)],
+        };
+        let (stop, rx) = oneshot::channel();
+        let handle = tokio::spawn(run(cfg, plugins, async move {
+            rx.await.unwrap_or(ShutdownMode::Detach)
+        }));
+        Self { stop, handle }
+    }
+
+    async fn shutdown(self, mode: ShutdownMode) {
+        self.stop.send(mode).unwrap();
+        self.handle.await.unwrap().unwrap();
+    }
+}
+
+/// Kills the replicas a test started (if they are still the same processes), whatever
+/// way the test ends.
+#[derive(Default)]
+struct Reaper(Mutex<Vec<(u32, u64)>>);
+
+impl Reaper {
+    fn watch(&self, pid: u32) {
+        if let Ok(Some(stat)) = procfs::read_stat(pid) {
+            self.0.lock().unwrap().push((pid, stat.start_time));
+        }
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        for &(pid, start) in self.0.lock().unwrap().iter() {
+            if procfs::is_same_and_live(pid, start) {
+                let _ = sys::kill_group(pid, sys::Signal::Kill);
+            }
+        }
+    }
+}
+
+fn init_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "local_cluster=debug".into()),
+        )
+        .try_init();
+}
+
+fn config(base: &str, dir: &std::path::Path) -> WorkerConfig {
+    WorkerConfig {
+        stop_timeout: Duration::from_secs(5),
+        facts_interval: Duration::from_secs(3600),
+        ..WorkerConfig::new(HOST, base, TOKEN, dir)
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn assignment(
+    job: &str,
+    command: Vec<String>,
+    readiness: Option<Readiness>,
+    grant: serde_json::Value,
+    desired: Desired,
+) -> Assignment {
+    Assignment {
+        job: job.into(),
+        service: "web".into(),
+        project: "default".into(),
+        replica: 0,
+        command,
+        readiness,
+        grants: BTreeMap::from([("fake".to_owned(), grant)]),
+        desired,
+    }
+}
+
+fn sh(script: &str) -> Vec<String> {
+    vec!["sh".into(), "-c".into(), script.into()]
+}
+
+/// A python HTTP server on `$XCE_TEST_PORT` that first prints the marker.
+fn http_server(dir: &std::path::Path) -> Vec<String> {
+    sh(&format!(
+        "echo \"mark=$XCE_TEST_MARK\"; exec python3 -m http.server \"$XCE_TEST_PORT\" --bind 127.0.0.1 --directory '{}'",
+        dir.display()
+    ))
+}
+
+fn http_probe() -> Option<Readiness> {
+    Some(Readiness {
+        probe: Probe::Http {
+            socket: "http".into(),
+            path: "/".into(),
+        },
+        interval: Duration::from_millis(100),
+        timeout: Duration::from_secs(1),
+    })
+}
+
+fn started_pid(fake: &Fake, job: &str) -> u32 {
+    fake.events_of(job)
+        .iter()
+        .find_map(|e| match e {
+            WorkerEvent::Started { pid, .. } => Some(*pid),
+            _ => None,
+        })
+        .expect("a Started event")
+}
+
+/// `(started, ready=true, ready=false, exited, refused)` counts of a job's events.
+fn counts(fake: &Fake, job: &str) -> (usize, usize, usize, usize, usize) {
+    let evs = fake.events_of(job);
+    let n = |f: &dyn Fn(&WorkerEvent) -> bool| evs.iter().filter(|e| f(e)).count();
+    (
+        n(&|e| matches!(e, WorkerEvent::Started { .. })),
+        n(&|e| matches!(e, WorkerEvent::Readiness { ready: true, .. })),
+        n(&|e| matches!(e, WorkerEvent::Readiness { ready: false, .. })),
+        n(&|e| matches!(e, WorkerEvent::Exited { .. })),
+        n(&|e| matches!(e, WorkerEvent::Refused { .. })),
+    )
+}
+
+fn has(fake: &Fake, job: &str, pred: impl Fn(&WorkerEvent) -> bool) -> impl Fn(&FakeState) -> bool {
+    let job = job.to_owned();
+    let _ = fake;
+    move |s: &FakeState| s.events.iter().any(|e| event_job(e) == job && pred(e))
+}
+
+/// Polls a file until `pred` holds of its content (the one thing that has no change
+/// notification here), within the test bound.
+async fn wait_file(path: &std::path::Path, what: &str, pred: impl Fn(&str) -> bool) {
+    let wait = async {
+        loop {
+            if pred(&std::fs::read_to_string(path).unwrap_or_default()) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(30), wait)
+        .await
+        .is_err()
+    {
+        panic!("timed out waiting for {what} in {}", path.display());
+    }
+}
+
+async fn bounded(test: impl std::future::Future<Output = ()>) {
+    init_logs();
+    tokio::time::timeout(TEST_BOUND, test)
+        .await
+        .expect("test finished within its bound");
+}
+
+// === tests ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn launches_with_the_hook_env_reports_ready_once_and_the_exit() {
+    let reaper = Reaper::default();
+    bounded(async {
+        let fake = Fake::new();
+        let base = fake.serve().await;
+        let dir = tempfile::tempdir().unwrap();
+        let worker = Worker::start(config(&base, dir.path()), FakeFacts::new(false));
+        fake.wait_until("registration", |s| s.registers.len() == 1)
+            .await;
+        assert_eq!(fake.state.lock().unwrap().registers[0].running, vec![]);
+
+        let port = free_port();
+        fake.set_jobs(vec![assignment(
+            "j-1",
+            http_server(dir.path()),
+            http_probe(),
+            serde_json::json!({"port": port}),
+            Desired::Run,
+        )]);
+        fake.wait_until(
+            "ready",
+            has(&fake, "j-1", |e| {
+                matches!(e, WorkerEvent::Readiness { ready: true, .. })
+            }),
+        )
+        .await;
+        let pid = started_pid(&fake, "j-1");
+        reaper.watch(pid);
+        let log = std::fs::read_to_string(dir.path().join("logs/j-1.log")).unwrap();
+        assert!(log.contains("mark=j-1@exec-01"), "{log}");
+        let saved = state::load(&dir.path().join("jobs.json")).unwrap();
+        assert_eq!((saved[0].pid, saved[0].ready), (pid, true));
+
+        sys::kill_group(pid, sys::Signal::Kill).unwrap();
+        fake.wait_until(
+            "exit",
+            has(&fake, "j-1", |e| matches!(e, WorkerEvent::Exited { .. })),
+        )
+        .await;
+        let evs = fake.events_of("j-1");
+        assert_eq!(
+            evs.last(),
+            Some(&WorkerEvent::Exited {
+                job: "j-1".into(),
+                code: None
+            })
+        );
+        let (started, up, _down, exited, _) = counts(&fake, "j-1");
+        assert_eq!((started, up, exited), (1, 1, 1), "{evs:?}");
+        worker.shutdown(ShutdownMode::Detach).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stops_asked_and_orphaned_jobs_escalating_to_sigkill() {
+    let reaper = Reaper::default();
+    bounded(async {
+        let fake = Fake::new();
+        let base = fake.serve().await;
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = WorkerConfig {
+            stop_timeout: Duration::from_millis(300),
+            ..config(&base, dir.path())
+        };
+        let worker = Worker::start(cfg, FakeFacts::new(false));
+        let grant = serde_json::json!({"port": 1});
+        // j-2 ignores SIGTERM (an ignored signal stays ignored across exec): only the
+        // SIGKILL after the grace ends it.
+        let stubborn = assignment(
+            "j-2",
+            sh("trap '' TERM; exec sleep 1000"),
+            None,
+            grant.clone(),
+            Desired::Run,
+        );
+        let plain = assignment(
+            "j-3",
+            vec!["sleep".into(), "1000".into()],
+            None,
+            grant.clone(),
+            Desired::Run,
+        );
+        fake.set_jobs(vec![stubborn.clone(), plain]);
+        for job in ["j-2", "j-3"] {
+            // No probe configured: ready as soon as it runs.
+            fake.wait_until(
+                "ready",
+                has(&fake, job, |e| {
+                    matches!(e, WorkerEvent::Readiness { ready: true, .. })
+                }),
+            )
+            .await;
+            reaper.watch(started_pid(&fake, job));
+        }
+        let pids = (started_pid(&fake, "j-2"), started_pid(&fake, "j-3"));
+
+        // j-2 asked to stop; j-3 no longer listed (an orphan).
+        fake.set_jobs(vec![Assignment {
+            desired: Desired::Stop,
+            ..stubborn
+        }]);
+        for job in ["j-2", "j-3"] {
+            fake.wait_until(
+                "exit",
+                has(&fake, job, |e| {
+                    matches!(e, WorkerEvent::Exited { code: None, .. })
+                }),
+            )
+            .await;
+            assert_eq!(
+                counts(&fake, job),
+                (1, 1, 0, 1, 0),
+                "{:?}",
+                fake.events_of(job)
+            );
+        }
+        assert!(procfs::read_stat(pids.0)
+            .unwrap()
+            .is_none_or(|s| !s.is_live()));
+        assert!(procfs::read_stat(pids.1)
+            .unwrap()
+            .is_none_or(|s| !s.is_live()));
+        worker.shutdown(ShutdownMode::Detach).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_unknown_stops_and_bad_commands_are_reported_once() {
+    bounded(async {
+        let fake = Fake::new();
+        let base = fake.serve().await;
+        let dir = tempfile::tempdir().unwrap();
+        let worker = Worker::start(config(&base, dir.path()), FakeFacts::new(false));
+        let refused = assignment("j-4", vec!["true".into()], None, serde_json::json!({"refuse": true}), Desired::Run);
+        let unknown = assignment("j-5", vec!["true".into()], None, serde_json::json!({}), Desired::Stop);
+        let missing = assignment("j-6", vec!["/nonexistent/xce-test".into()], None, serde_json::json!({"port": 1}), Desired::Run);
+        fake.set_jobs(vec![refused.clone(), unknown.clone(), missing.clone()]);
+        fake.wait_until("three reports", |s| s.events.len() >= 3).await;
+        // A change of the set makes the worker reconcile again: nothing is repeated.
+        let port = free_port();
+        let marker = assignment("j-7", sh("exec sleep 1000"), None, serde_json::json!({"port": port}), Desired::Run);
+        fake.set_jobs(vec![refused, unknown, missing, marker]);
+        fake.wait_until("j-7 ready", has(&fake, "j-7", |e| matches!(e, WorkerEvent::Readiness { .. })))
+            .await;
+        let reaper = Reaper::default();
+        reaper.watch(started_pid(&fake, "j-7"));
+        let evs: Vec<_> = fake.state.lock().unwrap().events.iter().map(|e| serde_json::to_string(e).unwrap()).collect();
+        let evs: Vec<_> = evs.iter().filter(|e| !e.contains("j-7")).cloned().collect();
+        expect_test::expect![[r#"
+            {"event":"refused","job":"j-4","refusal":{"plugin":"fake","reason":"refused by the test","detail":{"refuse":true}}}
+            {"event":"exited","job":"j-6","code":127}
+            {"event":"exited","job":"j-5","code":null}"#]]
+        .assert_eq(&evs.join("\n"));
+        worker.shutdown(ShutdownMode::StopReplicas).await;
+        assert_eq!(counts(&fake, "j-7"), (1, 1, 0, 1, 0));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_worker_readopts_its_replica() {
+    let reaper = Reaper::default();
+    bounded(async {
+        let fake = Fake::new();
+        let base = fake.serve().await;
+        let dir = tempfile::tempdir().unwrap();
+        let facts = FakeFacts::new(false);
+        let worker = Worker::start(config(&base, dir.path()), facts.clone());
+        let port = free_port();
+        fake.set_jobs(vec![assignment(
+            "j-1",
+            http_server(dir.path()),
+            http_probe(),
+            serde_json::json!({"port": port}),
+            Desired::Run,
+        )]);
+        fake.wait_until(
+            "ready",
+            has(&fake, "j-1", |e| {
+                matches!(e, WorkerEvent::Readiness { ready: true, .. })
+            }),
+        )
+        .await;
+        let pid = started_pid(&fake, "j-1");
+        reaper.watch(pid);
+        worker.shutdown(ShutdownMode::Detach).await;
+        let start = procfs::read_stat(pid).unwrap().unwrap();
+        assert!(start.is_live(), "a detached replica keeps running");
+
+        let log = dir.path().join("logs/j-1.log");
+        let probes_before = std::fs::read_to_string(&log)
+            .unwrap()
+            .matches("\"GET / ")
+            .count();
+        let worker = Worker::start(config(&base, dir.path()), facts);
+        fake.wait_until("re-registration", |s| s.registers.len() == 2)
+            .await;
+        assert_eq!(
+            fake.state.lock().unwrap().registers[1].running,
+            vec![RunningJob {
+                job: "j-1".into(),
+                pid,
+                ready: true
+            }]
+        );
+        // The adopted replica is probed again (and, still ready, reports nothing).
+        wait_file(&log, "new probes", |t| {
+            t.matches("\"GET / ").count() > probes_before + 2
+        })
+        .await;
+
+        // The controller no longer lists it: the adopted replica is stopped as an orphan.
+        fake.set_jobs(vec![]);
+        fake.wait_until(
+            "exit",
+            has(&fake, "j-1", |e| matches!(e, WorkerEvent::Exited { .. })),
+        )
+        .await;
+        let (started, up, _down, exited, _) = counts(&fake, "j-1");
+        assert_eq!(
+            (started, up, exited),
+            (1, 1, 1),
+            "{:?}",
+            fake.events_of("j-1")
+        );
+        assert!(!procfs::is_same_and_live(pid, start.start_time));
+        worker.shutdown(ShutdownMode::Detach).await;
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registers_through_outages_and_again_when_forgotten() {
+    let reaper = Reaper::default();
+    bounded(async {
+        let fake = Fake::new();
+        fake.update(|s| s.fail_registers = 2);
+        let base = fake.serve().await;
+        let dir = tempfile::tempdir().unwrap();
+        let worker = Worker::start(config(&base, dir.path()), FakeFacts::new(false));
+        fake.wait_until("registration", |s| s.registers.len() == 1)
+            .await;
+        assert_eq!(fake.state.lock().unwrap().register_attempts, 3);
+
+        fake.set_jobs(vec![assignment(
+            "j-1",
+            sh("exec sleep 1000"),
+            None,
+            serde_json::json!({"port": 1}),
+            Desired::Run,
+        )]);
+        fake.wait_until(
+            "ready",
+            has(&fake, "j-1", |e| matches!(e, WorkerEvent::Readiness { .. })),
+        )
+        .await;
+        let pid = started_pid(&fake, "j-1");
+        reaper.watch(pid);
+
+        fake.update(|s| s.forget_host = true);
+        fake.wait_until("re-registration", |s| s.registers.len() == 2)
+            .await;
+        assert_eq!(
+            fake.state.lock().unwrap().registers[1].running,
+            vec![RunningJob {
+                job: "j-1".into(),
+                pid,
+                ready: true
+            }]
+        );
+
+        // xced dev's Ctrl-C: replicas stop and their exits are reported before run ends.
+        worker.shutdown(ShutdownMode::StopReplicas).await;
+        assert_eq!(counts(&fake, "j-1"), (1, 1, 0, 1, 0));
+        assert!(procfs::read_stat(pid).unwrap().is_none_or(|s| !s.is_live()));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn facts_are_reported_only_when_they_change() {
+    bounded(async {
+        let fake = Fake::new();
+        let base = fake.serve().await;
+        let dir = tempfile::tempdir().unwrap();
+        let facts = FakeFacts::new(false);
+        let cfg = WorkerConfig {
+            facts_interval: Duration::from_millis(20),
+            ..config(&base, dir.path())
+        };
+        let worker = Worker::start(cfg, facts.clone());
+        fake.wait_until("registration", |s| s.registers.len() == 1)
+            .await;
+        facts.wait_calls(3).await;
+        assert_eq!(
+            fake.state.lock().unwrap().facts_puts.len(),
+            0,
+            "unchanged facts are not sent"
+        );
+
+        *facts.value.lock().unwrap() = serde_json::json!(2);
+        fake.wait_until("a facts report", |s| s.facts_puts.len() == 1)
+            .await;
+        facts.wait_calls(3).await;
+        fake.update(|s| s.refuse_facts = true);
+        *facts.value.lock().unwrap() = serde_json::json!(3);
+        fake.wait_until("a second facts report", |s| s.facts_puts.len() == 2)
+            .await;
+        facts.wait_calls(3).await;
+        let puts: Vec<_> = fake
+            .state
+            .lock()
+            .unwrap()
+            .facts_puts
+            .iter()
+            .map(|f| f.sections["fake"].clone())
+            .collect();
+        // A refused report is not repeated while the facts stay the same.
+        assert_eq!(puts, vec![serde_json::json!(2), serde_json::json!(3)]);
+        worker.shutdown(ShutdownMode::Detach).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_facts_error_at_start_fails_the_worker() {
+    bounded(async {
+        let dir = tempfile::tempdir().unwrap();
+        let plugins = WorkerPlugins {
+            facts: vec![FakeFacts::new(true)],
+            hooks: vec![],
+        };
+        let err = run(
+            config("http://127.0.0.1:9", dir.path()),
+            plugins,
+            std::future::pending(),
+        )
+        .await
+        .unwrap_err();
+        expect_test::expect!["collecting host facts: fake: no interfaces found"]
+            .assert_eq(&format!("{err:#}"));
+    })
+    .await;
+}
+
+#[test]
+fn config_debug_redacts_the_credential() {
+    let cfg = WorkerConfig::new(HOST, "http://127.0.0.1:7480", "s3cret", "/var/lib/xce");
+    let shown = format!("{cfg:?}");
+    assert!(!shown.contains("s3cret"), "{shown}");
+    expect_test::expect![[r#"WorkerConfig { host: "exec-01", controller: "http://127.0.0.1:7480", credential: "<redacted>", data_dir: "/var/lib/xce", stop_timeout: 10s, facts_interval: 30s }"#]]
+        .assert_eq(&shown);
+}
