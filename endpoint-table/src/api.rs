@@ -44,6 +44,9 @@ pub(crate) struct Shared {
     watchers: Mutex<WatcherCounts>,
     /// The queue generation applied so far (in-process feed only).
     applied: watch::Sender<u64>,
+    /// Held while taking updates from the queue and applying them, so that the pump and
+    /// a request catching up never apply two batches out of order.
+    catching_up: Mutex<()>,
     queue: Option<Arc<Queue>>,
 }
 
@@ -79,6 +82,7 @@ impl EndpointApi {
             state: RwLock::default(),
             watchers: Mutex::default(),
             applied: watch::Sender::new(0),
+            catching_up: Mutex::new(()),
             queue: queue.clone(),
         });
         Self {
@@ -162,14 +166,11 @@ impl EndpointApi {
 
 /// Moves updates from the in-process queue to the apiserver side until the feed is gone.
 async fn pump(queue: Arc<Queue>, shared: Weak<Shared>) {
-    while let Some(drained) = queue.next().await {
+    while queue.pending().await {
         let Some(shared) = shared.upgrade() else {
             return;
         };
-        for (update, at) in drained.updates {
-            shared.apply(update, Some(at));
-        }
-        shared.applied.send_replace(drained.generation);
+        shared.catch_up();
     }
     tracing::debug!("endpoint table feed closed");
 }
@@ -190,6 +191,23 @@ impl ApiExtension for EndpointApi {
 impl Shared {
     fn read(&self) -> std::sync::RwLockReadGuard<'_, ApiState> {
         self.state.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Applies everything the in-process queue holds.
+    fn catch_up(&self) {
+        let Some(queue) = &self.queue else {
+            return;
+        };
+        let _serial = self
+            .catching_up
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(drained) = queue.drain() {
+            for (update, at) in drained.updates {
+                self.apply(update, Some(at));
+            }
+            self.applied.send_replace(drained.generation);
+        }
     }
 
     fn apply(&self, update: Update, received: Option<Instant>) {
@@ -249,6 +267,11 @@ impl Shared {
 
     /// 503 until the first resync arrived: never serve an empty table while catching up.
     pub(crate) fn ensure_synced(&self) -> Result<(), ApiError> {
+        if !self.read().synced {
+            // In one process the controller resyncs before the apiserver serves: take that
+            // resync now rather than race the pump and answer 503 to the first requests.
+            self.catch_up();
+        }
         if self.read().synced {
             Ok(())
         } else {

@@ -146,17 +146,22 @@ impl Queue {
         })
     }
 
-    /// Waits for pending updates; `None` once the producer is gone and all was taken.
-    pub(crate) async fn next(&self) -> Option<Drained> {
+    /// Waits until updates are pending: `true` then, `false` once the producer is gone
+    /// and everything was taken. Another consumer may take them first; see
+    /// [`drain`](Self::drain).
+    pub(crate) async fn pending(&self) -> bool {
         loop {
-            if let Some(drained) = self.drain() {
-                return Some(drained);
-            }
-            if self.lock().closed {
-                return None;
+            {
+                let pending = self.lock();
+                if pending.resync.is_some() || !pending.changes.is_empty() {
+                    return true;
+                }
+                if pending.closed {
+                    return false;
+                }
             }
             // `notify_one` leaves a permit when nobody waits, so a push between the
-            // checks above and this wait is not lost.
+            // check above and this wait is not lost.
             self.notify.notified().await;
         }
     }
@@ -263,12 +268,13 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn next_ends_after_close() {
+    async fn pending_ends_after_close() {
         let queue = Arc::new(Queue::default());
         queue.push_changes(vec![upsert("a", 1)], Instant::now());
         queue.close();
-        let first = queue.next().await.map(|d| d.updates.len());
-        let second = queue.next().await.map(|d| d.updates.len());
-        assert_eq!((first, second), (Some(1), None));
+        let first = queue.pending().await;
+        let taken = queue.drain().map(|d| d.updates.len());
+        let second = queue.pending().await;
+        assert_eq!((first, taken, second), (true, Some(1), false));
     }
 }
