@@ -149,7 +149,7 @@ impl Client {
         url: Url,
         timeout: Duration,
         body: Option<(&'static str, String)>,
-    ) -> Result<(String, Option<u64>), CliError> {
+    ) -> Result<String, CliError> {
         let mut req = self.http.request(method, url.clone()).timeout(timeout);
         if let Some(auth) = &self.auth {
             req = req.header(AUTHORIZATION, auth.clone());
@@ -159,14 +159,9 @@ impl Client {
         }
         let resp = req.send().await.map_err(|e| transport_error(&url, &e))?;
         let status = resp.status();
-        let index = resp
-            .headers()
-            .get("x-xce-index")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok());
         let text = resp.text().await.map_err(|e| transport_error(&url, &e))?;
         if status.is_success() {
-            Ok((text, index))
+            Ok(text)
         } else {
             Err(status_error(&url, status, &text))
         }
@@ -176,10 +171,10 @@ impl Client {
         &self,
         url: Url,
         timeout: Duration,
-    ) -> Result<(Answer<T>, Option<u64>), CliError> {
-        let (raw, index) = self.send(Method::GET, url.clone(), timeout, None).await?;
+    ) -> Result<Answer<T>, CliError> {
+        let raw = self.send(Method::GET, url.clone(), timeout, None).await?;
         let value = parse(&url, &raw)?;
-        Ok((Answer { value, raw }, index))
+        Ok(Answer { value, raw })
     }
 
     /// `GET /v1/services/{name}/endpoints`, blocking when `q.block` is set. The entry is
@@ -208,27 +203,27 @@ impl Client {
         if url.query() == Some("") {
             url.set_query(None);
         }
-        let (answer, _) = self.get::<EndpointEntry>(url, timeout).await?;
-        answer.value.check()?;
+        let answer = self.get::<EndpointEntry>(url, timeout).await?;
+        crate::model::check(&answer.value)?;
         Ok(answer)
     }
 
     /// `GET /v1/services`.
     pub(crate) async fn services(&self) -> Result<Answer<ServiceList>, CliError> {
         let url = self.url(&["services"]);
-        Ok(self.get(url, REQUEST_TIMEOUT).await?.0)
+        self.get(url, REQUEST_TIMEOUT).await
     }
 
     /// `GET /v1/services/{name}`.
     pub(crate) async fn service(&self, name: &str) -> Result<Answer<ServiceDetail>, CliError> {
         let url = self.url(&["services", name]);
-        Ok(self.get(url, REQUEST_TIMEOUT).await?.0)
+        self.get(url, REQUEST_TIMEOUT).await
     }
 
     /// `POST /v1/services` with a TOML profile.
     pub(crate) async fn submit(&self, toml: String) -> Result<Answer<ServiceDetail>, CliError> {
         let url = self.url(&["services"]);
-        let (raw, _) = self
+        let raw = self
             .send(
                 Method::POST,
                 url.clone(),
@@ -243,7 +238,7 @@ impl Client {
     /// `DELETE /v1/services/{name}`.
     pub(crate) async fn stop(&self, name: &str) -> Result<Answer<StopAnswer>, CliError> {
         let url = self.url(&["services", name]);
-        let (raw, _) = self
+        let raw = self
             .send(Method::DELETE, url.clone(), REQUEST_TIMEOUT, None)
             .await?;
         let value = parse(&url, &raw)?;
@@ -253,7 +248,7 @@ impl Client {
     /// `GET /v1/hosts`.
     pub(crate) async fn hosts(&self) -> Result<Answer<HostList>, CliError> {
         let url = self.url(&["hosts"]);
-        Ok(self.get(url, REQUEST_TIMEOUT).await?.0)
+        self.get(url, REQUEST_TIMEOUT).await
     }
 }
 

@@ -17,7 +17,7 @@ use crate::cli::{EndpointFormat, EndpointsArgs};
 use crate::client::{Answer, Client, EndpointsQuery};
 use crate::error::{CliError, ErrorKind};
 use crate::format::{self, EndpointsView};
-use crate::model::EndpointEntry;
+use crate::model::{self, EndpointEntry};
 use crate::Io;
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -103,16 +103,19 @@ impl Run<'_> {
             };
             let answer = match result {
                 Ok(a) => a,
-                Err(e) if last_index.is_some() && is_transient(&e) => {
+                Err(e) if self.retries(&e, last_index.is_some()) => {
                     // Keep the last index: the next query resumes where we were.
                     self.clear_progress(io);
+                    let resume = match last_index {
+                        Some(i) => format!(" (resuming from index {i})"),
+                        None => String::new(),
+                    };
                     warn(
                         io,
                         &format!(
-                            "{}; retrying in {} (resuming from index {})",
+                            "{}; retrying in {}{resume}",
                             e.message,
-                            humantime::format_duration(backoff),
-                            last_index.unwrap_or_default()
+                            humantime::format_duration(backoff)
                         ),
                     )?;
                     failing = true;
@@ -150,6 +153,20 @@ impl Run<'_> {
         }
     }
 
+    /// Whether a failed query is retried: only while watching or waiting, and only when
+    /// the apiserver is away or failing (not when it refuses us). Before the first answer
+    /// an unreachable apiserver is an error (most likely a wrong `--api`), but a 5xx is
+    /// retried: a freshly started apiserver answers 503 until it has caught up.
+    fn retries(&self, e: &CliError, answered_before: bool) -> bool {
+        let waiting = self.args.watch || self.args.wait_ready.is_some();
+        waiting
+            && match e.kind {
+                ErrorKind::Server => true,
+                ErrorKind::Unreachable => answered_before,
+                _ => false,
+            }
+    }
+
     /// What running out of `--timeout` means: exit 3 while `--wait-ready` waits, the end
     /// of a `--watch` (exit 0, reported as `Ok` by the caller), else a slow apiserver.
     fn timed_out(&self) -> Result<(), CliError> {
@@ -183,7 +200,7 @@ impl Run<'_> {
     ) -> Result<Flow, CliError> {
         let args = self.args;
         let entry = &answer.value;
-        let ready = entry.ready().count();
+        let ready = model::ready(entry).count();
         self.last_ready = ready;
         if !self.ready_reached {
             let want = args.wait_ready.unwrap_or_default() as usize;
@@ -212,7 +229,7 @@ impl Run<'_> {
         };
         if format == EndpointFormat::Env
             && args.port.is_none()
-            && entry.ready().next().is_none()
+            && model::ready(entry).next().is_none()
             && self.declared.is_none()
         {
             // No ready replica tells us the port names: ask the profile, so that `eval`
@@ -316,11 +333,6 @@ impl Run<'_> {
 enum Flow {
     More,
     Done,
-}
-
-/// Failures worth retrying in a watch: the apiserver is away or failing, not refusing us.
-fn is_transient(e: &CliError) -> bool {
-    matches!(e.kind, ErrorKind::Unreachable | ErrorKind::Server)
 }
 
 /// Runs `fut` until `deadline`; `None` when the deadline came first.

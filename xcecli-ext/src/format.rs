@@ -3,7 +3,7 @@
 
 use crate::cli::EndpointFormat;
 use crate::error::CliError;
-use crate::model::{EndpointEntry, HostList, ServiceDetail, ServiceList, StopAnswer};
+use crate::model::{self, EndpointEntry, HostList, ServiceDetail, ServiceList, StopAnswer};
 use std::collections::BTreeSet;
 
 /// What an endpoints rendering needs besides the entry.
@@ -38,9 +38,9 @@ pub(crate) fn endpoints(
                 return Ok(String::new());
             };
             let mut out = String::new();
-            for e in entry.ready() {
-                if let Some(p) = e.ports.get(port) {
-                    out.push_str(&e.socket(*p));
+            for e in model::ready(entry) {
+                if let Some(socket) = e.ports.get(port).and_then(|p| model::socket(e, *p)) {
+                    out.push_str(&socket);
                     out.push('\n');
                 }
             }
@@ -49,17 +49,15 @@ pub(crate) fn endpoints(
         EndpointFormat::Env => {
             let names: BTreeSet<&str> = match view.port {
                 Some(p) => [p].into(),
-                None => entry
-                    .ready()
+                None => model::ready(entry)
                     .flat_map(|e| e.ports.keys().map(String::as_str))
                     .chain(view.declared.iter().map(String::as_str))
                     .collect(),
             };
             let mut out = String::new();
             for name in names {
-                let sockets: Vec<String> = entry
-                    .ready()
-                    .filter_map(|e| e.ports.get(name).map(|p| e.socket(*p)))
+                let sockets: Vec<String> = model::ready(entry)
+                    .filter_map(|e| model::socket(e, *e.ports.get(name)?))
                     .collect();
                 out.push_str(&format!("{}={}\n", env_name(name), sockets.join(",")));
             }
@@ -77,8 +75,7 @@ fn plain_port<'a>(
     if let Some(p) = port {
         return Ok(Some(p));
     }
-    let names: BTreeSet<&str> = entry
-        .ready()
+    let names: BTreeSet<&str> = model::ready(entry)
         .flat_map(|e| e.ports.keys().map(String::as_str))
         .collect();
     match names.len() {
@@ -116,10 +113,10 @@ fn env_name(port: &str) -> String {
 }
 
 fn endpoints_table(view: EndpointsView<'_>, entry: &EndpointEntry) -> String {
-    let rows: Vec<&crate::model::Endpoint> = if view.all {
+    let rows: Vec<&model::Endpoint> = if view.all {
         entry.endpoints.iter().collect()
     } else {
-        entry.ready().collect()
+        model::ready(entry).collect()
     };
     if rows.is_empty() {
         return format!(
@@ -143,12 +140,12 @@ fn endpoints_table(view: EndpointsView<'_>, entry: &EndpointEntry) -> String {
             let mut row = vec![
                 e.replica.to_string(),
                 dash(&e.host),
-                e.address.clone(),
+                e.address.map_or_else(|| "-".to_owned(), |a| a.to_string()),
                 dash(&ports.join(",")),
             ];
             if view.all {
-                row.push(if e.is_ready() { "yes" } else { "no" }.to_owned());
-                row.push(e.state.clone().unwrap_or_else(|| "-".to_owned()));
+                row.push(if model::is_ready(e) { "yes" } else { "no" }.to_owned());
+                row.push(e.state.map_or_else(|| "-".to_owned(), job_state));
             }
             Line::Row(row)
         })
@@ -291,6 +288,14 @@ pub(crate) fn stopped(answer: &StopAnswer) -> String {
     )
 }
 
+/// A job state as the REST API spells it.
+fn job_state(state: plugin_api::JobState) -> String {
+    serde_json::to_value(state)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_else(|| format!("{state:?}").to_lowercase())
+}
+
 fn dash(s: &str) -> String {
     if s.is_empty() {
         "-".to_owned()
@@ -354,7 +359,7 @@ mod tests {
     /// `args`: `format [port=P] [all] [declared=a,b]`.
     fn check(json: &str, args: &str, expect: Expect) {
         let entry: EndpointEntry = serde_json::from_str(json).unwrap();
-        entry.check().unwrap();
+        model::check(&entry).unwrap();
         let mut words = args.split_whitespace();
         let format = match words.next().unwrap() {
             "table" => EndpointFormat::Table,
@@ -436,7 +441,7 @@ mod tests {
         );
         check(
             r#"{"service":"db","index":3,"endpoints":[
-                {"replica":0,"address":"fd00::1","ports":{"pg":5432}}]}"#,
+                {"replica":0,"job":"j-1","host":"h","address":"fd00::1","ports":{"pg":5432}}]}"#,
             "plain",
             expect![[r#"
                 [fd00::1]:5432
@@ -492,11 +497,11 @@ mod tests {
     #[test]
     fn env_values_never_need_quoting() {
         let entry = r#"{"service":"s","index":1,"endpoints":[
-            {"replica":0,"address":"fe80::1%eth0","ports":{"a-b-9":1,"http":65535}},
-            {"replica":1,"address":"host-1.example","ports":{"a-b-9":2}},
-            {"replica":2,"address":"10.0.0.1","ports":{"http":3}}]}"#;
+            {"replica":0,"job":"j-1","host":"h","address":"fe80::1","ports":{"a-b-9":1,"http":65535}},
+            {"replica":1,"job":"j-2","host":"h","address":"::ffff:10.0.0.2","ports":{"a-b-9":2}},
+            {"replica":2,"job":"j-3","host":"h","address":"10.0.0.1","ports":{"http":3}}]}"#;
         let entry: EndpointEntry = serde_json::from_str(entry).unwrap();
-        entry.check().unwrap();
+        model::check(&entry).unwrap();
         let view = EndpointsView {
             format: EndpointFormat::Env,
             port: None,

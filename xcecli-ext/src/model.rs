@@ -7,34 +7,11 @@
 
 use crate::error::{CliError, ErrorKind};
 use serde::Deserialize;
-use std::collections::BTreeMap;
 
-/// `GET /v1/services/{name}/endpoints`.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub(crate) struct EndpointEntry {
-    pub(crate) service: String,
-    pub(crate) index: u64,
-    #[serde(default)]
-    pub(crate) endpoints: Vec<Endpoint>,
-}
-
-/// One replica in an endpoint entry.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-pub(crate) struct Endpoint {
-    pub(crate) replica: u32,
-    #[serde(default)]
-    pub(crate) job: String,
-    #[serde(default)]
-    pub(crate) host: String,
-    pub(crate) address: String,
-    #[serde(default)]
-    pub(crate) ports: BTreeMap<String, u16>,
-    /// Absent on ready endpoints; `false` on the extra rows of `?include=all`.
-    #[serde(default)]
-    pub(crate) ready: Option<bool>,
-    #[serde(default)]
-    pub(crate) state: Option<String>,
-}
+/// `GET /v1/services/{name}/endpoints`: the wire type of `endpoint-table`, which owns
+/// the shape. Addresses are `IpAddr`, so parsing already proves they need no quoting.
+pub(crate) use endpoint_table::wire::EndpointAnswer as Endpoint;
+pub(crate) use endpoint_table::wire::EndpointsAnswer as EndpointEntry;
 
 /// `GET /v1/services`.
 #[derive(Debug, Clone, Deserialize)]
@@ -167,80 +144,43 @@ pub(crate) struct ErrorDetail {
     pub(crate) reason: String,
 }
 
-// === impl EndpointEntry ===
+// === endpoint entries ===
 
-impl EndpointEntry {
-    /// Checks what the outputs trust: every address is an IP address (or at worst a plain
-    /// host name) and every port name is a valid port name, so neither needs shell quoting.
-    pub(crate) fn check(&self) -> Result<(), CliError> {
-        for e in &self.endpoints {
-            if !is_plain_address(&e.address) {
-                return Err(bad_answer(format!(
-                    "replica {} has an address that is not an ip address: {:?}",
-                    e.replica, e.address
-                )));
-            }
-            if let Some(name) = e.ports.keys().find(|n| !is_port_name(n)) {
-                return Err(bad_answer(format!(
-                    "replica {} has an invalid port name: {name:?}",
+/// Checks what the outputs trust beyond the types: every port name is a valid port name,
+/// so `XCE_ENDPOINTS_<NAME>` is a valid shell variable name.
+pub(crate) fn check(entry: &EndpointEntry) -> Result<(), CliError> {
+    for e in &entry.endpoints {
+        if let Some(name) = e.ports.keys().find(|n| !is_port_name(n)) {
+            return Err(CliError::new(
+                ErrorKind::Server,
+                format!(
+                    "the apiserver sent an invalid endpoint entry: replica {} has an invalid port name: {name:?}",
                     e.replica
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// Whether an endpoint is ready (the default rows are; `?include=all` adds others).
-    pub(crate) fn ready(&self) -> impl Iterator<Item = &Endpoint> {
-        self.endpoints.iter().filter(|e| e.is_ready())
-    }
-}
-
-impl Endpoint {
-    /// Ready unless the server said otherwise.
-    pub(crate) fn is_ready(&self) -> bool {
-        self.ready != Some(false)
-    }
-
-    /// `address:port`, with IPv6 addresses in brackets.
-    pub(crate) fn socket(&self, port: u16) -> String {
-        if self.address.contains(':') {
-            format!("[{}]:{port}", self.address)
-        } else {
-            format!("{}:{port}", self.address)
+                ),
+            ));
         }
     }
+    Ok(())
 }
 
-fn bad_answer(message: String) -> CliError {
-    CliError::new(
-        ErrorKind::Server,
-        format!("the apiserver sent an invalid endpoint entry: {message}"),
-    )
+/// The ready endpoints of an entry (all of them, unless `?include=all` added others).
+pub(crate) fn ready(entry: &EndpointEntry) -> impl Iterator<Item = &Endpoint> {
+    entry.endpoints.iter().filter(|e| is_ready(e))
 }
 
-/// An IP address (v4, or v6 with an optional `%zone`), or a DNS host name. Nothing a shell
-/// would interpret.
-fn is_plain_address(s: &str) -> bool {
-    if s.parse::<std::net::IpAddr>().is_ok() {
-        return true;
-    }
-    if let Some((ip, zone)) = s.split_once('%') {
-        return ip.parse::<std::net::Ipv6Addr>().is_ok()
-            && !zone.is_empty()
-            && zone
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.');
-    }
-    !s.is_empty()
-        && s.len() <= 253
-        && !s.starts_with('-')
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+/// Ready unless the server said otherwise (and it has an address to reach it at).
+pub(crate) fn is_ready(e: &Endpoint) -> bool {
+    e.ready != Some(false) && e.address.is_some()
+}
+
+/// `address:port`, IPv6 in brackets; `None` without an address.
+pub(crate) fn socket(e: &Endpoint, port: u16) -> Option<String> {
+    e.address
+        .map(|ip| std::net::SocketAddr::new(ip, port).to_string())
 }
 
 /// DESIGN §3 port names: `[a-z0-9-]`, 1-15 chars (the rest of the rule is the server's).
-fn is_port_name(s: &str) -> bool {
+pub(crate) fn is_port_name(s: &str) -> bool {
     (1..=15).contains(&s.len())
         && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
@@ -251,16 +191,17 @@ mod tests {
     use super::*;
     use expect_test::{expect, Expect};
 
-    fn check(json: &str, expect: Expect) {
+    fn check_entry(json: &str, expect: Expect) {
         let actual = match serde_json::from_str::<EndpointEntry>(json) {
             Err(e) => format!("parse error: {e}"),
-            Ok(entry) => match entry.check() {
+            Ok(entry) => match check(&entry) {
                 Ok(()) => entry
                     .endpoints
                     .iter()
                     .map(|e| {
-                        let sockets: Vec<_> = e.ports.values().map(|p| e.socket(*p)).collect();
-                        format!("{} ready={} {}", e.replica, e.is_ready(), sockets.join(","))
+                        let sockets: Vec<_> =
+                            e.ports.values().filter_map(|p| socket(e, *p)).collect();
+                        format!("{} ready={} {}", e.replica, is_ready(e), sockets.join(","))
                     })
                     .collect::<Vec<_>>()
                     .join("\n"),
@@ -272,29 +213,29 @@ mod tests {
 
     #[test]
     fn parses_and_checks_entries() {
-        check(
+        check_entry(
             r#"{"service":"web","index":42,"endpoints":[
                 {"replica":0,"job":"j-17","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},
-                {"replica":1,"job":"j-18","host":"exec-02","address":"fd00::2","ports":{"http":20533},"ready":false,"state":"running","future":1}]}"#,
+                {"replica":1,"job":"j-18","host":"exec-02","address":"fd00::2","ports":{"http":20533},"ready":false,"state":"running"},
+                {"replica":2,"job":"j-19","host":"exec-03","ports":{"http":20111},"ready":false,"state":"placed"}]}"#,
             expect![[r#"
                 0 ready=true 127.0.0.11:20417
-                1 ready=false [fd00::2]:20533"#]],
+                1 ready=false [fd00::2]:20533
+                2 ready=false "#]],
         );
-        check(
+        check_entry(
             r#"{"service":"web","index":1,"endpoints":[
-                {"replica":0,"address":"$(reboot)","ports":{"http":1}}]}"#,
-            expect![[r#"
-                error: the apiserver sent an invalid endpoint entry: replica 0 has an address that is not an ip address: "$(reboot)"
-            "#]],
+                {"replica":0,"job":"j-1","host":"h","address":"$(reboot)","ports":{"http":1}}]}"#,
+            expect!["parse error: invalid IP address syntax at line 2 column 73"],
         );
-        check(
+        check_entry(
             r#"{"service":"web","index":1,"endpoints":[
-                {"replica":0,"address":"fe80::1%lo","ports":{"A=B;x":1}}]}"#,
+                {"replica":0,"job":"j-1","host":"h","address":"10.0.0.1","ports":{"A=B;x":1}}]}"#,
             expect![[r#"
                 error: the apiserver sent an invalid endpoint entry: replica 0 has an invalid port name: "A=B;x"
             "#]],
         );
-        check(
+        check_entry(
             r#"{"service":"web","endpoints":[]}"#,
             expect!["parse error: missing field `index` at line 1 column 32"],
         );
