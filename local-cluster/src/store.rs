@@ -107,7 +107,8 @@ pub struct MemStore {
 #[derive(Debug, Default)]
 struct MemInner {
     data: BTreeMap<Key, Vec<u8>>,
-    fail_next: bool,
+    /// Commits to let through before one fails.
+    fail_after: Option<usize>,
 }
 
 impl MemStore {
@@ -119,7 +120,12 @@ impl MemStore {
     /// Makes the next [`Store::commit`] fail with [`StoreError::Injected`] (changing
     /// nothing).
     pub fn fail_next_commit(&self) {
-        self.inner.lock().unwrap().fail_next = true;
+        self.fail_commit_after(0);
+    }
+
+    /// Lets `n` commits through, then fails one.
+    pub fn fail_commit_after(&self, n: usize) {
+        self.inner.lock().unwrap().fail_after = Some(n);
     }
 }
 
@@ -135,8 +141,13 @@ impl Store for MemStore {
 
     fn commit(&self, batch: Batch) -> Result<(), StoreError> {
         let mut inner = self.inner.lock().unwrap();
-        if std::mem::take(&mut inner.fail_next) {
-            return Err(StoreError::Injected);
+        match inner.fail_after {
+            Some(0) => {
+                inner.fail_after = None;
+                return Err(StoreError::Injected);
+            }
+            Some(n) => inner.fail_after = Some(n - 1),
+            None => {}
         }
         for op in batch.ops {
             match op {

@@ -1,1 +1,1285 @@
-//! Router and socket tests.
+//! Controller tests: the state machine on a fake clock, the router through `oneshot`
+//! (no sockets), one real-socket run with a fake worker, and a restart on redb.
+
+use super::core::{Core, Timing, Wiring};
+use super::metrics::Metrics;
+use super::scheduler::tests::Slots;
+use super::*;
+use crate::proto::{Assignments, RegisterRequest, RunningJob, WorkerEvent};
+use crate::store::MemStore;
+use axum::body::Body;
+use expect_test::{expect, Expect};
+use http::{Method, Request, StatusCode};
+use plugin_api::{
+    ClusterEvent, ClusterSnapshot, FieldError, Grant, HostFacts, HostId, JobId, LaunchRefusal,
+    PlacementRequest, SectionInfo, Unfit,
+};
+use serde_json::{json, Value};
+use std::sync::Mutex;
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+// === fakes ===
+
+/// The slot plugin of the scheduler tests, shared so a test can look inside while the
+/// controller owns it.
+#[derive(Debug, Clone)]
+struct SharedSlots(Arc<Mutex<Slots>>);
+
+impl SharedSlots {
+    fn new() -> Self {
+        Self(Arc::new(Mutex::new(Slots::new("slots"))))
+    }
+    fn take_log(&self) -> Vec<String> {
+        std::mem::take(&mut self.0.lock().unwrap().log)
+    }
+    fn used(&self) -> Vec<String> {
+        let s = self.0.lock().unwrap();
+        s.used
+            .iter()
+            .map(|((h, n), j)| format!("{h}:{n}={j}"))
+            .collect()
+    }
+}
+
+impl ResourcePlugin for SharedSlots {
+    fn name(&self) -> &'static str {
+        "slots"
+    }
+    fn validate(&self, s: Option<&Value>) -> Result<SectionInfo, Vec<FieldError>> {
+        match s {
+            Some(v) if !v.is_object() => {
+                Err(vec![FieldError::new("service.slots", "must be a table")])
+            }
+            _ => Ok(SectionInfo {
+                socket_names: vec!["http".into()],
+            }),
+        }
+    }
+    fn host_up(&mut self, host: &HostId, facts: &HostFacts) -> Result<(), FieldError> {
+        self.0.lock().unwrap().host_up(host, facts)
+    }
+    fn host_removed(&mut self, host: &HostId) {
+        self.0.lock().unwrap().host_removed(host)
+    }
+    fn fits(&self, host: &HostId, req: &PlacementRequest<'_>) -> Result<(), Unfit> {
+        self.0.lock().unwrap().fits(host, req)
+    }
+    fn reserve(&mut self, host: &HostId, req: &PlacementRequest<'_>) -> Result<Grant, Unfit> {
+        self.0.lock().unwrap().reserve(host, req)
+    }
+    fn release(&mut self, host: &HostId, job: &JobId) {
+        self.0.lock().unwrap().release(host, job)
+    }
+    fn restore(&mut self, host: &HostId, job: &JobId, grant: &Grant) -> Result<(), String> {
+        self.0.lock().unwrap().restore(host, job, grant)
+    }
+    fn launch_refused(&mut self, host: &HostId, job: &JobId, detail: &Value) {
+        self.0
+            .lock()
+            .unwrap()
+            .log
+            .push(format!("launch_refused {host} {job} {detail}"));
+    }
+    fn grant_summary(&self, grant: &Grant) -> Option<Value> {
+        Some(json!({ "slot": grant }))
+    }
+    fn host_summary(&self, host: &HostId) -> Option<Value> {
+        self.0.lock().unwrap().host_summary(host)
+    }
+}
+
+/// Refuses an unspecified advertised address and a missing `slots` section.
+#[derive(Debug)]
+struct Policy;
+
+impl plugin_api::HostFactsPolicy for Policy {
+    fn check(&self, _: &HostId, facts: &HostFacts) -> Result<(), Vec<FieldError>> {
+        let mut errs = Vec::new();
+        if facts.ip_addr.is_some_and(|ip| ip.is_unspecified()) {
+            errs.push(FieldError::new("ip_addr", "must not be unspecified"));
+        }
+        if !facts.sections.contains_key("slots") {
+            errs.push(FieldError::new("sections.slots", "missing"));
+        }
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(errs)
+        }
+    }
+}
+
+/// Records what listeners are told, one line each.
+#[derive(Debug, Default, Clone)]
+struct Recorder(Arc<Mutex<Vec<String>>>);
+
+impl Recorder {
+    fn take(&self) -> Vec<String> {
+        std::mem::take(&mut self.0.lock().unwrap())
+    }
+}
+
+impl ClusterListener for Recorder {
+    fn resync(&self, s: &ClusterSnapshot) {
+        let jobs: Vec<String> = s
+            .jobs
+            .iter()
+            .map(|j| format!("{}@{}:{:?}", j.job, j.host, j.state))
+            .collect();
+        self.0.lock().unwrap().push(format!(
+            "resync rev={} services={} jobs=[{}] hosts={}",
+            s.rev,
+            s.services.len(),
+            jobs.join(" "),
+            s.hosts.len()
+        ));
+    }
+    fn on_event(&self, e: &ClusterEvent) {
+        let line = match e {
+            ClusterEvent::Service { rev, service } => {
+                format!("{rev} service {} rev={}", service.name, service.rev)
+            }
+            ClusterEvent::ServiceRemoved { rev, name, .. } => format!("{rev} removed {name}"),
+            ClusterEvent::Job { rev, job } => format!(
+                "{rev} job {} {}/{} {} {:?} ready={}",
+                job.job, job.service, job.replica, job.host, job.state, job.ready
+            ),
+            ClusterEvent::JobEnded { rev, job, reason } => {
+                format!(
+                    "{rev} ended {} {}/{} {reason:?}",
+                    job.job, job.service, job.replica
+                )
+            }
+            ClusterEvent::Host {
+                rev,
+                host,
+                services,
+            } => format!("{rev} host {} {:?} {services:?}", host.id, host.state),
+        };
+        self.0.lock().unwrap().push(line);
+    }
+}
+
+fn facts(slots: u64) -> HostFacts {
+    HostFacts {
+        ip_addr: Some("127.0.0.11".parse().unwrap()),
+        addresses: vec![plugin_api::HostAddress {
+            ip: "127.0.0.11".parse().unwrap(),
+            interface: Some("lo".into()),
+        }],
+        sections: [("slots".to_owned(), json!(slots))].into(),
+    }
+}
+
+fn web(name: &str, project: &str, replicas: u32) -> Value {
+    json!({"service": {"name": name, "project": project, "replicas": replicas, "command": ["sleep", "1000"]}})
+}
+
+fn admin() -> Principal {
+    Principal {
+        name: "admin".into(),
+        kind: PrincipalKind::User,
+        grants: vec![(Permission::Admin, vec!["*".into()])],
+    }
+}
+
+use plugin_api::{Permission, Principal, PrincipalKind};
+
+// === the state machine on a fake clock ===
+
+const TIMING: Timing = Timing {
+    heartbeat_interval: Duration::from_secs(1),
+    unreachable_after: Duration::from_secs(3),
+    grace_period: Duration::from_secs(30),
+};
+
+/// Drives a [`Core`] like the state task does, with a clock the test moves.
+struct Sim {
+    core: Core,
+    now: Instant,
+    rec: Recorder,
+    slots: SharedSlots,
+    store: Arc<MemStore>,
+    out: Vec<String>,
+}
+
+impl Sim {
+    fn new() -> Self {
+        Self::load(Arc::new(MemStore::new()), Instant::now())
+    }
+
+    fn load(store: Arc<MemStore>, now: Instant) -> Self {
+        let rec = Recorder::default();
+        let slots = SharedSlots::new();
+        let wiring = Wiring {
+            resources: vec![Box::new(slots.clone())],
+            policies: vec![Arc::new(Policy)],
+            listeners: vec![Arc::new(rec.clone())],
+        };
+        let core = Core::load(TIMING, store.clone(), wiring, Metrics::default(), now).unwrap();
+        let mut sim = Sim {
+            core,
+            now,
+            rec,
+            slots,
+            store,
+            out: Vec::new(),
+        };
+        sim.settle("load", Ok(()));
+        sim
+    }
+
+    /// Settles and records what the step caused: its error, events, plugin calls.
+    fn settle(&mut self, step: &str, r: Result<(), core::CoreError>) {
+        self.core.settle(self.now);
+        self.out.push(format!("> {step}"));
+        if let Err(e) = r {
+            self.out.push(format!("  error: {e}"));
+        }
+        for l in self.rec.take() {
+            self.out.push(format!("  {l}"));
+        }
+        for l in self.slots.take_log() {
+            self.out.push(format!("  plugin: {l}"));
+        }
+    }
+
+    fn submit(&mut self, doc: Value) {
+        let r = self.core.submit(doc, &admin(), self.now).map(|_| ());
+        self.settle("submit", r);
+    }
+
+    fn delete(&mut self, name: &str) {
+        let r = self.core.delete(name, &admin(), self.now).map(|_| ());
+        self.settle(&format!("delete {name}"), r);
+    }
+
+    fn register(&mut self, host: &str, slots: u64, running: &[&str]) {
+        let req = RegisterRequest {
+            facts: facts(slots),
+            running: running
+                .iter()
+                .map(|j| RunningJob {
+                    job: (*j).into(),
+                    pid: 1,
+                    ready: true,
+                })
+                .collect(),
+        };
+        let r = self
+            .core
+            .register(&host.to_owned(), req, self.now)
+            .map(|_| ());
+        self.settle(&format!("register {host} running={running:?}"), r);
+    }
+
+    fn heartbeat(&mut self, host: &str) {
+        let r = self.core.heartbeat(&host.to_owned(), self.now);
+        self.settle(&format!("heartbeat {host}"), r);
+    }
+
+    fn events(&mut self, host: &str, events: Vec<WorkerEvent>) {
+        let what = format!("events {host} {}", serde_json::to_string(&events).unwrap());
+        let r = self.core.events(&host.to_owned(), events, self.now);
+        self.settle(&what, r);
+    }
+
+    /// Moves the clock, firing due timers like the state task.
+    fn advance(&mut self, secs: u64) {
+        self.now += Duration::from_secs(secs);
+        self.core.tick(self.now);
+        self.core.mark_dirty();
+        self.settle(&format!("+{secs}s"), Ok(()));
+    }
+
+    /// Lets `secs` seconds pass one by one, the listed hosts heartbeating each second
+    /// and due timers firing, like the state task.
+    fn run_for(&mut self, secs: u64, heartbeating: &[&str]) {
+        for _ in 0..secs {
+            self.now += Duration::from_secs(1);
+            for h in heartbeating {
+                self.core.heartbeat(&(*h).to_owned(), self.now).unwrap();
+                self.core.settle(self.now);
+            }
+            self.core.tick(self.now);
+            self.core.mark_dirty();
+            self.core.settle(self.now);
+        }
+        self.settle(
+            &format!("{secs}s pass, heartbeats from {heartbeating:?}"),
+            Ok(()),
+        );
+    }
+
+    /// A controller restart `secs` later on the same store; the log goes on.
+    fn restart(mut self, secs: u64) -> Sim {
+        let out = std::mem::take(&mut self.out);
+        let (store, now) = (self.store.clone(), self.now + Duration::from_secs(secs));
+        drop(self);
+        let mut s = Sim::load(store, now);
+        s.out.splice(0..0, out);
+        s
+    }
+
+    fn assignments(&mut self, host: &str) -> String {
+        let a: Arc<Assignments> = self.core.assignments(host).unwrap().borrow().clone();
+        let jobs: Vec<String> = a
+            .jobs
+            .iter()
+            .map(|j| format!("{}:{:?}", j.job, j.desired))
+            .collect();
+        format!("{host} index={} [{}]", a.index, jobs.join(" "))
+    }
+
+    fn note(&mut self, s: String) {
+        self.out.push(format!("  = {s}"));
+    }
+
+    fn check(&self, expect: Expect) {
+        expect.assert_eq(&self.out.join("\n"));
+    }
+}
+
+fn started(job: &str) -> WorkerEvent {
+    WorkerEvent::Started {
+        job: job.into(),
+        pid: 7,
+    }
+}
+fn ready(job: &str, ready: bool) -> WorkerEvent {
+    WorkerEvent::Readiness {
+        job: job.into(),
+        ready,
+    }
+}
+fn exited(job: &str) -> WorkerEvent {
+    WorkerEvent::Exited {
+        job: job.into(),
+        code: Some(1),
+    }
+}
+
+#[test]
+fn lifecycle_readiness_stop_and_release() {
+    let mut s = Sim::new();
+    s.register("exec-01", 2, &[]);
+    s.submit(web("web", "default", 1));
+    s.events(
+        "exec-01",
+        vec![started("j-1"), ready("j-1", true), ready("j-1", true)],
+    );
+    // Repeats are idempotent.
+    s.events("exec-01", vec![started("j-1")]);
+    s.delete("web");
+    let a = s.assignments("exec-01");
+    s.note(a);
+    s.events("exec-01", vec![exited("j-1"), exited("j-1")]);
+    let a = s.assignments("exec-01");
+    s.note(a);
+    s.check(expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 running=[]
+          1 host exec-01 Ready []
+        > submit
+          2 service web rev=2
+          3 job j-1 web/0 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true},{"event":"readiness","job":"j-1","ready":true}]
+          4 job j-1 web/0 exec-01 Running ready=false
+          5 job j-1 web/0 exec-01 Running ready=true
+        > events exec-01 [{"event":"started","job":"j-1","pid":7}]
+        > delete web
+          6 service web rev=6
+          7 job j-1 web/0 exec-01 Stopping ready=false
+          = exec-01 index=7 [j-1:Stop]
+        > events exec-01 [{"event":"exited","job":"j-1","code":1},{"event":"exited","job":"j-1","code":1}]
+          8 ended j-1 web/0 Stopped
+          9 removed web
+          plugin: release exec-01 j-1
+          = exec-01 index=9 []"#]],
+    );
+}
+
+#[test]
+fn crash_looping_replica_backs_off_then_resets() {
+    let mut s = Sim::new();
+    s.register("exec-01", 2, &[]);
+    s.submit(web("web", "default", 1));
+    s.events("exec-01", vec![started("j-1"), exited("j-1")]);
+    let d = s.core.next_deadline(s.now).map(|d| d - s.now);
+    s.note(format!(
+        "next deadline in {d:?} (backoff 1s, before the host's 3s)"
+    ));
+    s.run_for(1, &["exec-01"]);
+    s.events("exec-01", vec![started("j-2"), exited("j-2")]);
+    s.run_for(1, &["exec-01"]);
+    s.note("1s is not enough after the second exit".into());
+    s.run_for(1, &["exec-01"]);
+    s.events("exec-01", vec![started("j-3"), exited("j-3")]);
+    s.run_for(3, &["exec-01"]);
+    s.note("third exit: 4s".into());
+    s.run_for(1, &["exec-01"]);
+    s.events("exec-01", vec![started("j-4")]);
+    s.run_for(60, &["exec-01"]);
+    s.events("exec-01", vec![exited("j-4")]);
+    s.note("ran 60s: backoff starts over at 1s".into());
+    s.run_for(1, &["exec-01"]);
+    s.check(expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 running=[]
+          1 host exec-01 Ready []
+        > submit
+          2 service web rev=2
+          3 job j-1 web/0 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"exited","job":"j-1","code":1}]
+          4 job j-1 web/0 exec-01 Running ready=false
+          5 ended j-1 web/0 Exited { code: Some(1) }
+          plugin: release exec-01 j-1
+          = next deadline in Some(1s) (backoff 1s, before the host's 3s)
+        > 1s pass, heartbeats from ["exec-01"]
+          6 job j-2 web/0 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-2 0
+        > events exec-01 [{"event":"started","job":"j-2","pid":7},{"event":"exited","job":"j-2","code":1}]
+          7 job j-2 web/0 exec-01 Running ready=false
+          8 ended j-2 web/0 Exited { code: Some(1) }
+          plugin: release exec-01 j-2
+        > 1s pass, heartbeats from ["exec-01"]
+          = 1s is not enough after the second exit
+        > 1s pass, heartbeats from ["exec-01"]
+          9 job j-3 web/0 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-3 0
+        > events exec-01 [{"event":"started","job":"j-3","pid":7},{"event":"exited","job":"j-3","code":1}]
+          10 job j-3 web/0 exec-01 Running ready=false
+          11 ended j-3 web/0 Exited { code: Some(1) }
+          plugin: release exec-01 j-3
+        > 3s pass, heartbeats from ["exec-01"]
+          = third exit: 4s
+        > 1s pass, heartbeats from ["exec-01"]
+          12 job j-4 web/0 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-4 0
+        > events exec-01 [{"event":"started","job":"j-4","pid":7}]
+          13 job j-4 web/0 exec-01 Running ready=false
+        > 60s pass, heartbeats from ["exec-01"]
+        > events exec-01 [{"event":"exited","job":"j-4","code":1}]
+          14 ended j-4 web/0 Exited { code: Some(1) }
+          plugin: release exec-01 j-4
+          = ran 60s: backoff starts over at 1s
+        > 1s pass, heartbeats from ["exec-01"]
+          15 job j-5 web/0 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-5 0"#]]);
+}
+
+#[test]
+fn unreachable_host_keeps_jobs_and_lost_host_is_replaced() {
+    let mut s = Sim::new();
+    s.register("exec-01", 2, &[]);
+    s.register("exec-02", 2, &[]);
+    s.submit(web("web", "default", 2));
+    s.events("exec-01", vec![started("j-1"), ready("j-1", true)]);
+    s.events("exec-02", vec![started("j-2")]);
+    s.run_for(5, &["exec-02"]);
+    // Back within the grace period: jobs as before, readiness kept.
+    s.heartbeat("exec-01");
+    s.run_for(35, &["exec-02"]);
+    let a = s.assignments("exec-02");
+    s.note(a);
+    // The lost worker comes back still running j-1: an orphan; exec-01 takes nothing new
+    // until it reported j-1 exited.
+    s.heartbeat("exec-01");
+    s.register("exec-01", 2, &["j-1"]);
+    let a = s.assignments("exec-01");
+    s.note(a);
+    s.submit(web("api", "default", 2));
+    s.events("exec-01", vec![exited("j-1")]);
+    s.check(expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 running=[]
+          1 host exec-01 Ready []
+        > register exec-02 running=[]
+          2 host exec-02 Ready []
+        > submit
+          3 service web rev=3
+          4 job j-1 web/0 exec-01 Placed ready=false
+          5 job j-2 web/1 exec-02 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+          plugin: reserve exec-02 j-2 0
+        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true}]
+          6 job j-1 web/0 exec-01 Running ready=false
+          7 job j-1 web/0 exec-01 Running ready=true
+        > events exec-02 [{"event":"started","job":"j-2","pid":7}]
+          8 job j-2 web/1 exec-02 Running ready=false
+        > 5s pass, heartbeats from ["exec-02"]
+          9 job j-1 web/0 exec-01 Unknown ready=true
+          10 host exec-01 Unreachable ["web"]
+        > heartbeat exec-01
+          11 job j-1 web/0 exec-01 Running ready=true
+          12 host exec-01 Ready ["web"]
+        > 35s pass, heartbeats from ["exec-02"]
+          13 job j-1 web/0 exec-01 Unknown ready=true
+          14 host exec-01 Unreachable ["web"]
+          15 ended j-1 web/0 HostLost
+          16 host exec-01 Lost []
+          17 job j-3 web/0 exec-02 Placed ready=false
+          plugin: release exec-01 j-1
+          plugin: reserve exec-02 j-3 1
+          = exec-02 index=17 [j-2:Run j-3:Run]
+        > heartbeat exec-01
+          error: host "exec-01" is not registered
+        > register exec-01 running=["j-1"]
+          18 host exec-01 Ready []
+          = exec-01 index=17 []
+        > submit
+          19 service api rev=19
+        > events exec-01 [{"event":"exited","job":"j-1","code":1}]
+          20 job j-4 api/0 exec-01 Placed ready=false
+          21 job j-5 api/1 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-4 0
+          plugin: reserve exec-01 j-5 1"#]]);
+}
+
+#[test]
+fn refused_launch_is_reported_released_and_placed_again() {
+    let mut s = Sim::new();
+    s.register("exec-01", 2, &[]);
+    s.submit(web("web", "default", 1));
+    s.events(
+        "exec-01",
+        vec![WorkerEvent::Refused {
+            job: "j-1".into(),
+            refusal: LaunchRefusal {
+                plugin: "slots".into(),
+                reason: "slot 0 is in use on the host".into(),
+                detail: json!({"slot": 0}),
+            },
+        }],
+    );
+    s.check(expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 running=[]
+          1 host exec-01 Ready []
+        > submit
+          2 service web rev=2
+          3 job j-1 web/0 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+        > events exec-01 [{"event":"refused","job":"j-1","refusal":{"plugin":"slots","reason":"slot 0 is in use on the host","detail":{"slot":0}}}]
+          4 ended j-1 web/0 Refused { reason: "slot 0 is in use on the host" }
+          5 job j-2 web/0 exec-01 Placed ready=false
+          plugin: launch_refused exec-01 j-1 {"slot":0}
+          plugin: release exec-01 j-1
+          plugin: reserve exec-01 j-2 0"#]],
+    );
+}
+
+#[test]
+fn register_reconciles_and_refused_facts_keep_the_old_ones() {
+    let mut s = Sim::new();
+    s.register("exec-01", 3, &[]);
+    s.submit(web("web", "default", 3));
+    s.events("exec-01", vec![started("j-1"), started("j-2")]);
+    s.delete("web");
+    // Worker restarted: j-1 (stopping) still runs, j-2 is gone, j-3 never started.
+    s.register("exec-01", 3, &["j-1"]);
+    let bad = HostFacts {
+        ip_addr: Some("0.0.0.0".parse().unwrap()),
+        ..HostFacts::default()
+    };
+    let r = s.core.facts(&"exec-01".into(), bad, s.now);
+    s.settle("facts 0.0.0.0", r);
+    let ip = s.core.view().borrow().hosts[0].info.facts.ip_addr;
+    s.note(format!("ip_addr still {ip:?}"));
+    s.check(expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 running=[]
+          1 host exec-01 Ready []
+        > submit
+          2 service web rev=2
+          3 job j-1 web/0 exec-01 Placed ready=false
+          4 job j-2 web/1 exec-01 Placed ready=false
+          5 job j-3 web/2 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+          plugin: reserve exec-01 j-2 1
+          plugin: reserve exec-01 j-3 2
+        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"started","job":"j-2","pid":7}]
+          6 job j-1 web/0 exec-01 Running ready=false
+          7 job j-2 web/1 exec-01 Running ready=false
+        > delete web
+          8 service web rev=8
+          9 job j-1 web/0 exec-01 Stopping ready=false
+          10 job j-2 web/1 exec-01 Stopping ready=false
+          11 job j-3 web/2 exec-01 Stopping ready=false
+        > register exec-01 running=["j-1"]
+          12 ended j-2 web/1 Stopped
+          13 ended j-3 web/2 Stopped
+          14 host exec-01 Ready ["web"]
+          plugin: release exec-01 j-2
+          plugin: release exec-01 j-3
+        > facts 0.0.0.0
+          error: host facts refused
+          = ip_addr still Some(127.0.0.11)"#]],
+    );
+}
+
+#[test]
+fn restart_restores_grants_and_continues_the_revision() {
+    let mut s = Sim::new();
+    s.register("exec-01", 3, &[]);
+    s.submit(web("web", "default", 2));
+    s.events("exec-01", vec![started("j-1"), ready("j-1", true)]);
+    // A failed commit changes nothing: no event, no grant kept.
+    s.store.fail_next_commit();
+    s.submit(web("api", "default", 1));
+    // The service commits, its placement fails: the reservation is rolled back and the
+    // replica stays pending.
+    s.store.fail_commit_after(1);
+    s.submit(web("api", "default", 1));
+    let pending = s.core.view().borrow().services["api"].pending.clone();
+    s.note(format!(
+        "api pending {pending:?}, used {:?}",
+        s.slots.used()
+    ));
+    let mut s = s.restart(100);
+    s.note(format!("used {:?}", s.slots.used()));
+    s.events("exec-01", vec![started("j-2")]);
+    s.check(expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 running=[]
+          1 host exec-01 Ready []
+        > submit
+          2 service web rev=2
+          3 job j-1 web/0 exec-01 Placed ready=false
+          4 job j-2 web/1 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+          plugin: reserve exec-01 j-2 1
+        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true}]
+          5 job j-1 web/0 exec-01 Running ready=false
+          6 job j-1 web/0 exec-01 Running ready=true
+        > submit
+          error: store failure injected for a test
+        > submit
+          7 service api rev=7
+          plugin: reserve exec-01 j-3 2
+          plugin: release exec-01 j-3
+          = api pending [(0, "the controller's store failed")], used ["exec-01:0=j-1", "exec-01:1=j-2"]
+        > load
+          resync rev=7 services=2 jobs=[j-1@exec-01:Running j-2@exec-01:Placed] hosts=1
+          8 job j-3 api/0 exec-01 Placed ready=false
+          plugin: restore exec-01 j-1 0
+          plugin: restore exec-01 j-2 1
+          plugin: reserve exec-01 j-3 2
+          = used ["exec-01:0=j-1", "exec-01:1=j-2", "exec-01:2=j-3"]
+        > events exec-01 [{"event":"started","job":"j-2","pid":7}]
+          9 job j-2 web/1 exec-01 Running ready=false"#]]);
+}
+
+// === the router, through oneshot ===
+
+const TOKENS: &str = r#"
+[[token]]
+secret = "alice-secret"
+principal = "alice"
+grants = [ { permission = "job.view", projects = ["team-a"] },
+           { permission = "job.submit", projects = ["team-a"] } ]
+[[token]]
+secret = "bob-secret"
+principal = "bob"
+grants = [ { permission = "job.view", projects = ["team-a", "team-b"] },
+           { permission = "job.submit", projects = ["team-b"] } ]
+[[token]]
+secret = "admin-secret"
+principal = "admin"
+grants = [ { permission = "admin", projects = ["*"] } ]
+[[worker]]
+host = "exec-01"
+secret = "w1-secret"
+[[worker]]
+host = "exec-02"
+secret = "w2-secret"
+"#;
+
+struct App {
+    ctl: Controller,
+    app: axum::Router,
+}
+
+async fn app_with(cfg: ControllerConfig, store: Arc<dyn Store>, slots: SharedSlots) -> App {
+    let plugins = ControllerPlugins {
+        resources: vec![Box::new(slots.clone())],
+        facts_policies: vec![Arc::new(Policy)],
+        listeners: vec![],
+        extensions: vec![],
+    };
+    let ctl = Controller::new(&cfg, Tokens::parse(TOKENS).unwrap(), plugins, store)
+        .await
+        .unwrap();
+    let app = ctl.router();
+    App { ctl, app }
+}
+
+async fn app() -> App {
+    app_with(
+        ControllerConfig::default(),
+        Arc::new(MemStore::new()),
+        SharedSlots::new(),
+    )
+    .await
+}
+
+impl App {
+    /// Sends one request; returns status and body (JSON compacted).
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        who: Option<&str>,
+        body: Option<(&str, String)>,
+    ) -> (StatusCode, String) {
+        let mut req = Request::builder()
+            .method(Method::from_bytes(method.as_bytes()).unwrap())
+            .uri(path);
+        if let Some(t) = who {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let body = match body {
+            Some((ctype, b)) => {
+                req = req.header("content-type", ctype);
+                Body::from(b)
+            }
+            None => Body::empty(),
+        };
+        let resp = self
+            .app
+            .clone()
+            .oneshot(req.body(body).unwrap())
+            .await
+            .unwrap();
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    async fn json(
+        &self,
+        method: &str,
+        path: &str,
+        who: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let (s, b) = self
+            .call(
+                method,
+                path,
+                Some(who),
+                body.map(|v| ("application/json", v.to_string())),
+            )
+            .await;
+        (s, serde_json::from_str(&b).unwrap_or(Value::String(b)))
+    }
+
+    async fn register(&self, host: &str, secret: &str, slots: u64) {
+        let req = RegisterRequest {
+            facts: facts(slots),
+            running: vec![],
+        };
+        let (s, b) = self
+            .json(
+                "POST",
+                &format!("/internal/v1/hosts/{host}/register"),
+                secret,
+                Some(serde_json::to_value(req).unwrap()),
+            )
+            .await;
+        assert_eq!(s, StatusCode::OK, "{b}");
+    }
+}
+
+/// Runs each `(method, path, token, body)` and prints `status body` per line.
+async fn check_calls(
+    app: &App,
+    calls: &[(&str, &str, Option<&str>, Option<Value>)],
+    expect: Expect,
+) {
+    let mut out = Vec::new();
+    for (m, p, who, body) in calls {
+        let (s, b) = app
+            .call(
+                m,
+                p,
+                *who,
+                body.as_ref().map(|v| ("application/json", v.to_string())),
+            )
+            .await;
+        out.push(format!(
+            "{m} {p} as {}: {} {b}",
+            who.unwrap_or("-"),
+            s.as_u16()
+        ));
+    }
+    expect.assert_eq(&out.join("\n"));
+}
+
+#[tokio::test]
+async fn rbac_matrix_across_two_projects() {
+    let app = app().await;
+    app.register("exec-01", "w1-secret", 4).await;
+    let unknown_before = app
+        .call("GET", "/v1/services/web-b", Some("alice-secret"), None)
+        .await;
+    let (s, _) = app
+        .json(
+            "POST",
+            "/v1/services",
+            "alice-secret",
+            Some(web("web-a", "team-a", 1)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (s, _) = app
+        .json(
+            "POST",
+            "/v1/services",
+            "bob-secret",
+            Some(web("web-b", "team-b", 1)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    // Invisible and unknown answer byte-identically.
+    let invisible = app
+        .call("GET", "/v1/services/web-b", Some("alice-secret"), None)
+        .await;
+    assert_eq!(unknown_before, invisible);
+    let delete_invisible = app
+        .call("DELETE", "/v1/services/web-b", Some("alice-secret"), None)
+        .await;
+    assert_eq!(unknown_before, delete_invisible);
+
+    check_calls(
+        &app,
+        &[
+            ("GET", "/healthz", None, None),
+            ("GET", "/v1/services", None, None),
+            ("GET", "/v1/services", Some("nope"), None),
+            ("GET", "/v1/services/web-b", Some("alice-secret"), None),
+            ("DELETE", "/v1/services/web-b", Some("alice-secret"), None),
+            (
+                "POST",
+                "/v1/services",
+                Some("alice-secret"),
+                Some(web("x", "team-b", 1)),
+            ),
+            (
+                "POST",
+                "/v1/services",
+                Some("bob-secret"),
+                Some(web("x", "team-a", 1)),
+            ),
+            ("DELETE", "/v1/services/web-a", Some("bob-secret"), None),
+            (
+                "POST",
+                "/v1/services",
+                Some("w1-secret"),
+                Some(web("x", "team-a", 1)),
+            ),
+            ("GET", "/v1/services/web-a", Some("w1-secret"), None),
+            ("GET", "/v1/services", Some("w1-secret"), None),
+            ("GET", "/v1/hosts", Some("w1-secret"), None),
+            (
+                "POST",
+                "/internal/v1/hosts/exec-01/heartbeat",
+                Some("admin-secret"),
+                None,
+            ),
+            (
+                "POST",
+                "/internal/v1/hosts/exec-01/heartbeat",
+                Some("w2-secret"),
+                None,
+            ),
+            (
+                "GET",
+                "/internal/v1/hosts/exec-01/assignments?index=999",
+                Some("w2-secret"),
+                None,
+            ),
+            (
+                "POST",
+                "/internal/v1/hosts/exec-01/heartbeat",
+                Some("w1-secret"),
+                None,
+            ),
+            (
+                "POST",
+                "/internal/v1/hosts/exec-02/heartbeat",
+                Some("w2-secret"),
+                None,
+            ),
+            ("GET", "/v1/nothing", Some("alice-secret"), None),
+        ],
+        expect![[r#"
+            GET /healthz as -: 200 ok
+            GET /v1/services as -: 401 {"error":{"code":"unauthenticated","details":[],"message":"missing bearer token"}}
+            GET /v1/services as nope: 401 {"error":{"code":"unauthenticated","details":[],"message":"invalid bearer token"}}
+            GET /v1/services/web-b as alice-secret: 404 {"error":{"code":"not_found","details":[],"message":"service \"web-b\" not found"}}
+            DELETE /v1/services/web-b as alice-secret: 404 {"error":{"code":"not_found","details":[],"message":"service \"web-b\" not found"}}
+            POST /v1/services as alice-secret: 403 {"error":{"code":"forbidden","details":[],"message":"no job.submit permission on project \"team-b\""}}
+            POST /v1/services as bob-secret: 403 {"error":{"code":"forbidden","details":[],"message":"no job.submit permission on project \"team-a\""}}
+            DELETE /v1/services/web-a as bob-secret: 403 {"error":{"code":"forbidden","details":[],"message":"no job.submit permission on project \"team-a\""}}
+            POST /v1/services as w1-secret: 403 {"error":{"code":"forbidden","details":[],"message":"worker credentials may only call the worker api of their host"}}
+            GET /v1/services/web-a as w1-secret: 403 {"error":{"code":"forbidden","details":[],"message":"worker credentials may only call the worker api of their host"}}
+            GET /v1/services as w1-secret: 403 {"error":{"code":"forbidden","details":[],"message":"worker credentials may only call the worker api of their host"}}
+            GET /v1/hosts as w1-secret: 403 {"error":{"code":"forbidden","details":[],"message":"worker credentials may only call the worker api of their host"}}
+            POST /internal/v1/hosts/exec-01/heartbeat as admin-secret: 403 {"error":{"code":"forbidden","details":[],"message":"the worker api needs a worker credential"}}
+            POST /internal/v1/hosts/exec-01/heartbeat as w2-secret: 403 {"error":{"code":"forbidden","details":[],"message":"a worker may act for its own host only"}}
+            GET /internal/v1/hosts/exec-01/assignments?index=999 as w2-secret: 403 {"error":{"code":"forbidden","details":[],"message":"a worker may act for its own host only"}}
+            POST /internal/v1/hosts/exec-01/heartbeat as w1-secret: 204 
+            POST /internal/v1/hosts/exec-02/heartbeat as w2-secret: 404 {"error":{"code":"not_found","details":[],"message":"host \"exec-02\" is not registered"}}
+            GET /v1/nothing as alice-secret: 404 {"error":{"code":"not_found","details":[],"message":"no such route"}}"#]],
+    )
+    .await;
+
+    // Lists are filtered.
+    let names = |v: &Value| -> Vec<String> {
+        v["services"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (_, a) = app.json("GET", "/v1/services", "alice-secret", None).await;
+    let (_, b) = app.json("GET", "/v1/services", "bob-secret", None).await;
+    assert_eq!(
+        (names(&a), names(&b)),
+        (
+            vec!["web-a".to_owned()],
+            vec!["web-a".to_owned(), "web-b".to_owned()]
+        )
+    );
+    // Everyone with a user token sees the hosts.
+    let (s, _) = app.json("GET", "/v1/hosts", "alice-secret", None).await;
+    assert_eq!(s, StatusCode::OK);
+    app.ctl.shutdown().await;
+}
+
+#[tokio::test]
+async fn submit_errors_list_every_problem() {
+    let app = app().await;
+    let bad = json!({"service": {"name": "Bad_", "project": "team-a", "replicas": 0, "command": [], "slots": 3, "what": 1}});
+    let toml_ok =
+        "[service]\nname = \"web\"\nproject = \"team-a\"\ncommand = [\"true\"]\n".to_owned();
+    let mut out = Vec::new();
+    for (ctype, body) in [
+        ("application/json", bad.to_string()),
+        ("application/json", "{not json".to_owned()),
+        ("application/toml", "[service\n".to_owned()),
+        ("text/plain", "x".to_owned()),
+        ("application/toml", toml_ok.clone()),
+        ("application/toml", toml_ok),
+    ] {
+        let (s, b) = app
+            .call(
+                "POST",
+                "/v1/services",
+                Some("alice-secret"),
+                Some((ctype, body)),
+            )
+            .await;
+        let v: Value = serde_json::from_str(&b).unwrap();
+        out.push(format!(
+            "{} {}",
+            s.as_u16(),
+            v.get("error").unwrap_or(&v["name"])
+        ));
+    }
+    expect![[r#"
+        400 {"code":"invalid","details":[{"field":"service.what","reason":"unknown field"},{"field":"service.name","reason":"may contain only a-z, 0-9 and '-'"},{"field":"service.replicas","reason":"must be between 1 and 1000"},{"field":"service.command","reason":"must not be empty"},{"field":"service.slots","reason":"must be a table"}],"message":"invalid profile"}
+        400 {"code":"invalid","details":[{"field":"profile","reason":"not valid JSON: key must be a string at line 1 column 2"}],"message":"invalid profile"}
+        400 {"code":"invalid","details":[{"field":"profile","reason":"not valid TOML: unclosed table, expected `]`"}],"message":"invalid profile"}
+        415 {"code":"unsupported_media_type","details":[],"message":"content type \"text/plain\" is not supported; send application/json or application/toml"}
+        201 "web"
+        409 {"code":"conflict","details":[],"message":"service \"web\" already exists"}"#]]
+    .assert_eq(&out.join("\n"));
+    app.ctl.shutdown().await;
+}
+
+#[tokio::test]
+async fn oversized_bodies_answer_413_in_the_error_shape() {
+    let cfg = ControllerConfig {
+        body_limit: 64,
+        ..ControllerConfig::default()
+    };
+    let app = app_with(cfg, Arc::new(MemStore::new()), SharedSlots::new()).await;
+    let big = web("web", "team-a", 1).to_string() + &" ".repeat(100);
+    let (s, b) = app
+        .call(
+            "POST",
+            "/v1/services",
+            Some("alice-secret"),
+            Some(("application/json", big)),
+        )
+        .await;
+    expect![[r#"413 {"error":{"code":"too_large","details":[],"message":"request body is larger than the limit of 64 bytes"}}"#]]
+        .assert_eq(&format!("{} {b}", s.as_u16()));
+    app.ctl.shutdown().await;
+}
+
+#[tokio::test]
+async fn service_and_host_answers_have_the_rest_shapes() {
+    let app = app().await;
+    app.register("exec-01", "w1-secret", 2).await;
+    app.register("exec-02", "w2-secret", 1).await;
+    let (s, created) = app
+        .json(
+            "POST",
+            "/v1/services",
+            "admin-secret",
+            Some(web("web", "default", 4)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let body = json!([{"event": "started", "job": "j-1", "pid": 9}, {"event": "readiness", "job": "j-1", "ready": true}]);
+    let (s, _) = app
+        .json(
+            "POST",
+            "/internal/v1/hosts/exec-01/events",
+            "w1-secret",
+            Some(body),
+        )
+        .await;
+    assert_eq!(s, StatusCode::NO_CONTENT);
+    let (_, detail) = app
+        .json("GET", "/v1/services/web", "admin-secret", None)
+        .await;
+    let (_, list) = app.json("GET", "/v1/services", "admin-secret", None).await;
+    let (_, hosts) = app.json("GET", "/v1/hosts", "admin-secret", None).await;
+    let (_, metrics) = app.call("GET", "/metrics", None, None).await;
+    let metrics: Vec<&str> = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("xce_jobs{")
+                || l.starts_with("xce_pending")
+                || l.starts_with("xce_placements")
+        })
+        .collect();
+    expect![[r#"
+        {"index":6,"jobs":[{"host":"exec-01","job":"j-1","ready":false,"replica":0,"slots":{"slot":0},"state":"placed"},{"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"state":"active"}
+        {"index":8,"jobs":[{"host":"exec-01","job":"j-1","ready":true,"replica":0,"slots":{"slot":0},"state":"running"},{"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"state":"active"}
+        {"services":[{"index":8,"name":"web","pending":1,"pending_reason":"slots is full on all 2 hosts","project":"default","ready":1,"replicas":4,"running":1,"state":"active"}]}
+        {"hosts":[{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-01","ip_addr":"127.0.0.11","jobs":2,"slots":{"capacity":2,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-02","ip_addr":"127.0.0.11","jobs":1,"slots":{"capacity":1,"used":1},"state":"ready"}]}
+        xce_jobs{state="unknown"} 0
+        xce_jobs{state="running"} 1
+        xce_jobs{state="stopping"} 0
+        xce_jobs{state="placed"} 2
+        xce_pending_replicas 1
+        xce_placements_total 3"#]]
+    .assert_eq(&format!("{created}\n{detail}\n{list}\n{hosts}\n{}", metrics.join("\n")));
+    app.ctl.shutdown().await;
+}
+
+#[tokio::test]
+async fn restart_on_redb_hands_nothing_out_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let slots = SharedSlots::new();
+    let store: Arc<dyn Store> = Arc::new(crate::store::RedbStore::open(&path).unwrap());
+    let app = app_with(ControllerConfig::default(), store, slots.clone()).await;
+    app.register("exec-01", "w1-secret", 3).await;
+    let (_, a) = app
+        .json(
+            "POST",
+            "/v1/services",
+            "admin-secret",
+            Some(web("web", "default", 2)),
+        )
+        .await;
+    let App {
+        ctl, app: router, ..
+    } = app;
+    drop(router);
+    ctl.shutdown().await;
+    let first = slots.take_log();
+
+    let slots2 = SharedSlots::new();
+    let store: Arc<dyn Store> = Arc::new(crate::store::RedbStore::open(&path).unwrap());
+    let app = app_with(ControllerConfig::default(), store, slots2.clone()).await;
+    let restored = slots2.take_log();
+    let (_, b) = app
+        .json(
+            "POST",
+            "/v1/services",
+            "admin-secret",
+            Some(web("api", "default", 1)),
+        )
+        .await;
+    let (_, w) = app
+        .json("GET", "/v1/services/web", "admin-secret", None)
+        .await;
+    expect![[r#"
+        before: ["reserve exec-01 j-1 0", "reserve exec-01 j-2 1"] index 4
+        restored: ["restore exec-01 j-1 0", "restore exec-01 j-2 1"]
+        after: ["reserve exec-01 j-3 2"] index 6, web index 4
+        used: ["exec-01:0=j-1", "exec-01:1=j-2", "exec-01:2=j-3"]"#]]
+    .assert_eq(&format!(
+        "before: {first:?} index {}\nrestored: {restored:?}\nafter: {:?} index {}, web index {}\nused: {:?}",
+        a["index"],
+        slots2.take_log(),
+        b["index"],
+        w["index"],
+        slots2.used()
+    ));
+    app.ctl.shutdown().await;
+}
+
+// === one real socket: a fake worker over HTTP ===
+
+#[tokio::test]
+async fn fake_worker_over_http_sees_assignments_and_replacements() {
+    let slots = SharedSlots::new();
+    let plugins = ControllerPlugins {
+        resources: vec![Box::new(slots.clone())],
+        facts_policies: vec![Arc::new(Policy)],
+        listeners: vec![],
+        extensions: vec![],
+    };
+    let cfg = ControllerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..ControllerConfig::default()
+    };
+    let run = start(
+        cfg,
+        Tokens::parse(TOKENS).unwrap(),
+        plugins,
+        Arc::new(MemStore::new()),
+    )
+    .await
+    .unwrap();
+    let base = format!("http://{}", run.addr);
+    let http = reqwest::Client::new();
+    let bounded = Duration::from_secs(20);
+    let worker = |m: reqwest::Method, p: &str| {
+        http.request(m, format!("{base}/internal/v1/hosts/exec-01/{p}"))
+            .bearer_auth("w1-secret")
+    };
+
+    let r = worker(reqwest::Method::POST, "register")
+        .json(&RegisterRequest {
+            facts: facts(2),
+            running: vec![],
+        })
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.json::<crate::proto::RegisterResponse>()
+            .await
+            .unwrap()
+            .heartbeat_ms,
+        1000
+    );
+
+    // Nothing assigned yet: the blocking query waits for the submit.
+    let (_, index0) = get_assignments(&worker, 0).await;
+    let waiter = {
+        let w = worker(
+            reqwest::Method::GET,
+            &format!("assignments?index={index0}&wait=15s"),
+        );
+        tokio::spawn(async move { w.send().await.unwrap().json::<Assignments>().await.unwrap() })
+    };
+    let r = http
+        .post(format!("{base}/v1/services"))
+        .bearer_auth("alice-secret")
+        .header("content-type", "application/toml")
+        .body("[service]\nname = \"web\"\nproject = \"team-a\"\ncommand = [\"sleep\", \"100\"]\n")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 201);
+    let a = tokio::time::timeout(bounded, waiter)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(a.index > index0);
+    let jobs: Vec<(&str, u32, crate::proto::Desired)> = a
+        .jobs
+        .iter()
+        .map(|j| (j.job.as_str(), j.replica, j.desired))
+        .collect();
+    assert_eq!(jobs, vec![("j-1", 0, crate::proto::Desired::Run)]);
+    assert_eq!(a.jobs[0].command, vec!["sleep", "100"]);
+    assert_eq!(a.jobs[0].grants["slots"], json!(0));
+
+    let events = vec![started("j-1"), ready("j-1", true)];
+    let r = worker(reqwest::Method::POST, "events")
+        .json(&events)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let detail: Value = http
+        .get(format!("{base}/v1/services/web"))
+        .bearer_auth("alice-secret")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            detail["jobs"][0]["state"].as_str(),
+            detail["jobs"][0]["ready"].as_bool()
+        ),
+        (Some("running"), Some(true))
+    );
+
+    // The replica exits; after its backoff a replacement appears in the assignments.
+    let r = worker(reqwest::Method::POST, "events")
+        .json(&vec![exited("j-1")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let replacement = tokio::time::timeout(bounded, async {
+        let mut index = a.index;
+        loop {
+            let (a, i) = get_assignments(&worker, index).await;
+            if let Some(j) = a.jobs.first() {
+                break j.clone();
+            }
+            index = i;
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!((replacement.job.as_str(), replacement.replica), ("j-2", 0));
+    assert_eq!(slots.used(), vec!["exec-01:0=j-2"]);
+    tokio::time::timeout(bounded, run.shutdown()).await.unwrap();
+}
+
+async fn get_assignments(
+    worker: &impl Fn(reqwest::Method, &str) -> reqwest::RequestBuilder,
+    index: u64,
+) -> (Assignments, u64) {
+    let r = worker(
+        reqwest::Method::GET,
+        &format!("assignments?index={index}&wait=10s"),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 200);
+    let a: Assignments = r.json().await.unwrap();
+    let i = a.index;
+    (a, i)
+}
