@@ -183,7 +183,7 @@ impl Agent {
         let mut shutdown = std::pin::pin!(shutdown);
         let heartbeat = tokio::select! {
             mode = &mut shutdown => return self.shutdown(mode).await,
-            hb = register(&self.client, &self.facts, &self.running) => hb,
+            hb = register(&self.client, &self.plugins, &self.facts, &self.running) => hb,
         };
         self.spawn_background(heartbeat);
         loop {
@@ -202,6 +202,7 @@ impl Agent {
         self.tasks.spawn(
             heartbeat_loop(
                 self.client.clone(),
+                self.plugins.clone(),
                 heartbeat,
                 self.facts.clone(),
                 self.running.clone(),
@@ -525,6 +526,7 @@ impl Agent {
 /// Returns the heartbeat period.
 async fn register(
     client: &Client,
+    plugins: &WorkerPlugins,
     facts: &watch::Sender<HostFacts>,
     running: &watch::Sender<Vec<RunningJob>>,
 ) -> Duration {
@@ -550,7 +552,20 @@ async fn register(
                         tracing::error!(error = %e, retry_in = ?wait, "controller refused the worker credential")
                     }
                     Some(400) => {
-                        tracing::error!(error = %e, retry_in = ?wait, "controller refused the registration")
+                        let body = match &e {
+                            CallError::Status { body, .. } => body.as_str(),
+                            _ => "",
+                        };
+                        for problem in problems(body) {
+                            tracing::error!(%problem, retry_in = ?wait, "controller refused the registration");
+                        }
+                        // The facts may have been the problem: retry with fresh ones.
+                        match collect_facts(plugins).await {
+                            Ok(fresh) => {
+                                facts.send_replace(fresh);
+                            }
+                            Err(e) => tracing::warn!(error = %e, "re-reading host facts failed"),
+                        }
                     }
                     _ => {
                         tracing::warn!(error = %e, retry_in = ?wait, "registration failed; retrying")
@@ -564,6 +579,7 @@ async fn register(
 
 async fn heartbeat_loop(
     client: Client,
+    plugins: WorkerPlugins,
     mut period: Duration,
     facts: watch::Sender<HostFacts>,
     running: watch::Sender<Vec<RunningJob>>,
@@ -574,7 +590,7 @@ async fn heartbeat_loop(
             Ok(()) => {}
             Err(e) if e.status().map(|s| s.as_u16()) == Some(404) => {
                 tracing::warn!("controller does not know this host; registering again");
-                period = register(&client, &facts, &running).await;
+                period = register(&client, &plugins, &facts, &running).await;
             }
             Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
         }
