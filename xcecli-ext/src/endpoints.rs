@@ -133,8 +133,8 @@ impl Run<'_> {
                 warn(
                     io,
                     &format!(
-                        "reconnected to the apiserver at {} (index {})",
-                        self.client.api(),
+                        "the apiserver at {} answers again (index {})",
+                        self.client.api().as_str().trim_end_matches('/'),
                         answer.value.index
                     ),
                 )?;

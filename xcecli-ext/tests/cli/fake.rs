@@ -60,6 +60,8 @@ struct Shared {
     /// Bumped on every change: blocking queries wake on it.
     changed: watch::Sender<u64>,
     log: Mutex<Vec<Logged>>,
+    /// How many endpoint queries answer 503 before the real answers (a warming apiserver).
+    unavailable: Mutex<u32>,
     /// Bumped on every logged request, so tests can wait for a request.
     logged: watch::Sender<usize>,
 }
@@ -89,6 +91,7 @@ impl Fake {
             inner: Mutex::new(canned()),
             changed,
             log: Mutex::new(Vec::new()),
+            unavailable: Mutex::new(0),
             logged,
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -158,6 +161,27 @@ impl Fake {
             .expect("placed replica");
         r.ready = ready;
         svc.index = index;
+        drop(inner);
+        self.shared.changed.send_replace(index);
+        index
+    }
+
+    /// Makes the next `n` endpoint queries answer 503, as an apiserver that has not caught
+    /// up yet does.
+    pub(crate) fn unavailable_for(&self, n: u32) {
+        *self.shared.unavailable.lock().unwrap() = n;
+    }
+
+    /// Bumps a service's index without changing anything visible.
+    pub(crate) fn touch(&self, service: &str) -> u64 {
+        let mut inner = self.shared.inner.lock().unwrap();
+        inner.counter += 1;
+        let index = inner.counter;
+        inner
+            .services
+            .get_mut(service)
+            .expect("known service")
+            .index = index;
         drop(inner);
         self.shared.changed.send_replace(index);
         index
@@ -477,6 +501,18 @@ async fn endpoints(
     };
     if current(&name).is_none() {
         return not_found(&name);
+    }
+    {
+        let mut unavailable = state.shared.unavailable.lock().unwrap();
+        if *unavailable > 0 {
+            *unavailable -= 1;
+            return api_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the endpoint table is catching up",
+                json!([]),
+            );
+        }
     }
     if let Some(index) = q.get("index").and_then(|i| i.parse::<u64>().ok()) {
         let wait = q

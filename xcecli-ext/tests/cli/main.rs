@@ -572,6 +572,60 @@ async fn wait_ready_prints_once_enough_are_ready() {
     .await;
 }
 
+/// A warming apiserver answers 503: `--wait-ready` retries it (a one-shot read does not).
+#[tokio::test]
+async fn wait_ready_retries_a_warming_apiserver() {
+    bounded(async {
+        let fake = Fake::start().await;
+        fake.unavailable_for(2);
+        check(&fake.url(), "service endpoints web --wait-ready 2 -o plain", expect![[r#"
+            exit 0
+            127.0.0.11:20417
+            127.0.0.12:20533
+            --- stderr
+            warning: the apiserver failed (503) on http://API/v1/services/web/endpoints: the endpoint table is catching up; retrying in 200ms
+            warning: the apiserver failed (503) on http://API/v1/services/web/endpoints: the endpoint table is catching up; retrying in 400ms
+            warning: the apiserver at http://API answers again (index 40)
+        "#]]).await;
+        fake.unavailable_for(1);
+        check(&fake.url(), "service endpoints web -o plain", expect![[r#"
+            exit 1
+            --- stderr
+            error: the apiserver failed (503) on http://API/v1/services/web/endpoints: the endpoint table is catching up
+        "#]]).await;
+    })
+    .await;
+}
+
+/// An index change that leaves the rendering as it was prints nothing.
+#[tokio::test]
+async fn watch_prints_only_changes() {
+    bounded(async {
+        let fake = Fake::start().await;
+        let (setup, args) = setup(&fake.url(), "service endpoints web -o plain --watch");
+        let run = spawn(setup, args);
+        run.stdout.wait_for(|t| t.lines().count() == 2).await;
+        let first = fake.index("web");
+        fake.wait_request(|l| l.query.get("index") == Some(&first.to_string()))
+            .await;
+        let touched = fake.touch("web");
+        // The client got the new index (it now blocks on it) and printed nothing.
+        fake.wait_request(|l| l.query.get("index") == Some(&touched.to_string()))
+            .await;
+        fake.set_ready("web", 1, false);
+        let out = run.stdout.wait_for(|t| t.lines().count() == 3).await;
+        run.task.abort();
+        expect![[r#"
+            127.0.0.11:20417
+            127.0.0.12:20533
+            127.0.0.11:20417
+        "#]]
+        .assert_eq(&out);
+        assert_eq!(run.stderr.text(), "");
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn watch_ends_with_exit_0_after_timeout() {
     bounded(async {
@@ -631,7 +685,7 @@ async fn watch_follows_changes_and_survives_a_restart() {
             .find(|l| l.generation == generation && l.path.ends_with("/endpoints"))
             .unwrap();
         assert_eq!(resumed.query.get("index"), Some(&second.to_string()));
-        let err = run.stderr.wait_for(|t| t.contains("reconnected")).await;
+        let err = run.stderr.wait_for(|t| t.contains("answers again")).await;
         let addr = fake.addr.to_string();
         let first_line = err.lines().next().unwrap().replace(&addr, "API");
         expect!["warning: cannot reach the apiserver at http://API/v1/services/web/endpoints: Connection refused (os error 111); retrying in 200ms (resuming from index 43)"]
