@@ -86,6 +86,8 @@ pub(crate) struct Agent {
     running: watch::Sender<Vec<RunningJob>>,
     probe_http: reqwest::Client,
     tasks: JoinSet<()>,
+    /// Held (flock) for the agent's life.
+    _lock: std::fs::File,
 }
 
 impl std::fmt::Debug for Agent {
@@ -110,6 +112,18 @@ impl Agent {
         let client = Client::new(&cfg.controller, &cfg.host, &cfg.credential)?;
         let logs = cfg.data_dir.join("logs");
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+        // Two workers on one data dir would each adopt (and stop) the other's replicas.
+        let lock_path = cfg.data_dir.join("worker.lock");
+        let lock = std::fs::File::create(&lock_path)
+            .with_context(|| format!("creating {}", lock_path.display()))?;
+        if !super::sys::try_lock(&lock)
+            .with_context(|| format!("locking {}", lock_path.display()))?
+        {
+            anyhow::bail!(
+                "data dir {} is in use by another worker",
+                cfg.data_dir.display()
+            );
+        }
         let jobs_path = cfg.data_dir.join("jobs.json");
         let records = state::load(&jobs_path)?;
         let (tx, rx) = mpsc::channel(256);
@@ -128,6 +142,7 @@ impl Agent {
             running: watch::Sender::new(Vec::new()),
             probe_http: probe::http_client(),
             tasks: JoinSet::new(),
+            _lock: lock,
             cfg,
             plugins,
         };
@@ -584,15 +599,25 @@ async fn heartbeat_loop(
     facts: watch::Sender<HostFacts>,
     running: watch::Sender<Vec<RunningJob>>,
 ) {
+    // Only the first failure of a streak is a warning (the period may be short).
+    let mut failing = false;
     loop {
         tokio::time::sleep(period).await;
         match client.heartbeat().await {
-            Ok(()) => {}
+            Ok(()) => {
+                if std::mem::take(&mut failing) {
+                    tracing::info!("heartbeats go through again");
+                }
+            }
             Err(e) if e.status().map(|s| s.as_u16()) == Some(404) => {
                 tracing::warn!("controller does not know this host; registering again");
                 period = register(&client, &plugins, &facts, &running).await;
             }
-            Err(e) => tracing::warn!(error = %e, "heartbeat failed"),
+            Err(e) if failing => tracing::debug!(error = %e, "heartbeat failed"),
+            Err(e) => {
+                failing = true;
+                tracing::warn!(error = %e, "heartbeat failed");
+            }
         }
     }
 }

@@ -106,6 +106,23 @@ pub(crate) fn kill_group(pgid: u32, sig: Signal) -> io::Result<bool> {
     }
 }
 
+/// Takes an exclusive advisory lock on `file` without waiting (`flock(2)`); released when
+/// the file is closed. `Ok(false)`: someone else holds it.
+pub(crate) fn try_lock(file: &std::fs::File) -> io::Result<bool> {
+    // SAFETY: flock takes a descriptor that `file` keeps open for the call and flags by
+    // value; it touches no memory of ours.
+    let ret = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if ret == 0 {
+        return Ok(true);
+    }
+    let err = io::Error::last_os_error();
+    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(err)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,6 +133,18 @@ mod tests {
             assert!(kill_group(pid, Signal::Term).is_err(), "{pid}");
             assert!(pidfd_open(pid).is_err(), "{pid}");
         }
+    }
+
+    #[test]
+    fn a_lock_has_one_holder_at_a_time() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lock");
+        let open = || std::fs::File::create(&path).unwrap();
+        let first = open();
+        assert!(try_lock(&first).unwrap());
+        assert!(!try_lock(&open()).unwrap());
+        drop(first);
+        assert!(try_lock(&open()).unwrap());
     }
 
     #[test]

@@ -860,6 +860,29 @@ async fn a_facts_error_at_start_fails_the_worker() {
     .await;
 }
 
+#[tokio::test]
+async fn a_data_dir_serves_one_worker_at_a_time() {
+    bounded(async {
+        let fake = Fake::new();
+        let base = fake.serve().await;
+        let dir = tempfile::tempdir().unwrap();
+        let worker = Worker::start(config(&base, dir.path()), FakeFacts::new(false));
+        fake.wait_until("registration", |s| s.registers.len() == 1)
+            .await;
+        let plugins = WorkerPlugins {
+            facts: vec![FakeFacts::new(false)],
+            hooks: vec![],
+        };
+        let err = run(config(&base, dir.path()), plugins, std::future::pending())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is in use by another worker"), "{err}");
+        worker.shutdown(ShutdownMode::Detach).await;
+    })
+    .await;
+}
+
 #[test]
 fn config_debug_redacts_the_credential() {
     let cfg = WorkerConfig::new(HOST, "http://127.0.0.1:7480", "s3cret", "/var/lib/xce");
