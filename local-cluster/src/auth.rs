@@ -14,6 +14,7 @@
 //! Parsing validates ([`Tokens::parse`]); the [`Authenticator`] impl trusts the validated
 //! type and compares secrets in constant time. Secrets are never logged: [`Secret`]'s
 //! `Debug` redacts them.
+#![warn(missing_docs)]
 
 use plugin_api::{AuthError, Authenticator, Permission, Principal, PrincipalKind};
 use serde::{Deserialize, Serialize};

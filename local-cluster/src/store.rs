@@ -9,6 +9,7 @@
 //! Two implementations: [`RedbStore`] (an embedded redb file, the default) and
 //! [`MemStore`] (in memory, for tests). [`tests::suite`] checks both against the same
 //! contract.
+#![warn(missing_docs)]
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -40,6 +40,9 @@ const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// A replica that ran this long starts over at [`BACKOFF_MIN`].
 const BACKOFF_RESET: Duration = Duration::from_secs(60);
 
+/// How long timers wait after a failed commit before trying again.
+const STORE_RETRY: Duration = Duration::from_secs(1);
+
 /// Why a command failed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum CoreError {
@@ -124,6 +127,9 @@ pub(crate) struct Core {
     view: watch::Sender<Arc<View>>,
     /// Something changed since the last [`Core::settle`].
     dirty: bool,
+    /// After a failed commit in a timer: do not retry before this (no busy loop while the
+    /// store is down).
+    store_retry: Option<Instant>,
 }
 
 impl std::fmt::Debug for Core {
@@ -217,6 +223,7 @@ impl Core {
             assign: HashMap::new(),
             view,
             dirty: true,
+            store_retry: None,
         };
         core.publish();
         Ok(core)
@@ -242,8 +249,10 @@ impl Core {
         }
         if let Err(e) = self.store.commit(txn.batch()) {
             error!(error = %e, "store commit failed; change not applied");
+            self.store_retry = Some(now + STORE_RETRY);
             return Err(e.into());
         }
+        self.store_retry = None;
         let (events, after) = txn.apply(&mut self.cluster);
         self.dirty = true;
         for e in &events {
@@ -667,7 +676,11 @@ impl Core {
             .values()
             .map(|b| b.not_before)
             .filter(|t| *t > now);
-        hosts.chain(backoffs).min()
+        let next = hosts.chain(backoffs).min()?;
+        Some(match self.store_retry {
+            Some(r) => next.max(r),
+            None => next,
+        })
     }
 
     /// Moves silent hosts to unreachable, then lost.

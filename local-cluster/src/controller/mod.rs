@@ -15,6 +15,7 @@
 //! - The global revision strictly increases, is persisted, and continues after a restart.
 //! - Change-driven: the scheduler runs after a change, timers sleep until the next
 //!   deadline; nothing polls.
+#![warn(missing_docs)]
 
 mod api;
 mod core;

@@ -87,6 +87,30 @@ impl ResourcePlugin for SharedSlots {
     fn host_summary(&self, host: &HostId) -> Option<Value> {
         self.0.lock().unwrap().host_summary(host)
     }
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        let g = prometheus_client::metrics::gauge::Gauge::<i64>::default();
+        g.set(42);
+        registry.register("test_slots", "A plugin's metric", g);
+    }
+}
+
+/// An extension route that answers who the caller is (the `Principal` extractor must
+/// work in extension handlers), and an extension metric.
+#[derive(Debug)]
+struct WhoAmI;
+
+impl plugin_api::ApiExtension for WhoAmI {
+    fn router(&self, _cx: plugin_api::ApiContext) -> axum::Router {
+        axum::Router::new().route(
+            "/v1/whoami",
+            axum::routing::get(|p: Principal| async move { p.name }),
+        )
+    }
+    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
+        let c = prometheus_client::metrics::counter::Counter::<u64>::default();
+        c.inc();
+        registry.register("test_ext", "An extension's metric", c);
+    }
 }
 
 /// Refuses an unspecified advertised address and a missing `slots` section.
@@ -283,14 +307,6 @@ impl Sim {
         let what = format!("events {host} {}", serde_json::to_string(&events).unwrap());
         let r = self.core.events(&host.to_owned(), events, self.now);
         self.settle(&what, r);
-    }
-
-    /// Moves the clock, firing due timers like the state task.
-    fn advance(&mut self, secs: u64) {
-        self.now += Duration::from_secs(secs);
-        self.core.tick(self.now);
-        self.core.mark_dirty();
-        self.settle(&format!("+{secs}s"), Ok(()));
     }
 
     /// Lets `secs` seconds pass one by one, the listed hosts heartbeating each second
@@ -714,7 +730,7 @@ async fn app_with(cfg: ControllerConfig, store: Arc<dyn Store>, slots: SharedSlo
         resources: vec![Box::new(slots.clone())],
         facts_policies: vec![Arc::new(Policy)],
         listeners: vec![],
-        extensions: vec![],
+        extensions: vec![Arc::new(WhoAmI)],
     };
     let ctl = Controller::new(&cfg, Tokens::parse(TOKENS).unwrap(), plugins, store)
         .await
@@ -923,6 +939,8 @@ async fn rbac_matrix_across_two_projects() {
                 None,
             ),
             ("GET", "/v1/nothing", Some("alice-secret"), None),
+            ("GET", "/v1/whoami", Some("bob-secret"), None),
+            ("GET", "/v1/whoami", None, None),
         ],
         expect![[r#"
             GET /healthz as -: 200 ok
@@ -942,7 +960,9 @@ async fn rbac_matrix_across_two_projects() {
             GET /internal/v1/hosts/exec-01/assignments?index=999 as w2-secret: 403 {"error":{"code":"forbidden","details":[],"message":"a worker may act for its own host only"}}
             POST /internal/v1/hosts/exec-01/heartbeat as w1-secret: 204 
             POST /internal/v1/hosts/exec-02/heartbeat as w2-secret: 404 {"error":{"code":"not_found","details":[],"message":"host \"exec-02\" is not registered"}}
-            GET /v1/nothing as alice-secret: 404 {"error":{"code":"not_found","details":[],"message":"no such route"}}"#]],
+            GET /v1/nothing as alice-secret: 404 {"error":{"code":"not_found","details":[],"message":"no such route"}}
+            GET /v1/whoami as bob-secret: 200 bob
+            GET /v1/whoami as -: 401 {"error":{"code":"unauthenticated","details":[],"message":"missing bearer token"}}"#]],
     )
     .await;
 
@@ -1062,23 +1082,28 @@ async fn service_and_host_answers_have_the_rest_shapes() {
     let (_, list) = app.json("GET", "/v1/services", "admin-secret", None).await;
     let (_, hosts) = app.json("GET", "/v1/hosts", "admin-secret", None).await;
     let (_, metrics) = app.call("GET", "/metrics", None, None).await;
-    let metrics: Vec<&str> = metrics
+    let mut metrics: Vec<&str> = metrics
         .lines()
         .filter(|l| {
             l.starts_with("xce_jobs{")
+                || l.starts_with("test_")
                 || l.starts_with("xce_pending")
                 || l.starts_with("xce_placements")
         })
         .collect();
+    // Label sets of a family come out in hash order.
+    metrics.sort_unstable();
     expect![[r#"
         {"index":6,"jobs":[{"host":"exec-01","job":"j-1","ready":false,"replica":0,"slots":{"slot":0},"state":"placed"},{"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"state":"active"}
         {"index":8,"jobs":[{"host":"exec-01","job":"j-1","ready":true,"replica":0,"slots":{"slot":0},"state":"running"},{"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"state":"active"}
         {"services":[{"index":8,"name":"web","pending":1,"pending_reason":"slots is full on all 2 hosts","project":"default","ready":1,"replicas":4,"running":1,"state":"active"}]}
         {"hosts":[{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-01","ip_addr":"127.0.0.11","jobs":2,"slots":{"capacity":2,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-02","ip_addr":"127.0.0.11","jobs":1,"slots":{"capacity":1,"used":1},"state":"ready"}]}
-        xce_jobs{state="unknown"} 0
+        test_ext_total 1
+        test_slots 42
+        xce_jobs{state="placed"} 2
         xce_jobs{state="running"} 1
         xce_jobs{state="stopping"} 0
-        xce_jobs{state="placed"} 2
+        xce_jobs{state="unknown"} 0
         xce_pending_replicas 1
         xce_placements_total 3"#]]
     .assert_eq(&format!("{created}\n{detail}\n{list}\n{hosts}\n{}", metrics.join("\n")));
