@@ -642,7 +642,7 @@ async fn stops_asked_and_orphaned_jobs_escalating_to_sigkill() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refusals_unknown_stops_and_bad_commands_are_reported_once() {
+async fn tcp_readiness_refusals_unknown_stops_and_bad_commands() {
     bounded(async {
         let fake = Fake::new();
         let base = fake.serve().await;
@@ -654,15 +654,41 @@ async fn refusals_unknown_stops_and_bad_commands_are_reported_once() {
         fake.set_jobs(vec![refused.clone(), unknown.clone(), missing.clone()]);
         fake.wait_until("three reports", |s| s.events.len() >= 3).await;
         // A change of the set makes the worker reconcile again: nothing is repeated.
+        // j-7 listens on TCP (without ever accepting: the backlog answers the probe);
+        // j-8's probe names a socket its launch plan does not have: never ready.
         let port = free_port();
-        let marker = assignment("j-7", sh("exec sleep 1000"), None, serde_json::json!({"port": port}), Desired::Run);
-        fake.set_jobs(vec![refused, unknown, missing, marker]);
-        fake.wait_until("j-7 ready", has(&fake, "j-7", |e| matches!(e, WorkerEvent::Readiness { .. })))
+        let listener = vec![
+            "python3".into(),
+            "-c".into(),
+            "import os, socket, time\n\
+             s = socket.socket()\n\
+             s.bind(('127.0.0.1', int(os.environ['XCE_TEST_PORT'])))\n\
+             s.listen()\n\
+             time.sleep(1000)"
+                .into(),
+        ];
+        let tcp = |socket: &str| {
+            Some(Readiness {
+                probe: Probe::Tcp {
+                    socket: socket.into(),
+                },
+                interval: Duration::from_millis(50),
+                timeout: Duration::from_secs(1),
+            })
+        };
+        let grant = serde_json::json!({"port": port});
+        let tcp_job = assignment("j-7", listener, tcp("http"), grant.clone(), Desired::Run);
+        let never = assignment("j-8", sh("exec sleep 1000"), tcp("metrics"), grant, Desired::Run);
+        fake.set_jobs(vec![refused, unknown, missing, tcp_job, never]);
+        let ready = |e: &WorkerEvent| matches!(e, WorkerEvent::Readiness { ready: true, .. });
+        fake.wait_until("j-7 ready", has(&fake, "j-7", ready)).await;
+        fake.wait_until("j-8 started", has(&fake, "j-8", |e| matches!(e, WorkerEvent::Started { .. })))
             .await;
         let reaper = Reaper::default();
         reaper.watch(started_pid(&fake, "j-7"));
+        reaper.watch(started_pid(&fake, "j-8"));
         let evs: Vec<_> = fake.state.lock().unwrap().events.iter().map(|e| serde_json::to_string(e).unwrap()).collect();
-        let evs: Vec<_> = evs.iter().filter(|e| !e.contains("j-7")).cloned().collect();
+        let evs: Vec<_> = evs.iter().filter(|e| !e.contains("j-7") && !e.contains("j-8")).cloned().collect();
         expect_test::expect![[r#"
             {"event":"refused","job":"j-4","refusal":{"plugin":"fake","reason":"refused by the test","detail":{"refuse":true}}}
             {"event":"exited","job":"j-6","code":127}
@@ -670,6 +696,7 @@ async fn refusals_unknown_stops_and_bad_commands_are_reported_once() {
         .assert_eq(&evs.join("\n"));
         worker.shutdown(ShutdownMode::StopReplicas).await;
         assert_eq!(counts(&fake, "j-7"), (1, 1, 0, 1, 0));
+        assert_eq!(counts(&fake, "j-8"), (1, 0, 0, 1, 0));
     })
     .await;
 }
