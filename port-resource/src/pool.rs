@@ -68,34 +68,42 @@ pub struct AlreadyHeld {
     pub port: u16,
 }
 
-/// A fixed-size bitmap over `len` bits.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Bits(Box<[u64]>);
+/// Plane of [`Planes`]: held by a live reservation.
+const HELD: usize = 0;
+/// Plane of [`Planes`]: not fresh (handed out, queued, marked, or excluded at some point).
+const TOUCHED: usize = 1;
+/// Plane of [`Planes`]: not in the usable dynamic set (reserved or ephemeral overlap).
+const EXCLUDED: usize = 2;
 
-impl Bits {
+/// Three bitmaps over the range, interleaved per 64 ports so that everything about one
+/// port sits in one cache line (with 5,000 hosts the pools do not stay in cache).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Planes(Box<[[u64; 3]]>);
+
+impl Planes {
     fn new(len: usize) -> Self {
-        Self(vec![0; len.div_ceil(64)].into_boxed_slice())
+        Self(vec![[0; 3]; len.div_ceil(64)].into_boxed_slice())
     }
     #[inline]
-    fn get(&self, i: usize) -> bool {
-        self.0[i >> 6] & (1 << (i & 63)) != 0
+    fn get(&self, plane: usize, i: usize) -> bool {
+        self.0[i >> 6][plane] & (1 << (i & 63)) != 0
     }
     #[inline]
-    fn set(&mut self, i: usize) {
-        self.0[i >> 6] |= 1 << (i & 63);
+    fn set(&mut self, plane: usize, i: usize) {
+        self.0[i >> 6][plane] |= 1 << (i & 63);
     }
     #[inline]
-    fn clear(&mut self, i: usize) {
-        self.0[i >> 6] &= !(1 << (i & 63));
+    fn clear(&mut self, plane: usize, i: usize) {
+        self.0[i >> 6][plane] &= !(1 << (i & 63));
     }
-    /// The first clear bit at or after `from`, below `len`.
+    /// The first clear bit of `plane` at or after `from`, below `len`.
     #[inline]
-    fn next_clear(&self, from: usize, len: usize) -> Option<usize> {
+    fn next_clear(&self, plane: usize, from: usize, len: usize) -> Option<usize> {
         let mut w = from >> 6;
         if w >= self.0.len() {
             return None;
         }
-        let mut word = !self.0[w] & (!0u64 << (from & 63));
+        let mut word = !self.0[w][plane] & (!0u64 << (from & 63));
         loop {
             if word != 0 {
                 let i = (w << 6) + word.trailing_zeros() as usize;
@@ -105,66 +113,67 @@ impl Bits {
             if w >= self.0.len() {
                 return None;
             }
-            word = !self.0[w];
+            word = !self.0[w][plane];
         }
     }
 }
 
-/// The pool of one protocol on one host.
+/// The pool of one protocol on one host. Fields a reservation reads come first, and the
+/// layout is fixed (`repr(C)`), so a reservation touches few cache lines.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[repr(C)]
 struct ProtoPool {
     /// The dynamic range.
     range: PortRange,
-    /// Range-relative: held by a live reservation.
-    held: Bits,
-    /// Range-relative: not in the usable dynamic set (reserved or ephemeral overlap).
-    excluded: Bits,
-    /// Range-relative: not fresh, i.e. handed out, queued, marked, or excluded at some
-    /// point. Every bit below `cursor` is set.
-    touched: Bits,
-    /// Where the next scan for a fresh port starts (range-relative).
-    cursor: usize,
-    /// Held ports outside the dynamic range, sorted.
-    outside: Vec<u16>,
-    /// Freed ports of the usable dynamic set, oldest first; may hold stale entries.
-    queue: VecDeque<u16>,
-    /// Per port, how many of its queue entries are stale (ahead of its live one).
-    stale: HashMap<u16, u32>,
-    /// Ports marked unavailable, oldest mark first.
-    unavailable: VecDeque<u16>,
     /// Size of the usable dynamic set.
     capacity: u32,
     /// Ports of the usable dynamic set neither held nor unavailable.
     free: u32,
     /// All held ports (inside the range or not).
     held_count: u32,
+    /// Sum of `stale`, so the common path never looks into the map.
+    stale_total: u32,
+    /// Where the next scan for a fresh port starts (range-relative).
+    cursor: u32,
+    /// Range-relative `HELD`, `TOUCHED` and `EXCLUDED` bits. Every `TOUCHED` bit below
+    /// `cursor` is set.
+    bits: Planes,
+    /// Freed ports of the usable dynamic set, oldest first; may hold stale entries.
+    queue: VecDeque<u16>,
+    /// Held ports outside the dynamic range, sorted.
+    outside: Vec<u16>,
+    /// Ports marked unavailable, oldest mark first.
+    unavailable: VecDeque<u16>,
+    /// Per port, how many of its queue entries are stale (ahead of its live one).
+    stale: HashMap<u16, u32>,
 }
 
 impl ProtoPool {
     fn new(facts: &HostPortsFacts, reserved: &[u16]) -> Self {
         let range = facts.range;
         let len = range.len() as usize;
-        let mut excluded = Bits::new(len);
+        let mut bits = Planes::new(len);
         let mut capacity = range.len();
         let eph = facts.ephemeral.and_then(|e| e.intersect(range));
         if let Some(e) = eph {
             for p in e.lo()..=e.hi() {
-                excluded.set(usize::from(p - range.lo()));
+                bits.set(EXCLUDED, usize::from(p - range.lo()));
+                bits.set(TOUCHED, usize::from(p - range.lo()));
             }
             capacity -= e.len();
         }
         for &p in reserved {
             if range.contains(p) && eph.is_none_or(|e| !e.contains(p)) {
-                excluded.set(usize::from(p - range.lo()));
+                bits.set(EXCLUDED, usize::from(p - range.lo()));
+                bits.set(TOUCHED, usize::from(p - range.lo()));
                 capacity -= 1;
             }
         }
         Self {
             range,
-            held: Bits::new(len),
-            touched: excluded.clone(),
-            excluded,
+            bits,
             cursor: 0,
+            stale_total: 0,
             outside: Vec::new(),
             queue: VecDeque::new(),
             stale: HashMap::new(),
@@ -185,7 +194,7 @@ impl ProtoPool {
     #[inline]
     fn is_held(&self, port: u16) -> bool {
         match self.rel(port) {
-            Some(i) => self.held.get(i),
+            Some(i) => self.bits.get(HELD, i),
             None => self.outside.binary_search(&port).is_ok(),
         }
     }
@@ -198,7 +207,7 @@ impl ProtoPool {
     /// Whether `port` belongs to the usable dynamic set.
     #[inline]
     fn in_dyn(&self, port: u16) -> bool {
-        self.rel(port).is_some_and(|i| !self.excluded.get(i))
+        self.rel(port).is_some_and(|i| !self.bits.get(EXCLUDED, i))
     }
 
     /// Takes a port that is free or may be claimed (the caller checked). Leaves the queue
@@ -207,9 +216,9 @@ impl ProtoPool {
         self.held_count += 1;
         match self.rel(port) {
             Some(i) => {
-                debug_assert!(!self.held.get(i));
-                self.held.set(i);
-                if !self.excluded.get(i) && !self.is_unavailable(port) {
+                debug_assert!(!self.bits.get(HELD, i));
+                self.bits.set(HELD, i);
+                if !self.bits.get(EXCLUDED, i) && !self.is_unavailable(port) {
                     self.withdraw(i, port);
                     self.free -= 1;
                 }
@@ -225,10 +234,11 @@ impl ProtoPool {
     /// A free port of the usable dynamic set leaves the free set other than through
     /// [`Self::take_any`]: a fresh one is marked touched, a queued one's entry turns stale.
     fn withdraw(&mut self, i: usize, port: u16) {
-        if self.touched.get(i) {
+        if self.bits.get(TOUCHED, i) {
             *self.stale.entry(port).or_insert(0) += 1;
+            self.stale_total += 1;
         } else {
-            self.touched.set(i);
+            self.bits.set(TOUCHED, i);
         }
     }
 
@@ -236,11 +246,7 @@ impl ProtoPool {
     fn enqueue(&mut self, port: u16) {
         self.free += 1;
         self.queue.push_back(port);
-        let stale: u32 = if self.stale.is_empty() {
-            0
-        } else {
-            self.stale.values().sum()
-        };
+        let stale = self.stale_total;
         if stale > 64 && stale as usize > self.queue.len() / 2 {
             self.compact();
         }
@@ -260,6 +266,7 @@ impl ProtoPool {
             None => true,
         });
         debug_assert!(self.stale.is_empty());
+        self.stale_total = 0;
     }
 
     /// Takes the least recently freed port of the usable dynamic set. `free > 0`.
@@ -267,19 +274,26 @@ impl ProtoPool {
     fn take_any(&mut self) -> u16 {
         debug_assert!(self.free > 0);
         let len = self.range.len() as usize;
-        let port = if let Some(i) = self.touched.next_clear(self.cursor, len) {
-            self.touched.set(i);
-            self.cursor = i + 1;
+        // Once the fresh ports are used up, skip the scan (it would touch another line).
+        let fresh = if (self.cursor as usize) < len {
+            self.bits.next_clear(TOUCHED, self.cursor as usize, len)
+        } else {
+            None
+        };
+        let port = if let Some(i) = fresh {
+            self.bits.set(TOUCHED, i);
+            self.cursor = i as u32 + 1;
             self.range.lo() + i as u16
         } else {
-            self.cursor = len;
+            self.cursor = len as u32;
             loop {
                 let p = self
                     .queue
                     .pop_front()
                     .expect("free ports are fresh or queued");
-                if !self.stale.is_empty() {
+                if self.stale_total != 0 {
                     if let Some(c) = self.stale.get_mut(&p) {
+                        self.stale_total -= 1;
                         *c -= 1;
                         if *c == 0 {
                             self.stale.remove(&p);
@@ -290,7 +304,7 @@ impl ProtoPool {
                 break p;
             }
         };
-        self.held.set(usize::from(port - self.range.lo()));
+        self.bits.set(HELD, usize::from(port - self.range.lo()));
         self.free -= 1;
         self.held_count += 1;
         port
@@ -300,11 +314,11 @@ impl ProtoPool {
     fn release(&mut self, port: u16) {
         match self.rel(port) {
             Some(i) => {
-                if !self.held.get(i) {
+                if !self.bits.get(HELD, i) {
                     return;
                 }
-                self.held.clear(i);
-                if !self.excluded.get(i) && !self.is_unavailable(port) {
+                self.bits.clear(HELD, i);
+                if !self.bits.get(EXCLUDED, i) && !self.is_unavailable(port) {
                     self.enqueue(port);
                 }
             }
@@ -323,7 +337,7 @@ impl ProtoPool {
             return;
         }
         if let Some(i) = self.rel(port) {
-            if !self.excluded.get(i) && !self.held.get(i) {
+            if !self.bits.get(EXCLUDED, i) && !self.bits.get(HELD, i) {
                 self.withdraw(i, port);
                 self.free -= 1;
             }
@@ -349,8 +363,8 @@ impl ProtoPool {
     fn free_order(&self) -> Vec<u16> {
         let len = self.range.len() as usize;
         let mut out = Vec::with_capacity(self.free as usize);
-        let mut i = self.cursor;
-        while let Some(j) = self.touched.next_clear(i, len) {
+        let mut i = self.cursor as usize;
+        while let Some(j) = self.bits.next_clear(TOUCHED, i, len) {
             out.push(self.range.lo() + j as u16);
             i = j + 1;
         }
@@ -375,7 +389,7 @@ impl ProtoPool {
             .collect();
         out.extend(
             (0..len)
-                .filter(|&i| self.held.get(i))
+                .filter(|&i| self.bits.get(HELD, i))
                 .map(|i| self.range.lo() + i as u16),
         );
         out.extend(
@@ -388,14 +402,46 @@ impl ProtoPool {
     }
 }
 
-/// The port pools of one host: one per protocol, sharing the host's reserved list.
+/// A host's reserved list, sorted and deduplicated; inline when short (the common case)
+/// so that checking a fixed port does not chase a pointer.
 #[derive(Debug, Clone, PartialEq, Eq)]
+enum Reserved {
+    Inline { len: u8, ports: [u16; 8] },
+    Heap(Box<[u16]>),
+}
+
+impl Reserved {
+    fn new(sorted: &[u16]) -> Self {
+        if sorted.len() <= 8 {
+            let mut ports = [0; 8];
+            ports[..sorted.len()].copy_from_slice(sorted);
+            Reserved::Inline {
+                len: sorted.len() as u8,
+                ports,
+            }
+        } else {
+            Reserved::Heap(sorted.into())
+        }
+    }
+
+    #[inline]
+    fn contains(&self, port: u16) -> bool {
+        match self {
+            Reserved::Inline { len, ports } => ports[..usize::from(*len)].contains(&port),
+            Reserved::Heap(ports) => ports.binary_search(&port).is_ok(),
+        }
+    }
+}
+
+/// The port pools of one host: one per protocol, sharing the host's reserved list.
+/// Cache-line aligned, with what a tcp reservation reads first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[repr(C, align(64))]
 pub struct HostPool {
-    facts: HostPortsFacts,
-    /// Sorted, deduplicated.
-    reserved: Box<[u16]>,
+    reserved: Reserved,
     tcp: ProtoPool,
     udp: ProtoPool,
+    facts: HostPortsFacts,
 }
 
 // === impl HostPool ===
@@ -409,7 +455,7 @@ impl HostPool {
         let tcp = ProtoPool::new(facts, &reserved);
         Self {
             facts: facts.clone(),
-            reserved: reserved.into_boxed_slice(),
+            reserved: Reserved::new(&reserved),
             udp: tcp.clone(),
             tcp,
         }
@@ -435,12 +481,15 @@ impl HostPool {
             let queued = old
                 .free_order()
                 .into_iter()
-                .filter(|&p| old.rel(p).is_some_and(|i| old.touched.get(i)));
+                .filter(|&p| old.rel(p).is_some_and(|i| old.bits.get(TOUCHED, i)));
             let marked: Vec<u16> = old.unavailable.iter().copied().collect();
             for p in queued.chain(marked) {
                 if let Some(i) = pool.rel(p) {
-                    if !pool.excluded.get(i) && !pool.held.get(i) && !pool.touched.get(i) {
-                        pool.touched.set(i);
+                    if !pool.bits.get(EXCLUDED, i)
+                        && !pool.bits.get(HELD, i)
+                        && !pool.bits.get(TOUCHED, i)
+                    {
+                        pool.bits.set(TOUCHED, i);
                         pool.free -= 1;
                         pool.enqueue(p);
                     }
@@ -466,7 +515,7 @@ impl HostPool {
 
     /// Whether `port` is on the host's reserved list.
     pub fn is_reserved(&self, port: u16) -> bool {
-        self.reserved.binary_search(&port).is_ok()
+        self.reserved.contains(port)
     }
 
     /// Whether `port` is held by a live reservation.
