@@ -118,6 +118,23 @@ impl ControllerConfig {
     }
 }
 
+impl ControllerConfig {
+    /// The embedded store's file: `<data_dir>/controller.redb`.
+    pub fn store_path(&self) -> PathBuf {
+        self.data_dir.join("controller.redb")
+    }
+}
+
+/// Creates `cfg.data_dir` if needed and opens the embedded store in it.
+pub fn open_store(cfg: &ControllerConfig) -> anyhow::Result<Arc<dyn Store>> {
+    std::fs::create_dir_all(&cfg.data_dir)
+        .with_context(|| format!("cannot create data dir {}", cfg.data_dir.display()))?;
+    let path = cfg.store_path();
+    let store = crate::store::RedbStore::open(&path)
+        .with_context(|| format!("cannot open the controller store {}", path.display()))?;
+    Ok(Arc::new(store))
+}
+
 /// The plugins the integrator wires in (through the `plugin-api` traits only).
 #[derive(Default)]
 pub struct ControllerPlugins {

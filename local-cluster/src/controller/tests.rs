@@ -1308,3 +1308,43 @@ async fn get_assignments(
     let i = a.index;
     (a, i)
 }
+
+// === config ===
+
+#[test]
+fn config_timing_rules() {
+    let check = |f: fn(&mut ControllerConfig), expect: Expect| {
+        let mut cfg = ControllerConfig::default();
+        f(&mut cfg);
+        let out = match cfg.validate() {
+            Ok(()) => "ok".to_owned(),
+            Err(e) => e.to_string(),
+        };
+        expect.assert_eq(&out);
+    };
+    check(|_| {}, expect!["ok"]);
+    check(
+        |c| c.grace_period = c.unreachable_after,
+        expect!["grace_period (3s) must be longer than unreachable_after (3s)"],
+    );
+    check(
+        |c| c.heartbeat_interval = Duration::from_secs(5),
+        expect!["heartbeat_interval (5s) must be shorter than unreachable_after (3s)"],
+    );
+    check(
+        |c| c.body_limit = 0,
+        expect!["body_limit must be greater than zero"],
+    );
+}
+
+#[test]
+fn open_store_creates_the_data_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = ControllerConfig {
+        data_dir: dir.path().join("a/b"),
+        ..ControllerConfig::default()
+    };
+    let store = open_store(&cfg).unwrap();
+    assert!(store.load_all().unwrap().is_empty());
+    assert!(cfg.store_path().exists());
+}
