@@ -517,7 +517,13 @@ impl Agent {
             }
         }
         // Assignments and heartbeats end now; the sender keeps going for the flush.
-        let left = self.outbox.flush(FLUSH_PATIENCE).await;
+        // Before registration there is no sender to wait for.
+        let patience = if self.tasks.is_empty() {
+            Duration::ZERO
+        } else {
+            FLUSH_PATIENCE
+        };
+        let left = self.outbox.flush(patience).await;
         if left > 0 {
             tracing::warn!(events = left, "events not delivered before shutdown");
         }
