@@ -14,6 +14,7 @@ mod hook;
 pub mod name;
 mod plugin;
 pub mod pool;
+mod portset;
 pub mod profile;
 pub mod range;
 

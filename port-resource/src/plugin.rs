@@ -328,6 +328,12 @@ impl ResourcePlugin for PortsPlugin {
             };
         }
         for (i, p) in grant.ports.iter().enumerate() {
+            if p.port == 0 {
+                return Err(format!(
+                    "port {}/{} of job {job} on {host} is 0, which is not a port",
+                    p.name, p.protocol
+                ));
+            }
             let twice = grant.ports[..i]
                 .iter()
                 .any(|o| o.protocol == p.protocol && o.port == p.port);
@@ -348,9 +354,15 @@ impl ResourcePlugin for PortsPlugin {
             }
         }
         if let Some(pool) = entry.pool.as_mut() {
-            for p in &grant.ports {
-                pool.hold(p.protocol, p.port)
-                    .map_err(|e| format!("job {job} on {host}: {e}"))?;
+            for (i, p) in grant.ports.iter().enumerate() {
+                // Cannot fail: the pool holds exactly the ports of `jobs`, checked above.
+                // Should it, undo this grant's holds so nothing leaks.
+                if let Err(e) = pool.hold(p.protocol, p.port) {
+                    for q in &grant.ports[..i] {
+                        pool.release(q.protocol, q.port);
+                    }
+                    return Err(format!("job {job} on {host}: {e}"));
+                }
             }
         }
         entry.jobs.insert(job.clone(), grant);

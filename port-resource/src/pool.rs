@@ -17,6 +17,7 @@
 
 use crate::facts::HostPortsFacts;
 use crate::grant::Protocol;
+use crate::portset::PortSet;
 use crate::range::PortRange;
 use std::collections::{HashMap, VecDeque};
 
@@ -133,6 +134,8 @@ struct ProtoPool {
     held_count: u32,
     /// Sum of `stale`, so the common path never looks into the map.
     stale_total: u32,
+    /// Length of `unavailable`, so the common path never looks into the list.
+    marked: u32,
     /// Where the next scan for a fresh port starts (range-relative).
     cursor: u32,
     /// Range-relative `HELD`, `TOUCHED` and `EXCLUDED` bits. Every `TOUCHED` bit below
@@ -140,8 +143,8 @@ struct ProtoPool {
     bits: Planes,
     /// Freed ports of the usable dynamic set, oldest first; may hold stale entries.
     queue: VecDeque<u16>,
-    /// Held ports outside the dynamic range, sorted.
-    outside: Vec<u16>,
+    /// Held ports outside the dynamic range.
+    outside: PortSet,
     /// Ports marked unavailable, oldest mark first.
     unavailable: VecDeque<u16>,
     /// Per port, how many of its queue entries are stale (ahead of its live one).
@@ -174,7 +177,8 @@ impl ProtoPool {
             bits,
             cursor: 0,
             stale_total: 0,
-            outside: Vec::new(),
+            marked: 0,
+            outside: PortSet::default(),
             queue: VecDeque::new(),
             stale: HashMap::new(),
             unavailable: VecDeque::new(),
@@ -195,13 +199,13 @@ impl ProtoPool {
     fn is_held(&self, port: u16) -> bool {
         match self.rel(port) {
             Some(i) => self.bits.get(HELD, i),
-            None => self.outside.binary_search(&port).is_ok(),
+            None => self.outside.contains(port),
         }
     }
 
     #[inline]
     fn is_unavailable(&self, port: u16) -> bool {
-        !self.unavailable.is_empty() && self.unavailable.contains(&port)
+        self.marked != 0 && self.unavailable.contains(&port)
     }
 
     /// Whether `port` belongs to the usable dynamic set.
@@ -224,9 +228,7 @@ impl ProtoPool {
                 }
             }
             None => {
-                if let Err(at) = self.outside.binary_search(&port) {
-                    self.outside.insert(at, port);
-                }
+                self.outside.insert(port);
             }
         }
     }
@@ -322,12 +324,11 @@ impl ProtoPool {
                     self.enqueue(port);
                 }
             }
-            None => match self.outside.binary_search(&port) {
-                Ok(at) => {
-                    self.outside.remove(at);
+            None => {
+                if !self.outside.remove(port) {
+                    return;
                 }
-                Err(_) => return,
-            },
+            }
         }
         self.held_count -= 1;
     }
@@ -343,6 +344,7 @@ impl ProtoPool {
             }
         }
         self.unavailable.push_back(port);
+        self.marked += 1;
         if self.unavailable.len() > MAX_UNAVAILABLE {
             let oldest = self.unavailable[0];
             self.clear_unavailable(oldest);
@@ -354,6 +356,7 @@ impl ProtoPool {
             return;
         };
         self.unavailable.remove(at);
+        self.marked -= 1;
         if self.in_dyn(port) && !self.is_held(port) {
             self.enqueue(port);
         }
@@ -381,23 +384,13 @@ impl ProtoPool {
     /// All held ports, ascending.
     fn held_ports(&self) -> Vec<u16> {
         let len = self.range.len() as usize;
-        let mut out: Vec<u16> = self
-            .outside
-            .iter()
-            .copied()
-            .filter(|&p| p < self.range.lo())
-            .collect();
+        let mut out: Vec<u16> = self.outside.iter().collect();
         out.extend(
             (0..len)
                 .filter(|&i| self.bits.get(HELD, i))
                 .map(|i| self.range.lo() + i as u16),
         );
-        out.extend(
-            self.outside
-                .iter()
-                .copied()
-                .filter(|&p| p > self.range.hi()),
-        );
+        out.sort_unstable();
         out
     }
 }
@@ -561,7 +554,8 @@ impl HostPool {
         for (index, r) in request.iter().enumerate() {
             let Some(port) = r.fixed else { continue };
             let pool = self.pool(r.protocol);
-            if self.is_reserved(port) {
+            // Port 0 is no port (validation refuses it): never grant it.
+            if port == 0 || self.is_reserved(port) {
                 return Err(Shortfall::Reserved { index });
             }
             if pool.is_held(port)
@@ -616,9 +610,10 @@ impl HostPool {
 
     /// Holds `port` for a reservation being restored, whatever the reserved list and
     /// unavailable marks say (reservations outlive config changes).
+    /// Port 0, which is no port, counts as held.
     pub fn hold(&mut self, protocol: Protocol, port: u16) -> Result<(), AlreadyHeld> {
         let pool = self.pool_mut(protocol);
-        if pool.is_held(port) {
+        if port == 0 || pool.is_held(port) {
             return Err(AlreadyHeld { protocol, port });
         }
         pool.hold(port);
