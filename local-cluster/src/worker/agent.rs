@@ -86,6 +86,9 @@ pub(crate) struct Agent {
     running: watch::Sender<Vec<RunningJob>>,
     probe_http: reqwest::Client,
     tasks: JoinSet<()>,
+    /// The worker's span (with the host): the parent of every job span, so spans of
+    /// tasks spawned while a job span is entered do not nest.
+    span: tracing::Span,
     /// Held (flock) for the agent's life.
     _lock: std::fs::File,
 }
@@ -142,6 +145,7 @@ impl Agent {
             running: watch::Sender::new(Vec::new()),
             probe_http: probe::http_client(),
             tasks: JoinSet::new(),
+            span: tracing::Span::current(),
             _lock: lock,
             cfg,
             plugins,
@@ -155,7 +159,7 @@ impl Agent {
     }
 
     fn readopt(&mut self, mut rec: JobRecord) {
-        let span = tracing::info_span!("job", job = %rec.job, pid = rec.pid);
+        let span = self.job_span(&rec.job, Some(rec.pid));
         let _e = span.enter();
         if rec.exited.is_none() {
             if let Some(fd) = process::adopt(rec.pid, rec.start_time) {
@@ -213,7 +217,7 @@ impl Agent {
     }
 
     fn spawn_background(&mut self, heartbeat: Duration) {
-        let span = tracing::Span::current();
+        let span = self.span.clone();
         self.tasks.spawn(
             heartbeat_loop(
                 self.client.clone(),
@@ -290,7 +294,7 @@ impl Agent {
                     let Some(a) = self.desired.iter().find(|a| a.job == job).cloned() else {
                         continue;
                     };
-                    let span = tracing::info_span!("job", job = %job, pid = tracing::field::Empty);
+                    let span = self.job_span(&job, None);
                     self.launch(a).instrument(span).await?;
                 }
                 Action::Stop(job) => self.stop(&job),
@@ -397,13 +401,17 @@ impl Agent {
         Ok(())
     }
 
+    fn job_span(&self, job: &str, pid: Option<u32>) -> tracing::Span {
+        tracing::info_span!(parent: &self.span, "job", job = %job, pid)
+    }
+
     fn spawn_watcher(
         &self,
         rec: &JobRecord,
         pidfd: Arc<PidFd>,
         child: Option<std::process::Child>,
     ) -> JoinHandle<()> {
-        let span = tracing::info_span!("job", job = %rec.job, pid = rec.pid);
+        let span = self.job_span(&rec.job, Some(rec.pid));
         tokio::spawn(
             process::watch(rec.job.clone(), rec.pid, pidfd, child, self.tx.clone())
                 .instrument(span),
@@ -412,7 +420,7 @@ impl Agent {
 
     fn spawn_prober(&self, rec: &JobRecord, last: bool) -> Option<JoinHandle<()>> {
         let readiness = rec.assignment.readiness.clone()?;
-        let span = tracing::info_span!("job", job = %rec.job, pid = rec.pid);
+        let span = self.job_span(&rec.job, Some(rec.pid));
         let pj = probe::ProbeJob {
             job: rec.job.clone(),
             pid: rec.pid,
@@ -435,7 +443,7 @@ impl Agent {
         if j.state == RunState::Stopping {
             return;
         }
-        let span = tracing::info_span!("job", job = %job, pid = j.record.pid);
+        let span = tracing::info_span!(parent: &self.span, "job", job = %job, pid = j.record.pid);
         let _e = span.enter();
         tracing::info!(grace = ?self.cfg.stop_timeout, "stopping replica");
         j.state = RunState::Stopping;

@@ -153,3 +153,4 @@ pub async fn run(
     .instrument(span)
     .await
 }
+#[cfg(test)]
