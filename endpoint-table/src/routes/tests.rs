@@ -907,3 +907,73 @@ async fn stream_over_a_real_socket() {
     );
     server.abort();
 }
+
+/// The seam: a standalone apiserver side fed with serialized updates, as a remote feed
+/// would send them.
+#[tokio::test]
+async fn standalone_api_fed_through_serialized_updates() {
+    use crate::{Table, Update};
+    let api = EndpointApi::standalone(TableConfig::default());
+    let router = api.router(context());
+    let c = Cluster {
+        feed: endpoint_table(TableConfig::default()).0,
+        api,
+        router,
+    };
+    let unsynced = c.get("alice /v1/services/web/endpoints").await;
+    assert_eq!(unsynced.status(), 503);
+
+    let send = |update: Update| {
+        let json = serde_json::to_string(&update).unwrap();
+        c.api.apply(serde_json::from_str(&json).unwrap());
+    };
+    let mut table = Table::new();
+    table.resync(&snapshot(true));
+    send(Update::Resync {
+        entries: table.entries().cloned().collect(),
+    });
+    let mut ready = web_job("j-3", 2, "exec-01", 20419);
+    ready.ready = true;
+    for change in table.apply(&ev_job(11, ready)) {
+        send(Update::Change { change });
+    }
+    for change in table.apply(&ev_removed(12, "multi", "team-a")) {
+        send(Update::Change { change });
+    }
+    check(
+        &c,
+        &[
+            "alice /v1/services/web/endpoints?format=plain",
+            "alice /v1/services/multi/endpoints",
+        ],
+        expect![[r#"
+            > alice /v1/services/web/endpoints?format=plain
+            200 content-type=text/plain; charset=utf-8 x-xce-index=11
+            127.0.0.11:20417
+            [fd00::2]:20418
+            127.0.0.11:20419
+
+            > alice /v1/services/multi/endpoints
+            404 content-type=application/json
+            {"error":{"code":"not_found","details":[],"message":"service \"multi\" not found"}}
+
+        "#]],
+    )
+    .await;
+}
+
+/// A host that builds the router outside a runtime still gets its feed applied.
+#[test]
+fn router_built_outside_a_runtime() {
+    let (feed, api) = endpoint_table(TableConfig::default());
+    let _router = api.router(context());
+    feed.resync(&snapshot(true));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        tokio::time::timeout(PATIENCE, api.flushed()).await.unwrap();
+    });
+    assert_eq!(api.entry("web").map(|e| e.index), Some(10));
+}
