@@ -153,4 +153,3 @@ pub async fn run(
     .instrument(span)
     .await
 }
-#[cfg(test)]
