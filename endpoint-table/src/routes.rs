@@ -213,7 +213,10 @@ impl Blocking {
         let max_jitter = (self.wait / 16).min(MAX_JITTER).as_millis();
         let max_jitter = u64::try_from(max_jitter).unwrap_or(u64::MAX);
         let jitter = Duration::from_millis(fastrand::u64(0..=max_jitter));
-        tokio::time::Instant::now() + self.wait + jitter
+        let now = tokio::time::Instant::now();
+        // A configured max_wait of centuries must not overflow the clock.
+        now.checked_add(self.wait + jitter)
+            .unwrap_or_else(|| now + Duration::from_secs(365 * 86_400))
     }
 }
 
