@@ -1,0 +1,106 @@
+//! `xcecli`: the xce command line. It resolves the global settings (flags, then the
+//! environment, then the client config file) and hands the subcommand to `xcecli-ext`,
+//! which owns the client, the formats and the exit codes.
+
+use clap::{CommandFactory, Parser, Subcommand};
+use local_cluster::clientconf::{self, ClientFile};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use xcecli_ext::{CliError, Client, ClientConfig, ErrorKind, Io};
+
+const DEFAULT_API: &str = "http://127.0.0.1:7480";
+
+/// Talk to an xce apiserver.
+#[derive(Debug, Parser)]
+#[command(name = "xcecli", version, about = "Submit services and read their endpoints from an xce cluster")]
+struct Cli {
+    /// Apiserver base URL [default: the config file's `api`, else http://127.0.0.1:7480].
+    #[arg(long, global = true, env = "XCE_API")]
+    api: Option<String>,
+    /// Bearer token [default: the config file's `token`].
+    #[arg(long, global = true, env = "XCE_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Client config file [default: $XCE_CONFIG, else ~/.config/xce/xcecli.toml].
+    #[arg(long, global = true)]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    cmd: Top,
+}
+
+#[derive(Debug, Subcommand)]
+enum Top {
+    #[command(flatten)]
+    Ext(xcecli_ext::Command),
+    /// Print shell completions.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let cmd = match cli.cmd {
+        Top::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "xcecli", &mut std::io::stdout());
+            return ExitCode::SUCCESS;
+        }
+        Top::Ext(cmd) => cmd,
+    };
+    let mut io = Io {
+        stdout: Box::new(std::io::stdout()),
+        stderr: Box::new(std::io::stderr()),
+        stdout_is_tty: std::io::stdout().is_terminal(),
+        stderr_is_tty: std::io::stderr().is_terminal(),
+    };
+    let result = settings(cli.api, cli.token, cli.config).and_then(|cfg| {
+        let client = Client::new(cfg)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| CliError::new(ErrorKind::Internal, format!("cannot start the runtime: {e}")))?;
+        rt.block_on(xcecli_ext::run(cmd, &client, &mut io))
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            let _ = writeln_err(&mut io, &e);
+            ExitCode::from(e.exit_code() as u8)
+        }
+    }
+}
+
+fn writeln_err(io: &mut Io, e: &CliError) -> std::io::Result<()> {
+    use std::io::Write;
+    writeln!(io.stderr, "{e}")
+}
+
+/// Flags and environment (clap already merged those) win over the config file.
+fn settings(api: Option<String>, token: Option<String>, config: Option<PathBuf>) -> Result<ClientConfig, CliError> {
+    let explicit = config.is_some() || std::env::var_os("XCE_CONFIG").is_some_and(|v| !v.is_empty());
+    let path = config.or_else(|| {
+        clientconf::default_path(
+            std::env::var_os("XCE_CONFIG"),
+            std::env::var_os("XDG_CONFIG_HOME"),
+            std::env::var_os("HOME"),
+        )
+    });
+    let file = match &path {
+        Some(p) if p.exists() => {
+            let text = std::fs::read_to_string(p)
+                .map_err(|e| CliError::new(ErrorKind::Config, format!("cannot read {}: {e}", p.display())))?;
+            toml::from_str::<ClientFile>(&text).map_err(|e| {
+                CliError::new(ErrorKind::Config, format!("invalid client config {}: {}", p.display(), e.message()))
+            })?
+        }
+        Some(p) if explicit => {
+            return Err(CliError::new(ErrorKind::Config, format!("client config {} does not exist", p.display())))
+        }
+        _ => ClientFile::default(),
+    };
+    Ok(ClientConfig {
+        api: api.or(file.api).unwrap_or_else(|| DEFAULT_API.to_owned()),
+        token: token.or(file.token),
+    })
+}

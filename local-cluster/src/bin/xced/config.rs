@@ -1,0 +1,153 @@
+//! Config files of `xced controller` and `xced worker`: TOML, then `XCE_`-prefixed
+//! environment (only the top-level scalar keys listed here), into validated types.
+//!
+//! This is the wiring layer: it is the one place of local-cluster that names the plugin
+//! crates' config types.
+
+use anyhow::{bail, Context, Result};
+use figment::providers::{Env, Format, Toml};
+use figment::Figment;
+use serde::{Deserialize, Deserializer};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    let s = String::deserialize(d)?;
+    humantime::parse_duration(&s).map_err(|e| serde::de::Error::custom(format!("{s:?} is not a duration: {e}")))
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 7480))
+}
+fn default_data_dir() -> PathBuf {
+    PathBuf::from("xce-data")
+}
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+/// `xced controller --config FILE`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ControllerFile {
+    #[serde(default = "default_listen")]
+    pub(crate) listen: SocketAddr,
+    #[serde(default = "default_data_dir")]
+    pub(crate) data_dir: PathBuf,
+    /// The tokens file (DESIGN §6); `--tokens` overrides it.
+    #[serde(default)]
+    pub(crate) tokens: Option<PathBuf>,
+    #[serde(default = "d_heartbeat", deserialize_with = "duration")]
+    pub(crate) heartbeat_interval: Duration,
+    #[serde(default = "d_unreachable", deserialize_with = "duration")]
+    pub(crate) unreachable_after: Duration,
+    #[serde(default = "d_grace", deserialize_with = "duration")]
+    pub(crate) grace_period: Duration,
+    #[serde(default = "d_body_limit")]
+    pub(crate) body_limit: usize,
+    #[serde(default)]
+    pub(crate) address: host_address::PolicyConfig,
+    #[serde(default)]
+    pub(crate) endpoints: endpoint_table::TableConfig,
+}
+
+fn d_heartbeat() -> Duration {
+    secs(1)
+}
+fn d_unreachable() -> Duration {
+    secs(3)
+}
+fn d_grace() -> Duration {
+    secs(30)
+}
+fn d_body_limit() -> usize {
+    1 << 20
+}
+
+/// `xced worker --config FILE`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct WorkerFile {
+    pub(crate) host: String,
+    #[serde(default = "default_controller")]
+    pub(crate) controller: String,
+    /// The worker's own credential (its `[[worker]]` secret in the tokens file).
+    #[serde(default)]
+    pub(crate) credential: Option<String>,
+    /// Or a file holding it.
+    #[serde(default)]
+    pub(crate) credential_file: Option<PathBuf>,
+    #[serde(default = "default_data_dir")]
+    pub(crate) data_dir: PathBuf,
+    #[serde(default = "d_stop_timeout", deserialize_with = "duration")]
+    pub(crate) stop_timeout: Duration,
+    #[serde(default = "d_facts_interval", deserialize_with = "duration")]
+    pub(crate) facts_interval: Duration,
+    #[serde(default)]
+    pub(crate) address: host_address::AddressConfig,
+    #[serde(default)]
+    pub(crate) ports: port_resource::WorkerPortsConfig,
+}
+
+fn default_controller() -> String {
+    "http://127.0.0.1:7480".into()
+}
+fn d_stop_timeout() -> Duration {
+    secs(10)
+}
+fn d_facts_interval() -> Duration {
+    secs(30)
+}
+
+const CONTROLLER_ENV: &[&str] = &[
+    "listen",
+    "data_dir",
+    "tokens",
+    "heartbeat_interval",
+    "unreachable_after",
+    "grace_period",
+    "body_limit",
+];
+const WORKER_ENV: &[&str] =
+    &["host", "controller", "credential", "credential_file", "data_dir", "stop_timeout", "facts_interval"];
+
+fn figment(path: &Path, env_keys: &[&str]) -> Result<Figment> {
+    if !path.exists() {
+        bail!("config file {} does not exist", path.display());
+    }
+    Ok(Figment::new().merge(Toml::file_exact(path)).merge(Env::prefixed("XCE_").only(env_keys)))
+}
+
+pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
+    let cfg: ControllerFile = figment(path, CONTROLLER_ENV)?
+        .extract()
+        .with_context(|| format!("invalid controller config {}", path.display()))?;
+    if cfg.grace_period <= cfg.unreachable_after {
+        bail!("invalid controller config {}: grace_period must be longer than unreachable_after", path.display());
+    }
+    Ok(cfg)
+}
+
+pub(crate) fn load_worker(path: &Path) -> Result<WorkerFile> {
+    let cfg: WorkerFile = figment(path, WORKER_ENV)?
+        .extract()
+        .with_context(|| format!("invalid worker config {}", path.display()))?;
+    if cfg.credential.is_none() && cfg.credential_file.is_none() {
+        bail!("invalid worker config {}: set credential or credential_file", path.display());
+    }
+    Ok(cfg)
+}
+
+impl WorkerFile {
+    pub(crate) fn credential(&self) -> Result<String> {
+        match (&self.credential, &self.credential_file) {
+            (Some(c), _) => Ok(c.clone()),
+            (None, Some(f)) => Ok(std::fs::read_to_string(f)
+                .with_context(|| format!("reading credential_file {}", f.display()))?
+                .trim()
+                .to_owned()),
+            (None, None) => bail!("no worker credential configured"),
+        }
+    }
+}

@@ -1,0 +1,217 @@
+//! `xced dev`: controller, apiserver and N workers in one process, on loopback. Workers
+//! `exec-01..exec-NN` advertise `127.0.0.11`, `127.0.0.12`, … so every host has its own
+//! address; `--demo` submits `examples/web.toml`.
+
+use anyhow::{bail, Context, Result};
+use local_cluster::auth::Tokens;
+use local_cluster::clientconf::{self, ClientFile};
+use local_cluster::controller::{self, ControllerConfig};
+use local_cluster::worker::{self, ShutdownMode, WorkerConfig};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The demo profile, built into the binary so `--demo` works from any directory.
+const DEMO_PROFILE: &str = include_str!("../../../../examples/web.toml");
+
+#[derive(Debug, clap::Args)]
+pub(crate) struct DevArgs {
+    /// Number of worker hosts (exec-01..exec-NN).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=200))]
+    hosts: u16,
+    /// Submit examples/web.toml (service `web`, 3 replicas serving HTTP).
+    #[arg(long)]
+    demo: bool,
+    /// Where the controller's store, the workers' state and replica logs live.
+    #[arg(long, default_value = ".xce-dev")]
+    data_dir: PathBuf,
+    /// Apiserver listen address (port 0 picks a free port; the chosen one is printed).
+    #[arg(long, default_value = "127.0.0.1:7480")]
+    listen: SocketAddr,
+    /// Tokens file (DESIGN §6). Without it an admin token is generated and a client
+    /// config that `xcecli` finds is written.
+    #[arg(long)]
+    tokens: Option<PathBuf>,
+    /// Address of the first host; the others follow (must be loopback).
+    #[arg(long, default_value = "127.0.0.11", hide = true)]
+    first_host_ip: Ipv4Addr,
+    /// Dynamic port range of every dev host.
+    #[arg(long, default_value = "20000-32000", hide = true)]
+    port_range: String,
+    /// Host-loss grace period.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, hide = true)]
+    grace_period: Duration,
+    /// Where to write the client config (default: $XCE_CONFIG or ~/.config/xce/xcecli.toml).
+    #[arg(long, hide = true)]
+    client_config: Option<PathBuf>,
+}
+
+fn host_ip(first: Ipv4Addr, i: u16) -> Result<Ipv4Addr> {
+    let n = u32::from(first)
+        .checked_add(u32::from(i))
+        .context("--first-host-ip leaves no room for that many hosts")?;
+    let ip = Ipv4Addr::from(n);
+    if !ip.is_loopback() {
+        bail!("dev host address {ip} would leave the loopback range 127.0.0.0/8");
+    }
+    Ok(ip)
+}
+
+pub(crate) async fn run(args: DevArgs) -> Result<()> {
+    let hosts: Vec<String> = (1..=args.hosts).map(|i| format!("exec-{i:02}")).collect();
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating --data-dir {}", args.data_dir.display()))?;
+
+    // Credentials: the given tokens file, or a generated admin token. Dev workers run in
+    // this process; any worker credential missing from the file is generated.
+    let (generated, admin) = Tokens::generate_dev(&hosts).map_err(|e| anyhow::anyhow!("generating dev credentials: {e}"))?;
+    let tokens = match &args.tokens {
+        Some(path) => {
+            let given = crate::load_tokens(path)?;
+            // Keep the file's worker credentials; generate the missing ones.
+            let mut workers = given.workers().to_vec();
+            for w in generated.workers() {
+                if given.worker_secret(&w.host).is_none() {
+                    workers.push(w.clone());
+                }
+            }
+            Tokens::new(given.users().to_vec(), workers)
+                .with_context(|| format!("invalid tokens file {}", path.display()))?
+        }
+        None => generated,
+    };
+    let admin = args.tokens.is_none().then(|| admin.expose().to_owned());
+    let creds: Vec<String> = hosts
+        .iter()
+        .map(|h| tokens.worker_secret(h).map(|s| s.expose().to_owned()).context("worker credential"))
+        .collect::<Result<_>>()?;
+
+    let store = local_cluster::store::RedbStore::open(&args.data_dir.join("controller.redb"))
+        .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
+    let mut address_policy = host_address::PolicyConfig::default();
+    address_policy.allow_loopback_hosts = vec!["*".into()];
+    let ccfg = ControllerConfig {
+        listen: args.listen,
+        data_dir: args.data_dir.clone(),
+        grace_period: args.grace_period,
+        ..ControllerConfig::default()
+    };
+    let plugins = crate::controller_plugins(address_policy, endpoint_table::TableConfig::default());
+    let running = controller::start(ccfg, tokens, plugins, Arc::new(store)).await?;
+    let api = format!("http://{}", running.addr);
+
+    if let Some(admin) = &admin {
+        let path = match &args.client_config {
+            Some(p) => p.clone(),
+            None => clientconf::default_path(
+                std::env::var_os("XCE_CONFIG"),
+                std::env::var_os("XDG_CONFIG_HOME"),
+                std::env::var_os("HOME"),
+            )
+            .context("cannot tell where to write the client config: set XCE_CONFIG or HOME")?,
+        };
+        write_client_config(&path, &api, admin)?;
+        println!("xced: client config for xcecli written to {}", path.display());
+    }
+
+    // Workers: each in its own task, sharing one shutdown signal.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(None::<ShutdownMode>);
+    let mut workers = tokio::task::JoinSet::new();
+    for (i, (host, cred)) in hosts.iter().zip(creds).enumerate() {
+        let ip = host_ip(args.first_host_ip, i as u16)?;
+        let address = host_address::AddressConfig {
+            advertise: Some(host_address::Advertise::Ip(IpAddr::V4(ip))),
+            allow_loopback: true,
+            ..Default::default()
+        };
+        let ports = port_resource::WorkerPortsConfig { range: args.port_range.clone(), ..Default::default() };
+        let plugins = crate::worker_plugins(address, ports)?;
+        let wcfg = WorkerConfig {
+            host: host.clone(),
+            controller: api.clone(),
+            credential: cred,
+            data_dir: args.data_dir.join("workers").join(host),
+            stop_timeout: Duration::from_secs(5),
+            facts_interval: Duration::from_secs(30),
+        };
+        let mut rx = stop_rx.clone();
+        let host = host.clone();
+        workers.spawn(async move {
+            let shutdown = async move {
+                loop {
+                    if let Some(mode) = *rx.borrow_and_update() {
+                        return mode;
+                    }
+                    if rx.changed().await.is_err() {
+                        return ShutdownMode::StopReplicas;
+                    }
+                }
+            };
+            if let Err(e) = worker::run(wcfg, plugins, shutdown).await {
+                tracing::error!(%host, "worker failed: {e:#}");
+            }
+        });
+    }
+
+    crate::announce(running.addr);
+    println!("xced: {} hosts: {}", hosts.len(), hosts.join(", "));
+    if args.demo {
+        submit_demo(&api, admin.as_deref()).await?;
+        println!("xced: submitted service `web` (examples/web.toml)");
+        println!("xced: try `xcecli service endpoints web` or `xcecli host list` in another shell");
+    }
+
+    crate::shutdown_signal().await;
+    tracing::info!("stopping replicas and shutting down");
+    let _ = stop_tx.send(Some(ShutdownMode::StopReplicas));
+    while workers.join_next().await.is_some() {}
+    running.shutdown().await;
+    Ok(())
+}
+
+fn write_client_config(path: &std::path::Path, api: &str, token: &str) -> Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let file = ClientFile { api: Some(api.to_owned()), token: Some(token.to_owned()) };
+    let text = toml::to_string(&file).context("encoding the client config")?;
+    let tmp = path.with_extension("toml.tmp");
+    {
+        use std::io::Write;
+        use std::os::unix::fs::OpenOptionsExt;
+        // The file holds a secret: readable by its owner only.
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)
+            .with_context(|| format!("writing {}", tmp.display()))?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
+}
+
+/// Submits the demo profile unless the service already exists (a restarted dev cluster
+/// keeps its services in the store).
+async fn submit_demo(api: &str, admin: Option<&str>) -> Result<()> {
+    let Some(token) = admin else {
+        bail!("--demo needs the generated admin token: run without --tokens, or submit examples/web.toml with xcecli");
+    };
+    let client = reqwest::Client::new();
+    let resp = client
+        .post(format!("{api}/v1/services"))
+        .bearer_auth(token)
+        .header("content-type", "application/toml")
+        .body(DEMO_PROFILE)
+        .send()
+        .await
+        .context("submitting the demo service")?;
+    match resp.status().as_u16() {
+        201 | 409 => Ok(()),
+        s => bail!("submitting the demo service: HTTP {s}: {}", resp.text().await.unwrap_or_default()),
+    }
+}

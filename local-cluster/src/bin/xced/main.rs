@@ -1,0 +1,171 @@
+//! `xced`: the xce daemons — controller (with scheduler and apiserver), worker agent, and
+//! an all-in-one `dev` mode. This file is the wiring: the only place of local-cluster that
+//! names concrete plugins; everything else speaks `plugin-api` traits.
+
+mod config;
+mod dev;
+
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use local_cluster::controller::{self, ControllerConfig, ControllerPlugins};
+use local_cluster::worker::{self, ShutdownMode, WorkerConfig, WorkerPlugins};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Run the xce daemons.
+#[derive(Debug, Parser)]
+#[command(name = "xced", version, about = "Run the xce controller, a worker agent, or an all-in-one dev cluster")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Run controller, apiserver and N workers in one process.
+    Dev(dev::DevArgs),
+    /// Run the controller, scheduler and apiserver.
+    Controller {
+        /// Controller config file (TOML).
+        #[arg(long)]
+        config: PathBuf,
+        /// Tokens file (DESIGN §6); overrides `tokens` in the config file.
+        #[arg(long)]
+        tokens: Option<PathBuf>,
+    },
+    /// Run one worker agent.
+    Worker {
+        /// Worker config file (TOML).
+        #[arg(long)]
+        config: PathBuf,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("XCE_LOG")
+        .or_else(|_| EnvFilter::try_from_default_env())
+        .unwrap_or_else(|_| EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}
+
+async fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Dev(args) => dev::run(args).await,
+        Cmd::Controller { config, tokens } => run_controller(config, tokens).await,
+        Cmd::Worker { config } => run_worker(config).await,
+    }
+}
+
+/// The controller's plugins: ports as a resource, the address policy, the endpoint table.
+pub(crate) fn controller_plugins(
+    address: host_address::PolicyConfig,
+    endpoints: endpoint_table::TableConfig,
+) -> ControllerPlugins {
+    let (feed, api) = endpoint_table::endpoint_table(endpoints);
+    ControllerPlugins {
+        resources: vec![Box::new(port_resource::PortsPlugin::new())],
+        facts_policies: vec![Arc::new(host_address::AddressPolicy::new(address))],
+        listeners: vec![Arc::new(feed)],
+        extensions: vec![Arc::new(api)],
+    }
+}
+
+/// A worker's plugins: address and port-pool facts, the port launch hook.
+pub(crate) fn worker_plugins(
+    address: host_address::AddressConfig,
+    ports: port_resource::WorkerPortsConfig,
+) -> Result<WorkerPlugins> {
+    let addr = host_address::AddressProvider::new(address).context("invalid [address] config")?;
+    let ports_facts = port_resource::PortFactsProvider::new(&ports).context("invalid [ports] config")?;
+    Ok(WorkerPlugins {
+        facts: vec![Arc::new(addr), Arc::new(ports_facts)],
+        hooks: vec![Arc::new(port_resource::PortsLaunchHook::new())],
+    })
+}
+
+async fn run_controller(path: PathBuf, tokens_flag: Option<PathBuf>) -> Result<()> {
+    let cfg = config::load_controller(&path)?;
+    let tokens_path = tokens_flag
+        .or(cfg.tokens.clone())
+        .context("no tokens file: pass --tokens FILE or set `tokens` in the config file")?;
+    let tokens = load_tokens(&tokens_path)?;
+    std::fs::create_dir_all(&cfg.data_dir)
+        .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
+    let store = local_cluster::store::RedbStore::open(&cfg.data_dir.join("controller.redb"))
+        .with_context(|| format!("opening the store in {}", cfg.data_dir.display()))?;
+    let ccfg = ControllerConfig {
+        listen: cfg.listen,
+        data_dir: cfg.data_dir.clone(),
+        heartbeat_interval: cfg.heartbeat_interval,
+        unreachable_after: cfg.unreachable_after,
+        grace_period: cfg.grace_period,
+        body_limit: cfg.body_limit,
+    };
+    let plugins = controller_plugins(cfg.address, cfg.endpoints);
+    let running = controller::start(ccfg, tokens, plugins, Arc::new(store)).await?;
+    announce(running.addr);
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    running.shutdown().await;
+    Ok(())
+}
+
+async fn run_worker(path: PathBuf) -> Result<()> {
+    let cfg = config::load_worker(&path)?;
+    let wcfg = WorkerConfig {
+        host: cfg.host.clone(),
+        controller: cfg.controller.clone(),
+        credential: cfg.credential()?,
+        data_dir: cfg.data_dir.clone(),
+        stop_timeout: cfg.stop_timeout,
+        facts_interval: cfg.facts_interval,
+    };
+    let plugins = worker_plugins(cfg.address, cfg.ports)?;
+    // A worker that stops leaves its replicas running: a restarted worker re-adopts them.
+    worker::run(wcfg, plugins, async {
+        shutdown_signal().await;
+        ShutdownMode::Detach
+    })
+    .await
+}
+
+/// Reads and validates a tokens file.
+pub(crate) fn load_tokens(path: &std::path::Path) -> Result<local_cluster::auth::Tokens> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("reading tokens file {}", path.display()))?;
+    local_cluster::auth::Tokens::parse(&text).with_context(|| format!("invalid tokens file {}", path.display()))
+}
+
+/// The line tests and scripts read to find the apiserver (also when listening on port 0).
+pub(crate) fn announce(addr: SocketAddr) {
+    println!("xced: apiserver listening on http://{addr}");
+}
+
+pub(crate) async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
