@@ -215,7 +215,7 @@ impl Blocking {
         let jitter = Duration::from_millis(fastrand::u64(0..=max_jitter));
         let now = tokio::time::Instant::now();
         // A configured max_wait of centuries must not overflow the clock.
-        now.checked_add(self.wait + jitter)
+        now.checked_add(self.wait.saturating_add(jitter))
             .unwrap_or_else(|| now + Duration::from_secs(365 * 86_400))
     }
 }
