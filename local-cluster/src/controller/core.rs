@@ -247,7 +247,8 @@ impl Core {
         if txn.is_empty() {
             return Ok(());
         }
-        if let Err(e) = self.store.commit(txn.batch()) {
+        let batch = txn.batch();
+        if let Err(e) = blocking(|| self.store.commit(batch)) {
             error!(error = %e, "store commit failed; change not applied");
             self.store_retry = Some(now + STORE_RETRY);
             return Err(e.into());
@@ -751,22 +752,6 @@ impl Core {
         self.dirty = true;
     }
 
-    fn candidates(&self, service: &str) -> Vec<Candidate> {
-        self.cluster
-            .hosts
-            .values()
-            .filter(|h| h.info.state == HostState::Ready && h.orphans.is_empty())
-            .map(|h| {
-                let on: Vec<&JobRec> = self.cluster.jobs_on(&h.info.id).collect();
-                Candidate {
-                    id: h.info.id.clone(),
-                    service_jobs: on.iter().filter(|j| j.info.service == service).count(),
-                    total_jobs: on.len(),
-                }
-            })
-            .collect()
-    }
-
     fn schedule(&mut self, now: Instant) {
         self.pending.clear();
         let services: Vec<ServiceRec> = self
@@ -776,13 +761,33 @@ impl Core {
             .filter(|s| s.state == ServiceState::Active)
             .cloned()
             .collect();
+        // Hosts that may take placements, and their load: computed once per pass and kept
+        // current as replicas are placed.
+        let ready: Vec<HostId> = self
+            .cluster
+            .hosts
+            .values()
+            .filter(|h| h.info.state == HostState::Ready && h.orphans.is_empty())
+            .map(|h| h.info.id.clone())
+            .collect();
+        let mut total: HashMap<HostId, usize> = HashMap::new();
+        let mut per_service: HashMap<(HostId, String), usize> = HashMap::new();
+        for j in self.cluster.jobs.values() {
+            *total.entry(j.info.host.clone()).or_default() += 1;
+            *per_service
+                .entry((j.info.host.clone(), j.info.service.clone()))
+                .or_default() += 1;
+        }
         for s in services {
             let name = &s.info.name;
+            let occupied: BTreeSet<u32> = self
+                .cluster
+                .jobs_of(name)
+                .filter(|j| j.effective_state() != JobState::Stopping)
+                .map(|j| j.info.replica)
+                .collect();
             for replica in 0..s.info.replicas {
-                let occupied = self.cluster.jobs_of(name).any(|j| {
-                    j.info.replica == replica && j.effective_state() != JobState::Stopping
-                });
-                if occupied {
+                if occupied.contains(&replica) {
                     continue;
                 }
                 if let Some(b) = self.backoff.get(&(name.clone(), replica)) {
@@ -798,7 +803,17 @@ impl Core {
                         continue;
                     }
                 }
-                let candidates = self.candidates(name);
+                let candidates: Vec<Candidate> = ready
+                    .iter()
+                    .map(|h| Candidate {
+                        id: h.clone(),
+                        service_jobs: per_service
+                            .get(&(h.clone(), name.clone()))
+                            .copied()
+                            .unwrap_or(0),
+                        total_jobs: total.get(h).copied().unwrap_or(0),
+                    })
+                    .collect();
                 let mut txn = Txn::new(&self.cluster);
                 let job = txn.new_job_id(&self.cluster);
                 let req = Request {
@@ -838,6 +853,8 @@ impl Core {
                             return;
                         }
                         self.metrics.placements.inc();
+                        *total.entry(host.clone()).or_default() += 1;
+                        *per_service.entry((host, name.clone())).or_default() += 1;
                     }
                     Err(reason) => {
                         debug!(service = %name, replica, reason = %reason, "replica pending");
@@ -979,6 +996,17 @@ impl Core {
                 p.grant_summary(g).map(|v| (p.name().to_owned(), v))
             })
             .collect()
+    }
+}
+
+/// Runs a blocking store call; on a multi-threaded runtime it tells tokio first, so the
+/// worker thread's other tasks move elsewhere during a disk sync.
+fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
     }
 }
 
