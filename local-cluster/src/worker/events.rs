@@ -59,9 +59,10 @@ impl EventQueue {
         self.items.push_back(ev);
     }
 
-    /// The next batch to send (empty when there is nothing new); marks it in flight.
-    pub(crate) fn next_batch(&mut self) -> Vec<WorkerEvent> {
-        self.in_flight = self.items.len().min(MAX_BATCH);
+    /// The next batch to send, at most `max` events (empty when there is nothing new);
+    /// marks it in flight.
+    pub(crate) fn next_batch(&mut self, max: usize) -> Vec<WorkerEvent> {
+        self.in_flight = self.items.len().min(max.max(1));
         self.tried = self.tried.max(self.in_flight);
         self.items.iter().take(self.in_flight).cloned().collect()
     }
@@ -124,8 +125,10 @@ impl Outbox {
     /// passed on to the state task (it keeps the exit on disk until then).
     pub(crate) async fn send_loop(self: Arc<Self>, client: Client, owner: mpsc::Sender<Msg>) {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        // Shrinks when the controller finds a batch too large; back to full on success.
+        let mut max = MAX_BATCH;
         loop {
-            let batch = self.queue.lock().unwrap().next_batch();
+            let batch = self.queue.lock().unwrap().next_batch(max);
             if batch.is_empty() {
                 self.wake.notified().await;
                 continue;
@@ -133,6 +136,7 @@ impl Outbox {
             match client.events(&batch).await {
                 Ok(()) => {
                     backoff.reset();
+                    max = MAX_BATCH;
                     let sent = {
                         let mut q = self.queue.lock().unwrap();
                         let sent = q.ack();
@@ -151,9 +155,22 @@ impl Outbox {
                         return;
                     }
                 }
-                Err(CallError::Status { status, body }) if status.as_u16() == 400 => {
-                    // The controller will never take this batch; retrying would block
-                    // every later event behind it.
+                Err(CallError::Status { status, .. })
+                    if status.as_u16() == 413 && batch.len() > 1 =>
+                {
+                    self.queue.lock().unwrap().nack();
+                    max = batch.len() / 2;
+                    tracing::warn!(
+                        events = batch.len(),
+                        "controller found the event batch too large; splitting it"
+                    );
+                }
+                // The controller can never take this batch (malformed, or one event larger
+                // than its body limit).
+                Err(CallError::Status { status, body })
+                    if matches!(status.as_u16(), 400 | 413 | 422) =>
+                {
+                    // Retrying would block every later event behind it.
                     let dropped = {
                         let mut q = self.queue.lock().unwrap();
                         let dropped = q.ack();
@@ -238,7 +255,8 @@ mod tests {
         let mut out = Vec::new();
         for step in script.split_whitespace() {
             match step {
-                "send" => out.push(format!("[{}]", show(&q.next_batch()))),
+                "send" => out.push(format!("[{}]", show(&q.next_batch(MAX_BATCH)))),
+                "send1" => out.push(format!("[{}]", show(&q.next_batch(1)))),
                 "ack" => {
                     q.ack();
                 }
@@ -297,6 +315,18 @@ mod tests {
             expect_test::expect![[r#"
                 [up:a]
                 [up:a down:a]
+                left: "#]],
+        );
+    }
+
+    #[test]
+    fn a_smaller_batch_after_a_too_large_one() {
+        check(
+            "start:a start:b send nack send1 ack send ack",
+            expect_test::expect![[r#"
+                [start:a start:b]
+                [start:a]
+                [start:b]
                 left: "#]],
         );
     }
