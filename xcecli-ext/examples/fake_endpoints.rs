@@ -15,10 +15,7 @@ async fn main() {
         "/v1/services/web/endpoints",
         get(move || async move {
             (
-                [
-                    ("content-type", "application/json"),
-                    ("x-xce-index", "42"),
-                ],
+                [("content-type", "application/json"), ("x-xce-index", "42")],
                 body,
             )
         }),

@@ -74,6 +74,12 @@ impl Client {
                 "pass --api http://HOST:PORT or set XCE_API (default http://127.0.0.1:7480)",
             )
         };
+        if !config.api.contains("://") {
+            return Err(config_err(format!(
+                "invalid apiserver url {:?}: expected http://HOST:PORT",
+                config.api
+            )));
+        }
         let base = Url::parse(config.api.trim())
             .map_err(|e| config_err(format!("invalid apiserver url {:?}: {e}", config.api)))?;
         match base.scheme() {
@@ -410,7 +416,7 @@ mod tests {
             "127.0.0.1:7480",
             None,
             expect![[r#"
-                exit 1: error: invalid apiserver url "127.0.0.1:7480": relative URL without a base
+                exit 1: error: invalid apiserver url "127.0.0.1:7480": expected http://HOST:PORT
                 hint: pass --api http://HOST:PORT or set XCE_API (default http://127.0.0.1:7480)
             "#]],
         );

@@ -249,6 +249,10 @@ impl Run<'_> {
                     run_hook(io, cmd, &output, entry.index).await?;
                     true
                 }
+                // Successive tables on a terminal: a blank line between them.
+                None if format == EndpointFormat::Table && self.last_output.is_some() => {
+                    write_out(io, &format!("\n{output}"))?
+                }
                 None => write_out(io, &output)?,
             };
             self.last_output = Some(output);

@@ -626,6 +626,35 @@ async fn watch_prints_only_changes() {
     .await;
 }
 
+/// On a terminal, each change prints a new table, a blank line apart.
+#[tokio::test]
+async fn watch_tables_on_a_terminal() {
+    bounded(async {
+        let fake = Fake::start().await;
+        let (setup, args) = setup(&fake.url(), "@tty service endpoints web --watch");
+        let run = spawn(setup, args);
+        run.stdout.wait_for(|t| t.lines().count() == 3).await;
+        let first = fake.index("web");
+        fake.wait_request(|l| l.query.get("index") == Some(&first.to_string()))
+            .await;
+        fake.set_ready("web", 2, true);
+        let out = run.stdout.wait_for(|t| t.lines().count() == 8).await;
+        run.task.abort();
+        expect![[r#"
+            REPLICA  HOST     ADDRESS     PORTS
+            0        exec-01  127.0.0.11  http=20417
+            1        exec-02  127.0.0.12  http=20533
+
+            REPLICA  HOST     ADDRESS     PORTS
+            0        exec-01  127.0.0.11  http=20417
+            1        exec-02  127.0.0.12  http=20533
+            2        exec-03  127.0.0.13  http=20101
+        "#]]
+        .assert_eq(&out);
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn watch_ends_with_exit_0_after_timeout() {
     bounded(async {
