@@ -664,6 +664,13 @@ async fn watchers_wake_only_for_their_service() {
         .await;
     c.resync(snapshot(true)).await;
     assert!(!web.has_changed().unwrap());
+    // Only real changes count: the first resync's 4 entries, multi's change, and the
+    // second resync's undoing it.
+    let metrics = c.metrics();
+    assert_eq!(
+        metrics.lines().next(),
+        Some("xce_endpoint_table_changes_total 6")
+    );
     c.event(ev_host(14, host("exec-02", Some("fd00::3")), &["web"]))
         .await;
     assert!(web.has_changed().unwrap());
