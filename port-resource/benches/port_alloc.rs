@@ -318,43 +318,56 @@ impl Allocator for Nomad {
     }
 }
 
-/// Runs the sequence; returns per-reservation nanoseconds. Checks every grant against
-/// `truth` and returns the live replicas for the final scan.
-fn run(
-    steps: &[Step],
-    truth: &mut [Bitmap],
-    alloc: &mut impl Allocator,
-) -> (Vec<u64>, Vec<Option<Vec<u16>>>) {
-    let mut live: Vec<Option<Vec<u16>>> = vec![None; HOSTS];
-    let mut times = Vec::with_capacity(steps.len());
-    let mut out = Vec::with_capacity(3);
-    for s in steps {
-        // The replica this one replaces goes first (untimed), so fixed ports are free.
-        if let Some(old) = live[s.host].take() {
-            alloc.release(s.host, &old);
+/// One allocator running the sequence, with its own independent record of what is held.
+struct Lane<A> {
+    alloc: A,
+    truth: Vec<Bitmap>,
+    live: Vec<Option<Vec<u16>>>,
+    times: Vec<u64>,
+    out: Vec<u16>,
+}
+
+impl<A: Allocator> Lane<A> {
+    fn new(alloc: A, truth: Vec<Bitmap>) -> Self {
+        Self {
+            alloc,
+            truth,
+            live: vec![None; HOSTS],
+            times: Vec::with_capacity(RESERVATIONS),
+            out: Vec::with_capacity(3),
+        }
+    }
+
+    /// One replica: release the one it replaces (untimed), reserve (timed), check every
+    /// granted port against the independent record.
+    fn step(&mut self, s: &Step) {
+        let truth = &mut self.truth[s.host];
+        if let Some(old) = self.live[s.host].take() {
+            self.alloc.release(s.host, &old);
             for &p in &old {
-                truth[s.host].unset(p);
+                truth.unset(p);
             }
         }
         let t = Instant::now();
-        let ok = alloc.reserve(s.host, black_box(&s.request), &mut out);
+        let ok = self
+            .alloc
+            .reserve(s.host, black_box(&s.request), &mut self.out);
         let ns = t.elapsed().as_nanos() as u64;
         assert!(ok, "reservation failed on host {}", s.host);
-        times.push(ns);
-        for (i, &p) in out.iter().enumerate() {
+        self.times.push(ns);
+        for (i, &p) in self.out.iter().enumerate() {
             assert!(
-                !truth[s.host].check(p) && !out[..i].contains(&p),
+                !truth.check(p) && !self.out[..i].contains(&p),
                 "collision: host {} port {p}",
                 s.host
             );
             if s.request[i].fixed.is_none() {
                 assert!((LO..=HI).contains(&p) && !RESERVED.contains(&p));
             }
-            truth[s.host].set(p);
+            truth.set(p);
         }
-        live[s.host] = Some(out.clone());
+        self.live[s.host] = Some(self.out.clone());
     }
-    (times, live)
 }
 
 /// Independent scan: the allocator's held set equals the truth, and no port is in two
@@ -421,17 +434,21 @@ fn main() {
         let Filled { ours, nomad, truth } = fill(frac, &mut rng);
         let steps = steps(&truth, &mut rng);
 
-        let mut ours = Ours(ours);
-        let mut t_ours = truth.clone();
-        let (mut ours_ns, ours_live) = run(&steps, &mut t_ours, &mut ours);
-        let scanned_ours = scan(&t_ours, &ours, &ours_live);
-        drop((ours, t_ours));
-
-        let mut nomad = Nomad(nomad, fastrand::Rng::with_seed(7));
-        let mut t_nomad = truth;
-        let (mut nomad_ns, nomad_live) = run(&steps, &mut t_nomad, &mut nomad);
-        let scanned_nomad = scan(&t_nomad, &nomad, &nomad_live);
-
+        // Side by side: the two allocators take turns on every replica (alternating who
+        // goes first), so machine noise hits both alike.
+        let mut a = Lane::new(Ours(ours), truth.clone());
+        let mut b = Lane::new(Nomad(nomad, fastrand::Rng::with_seed(7)), truth);
+        for (i, s) in steps.iter().enumerate() {
+            if i % 2 == 0 {
+                a.step(s);
+                b.step(s);
+            } else {
+                b.step(s);
+                a.step(s);
+            }
+        }
+        let scanned = scan(&a.truth, &a.alloc, &a.live) + scan(&b.truth, &b.alloc, &b.live);
+        let (mut ours_ns, mut nomad_ns) = (a.times, b.times);
         ours_ns.sort_unstable();
         nomad_ns.sort_unstable();
         let stats = |v: &[u64]| {
@@ -446,7 +463,7 @@ fn main() {
         println!(
             "{label:>6} | {o50:>8} {o99:>8} {omean:>9.0} | {n50:>9} {n99:>9} {nmean:>10.0} | \
              {x50:>6.1} {x99:>6.1} {xmean:>6.1} | {:>9}",
-            scanned_ours + scanned_nomad
+            scanned
         );
         summary.push(format!(
             "SUMMARY port-alloc fill={label} ours_ns={o50} nomad_ns={n50} speedup={x50:.1}"

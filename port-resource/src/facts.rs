@@ -17,9 +17,11 @@ pub struct HostPortsFacts {
     /// The dynamic range "any free" ports come from.
     pub range: PortRange,
     /// Ports never handed out, fixed or not.
+    #[serde(default)]
     pub reserved: Vec<u16>,
     /// The kernel's ephemeral range, when known. Its overlap with `range` is not handed
     /// out.
+    #[serde(default)]
     pub ephemeral: Option<PortRange>,
 }
 

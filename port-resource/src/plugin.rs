@@ -3,7 +3,7 @@
 use crate::facts::HostPortsFacts;
 use crate::grant::{GrantedPort, PortGrant, Protocol};
 use crate::hook::RefusalDetail;
-use crate::pool::{HostPool, Shortfall};
+use crate::pool::{HostPool, PortRequest, Shortfall};
 use crate::profile::{self, PortsSection, SECTION_PATH};
 use crate::PLUGIN_NAME;
 use plugin_api::{
@@ -15,6 +15,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 /// Allocates named ports per host (DESIGN §4).
 ///
@@ -28,6 +29,16 @@ use std::collections::HashMap;
 pub struct PortsPlugin {
     hosts: HashMap<HostId, HostEntry>,
     metrics: Metrics,
+    /// The last section parsed for a placement: the scheduler asks `fits` of every host
+    /// for one replica, with the same section, so parse it once.
+    last: Mutex<Option<(serde_json::Value, Arc<Prepared>)>>,
+}
+
+/// A parsed section and what the pool is asked for.
+#[derive(Debug)]
+struct Prepared {
+    section: PortsSection,
+    requests: Vec<PortRequest>,
 }
 
 /// What the plugin knows about one host.
@@ -133,8 +144,15 @@ impl PortsPlugin {
     }
 
     /// The section of a placement request; it was validated, so a failure is a host bug.
-    fn section(&self, request: &PlacementRequest<'_>) -> Result<PortsSection, Unfit> {
-        PortsSection::parse(request.section).map_err(|errors| {
+    fn section(&self, request: &PlacementRequest<'_>) -> Result<Arc<Prepared>, Unfit> {
+        let key = request.section.unwrap_or(&serde_json::Value::Null);
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((value, prepared)) = last.as_ref() {
+            if value == key {
+                return Ok(prepared.clone());
+            }
+        }
+        let section = PortsSection::parse(request.section).map_err(|errors| {
             self.metrics.failed("invalid");
             Unfit {
                 resource: "ports".to_owned(),
@@ -143,7 +161,13 @@ impl PortsPlugin {
                     errors.first().map(|e| e.to_string()).unwrap_or_default()
                 ),
             }
-        })
+        })?;
+        let prepared = Arc::new(Prepared {
+            requests: section.requests(),
+            section,
+        });
+        *last = Some((key.clone(), prepared.clone()));
+        Ok(prepared)
     }
 
     fn apply_holds(pool: &mut HostPool, jobs: &HashMap<JobId, PortGrant>) {
@@ -249,19 +273,21 @@ impl ResourcePlugin for PortsPlugin {
     }
 
     fn fits(&self, host: &HostId, request: &PlacementRequest<'_>) -> Result<(), Unfit> {
-        let section = self.section(request)?;
+        let prepared = self.section(request)?;
+        let section = &prepared.section;
         if section.ports.is_empty() {
             return Ok(());
         }
         let Some(pool) = self.hosts.get(host).and_then(|h| h.pool.as_ref()) else {
             return Err(self.unreported());
         };
-        pool.check(&section.requests())
-            .map_err(|s| self.unfit(&section, pool, s))
+        pool.check(&prepared.requests)
+            .map_err(|s| self.unfit(section, pool, s))
     }
 
     fn reserve(&mut self, host: &HostId, request: &PlacementRequest<'_>) -> Result<Grant, Unfit> {
-        let section = self.section(request)?;
+        let prepared = self.section(request)?;
+        let section = &prepared.section;
         if let Some(existing) = self.hosts.get(host).and_then(|h| h.jobs.get(request.job)) {
             // Reserving twice for one job is idempotent.
             return Ok(existing.to_value());
@@ -274,9 +300,9 @@ impl ResourcePlugin for PortsPlugin {
         };
         let pool = entry.pool.as_mut().expect("filtered on a pool");
         let mut out = Vec::with_capacity(section.ports.len());
-        if let Err(s) = pool.reserve(&section.requests(), &mut out) {
+        if let Err(s) = pool.reserve(&prepared.requests, &mut out) {
             let pool = self.hosts[host].pool.as_ref().expect("checked above");
-            return Err(self.unfit(&section, pool, s));
+            return Err(self.unfit(section, pool, s));
         }
         let grant = PortGrant {
             ports: section
