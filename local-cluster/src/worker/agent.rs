@@ -387,7 +387,14 @@ impl Agent {
             },
         );
         // On disk before the controller hears of it: a worker restart re-adopts it.
-        self.persist()?;
+        if let Err(e) = self.persist() {
+            // Unrecorded, the replica would outlive this worker unsupervised.
+            if let Some(mut j) = self.jobs.remove(&job) {
+                j.abort_tasks();
+                process::signal(&j.pidfd, pid, Signal::Kill);
+            }
+            return Err(e.into());
+        }
         tracing::info!(log = %log.display(), "replica started");
         self.outbox.push(WorkerEvent::Started {
             job: job.clone(),

@@ -60,7 +60,7 @@ pub(crate) fn spawn(
         .append(true)
         .open(log)?;
     let err = out.try_clone()?;
-    let child = Command::new(program)
+    let mut child = Command::new(program)
         .args(args)
         .envs(env)
         .stdin(Stdio::null())
@@ -72,16 +72,25 @@ pub(crate) fn spawn(
         .spawn()?;
     let pid = child.id();
     // The child is not reaped yet, so its pid and /proc entry are certainly its own.
-    let pidfd = sys::pidfd_open(pid)?;
-    let start_time = procfs::read_stat(pid)?
-        .ok_or_else(|| io::Error::other("spawned process has no /proc entry"))?
-        .start_time;
-    Ok(Spawned {
-        child,
-        pid,
-        start_time,
-        pidfd,
-    })
+    let watchable = sys::pidfd_open(pid).and_then(|pidfd| {
+        let stat = procfs::read_stat(pid)?
+            .ok_or_else(|| io::Error::other("spawned process has no /proc entry"))?;
+        Ok((pidfd, stat.start_time))
+    });
+    match watchable {
+        Ok((pidfd, start_time)) => Ok(Spawned {
+            child,
+            pid,
+            start_time,
+            pidfd,
+        }),
+        Err(e) => {
+            // A replica the worker cannot watch must not run unsupervised.
+            let _ = sys::kill_group(pid, Signal::Kill);
+            let _ = child.wait();
+            Err(e)
+        }
+    }
 }
 
 /// Opens a pidfd on a process from a previous worker, if it is still the same process
