@@ -322,6 +322,11 @@ fn status_error(url: &Url, status: StatusCode, body: &str) -> CliError {
                 .collect()
         })
         .unwrap_or_default();
+    // A one-problem error often repeats its only detail as its message.
+    let details: Vec<String> = details
+        .into_iter()
+        .filter(|d| *d != server_message)
+        .collect();
     let code = parsed.as_ref().map(|e| e.code.as_str()).unwrap_or("");
     match status {
         StatusCode::UNAUTHORIZED => CliError::new(

@@ -2,6 +2,7 @@
 //! apiserver on loopback, with every output snapshotted and every exit code asserted.
 
 mod fake;
+mod real_table;
 
 use clap::Parser;
 use expect_test::{expect, Expect};
@@ -360,11 +361,10 @@ async fn error_kinds_and_exit_codes() {
             u,
             "service endpoints web --port nope",
             expect![[r#"
-            exit 1
-            --- stderr
-            error: port: service "web" has no port "nope"
-              port: service "web" has no port "nope"
-        "#]],
+                exit 1
+                --- stderr
+                error: port: service "web" has no port "nope"
+            "#]],
         )
         .await;
         check(
