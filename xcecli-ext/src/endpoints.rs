@@ -263,8 +263,8 @@ impl Run<'_> {
         Ok(if args.watch { Flow::More } else { Flow::Done })
     }
 
-    /// The default format: table on a terminal; otherwise plain when one port is printed
-    /// (`--port`, or the service has one port), else json.
+    /// The default format: table on a terminal (unless `--exec` takes the list); otherwise
+    /// plain when one port is printed (`--port`, or the service has one port), else json.
     async fn resolve_format(
         &mut self,
         stdout_is_tty: bool,
@@ -274,7 +274,8 @@ impl Run<'_> {
         if let Some(f) = args.output {
             return f;
         }
-        if stdout_is_tty {
+        // With --exec the list goes to the command's stdin, never to the terminal.
+        if stdout_is_tty && args.exec.is_none() {
             return EndpointFormat::Table;
         }
         if args.all {

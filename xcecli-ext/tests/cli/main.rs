@@ -790,3 +790,24 @@ fn run_hook_text(file: &std::path::Path) -> String {
         file.display()
     )
 }
+
+/// On a terminal, `--exec` still gets a machine format by default (plain for one port).
+#[tokio::test]
+async fn watch_exec_default_format_is_for_machines() {
+    bounded(async {
+        let fake = Fake::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("list");
+        let (setup, mut args) = setup(&fake.url(), "@tty service endpoints web --watch --exec");
+        args.push(format!("cat > '{}'; echo ran", file.display()));
+        let run = spawn(setup, args);
+        run.stdout.wait_for(|t| t == "ran\n").await;
+        run.task.abort();
+        expect![[r#"
+            127.0.0.11:20417
+            127.0.0.12:20533
+        "#]]
+        .assert_eq(&std::fs::read_to_string(&file).unwrap());
+    })
+    .await;
+}
