@@ -414,24 +414,21 @@ mod tests {
             None,
             expect![[r#"
                 exit 1: error: cannot use https://h: https is not supported (no tls in v1)
-                hint: pass --api http://HOST:PORT or set XCE_API (default http://127.0.0.1:7480)
-            "#]],
+                hint: pass --api http://HOST:PORT or set XCE_API (default http://127.0.0.1:7480)"#]],
         );
         check_config(
             "127.0.0.1:7480",
             None,
             expect![[r#"
                 exit 1: error: invalid apiserver url "127.0.0.1:7480": expected http://HOST:PORT
-                hint: pass --api http://HOST:PORT or set XCE_API (default http://127.0.0.1:7480)
-            "#]],
+                hint: pass --api http://HOST:PORT or set XCE_API (default http://127.0.0.1:7480)"#]],
         );
         check_config(
             "http://h",
             Some("a\nb"),
             expect![[r#"
                 exit 1: error: the token contains characters that cannot be sent in an http header
-                hint: check XCE_TOKEN, --token or the config file
-            "#]],
+                hint: check XCE_TOKEN, --token or the config file"#]],
         );
     }
 
@@ -448,16 +445,14 @@ mod tests {
             r#"{"error":{"code":"unauthenticated","message":"invalid bearer token","details":[]}}"#,
             expect![[r#"
                 exit 5: error: not authenticated: invalid bearer token
-                hint: set XCE_TOKEN, pass --token, or run `xced dev` which writes the client config
-            "#]],
+                hint: set XCE_TOKEN, pass --token, or run `xced dev` which writes the client config"#]],
         );
         check_status(
             404,
             r#"{"error":{"code":"not_found","message":"service \"web\" not found","details":[]}}"#,
             expect![[r#"
                 exit 4: error: service "web" not found
-                hint: `xcecli service list` shows the services you may view
-            "#]],
+                hint: `xcecli service list` shows the services you may view"#]],
         );
         check_status(
             400,
@@ -467,31 +462,26 @@ mod tests {
             expect![[r#"
                 exit 1: error: invalid service profile
                   service.ports[1].name: duplicate port name "http"
-                  service.ports[0].port: must be 1-65535
-            "#]],
+                  service.ports[0].port: must be 1-65535"#]],
         );
         check_status(
             403,
             r#"{"error":{"code":"forbidden","message":"job.submit on project team-a required","details":[]}}"#,
             expect![[r#"
                 exit 1: error: forbidden: job.submit on project team-a required
-                hint: your token lacks the permission on this project (e.g. job.submit); ask an admin
-            "#]],
+                hint: your token lacks the permission on this project (e.g. job.submit); ask an admin"#]],
         );
         check_status(
             409,
             r#"{"error":{"code":"conflict","message":"service \"web\" exists","details":[]}}"#,
             expect![[r#"
                 exit 1: error: service "web" exists
-                hint: a service with this name exists: stop it first or choose another name
-            "#]],
+                hint: a service with this name exists: stop it first or choose another name"#]],
         );
         check_status(
             502,
             "<html>bad gateway</html>",
-            expect![[r#"
-                exit 1: error: the apiserver failed (502) on http://127.0.0.1:7480/v1/services: bad gateway
-            "#]],
+            expect!["exit 1: error: the apiserver failed (502) on http://127.0.0.1:7480/v1/services: bad gateway"],
         );
     }
 }

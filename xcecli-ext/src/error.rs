@@ -35,7 +35,7 @@ pub enum ErrorKind {
 /// A user-facing error: a kind (which fixes the exit code), a lowercase message, the
 /// server's per-field details, and an optional hint on what to do about it.
 ///
-/// `Display` renders what the binary prints on stderr:
+/// `Display` renders what the binary prints on stderr (without a final newline):
 ///
 /// ```text
 /// error: invalid service profile
@@ -117,12 +117,12 @@ impl CliError {
 
 impl fmt::Display for CliError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "error: {}", self.message)?;
+        write!(f, "error: {}", self.message)?;
         for d in &self.details {
-            writeln!(f, "  {d}")?;
+            write!(f, "\n  {d}")?;
         }
         if let Some(hint) = &self.hint {
-            writeln!(f, "hint: {hint}")?;
+            write!(f, "\nhint: {hint}")?;
         }
         Ok(())
     }
@@ -154,15 +154,13 @@ mod tests {
                 error: invalid service profile
                   service.ports[1].name: duplicate port name "http"
                   service.replicas: must be at least 1
-                hint: fix the profile and submit it again
-            "#]],
+                hint: fix the profile and submit it again"#]],
         );
         check(
             CliError::usage("service \"web\" has several ports (http, metrics)"),
             expect![[r#"
                 exit 2
-                error: service "web" has several ports (http, metrics)
-            "#]],
+                error: service "web" has several ports (http, metrics)"#]],
         );
     }
 

@@ -436,8 +436,7 @@ mod tests {
             "plain",
             expect![[r#"
                 exit 2: error: service "web" has several ports (http, metrics): -o plain prints one
-                hint: pass --port http, or use -o env or -o json
-            "#]],
+                hint: pass --port http, or use -o env or -o json"#]],
         );
         check(
             r#"{"service":"db","index":3,"endpoints":[

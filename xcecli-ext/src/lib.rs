@@ -136,7 +136,7 @@ pub async fn execute(cmd: Command, config: ClientConfig, io: &mut Io) -> i32 {
         Ok(()) => 0,
         Err(e) => {
             // Nothing better to do if stderr itself is broken.
-            let _ = write!(io.stderr, "{e}");
+            let _ = writeln!(io.stderr, "{e}");
             let _ = io.stderr.flush();
             e.exit_code()
         }

@@ -231,9 +231,9 @@ mod tests {
         check_entry(
             r#"{"service":"web","index":1,"endpoints":[
                 {"replica":0,"job":"j-1","host":"h","address":"10.0.0.1","ports":{"A=B;x":1}}]}"#,
-            expect![[r#"
-                error: the apiserver sent an invalid endpoint entry: replica 0 has an invalid port name: "A=B;x"
-            "#]],
+            expect![[
+                r#"error: the apiserver sent an invalid endpoint entry: replica 0 has an invalid port name: "A=B;x""#
+            ]],
         );
         check_entry(
             r#"{"service":"web","endpoints":[]}"#,
