@@ -7,7 +7,13 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 fn index_of(headers: &reqwest::header::HeaderMap) -> u64 {
-    headers.get("x-xce-index").expect("X-Xce-Index header").to_str().unwrap().parse().unwrap()
+    headers
+        .get("x-xce-index")
+        .expect("X-Xce-Index header")
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -20,7 +26,10 @@ async fn demo_service_is_served_and_heals() {
     let hosts = hosts["hosts"].as_array().unwrap();
     let ids: Vec<&str> = hosts.iter().map(|h| h["id"].as_str().unwrap()).collect();
     assert_eq!(ids, ["exec-01", "exec-02", "exec-03"]);
-    let ips: BTreeSet<String> = hosts.iter().map(|h| h["ip_addr"].as_str().unwrap().to_owned()).collect();
+    let ips: BTreeSet<String> = hosts
+        .iter()
+        .map(|h| h["ip_addr"].as_str().unwrap().to_owned())
+        .collect();
     let expected: BTreeSet<String> = (0..3).map(|i| c.host_ip(i).to_string()).collect();
     assert_eq!(ips, expected, "each dev host advertises its own address");
     let out = c.xcecli(&["host", "list", "-o", "json"]);
@@ -33,7 +42,10 @@ async fn demo_service_is_served_and_heals() {
     for ep in &eps {
         assert!(http_ok(ep).await.unwrap(), "{ep} answers HTTP");
     }
-    let ep_ips: BTreeSet<String> = eps.iter().map(|e| e.rsplit_once(':').unwrap().0.to_owned()).collect();
+    let ep_ips: BTreeSet<String> = eps
+        .iter()
+        .map(|e| e.rsplit_once(':').unwrap().0.to_owned())
+        .collect();
     assert_eq!(ep_ips, expected, "replicas are spread one per host");
 
     // The service detail agrees with the endpoints.
@@ -44,13 +56,19 @@ async fn demo_service_is_served_and_heals() {
         assert_eq!(j["state"], "running");
         assert_eq!(j["ready"], true);
         let port = j["ports"]["http"].as_u64().unwrap();
-        assert!((20000..=32000).contains(&port), "{port} in the dynamic range");
+        assert!(
+            (20000..=32000).contains(&port),
+            "{port} in the dynamic range"
+        );
     }
 
     // xcecli -o plain equals REST plain; -o env works with eval.
     let out = c.xcecli(&["service", "endpoints", "web", "-o", "plain"]);
     assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(stdout(&out).lines().map(str::to_owned).collect::<Vec<_>>(), eps);
+    assert_eq!(
+        stdout(&out).lines().map(str::to_owned).collect::<Vec<_>>(),
+        eps
+    );
     let out = std::process::Command::new("sh")
         .arg("-c")
         .arg(format!(
@@ -72,7 +90,11 @@ async fn demo_service_is_served_and_heals() {
         let api = api.clone();
         tokio::spawn(async move {
             let t = Instant::now();
-            let r = api.get(&format!("/v1/services/web/endpoints?format=plain&index={index}&wait=60s")).await;
+            let r = api
+                .get(&format!(
+                    "/v1/services/web/endpoints?format=plain&index={index}&wait=60s"
+                ))
+                .await;
             (t.elapsed(), r)
         })
     };
@@ -83,13 +105,25 @@ async fn demo_service_is_served_and_heals() {
     let (status, headers, body) = r.unwrap();
     assert_eq!(status, 200);
     assert!(index_of(&headers) > index, "the index moved");
-    assert!(waited < Duration::from_secs(55), "the blocking query returned on the change, not at its timeout");
-    assert!(!body.lines().any(|l| l == victim), "killed replica {victim} is no longer an endpoint: {body}");
-    println!("FIGURE endpoint removal after kill: {:?}", killed_at.elapsed());
+    assert!(
+        waited < Duration::from_secs(55),
+        "the blocking query returned on the change, not at its timeout"
+    );
+    assert!(
+        !body.lines().any(|l| l == victim),
+        "killed replica {victim} is no longer an endpoint: {body}"
+    );
+    println!(
+        "FIGURE endpoint removal after kill: {:?}",
+        killed_at.elapsed()
+    );
 
     // Its replacement appears when ready, and answers HTTP.
     let healed = api.wait_ready("web", 3).await;
-    println!("FIGURE replacement ready after kill: {:?}", killed_at.elapsed());
+    println!(
+        "FIGURE replacement ready after kill: {:?}",
+        killed_at.elapsed()
+    );
     for ep in &healed {
         assert!(http_ok(ep).await.unwrap(), "{ep} answers HTTP");
     }
@@ -132,7 +166,10 @@ interval = "500ms"
 
     // metrics/tcp 29999 is fixed: one replica per host, the fourth pends with the reason.
     eventually("3 ready envdump replicas", || async {
-        let (s, _, body) = c.api.get("/v1/services/envdump/endpoints?format=plain&port=web-api").await?;
+        let (s, _, body) = c
+            .api
+            .get("/v1/services/envdump/endpoints?format=plain&port=web-api")
+            .await?;
         Ok((s == 200 && body.lines().count() == 3).then_some(()))
     })
     .await;
@@ -140,15 +177,23 @@ interval = "500ms"
     let pending = svc["pending"].as_array().unwrap();
     assert_eq!(pending.len(), 1, "{svc}");
     let reason = pending[0]["reason"].as_str().unwrap();
-    assert!(reason.contains("port metrics/tcp 29999") && reason.contains("all 3 hosts"), "{reason}");
+    assert!(
+        reason.contains("port metrics/tcp 29999") && reason.contains("all 3 hosts"),
+        "{reason}"
+    );
     let out = c.xcecli(&["service", "list"]);
-    assert!(stdout(&out).contains("port metrics/tcp 29999"), "service list shows the reason: {}", stdout(&out));
+    assert!(
+        stdout(&out).contains("port metrics/tcp 29999"),
+        "service list shows the reason: {}",
+        stdout(&out)
+    );
 
     // Each replica's environment is exactly DESIGN §4.
     for j in svc["jobs"].as_array().unwrap() {
         let replica = j["replica"].as_u64().unwrap();
         let text = std::fs::read_to_string(envdir.join(format!("env-{replica}"))).unwrap();
-        let env: std::collections::BTreeMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
+        let env: std::collections::BTreeMap<&str, &str> =
+            text.lines().filter_map(|l| l.split_once('=')).collect();
         let host = c.api.get_json("/v1/hosts").await.unwrap();
         let ip = host["hosts"]
             .as_array()
@@ -166,7 +211,10 @@ interval = "500ms"
         assert_eq!(env["XCE_PORT_DNS"], "29999");
         assert_eq!(env["XCE_ADDR_DNS"], format!("{ip}:29999"));
         assert_eq!(env["XCE_HOST_IP"], ip);
-        assert_eq!(env["XCE_PORTS"], format!("web-api={web},metrics=29999,dns=29999"));
+        assert_eq!(
+            env["XCE_PORTS"],
+            format!("web-api={web},metrics=29999,dns=29999")
+        );
         assert_eq!(env["XCE_SERVICE"], "envdump");
         assert_eq!(env["XCE_REPLICA"], replica.to_string());
         assert_eq!(env["XCE_JOB_ID"], j["job"].as_str().unwrap());
@@ -208,20 +256,39 @@ port = 70000
 "#;
     let (status, body) = c.api.submit_toml(profile).await.unwrap();
     assert_eq!(status, 400, "{body}");
-    let fields: BTreeSet<&str> =
-        body["error"]["details"].as_array().unwrap().iter().map(|d| d["field"].as_str().unwrap()).collect();
-    for f in ["service.name", "service.colour", "service.ports[0].port", "service.ports[1].name", "service.ports[2].name", "service.ports[2].port"] {
+    let fields: BTreeSet<&str> = body["error"]["details"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["field"].as_str().unwrap())
+        .collect();
+    for f in [
+        "service.name",
+        "service.colour",
+        "service.ports[0].port",
+        "service.ports[1].name",
+        "service.ports[2].name",
+        "service.ports[2].port",
+    ] {
         assert!(fields.contains(f), "{f} is named in {body}");
     }
     let list = c.api.get_json("/v1/services").await.unwrap();
-    assert_eq!(list["services"].as_array().unwrap().len(), 0, "nothing half-applied");
+    assert_eq!(
+        list["services"].as_array().unwrap().len(),
+        0,
+        "nothing half-applied"
+    );
 
     // The CLI lists the problems too and exits 1.
     let file = c.dir.path().join("bad.toml");
     std::fs::write(&file, profile).unwrap();
     let out = c.xcecli(&["service", "submit", file.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(stderr(&out).contains("service.ports[2].port"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("service.ports[2].port"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -243,7 +310,8 @@ grants = [ { permission = "job.view", projects = ["team-b"] }, { permission = "j
 "#,
     )
     .unwrap();
-    let c = DevCluster::start_with(2, false, &["--tokens", tokens.to_str().unwrap()]).expect("dev cluster");
+    let c = DevCluster::start_with(2, false, &["--tokens", tokens.to_str().unwrap()])
+        .expect("dev cluster");
     let alice = c.api.with_token("alice-secret");
     let bob = c.api.with_token("bob-secret");
     let svc = |name: &str, project: &str| {
@@ -251,9 +319,19 @@ grants = [ { permission = "job.view", projects = ["team-b"] }, { permission = "j
             "[service]\nname = \"{name}\"\nproject = \"{project}\"\nreplicas = 1\ncommand = [\"sh\", \"-c\", \"exec python3 -m http.server $XCE_PORT_HTTP --bind $XCE_HOST_IP\"]\n[[service.ports]]\nname = \"http\"\n[service.readiness]\ntcp = \"http\"\n"
         )
     };
-    assert_eq!(alice.submit_toml(&svc("alpha", "team-a")).await.unwrap().0, 201);
-    assert_eq!(bob.submit_toml(&svc("beta", "team-b")).await.unwrap().0, 201);
-    assert_eq!(alice.submit_toml(&svc("sneaky", "team-b")).await.unwrap().0, 403, "alice cannot submit to team-b");
+    assert_eq!(
+        alice.submit_toml(&svc("alpha", "team-a")).await.unwrap().0,
+        201
+    );
+    assert_eq!(
+        bob.submit_toml(&svc("beta", "team-b")).await.unwrap().0,
+        201
+    );
+    assert_eq!(
+        alice.submit_toml(&svc("sneaky", "team-b")).await.unwrap().0,
+        403,
+        "alice cannot submit to team-b"
+    );
     alice.wait_ready("alpha", 1).await;
     bob.wait_ready("beta", 1).await;
 
@@ -274,38 +352,82 @@ grants = [ { permission = "job.view", projects = ["team-b"] }, { permission = "j
             (missing.0, missing.2.clone()),
             "{path}: byte-identical 404"
         );
-        let anon = c.api.with_token("").get(&path.replace("{}", "alpha")).await.unwrap();
+        let anon = c
+            .api
+            .with_token("")
+            .get(&path.replace("{}", "alpha"))
+            .await
+            .unwrap();
         assert_eq!(anon.0, 401, "{path} without a token");
-        let forged = c.api.with_token("not-a-token").get(&path.replace("{}", "alpha")).await.unwrap();
+        let forged = c
+            .api
+            .with_token("not-a-token")
+            .get(&path.replace("{}", "alpha"))
+            .await
+            .unwrap();
         assert_eq!(forged.0, 401, "{path} with a bad token");
     }
     let list = bob.get_json("/v1/services").await.unwrap();
-    let names: Vec<&str> = list["services"].as_array().unwrap().iter().map(|s| s["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = list["services"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["beta"]);
-    assert_eq!(bob.delete("/v1/services/alpha").await.unwrap(), 404, "bob cannot stop alpha");
+    assert_eq!(
+        bob.delete("/v1/services/alpha").await.unwrap(),
+        404,
+        "bob cannot stop alpha"
+    );
 
     // The CLI maps these to exit codes 4 and 5.
     let cfg = c.dir.path().join("bob.toml");
-    std::fs::write(&cfg, format!("api = \"{}\"\ntoken = \"bob-secret\"\n", c.api.base)).unwrap();
+    std::fs::write(
+        &cfg,
+        format!("api = \"{}\"\ntoken = \"bob-secret\"\n", c.api.base),
+    )
+    .unwrap();
     let out = xcecli_with(&cfg, &["service", "endpoints", "alpha", "-o", "plain"], &[]);
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
-    let out = xcecli_with(&cfg, &["service", "endpoints", "beta", "-o", "plain"], &[("XCE_TOKEN", "wrong")]);
+    let out = xcecli_with(
+        &cfg,
+        &["service", "endpoints", "beta", "-o", "plain"],
+        &[("XCE_TOKEN", "wrong")],
+    );
     assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
-    let out = xcecli_with(&cfg, &["service", "endpoints", "beta", "--wait-ready", "2", "--timeout", "1s"], &[]);
+    let out = xcecli_with(
+        &cfg,
+        &[
+            "service",
+            "endpoints",
+            "beta",
+            "--wait-ready",
+            "2",
+            "--timeout",
+            "1s",
+        ],
+        &[],
+    );
     assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_port_held_outside_xce_gets_the_replica_placed_again() {
-    let c = DevCluster::start_with(1, false, &["--port-range", "30100-30103"]).expect("dev cluster");
+    let c =
+        DevCluster::start_with(1, false, &["--port-range", "30100-30103"]).expect("dev cluster");
     // Something outside xce holds the first ports of the range on the host's address.
     let ip = c.host_ip(0);
-    let _held: Vec<std::net::TcpListener> =
-        (30100..=30101).map(|p| std::net::TcpListener::bind((ip, p)).expect("hold a port")).collect();
+    let _held: Vec<std::net::TcpListener> = (30100..=30101)
+        .map(|p| std::net::TcpListener::bind((ip, p)).expect("hold a port"))
+        .collect();
     let profile = "[service]\nname = \"squat\"\nreplicas = 1\ncommand = [\"sh\", \"-c\", \"exec python3 -m http.server $XCE_PORT_HTTP --bind $XCE_HOST_IP\"]\n[[service.ports]]\nname = \"http\"\n[service.readiness]\ntcp = \"http\"\n";
     assert_eq!(c.api.submit_toml(profile).await.unwrap().0, 201);
     let eps = c.api.wait_ready("squat", 1).await;
     let port: u16 = eps[0].rsplit_once(':').unwrap().1.parse().unwrap();
-    assert!(port == 30102 || port == 30103, "placed again on a free port, got {port}");
+    assert!(
+        port == 30102 || port == 30103,
+        "placed again on a free port, got {port}"
+    );
     assert!(http_ok(&eps[0]).await.unwrap());
 }

@@ -4,6 +4,7 @@
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
@@ -14,7 +15,10 @@ use std::time::{Duration, Instant};
 
 /// How long `eventually` waits; raise it on a slow machine with `XCE_TEST_PATIENCE=60`.
 pub fn patience() -> Duration {
-    let secs = std::env::var("XCE_TEST_PATIENCE").ok().and_then(|s| s.parse().ok()).unwrap_or(45);
+    let secs = std::env::var("XCE_TEST_PATIENCE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(45);
     Duration::from_secs(secs)
 }
 
@@ -35,14 +39,20 @@ where
             Err(e) => last = format!("{e:#}"),
         }
         if Instant::now() > deadline {
-            panic!("timed out after {:?} waiting for {what}: {last}", patience());
+            panic!(
+                "timed out after {:?} waiting for {what}: {last}",
+                patience()
+            );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
 pub fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 pub fn bin(name: &str) -> PathBuf {
@@ -128,14 +138,29 @@ pub struct Api {
 
 impl Api {
     pub fn new(base: &str, token: &str) -> Self {
-        let http = reqwest::Client::builder().timeout(Duration::from_secs(20)).build().unwrap();
-        Self { base: base.to_owned(), token: token.to_owned(), http }
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(20))
+            .build()
+            .unwrap();
+        Self {
+            base: base.to_owned(),
+            token: token.to_owned(),
+            http,
+        }
     }
     pub fn with_token(&self, token: &str) -> Self {
-        Self { token: token.to_owned(), ..self.clone() }
+        Self {
+            token: token.to_owned(),
+            ..self.clone()
+        }
     }
     pub async fn get(&self, path: &str) -> Result<(u16, reqwest::header::HeaderMap, String)> {
-        let r = self.http.get(format!("{}{}", self.base, path)).bearer_auth(&self.token).send().await?;
+        let r = self
+            .http
+            .get(format!("{}{}", self.base, path))
+            .bearer_auth(&self.token)
+            .send()
+            .await?;
         let status = r.status().as_u16();
         let headers = r.headers().clone();
         Ok((status, headers, r.text().await?))
@@ -160,12 +185,19 @@ impl Api {
         Ok((status, r.json().await.unwrap_or(Value::Null)))
     }
     pub async fn delete(&self, path: &str) -> Result<u16> {
-        let r = self.http.delete(format!("{}{}", self.base, path)).bearer_auth(&self.token).send().await?;
+        let r = self
+            .http
+            .delete(format!("{}{}", self.base, path))
+            .bearer_auth(&self.token)
+            .send()
+            .await?;
         Ok(r.status().as_u16())
     }
     /// The ready endpoints of `service` as `address:port` lines (plain format).
     pub async fn plain(&self, service: &str) -> Result<Vec<String>> {
-        let (status, _, body) = self.get(&format!("/v1/services/{service}/endpoints?format=plain")).await?;
+        let (status, _, body) = self
+            .get(&format!("/v1/services/{service}/endpoints?format=plain"))
+            .await?;
         if status != 200 {
             bail!("plain endpoints of {service}: HTTP {status}: {body}");
         }
@@ -216,7 +248,9 @@ impl DevCluster {
             .env("XCE_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::from(std::fs::File::create(dir.path().join("xced.log"))?));
+            .stderr(Stdio::from(std::fs::File::create(
+                dir.path().join("xced.log"),
+            )?));
         if demo {
             cmd.arg("--demo");
         }
@@ -230,19 +264,32 @@ impl DevCluster {
                 bail!("{e}; xced log:\n{log}");
             }
         };
-        let base = line.trim_start_matches("xced: apiserver listening on ").trim().to_owned();
+        let base = line
+            .trim_start_matches("xced: apiserver listening on ")
+            .trim()
+            .to_owned();
         // With --tokens, xced dev writes no client config: tests pick their tokens.
         let token = match std::fs::read_to_string(&client_config) {
             Ok(text) => {
                 let cfg: toml::Table = toml::from_str(&text)?;
-                cfg["token"].as_str().context("token in client config")?.to_owned()
+                cfg["token"]
+                    .as_str()
+                    .context("token in client config")?
+                    .to_owned()
             }
             Err(_) => String::new(),
         };
         if demo {
             wait_for_line(&lines, "xced: submitted service")?;
         }
-        Ok(Self { child, api: Api::new(&base, &token), first_ip, client_config, dir, _lines: lines })
+        Ok(Self {
+            child,
+            api: Api::new(&base, &token),
+            first_ip,
+            client_config,
+            dir,
+            _lines: lines,
+        })
     }
 
     /// The address of dev host `i` (0-based).
@@ -266,7 +313,10 @@ impl Drop for DevCluster {
         terminate(&mut self.child);
         let o = self.first_ip.octets();
         let ips: Vec<String> = (0..=200u8)
-            .map_while(|i| o[3].checked_add(i).map(|d| Ipv4Addr::new(o[0], o[1], o[2], d).to_string()))
+            .map_while(|i| {
+                o[3].checked_add(i)
+                    .map(|d| Ipv4Addr::new(o[0], o[1], o[2], d).to_string())
+            })
             .collect();
         kill_leftover_replicas(&ips);
     }
@@ -302,8 +352,12 @@ pub fn kill_replica_listening_on(addr: &str) -> Result<u32> {
     let needle = format!("http.server {port} --bind {ip}");
     for entry in std::fs::read_dir("/proc")? {
         let entry = entry?;
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
         if cmdline.contains(&needle) {
             signal(pid, libc::SIGKILL);
@@ -315,21 +369,681 @@ pub fn kill_replica_listening_on(addr: &str) -> Result<u32> {
 
 /// A plain HTTP GET to a replica: proves the process really listens and answers.
 pub async fn http_ok(addr: &str) -> Result<bool> {
-    let r = reqwest::Client::new().get(format!("http://{addr}/")).timeout(Duration::from_secs(5)).send().await?;
+    let r = reqwest::Client::new()
+        .get(format!("http://{addr}/"))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await?;
     Ok(r.status().is_success())
 }
 
 /// Last resort: replicas whose worker is gone (e.g. a test failed mid-way) carry this
 /// cluster's host addresses on their command line (`--bind IP`).
 pub fn kill_leftover_replicas(ips: &[String]) {
-    let Ok(entries) = std::fs::read_dir("/proc") else { return };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
     for entry in entries.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if ips.iter().any(|ip| cmdline.contains(&format!("--bind {ip} ")) || cmdline.ends_with(&format!("--bind {ip}"))) {
+        if ips.iter().any(|ip| {
+            cmdline.contains(&format!("--bind {ip} ")) || cmdline.ends_with(&format!("--bind {ip}"))
+        }) {
             signal(pid, libc::SIGKILL);
         }
     }
 }
 
+// === impl Cluster ===
+
+pub const ADMIN: &str = "admin-secret-for-tests";
+
+/// A controller and workers as separate processes, sharing a temp dir.
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    pub first_ip: Ipv4Addr,
+    pub hosts: usize,
+    pub controller: Option<Child>,
+    pub workers: Vec<Option<Child>>,
+    pub api: Api,
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn ip_block() -> Ipv4Addr {
+    static N: AtomicU32 = AtomicU32::new(0);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    Ipv4Addr::new(
+        127,
+        200 + (std::process::id() % 50) as u8,
+        (n % 250) as u8 + 1,
+        11,
+    )
+}
+
+impl Cluster {
+    pub fn new(hosts: usize, grace: &str) -> Result<Self> {
+        Self::new_with(hosts, grace, "", "")
+    }
+
+    /// `extra_tokens` is appended to the tokens file (more `[[token]]`s), `extra_worker`
+    /// to every worker's config (top-level keys, before its `[address]` table).
+    pub fn new_with(
+        hosts: usize,
+        grace: &str,
+        extra_tokens: &str,
+        extra_worker: &str,
+    ) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let port = free_port();
+        let first_ip = ip_block();
+        let mut tokens = format!(
+            "[[token]]\nsecret = \"{ADMIN}\"\nprincipal = \"admin\"\ngrants = [ {{ permission = \"admin\", projects = [\"*\"] }} ]\n"
+        );
+        for i in 0..hosts {
+            tokens += &format!(
+                "\n[[worker]]\nhost = \"exec-{:02}\"\nsecret = \"worker-{i}-secret\"\n",
+                i + 1
+            );
+        }
+        tokens += extra_tokens;
+        std::fs::write(dir.path().join("tokens.toml"), tokens)?;
+        std::fs::write(
+            dir.path().join("controller.toml"),
+            format!(
+                "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\ntokens = \"{}\"\nunreachable_after = \"2s\"\ngrace_period = \"{grace}\"\n\n[address]\nallow_loopback_hosts = [\"*\"]\n",
+                dir.path().join("controller").display(),
+                dir.path().join("tokens.toml").display()
+            ),
+        )?;
+        for i in 0..hosts {
+            let o = first_ip.octets();
+            let ip = Ipv4Addr::new(o[0], o[1], o[2], o[3] + i as u8);
+            std::fs::write(
+                dir.path().join(format!("worker-{i}.toml")),
+                format!(
+                    "host = \"exec-{:02}\"\ncontroller = \"http://127.0.0.1:{port}\"\ncredential = \"worker-{i}-secret\"\ndata_dir = \"{}\"\nstop_timeout = \"3s\"\n{extra_worker}\n[address]\nadvertise = \"{ip}\"\nallow_loopback = true\n",
+                    i + 1,
+                    dir.path().join(format!("worker-{i}")).display()
+                ),
+            )?;
+        }
+        let api = Api::new(&format!("http://127.0.0.1:{port}"), ADMIN);
+        let mut c = Self {
+            dir,
+            port,
+            first_ip,
+            hosts,
+            controller: None,
+            workers: Vec::new(),
+            api,
+        };
+        c.start_controller()?;
+        for i in 0..hosts {
+            c.workers.push(None);
+            c.start_worker(i)?;
+        }
+        Ok(c)
+    }
+
+    pub fn log(&self, name: &str) -> Result<Stdio> {
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("{name}.log")))?;
+        Ok(Stdio::from(f))
+    }
+
+    pub fn start_controller(&mut self) -> Result<()> {
+        let mut child = Command::new(bin("xced"))
+            .arg("controller")
+            .arg("--config")
+            .arg(self.dir.path().join("controller.toml"))
+            .env("XCE_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(self.log("controller")?)
+            .spawn()?;
+        // Wait for the announce line: the controller has restored its state and serves.
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = std::time::Instant::now() + patience();
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let line = rx
+                .recv_timeout(left)
+                .context("controller did not announce its listener")?;
+            if line.contains("apiserver listening on") {
+                break;
+            }
+        }
+        self.controller = Some(child);
+        Ok(())
+    }
+
+    pub fn kill_controller(&mut self) {
+        if let Some(mut c) = self.controller.take() {
+            let _ = c.kill(); // SIGKILL: no chance to flush anything
+            let _ = c.wait();
+        }
+    }
+
+    pub fn start_worker(&mut self, i: usize) -> Result<()> {
+        let child = Command::new(bin("xced"))
+            .arg("worker")
+            .arg("--config")
+            .arg(self.dir.path().join(format!("worker-{i}.toml")))
+            .env("XCE_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(self.log(&format!("worker-{i}"))?)
+            .spawn()?;
+        self.workers[i] = Some(child);
+        Ok(())
+    }
+
+    pub fn kill_worker(&mut self, i: usize) {
+        if let Some(mut w) = self.workers[i].take() {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
+    }
+
+    pub fn controller_pid(&self) -> Option<u32> {
+        self.controller.as_ref().map(Child::id)
+    }
+
+    pub fn host_ip(&self, i: usize) -> String {
+        let o = self.first_ip.octets();
+        Ipv4Addr::new(o[0], o[1], o[2], o[3] + i as u8).to_string()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // Stop every service first so no replica outlives the test, then the daemons.
+        if self.controller.is_some() {
+            let api = self.api.clone();
+            let _ = std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    if let Ok(list) = api.get_json("/v1/services").await {
+                        for s in list["services"].as_array().cloned().unwrap_or_default() {
+                            let _ = api
+                                .delete(&format!(
+                                    "/v1/services/{}",
+                                    s["name"].as_str().unwrap_or("")
+                                ))
+                                .await;
+                        }
+                        let _ = tokio::time::timeout(std::time::Duration::from_secs(15), async {
+                            loop {
+                                let n = api
+                                    .get_json("/v1/services")
+                                    .await
+                                    .map(|l| l["services"].as_array().map_or(0, Vec::len))
+                                    .unwrap_or(0);
+                                if n == 0 {
+                                    break;
+                                }
+                                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                            }
+                        })
+                        .await;
+                    }
+                })
+            })
+            .join();
+        }
+        for w in self.workers.iter_mut().flatten() {
+            terminate(w);
+        }
+        if let Some(c) = self.controller.as_mut() {
+            terminate(c);
+        }
+        let ips: Vec<String> = (0..self.hosts).map(|i| self.host_ip(i)).collect();
+        kill_leftover_replicas(&ips);
+    }
+}
+
+// === reliability helpers ===
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock Python's `time.monotonic_ns()` reads, so the
+/// test and the replica processes stamp events on one timeline.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A replica for the reliability scenarios: serves HTTP on `$XCE_PORT_HTTP`; `/ready`
+/// answers by the mode file `<ctl>/mode-<service>-<replica>` ("up" or missing: 200, "down":
+/// 503, "flap": 200/503 by 100 ms window of the monotonic clock, "toggle": the opposite
+/// of its last answer). It appends `start <ns> <port> <pid>`, every `probe <ns> <code>`
+/// and `exit <ns> <port>` to `<ctl>/<service>-<job>.log`. On SIGTERM it waits
+/// `term_delay` seconds (argv[2]) before it exits, like a replica draining its clients.
+pub const REPLICA_PY: &str = r#"
+import http.server, os, signal, sys, time
+ctl = sys.argv[1]
+term_delay = float(sys.argv[2]) if len(sys.argv) > 2 else 0.0
+port = int(os.environ['XCE_PORT_HTTP'])
+ip = os.environ['XCE_HOST_IP']
+svc = os.environ['XCE_SERVICE']
+rep = os.environ['XCE_REPLICA']
+job = os.environ['XCE_JOB_ID']
+logf = open(os.path.join(ctl, svc + '-' + job + '.log'), 'a', buffering=1)
+last = [503]
+def note(s):
+    logf.write(s + '\n')
+class H(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+    def do_GET(self):
+        code = 200
+        if self.path == '/ready':
+            try:
+                mode = open(os.path.join(ctl, 'mode-' + svc + '-' + rep)).read().strip()
+            except OSError:
+                mode = 'up'
+            t = time.monotonic_ns()
+            if mode == 'down':
+                code = 503
+            elif mode == 'flap':
+                code = 200 if (t // 100000000) % 2 == 0 else 503
+            elif mode == 'toggle':
+                code = 200 if last[0] == 503 else 503
+            last[0] = code
+            note('probe %d %d' % (t, code))
+        self.send_response(code)
+        self.send_header('content-length', '0')
+        self.end_headers()
+def term(*_):
+    time.sleep(term_delay)
+    note('exit %d %d' % (time.monotonic_ns(), port))
+    os._exit(0)
+signal.signal(signal.SIGTERM, term)
+srv = http.server.HTTPServer((ip, port), H)
+note('start %d %d %d' % (time.monotonic_ns(), port, os.getpid()))
+srv.serve_forever()
+"#;
+
+/// A temp dir with [`REPLICA_PY`] and its control dir. Declare it before the cluster: it
+/// drops after it, and kills any replica still running the script from this dir.
+pub struct ReplicaDir {
+    pub dir: tempfile::TempDir,
+    pub script: PathBuf,
+    pub ctl: PathBuf,
+}
+
+impl ReplicaDir {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("replica.py");
+        std::fs::write(&script, REPLICA_PY).unwrap();
+        let ctl = dir.path().join("ctl");
+        std::fs::create_dir_all(&ctl).unwrap();
+        Self { dir, script, ctl }
+    }
+
+    pub fn profile(
+        &self,
+        name: &str,
+        replicas: u32,
+        term_delay: &str,
+        interval: &str,
+        extra_ports: usize,
+    ) -> String {
+        replica_profile(
+            name,
+            replicas,
+            &self.script,
+            &self.ctl,
+            term_delay,
+            interval,
+            extra_ports,
+        )
+    }
+
+    /// Pids of live processes running this dir's script.
+    pub fn live_pids(&self) -> Vec<u32> {
+        let needle = self.script.to_string_lossy().into_owned();
+        let mut pids = Vec::new();
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return pids;
+        };
+        for entry in entries.flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+                continue;
+            };
+            if String::from_utf8_lossy(&cmdline).contains(&needle) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+}
+
+impl Drop for ReplicaDir {
+    fn drop(&mut self) {
+        for pid in self.live_pids() {
+            signal(pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// A profile running [`REPLICA_PY`]: port `http` (+ `extra_ports` more), http readiness on
+/// `/ready` every `interval`.
+pub fn replica_profile(
+    name: &str,
+    replicas: u32,
+    script: &Path,
+    ctl: &Path,
+    term_delay: &str,
+    interval: &str,
+    extra_ports: usize,
+) -> String {
+    let mut p = format!(
+        "[service]\nname = \"{name}\"\nreplicas = {replicas}\ncommand = [\"python3\", \"{}\", \"{}\", \"{term_delay}\"]\n[[service.ports]]\nname = \"http\"\n",
+        script.display(),
+        ctl.display()
+    );
+    for i in 0..extra_ports {
+        // Long names make a fat entry (the watch-load scenario wants big events).
+        p += &format!("[[service.ports]]\nname = \"port-padding-{i:02}\"\n");
+    }
+    p += &format!("[service.readiness]\nhttp = {{ port = \"http\", path = \"/ready\" }}\ninterval = \"{interval}\"\n");
+    p
+}
+
+pub fn set_mode(ctl: &Path, service: &str, replica: u32, mode: &str) {
+    let tmp = ctl.join(format!(".mode-{service}-{replica}.tmp"));
+    std::fs::write(&tmp, mode).unwrap();
+    std::fs::rename(&tmp, ctl.join(format!("mode-{service}-{replica}"))).unwrap();
+}
+
+/// One line of a replica log: (kind, monotonic ns, rest).
+pub fn replica_log(ctl: &Path, service: &str, job: &str) -> Vec<(String, u64, Vec<u64>)> {
+    let text =
+        std::fs::read_to_string(ctl.join(format!("{service}-{job}.log"))).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let kind = w.next()?.to_owned();
+            let t = w.next()?.parse().ok()?;
+            Some((kind, t, w.filter_map(|x| x.parse().ok()).collect()))
+        })
+        .collect()
+}
+
+/// Every host's `ports.used`.
+pub async fn ports_used(api: &Api) -> Result<BTreeMap<String, u64>> {
+    let hosts = api.get_json("/v1/hosts").await?;
+    Ok(hosts["hosts"]
+        .as_array()
+        .context("hosts")?
+        .iter()
+        .map(|h| {
+            (
+                h["id"].as_str().unwrap_or("").to_owned(),
+                h["ports"]["used"].as_u64().unwrap_or(u64::MAX),
+            )
+        })
+        .collect())
+}
+
+/// Stops every service the token sees, waits until they are gone and every host's port
+/// pool is empty again; returns the ports still used (0 unless the wait timed out).
+pub async fn stop_all_and_count_leaks(api: &Api) -> u64 {
+    let list = api.get_json("/v1/services").await.unwrap();
+    for s in list["services"].as_array().unwrap() {
+        let name = s["name"].as_str().unwrap();
+        let st = api.delete(&format!("/v1/services/{name}")).await.unwrap();
+        assert!(st == 202 || st == 404, "stopping {name}: HTTP {st}");
+    }
+    eventually("every service gone", || async {
+        let l = api.get_json("/v1/services").await?;
+        Ok(l["services"]
+            .as_array()
+            .is_some_and(Vec::is_empty)
+            .then_some(()))
+    })
+    .await;
+    eventually("every port free again", || async {
+        let used = ports_used(api).await?;
+        Ok(used.values().all(|&u| u == 0).then_some(()))
+    })
+    .await;
+    ports_used(api).await.unwrap().values().sum()
+}
+
+/// The sum of a Prometheus metric's samples (all label sets) on `/metrics`.
+pub async fn metric(api: &Api, name: &str) -> Result<f64> {
+    let (status, _, body) = api.get("/metrics").await?;
+    if status != 200 {
+        bail!("/metrics: HTTP {status}");
+    }
+    Ok(body
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+/// Resident memory of a process, in KiB.
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A TCP connection to `addr` with the smallest receive buffer the kernel allows, set
+/// before the handshake so the window stays small: a client that does not read stalls
+/// the server's writes after a few KiB instead of megabytes.
+pub fn small_window_connect(addr: std::net::SocketAddrV4) -> Result<std::net::TcpStream> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket calls on a descriptor we create and hand to TcpStream.
+    #[allow(unsafe_code)]
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            bail!("socket: {}", std::io::Error::last_os_error());
+        }
+        let stream = std::net::TcpStream::from_raw_fd(fd);
+        let size: libc::c_int = 2048;
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            &size as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        );
+        let sa = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: addr.port().to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(*addr.ip()).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        if libc::connect(
+            fd,
+            &sa as *const _ as *const libc::sockaddr,
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        ) != 0
+        {
+            bail!("connect {addr}: {}", std::io::Error::last_os_error());
+        }
+        Ok(stream)
+    }
+}
+
+/// The body of an HTTP/1.1 response read whole (headers, then chunked or plain body).
+pub fn http_body(raw: &[u8]) -> (String, Vec<u8>) {
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(raw.len(), |p| p + 4);
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut body = &raw[split..];
+    if !head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        return (head, body.to_vec());
+    }
+    let mut out = Vec::new();
+    loop {
+        let Some(eol) = body.windows(2).position(|w| w == b"\r\n") else {
+            break;
+        };
+        let size_line = String::from_utf8_lossy(&body[..eol]);
+        let Ok(size) = usize::from_str_radix(size_line.split(';').next().unwrap_or("").trim(), 16)
+        else {
+            break;
+        };
+        body = &body[eol + 2..];
+        if size == 0 || body.len() < size {
+            out.extend_from_slice(&body[..size.min(body.len())]);
+            break;
+        }
+        out.extend_from_slice(&body[..size]);
+        body = body.get(size + 2..).unwrap_or(&[]);
+    }
+    (head, out)
+}
+
+/// Incremental Server-Sent Events parser: feed bytes, get complete events (id, data).
+#[derive(Default)]
+pub struct SseParser {
+    buf: String,
+}
+
+impl SseParser {
+    pub fn push(&mut self, bytes: &[u8]) -> Vec<(u64, String)> {
+        self.buf.push_str(&String::from_utf8_lossy(bytes));
+        let mut events = Vec::new();
+        while let Some(end) = self.buf.find("\n\n") {
+            let block: String = self.buf.drain(..end + 2).collect();
+            let mut id = None;
+            let mut data = String::new();
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id:") {
+                    id = v.trim().parse().ok();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data.push_str(v.trim_start());
+                }
+            }
+            if let Some(id) = id {
+                events.push((id, data));
+            }
+        }
+        events
+    }
+}
+
+/// Opens an SSE stream; fails unless the answer is 200.
+pub async fn sse_open(
+    api: &Api,
+    path: &str,
+    last_event_id: Option<u64>,
+) -> Result<reqwest::Response> {
+    let mut req = api
+        .http
+        .get(format!("{}{}", api.base, path))
+        .bearer_auth(&api.token)
+        .header("accept", "text/event-stream");
+    if let Some(id) = last_event_id {
+        req = req.header("last-event-id", id.to_string());
+    }
+    let r = req.send().await?;
+    if r.status() != 200 {
+        let st = r.status();
+        bail!(
+            "stream {path}: HTTP {st}: {}",
+            r.text().await.unwrap_or_default()
+        );
+    }
+    Ok(r)
+}
+
+/// The ready endpoints of an entry as (replica, job, address:port of `http`).
+pub fn entry_endpoints(entry: &Value) -> BTreeSet<(u64, String, String)> {
+    entry["endpoints"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|e| e.get("ready").is_none_or(|r| r == true))
+                .map(|e| {
+                    (
+                        e["replica"].as_u64().unwrap_or(u64::MAX),
+                        e["job"].as_str().unwrap_or("").to_owned(),
+                        format!(
+                            "{}:{}",
+                            e["address"].as_str().unwrap_or(""),
+                            e["ports"]["http"]
+                        ),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A small deterministic PRNG (xorshift) so a failing run can be replayed from its seed.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn from_time() -> Self {
+        Self(monotonic_ns() | 1)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// Percentile (0-100) of a sorted slice.
+pub fn pct(sorted: &[Duration], p: usize) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[(sorted.len() - 1) * p / 100]
+}

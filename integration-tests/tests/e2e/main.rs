@@ -4,4 +4,7 @@
 mod harness;
 
 mod dev;
+mod reliability;
+mod reliability_input;
+mod reliability_watch;
 mod restart;
