@@ -13,7 +13,11 @@ const DEFAULT_API: &str = "http://127.0.0.1:7480";
 
 /// Talk to an xce apiserver.
 #[derive(Debug, Parser)]
-#[command(name = "xcecli", version, about = "Submit services and read their endpoints from an xce cluster")]
+#[command(
+    name = "xcecli",
+    version,
+    about = "Submit services and read their endpoints from an xce cluster"
+)]
 struct Cli {
     /// Apiserver base URL [default: the config file's `api`, else http://127.0.0.1:7480].
     #[arg(long, global = true, env = "XCE_API")]
@@ -59,7 +63,12 @@ fn main() -> ExitCode {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| CliError::new(ErrorKind::Internal, format!("cannot start the runtime: {e}")))?;
+            .map_err(|e| {
+                CliError::new(
+                    ErrorKind::Internal,
+                    format!("cannot start the runtime: {e}"),
+                )
+            })?;
         rt.block_on(xcecli_ext::run(cmd, &client, &mut io))
     });
     match result {
@@ -77,8 +86,13 @@ fn writeln_err(io: &mut Io, e: &CliError) -> std::io::Result<()> {
 }
 
 /// Flags and environment (clap already merged those) win over the config file.
-fn settings(api: Option<String>, token: Option<String>, config: Option<PathBuf>) -> Result<ClientConfig, CliError> {
-    let explicit = config.is_some() || std::env::var_os("XCE_CONFIG").is_some_and(|v| !v.is_empty());
+fn settings(
+    api: Option<String>,
+    token: Option<String>,
+    config: Option<PathBuf>,
+) -> Result<ClientConfig, CliError> {
+    let explicit =
+        config.is_some() || std::env::var_os("XCE_CONFIG").is_some_and(|v| !v.is_empty());
     let path = config.or_else(|| {
         clientconf::default_path(
             std::env::var_os("XCE_CONFIG"),
@@ -88,14 +102,24 @@ fn settings(api: Option<String>, token: Option<String>, config: Option<PathBuf>)
     });
     let file = match &path {
         Some(p) if p.exists() => {
-            let text = std::fs::read_to_string(p)
-                .map_err(|e| CliError::new(ErrorKind::Config, format!("cannot read {}: {e}", p.display())))?;
+            let text = std::fs::read_to_string(p).map_err(|e| {
+                CliError::new(
+                    ErrorKind::Config,
+                    format!("cannot read {}: {e}", p.display()),
+                )
+            })?;
             toml::from_str::<ClientFile>(&text).map_err(|e| {
-                CliError::new(ErrorKind::Config, format!("invalid client config {}: {}", p.display(), e.message()))
+                CliError::new(
+                    ErrorKind::Config,
+                    format!("invalid client config {}: {}", p.display(), e.message()),
+                )
             })?
         }
         Some(p) if explicit => {
-            return Err(CliError::new(ErrorKind::Config, format!("client config {} does not exist", p.display())))
+            return Err(CliError::new(
+                ErrorKind::Config,
+                format!("client config {} does not exist", p.display()),
+            ))
         }
         _ => ClientFile::default(),
     };

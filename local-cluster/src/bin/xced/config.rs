@@ -14,7 +14,8 @@ use std::time::Duration;
 
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
     let s = String::deserialize(d)?;
-    humantime::parse_duration(&s).map_err(|e| serde::de::Error::custom(format!("{s:?} is not a duration: {e}")))
+    humantime::parse_duration(&s)
+        .map_err(|e| serde::de::Error::custom(format!("{s:?} is not a duration: {e}")))
 }
 
 fn default_listen() -> SocketAddr {
@@ -109,14 +110,23 @@ const CONTROLLER_ENV: &[&str] = &[
     "grace_period",
     "body_limit",
 ];
-const WORKER_ENV: &[&str] =
-    &["host", "controller", "credential", "credential_file", "data_dir", "stop_timeout", "facts_interval"];
+const WORKER_ENV: &[&str] = &[
+    "host",
+    "controller",
+    "credential",
+    "credential_file",
+    "data_dir",
+    "stop_timeout",
+    "facts_interval",
+];
 
 fn figment(path: &Path, env_keys: &[&str]) -> Result<Figment> {
     if !path.exists() {
         bail!("config file {} does not exist", path.display());
     }
-    Ok(Figment::new().merge(Toml::file_exact(path)).merge(Env::prefixed("XCE_").only(env_keys)))
+    Ok(Figment::new()
+        .merge(Toml::file_exact(path))
+        .merge(Env::prefixed("XCE_").only(env_keys)))
 }
 
 pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
@@ -124,7 +134,10 @@ pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
         .extract()
         .with_context(|| format!("invalid controller config {}", path.display()))?;
     if cfg.grace_period <= cfg.unreachable_after {
-        bail!("invalid controller config {}: grace_period must be longer than unreachable_after", path.display());
+        bail!(
+            "invalid controller config {}: grace_period must be longer than unreachable_after",
+            path.display()
+        );
     }
     Ok(cfg)
 }
@@ -134,7 +147,10 @@ pub(crate) fn load_worker(path: &Path) -> Result<WorkerFile> {
         .extract()
         .with_context(|| format!("invalid worker config {}", path.display()))?;
     if cfg.credential.is_none() && cfg.credential_file.is_none() {
-        bail!("invalid worker config {}: set credential or credential_file", path.display());
+        bail!(
+            "invalid worker config {}: set credential or credential_file",
+            path.display()
+        );
     }
     Ok(cfg)
 }

@@ -65,7 +65,8 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
 
     // Credentials: the given tokens file, or a generated admin token. Dev workers run in
     // this process; any worker credential missing from the file is generated.
-    let (generated, admin) = Tokens::generate_dev(&hosts).map_err(|e| anyhow::anyhow!("generating dev credentials: {e}"))?;
+    let (generated, admin) = Tokens::generate_dev(&hosts)
+        .map_err(|e| anyhow::anyhow!("generating dev credentials: {e}"))?;
     let tokens = match &args.tokens {
         Some(path) => {
             let given = crate::load_tokens(path)?;
@@ -84,13 +85,21 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
     let admin = args.tokens.is_none().then(|| admin.expose().to_owned());
     let creds: Vec<String> = hosts
         .iter()
-        .map(|h| tokens.worker_secret(h).map(|s| s.expose().to_owned()).context("worker credential"))
+        .map(|h| {
+            tokens
+                .worker_secret(h)
+                .map(|s| s.expose().to_owned())
+                .context("worker credential")
+        })
         .collect::<Result<_>>()?;
 
-    let store = local_cluster::store::RedbStore::open(&args.data_dir.join("controller.redb"))
+    let store = local_cluster::store::RedbStore::open(args.data_dir.join("controller.redb"))
         .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
-    let mut address_policy = host_address::PolicyConfig::default();
-    address_policy.allow_loopback_hosts = vec!["*".into()];
+    // Every dev host advertises a loopback address.
+    let address_policy = host_address::PolicyConfig {
+        allow_loopback_hosts: vec!["*".into()],
+        ..Default::default()
+    };
     let ccfg = ControllerConfig {
         listen: args.listen,
         data_dir: args.data_dir.clone(),
@@ -112,7 +121,10 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
             .context("cannot tell where to write the client config: set XCE_CONFIG or HOME")?,
         };
         write_client_config(&path, &api, admin)?;
-        println!("xced: client config for xcecli written to {}", path.display());
+        println!(
+            "xced: client config for xcecli written to {}",
+            path.display()
+        );
     }
 
     // Workers: each in its own task, sharing one shutdown signal.
@@ -125,7 +137,10 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
             allow_loopback: true,
             ..Default::default()
         };
-        let ports = port_resource::WorkerPortsConfig { range: args.port_range.clone(), ..Default::default() };
+        let ports = port_resource::WorkerPortsConfig {
+            range: args.port_range.clone(),
+            ..Default::default()
+        };
         let plugins = crate::worker_plugins(address, ports)?;
         let wcfg = WorkerConfig {
             host: host.clone(),
@@ -174,7 +189,10 @@ fn write_client_config(path: &std::path::Path, api: &str, token: &str) -> Result
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    let file = ClientFile { api: Some(api.to_owned()), token: Some(token.to_owned()) };
+    let file = ClientFile {
+        api: Some(api.to_owned()),
+        token: Some(token.to_owned()),
+    };
     let text = toml::to_string(&file).context("encoding the client config")?;
     let tmp = path.with_extension("toml.tmp");
     {
@@ -212,6 +230,9 @@ async fn submit_demo(api: &str, admin: Option<&str>) -> Result<()> {
         .context("submitting the demo service")?;
     match resp.status().as_u16() {
         201 | 409 => Ok(()),
-        s => bail!("submitting the demo service: HTTP {s}: {}", resp.text().await.unwrap_or_default()),
+        s => bail!(
+            "submitting the demo service: HTTP {s}: {}",
+            resp.text().await.unwrap_or_default()
+        ),
     }
 }

@@ -15,7 +15,11 @@ use std::sync::Arc;
 
 /// Run the xce daemons.
 #[derive(Debug, Parser)]
-#[command(name = "xced", version, about = "Run the xce controller, a worker agent, or an all-in-one dev cluster")]
+#[command(
+    name = "xced",
+    version,
+    about = "Run the xce controller, a worker agent, or an all-in-one dev cluster"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -45,7 +49,10 @@ enum Cmd {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_tracing();
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -66,7 +73,10 @@ fn init_tracing() {
     let filter = EnvFilter::try_from_env("XCE_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 async fn run(cli: Cli) -> Result<()> {
@@ -97,7 +107,8 @@ pub(crate) fn worker_plugins(
     ports: port_resource::WorkerPortsConfig,
 ) -> Result<WorkerPlugins> {
     let addr = host_address::AddressProvider::new(address).context("invalid [address] config")?;
-    let ports_facts = port_resource::PortFactsProvider::new(&ports).context("invalid [ports] config")?;
+    let ports_facts =
+        port_resource::PortFactsProvider::new(&ports).context("invalid [ports] config")?;
     Ok(WorkerPlugins {
         facts: vec![Arc::new(addr), Arc::new(ports_facts)],
         hooks: vec![Arc::new(port_resource::PortsLaunchHook::new())],
@@ -112,7 +123,7 @@ async fn run_controller(path: PathBuf, tokens_flag: Option<PathBuf>) -> Result<(
     let tokens = load_tokens(&tokens_path)?;
     std::fs::create_dir_all(&cfg.data_dir)
         .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
-    let store = local_cluster::store::RedbStore::open(&cfg.data_dir.join("controller.redb"))
+    let store = local_cluster::store::RedbStore::open(cfg.data_dir.join("controller.redb"))
         .with_context(|| format!("opening the store in {}", cfg.data_dir.display()))?;
     let ccfg = ControllerConfig {
         listen: cfg.listen,
@@ -152,8 +163,10 @@ async fn run_worker(path: PathBuf) -> Result<()> {
 
 /// Reads and validates a tokens file.
 pub(crate) fn load_tokens(path: &std::path::Path) -> Result<local_cluster::auth::Tokens> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading tokens file {}", path.display()))?;
-    local_cluster::auth::Tokens::parse(&text).with_context(|| format!("invalid tokens file {}", path.display()))
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading tokens file {}", path.display()))?;
+    local_cluster::auth::Tokens::parse(&text)
+        .with_context(|| format!("invalid tokens file {}", path.display()))
 }
 
 /// The line tests and scripts read to find the apiserver (also when listening on port 0).
