@@ -827,6 +827,31 @@ mod tests {
     }
 
     #[test]
+    fn stale_queue_entries_are_compacted() {
+        let mut pool = HostPool::new(&facts((100, 103), &[], None));
+        let mut out = Vec::new();
+        pool.reserve(&req("tcp/* tcp/* tcp/* tcp/*"), &mut out)
+            .unwrap();
+        for p in [100, 101, 102, 103] {
+            pool.release(Protocol::Tcp, p);
+        }
+        // Port 101 waits in the queue; taking and freeing it as a fixed port leaves a
+        // stale entry behind each time.
+        for _ in 0..1000 {
+            pool.reserve(&req("tcp/101"), &mut out).unwrap();
+            pool.release(Protocol::Tcp, 101);
+        }
+        let out = format!(
+            "queue={} stale={} order={:?} free={}",
+            pool.tcp.queue.len(),
+            pool.tcp.stale_total,
+            pool.free_order(Protocol::Tcp),
+            pool.free(Protocol::Tcp),
+        );
+        expect!["queue=29 stale=25 order=[100, 102, 103, 101] free=4"].assert_eq(&out);
+    }
+
+    #[test]
     fn unavailable_marks_are_bounded() {
         let mut pool = HostPool::new(&facts((1000, 1999), &[], None));
         for p in 1000..1000 + MAX_UNAVAILABLE as u16 + 10 {
