@@ -172,6 +172,9 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
     crate::announce(running.addr);
     println!("xced: {} hosts: {}", hosts.len(), hosts.join(", "));
     if args.demo {
+        // Submit once every dev host has registered, so the demo's replicas spread over
+        // all of them instead of piling onto the first hosts up.
+        wait_for_hosts(&api, admin.as_deref(), hosts.len()).await?;
         submit_demo(&api, admin.as_deref()).await?;
         println!("xced: submitted service `web` (examples/web.toml)");
         println!("xced: try `xcecli service endpoints web` or `xcecli host list` in another shell");
@@ -211,6 +214,39 @@ fn write_client_config(path: &std::path::Path, api: &str, token: &str) -> Result
     }
     std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
     Ok(())
+}
+
+/// Waits (bounded) until `n` hosts are ready. A one-off startup wait on our own workers,
+/// which register within milliseconds; there is no host-registered feed to subscribe to.
+async fn wait_for_hosts(api: &str, admin: Option<&str>, n: usize) -> Result<()> {
+    let Some(token) = admin else { return Ok(()) };
+    let client = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = async {
+            let v: serde_json::Value = client
+                .get(format!("{api}/v1/hosts"))
+                .bearer_auth(token)
+                .send()
+                .await?
+                .json()
+                .await?;
+            Ok::<_, reqwest::Error>(
+                v["hosts"]
+                    .as_array()
+                    .map_or(0, |h| h.iter().filter(|h| h["state"] == "ready").count()),
+            )
+        }
+        .await
+        .unwrap_or(0);
+        if ready >= n {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("only {ready} of {n} dev hosts registered within 30s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Submits the demo profile unless the service already exists (a restarted dev cluster
