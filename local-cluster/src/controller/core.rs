@@ -778,6 +778,9 @@ impl Core {
                 .entry((j.info.host.clone(), j.info.service.clone()))
                 .or_default() += 1;
         }
+        // All placements of one pass are one store batch; on failure they are all undone.
+        let mut txn = Txn::new(&self.cluster);
+        let mut placed: Vec<(HostId, JobId, String, u32)> = Vec::new();
         for s in services {
             let name = &s.info.name;
             let occupied: BTreeSet<u32> = self
@@ -814,8 +817,7 @@ impl Core {
                         total_jobs: total.get(h).copied().unwrap_or(0),
                     })
                     .collect();
-                let mut txn = Txn::new(&self.cluster);
-                let job = txn.new_job_id(&self.cluster);
+                let job = txn.peek_job_id(&self.cluster);
                 let req = Request {
                     service: name,
                     project: &s.info.project,
@@ -825,12 +827,18 @@ impl Core {
                 };
                 match scheduler::place(&mut self.plugins, &candidates, &req) {
                     Ok(p) => {
-                        let host = p.host.clone();
+                        let taken = txn.new_job_id(&self.cluster);
+                        debug_assert_eq!(taken, job);
+                        *total.entry(p.host.clone()).or_default() += 1;
+                        *per_service
+                            .entry((p.host.clone(), name.clone()))
+                            .or_default() += 1;
+                        placed.push((p.host.clone(), job.clone(), name.clone(), replica));
                         txn.put_job(
                             &self.cluster,
                             JobRec {
                                 info: JobInfo {
-                                    job: job.clone(),
+                                    job,
                                     service: name.clone(),
                                     project: s.info.project.clone(),
                                     replica,
@@ -842,19 +850,6 @@ impl Core {
                                 held: None,
                             },
                         );
-                        if self.commit(txn, now).is_err() {
-                            for pl in &mut self.plugins {
-                                pl.release(&host, &job);
-                            }
-                            self.pending
-                                .entry(name.clone())
-                                .or_default()
-                                .insert(replica, "the controller's store failed".into());
-                            return;
-                        }
-                        self.metrics.placements.inc();
-                        *total.entry(host.clone()).or_default() += 1;
-                        *per_service.entry((host, name.clone())).or_default() += 1;
                     }
                     Err(reason) => {
                         debug!(service = %name, replica, reason = %reason, "replica pending");
@@ -866,6 +861,22 @@ impl Core {
                 }
             }
         }
+        if placed.is_empty() {
+            return;
+        }
+        if self.commit(txn, now).is_err() {
+            for (host, job, service, replica) in placed {
+                for pl in &mut self.plugins {
+                    pl.release(&host, &job);
+                }
+                self.pending
+                    .entry(service)
+                    .or_default()
+                    .insert(replica, "the controller's store failed".into());
+            }
+            return;
+        }
+        self.metrics.placements.inc_by(placed.len() as u64);
     }
 
     fn desired(&self, host: &str) -> Vec<Assignment> {

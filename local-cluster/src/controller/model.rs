@@ -217,6 +217,11 @@ impl Txn {
         out.into_values().cloned().collect()
     }
 
+    /// The id [`new_job_id`](Self::new_job_id) would take next.
+    pub(crate) fn peek_job_id(&self, c: &Cluster) -> JobId {
+        format!("j-{}", self.next_job.unwrap_or(c.next_job))
+    }
+
     /// Takes a fresh job id.
     pub(crate) fn new_job_id(&mut self, c: &Cluster) -> JobId {
         let n = self.next_job.unwrap_or(c.next_job);
