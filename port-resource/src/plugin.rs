@@ -20,11 +20,13 @@ use std::sync::{Arc, Mutex};
 /// Allocates named ports per host (DESIGN §4).
 ///
 /// Unavailable ports (reported by the launch hook through
-/// [`ResourcePlugin::launch_refused`]) stay out of the pool of that host until the host
-/// re-reports a changed `ports` facts section, the host is removed, or
+/// [`ResourcePlugin::launch_refused`]) stay out of the pool of that host until the next
+/// [`ResourcePlugin::host_up`] for it (the worker re-registers, e.g. after a restart, or
+/// reports changed facts), the host is removed, or
 /// [`MAX_UNAVAILABLE`](crate::pool::MAX_UNAVAILABLE) newer marks on the same host and
-/// protocol push the oldest out. They are never "held": a job's release frees what it
-/// held, and marks are bounded, so nothing leaks.
+/// protocol push the oldest out. They are not persisted (a controller restart forgets
+/// them; the launch hook finds the port busy again if it still is). They are never
+/// "held": a job's release frees what it held, and marks are bounded, so nothing leaks.
 #[derive(Debug, Default)]
 pub struct PortsPlugin {
     hosts: HashMap<HostId, HostEntry>,
@@ -247,7 +249,15 @@ impl ResourcePlugin for PortsPlugin {
             }
         };
         let value = facts.sections.get(PLUGIN_NAME);
-        if entry.pool.is_some() && entry.section.as_ref() == value {
+        if let Some(pool) = entry
+            .pool
+            .as_mut()
+            .filter(|_| entry.section.as_ref() == value)
+        {
+            // The same facts again: the worker re-registered (restarted). Give ports
+            // marked unavailable another chance; the launch hook checks them again.
+            pool.clear_unavailable();
+            self.metrics.update(host, Some(pool));
             return Ok(());
         }
         let pool = match &entry.pool {

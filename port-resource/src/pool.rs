@@ -626,10 +626,20 @@ impl HostPool {
     }
 
     /// Marks `port` unavailable (a process outside xce holds it): it is not handed out,
-    /// and a fixed request for it does not fit, until [`Self::rebuild`] or until
-    /// [`MAX_UNAVAILABLE`] newer marks push it out. A held port stays held until released.
+    /// and a fixed request for it does not fit, until [`Self::rebuild`],
+    /// [`Self::clear_unavailable`], or until [`MAX_UNAVAILABLE`] newer marks push it out. A held port stays held until released.
     pub fn mark_unavailable(&mut self, protocol: Protocol, port: u16) {
         self.pool_mut(protocol).mark_unavailable(port)
+    }
+
+    /// Drops every unavailable mark; the ports that are not held go to the back of the
+    /// free queue (they were busy a moment ago).
+    pub fn clear_unavailable(&mut self) {
+        for pool in [&mut self.tcp, &mut self.udp] {
+            while let Some(&p) = pool.unavailable.front() {
+                pool.clear_unavailable(p);
+            }
+        }
     }
 
     /// Free ports of the dynamic set in the order "any free" would hand them out (for

@@ -245,6 +245,8 @@ fn refusal_restore_and_changed_facts() {
         fits exec-01 a:*
         host exec-01 20000-20003
         fits exec-01 m:9100
+        refuse exec-01 j-2 {"ports":[{"protocol":"tcp","port":9100}]}
+        fits exec-01 m:9100
         host exec-01 20000-20004
         fits exec-01 m:9100
         summary exec-01
@@ -278,6 +280,10 @@ fn refusal_restore_and_changed_facts() {
               Err("port a/tcp has no free port in 20000-20003")
             host exec-01 20000-20003
               Ok(())
+            fits exec-01 m:9100
+              Ok(())
+            refuse exec-01 j-2 {"ports":[{"protocol":"tcp","port":9100}]}
+              ok
             fits exec-01 m:9100
               Err("port m/tcp 9100 is unavailable (held by a process outside xce)")
             host exec-01 20000-20004
