@@ -1348,3 +1348,96 @@ fn open_store_creates_the_data_dir() {
     assert!(store.load_all().unwrap().is_empty());
     assert!(cfg.store_path().exists());
 }
+
+#[tokio::test]
+async fn worker_routes_refuse_bad_facts_and_blocking_queries_end() {
+    let app = app().await;
+    // Registration with facts the policy refuses: 400 with every problem, nothing kept.
+    let bad = json!({"facts": {"ip_addr": "0.0.0.0"}, "running": []});
+    let (s, b) = app
+        .json(
+            "POST",
+            "/internal/v1/hosts/exec-01/register",
+            "w1-secret",
+            Some(bad),
+        )
+        .await;
+    expect![[r#"400 {"error":{"code":"invalid","details":[{"field":"ip_addr","reason":"must not be unspecified"},{"field":"sections.slots","reason":"missing"}],"message":"host facts refused"}}"#]]
+        .assert_eq(&format!("{} {b}", s.as_u16()));
+    let (s, _) = app
+        .json(
+            "GET",
+            "/internal/v1/hosts/exec-01/assignments",
+            "w1-secret",
+            None,
+        )
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    app.register("exec-01", "w1-secret", 1).await;
+    let (s, b) = app
+        .json(
+            "PUT",
+            "/internal/v1/hosts/exec-01/facts",
+            "w1-secret",
+            Some(json!({"nope": 1})),
+        )
+        .await;
+    assert_eq!(
+        (s, &b["error"]["code"]),
+        (StatusCode::BAD_REQUEST, &json!("invalid"))
+    );
+
+    // Index 0 answers at once; the current index waits until `wait` runs out and answers
+    // unchanged; a pending query ends when the controller shuts down.
+    let (_, a) = app
+        .json(
+            "GET",
+            "/internal/v1/hosts/exec-01/assignments?index=0",
+            "w1-secret",
+            None,
+        )
+        .await;
+    let index = a["index"].as_u64().unwrap();
+    assert!(index >= 1);
+    let (s, a) = app
+        .json(
+            "GET",
+            &format!("/internal/v1/hosts/exec-01/assignments?index={index}&wait=50ms"),
+            "w1-secret",
+            None,
+        )
+        .await;
+    assert_eq!((s, a["index"].as_u64()), (StatusCode::OK, Some(index)));
+    let (s, b) = app
+        .json(
+            "GET",
+            "/internal/v1/hosts/exec-01/assignments?wait=soon",
+            "w1-secret",
+            None,
+        )
+        .await;
+    assert_eq!(
+        (s, &b["error"]["details"][0]["field"]),
+        (StatusCode::BAD_REQUEST, &json!("wait"))
+    );
+    let pending = {
+        let router = app.app.clone();
+        let req = Request::get(format!(
+            "/internal/v1/hosts/exec-01/assignments?index={index}&wait=10m"
+        ))
+        .header("authorization", "Bearer w1-secret")
+        .body(Body::empty())
+        .unwrap();
+        tokio::spawn(async move { router.oneshot(req).await.unwrap().status() })
+    };
+    tokio::task::yield_now().await;
+    app.ctl.shutdown().await;
+    let status = tokio::time::timeout(Duration::from_secs(20), pending)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        status == StatusCode::OK || status == StatusCode::SERVICE_UNAVAILABLE,
+        "{status}"
+    );
+}
