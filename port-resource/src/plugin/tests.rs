@@ -2,7 +2,7 @@ use super::*;
 use expect_test::{expect, Expect};
 use proptest::prelude::*;
 use serde_json::json;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 fn facts(range: (u32, u32), reserved: &[u16], eph: Option<(u32, u32)>) -> HostFacts {
     let section = HostPortsFacts {
@@ -373,6 +373,8 @@ enum Op {
     Reserve(usize, Vec<(bool, Option<u16>)>),
     Release(usize),
     Refuse(usize),
+    /// The worker of a host re-registers with the same facts.
+    Reregister(usize),
     Restart,
 }
 
@@ -385,6 +387,7 @@ fn op() -> impl Strategy<Value = Op> {
         5 => (0..3usize, proptest::collection::vec(port, 1..4)).prop_map(|(h, p)| Op::Reserve(h, p)),
         3 => any::<usize>().prop_map(Op::Release),
         1 => any::<usize>().prop_map(Op::Refuse),
+        1 => (0..3usize).prop_map(Op::Reregister),
         1 => Just(Op::Restart),
     ]
 }
@@ -394,7 +397,8 @@ fn op() -> impl Strategy<Value = Op> {
 struct ModelPool {
     /// Port → when it was last freed (absent: never).
     freed_at: BTreeMap<u16, u64>,
-    unavailable: BTreeSet<u16>,
+    /// Marked unavailable, in marking order.
+    unavailable: Vec<u16>,
 }
 
 struct Model {
@@ -571,7 +575,10 @@ proptest! {
                     if matches!(op, Op::Refuse(_)) {
                         let p = &g.ports[0];
                         plugin.launch_refused(&host, &job, &json!({"ports": [{"protocol": p.protocol, "port": p.port}]}));
-                        model.pool(h, p.protocol).unavailable.insert(p.port);
+                        let mp = model.pool(h, p.protocol);
+                        if !mp.unavailable.contains(&p.port) {
+                            mp.unavailable.push(p.port);
+                        }
                     }
                     plugin.release(&host, &job);
                     for p in &g.ports {
@@ -580,6 +587,22 @@ proptest! {
                         let mp = model.pool(h, p.protocol);
                         if !mp.unavailable.contains(&p.port) {
                             mp.freed_at.insert(p.port, clock);
+                        }
+                    }
+                }
+                Op::Reregister(h) => {
+                    let (host, f) = &hosts[h];
+                    plugin.host_up(host, f).unwrap();
+                    // Marks are dropped; free ports among them count as just freed, in
+                    // marking order.
+                    for proto in [Protocol::Tcp, Protocol::Udp] {
+                        let marked = std::mem::take(&mut model.pool(h, proto).unavailable);
+                        for p in marked {
+                            if !model.held(h, proto, p) {
+                                model.clock += 1;
+                                let clock = model.clock;
+                                model.pool(h, proto).freed_at.insert(p, clock);
+                            }
                         }
                     }
                 }
