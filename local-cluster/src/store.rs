@@ -7,8 +7,8 @@
 //! or answers the request that caused it.
 //!
 //! Two implementations: [`RedbStore`] (an embedded redb file, the default) and
-//! [`MemStore`] (in memory, for tests). [`tests::suite`] checks both against the same
-//! contract.
+//! [`MemStore`] (in memory, for tests). One test suite (`tests::suite`) checks both
+//! against the same contract.
 #![warn(missing_docs)]
 
 use std::collections::BTreeMap;
