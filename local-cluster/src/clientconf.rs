@@ -50,15 +50,27 @@ mod tests {
     #[test]
     fn path_precedence() {
         let s = |v: &str| Some(OsString::from(v));
-        assert_eq!(default_path(s("/c.toml"), s("/x"), s("/h")), Some(PathBuf::from("/c.toml")));
-        assert_eq!(default_path(None, s("/x"), s("/h")), Some(PathBuf::from("/x/xce/xcecli.toml")));
-        assert_eq!(default_path(s(""), None, s("/h")), Some(PathBuf::from("/h/.config/xce/xcecli.toml")));
+        assert_eq!(
+            default_path(s("/c.toml"), s("/x"), s("/h")),
+            Some(PathBuf::from("/c.toml"))
+        );
+        assert_eq!(
+            default_path(None, s("/x"), s("/h")),
+            Some(PathBuf::from("/x/xce/xcecli.toml"))
+        );
+        assert_eq!(
+            default_path(s(""), None, s("/h")),
+            Some(PathBuf::from("/h/.config/xce/xcecli.toml"))
+        );
         assert_eq!(default_path(None, None, None), None);
     }
 
     #[test]
     fn debug_redacts_the_token() {
-        let f = ClientFile { api: None, token: Some("sekrit".into()) };
+        let f = ClientFile {
+            api: None,
+            token: Some("sekrit".into()),
+        };
         assert!(!format!("{f:?}").contains("sekrit"));
     }
 }
