@@ -1,60 +1,129 @@
-//! Benchmarks of the endpoint table:
+//! Benchmarks of the endpoint table (issue 5), against etcd 3.4 through its HTTP/JSON
+//! gateway when `etcd` is on PATH (Debian: `apt-get install etcd-server`):
 //!
-//! 1. the pure table: resync and event apply rates;
-//! 2. change fan-out over loopback HTTP: W SSE streams on one service, one change at a
-//!    time, the time until every stream has the change — against etcd's watch (its HTTP
-//!    gateway, W watch streams on one key, one put at a time) when `etcd` is on PATH.
+//! 1. the pure table: resync and event apply rates (in process);
+//! 2. fan-out: one readiness change, the time until the last of W watchers (one connection
+//!    each) has it — our SSE stream and our blocking query against etcd watches;
+//! 3. memory: server VmRSS per idle watcher at the largest W;
+//! 4. reads: requests/s and latency of the endpoint entry of a 3- and a 100-replica
+//!    service over 50 keep-alive connections — ours under RBAC against an etcd range read
+//!    of the same bytes.
 //!
-//! Run: `cargo bench -p endpoint-table --bench fanout` (optionally `-- CHANGES`).
+//! The servers (our router served by axum, and etcd) run in processes of their own, apart
+//! from the clients: 10,000 client sockets and 10,000 server sockets do not fit under one
+//! process's fd limit. This binary re-executes itself with `--serve` for our side. Every
+//! server is fresh per run, so a memory delta is not hidden by memory freed by an earlier
+//! run. Children are killed at the end, on a panic, and by a watchdog past [`DEADLINE`];
+//! our server also exits when its stdin (a pipe from this process) closes.
+//!
+//! Run: `cargo bench -p endpoint-table --bench fanout` (or `endpoint-table/bench.sh`).
 
 use endpoint_table::{endpoint_table, Table, TableConfig};
 use plugin_api::{
-    ApiContext, ApiExtension, ClusterEvent, ClusterListener, ClusterSnapshot, HostFacts, HostInfo,
-    HostState, JobInfo, JobState, Permission, Principal, PrincipalKind, ServiceInfo,
+    ApiContext, ApiExtension, AuthError, Authenticator, ClusterEvent, ClusterListener,
+    ClusterSnapshot, HostFacts, HostInfo, HostState, JobInfo, JobState, Permission, Principal,
+    PrincipalKind, ServiceInfo,
 };
 use std::collections::BTreeMap;
 use std::hint::black_box;
+use std::io::{BufRead, Read, Write};
 use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
+
+/// The whole run is killed past this (children first).
+const DEADLINE: Duration = Duration::from_secs(15 * 60);
+/// Watcher counts of the fan-out runs; the last one also gives the memory numbers.
+const FANOUT: [(usize, usize); 2] = [(1_000, 30), (10_000, 15)];
+/// Read load: connections, warm-up, measured time, rounds (the variants alternate).
+const READ_CONNS: usize = 50;
+const READ_WARMUP: Duration = Duration::from_millis(300);
+const READ_TIME: Duration = Duration::from_secs(2);
+const READ_ROUNDS: usize = 3;
+/// The index of every service after the resync; change k gives index `BASE + k`.
+const BASE: u64 = 10;
+/// Bearer secrets of the `--serve` process (random-looking, as in a tokens file).
+const ADMIN_TOKEN: &str = "5c1d0e4b9a8f7e6d5c4b3a29181706f5e4d3c2b1a09f8e7d6c5b4a3928170605";
+const VIEW_TOKEN: &str = "a3f19c0e7b2d4a6f8e1c3b5d7f9a0c2e4b6d8f1a3c5e7b9d0f2a4c6e8b1d3f5a";
+
+/// Child processes to kill whatever happens.
+static CHILDREN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 
 fn main() {
-    let changes: usize = std::env::args()
-        .skip(1)
-        .find_map(|a| a.parse().ok())
-        .unwrap_or(50);
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.iter().any(|a| a == "--serve") {
+        serve();
+        return;
+    }
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        kill_children();
+        hook(info);
+    }));
+    std::thread::spawn(|| {
+        std::thread::sleep(DEADLINE);
+        eprintln!("bench: past its {DEADLINE:?} deadline, killing it");
+        kill_children();
+        std::process::exit(2);
+    });
+
     table_rates();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
+    let etcd_found = Command::new("etcd")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !etcd_found {
+        println!(
+            "etcd: no `etcd` on PATH (Debian: apt-get install etcd-server, or run bench.sh): \
+             etcd rows and ratios skipped"
+        );
+    }
     rt.block_on(async {
-        let etcd = Etcd::start().await;
-        if etcd.is_none() {
-            println!("etcd: no `etcd` binary on PATH, etcd runs skipped");
-        }
-        println!(
-            "\nfan-out of one change to W watchers over loopback HTTP ({changes} changes each)"
-        );
-        println!(
-            "{:<12} {:>6} {:>14} {:>14} {:>14}",
-            "system", "W", "p50 first(ms)", "p50 all(ms)", "p99 all(ms)"
-        );
-        for watchers in [1, 100, 1000] {
-            let xce = xce_fanout(watchers, changes).await;
-            report("xce stream", watchers, &xce);
-            if let Some(etcd) = &etcd {
-                let got = etcd.fanout(watchers, changes).await;
-                report("etcd watch", watchers, &got);
-            }
-        }
+        let memory = fanout_all(etcd_found).await;
+        memory_summary(&memory);
+        reads_all(etcd_found).await;
     });
+    kill_children();
 }
 
-// === the pure table ===
+fn kill_children() {
+    let pids = std::mem::take(&mut *CHILDREN.lock().unwrap_or_else(|e| e.into_inner()));
+    for pid in pids {
+        let _ = Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+fn forget_child(pid: u32) {
+    CHILDREN
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|p| *p != pid);
+}
+
+/// Resident memory of a process in KiB, from `/proc/<pid>/status`.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS in /proc/<pid>/status")
+}
+
+// === the data ===
 
 fn job(id: usize, service: &str, replica: u32, host: usize, ready: bool, port: u16) -> JobInfo {
     let grant = serde_json::json!({"ports": [{"name": "http", "protocol": "tcp", "port": port}]});
@@ -70,9 +139,10 @@ fn job(id: usize, service: &str, replica: u32, host: usize, ready: bool, port: u
     }
 }
 
-fn snapshot(services: usize, replicas: u32, hosts: usize) -> ClusterSnapshot {
+/// Services named by `(name, replicas)`, spread over `hosts` hosts.
+fn snapshot(services: &[(String, u32)], hosts: usize) -> ClusterSnapshot {
     let mut snap = ClusterSnapshot {
-        rev: 10,
+        rev: BASE,
         ..ClusterSnapshot::default()
     };
     for h in 0..hosts {
@@ -80,38 +150,47 @@ fn snapshot(services: usize, replicas: u32, hosts: usize) -> ClusterSnapshot {
             id: format!("exec-{h:02}"),
             state: HostState::Ready,
             facts: HostFacts {
-                ip_addr: Some(format!("127.0.0.{}", 11 + h).parse().unwrap()),
+                ip_addr: Some(
+                    format!("10.0.{}.{}", h / 200, 11 + h % 200)
+                        .parse()
+                        .unwrap(),
+                ),
                 ..HostFacts::default()
             },
         });
     }
-    for s in 0..services {
-        let name = format!("svc-{s}");
+    let mut id = 0;
+    for (name, replicas) in services {
         snap.services.push(ServiceInfo {
             name: name.clone(),
             project: "default".into(),
-            replicas,
+            replicas: *replicas,
             profile: serde_json::json!({"name": name, "ports": [{"name": "http"}]}),
-            rev: 10,
+            rev: BASE,
         });
-        for r in 0..replicas {
-            let id = s * replicas as usize + r as usize;
+        for r in 0..*replicas {
             snap.jobs.push(job(
                 id,
-                &name,
+                name,
                 r,
                 id % hosts,
                 true,
                 20000 + (id % 10000) as u16,
             ));
+            id += 1;
         }
     }
     snap
 }
 
+// === the pure table ===
+
 fn table_rates() {
     let (services, replicas) = (1000, 3);
-    let snap = snapshot(services, replicas, 10);
+    let names: Vec<_> = (0..services)
+        .map(|s| (format!("svc-{s}"), replicas))
+        .collect();
+    let snap = snapshot(&names, 10);
     let mut table = Table::new();
     let t = Instant::now();
     let changed = table.resync(&snap).len();
@@ -127,7 +206,7 @@ fn table_rates() {
             let mut j = snap.jobs[((i * 7919) % n) as usize].clone();
             j.ready = (i / n) % 2 == 1;
             ClusterEvent::Job {
-                rev: 11 + i,
+                rev: BASE + 1 + i,
                 job: j,
             }
         })
@@ -138,7 +217,7 @@ fn table_rates() {
         changes += black_box(table.apply(e)).len();
     }
     let apply = t.elapsed();
-    println!("table: {services} services x {replicas} replicas");
+    println!("table: {services} services x {replicas} replicas (in process)");
     println!("  resync from empty      {resync:>10.2?} ({changed} changes)");
     println!("  resync, same state     {same:>10.2?} (0 changes)");
     println!(
@@ -148,84 +227,493 @@ fn table_rates() {
     );
 }
 
-// === fan-out ===
+// === our server (`--serve`) ===
 
-/// Per change: when it was made, and when each watcher saw it.
-type Samples = Vec<(Instant, Vec<Instant>)>;
+/// Authentication and authorization as cheap as the routes allow: no token lookup, and a
+/// principal whose first grant matches every project. Isolates the RBAC cost of a read.
+struct Cheapest(Principal);
 
-fn report(system: &str, watchers: usize, samples: &Samples) {
-    let mut first: Vec<f64> = Vec::new();
-    let mut all: Vec<f64> = Vec::new();
-    for (t0, seen) in samples {
-        let ms = |t: &Instant| t.duration_since(*t0).as_secs_f64() * 1e3;
-        first.push(seen.iter().map(ms).fold(f64::MAX, f64::min));
-        all.push(seen.iter().map(ms).fold(0.0, f64::max));
+impl Authenticator for Cheapest {
+    fn authenticate(&self, _token: Option<&str>) -> Result<Principal, AuthError> {
+        Ok(self.0.clone())
     }
-    let pct = |v: &mut Vec<f64>, p: f64| {
-        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        v[((v.len() - 1) as f64 * p).round() as usize]
-    };
-    println!(
-        "{system:<12} {watchers:>6} {:>14.3} {:>14.3} {:>14.3}",
-        pct(&mut first, 0.5),
-        pct(&mut all, 0.5),
-        pct(&mut all, 0.99)
-    );
 }
 
-/// One watcher: sends `request`, then reports when each marker shows up, in order.
-async fn watcher(
+/// The `--serve` process: the endpoint table with services `svc-0` (3 replicas, the one
+/// the fan-out flips), `svc-3` and `svc-100`, served by axum on two loopback ports: the
+/// first with a bearer token authenticator (`ApiContext::for_test`) and the bench's
+/// control routes, the second with [`Cheapest`]. Prints `ready <first> <second>`, exits
+/// when stdin closes.
+fn serve() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let cfg = TableConfig {
+            max_watchers: 25_000,
+            max_watchers_per_principal: 25_000,
+            ..TableConfig::default()
+        };
+        let (feed, api) = endpoint_table(cfg);
+        let mut registry = prometheus_client::registry::Registry::default();
+        api.register_metrics(&mut registry);
+        let admin = Principal {
+            name: "alice".into(),
+            kind: PrincipalKind::User,
+            grants: vec![(Permission::Admin, vec!["*".into()])],
+        };
+        let viewer = Principal {
+            name: "ci-dashboard".into(),
+            kind: PrincipalKind::User,
+            grants: vec![
+                (Permission::JobSubmit, vec!["staging".into()]),
+                (
+                    Permission::JobView,
+                    vec!["staging".into(), "default".into()],
+                ),
+            ],
+        };
+        let tokens = ApiContext::for_test(vec![
+            (ADMIN_TOKEN.into(), admin),
+            (VIEW_TOKEN.into(), viewer),
+        ]);
+        let cheapest = ApiContext {
+            auth: Arc::new(Cheapest(Principal {
+                name: String::new(),
+                kind: PrincipalKind::User,
+                grants: vec![(Permission::JobView, vec!["*".into()])],
+            })),
+        };
+        let snap = snapshot(
+            &[
+                ("svc-0".into(), 3),
+                ("svc-3".into(), 3),
+                ("svc-100".into(), 100),
+            ],
+            100,
+        );
+        feed.resync(&snap);
+        let routes = api.router(tokens);
+        let cheap_routes = api.router(cheapest);
+        api.flushed().await;
+
+        // Control routes: flip svc-0's first replica, and the watcher gauge.
+        let flipped = Arc::new(Mutex::new((feed, snap.jobs[0].clone(), BASE)));
+        let registry = Arc::new(registry);
+        let control = axum::Router::new()
+            .route(
+                "/bench/flip",
+                axum::routing::post(move || {
+                    let flipped = flipped.clone();
+                    async move {
+                        let mut f = flipped.lock().unwrap();
+                        let (feed, job, rev) = &mut *f;
+                        *rev += 1;
+                        job.ready = !job.ready;
+                        feed.on_event(&ClusterEvent::Job {
+                            rev: *rev,
+                            job: job.clone(),
+                        });
+                        rev.to_string()
+                    }
+                }),
+            )
+            .route(
+                "/bench/watchers",
+                axum::routing::get(move || {
+                    let registry = registry.clone();
+                    async move {
+                        let mut text = String::new();
+                        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+                        text.lines()
+                            .find_map(|l| l.strip_prefix("xce_endpoint_watchers "))
+                            .unwrap_or("-1")
+                            .to_owned()
+                    }
+                }),
+            );
+        let main = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let cheap = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        println!(
+            "ready {} {}",
+            main.local_addr().unwrap(),
+            cheap.local_addr().unwrap()
+        );
+        std::io::stdout().flush().unwrap();
+        std::thread::spawn(|| {
+            let _ = std::io::stdin().read_to_end(&mut Vec::new());
+            std::process::exit(0);
+        });
+        let cheap = tokio::spawn(async move { axum::serve(cheap, cheap_routes).await });
+        axum::serve(main, routes.merge(control)).await.unwrap();
+        cheap.await.unwrap().unwrap();
+    });
+}
+
+/// A `--serve` child of this bench.
+struct Server {
+    child: Child,
+    /// Bearer tokens + control routes.
     addr: SocketAddr,
-    request: String,
-    markers: Vec<String>,
-    seen: mpsc::UnboundedSender<(usize, Instant)>,
-) {
+    /// [`Cheapest`] authorization.
+    cheap: SocketAddr,
+}
+
+impl Server {
+    fn start() -> Self {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .arg("--serve")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        CHILDREN.lock().unwrap().push(child.id());
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let mut words = line.split_whitespace();
+        assert_eq!(words.next(), Some("ready"), "--serve said {line:?}");
+        let addr = words.next().unwrap().parse().unwrap();
+        let cheap = words.next().unwrap().parse().unwrap();
+        Self { child, addr, cheap }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits until the server counts exactly `n` watchers.
+    async fn watchers(&self, n: usize) {
+        let mut conn = Conn::connect(self.addr).await;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (head, body) = conn
+                .request(b"GET /bench/watchers HTTP/1.1\r\nhost: b\r\n\r\n")
+                .await;
+            assert_eq!(head.status, 200);
+            if String::from_utf8_lossy(&body).trim() == n.to_string() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "server never counted {n} watchers"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        forget_child(self.child.id());
+    }
+}
+
+// === a minimal HTTP/1.1 client ===
+
+/// A keep-alive HTTP/1.1 connection that reads whole answers (content-length or chunked).
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+/// What the bench needs of an answer's head.
+#[derive(Debug)]
+struct Head {
+    status: u16,
+    len: Option<usize>,
+    chunked: bool,
+    index: Option<u64>,
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+impl Conn {
+    async fn connect(addr: SocketAddr) -> Self {
+        let stream = TcpStream::connect(addr).await.unwrap();
+        stream.set_nodelay(true).unwrap();
+        Self {
+            stream,
+            buf: Vec::with_capacity(4096),
+        }
+    }
+
+    async fn fill(&mut self) {
+        let mut chunk = [0u8; 16 * 1024];
+        let n = self.stream.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "connection closed by the server");
+        self.buf.extend_from_slice(&chunk[..n]);
+    }
+
+    /// Reads up to and including `\r\n`, returns the line without it.
+    async fn line(&mut self) -> Vec<u8> {
+        loop {
+            if let Some(at) = find(&self.buf, b"\r\n") {
+                let line = self.buf[..at].to_vec();
+                self.buf.drain(..at + 2);
+                return line;
+            }
+            self.fill().await;
+        }
+    }
+
+    async fn take(&mut self, n: usize) -> Vec<u8> {
+        while self.buf.len() < n {
+            self.fill().await;
+        }
+        self.buf.drain(..n).collect()
+    }
+
+    async fn head(&mut self) -> Head {
+        let end = loop {
+            if let Some(at) = find(&self.buf, b"\r\n\r\n") {
+                break at;
+            }
+            self.fill().await;
+        };
+        let text = String::from_utf8_lossy(&self.buf[..end]).into_owned();
+        self.buf.drain(..end + 4);
+        let mut lines = text.split("\r\n");
+        let status = lines
+            .next()
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|s| s.parse().ok())
+            .expect("a status line");
+        let mut head = Head {
+            status,
+            len: None,
+            chunked: false,
+            index: None,
+        };
+        for l in lines {
+            let Some((name, value)) = l.split_once(':') else {
+                continue;
+            };
+            let value = value.trim();
+            match name.to_ascii_lowercase().as_str() {
+                "content-length" => head.len = value.parse().ok(),
+                "transfer-encoding" => head.chunked = value.eq_ignore_ascii_case("chunked"),
+                "x-xce-index" => head.index = value.parse().ok(),
+                _ => {}
+            }
+        }
+        head
+    }
+
+    async fn body(&mut self, head: &Head) -> Vec<u8> {
+        if head.chunked {
+            let mut body = Vec::new();
+            loop {
+                let size = self.line().await;
+                let size = usize::from_str_radix(String::from_utf8_lossy(&size).trim(), 16)
+                    .expect("a chunk size");
+                if size == 0 {
+                    self.line().await;
+                    return body;
+                }
+                body.extend(self.take(size).await);
+                self.line().await;
+            }
+        }
+        self.take(head.len.unwrap_or(0)).await
+    }
+
+    async fn request(&mut self, request: &[u8]) -> (Head, Vec<u8>) {
+        self.stream.write_all(request).await.unwrap();
+        let head = self.head().await;
+        let body = self.body(&head).await;
+        (head, body)
+    }
+}
+
+fn get(path: &str, token: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nhost: b\r\nauthorization: Bearer {token}\r\n\r\n")
+}
+
+fn post(path: &str, body: &str) -> String {
+    format!(
+        "POST {path} HTTP/1.1\r\nhost: b\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// One request on a fresh connection (as a change is made); the answer is read in the
+/// background, off the clock.
+async fn fire(addr: SocketAddr, request: String) {
     let mut conn = TcpStream::connect(addr).await.unwrap();
+    conn.set_nodelay(true).unwrap();
     conn.write_all(request.as_bytes()).await.unwrap();
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 16 * 1024];
+    tokio::spawn(async move {
+        let mut sink = [0u8; 4096];
+        let _ = conn.read(&mut sink).await;
+    });
+}
+
+// === fan-out ===
+
+/// Per change: when it was made, and when each watcher had it.
+type Samples = Vec<(Instant, Vec<Instant>)>;
+
+/// Sends `(k, when)` when a watcher has seen change `k` (0: it is watching).
+type Seen = mpsc::UnboundedSender<(usize, Instant)>;
+
+/// How the watchers watch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Sse,
+    Blocking,
+    Etcd,
+}
+
+/// A streaming watcher (SSE, etcd watch): sends `request`, then reports each marker as it
+/// shows up in the bytes, in order.
+async fn stream_watcher(
+    addr: SocketAddr,
+    request: Arc<String>,
+    markers: Arc<Vec<String>>,
+    connects: Arc<Semaphore>,
+    seen: Seen,
+) {
+    let permit = connects.acquire().await.unwrap();
+    let mut conn = Conn::connect(addr).await;
+    conn.stream.write_all(request.as_bytes()).await.unwrap();
+    drop(permit);
     let mut next = 0;
     while next < markers.len() {
-        let n = conn.read(&mut chunk).await.unwrap();
-        assert!(n > 0, "watch connection closed");
-        buf.extend_from_slice(&chunk[..n]);
+        conn.fill().await;
         while next < markers.len() {
-            let text = String::from_utf8_lossy(&buf);
-            let Some(at) = text.find(&markers[next]) else {
+            let Some(at) = find(&conn.buf, markers[next].as_bytes()) else {
+                // Keep only a tail that may hold the start of the marker.
+                let keep = markers[next].len().min(conn.buf.len());
+                let cut = conn.buf.len() - keep;
+                conn.buf.drain(..cut);
                 break;
             };
-            let end = at + markers[next].len();
             let _ = seen.send((next, Instant::now()));
-            buf.drain(..end.min(buf.len()));
+            conn.buf.drain(..at + markers[next].len());
             next += 1;
         }
     }
 }
 
-/// Starts `watchers` watchers, waits for their marker 0, then makes each change in turn
-/// and waits until every watcher saw it.
-async fn fanout(
-    watchers: usize,
-    changes: usize,
-    addr: SocketAddr,
-    request: String,
-    markers: Vec<String>,
-    mut change: impl AsyncFnMut(usize),
-) -> Samples {
+/// A blocking-query watcher: `?index=N&wait=60s`, re-issued with the answer's index after
+/// each answer, for `changes` changes.
+async fn blocking_watcher(addr: SocketAddr, changes: usize, connects: Arc<Semaphore>, seen: Seen) {
+    let permit = connects.acquire().await.unwrap();
+    let mut conn = Conn::connect(addr).await;
+    drop(permit);
+    let mut index = 0;
+    for k in 0..=changes {
+        let path = format!("/v1/services/svc-0/endpoints?index={index}&wait=60s");
+        let (head, _) = conn.request(get(&path, VIEW_TOKEN).as_bytes()).await;
+        assert_eq!(head.status, 200);
+        index = head.index.expect("an X-Xce-Index header");
+        assert_eq!(index, BASE + k as u64, "blocking query answer");
+        let _ = seen.send((k, Instant::now()));
+    }
+}
+
+/// One fan-out run: what it measured, and the server's RSS before and after the watchers
+/// connected (KiB).
+struct Run {
+    samples: Samples,
+    rss: (u64, u64),
+}
+
+/// Connects `watchers` watchers of `kind`, then makes `changes` changes one at a time,
+/// each once every watcher had the previous one and watches again.
+async fn fanout(kind: Kind, watchers: usize, changes: usize) -> Option<Run> {
+    // Either side stays alive until the end of the run.
+    let (server, etcd) = match kind {
+        Kind::Etcd => (None, Some(Etcd::start().await?)),
+        Kind::Sse | Kind::Blocking => (Some(Server::start()), None),
+    };
+    let (addr, pid) = match (&server, &etcd) {
+        (Some(s), _) => (s.addr, s.pid()),
+        (_, Some(e)) => (e.addr, e.child.id()),
+        _ => unreachable!(),
+    };
+    let key = b64(b"svc-0");
+    let value = |k: usize| b64(format!("value-{k:05}").as_bytes());
+    let rss_before = rss_kib(pid);
+
     let (tx, mut rx) = mpsc::unbounded_channel();
+    // Bounded concurrent connects: a burst of 10,000 SYNs overflows the accept backlog
+    // and the retransmits would time the backlog, not the server.
+    let connects = Arc::new(Semaphore::new(256));
+    let request = Arc::new(match kind {
+        Kind::Sse => get("/v1/services/svc-0/endpoints/stream", VIEW_TOKEN),
+        Kind::Etcd => post(
+            "/v3/watch",
+            &format!(r#"{{"create_request":{{"key":"{key}"}}}}"#),
+        ),
+        Kind::Blocking => String::new(),
+    });
+    let markers = Arc::new(match kind {
+        Kind::Sse => (0..=changes)
+            .map(|k| format!("id: {}\n", BASE + k as u64))
+            .collect(),
+        Kind::Etcd => std::iter::once("\"created\":true".to_owned())
+            .chain((1..=changes).map(|k| format!("\"value\":\"{}\"", value(k))))
+            .collect(),
+        Kind::Blocking => Vec::new(),
+    });
     let tasks: Vec<_> = (0..watchers)
-        .map(|_| tokio::spawn(watcher(addr, request.clone(), markers.clone(), tx.clone())))
+        .map(|_| match kind {
+            Kind::Blocking => tokio::spawn(blocking_watcher(
+                addr,
+                changes,
+                connects.clone(),
+                tx.clone(),
+            )),
+            Kind::Sse | Kind::Etcd => tokio::spawn(stream_watcher(
+                addr,
+                request.clone(),
+                markers.clone(),
+                connects.clone(),
+                tx.clone(),
+            )),
+        })
         .collect();
     for _ in 0..watchers {
-        assert_eq!(rx.recv().await.unwrap().0, 0);
+        let (k, _) = tokio::time::timeout(Duration::from_secs(60), rx.recv())
+            .await
+            .expect("every watcher starts watching")
+            .unwrap();
+        assert_eq!(k, 0);
     }
+    if let Some(server) = &server {
+        server.watchers(watchers).await;
+    }
+    let rss_after = rss_kib(pid);
+
     let mut samples = Vec::new();
     for k in 1..=changes {
+        if let Some(server) = &server {
+            // Blocking queries re-issue after each answer: change again once all wait.
+            server.watchers(watchers).await;
+        }
+        let change = match kind {
+            Kind::Etcd => post(
+                "/v3/kv/put",
+                &format!(r#"{{"key":"{key}","value":"{}"}}"#, value(k)),
+            ),
+            Kind::Sse | Kind::Blocking => post("/bench/flip", ""),
+        };
         let t0 = Instant::now();
-        change(k).await;
+        fire(addr, change).await;
         let mut seen = Vec::with_capacity(watchers);
         while seen.len() < watchers {
-            let (got, at) = tokio::time::timeout(Duration::from_secs(30), rx.recv())
+            let (got, at) = tokio::time::timeout(Duration::from_secs(60), rx.recv())
                 .await
                 .expect("every watcher sees the change")
                 .unwrap();
@@ -237,50 +725,294 @@ async fn fanout(
     for t in tasks {
         t.await.unwrap();
     }
-    samples
+    Some(Run {
+        samples,
+        rss: (rss_before, rss_after),
+    })
 }
 
-async fn xce_fanout(watchers: usize, changes: usize) -> Samples {
-    let cfg = TableConfig {
-        max_watchers: watchers + 10,
-        max_watchers_per_principal: watchers + 10,
-        ..TableConfig::default()
-    };
-    let (feed, api) = endpoint_table(cfg);
-    let principal = Principal {
-        name: "bench".into(),
-        kind: PrincipalKind::User,
-        grants: vec![(Permission::JobView, vec!["*".into()])],
-    };
-    let router = api.router(ApiContext::for_test(vec![("t".into(), principal)]));
-    let snap = snapshot(1, 3, 3);
-    feed.resync(&snap);
-    api.flushed().await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move { axum::serve(listener, router).await });
+/// `(p50 first, p50 last, p99 last)` in ms.
+fn fanout_stats(samples: &Samples) -> (f64, f64, f64) {
+    let mut first: Vec<f64> = Vec::new();
+    let mut all: Vec<f64> = Vec::new();
+    for (t0, seen) in samples {
+        let ms = |t: &Instant| t.duration_since(*t0).as_secs_f64() * 1e3;
+        first.push(seen.iter().map(ms).fold(f64::MAX, f64::min));
+        all.push(seen.iter().map(ms).fold(0.0, f64::max));
+    }
+    (
+        pct(&mut first, 0.5),
+        pct(&mut all, 0.5),
+        pct(&mut all, 0.99),
+    )
+}
 
-    let request = "GET /v1/services/svc-0/endpoints/stream HTTP/1.1\r\nhost: b\r\n\
-                   authorization: Bearer t\r\n\r\n"
-        .to_owned();
-    let markers = (0..=changes).map(|k| format!("id: {}\n", 10 + k)).collect();
-    let mut j = snap.jobs[0].clone();
-    let samples = fanout(watchers, changes, addr, request, markers, async |k| {
-        j.ready = !j.ready;
-        feed.on_event(&ClusterEvent::Job {
-            rev: 10 + k as u64,
-            job: j.clone(),
-        });
-    })
-    .await;
-    server.abort();
-    samples
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met {
+        "met"
+    } else {
+        "MISSED"
+    }
+}
+
+/// Memory per idle watcher at the largest W: `(kind, ours or etcd's bytes per watcher)`.
+type Memory = Vec<(Kind, f64)>;
+
+async fn fanout_all(etcd: bool) -> Memory {
+    println!(
+        "\nfan-out: one readiness change -> the last of W watchers has it \
+         (one connection each; servers and clients in separate processes)"
+    );
+    println!(
+        "{:<14} {:>6} {:>8} {:>14} {:>14} {:>14} {:>12}",
+        "system", "W", "changes", "p50 first(ms)", "p50 last(ms)", "p99 last(ms)", "RSS/watcher"
+    );
+    let mut memory = Memory::new();
+    for (watchers, changes) in FANOUT {
+        let mut p50s: Vec<(Kind, f64)> = Vec::new();
+        for kind in [Kind::Sse, Kind::Blocking, Kind::Etcd] {
+            if kind == Kind::Etcd && !etcd {
+                continue;
+            }
+            let Some(run) = fanout(kind, watchers, changes).await else {
+                continue;
+            };
+            let (first, last, p99) = fanout_stats(&run.samples);
+            let per = (run.rss.1 as f64 - run.rss.0 as f64) * 1024.0 / watchers as f64;
+            let name = match kind {
+                Kind::Sse => "xce sse",
+                Kind::Blocking => "xce blocking",
+                Kind::Etcd => "etcd watch",
+            };
+            println!(
+                "{name:<14} {watchers:>6} {changes:>8} {first:>14.3} {last:>14.3} {p99:>14.3} {:>10.0} B",
+                per
+            );
+            p50s.push((kind, last));
+            if watchers == FANOUT[FANOUT.len() - 1].0 {
+                memory.push((kind, per));
+            }
+        }
+        let etcd_p50 = p50s.iter().find(|(k, _)| *k == Kind::Etcd).map(|p| p.1);
+        for (kind, ours) in &p50s {
+            let what = match kind {
+                Kind::Sse => "sse",
+                Kind::Blocking => "blocking",
+                Kind::Etcd => continue,
+            };
+            match etcd_p50 {
+                Some(etcd) => println!(
+                    "SUMMARY fanout {what} W={watchers}: p50 last ours={ours:.2}ms etcd={etcd:.2}ms \
+                     ratio={:.3} (goal <= 0.5: {})",
+                    ours / etcd,
+                    verdict(ours / etcd <= 0.5)
+                ),
+                None => println!(
+                    "SUMMARY fanout {what} W={watchers}: p50 last ours={ours:.2}ms etcd=skipped"
+                ),
+            }
+        }
+    }
+    memory
+}
+
+fn memory_summary(memory: &Memory) {
+    let watchers = FANOUT[FANOUT.len() - 1].0;
+    let etcd = memory.iter().find(|(k, _)| *k == Kind::Etcd).map(|m| m.1);
+    for (kind, ours) in memory {
+        let what = match kind {
+            Kind::Sse => "sse",
+            Kind::Blocking => "blocking",
+            Kind::Etcd => continue,
+        };
+        let etcd = match etcd {
+            Some(e) => format!("etcd={:.0}B ratio={:.3}", e, ours / e),
+            None => "etcd=skipped".into(),
+        };
+        println!(
+            "SUMMARY memory {what} W={watchers}: server RSS per idle watcher ours={ours:.0}B {etcd} \
+             (goal <= 10 KB: {})",
+            verdict(*ours <= 10_240.0)
+        );
+    }
+}
+
+// === reads ===
+
+/// One read load's result.
+#[derive(Debug, Clone, Copy)]
+struct Load {
+    rps: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+}
+
+/// `READ_CONNS` keep-alive connections sending `request` back to back; requests started
+/// within the measured window count.
+async fn load(addr: SocketAddr, request: &str) -> Load {
+    let request = Arc::new(request.as_bytes().to_vec());
+    let start = Instant::now() + READ_WARMUP;
+    let end = start + READ_TIME;
+    let tasks: Vec<_> = (0..READ_CONNS)
+        .map(|_| {
+            let request = request.clone();
+            tokio::spawn(async move {
+                let mut conn = Conn::connect(addr).await;
+                let mut lat = Vec::new();
+                loop {
+                    let t = Instant::now();
+                    if t >= end {
+                        return lat;
+                    }
+                    let (head, body) = conn.request(&request).await;
+                    assert_eq!(head.status, 200, "{}", String::from_utf8_lossy(&body));
+                    if t >= start {
+                        lat.push(t.elapsed().as_secs_f64() * 1e3);
+                    }
+                }
+            })
+        })
+        .collect();
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await.unwrap());
+    }
+    Load {
+        rps: lat.len() as f64 / READ_TIME.as_secs_f64(),
+        p50_ms: pct(&mut lat, 0.5),
+        p99_ms: pct(&mut lat, 0.99),
+    }
+}
+
+/// The median round by requests/s.
+fn median(mut loads: Vec<Load>) -> Load {
+    loads.sort_by(|a, b| a.rps.partial_cmp(&b.rps).unwrap());
+    loads[loads.len() / 2]
+}
+
+async fn reads_all(etcd_found: bool) {
+    println!(
+        "\nreads: the endpoint entry, {READ_CONNS} keep-alive connections, {READ_TIME:?} per \
+         round, median of {READ_ROUNDS} rounds (variants alternate)"
+    );
+    println!(
+        "{:<34} {:>8} {:>8} {:>10} {:>9} {:>9}",
+        "variant", "service", "bytes", "req/s", "p50(ms)", "p99(ms)"
+    );
+    let server = Server::start();
+    let etcd = if etcd_found {
+        Etcd::start().await
+    } else {
+        None
+    };
+    for service in ["svc-3", "svc-100"] {
+        let path = format!("/v1/services/{service}/endpoints");
+        // The same bytes go into etcd: what our read answers.
+        let (_, entry) = Conn::connect(server.addr)
+            .await
+            .request(get(&path, ADMIN_TOKEN).as_bytes())
+            .await;
+        let mut variants: Vec<(String, SocketAddr, String)> = vec![
+            (
+                "xce job.view (bearer + RBAC)".into(),
+                server.addr,
+                get(&path, VIEW_TOKEN),
+            ),
+            (
+                "xce admin (bearer + RBAC)".into(),
+                server.addr,
+                get(&path, ADMIN_TOKEN),
+            ),
+            ("xce cheapest auth".into(), server.cheap, get(&path, "x")),
+        ];
+        if let Some(etcd) = &etcd {
+            let key = b64(service.as_bytes());
+            let put = post(
+                "/v3/kv/put",
+                &format!(r#"{{"key":"{key}","value":"{}"}}"#, b64(&entry)),
+            );
+            let (head, _) = Conn::connect(etcd.addr).await.request(put.as_bytes()).await;
+            assert_eq!(head.status, 200);
+            variants.push((
+                "etcd range (linearizable)".into(),
+                etcd.addr,
+                post("/v3/kv/range", &format!(r#"{{"key":"{key}"}}"#)),
+            ));
+            variants.push((
+                "etcd range (serializable)".into(),
+                etcd.addr,
+                post(
+                    "/v3/kv/range",
+                    &format!(r#"{{"key":"{key}","serializable":true}}"#),
+                ),
+            ));
+        }
+        let mut rounds: Vec<Vec<Load>> = vec![Vec::new(); variants.len()];
+        for _ in 0..READ_ROUNDS {
+            for (i, (_, addr, request)) in variants.iter().enumerate() {
+                rounds[i].push(load(*addr, request).await);
+            }
+        }
+        let results: Vec<Load> = rounds.into_iter().map(median).collect();
+        for ((name, _, _), r) in variants.iter().zip(&results) {
+            println!(
+                "{name:<34} {service:>8} {:>8} {:>10.0} {:>9.3} {:>9.3}",
+                entry.len(),
+                r.rps,
+                r.p50_ms,
+                r.p99_ms
+            );
+        }
+        let (view, admin, cheap) = (results[0], results[1], results[2]);
+        for (who, ours) in [("job.view", view), ("admin", admin)] {
+            let p99 = format!(
+                "p99 ours={:.3}ms (goal < 2 ms: {})",
+                ours.p99_ms,
+                verdict(ours.p99_ms < 2.0)
+            );
+            if results.len() == 5 {
+                for (how, e) in [("linearizable", results[3]), ("serializable", results[4])] {
+                    println!(
+                        "SUMMARY reads {service} {who} vs etcd {how}: ours={:.0}/s etcd={:.0}/s \
+                         ratio={:.2} (goal >= 5: {}); {p99} etcd p99={:.3}ms",
+                        ours.rps,
+                        e.rps,
+                        ours.rps / e.rps,
+                        verdict(ours.rps / e.rps >= 5.0),
+                        e.p99_ms
+                    );
+                }
+            } else {
+                println!(
+                    "SUMMARY reads {service} {who}: ours={:.0}/s etcd=skipped; {p99}",
+                    ours.rps
+                );
+            }
+        }
+        let cost = 1.0 - view.rps / cheap.rps;
+        println!(
+            "SUMMARY rbac {service}: job.view bearer+RBAC {:.0}/s vs cheapest auth {:.0}/s: \
+             cost={:.1}% (goal <= 10 %: {})",
+            view.rps,
+            cheap.rps,
+            cost * 100.0,
+            verdict(cost <= 0.10)
+        );
+    }
+    drop(etcd);
+    drop(server);
 }
 
 // === etcd ===
 
+/// An etcd of its own (data on tmpfs), killed when dropped.
 struct Etcd {
-    child: std::process::Child,
+    child: Child,
     addr: SocketAddr,
     _dir: tempfile::TempDir,
 }
@@ -311,24 +1043,17 @@ fn b64(data: &[u8]) -> String {
     out
 }
 
-fn post(path: &str, body: &str) -> String {
-    format!(
-        "POST {path} HTTP/1.1\r\nhost: b\r\ncontent-type: application/json\r\n\
-         content-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-}
-
 impl Etcd {
+    /// A fresh single-member etcd, `None` if there is no `etcd` binary.
     async fn start() -> Option<Self> {
-        // On tmpfs when there is one: the comparison is about fan-out, not the disk.
+        // On tmpfs when there is one: the comparison is about serving, not the disk.
         let dir = tempfile::Builder::new()
             .prefix("bench-etcd")
             .tempdir_in("/dev/shm")
             .or_else(|_| tempfile::tempdir())
             .unwrap();
         let (client, peer) = (free_port(), free_port());
-        let child = std::process::Command::new("etcd")
+        let child = Command::new("etcd")
             .args(["--name", "bench", "--data-dir"])
             .arg(dir.path())
             .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
@@ -338,16 +1063,17 @@ impl Etcd {
                 "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
             ))
             .arg(format!("--initial-cluster=bench=http://127.0.0.1:{peer}"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
             .spawn()
             .ok()?;
+        CHILDREN.lock().unwrap().push(child.id());
         let etcd = Etcd {
             child,
             addr: SocketAddr::from(([127, 0, 0, 1], client)),
             _dir: dir,
         };
-        for _ in 0..200 {
+        for _ in 0..400 {
             if let Ok(mut c) = TcpStream::connect(etcd.addr).await {
                 let req = "GET /health HTTP/1.1\r\nhost: b\r\nconnection: close\r\n\r\n";
                 let mut resp = String::new();
@@ -362,37 +1088,12 @@ impl Etcd {
         }
         panic!("etcd did not become healthy");
     }
-
-    async fn fanout(&self, watchers: usize, changes: usize) -> Samples {
-        let key = b64(format!("svc-w{watchers}").as_bytes());
-        let value = |k: usize| b64(format!("value-{watchers:05}-{k:05}").as_bytes());
-        let request = post(
-            "/v3/watch",
-            &format!(r#"{{"create_request":{{"key":"{key}"}}}}"#),
-        );
-        let mut markers = vec!["\"created\":true".to_owned()];
-        markers.extend((1..=changes).map(|k| format!("\"value\":\"{}\"", value(k))));
-        let addr = self.addr;
-        fanout(watchers, changes, addr, request, markers, async |k| {
-            let put = post(
-                "/v3/kv/put",
-                &format!(r#"{{"key":"{key}","value":"{}"}}"#, value(k)),
-            );
-            let mut conn = TcpStream::connect(addr).await.unwrap();
-            conn.write_all(put.as_bytes()).await.unwrap();
-            // The answer is read off the clock, in the background.
-            tokio::spawn(async move {
-                let mut sink = [0u8; 4096];
-                let _ = conn.read(&mut sink).await;
-            });
-        })
-        .await
-    }
 }
 
 impl Drop for Etcd {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        forget_child(self.child.id());
     }
 }
