@@ -7,4 +7,5 @@ mod dev;
 mod reliability;
 mod reliability_input;
 mod reliability_watch;
+mod address;
 mod restart;
