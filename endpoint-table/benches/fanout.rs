@@ -44,6 +44,8 @@ const READ_CONNS: usize = 50;
 const READ_WARMUP: Duration = Duration::from_millis(300);
 const READ_TIME: Duration = Duration::from_millis(1500);
 const READ_ROUNDS: usize = 5;
+/// The paced read load (all connections together), below both servers' capacity here.
+const PACED_RATE: u32 = 2_000;
 /// The index of every service after the resync; change k gives index `BASE + k`.
 const BASE: u64 = 10;
 /// Bearer secrets of the `--serve` process (random-looking, as in a tokens file).
@@ -111,6 +113,17 @@ fn forget_child(pid: u32) {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .retain(|p| *p != pid);
+}
+
+/// The soft limit of open files of this process (its children inherit it).
+fn fd_limit() -> u64 {
+    let limits = std::fs::read_to_string("/proc/self/limits").unwrap_or_default();
+    limits
+        .lines()
+        .find_map(|l| l.strip_prefix("Max open files"))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(u64::MAX)
 }
 
 /// Resident memory of a process in KiB, from `/proc/<pid>/status`.
@@ -256,6 +269,33 @@ impl Authenticator for Cheapest {
     }
 }
 
+/// The services of the `--serve` process: `svc-0` (3 replicas, the one the fan-out
+/// flips), `svc-3` and `svc-100`, on 100 hosts.
+fn serve_snapshot() -> ClusterSnapshot {
+    snapshot(
+        &[
+            ("svc-0".into(), 3),
+            ("svc-3".into(), 3),
+            ("svc-100".into(), 100),
+        ],
+        100,
+    )
+}
+
+/// Server CPU to build and serialize the JSON answer of `service` (µs), alone.
+fn render_us(service: &str) -> f64 {
+    let mut table = Table::new();
+    table.resync(&serve_snapshot());
+    let entry = table.entry(service).unwrap();
+    let n = 2_000;
+    let t = Instant::now();
+    for _ in 0..n {
+        let answer = endpoint_table::wire::EndpointsAnswer::new(black_box(entry), None, false);
+        black_box(serde_json::to_vec(&answer).unwrap());
+    }
+    t.elapsed().as_secs_f64() * 1e6 / f64::from(n)
+}
+
 /// The two ways of authenticating of the `--serve` process: bearer tokens through
 /// `ApiContext::for_test` (an admin and a job.view principal), and [`Cheapest`].
 fn contexts() -> (ApiContext, ApiContext) {
@@ -333,14 +373,7 @@ fn serve() {
         let mut registry = prometheus_client::registry::Registry::default();
         api.register_metrics(&mut registry);
         let (tokens, cheapest) = contexts();
-        let snap = snapshot(
-            &[
-                ("svc-0".into(), 3),
-                ("svc-3".into(), 3),
-                ("svc-100".into(), 100),
-            ],
-            100,
-        );
+        let snap = serve_snapshot();
         feed.resync(&snap);
         let routes = api.router(tokens);
         let cheap_routes = api.router(cheapest);
@@ -810,7 +843,7 @@ fn verdict(met: bool) -> &'static str {
 /// Memory per idle watcher at the largest W: `(kind, ours or etcd's bytes per watcher)`.
 type Memory = Vec<(Kind, f64)>;
 
-async fn fanout_all(etcd: bool) -> Memory {
+async fn fanout_all(etcd: bool) -> (usize, Memory) {
     println!(
         "\nfan-out: one readiness change -> the last of W watchers has it \
          (one connection each; servers and clients in separate processes)"
@@ -819,8 +852,20 @@ async fn fanout_all(etcd: bool) -> Memory {
         "{:<14} {:>6} {:>8} {:>14} {:>14} {:>14} {:>12}",
         "system", "W", "changes", "p50 first(ms)", "p50 last(ms)", "p99 last(ms)", "RSS/watcher"
     );
-    let mut memory = Memory::new();
+    let mut memory = (0, Memory::new());
     for (watchers, changes) in FANOUT {
+        let limit = fd_limit();
+        if watchers as u64 + 200 > limit {
+            println!(
+                "fan-out W={watchers}: skipped, `ulimit -n` is {limit}, it needs {} \
+                 (raise it, or run bench.sh)",
+                watchers + 200
+            );
+            continue;
+        }
+        if watchers > memory.0 {
+            memory = (watchers, Memory::new());
+        }
         let mut p50s: Vec<(Kind, f64)> = Vec::new();
         for kind in [Kind::Sse, Kind::Blocking, Kind::Etcd] {
             if kind == Kind::Etcd && !etcd {
@@ -841,8 +886,8 @@ async fn fanout_all(etcd: bool) -> Memory {
                 per
             );
             p50s.push((kind, last));
-            if watchers == FANOUT[FANOUT.len() - 1].0 {
-                memory.push((kind, per));
+            if watchers == memory.0 {
+                memory.1.push((kind, per));
             }
         }
         let etcd_p50 = p50s.iter().find(|(k, _)| *k == Kind::Etcd).map(|p| p.1);
@@ -908,8 +953,11 @@ async fn idle_connections(conns: usize) -> f64 {
     (after as f64 - before as f64) * 1024.0 / conns as f64
 }
 
-async fn memory_summary(memory: &Memory) {
-    let watchers = FANOUT[FANOUT.len() - 1].0;
+async fn memory_summary((watchers, memory): &(usize, Memory)) {
+    let watchers = *watchers;
+    if watchers == 0 {
+        return;
+    }
     let idle = idle_connections(watchers).await;
     println!(
         "\nserver RSS per idle HTTP/1.1 keep-alive connection, no watch (W={watchers}): {idle:.0} B"
@@ -945,9 +993,12 @@ struct Load {
     cpu_us: f64,
 }
 
-/// `READ_CONNS` keep-alive connections sending `request` back to back; requests started
-/// within the measured window count.
-async fn load(addr: SocketAddr, pid: u32, request: &str) -> Load {
+/// `READ_CONNS` keep-alive connections sending `request` back to back (closed loop), or
+/// each one every `period` (paced; latency counts from the send, not from when the
+/// request was due: tokio's timer is late by up to a millisecond, which is the client's,
+/// and at this rate a connection is rarely still waiting when its next request is due);
+/// requests sent within the measured window count.
+async fn load(addr: SocketAddr, pid: u32, request: &str, period: Option<Duration>) -> Load {
     let cpu0 = cpu_us(pid);
     let request = Arc::new(request.as_bytes().to_vec());
     let start = Instant::now() + READ_WARMUP;
@@ -959,7 +1010,14 @@ async fn load(addr: SocketAddr, pid: u32, request: &str) -> Load {
                 let mut conn = Conn::connect(addr).await;
                 let mut lat = Vec::new();
                 let mut total = 0;
+                let mut ticks = period.map(|p| {
+                    let first = tokio::time::Instant::now() + p.mul_f64(fastrand::f64());
+                    tokio::time::interval_at(first, p)
+                });
                 loop {
+                    if let Some(ticks) = &mut ticks {
+                        ticks.tick().await;
+                    }
                     let t = Instant::now();
                     if t >= end {
                         return (lat, total);
@@ -1070,7 +1128,7 @@ async fn reads_all(etcd_found: bool) {
         let mut rounds: Vec<Vec<Load>> = vec![Vec::new(); variants.len()];
         for _ in 0..READ_ROUNDS {
             for (i, (_, addr, pid, request)) in variants.iter().enumerate() {
-                rounds[i].push(load(*addr, *pid, request).await);
+                rounds[i].push(load(*addr, *pid, request, None).await);
             }
         }
         let results: Vec<Load> = rounds.into_iter().map(median).collect();
@@ -1084,6 +1142,37 @@ async fn reads_all(etcd_found: bool) {
                 r.cpu_us
             );
         }
+        // Latency below saturation: the same reads at a rate both sustain here.
+        let period = Duration::from_secs(READ_CONNS as u64) / PACED_RATE;
+        let mut paced = Vec::new();
+        for (name, addr, pid, request) in [&variants[0]].into_iter().chain(variants.get(3)) {
+            let r = load(*addr, *pid, request, Some(period)).await;
+            let name = format!("{name} @{PACED_RATE}/s");
+            println!(
+                "{name:<34} {service:>8} {:>8} {:>10.0} {:>9.3} {:>9.3} {:>10.1} µs",
+                entry.len(),
+                r.rps,
+                r.p50_ms,
+                r.p99_ms,
+                r.cpu_us
+            );
+            paced.push(r);
+        }
+        let etcd_paced = match paced.get(1) {
+            Some(e) => format!("etcd linearizable p99={:.3}ms", e.p99_ms),
+            None => "etcd=skipped".into(),
+        };
+        println!(
+            "SUMMARY latency {service} job.view paced at {PACED_RATE}/s over {READ_CONNS} \
+             connections (informational, below saturation): p99 ours={:.3}ms {etcd_paced}",
+            paced[0].p99_ms
+        );
+        println!(
+            "SUMMARY render {service}: building + serializing the JSON answer alone takes {:.1}µs \
+             of the job.view read's {:.1}µs server CPU (in process, informational)",
+            render_us(service),
+            results[0].cpu_us
+        );
         let (view, admin, cheap) = (results[0], results[1], results[2]);
         for (who, ours) in [("job.view", view), ("admin", admin)] {
             let p99 = format!(
