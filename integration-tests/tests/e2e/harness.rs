@@ -846,7 +846,7 @@ pub async fn stop_all_and_count_leaks(api: &Api) -> u64 {
     ports_used(api).await.unwrap().values().sum()
 }
 
-/// The sum of a Prometheus metric's samples (all label sets) on `/metrics`.
+/// The sum of a Prometheus metric (or counter `<name>_total`)'s samples (all label sets) on `/metrics`.
 pub async fn metric(api: &Api, name: &str) -> Result<f64> {
     let (status, _, body) = api.get("/metrics").await?;
     if status != 200 {
@@ -854,7 +854,12 @@ pub async fn metric(api: &Api, name: &str) -> Result<f64> {
     }
     Ok(body
         .lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .filter(|l| {
+            // Counters may carry the `_total` suffix.
+            let rest = l.strip_prefix(name).unwrap_or("#");
+            let rest = rest.strip_prefix("_total").unwrap_or(rest);
+            rest.starts_with([' ', '{'])
+        })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum())
 }
@@ -980,8 +985,15 @@ pub async fn sse_open(
     path: &str,
     last_event_id: Option<u64>,
 ) -> Result<reqwest::Response> {
-    let mut req = api
-        .http
+    // A stream lasts as long as the test wants: no total timeout (Api's client has one).
+    static STREAMS: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    let http = STREAMS.get_or_init(|| {
+        reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .build()
+            .unwrap()
+    });
+    let mut req = http
         .get(format!("{}{}", api.base, path))
         .bearer_auth(&api.token)
         .header("accept", "text/event-stream");

@@ -3,9 +3,9 @@
 
 mod harness;
 
+mod address;
 mod dev;
 mod reliability;
 mod reliability_input;
 mod reliability_watch;
-mod address;
 mod restart;
