@@ -536,7 +536,7 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
         )
     };
     println!(
-        "FIGURE scenario 9 watch load: watchers={WATCHERS} final_calm_index={} all_got_every_change=yes slow_client: connected at churn index {connected_at}, socket full at {stalled_at} with {queued} bytes queued, cut_off_while_not_reading={} (churn index {churn_at_cut}), cut_off_when_it_read_again={} after {} events (last id {resume_from}), resumed_at={} lagged_streams={lagged} latency(toggle→all watchers, includes the ≤100ms probe) before_slow: {} with_slow: {} after_cut: {} rss_kib start={rss_start} 1000_watchers={rss_watchers} at_cut={rss_cut} end={rss_end} leaked_ports={leaked}",
+        "FIGURE scenario 9 watch load: watchers={WATCHERS} final_index={} all_got_every_change=yes slow_client: connected at churn index {connected_at}, socket full at {stalled_at} with {queued} bytes queued, cut_off_while_not_reading={} (churn index {churn_at_cut}), cut_off_when_it_read_again={} after {} events (last id {resume_from}), resumed_at={} lagged_streams={lagged} latency(toggle→all watchers, includes the ≤100ms probe) before_slow: {} with_slow: {} after_cut: {} rss_kib start={rss_start} 1000_watchers={rss_watchers} at_cut={rss_cut} end={rss_end} leaked_ports={leaked}",
         index,
         if lagged_while_not_reading > 0.0 { "yes" } else { "NO (gap, see RELIABILITY.md)" },
         if cut_on_read { "yes" } else { "NO (caught up instead; gap, see RELIABILITY.md)" },
