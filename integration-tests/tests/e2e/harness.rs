@@ -282,6 +282,12 @@ impl DevCluster {
         if demo {
             wait_for_line(&lines, "xced: submitted service")?;
         }
+        // `xced dev` announces its listener before its workers have registered; a test
+        // starts once every host is there (with --tokens the test's own tokens decide
+        // what it may see, so only without them).
+        if !token.is_empty() {
+            wait_for_hosts(&base, &token, hosts as usize)?;
+        }
         Ok(Self {
             child,
             api: Api::new(&base, &token),
@@ -320,6 +326,37 @@ impl Drop for DevCluster {
             .collect();
         kill_leftover_replicas(&ips);
     }
+}
+
+/// Waits until `/v1/hosts` lists `n` ready hosts (in a thread of its own: the callers are
+/// synchronous, often inside an async test).
+fn wait_for_hosts(base: &str, token: &str, n: usize) -> Result<()> {
+    let api = Api::new(base, token);
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let deadline = Instant::now() + patience();
+            loop {
+                if let Ok(h) = api.get_json("/v1/hosts").await {
+                    let ready = h["hosts"]
+                        .as_array()
+                        .map_or(0, |a| a.iter().filter(|h| h["state"] == "ready").count());
+                    if ready == n {
+                        return Ok(());
+                    }
+                }
+                if Instant::now() > deadline {
+                    bail!("{n} dev hosts did not register in time");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    })
+    .join()
+    .expect("host wait thread")
 }
 
 /// `xcecli` with a cleared environment: only PATH, HOME (a temp-dir path) and `env`.
@@ -495,6 +532,8 @@ impl Cluster {
             c.workers.push(None);
             c.start_worker(i)?;
         }
+        // Placement spreads over the hosts that are there: start once all of them are.
+        wait_for_hosts(&c.api.base, ADMIN, hosts)?;
         Ok(c)
     }
 

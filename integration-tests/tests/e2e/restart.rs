@@ -106,8 +106,20 @@ async fn worker_restart_within_grace_keeps_replicas_and_past_grace_replaces_them
     let before = jobs(&c.api, "web").await.unwrap();
 
     // Within the grace period: the worker restarts and re-adopts; nothing changes.
+    let (_, h, _) = c.api.get("/v1/services/web/endpoints").await.unwrap();
+    let index_before: u64 = h["x-xce-index"].to_str().unwrap().parse().unwrap();
+    let restarted = std::time::Instant::now();
     c.kill_worker(0);
     c.start_worker(0).unwrap();
+    // The restarted worker has registered again and re-adopted its replica.
+    let log = c.dir.path().join("worker-0.log");
+    eventually("exec-01 registered again", || async {
+        let text = std::fs::read_to_string(&log)?;
+        Ok((text.matches("registered with the controller").count() >= 2
+            && text.contains("re-adopted running replica"))
+        .then_some(()))
+    })
+    .await;
     eventually("exec-01 ready again", || async {
         let hosts = c.api.get_json("/v1/hosts").await?;
         Ok((hosts["hosts"][0]["state"] == "ready").then_some(()))
@@ -123,8 +135,15 @@ async fn worker_restart_within_grace_keeps_replicas_and_past_grace_replaces_them
     let mut want = eps.clone();
     want.sort();
     assert_eq!(now, want, "endpoints kept across a worker restart");
+    let rejoined = restarted.elapsed();
+    let (_, h, _) = c.api.get("/v1/services/web/endpoints").await.unwrap();
+    let index_after: u64 = h["x-xce-index"].to_str().unwrap().parse().unwrap();
+    for ep in &eps {
+        assert!(http_ok(ep).await.unwrap(), "{ep} kept running");
+    }
 
     // Past the grace period: exec-01's replica is lost and replaced on exec-02.
+    let lost_at = std::time::Instant::now();
     c.kill_worker(0);
     let on_other = c.host_ip(1);
     eventually("both replicas on exec-02", || async {
@@ -135,8 +154,15 @@ async fn worker_restart_within_grace_keeps_replicas_and_past_grace_replaces_them
         )
     })
     .await;
+    let replaced_after = lost_at.elapsed();
     let replaced = jobs(&c.api, "web").await.unwrap();
     assert_no_port_twice(&replaced);
+    // The lost replica's port is released on exec-01.
+    let used = ports_used(&c.api).await.unwrap();
+    assert_eq!(
+        used["exec-01"], 0,
+        "the lost replica's port is released: {used:?}"
+    );
 
     // The old worker comes back: its orphaned replica is stopped, nothing collides.
     let orphan = eps
@@ -149,6 +175,15 @@ async fn worker_restart_within_grace_keeps_replicas_and_past_grace_replaces_them
         Ok(http_ok(&orphan).await.is_err().then_some(()))
     })
     .await;
-    assert_eq!(c.api.plain("web").await.unwrap().len(), 2);
-    let _ = c.hosts;
+    let mut after = c.api.plain("web").await.unwrap();
+    after.sort();
+    assert_eq!(after.len(), 2);
+    let back = jobs(&c.api, "web").await.unwrap();
+    assert_eq!(back, replaced, "the returning worker changes nothing");
+    assert_no_port_twice(&back);
+    let leaked = stop_all_and_count_leaks(&c.api).await;
+    println!(
+        "FIGURE scenario 2 worker restart: grace=6s within_grace: rejoined_and_readopted_after={rejoined:?} endpoints_kept=2/2 endpoint_index_changes={} same_jobs_same_ports=yes; past_grace: replaced_on_other_host_after={replaced_after:?} lost_ports_released=yes collisions=0; old_worker_back: orphans_stopped=1 collisions=0 leaked_ports={leaked}",
+        index_after - index_before
+    );
 }
