@@ -16,7 +16,8 @@
 //! run. Children are killed at the end, on a panic, and by a watchdog past [`DEADLINE`];
 //! our server also exits when its stdin (a pipe from this process) closes.
 //!
-//! Run: `cargo bench -p endpoint-table --bench fanout` (or `endpoint-table/bench.sh`).
+//! Run: `cargo bench -p endpoint-table --bench fanout` (or `endpoint-table/bench.sh`);
+//! `$ETCD` names another etcd binary.
 
 use endpoint_table::{endpoint_table, Table, TableConfig};
 use plugin_api::{
@@ -79,15 +80,16 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let etcd_found = Command::new("etcd")
+    let etcd_found = Command::new(etcd_bin())
         .arg("--version")
         .stdout(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     if !etcd_found {
         println!(
-            "etcd: no `etcd` on PATH (Debian: apt-get install etcd-server, or run bench.sh): \
-             etcd rows and ratios skipped"
+            "etcd: no `{}` (Debian: apt-get install etcd-server, or run bench.sh; or set \
+             $ETCD): etcd rows and ratios skipped",
+            etcd_bin()
         );
     }
     rt.block_on(async {
@@ -1232,6 +1234,11 @@ struct Etcd {
     _dir: tempfile::TempDir,
 }
 
+/// The etcd binary: `$ETCD`, else `etcd` on PATH.
+fn etcd_bin() -> String {
+    std::env::var("ETCD").unwrap_or_else(|_| "etcd".into())
+}
+
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -1268,7 +1275,7 @@ impl Etcd {
             .or_else(|_| tempfile::tempdir())
             .unwrap();
         let (client, peer) = (free_port(), free_port());
-        let child = Command::new("etcd")
+        let child = Command::new(etcd_bin())
             .args(["--name", "bench", "--data-dir"])
             .arg(dir.path())
             .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
