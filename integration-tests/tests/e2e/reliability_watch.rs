@@ -235,7 +235,7 @@ async fn all_saw(
     last: &mut [u64],
     above: u64,
     since: Instant,
-) -> (u64, Vec<Duration>) {
+) -> (u64, Vec<Duration>, Vec<Duration>) {
     let mut lat = vec![None; last.len()];
     for (w, l) in last.iter().enumerate() {
         if *l > above {
@@ -262,7 +262,10 @@ async fn all_saw(
     }
     let mut lat: Vec<Duration> = lat.into_iter().map(Option::unwrap).collect();
     lat.sort();
-    (last.iter().copied().min().unwrap(), lat)
+    // The fan-out spread: how much later than the first watcher each one got the change
+    // (free of the probe's delay, which every watcher shares).
+    let spread = lat.iter().map(|l| *l - lat[0]).collect();
+    (last.iter().copied().min().unwrap(), lat, spread)
 }
 
 /// Scenario 9: 1,000 stream watchers of a quiet service, one client that never reads a
@@ -270,7 +273,7 @@ async fn all_saw(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
     const WATCHERS: usize = 1000;
-    const TOGGLES: usize = 5;
+    const TOGGLES: usize = 8;
     let rd = ReplicaDir::new();
     let c = DevCluster::start(1, false).expect("dev cluster");
     let api = c.api.clone();
@@ -313,7 +316,7 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
         .collect();
     drop(tx);
     let mut last = vec![0u64; WATCHERS];
-    let (mut index, _) = all_saw(&mut rx, &mut last, 0, Instant::now()).await;
+    let (mut index, _, _) = all_saw(&mut rx, &mut last, 0, Instant::now()).await;
     let rss_watchers = rss_kib(pid);
     for r in 0..8 {
         set_mode(&rd.ctl, "churn", r, "toggle");
@@ -322,12 +325,14 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
     let mut up = true;
     // Phase A: churn running, no slow client.
     let mut lat_a = Vec::new();
+    let mut spread_a = Vec::new();
     for _ in 0..TOGGLES {
         up = !up;
         set_mode(&rd.ctl, "calm", 0, if up { "up" } else { "down" });
-        let (i, lat) = all_saw(&mut rx, &mut last, index, Instant::now()).await;
+        let (i, lat, spread) = all_saw(&mut rx, &mut last, index, Instant::now()).await;
         index = i;
         lat_a.extend(lat);
+        spread_a.extend(spread);
     }
 
     // Phase B: a client that asks for the churn stream and never reads.
@@ -342,12 +347,14 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
     let lagged_before = metric(&api, "xce_endpoint_streams_lagged").await.unwrap();
     let connected_at = churn_index_now(&api).await;
     let mut lat_b = Vec::new();
+    let mut spread_b = Vec::new();
     for _ in 0..TOGGLES {
         up = !up;
         set_mode(&rd.ctl, "calm", 0, if up { "up" } else { "down" });
-        let (i, lat) = all_saw(&mut rx, &mut last, index, Instant::now()).await;
+        let (i, lat, spread) = all_saw(&mut rx, &mut last, index, Instant::now()).await;
         index = i;
         lat_b.extend(lat);
+        spread_b.extend(spread);
     }
     // The server's socket to the slow client fills up (its send queue stops growing while
     // churn goes on); then churn goes on for well over `stream_buffer` (64) more changes.
@@ -380,6 +387,7 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
     })
     .await;
     let mut lat_b2 = Vec::new();
+    let mut spread_b2 = Vec::new();
     let churn_deadline = Instant::now() + patience();
     loop {
         let ci = churn_index().await.unwrap();
@@ -392,11 +400,13 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
         );
         up = !up;
         set_mode(&rd.ctl, "calm", 0, if up { "up" } else { "down" });
-        let (i, lat) = all_saw(&mut rx, &mut last, index, Instant::now()).await;
+        let (i, lat, spread) = all_saw(&mut rx, &mut last, index, Instant::now()).await;
         index = i;
         lat_b2.extend(lat);
+        spread_b2.extend(spread);
     }
     lat_b.extend(lat_b2);
+    spread_b.extend(spread_b2);
     let churn_at_cut = churn_index().await.unwrap();
     let lagged_while_not_reading =
         metric(&api, "xce_endpoint_streams_lagged").await.unwrap() - lagged_before;
@@ -498,12 +508,14 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
 
     // Phase C: after the cut-off.
     let mut lat_c = Vec::new();
+    let mut spread_c = Vec::new();
     for _ in 0..TOGGLES {
         up = !up;
         set_mode(&rd.ctl, "calm", 0, if up { "up" } else { "down" });
-        let (i, lat) = all_saw(&mut rx, &mut last, index, Instant::now()).await;
+        let (i, lat, spread) = all_saw(&mut rx, &mut last, index, Instant::now()).await;
         index = i;
         lat_c.extend(lat);
+        spread_c.extend(spread);
     }
     for r in 0..8 {
         set_mode(&rd.ctl, "churn", r, "up");
@@ -512,7 +524,7 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
     // Nobody else was cut off: all 1,000 watchers are still there and get the next change.
     up = !up;
     set_mode(&rd.ctl, "calm", 0, if up { "up" } else { "down" });
-    let (_final_index, _) = all_saw(&mut rx, &mut last, index, Instant::now()).await;
+    let (_final_index, _, _) = all_saw(&mut rx, &mut last, index, Instant::now()).await;
     let lagged = metric(&api, "xce_endpoint_streams_lagged").await.unwrap() - lagged_before;
     assert!(lagged <= 1.0, "only the slow client may have been cut off");
     let rss_end = rss_kib(pid);
@@ -524,9 +536,16 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
         "server memory bounded: {rss_start} KiB → {rss_end} KiB"
     );
     let leaked = stop_all_and_count_leaks(&api).await;
-    lat_a.sort();
-    lat_b.sort();
-    lat_c.sort();
+    for v in [
+        &mut lat_a,
+        &mut lat_b,
+        &mut lat_c,
+        &mut spread_a,
+        &mut spread_b,
+        &mut spread_c,
+    ] {
+        v.sort();
+    }
     let f = |l: &[Duration]| {
         format!(
             "p50={:?} p99={:?} max={:?}",
@@ -536,7 +555,7 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
         )
     };
     println!(
-        "FIGURE scenario 9 watch load: watchers={WATCHERS} final_index={} all_got_every_change=yes slow_client: connected at churn index {connected_at}, socket full at {stalled_at} with {queued} bytes queued, cut_off_while_not_reading={} (churn index {churn_at_cut}), cut_off_when_it_read_again={} after {} events (last id {resume_from}), resumed_at={} lagged_streams={lagged} latency(toggle→all watchers, includes the ≤100ms probe) before_slow: {} with_slow: {} after_cut: {} rss_kib start={rss_start} 1000_watchers={rss_watchers} at_cut={rss_cut} end={rss_end} leaked_ports={leaked}",
+        "FIGURE scenario 9 watch load: watchers={WATCHERS} final_index={} all_got_every_change=yes slow_client: connected at churn index {connected_at}, socket full at {stalled_at} with {queued} bytes queued, cut_off_while_not_reading={} (churn index {churn_at_cut}), cut_off_when_it_read_again={} after {} events (last id {resume_from}), resumed_at={} lagged_streams={lagged} latency(toggle→all watchers, includes the ≤100ms probe) before_slow: {} with_slow: {} after_cut: {}; fan-out spread (first→each watcher) before_slow: {} with_slow: {} after_cut: {}; rss_kib start={rss_start} 1000_watchers={rss_watchers} at_cut={rss_cut} end={rss_end} leaked_ports={leaked}",
         index,
         if lagged_while_not_reading > 0.0 { "yes" } else { "NO (gap, see RELIABILITY.md)" },
         if cut_on_read { "yes" } else { "NO (caught up instead; gap, see RELIABILITY.md)" },
@@ -545,6 +564,9 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
         f(&lat_a),
         f(&lat_b),
         f(&lat_c),
+        f(&spread_a),
+        f(&spread_b),
+        f(&spread_c),
     );
 }
 
