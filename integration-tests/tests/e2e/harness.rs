@@ -443,7 +443,6 @@ pub const ADMIN: &str = "admin-secret-for-tests";
 /// A controller and workers as separate processes, sharing a temp dir.
 pub struct Cluster {
     pub dir: tempfile::TempDir,
-    pub port: u16,
     pub first_ip: Ipv4Addr,
     pub hosts: usize,
     pub controller: Option<Child>,
@@ -520,7 +519,6 @@ impl Cluster {
         let api = Api::new(&format!("http://127.0.0.1:{port}"), ADMIN);
         let mut c = Self {
             dir,
-            port,
             first_ip,
             hosts,
             controller: None,
@@ -736,7 +734,7 @@ srv.serve_forever()
 /// A temp dir with [`REPLICA_PY`] and its control dir. Declare it before the cluster: it
 /// drops after it, and kills any replica still running the script from this dir.
 pub struct ReplicaDir {
-    pub dir: tempfile::TempDir,
+    _dir: tempfile::TempDir,
     pub script: PathBuf,
     pub ctl: PathBuf,
 }
@@ -748,7 +746,11 @@ impl ReplicaDir {
         std::fs::write(&script, REPLICA_PY).unwrap();
         let ctl = dir.path().join("ctl");
         std::fs::create_dir_all(&ctl).unwrap();
-        Self { dir, script, ctl }
+        Self {
+            _dir: dir,
+            script,
+            ctl,
+        }
     }
 
     pub fn profile(
@@ -969,10 +971,7 @@ pub fn http_body(raw: &[u8]) -> (String, Vec<u8>) {
         return (head, body.to_vec());
     }
     let mut out = Vec::new();
-    loop {
-        let Some(eol) = body.windows(2).position(|w| w == b"\r\n") else {
-            break;
-        };
+    while let Some(eol) = body.windows(2).position(|w| w == b"\r\n") {
         let size_line = String::from_utf8_lossy(&body[..eol]);
         let Ok(size) = usize::from_str_radix(size_line.split(';').next().unwrap_or("").trim(), 16)
         else {

@@ -161,7 +161,9 @@ async fn controller_kill_9_twenty_times_under_30_replicas() {
             let mut regressions = Vec::new();
             while !done.load(Ordering::Relaxed) {
                 match api
-                    .get(&format!("/v1/services/web/endpoints?index={index}&wait=2s"))
+                    .get(&format!(
+                        "/v1/services/web/endpoints?index={index}&wait=300ms"
+                    ))
                     .await
                 {
                     Ok((200, h, _)) => {
@@ -278,7 +280,7 @@ async fn controller_kill_9_twenty_times_under_30_replicas() {
     done.store(true, Ordering::Relaxed);
     poller.await.unwrap();
     let (watch_answers, watch_regressions) = watcher.await.unwrap();
-    let s = stats.lock().unwrap();
+    let s = std::mem::take(&mut *stats.lock().unwrap());
     assert!(
         s.partial.is_empty(),
         "served a partial table: {:?}",
@@ -298,11 +300,11 @@ async fn controller_kill_9_twenty_times_under_30_replicas() {
         (0, 0, 0, 0)
     );
     let (polls, full, unavailable, refused) = (s.polls, s.full, s.unavailable, s.refused);
-    drop(s);
+    let controller_rss = c.controller_pid().map_or(0, rss_kib);
     to_full_table.sort();
     let leaked = stop_all_and_count_leaks(&api).await;
     println!(
-        "FIGURE scenario 1 controller kill -9: cycles={CYCLES} replicas={REPLICAS} workers=3 side_services={} ports_reassigned={reassigned} services_lost={services_lost} jobs_lost={jobs_lost} hosts_lost={hosts_lost} index_regressions=0 partial_or_empty_tables=0 polls={polls} (full={full} 503={unavailable} refused_while_down={refused}) blocking_answers={watch_answers} kill_to_full_table_p50={:?} max={:?} leaked_ports={leaked}",
+        "FIGURE scenario 1 controller kill -9: cycles={CYCLES} replicas={REPLICAS} workers=3 side_services={} ports_reassigned={reassigned} services_lost={services_lost} jobs_lost={jobs_lost} hosts_lost={hosts_lost} index_regressions=0 partial_or_empty_tables=0 polls={polls} (full={full} 503={unavailable} refused_while_down={refused}) blocking_answers={watch_answers} kill_to_full_table_p50={:?} max={:?} controller_rss_kib={controller_rss} leaked_ports={leaked}",
         live_side.len() + stopped_side.len(),
         pct(&to_full_table, 50),
         pct(&to_full_table, 100),

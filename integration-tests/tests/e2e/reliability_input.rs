@@ -1008,6 +1008,7 @@ fn fuzzed_profiles_and_query_parameters_never_break_the_server() {
         1 => any::<String>(),
     ];
     let accepted = std::cell::Cell::new(0u32);
+    let seen = std::cell::RefCell::new(BTreeSet::<String>::new());
     let rejected = std::cell::Cell::new(0u32);
     let mut runner = TestRunner::new(config.clone());
     runner
@@ -1042,8 +1043,14 @@ fn fuzzed_profiles_and_query_parameters_never_break_the_server() {
                     let status = r.status().as_u16();
                     let text = r.text().await.unwrap_or_default();
                     prop_assert!(status < 500, "HTTP {status} for {name:?}/{port:?}: {text}");
-                    if status == 201 {
+                    if status == 409 {
+                        // A name accepted (and stopped) by an earlier case may still be
+                        // stopping: a conflict, not a verdict on the profile.
+                        prop_assert!(seen.borrow().contains(&name), "409 for a new name {name:?}: {text}");
+                        prop_assert!(text.contains("already exists"), "{text}");
+                    } else if status == 201 {
                         accepted.set(accepted.get() + 1);
+                        seen.borrow_mut().insert(name.clone());
                         prop_assert!(expect_ok, "accepted an invalid profile {name:?}/{port:?}/{number:?}");
                         let st = api.delete(&format!("/v1/services/{name}")).await.unwrap();
                         prop_assert_eq!(st, 202);
@@ -1119,6 +1126,71 @@ fn fuzzed_profiles_and_query_parameters_never_break_the_server() {
             },
         )
         .unwrap();
+    // xcecli with arbitrary argument lists (read-only commands; no --watch, which never
+    // ends by design): an exit code of DESIGN §7, a message when it fails, no panic.
+    let word = prop_oneof![
+        4 => prop::sample::select(vec![
+            "service", "endpoints", "list", "host", "keep", "nosuch", "-o", "json", "plain",
+            "env", "table", "--port", "http", "--all", "--wait-ready", "1", "0", "--timeout",
+            "1s", "--api", "--token", "-h", "--help", "--version", "", "-", "--",
+        ])
+        .prop_map(str::to_owned),
+        1 => "[ -~]{0,12}".prop_map(|s| s.to_owned()),
+        1 => any::<String>().prop_map(|s| s.replace('\0', "")),
+    ];
+    let cli_codes = std::cell::RefCell::new(std::collections::BTreeMap::<i32, u32>::new());
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(
+            &(prop::bool::ANY, prop::collection::vec(word, 0..7)),
+            |(structured, args)| {
+                // Half the cases reach past the usage parser: a real command, fuzzed options.
+                let args: Vec<String> = if structured {
+                    ["service", "endpoints", "keep"]
+                        .iter()
+                        .map(|s| s.to_string())
+                        .chain(args)
+                        .collect()
+                } else {
+                    args
+                };
+                if args
+                    .iter()
+                    .any(|a| a.starts_with("--w") && "--watch".starts_with(a.as_str()))
+                {
+                    return Ok(()); // --watch (or an abbreviation of it) streams until stopped
+                }
+                let mut args = args;
+                if args.iter().any(|a| a == "--wait-ready") {
+                    // Bounded: without a --timeout the wait would be the CLI's default.
+                    args.extend(["--timeout".to_owned(), "2s".to_owned()]);
+                }
+                let out = run_bounded(&c.client_config, &args);
+                let Some(code) = out.status.code() else {
+                    return Err(TestCaseError::fail(format!(
+                        "xcecli {args:?} killed by a signal"
+                    )));
+                };
+                *cli_codes.borrow_mut().entry(code).or_default() += 1;
+                let err = stderr(&out);
+                prop_assert!(
+                    (0..=5).contains(&code),
+                    "xcecli {args:?}: exit {code}: {err}"
+                );
+                prop_assert!(!err.contains("panicked"), "xcecli {args:?} panicked: {err}");
+                prop_assert!(
+                    code == 0 || !err.trim().is_empty(),
+                    "xcecli {args:?}: exit {code} without a message"
+                );
+                Ok(())
+            },
+        )
+        .unwrap();
+    let cli_codes = cli_codes.into_inner();
     let names: BTreeSet<String> = rt
         .block_on(services_state(&api))
         .into_iter()
@@ -1132,7 +1204,7 @@ fn fuzzed_profiles_and_query_parameters_never_break_the_server() {
     assert!(!c.log().contains("panicked"), "xced panicked:\n{}", c.log());
     let (accepted, rejected, statuses) = (accepted.get(), rejected.get(), statuses.into_inner());
     println!(
-        "FIGURE scenario 7 property fuzzing: profiles={} (accepted={accepted} rejected={rejected}, all agreeing with the DESIGN name/port rules) query_params=160 statuses={statuses:?} 5xx=0 panics=0",
+        "FIGURE scenario 7 property fuzzing: profiles={} (accepted={accepted} rejected={rejected}, all agreeing with the DESIGN name/port rules) query_params=160 statuses={statuses:?} cli_arg_lists=48 exit_codes={cli_codes:?} 5xx=0 panics=0",
         accepted + rejected
     );
 }
@@ -1426,4 +1498,36 @@ grants = [ { permission = "job.view", projects = ["team-b"] }, { permission = "j
     println!(
         "FIGURE scenario 8 tenancy: surfaces_tried={surfaces} leaked_entries=0 identical_404s=9/9 cross_project_writes_refused=2 worker_credential_checks={worker_checks} refused={worker_checks} unauthenticated_metrics_names_other_tenants_services={metrics_names_alpha}"
     );
+}
+
+/// Runs xcecli hermetically, killed after 20 s if it has not finished (a bug, reported as
+/// a signal exit).
+fn run_bounded(config: &std::path::Path, args: &[String]) -> std::process::Output {
+    let mut cmd = std::process::Command::new(bin("xcecli"));
+    cmd.env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", config.parent().unwrap())
+        .env("XCE_CONFIG", config)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().expect("running xcecli");
+    let pid = child.id();
+    let killer = std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while std::time::Instant::now() < deadline {
+            // SAFETY: signal 0 only checks whether the process still exists.
+            #[allow(unsafe_code)]
+            let alive = unsafe { libc::kill(pid as i32, 0) } == 0;
+            if !alive {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        signal(pid, libc::SIGKILL);
+    });
+    let out = child.wait_with_output().expect("xcecli output");
+    let _ = killer.join();
+    out
 }
