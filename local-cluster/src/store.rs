@@ -6,14 +6,20 @@
 //! every mutation as one [`Batch`] *before* it applies the mutation in memory, announces it
 //! or answers the request that caused it.
 //!
-//! Two implementations: [`RedbStore`] (an embedded redb file, the default) and
-//! [`MemStore`] (in memory, for tests). One test suite (`tests::suite`) checks both
+//! Three implementations: [`RedbStore`] (an embedded redb file, the default),
+//! [`EtcdStore`] (etcd v3, for controllers that keep their state off the machine) and
+//! [`MemStore`] (in memory, for tests). One test suite (`tests::suite`) checks all three
 //! against the same contract.
 #![warn(missing_docs)]
+
+mod etcd;
+
+pub use etcd::{parse_url as parse_etcd_url, EtcdStore, DEFAULT_PREFIX, DEFAULT_TIMEOUT};
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
+use std::str::FromStr;
 use std::sync::Mutex;
 
 /// A key: a namespace (e.g. `job`) and a key within it (e.g. `j-17`).
@@ -82,6 +88,35 @@ pub enum StoreError {
     /// A test store told to fail.
     #[error("store failure injected for a test")]
     Injected,
+    /// The store's configuration is wrong (a bad url, prefix or endpoint).
+    #[error("invalid store configuration: {0}")]
+    InvalidConfig(String),
+}
+
+/// Which store the controller uses: `redb` (the embedded file, the default) or
+/// `etcd://HOST:PORT[,HOST:PORT…]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreSpec {
+    /// The embedded redb file in the controller's data dir.
+    Redb,
+    /// etcd at these endpoints (`HOST:PORT` each).
+    Etcd(Vec<String>),
+}
+
+impl FromStr for StoreSpec {
+    type Err = StoreError;
+
+    fn from_str(s: &str) -> Result<Self, StoreError> {
+        if s == "redb" {
+            Ok(Self::Redb)
+        } else if s.starts_with("etcd://") {
+            Ok(Self::Etcd(etcd::parse_url(s)?))
+        } else {
+            Err(StoreError::InvalidConfig(format!(
+                "store {s:?} is neither `redb` nor etcd://HOST:PORT[,HOST:PORT...]"
+            )))
+        }
+    }
 }
 
 /// The controller's storage.
@@ -243,7 +278,7 @@ pub(crate) mod tests {
     use super::*;
     use expect_test::expect;
 
-    fn dump(store: &dyn Store) -> String {
+    pub(crate) fn dump(store: &dyn Store) -> String {
         store
             .load_all()
             .unwrap()
@@ -253,7 +288,7 @@ pub(crate) mod tests {
             .join(" ")
     }
 
-    fn batch(ops: &[(&str, &str, Option<&str>)]) -> Batch {
+    pub(crate) fn batch(ops: &[(&str, &str, Option<&str>)]) -> Batch {
         let mut b = Batch::default();
         for (ns, k, v) in ops {
             match v {
