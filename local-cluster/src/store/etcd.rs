@@ -527,6 +527,15 @@ fn post(endpoint: &str, path: &str, body: &[u8], timeout: Duration) -> Result<Va
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            // A read timeout shows as EAGAIN on Linux: say what it means.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(Failure::Unknown(format!("no answer within {timeout:?}")));
+            }
             Err(e) => return Err(lost("cannot receive", &e)),
         }
     }

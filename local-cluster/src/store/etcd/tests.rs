@@ -251,7 +251,7 @@ fn endpoints_are_tried_in_turn_and_a_lost_answer_commits_once() {
     check(&dump(&etcd.store("/xce/")), expect!["job/j-1=a job/j-2=b"]);
 
     // Only the proxy: the outcome is unknown, and no commit passes until it is settled.
-    let lost = EtcdStore::new(vec![proxy.clone()]).unwrap();
+    let mut lost = EtcdStore::new(vec![proxy.clone()]).unwrap();
     lost.state.lock().unwrap().fence_rev = s.state.lock().unwrap().fence_rev;
     let err = lost
         .commit(batch(&[("job", "j-3", Some("c"))]))
@@ -270,6 +270,30 @@ fn endpoints_are_tried_in_turn_and_a_lost_answer_commits_once() {
     check(
         &dump(&etcd.store("/xce/")),
         expect!["job/j-1=a job/j-2=b job/j-3=c"],
+    );
+    // Once etcd answers again, the lost commit turns out applied: the caller believed it
+    // failed, so nothing passes until a reload.
+    lost.endpoints = vec![etcd.endpoint.clone()];
+    let err = lost
+        .commit(batch(&[("job", "j-4", Some("d"))]))
+        .unwrap_err();
+    check(&err.to_string(), expect!["store backend: an earlier commit reported as failed was applied in etcd after all; restart the controller so it reloads its state"]);
+    check(&dump(&lost), expect!["job/j-1=a job/j-2=b job/j-3=c"]);
+    lost.commit(batch(&[("job", "j-4", Some("d"))])).unwrap();
+    check(
+        &dump(&lost),
+        expect!["job/j-1=a job/j-2=b job/j-3=c job/j-4=d"],
+    );
+
+    // A listener that never answers: the deadline ends the wait.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap().to_string();
+    let s = EtcdStore::new(vec![addr.clone()])
+        .unwrap()
+        .with_timeout(Duration::from_millis(300));
+    check(
+        &s.load_all().unwrap_err().to_string().replace(&addr, "SILENT"),
+        expect!["store backend: etcd /v3/kv/range: no endpoint answered: SILENT: no answer within 300ms"],
     );
 
     // Nothing answers: the error names every endpoint.
