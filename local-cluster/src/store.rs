@@ -14,7 +14,9 @@
 
 mod etcd;
 
-pub use etcd::{parse_url as parse_etcd_url, EtcdStore, DEFAULT_PREFIX, DEFAULT_TIMEOUT};
+pub use etcd::{
+    parse_url as parse_etcd_url, EtcdStore, DEFAULT_MAX_TXN_OPS, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
+};
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -16,6 +16,12 @@
 //! - **one writer**: a second controller on the same prefix moves the fence when it
 //!   commits; the first one's next commit then fails instead of handing out what the
 //!   other already has. The last to [`load_all`](Store::load_all) wins.
+//!
+//! A batch too big for one transaction (etcd's `--max-txn-ops`, 128 by default; or about
+//! 1 MiB) is committed as one journal record `<prefix>.journal` (one transaction, with
+//! the fence), then written out in transactions that fit, then the journal is deleted.
+//! Until then `load_all` lays the journal over what it reads, and the next commit
+//! finishes writing it out first: all or nothing still holds.
 
 use super::{Batch, Key, Op, Store, StoreError};
 use serde_json::{json, Value};
@@ -36,6 +42,13 @@ const DEFAULT_PAGE: usize = 1000;
 const MAX_ANSWER: usize = 256 << 20;
 /// The fence's name after the prefix: no `/`, so it is no `<ns>/<key>`.
 const FENCE: &str = ".commit";
+/// The journal of a batch too big for one transaction (no `/` either).
+const JOURNAL: &str = ".journal";
+/// etcd's default `--max-txn-ops`.
+pub const DEFAULT_MAX_TXN_OPS: usize = 128;
+/// Key and value bytes per transaction, below etcd's default `--max-request-bytes`
+/// (1.5 MiB) with room for base64 and JSON.
+const CHUNK_BYTES: usize = 1 << 20;
 
 /// Parses `etcd://HOST:PORT[,HOST:PORT…]` into its endpoints (`HOST:PORT` each).
 pub fn parse_url(url: &str) -> Result<Vec<String>, StoreError> {
@@ -86,6 +99,7 @@ pub struct EtcdStore {
     prefix: String,
     timeout: Duration,
     page: usize,
+    max_ops: usize,
     state: Mutex<State>,
 }
 
@@ -102,9 +116,11 @@ struct State {
     writer: u64,
     /// Counts this instance's commits.
     seq: u64,
-    /// The token of a commit whose outcome is unknown: no commit goes through until it is
-    /// known not to have been applied (or a `load_all` reloads the truth).
-    unresolved: Option<String>,
+    /// A commit whose outcome is unknown: no commit goes through until it is known not
+    /// to have been applied (or a `load_all` reloads the truth).
+    unresolved: Option<Unresolved>,
+    /// A journaled batch not yet written out (see [`EtcdStore::apply_journal`]).
+    pending: Option<Vec<EtcdOp>>,
 }
 
 impl fmt::Debug for EtcdStore {
@@ -162,12 +178,14 @@ impl EtcdStore {
             prefix: DEFAULT_PREFIX.into(),
             timeout: DEFAULT_TIMEOUT,
             page: DEFAULT_PAGE,
+            max_ops: DEFAULT_MAX_TXN_OPS,
             state: Mutex::new(State {
                 current: 0,
                 fence_rev: None,
                 writer,
                 seq: 0,
                 unresolved: None,
+                pending: None,
             }),
         })
     }
@@ -194,6 +212,13 @@ impl EtcdStore {
         self
     }
 
+    /// Puts at most `n` operations in one transaction (etcd's `--max-txn-ops`; at least 2).
+    /// A batch with more is written as a journal first (see the module documentation).
+    pub fn with_max_txn_ops(mut self, n: usize) -> Self {
+        self.max_ops = n.max(2);
+        self
+    }
+
     /// Reads `page` keys per range request (tests use a tiny page to paginate).
     #[cfg(test)]
     pub(crate) fn with_page(mut self, page: usize) -> Self {
@@ -214,6 +239,20 @@ impl EtcdStore {
             )));
         }
         Ok(format!("{}{}/{}", self.prefix, k.ns, k.key))
+    }
+
+    /// `<prefix><ns>/<key>` back to a [`Key`].
+    fn decode_key(&self, key: &str) -> Result<Key, StoreError> {
+        key.strip_prefix(&self.prefix)
+            .and_then(|k| k.split_once('/'))
+            .filter(|(ns, _)| !ns.is_empty())
+            .map(|(ns, k)| Key::new(ns, k))
+            .ok_or_else(|| {
+                StoreError::Backend(format!(
+                    "etcd holds a key that is not the controller's under {:?}: {key:?}",
+                    self.prefix
+                ))
+            })
     }
 
     fn fence_key(&self) -> String {
@@ -268,22 +307,167 @@ impl EtcdStore {
         Ok(fence_of(r.pointer("/kvs/0")))
     }
 
-    /// Settles a commit whose outcome was unknown: `Ok` when it was not applied.
-    fn resolve(&self, st: &mut State, token: &str) -> Result<(), StoreError> {
+    /// Settles a commit whose outcome was unknown: `Ok` when it was not applied (or,
+    /// for a replay-safe one, also when it was).
+    fn resolve(&self, st: &mut State, lost: &Unresolved) -> Result<(), StoreError> {
         let (rev, value) = self.read_fence(st)?;
-        if value.as_deref() == Some(token) {
-            return Err(StoreError::Backend(
-                "an earlier commit reported as failed was applied in etcd after all; \
-                 restart the controller so it reloads its state"
-                    .into(),
-            ));
-        }
-        if Some(rev) != st.fence_rev {
+        if value.as_deref() == Some(lost.token.as_str()) {
+            if !lost.replay_safe {
+                return Err(StoreError::Backend(
+                    "an earlier commit reported as failed was applied in etcd after all; \
+                     restart the controller so it reloads its state"
+                        .into(),
+                ));
+            }
+            st.fence_rev = Some(rev);
+        } else if Some(rev) != st.fence_rev {
             return Err(another_writer(rev, st.fence_rev));
         }
         st.unresolved = None;
         Ok(())
     }
+
+    /// Whether the ops fit one transaction (with the fence put) and one request.
+    fn fits(&self, ops: &[EtcdOp]) -> bool {
+        ops.len() < self.max_ops && op_bytes(ops) <= CHUNK_BYTES
+    }
+
+    /// One transaction: `ops` plus moving the fence to a new token, if the fence is where
+    /// this store last saw it. `replay_safe`: applying it once more changes nothing the
+    /// caller relies on (so an unknown outcome need not stop later commits).
+    fn guarded_txn(
+        &self,
+        st: &mut State,
+        mut ops: Vec<Value>,
+        replay_safe: bool,
+    ) -> Result<(), StoreError> {
+        let expected = st.fence_rev.unwrap_or(0);
+        st.seq += 1;
+        let token = format!("{:016x}-{}", st.writer, st.seq);
+        let fence = b64(self.fence_key().as_bytes());
+        ops.insert(
+            0,
+            json!({ "request_put": { "key": fence, "value": b64(token.as_bytes()) } }),
+        );
+        let body = json!({
+            "compare": [{
+                "key": fence,
+                "target": "MOD",
+                "result": "EQUAL",
+                "mod_revision": expected.to_string(),
+            }],
+            "success": ops,
+            "failure": [{ "request_range": { "key": fence } }],
+        });
+        let r = match self.call(st, "/v3/kv/txn", &body) {
+            Ok(r) => r,
+            Err(e) if e.unknown => {
+                st.unresolved = Some(Unresolved { token, replay_safe });
+                return Err(StoreError::Backend(format!(
+                    "{} (the commit may or may not have been applied; \
+                     no commit goes through until that is known)",
+                    e.message
+                )));
+            }
+            Err(e) => {
+                let hint = if e.message.contains("too many operations") {
+                    " (raise etcd's --max-txn-ops, or lower the store's max_txn_ops to match)"
+                } else if e.message.contains("too large") {
+                    " (a batch is one etcd request: raise etcd's --max-request-bytes)"
+                } else {
+                    ""
+                };
+                return Err(StoreError::Backend(format!("{}{hint}", e.message)));
+            }
+        };
+        if r["succeeded"].as_bool() == Some(true) {
+            st.fence_rev = Some(int(&r["header"]["revision"]));
+            return Ok(());
+        }
+        let (rev, value) = fence_of(r.pointer("/responses/0/response_range/kvs/0"));
+        if value.as_deref() == Some(token.as_str()) {
+            // An attempt whose answer was lost went through.
+            st.fence_rev = Some(rev);
+            return Ok(());
+        }
+        Err(another_writer(rev, Some(expected)))
+    }
+
+    /// Writes a journaled batch in transactions that fit, then drops the journal.
+    /// Every step can be replayed: the journal stays until the last.
+    fn apply_journal(&self, st: &mut State, ops: &[EtcdOp]) -> Result<(), StoreError> {
+        let mut start = 0;
+        while start < ops.len() {
+            let mut end = start + 1;
+            while end < ops.len() && self.fits(&ops[start..=end]) {
+                end += 1;
+            }
+            self.guarded_txn(st, txn_ops(&ops[start..end]), true)?;
+            start = end;
+        }
+        let journal = b64(self.journal_key().as_bytes());
+        self.guarded_txn(
+            st,
+            vec![json!({ "request_delete_range": { "key": journal } })],
+            true,
+        )
+    }
+
+    fn journal_key(&self) -> String {
+        format!("{}{JOURNAL}", self.prefix)
+    }
+}
+
+/// A put (`Some` bytes) or delete (`None`) of an etcd key.
+type EtcdOp = (String, Option<Vec<u8>>);
+
+/// A commit whose answer was lost.
+#[derive(Debug, Clone)]
+struct Unresolved {
+    token: String,
+    replay_safe: bool,
+}
+
+/// Key and value bytes of the ops (what bounds the size of their request).
+fn op_bytes(ops: &[EtcdOp]) -> usize {
+    ops.iter()
+        .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+        .sum()
+}
+
+/// The transaction ops of puts and deletes.
+fn txn_ops(ops: &[EtcdOp]) -> Vec<Value> {
+    ops.iter()
+        .map(|(k, v)| match v {
+            Some(v) => json!({ "request_put": { "key": b64(k.as_bytes()), "value": b64(v) } }),
+            None => json!({ "request_delete_range": { "key": b64(k.as_bytes()) } }),
+        })
+        .collect()
+}
+
+/// The journal's value: `[[key, base64 value or null], …]`.
+fn journal_of(ops: &[EtcdOp]) -> Vec<u8> {
+    let list: Vec<Value> = ops
+        .iter()
+        .map(|(k, v)| json!([k, v.as_deref().map(b64)]))
+        .collect();
+    Value::Array(list).to_string().into_bytes()
+}
+
+fn parse_journal(bytes: &[u8]) -> Result<Vec<EtcdOp>, StoreError> {
+    let bad = || StoreError::Backend("the etcd store's journal is unreadable".into());
+    let list: Vec<(String, Value)> = serde_json::from_slice(bytes).map_err(|_| bad())?;
+    list.into_iter()
+        .map(|(k, v)| {
+            Ok((
+                k,
+                match v {
+                    Value::Null => None,
+                    v => Some(unb64(&v)?),
+                },
+            ))
+        })
+        .collect()
 }
 
 fn another_writer(now: i64, expected: Option<i64>) -> StoreError {
@@ -309,12 +493,14 @@ impl Store for EtcdStore {
     fn load_all(&self) -> Result<Vec<(Key, Vec<u8>)>, StoreError> {
         let mut st = self.state.lock().unwrap();
         let fence = self.fence_key();
+        let journal = self.journal_key();
         let end = prefix_end(self.prefix.as_bytes());
         let mut from = self.prefix.as_bytes().to_vec();
         // Every page reads the revision of the first: one consistent snapshot.
         let mut rev = 0i64;
         let mut fence_rev = 0;
-        let mut out = Vec::new();
+        let mut pending = None;
+        let mut out = BTreeMap::new();
         loop {
             let mut body = json!({
                 "key": b64(&from),
@@ -332,24 +518,20 @@ impl Store for EtcdStore {
             }
             let kvs = r["kvs"].as_array().map(Vec::as_slice).unwrap_or_default();
             for kv in kvs {
-                let key = unb64(&kv["key"])?;
-                if key == fence.as_bytes() {
+                let key = String::from_utf8(unb64(&kv["key"])?).map_err(|e| {
+                    StoreError::Backend(format!(
+                        "etcd holds a key that is not text under {:?}: {:?}",
+                        self.prefix,
+                        String::from_utf8_lossy(e.as_bytes())
+                    ))
+                })?;
+                if key == fence {
                     fence_rev = int(&kv["mod_revision"]);
-                    continue;
+                } else if key == journal {
+                    pending = Some(parse_journal(&unb64(&kv["value"])?)?);
+                } else {
+                    out.insert(self.decode_key(&key)?, unb64(&kv["value"])?);
                 }
-                let k = std::str::from_utf8(&key)
-                    .ok()
-                    .and_then(|k| k.strip_prefix(&self.prefix))
-                    .and_then(|k| k.split_once('/'))
-                    .filter(|(ns, _)| !ns.is_empty())
-                    .ok_or_else(|| {
-                        StoreError::Backend(format!(
-                            "etcd holds a key that is not the controller's under {:?}: {:?}",
-                            self.prefix,
-                            String::from_utf8_lossy(&key)
-                        ))
-                    })?;
-                out.push((Key::new(k.0, k.1), unb64(&kv["value"])?));
             }
             if r["more"].as_bool() != Some(true) {
                 break;
@@ -362,12 +544,23 @@ impl Store for EtcdStore {
             from = unb64(&last["key"])?;
             from.push(0);
         }
-        // etcd sorts `ns/key` bytewise, which is not (ns, key) order when a namespace
-        // is a prefix of another ("a" / "a-b").
-        out.sort_by(|a, b| a.0.cmp(&b.0));
+        // A journaled batch is committed: what it says wins over what is written so far.
+        // The next commit finishes writing it.
+        if let Some(ops) = &pending {
+            for (k, v) in ops {
+                let k = self.decode_key(k)?;
+                match v {
+                    Some(v) => out.insert(k, v.clone()),
+                    None => out.remove(&k),
+                };
+            }
+        }
         st.fence_rev = Some(fence_rev);
         st.unresolved = None;
-        Ok(out)
+        st.pending = pending;
+        // A BTreeMap: sorted by (ns, key), which etcd's bytewise order of `ns/key` is not
+        // when a namespace is a prefix of another ("a" / "a-b").
+        Ok(out.into_iter().collect())
     }
 
     fn commit(&self, batch: Batch) -> Result<(), StoreError> {
@@ -382,69 +575,38 @@ impl Store for EtcdStore {
                 Op::Delete(k) => last.insert(self.etcd_key(&k)?, None),
             };
         }
+        let ops: Vec<EtcdOp> = last.into_iter().collect();
         let mut st = self.state.lock().unwrap();
-        if let Some(token) = st.unresolved.clone() {
-            self.resolve(&mut st, &token)?;
+        if let Some(lost) = st.unresolved.clone() {
+            self.resolve(&mut st, &lost)?;
         }
-        let expected = match st.fence_rev {
-            Some(r) => r,
-            None => {
-                let r = self.read_fence(&mut st)?.0;
-                st.fence_rev = Some(r);
-                r
-            }
-        };
-        st.seq += 1;
-        let token = format!("{:016x}-{}", st.writer, st.seq);
-        let fence = b64(self.fence_key().as_bytes());
-        let mut success =
-            vec![json!({ "request_put": { "key": fence, "value": b64(token.as_bytes()) } })];
-        for (k, v) in &last {
-            success.push(match v {
-                Some(v) => json!({ "request_put": { "key": b64(k.as_bytes()), "value": b64(v) } }),
-                None => json!({ "request_delete_range": { "key": b64(k.as_bytes()) } }),
-            });
-        }
-        let body = json!({
-            "compare": [{
-                "key": fence,
-                "target": "MOD",
-                "result": "EQUAL",
-                "mod_revision": expected.to_string(),
-            }],
-            "success": success,
-            "failure": [{ "request_range": { "key": fence } }],
-        });
-        let r = match self.call(&mut st, "/v3/kv/txn", &body) {
-            Ok(r) => r,
-            Err(e) if e.unknown => {
-                st.unresolved = Some(token);
-                return Err(StoreError::Backend(format!(
-                    "{} (the commit may or may not have been applied; \
-                     no commit goes through until that is known)",
-                    e.message
-                )));
-            }
-            Err(e) => {
-                let hint = if e.message.contains("too many operations") {
-                    " (a batch is one etcd transaction: raise etcd's --max-txn-ops)"
-                } else {
-                    ""
-                };
-                return Err(StoreError::Backend(format!("{}{hint}", e.message)));
-            }
-        };
-        if r["succeeded"].as_bool() == Some(true) {
-            st.fence_rev = Some(int(&r["header"]["revision"]));
-            return Ok(());
-        }
-        let (rev, value) = fence_of(r.pointer("/responses/0/response_range/kvs/0"));
-        if value.as_deref() == Some(token.as_str()) {
-            // An attempt whose answer was lost went through.
+        if st.fence_rev.is_none() {
+            let (rev, _) = self.read_fence(&mut st)?;
             st.fence_rev = Some(rev);
-            return Ok(());
         }
-        Err(another_writer(rev, Some(expected)))
+        // An earlier journaled batch comes first: its writes must not land on top of
+        // this one's.
+        if let Some(pending) = st.pending.take() {
+            if let Err(e) = self.apply_journal(&mut st, &pending) {
+                st.pending = Some(pending);
+                return Err(e);
+            }
+        }
+        if self.fits(&ops) {
+            return self.guarded_txn(&mut st, txn_ops(&ops), false);
+        }
+        // Too big for one transaction: commit it as one journal record, then write it out.
+        let journal = json!({ "request_put": {
+            "key": b64(self.journal_key().as_bytes()),
+            "value": b64(&journal_of(&ops)),
+        } });
+        self.guarded_txn(&mut st, vec![journal], false)?;
+        // Committed: `load_all` sees the journal from here on.
+        if let Err(e) = self.apply_journal(&mut st, &ops) {
+            tracing::warn!(error = %e, "etcd store: a committed batch is not written out yet; the next commit finishes it");
+            st.pending = Some(ops);
+        }
+        Ok(())
     }
 }
 

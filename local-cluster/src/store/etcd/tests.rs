@@ -6,6 +6,7 @@ use super::*;
 use crate::store::tests::{batch, dump, suite};
 use crate::store::StoreSpec;
 use expect_test::{expect, Expect};
+use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -140,25 +141,22 @@ fn etcd_store_passes_the_suite() {
 
 #[test]
 fn a_refused_transaction_changes_nothing() {
-    // etcd's default limit: 128 operations per transaction.
     let etcd = TestEtcd::start_with(&["--max-txn-ops=128"]);
-    let s = etcd.store("/xce/");
+    // The store believes etcd takes 1000 operations at once; etcd takes 128.
+    let s = etcd.store("/xce/").with_max_txn_ops(1000);
     s.load_all().unwrap();
     s.commit(batch(&[
         ("job", "j-1", Some("a")),
         ("port", "p-1", Some("j-1")),
     ]))
     .unwrap();
-    // A placement and its reservations, too many for one transaction.
+    // A placement and its reservations: etcd refuses the transaction as a whole.
     let mut big = batch(&[("job", "j-1", None), ("job", "j-2", Some("b"))]);
     for i in 0..200 {
         big.put(Key::new("port", format!("p-{i}")), b"j-2".to_vec());
     }
     let err = s.commit(big).unwrap_err().to_string();
-    check(
-        &err.replace(&etcd.endpoint, "EP"),
-        expect!["store backend: etcd /v3/kv/txn: EP: http 400: etcdserver: too many operations in txn request (a batch is one etcd transaction: raise etcd's --max-txn-ops)"],
-    );
+    check(&err.replace(&etcd.endpoint, "EP"), expect!["store backend: etcd /v3/kv/txn: EP: http 400: etcdserver: too many operations in txn request (raise etcd's --max-txn-ops, or lower the store's max_txn_ops to match)"]);
     check(&dump(&s), expect!["job/j-1=a port/p-1=j-1"]);
     // The store still works, and a new instance sees the same.
     s.commit(batch(&[("job", "j-2", Some("b"))])).unwrap();
@@ -166,6 +164,83 @@ fn a_refused_transaction_changes_nothing() {
         &dump(&etcd.store("/xce/")),
         expect!["job/j-1=a job/j-2=b port/p-1=j-1"],
     );
+}
+
+/// `n` port reservations of `job`, plus the job itself.
+fn placement(job: &str, ports: std::ops::Range<usize>) -> Batch {
+    let mut b = batch(&[("job", job, Some("placed"))]);
+    for i in ports {
+        b.put(
+            Key::new("port", format!("p-{i:03}")),
+            job.as_bytes().to_vec(),
+        );
+    }
+    b
+}
+
+fn summary(s: &dyn Store) -> String {
+    let all = s.load_all().unwrap();
+    let mut counts = BTreeMap::new();
+    for (k, v) in &all {
+        let what = match k.ns.as_str() {
+            "job" => k.to_string(),
+            ns => format!("{ns}={}", String::from_utf8_lossy(v)),
+        };
+        *counts.entry(what).or_insert(0) += 1;
+    }
+    format!("{counts:?}")
+}
+
+#[test]
+fn a_batch_bigger_than_a_transaction_goes_through_a_journal() {
+    let etcd = TestEtcd::start_with(&["--max-txn-ops=8"]);
+    let s = etcd.store("/xce/").with_max_txn_ops(8);
+    s.load_all().unwrap();
+    s.commit(placement("j-1", 0..30)).unwrap();
+    check(&summary(&s), expect![[r#"{"job/j-1": 1, "port=j-1": 30}"#]]);
+    s.commit(placement("j-2", 20..25)).unwrap();
+    check(
+        &summary(&etcd.store("/xce/")),
+        expect![[r#"{"job/j-1": 1, "job/j-2": 1, "port=j-1": 25, "port=j-2": 5}"#]],
+    );
+
+    // The journal is committed but not written out (the controller died in between):
+    // a reload sees it all, and the next commit writes it out before its own ops.
+    let mut st = s.state.lock().unwrap();
+    let mut ops: BTreeMap<String, Option<Vec<u8>>> = BTreeMap::new();
+    for op in placement("j-3", 0..12).ops {
+        if let Op::Put(k, v) = op {
+            ops.insert(s.etcd_key(&k).unwrap(), Some(v));
+        }
+    }
+    ops.insert("/xce/job/j-1".into(), None);
+    let ops: Vec<_> = ops.into_iter().collect();
+    let journal = json!({ "request_put": {
+        "key": b64(s.journal_key().as_bytes()),
+        "value": b64(&journal_of(&ops)),
+    } });
+    s.guarded_txn(&mut st, vec![journal], false).unwrap();
+    drop(st);
+    let restarted = etcd.store("/xce/").with_max_txn_ops(8);
+    check(
+        &summary(&restarted),
+        expect![[r#"{"job/j-2": 1, "job/j-3": 1, "port=j-1": 13, "port=j-2": 5, "port=j-3": 12}"#]],
+    );
+    restarted
+        .commit(batch(&[("port", "p-000", Some("j-4"))]))
+        .unwrap();
+    check(
+        &summary(&etcd.store("/xce/")),
+        expect![[
+            r#"{"job/j-2": 1, "job/j-3": 1, "port=j-1": 13, "port=j-2": 5, "port=j-3": 11, "port=j-4": 1}"#
+        ]],
+    );
+    // Written out: the journal is gone.
+    let mut st = restarted.state.lock().unwrap();
+    assert!(st.pending.is_none());
+    let key = json!({ "key": b64(restarted.journal_key().as_bytes()) });
+    let r = restarted.call(&mut st, "/v3/kv/range", &key).unwrap();
+    assert_eq!(r["kvs"], Value::Null, "{r}");
 }
 
 #[test]
