@@ -22,20 +22,27 @@ pub(crate) struct TestEtcd {
     dir: tempfile::TempDir,
 }
 
+/// The etcd binary: `$ETCD` (as the endpoint-table bench), else `etcd` on PATH, else
+/// `/usr/bin/etcd`.
 fn etcd_binary() -> PathBuf {
-    let on_path = std::env::var_os("PATH").and_then(|p| {
-        std::env::split_paths(&p)
-            .map(|d| d.join("etcd"))
-            .find(|f| f.is_file())
-    });
-    on_path
-        .or_else(|| Some(PathBuf::from("/usr/bin/etcd")).filter(|f| f.is_file()))
-        .unwrap_or_else(|| {
-            panic!(
-                "the etcd store tests need an etcd server binary: install it \
-                 (Debian/Ubuntu: apt-get install etcd-server) or put `etcd` on PATH"
-            )
-        })
+    let named = std::env::var_os("ETCD").map(PathBuf::from);
+    let found = match &named {
+        Some(bin) => Some(bin.clone()).filter(|f| f.is_file()),
+        None => std::env::var_os("PATH")
+            .and_then(|p| {
+                std::env::split_paths(&p)
+                    .map(|d| d.join("etcd"))
+                    .find(|f| f.is_file())
+            })
+            .or_else(|| Some(PathBuf::from("/usr/bin/etcd")).filter(|f| f.is_file())),
+    };
+    found.unwrap_or_else(|| {
+        panic!(
+            "the etcd store tests need an etcd server binary: install it \
+             (Debian/Ubuntu: apt-get install etcd-server), put `etcd` on PATH or name \
+             it in $ETCD"
+        )
+    })
 }
 
 fn free_port() -> u16 {
