@@ -125,12 +125,18 @@ impl FromStr for StoreSpec {
 ///
 /// **Who calls it**: the controller's single state task (so calls never overlap), at
 /// start ([`load_all`](Self::load_all)) and for every mutation ([`commit`](Self::commit)).
-/// Calls are synchronous and may block briefly on disk.
+/// Calls are synchronous and may block briefly on disk (or, for [`EtcdStore`], on the
+/// network, up to its timeout per endpoint).
 pub trait Store: Send + Sync + 'static {
     /// Everything stored, sorted by key.
     fn load_all(&self) -> Result<Vec<(Key, Vec<u8>)>, StoreError>;
     /// Applies the batch atomically and durably: after `Ok`, a later `load_all` (also
     /// after a process restart, for durable stores) sees all of it; after `Err`, none.
+    ///
+    /// A remote store can lose the answer to a commit it sent: it then returns `Err` and
+    /// fails every later commit until it knows the batch was not applied (or until a
+    /// `load_all` reloads the truth), so the caller never builds on a batch it believes
+    /// failed.
     fn commit(&self, batch: Batch) -> Result<(), StoreError>;
 }
 
