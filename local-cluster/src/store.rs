@@ -6,14 +6,22 @@
 //! every mutation as one [`Batch`] *before* it applies the mutation in memory, announces it
 //! or answers the request that caused it.
 //!
-//! Two implementations: [`RedbStore`] (an embedded redb file, the default) and
-//! [`MemStore`] (in memory, for tests). One test suite (`tests::suite`) checks both
+//! Three implementations: [`RedbStore`] (an embedded redb file, the default),
+//! [`EtcdStore`] (etcd v3, for controllers that keep their state off the machine) and
+//! [`MemStore`] (in memory, for tests). One test suite (`tests::suite`) checks all three
 //! against the same contract.
 #![warn(missing_docs)]
+
+mod etcd;
+
+pub use etcd::{
+    parse_url as parse_etcd_url, EtcdStore, DEFAULT_MAX_TXN_OPS, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
+};
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
+use std::str::FromStr;
 use std::sync::Mutex;
 
 /// A key: a namespace (e.g. `job`) and a key within it (e.g. `j-17`).
@@ -82,18 +90,53 @@ pub enum StoreError {
     /// A test store told to fail.
     #[error("store failure injected for a test")]
     Injected,
+    /// The store's configuration is wrong (a bad url, prefix or endpoint).
+    #[error("invalid store configuration: {0}")]
+    InvalidConfig(String),
+}
+
+/// Which store the controller uses: `redb` (the embedded file, the default) or
+/// `etcd://HOST:PORT[,HOST:PORT…]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreSpec {
+    /// The embedded redb file in the controller's data dir.
+    Redb,
+    /// etcd at these endpoints (`HOST:PORT` each).
+    Etcd(Vec<String>),
+}
+
+impl FromStr for StoreSpec {
+    type Err = StoreError;
+
+    fn from_str(s: &str) -> Result<Self, StoreError> {
+        if s == "redb" {
+            Ok(Self::Redb)
+        } else if s.starts_with("etcd://") {
+            Ok(Self::Etcd(etcd::parse_url(s)?))
+        } else {
+            Err(StoreError::InvalidConfig(format!(
+                "store {s:?} is neither `redb` nor etcd://HOST:PORT[,HOST:PORT...]"
+            )))
+        }
+    }
 }
 
 /// The controller's storage.
 ///
 /// **Who calls it**: the controller's single state task (so calls never overlap), at
 /// start ([`load_all`](Self::load_all)) and for every mutation ([`commit`](Self::commit)).
-/// Calls are synchronous and may block briefly on disk.
+/// Calls are synchronous and may block briefly on disk (or, for [`EtcdStore`], on the
+/// network, up to its timeout per endpoint).
 pub trait Store: Send + Sync + 'static {
     /// Everything stored, sorted by key.
     fn load_all(&self) -> Result<Vec<(Key, Vec<u8>)>, StoreError>;
     /// Applies the batch atomically and durably: after `Ok`, a later `load_all` (also
     /// after a process restart, for durable stores) sees all of it; after `Err`, none.
+    ///
+    /// A remote store can lose the answer to a commit it sent: it then returns `Err` and
+    /// fails every later commit until it knows the batch was not applied (or until a
+    /// `load_all` reloads the truth), so the caller never builds on a batch it believes
+    /// failed.
     fn commit(&self, batch: Batch) -> Result<(), StoreError>;
 }
 
@@ -243,7 +286,7 @@ pub(crate) mod tests {
     use super::*;
     use expect_test::expect;
 
-    fn dump(store: &dyn Store) -> String {
+    pub(crate) fn dump(store: &dyn Store) -> String {
         store
             .load_all()
             .unwrap()
@@ -253,7 +296,7 @@ pub(crate) mod tests {
             .join(" ")
     }
 
-    fn batch(ops: &[(&str, &str, Option<&str>)]) -> Batch {
+    pub(crate) fn batch(ops: &[(&str, &str, Option<&str>)]) -> Batch {
         let mut b = Batch::default();
         for (ns, k, v) in ops {
             match v {

@@ -51,6 +51,16 @@ pub(crate) struct ControllerFile {
     pub(crate) address: host_address::PolicyConfig,
     #[serde(default)]
     pub(crate) endpoints: endpoint_table::TableConfig,
+    /// `redb` (default) or `etcd://HOST:PORT[,HOST:PORT...]`; `--store` overrides it.
+    #[serde(default, deserialize_with = "store_spec")]
+    pub(crate) store: Option<local_cluster::store::StoreSpec>,
+}
+
+fn store_spec<'de, D: Deserializer<'de>>(
+    d: D,
+) -> Result<Option<local_cluster::store::StoreSpec>, D::Error> {
+    let s = String::deserialize(d)?;
+    s.parse().map(Some).map_err(serde::de::Error::custom)
 }
 
 fn d_heartbeat() -> Duration {
@@ -109,6 +119,7 @@ const CONTROLLER_ENV: &[&str] = &[
     "unreachable_after",
     "grace_period",
     "body_limit",
+    "store",
 ];
 const WORKER_ENV: &[&str] = &[
     "host",

@@ -8,6 +8,7 @@ mod dev;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use local_cluster::controller::{self, ControllerConfig, ControllerPlugins};
+use local_cluster::store::{EtcdStore, RedbStore, Store, StoreSpec};
 use local_cluster::worker::{self, ShutdownMode, WorkerConfig, WorkerPlugins};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -37,6 +38,11 @@ enum Cmd {
         /// Tokens file (DESIGN §6); overrides `tokens` in the config file.
         #[arg(long)]
         tokens: Option<PathBuf>,
+        /// Where the state lives: `redb` (the embedded file `<data_dir>/controller.redb`,
+        /// the default) or `etcd://HOST:PORT[,HOST:PORT...]`; overrides `store` in the
+        /// config file.
+        #[arg(long, value_name = "STORE")]
+        store: Option<StoreSpec>,
     },
     /// Run one worker agent.
     Worker {
@@ -82,7 +88,11 @@ fn init_tracing() {
 async fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Dev(args) => dev::run(args).await,
-        Cmd::Controller { config, tokens } => run_controller(config, tokens).await,
+        Cmd::Controller {
+            config,
+            tokens,
+            store,
+        } => run_controller(config, tokens, store).await,
         Cmd::Worker { config } => run_worker(config).await,
     }
 }
@@ -115,16 +125,35 @@ pub(crate) fn worker_plugins(
     })
 }
 
-async fn run_controller(path: PathBuf, tokens_flag: Option<PathBuf>) -> Result<()> {
+async fn run_controller(
+    path: PathBuf,
+    tokens_flag: Option<PathBuf>,
+    store_flag: Option<StoreSpec>,
+) -> Result<()> {
     let cfg = config::load_controller(&path)?;
     let tokens_path = tokens_flag
         .or(cfg.tokens.clone())
         .context("no tokens file: pass --tokens FILE or set `tokens` in the config file")?;
     let tokens = load_tokens(&tokens_path)?;
-    std::fs::create_dir_all(&cfg.data_dir)
-        .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
-    let store = local_cluster::store::RedbStore::open(cfg.data_dir.join("controller.redb"))
-        .with_context(|| format!("opening the store in {}", cfg.data_dir.display()))?;
+    let store: Arc<dyn Store> = match store_flag.or(cfg.store.clone()) {
+        None | Some(StoreSpec::Redb) => {
+            std::fs::create_dir_all(&cfg.data_dir)
+                .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
+            let store = RedbStore::open(cfg.data_dir.join("controller.redb"))
+                .with_context(|| format!("opening the store in {}", cfg.data_dir.display()))?;
+            tracing::info!(data_dir = %cfg.data_dir.display(), "store: embedded redb");
+            Arc::new(store)
+        }
+        Some(StoreSpec::Etcd(endpoints)) => {
+            tracing::info!(
+                ?endpoints,
+                prefix = local_cluster::store::DEFAULT_PREFIX,
+                "store: etcd"
+            );
+            // Reached at the first load: an unreachable etcd fails the start there.
+            Arc::new(EtcdStore::new(endpoints).context("invalid etcd store")?)
+        }
+    };
     let ccfg = ControllerConfig {
         listen: cfg.listen,
         data_dir: cfg.data_dir.clone(),
@@ -134,7 +163,7 @@ async fn run_controller(path: PathBuf, tokens_flag: Option<PathBuf>) -> Result<(
         body_limit: cfg.body_limit,
     };
     let plugins = controller_plugins(cfg.address, cfg.endpoints);
-    let running = controller::start(ccfg, tokens, plugins, Arc::new(store)).await?;
+    let running = controller::start(ccfg, tokens, plugins, store).await?;
     announce(running.addr);
     shutdown_signal().await;
     tracing::info!("shutting down");

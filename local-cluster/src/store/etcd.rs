@@ -1,0 +1,846 @@
+//! [`EtcdStore`]: the controller's store in etcd v3, spoken to through etcd's JSON
+//! gateway (`POST /v3/kv/range`, `POST /v3/kv/txn`, keys and values in base64) with a
+//! small blocking HTTP/1.1 client over `std::net::TcpStream`.
+//!
+//! Why hand-written HTTP: the controller calls the store from inside tokio (under
+//! `block_in_place`), where `reqwest::blocking` panics; a plain socket with a deadline on
+//! every call has no runtime to trip over and no extra dependency.
+//!
+//! Layout: every [`Key`] is the etcd key `<prefix><ns>/<key>` (default prefix `/xce/`).
+//! One more key, the *fence* `<prefix>.commit`, is written by every commit with a token
+//! naming the commit; every commit is one etcd transaction guarded by "the fence is where
+//! this store last saw it". That buys two things:
+//! - **exactly once across retries**: when a commit's answer is lost (the request may or
+//!   may not have been applied), it is re-sent to the next endpoint; if the guard fails
+//!   and the fence holds this very commit's token, the first attempt went through;
+//! - **one writer**: a second controller on the same prefix moves the fence when it
+//!   commits; the first one's next commit then fails instead of handing out what the
+//!   other already has. The last to [`load_all`](Store::load_all) wins.
+//!
+//! A batch too big for one transaction (etcd's `--max-txn-ops`, 128 by default; or about
+//! 1 MiB) is committed as one journal record `<prefix>.journal` (one transaction, with
+//! the fence), then written out in transactions that fit, then the journal is deleted.
+//! Until then `load_all` lays the journal over what it reads, and the next commit
+//! finishes writing it out first: all or nothing still holds.
+
+use super::{Batch, Key, Op, Store, StoreError};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The key prefix unless told otherwise.
+pub const DEFAULT_PREFIX: &str = "/xce/";
+/// The deadline of one HTTP exchange with one endpoint unless told otherwise.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Keys per range request of [`Store::load_all`].
+const DEFAULT_PAGE: usize = 1000;
+/// The largest answer accepted (a range page of big values stays far below).
+const MAX_ANSWER: usize = 256 << 20;
+/// The fence's name after the prefix: no `/`, so it is no `<ns>/<key>`.
+const FENCE: &str = ".commit";
+/// The journal of a batch too big for one transaction (no `/` either).
+const JOURNAL: &str = ".journal";
+/// etcd's default `--max-txn-ops`.
+pub const DEFAULT_MAX_TXN_OPS: usize = 128;
+/// Key and value bytes per transaction, below etcd's default `--max-request-bytes`
+/// (1.5 MiB) with room for base64 and JSON.
+const CHUNK_BYTES: usize = 1 << 20;
+
+/// Parses `etcd://HOST:PORT[,HOST:PORT…]` into its endpoints (`HOST:PORT` each).
+pub fn parse_url(url: &str) -> Result<Vec<String>, StoreError> {
+    let bad = |reason: String| StoreError::InvalidConfig(format!("store url {url:?}: {reason}"));
+    let list = url
+        .strip_prefix("etcd://")
+        .ok_or_else(|| bad("must look like etcd://HOST:PORT[,HOST:PORT...]".into()))?;
+    let mut out = Vec::new();
+    for ep in list.split(',') {
+        let ep = ep.trim();
+        if ep.is_empty() {
+            return Err(bad("an endpoint is empty".into()));
+        }
+        check_endpoint(ep).map_err(|r| bad(format!("endpoint {ep:?} {r}")))?;
+        out.push(ep.to_owned());
+    }
+    Ok(out)
+}
+
+/// `HOST:PORT` (`[v6]:PORT` for IPv6) with a non-zero port and a plain host name.
+fn check_endpoint(ep: &str) -> Result<(), String> {
+    let (host, port) = ep
+        .rsplit_once(':')
+        .ok_or_else(|| "has no :PORT".to_owned())?;
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => {}
+        _ => return Err(format!("has an invalid port {port:?}")),
+    }
+    let plain = |h: &str| {
+        !h.is_empty()
+            && h.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
+    };
+    let ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => plain(host),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(format!("has an invalid host {host:?}"))
+    }
+}
+
+/// The controller's store in etcd. See the module documentation for the layout.
+pub struct EtcdStore {
+    endpoints: Vec<String>,
+    prefix: String,
+    timeout: Duration,
+    page: usize,
+    max_ops: usize,
+    state: Mutex<State>,
+}
+
+/// What one store instance remembers between calls (calls never overlap: the
+/// controller's single state task makes them; the mutex only makes that safe to share).
+#[derive(Debug)]
+struct State {
+    /// The endpoint that answered last; tried first.
+    current: usize,
+    /// The fence's `mod_revision` as of this store's last load or commit (0: absent);
+    /// `None` until one of them.
+    fence_rev: Option<i64>,
+    /// Names this instance in commit tokens.
+    writer: u64,
+    /// Counts this instance's commits.
+    seq: u64,
+    /// A commit whose outcome is unknown: no commit goes through until it is known not
+    /// to have been applied (or a `load_all` reloads the truth).
+    unresolved: Option<Unresolved>,
+    /// A journaled batch not yet written out (see [`EtcdStore::apply_journal`]).
+    pending: Option<Vec<EtcdOp>>,
+}
+
+impl fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why one HTTP exchange failed.
+#[derive(Debug)]
+enum Failure {
+    /// Nothing reached etcd (no connection): safe to try elsewhere.
+    Unreachable(String),
+    /// The request may have been applied, no (good) answer came back.
+    Unknown(String),
+    /// etcd answered that it did not do it.
+    Refused(String),
+}
+
+/// Why a call failed on every endpoint.
+#[derive(Debug)]
+struct CallError {
+    /// Whether some endpoint may have applied the request.
+    unknown: bool,
+    message: String,
+}
+
+// === impl EtcdStore ===
+
+impl EtcdStore {
+    /// A store on the endpoints (`HOST:PORT` each, tried in order, the next on failure),
+    /// under [`DEFAULT_PREFIX`]. Contacts nobody yet.
+    pub fn new(endpoints: Vec<String>) -> Result<Self, StoreError> {
+        if endpoints.is_empty() {
+            return Err(StoreError::InvalidConfig("no etcd endpoint given".into()));
+        }
+        for ep in &endpoints {
+            check_endpoint(ep)
+                .map_err(|r| StoreError::InvalidConfig(format!("etcd endpoint {ep:?} {r}")))?;
+        }
+        let mut seed = [0u8; 8];
+        // A clock-derived id is as good for naming commits when there is no entropy.
+        let writer = match getrandom::fill(&mut seed) {
+            Ok(()) => u64::from_le_bytes(seed),
+            Err(_) => std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
+        };
+        Ok(Self {
+            endpoints,
+            prefix: DEFAULT_PREFIX.into(),
+            timeout: DEFAULT_TIMEOUT,
+            page: DEFAULT_PAGE,
+            max_ops: DEFAULT_MAX_TXN_OPS,
+            state: Mutex::new(State {
+                current: 0,
+                fence_rev: None,
+                writer,
+                seq: 0,
+                unresolved: None,
+                pending: None,
+            }),
+        })
+    }
+
+    /// A store on the endpoints of an `etcd://HOST:PORT[,HOST:PORT…]` url.
+    pub fn from_url(url: &str) -> Result<Self, StoreError> {
+        Self::new(parse_url(url)?)
+    }
+
+    /// Keeps the keys under `prefix` instead (non-empty, ending in `/`).
+    pub fn with_prefix(mut self, prefix: &str) -> Result<Self, StoreError> {
+        if !prefix.ends_with('/') {
+            return Err(StoreError::InvalidConfig(format!(
+                "etcd key prefix {prefix:?} must end with /"
+            )));
+        }
+        self.prefix = prefix.into();
+        Ok(self)
+    }
+
+    /// Gives each HTTP exchange with one endpoint `timeout` (connect, send and answer).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Puts at most `n` operations in one transaction (etcd's `--max-txn-ops`; at least 2).
+    /// A batch with more is written as a journal first (see the module documentation).
+    pub fn with_max_txn_ops(mut self, n: usize) -> Self {
+        self.max_ops = n.max(2);
+        self
+    }
+
+    /// Reads `page` keys per range request (tests use a tiny page to paginate).
+    #[cfg(test)]
+    pub(crate) fn with_page(mut self, page: usize) -> Self {
+        self.page = page.max(1);
+        self
+    }
+
+    /// The endpoints, in the order tried.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    fn etcd_key(&self, k: &Key) -> Result<String, StoreError> {
+        if k.ns.is_empty() || k.ns.contains('/') {
+            return Err(StoreError::Backend(format!(
+                "namespace {:?} cannot be stored in etcd (must be non-empty without /)",
+                k.ns
+            )));
+        }
+        Ok(format!("{}{}/{}", self.prefix, k.ns, k.key))
+    }
+
+    /// `<prefix><ns>/<key>` back to a [`Key`].
+    fn decode_key(&self, key: &str) -> Result<Key, StoreError> {
+        key.strip_prefix(&self.prefix)
+            .and_then(|k| k.split_once('/'))
+            .filter(|(ns, _)| !ns.is_empty())
+            .map(|(ns, k)| Key::new(ns, k))
+            .ok_or_else(|| {
+                StoreError::Backend(format!(
+                    "etcd holds a key that is not the controller's under {:?}: {key:?}",
+                    self.prefix
+                ))
+            })
+    }
+
+    fn fence_key(&self) -> String {
+        format!("{}{FENCE}", self.prefix)
+    }
+
+    /// Sends `body` to `path` on each endpoint in turn (from the last good one) until one
+    /// answers.
+    fn call(&self, st: &mut State, path: &str, body: &Value) -> Result<Value, CallError> {
+        let body = body.to_string();
+        let n = self.endpoints.len();
+        let mut errors = Vec::new();
+        let mut unknown = false;
+        for i in 0..n {
+            let at = (st.current + i) % n;
+            let ep = &self.endpoints[at];
+            match post(ep, path, body.as_bytes(), self.timeout) {
+                Ok(v) => {
+                    st.current = at;
+                    return Ok(v);
+                }
+                Err(Failure::Refused(m)) => {
+                    // An answer is authoritative: another member would say the same.
+                    errors.push(format!("{ep}: {m}"));
+                    return Err(CallError {
+                        unknown,
+                        message: format!("etcd {path}: {}", errors.join("; ")),
+                    });
+                }
+                Err(Failure::Unreachable(m)) => errors.push(format!("{ep}: {m}")),
+                Err(Failure::Unknown(m)) => {
+                    unknown = true;
+                    errors.push(format!("{ep}: {m}"));
+                }
+            }
+        }
+        Err(CallError {
+            unknown,
+            message: format!("etcd {path}: no endpoint answered: {}", errors.join("; ")),
+        })
+    }
+
+    /// Reads the fence: `(mod_revision, token)`, `(0, None)` when absent.
+    fn read_fence(&self, st: &mut State) -> Result<(i64, Option<String>), StoreError> {
+        let r = self
+            .call(
+                st,
+                "/v3/kv/range",
+                &json!({ "key": b64(self.fence_key().as_bytes()) }),
+            )
+            .map_err(|e| StoreError::Backend(e.message))?;
+        Ok(fence_of(r.pointer("/kvs/0")))
+    }
+
+    /// Settles a commit whose outcome was unknown: `Ok` when it was not applied (or,
+    /// for a replay-safe one, also when it was).
+    fn resolve(&self, st: &mut State, lost: &Unresolved) -> Result<(), StoreError> {
+        let (rev, value) = self.read_fence(st)?;
+        if value.as_deref() == Some(lost.token.as_str()) {
+            if !lost.replay_safe {
+                return Err(StoreError::Backend(
+                    "an earlier commit reported as failed was applied in etcd after all; \
+                     restart the controller so it reloads its state"
+                        .into(),
+                ));
+            }
+            st.fence_rev = Some(rev);
+        } else if Some(rev) != st.fence_rev {
+            return Err(another_writer(rev, st.fence_rev));
+        }
+        st.unresolved = None;
+        Ok(())
+    }
+
+    /// Whether the ops fit one transaction (with the fence put) and one request.
+    fn fits(&self, ops: &[EtcdOp]) -> bool {
+        ops.len() < self.max_ops && op_bytes(ops) <= CHUNK_BYTES
+    }
+
+    /// One transaction: `ops` plus moving the fence to a new token, if the fence is where
+    /// this store last saw it. `replay_safe`: applying it once more changes nothing the
+    /// caller relies on (so an unknown outcome need not stop later commits).
+    fn guarded_txn(
+        &self,
+        st: &mut State,
+        mut ops: Vec<Value>,
+        replay_safe: bool,
+    ) -> Result<(), StoreError> {
+        let expected = st.fence_rev.unwrap_or(0);
+        st.seq += 1;
+        let token = format!("{:016x}-{}", st.writer, st.seq);
+        let fence = b64(self.fence_key().as_bytes());
+        ops.insert(
+            0,
+            json!({ "request_put": { "key": fence, "value": b64(token.as_bytes()) } }),
+        );
+        let body = json!({
+            "compare": [{
+                "key": fence,
+                "target": "MOD",
+                "result": "EQUAL",
+                "mod_revision": expected.to_string(),
+            }],
+            "success": ops,
+            "failure": [{ "request_range": { "key": fence } }],
+        });
+        let r = match self.call(st, "/v3/kv/txn", &body) {
+            Ok(r) => r,
+            Err(e) if e.unknown => {
+                st.unresolved = Some(Unresolved { token, replay_safe });
+                return Err(StoreError::Backend(format!(
+                    "{} (the commit may or may not have been applied; \
+                     no commit goes through until that is known)",
+                    e.message
+                )));
+            }
+            Err(e) => {
+                let hint = if e.message.contains("too many operations") {
+                    " (raise etcd's --max-txn-ops, or lower the store's max_txn_ops to match)"
+                } else if e.message.contains("too large") {
+                    " (a batch is one etcd request: raise etcd's --max-request-bytes)"
+                } else {
+                    ""
+                };
+                return Err(StoreError::Backend(format!("{}{hint}", e.message)));
+            }
+        };
+        if r["succeeded"].as_bool() == Some(true) {
+            st.fence_rev = Some(int(&r["header"]["revision"]));
+            return Ok(());
+        }
+        let (rev, value) = fence_of(r.pointer("/responses/0/response_range/kvs/0"));
+        if value.as_deref() == Some(token.as_str()) {
+            // An attempt whose answer was lost went through.
+            st.fence_rev = Some(rev);
+            return Ok(());
+        }
+        Err(another_writer(rev, Some(expected)))
+    }
+
+    /// Writes a journaled batch in transactions that fit, then drops the journal.
+    /// Every step can be replayed: the journal stays until the last.
+    fn apply_journal(&self, st: &mut State, ops: &[EtcdOp]) -> Result<(), StoreError> {
+        let mut start = 0;
+        while start < ops.len() {
+            let mut end = start + 1;
+            while end < ops.len() && self.fits(&ops[start..=end]) {
+                end += 1;
+            }
+            self.guarded_txn(st, txn_ops(&ops[start..end]), true)?;
+            start = end;
+        }
+        let journal = b64(self.journal_key().as_bytes());
+        self.guarded_txn(
+            st,
+            vec![json!({ "request_delete_range": { "key": journal } })],
+            true,
+        )
+    }
+
+    fn journal_key(&self) -> String {
+        format!("{}{JOURNAL}", self.prefix)
+    }
+}
+
+/// A put (`Some` bytes) or delete (`None`) of an etcd key.
+type EtcdOp = (String, Option<Vec<u8>>);
+
+/// A commit whose answer was lost.
+#[derive(Debug, Clone)]
+struct Unresolved {
+    token: String,
+    replay_safe: bool,
+}
+
+/// Key and value bytes of the ops (what bounds the size of their request).
+fn op_bytes(ops: &[EtcdOp]) -> usize {
+    ops.iter()
+        .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
+        .sum()
+}
+
+/// The transaction ops of puts and deletes.
+fn txn_ops(ops: &[EtcdOp]) -> Vec<Value> {
+    ops.iter()
+        .map(|(k, v)| match v {
+            Some(v) => json!({ "request_put": { "key": b64(k.as_bytes()), "value": b64(v) } }),
+            None => json!({ "request_delete_range": { "key": b64(k.as_bytes()) } }),
+        })
+        .collect()
+}
+
+/// The journal's value: `[[key, base64 value or null], …]`.
+fn journal_of(ops: &[EtcdOp]) -> Vec<u8> {
+    let list: Vec<Value> = ops
+        .iter()
+        .map(|(k, v)| json!([k, v.as_deref().map(b64)]))
+        .collect();
+    Value::Array(list).to_string().into_bytes()
+}
+
+fn parse_journal(bytes: &[u8]) -> Result<Vec<EtcdOp>, StoreError> {
+    let bad = || StoreError::Backend("the etcd store's journal is unreadable".into());
+    let list: Vec<(String, Value)> = serde_json::from_slice(bytes).map_err(|_| bad())?;
+    list.into_iter()
+        .map(|(k, v)| {
+            Ok((
+                k,
+                match v {
+                    Value::Null => None,
+                    v => Some(unb64(&v)?),
+                },
+            ))
+        })
+        .collect()
+}
+
+fn another_writer(now: i64, expected: Option<i64>) -> StoreError {
+    StoreError::Backend(format!(
+        "another writer changed the etcd store since this controller loaded it (fence at \
+         revision {now}, expected {}): is a second controller using the same etcd prefix?",
+        expected.unwrap_or(0)
+    ))
+}
+
+/// `(mod_revision, token)` of a fence key-value, `(0, None)` for none.
+fn fence_of(kv: Option<&Value>) -> (i64, Option<String>) {
+    match kv {
+        Some(kv) => (
+            int(&kv["mod_revision"]),
+            Some(String::from_utf8_lossy(&unb64(&kv["value"]).unwrap_or_default()).into_owned()),
+        ),
+        None => (0, None),
+    }
+}
+
+impl Store for EtcdStore {
+    fn load_all(&self) -> Result<Vec<(Key, Vec<u8>)>, StoreError> {
+        let mut st = self.state.lock().unwrap();
+        let fence = self.fence_key();
+        let journal = self.journal_key();
+        let end = prefix_end(self.prefix.as_bytes());
+        let mut from = self.prefix.as_bytes().to_vec();
+        // Every page reads the revision of the first: one consistent snapshot.
+        let mut rev = 0i64;
+        let mut fence_rev = 0;
+        let mut pending = None;
+        let mut out = BTreeMap::new();
+        loop {
+            let mut body = json!({
+                "key": b64(&from),
+                "range_end": b64(&end),
+                "limit": self.page.to_string(),
+            });
+            if rev > 0 {
+                body["revision"] = rev.to_string().into();
+            }
+            let r = self
+                .call(&mut st, "/v3/kv/range", &body)
+                .map_err(|e| StoreError::Backend(e.message))?;
+            if rev == 0 {
+                rev = int(&r["header"]["revision"]);
+            }
+            let kvs = r["kvs"].as_array().map(Vec::as_slice).unwrap_or_default();
+            for kv in kvs {
+                let key = String::from_utf8(unb64(&kv["key"])?).map_err(|e| {
+                    StoreError::Backend(format!(
+                        "etcd holds a key that is not text under {:?}: {:?}",
+                        self.prefix,
+                        String::from_utf8_lossy(e.as_bytes())
+                    ))
+                })?;
+                if key == fence {
+                    fence_rev = int(&kv["mod_revision"]);
+                } else if key == journal {
+                    pending = Some(parse_journal(&unb64(&kv["value"])?)?);
+                } else {
+                    out.insert(self.decode_key(&key)?, unb64(&kv["value"])?);
+                }
+            }
+            if r["more"].as_bool() != Some(true) {
+                break;
+            }
+            let Some(last) = kvs.last() else {
+                return Err(StoreError::Backend(
+                    "etcd range said there is more but sent nothing".into(),
+                ));
+            };
+            from = unb64(&last["key"])?;
+            from.push(0);
+        }
+        // A journaled batch is committed: what it says wins over what is written so far.
+        // The next commit finishes writing it.
+        if let Some(ops) = &pending {
+            for (k, v) in ops {
+                let k = self.decode_key(k)?;
+                match v {
+                    Some(v) => out.insert(k, v.clone()),
+                    None => out.remove(&k),
+                };
+            }
+        }
+        st.fence_rev = Some(fence_rev);
+        st.unresolved = None;
+        st.pending = pending;
+        // A BTreeMap: sorted by (ns, key), which etcd's bytewise order of `ns/key` is not
+        // when a namespace is a prefix of another ("a" / "a-b").
+        Ok(out.into_iter().collect())
+    }
+
+    fn commit(&self, batch: Batch) -> Result<(), StoreError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        // etcd refuses a transaction naming a key twice: the last op on a key wins.
+        let mut last: BTreeMap<String, Option<Vec<u8>>> = BTreeMap::new();
+        for op in batch.ops {
+            match op {
+                Op::Put(k, v) => last.insert(self.etcd_key(&k)?, Some(v)),
+                Op::Delete(k) => last.insert(self.etcd_key(&k)?, None),
+            };
+        }
+        let ops: Vec<EtcdOp> = last.into_iter().collect();
+        let mut st = self.state.lock().unwrap();
+        if let Some(lost) = st.unresolved.clone() {
+            self.resolve(&mut st, &lost)?;
+        }
+        if st.fence_rev.is_none() {
+            let (rev, _) = self.read_fence(&mut st)?;
+            st.fence_rev = Some(rev);
+        }
+        // An earlier journaled batch comes first: its writes must not land on top of
+        // this one's.
+        if let Some(pending) = st.pending.take() {
+            if let Err(e) = self.apply_journal(&mut st, &pending) {
+                st.pending = Some(pending);
+                return Err(e);
+            }
+        }
+        if self.fits(&ops) {
+            return self.guarded_txn(&mut st, txn_ops(&ops), false);
+        }
+        // Too big for one transaction: commit it as one journal record, then write it out.
+        let journal = json!({ "request_put": {
+            "key": b64(self.journal_key().as_bytes()),
+            "value": b64(&journal_of(&ops)),
+        } });
+        self.guarded_txn(&mut st, vec![journal], false)?;
+        // Committed: `load_all` sees the journal from here on.
+        if let Err(e) = self.apply_journal(&mut st, &ops) {
+            tracing::warn!(error = %e, "etcd store: a committed batch is not written out yet; the next commit finishes it");
+            st.pending = Some(ops);
+        }
+        Ok(())
+    }
+}
+
+/// The smallest key above every key starting with `prefix`.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(b) = end.pop() {
+        if b < 0xff {
+            end.push(b + 1);
+            return end;
+        }
+    }
+    // All 0xff (not a prefix this store accepts): "\0" means "to the end" in etcd.
+    vec![0]
+}
+
+/// An int64 of the gateway's JSON: a string or a number; absent is 0 (proto3 default).
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::String(s) => s.parse().unwrap_or(0),
+        Value::Number(n) => n.as_i64().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+// === HTTP ===
+
+/// One `POST` with `connection: close`; the JSON answer of a 200.
+fn post(endpoint: &str, path: &str, body: &[u8], timeout: Duration) -> Result<Value, Failure> {
+    let deadline = Instant::now() + timeout;
+    let left = || {
+        deadline
+            .checked_duration_since(Instant::now())
+            .filter(|d| !d.is_zero())
+    };
+    let addrs: Vec<SocketAddr> = endpoint
+        .to_socket_addrs()
+        .map_err(|e| Failure::Unreachable(format!("cannot resolve: {e}")))?
+        .collect();
+    let mut conn = Err(Failure::Unreachable("resolves to no address".into()));
+    for a in addrs {
+        let Some(t) = left() else { break };
+        match TcpStream::connect_timeout(&a, t) {
+            Ok(s) => {
+                conn = Ok(s);
+                break;
+            }
+            Err(e) => conn = Err(Failure::Unreachable(format!("cannot connect: {e}"))),
+        }
+    }
+    let mut s = conn?;
+    let lost = |what: &str, e: &dyn fmt::Display| Failure::Unknown(format!("{what}: {e}"));
+    let _ = s.set_nodelay(true);
+    s.set_write_timeout(left())
+        .map_err(|e| lost("cannot send", &e))?;
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: {endpoint}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes())
+        .and_then(|()| s.write_all(body))
+        .map_err(|e| lost("cannot send", &e))?;
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 16 << 10];
+    loop {
+        let Some(t) = left() else {
+            return Err(Failure::Unknown(format!("no answer within {timeout:?}")));
+        };
+        s.set_read_timeout(Some(t))
+            .map_err(|e| lost("cannot receive", &e))?;
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                answer.extend_from_slice(&buf[..n]);
+                if answer.len() > MAX_ANSWER {
+                    return Err(Failure::Unknown(format!(
+                        "answer larger than {MAX_ANSWER} bytes"
+                    )));
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            // A read timeout shows as EAGAIN on Linux: say what it means.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                return Err(Failure::Unknown(format!("no answer within {timeout:?}")));
+            }
+            Err(e) => return Err(lost("cannot receive", &e)),
+        }
+    }
+    let (status, body) = parse_answer(&answer).map_err(Failure::Unknown)?;
+    let json: Option<Value> = serde_json::from_slice(&body).ok();
+    match (status, json) {
+        (200, Some(v)) => Ok(v),
+        (200, None) => Err(Failure::Unknown("answer is not JSON".into())),
+        (status, v) => {
+            let msg = v
+                .as_ref()
+                .and_then(|v| v["error"].as_str().or(v["message"].as_str()))
+                .map(str::to_owned)
+                .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(200).collect());
+            let msg = format!("http {status}: {msg}");
+            // 5xx covers "request timed out" and leader changes: it may still commit.
+            if status >= 500 {
+                Err(Failure::Unknown(msg))
+            } else {
+                Err(Failure::Refused(msg))
+            }
+        }
+    }
+}
+
+/// Splits an HTTP/1.1 answer read to its end into status and body.
+fn parse_answer(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or("answer has no complete header")?;
+    let head = std::str::from_utf8(&raw[..end]).map_err(|_| "answer header is not text")?;
+    let rest = &raw[end + 4..];
+    let mut lines = head.split("\r\n");
+    let status = lines
+        .next()
+        .and_then(|l| l.split(' ').nth(1))
+        .and_then(|c| c.parse::<u16>().ok())
+        .ok_or("answer has no status")?;
+    let mut chunked = false;
+    let mut length = None;
+    for l in lines {
+        let Some((name, value)) = l.split_once(':') else {
+            continue;
+        };
+        let value = value.trim();
+        if name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = value.eq_ignore_ascii_case("chunked");
+        } else if name.eq_ignore_ascii_case("content-length") {
+            length = Some(value.parse::<usize>().map_err(|_| "bad content-length")?);
+        }
+    }
+    if chunked {
+        return dechunk(rest).map(|b| (status, b));
+    }
+    match length {
+        Some(n) if rest.len() < n => Err(format!("answer cut short ({} of {n} bytes)", rest.len())),
+        Some(n) => Ok((status, rest[..n].to_vec())),
+        None => Ok((status, rest.to_vec())),
+    }
+}
+
+fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    loop {
+        let eol = raw
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .ok_or("chunked answer cut short")?;
+        let size = std::str::from_utf8(&raw[..eol])
+            .ok()
+            .and_then(|s| usize::from_str_radix(s.split(';').next()?.trim(), 16).ok())
+            .ok_or("bad chunk size")?;
+        raw = &raw[eol + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        if raw.len() < size + 2 {
+            return Err("chunked answer cut short".into());
+        }
+        out.extend_from_slice(&raw[..size]);
+        raw = &raw[size + 2..];
+    }
+}
+
+// === base64 (standard alphabet, padded: what etcd's gateway speaks) ===
+
+const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+fn b64(data: &[u8]) -> String {
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for c in data.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(c.get(1).copied().unwrap_or(0)) << 8)
+            | u32::from(c.get(2).copied().unwrap_or(0));
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(B64[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Decodes a base64 JSON string; absent or null is empty (proto3 omits empty bytes).
+fn unb64(v: &Value) -> Result<Vec<u8>, StoreError> {
+    let s = match v {
+        Value::Null => return Ok(Vec::new()),
+        Value::String(s) => s.as_bytes(),
+        other => {
+            return Err(StoreError::Backend(format!(
+                "etcd sent {other} where base64 was expected"
+            )))
+        }
+    };
+    let bad = || StoreError::Backend("etcd sent invalid base64".into());
+    let s = s.strip_suffix(b"==").or(s.strip_suffix(b"=")).unwrap_or(s);
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for &c in s {
+        let d = u32::from(match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return Err(bad()),
+        });
+        acc = (acc << 6) | d;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    if bits >= 6 {
+        return Err(bad());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests;

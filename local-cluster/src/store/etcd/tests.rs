@@ -1,0 +1,576 @@
+//! [`EtcdStore`] against a real etcd of its own per test (loopback, random ports, data in a
+//! temporary dir, killed when the test ends, also on failure). Without an `etcd` binary
+//! these tests fail and say what to install.
+
+use super::*;
+use crate::store::tests::{batch, dump, suite};
+use crate::store::StoreSpec;
+use expect_test::{expect, Expect};
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+
+// === a test etcd ===
+
+/// A single-member etcd on loopback, killed when dropped.
+pub(crate) struct TestEtcd {
+    child: Child,
+    /// `127.0.0.1:PORT` of its client URL.
+    pub(crate) endpoint: String,
+    dir: tempfile::TempDir,
+}
+
+/// The etcd binary: `$ETCD` (as the endpoint-table bench), else `etcd` on PATH, else
+/// `/usr/bin/etcd`.
+fn etcd_binary() -> PathBuf {
+    let named = std::env::var_os("ETCD").map(PathBuf::from);
+    let found = match &named {
+        Some(bin) => Some(bin.clone()).filter(|f| f.is_file()),
+        None => std::env::var_os("PATH")
+            .and_then(|p| {
+                std::env::split_paths(&p)
+                    .map(|d| d.join("etcd"))
+                    .find(|f| f.is_file())
+            })
+            .or_else(|| Some(PathBuf::from("/usr/bin/etcd")).filter(|f| f.is_file())),
+    };
+    found.unwrap_or_else(|| {
+        panic!(
+            "the etcd store tests need an etcd server binary: install it \
+             (Debian/Ubuntu: apt-get install etcd-server), put `etcd` on PATH or name \
+             it in $ETCD"
+        )
+    })
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl TestEtcd {
+    pub(crate) fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    pub(crate) fn start_with(extra: &[&str]) -> Self {
+        let bin = etcd_binary();
+        // On tmpfs when there is one: these tests are about semantics, not the disk.
+        let dir = tempfile::Builder::new()
+            .prefix("xce-etcd-test")
+            .tempdir_in("/dev/shm")
+            .or_else(|_| tempfile::tempdir())
+            .unwrap();
+        let (client, peer) = (free_port(), free_port());
+        let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
+        let child = Command::new(bin)
+            .args(["--name", "test", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
+            .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
+            .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+            .arg(format!(
+                "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+            ))
+            .arg(format!("--initial-cluster=test=http://127.0.0.1:{peer}"))
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("cannot start etcd");
+        let mut etcd = TestEtcd {
+            child,
+            endpoint: format!("127.0.0.1:{client}"),
+            dir,
+        };
+        // Ready when a read answers; bounded, and an exit is reported at once.
+        let probe = etcd.store("/probe/").with_timeout(Duration::from_secs(1));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if probe.load_all().is_ok() {
+                return etcd;
+            }
+            if let Ok(Some(status)) = etcd.child.try_wait() {
+                panic!("etcd exited ({status}) at start:\n{}", etcd.log());
+            }
+            if Instant::now() > deadline {
+                panic!("etcd did not answer within 60s:\n{}", etcd.log());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
+    }
+
+    /// A fresh store instance (as a new controller process would open) under `prefix`.
+    pub(crate) fn store(&self, prefix: &str) -> EtcdStore {
+        EtcdStore::new(vec![self.endpoint.clone()])
+            .unwrap()
+            .with_prefix(prefix)
+            .unwrap()
+    }
+}
+
+impl Drop for TestEtcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+// === the shared suite ===
+
+#[test]
+fn etcd_store_passes_the_suite() {
+    let etcd = TestEtcd::start();
+    let ep = etcd.endpoint.clone();
+    // A page of 2 keys makes every load paginate.
+    suite(Box::new(etcd.store("/xce/").with_page(2)), move |s| {
+        drop(s);
+        Box::new(
+            EtcdStore::new(vec![ep])
+                .unwrap()
+                .with_prefix("/xce/")
+                .unwrap(),
+        )
+    });
+    // Another prefix on the same etcd is another store.
+    assert_eq!(dump(&etcd.store("/other/")), "");
+}
+
+#[test]
+fn a_refused_transaction_changes_nothing() {
+    let etcd = TestEtcd::start_with(&["--max-txn-ops=128"]);
+    // The store believes etcd takes 1000 operations at once; etcd takes 128.
+    let s = etcd.store("/xce/").with_max_txn_ops(1000);
+    s.load_all().unwrap();
+    s.commit(batch(&[
+        ("job", "j-1", Some("a")),
+        ("port", "p-1", Some("j-1")),
+    ]))
+    .unwrap();
+    // A placement and its reservations: etcd refuses the transaction as a whole.
+    let mut big = batch(&[("job", "j-1", None), ("job", "j-2", Some("b"))]);
+    for i in 0..200 {
+        big.put(Key::new("port", format!("p-{i}")), b"j-2".to_vec());
+    }
+    let err = s.commit(big).unwrap_err().to_string();
+    check(&err.replace(&etcd.endpoint, "EP"), expect!["store backend: etcd /v3/kv/txn: EP: http 400: etcdserver: too many operations in txn request (raise etcd's --max-txn-ops, or lower the store's max_txn_ops to match)"]);
+    check(&dump(&s), expect!["job/j-1=a port/p-1=j-1"]);
+    // The store still works, and a new instance sees the same.
+    s.commit(batch(&[("job", "j-2", Some("b"))])).unwrap();
+    check(
+        &dump(&etcd.store("/xce/")),
+        expect!["job/j-1=a job/j-2=b port/p-1=j-1"],
+    );
+}
+
+/// `n` port reservations of `job`, plus the job itself.
+fn placement(job: &str, ports: std::ops::Range<usize>) -> Batch {
+    let mut b = batch(&[("job", job, Some("placed"))]);
+    for i in ports {
+        b.put(
+            Key::new("port", format!("p-{i:03}")),
+            job.as_bytes().to_vec(),
+        );
+    }
+    b
+}
+
+fn summary(s: &dyn Store) -> String {
+    let all = s.load_all().unwrap();
+    let mut counts = BTreeMap::new();
+    for (k, v) in &all {
+        let what = match k.ns.as_str() {
+            "job" => k.to_string(),
+            ns => format!("{ns}={}", String::from_utf8_lossy(v)),
+        };
+        *counts.entry(what).or_insert(0) += 1;
+    }
+    format!("{counts:?}")
+}
+
+#[test]
+fn a_batch_bigger_than_a_transaction_goes_through_a_journal() {
+    let etcd = TestEtcd::start_with(&["--max-txn-ops=8"]);
+    let s = etcd.store("/xce/").with_max_txn_ops(8);
+    s.load_all().unwrap();
+    s.commit(placement("j-1", 0..30)).unwrap();
+    check(&summary(&s), expect![[r#"{"job/j-1": 1, "port=j-1": 30}"#]]);
+    s.commit(placement("j-2", 20..25)).unwrap();
+    check(
+        &summary(&etcd.store("/xce/")),
+        expect![[r#"{"job/j-1": 1, "job/j-2": 1, "port=j-1": 25, "port=j-2": 5}"#]],
+    );
+
+    // The journal is committed but not written out (the controller died in between):
+    // a reload sees it all, and the next commit writes it out before its own ops.
+    let mut st = s.state.lock().unwrap();
+    let mut ops: BTreeMap<String, Option<Vec<u8>>> = BTreeMap::new();
+    for op in placement("j-3", 0..12).ops {
+        if let Op::Put(k, v) = op {
+            ops.insert(s.etcd_key(&k).unwrap(), Some(v));
+        }
+    }
+    ops.insert("/xce/job/j-1".into(), None);
+    let ops: Vec<_> = ops.into_iter().collect();
+    let journal = json!({ "request_put": {
+        "key": b64(s.journal_key().as_bytes()),
+        "value": b64(&journal_of(&ops)),
+    } });
+    s.guarded_txn(&mut st, vec![journal], false).unwrap();
+    drop(st);
+    let restarted = etcd.store("/xce/").with_max_txn_ops(8);
+    check(
+        &summary(&restarted),
+        expect![[r#"{"job/j-2": 1, "job/j-3": 1, "port=j-1": 13, "port=j-2": 5, "port=j-3": 12}"#]],
+    );
+    restarted
+        .commit(batch(&[("port", "p-000", Some("j-4"))]))
+        .unwrap();
+    check(
+        &summary(&etcd.store("/xce/")),
+        expect![[
+            r#"{"job/j-2": 1, "job/j-3": 1, "port=j-1": 13, "port=j-2": 5, "port=j-3": 11, "port=j-4": 1}"#
+        ]],
+    );
+    // Written out: the journal is gone.
+    let mut st = restarted.state.lock().unwrap();
+    assert!(st.pending.is_none());
+    let key = json!({ "key": b64(restarted.journal_key().as_bytes()) });
+    let r = restarted.call(&mut st, "/v3/kv/range", &key).unwrap();
+    assert_eq!(r["kvs"], Value::Null, "{r}");
+}
+
+#[test]
+fn a_second_writer_fences_out_the_first() {
+    let etcd = TestEtcd::start();
+    let a = etcd.store("/xce/");
+    let b = etcd.store("/xce/");
+    a.load_all().unwrap();
+    a.commit(batch(&[("job", "j-1", Some("a"))])).unwrap();
+    b.load_all().unwrap();
+    b.commit(batch(&[("job", "j-2", Some("b"))])).unwrap();
+    let err = a.commit(batch(&[("job", "j-2", Some("a"))])).unwrap_err();
+    check(
+        err.to_string().split(" (").next().unwrap(),
+        expect![
+            "store backend: another writer changed the etcd store since this controller loaded it"
+        ],
+    );
+    check(&dump(&b), expect!["job/j-1=a job/j-2=b"]);
+    // Reloading takes the store over.
+    a.load_all().unwrap();
+    a.commit(batch(&[("job", "j-3", Some("a"))])).unwrap();
+    assert!(b.commit(batch(&[("job", "j-4", Some("b"))])).is_err());
+    check(&dump(&a), expect!["job/j-1=a job/j-2=b job/j-3=a"]);
+}
+
+/// Forwards each request to `to` and drops the answer: the request is applied, the
+/// client never learns it.
+fn answer_losing_proxy(to: String) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut c) = conn else { return };
+            let mut req = Vec::new();
+            let mut buf = [0u8; 4096];
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            // Read the whole request (header, then content-length bytes).
+            while let Ok(n) = c.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                req.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&req).into_owned();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len: usize = text[..end]
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length: "))
+                        .and_then(|n| n.trim().parse().ok())
+                        .unwrap_or(0);
+                    if req.len() >= end + 4 + len {
+                        break;
+                    }
+                }
+            }
+            let mut up = TcpStream::connect(&to).unwrap();
+            up.write_all(&req).unwrap();
+            let mut answer = Vec::new();
+            let _ = up.read_to_end(&mut answer);
+            drop(c);
+        }
+    });
+    addr
+}
+
+#[test]
+fn endpoints_are_tried_in_turn_and_a_lost_answer_commits_once() {
+    let etcd = TestEtcd::start();
+    let closed = free_port();
+    let proxy = answer_losing_proxy(etcd.endpoint.clone());
+    let s = EtcdStore::new(vec![
+        format!("127.0.0.1:{closed}"),
+        proxy.clone(),
+        etcd.endpoint.clone(),
+    ])
+    .unwrap();
+    // The closed port is skipped, the proxy loses the answer, etcd answers.
+    s.load_all().unwrap();
+    // Sticks to etcd now: start over at the proxy for the commit.
+    s.state.lock().unwrap().current = 1;
+    s.commit(batch(&[("job", "j-1", Some("a"))])).unwrap();
+    s.commit(batch(&[("job", "j-2", Some("b"))])).unwrap();
+    check(&dump(&etcd.store("/xce/")), expect!["job/j-1=a job/j-2=b"]);
+
+    // Only the proxy: the outcome is unknown, and no commit passes until it is settled.
+    let mut lost = EtcdStore::new(vec![proxy.clone()]).unwrap();
+    lost.state.lock().unwrap().fence_rev = s.state.lock().unwrap().fence_rev;
+    let err = lost
+        .commit(batch(&[("job", "j-3", Some("c"))]))
+        .unwrap_err();
+    check(
+        &err.to_string().replace(&proxy, "PROXY"),
+        expect!["store backend: etcd /v3/kv/txn: no endpoint answered: PROXY: answer has no complete header (the commit may or may not have been applied; no commit goes through until that is known)"],
+    );
+    let err = lost
+        .commit(batch(&[("job", "j-4", Some("d"))]))
+        .unwrap_err();
+    check(
+        &err.to_string().replace(&proxy, "PROXY"),
+        expect!["store backend: etcd /v3/kv/range: no endpoint answered: PROXY: answer has no complete header"],
+    );
+    check(
+        &dump(&etcd.store("/xce/")),
+        expect!["job/j-1=a job/j-2=b job/j-3=c"],
+    );
+    // Once etcd answers again, the lost commit turns out applied: the caller believed it
+    // failed, so nothing passes until a reload.
+    lost.endpoints = vec![etcd.endpoint.clone()];
+    let err = lost
+        .commit(batch(&[("job", "j-4", Some("d"))]))
+        .unwrap_err();
+    check(&err.to_string(), expect!["store backend: an earlier commit reported as failed was applied in etcd after all; restart the controller so it reloads its state"]);
+    check(&dump(&lost), expect!["job/j-1=a job/j-2=b job/j-3=c"]);
+    lost.commit(batch(&[("job", "j-4", Some("d"))])).unwrap();
+    check(
+        &dump(&lost),
+        expect!["job/j-1=a job/j-2=b job/j-3=c job/j-4=d"],
+    );
+
+    // A listener that never answers: the deadline ends the wait.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap().to_string();
+    let s = EtcdStore::new(vec![addr.clone()])
+        .unwrap()
+        .with_timeout(Duration::from_millis(300));
+    check(
+        &s.load_all().unwrap_err().to_string().replace(&addr, "SILENT"),
+        expect!["store backend: etcd /v3/kv/range: no endpoint answered: SILENT: no answer within 300ms"],
+    );
+
+    // Nothing answers: the error names every endpoint.
+    let dead = EtcdStore::new(vec![
+        format!("127.0.0.1:{closed}"),
+        format!("localhost:{closed}"),
+    ])
+    .unwrap()
+    .with_timeout(Duration::from_secs(2));
+    check(
+        &dead.load_all().unwrap_err().to_string().replace(&closed.to_string(), "PORT"),
+        expect!["store backend: etcd /v3/kv/range: no endpoint answered: 127.0.0.1:PORT: cannot connect: Connection refused (os error 111); localhost:PORT: cannot connect: Connection refused (os error 111)"],
+    );
+}
+
+// === the controller on etcd ===
+
+const TOKENS: &str = r#"
+[[token]]
+secret = "admin-secret"
+principal = "admin"
+grants = [ { permission = "admin", projects = ["*"] } ]
+[[worker]]
+host = "exec-01"
+secret = "w1-secret"
+"#;
+
+async fn request(
+    app: &axum::Router,
+    method: &str,
+    path: &str,
+    token: &str,
+    body: Option<Value>,
+) -> Value {
+    use tower::ServiceExt;
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-type", "application/json")
+        .body(axum::body::Body::from(
+            body.map(|b| b.to_string()).unwrap_or_default(),
+        ))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    assert!(status.is_success(), "{method} {path}: {status} {bytes:?}");
+    serde_json::from_slice(&bytes).unwrap_or(Value::Null)
+}
+
+/// `name`: its jobs `job@host replica state` and its index.
+fn jobs(service: &Value) -> String {
+    let mut out = format!("index {}:", service["index"]);
+    for j in service["jobs"].as_array().unwrap() {
+        out += &format!(
+            " {}@{} r{} {}",
+            j["job"], j["host"], j["replica"], j["state"]
+        )
+        .replace('"', "");
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_controller_restores_from_etcd() {
+    use crate::auth::Tokens;
+    use crate::controller::{Controller, ControllerConfig, ControllerPlugins};
+    let etcd = TestEtcd::start();
+    let open = || -> Arc<dyn Store> { Arc::new(etcd.store("/xce/")) };
+    let cfg = ControllerConfig::default();
+    let tokens = || Tokens::parse(TOKENS).unwrap();
+
+    let ctl = Controller::new(&cfg, tokens(), ControllerPlugins::default(), open())
+        .await
+        .unwrap();
+    let app = ctl.router();
+    let facts =
+        json!({"facts": {"ip_addr": "127.0.0.11", "addresses": [], "sections": {}}, "running": []});
+    request(
+        &app,
+        "POST",
+        "/internal/v1/hosts/exec-01/register",
+        "w1-secret",
+        Some(facts.clone()),
+    )
+    .await;
+    let web = json!({"service": {"name": "web", "project": "default", "replicas": 2, "command": ["sleep", "1000"]}});
+    request(&app, "POST", "/v1/services", "admin-secret", Some(web)).await;
+    let before = request(&app, "GET", "/v1/services/web", "admin-secret", None).await;
+    drop(app);
+    ctl.shutdown().await;
+
+    // A new controller process over the same etcd prefix.
+    let ctl = Controller::new(&cfg, tokens(), ControllerPlugins::default(), open())
+        .await
+        .unwrap();
+    let app = ctl.router();
+    let after = request(&app, "GET", "/v1/services/web", "admin-secret", None).await;
+    let api = json!({"service": {"name": "api", "project": "default", "replicas": 1, "command": ["sleep", "1000"]}});
+    request(&app, "POST", "/v1/services", "admin-secret", Some(api)).await;
+    let api = request(&app, "GET", "/v1/services/api", "admin-secret", None).await;
+    check(
+        &format!("{}\n{}\n{}", jobs(&before), jobs(&after), jobs(&api)),
+        expect![[r#"
+            index 4: j-1@exec-01 r0 placed j-2@exec-01 r1 placed
+            index 4: j-1@exec-01 r0 placed j-2@exec-01 r1 placed
+            index 6: j-3@exec-01 r0 placed"#]],
+    );
+    drop(app);
+    ctl.shutdown().await;
+}
+
+// === small parts ===
+
+#[test]
+fn urls_parse_or_say_why_not() {
+    let cases = [
+        "etcd://127.0.0.1:2379",
+        "etcd://h1:2379, h2:2379,[::1]:2379",
+        "redb",
+        "etcd://",
+        "etcd://h1",
+        "etcd://h1:0",
+        "etcd://h1:2379,,h2:2379",
+        "etcd://user@h1:2379",
+        "http://h1:2379",
+    ];
+    let out: Vec<String> = cases
+        .iter()
+        .map(|c| match c.parse::<StoreSpec>() {
+            Ok(s) => format!("{c} -> {s:?}"),
+            Err(e) => format!("{c} -> {e}"),
+        })
+        .collect();
+    check(
+        &out.join("\n"),
+        expect![[r#"
+            etcd://127.0.0.1:2379 -> Etcd(["127.0.0.1:2379"])
+            etcd://h1:2379, h2:2379,[::1]:2379 -> Etcd(["h1:2379", "h2:2379", "[::1]:2379"])
+            redb -> Redb
+            etcd:// -> invalid store configuration: store url "etcd://": an endpoint is empty
+            etcd://h1 -> invalid store configuration: store url "etcd://h1": endpoint "h1" has no :PORT
+            etcd://h1:0 -> invalid store configuration: store url "etcd://h1:0": endpoint "h1:0" has an invalid port "0"
+            etcd://h1:2379,,h2:2379 -> invalid store configuration: store url "etcd://h1:2379,,h2:2379": an endpoint is empty
+            etcd://user@h1:2379 -> invalid store configuration: store url "etcd://user@h1:2379": endpoint "user@h1:2379" has an invalid host "user@h1"
+            http://h1:2379 -> invalid store configuration: store "http://h1:2379" is neither `redb` nor etcd://HOST:PORT[,HOST:PORT...]"#]],
+    );
+}
+
+#[test]
+fn base64_round_trips_and_http_answers_parse() {
+    for n in 0..40usize {
+        let data: Vec<u8> = (0..n).map(|i| (i * 37 + n) as u8).collect();
+        assert_eq!(
+            unb64(&Value::String(b64(&data))).unwrap(),
+            data,
+            "{n} bytes"
+        );
+    }
+    let answers = [
+        "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}",
+        "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\n{\"a\r\n4\r\n\":1}\r\n0\r\n\r\n",
+        "HTTP/1.1 400 Bad Request\r\n\r\n{\"error\":\"nope\"}",
+        "HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\n{}",
+        "HTTP/1.1 200",
+    ];
+    let out: Vec<String> = answers
+        .iter()
+        .map(|a| match parse_answer(a.as_bytes()) {
+            Ok((s, b)) => format!("{s} {}", String::from_utf8_lossy(&b)),
+            Err(e) => format!("error: {e}"),
+        })
+        .collect();
+    check(
+        &out.join("\n"),
+        expect![[r#"
+        200 {}
+        200 {"a":1}
+        400 {"error":"nope"}
+        error: answer cut short (2 of 9 bytes)
+        error: answer has no complete header"#]],
+    );
+    check(
+        &format!(
+            "{:?} {:?}",
+            String::from_utf8(prefix_end(b"/xce/")),
+            unb64(&json!("a$==")).map_err(|e| e.to_string())
+        ),
+        expect![[r#"Ok("/xce0") Err("store backend: etcd sent invalid base64")"#]],
+    );
+}
+
+fn check(actual: &str, expect: Expect) {
+    expect.assert_eq(actual);
+}
