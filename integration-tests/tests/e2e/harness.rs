@@ -705,11 +705,14 @@ class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         code = 200
         if self.path == '/ready':
+            # Stamped before the mode is read: an answer stamped after a mode change
+            # answers by the new mode.
+            t = time.monotonic_ns()
             try:
                 mode = open(os.path.join(ctl, 'mode-' + svc + '-' + rep)).read().strip()
             except OSError:
                 mode = 'up'
-            t = time.monotonic_ns()
+
             if mode == 'down':
                 code = 503
             elif mode == 'flap':
