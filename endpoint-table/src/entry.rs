@@ -20,6 +20,39 @@ pub struct Entry {
     pub ports: Vec<DeclaredPort>,
     /// Every live (not ended) job of the service, ordered by replica index then job id.
     pub replicas: Vec<Replica>,
+    /// The default JSON answer, rendered at most once per version of the entry (an entry
+    /// is immutable once published; a change publishes a new one). Not part of the value.
+    #[serde(skip)]
+    pub(crate) rendered: Rendered,
+}
+
+/// A lazily filled cache of an entry's default JSON answer. Compares equal to any other,
+/// so it never affects whether two entries are the same; a clone starts empty, so an entry
+/// copied in order to be changed never carries the old rendering.
+#[derive(Default)]
+pub(crate) struct Rendered(pub(crate) std::sync::OnceLock<axum::body::Bytes>);
+
+impl Clone for Rendered {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl PartialEq for Rendered {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for Rendered {}
+
+impl std::fmt::Debug for Rendered {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "Rendered(cached)"
+        } else {
+            "Rendered(empty)"
+        })
+    }
 }
 
 /// A port a service declares (`service.ports[]`).

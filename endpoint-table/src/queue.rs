@@ -179,6 +179,7 @@ mod tests {
             index,
             ports: vec![],
             replicas: vec![],
+            rendered: Default::default(),
         })
     }
 

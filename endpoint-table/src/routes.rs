@@ -125,6 +125,14 @@ impl View {
                 wire::plain(entry, port),
             )
                 .into_response()
+        } else if self.port.is_none() && !self.all {
+            // The common read: served from the entry's cached rendering.
+            let body = entry.rendered.0.get_or_init(|| {
+                serde_json::to_vec(&EndpointsAnswer::new(entry, None, false))
+                    .expect("an answer always serializes")
+                    .into()
+            });
+            ([(header::CONTENT_TYPE, "application/json")], body.clone()).into_response()
         } else {
             Json(EndpointsAnswer::new(entry, self.port.as_deref(), self.all)).into_response()
         };

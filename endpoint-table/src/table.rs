@@ -212,6 +212,7 @@ impl Table {
             index: 0,
             ports: rec.ports.clone(),
             replicas,
+            rendered: Default::default(),
         })
     }
 

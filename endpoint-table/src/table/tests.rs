@@ -313,6 +313,7 @@ mod prop {
                     index: 0,
                     ports,
                     replicas,
+                    rendered: Default::default(),
                 };
                 out.insert(s.name.clone(), entry);
             }
