@@ -4,6 +4,7 @@
 
 use crate::harness::*;
 use anyhow::{Context, Result};
+use futures_util::StreamExt;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -188,10 +189,12 @@ async fn controller_kill_9_twenty_times_under_30_replicas() {
     let (mut services_lost, mut jobs_lost, mut hosts_lost, mut reassigned) =
         (0usize, 0usize, 0usize, 0usize);
     let mut first_answer_partial = 0usize;
+    let mut first_event_partial = 0usize;
+    let mut replicas_killed = 0usize;
     let mut to_full_table = Vec::new();
     for cycle in 0..CYCLES {
         // Something in flight when the kill lands, some of the time.
-        match rng.below(3) {
+        match rng.below(4) {
             1 => {
                 let name = format!("side-{cycle}");
                 assert_eq!(
@@ -209,6 +212,14 @@ async fn controller_kill_9_twenty_times_under_30_replicas() {
                         "cycle {cycle}"
                     );
                     stopped_side.insert(name);
+                }
+            }
+            3 => {
+                // A replica dies: its exit report races the kill.
+                if let Some(name) = live_side.iter().next() {
+                    let eps = api.wait_ready(name, 1).await;
+                    kill_replica_listening_on(&eps[0]).expect("the side replica");
+                    replicas_killed += 1;
                 }
             }
             _ => {}
@@ -231,6 +242,30 @@ async fn controller_kill_9_twenty_times_under_30_replicas() {
             eprintln!(
                 "cycle {cycle}: first answer HTTP {status}: {} of {} endpoints",
                 got.len(),
+                want.len()
+            );
+        }
+        // So is the first event of a stream opened right after it.
+        let mut stream = sse_open(&api, "/v1/services/web/endpoints/stream", None)
+            .await
+            .unwrap()
+            .bytes_stream();
+        let mut parser = SseParser::default();
+        let first = loop {
+            let chunk = stream.next().await.expect("a first event").unwrap();
+            if let Some(e) = parser.push(&chunk).into_iter().next() {
+                break e;
+            }
+        };
+        drop(stream);
+        let entry: Value = serde_json::from_str(&first.1).unwrap();
+        let mut streamed: Vec<String> = entry_endpoints(&entry).into_iter().map(|e| e.2).collect();
+        streamed.sort();
+        if streamed != want {
+            first_event_partial += 1;
+            eprintln!(
+                "cycle {cycle}: first stream event: {} of {} endpoints",
+                streamed.len(),
                 want.len()
             );
         }
@@ -292,8 +327,9 @@ async fn controller_kill_9_twenty_times_under_30_replicas() {
         s.regressions
     );
     assert_eq!(
-        first_answer_partial, 0,
-        "first answers after a restart were partial"
+        (first_answer_partial, first_event_partial),
+        (0, 0),
+        "first answers or stream events after a restart were partial"
     );
     assert_eq!(
         (services_lost, jobs_lost, hosts_lost, reassigned),
@@ -304,7 +340,7 @@ async fn controller_kill_9_twenty_times_under_30_replicas() {
     to_full_table.sort();
     let leaked = stop_all_and_count_leaks(&api).await;
     println!(
-        "FIGURE scenario 1 controller kill -9: cycles={CYCLES} replicas={REPLICAS} workers=3 side_services={} ports_reassigned={reassigned} services_lost={services_lost} jobs_lost={jobs_lost} hosts_lost={hosts_lost} index_regressions=0 partial_or_empty_tables=0 polls={polls} (full={full} 503={unavailable} refused_while_down={refused}) blocking_answers={watch_answers} kill_to_full_table_p50={:?} max={:?} controller_rss_kib={controller_rss} leaked_ports={leaked}",
+        "FIGURE scenario 1 controller kill -9: cycles={CYCLES} replicas={REPLICAS} workers=3 side_services={} side_replicas_killed={replicas_killed} ports_reassigned={reassigned} services_lost={services_lost} jobs_lost={jobs_lost} hosts_lost={hosts_lost} index_regressions=0 partial_or_empty_tables=0 first_answers_and_stream_events_after_restart=whole polls={polls} (full={full} 503={unavailable} refused_while_down={refused}) blocking_answers={watch_answers} kill_to_full_table_p50={:?} max={:?} controller_rss_kib={controller_rss} leaked_ports={leaked}",
         live_side.len() + stopped_side.len(),
         pct(&to_full_table, 50),
         pct(&to_full_table, 100),

@@ -361,6 +361,7 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
     )
     .unwrap();
     let lagged_before = metric(&api, "xce_endpoint_streams_lagged").await.unwrap();
+    let slots_before = metric(&api, "xce_endpoint_watchers").await.unwrap();
     let connected_at = churn_index_now(&api).await;
     let mut lat_b = Vec::new();
     let mut spread_b = Vec::new();
@@ -427,6 +428,7 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
     let lagged_while_not_reading =
         metric(&api, "xce_endpoint_streams_lagged").await.unwrap() - lagged_before;
     let rss_cut = rss_kib(pid);
+    let slots_stalled = metric(&api, "xce_endpoint_watchers").await.unwrap();
 
     // The slow client reads at last: a whole number of events, then the end of the stream
     // (the server notices at its next write that the client is > 64 changes behind).
@@ -571,7 +573,7 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
         )
     };
     println!(
-        "FIGURE scenario 9 watch load: watchers={WATCHERS} final_index={} all_got_every_change=yes slow_client: connected at churn index {connected_at}, socket full at {stalled_at} with {queued} bytes queued, cut_off_while_not_reading={} (churn index {churn_at_cut}), cut_off_when_it_read_again={} after {} events (last id {resume_from}), resumed_at={} lagged_streams={lagged} latency(toggle→all watchers, includes the ≤100ms probe) before_slow: {} with_slow: {} after_cut: {}; fan-out spread (first→each watcher) before_slow: {} with_slow: {} after_cut: {}; rss_kib start={rss_start} 1000_watchers={rss_watchers} at_cut={rss_cut} end={rss_end} leaked_ports={leaked}",
+        "FIGURE scenario 9 watch load: watchers={WATCHERS} final_index={} all_got_every_change=yes slow_client: connected at churn index {connected_at}, socket full at {stalled_at} with {queued} bytes queued, cut_off_while_not_reading={} (churn index {churn_at_cut}), cut_off_when_it_read_again={} after {} events (last id {resume_from}), resumed_at={} lagged_streams={lagged} watcher_slots before_slow={slots_before} while_slow_stalled={slots_stalled} latency(toggle→all watchers, includes the ≤100ms probe) before_slow: {} with_slow: {} after_cut: {}; fan-out spread (first→each watcher) before_slow: {} with_slow: {} after_cut: {}; rss_kib start={rss_start} 1000_watchers={rss_watchers} at_cut={rss_cut} end={rss_end} leaked_ports={leaked}",
         index,
         if lagged_while_not_reading > 0.0 { "yes" } else { "NO (gap, see RELIABILITY.md)" },
         if cut_on_read { "yes" } else { "NO (caught up instead; gap, see RELIABILITY.md)" },
