@@ -352,6 +352,7 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
     }
 
     // Phase B: a client that asks for the churn stream and never reads.
+    let slots_before = metric(&api, "xce_endpoint_watchers").await.unwrap();
     let addr: std::net::SocketAddrV4 = api.base.trim_start_matches("http://").parse().unwrap();
     let mut slow = small_window_connect(addr).unwrap();
     write!(
@@ -361,7 +362,6 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
     )
     .unwrap();
     let lagged_before = metric(&api, "xce_endpoint_streams_lagged").await.unwrap();
-    let slots_before = metric(&api, "xce_endpoint_watchers").await.unwrap();
     let connected_at = churn_index_now(&api).await;
     let mut lat_b = Vec::new();
     let mut spread_b = Vec::new();
