@@ -353,6 +353,23 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
 
     // Phase B: a client that asks for the churn stream and never reads.
     let slots_before = metric(&api, "xce_endpoint_watchers").await.unwrap();
+    // A fast reader of churn counts its updates (one event each): how far behind the slow
+    // client is, in the unit `stream_buffer` counts (the index is a global revision and
+    // moves with other services too).
+    let churn_updates = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counter = {
+        let (api, n) = (api.clone(), churn_updates.clone());
+        tokio::spawn(async move {
+            let resp = sse_open(&api, "/v1/services/churn/endpoints/stream", None)
+                .await
+                .unwrap();
+            let mut body = resp.bytes_stream();
+            let mut parser = SseParser::default();
+            while let Some(Ok(chunk)) = body.next().await {
+                n.fetch_add(parser.push(&chunk).len() as u64, Ordering::Relaxed);
+            }
+        })
+    };
     let addr: std::net::SocketAddrV4 = api.base.trim_start_matches("http://").parse().unwrap();
     let mut slow = small_window_connect(addr).unwrap();
     write!(
@@ -405,10 +422,14 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
     .await;
     let mut lat_b2 = Vec::new();
     let mut spread_b2 = Vec::new();
+    // Updates the stream had no chance to send: the stall, plus what hyper may still have
+    // pulled into its own write buffer (a few dozen events), plus `stream_buffer` (64).
+    const MARGIN: u64 = 200;
+    let updates_at_stall = churn_updates.load(Ordering::Relaxed);
     let churn_deadline = Instant::now() + patience();
     loop {
         let ci = churn_index().await.unwrap();
-        if ci >= stalled_at + 100 {
+        if churn_updates.load(Ordering::Relaxed) >= updates_at_stall + MARGIN {
             break;
         }
         assert!(
@@ -488,6 +509,11 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
         }
     };
     drop(slow);
+    counter.abort();
+    assert!(
+        cut_on_read,
+        "the slow client, {MARGIN}+ updates behind, was cut off when it read again"
+    );
     let lagged = metric(&api, "xce_endpoint_streams_lagged").await.unwrap() - lagged_before;
     assert!(
         lagged <= 1.0,
@@ -573,7 +599,7 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
         )
     };
     println!(
-        "FIGURE scenario 9 watch load: watchers={WATCHERS} final_index={} all_got_every_change=yes slow_client: connected at churn index {connected_at}, socket full at {stalled_at} with {queued} bytes queued, cut_off_while_not_reading={} (churn index {churn_at_cut}), cut_off_when_it_read_again={} after {} events (last id {resume_from}), resumed_at={} lagged_streams={lagged} watcher_slots before_slow={slots_before} while_slow_stalled={slots_stalled} latency(toggle→all watchers, includes the ≤100ms probe) before_slow: {} with_slow: {} after_slow_gone: {}; fan-out spread (first→each watcher) before_slow: {} with_slow: {} after_slow_gone: {}; rss_kib start={rss_start} 1000_watchers={rss_watchers} at_cut={rss_cut} end={rss_end} leaked_ports={leaked}",
+        "FIGURE scenario 9 watch load: watchers={WATCHERS} final_index={} all_got_every_change=yes slow_client: connected at churn index {connected_at}, socket full at {stalled_at} with {queued} bytes queued, cut_off_while_not_reading={} (churn index {churn_at_cut}), cut_off_when_it_read_again={} ({MARGIN}+ updates behind) after {} events (last id {resume_from}), resumed_at={} lagged_streams={lagged} watcher_slots before_slow={slots_before} while_slow_stalled={slots_stalled} (watchers + counting stream + slow client) latency(toggle→all watchers, includes the ≤100ms probe) before_slow: {} with_slow: {} after_slow_gone: {}; fan-out spread (first→each watcher) before_slow: {} with_slow: {} after_slow_gone: {}; rss_kib start={rss_start} 1000_watchers={rss_watchers} at_cut={rss_cut} end={rss_end} leaked_ports={leaked}",
         index,
         if lagged_while_not_reading > 0.0 { "yes" } else { "NO (gap, see RELIABILITY.md)" },
         if cut_on_read { "yes" } else { "NO (caught up instead; gap, see RELIABILITY.md)" },
