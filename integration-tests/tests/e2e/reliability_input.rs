@@ -943,8 +943,9 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
         problems.len(),
         problems.join("\n")
     );
+    let leaked = stop_all_and_count_leaks(api).await;
     println!(
-        "FIGURE scenario 7 bad input: rest_cases={} header_cases=4 cli_cases={cli_cases} wrong_answers=0 5xx=0 panics=0 half_applied=0 healthz=ok",
+        "FIGURE scenario 7 bad input: rest_cases={} header_cases=4 cli_cases={cli_cases} wrong_answers=0 5xx=0 panics=0 half_applied=0 healthz=ok leaked_ports={leaked}",
         cases.len()
     );
 }
@@ -1203,8 +1204,9 @@ fn fuzzed_profiles_and_query_parameters_never_break_the_server() {
     assert!(names.contains("keep"));
     assert!(!c.log().contains("panicked"), "xced panicked:\n{}", c.log());
     let (accepted, rejected, statuses) = (accepted.get(), rejected.get(), statuses.into_inner());
+    let leaked = rt.block_on(stop_all_and_count_leaks(&api));
     println!(
-        "FIGURE scenario 7 property fuzzing: profiles={} (accepted={accepted} rejected={rejected}, all agreeing with the DESIGN name/port rules) query_params=160 statuses={statuses:?} cli_arg_lists=48 exit_codes={cli_codes:?} 5xx=0 panics=0",
+        "FIGURE scenario 7 property fuzzing: profiles={} (accepted={accepted} rejected={rejected}, all agreeing with the DESIGN name/port rules) query_params=160 statuses={statuses:?} cli_arg_lists=48 exit_codes={cli_codes:?} 5xx=0 panics=0 leaked_ports={leaked}",
         accepted + rejected
     );
 }
@@ -1495,8 +1497,9 @@ grants = [ { permission = "job.view", projects = ["team-b"] }, { permission = "j
     let (_, _, metrics) = c.api.with_token("").get("/metrics").await.unwrap();
     let metrics_names_alpha = metrics.contains("alpha");
     assert!(leaked.is_empty(), "leaked: {leaked:#?}");
+    let leaked_ports = stop_all_and_count_leaks(&c.api).await;
     println!(
-        "FIGURE scenario 8 tenancy: surfaces_tried={surfaces} leaked_entries=0 identical_404s=9/9 cross_project_writes_refused=2 worker_credential_checks={worker_checks} refused={worker_checks} unauthenticated_metrics_names_other_tenants_services={metrics_names_alpha}"
+        "FIGURE scenario 8 tenancy: surfaces_tried={surfaces} leaked_entries=0 identical_404s=9/9 cross_project_writes_refused=2 worker_credential_checks={worker_checks} refused={worker_checks} unauthenticated_metrics_names_other_tenants_services={metrics_names_alpha} leaked_ports={leaked_ports}"
     );
 }
 
