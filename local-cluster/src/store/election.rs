@@ -375,10 +375,7 @@ impl WatchStream {
             self.raw.drain(..end + 4);
         }
         if self.chunked == Some(true) {
-            loop {
-                let Some(eol) = self.raw.windows(2).position(|w| w == b"\r\n") else {
-                    break;
-                };
+            while let Some(eol) = self.raw.windows(2).position(|w| w == b"\r\n") {
                 let size = std::str::from_utf8(&self.raw[..eol])
                     .ok()
                     .and_then(|s| usize::from_str_radix(s.split(';').next()?.trim(), 16).ok())
