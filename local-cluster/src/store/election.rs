@@ -233,6 +233,12 @@ impl Election {
     /// `body` to `path` on each endpoint in turn (from the last good one) until one
     /// answers. A refusal is authoritative: another member would say the same.
     fn call(&self, path: &str, body: &Value) -> Result<Value, ElectionError> {
+        self.call_by(path, body, Instant::now() + self.inner.timeout * 3)
+    }
+
+    /// [`call`](Self::call), giving up at `deadline` (each endpoint gets the usual
+    /// timeout, or what is left).
+    fn call_by(&self, path: &str, body: &Value, deadline: Instant) -> Result<Value, ElectionError> {
         let i = &self.inner;
         let body = body.to_string();
         let n = i.endpoints.len();
@@ -241,7 +247,12 @@ impl Election {
         for k in 0..n {
             let at = (start + k) % n;
             let ep = &i.endpoints[at];
-            match post(ep, path, body.as_bytes(), i.timeout) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                errors.push(format!("{ep}: not tried, out of time"));
+                continue;
+            }
+            match post(ep, path, body.as_bytes(), i.timeout.min(left)) {
                 Ok(v) => {
                     i.current.store(at, Ordering::Relaxed);
                     return Ok(v);
@@ -458,9 +469,12 @@ impl Leadership {
     pub fn keep_alive(&mut self) -> Result<(), ElectionError> {
         let e = &self.election;
         let sent = Instant::now();
-        let r = e.call(
+        // An answer after the lease ran out is no use: the caller must learn by then.
+        let by = self.expires.max(sent + Duration::from_millis(50));
+        let r = e.call_by(
             "/v3/lease/keepalive",
             &json!({ "ID": self.lease.to_string() }),
+            by,
         )?;
         let ttl = int(&r["result"]["TTL"]);
         if ttl <= 0 {
@@ -469,7 +483,11 @@ impl Leadership {
                 self.lease
             )));
         }
-        let kv = e.call("/v3/kv/range", &json!({ "key": b64(e.key().as_bytes()) }))?;
+        let kv = e.call_by(
+            "/v3/kv/range",
+            &json!({ "key": b64(e.key().as_bytes()) }),
+            sent + Duration::from_secs(ttl as u64),
+        )?;
         let kv = kv.pointer("/kvs/0");
         let created = kv.map_or(0, |kv| int(&kv["create_revision"]));
         if created != self.create_revision {
