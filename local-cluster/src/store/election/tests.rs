@@ -262,3 +262,62 @@ fn watch_messages_are_decoded_across_chunk_and_read_boundaries() {
             ended: true"#]],
     );
 }
+
+#[test]
+fn candidates_starting_together_elect_exactly_one_and_the_rest_follow_the_next() {
+    let etcd = TestEtcd::start();
+    let mut log = Vec::new();
+    // One channel for every result, so the test waits on whoever wins.
+    let (done, results) = mpsc::channel();
+    let standbys: Vec<mpsc::Receiver<String>> = (0..3)
+        .map(|i| {
+            let e = candidate(&etcd, &format!("c{i}"), 5);
+            let (told, standby) = mpsc::channel();
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let r = e.campaign(|leader| {
+                    let _ = told.send(leader.to_owned());
+                });
+                let _ = done.send((i, r));
+            });
+            standby
+        })
+        .collect();
+    let next_leader = || {
+        let (i, r): (usize, Result<Leadership, ElectionError>) =
+            results.recv_timeout(PATIENCE).unwrap();
+        (i, r.unwrap())
+    };
+    // Exactly one wins; the two others name it and stay standbys.
+    let (w, winner) = next_leader();
+    let mut others: Vec<usize> = (0..3).filter(|&i| i != w).collect();
+    for &i in &others {
+        let named = standbys[i].recv_timeout(PATIENCE).unwrap();
+        log.push(format!(
+            "a standby names the winner: {}",
+            named == winner.id()
+        ));
+    }
+    assert!(results.try_recv().is_err(), "two leaders at once");
+    winner.resign().unwrap();
+    log.push("the winner resigned".into());
+    // One of the two others takes over; the last one names it.
+    let (n, next) = next_leader();
+    others.retain(|&i| i != n);
+    let last = others[0];
+    let named = standbys[last].recv_timeout(PATIENCE).unwrap();
+    log.push(format!("the last names the next: {}", named == next.id()));
+    assert!(results.try_recv().is_err(), "two leaders at once");
+    next.resign().unwrap();
+    let (l, _) = next_leader();
+    log.push(format!("the last leads: {}", l == last));
+    check(
+        &log,
+        expect![[r#"
+            a standby names the winner: true
+            a standby names the winner: true
+            the winner resigned
+            the last names the next: true
+            the last leads: true"#]],
+    );
+}
