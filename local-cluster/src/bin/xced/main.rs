@@ -9,7 +9,8 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use local_cluster::controller::{self, ControllerConfig, ControllerPlugins};
 use local_cluster::store::{
-    Election, ElectionError, EtcdStore, Leadership, RedbStore, Store, StoreSpec, DEFAULT_PREFIX,
+    Election, ElectionError, EtcdStore, Leadership, Maintained, RedbStore, Store, StoreSpec,
+    DEFAULT_PREFIX,
 };
 use local_cluster::worker::{self, ShutdownMode, WorkerConfig, WorkerPlugins};
 use std::net::SocketAddr;
@@ -180,22 +181,31 @@ async fn run_controller(
         body_limit: cfg.body_limit,
     };
     let plugins = controller_plugins(cfg.address, cfg.endpoints);
-    let running = controller::start(ccfg, tokens, plugins, store).await?;
+    let running = match controller::start(ccfg, tokens, plugins, store).await {
+        Ok(r) => r,
+        Err(e) => {
+            resign(leadership).await;
+            return Err(e);
+        }
+    };
     announce(running.addr);
     shutdown_signal().await;
     tracing::info!("shutting down");
     running.shutdown().await;
-    if let Some(kept) = leadership {
-        // Hand over at once rather than after the lease runs out.
-        match tokio::task::spawn_blocking(move || kept.resign()).await {
-            Ok(Ok(())) => tracing::info!("resigned the leadership"),
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "could not resign; a standby takes over when the lease runs out")
-            }
-            Err(e) => tracing::warn!(error = %e, "could not resign"),
-        }
-    }
+    resign(leadership).await;
     Ok(())
+}
+
+/// Hands the leadership over at once rather than after the lease runs out.
+async fn resign(leadership: Option<Maintained>) {
+    let Some(kept) = leadership else { return };
+    match tokio::task::spawn_blocking(move || kept.resign()).await {
+        Ok(Ok(())) => tracing::info!("resigned the leadership"),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "could not resign; a standby takes over when the lease runs out")
+        }
+        Err(e) => tracing::warn!(error = %e, "could not resign"),
+    }
 }
 
 /// Names this controller in the election: `<hostname>/<pid>@<listen>`.
