@@ -12,8 +12,10 @@
 //! against the same contract.
 #![warn(missing_docs)]
 
+mod election;
 mod etcd;
 
+pub use election::{Election, ElectionError, Leadership, Maintained, DEFAULT_LEADER_TTL};
 pub use etcd::{
     parse_url as parse_etcd_url, EtcdStore, DEFAULT_MAX_TXN_OPS, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
 };

@@ -5,6 +5,7 @@ mod harness;
 
 mod address;
 mod dev;
+mod ha;
 mod reliability;
 mod reliability_input;
 mod reliability_watch;

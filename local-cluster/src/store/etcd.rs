@@ -7,7 +7,9 @@
 //! every call has no runtime to trip over and no extra dependency.
 //!
 //! Layout: every [`Key`] is the etcd key `<prefix><ns>/<key>` (default prefix `/xce/`).
-//! One more key, the *fence* `<prefix>.commit`, is written by every commit with a token
+//! Keys starting `<prefix>.` are control keys, not state (no namespace starts with `.`:
+//! the leader election's `<prefix>.leader` lives there too). One of them, the *fence*
+//! `<prefix>.commit`, is written by every commit with a token
 //! naming the commit; every commit is one etcd transaction guarded by "the fence is where
 //! this store last saw it". That buys two things:
 //! - **exactly once across retries**: when a commit's answer is lost (the request may or
@@ -69,7 +71,7 @@ pub fn parse_url(url: &str) -> Result<Vec<String>, StoreError> {
 }
 
 /// `HOST:PORT` (`[v6]:PORT` for IPv6) with a non-zero port and a plain host name.
-fn check_endpoint(ep: &str) -> Result<(), String> {
+pub(super) fn check_endpoint(ep: &str) -> Result<(), String> {
     let (host, port) = ep
         .rsplit_once(':')
         .ok_or_else(|| "has no :PORT".to_owned())?;
@@ -100,6 +102,9 @@ pub struct EtcdStore {
     timeout: Duration,
     page: usize,
     max_ops: usize,
+    /// `(leader key, its create_revision)`: every commit also requires that key to be
+    /// the one this controller created when it won the election.
+    leader: Option<(String, i64)>,
     state: Mutex<State>,
 }
 
@@ -135,7 +140,7 @@ impl fmt::Debug for EtcdStore {
 
 /// Why one HTTP exchange failed.
 #[derive(Debug)]
-enum Failure {
+pub(super) enum Failure {
     /// Nothing reached etcd (no connection): safe to try elsewhere.
     Unreachable(String),
     /// The request may have been applied, no (good) answer came back.
@@ -179,6 +184,7 @@ impl EtcdStore {
             timeout: DEFAULT_TIMEOUT,
             page: DEFAULT_PAGE,
             max_ops: DEFAULT_MAX_TXN_OPS,
+            leader: None,
             state: Mutex::new(State {
                 current: 0,
                 fence_rev: None,
@@ -219,6 +225,16 @@ impl EtcdStore {
         self
     }
 
+    /// Makes every commit conditional on the etcd key `key` still being the one created
+    /// at `create_revision`: the leader key of this controller's
+    /// [`Leadership`](super::Leadership). A deposed leader then cannot commit, not even a
+    /// request that was in flight when its lease ran out (the fence alone lets a stale
+    /// leader's commit land until the new leader's first commit moves it).
+    pub fn with_leader_guard(mut self, key: &str, create_revision: i64) -> Self {
+        self.leader = Some((key.to_owned(), create_revision));
+        self
+    }
+
     /// Reads `page` keys per range request (tests use a tiny page to paginate).
     #[cfg(test)]
     pub(crate) fn with_page(mut self, page: usize) -> Self {
@@ -232,9 +248,9 @@ impl EtcdStore {
     }
 
     fn etcd_key(&self, k: &Key) -> Result<String, StoreError> {
-        if k.ns.is_empty() || k.ns.contains('/') {
+        if k.ns.is_empty() || k.ns.contains('/') || k.ns.starts_with('.') {
             return Err(StoreError::Backend(format!(
-                "namespace {:?} cannot be stored in etcd (must be non-empty without /)",
+                "namespace {:?} cannot be stored in etcd (must be non-empty, without / and not starting with .)",
                 k.ns
             )));
         }
@@ -349,16 +365,24 @@ impl EtcdStore {
             0,
             json!({ "request_put": { "key": fence, "value": b64(token.as_bytes()) } }),
         );
-        let body = json!({
-            "compare": [{
-                "key": fence,
-                "target": "MOD",
+        let mut compare = vec![json!({
+            "key": fence,
+            "target": "MOD",
+            "result": "EQUAL",
+            "mod_revision": expected.to_string(),
+        })];
+        let mut failure = vec![json!({ "request_range": { "key": fence } })];
+        if let Some((key, created)) = &self.leader {
+            let key = b64(key.as_bytes());
+            compare.push(json!({
+                "key": key,
+                "target": "CREATE",
                 "result": "EQUAL",
-                "mod_revision": expected.to_string(),
-            }],
-            "success": ops,
-            "failure": [{ "request_range": { "key": fence } }],
-        });
+                "create_revision": created.to_string(),
+            }));
+            failure.push(json!({ "request_range": { "key": key } }));
+        }
+        let body = json!({ "compare": compare, "success": ops, "failure": failure });
         let r = match self.call(st, "/v3/kv/txn", &body) {
             Ok(r) => r,
             Err(e) if e.unknown => {
@@ -389,6 +413,15 @@ impl EtcdStore {
             // An attempt whose answer was lost went through.
             st.fence_rev = Some(rev);
             return Ok(());
+        }
+        if let Some((key, created)) = &self.leader {
+            let now = r.pointer("/responses/1/response_range/kvs/0/create_revision");
+            if now.map_or(0, int) != *created {
+                return Err(StoreError::Backend(format!(
+                    "this controller is no longer the leader (its leader key {key:?} of \
+                     revision {created} is gone or replaced): it must not commit"
+                )));
+            }
         }
         Err(another_writer(rev, Some(expected)))
     }
@@ -529,6 +562,8 @@ impl Store for EtcdStore {
                     fence_rev = int(&kv["mod_revision"]);
                 } else if key == journal {
                     pending = Some(parse_journal(&unb64(&kv["value"])?)?);
+                } else if key[self.prefix.len()..].starts_with('.') {
+                    // Another control key (the election's `.leader`): not state.
                 } else {
                     out.insert(self.decode_key(&key)?, unb64(&kv["value"])?);
                 }
@@ -624,7 +659,7 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 }
 
 /// An int64 of the gateway's JSON: a string or a number; absent is 0 (proto3 default).
-fn int(v: &Value) -> i64 {
+pub(super) fn int(v: &Value) -> i64 {
     match v {
         Value::String(s) => s.parse().unwrap_or(0),
         Value::Number(n) => n.as_i64().unwrap_or(0),
@@ -635,7 +670,12 @@ fn int(v: &Value) -> i64 {
 // === HTTP ===
 
 /// One `POST` with `connection: close`; the JSON answer of a 200.
-fn post(endpoint: &str, path: &str, body: &[u8], timeout: Duration) -> Result<Value, Failure> {
+pub(super) fn post(
+    endpoint: &str,
+    path: &str,
+    body: &[u8],
+    timeout: Duration,
+) -> Result<Value, Failure> {
     let deadline = Instant::now() + timeout;
     let left = || {
         deadline
@@ -787,7 +827,7 @@ fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, String> {
 
 const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
-fn b64(data: &[u8]) -> String {
+pub(super) fn b64(data: &[u8]) -> String {
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for c in data.chunks(3) {
         let n = (u32::from(c[0]) << 16)
@@ -805,7 +845,7 @@ fn b64(data: &[u8]) -> String {
 }
 
 /// Decodes a base64 JSON string; absent or null is empty (proto3 omits empty bytes).
-fn unb64(v: &Value) -> Result<Vec<u8>, StoreError> {
+pub(super) fn unb64(v: &Value) -> Result<Vec<u8>, StoreError> {
     let s = match v {
         Value::Null => return Ok(Vec::new()),
         Value::String(s) => s.as_bytes(),
@@ -843,4 +883,4 @@ fn unb64(v: &Value) -> Result<Vec<u8>, StoreError> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(super) mod tests;

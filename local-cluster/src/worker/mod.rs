@@ -44,7 +44,10 @@ pub const DEFAULT_FACTS_INTERVAL: Duration = Duration::from_secs(30);
 pub struct WorkerConfig {
     /// The host id this worker acts for (e.g. `exec-01`).
     pub host: String,
-    /// The controller's base URL, e.g. `http://127.0.0.1:7480`.
+    /// The controller's base URL, e.g. `http://127.0.0.1:7480`; or several, separated
+    /// by commas (controllers sharing one etcd, of which only the leader listens): the
+    /// worker uses the one that answered last and moves to the next on a connection
+    /// failure.
     pub controller: String,
     /// The worker's bearer credential. Never logged (`Debug` redacts it).
     pub credential: String,

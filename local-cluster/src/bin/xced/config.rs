@@ -54,6 +54,14 @@ pub(crate) struct ControllerFile {
     /// `redb` (default) or `etcd://HOST:PORT[,HOST:PORT...]`; `--store` overrides it.
     #[serde(default, deserialize_with = "store_spec")]
     pub(crate) store: Option<local_cluster::store::StoreSpec>,
+    /// With the etcd store: the lease TTL of the leader election (a standby takes over
+    /// within about this long after the leader dies).
+    #[serde(default = "d_leader_ttl", deserialize_with = "duration")]
+    pub(crate) leader_ttl: Duration,
+}
+
+fn d_leader_ttl() -> Duration {
+    local_cluster::store::DEFAULT_LEADER_TTL
 }
 
 fn store_spec<'de, D: Deserializer<'de>>(
@@ -120,6 +128,7 @@ const CONTROLLER_ENV: &[&str] = &[
     "grace_period",
     "body_limit",
     "store",
+    "leader_ttl",
 ];
 const WORKER_ENV: &[&str] = &[
     "host",
@@ -144,6 +153,12 @@ pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
     let cfg: ControllerFile = figment(path, CONTROLLER_ENV)?
         .extract()
         .with_context(|| format!("invalid controller config {}", path.display()))?;
+    if cfg.leader_ttl < Duration::from_secs(1) || cfg.leader_ttl.subsec_nanos() != 0 {
+        bail!(
+            "invalid controller config {}: leader_ttl must be whole seconds, at least 1s",
+            path.display()
+        );
+    }
     if cfg.grace_period <= cfg.unreachable_after {
         bail!(
             "invalid controller config {}: grace_period must be longer than unreachable_after",

@@ -8,7 +8,10 @@ mod dev;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use local_cluster::controller::{self, ControllerConfig, ControllerPlugins};
-use local_cluster::store::{EtcdStore, RedbStore, Store, StoreSpec};
+use local_cluster::store::{
+    Election, ElectionError, EtcdStore, Leadership, Maintained, RedbStore, Store, StoreSpec,
+    DEFAULT_PREFIX,
+};
 use local_cluster::worker::{self, ShutdownMode, WorkerConfig, WorkerPlugins};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -40,7 +43,8 @@ enum Cmd {
         tokens: Option<PathBuf>,
         /// Where the state lives: `redb` (the embedded file `<data_dir>/controller.redb`,
         /// the default) or `etcd://HOST:PORT[,HOST:PORT...]`; overrides `store` in the
-        /// config file.
+        /// config file. With etcd several controllers may run: one leads (an etcd lease),
+        /// the others wait as standbys and take over when it dies.
         #[arg(long, value_name = "STORE")]
         store: Option<StoreSpec>,
     },
@@ -135,6 +139,9 @@ async fn run_controller(
         .or(cfg.tokens.clone())
         .context("no tokens file: pass --tokens FILE or set `tokens` in the config file")?;
     let tokens = load_tokens(&tokens_path)?;
+    // With etcd, several controllers may share the store: only the elected one loads the
+    // state and serves; the lease is renewed for as long as it runs.
+    let mut leadership = None;
     let store: Arc<dyn Store> = match store_flag.or(cfg.store.clone()) {
         None | Some(StoreSpec::Redb) => {
             std::fs::create_dir_all(&cfg.data_dir)
@@ -150,8 +157,19 @@ async fn run_controller(
                 prefix = local_cluster::store::DEFAULT_PREFIX,
                 "store: etcd"
             );
+            let id = controller_id(cfg.listen);
+            let election = Election::new(endpoints.clone(), DEFAULT_PREFIX, &id, cfg.leader_ttl)
+                .context("invalid leader election")?;
+            let Some(leader) = campaign(election).await? else {
+                tracing::info!("shutting down (standby)");
+                return Ok(());
+            };
+            let store = EtcdStore::new(endpoints)
+                .context("invalid etcd store")?
+                .with_leader_guard(leader.key(), leader.create_revision());
+            leadership = Some(leader.maintain(fail_stop));
             // Reached at the first load: an unreachable etcd fails the start there.
-            Arc::new(EtcdStore::new(endpoints).context("invalid etcd store")?)
+            Arc::new(store)
         }
     };
     let ccfg = ControllerConfig {
@@ -163,12 +181,75 @@ async fn run_controller(
         body_limit: cfg.body_limit,
     };
     let plugins = controller_plugins(cfg.address, cfg.endpoints);
-    let running = controller::start(ccfg, tokens, plugins, store).await?;
+    let running = match controller::start(ccfg, tokens, plugins, store).await {
+        Ok(r) => r,
+        Err(e) => {
+            resign(leadership).await;
+            return Err(e);
+        }
+    };
     announce(running.addr);
     shutdown_signal().await;
     tracing::info!("shutting down");
     running.shutdown().await;
+    resign(leadership).await;
     Ok(())
+}
+
+/// Hands the leadership over at once rather than after the lease runs out.
+async fn resign(leadership: Option<Maintained>) {
+    let Some(kept) = leadership else { return };
+    match tokio::task::spawn_blocking(move || kept.resign()).await {
+        Ok(Ok(())) => tracing::info!("resigned the leadership"),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "could not resign; a standby takes over when the lease runs out")
+        }
+        Err(e) => tracing::warn!(error = %e, "could not resign"),
+    }
+}
+
+/// Names this controller in the election: `<hostname>/<pid>@<listen>`.
+fn controller_id(listen: SocketAddr) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host}/{}@{listen}", std::process::id())
+}
+
+/// Campaigns until this controller leads (`Some`) or it is told to stop (`None`). A
+/// standby neither loads the state nor listens.
+async fn campaign(election: Election) -> Result<Option<Leadership>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    // A thread, not `spawn_blocking`: a standby told to stop must not wait for it.
+    std::thread::Builder::new()
+        .name("xce-campaign".into())
+        .spawn(move || {
+            let r = election.campaign(|leader| {
+                tracing::info!("standby: waiting for leadership (leader: {leader})");
+            });
+            let _ = tx.send(r);
+        })
+        .context("spawning the campaign thread")?;
+    tokio::select! {
+        r = rx => {
+            let leader = r
+                .context("the campaign thread ended without an answer")?
+                .context("leader election failed")?;
+            tracing::info!(id = leader.id(), ttl = ?leader.ttl(), "leader: loading the state from etcd");
+            Ok(Some(leader))
+        }
+        () = shutdown_signal() => Ok(None),
+    }
+}
+
+/// A leader that lost its lease stops serving at once and exits non-zero: it must never
+/// commit again (the store's leader guard refuses it anyway; the exit makes it visible).
+fn fail_stop(e: ElectionError) {
+    tracing::error!(error = %e, "leadership lost: stopping at once");
+    eprintln!("error: {e}: this controller stops (a standby takes over)");
+    std::process::exit(1);
 }
 
 async fn run_worker(path: PathBuf) -> Result<()> {

@@ -1,0 +1,436 @@
+//! Controller high availability: two `xced controller` processes on one (private,
+//! loopback) etcd, workers pointed at both; the active one is killed with SIGKILL and the
+//! standby takes over from the stored state.
+
+use crate::harness::*;
+use anyhow::{Context, Result};
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The leader lease TTL the controllers run with (a standby takes over about this long
+/// after the leader dies).
+const LEADER_TTL: &str = "3s";
+
+/// A single-member etcd on loopback with its data in a temp dir; killed when dropped.
+struct Etcd {
+    child: Child,
+    endpoint: String,
+    _dir: tempfile::TempDir,
+}
+
+impl Etcd {
+    async fn start() -> Result<Self> {
+        let bin = std::env::var_os("ETCD")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("etcd"));
+        let dir = tempfile::Builder::new()
+            .prefix("xce-ha-etcd")
+            .tempdir_in("/dev/shm")
+            .or_else(|_| tempfile::tempdir())?;
+        let (client, peer) = (free_port(), free_port());
+        let child = Command::new(&bin)
+            .args(["--name", "ha", "--data-dir"])
+            .arg(dir.path().join("data"))
+            .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
+            .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
+            .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+            .arg(format!(
+                "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+            ))
+            .arg(format!("--initial-cluster=ha=http://127.0.0.1:{peer}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(std::fs::File::create(
+                dir.path().join("etcd.log"),
+            )?))
+            .spawn()
+            .with_context(|| {
+                format!(
+                    "cannot start {} (install etcd-server, or name the binary in $ETCD)",
+                    bin.display()
+                )
+            })?;
+        let etcd = Self {
+            child,
+            endpoint: format!("127.0.0.1:{client}"),
+            _dir: dir,
+        };
+        let http = reqwest::Client::new();
+        let url = format!("http://{}/v3/kv/range", etcd.endpoint);
+        eventually("etcd answers", || async {
+            let r = http.post(&url).body(r#"{"key":"AA=="}"#).send().await?;
+            Ok(r.status().is_success().then_some(()))
+        })
+        .await;
+        Ok(etcd)
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A daemon whose stdout lines a thread collects.
+struct Daemon {
+    child: Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+fn spawn_xced(args: &[&str], config: &Path, log: &Path) -> Result<Daemon> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    let mut child = Command::new(bin("xced"))
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .env("XCE_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .spawn()?;
+    let stdout = child.stdout.take().context("piped stdout")?;
+    let (tx, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    Ok(Daemon { child, lines })
+}
+
+impl Daemon {
+    /// Whether the controller printed its announce line (it leads and serves).
+    fn announced(&self) -> bool {
+        self.lines
+            .try_iter()
+            .any(|l| l.contains("apiserver listening on"))
+    }
+}
+
+/// Two controllers and two workers on one etcd, in a temp dir.
+struct Ha {
+    dir: tempfile::TempDir,
+    ports: [u16; 2],
+    first_ip: std::net::Ipv4Addr,
+    controllers: [Option<Daemon>; 2],
+    workers: Vec<Child>,
+    etcd: Option<Etcd>,
+}
+
+impl Ha {
+    fn ip(&self, i: usize) -> String {
+        let o = self.first_ip.octets();
+        std::net::Ipv4Addr::new(o[0], o[1], o[2], o[3] + i as u8).to_string()
+    }
+
+    fn api(&self, c: usize) -> Api {
+        Api::new(&format!("http://127.0.0.1:{}", self.ports[c]), ADMIN)
+    }
+
+    fn log(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.log"))
+    }
+
+    fn start_controller(&mut self, c: usize) -> Result<()> {
+        let d = spawn_xced(
+            &["controller"],
+            &self.dir.path().join(format!("controller-{c}.toml")),
+            &self.log(&format!("controller-{c}")),
+        )?;
+        self.controllers[c] = Some(d);
+        Ok(())
+    }
+
+    fn new(etcd: Etcd, workers: usize) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let ports = [free_port(), free_port()];
+        let first_ip = ip_block();
+        let mut tokens = format!(
+            "[[token]]\nsecret = \"{ADMIN}\"\nprincipal = \"admin\"\ngrants = [ {{ permission = \"admin\", projects = [\"*\"] }} ]\n"
+        );
+        for i in 0..workers {
+            tokens += &format!(
+                "\n[[worker]]\nhost = \"exec-{:02}\"\nsecret = \"worker-{i}-secret\"\n",
+                i + 1
+            );
+        }
+        std::fs::write(dir.path().join("tokens.toml"), tokens)?;
+        for (c, port) in ports.iter().enumerate() {
+            std::fs::write(
+                dir.path().join(format!("controller-{c}.toml")),
+                format!(
+                    "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\ntokens = \"{}\"\nstore = \"etcd://{}\"\nleader_ttl = \"{LEADER_TTL}\"\nunreachable_after = \"3s\"\ngrace_period = \"30s\"\n\n[address]\nallow_loopback_hosts = [\"*\"]\n",
+                    dir.path().join(format!("controller-{c}")).display(),
+                    dir.path().join("tokens.toml").display(),
+                    etcd.endpoint,
+                ),
+            )?;
+        }
+        let controllers = ports
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let ha = Self {
+            dir,
+            ports,
+            first_ip,
+            controllers: [None, None],
+            workers: Vec::new(),
+            etcd: Some(etcd),
+        };
+        for i in 0..workers {
+            std::fs::write(
+                ha.dir.path().join(format!("worker-{i}.toml")),
+                format!(
+                    "host = \"exec-{:02}\"\ncontroller = \"{controllers}\"\ncredential = \"worker-{i}-secret\"\ndata_dir = \"{}\"\nstop_timeout = \"3s\"\n\n[address]\nadvertise = \"{}\"\nallow_loopback = true\n",
+                    i + 1,
+                    ha.dir.path().join(format!("worker-{i}")).display(),
+                    ha.ip(i),
+                ),
+            )?;
+        }
+        Ok(ha)
+    }
+
+    fn start_workers(&mut self, n: usize) -> Result<()> {
+        for i in 0..n {
+            let d = spawn_xced(
+                &["worker"],
+                &self.dir.path().join(format!("worker-{i}.toml")),
+                &self.log(&format!("worker-{i}")),
+            )?;
+            self.workers.push(d.child);
+        }
+        Ok(())
+    }
+
+    fn kill_9(&mut self, c: usize) {
+        if let Some(mut d) = self.controllers[c].take() {
+            let _ = d.child.kill();
+            let _ = d.child.wait();
+        }
+    }
+}
+
+impl Drop for Ha {
+    fn drop(&mut self) {
+        // Stop the service through whichever controller serves, so no replica outlives
+        // the test; then the daemons, then etcd.
+        let apis: Vec<Api> = (0..2)
+            .filter(|&c| self.controllers[c].is_some())
+            .map(|c| self.api(c))
+            .collect();
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                for api in apis {
+                    if api.delete("/v1/services/web").await.is_ok() {
+                        let _ = tokio::time::timeout(Duration::from_secs(15), async {
+                            while api.get_json("/v1/services/web").await.is_ok() {
+                                tokio::time::sleep(Duration::from_millis(100)).await;
+                            }
+                        })
+                        .await;
+                    }
+                }
+            })
+        })
+        .join();
+        for w in &mut self.workers {
+            terminate(w);
+        }
+        for d in self.controllers.iter_mut().flatten() {
+            terminate(&mut d.child);
+        }
+        let ips: Vec<String> = (0..self.workers.len()).map(|i| self.ip(i)).collect();
+        kill_leftover_replicas(&ips);
+        drop(self.etcd.take());
+    }
+}
+
+fn web(replicas: u32) -> String {
+    format!(
+        "[service]\nname = \"web\"\nreplicas = {replicas}\ncommand = [\"sh\", \"-c\", \"exec python3 -m http.server $XCE_PORT_HTTP --bind $XCE_HOST_IP\"]\n[[service.ports]]\nname = \"http\"\n[service.readiness]\ntcp = \"http\"\ninterval = \"500ms\"\n"
+    )
+}
+
+/// job → (host, port) of the service's live jobs.
+async fn jobs(api: &Api) -> Result<BTreeMap<String, (String, u64)>> {
+    let svc = api.get_json("/v1/services/web").await?;
+    svc["jobs"]
+        .as_array()
+        .context("jobs")?
+        .iter()
+        .map(|j| {
+            Ok((
+                j["job"].as_str().context("job")?.to_owned(),
+                (
+                    j["host"].as_str().context("host")?.to_owned(),
+                    j["ports"]["http"].as_u64().unwrap_or(0),
+                ),
+            ))
+        })
+        .collect()
+}
+
+/// The endpoint entry without its index (which a takeover may move on).
+async fn endpoints(api: &Api) -> Result<Value> {
+    let v = api.get_json("/v1/services/web/endpoints").await?;
+    Ok(v["endpoints"].clone())
+}
+
+fn log_has(path: &Path, needle: &str) -> Result<Option<()>> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    Ok(text.contains(needle).then_some(()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standby_controller_takes_over_after_kill_9_with_the_same_jobs_ports_and_endpoints() {
+    let etcd = Etcd::start().await.expect("etcd");
+    let mut ha = Ha::new(etcd, 2).expect("cluster dir");
+
+    // The first controller leads; the second one waits and does not listen.
+    ha.start_controller(0).unwrap();
+    eventually("controller 0 announces its listener", || async {
+        Ok(ha.controllers[0]
+            .as_ref()
+            .unwrap()
+            .announced()
+            .then_some(()))
+    })
+    .await;
+    ha.start_controller(1).unwrap();
+    let standby_log = ha.log("controller-1");
+    let leader0 = format!("@127.0.0.1:{})", ha.ports[0]);
+    eventually("controller 1 waits as a standby", || async {
+        log_has(&standby_log, "standby: waiting for leadership (leader: ")?;
+        log_has(&standby_log, &leader0)
+    })
+    .await;
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", ha.ports[1])).is_err(),
+        "a standby must not listen"
+    );
+
+    ha.start_workers(2).unwrap();
+    let a = ha.api(0);
+    eventually("2 ready hosts", || async {
+        let h = a.get_json("/v1/hosts").await?;
+        let ready = h["hosts"]
+            .as_array()
+            .map_or(0, |a| a.iter().filter(|h| h["state"] == "ready").count());
+        Ok((ready == 2).then_some(()))
+    })
+    .await;
+    assert_eq!(a.submit_toml(&web(4)).await.unwrap().0, 201);
+    let mut eps_before = a.wait_ready("web", 4).await;
+    eps_before.sort();
+    let jobs_before = jobs(&a).await.unwrap();
+    let table_before = endpoints(&a).await.unwrap();
+
+    // kill -9 the leader: the standby takes over once the lease runs out.
+    ha.kill_9(0);
+    let killed = Instant::now();
+    let b = ha.api(1);
+    eventually("controller 1 serves the table", || async {
+        let (status, _, body) = b.get("/v1/services/web/endpoints?format=plain").await?;
+        Ok((status == 200 && body.lines().count() == 4).then_some(()))
+    })
+    .await;
+    let takeover = killed.elapsed();
+    assert!(ha.controllers[1].as_ref().unwrap().announced());
+
+    // Both workers found the new leader; nothing moved or dropped on the way.
+    for i in 0..2 {
+        let log = ha.log(&format!("worker-{i}"));
+        eventually(&format!("worker {i} switched"), || async {
+            log_has(&log, "switched to the controller that answers")
+        })
+        .await;
+    }
+    eventually("2 ready hosts on the new leader", || async {
+        let h = b.get_json("/v1/hosts").await?;
+        let ready = h["hosts"]
+            .as_array()
+            .map_or(0, |a| a.iter().filter(|h| h["state"] == "ready").count());
+        Ok((ready == 2).then_some(()))
+    })
+    .await;
+    let jobs_after = jobs(&b).await.unwrap();
+    let reassigned = jobs_before
+        .iter()
+        .filter(|(job, hp)| jobs_after.get(*job) != Some(hp))
+        .count();
+    assert_eq!(jobs_after, jobs_before, "the same jobs on the same ports");
+    assert_eq!(
+        endpoints(&b).await.unwrap(),
+        table_before,
+        "endpoints identical"
+    );
+    let mut eps_after = b.plain("web").await.unwrap();
+    eps_after.sort();
+    let eps_changed = eps_before
+        .iter()
+        .filter(|e| !eps_after.contains(e))
+        .chain(eps_after.iter().filter(|e| !eps_before.contains(e)))
+        .count();
+    assert_eq!(eps_after, eps_before);
+    let host_log_ok = !std::fs::read_to_string(ha.log("controller-1"))
+        .unwrap_or_default()
+        .contains("host unreachable");
+    assert!(
+        host_log_ok,
+        "a worker missed its heartbeats across the takeover"
+    );
+    for ep in &eps_after {
+        assert!(http_ok(ep).await.unwrap(), "{ep} still serves");
+    }
+
+    // The new leader runs the cluster: a killed replica is replaced.
+    let victim = eps_after[0].clone();
+    kill_replica_listening_on(&victim).unwrap();
+    let replaced = eventually("the killed replica replaced", || async {
+        let now = jobs(&b).await?;
+        let gone = jobs_before.keys().filter(|j| !now.contains_key(*j)).count();
+        let eps = b.plain("web").await?;
+        Ok(
+            (gone == 1 && now.len() == 4 && eps.len() == 4 && !eps.contains(&victim))
+                .then_some(now),
+        )
+    })
+    .await;
+    let new_jobs: Vec<_> = replaced
+        .keys()
+        .filter(|j| !jobs_before.contains_key(*j))
+        .collect();
+    assert_eq!(new_jobs.len(), 1, "one new job: {replaced:?}");
+
+    // The old leader, restarted, is a standby of the new one.
+    ha.start_controller(0).unwrap();
+    let old_log = ha.log("controller-0");
+    let leader1 = format!("@127.0.0.1:{})", ha.ports[1]);
+    eventually("the restarted controller 0 waits as a standby", || async {
+        log_has(&old_log, &leader1)
+    })
+    .await;
+    assert!(!ha.controllers[0].as_ref().unwrap().announced());
+
+    println!(
+        "FIGURE controller takeover after kill -9: {} ms (leader_ttl {LEADER_TTL}), jobs={} ports_reassigned={reassigned} endpoints_changed={eps_changed}",
+        takeover.as_millis(),
+        jobs_before.len()
+    );
+}

@@ -1,0 +1,594 @@
+//! Leader election on etcd: several controllers on one etcd, one active at a time.
+//!
+//! Through the same JSON gateway as [`EtcdStore`](super::EtcdStore):
+//! - **campaign**: grant a lease (`POST /v3/lease/grant`), then one transaction "if the
+//!   leader key `<prefix>.leader` does not exist (`create_revision == 0`), put it with my
+//!   id, attached to my lease; else read it". The winner leads while its lease lives.
+//! - **standby**: a loser revokes its lease, names the leader once, and watches the
+//!   leader key from the revision it read (`POST /v3/watch`, a streaming answer of
+//!   newline-delimited JSON) until it is deleted — by a resign (lease revoked) or by
+//!   the leader's lease running out — then campaigns again. A watch that stays silent
+//!   for twice the TTL is dropped and the campaign retried, so a half-open connection
+//!   to a dead etcd member cannot park a standby forever.
+//! - **leading**: [`Leadership::maintain`] renews the lease every TTL/3
+//!   (`POST /v3/lease/keepalive`) and checks the key is still its own. The leader
+//!   counts its lease from the moment it *sent* each renewal, so it believes the lease
+//!   expired no later than etcd does. When the lease is gone, the key is no longer its
+//!   own, or no renewal got through before that estimate ran out, it is told at once
+//!   (fail-stop is the caller's part: `xced controller` exits).
+//!
+//! The election alone does not make commits safe (a request in flight while the lease
+//! runs out may still land): the store's [`with_leader_guard`](super::EtcdStore::with_leader_guard)
+//! makes every commit conditional on the leader key being the one this leader created.
+
+use super::etcd::{b64, check_endpoint, int, post, unb64, Failure};
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+/// The leader key's name after the store prefix (no `/`: it is no `<ns>/<key>`).
+const LEADER: &str = ".leader";
+/// The lease TTL unless told otherwise.
+pub const DEFAULT_LEADER_TTL: Duration = Duration::from_secs(5);
+/// The longest pause between campaign attempts while etcd does not answer.
+const MAX_RETRY: Duration = Duration::from_secs(2);
+/// The largest watch message accepted.
+const MAX_MESSAGE: usize = 16 << 20;
+
+/// Why the election could not go on.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ElectionError {
+    /// Bad endpoints, prefix, id or TTL.
+    #[error("invalid election config: {0}")]
+    InvalidConfig(String),
+    /// etcd could not be asked (no endpoint answered, or it refused).
+    #[error("etcd: {0}")]
+    Etcd(String),
+    /// This candidate is not (or no longer) the leader.
+    #[error("leadership lost: {0}")]
+    Lost(String),
+}
+
+/// One candidate: its id, the leader key, the lease TTL. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Election {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    endpoints: Vec<String>,
+    /// The endpoint that answered last; tried first.
+    current: AtomicUsize,
+    key: String,
+    id: String,
+    ttl: Duration,
+    /// The deadline of one HTTP exchange.
+    timeout: Duration,
+}
+
+/// What one campaign attempt found.
+enum Attempt {
+    Won(Leadership),
+    /// Someone else leads: their id, and the revision the key was read at.
+    Held {
+        leader: String,
+        rev: i64,
+    },
+}
+
+/// Why a watch ended.
+enum WatchEnd {
+    /// The leader key was deleted.
+    Deleted,
+    /// Silence, the end of the stream, or a cancel: look again.
+    Recheck,
+}
+
+// === impl Election ===
+
+impl Election {
+    /// A candidate named `id` for the leader key `<prefix>.leader` on `endpoints`
+    /// (`HOST:PORT`, tried in order), with a lease of `ttl` (whole seconds, at least 1;
+    /// etcd may grant more). Contacts nobody yet.
+    pub fn new(
+        endpoints: Vec<String>,
+        prefix: &str,
+        id: &str,
+        ttl: Duration,
+    ) -> Result<Self, ElectionError> {
+        let bad = |m: String| ElectionError::InvalidConfig(m);
+        if endpoints.is_empty() {
+            return Err(bad("no etcd endpoint given".into()));
+        }
+        for ep in &endpoints {
+            check_endpoint(ep).map_err(|r| bad(format!("etcd endpoint {ep:?} {r}")))?;
+        }
+        if !prefix.ends_with('/') {
+            return Err(bad(format!("key prefix {prefix:?} must end with /")));
+        }
+        if id.is_empty() {
+            return Err(bad("the candidate id is empty".into()));
+        }
+        if ttl < Duration::from_secs(1) {
+            return Err(bad(format!("leader ttl {ttl:?} is below 1s")));
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                endpoints,
+                current: AtomicUsize::new(0),
+                key: format!("{prefix}{LEADER}"),
+                id: id.to_owned(),
+                ttl,
+                timeout: (ttl / 2).clamp(Duration::from_millis(500), super::DEFAULT_TIMEOUT),
+            }),
+        })
+    }
+
+    /// This candidate's id.
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// The leader key (`<prefix>.leader`).
+    pub fn key(&self) -> &str {
+        &self.inner.key
+    }
+
+    /// Blocks until this candidate leads. `standby` is called with the leader's id each
+    /// time another one is found leading (once per leader). An unreachable etcd is
+    /// retried (with a capped pause, each failure logged); only a refused request ends
+    /// the campaign with an error.
+    pub fn campaign(&self, mut standby: impl FnMut(&str)) -> Result<Leadership, ElectionError> {
+        let mut named: Option<String> = None;
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let failed = match self.attempt() {
+                Ok(Attempt::Won(l)) => return Ok(l),
+                Ok(Attempt::Held { leader, rev }) => {
+                    if named.as_deref() != Some(leader.as_str()) {
+                        standby(&leader);
+                        named = Some(leader);
+                    }
+                    pause = Duration::from_millis(100);
+                    match self.watch_delete(rev + 1) {
+                        Ok(WatchEnd::Deleted | WatchEnd::Recheck) => continue,
+                        Err(e) => e,
+                    }
+                }
+                Err(ElectionError::Etcd(e)) => e,
+                Err(e) => return Err(e),
+            };
+            tracing::warn!(error = %failed, retry_in = ?pause, "election: etcd did not answer");
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(MAX_RETRY);
+        }
+    }
+
+    /// One campaign transaction (with a fresh lease).
+    fn attempt(&self) -> Result<Attempt, ElectionError> {
+        let i = &self.inner;
+        let sent = Instant::now();
+        let grant = self.call(
+            "/v3/lease/grant",
+            &json!({ "TTL": i.ttl.as_secs().max(1).to_string() }),
+        )?;
+        let lease = int(&grant["ID"]);
+        let granted = int(&grant["TTL"]);
+        if lease == 0 || granted <= 0 {
+            return Err(ElectionError::Etcd(format!(
+                "lease grant answered no lease: {grant}"
+            )));
+        }
+        let key = b64(i.key.as_bytes());
+        let txn = self.call(
+            "/v3/kv/txn",
+            &json!({
+                "compare": [{ "key": key, "target": "CREATE", "result": "EQUAL",
+                              "create_revision": "0" }],
+                "success": [{ "request_put": { "key": key, "value": b64(i.id.as_bytes()),
+                                               "lease": lease.to_string() } }],
+                "failure": [{ "request_range": { "key": key } }],
+            }),
+        );
+        let txn = match txn {
+            Ok(t) => t,
+            Err(e) => {
+                // Whether it went through is unknown: the lease must not outlive it.
+                let _ = self.revoke(lease);
+                return Err(e);
+            }
+        };
+        let rev = int(&txn["header"]["revision"]);
+        if txn["succeeded"].as_bool() == Some(true) {
+            tracing::info!(id = %i.id, lease = %format!("{lease:x}"), ttl_s = granted, "election: leading");
+            return Ok(Attempt::Won(Leadership {
+                election: self.clone(),
+                lease,
+                create_revision: rev,
+                ttl: Duration::from_secs(granted as u64),
+                expires: sent + Duration::from_secs(granted as u64),
+            }));
+        }
+        let _ = self.revoke(lease);
+        let kv = txn.pointer("/responses/0/response_range/kvs/0");
+        let leader = kv
+            .map(|kv| {
+                String::from_utf8_lossy(&unb64(&kv["value"]).unwrap_or_default()).into_owned()
+            })
+            .unwrap_or_default();
+        Ok(Attempt::Held { leader, rev })
+    }
+
+    /// Revokes a lease (its keys go with it).
+    fn revoke(&self, lease: i64) -> Result<(), ElectionError> {
+        self.call("/v3/lease/revoke", &json!({ "ID": lease.to_string() }))
+            .map(drop)
+    }
+
+    /// `body` to `path` on each endpoint in turn (from the last good one) until one
+    /// answers. A refusal is authoritative: another member would say the same.
+    fn call(&self, path: &str, body: &Value) -> Result<Value, ElectionError> {
+        self.call_by(path, body, Instant::now() + self.inner.timeout * 3)
+    }
+
+    /// [`call`](Self::call), giving up at `deadline` (each endpoint gets the usual
+    /// timeout, or what is left).
+    fn call_by(&self, path: &str, body: &Value, deadline: Instant) -> Result<Value, ElectionError> {
+        let i = &self.inner;
+        let body = body.to_string();
+        let n = i.endpoints.len();
+        let start = i.current.load(Ordering::Relaxed);
+        let mut errors = Vec::new();
+        for k in 0..n {
+            let at = (start + k) % n;
+            let ep = &i.endpoints[at];
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                errors.push(format!("{ep}: not tried, out of time"));
+                continue;
+            }
+            match post(ep, path, body.as_bytes(), i.timeout.min(left)) {
+                Ok(v) => {
+                    i.current.store(at, Ordering::Relaxed);
+                    return Ok(v);
+                }
+                Err(Failure::Refused(m)) => {
+                    return Err(ElectionError::Etcd(format!("{path}: {ep}: {m}")));
+                }
+                Err(Failure::Unreachable(m) | Failure::Unknown(m)) => {
+                    errors.push(format!("{ep}: {m}"))
+                }
+            }
+        }
+        Err(ElectionError::Etcd(format!(
+            "{path}: no endpoint answered: {}",
+            errors.join("; ")
+        )))
+    }
+
+    /// Watches the leader key from revision `from` on the current endpoint until it is
+    /// deleted, or the watch ends or stays silent for twice the TTL.
+    fn watch_delete(&self, from: i64) -> Result<WatchEnd, String> {
+        let i = &self.inner;
+        let ep = &i.endpoints[i.current.load(Ordering::Relaxed) % i.endpoints.len()];
+        let body = json!({ "create_request": {
+            "key": b64(i.key.as_bytes()),
+            "start_revision": from.to_string(),
+        } })
+        .to_string();
+        let mut s = connect(ep, i.timeout)?;
+        let head = format!(
+            "POST /v3/watch HTTP/1.1\r\nhost: {ep}\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\n\r\n",
+            body.len()
+        );
+        s.set_write_timeout(Some(i.timeout))
+            .and_then(|()| s.write_all(head.as_bytes()))
+            .and_then(|()| s.write_all(body.as_bytes()))
+            .map_err(|e| format!("{ep}: cannot send the watch: {e}"))?;
+        s.set_read_timeout(Some(i.ttl * 2))
+            .map_err(|e| format!("{ep}: {e}"))?;
+        let mut stream = WatchStream::default();
+        let mut buf = [0u8; 8 << 10];
+        loop {
+            let n = match s.read(&mut buf) {
+                Ok(0) => return Ok(WatchEnd::Recheck),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Ok(WatchEnd::Recheck)
+                }
+                Err(e) => return Err(format!("{ep}: watch: {e}")),
+            };
+            for msg in stream
+                .push(&buf[..n])
+                .map_err(|e| format!("{ep}: watch: {e}"))?
+            {
+                let result = &msg["result"];
+                if msg.get("error").is_some() {
+                    return Err(format!("{ep}: watch: {msg}"));
+                }
+                let deleted = result["events"]
+                    .as_array()
+                    .is_some_and(|evs| evs.iter().any(|e| e["type"] == "DELETE"));
+                if deleted {
+                    return Ok(WatchEnd::Deleted);
+                }
+                if result["canceled"].as_bool() == Some(true) {
+                    return Ok(WatchEnd::Recheck);
+                }
+            }
+            if stream.ended {
+                return Ok(WatchEnd::Recheck);
+            }
+        }
+    }
+}
+
+fn connect(ep: &str, timeout: Duration) -> Result<TcpStream, String> {
+    let addrs: Vec<SocketAddr> = ep
+        .to_socket_addrs()
+        .map_err(|e| format!("{ep}: cannot resolve: {e}"))?
+        .collect();
+    let mut last = format!("{ep}: resolves to no address");
+    for a in addrs {
+        match TcpStream::connect_timeout(&a, timeout) {
+            Ok(s) => {
+                let _ = s.set_nodelay(true);
+                return Ok(s);
+            }
+            Err(e) => last = format!("{ep}: cannot connect: {e}"),
+        }
+    }
+    Err(last)
+}
+
+/// Decodes a streaming HTTP/1.1 answer (chunked, or not) into its newline-delimited
+/// JSON messages, as bytes arrive.
+#[derive(Debug, Default)]
+struct WatchStream {
+    /// Bytes not decoded yet.
+    raw: Vec<u8>,
+    /// `None` until the header is read; then whether the body is chunked.
+    chunked: Option<bool>,
+    /// Decoded body bytes not yet a complete line.
+    body: Vec<u8>,
+    /// The last chunk came.
+    ended: bool,
+}
+
+impl WatchStream {
+    fn push(&mut self, bytes: &[u8]) -> Result<Vec<Value>, String> {
+        self.raw.extend_from_slice(bytes);
+        if self.raw.len() + self.body.len() > MAX_MESSAGE {
+            return Err(format!("a message larger than {MAX_MESSAGE} bytes"));
+        }
+        if self.chunked.is_none() {
+            let Some(end) = self.raw.windows(4).position(|w| w == b"\r\n\r\n") else {
+                return Ok(Vec::new());
+            };
+            let head = String::from_utf8_lossy(&self.raw[..end]).to_ascii_lowercase();
+            let status = head.split(' ').nth(1).unwrap_or("");
+            if status != "200" {
+                return Err(format!("http {status}"));
+            }
+            self.chunked = Some(head.contains("transfer-encoding: chunked"));
+            self.raw.drain(..end + 4);
+        }
+        if self.chunked == Some(true) {
+            while let Some(eol) = self.raw.windows(2).position(|w| w == b"\r\n") {
+                let size = std::str::from_utf8(&self.raw[..eol])
+                    .ok()
+                    .and_then(|s| usize::from_str_radix(s.split(';').next()?.trim(), 16).ok())
+                    .ok_or("bad chunk size")?;
+                if size == 0 {
+                    self.ended = true;
+                    break;
+                }
+                if self.raw.len() < eol + 2 + size + 2 {
+                    break;
+                }
+                self.body
+                    .extend_from_slice(&self.raw[eol + 2..eol + 2 + size]);
+                self.raw.drain(..eol + 2 + size + 2);
+            }
+        } else {
+            self.body.append(&mut self.raw);
+        }
+        let mut out = Vec::new();
+        while let Some(nl) = self.body.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.body.drain(..=nl).collect();
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            out.push(serde_json::from_slice(&line).map_err(|e| format!("not JSON: {e}"))?);
+        }
+        Ok(out)
+    }
+}
+
+// === impl Leadership ===
+
+/// This candidate leads while its lease lives. Renew it with [`keep_alive`]
+/// (or hand it to [`maintain`]); [`resign`] hands leadership over at once.
+///
+/// [`keep_alive`]: Leadership::keep_alive
+/// [`maintain`]: Leadership::maintain
+/// [`resign`]: Leadership::resign
+#[derive(Debug)]
+pub struct Leadership {
+    election: Election,
+    lease: i64,
+    create_revision: i64,
+    ttl: Duration,
+    /// When the lease runs out at the latest, counted from the last renewal's sending.
+    expires: Instant,
+}
+
+impl Leadership {
+    /// The leader's id.
+    pub fn id(&self) -> &str {
+        self.election.id()
+    }
+
+    /// The leader key.
+    pub fn key(&self) -> &str {
+        self.election.key()
+    }
+
+    /// The revision at which this leader created the leader key (see
+    /// [`EtcdStore::with_leader_guard`](super::EtcdStore::with_leader_guard)).
+    pub fn create_revision(&self) -> i64 {
+        self.create_revision
+    }
+
+    /// The granted lease TTL.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// By when the lease runs out unless renewed (a conservative estimate).
+    pub fn expires(&self) -> Instant {
+        self.expires
+    }
+
+    /// One renewal: keeps the lease alive and checks the leader key is still this
+    /// leader's. [`ElectionError::Lost`] when the lease or the key is gone;
+    /// [`ElectionError::Etcd`] when etcd did not answer (still leading until
+    /// [`expires`](Self::expires)).
+    pub fn keep_alive(&mut self) -> Result<(), ElectionError> {
+        let e = &self.election;
+        let sent = Instant::now();
+        // An answer after the lease ran out is no use: the caller must learn by then.
+        let by = self.expires.max(sent + Duration::from_millis(50));
+        let r = e.call_by(
+            "/v3/lease/keepalive",
+            &json!({ "ID": self.lease.to_string() }),
+            by,
+        )?;
+        let ttl = int(&r["result"]["TTL"]);
+        if ttl <= 0 {
+            return Err(ElectionError::Lost(format!(
+                "the lease {:x} has expired",
+                self.lease
+            )));
+        }
+        let kv = e.call_by(
+            "/v3/kv/range",
+            &json!({ "key": b64(e.key().as_bytes()) }),
+            sent + Duration::from_secs(ttl as u64),
+        )?;
+        let kv = kv.pointer("/kvs/0");
+        let created = kv.map_or(0, |kv| int(&kv["create_revision"]));
+        if created != self.create_revision {
+            let holder = kv
+                .map(|kv| {
+                    String::from_utf8_lossy(&unb64(&kv["value"]).unwrap_or_default()).into_owned()
+                })
+                .unwrap_or_else(|| "nobody".into());
+            return Err(ElectionError::Lost(format!(
+                "the leader key {:?} is no longer this leader's (held by {holder})",
+                e.key()
+            )));
+        }
+        self.expires = sent + Duration::from_secs(ttl as u64);
+        Ok(())
+    }
+
+    /// Hands leadership over at once: revokes the lease, which deletes the leader key.
+    pub fn resign(self) -> Result<(), ElectionError> {
+        self.election.revoke(self.lease)
+    }
+
+    /// Renews the lease every TTL/3 on a thread of its own. `lost` is called once, with
+    /// the reason, when the lease or the key is gone or no renewal got through before the
+    /// lease ran out; the thread then ends. Drop or [`resign`](Maintained::resign) the
+    /// handle to stop.
+    pub fn maintain(self, lost: impl FnOnce(ElectionError) + Send + 'static) -> Maintained {
+        let (stop, stopped) = mpsc::channel::<()>();
+        let period = self.ttl / 3;
+        let retry = (self.ttl / 10).clamp(Duration::from_millis(50), Duration::from_millis(500));
+        let election = self.election.clone();
+        let lease = self.lease;
+        let thread = std::thread::Builder::new()
+            .name("xce-leader-lease".into())
+            .spawn(move || {
+                let mut me = self;
+                let mut wait = period;
+                loop {
+                    match stopped.recv_timeout(wait) {
+                        Err(mpsc::RecvTimeoutError::Timeout) => {}
+                        _ => return,
+                    }
+                    match me.keep_alive() {
+                        Ok(()) => wait = period,
+                        Err(ElectionError::Etcd(e)) if Instant::now() + retry < me.expires => {
+                            tracing::warn!(error = %e, left = ?me.expires.saturating_duration_since(Instant::now()), "election: lease renewal failed; retrying");
+                            wait = retry;
+                        }
+                        Err(ElectionError::Etcd(e)) => {
+                            lost(ElectionError::Lost(format!(
+                                "no lease renewal got through before the lease ran out: {e}"
+                            )));
+                            return;
+                        }
+                        Err(e) => {
+                            lost(e);
+                            return;
+                        }
+                    }
+                }
+            })
+            .expect("spawning the lease thread");
+        Maintained {
+            stop: Some(stop),
+            thread: Some(thread),
+            election,
+            lease,
+        }
+    }
+}
+
+/// A leadership whose lease a thread renews (see [`Leadership::maintain`]).
+#[derive(Debug)]
+pub struct Maintained {
+    stop: Option<mpsc::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    election: Election,
+    lease: i64,
+}
+
+impl Maintained {
+    /// Stops renewing and revokes the lease: a standby takes over at once.
+    pub fn resign(mut self) -> Result<(), ElectionError> {
+        self.stop_thread();
+        self.election.revoke(self.lease)
+    }
+
+    fn stop_thread(&mut self) {
+        drop(self.stop.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Maintained {
+    fn drop(&mut self) {
+        // Stops renewing only: the lease runs out by itself.
+        self.stop_thread();
+    }
+}
+
+#[cfg(test)]
+mod tests;
