@@ -127,6 +127,10 @@ pub(crate) struct Core {
     view: watch::Sender<Arc<View>>,
     /// Something changed since the last [`Core::settle`].
     dirty: bool,
+    /// Committed events not yet announced: listeners hear of a change only after the
+    /// readers' view includes it (see [`Core::publish`]), so no read path is ahead of
+    /// the controller's own (`/v1/hosts` never behind the endpoints).
+    outbox: Vec<ClusterEvent>,
     /// After a failed commit in a timer: do not retry before this (no busy loop while the
     /// store is down).
     store_retry: Option<Instant>,
@@ -224,6 +228,7 @@ impl Core {
             view,
             dirty: true,
             store_retry: None,
+            outbox: Vec::new(),
         };
         core.publish();
         Ok(core)
@@ -258,10 +263,8 @@ impl Core {
         self.dirty = true;
         for e in &events {
             self.note(e, now);
-            for l in &self.listeners {
-                l.on_event(e);
-            }
         }
+        self.outbox.extend(events);
         for a in after {
             match a {
                 After::Refused {
@@ -997,6 +1000,13 @@ impl Core {
         m.pending
             .set(self.pending.values().map(|p| p.len()).sum::<usize>() as i64);
         m.revision.set(c.rev as i64);
+        // Announce last: the readers' view above already includes these changes.
+        let events = std::mem::take(&mut self.outbox);
+        for e in &events {
+            for l in &self.listeners {
+                l.on_event(e);
+            }
+        }
     }
 
     fn grant_summaries(&self, job: &JobInfo) -> BTreeMap<String, Value> {
