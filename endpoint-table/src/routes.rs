@@ -13,9 +13,10 @@ use axum::routing::get;
 use axum::{Extension, Json, Router};
 use plugin_api::{ApiContext, ApiError, Permission, Principal};
 use std::convert::Infallible;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
 /// The most jitter added to a blocking query's wait: clients give the server `wait` plus
 /// some slack (xcecli: 30s) before they call the connection dead.
@@ -354,17 +355,30 @@ async fn stream(
     view.check(&entry)?;
     let watcher = shared.watcher(&principal)?;
     tracing::debug!(service = %name, index = entry.index, last_event_id, "stream opened");
+    let lag = Arc::new(Lag {
+        taken: AtomicU64::new(rx.borrow().seq),
+        watcher: Mutex::new(Some(watcher)),
+    });
+    let (stop, stopped) = oneshot::channel();
+    tokio::spawn(watchdog(
+        rx.clone(),
+        lag.clone(),
+        stopped,
+        shared.clone(),
+        name.clone(),
+        principal.name.clone(),
+    ));
     let events = EventStream {
         rx,
         first: true,
         done: false,
-        last_seq: 0,
         sent: last_event_id,
         name,
         principal,
         view,
         shared: shared.clone(),
-        _watcher: watcher,
+        lag,
+        _stop: stop,
     };
     let stream = futures_util::stream::unfold(events, |mut s| async move {
         let event = s.next().await?;
@@ -383,23 +397,42 @@ async fn stream(
 /// event is the whole entry, so a client that reads slowly skips intermediate states and
 /// memory does not grow. A client that falls more than `stream_buffer` changes behind is
 /// disconnected instead (it resumes with `Last-Event-ID` and gets the current entry).
+///
+/// The stream runs only when hyper polls it, and hyper polls it only when it can write,
+/// i.e. when the client reads; so the lag is also watched by a [`watchdog`] task that
+/// follows the service's changes on its own and cuts a client off even if it never reads.
 struct EventStream {
     rx: watch::Receiver<Slot>,
     first: bool,
     done: bool,
-    last_seq: u64,
     /// The index of the last entry the client has (sent, or named by `Last-Event-ID`).
     sent: Option<u64>,
     name: String,
     principal: Principal,
     view: View,
     shared: Arc<Shared>,
-    _watcher: WatcherGuard,
+    lag: Arc<Lag>,
+    /// Dropped with the stream: tells its watchdog to end.
+    _stop: oneshot::Sender<()>,
 }
+
+/// What a stream shares with its watchdog.
+#[derive(Debug)]
+struct Lag {
+    /// The seq of the last slot the stream took (the slot's seq when it opened, until it
+    /// took one): the client is behind by the slot's seq minus this.
+    taken: AtomicU64,
+    /// The stream's place among the watchers; taken away when the client is cut off (or
+    /// the stream is dropped), so a cut-off client stops counting against the caps at
+    /// once, even though its connection lives until hyper polls the stream again.
+    watcher: Mutex<Option<WatcherGuard>>,
+}
+
+// === impl EventStream ===
 
 impl EventStream {
     async fn next(&mut self) -> Option<Event> {
-        if self.done {
+        if self.done || self.lag.is_cut() {
             return None;
         }
         loop {
@@ -407,19 +440,22 @@ impl EventStream {
                 return Some(self.gone());
             }
             self.first = false;
-            let slot = self.rx.borrow_and_update().clone();
-            let behind = slot.seq.saturating_sub(self.last_seq);
-            if self.last_seq != 0 && behind > self.shared.cfg.stream_buffer {
-                self.shared.metrics.streams_lagged.inc();
-                tracing::info!(
-                    service = %self.name,
-                    principal = %self.principal.name,
-                    behind,
-                    "stream client fell behind, disconnecting it"
-                );
+            // Cut off by the watchdog while hyper was not polling: end the body.
+            if self.lag.is_cut() {
+                self.done = true;
                 return None;
             }
-            self.last_seq = slot.seq;
+            let slot = self.rx.borrow_and_update().clone();
+            let behind = slot
+                .seq
+                .saturating_sub(self.lag.taken.load(Ordering::Acquire));
+            if behind > self.shared.cfg.stream_buffer {
+                self.lag
+                    .cut_off(&self.shared, &self.name, &self.principal.name, behind);
+                self.done = true;
+                return None;
+            }
+            self.lag.taken.store(slot.seq, Ordering::Release);
             let entry = match slot.entry {
                 Some(e) if self.principal.may(Permission::JobView, &e.project) => e,
                 _ => return Some(self.gone()),
@@ -444,6 +480,78 @@ impl EventStream {
             "details": e.details,
         }});
         Event::default().event("error").data(body.to_string())
+    }
+}
+
+impl Drop for EventStream {
+    fn drop(&mut self) {
+        // Frees the place now, not when the watchdog has noticed the stop.
+        self.lag.release();
+    }
+}
+
+// === impl Lag ===
+
+impl Lag {
+    fn is_cut(&self) -> bool {
+        self.watcher
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none()
+    }
+
+    fn release(&self) -> Option<WatcherGuard> {
+        self.watcher
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    /// Cuts the client off (once: the stream and its watchdog may both see the lag).
+    fn cut_off(&self, shared: &Shared, service: &str, principal: &str, behind: u64) {
+        if self.release().is_none() {
+            return;
+        }
+        shared.metrics.streams_lagged.inc();
+        tracing::info!(
+            service,
+            principal,
+            behind,
+            "stream client fell behind, disconnecting it"
+        );
+    }
+}
+
+/// Follows a stream's service and cuts the client off as soon as it is more than
+/// `stream_buffer` changes behind, whether or not hyper polls the stream. It wakes only on
+/// the service's changes (no timer) and ends with the stream (`stopped`), when the service
+/// goes away, or once it has cut the client off.
+async fn watchdog(
+    mut rx: watch::Receiver<Slot>,
+    lag: Arc<Lag>,
+    mut stopped: oneshot::Receiver<()>,
+    shared: Arc<Shared>,
+    service: String,
+    principal: String,
+) {
+    loop {
+        tokio::select! {
+            _ = &mut stopped => return,
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+        }
+        let seq = rx.borrow_and_update().seq;
+        let behind = seq.saturating_sub(lag.taken.load(Ordering::Acquire));
+        if behind > shared.cfg.stream_buffer {
+            lag.cut_off(&shared, &service, &principal, behind);
+            return;
+        }
+        if lag.is_cut() {
+            return;
+        }
     }
 }
 

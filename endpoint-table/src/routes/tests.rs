@@ -811,6 +811,63 @@ async fn stream_client_falling_behind_is_disconnected() {
     "#]].assert_eq(&out);
 }
 
+/// A client that never reads (its stream is never polled, as when its socket is full) is
+/// cut off all the same once it is more than `stream_buffer` changes behind: its place is
+/// freed at once and its body ends at the next poll. A reader that keeps up stays.
+#[tokio::test]
+async fn stream_client_that_never_reads_is_cut_off() {
+    let c = Cluster::new(small(|c| c.stream_buffer = 2)).await;
+    let silent = c.get("alice /v1/services/web/endpoints/stream").await;
+    assert_eq!(silent.status(), 200);
+    let mut reader = Events::new(c.get("root /v1/services/web/endpoints/stream").await);
+    let mut out = String::new();
+    let _ = writeln!(out, "reader: {:?}", first_line(reader.next().await));
+    let mut j3 = web_job("j-3", 2, "exec-01", 20419);
+    let mut rev = 10;
+    for n in 1..=3 {
+        rev += 1;
+        j3.ready = !j3.ready;
+        c.event(ev_job(rev, j3.clone())).await;
+        let _ = writeln!(
+            out,
+            "change {n}: reader {:?}",
+            first_line(reader.next().await)
+        );
+        if n == 2 {
+            // Two behind is within the buffer: the silent client keeps its place.
+            c.watchers_reach(2).await;
+        }
+    }
+    // Three behind: cut off without its stream ever being polled.
+    c.watchers_reach(1).await;
+    let _ = writeln!(out, "{}", c.metrics());
+    let mut silent = Events::new(silent);
+    let _ = writeln!(
+        out,
+        "silent client reads at last: {:?}",
+        silent.next().await
+    );
+    drop(reader);
+    c.watchers_reach(0).await;
+    expect![[r#"
+        reader: Some("id: 10")
+        change 1: reader Some("id: 11")
+        change 2: reader Some("id: 12")
+        change 3: reader Some("id: 13")
+        xce_endpoint_table_changes_total 7
+        xce_endpoint_watchers 1
+        xce_endpoint_watchers_rejected_total 0
+        xce_endpoint_streams_lagged_total 1
+        xce_endpoint_propagation_seconds_count 4
+        silent client reads at last: None
+    "#]]
+    .assert_eq(&out);
+}
+
+fn first_line(event: Option<String>) -> Option<String> {
+    event.map(|e| e.lines().next().unwrap_or_default().to_owned())
+}
+
 #[tokio::test]
 async fn watcher_caps() {
     let c = Cluster::new(small(|c| {
