@@ -93,6 +93,10 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
         })
         .collect::<Result<_>>()?;
 
+    // Any user token can list hosts: used to wait for the dev hosts before announcing.
+    let probe_token = admin
+        .clone()
+        .or_else(|| tokens.users().first().map(|u| u.secret.expose().to_owned()));
     let store = local_cluster::store::RedbStore::open(args.data_dir.join("controller.redb"))
         .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
     // Every dev host advertises a loopback address.
@@ -169,12 +173,12 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
         });
     }
 
+    // Announce once every dev host has registered: a script (or test) that reads the
+    // announce line finds all hosts, and the demo's replicas spread over all of them.
+    wait_for_hosts(&api, probe_token.as_deref(), hosts.len()).await?;
     crate::announce(running.addr);
     println!("xced: {} hosts: {}", hosts.len(), hosts.join(", "));
     if args.demo {
-        // Submit once every dev host has registered, so the demo's replicas spread over
-        // all of them instead of piling onto the first hosts up.
-        wait_for_hosts(&api, admin.as_deref(), hosts.len()).await?;
         submit_demo(&api, admin.as_deref()).await?;
         println!("xced: submitted service `web` (examples/web.toml)");
         println!("xced: try `xcecli service endpoints web` or `xcecli host list` in another shell");
