@@ -6,10 +6,10 @@ use crate::harness::*;
 use std::net::Ipv4Addr;
 
 fn web(name: &str, envfile: &std::path::Path) -> String {
-    format!(
-        "[service]\nname = \"{name}\"\nreplicas = 1\ncommand = [\"sh\", \"-c\", \"echo $XCE_HOST_IP > {}; exec python3 -m http.server $XCE_PORT_HTTP --bind $XCE_HOST_IP\"]\n[[service.ports]]\nname = \"http\"\n[service.readiness]\ntcp = \"http\"\ninterval = \"500ms\"\n",
-        envfile.display()
-    )
+    http_service(name, 1)
+        .interval("500ms")
+        .before(&format!("echo $XCE_HOST_IP > {}", envfile.display()))
+        .toml()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

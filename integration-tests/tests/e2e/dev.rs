@@ -295,30 +295,12 @@ port = 70000
 async fn tenants_see_only_their_projects() {
     let dir = tempfile::tempdir().unwrap();
     let tokens = dir.path().join("tokens.toml");
-    std::fs::write(
-        &tokens,
-        r#"
-[[token]]
-secret = "alice-secret"
-principal = "alice"
-grants = [ { permission = "job.view", projects = ["team-a"] }, { permission = "job.submit", projects = ["team-a"] } ]
-
-[[token]]
-secret = "bob-secret"
-principal = "bob"
-grants = [ { permission = "job.view", projects = ["team-b"] }, { permission = "job.submit", projects = ["team-b"] } ]
-"#,
-    )
-    .unwrap();
+    std::fs::write(&tokens, TWO_TENANTS).unwrap();
     let c = DevCluster::start_with(2, false, &["--tokens", tokens.to_str().unwrap()])
         .expect("dev cluster");
     let alice = c.api.with_token("alice-secret");
     let bob = c.api.with_token("bob-secret");
-    let svc = |name: &str, project: &str| {
-        format!(
-            "[service]\nname = \"{name}\"\nproject = \"{project}\"\nreplicas = 1\ncommand = [\"sh\", \"-c\", \"exec python3 -m http.server $XCE_PORT_HTTP --bind $XCE_HOST_IP\"]\n[[service.ports]]\nname = \"http\"\n[service.readiness]\ntcp = \"http\"\n"
-        )
-    };
+    let svc = |name: &str, project: &str| http_service(name, 1).project(project).toml();
     assert_eq!(
         alice.submit_toml(&svc("alpha", "team-a")).await.unwrap().0,
         201
@@ -421,8 +403,8 @@ async fn a_port_held_outside_xce_gets_the_replica_placed_again() {
     let _held: Vec<std::net::TcpListener> = (30100..=30101)
         .map(|p| std::net::TcpListener::bind((ip, p)).expect("hold a port"))
         .collect();
-    let profile = "[service]\nname = \"squat\"\nreplicas = 1\ncommand = [\"sh\", \"-c\", \"exec python3 -m http.server $XCE_PORT_HTTP --bind $XCE_HOST_IP\"]\n[[service.ports]]\nname = \"http\"\n[service.readiness]\ntcp = \"http\"\n";
-    assert_eq!(c.api.submit_toml(profile).await.unwrap().0, 201);
+    let profile = http_service("squat", 1).toml();
+    assert_eq!(c.api.submit_toml(&profile).await.unwrap().0, 201);
     let eps = c.api.wait_ready("squat", 1).await;
     let port: u16 = eps[0].rsplit_once(':').unwrap().1.parse().unwrap();
     assert!(

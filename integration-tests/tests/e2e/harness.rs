@@ -1100,3 +1100,77 @@ pub fn pct(sorted: &[Duration], p: usize) -> Duration {
     }
     sorted[(sorted.len() - 1) * p / 100]
 }
+
+// === test profiles ===
+
+/// A service of python `http.server` replicas on one any-free port `http`, with a TCP
+/// readiness probe: the profile most tests submit. Built with [`http_service`].
+#[derive(Debug, Clone)]
+pub struct HttpService {
+    name: String,
+    project: Option<String>,
+    replicas: u32,
+    interval: Option<String>,
+    before: Option<String>,
+}
+
+/// An [`HttpService`] named `name` with `replicas` replicas, project `default`, the
+/// default probe interval.
+pub fn http_service(name: &str, replicas: u32) -> HttpService {
+    HttpService {
+        name: name.to_owned(),
+        project: None,
+        replicas,
+        interval: None,
+        before: None,
+    }
+}
+
+impl HttpService {
+    pub fn project(mut self, project: &str) -> Self {
+        self.project = Some(project.to_owned());
+        self
+    }
+    pub fn interval(mut self, interval: &str) -> Self {
+        self.interval = Some(interval.to_owned());
+        self
+    }
+    /// A shell command run before the server starts (e.g. to record the environment).
+    pub fn before(mut self, shell: &str) -> Self {
+        self.before = Some(shell.to_owned());
+        self
+    }
+    pub fn toml(&self) -> String {
+        let mut t = format!("[service]\nname = \"{}\"\n", self.name);
+        if let Some(p) = &self.project {
+            t += &format!("project = \"{p}\"\n");
+        }
+        let before = self
+            .before
+            .as_deref()
+            .map(|b| format!("{b}; "))
+            .unwrap_or_default();
+        t += &format!(
+            "replicas = {}\ncommand = [\"sh\", \"-c\", \"{before}exec python3 -m http.server $XCE_PORT_HTTP --bind $XCE_HOST_IP\"]\n[[service.ports]]\nname = \"http\"\n[service.readiness]\ntcp = \"http\"\n",
+            self.replicas
+        );
+        if let Some(i) = &self.interval {
+            t += &format!("interval = \"{i}\"\n");
+        }
+        t
+    }
+}
+
+/// A tokens file with two tenants: `alice-secret` (view + submit on `team-a`) and
+/// `bob-secret` (view + submit on `team-b`).
+pub const TWO_TENANTS: &str = r#"
+[[token]]
+secret = "alice-secret"
+principal = "alice"
+grants = [ { permission = "job.view", projects = ["team-a"] }, { permission = "job.submit", projects = ["team-a"] } ]
+
+[[token]]
+secret = "bob-secret"
+principal = "bob"
+grants = [ { permission = "job.view", projects = ["team-b"] }, { permission = "job.submit", projects = ["team-b"] } ]
+"#;

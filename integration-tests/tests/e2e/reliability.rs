@@ -69,9 +69,7 @@ fn collisions(jobs: &BTreeMap<String, Job>) -> Vec<String> {
 }
 
 fn web(name: &str, replicas: u32) -> String {
-    format!(
-        "[service]\nname = \"{name}\"\nreplicas = {replicas}\ncommand = [\"sh\", \"-c\", \"exec python3 -m http.server $XCE_PORT_HTTP --bind $XCE_HOST_IP\"]\n[[service.ports]]\nname = \"http\"\n[service.readiness]\ntcp = \"http\"\ninterval = \"500ms\"\n"
-    )
+    http_service(name, replicas).interval("500ms").toml()
 }
 
 #[derive(Default, Debug)]

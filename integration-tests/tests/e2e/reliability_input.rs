@@ -765,8 +765,8 @@ async fn services_state(api: &Api) -> Vec<(String, u64)> {
         .collect()
 }
 
-fn keep_profile() -> &'static str {
-    "[service]\nname = \"keep\"\nreplicas = 1\ncommand = [\"sh\", \"-c\", \"exec python3 -m http.server $XCE_PORT_HTTP --bind $XCE_HOST_IP\"]\n[[service.ports]]\nname = \"http\"\n[service.readiness]\ntcp = \"http\"\n"
+fn keep_profile() -> String {
+    http_service("keep", 1).toml()
 }
 
 /// Checks one answer: the expected 4xx, a JSON error whose message is not empty and that
@@ -802,7 +802,7 @@ fn check_answer(what: &str, status: u16, body: &[u8], want: u16, names: &str) ->
 async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
     let c = DevCluster::start(1, false).expect("dev cluster");
     let api = &c.api;
-    assert_eq!(api.submit_toml(keep_profile()).await.unwrap().0, 201);
+    assert_eq!(api.submit_toml(&keep_profile()).await.unwrap().0, 201);
     api.wait_ready("keep", 1).await;
     let before = services_state(api).await;
 
@@ -987,7 +987,7 @@ fn fuzzed_profiles_and_query_parameters_never_break_the_server() {
     let c = DevCluster::start(1, false).expect("dev cluster");
     let api = c.api.clone();
     rt.block_on(async {
-        assert_eq!(api.submit_toml(keep_profile()).await.unwrap().0, 201);
+        assert_eq!(api.submit_toml(&keep_profile()).await.unwrap().0, 201);
         api.wait_ready("keep", 1).await;
     });
     let config = Config {
@@ -1220,24 +1220,15 @@ fn param_wait() -> impl Strategy<Value = u32> {
 /// tried across projects, and worker credentials used out of place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenants_and_workers_cannot_reach_across() {
-    let tokens = r#"
-[[token]]
-secret = "alice-secret"
-principal = "alice"
-grants = [ { permission = "job.view", projects = ["team-a"] }, { permission = "job.submit", projects = ["team-a"] } ]
-
-[[token]]
-secret = "bob-secret"
-principal = "bob"
-grants = [ { permission = "job.view", projects = ["team-b"] }, { permission = "job.submit", projects = ["team-b"] } ]
-"#;
+    let tokens = TWO_TENANTS;
     let c = Cluster::new_with(2, "30s", tokens, "").expect("cluster");
     let alice = c.api.with_token("alice-secret");
     let bob = c.api.with_token("bob-secret");
     let svc = |name: &str, project: &str| {
-        format!(
-            "[service]\nname = \"{name}\"\nproject = \"{project}\"\nreplicas = 2\ncommand = [\"sh\", \"-c\", \"exec python3 -m http.server $XCE_PORT_HTTP --bind $XCE_HOST_IP\"]\n[[service.ports]]\nname = \"http\"\n[service.readiness]\ntcp = \"http\"\ninterval = \"200ms\"\n"
-        )
+        http_service(name, 2)
+            .project(project)
+            .interval("200ms")
+            .toml()
     };
     assert_eq!(
         alice.submit_toml(&svc("alpha", "team-a")).await.unwrap().0,

@@ -6,9 +6,7 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 
 fn web(replicas: u32) -> String {
-    format!(
-        "[service]\nname = \"web\"\nreplicas = {replicas}\ncommand = [\"sh\", \"-c\", \"exec python3 -m http.server $XCE_PORT_HTTP --bind $XCE_HOST_IP\"]\n[[service.ports]]\nname = \"http\"\n[service.readiness]\ntcp = \"http\"\ninterval = \"500ms\"\n"
-    )
+    http_service("web", replicas).interval("500ms").toml()
 }
 
 /// (job → (host, port)) of a service's live jobs.
