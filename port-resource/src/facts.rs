@@ -83,12 +83,14 @@ pub struct WorkerPortsConfig {
 #[non_exhaustive]
 pub enum PortsConfigError {
     /// `range` is not a valid range.
-    #[error("ports.range: invalid range {value:?}: {source}")]
+    // The reason is part of the message and deliberately not a `source`: error chains
+    // (`{:#}`) would print it twice.
+    #[error("ports.range: invalid range {value:?}: {reason}")]
     Range {
         /// The configured text.
         value: String,
         /// Why.
-        source: InvalidRange,
+        reason: InvalidRange,
     },
     /// A reserved port is 0.
     #[error("ports.reserved[{index}]: port 0 is not between 1 and 65535")]
@@ -116,9 +118,9 @@ impl WorkerPortsConfig {
         let range = self
             .range
             .parse::<PortRange>()
-            .map_err(|source| PortsConfigError::Range {
+            .map_err(|reason| PortsConfigError::Range {
                 value: self.range.clone(),
-                source,
+                reason,
             })?;
         if let Some(index) = self.reserved.iter().position(|&p| p == 0) {
             return Err(PortsConfigError::ReservedZero { index });

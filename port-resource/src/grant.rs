@@ -48,13 +48,14 @@ pub struct PortGrant {
 
 /// A grant value that is not a port grant.
 #[derive(Debug, thiserror::Error)]
+// The cause is in the message and deliberately not a `source` (chains would repeat it).
 #[error("malformed port grant: {0}")]
-pub struct MalformedGrant(#[from] serde_json::Error);
+pub struct MalformedGrant(serde_json::Error);
 
 impl PortGrant {
     /// Decodes a grant as stored by the host.
     pub fn from_value(value: &serde_json::Value) -> Result<Self, MalformedGrant> {
-        Ok(serde_json::from_value(value.clone())?)
+        serde_json::from_value(value.clone()).map_err(MalformedGrant)
     }
 
     /// Encodes for the host to persist.

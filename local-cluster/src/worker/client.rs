@@ -18,7 +18,7 @@ pub(crate) const ASSIGNMENTS_WAIT: Duration = Duration::from_secs(30);
 pub(crate) enum CallError {
     /// No answer (connection refused, timeout, ...).
     #[error("controller unreachable: {0}")]
-    Unreachable(#[source] reqwest::Error),
+    Unreachable(reqwest::Error),
     /// An answer other than success.
     #[error("controller answered {status}: {body}")]
     Status {
@@ -29,7 +29,7 @@ pub(crate) enum CallError {
     },
     /// A success whose body is not what the protocol says.
     #[error("controller answer not understood: {0}")]
-    Decode(#[source] reqwest::Error),
+    Decode(reqwest::Error),
 }
 
 impl CallError {
@@ -71,7 +71,7 @@ pub(crate) enum ClientError {
     #[error("controller url {url:?}: {reason}")]
     BadUrl { url: String, reason: String },
     #[error("building the http client: {0}")]
-    Build(#[source] reqwest::Error),
+    Build(reqwest::Error),
 }
 
 impl Client {

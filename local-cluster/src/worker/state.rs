@@ -56,12 +56,14 @@ struct JobsFile {
 #[non_exhaustive]
 pub(crate) enum StateError {
     /// Reading or writing failed.
-    #[error("{path}: {source}")]
+    // The cause is part of the message and deliberately not a `source`: error chains
+    // (`{:#}`) would print it twice.
+    #[error("{path}: {cause}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The cause.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The content is not a jobs file this worker understands.
     #[error("{path}: not a valid jobs file ({reason}); move it aside to start without re-adopting replicas")]
@@ -78,10 +80,10 @@ pub(crate) fn load(path: &Path) -> Result<Vec<JobRecord>, StateError> {
     let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => {
+        Err(cause) => {
             return Err(StateError::Io {
                 path: path.to_owned(),
-                source,
+                cause,
             })
         }
     };
@@ -99,9 +101,9 @@ pub(crate) fn load(path: &Path) -> Result<Vec<JobRecord>, StateError> {
 /// Replaces the jobs file atomically: after a crash at any point it holds either the old
 /// or the new set, never a torn one.
 pub(crate) fn save(path: &Path, jobs: &[JobRecord]) -> Result<(), StateError> {
-    let io = |source| StateError::Io {
+    let io = |cause| StateError::Io {
         path: path.to_owned(),
-        source,
+        cause,
     };
     let file = JobsFile {
         version: VERSION,
