@@ -56,8 +56,13 @@ struct JobRec {
 /// from them. Synchronous and deterministic; the controller side owns one.
 ///
 /// Invariants: an entry exists exactly for every known service; its index is at least 1,
-/// and is raised (to the revision of the event that caused it) exactly when the entry's
-/// content changes — never otherwise, and never lowered, resyncs included.
+/// never lowered (resyncs included), and is the revision of the last event that touched
+/// the service (its profile, one of its jobs, a host with one of its jobs): exactly the
+/// revision the controller stores with the service. So every table that follows the same
+/// history — the controller's, a separate apiserver's that resynced from the store midway,
+/// the next leader's — serves the same index for the same entry. An event that touches a
+/// service without changing what its entry says (rare: a host state change, a job field
+/// the entry does not show) still raises the index; a steady cluster sends no events.
 #[derive(Debug, Default)]
 pub struct Table {
     services: BTreeMap<String, ServiceRec>,
@@ -169,12 +174,13 @@ impl Table {
         changes
     }
 
-    /// Recomputes the entry of `service` after a change at revision `rev`.
+    /// Recomputes the entry of `service` after an event at revision `rev` touched it.
     fn refresh(&mut self, service: &str, rev: u64) -> Option<Change> {
         let mut entry = self.compute(service)?;
         match self.entries.get(service) {
-            Some(old) if old.same_content(&entry) => return None,
-            // Raised on every change, never lowered: revisions only grow, but a source
+            // Nothing new: a resync of what the table holds, or a repeated event.
+            Some(old) if old.same_content(&entry) && rev <= old.index => return None,
+            // Raised to the revision, never lowered: revisions only grow, but a source
             // that repeats one must still not make two different entries share an index.
             Some(old) => entry.index = rev.max(old.index + 1),
             None => entry.index = rev.max(1),

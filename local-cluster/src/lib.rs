@@ -5,6 +5,7 @@
 //! port name or an endpoint is.
 #![warn(unreachable_pub)]
 
+pub mod apiserver;
 pub mod auth;
 pub mod clientconf;
 pub mod controller;

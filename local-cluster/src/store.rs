@@ -17,7 +17,8 @@ mod etcd;
 
 pub use election::{Election, ElectionError, Leadership, Maintained, DEFAULT_LEADER_TTL};
 pub use etcd::{
-    parse_url as parse_etcd_url, EtcdStore, DEFAULT_MAX_TXN_OPS, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
+    parse_url as parse_etcd_url, EtcdStore, RecordChange, Records, DEFAULT_MAX_TXN_OPS,
+    DEFAULT_PREFIX, DEFAULT_TIMEOUT,
 };
 
 use std::collections::BTreeMap;

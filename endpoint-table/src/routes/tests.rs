@@ -641,8 +641,10 @@ async fn wait_is_capped() {
     .await;
 }
 
-/// A watcher wakes only when its own service's entry changed: not for other services,
-/// not for events that leave its entry as it was, not for a resync with the same state.
+/// A watcher wakes only when its own service was touched: not for other services, not
+/// for a resync with the state the table holds. An event that touches the service raises
+/// its index to the event's revision even when the entry reads the same (the index is the
+/// service's stored revision, identical on every apiserver).
 #[tokio::test]
 async fn watchers_wake_only_for_their_service() {
     let c = Cluster::new(TableConfig::default()).await;
@@ -658,19 +660,19 @@ async fn watchers_wake_only_for_their_service() {
     );
     multi.ready = false;
     c.event(ev_job(11, multi)).await;
-    c.event(ev_job(12, web_job("j-1", 0, "exec-01", 20417)))
-        .await;
-    c.event(ev_host(13, host("exec-02", Some("fd00::2")), &["web"]))
-        .await;
     c.resync(snapshot(true)).await;
     assert!(!web.has_changed().unwrap());
-    // Only real changes count: the first resync's 4 entries, multi's change, and the
-    // second resync's undoing it.
+    // The first resync's 4 entries, multi's change, and the second resync's undoing it.
     let metrics = c.metrics();
     assert_eq!(
         metrics.lines().next(),
         Some("xce_endpoint_table_changes_total 6")
     );
+    c.event(ev_job(12, web_job("j-1", 0, "exec-01", 20417)))
+        .await;
+    assert!(web.has_changed().unwrap(), "touched: index raised");
+    web.mark_unchanged();
+    assert_eq!(c.api.entry("web").unwrap().index, 12);
     c.event(ev_host(14, host("exec-02", Some("fd00::3")), &["web"]))
         .await;
     assert!(web.has_changed().unwrap());

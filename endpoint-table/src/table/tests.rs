@@ -120,7 +120,7 @@ fn readiness_and_lifecycle() {
             @3 job j-1 Placed: web#3 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Placed ready=false http=20001]
             @4 job j-1 Running: web#4 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Running ready=false http=20001]
             @5 job j-1 Running: web#5 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT]
-            @6 job j-1 Running: no change
+            @6 job j-1 Running: web#6 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT]
             @7 job j-1 Unknown: web#7 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Unknown ready=true http=20001 ENDPOINT]
             @8 job j-1 Stopping: web#8 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Stopping ready=true http=20001]
             @9 ended j-1: web#9 team-a {http/tcp}
@@ -158,16 +158,16 @@ fn host_addresses() {
             @1 service web: web#1 team-a {http/tcp,metrics/tcp}
             @2 job j-1 Running: web#2 team-a {http/tcp,metrics/tcp} [1 j-1 exec-01 - Running ready=true http=20001,metrics=20002]
             @3 job j-2 Running: web#3 team-a {http/tcp,metrics/tcp} [0 j-2 exec-02 - Running ready=true http=20001] [1 j-1 exec-01 - Running ready=true http=20001,metrics=20002]
-            @4 host exec-01: no change
+            @4 host exec-01: web#4 team-a {http/tcp,metrics/tcp} [0 j-2 exec-02 - Running ready=true http=20001] [1 j-1 exec-01 - Running ready=true http=20001,metrics=20002]
             @5 host exec-01: web#5 team-a {http/tcp,metrics/tcp} [0 j-2 exec-02 - Running ready=true http=20001] [1 j-1 exec-01 ::1 Running ready=true http=20001,metrics=20002 ENDPOINT]
-            @6 host exec-01: no change
+            @6 host exec-01: web#6 team-a {http/tcp,metrics/tcp} [0 j-2 exec-02 - Running ready=true http=20001] [1 j-1 exec-01 ::1 Running ready=true http=20001,metrics=20002 ENDPOINT]
             @7 host exec-02: web#7 team-a {http/tcp,metrics/tcp} [0 j-2 exec-02 127.0.0.12 Running ready=true http=20001 ENDPOINT] [1 j-1 exec-01 ::1 Running ready=true http=20001,metrics=20002 ENDPOINT]
         "#]],
     );
 }
 
 #[test]
-fn resync_keeps_indexes_of_unchanged_entries() {
+fn resync_takes_the_stored_revisions_and_never_lowers_an_index() {
     let web = service("web", "team-a", &["http"]);
     let api = service("api", "team-b", &[]);
     let j1 = job("j-1", "web", "team-a", 0, "exec-01", &[("http", 20001)]);
@@ -204,7 +204,8 @@ fn resync_keeps_indexes_of_unchanged_entries() {
         expect![[r#"
             @5 resync: web#5 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT]
                 api#5 team-b {}
-            @9 resync: no change
+            @9 resync: web#9 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT]
+                api#9 team-b {}
             @12 resync: api removed
                 web#12 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT] [1 j-2 exec-01 127.0.0.11 Running ready=true  ENDPOINT]
             @3 resync: web#13 team-a {http/tcp}
@@ -369,6 +370,36 @@ mod prop {
         }
     }
 
+    /// The services an event touches, written independently of `Table`: the service of
+    /// a service event, the service of a job event (and of the job it replaces), the
+    /// services a host event names and those with jobs on that host.
+    fn touched_by(
+        jobs_before: &BTreeMap<String, JobInfo>,
+        event: &ClusterEvent,
+    ) -> BTreeSet<String> {
+        let mut out = BTreeSet::new();
+        match event {
+            ClusterEvent::Service { service, .. } => {
+                out.insert(service.name.clone());
+            }
+            ClusterEvent::ServiceRemoved { .. } => {}
+            ClusterEvent::Job { job, .. } | ClusterEvent::JobEnded { job, .. } => {
+                out.insert(job.service.clone());
+                out.extend(jobs_before.get(&job.job).map(|j| j.service.clone()));
+            }
+            ClusterEvent::Host { host, services, .. } => {
+                out.extend(services.iter().cloned());
+                out.extend(
+                    jobs_before
+                        .values()
+                        .filter(|j| j.host == host.id)
+                        .map(|j| j.service.clone()),
+                );
+            }
+        }
+        out
+    }
+
     proptest! {
         #[test]
         fn table_matches_recomputation(ops in proptest::collection::vec(op(), 1..60)) {
@@ -378,16 +409,22 @@ mod prop {
             let mut rev = 0;
             for op in &ops {
                 rev += 1 + u64::from(rev % 3 == 0);
+                let before = model.jobs.clone();
                 let event = model.event(rev, op);
                 let changes = table.apply(&event);
 
                 // The expected entries: content from scratch; the index is the revision of
-                // the last event that changed the content.
+                // the last event that touched the service, and an untouched entry keeps
+                // its content.
+                let touched = touched_by(&before, &event);
                 let mut next = BTreeMap::new();
                 let mut expected_changes = BTreeMap::new();
                 for (name, mut entry) in model.entries() {
                     match expected.get(name.as_str()) {
-                        Some(old) if old.same_content(&entry) => entry.index = old.index,
+                        Some(old) if !touched.contains(&name) => {
+                            prop_assert!(old.same_content(&entry), "untouched {} changed", name);
+                            entry.index = old.index;
+                        }
                         _ => {
                             entry.index = rev;
                             expected_changes.insert(name.clone(), Some(entry.clone()));
@@ -419,13 +456,15 @@ mod prop {
                 prop_assert_eq!(&table_entries, &expected);
             }
 
-            // A resync with the same state changes nothing, and a fresh table agrees.
+            // A resync with the same state (each service with the revision of the last
+            // event that touched it, as the controller stores it) changes nothing, and a
+            // fresh table serves exactly the same entries, indexes included.
             let snapshot = ClusterSnapshot {
                 rev,
                 services: model
                     .services
                     .values()
-                    .map(|s| ServiceInfo { rev, ..s.clone() })
+                    .map(|s| ServiceInfo { rev: expected[&s.name].index, ..s.clone() })
                     .collect(),
                 jobs: model.jobs.values().cloned().collect(),
                 hosts: model.hosts.values().cloned().collect(),
@@ -434,9 +473,7 @@ mod prop {
             let mut fresh = Table::new();
             fresh.resync(&snapshot);
             for (name, entry) in &expected {
-                let other = fresh.entry(name).unwrap();
-                prop_assert!(other.same_content(entry));
-                prop_assert!(other.index >= entry.index);
+                prop_assert_eq!(&**fresh.entry(name).unwrap(), entry);
             }
         }
     }

@@ -224,6 +224,19 @@ impl Ha {
 
 impl Drop for Ha {
     fn drop(&mut self) {
+        // A failed run leaves only its panic message in CI: show what the daemons said.
+        if std::thread::panicking() {
+            let mut names = vec!["controller-0".to_owned(), "controller-1".to_owned()];
+            names.extend((0..self.workers.len()).map(|i| format!("worker-{i}")));
+            for name in names {
+                let text = std::fs::read_to_string(self.log(&name)).unwrap_or_default();
+                let lines: Vec<&str> = text.lines().collect();
+                eprintln!("----- {name}.log (last 60 lines) -----");
+                for l in &lines[lines.len().saturating_sub(60)..] {
+                    eprintln!("{l}");
+                }
+            }
+        }
         // Stop the service through whichever controller serves, so no replica outlives
         // the test; then the daemons, then etcd.
         let apis: Vec<Api> = (0..2)

@@ -79,7 +79,7 @@ pub(crate) fn build(state: ApiState) -> Router {
 
 /// Rewrites error answers that are not JSON yet (axum's own rejections: 413 body too
 /// large, 405, bad paths) into the [`ApiError`] shape.
-fn json_errors(r: Response, limit: usize) -> Response {
+pub(crate) fn json_errors(r: Response, limit: usize) -> Response {
     let status = r.status();
     let is_json = r
         .headers()
@@ -183,8 +183,13 @@ fn worker_of(p: &Principal, host: &str) -> Result<(), ApiError> {
 // --- /metrics ---
 
 async fn metrics(State(st): State<ApiState>) -> Response {
+    metrics_response(&st.registry)
+}
+
+/// `/metrics`: the registry in the OpenMetrics text format.
+pub(crate) fn metrics_response(registry: &Registry) -> Response {
     let mut out = String::new();
-    if prometheus_client::encoding::text::encode(&mut out, &st.registry).is_err() {
+    if prometheus_client::encoding::text::encode(&mut out, registry).is_err() {
         return internal("metrics encoding failed").into_response();
     }
     (

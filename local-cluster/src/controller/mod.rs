@@ -17,10 +17,10 @@
 //!   deadline; nothing polls.
 #![warn(missing_docs)]
 
-mod api;
+pub(crate) mod api;
 mod core;
 mod metrics;
-mod model;
+pub(crate) mod model;
 mod scheduler;
 mod task;
 #[cfg(test)]

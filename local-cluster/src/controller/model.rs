@@ -14,6 +14,21 @@ const NS_META: &str = "meta";
 const NS_SERVICE: &str = "service";
 const NS_JOB: &str = "job";
 const NS_HOST: &str = "host";
+/// `meta/events`: the events of the last committed batch, rewritten by every batch that
+/// has any. Nobody reads it back at start; a follower of the store's change history (a
+/// separate apiserver watching etcd) reads every version of it, in order, to learn the
+/// events without a controller to push them.
+const EVENTS: &str = "events";
+
+/// The key of the last batch's events (see [`EVENTS`]).
+pub(crate) fn events_key() -> Key {
+    Key::new(NS_META, EVENTS)
+}
+
+/// Decodes a version of [`events_key`].
+pub(crate) fn decode_events(bytes: &[u8]) -> Result<Vec<ClusterEvent>, serde_json::Error> {
+    serde_json::from_slice(bytes)
+}
 
 /// Whether a service runs or is being stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,11 +97,16 @@ pub(crate) enum LoadError {
 
 impl Cluster {
     pub(crate) fn load(store: &dyn Store) -> Result<Self, LoadError> {
+        Self::from_records(store.load_all()?)
+    }
+
+    /// The cluster the records of [`Store::load_all`] describe.
+    pub(crate) fn from_records(records: Vec<(Key, Vec<u8>)>) -> Result<Self, LoadError> {
         let mut c = Cluster {
             next_job: 1,
             ..Cluster::default()
         };
-        for (key, bytes) in store.load_all()? {
+        for (key, bytes) in records {
             macro_rules! de {
                 () => {
                     serde_json::from_slice(&bytes).map_err(|err| LoadError::Decode {
@@ -98,6 +118,7 @@ impl Cluster {
             match (key.ns.as_str(), key.key.as_str()) {
                 (NS_META, "rev") => c.rev = de!(),
                 (NS_META, "next_job") => c.next_job = de!(),
+                (NS_META, EVENTS) => {}
                 (NS_SERVICE, name) => {
                     c.services.insert(name.to_owned(), de!());
                 }
@@ -339,6 +360,9 @@ impl Txn {
             section(NS_META, "next_job", Some(enc(&n)));
         }
         section(NS_META, "rev", Some(enc(&self.rev)));
+        if !self.events.is_empty() {
+            section(NS_META, EVENTS, Some(enc(&self.events)));
+        }
         b
     }
 

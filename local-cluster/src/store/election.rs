@@ -139,6 +139,22 @@ impl Election {
         &self.inner.key
     }
 
+    /// Who leads now: the id the leader key holds (`None`: nobody). For readers that
+    /// forward to the leader; it does not campaign.
+    pub fn leader(&self) -> Result<Option<String>, ElectionError> {
+        let r = self.call(
+            "/v3/kv/range",
+            &json!({ "key": b64(self.inner.key.as_bytes()) }),
+        )?;
+        match r.pointer("/kvs/0/value") {
+            None => Ok(None),
+            Some(v) => {
+                let bytes = unb64(v).map_err(|e| ElectionError::Etcd(e.to_string()))?;
+                Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
+            }
+        }
+    }
+
     /// Blocks until this candidate leads. `standby` is called with the leader's id each
     /// time another one is found leading (once per leader). An unreachable etcd is
     /// retried (with a capped pause, each failure logged); only a refused request ends

@@ -522,8 +522,17 @@ fn fence_of(kv: Option<&Value>) -> (i64, Option<String>) {
     }
 }
 
-impl Store for EtcdStore {
-    fn load_all(&self) -> Result<Vec<(Key, Vec<u8>)>, StoreError> {
+/// Every record of the store, sorted by key (what [`Store::load_all`] returns).
+pub type Records = Vec<(Key, Vec<u8>)>;
+/// A record set to bytes, or removed (`None`).
+pub type RecordChange = (Key, Option<Vec<u8>>);
+
+/// Following the store's history: what a reader that never commits (a separate apiserver)
+/// needs to keep up with the controller through etcd watches.
+impl EtcdStore {
+    /// [`Store::load_all`], and the etcd revision it read at: a watch from the next
+    /// revision (see [`watch_request`](Self::watch_request)) sees every later commit.
+    pub fn load_all_at(&self) -> Result<(Records, i64), StoreError> {
         let mut st = self.state.lock().unwrap();
         let fence = self.fence_key();
         let journal = self.journal_key();
@@ -595,7 +604,51 @@ impl Store for EtcdStore {
         st.pending = pending;
         // A BTreeMap: sorted by (ns, key), which etcd's bytewise order of `ns/key` is not
         // when a namespace is a prefix of another ("a" / "a-b").
-        Ok(out.into_iter().collect())
+        Ok((out.into_iter().collect(), rev))
+    }
+
+    /// The body of etcd's `POST /v3/watch` that follows every key of this store from
+    /// etcd revision `start` on.
+    pub fn watch_request(&self, start: i64) -> Value {
+        json!({ "create_request": {
+            "key": b64(self.prefix.as_bytes()),
+            "range_end": b64(&prefix_end(self.prefix.as_bytes())),
+            "start_revision": start.to_string(),
+        }})
+    }
+
+    /// The record changes one event of a watch answer carries (`{"type", "kv"}`): one for
+    /// a state key, a whole batch for a journal record (committed from then on: the
+    /// writes that follow repeat parts of it), none for the other control keys.
+    pub fn records_of(&self, event: &Value) -> Result<Vec<RecordChange>, StoreError> {
+        let kv = &event["kv"];
+        let key = String::from_utf8(unb64(&kv["key"])?)
+            .map_err(|_| StoreError::Backend("etcd sent a key that is not text".into()))?;
+        let delete = event["type"].as_str() == Some("DELETE");
+        if key == self.journal_key() {
+            if delete {
+                return Ok(Vec::new());
+            }
+            return parse_journal(&unb64(&kv["value"])?)?
+                .into_iter()
+                .map(|(k, v)| Ok((self.decode_key(&k)?, v)))
+                .collect();
+        }
+        if key[self.prefix.len().min(key.len())..].starts_with('.') {
+            return Ok(Vec::new());
+        }
+        let value = if delete {
+            None
+        } else {
+            Some(unb64(&kv["value"])?)
+        };
+        Ok(vec![(self.decode_key(&key)?, value)])
+    }
+}
+
+impl Store for EtcdStore {
+    fn load_all(&self) -> Result<Vec<(Key, Vec<u8>)>, StoreError> {
+        self.load_all_at().map(|(records, _)| records)
     }
 
     fn commit(&self, batch: Batch) -> Result<(), StoreError> {

@@ -1,4 +1,4 @@
-//! Config files of `xced controller` and `xced worker`: TOML, then `XCE_`-prefixed
+//! Config files of `xced controller`, `xced apiserver` and `xced worker`: TOML, then `XCE_`-prefixed
 //! environment (only the top-level scalar keys listed here), into validated types.
 //!
 //! This is the wiring layer: it is the one place of local-cluster that names the plugin
@@ -84,6 +84,24 @@ fn d_body_limit() -> usize {
     1 << 20
 }
 
+/// `xced apiserver --config FILE`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ApiserverFile {
+    #[serde(default = "default_listen")]
+    pub(crate) listen: SocketAddr,
+    /// The tokens file (DESIGN §6); `--tokens` overrides it.
+    #[serde(default)]
+    pub(crate) tokens: Option<PathBuf>,
+    #[serde(default = "d_body_limit")]
+    pub(crate) body_limit: usize,
+    #[serde(default)]
+    pub(crate) endpoints: endpoint_table::TableConfig,
+    /// The controller's store, `etcd://HOST:PORT[,HOST:PORT...]`; `--store` overrides it.
+    #[serde(default, deserialize_with = "store_spec")]
+    pub(crate) store: Option<local_cluster::store::StoreSpec>,
+}
+
 /// `xced worker --config FILE`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -130,6 +148,7 @@ const CONTROLLER_ENV: &[&str] = &[
     "store",
     "leader_ttl",
 ];
+const APISERVER_ENV: &[&str] = &["listen", "tokens", "body_limit", "store"];
 const WORKER_ENV: &[&str] = &[
     "host",
     "controller",
@@ -166,6 +185,12 @@ pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
         );
     }
     Ok(cfg)
+}
+
+pub(crate) fn load_apiserver(path: &Path) -> Result<ApiserverFile> {
+    figment(path, APISERVER_ENV)?
+        .extract()
+        .with_context(|| format!("invalid apiserver config {}", path.display()))
 }
 
 pub(crate) fn load_worker(path: &Path) -> Result<WorkerFile> {

@@ -1,5 +1,5 @@
-//! `xced`: the xce daemons — controller (with scheduler and apiserver), worker agent, and
-//! an all-in-one `dev` mode. This file is the wiring: the only place of local-cluster that
+//! `xced`: the xce daemons — controller (with scheduler and apiserver), separate
+//! apiservers on etcd, worker agent, and an all-in-one `dev` mode. This file is the wiring: the only place of local-cluster that
 //! names concrete plugins; everything else speaks `plugin-api` traits.
 
 mod config;
@@ -45,6 +45,21 @@ enum Cmd {
         /// the default) or `etcd://HOST:PORT[,HOST:PORT...]`; overrides `store` in the
         /// config file. With etcd several controllers may run: one leads (an etcd lease),
         /// the others wait as standbys and take over when it dies.
+        #[arg(long, value_name = "STORE")]
+        store: Option<StoreSpec>,
+    },
+    /// Run an apiserver that serves endpoint reads and watches from the controller's
+    /// etcd, and forwards everything else to the leader controller. Run as many as the
+    /// readers need; point clients and workers at any of them.
+    Apiserver {
+        /// Apiserver config file (TOML).
+        #[arg(long)]
+        config: PathBuf,
+        /// Tokens file (DESIGN §6); overrides `tokens` in the config file.
+        #[arg(long)]
+        tokens: Option<PathBuf>,
+        /// The controller's store, `etcd://HOST:PORT[,HOST:PORT...]`; overrides `store`
+        /// in the config file.
         #[arg(long, value_name = "STORE")]
         store: Option<StoreSpec>,
     },
@@ -97,8 +112,53 @@ async fn run(cli: Cli) -> Result<()> {
             tokens,
             store,
         } => run_controller(config, tokens, store).await,
+        Cmd::Apiserver {
+            config,
+            tokens,
+            store,
+        } => run_apiserver(config, tokens, store).await,
         Cmd::Worker { config } => run_worker(config).await,
     }
+}
+
+async fn run_apiserver(
+    path: PathBuf,
+    tokens_flag: Option<PathBuf>,
+    store_flag: Option<StoreSpec>,
+) -> Result<()> {
+    let cfg = config::load_apiserver(&path)?;
+    let tokens_path = tokens_flag
+        .or(cfg.tokens.clone())
+        .context("no tokens file: pass --tokens FILE or set `tokens` in the config file")?;
+    let tokens = load_tokens(&tokens_path)?;
+    let Some(StoreSpec::Etcd(etcd)) = store_flag.or(cfg.store.clone()) else {
+        anyhow::bail!(
+            "an apiserver follows the controller's etcd: pass --store etcd://HOST:PORT[,...] \
+             or set `store` in the config file"
+        );
+    };
+    tracing::info!(
+        ?etcd,
+        prefix = DEFAULT_PREFIX,
+        "apiserver: following the controller's etcd"
+    );
+    let (feed, api) = endpoint_table::endpoint_table(cfg.endpoints);
+    let plugins = local_cluster::apiserver::ApiserverPlugins {
+        listeners: vec![Arc::new(feed)],
+        extensions: vec![Arc::new(api)],
+    };
+    let acfg = local_cluster::apiserver::ApiserverConfig {
+        listen: cfg.listen,
+        body_limit: cfg.body_limit,
+        etcd,
+        prefix: DEFAULT_PREFIX.to_owned(),
+    };
+    let running = local_cluster::apiserver::start(acfg, tokens, plugins).await?;
+    announce(running.addr);
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    running.shutdown().await;
+    Ok(())
 }
 
 /// The controller's plugins: ports as a resource, the address policy, the endpoint table.

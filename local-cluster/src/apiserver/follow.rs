@@ -1,0 +1,263 @@
+//! The follower: keeps the apiserver's listeners (the endpoint table's feed) in step with
+//! the controller through etcd alone.
+//!
+//! It loads the whole store once (one consistent etcd revision) and resyncs the listeners
+//! from it, then watches every key of the store from the next revision on. Every batch the
+//! controller commits rewrites `meta/events` with the batch's events (see
+//! `controller::model::events_key`), so the watch delivers each batch's events, in commit
+//! order, exactly as the leader's own listeners got them: the follower hands them to its
+//! listeners and the tables agree, indexes included. The global revision makes gaps
+//! visible: events must follow the last applied one without a hole (a batch's events are
+//! consecutive revisions); anything else — and a watch that etcd compacted away — is met
+//! with a full reload and resync, never with a guess.
+
+use super::metrics::Metrics;
+use crate::controller::model::{decode_events, events_key, Cluster};
+use crate::store::{EtcdStore, Key, StoreError};
+use plugin_api::{ClusterEvent, ClusterListener};
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The longest pause between two attempts to reach etcd.
+const MAX_RETRY: Duration = Duration::from_secs(2);
+
+/// Why a watch stopped.
+#[derive(Debug)]
+enum End {
+    /// The stream broke or etcd went away: watch again from where we are.
+    Broken(String),
+    /// The history we need is gone, or it does not add up: reload everything.
+    Reload(String),
+}
+
+/// Follows one etcd store (see the module documentation).
+pub(crate) struct Follower {
+    store: Arc<EtcdStore>,
+    listeners: Vec<Arc<dyn ClusterListener>>,
+    http: reqwest::Client,
+    metrics: Metrics,
+    /// The controller's revision the listeners are at.
+    applied: u64,
+    /// The etcd revision everything up to which has been applied.
+    etcd_rev: i64,
+    /// The etcd endpoint to watch next (rotates on failures).
+    endpoint: usize,
+}
+
+impl std::fmt::Debug for Follower {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Follower")
+            .field("applied", &self.applied)
+            .field("etcd_rev", &self.etcd_rev)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Follower {
+    pub(crate) fn new(
+        store: Arc<EtcdStore>,
+        listeners: Vec<Arc<dyn ClusterListener>>,
+        metrics: Metrics,
+    ) -> Self {
+        Self {
+            store,
+            listeners,
+            // No overall timeout: a watch is one long answer.
+            http: reqwest::Client::builder()
+                .connect_timeout(Duration::from_secs(2))
+                .build()
+                .expect("a plain HTTP client builds"),
+            metrics,
+            applied: 0,
+            etcd_rev: 0,
+            endpoint: 0,
+        }
+    }
+
+    /// Loads the whole store and resyncs every listener from it.
+    pub(crate) async fn load(&mut self) -> Result<(), StoreError> {
+        let store = self.store.clone();
+        let (records, etcd_rev) = tokio::task::spawn_blocking(move || store.load_all_at())
+            .await
+            .map_err(|e| StoreError::Backend(format!("the load task failed: {e}")))??;
+        let cluster = Cluster::from_records(records)
+            .map_err(|e| StoreError::Backend(format!("the stored state is unreadable: {e}")))?;
+        let snapshot = cluster.snapshot();
+        for l in &self.listeners {
+            l.resync(&snapshot);
+        }
+        self.applied = cluster.rev;
+        self.etcd_rev = etcd_rev;
+        self.metrics.resyncs.inc();
+        self.metrics.applied.set(self.applied as i64);
+        tracing::info!(
+            rev = cluster.rev,
+            etcd_revision = etcd_rev,
+            services = snapshot.services.len(),
+            jobs = snapshot.jobs.len(),
+            hosts = snapshot.hosts.len(),
+            "follower: loaded the state from etcd"
+        );
+        Ok(())
+    }
+
+    /// Follows the store until the task is dropped.
+    pub(crate) async fn run(mut self) {
+        let mut pause = Duration::from_millis(100);
+        loop {
+            let end = self.watch().await;
+            // A watch that was established restarts the back-off.
+            if self.metrics.watching.get() > 0 {
+                pause = Duration::from_millis(100);
+            }
+            self.metrics.watching.set(0);
+            match end {
+                End::Broken(why) => {
+                    // The next endpoint: the one we watched may be the one that died.
+                    self.endpoint = (self.endpoint + 1) % self.store.endpoints().len();
+                    tracing::warn!(reason = %why, etcd_revision = self.etcd_rev, retry_in = ?pause, "follower: watch broken, watching again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_RETRY);
+                }
+                End::Reload(why) => {
+                    tracing::warn!(reason = %why, "follower: reloading the whole state");
+                    while let Err(e) = self.load().await {
+                        tracing::warn!(error = %e, retry_in = ?pause, "follower: cannot load the state");
+                        tokio::time::sleep(pause).await;
+                        pause = (pause * 2).min(MAX_RETRY);
+                    }
+                }
+            }
+        }
+    }
+
+    /// One watch stream, from the revision after the last applied one, until it ends.
+    async fn watch(&mut self) -> End {
+        let endpoint = &self.store.endpoints()[self.endpoint];
+        let url = format!("http://{endpoint}/v3/watch");
+        let body = self.store.watch_request(self.etcd_rev + 1).to_string();
+        let mut resp = match self.http.post(&url).body(body).send().await {
+            Ok(r) if r.status().is_success() => r,
+            Ok(r) => return End::Broken(format!("{url}: answered {}", r.status())),
+            Err(e) => return End::Broken(format!("{url}: {e}")),
+        };
+        let mut buf: Vec<u8> = Vec::new();
+        loop {
+            let chunk = match resp.chunk().await {
+                Ok(Some(c)) => c,
+                Ok(None) => return End::Broken(format!("{url}: the watch stream ended")),
+                Err(e) => return End::Broken(format!("{url}: {e}")),
+            };
+            buf.extend_from_slice(&chunk);
+            // The gateway sends one JSON object per line.
+            while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = buf.drain(..=nl).collect();
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                let msg: Value = match serde_json::from_slice(&line) {
+                    Ok(v) => v,
+                    Err(e) => return End::Broken(format!("{url}: unreadable watch answer: {e}")),
+                };
+                if let Some(end) = self.on_answer(&msg) {
+                    return end;
+                }
+            }
+        }
+    }
+
+    /// Handles one watch answer; `Some` ends the watch.
+    fn on_answer(&mut self, msg: &Value) -> Option<End> {
+        if let Some(err) = msg.get("error") {
+            return Some(End::Broken(format!("etcd: {err}")));
+        }
+        let r = &msg["result"];
+        let compacted = int(&r["compact_revision"]);
+        if compacted > 0 {
+            return Some(End::Reload(format!(
+                "etcd compacted its history up to revision {compacted}, past {}",
+                self.etcd_rev
+            )));
+        }
+        if r["canceled"].as_bool() == Some(true) {
+            return Some(End::Broken(format!(
+                "etcd canceled the watch: {}",
+                r["cancel_reason"]
+            )));
+        }
+        if r["created"].as_bool() == Some(true) {
+            self.metrics.watching.set(1);
+            tracing::info!(
+                etcd_revision = self.etcd_rev,
+                "follower: watching the store"
+            );
+        }
+        for ev in r["events"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+        {
+            let records = match self.store.records_of(ev) {
+                Ok(r) => r,
+                Err(e) => return Some(End::Reload(format!("unreadable watch event: {e}"))),
+            };
+            for (key, value) in records {
+                if let Some(end) = self.on_record(&key, value.as_deref()) {
+                    return Some(end);
+                }
+            }
+            self.etcd_rev = self.etcd_rev.max(int(&ev["kv"]["mod_revision"]));
+        }
+        None
+    }
+
+    /// One record change: only the events record matters (the state itself is only read
+    /// whole, at a load).
+    fn on_record(&mut self, key: &Key, value: Option<&[u8]>) -> Option<End> {
+        let (true, Some(bytes)) = (*key == events_key(), value) else {
+            return None;
+        };
+        let events = match decode_events(bytes) {
+            Ok(e) => e,
+            Err(e) => return Some(End::Reload(format!("unreadable events record: {e}"))),
+        };
+        for event in &events {
+            if let Err(end) = self.apply(event) {
+                return Some(end);
+            }
+        }
+        None
+    }
+
+    fn apply(&mut self, event: &ClusterEvent) -> Result<(), End> {
+        let rev = event.rev();
+        if rev <= self.applied {
+            // Already in: a journaled batch is seen twice (the journal, then its writes),
+            // and a load may have read a batch its watch then delivers.
+            return Ok(());
+        }
+        if rev != self.applied + 1 {
+            return Err(End::Reload(format!(
+                "event revision {rev} does not follow {}",
+                self.applied
+            )));
+        }
+        for l in &self.listeners {
+            l.on_event(event);
+        }
+        self.applied = rev;
+        self.metrics.applied.set(rev as i64);
+        self.metrics.events.inc();
+        Ok(())
+    }
+}
+
+/// etcd's JSON numbers are strings (int64); absent means 0.
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::String(s) => s.parse().unwrap_or(0),
+        Value::Number(n) => n.as_i64().unwrap_or(0),
+        _ => 0,
+    }
+}

@@ -1,0 +1,57 @@
+//! The separate apiserver's own metrics, next to its extensions' in one registry.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+
+/// Follower and forwarding metrics.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Metrics {
+    /// The controller revision the listeners are at.
+    pub(crate) applied: Gauge,
+    /// 1 while an etcd watch is established.
+    pub(crate) watching: Gauge,
+    /// Events applied from the watch.
+    pub(crate) events: Counter,
+    /// Whole loads of the state (the first one included).
+    pub(crate) resyncs: Counter,
+    /// Requests forwarded to the leader, by outcome (`ok`, `no_leader`, `unreachable`).
+    pub(crate) forwarded: Family<Vec<(String, String)>, Counter>,
+}
+
+impl Metrics {
+    pub(crate) fn register(&self, r: &mut Registry) {
+        r.register(
+            "xce_apiserver_applied_revision",
+            "The controller revision this apiserver's copy of the cluster is at",
+            self.applied.clone(),
+        );
+        r.register(
+            "xce_apiserver_watching",
+            "1 while the etcd watch that feeds this apiserver is established",
+            self.watching.clone(),
+        );
+        r.register(
+            "xce_apiserver_events",
+            "Controller events applied from the etcd watch",
+            self.events.clone(),
+        );
+        r.register(
+            "xce_apiserver_resyncs",
+            "Whole loads of the state from etcd (the first one included)",
+            self.resyncs.clone(),
+        );
+        r.register(
+            "xce_apiserver_forwarded",
+            "Requests forwarded to the leader controller, by outcome",
+            self.forwarded.clone(),
+        );
+    }
+
+    pub(crate) fn forwarded(&self, outcome: &str) {
+        self.forwarded
+            .get_or_create(&vec![("outcome".to_owned(), outcome.to_owned())])
+            .inc();
+    }
+}

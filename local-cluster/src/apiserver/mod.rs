@@ -1,0 +1,361 @@
+//! A separate apiserver (`xced apiserver`): more replicas of the read side, sharing the
+//! controller's etcd.
+//!
+//! It serves `/healthz`, `/metrics` and every extension's routes (the endpoint table's
+//! reads, blocking queries and streams) from its own copy of the cluster, fed by an etcd
+//! watch on the controller's store ([`follow`]): the pushed state, with no request to the
+//! controller per read or per watcher. Every other route — changes, the controller's own
+//! views, the workers' `/internal/v1` protocol — is forwarded to the leader controller,
+//! found in etcd's leader key; so clients and workers may be pointed at any apiserver.
+//!
+//! Like the controller, it names no plugin: the wiring (`src/bin/xced`) hands it the
+//! listeners that feed its extensions.
+
+mod follow;
+mod metrics;
+
+use crate::auth::Tokens;
+use crate::controller::api::{json_errors, metrics_response};
+use crate::store::{Election, EtcdStore};
+use anyhow::Context;
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderMap, HeaderName, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Extension, Router};
+use plugin_api::{ApiContext, ApiError, ApiExtension, ClusterListener};
+use prometheus_client::registry::Registry;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// What an apiserver needs to know.
+#[derive(Debug, Clone)]
+pub struct ApiserverConfig {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// The largest request body accepted (413 beyond), forwarded ones included.
+    pub body_limit: usize,
+    /// The controller's etcd (`HOST:PORT` each).
+    pub etcd: Vec<String>,
+    /// The controller's key prefix in etcd.
+    pub prefix: String,
+}
+
+/// The plugins an apiserver hosts: listeners fed from the store's history, and the route
+/// extensions they feed.
+pub struct ApiserverPlugins {
+    /// Fed with a resync from the store, then every committed event, in order.
+    pub listeners: Vec<Arc<dyn ClusterListener>>,
+    /// Their routes, served here.
+    pub extensions: Vec<Arc<dyn ApiExtension>>,
+}
+
+impl std::fmt::Debug for ApiserverPlugins {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiserverPlugins")
+            .field("listeners", &self.listeners.len())
+            .field("extensions", &self.extensions.len())
+            .finish()
+    }
+}
+
+/// An apiserver serving on a socket.
+#[derive(Debug)]
+pub struct RunningApiserver {
+    /// The bound address (useful with port 0).
+    pub addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    server: JoinHandle<std::io::Result<()>>,
+    follower: JoinHandle<()>,
+}
+
+/// Loads the state from etcd into the listeners, starts following it, binds and serves.
+/// Returns once it serves: the extensions never answer from an empty copy.
+pub async fn start(
+    cfg: ApiserverConfig,
+    tokens: Tokens,
+    plugins: ApiserverPlugins,
+) -> anyhow::Result<RunningApiserver> {
+    let store = Arc::new(
+        EtcdStore::new(cfg.etcd.clone())
+            .and_then(|s| s.with_prefix(&cfg.prefix))
+            .context("invalid etcd store")?,
+    );
+    // Reads the leader key only; never campaigns (the id and TTL are unused).
+    let election = Election::new(
+        cfg.etcd.clone(),
+        &cfg.prefix,
+        "apiserver",
+        Duration::from_secs(3),
+    )
+    .context("invalid etcd endpoints")?;
+    let mut registry = Registry::default();
+    let metrics = metrics::Metrics::default();
+    metrics.register(&mut registry);
+    for e in &plugins.extensions {
+        e.register_metrics(&mut registry);
+    }
+    let mut follower = follow::Follower::new(store, plugins.listeners, metrics.clone());
+    follower
+        .load()
+        .await
+        .context("cannot load the state from etcd")?;
+    let follower = tokio::spawn(follower.run());
+    let state = Forwarder {
+        http: reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .build()
+            .context("building the HTTP client")?,
+        election,
+        leader: Arc::new(Mutex::new(None)),
+        metrics,
+        body_limit: cfg.body_limit,
+    };
+    let ctx = ApiContext {
+        auth: Arc::new(tokens),
+    };
+    let app = router(
+        state,
+        Arc::new(registry),
+        &plugins.extensions,
+        ctx,
+        cfg.body_limit,
+    );
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    let addr = listener.local_addr()?;
+    let (shutdown, mut stop) = watch::channel(false);
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await
+    });
+    tracing::info!(%addr, "apiserver listening");
+    Ok(RunningApiserver {
+        addr,
+        shutdown,
+        server,
+        follower,
+    })
+}
+
+impl RunningApiserver {
+    /// Stops serving (in-flight requests finish) and stops following the store.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        let _ = self.server.await;
+        self.follower.abort();
+    }
+}
+
+/// The routes: health, metrics, the extensions, and everything else forwarded.
+fn router(
+    fwd: Forwarder,
+    registry: Arc<Registry>,
+    extensions: &[Arc<dyn ApiExtension>],
+    ctx: ApiContext,
+    limit: usize,
+) -> Router {
+    let mut app = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/metrics",
+            get(move || async move { metrics_response(&registry) }),
+        )
+        .fallback(forward)
+        .with_state(fwd);
+    for ext in extensions {
+        app = app.merge(ext.router(ctx.clone()));
+    }
+    app.layer(axum::middleware::map_response(
+        move |r: Response| async move { json_errors(r, limit) },
+    ))
+    .layer(DefaultBodyLimit::max(limit))
+    .layer(Extension(ctx))
+}
+
+/// Forwards requests to the leader controller.
+#[derive(Clone)]
+struct Forwarder {
+    http: reqwest::Client,
+    election: Election,
+    /// The leader's base URL as last found (`None`: look it up).
+    leader: Arc<Mutex<Option<String>>>,
+    metrics: metrics::Metrics,
+    body_limit: usize,
+}
+
+/// Headers that belong to one connection, not to the request (RFC 9110 §7.6.1), and the
+/// ones the client library sets itself.
+const HOP_BY_HOP: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "te",
+    "upgrade",
+    "host",
+    "content-length",
+];
+
+fn end_to_end(headers: &HeaderMap) -> impl Iterator<Item = (&HeaderName, &http::HeaderValue)> {
+    headers
+        .iter()
+        .filter(|(name, _)| !HOP_BY_HOP.contains(&name.as_str()))
+}
+
+impl Forwarder {
+    /// The leader's base URL: cached, or read from etcd.
+    async fn leader(&self, fresh: bool) -> Result<String, ApiError> {
+        if !fresh {
+            if let Some(url) = self.lock().clone() {
+                return Ok(url);
+            }
+        }
+        let election = self.election.clone();
+        let id = tokio::task::spawn_blocking(move || election.leader())
+            .await
+            .map_err(|e| unavailable(format!("looking up the leader failed: {e}")))?
+            .map_err(|e| unavailable(format!("cannot reach etcd to find the leader: {e}")))?
+            .ok_or_else(|| unavailable("no controller leads now".into()))?;
+        let url = leader_url(&id).ok_or_else(|| {
+            unavailable(format!("the leader key holds {id:?}, not HOST/PID@ADDR"))
+        })?;
+        *self.lock() = Some(url.clone());
+        Ok(url)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.leader.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn send(
+        &self,
+        base: &str,
+        parts: &http::request::Parts,
+        body: &Bytes,
+    ) -> reqwest::Result<reqwest::Response> {
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+        let mut req = self
+            .http
+            .request(parts.method.clone(), format!("{base}{path}"))
+            .body(body.clone());
+        for (name, value) in end_to_end(&parts.headers) {
+            req = req.header(name, value);
+        }
+        req.send().await
+    }
+}
+
+/// `http://ADDR` of a leader id `HOST/PID@ADDR`; an unspecified listen address (all
+/// interfaces) is reached through the leader's host name.
+fn leader_url(id: &str) -> Option<String> {
+    let (who, addr) = id.rsplit_once('@')?;
+    let addr: SocketAddr = addr.parse().ok()?;
+    if addr.ip().is_unspecified() {
+        let host = who.split_once('/')?.0;
+        return Some(format!("http://{host}:{}", addr.port()));
+    }
+    Some(format!("http://{addr}"))
+}
+
+fn unavailable(msg: String) -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "no_leader", msg)
+}
+
+/// The fallback: forwards the request to the leader as it is, and its answer back. A
+/// leader that cannot be reached (it died; the next one is not known here yet) is looked
+/// up again in etcd and tried once more: nothing was sent to it, so nothing repeats.
+async fn forward(State(fwd): State<Forwarder>, uri: Uri, req: Request) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = match axum::body::to_bytes(body, fwd.body_limit).await {
+        Ok(b) => b,
+        Err(_) => {
+            return ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!(
+                    "request body is larger than the limit of {} bytes",
+                    fwd.body_limit
+                ),
+            )
+            .into_response()
+        }
+    };
+    let mut fresh = false;
+    let answer = loop {
+        let base = match fwd.leader(fresh).await {
+            Ok(b) => b,
+            Err(e) => {
+                fwd.metrics.forwarded("no_leader");
+                return e.into_response();
+            }
+        };
+        match fwd.send(&base, &parts, &body).await {
+            Ok(r) => break r,
+            Err(e) if e.is_connect() && !fresh => {
+                tracing::info!(leader = %base, error = %e, "leader unreachable: looking it up again");
+                fresh = true;
+            }
+            Err(e) => {
+                fwd.metrics.forwarded("unreachable");
+                tracing::warn!(leader = %base, %uri, error = %e, "forwarding failed");
+                // A new leader may be on its way: look it up afresh next time.
+                *fwd.lock() = None;
+                return ApiError::new(
+                    StatusCode::BAD_GATEWAY,
+                    "leader_unreachable",
+                    format!("the leader controller at {base} did not answer: {e}"),
+                )
+                .into_response();
+            }
+        }
+    };
+    fwd.metrics.forwarded("ok");
+    let mut resp = Response::builder().status(answer.status());
+    for (name, value) in end_to_end(answer.headers()) {
+        resp = resp.header(name, value);
+    }
+    let bytes = match answer.bytes().await {
+        Ok(b) => b,
+        Err(e) => {
+            return ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                "leader_unreachable",
+                format!("the leader's answer broke off: {e}"),
+            )
+            .into_response()
+        }
+    };
+    resp.body(Body::from(bytes))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::leader_url;
+
+    #[test]
+    fn leader_ids_become_urls() {
+        assert_eq!(
+            leader_url("node-1/42@127.0.0.1:7480").as_deref(),
+            Some("http://127.0.0.1:7480")
+        );
+        assert_eq!(
+            leader_url("node-1/42@[::1]:7480").as_deref(),
+            Some("http://[::1]:7480")
+        );
+        assert_eq!(
+            leader_url("node-1/42@0.0.0.0:7480").as_deref(),
+            Some("http://node-1:7480")
+        );
+        assert_eq!(leader_url("garbage"), None);
+        assert_eq!(leader_url("h/1@not-an-addr"), None);
+    }
+}
