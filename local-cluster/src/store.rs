@@ -13,7 +13,7 @@
 #![warn(missing_docs)]
 
 mod election;
-mod etcd;
+pub(crate) mod etcd;
 
 pub use election::{Election, ElectionError, Leadership, Maintained, DEFAULT_LEADER_TTL};
 pub use etcd::{

@@ -261,3 +261,115 @@ fn int(v: &Value) -> i64 {
         _ => 0,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::model::Txn;
+    use crate::store::etcd::tests::TestEtcd;
+    use crate::store::{Batch, Store};
+    use plugin_api::{ClusterSnapshot, ServiceInfo};
+    use std::sync::Mutex;
+
+    /// What a listener was told: `resync@REV(services)` and `event@REV`.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<String>>);
+
+    impl ClusterListener for Recorder {
+        fn resync(&self, s: &ClusterSnapshot) {
+            let names: Vec<&str> = s.services.iter().map(|s| s.name.as_str()).collect();
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("resync@{}({})", s.rev, names.join(",")));
+        }
+        fn on_event(&self, e: &ClusterEvent) {
+            self.0.lock().unwrap().push(format!("event@{}", e.rev()));
+        }
+    }
+
+    impl Recorder {
+        fn take(&self) -> Vec<String> {
+            std::mem::take(&mut *self.0.lock().unwrap())
+        }
+    }
+
+    fn service(name: &str) -> crate::controller::model::ServiceRec {
+        crate::controller::model::ServiceRec {
+            info: ServiceInfo {
+                name: name.into(),
+                project: "p".into(),
+                replicas: 1,
+                profile: serde_json::json!({}),
+                rev: 0,
+            },
+            state: crate::controller::model::ServiceState::Active,
+        }
+    }
+
+    /// Commits `names` as one controller batch (one event each), as the controller does.
+    fn commit(store: &dyn Store, c: &mut Cluster, names: &[&str]) {
+        let mut txn = Txn::new(c);
+        for n in names {
+            txn.put_service(service(n));
+        }
+        store.commit(txn.batch()).unwrap();
+        txn.apply(c);
+    }
+
+    async fn until(rec: &Recorder, want: usize) -> Vec<String> {
+        let mut got = Vec::new();
+        // Bounded: the watch delivers within milliseconds on loopback.
+        for _ in 0..500 {
+            got.extend(rec.take());
+            if got.len() >= want {
+                return got;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("expected {want} notifications, got {got:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn follows_batches_in_order_reads_journals_once_and_reloads_on_a_gap() {
+        let etcd = TestEtcd::start();
+        // Small transactions: a batch of 3 services goes through the journal.
+        let writer = etcd.store("/xce/").with_max_txn_ops(4);
+        let mut c = Cluster::load(&writer).unwrap();
+        commit(&writer, &mut c, &["a"]);
+
+        let rec = Arc::new(Recorder::default());
+        let mut f = Follower::new(
+            Arc::new(etcd.store("/xce/")),
+            vec![rec.clone()],
+            Metrics::default(),
+        );
+        f.load().await.unwrap();
+        assert_eq!(rec.take(), ["resync@1(a)"]);
+        let task = tokio::spawn(f.run());
+
+        // Plain batches, then a journaled one: every event once, in order.
+        commit(&writer, &mut c, &["b"]);
+        commit(&writer, &mut c, &["c", "d", "e"]);
+        assert_eq!(
+            until(&rec, 4).await,
+            ["event@2", "event@3", "event@4", "event@5"]
+        );
+
+        // A batch whose events skip a revision (no controller writes that): the follower
+        // does not guess, it reloads the whole state.
+        c.rev += 1;
+        commit(&writer, &mut c, &["f"]);
+        assert_eq!(until(&rec, 1).await, ["resync@7(a,b,c,d,e,f)"]);
+        commit(&writer, &mut c, &["g"]);
+        assert_eq!(until(&rec, 1).await, ["event@8"]);
+
+        // A batch without events (a quiet record change) tells the listeners nothing.
+        let mut quiet = Batch::default();
+        quiet.put(crate::store::Key::new("host", "h1"), b"{}".to_vec());
+        writer.commit(quiet).unwrap();
+        commit(&writer, &mut c, &["h"]);
+        assert_eq!(until(&rec, 1).await, ["event@9"]);
+        task.abort();
+    }
+}

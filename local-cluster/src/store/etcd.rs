@@ -936,4 +936,4 @@ pub(super) fn unb64(v: &Value) -> Result<Vec<u8>, StoreError> {
 }
 
 #[cfg(test)]
-pub(super) mod tests;
+pub(crate) mod tests;
