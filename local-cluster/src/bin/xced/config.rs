@@ -178,6 +178,9 @@ pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
             path.display()
         );
     }
+    cfg.endpoints
+        .check()
+        .with_context(|| format!("invalid controller config {}: [endpoints]", path.display()))?;
     if cfg.grace_period <= cfg.unreachable_after {
         bail!(
             "invalid controller config {}: grace_period must be longer than unreachable_after",
@@ -188,9 +191,13 @@ pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
 }
 
 pub(crate) fn load_apiserver(path: &Path) -> Result<ApiserverFile> {
-    figment(path, APISERVER_ENV)?
+    let cfg: ApiserverFile = figment(path, APISERVER_ENV)?
         .extract()
-        .with_context(|| format!("invalid apiserver config {}", path.display()))
+        .with_context(|| format!("invalid apiserver config {}", path.display()))?;
+    cfg.endpoints
+        .check()
+        .with_context(|| format!("invalid apiserver config {}: [endpoints]", path.display()))?;
+    Ok(cfg)
 }
 
 pub(crate) fn load_worker(path: &Path) -> Result<WorkerFile> {
