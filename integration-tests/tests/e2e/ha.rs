@@ -297,6 +297,18 @@ async fn jobs(api: &Api) -> Result<BTreeMap<String, (String, u64)>> {
         .collect()
 }
 
+/// `exec-02` → 1.
+fn host_index(host: &str) -> usize {
+    host.trim_start_matches("exec-")
+        .parse::<usize>()
+        .expect("exec-NN")
+        - 1
+}
+
+fn victim_ip(addr: &str) -> String {
+    addr.rsplit_once(':').expect("addr:port").0.to_owned()
+}
+
 /// The endpoint entry without its index (which a takeover may move on).
 async fn endpoints(api: &Api) -> Result<Value> {
     let v = api.get_json("/v1/services/web/endpoints").await?;
@@ -413,21 +425,28 @@ async fn standby_controller_takes_over_after_kill_9_with_the_same_jobs_ports_and
     // The new leader runs the cluster: a killed replica is replaced.
     let victim = eps_after[0].clone();
     kill_replica_listening_on(&victim).unwrap();
+    let victim_job = jobs_after
+        .iter()
+        .find(|(_, (host, port))| {
+            victim.ends_with(&format!(":{port}")) && ha.ip(host_index(host)) == victim_ip(&victim)
+        })
+        .map(|(job, _)| job.clone())
+        .expect("the victim is one of the jobs");
     let replaced = eventually("the killed replica replaced", || async {
         let now = jobs(&b).await?;
-        let gone = jobs_before.keys().filter(|j| !now.contains_key(*j)).count();
         let eps = b.plain("web").await?;
-        Ok(
-            (gone == 1 && now.len() == 4 && eps.len() == 4 && !eps.contains(&victim))
-                .then_some(now),
-        )
+        Ok((!now.contains_key(&victim_job)
+            && now.len() == 4
+            && eps.len() == 4
+            && !eps.contains(&victim))
+        .then_some(now))
     })
     .await;
-    let new_jobs: Vec<_> = replaced
+    let gone: Vec<_> = jobs_before
         .keys()
-        .filter(|j| !jobs_before.contains_key(*j))
+        .filter(|j| !replaced.contains_key(*j))
         .collect();
-    assert_eq!(new_jobs.len(), 1, "one new job: {replaced:?}");
+    assert_eq!(gone, [&victim_job], "only the killed job ended: {replaced:?}");
 
     // The old leader, restarted, is a standby of the new one.
     ha.start_controller(0).unwrap();
