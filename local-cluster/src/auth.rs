@@ -36,9 +36,22 @@ impl Secret {
         &self.0
     }
     fn matches(&self, token: &str) -> bool {
-        // `ct_eq` on slices of different lengths is false without comparing bytes: only
-        // the length can leak, never the content.
-        bool::from(self.0.as_bytes().ct_eq(token.as_bytes()))
+        // Constant time in the secret: the work depends on the candidate's length only
+        // (which the caller knows), so neither the content nor the length of a secret
+        // leaks. (`ct_eq` on slices of different lengths returns early, which would tell
+        // a prober the secret's length.)
+        let secret = self.0.as_bytes();
+        let token = token.as_bytes();
+        let mut same = secret.len().ct_eq(&token.len());
+        if secret.is_empty() {
+            return false;
+        }
+        for (i, b) in token.iter().enumerate() {
+            // Wraps around past the secret's end (no branch on where that is); the length
+            // check has failed there anyway.
+            same &= secret[i % secret.len()].ct_eq(b);
+        }
+        bool::from(same)
     }
 }
 
@@ -281,6 +294,24 @@ mod tests {
             Err(e) => e.to_string(),
         };
         expect.assert_eq(&out);
+    }
+
+    #[test]
+    fn secrets_match_only_themselves() {
+        let s = Secret::new("s3cret-token");
+        assert!(s.matches("s3cret-token"));
+        for other in [
+            "",
+            "s",
+            "s3cret-toke",
+            "s3cret-tokenn",
+            "s3cret-tokens3cret-token",
+            "S3cret-token",
+            "x3cret-token",
+        ] {
+            assert!(!s.matches(other), "{other:?}");
+        }
+        assert!(!Secret::new("").matches(""));
     }
 
     #[test]
