@@ -446,7 +446,11 @@ async fn standby_controller_takes_over_after_kill_9_with_the_same_jobs_ports_and
         .keys()
         .filter(|j| !replaced.contains_key(*j))
         .collect();
-    assert_eq!(gone, [&victim_job], "only the killed job ended: {replaced:?}");
+    assert_eq!(
+        gone,
+        [&victim_job],
+        "only the killed job ended: {replaced:?}"
+    );
 
     // The old leader, restarted, is a standby of the new one.
     ha.start_controller(0).unwrap();
