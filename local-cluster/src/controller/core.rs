@@ -67,6 +67,12 @@ pub(crate) enum CoreError {
 struct Backoff {
     delay: Duration,
     not_before: Instant,
+    /// A scheduling pass has seen the backoff over (and placed the replica, or said why
+    /// not, or found it not wanted any more). Until then the backoff keeps a timer armed,
+    /// even once its instant is past:
+    /// a pass that ran with a `now` taken before a slow store commit may have seen it
+    /// still running, and nothing else would wake the controller for it.
+    over: bool,
 }
 
 /// What readers see: a consistent snapshot after a command.
@@ -328,6 +334,7 @@ impl Core {
                             Backoff {
                                 delay,
                                 not_before: now + delay,
+                                over: false,
                             },
                         );
                     }
@@ -678,8 +685,8 @@ impl Core {
         let backoffs = self
             .backoff
             .values()
-            .map(|b| b.not_before)
-            .filter(|t| *t > now);
+            .filter(|b| !b.over)
+            .map(|b| b.not_before);
         let next = hosts.chain(backoffs).min()?;
         Some(match self.store_retry {
             Some(r) => next.max(r),
@@ -757,6 +764,10 @@ impl Core {
 
     fn schedule(&mut self, now: Instant) {
         self.pending.clear();
+        // This pass sees these backoffs over: no timer for them any more (see `over`).
+        for b in self.backoff.values_mut() {
+            b.over |= b.not_before <= now;
+        }
         let services: Vec<ServiceRec> = self
             .cluster
             .services

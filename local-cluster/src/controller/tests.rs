@@ -489,6 +489,51 @@ fn crash_looping_replica_backs_off_then_resets() {
           plugin: reserve exec-01 j-5 0"#]]);
 }
 
+/// A commit slower than the backoff (etcd electing a new raft leader took 5 s): the pass
+/// that ran right after the exit saw the backoff still running, and by the time the
+/// controller looks at its timers the backoff's instant is past. It must still wake the
+/// controller (the replica used to stay pending until some unrelated change), and once a
+/// pass has seen it over it arms nothing more (no busy loop).
+#[test]
+fn a_backoff_that_ends_during_a_slow_commit_still_places_the_replica() {
+    let mut s = Sim::new();
+    s.register("exec-01", 2, &[]);
+    s.submit(web("web", "default", 1));
+    s.events("exec-01", vec![started("j-1"), exited("j-1")]);
+    let exited_at = s.now;
+    s.now += Duration::from_secs(5);
+    s.core.heartbeat(&"exec-01".to_owned(), s.now).unwrap();
+    let due = s.core.next_deadline(s.now).expect("a deadline");
+    assert_eq!(
+        due,
+        exited_at + Duration::from_secs(1),
+        "the backoff's own instant"
+    );
+    // The timer fires at once (its instant is past): a pass with the fresh time.
+    s.core.tick(s.now);
+    s.core.mark_dirty();
+    s.core.settle(s.now);
+    s.settle("the timer fires 5s after the exit", Ok(()));
+    let next = s.core.next_deadline(s.now).expect("the host's deadline");
+    assert!(next > s.now, "nothing past-due is armed any more");
+    s.check(expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 running=[]
+          1 host exec-01 Ready []
+        > submit
+          2 service web rev=2
+          3 job j-1 web/0 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"exited","job":"j-1","code":1}]
+          4 job j-1 web/0 exec-01 Running ready=false
+          5 ended j-1 web/0 Exited { code: Some(1) }
+          plugin: release exec-01 j-1
+        > the timer fires 5s after the exit
+          6 job j-2 web/0 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-2 0"#]]);
+}
+
 #[test]
 fn unreachable_host_keeps_jobs_and_lost_host_is_replaced() {
     let mut s = Sim::new();
