@@ -10,3 +10,4 @@ mod reliability;
 mod reliability_input;
 mod reliability_watch;
 mod restart;
+mod scale;
