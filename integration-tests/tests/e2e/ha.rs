@@ -2,119 +2,18 @@
 //! loopback) etcd, workers pointed at both; the active one is killed with SIGKILL and the
 //! standby takes over from the stored state.
 
+use crate::daemons::*;
 use crate::harness::*;
 use anyhow::{Context, Result};
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 /// The leader lease TTL the controllers run with (a standby takes over about this long
 /// after the leader dies).
 const LEADER_TTL: &str = "3s";
-
-/// A single-member etcd on loopback with its data in a temp dir; killed when dropped.
-struct Etcd {
-    child: Child,
-    endpoint: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Etcd {
-    async fn start() -> Result<Self> {
-        let bin = std::env::var_os("ETCD")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("etcd"));
-        let dir = tempfile::Builder::new()
-            .prefix("xce-ha-etcd")
-            .tempdir_in("/dev/shm")
-            .or_else(|_| tempfile::tempdir())?;
-        let (client, peer) = (free_port(), free_port());
-        let child = Command::new(&bin)
-            .args(["--name", "ha", "--data-dir"])
-            .arg(dir.path().join("data"))
-            .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
-            .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
-            .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
-            .arg(format!(
-                "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
-            ))
-            .arg(format!("--initial-cluster=ha=http://127.0.0.1:{peer}"))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(std::fs::File::create(
-                dir.path().join("etcd.log"),
-            )?))
-            .spawn()
-            .with_context(|| {
-                format!(
-                    "cannot start {} (install etcd-server, or name the binary in $ETCD)",
-                    bin.display()
-                )
-            })?;
-        let etcd = Self {
-            child,
-            endpoint: format!("127.0.0.1:{client}"),
-            _dir: dir,
-        };
-        let http = reqwest::Client::new();
-        let url = format!("http://{}/v3/kv/range", etcd.endpoint);
-        eventually("etcd answers", || async {
-            let r = http.post(&url).body(r#"{"key":"AA=="}"#).send().await?;
-            Ok(r.status().is_success().then_some(()))
-        })
-        .await;
-        Ok(etcd)
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A daemon whose stdout lines a thread collects.
-struct Daemon {
-    child: Child,
-    lines: std::sync::mpsc::Receiver<String>,
-}
-
-fn spawn_xced(args: &[&str], config: &Path, log: &Path) -> Result<Daemon> {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)?;
-    let mut child = Command::new(bin("xced"))
-        .args(args)
-        .arg("--config")
-        .arg(config)
-        .env("XCE_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(log))
-        .spawn()?;
-    let stdout = child.stdout.take().context("piped stdout")?;
-    let (tx, lines) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    Ok(Daemon { child, lines })
-}
-
-impl Daemon {
-    /// Whether the controller printed its announce line (it leads and serves).
-    fn announced(&self) -> bool {
-        self.lines
-            .try_iter()
-            .any(|l| l.contains("apiserver listening on"))
-    }
-}
 
 /// Two controllers and two workers on one etcd, in a temp dir.
 struct Ha {
@@ -123,7 +22,7 @@ struct Ha {
     first_ip: std::net::Ipv4Addr,
     controllers: [Option<Daemon>; 2],
     workers: Vec<Child>,
-    etcd: Option<Etcd>,
+    etcd: Option<EtcdCluster>,
 }
 
 impl Ha {
@@ -150,28 +49,20 @@ impl Ha {
         Ok(())
     }
 
-    fn new(etcd: Etcd, workers: usize) -> Result<Self> {
+    fn new(etcd: EtcdCluster, workers: usize) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let ports = [free_port(), free_port()];
         let first_ip = ip_block();
-        let mut tokens = format!(
-            "[[token]]\nsecret = \"{ADMIN}\"\nprincipal = \"admin\"\ngrants = [ {{ permission = \"admin\", projects = [\"*\"] }} ]\n"
-        );
-        for i in 0..workers {
-            tokens += &format!(
-                "\n[[worker]]\nhost = \"exec-{:02}\"\nsecret = \"worker-{i}-secret\"\n",
-                i + 1
-            );
-        }
+        let tokens = admin_and_worker_tokens(workers);
         std::fs::write(dir.path().join("tokens.toml"), tokens)?;
         for (c, port) in ports.iter().enumerate() {
             std::fs::write(
                 dir.path().join(format!("controller-{c}.toml")),
                 format!(
-                    "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\ntokens = \"{}\"\nstore = \"etcd://{}\"\nleader_ttl = \"{LEADER_TTL}\"\nunreachable_after = \"3s\"\ngrace_period = \"30s\"\n\n[address]\nallow_loopback_hosts = [\"*\"]\n",
+                    "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\ntokens = \"{}\"\nstore = \"{}\"\nleader_ttl = \"{LEADER_TTL}\"\nunreachable_after = \"3s\"\ngrace_period = \"30s\"\n\n[address]\nallow_loopback_hosts = [\"*\"]\n",
                     dir.path().join(format!("controller-{c}")).display(),
                     dir.path().join("tokens.toml").display(),
-                    etcd.endpoint,
+                    etcd.url(),
                 ),
             )?;
         }
@@ -322,7 +213,7 @@ fn log_has(path: &Path, needle: &str) -> Result<Option<()>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standby_controller_takes_over_after_kill_9_with_the_same_jobs_ports_and_endpoints() {
-    let etcd = Etcd::start().await.expect("etcd");
+    let etcd = EtcdCluster::start(1).await.expect("etcd");
     let mut ha = Ha::new(etcd, 2).expect("cluster dir");
 
     // The first controller leads; the second one waits and does not listen.

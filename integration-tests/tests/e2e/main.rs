@@ -1,6 +1,7 @@
 //! One test binary for every end-to-end test (faster to build on a 2-core machine).
 #![allow(unreachable_pub, missing_docs)]
 
+mod daemons;
 mod harness;
 
 mod address;

@@ -4,203 +4,18 @@
 //! leader through the apiservers. The active controller is killed with SIGKILL in the
 //! middle of a rolling replacement of the replicas, then one etcd member.
 
+use crate::daemons::*;
 use crate::harness::*;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 /// The leader lease TTL the controllers run with.
 const LEADER_TTL: &str = "3s";
-const MEMBERS: [&str; 3] = ["a", "b", "c"];
 const REPLICAS: usize = 4;
-
-/// A 3-member etcd cluster on loopback, each member with its own data dir; every member
-/// is killed when dropped.
-struct Etcd {
-    members: Vec<Option<Child>>,
-    clients: Vec<String>,
-    dir: tempfile::TempDir,
-}
-
-impl Etcd {
-    async fn start() -> Result<Self> {
-        let bin = std::env::var_os("ETCD")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("etcd"));
-        let dir = tempfile::Builder::new()
-            .prefix("xce-scale-etcd")
-            .tempdir_in("/dev/shm")
-            .or_else(|_| tempfile::tempdir())?;
-        let ports: Vec<(u16, u16)> = MEMBERS.iter().map(|_| (free_port(), free_port())).collect();
-        let initial = MEMBERS
-            .iter()
-            .zip(&ports)
-            .map(|(name, (_, peer))| format!("{name}=http://127.0.0.1:{peer}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        let token = format!(
-            "xce-scale-{}-{}",
-            std::process::id(),
-            dir.path().file_name().unwrap_or_default().to_string_lossy()
-        );
-        let mut etcd = Self {
-            members: Vec::new(),
-            clients: ports
-                .iter()
-                .map(|(client, _)| format!("127.0.0.1:{client}"))
-                .collect(),
-            dir,
-        };
-        for (name, (client, peer)) in MEMBERS.iter().zip(&ports) {
-            let child = Command::new(&bin)
-                .args(["--name", name, "--data-dir"])
-                .arg(etcd.dir.path().join(format!("data-{name}")))
-                .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
-                .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
-                .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
-                .arg(format!(
-                    "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
-                ))
-                .arg(format!("--initial-cluster={initial}"))
-                .arg("--initial-cluster-state=new")
-                .arg(format!("--initial-cluster-token={token}"))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::from(std::fs::File::create(
-                    etcd.dir.path().join(format!("etcd-{name}.log")),
-                )?))
-                .spawn()
-                .with_context(|| {
-                    format!(
-                        "cannot start {} (install etcd-server, or name the binary in $ETCD)",
-                        bin.display()
-                    )
-                })?;
-            etcd.members.push(Some(child));
-        }
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(2))
-            .build()?;
-        for ep in &etcd.clients {
-            let url = format!("http://{ep}/v3/kv/range");
-            eventually(&format!("etcd member {ep} answers"), || async {
-                let r = http.post(&url).body(r#"{"key":"AA=="}"#).send().await?;
-                Ok(r.status().is_success().then_some(()))
-            })
-            .await;
-        }
-        Ok(etcd)
-    }
-
-    /// `etcd://m1,m2,m3`.
-    fn url(&self) -> String {
-        format!("etcd://{}", self.clients.join(","))
-    }
-
-    fn log(&self, m: usize) -> PathBuf {
-        self.dir.path().join(format!("etcd-{}.log", MEMBERS[m]))
-    }
-
-    /// Member `m`'s status: (its id, the raft leader's id).
-    async fn status(&self, m: usize) -> Result<(String, String)> {
-        let v: Value = reqwest::Client::new()
-            .post(format!("http://{}/v3/maintenance/status", self.clients[m]))
-            .body("{}")
-            .timeout(Duration::from_secs(2))
-            .send()
-            .await?
-            .json()
-            .await?;
-        let id = v["header"]["member_id"].as_str().context("member_id")?;
-        let leader = v["leader"].as_str().context("leader")?;
-        Ok((id.to_owned(), leader.to_owned()))
-    }
-
-    /// Moves the raft leadership to member `m` (etcd's move-leader), so that killing `m`
-    /// costs the cluster an election as well as the endpoint every client tries first.
-    async fn make_leader(&self, m: usize) {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(5))
-            .build()
-            .unwrap();
-        eventually(&format!("etcd member {} leads", MEMBERS[m]), || async {
-            let (id, leader) = self.status(m).await?;
-            if id == leader {
-                return Ok(Some(()));
-            }
-            for ep in &self.clients {
-                // Only the leader accepts it; the others answer "not leader".
-                let _ = http
-                    .post(format!("http://{ep}/v3/maintenance/transfer-leadership"))
-                    .body(format!(r#"{{"targetID":"{id}"}}"#))
-                    .send()
-                    .await;
-            }
-            Ok(None)
-        })
-        .await;
-    }
-
-    fn kill_9(&mut self, m: usize) {
-        if let Some(mut c) = self.members[m].take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        for m in 0..self.members.len() {
-            self.kill_9(m);
-        }
-    }
-}
-
-/// A daemon whose stdout a thread reads; it notes when the announce line came.
-struct Daemon {
-    child: Child,
-    announced: Arc<Mutex<Option<Instant>>>,
-}
-
-impl Daemon {
-    /// When the daemon printed `xced: apiserver listening on` (it serves).
-    fn announced_at(&self) -> Option<Instant> {
-        *self.announced.lock().unwrap()
-    }
-}
-
-fn spawn_xced(args: &[&str], config: &Path, log: &Path) -> Result<Daemon> {
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(log)?;
-    let mut child = Command::new(bin("xced"))
-        .args(args)
-        .arg("--config")
-        .arg(config)
-        .env("XCE_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::from(log))
-        .spawn()?;
-    let stdout = child.stdout.take().context("piped stdout")?;
-    let announced = Arc::new(Mutex::new(None));
-    let seen = announced.clone();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if line.contains("apiserver listening on") {
-                seen.lock().unwrap().get_or_insert_with(Instant::now);
-            }
-        }
-    });
-    Ok(Daemon { child, announced })
-}
 
 /// The cluster, in a temp dir: etcd, two controllers, two apiservers, two workers.
 struct Scale {
@@ -211,26 +26,18 @@ struct Scale {
     controllers: [Option<Daemon>; 2],
     apiservers: [Option<Daemon>; 2],
     workers: Vec<Child>,
-    etcd: Option<Etcd>,
+    etcd: Option<EtcdCluster>,
 }
 
 impl Scale {
-    fn new(etcd: Etcd, workers: usize) -> Result<Self> {
+    fn new(etcd: EtcdCluster, workers: usize) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let controller_ports = [free_port(), free_port()];
         let apiserver_ports = [free_port(), free_port()];
         let first_ip = ip_block();
         let store = etcd.url();
         let tokens_path = dir.path().join("tokens.toml");
-        let mut tokens = format!(
-            "[[token]]\nsecret = \"{ADMIN}\"\nprincipal = \"admin\"\ngrants = [ {{ permission = \"admin\", projects = [\"*\"] }} ]\n"
-        );
-        for i in 0..workers {
-            tokens += &format!(
-                "\n[[worker]]\nhost = \"exec-{:02}\"\nsecret = \"worker-{i}-secret\"\n",
-                i + 1
-            );
-        }
+        let tokens = admin_and_worker_tokens(workers);
         std::fs::write(&tokens_path, tokens)?;
         for (c, port) in controller_ports.iter().enumerate() {
             std::fs::write(
@@ -412,8 +219,8 @@ impl Drop for Scale {
                 logs.push((name.clone(), self.log(&name)));
             }
             if let Some(etcd) = &self.etcd {
-                for (m, name) in MEMBERS.iter().enumerate() {
-                    logs.push((format!("etcd-{name}"), etcd.log(m)));
+                for m in 0..etcd.members() {
+                    logs.push((format!("etcd-{}", etcd.name(m)), etcd.log(m)));
                 }
             }
             for (name, path) in logs {
@@ -545,7 +352,7 @@ impl Places {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_controllers_and_two_apiservers_on_a_3_member_etcd_survive_losing_the_leader_and_an_etcd_member(
 ) {
-    let etcd = Etcd::start().await.expect("etcd");
+    let etcd = EtcdCluster::start(3).await.expect("etcd");
     let mut s = Scale::new(etcd, 2).expect("cluster dir");
 
     // Controller 0 leads; controller 1 waits as a standby.

@@ -1,0 +1,227 @@
+//! Processes the multi-process tests share: an etcd cluster of its own, and `xced`
+//! daemons whose announce line is watched.
+
+use crate::harness::*;
+use anyhow::{Context, Result};
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// An etcd cluster of N members on loopback, each with its own data dir (on tmpfs when
+/// there is one); every member is killed when dropped.
+pub struct EtcdCluster {
+    members: Vec<Option<Child>>,
+    clients: Vec<String>,
+    dir: tempfile::TempDir,
+}
+
+impl EtcdCluster {
+    pub async fn start(n: usize) -> Result<Self> {
+        let names: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
+        let bin = std::env::var_os("ETCD")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("etcd"));
+        let dir = tempfile::Builder::new()
+            .prefix("xce-etcd")
+            .tempdir_in("/dev/shm")
+            .or_else(|_| tempfile::tempdir())?;
+        let ports: Vec<(u16, u16)> = names.iter().map(|_| (free_port(), free_port())).collect();
+        let initial = names
+            .iter()
+            .zip(&ports)
+            .map(|(name, (_, peer))| format!("{name}=http://127.0.0.1:{peer}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let token = format!(
+            "xce-{}-{}",
+            std::process::id(),
+            dir.path().file_name().unwrap_or_default().to_string_lossy()
+        );
+        let mut etcd = Self {
+            members: Vec::new(),
+            clients: ports
+                .iter()
+                .map(|(client, _)| format!("127.0.0.1:{client}"))
+                .collect(),
+            dir,
+        };
+        for (name, (client, peer)) in names.iter().zip(&ports) {
+            let child = Command::new(&bin)
+                .args(["--name", name.as_str(), "--data-dir"])
+                .arg(etcd.dir.path().join(format!("data-{name}")))
+                .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
+                .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
+                .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+                .arg(format!(
+                    "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+                ))
+                .arg(format!("--initial-cluster={initial}"))
+                .arg("--initial-cluster-state=new")
+                .arg(format!("--initial-cluster-token={token}"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::from(std::fs::File::create(
+                    etcd.dir.path().join(format!("etcd-{name}.log")),
+                )?))
+                .spawn()
+                .with_context(|| {
+                    format!(
+                        "cannot start {} (install etcd-server, or name the binary in $ETCD)",
+                        bin.display()
+                    )
+                })?;
+            etcd.members.push(Some(child));
+        }
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(2))
+            .build()?;
+        for ep in &etcd.clients {
+            let url = format!("http://{ep}/v3/kv/range");
+            eventually(&format!("etcd member {ep} answers"), || async {
+                let r = http.post(&url).body(r#"{"key":"AA=="}"#).send().await?;
+                Ok(r.status().is_success().then_some(()))
+            })
+            .await;
+        }
+        Ok(etcd)
+    }
+
+    /// How many members it started with.
+    pub fn members(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Member `m`'s name (`m0`, `m1`, …).
+    pub fn name(&self, m: usize) -> String {
+        format!("m{m}")
+    }
+
+    /// `etcd://m1,m2,m3`.
+    pub fn url(&self) -> String {
+        format!("etcd://{}", self.clients.join(","))
+    }
+
+    pub fn log(&self, m: usize) -> PathBuf {
+        self.dir.path().join(format!("etcd-{}.log", self.name(m)))
+    }
+
+    /// Member `m`'s status: (its id, the raft leader's id).
+    pub async fn status(&self, m: usize) -> Result<(String, String)> {
+        let v: Value = reqwest::Client::new()
+            .post(format!("http://{}/v3/maintenance/status", self.clients[m]))
+            .body("{}")
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await?
+            .json()
+            .await?;
+        let id = v["header"]["member_id"].as_str().context("member_id")?;
+        let leader = v["leader"].as_str().context("leader")?;
+        Ok((id.to_owned(), leader.to_owned()))
+    }
+
+    /// Moves the raft leadership to member `m` (etcd's move-leader), so that killing `m`
+    /// costs the cluster an election as well as the endpoint every client tries first.
+    pub async fn make_leader(&self, m: usize) {
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        eventually(&format!("etcd member {} leads", self.name(m)), || async {
+            let (id, leader) = self.status(m).await?;
+            if id == leader {
+                return Ok(Some(()));
+            }
+            for ep in &self.clients {
+                // Only the leader accepts it; the others answer "not leader".
+                let _ = http
+                    .post(format!("http://{ep}/v3/maintenance/transfer-leadership"))
+                    .body(format!(r#"{{"targetID":"{id}"}}"#))
+                    .send()
+                    .await;
+            }
+            Ok(None)
+        })
+        .await;
+    }
+
+    pub fn kill_9(&mut self, m: usize) {
+        if let Some(mut c) = self.members[m].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for m in 0..self.members.len() {
+            self.kill_9(m);
+        }
+    }
+}
+
+/// A daemon whose stdout a thread reads; it notes when the announce line came.
+pub struct Daemon {
+    pub child: Child,
+    announced: Arc<Mutex<Option<Instant>>>,
+}
+
+impl Daemon {
+    /// When the daemon printed `xced: apiserver listening on` (it serves).
+    pub fn announced_at(&self) -> Option<Instant> {
+        *self.announced.lock().unwrap()
+    }
+}
+
+pub fn spawn_xced(args: &[&str], config: &Path, log: &Path) -> Result<Daemon> {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    let mut child = Command::new(bin("xced"))
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .env("XCE_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::from(log))
+        .spawn()?;
+    let stdout = child.stdout.take().context("piped stdout")?;
+    let announced = Arc::new(Mutex::new(None));
+    let seen = announced.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.contains("apiserver listening on") {
+                seen.lock().unwrap().get_or_insert_with(Instant::now);
+            }
+        }
+    });
+    Ok(Daemon { child, announced })
+}
+
+impl Daemon {
+    /// Whether the daemon announced that it serves.
+    pub fn announced(&self) -> bool {
+        self.announced_at().is_some()
+    }
+}
+
+/// A tokens file: the admin token ([`ADMIN`]) and a `[[worker]]` `exec-NN` with secret
+/// `worker-I-secret` for each of `workers`.
+pub fn admin_and_worker_tokens(workers: usize) -> String {
+    let mut tokens = format!(
+        "[[token]]\nsecret = \"{ADMIN}\"\nprincipal = \"admin\"\ngrants = [ {{ permission = \"admin\", projects = [\"*\"] }} ]\n"
+    );
+    for i in 0..workers {
+        tokens += &format!(
+            "\n[[worker]]\nhost = \"exec-{:02}\"\nsecret = \"worker-{i}-secret\"\n",
+            i + 1
+        );
+    }
+    tokens
+}
