@@ -1,0 +1,1550 @@
+//! Scaling out the read side (issue 8): `xced apiserver`s on etcd, each serving the
+//! endpoint table from its own copy fed by an etcd watch.
+//!
+//! Setup, all on loopback: a 1-member etcd (data in a /dev/shm temp dir), one
+//! `xced controller` on it, and this process acting as a **fake worker** through the real
+//! `/internal/v1` worker protocol (register, heartbeat, assignments, events), so that a
+//! readiness change is one precise event: service `web` with 3 replicas is placed on the
+//! fake host, reported started and ready; a change is "job 0 not ready" (then "ready"
+//! again the next round), sent by the fake worker straight to the controller.
+//!
+//! Measured, with W blocking-query watchers (`GET /v1/services/web/endpoints?index=N&wait=60s`,
+//! one connection each):
+//!
+//! 1. fan-out: all W on one apiserver, then spread evenly over three (fresh apiserver
+//!    processes for each scenario). Once the apiservers' `xce_endpoint_watchers` gauge
+//!    shows every watcher parked, t0 is taken just before the readiness event is sent;
+//!    each watcher records when its answer (with the new index) was read whole. p50, p99
+//!    and max of (t - t0) over the measured rounds (watchers re-park between rounds);
+//! 2. memory: the apiservers' VmRSS with the watchers parked, minus before they connected,
+//!    per watcher;
+//! 3. CPU: the apiservers' CPU time over the measured rounds, per delivered answer (the
+//!    answer plus the re-parked query);
+//! 4. reads: C closed-loop keep-alive connections doing `?format=plain` reads against one
+//!    apiserver, then round-robin over three: requests/s, p50/p99 latency, apiserver CPU
+//!    per read.
+//!
+//! Needs `target/release/xced` (`cargo build --release --bin xced`, or `$XCED`), `etcd`
+//! (or `$ETCD`) and `ulimit -n` above W + 500 (the hard limit is enough: the soft one is
+//! raised here). `XCE_BENCH_WATCHERS` changes W (default 10,000). Run:
+//! `sh integration-tests/bench-scale.sh`. Children are killed when dropped, on a panic, and
+//! by a watchdog past [`DEADLINE`].
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc as std_mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, Semaphore};
+
+/// The whole run is killed past this (children first).
+const DEADLINE: Duration = Duration::from_secs(10 * 60);
+/// Default watcher count.
+const WATCHERS: usize = 10_000;
+/// Fan-out: passes (each starts fresh apiservers: one, then three), and per pass the
+/// unmeasured warm-up rounds, then the measured ones.
+const PASSES: usize = 2;
+const WARMUP_ROUNDS: usize = 1;
+const ROUNDS: usize = 5;
+/// How long one round may take before the bench gives up.
+const ROUND_LIMIT: Duration = Duration::from_secs(60);
+/// Concurrent connects while watchers connect (a burst of 10,000 SYNs would overflow the
+/// accept backlog and time the SYN retransmits instead).
+const CONNECTS: usize = 256;
+/// Read load: connections, warm-up and measured time per round, rounds per variant (the
+/// variants alternate).
+const READ_CONNS: usize = 64;
+const READ_WARMUP: Duration = Duration::from_millis(500);
+const READ_TIME: Duration = Duration::from_secs(3);
+const READ_ROUNDS: usize = 3;
+/// Replicas of `web`.
+const REPLICAS: usize = 3;
+/// Secrets of the tokens file.
+const ADMIN: &str = "9d41f0c27b6e4a58a1c3e5f7092b4d6f8a0c2e4b6d8f0a1c3e5b7d9f1a3c5e7b";
+const HOST: &str = "bench-01";
+const HOST_SECRET: &str = "4e6a8c0e2b4d6f8a1c3e5b7d9f0a2c4e6b8d0f2a4c6e8b0d2f4a6c8e0b2d4f6a";
+/// The fake host's advertised address.
+const HOST_IP: &str = "127.0.61.11";
+
+/// Child processes to kill whatever happens, and the temp dir to remove.
+static CHILDREN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+static ROOT: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+fn main() {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        hook(info);
+        kill_children();
+    }));
+    std::thread::spawn(|| {
+        std::thread::sleep(DEADLINE);
+        eprintln!("bench: past its {DEADLINE:?} deadline, killing it");
+        kill_children();
+        if let Some(root) = ROOT.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = std::fs::remove_dir_all(root);
+        }
+        std::process::exit(2);
+    });
+    let watchers = std::env::var("XCE_BENCH_WATCHERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(WATCHERS);
+    let limit = raise_nofile();
+    if (watchers as u64) + 500 > limit {
+        eprintln!(
+            "bench: the open-file limit is {limit}, {watchers} watchers need {} \
+             (run integration-tests/bench-scale.sh, or `ulimit -n 20000` first)",
+            watchers + 500
+        );
+        std::process::exit(1);
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(run(watchers));
+    drop(rt);
+    kill_children();
+}
+
+async fn run(watchers: usize) {
+    let started = Instant::now();
+    let mut cluster = Cluster::start()
+        .await
+        .expect("starting etcd, controller, worker");
+    println!(
+        "setup: etcd {}, controller {}, fake worker {HOST} with {REPLICAS} ready replicas of web \
+         (index {}) in {:.1}s",
+        cluster.etcd_endpoint,
+        cluster.controller,
+        cluster.index().await.unwrap(),
+        started.elapsed().as_secs_f64()
+    );
+
+    // Every watcher on one apiserver, then spread over three, twice (fresh apiserver
+    // processes each time: their memory growth is the watchers', and load drift on this
+    // shared machine hits both variants).
+    let mut one = Fanout::default();
+    let mut three = Fanout::default();
+    for pass in 0..PASSES {
+        cluster.start_apiservers(1).await.expect("1 apiserver");
+        one.add(fanout(&cluster, watchers).await);
+        cluster.stop_apiservers();
+        cluster.start_apiservers(3).await.expect("3 apiservers");
+        three.add(fanout(&cluster, watchers).await);
+        if pass + 1 < PASSES {
+            cluster.stop_apiservers();
+        }
+    }
+
+    // Reads: one apiserver, then round-robin over three, alternating.
+    let mut read_one = Reads::default();
+    let mut read_three = Reads::default();
+    for _ in 0..READ_ROUNDS {
+        read_one.add(reads(&cluster, 1).await);
+        read_three.add(reads(&cluster, 3).await);
+    }
+    let elapsed = started.elapsed();
+    cluster.log_problems();
+    drop(cluster);
+
+    report(watchers, &one, &three, &read_one, &read_three);
+    println!("\nbench took {:.0}s", elapsed.as_secs_f64());
+}
+
+// === processes ===
+
+fn kill_children() {
+    let pids = std::mem::take(&mut *CHILDREN.lock().unwrap_or_else(|e| e.into_inner()));
+    for pid in pids {
+        signal(pid, libc::SIGKILL);
+    }
+}
+
+fn forget_child(pid: u32) {
+    CHILDREN
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .retain(|p| *p != pid);
+}
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) on a child of ours; no memory involved.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::kill(pid as i32, sig);
+    }
+}
+
+/// Raises the soft open-file limit to the hard one (children inherit it); returns it.
+fn raise_nofile() -> u64 {
+    // SAFETY: getrlimit/setrlimit on a local struct.
+    #[allow(unsafe_code)]
+    unsafe {
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
+            return 0;
+        }
+        let want = r.rlim_max.min(1 << 20);
+        if r.rlim_cur < want {
+            let raised = libc::rlimit {
+                rlim_cur: want,
+                rlim_max: r.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                r.rlim_cur = want;
+            }
+        }
+        r.rlim_cur
+    }
+}
+
+/// The kernel's count of connections dropped because a listen queue was full (all
+/// sockets of the machine), from `/proc/net/netstat`.
+fn listen_overflows() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/net/netstat").ok()?;
+    let mut lines = text.lines().filter(|l| l.starts_with("TcpExt:"));
+    let (names, values) = (lines.next()?, lines.next()?);
+    let at = names
+        .split_whitespace()
+        .position(|n| n == "ListenOverflows")?;
+    values.split_whitespace().nth(at)?.parse().ok()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Resident memory of a process in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// CPU time (user + system) a process used so far, in µs.
+fn cpu_us(pid: u32) -> f64 {
+    static TICK: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    let hz = *TICK.get_or_init(|| {
+        // SAFETY: sysconf reads a constant.
+        #[allow(unsafe_code)]
+        let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        if t > 0 {
+            t as f64
+        } else {
+            100.0
+        }
+    });
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name (which may hold spaces): utime and stime are 14, 15.
+    let Some(close) = stat.rfind(')') else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+    match (ticks(11), ticks(12)) {
+        (Some(u), Some(s)) => (u + s) * 1e6 / hz,
+        _ => 0.0,
+    }
+}
+
+fn xced() -> PathBuf {
+    if let Some(p) = std::env::var_os("XCED") {
+        return PathBuf::from(p);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .unwrap()
+                .join("target")
+        });
+    let p = target.join("release").join("xced");
+    assert!(
+        p.exists(),
+        "{} is missing: run `cargo build --release --bin xced` (bench-scale.sh does)",
+        p.display()
+    );
+    p
+}
+
+/// A child process, killed (and reaped) when dropped.
+struct Proc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(name: &str, mut cmd: Command, log: PathBuf) -> Result<(Self, Lines)> {
+        let err = std::fs::File::create(&log)?;
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(err))
+            .spawn()
+            .with_context(|| format!("starting {name}"))?;
+        CHILDREN
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(child.id());
+        let stdout = child.stdout.take().context("piped stdout")?;
+        let (tx, rx) = std_mpsc::channel();
+        std::thread::spawn(move || {
+            // Keep draining so the child never blocks on a full pipe.
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Ok((
+            Self {
+                name: name.to_owned(),
+                child,
+                log,
+            },
+            rx,
+        ))
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The last lines of its stderr log.
+    fn log_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+type Lines = std_mpsc::Receiver<String>;
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "----- {} ({}), last lines -----\n{}",
+                self.name,
+                self.log.display(),
+                self.log_tail(40)
+            );
+        }
+        if let Ok(None) = self.child.try_wait() {
+            signal(self.child.id(), libc::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+        forget_child(self.child.id());
+    }
+}
+
+/// Waits for the `xced: apiserver listening on http://ADDR` line; returns ADDR.
+fn wait_announce(proc_: &mut Proc, lines: &Lines) -> Result<SocketAddr> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left.min(Duration::from_millis(200))) {
+            Ok(line) => {
+                if let Some(addr) = line.split("listening on http://").nth(1) {
+                    return addr
+                        .trim()
+                        .parse()
+                        .with_context(|| format!("address in {line:?}"));
+                }
+            }
+            Err(std_mpsc::RecvTimeoutError::Timeout) => {}
+            Err(std_mpsc::RecvTimeoutError::Disconnected) => {
+                bail!(
+                    "{} exited before announcing its listener:\n{}",
+                    proc_.name,
+                    proc_.log_tail(20)
+                )
+            }
+        }
+        if let Ok(Some(st)) = proc_.child.try_wait() {
+            bail!("{} exited ({st}):\n{}", proc_.name, proc_.log_tail(20));
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "{} did not announce its listener in 60s:\n{}",
+                proc_.name,
+                proc_.log_tail(20)
+            );
+        }
+    }
+}
+
+// === the cluster ===
+
+struct Apiserver {
+    addr: SocketAddr,
+    proc_: Proc,
+}
+
+/// etcd, the controller, the fake worker and the current apiservers, in a temp dir.
+struct Cluster {
+    // Dropped in this order: apiservers, controller, etcd, then the dir.
+    apiservers: Vec<Apiserver>,
+    worker: FakeWorker,
+    controller_proc: Option<Proc>,
+    etcd: Option<Proc>,
+    dir: tempfile::TempDir,
+    etcd_endpoint: String,
+    controller: String,
+    http: reqwest::Client,
+    started_apiservers: usize,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.worker.heartbeats.abort();
+        self.apiservers.clear();
+        drop(self.controller_proc.take());
+        drop(self.etcd.take());
+        ROOT.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let _ = &self.dir;
+    }
+}
+
+impl Cluster {
+    async fn start() -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("xce-bench-scale")
+            .tempdir_in("/dev/shm")
+            .or_else(|_| tempfile::tempdir())?;
+        *ROOT.lock().unwrap_or_else(|e| e.into_inner()) = Some(dir.path().to_owned());
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(30))
+            .build()?;
+
+        // etcd
+        let etcd_bin = std::env::var_os("ETCD")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("etcd"));
+        let (client, peer) = (free_port(), free_port());
+        let mut cmd = Command::new(&etcd_bin);
+        cmd.args(["--name", "bench", "--data-dir"])
+            .arg(dir.path().join("etcd-data"))
+            .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
+            .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
+            .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+            .arg(format!(
+                "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+            ))
+            .arg(format!("--initial-cluster=bench=http://127.0.0.1:{peer}"));
+        let (etcd, _) =
+            Proc::spawn("etcd", cmd, dir.path().join("etcd.log")).with_context(|| {
+                format!(
+                    "cannot start {} (install etcd-server, or name the binary in $ETCD)",
+                    etcd_bin.display()
+                )
+            })?;
+        let etcd_endpoint = format!("127.0.0.1:{client}");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let r = http
+                .post(format!("http://{etcd_endpoint}/v3/kv/range"))
+                .body(r#"{"key":"AA=="}"#)
+                .send()
+                .await;
+            if r.is_ok_and(|r| r.status().is_success()) {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("etcd did not answer in 30s:\n{}", etcd.log_tail(20));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+
+        // tokens, controller
+        let tokens = dir.path().join("tokens.toml");
+        std::fs::write(
+            &tokens,
+            format!(
+                "[[token]]\nsecret = \"{ADMIN}\"\nprincipal = \"admin\"\n\
+                 grants = [ {{ permission = \"admin\", projects = [\"*\"] }} ]\n\n\
+                 [[worker]]\nhost = \"{HOST}\"\nsecret = \"{HOST_SECRET}\"\n"
+            ),
+        )?;
+        let port = free_port();
+        let config = dir.path().join("controller.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\ntokens = \"{}\"\n\
+                 store = \"etcd://{etcd_endpoint}\"\nleader_ttl = \"3s\"\n\
+                 # The fake worker's heartbeats share 2 cores with 10,000 watchers.\n\
+                 unreachable_after = \"30s\"\ngrace_period = \"60s\"\n\n\
+                 [address]\nallow_loopback_hosts = [\"*\"]\n",
+                dir.path().join("controller-data").display(),
+                tokens.display(),
+            ),
+        )?;
+        let mut cmd = Command::new(xced());
+        cmd.arg("controller")
+            .arg("--config")
+            .arg(&config)
+            .env("XCE_LOG", "info");
+        let (mut controller_proc, lines) =
+            Proc::spawn("controller", cmd, dir.path().join("controller.log"))?;
+        let addr = wait_announce(&mut controller_proc, &lines)?;
+        let controller = format!("http://{addr}");
+
+        let worker = FakeWorker::start(http.clone(), &controller).await?;
+        let mut cluster = Self {
+            apiservers: Vec::new(),
+            worker,
+            controller_proc: Some(controller_proc),
+            etcd: Some(etcd),
+            dir,
+            etcd_endpoint,
+            controller,
+            http,
+            started_apiservers: 0,
+        };
+        cluster.submit_web().await?;
+        Ok(cluster)
+    }
+
+    /// Submits `web`, takes its assignments and reports every replica started and ready.
+    async fn submit_web(&mut self) -> Result<()> {
+        let profile = format!(
+            "[service]\nname = \"web\"\nreplicas = {REPLICAS}\n\
+             command = [\"sleep\", \"infinity\"]\n\
+             [[service.ports]]\nname = \"http\"\n\
+             [service.readiness]\ntcp = \"http\"\n"
+        );
+        let r = self
+            .http
+            .post(format!("{}/v1/services", self.controller))
+            .bearer_auth(ADMIN)
+            .header("content-type", "application/toml")
+            .body(profile)
+            .send()
+            .await?;
+        if r.status() != 201 {
+            let st = r.status();
+            bail!("submitting web: HTTP {st}: {}", r.text().await?);
+        }
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let jobs = loop {
+            let a = self.worker.assignments().await?;
+            let jobs: Vec<String> = a["jobs"]
+                .as_array()
+                .context("assignments.jobs")?
+                .iter()
+                .filter(|j| j["service"] == "web" && j["desired"] == "run")
+                .filter_map(|j| j["job"].as_str().map(str::to_owned))
+                .collect();
+            if jobs.len() == REPLICAS {
+                break jobs;
+            }
+            if Instant::now() > deadline {
+                bail!("the fake host never got {REPLICAS} assignments: {a}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let pid = std::process::id();
+        let started: Vec<Value> = jobs
+            .iter()
+            .map(|j| json!({"event": "started", "job": j, "pid": pid}))
+            .collect();
+        self.worker.events(&started).await?;
+        let ready: Vec<Value> = jobs
+            .iter()
+            .map(|j| json!({"event": "readiness", "job": j, "ready": true}))
+            .collect();
+        self.worker.events(&ready).await?;
+        self.worker.jobs = jobs;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let plain = self
+                .http
+                .get(format!(
+                    "{}/v1/services/web/endpoints?format=plain",
+                    self.controller
+                ))
+                .bearer_auth(ADMIN)
+                .send()
+                .await?
+                .text()
+                .await?;
+            if plain.lines().count() == REPLICAS {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!("web never had {REPLICAS} ready endpoints on the controller: {plain:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The endpoint entry's index of `web` on `base`.
+    async fn index_at(&self, base: &str) -> Result<u64> {
+        let r = self
+            .http
+            .get(format!("{base}/v1/services/web/endpoints"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await?;
+        if r.status() != 200 {
+            let st = r.status();
+            bail!("{base}: HTTP {st}: {}", r.text().await?);
+        }
+        r.headers()
+            .get("x-xce-index")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .with_context(|| format!("{base}: no X-Xce-Index"))
+    }
+
+    /// The controller's index of `web`.
+    async fn index(&self) -> Result<u64> {
+        self.index_at(&self.controller).await
+    }
+
+    /// Starts `n` fresh apiservers and waits until each serves the controller's index.
+    async fn start_apiservers(&mut self, n: usize) -> Result<()> {
+        let tokens = self.dir.path().join("tokens.toml");
+        for _ in 0..n {
+            let i = self.started_apiservers;
+            self.started_apiservers += 1;
+            let config = self.dir.path().join(format!("apiserver-{i}.toml"));
+            std::fs::write(
+                &config,
+                format!(
+                    "listen = \"127.0.0.1:0\"\ntokens = \"{}\"\nstore = \"etcd://{}\"\n\n\
+                     [endpoints]\nmax_watchers = 50000\nmax_watchers_per_principal = 50000\n",
+                    tokens.display(),
+                    self.etcd_endpoint
+                ),
+            )?;
+            let mut cmd = Command::new(xced());
+            cmd.arg("apiserver")
+                .arg("--config")
+                .arg(&config)
+                .env("XCE_LOG", "info");
+            let name = format!("apiserver-{i}");
+            let (mut p, lines) =
+                Proc::spawn(&name, cmd, self.dir.path().join(format!("{name}.log")))?;
+            let addr = wait_announce(&mut p, &lines)?;
+            self.apiservers.push(Apiserver { addr, proc_: p });
+        }
+        let want = self.index().await?;
+        for a in &self.apiservers {
+            let base = format!("http://{}", a.addr);
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let got = self.index_at(&base).await;
+                if got.as_ref().is_ok_and(|&i| i == want) {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    bail!("{base} never served index {want} of web (last: {got:?})");
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        Ok(())
+    }
+
+    fn stop_apiservers(&mut self) {
+        self.apiservers.clear();
+    }
+
+    /// Prints the warnings and errors the daemons logged (the bench's answers are checked;
+    /// this shows what else went wrong, if anything).
+    fn log_problems(&self) {
+        let mut logs: Vec<PathBuf> = std::fs::read_dir(self.dir.path())
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        logs.retain(|p| p.extension().is_some_and(|e| e == "log"));
+        logs.sort();
+        println!();
+        for log in logs {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            let name = log.file_stem().unwrap_or_default().to_string_lossy();
+            if name == "etcd" {
+                // etcd logs its own warnings (slow fdatasync and the like) in JSON or
+                // capnslog lines; count them only.
+                let bad: Vec<&str> = text.lines().filter(|l| l.contains(" W | ")).collect();
+                println!("daemon logs: etcd: {} warning lines", bad.len());
+                for l in bad.iter().take(3) {
+                    println!("    {l}");
+                }
+                continue;
+            }
+            let bad: Vec<&str> = text
+                .lines()
+                .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+                .collect();
+            println!("daemon logs: {name}: {} WARN/ERROR lines", bad.len());
+            for l in bad.iter().take(5) {
+                println!("    {l}");
+            }
+        }
+    }
+}
+
+// === the fake worker ===
+
+/// Speaks the worker side of `/internal/v1` for host [`HOST`], with the facts a real
+/// worker's `address` and `ports` providers report.
+struct FakeWorker {
+    http: reqwest::Client,
+    /// `<controller>/internal/v1/hosts/<host>/`
+    base: String,
+    jobs: Vec<String>,
+    heartbeats: tokio::task::JoinHandle<()>,
+}
+
+fn facts() -> Value {
+    json!({
+        "ip_addr": HOST_IP,
+        "addresses": [ { "ip": HOST_IP, "interface": "lo" } ],
+        "sections": {
+            "ports": { "range": [20000, 32000], "reserved": [22, 80], "ephemeral": null }
+        }
+    })
+}
+
+async fn register(http: &reqwest::Client, base: &str) -> Result<u64> {
+    let r = http
+        .post(format!("{base}register"))
+        .bearer_auth(HOST_SECRET)
+        .json(&json!({ "facts": facts(), "running": [] }))
+        .send()
+        .await?;
+    if !r.status().is_success() {
+        let st = r.status();
+        bail!("register: HTTP {st}: {}", r.text().await?);
+    }
+    let v: Value = r.json().await?;
+    v["heartbeat_ms"]
+        .as_u64()
+        .with_context(|| format!("register answer {v}"))
+}
+
+impl FakeWorker {
+    async fn start(http: reqwest::Client, controller: &str) -> Result<Self> {
+        let base = format!("{controller}/internal/v1/hosts/{HOST}/");
+        let every = Duration::from_millis(register(&http, &base).await?.max(100));
+        let heartbeats = tokio::spawn({
+            let (http, base) = (http.clone(), base.clone());
+            async move {
+                loop {
+                    tokio::time::sleep(every).await;
+                    let r = http
+                        .post(format!("{base}heartbeat"))
+                        .bearer_auth(HOST_SECRET)
+                        .send()
+                        .await;
+                    match r {
+                        Ok(r) if r.status() == 404 => {
+                            eprintln!("fake worker: heartbeat 404, registering again");
+                            let _ = register(&http, &base).await;
+                        }
+                        Ok(r) if !r.status().is_success() => {
+                            eprintln!("fake worker: heartbeat HTTP {}", r.status());
+                        }
+                        Ok(_) => {}
+                        Err(e) => eprintln!("fake worker: heartbeat: {e}"),
+                    }
+                }
+            }
+        });
+        Ok(Self {
+            http,
+            base,
+            jobs: Vec::new(),
+            heartbeats,
+        })
+    }
+
+    async fn assignments(&self) -> Result<Value> {
+        let r = self
+            .http
+            .get(format!("{}assignments?index=0&wait=1s", self.base))
+            .bearer_auth(HOST_SECRET)
+            .send()
+            .await?;
+        if r.status() != 200 {
+            let st = r.status();
+            bail!("assignments: HTTP {st}: {}", r.text().await?);
+        }
+        Ok(r.json().await?)
+    }
+
+    async fn events(&self, events: &[Value]) -> Result<()> {
+        let r = self
+            .http
+            .post(format!("{}events", self.base))
+            .bearer_auth(HOST_SECRET)
+            .json(events)
+            .send()
+            .await?;
+        if !r.status().is_success() {
+            let st = r.status();
+            bail!("events: HTTP {st}: {}", r.text().await?);
+        }
+        Ok(())
+    }
+
+    /// The readiness change: job 0 becomes `ready`.
+    async fn flip(&self, ready: bool) -> Result<()> {
+        self.events(&[json!({"event": "readiness", "job": self.jobs[0], "ready": ready})])
+            .await
+    }
+}
+
+// === a minimal HTTP/1.1 client (one keep-alive connection per watcher) ===
+
+struct Conn {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct Head {
+    status: u16,
+    len: Option<usize>,
+    chunked: bool,
+    index: Option<u64>,
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+impl Conn {
+    async fn connect(addr: SocketAddr) -> Result<Self> {
+        let stream = TcpStream::connect(addr)
+            .await
+            .with_context(|| format!("connecting to {addr}"))?;
+        stream.set_nodelay(true)?;
+        Ok(Self {
+            stream,
+            buf: Vec::new(),
+        })
+    }
+
+    async fn fill(&mut self) -> Result<()> {
+        self.buf.reserve(2048);
+        let n = self.stream.read_buf(&mut self.buf).await?;
+        if n == 0 {
+            bail!("connection closed by the server");
+        }
+        Ok(())
+    }
+
+    async fn line(&mut self) -> Result<Vec<u8>> {
+        loop {
+            if let Some(at) = find(&self.buf, b"\r\n") {
+                let line = self.buf[..at].to_vec();
+                self.buf.drain(..at + 2);
+                return Ok(line);
+            }
+            self.fill().await?;
+        }
+    }
+
+    async fn take(&mut self, n: usize) -> Result<Vec<u8>> {
+        while self.buf.len() < n {
+            self.fill().await?;
+        }
+        Ok(self.buf.drain(..n).collect())
+    }
+
+    async fn head(&mut self) -> Result<Head> {
+        let end = loop {
+            if let Some(at) = find(&self.buf, b"\r\n\r\n") {
+                break at;
+            }
+            self.fill().await?;
+        };
+        let text = String::from_utf8_lossy(&self.buf[..end]).into_owned();
+        self.buf.drain(..end + 4);
+        let mut lines = text.split("\r\n");
+        let status = lines
+            .next()
+            .and_then(|l| l.split(' ').nth(1))
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| anyhow!("no status line in {text:?}"))?;
+        let mut head = Head {
+            status,
+            len: None,
+            chunked: false,
+            index: None,
+        };
+        for l in lines {
+            let Some((name, value)) = l.split_once(':') else {
+                continue;
+            };
+            let value = value.trim();
+            match name.to_ascii_lowercase().as_str() {
+                "content-length" => head.len = value.parse().ok(),
+                "transfer-encoding" => head.chunked = value.eq_ignore_ascii_case("chunked"),
+                "x-xce-index" => head.index = value.parse().ok(),
+                _ => {}
+            }
+        }
+        Ok(head)
+    }
+
+    async fn body(&mut self, head: &Head) -> Result<Vec<u8>> {
+        if head.chunked {
+            let mut body = Vec::new();
+            loop {
+                let size = self.line().await?;
+                let size = usize::from_str_radix(String::from_utf8_lossy(&size).trim(), 16)
+                    .context("a chunk size")?;
+                if size == 0 {
+                    self.line().await?;
+                    return Ok(body);
+                }
+                body.extend(self.take(size).await?);
+                self.line().await?;
+            }
+        }
+        self.take(head.len.unwrap_or(0)).await
+    }
+
+    async fn request(&mut self, request: &[u8]) -> Result<(Head, Vec<u8>)> {
+        self.stream.write_all(request).await?;
+        let head = self.head().await?;
+        let body = self.body(&head).await?;
+        Ok((head, body))
+    }
+}
+
+fn get(path: &str) -> String {
+    format!("GET {path} HTTP/1.1\r\nhost: bench\r\nauthorization: Bearer {ADMIN}\r\n\r\n")
+}
+
+// === fan-out ===
+
+/// A watcher had an answer: (its request number, the answer's index, when it was read).
+type Seen = std::result::Result<(usize, u64, Instant), String>;
+
+/// One watcher: `requests` blocking queries in a row on one connection, each with the
+/// index of the answer before, then one more that it leaves parked (so that every
+/// measured round has the watchers re-park while answers go out, the last one too). It
+/// keeps its connection until `release` turns true, then closes it.
+async fn watcher(
+    addr: SocketAddr,
+    mut index: u64,
+    requests: usize,
+    connects: Arc<Semaphore>,
+    tx: mpsc::UnboundedSender<Seen>,
+    mut release: tokio::sync::watch::Receiver<bool>,
+) {
+    let run = async {
+        let permit = connects.acquire().await?;
+        let mut conn = Conn::connect(addr).await?;
+        drop(permit);
+        for r in 0..requests {
+            let req = get(&format!(
+                "/v1/services/web/endpoints?index={index}&wait=60s"
+            ));
+            let (head, body) = conn.request(req.as_bytes()).await?;
+            let at = Instant::now();
+            if head.status != 200 {
+                bail!(
+                    "{addr}: HTTP {}: {}",
+                    head.status,
+                    String::from_utf8_lossy(&body)
+                );
+            }
+            let new = head.index.context("no X-Xce-Index")?;
+            if new <= index {
+                bail!("{addr}: answered index {new} after waiting on {index} (wait ran out?)");
+            }
+            index = new;
+            if tx.send(Ok((r, index, at))).is_err() {
+                return Ok(());
+            }
+        }
+        let req = get(&format!(
+            "/v1/services/web/endpoints?index={index}&wait=60s"
+        ));
+        conn.stream.write_all(req.as_bytes()).await?;
+        let _ = release.wait_for(|r| *r).await;
+        drop(conn);
+        Ok::<(), anyhow::Error>(())
+    };
+    if let Err(e) = run.await {
+        let _ = tx.send(Err(format!("{e:#}")));
+    }
+}
+
+/// The sum of `xce_endpoint_watchers` samples on an apiserver's `/metrics`.
+async fn watcher_gauge(conn: &mut Conn) -> Result<u64> {
+    let (head, body) = conn
+        .request(b"GET /metrics HTTP/1.1\r\nhost: bench\r\n\r\n")
+        .await?;
+    if head.status != 200 {
+        bail!("/metrics: HTTP {}", head.status);
+    }
+    let text = String::from_utf8_lossy(&body);
+    let mut found = false;
+    let mut sum = 0.0;
+    for l in text.lines() {
+        let Some(rest) = l.strip_prefix("xce_endpoint_watchers") else {
+            continue;
+        };
+        if !rest.starts_with([' ', '{']) {
+            continue;
+        }
+        found = true;
+        sum += l
+            .rsplit(' ')
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0);
+    }
+    if !found {
+        bail!("no xce_endpoint_watchers gauge on /metrics");
+    }
+    Ok(sum as u64)
+}
+
+/// A keep-alive connection to one apiserver's `/metrics`, made again when it was closed.
+struct Metrics {
+    addr: SocketAddr,
+    conn: Option<Conn>,
+}
+
+impl Metrics {
+    async fn watchers(&mut self) -> Result<u64> {
+        if let Some(conn) = &mut self.conn {
+            if let Ok(n) = watcher_gauge(conn).await {
+                return Ok(n);
+            }
+        }
+        let conn = self.conn.insert(Conn::connect(self.addr).await?);
+        watcher_gauge(conn).await
+    }
+}
+
+/// Waits until every apiserver's gauge shows its share of watchers parked.
+async fn wait_parked(
+    metrics: &mut [Metrics],
+    shares: &[usize],
+    rx: &mut mpsc::UnboundedReceiver<Seen>,
+) -> Result<()> {
+    let deadline = Instant::now() + ROUND_LIMIT;
+    loop {
+        let mut all = true;
+        let mut seen = Vec::new();
+        for (m, &share) in metrics.iter_mut().zip(shares) {
+            let g = m.watchers().await?;
+            seen.push(g);
+            all &= g as usize == share;
+        }
+        if all {
+            return Ok(());
+        }
+        // A watcher that failed while connecting says so here.
+        if let Ok(Err(e)) = rx.try_recv() {
+            bail!("a watcher failed: {e}");
+        }
+        if Instant::now() > deadline {
+            bail!("watchers parked per apiserver: {seen:?}, want {shares:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[derive(Debug, Default)]
+struct Fanout {
+    apiservers: usize,
+    /// Per measured round: (t - t0) of every watcher, ms.
+    rounds: Vec<Vec<f64>>,
+    /// Apiserver RSS (KiB) before the watchers connected and with them parked, each
+    /// apiserver of each pass.
+    rss: Vec<(u64, u64)>,
+    /// Apiserver CPU (µs) over the measured rounds, each; and this process's.
+    cpu: Vec<f64>,
+    client_cpu: f64,
+    /// Time to connect and park every watcher, per pass.
+    park: Vec<Duration>,
+    /// Per pass: how long until the apiservers counted no watcher after every client
+    /// closed its connection with a query parked (None: not within 10 s).
+    drain: Vec<Option<Duration>>,
+}
+
+impl Fanout {
+    fn add(&mut self, other: Fanout) {
+        self.apiservers = other.apiservers;
+        self.rounds.extend(other.rounds);
+        self.rss.extend(other.rss);
+        self.cpu.extend(other.cpu);
+        self.client_cpu += other.client_cpu;
+        self.park.extend(other.park);
+        self.drain.extend(other.drain);
+    }
+}
+
+async fn fanout(cluster: &Cluster, watchers: usize) -> Fanout {
+    match fanout_run(cluster, watchers).await {
+        Ok(f) => f,
+        Err(e) => panic!(
+            "fan-out over {} apiserver(s) failed: {e:#}",
+            cluster.apiservers.len()
+        ),
+    }
+}
+
+async fn fanout_run(cluster: &Cluster, watchers: usize) -> Result<Fanout> {
+    let apis: Vec<SocketAddr> = cluster.apiservers.iter().map(|a| a.addr).collect();
+    let pids: Vec<u32> = cluster.apiservers.iter().map(|a| a.proc_.pid()).collect();
+    let k = apis.len();
+    let mut shares = vec![0; k];
+    for i in 0..watchers {
+        shares[i % k] += 1;
+    }
+    let mut metrics: Vec<Metrics> = apis
+        .iter()
+        .map(|&addr| Metrics { addr, conn: None })
+        .collect();
+    let mut index = cluster.index().await?;
+    let rss_before: Vec<u64> = pids.iter().map(|&p| rss_kib(p)).collect();
+
+    let total = WARMUP_ROUNDS + ROUNDS;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let connects = Arc::new(Semaphore::new(CONNECTS));
+    let (release, released) = tokio::sync::watch::channel(false);
+    let overflows = listen_overflows();
+    let t_park = Instant::now();
+    let tasks: Vec<_> = (0..watchers)
+        .map(|i| {
+            tokio::spawn(watcher(
+                apis[i % k],
+                index,
+                total,
+                connects.clone(),
+                tx.clone(),
+                released.clone(),
+            ))
+        })
+        .collect();
+    drop(tx);
+    wait_parked(&mut metrics, &shares, &mut rx).await?;
+    let park = t_park.elapsed();
+    let overflows = listen_overflows().zip(overflows).map(|(a, b)| a - b);
+    let rss_parked: Vec<u64> = pids.iter().map(|&p| rss_kib(p)).collect();
+    println!(
+        "  {k} apiserver(s): {watchers} watchers parked in {:.1}s (listen queue overflows \
+         meanwhile, whole machine: {})",
+        park.as_secs_f64(),
+        overflows.map_or("unknown".into(), |n| n.to_string())
+    );
+
+    let me = std::process::id();
+    let mut cpu0 = (Vec::new(), 0.0);
+    let mut rounds = Vec::new();
+    for r in 0..total {
+        if r > 0 {
+            wait_parked(&mut metrics, &shares, &mut rx).await?;
+        }
+        if r == WARMUP_ROUNDS {
+            cpu0 = (pids.iter().map(|&p| cpu_us(p)).collect(), cpu_us(me));
+        }
+        // Round 0 takes job 0 out, round 1 puts it back, ...
+        let ready = r % 2 == 1;
+        let t0 = Instant::now();
+        cluster.worker.flip(ready).await?;
+        let mut got = Vec::with_capacity(watchers);
+        let mut new_index = None;
+        let deadline = tokio::time::Instant::now() + ROUND_LIMIT;
+        while got.len() < watchers {
+            let seen = tokio::time::timeout_at(deadline, rx.recv())
+                .await
+                .map_err(|_| {
+                    anyhow!(
+                        "round {r}: {} of {watchers} watchers answered in {ROUND_LIMIT:?}",
+                        got.len()
+                    )
+                })?
+                .context("every watcher ended")?;
+            let (req, idx, at) = seen.map_err(|e| anyhow!("round {r}: a watcher failed: {e}"))?;
+            if req != r || at < t0 {
+                bail!(
+                    "round {r}: a watcher had answer {req} (index {idx}) {} the change was \
+                     sent: an index change the bench did not make",
+                    if at < t0 { "before" } else { "after" }
+                );
+            }
+            if *new_index.get_or_insert(idx) != idx {
+                bail!(
+                    "round {r}: watchers saw indexes {} and {idx} for one change",
+                    new_index.unwrap()
+                );
+            }
+            got.push(at.duration_since(t0).as_secs_f64() * 1e3);
+        }
+        let new_index = new_index.unwrap_or(index);
+        if new_index <= index {
+            bail!("round {r}: index did not move ({index} -> {new_index})");
+        }
+        index = new_index;
+        let mut sorted = got.clone();
+        println!(
+            "    round {r}{}: index {index}, ready={ready}: first {:.1} ms, p50 {:.1} ms, \
+             p99 {:.1} ms, last {:.1} ms",
+            if r < WARMUP_ROUNDS { " (warm-up)" } else { "" },
+            pct(&mut sorted, 0.0),
+            pct(&mut sorted, 0.5),
+            pct(&mut sorted, 0.99),
+            pct(&mut sorted, 1.0),
+        );
+        if r >= WARMUP_ROUNDS {
+            rounds.push(got);
+        }
+    }
+    // The last round's re-parked queries are part of the cost too.
+    wait_parked(&mut metrics, &shares, &mut rx).await?;
+    let cpu: Vec<f64> = pids
+        .iter()
+        .zip(&cpu0.0)
+        .map(|(&p, before)| cpu_us(p) - before)
+        .collect();
+    let client_cpu = cpu_us(me) - cpu0.1;
+
+    // Every client goes away with its query parked: the apiservers should drop those
+    // watchers when the connections close, not when their wait runs out.
+    release.send_replace(true);
+    for t in tasks {
+        t.await?;
+    }
+    let closed = Instant::now();
+    let drain = loop {
+        let mut left = 0;
+        for m in &mut metrics {
+            left += m.watchers().await?;
+        }
+        if left == 0 {
+            println!(
+                "    clients closed with their queries parked: every watcher gone after {:.0} ms",
+                closed.elapsed().as_secs_f64() * 1e3
+            );
+            break Some(closed.elapsed());
+        }
+        if closed.elapsed() > Duration::from_secs(10) {
+            println!(
+                "    clients closed with their queries parked: {left} watchers still counted \
+                 10 s later (their wait is 60 s)"
+            );
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let each: Vec<String> = rss_before
+        .iter()
+        .zip(&rss_parked)
+        .zip(&cpu)
+        .map(|((b, a), c)| {
+            format!(
+                "{:.0}->{:.0} MB, {:.2}s CPU",
+                *b as f64 / 1024.0,
+                *a as f64 / 1024.0,
+                c / 1e6
+            )
+        })
+        .collect();
+    println!(
+        "    each apiserver: RSS idle->parked, CPU over the {ROUNDS} measured rounds: {}",
+        each.join("; ")
+    );
+    Ok(Fanout {
+        apiservers: k,
+        rounds,
+        rss: rss_before.into_iter().zip(rss_parked).collect(),
+        cpu,
+        client_cpu,
+        park: vec![park],
+        drain: vec![drain],
+    })
+}
+
+// === reads ===
+
+#[derive(Debug, Default)]
+struct Reads {
+    apiservers: usize,
+    /// Requests completed in the measured windows, and the windows' total length.
+    count: u64,
+    time: Duration,
+    /// Latencies, µs.
+    lat: Vec<f64>,
+    /// Apiserver CPU (µs, all of them together) and this process's, over the windows.
+    cpu: f64,
+    client_cpu: f64,
+}
+
+impl Reads {
+    fn add(&mut self, other: Reads) {
+        self.apiservers = other.apiservers;
+        self.count += other.count;
+        self.time += other.time;
+        self.lat.extend(other.lat);
+        self.cpu += other.cpu;
+        self.client_cpu += other.client_cpu;
+    }
+
+    fn rate(&self) -> f64 {
+        self.count as f64 / self.time.as_secs_f64().max(1e-9)
+    }
+}
+
+/// C closed-loop connections round-robin over the first `n` apiservers.
+async fn reads(cluster: &Cluster, n: usize) -> Reads {
+    let apis: Vec<SocketAddr> = cluster.apiservers[..n].iter().map(|a| a.addr).collect();
+    let pids: Vec<u32> = cluster.apiservers[..n]
+        .iter()
+        .map(|a| a.proc_.pid())
+        .collect();
+    let start = Instant::now() + READ_WARMUP;
+    let end = start + READ_TIME;
+    let tasks: Vec<_> = (0..READ_CONNS)
+        .map(|i| {
+            let addr = apis[i % n];
+            tokio::spawn(async move {
+                let mut conn = Conn::connect(addr).await?;
+                let req = get("/v1/services/web/endpoints?format=plain");
+                let mut lat = Vec::new();
+                loop {
+                    let t = Instant::now();
+                    if t >= end {
+                        return Ok::<_, anyhow::Error>(lat);
+                    }
+                    let (head, body) = conn.request(req.as_bytes()).await?;
+                    if head.status != 200 || body.is_empty() {
+                        bail!("read from {addr}: HTTP {}", head.status);
+                    }
+                    let done = Instant::now();
+                    if t >= start && done <= end {
+                        lat.push(done.duration_since(t).as_secs_f64() * 1e6);
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep_until(start.into()).await;
+    let me = std::process::id();
+    let cpu0: Vec<f64> = pids.iter().map(|&p| cpu_us(p)).collect();
+    let client0 = cpu_us(me);
+    tokio::time::sleep_until(end.into()).await;
+    let cpu: f64 = pids
+        .iter()
+        .zip(&cpu0)
+        .map(|(&p, before)| cpu_us(p) - before)
+        .sum();
+    let client_cpu = cpu_us(me) - client0;
+    let mut lat = Vec::new();
+    for t in tasks {
+        lat.extend(t.await.unwrap().expect("reads"));
+    }
+    Reads {
+        apiservers: n,
+        count: lat.len() as u64,
+        time: READ_TIME,
+        lat,
+        cpu,
+        client_cpu,
+    }
+}
+
+// === report ===
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+struct FanoutStats {
+    first_p50: f64,
+    p50: f64,
+    p99: f64,
+    max: f64,
+    kb_per_watcher: f64,
+    cpu_per_answer: f64,
+    client_cpu_per_answer: f64,
+}
+
+fn fanout_stats(f: &Fanout, watchers: usize) -> FanoutStats {
+    let mut all: Vec<f64> = f.rounds.iter().flatten().copied().collect();
+    let mut firsts: Vec<f64> = f
+        .rounds
+        .iter()
+        .map(|r| r.iter().copied().fold(f64::MAX, f64::min))
+        .collect();
+    let answers = (watchers * f.rounds.len()).max(1) as f64;
+    let passes = f.park.len().max(1) as f64;
+    let grown: f64 = f
+        .rss
+        .iter()
+        .map(|(b, a)| *a as f64 - *b as f64)
+        .sum::<f64>()
+        / passes;
+    FanoutStats {
+        first_p50: pct(&mut firsts, 0.5),
+        p50: pct(&mut all, 0.5),
+        p99: pct(&mut all, 0.99),
+        max: all.iter().copied().fold(0.0, f64::max),
+        kb_per_watcher: grown / watchers as f64,
+        cpu_per_answer: f.cpu.iter().sum::<f64>() / answers,
+        client_cpu_per_answer: f.client_cpu / answers,
+    }
+}
+
+fn report(watchers: usize, one: &Fanout, three: &Fanout, r1: &Reads, r3: &Reads) {
+    // 10000 -> "10k", 2500 -> "2.5k".
+    let w = format!("{}k", watchers as f64 / 1000.0);
+    println!(
+        "\nfan-out: one readiness change (fake worker -> controller -> etcd -> apiservers' \
+         watch) -> {watchers} blocking-query watchers answered (one connection each); \
+         {PASSES} passes of {ROUNDS} measured rounds after {WARMUP_ROUNDS} warm-up, fresh \
+         apiservers per pass"
+    );
+    println!(
+        "{:<11} {:>7} {:>9} {:>9} {:>9} {:>9} {:>10} {:>12} {:>12} {:>10}",
+        "apiservers",
+        "W",
+        "first ms",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "KB/watcher",
+        "srv CPU/ans",
+        "cli CPU/ans",
+        "park s"
+    );
+    let s1 = fanout_stats(one, watchers);
+    let s3 = fanout_stats(three, watchers);
+    for (f, s) in [(one, &s1), (three, &s3)] {
+        let park = f.park.iter().map(Duration::as_secs_f64).sum::<f64>() / f.park.len() as f64;
+        println!(
+            "{:<11} {watchers:>7} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>10.1} {:>10.1}µs {:>10.1}µs {:>10.1}",
+            f.apiservers,
+            s.first_p50,
+            s.p50,
+            s.p99,
+            s.max,
+            s.kb_per_watcher,
+            s.cpu_per_answer,
+            s.client_cpu_per_answer,
+            park
+        );
+    }
+    println!(
+        "(first: median over rounds of the first watcher's answer; KB/watcher: apiserver RSS \
+         growth, all apiservers together, per watcher; srv/cli CPU/ans: apiservers' / this \
+         client's CPU per delivered answer, re-parked query included; park: time to connect \
+         and park all watchers)"
+    );
+    let drains: Vec<String> = [one, three]
+        .iter()
+        .flat_map(|f| f.drain.iter())
+        .map(|d| {
+            d.map_or("NOT within 10 s".into(), |d| {
+                format!("{:.0} ms", d.as_secs_f64() * 1e3)
+            })
+        })
+        .collect();
+    println!(
+        "clients closed with queries parked -> apiservers count no watcher (per scenario run): {}",
+        drains.join(", ")
+    );
+    println!(
+        "\nreads: {READ_CONNS} closed-loop keep-alive connections, GET \
+         /v1/services/web/endpoints?format=plain, {READ_ROUNDS} x {:.0}s per variant \
+         (alternating)",
+        READ_TIME.as_secs_f64()
+    );
+    println!(
+        "{:<11} {:>10} {:>9} {:>9} {:>13} {:>13}",
+        "apiservers", "req/s", "p50 ms", "p99 ms", "srv CPU/read", "cli CPU/read"
+    );
+    let mut rows = Vec::new();
+    for r in [r1, r3] {
+        let mut lat = r.lat.clone();
+        let (p50, p99) = (pct(&mut lat, 0.5) / 1e3, pct(&mut lat, 0.99) / 1e3);
+        let n = r.count.max(1) as f64;
+        println!(
+            "{:<11} {:>10.0} {:>9.3} {:>9.3} {:>11.1}µs {:>11.1}µs",
+            r.apiservers,
+            r.rate(),
+            p50,
+            p99,
+            r.cpu / n,
+            r.client_cpu / n
+        );
+        rows.push((r.rate(), p50, p99, r.cpu / n));
+    }
+    println!();
+    println!(
+        "SUMMARY fanout_{w}_1_apiserver_p50_ms={:.1} fanout_{w}_1_apiserver_p99_ms={:.1} \
+         fanout_{w}_1_apiserver_max_ms={:.1}",
+        s1.p50, s1.p99, s1.max
+    );
+    println!(
+        "SUMMARY fanout_{w}_3_apiservers_p50_ms={:.1} fanout_{w}_3_apiservers_p99_ms={:.1} \
+         fanout_{w}_3_apiservers_max_ms={:.1}",
+        s3.p50, s3.p99, s3.max
+    );
+    println!(
+        "SUMMARY fanout_ratio_3_vs_1={:.2} (p99; p50 ratio {:.2})",
+        s3.p99 / s1.p99,
+        s3.p50 / s1.p50
+    );
+    println!(
+        "SUMMARY reads_per_s_1={:.0} reads_per_s_3={:.0} ratio={:.2} p99_ms_1={:.3} p99_ms_3={:.3}",
+        rows[0].0,
+        rows[1].0,
+        rows[1].0 / rows[0].0,
+        rows[0].2,
+        rows[1].2
+    );
+    println!(
+        "SUMMARY rss_kb_per_watcher_1={:.1} rss_kb_per_watcher_3={:.1} \
+         apiserver_cpu_us_per_answer_1={:.1} apiserver_cpu_us_per_answer_3={:.1} \
+         apiserver_cpu_us_per_read_1={:.1} apiserver_cpu_us_per_read_3={:.1}",
+        s1.kb_per_watcher,
+        s3.kb_per_watcher,
+        s1.cpu_per_answer,
+        s3.cpu_per_answer,
+        rows[0].3,
+        rows[1].3
+    );
+}
