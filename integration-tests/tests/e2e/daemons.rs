@@ -225,3 +225,43 @@ pub fn admin_and_worker_tokens(workers: usize) -> String {
     }
     tokens
 }
+
+/// Prints the last 60 lines of each log: a failed run leaves only its panic message in
+/// CI otherwise.
+pub fn dump_logs(logs: &[(String, PathBuf)]) {
+    for (name, path) in logs {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        eprintln!("----- {name}.log (last 60 lines) -----");
+        for l in &lines[lines.len().saturating_sub(60)..] {
+            eprintln!("{l}");
+        }
+    }
+}
+
+/// Stops `service` through the first of `apis` that takes the request and waits (up to
+/// 15 s) until it is gone, so no replica outlives a test. Runs in a thread of its own:
+/// callers are `Drop`s, possibly inside an async test.
+pub fn stop_service_through(apis: Vec<Api>, service: &str) {
+    let path = format!("/v1/services/{service}");
+    let _ = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            for api in apis {
+                if matches!(api.delete(&path).await, Ok(202 | 404)) {
+                    let _ = tokio::time::timeout(Duration::from_secs(15), async {
+                        while !matches!(api.get(&path).await, Ok((404, _, _))) {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    })
+                    .await;
+                    break;
+                }
+            }
+        })
+    })
+    .join();
+}

@@ -9,7 +9,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Child;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// The leader lease TTL the controllers run with (a standby takes over about this long
 /// after the leader dies).
@@ -119,14 +119,11 @@ impl Drop for Ha {
         if std::thread::panicking() {
             let mut names = vec!["controller-0".to_owned(), "controller-1".to_owned()];
             names.extend((0..self.workers.len()).map(|i| format!("worker-{i}")));
-            for name in names {
-                let text = std::fs::read_to_string(self.log(&name)).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().collect();
-                eprintln!("----- {name}.log (last 60 lines) -----");
-                for l in &lines[lines.len().saturating_sub(60)..] {
-                    eprintln!("{l}");
-                }
-            }
+            let logs: Vec<(String, PathBuf)> = names
+                .into_iter()
+                .map(|n| (n.clone(), self.log(&n)))
+                .collect();
+            dump_logs(&logs);
         }
         // Stop the service through whichever controller serves, so no replica outlives
         // the test; then the daemons, then etcd.
@@ -134,25 +131,7 @@ impl Drop for Ha {
             .filter(|&c| self.controllers[c].is_some())
             .map(|c| self.api(c))
             .collect();
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                for api in apis {
-                    if api.delete("/v1/services/web").await.is_ok() {
-                        let _ = tokio::time::timeout(Duration::from_secs(15), async {
-                            while api.get_json("/v1/services/web").await.is_ok() {
-                                tokio::time::sleep(Duration::from_millis(100)).await;
-                            }
-                        })
-                        .await;
-                    }
-                }
-            })
-        })
-        .join();
+        stop_service_through(apis, "web");
         for w in &mut self.workers {
             terminate(w);
         }

@@ -223,14 +223,7 @@ impl Drop for Scale {
                     logs.push((format!("etcd-{}", etcd.name(m)), etcd.log(m)));
                 }
             }
-            for (name, path) in logs {
-                let text = std::fs::read_to_string(path).unwrap_or_default();
-                let lines: Vec<&str> = text.lines().collect();
-                eprintln!("----- {name}.log (last 60 lines) -----");
-                for l in &lines[lines.len().saturating_sub(60)..] {
-                    eprintln!("{l}");
-                }
-            }
+            dump_logs(&logs);
         }
         // Stop the service through whichever apiserver (or leader) still serves, so no
         // replica outlives the test; then the daemons, then etcd.
@@ -243,26 +236,7 @@ impl Drop for Scale {
                 .filter(|&c| self.controllers[c].is_some())
                 .map(|c| self.controller_api(c)),
         );
-        let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                for api in apis {
-                    if matches!(api.delete("/v1/services/web").await, Ok(202 | 404)) {
-                        let _ = tokio::time::timeout(Duration::from_secs(15), async {
-                            while !matches!(api.get("/v1/services/web").await, Ok((404, _, _))) {
-                                tokio::time::sleep(Duration::from_millis(100)).await;
-                            }
-                        })
-                        .await;
-                        break;
-                    }
-                }
-            })
-        })
-        .join();
+        stop_service_through(apis, "web");
         for w in &mut self.workers {
             terminate(w);
         }
