@@ -125,8 +125,7 @@ pub async fn start(
         ctx,
         cfg.body_limit,
     );
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
+    let listener = crate::controller::listen(cfg.listen)
         .with_context(|| format!("cannot listen on {}", cfg.listen))?;
     let addr = listener.local_addr()?;
     let (shutdown, mut stop) = watch::channel(false);

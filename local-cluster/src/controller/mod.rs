@@ -257,6 +257,24 @@ pub fn router(controller: &Controller) -> axum::Router {
     api::build(controller.api.clone())
 }
 
+/// The listen backlog: thousands of watchers reconnecting at once (an apiserver restart)
+/// must not overflow the accept queue (tokio's default of 1,024 did in the scale bench:
+/// thousands of SYN retransmits, seconds of delay). The kernel caps it at `somaxconn`.
+const BACKLOG: u32 = 8192;
+
+/// Binds `addr` for an HTTP server, with address reuse (a restarted daemon gets its port
+/// back at once) and a deep accept queue.
+pub(crate) fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
+
 /// A controller serving on a socket.
 #[derive(Debug)]
 pub struct RunningController {
@@ -274,9 +292,8 @@ pub async fn start(
     store: Arc<dyn Store>,
 ) -> anyhow::Result<RunningController> {
     let controller = Controller::new(&cfg, tokens, plugins, store).await?;
-    let listener = tokio::net::TcpListener::bind(cfg.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
+    let listener =
+        listen(cfg.listen).with_context(|| format!("cannot listen on {}", cfg.listen))?;
     let addr = listener.local_addr()?;
     let app = controller.router();
     let mut stop = controller.shutdown.subscribe();
