@@ -150,6 +150,16 @@ impl Scale {
         }
     }
 
+    /// The controller that serves now (standbys do not listen, a dead one neither).
+    fn serving_controller(&self) -> Result<usize> {
+        (0..2)
+            .find(|&c| {
+                self.controllers[c].is_some()
+                    && std::net::TcpStream::connect(("127.0.0.1", self.controller_ports[c])).is_ok()
+            })
+            .context("no controller serves")
+    }
+
     fn announced_at(&self, c: usize) -> Option<Instant> {
         self.controllers[c].as_ref().and_then(Daemon::announced_at)
     }
@@ -439,6 +449,18 @@ async fn two_controllers_and_two_apiservers_on_a_3_member_etcd_survive_losing_th
         "the new leader runs"
     );
 
+    // An operator brings the killed controller back: it waits as a standby, so that the
+    // cluster survives losing its leader again.
+    s.start_controller(0).unwrap();
+    let log0 = s.log("controller-0");
+    eventually("controller 0 is back as a standby", || async {
+        let text = std::fs::read_to_string(&log0).unwrap_or_default();
+        Ok(text
+            .contains("standby: waiting for leadership")
+            .then_some(()))
+    })
+    .await;
+
     // One etcd member dies: the first endpoint every daemon tries, made the raft leader
     // first (the worst case: an election and a client failover at once). A blocking query on
     // apiserver 2, opened before, answers the change that a replica killed next makes.
@@ -480,11 +502,15 @@ async fn two_controllers_and_two_apiservers_on_a_3_member_etcd_survive_losing_th
         "the change the blocking query answered still lists the killed replica: {body}"
     );
     let blocking_ms = answered.duration_since(member_killed).as_millis();
+    // The leader may have stopped itself meanwhile: its lease renewals cannot get through
+    // while etcd elects a new raft leader, and a leader that cannot be sure of its lease
+    // stops (fail-stop). Then the standby takes over; either way the service goes on.
     let after = eventually(
         "the replica killed after the etcd member replaced",
-        || async { s.converged(1, &gone).await },
+        || async { s.converged(s.serving_controller()?, &gone).await },
     )
     .await;
+    let leader_after = s.serving_controller().unwrap();
     let member_loss_recovery_ms = member_killed.elapsed().as_millis();
     places.note(&after);
     let jobs_total = places.seen.len();
@@ -497,12 +523,6 @@ async fn two_controllers_and_two_apiservers_on_a_3_member_etcd_survive_losing_th
     for addr in after.addrs.values() {
         assert!(http_ok(addr).await.unwrap(), "{addr} answers HTTP");
     }
-    assert!(
-        s.controllers[1]
-            .as_mut()
-            .is_some_and(|d| matches!(d.child.try_wait(), Ok(None))),
-        "the leader survives the etcd member loss"
-    );
 
     println!(
         "FIGURE scale-out takeover after kill -9 of the active controller mid rolling replacement: standby announced after {} ms, endpoints converged on 2 apiservers + leader after {converged_after_kill_ms} ms (leader_ttl {LEADER_TTL}), jobs={jobs_total} ports_reassigned={} shared_places={}",
@@ -514,6 +534,7 @@ async fn two_controllers_and_two_apiservers_on_a_3_member_etcd_survive_losing_th
         "FIGURE scale-out replacement times (ms, kill to identical answers everywhere; #2 spans the takeover): {replacement_ms:?}"
     );
     println!(
-        "FIGURE etcd member loss (kill -9 of 1 of 3 members, the raft leader; a replica killed at once): blocking query on apiserver 2 answered after {blocking_ms} ms, recovered (replacement ready, identical answers) after {member_loss_recovery_ms} ms"
+        "FIGURE etcd member loss (kill -9 of 1 of 3 members, the raft leader; a replica killed at once): blocking query on apiserver 2 answered after {blocking_ms} ms, recovered (replacement ready, identical answers) after {member_loss_recovery_ms} ms, leader_changed={}",
+        leader_after != 1
     );
 }
