@@ -21,6 +21,10 @@ use std::time::Duration;
 
 /// The longest pause between two attempts to reach etcd.
 const MAX_RETRY: Duration = Duration::from_secs(2);
+/// How long a watch may stay silent before the follower asks another member whether the
+/// store moved on meanwhile (a member cut off from the others keeps the stream open and
+/// quiet: without this check the apiserver would serve a stale table indefinitely).
+const QUIET_CHECK: Duration = Duration::from_secs(10);
 
 /// Why a watch stopped.
 #[derive(Debug)]
@@ -43,6 +47,8 @@ pub(crate) struct Follower {
     etcd_rev: i64,
     /// The etcd endpoint to watch next (rotates on failures).
     endpoint: usize,
+    /// See [`QUIET_CHECK`] (shorter in tests).
+    quiet_check: Duration,
 }
 
 impl std::fmt::Debug for Follower {
@@ -72,6 +78,7 @@ impl Follower {
             applied: 0,
             etcd_rev: 0,
             endpoint: 0,
+            quiet_check: QUIET_CHECK,
         }
     }
 
@@ -137,18 +144,42 @@ impl Follower {
         let endpoint = &self.store.endpoints()[self.endpoint];
         let url = format!("http://{endpoint}/v3/watch");
         let body = self.store.watch_request(self.etcd_rev + 1).to_string();
-        let mut resp = match self.http.post(&url).body(body).send().await {
-            Ok(r) if r.status().is_success() => r,
-            Ok(r) => return End::Broken(format!("{url}: answered {}", r.status())),
-            Err(e) => return End::Broken(format!("{url}: {e}")),
+        let sent = tokio::time::timeout(self.quiet_check, self.http.post(&url).body(body).send());
+        let mut resp = match sent.await {
+            Ok(Ok(r)) if r.status().is_success() => r,
+            Ok(Ok(r)) => return End::Broken(format!("{url}: answered {}", r.status())),
+            Ok(Err(e)) => return End::Broken(format!("{url}: {e}")),
+            Err(_) => {
+                return End::Broken(format!("{url}: no answer within {:?}", self.quiet_check))
+            }
         };
         let mut buf: Vec<u8> = Vec::new();
+        // The newest revision another member reported while this stream was quiet.
+        let mut behind: Option<i64> = None;
         loop {
-            let chunk = match resp.chunk().await {
-                Ok(Some(c)) => c,
-                Ok(None) => return End::Broken(format!("{url}: the watch stream ended")),
-                Err(e) => return End::Broken(format!("{url}: {e}")),
+            let chunk = match tokio::time::timeout(self.quiet_check, resp.chunk()).await {
+                Ok(Ok(Some(c))) => c,
+                Ok(Ok(None)) => return End::Broken(format!("{url}: the watch stream ended")),
+                Ok(Err(e)) => return End::Broken(format!("{url}: {e}")),
+                Err(_quiet) => {
+                    // Behind twice in a row (a change may just be on its way the first
+                    // time): this stream is stuck.
+                    match (self.newest_elsewhere().await, behind) {
+                        (Some(newest), Some(before))
+                            if newest > self.etcd_rev && before > self.etcd_rev =>
+                        {
+                            return End::Broken(format!(
+                                "{url}: the watch stayed quiet while the store moved on to \
+                                 revision {newest} (this apiserver is at {})",
+                                self.etcd_rev
+                            ));
+                        }
+                        (newest, _) => behind = newest,
+                    }
+                    continue;
+                }
             };
+            behind = None;
             buf.extend_from_slice(&chunk);
             // The gateway sends one JSON object per line.
             while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
@@ -165,6 +196,23 @@ impl Follower {
                 }
             }
         }
+    }
+
+    /// The newest modification revision under the store's prefix, as another member (the
+    /// next endpoint) sees it; `None` when it cannot tell (single endpoint, no answer).
+    async fn newest_elsewhere(&self) -> Option<i64> {
+        let endpoints = self.store.endpoints();
+        let other = &endpoints[(self.endpoint + 1) % endpoints.len()];
+        let r = self
+            .http
+            .post(format!("http://{other}/v3/kv/range"))
+            .body(self.store.newest_request().to_string())
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await
+            .ok()?;
+        let v: Value = r.json().await.ok()?;
+        Some(int(&v["kvs"][0]["mod_revision"]))
     }
 
     /// Handles one watch answer; `Some` ends the watch.
@@ -370,6 +418,61 @@ mod tests {
         writer.commit(quiet).unwrap();
         commit(&writer, &mut c, &["h"]);
         assert_eq!(until(&rec, 1).await, ["event@9"]);
+        task.abort();
+    }
+
+    /// A member that creates the watch and then sends nothing (cut off from the others):
+    /// the follower notices that another member has moved on and watches elsewhere.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_watch_that_stays_quiet_while_the_store_moves_on_is_abandoned() {
+        use std::io::{Read, Write};
+        let etcd = TestEtcd::start();
+        // A "member" that answers the watch request with "created", then goes quiet.
+        let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mute_addr = mute.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for mut conn in mute.incoming().flatten() {
+                let mut req = [0u8; 4096];
+                let _ = conn.read(&mut req);
+                let created = "{\"result\":{\"header\":{},\"created\":true}}\n";
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{created}\r\n",
+                    created.len()
+                );
+                held.push(conn);
+            }
+        });
+        let writer = etcd.store("/xce/");
+        let mut c = Cluster::load(&writer).unwrap();
+        let rec = Arc::new(Recorder::default());
+        let store = crate::store::EtcdStore::new(vec![etcd.endpoint.clone(), mute_addr])
+            .unwrap()
+            .with_prefix("/xce/")
+            .unwrap();
+        let metrics = Metrics::default();
+        let mut f = Follower::new(Arc::new(store), vec![rec.clone()], metrics.clone());
+        f.load().await.unwrap();
+        assert_eq!(rec.take(), ["resync@0()"]);
+        // Watch the mute one first; check quickly.
+        f.endpoint = 1;
+        f.quiet_check = Duration::from_millis(200);
+        let task = tokio::spawn(f.run());
+        // Created on the mute member: the follower believes it watches.
+        for _ in 0..500 {
+            if metrics.watching.get() == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            metrics.watching.get(),
+            1,
+            "the mute member's watch was created"
+        );
+        commit(&writer, &mut c, &["a"]);
+        assert_eq!(until(&rec, 1).await, ["event@1"]);
         task.abort();
     }
 }

@@ -617,6 +617,19 @@ impl EtcdStore {
         }})
     }
 
+    /// The body of etcd's `POST /v3/kv/range` that finds the most recently modified key of
+    /// this store (its `mod_revision` is the store's newest revision; keys only).
+    pub fn newest_request(&self) -> Value {
+        json!({
+            "key": b64(self.prefix.as_bytes()),
+            "range_end": b64(&prefix_end(self.prefix.as_bytes())),
+            "limit": "1",
+            "sort_order": "DESCEND",
+            "sort_target": "MOD",
+            "keys_only": true,
+        })
+    }
+
     /// The record changes one event of a watch answer carries (`{"type", "kv"}`): one for
     /// a state key, a whole batch for a journal record (committed from then on: the
     /// writes that follow repeat parts of it), none for the other control keys.
