@@ -144,7 +144,12 @@ impl Follower {
         let endpoint = &self.store.endpoints()[self.endpoint];
         let url = format!("http://{endpoint}/v3/watch");
         let body = self.store.watch_request(self.etcd_rev + 1).to_string();
-        let sent = tokio::time::timeout(self.quiet_check, self.http.post(&url).body(body).send());
+        let request = self
+            .http
+            .post(&url)
+            .header(crate::store::etcd::REQUIRE_LEADER, "true")
+            .body(body);
+        let sent = tokio::time::timeout(self.quiet_check, request.send());
         let mut resp = match sent.await {
             Ok(Ok(r)) if r.status().is_success() => r,
             Ok(Ok(r)) => return End::Broken(format!("{url}: answered {}", r.status())),
@@ -206,6 +211,7 @@ impl Follower {
         let r = self
             .http
             .post(format!("http://{other}/v3/kv/range"))
+            .header(crate::store::etcd::REQUIRE_LEADER, "true")
             .body(self.store.newest_request().to_string())
             .timeout(Duration::from_secs(2))
             .send()

@@ -21,7 +21,7 @@
 //! runs out may still land): the store's [`with_leader_guard`](super::EtcdStore::with_leader_guard)
 //! makes every commit conditional on the leader key being the one this leader created.
 
-use super::etcd::{b64, check_endpoint, int, post, unb64, Failure};
+use super::etcd::{b64, check_endpoint, int, post, unb64, Failure, REQUIRE_LEADER};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -300,7 +300,7 @@ impl Election {
         let mut s = connect(ep, i.timeout)?;
         let head = format!(
             "POST /v3/watch HTTP/1.1\r\nhost: {ep}\r\ncontent-type: application/json\r\n\
-             content-length: {}\r\n\r\n",
+             {REQUIRE_LEADER}: true\r\ncontent-length: {}\r\n\r\n",
             body.len()
         );
         s.set_write_timeout(Some(i.timeout))

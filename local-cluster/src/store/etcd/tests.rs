@@ -313,6 +313,49 @@ fn answer_losing_proxy(to: String) -> String {
     addr
 }
 
+/// A member without a raft leader: answers every request the way etcd answers one that
+/// requires a leader (`hasleader`), and records whether the request did require one.
+fn leaderless_member() -> (String, std::sync::mpsc::Receiver<bool>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut c) = conn else { return };
+            let mut buf = [0u8; 8192];
+            let n = c.read(&mut buf).unwrap_or(0);
+            let head = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
+            let _ = tx.send(head.contains("grpc-metadata-hasleader: true"));
+            let body =
+                r#"{"error":"etcdserver: no leader","message":"etcdserver: no leader","code":14}"#;
+            let _ = write!(
+                c,
+                "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (addr, rx)
+}
+
+/// A member without a leader refuses before proposing anything: the next member is asked,
+/// and the commit goes through there (it used to fail as an unknown outcome).
+#[test]
+fn a_member_without_a_leader_is_skipped() {
+    let etcd = TestEtcd::start();
+    let (leaderless, asked) = leaderless_member();
+    let s = EtcdStore::new(vec![leaderless, etcd.endpoint.clone()]).unwrap();
+    s.load_all().unwrap();
+    s.state.lock().unwrap().current = 0;
+    s.commit(batch(&[("job", "j-1", Some("a"))])).unwrap();
+    let asked: Vec<bool> = asked.try_iter().collect();
+    assert!(
+        !asked.is_empty() && asked.iter().all(|r| *r),
+        "requests require a leader: {asked:?}"
+    );
+    assert_eq!(dump(&etcd.store("/xce/")), "job/j-1=a");
+}
+
 #[test]
 fn endpoints_are_tried_in_turn_and_a_lost_answer_commits_once() {
     let etcd = TestEtcd::start();
