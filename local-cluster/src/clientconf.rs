@@ -9,7 +9,7 @@ use std::path::PathBuf;
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct ClientFile {
-    /// Apiserver base URL.
+    /// Apiserver base URL, or several comma-separated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api: Option<String>,
     /// Bearer token.

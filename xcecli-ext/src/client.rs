@@ -5,6 +5,7 @@ use crate::error::{CliError, ErrorKind};
 use crate::model::{EndpointEntry, ErrorBody, HostList, ServiceDetail, ServiceList, StopAnswer};
 use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use reqwest::{Method, StatusCode, Url};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// How long an ordinary (non-blocking) request may take, connect included.
@@ -19,7 +20,9 @@ const BLOCKING_SLACK: Duration = Duration::from_secs(30);
 /// from flags, `XCE_API`/`XCE_TOKEN` and the config file; this crate reads none of them.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ClientConfig {
-    /// Base URL, e.g. `http://127.0.0.1:7480`. Only `http` (no TLS in v1).
+    /// Base URL, e.g. `http://127.0.0.1:7480`, or several, comma-separated (apiservers of
+    /// one cluster: a request that cannot connect to one goes to the next). Only `http`
+    /// (no TLS in v1).
     pub api: String,
     /// The bearer token, if any.
     pub token: Option<String>,
@@ -39,7 +42,10 @@ impl std::fmt::Debug for ClientConfig {
 #[derive(Debug, Clone)]
 pub struct Client {
     http: reqwest::Client,
-    base: Url,
+    /// The apiservers, in the order given.
+    bases: std::sync::Arc<[Url]>,
+    /// The one that answered last (tried first).
+    current: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     auth: Option<HeaderValue>,
 }
 
@@ -74,35 +80,11 @@ impl Client {
                 "pass --api http://HOST:PORT or set XCE_API (default http://127.0.0.1:7480)",
             )
         };
-        if !config.api.contains("://") {
-            return Err(config_err(format!(
-                "invalid apiserver url {:?}: expected http://HOST:PORT",
-                config.api
-            )));
-        }
-        let base = Url::parse(config.api.trim())
-            .map_err(|e| config_err(format!("invalid apiserver url {:?}: {e}", config.api)))?;
-        match base.scheme() {
-            "http" => {}
-            "https" => {
-                return Err(config_err(format!(
-                    "cannot use {}: https is not supported (no tls in v1)",
-                    config.api
-                )))
-            }
-            s => {
-                return Err(config_err(format!(
-                    "invalid apiserver url {:?}: scheme {s:?} is not http",
-                    config.api
-                )))
-            }
-        }
-        if base.host().is_none() || base.cannot_be_a_base() {
-            return Err(config_err(format!(
-                "invalid apiserver url {:?}: no host",
-                config.api
-            )));
-        }
+        let bases = config
+            .api
+            .split(',')
+            .map(|api| check_base(api.trim()).map_err(&config_err))
+            .collect::<Result<Vec<Url>, CliError>>()?;
         let auth = match config.token.as_deref().map(str::trim) {
             None | Some("") => None,
             Some(t) => {
@@ -128,17 +110,25 @@ impl Client {
                     format!("cannot build the http client: {e}"),
                 )
             })?;
-        Ok(Client { http, base, auth })
+        Ok(Client {
+            http,
+            bases: bases.into(),
+            current: Default::default(),
+            auth,
+        })
     }
 
-    /// The base URL of the apiserver.
+    /// The base URL of the apiserver in use (the one that answered last).
     pub fn api(&self) -> &Url {
-        &self.base
+        &self.bases[self.current.load(Ordering::Relaxed) % self.bases.len()]
     }
 
-    /// `base` + `/v1/<segments…>`, each segment percent-encoded.
+    /// The first base + `/v1/<segments…>`, each segment percent-encoded ([`send`] moves it
+    /// to the apiserver it tries).
+    ///
+    /// [`send`]: Self::send
     fn url(&self, segments: &[&str]) -> Url {
-        let mut url = self.base.clone();
+        let mut url = self.bases[0].clone();
         url.set_query(None);
         url.set_fragment(None);
         if let Ok(mut path) = url.path_segments_mut() {
@@ -156,16 +146,42 @@ impl Client {
         timeout: Duration,
         body: Option<(&'static str, String)>,
     ) -> Result<String, CliError> {
-        let mut req = self.http.request(method, url.clone()).timeout(timeout);
-        if let Some(auth) = &self.auth {
-            req = req.header(AUTHORIZATION, auth.clone());
-        }
-        if let Some((content_type, body)) = body {
-            req = req.header(CONTENT_TYPE, content_type).body(body);
-        }
-        let resp = req.send().await.map_err(|e| transport_error(&url, &e))?;
+        // From the apiserver that answered last; one that cannot be connected to is
+        // skipped for the next (nothing was sent to it), each tried once.
+        let n = self.bases.len();
+        let start = self.current.load(Ordering::Relaxed);
+        let mut k = 0;
+        let mut skipped = Vec::new();
+        let (url, resp) = loop {
+            let at = (start + k) % n;
+            let url = self.on_base(&url, at);
+            let mut req = self
+                .http
+                .request(method.clone(), url.clone())
+                .timeout(timeout);
+            if let Some(auth) = &self.auth {
+                req = req.header(AUTHORIZATION, auth.clone());
+            }
+            if let Some((content_type, body)) = &body {
+                req = req.header(CONTENT_TYPE, *content_type).body(body.clone());
+            }
+            match req.send().await {
+                Ok(resp) => {
+                    self.current.store(at, Ordering::Relaxed);
+                    break (url, resp);
+                }
+                Err(e) if e.is_connect() && k + 1 < n => {
+                    skipped.push(without_query(&url));
+                    k += 1;
+                }
+                Err(e) => return Err(transport_error(&url, &e, &skipped)),
+            }
+        };
         let status = resp.status();
-        let text = resp.text().await.map_err(|e| transport_error(&url, &e))?;
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| transport_error(&url, &e, &[]))?;
         if status.is_success() {
             Ok(text)
         } else {
@@ -258,6 +274,50 @@ impl Client {
     }
 }
 
+impl Client {
+    /// `url` (built on the first base) moved to base `at`: its path below the first base's
+    /// path, below base `at`'s.
+    fn on_base(&self, url: &Url, at: usize) -> Url {
+        if at == 0 {
+            return url.clone();
+        }
+        let first = self.bases[0].path().trim_end_matches('/');
+        let rest = url.path().strip_prefix(first).unwrap_or(url.path());
+        let mut moved = self.bases[at].clone();
+        let prefix = moved.path().trim_end_matches('/').to_owned();
+        moved.set_path(&format!("{prefix}{rest}"));
+        moved.set_query(url.query());
+        moved
+    }
+}
+
+/// One apiserver URL of `--api`: `http://HOST[:PORT][/PATH]`.
+fn check_base(api: &str) -> Result<Url, String> {
+    if !api.contains("://") {
+        return Err(format!(
+            "invalid apiserver url {api:?}: expected http://HOST:PORT"
+        ));
+    }
+    let base = Url::parse(api).map_err(|e| format!("invalid apiserver url {api:?}: {e}"))?;
+    match base.scheme() {
+        "http" => {}
+        "https" => {
+            return Err(format!(
+                "cannot use {api}: https is not supported (no tls in v1)"
+            ))
+        }
+        s => {
+            return Err(format!(
+                "invalid apiserver url {api:?}: scheme {s:?} is not http"
+            ))
+        }
+    }
+    if base.host().is_none() || base.cannot_be_a_base() {
+        return Err(format!("invalid apiserver url {api:?}: no host"));
+    }
+    Ok(base)
+}
+
 fn parse<T: serde::de::DeserializeOwned>(url: &Url, raw: &str) -> Result<T, CliError> {
     serde_json::from_str(raw).map_err(|e| {
         CliError::new(
@@ -274,8 +334,9 @@ fn without_query(url: &Url) -> String {
     u.to_string()
 }
 
-/// A request that got no HTTP answer.
-fn transport_error(url: &Url, err: &reqwest::Error) -> CliError {
+/// A request that got no HTTP answer (`skipped`: other apiservers that could not be
+/// connected to first).
+fn transport_error(url: &Url, err: &reqwest::Error, skipped: &[String]) -> CliError {
     // reqwest's own text is generic ("error sending request"); the innermost cause says
     // what happened ("Connection refused (os error 111)").
     let mut cause: &dyn std::error::Error = err;
@@ -289,6 +350,14 @@ fn transport_error(url: &Url, err: &reqwest::Error) -> CliError {
         format!("cannot reach the apiserver at {url}: {cause}")
     } else {
         format!("lost the connection to the apiserver at {url}: {cause}")
+    };
+    let message = if skipped.is_empty() {
+        message
+    } else {
+        format!(
+            "{message} (could not connect to {} either)",
+            skipped.join(", ")
+        )
     };
     CliError::new(ErrorKind::Unreachable, message).with_hint(
         "is the apiserver running (e.g. `xced dev`)? pass --api or set XCE_API to its url",
@@ -395,6 +464,33 @@ mod tests {
             Err(e) => format!("exit {}: {e}", e.exit_code()),
         };
         expect.assert_eq(&actual);
+    }
+
+    #[test]
+    fn several_apiservers_share_one_path() {
+        let c = Client::new(ClientConfig {
+            api: "http://a:1/x, http://b:2/y/,http://c:3".into(),
+            token: None,
+        })
+        .unwrap();
+        let mut url = c.url(&["services", "web", "endpoints"]);
+        url.set_query(Some("index=4&wait=1000ms"));
+        let moved: Vec<String> = (0..3).map(|i| c.on_base(&url, i).to_string()).collect();
+        expect![[r#"
+            [
+                "http://a:1/x/v1/services/web/endpoints?index=4&wait=1000ms",
+                "http://b:2/y/v1/services/web/endpoints?index=4&wait=1000ms",
+                "http://c:3/v1/services/web/endpoints?index=4&wait=1000ms",
+            ]
+        "#]]
+        .assert_debug_eq(&moved);
+        check_config(
+            "http://a:1,not-a-url",
+            None,
+            expect![[r#"
+                exit 1: error: invalid apiserver url "not-a-url": expected http://HOST:PORT
+                hint: pass --api http://HOST:PORT or set XCE_API (default http://127.0.0.1:7480)"#]],
+        );
     }
 
     #[test]

@@ -19,7 +19,8 @@ const DEFAULT_API: &str = "http://127.0.0.1:7480";
     about = "Submit services and read their endpoints from an xce cluster"
 )]
 struct Cli {
-    /// Apiserver base URL [default: the config file's `api`, else http://127.0.0.1:7480].
+    /// Apiserver base URL, or several comma-separated (one that cannot be connected to is
+    /// skipped for the next) [default: the config file's `api`, else http://127.0.0.1:7480].
     #[arg(long, global = true, env = "XCE_API")]
     api: Option<String>,
     /// Bearer token [default: the config file's `token`].

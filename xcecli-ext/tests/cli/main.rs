@@ -396,6 +396,38 @@ async fn error_kinds_and_exit_codes() {
     .await;
 }
 
+/// `--api A,B`: an apiserver that cannot be connected to is skipped for the next one; when
+/// none can, the error names every one tried.
+#[tokio::test]
+async fn several_apiservers_fail_over_on_connection_errors() {
+    bounded(async {
+        let fake = Fake::start().await;
+        let dead = |_: ()| {
+            let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let url = format!("http://{}", free.local_addr().unwrap());
+            drop(free);
+            url
+        };
+        let (d1, d2) = (dead(()), dead(()));
+        let apis = format!("{d1},{}", fake.url());
+        let (s, args) = setup(&apis, "service endpoints web -o plain");
+        let (code, out, err) = spawn(s, args).finish().await;
+        assert_eq!(code, 0, "{err}");
+        assert!(!out.is_empty() && err.is_empty(), "{out}{err}");
+
+        let (s, args) = setup(&format!("{d1},{d2}"), "service list");
+        let (code, out, err) = spawn(s, args).finish().await;
+        assert_eq!((code, out.as_str()), (1, ""), "{err}");
+        assert!(
+            err.starts_with(&format!(
+                "error: cannot reach the apiserver at {d2}/v1/services: "
+            )) && err.contains(&format!("(could not connect to {d1}/v1/services either)")),
+            "{err}"
+        );
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn lists() {
     bounded(async {
