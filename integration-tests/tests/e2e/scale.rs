@@ -524,6 +524,29 @@ async fn two_controllers_and_two_apiservers_on_a_3_member_etcd_survive_losing_th
         assert!(http_ok(addr).await.unwrap(), "{addr} answers HTTP");
     }
 
+    // A client given both apiservers keeps working when the first one is gone.
+    if let Some(mut d) = s.apiservers[0].take() {
+        let _ = d.child.kill();
+        let _ = d.child.wait();
+    }
+    let client_config = s.dir.path().join("xcecli.toml");
+    std::fs::write(
+        &client_config,
+        format!("api = \"{},{}\"\ntoken = \"{ADMIN}\"\n", a1.base, a2.base),
+    )
+    .unwrap();
+    let out = xcecli_with(
+        &client_config,
+        &["service", "endpoints", "web", "-o", "plain"],
+        &[],
+    );
+    assert!(out.status.success(), "xcecli --api A1,A2: {}", stderr(&out));
+    let mut lines: Vec<String> = stdout(&out).lines().map(str::to_owned).collect();
+    lines.sort();
+    let mut want: Vec<String> = after.addrs.values().cloned().collect();
+    want.sort();
+    assert_eq!(lines, want, "xcecli through the second apiserver");
+
     println!(
         "FIGURE scale-out takeover after kill -9 of the active controller mid rolling replacement: standby announced after {} ms, endpoints converged on 2 apiservers + leader after {converged_after_kill_ms} ms (leader_ttl {LEADER_TTL}), jobs={jobs_total} ports_reassigned={} shared_places={}",
         announce.as_millis(),
