@@ -427,6 +427,53 @@ mod tests {
         task.abort();
     }
 
+    /// History the follower still needs was compacted away while it was not watching: it
+    /// reloads the whole state instead of missing the batches in between.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_compacted_history_means_a_full_reload() {
+        let etcd = TestEtcd::start();
+        let writer = etcd.store("/xce/");
+        let mut c = Cluster::load(&writer).unwrap();
+        commit(&writer, &mut c, &["a"]);
+        let rec = Arc::new(Recorder::default());
+        let metrics = Metrics::default();
+        let mut f = Follower::new(
+            Arc::new(etcd.store("/xce/")),
+            vec![rec.clone()],
+            metrics.clone(),
+        );
+        f.load().await.unwrap();
+        assert_eq!(rec.take(), ["resync@1(a)"]);
+        // Two batches it has not seen, then etcd forgets everything before the last.
+        commit(&writer, &mut c, &["b"]);
+        commit(&writer, &mut c, &["c"]);
+        let http = reqwest::Client::new();
+        let head: Value = http
+            .post(format!("http://{}/v3/kv/range", etcd.endpoint))
+            .body(r#"{"key":"AA=="}"#)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let now = int(&head["header"]["revision"]);
+        let compacted = http
+            .post(format!("http://{}/v3/kv/compaction", etcd.endpoint))
+            .body(format!(r#"{{"revision":"{now}","physical":true}}"#))
+            .send()
+            .await
+            .unwrap();
+        assert!(compacted.status().is_success());
+        let task = tokio::spawn(f.run());
+        assert_eq!(until(&rec, 1).await, ["resync@3(a,b,c)"]);
+        assert_eq!(metrics.resyncs.get(), 2);
+        // And it follows on from there.
+        commit(&writer, &mut c, &["d"]);
+        assert_eq!(until(&rec, 1).await, ["event@4"]);
+        task.abort();
+    }
+
     /// A member that creates the watch and then sends nothing (cut off from the others):
     /// the follower notices that another member has moved on and watches elsewhere.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
