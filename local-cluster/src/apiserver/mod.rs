@@ -125,18 +125,8 @@ pub async fn start(
         ctx,
         cfg.body_limit,
     );
-    let listener = crate::controller::listen(cfg.listen)
-        .with_context(|| format!("cannot listen on {}", cfg.listen))?;
-    let addr = listener.local_addr()?;
-    let (shutdown, mut stop) = watch::channel(false);
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|s| *s).await;
-            })
-            .await
-    });
-    tracing::info!(%addr, "apiserver listening");
+    let (shutdown, stop) = watch::channel(false);
+    let (addr, server) = crate::controller::serve(cfg.listen, app, stop)?;
     Ok(RunningApiserver {
         addr,
         shutdown,

@@ -275,6 +275,26 @@ pub(crate) fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListene
     socket.listen(BACKLOG)
 }
 
+/// Binds `addr` (see [`listen`]) and serves `app` on it until `stop` turns true
+/// (in-flight requests finish).
+pub(crate) fn serve(
+    addr: SocketAddr,
+    app: axum::Router,
+    mut stop: watch::Receiver<bool>,
+) -> anyhow::Result<(SocketAddr, JoinHandle<std::io::Result<()>>)> {
+    let listener = listen(addr).with_context(|| format!("cannot listen on {addr}"))?;
+    let addr = listener.local_addr()?;
+    let server = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await
+    });
+    tracing::info!(%addr, "apiserver listening");
+    Ok((addr, server))
+}
+
 /// A controller serving on a socket.
 #[derive(Debug)]
 pub struct RunningController {
@@ -292,19 +312,11 @@ pub async fn start(
     store: Arc<dyn Store>,
 ) -> anyhow::Result<RunningController> {
     let controller = Controller::new(&cfg, tokens, plugins, store).await?;
-    let listener =
-        listen(cfg.listen).with_context(|| format!("cannot listen on {}", cfg.listen))?;
-    let addr = listener.local_addr()?;
-    let app = controller.router();
-    let mut stop = controller.shutdown.subscribe();
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|s| *s).await;
-            })
-            .await
-    });
-    tracing::info!(%addr, "apiserver listening");
+    let (addr, server) = serve(
+        cfg.listen,
+        controller.router(),
+        controller.shutdown.subscribe(),
+    )?;
     Ok(RunningController {
         addr,
         controller,

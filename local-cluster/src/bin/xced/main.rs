@@ -127,10 +127,7 @@ async fn run_apiserver(
     store_flag: Option<StoreSpec>,
 ) -> Result<()> {
     let cfg = config::load_apiserver(&path)?;
-    let tokens_path = tokens_flag
-        .or(cfg.tokens.clone())
-        .context("no tokens file: pass --tokens FILE or set `tokens` in the config file")?;
-    let tokens = load_tokens(&tokens_path)?;
+    let tokens = load_tokens_of(tokens_flag, cfg.tokens.clone())?;
     let Some(StoreSpec::Etcd(etcd)) = store_flag.or(cfg.store.clone()) else {
         anyhow::bail!(
             "an apiserver follows the controller's etcd: pass --store etcd://HOST:PORT[,...] \
@@ -195,10 +192,7 @@ async fn run_controller(
     store_flag: Option<StoreSpec>,
 ) -> Result<()> {
     let cfg = config::load_controller(&path)?;
-    let tokens_path = tokens_flag
-        .or(cfg.tokens.clone())
-        .context("no tokens file: pass --tokens FILE or set `tokens` in the config file")?;
-    let tokens = load_tokens(&tokens_path)?;
+    let tokens = load_tokens_of(tokens_flag, cfg.tokens.clone())?;
     // With etcd, several controllers may share the store: only the elected one loads the
     // state and serves; the lease is renewed for as long as it runs.
     let mut leadership = None;
@@ -329,6 +323,17 @@ async fn run_worker(path: PathBuf) -> Result<()> {
         ShutdownMode::Detach
     })
     .await
+}
+
+/// The tokens file named by `--tokens`, else by the config file's `tokens`.
+fn load_tokens_of(
+    flag: Option<PathBuf>,
+    from_config: Option<PathBuf>,
+) -> Result<local_cluster::auth::Tokens> {
+    let path = flag
+        .or(from_config)
+        .context("no tokens file: pass --tokens FILE or set `tokens` in the config file")?;
+    load_tokens(&path)
 }
 
 /// Reads and validates a tokens file.
