@@ -328,7 +328,122 @@ async fn forward(State(fwd): State<Forwarder>, uri: Uri, req: Request) -> Respon
 
 #[cfg(test)]
 mod tests {
-    use super::leader_url;
+    use super::*;
+    use crate::store::etcd::tests::TestEtcd;
+    use axum::routing::post;
+
+    /// A stand-in for a controller: answers every forwarded route with what it got, and
+    /// says who it is.
+    async fn fake_controller(name: &'static str) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+        let app = Router::new().route(
+            "/v1/services",
+            post(move |headers: HeaderMap, body: Bytes| async move {
+                let auth = headers
+                    .get("authorization")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("")
+                    .to_owned();
+                (
+                    StatusCode::CREATED,
+                    [("x-xce-index", "7"), ("content-type", "application/json")],
+                    format!(
+                        r#"{{"by":"{name}","auth":"{auth}","body":{:?}}}"#,
+                        String::from_utf8_lossy(&body)
+                    ),
+                )
+            }),
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            axum::serve(l, app).await.unwrap();
+        });
+        (addr, task)
+    }
+
+    /// Puts the leader key as a controller `HOST/PID@ADDR` would.
+    async fn set_leader(etcd: &TestEtcd, id: &str) {
+        let b64 = |s: &str| crate::store::etcd::b64(s.as_bytes());
+        let r = reqwest::Client::new()
+            .post(format!("http://{}/v3/kv/put", etcd.endpoint))
+            .body(format!(
+                r#"{{"key":"{}","value":"{}"}}"#,
+                b64("/xce/.leader"),
+                b64(id)
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success());
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn forwards_to_the_leader_and_follows_it_when_it_moves() {
+        let etcd = TestEtcd::start();
+        let tokens = Tokens::parse(
+            "[[token]]\nsecret = \"s3cret\"\nprincipal = \"admin\"\ngrants = [ { permission = \"admin\", projects = [\"*\"] } ]\n",
+        )
+        .unwrap();
+        let running = start(
+            ApiserverConfig {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                body_limit: 64,
+                etcd: vec![etcd.endpoint.clone()],
+                prefix: "/xce/".into(),
+            },
+            tokens,
+            ApiserverPlugins {
+                listeners: vec![],
+                extensions: vec![],
+            },
+        )
+        .await
+        .unwrap();
+        let base = format!("http://{}", running.addr);
+        let http = reqwest::Client::new();
+        let submit = |body: &'static str| {
+            http.post(format!("{base}/v1/services"))
+                .bearer_auth("s3cret")
+                .body(body)
+                .send()
+        };
+
+        // Nobody leads yet.
+        let r = submit("{}").await.unwrap();
+        assert_eq!(r.status(), 503);
+        let text = r.text().await.unwrap();
+        assert!(text.contains(r#""code":"no_leader""#), "{text}");
+
+        // A leader: the request goes there as it is, and its answer comes back as it is.
+        let (a, a_task) = fake_controller("a").await;
+        set_leader(&etcd, &format!("node-a/1@{a}")).await;
+        let r = submit("one").await.unwrap();
+        assert_eq!(r.status(), 201);
+        assert_eq!(r.headers()["x-xce-index"], "7");
+        assert_eq!(
+            r.text().await.unwrap(),
+            r#"{"by":"a","auth":"Bearer s3cret","body":"one"}"#
+        );
+
+        // The leader dies and another takes over: the next request finds the new one.
+        a_task.abort();
+        let _ = a_task.await;
+        let (b, _b_task) = fake_controller("b").await;
+        set_leader(&etcd, &format!("node-b/2@{b}")).await;
+        let r = submit("two").await.unwrap();
+        assert_eq!(r.status(), 201);
+        assert!(r.text().await.unwrap().starts_with(r#"{"by":"b""#));
+
+        // The body limit holds for forwarded requests too.
+        let r = http
+            .post(format!("{base}/v1/services"))
+            .body(vec![b'x'; 65])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 413);
+        running.shutdown().await;
+    }
 
     #[test]
     fn leader_ids_become_urls() {

@@ -905,7 +905,7 @@ fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, String> {
 
 const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
-pub(super) fn b64(data: &[u8]) -> String {
+pub(crate) fn b64(data: &[u8]) -> String {
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for c in data.chunks(3) {
         let n = (u32::from(c[0]) << 16)
