@@ -153,7 +153,7 @@ fn router(
     limit: usize,
 ) -> Router {
     let mut app = Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route(
             "/metrics",
             get(move || async move { metrics_response(&registry) }),
@@ -168,6 +168,22 @@ fn router(
     ))
     .layer(DefaultBodyLimit::max(limit))
     .layer(Extension(ctx))
+}
+
+/// `/healthz`: 200 while the etcd watch that feeds this apiserver is established, 503
+/// while it is not, so that a load balancer sends readers elsewhere meanwhile (what this
+/// apiserver serves may be falling behind; a watch being re-established shows as a blip).
+async fn healthz(State(fwd): State<Forwarder>) -> Response {
+    if fwd.metrics.watching.get() > 0 {
+        "ok".into_response()
+    } else {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_following",
+            "the etcd watch that feeds this apiserver is down: its answers may be behind",
+        )
+        .into_response()
+    }
 }
 
 /// Forwards requests to the leader controller.
@@ -375,6 +391,46 @@ mod tests {
             .await
             .unwrap();
         assert!(r.status().is_success());
+    }
+
+    /// Polls `url` until it answers `status` (bounded).
+    async fn until_status(url: &str, status: u16) {
+        for _ in 0..500 {
+            if let Ok(r) = reqwest::get(url).await {
+                if r.status() == status {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("{url} never answered {status}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn healthz_says_whether_it_follows_etcd() {
+        let etcd = TestEtcd::start();
+        let running = start(
+            ApiserverConfig {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                body_limit: 64,
+                etcd: vec![etcd.endpoint.clone()],
+                prefix: "/xce/".into(),
+            },
+            Tokens::parse("").unwrap(),
+            ApiserverPlugins {
+                listeners: vec![],
+                extensions: vec![],
+            },
+        )
+        .await
+        .unwrap();
+        let url = format!("http://{}/healthz", running.addr);
+        until_status(&url, 200).await;
+        drop(etcd);
+        until_status(&url, 503).await;
+        let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
+        assert!(text.contains(r#""code":"not_following""#), "{text}");
+        running.shutdown().await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
