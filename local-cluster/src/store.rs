@@ -93,6 +93,11 @@ pub enum StoreError {
     /// A test store told to fail.
     #[error("store failure injected for a test")]
     Injected,
+    /// The store holds something this instance did not write or cannot account for
+    /// (another writer, a lost leadership, a commit reported failed that landed after
+    /// all): its caller's view is stale, and no commit will go through until it reloads.
+    #[error("the store changed under this controller: {0}")]
+    Stale(String),
     /// The store's configuration is wrong (a bad url, prefix or endpoint).
     #[error("invalid store configuration: {0}")]
     InvalidConfig(String),

@@ -150,8 +150,14 @@ impl ApiState {
         rx.await.map_err(|_| unavailable())?.map_err(from_core)
     }
 
-    fn view(&self) -> Arc<View> {
-        self.view.borrow().clone()
+    /// The readers' view, while the state task runs: once it has stopped (shutdown, or a
+    /// store that went stale under it) the view is no longer kept current, so nobody is
+    /// served from it.
+    fn view(&self) -> Result<Arc<View>, ApiError> {
+        if self.tx.is_closed() {
+            return Err(unavailable());
+        }
+        Ok(self.view.borrow().clone())
     }
 }
 
@@ -315,7 +321,7 @@ async fn submit(
             reply,
         })
         .await?;
-    let view = st.view();
+    let view = st.view()?;
     let s = view
         .services
         .get(&name)
@@ -328,7 +334,7 @@ async fn list_services(
     who: Principal,
 ) -> Result<Json<Value>, ApiError> {
     user(&who)?;
-    let view = st.view();
+    let view = st.view()?;
     let services: Vec<Value> = view
         .services
         .values()
@@ -344,7 +350,7 @@ async fn get_service(
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     user(&who)?;
-    let view = st.view();
+    let view = st.view()?;
     match view.services.get(&name) {
         Some(s) if who.may(Permission::JobView, &s.info.project) => Ok(Json(service_detail(s))),
         _ => Err(ApiError::service_not_found(&name)),
@@ -391,7 +397,7 @@ fn host_json(h: &HostView) -> Value {
 
 async fn list_hosts(State(st): State<ApiState>, who: Principal) -> Result<Json<Value>, ApiError> {
     user(&who)?;
-    let view = st.view();
+    let view = st.view()?;
     Ok(Json(
         json!({ "hosts": view.hosts.iter().map(host_json).collect::<Vec<_>>() }),
     ))

@@ -140,6 +140,9 @@ pub(crate) struct Core {
     /// After a failed commit in a timer: do not retry before this (no busy loop while the
     /// store is down).
     store_retry: Option<Instant>,
+    /// Why the store refuses every commit until this controller reloads (see
+    /// [`StoreError::Stale`]): it must stop rather than run on a view it cannot change.
+    fatal: Option<String>,
 }
 
 impl std::fmt::Debug for Core {
@@ -234,6 +237,7 @@ impl Core {
             view,
             dirty: true,
             store_retry: None,
+            fatal: None,
             outbox: Vec::new(),
         };
         core.publish();
@@ -261,6 +265,9 @@ impl Core {
         let batch = txn.batch();
         if let Err(e) = blocking(|| self.store.commit(batch)) {
             error!(error = %e, "store commit failed; change not applied");
+            if matches!(e, StoreError::Stale(_)) {
+                self.fatal.get_or_insert_with(|| e.to_string());
+            }
             self.store_retry = Some(now + STORE_RETRY);
             return Err(e.into());
         }
@@ -755,6 +762,11 @@ impl Core {
         self.schedule(now);
         self.publish();
         self.dirty = false;
+    }
+
+    /// Why this controller must stop, once the store has said its view is stale.
+    pub(crate) fn fatal(&self) -> Option<&str> {
+        self.fatal.as_deref()
     }
 
     /// Makes the next [`settle`](Self::settle) run (a timer fired: a backoff may be over).

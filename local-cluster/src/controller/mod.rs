@@ -169,6 +169,8 @@ pub struct Controller {
     api: api::ApiState,
     shutdown: watch::Sender<bool>,
     task: JoinHandle<()>,
+    /// Set when the state task stopped itself (see [`Controller::failed`]).
+    fatal: watch::Receiver<Option<String>>,
 }
 
 impl Controller {
@@ -217,7 +219,8 @@ impl Controller {
         let view = core.view();
         let (tx, rx) = mpsc::channel(256);
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let task = tokio::spawn(task::run(core, rx, shutdown_rx.clone()));
+        let (fatal_tx, fatal) = watch::channel(None);
+        let task = tokio::spawn(task::run(core, rx, shutdown_rx.clone(), fatal_tx));
         let api = api::ApiState {
             tx,
             view,
@@ -233,7 +236,26 @@ impl Controller {
             api,
             shutdown,
             task,
+            fatal,
         })
+    }
+
+    /// Resolves, with the reason, when the controller stopped itself because the store
+    /// said its view is stale ([`crate::store::StoreError::Stale`]: another writer, a lost
+    /// leadership, a commit reported failed that landed after all). Every change would fail
+    /// from then on, so its state task has ended; the caller should exit (a standby, or a
+    /// restart, reloads from the store). Never resolves otherwise.
+    pub async fn failed(&self) -> String {
+        let mut fatal = self.fatal.clone();
+        let reason = match fatal.wait_for(Option::is_some).await {
+            Ok(reason) => reason.clone(),
+            // The task ended for another reason (shutdown): nothing to report, ever.
+            Err(_) => None,
+        };
+        match reason {
+            Some(reason) => reason,
+            None => std::future::pending().await,
+        }
     }
 
     /// The apiserver's routes (see [`router`]).
@@ -325,6 +347,11 @@ pub async fn start(
 }
 
 impl RunningController {
+    /// See [`Controller::failed`].
+    pub async fn failed(&self) -> String {
+        self.controller.failed().await
+    }
+
     /// Stops serving (in-flight requests finish; blocking queries answer at once) and
     /// stops the state task.
     pub async fn shutdown(self) {

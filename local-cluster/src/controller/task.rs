@@ -50,15 +50,23 @@ pub(crate) enum Command {
     },
 }
 
-/// Runs until `shutdown` turns true or every command sender is gone.
+/// Runs until `shutdown` turns true, every command sender is gone, or the store says this
+/// controller's view is stale (then the reason goes to `fatal`, and the task ends: every
+/// further commit would fail, and reads would serve a view nobody can change any more).
 pub(crate) async fn run(
     mut core: Core,
     mut rx: mpsc::Receiver<Command>,
     mut shutdown: watch::Receiver<bool>,
+    fatal: watch::Sender<Option<String>>,
 ) {
     // The first pass places what the stored state leaves pending.
     core.settle(Instant::now());
     loop {
+        if let Some(reason) = core.fatal() {
+            tracing::error!(%reason, "controller state task stops: the store needs a reload");
+            let _ = fatal.send(Some(reason.to_owned()));
+            break;
+        }
         let deadline = core.next_deadline(Instant::now());
         let timer = async {
             match deadline {

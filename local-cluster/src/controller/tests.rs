@@ -1486,3 +1486,63 @@ async fn worker_routes_refuse_bad_facts_and_blocking_queries_end() {
         "{status}"
     );
 }
+
+/// A store that says, from some point on, that it changed under the controller.
+use crate::store::{Batch, Key, StoreError};
+
+struct StaleAfter {
+    inner: MemStore,
+    stale: std::sync::atomic::AtomicBool,
+}
+
+impl Store for StaleAfter {
+    fn load_all(&self) -> Result<Vec<(Key, Vec<u8>)>, StoreError> {
+        self.inner.load_all()
+    }
+    fn commit(&self, batch: Batch) -> Result<(), StoreError> {
+        if self.stale.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(StoreError::Stale("another writer moved the fence".into()));
+        }
+        self.inner.commit(batch)
+    }
+}
+
+/// A controller whose store says its view is stale stops itself (fail-stop) and says
+/// why, instead of running on refusing every change; its API answers 503 from then on.
+#[tokio::test]
+async fn a_stale_store_stops_the_controller() {
+    let store = Arc::new(StaleAfter {
+        inner: MemStore::new(),
+        stale: false.into(),
+    });
+    let app = app_with(
+        ControllerConfig::default(),
+        store.clone(),
+        SharedSlots::new(),
+    )
+    .await;
+    app.register("exec-01", "w1-secret", 2).await;
+    store.stale.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (s, _) = app
+        .json(
+            "POST",
+            "/v1/services",
+            "admin-secret",
+            Some(web("web", "default", 1)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR, "not persisted");
+    let reason = tokio::time::timeout(Duration::from_secs(10), app.ctl.failed())
+        .await
+        .expect("the controller reports that it stopped");
+    assert_eq!(
+        reason,
+        "the store changed under this controller: another writer moved the fence"
+    );
+    let (s, _) = app.json("GET", "/v1/services", "admin-secret", None).await;
+    assert_eq!(
+        s,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "no answers from a stale view"
+    );
+}

@@ -337,7 +337,7 @@ impl EtcdStore {
         let (rev, value) = self.read_fence(st)?;
         if value.as_deref() == Some(lost.token.as_str()) {
             if !lost.replay_safe {
-                return Err(StoreError::Backend(
+                return Err(StoreError::Stale(
                     "an earlier commit reported as failed was applied in etcd after all; \
                      restart the controller so it reloads its state"
                         .into(),
@@ -425,7 +425,7 @@ impl EtcdStore {
         if let Some((key, created)) = &self.leader {
             let now = r.pointer("/responses/1/response_range/kvs/0/create_revision");
             if now.map_or(0, int) != *created {
-                return Err(StoreError::Backend(format!(
+                return Err(StoreError::Stale(format!(
                     "this controller is no longer the leader (its leader key {key:?} of \
                      revision {created} is gone or replaced): it must not commit"
                 )));
@@ -512,7 +512,7 @@ fn parse_journal(bytes: &[u8]) -> Result<Vec<EtcdOp>, StoreError> {
 }
 
 fn another_writer(now: i64, expected: Option<i64>) -> StoreError {
-    StoreError::Backend(format!(
+    StoreError::Stale(format!(
         "another writer changed the etcd store since this controller loaded it (fence at \
          revision {now}, expected {}): is a second controller using the same etcd prefix?",
         expected.unwrap_or(0)

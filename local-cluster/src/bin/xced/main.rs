@@ -243,11 +243,18 @@ async fn run_controller(
         }
     };
     announce(running.addr);
-    shutdown_signal().await;
+    let failed = tokio::select! {
+        () = shutdown_signal() => None,
+        reason = running.failed() => Some(reason),
+    };
     tracing::info!("shutting down");
     running.shutdown().await;
     resign(leadership).await;
-    Ok(())
+    match failed {
+        None => Ok(()),
+        // Fail-stop: a standby (or a restart) reloads the state from the store.
+        Some(reason) => anyhow::bail!("{reason}: this controller stops"),
+    }
 }
 
 /// Hands the leadership over at once rather than after the lease runs out.

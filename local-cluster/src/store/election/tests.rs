@@ -196,7 +196,7 @@ fn a_maintained_leader_is_told_when_its_key_is_gone_and_its_store_stops_committi
             leader key deleted
             b leads
             a is told: leadership lost: the leader key "/xce/.leader" is no longer this leader's (held by b)
-            a commits: store backend: this controller is no longer the leader (its leader key "/xce/.leader" of revision R is gone or replaced): it must not commit
+            a commits: the store changed under this controller: this controller is no longer the leader (its leader key "/xce/.leader" of revision R is gone or replaced): it must not commit
             b loads 1 key(s)
             b commits"#]],
     );

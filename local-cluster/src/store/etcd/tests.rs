@@ -263,7 +263,7 @@ fn a_second_writer_fences_out_the_first() {
     check(
         err.to_string().split(" (").next().unwrap(),
         expect![
-            "store backend: another writer changed the etcd store since this controller loaded it"
+            "the store changed under this controller: another writer changed the etcd store since this controller loaded it"
         ],
     );
     check(&dump(&b), expect!["job/j-1=a job/j-2=b"]);
@@ -402,7 +402,7 @@ fn endpoints_are_tried_in_turn_and_a_lost_answer_commits_once() {
     let err = lost
         .commit(batch(&[("job", "j-4", Some("d"))]))
         .unwrap_err();
-    check(&err.to_string(), expect!["store backend: an earlier commit reported as failed was applied in etcd after all; restart the controller so it reloads its state"]);
+    check(&err.to_string(), expect!["the store changed under this controller: an earlier commit reported as failed was applied in etcd after all; restart the controller so it reloads its state"]);
     check(&dump(&lost), expect!["job/j-1=a job/j-2=b job/j-3=c"]);
     lost.commit(batch(&[("job", "j-4", Some("d"))])).unwrap();
     check(
