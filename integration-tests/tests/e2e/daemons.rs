@@ -1,5 +1,6 @@
-//! Processes the multi-process tests share: an etcd cluster of its own, and `xced`
-//! daemons whose announce line is watched.
+//! Processes the multi-process tests on etcd share: an etcd cluster of their own, `xced`
+//! daemons whose announce line is watched, and [`Fleet`], the controllers, apiservers and
+//! workers of one cluster on that etcd.
 
 use crate::harness::*;
 use anyhow::{Context, Result};
@@ -211,21 +212,6 @@ impl Daemon {
     }
 }
 
-/// A tokens file: the admin token ([`ADMIN`]) and a `[[worker]]` `exec-NN` with secret
-/// `worker-I-secret` for each of `workers`.
-pub fn admin_and_worker_tokens(workers: usize) -> String {
-    let mut tokens = format!(
-        "[[token]]\nsecret = \"{ADMIN}\"\nprincipal = \"admin\"\ngrants = [ {{ permission = \"admin\", projects = [\"*\"] }} ]\n"
-    );
-    for i in 0..workers {
-        tokens += &format!(
-            "\n[[worker]]\nhost = \"exec-{:02}\"\nsecret = \"worker-{i}-secret\"\n",
-            i + 1
-        );
-    }
-    tokens
-}
-
 /// Prints the last 60 lines of each log: a failed run leaves only its panic message in
 /// CI otherwise.
 pub fn dump_logs(logs: &[(String, PathBuf)]) {
@@ -264,4 +250,209 @@ pub fn stop_service_through(apis: Vec<Api>, service: &str) {
         })
     })
     .join();
+}
+
+/// The leader lease TTL the fleet's controllers run with (a standby takes over about this
+/// long after the leader dies).
+pub const LEADER_TTL: &str = "3s";
+
+/// Two controllers (one leads, the other waits), `apiservers` apiservers and some workers
+/// on one etcd, configured in a temp dir; started one by one by the test. The workers talk
+/// to the apiservers when there are any (which forward to the leader), else to both
+/// controllers. Dropped: the service `web` is stopped, every daemon and leftover replica
+/// killed, then etcd; on a panic every daemon's log is printed first.
+pub struct Fleet {
+    pub dir: tempfile::TempDir,
+    pub controller_ports: [u16; 2],
+    pub apiserver_ports: Vec<u16>,
+    first_ip: std::net::Ipv4Addr,
+    pub controllers: [Option<Daemon>; 2],
+    pub apiservers: Vec<Option<Daemon>>,
+    pub workers: Vec<Child>,
+    pub etcd: Option<EtcdCluster>,
+}
+
+impl Fleet {
+    pub fn new(etcd: EtcdCluster, workers: usize, apiservers: usize) -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let controller_ports = [free_port(), free_port()];
+        let apiserver_ports: Vec<u16> = (0..apiservers).map(|_| free_port()).collect();
+        let store = etcd.url();
+        let tokens = dir.path().join("tokens.toml");
+        std::fs::write(&tokens, admin_and_worker_tokens(workers))?;
+        for (c, port) in controller_ports.iter().enumerate() {
+            std::fs::write(
+                dir.path().join(format!("controller-{c}.toml")),
+                format!(
+                    "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\ntokens = \"{}\"\nstore = \"{store}\"\nleader_ttl = \"{LEADER_TTL}\"\nunreachable_after = \"3s\"\ngrace_period = \"30s\"\n\n[address]\nallow_loopback_hosts = [\"*\"]\n",
+                    dir.path().join(format!("controller-{c}")).display(),
+                    tokens.display(),
+                ),
+            )?;
+        }
+        for (a, port) in apiserver_ports.iter().enumerate() {
+            std::fs::write(
+                dir.path().join(format!("apiserver-{a}.toml")),
+                format!(
+                    "listen = \"127.0.0.1:{port}\"\ntokens = \"{}\"\nstore = \"{store}\"\n",
+                    tokens.display(),
+                ),
+            )?;
+        }
+        let talk_to = if apiserver_ports.is_empty() {
+            &controller_ports[..]
+        } else {
+            &apiserver_ports[..]
+        };
+        let talk_to = talk_to
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let fleet = Self {
+            dir,
+            controller_ports,
+            apiservers: apiserver_ports.iter().map(|_| None).collect(),
+            apiserver_ports,
+            first_ip: ip_block(),
+            controllers: [None, None],
+            workers: Vec::new(),
+            etcd: Some(etcd),
+        };
+        for i in 0..workers {
+            std::fs::write(
+                fleet.dir.path().join(format!("worker-{i}.toml")),
+                format!(
+                    "host = \"exec-{:02}\"\ncontroller = \"{talk_to}\"\ncredential = \"worker-{i}-secret\"\ndata_dir = \"{}\"\nstop_timeout = \"3s\"\n\n[address]\nadvertise = \"{}\"\nallow_loopback = true\n",
+                    i + 1,
+                    fleet.dir.path().join(format!("worker-{i}")).display(),
+                    fleet.ip(i),
+                ),
+            )?;
+        }
+        Ok(fleet)
+    }
+
+    /// The advertised address of worker `i` (`exec-0{i+1}`).
+    pub fn ip(&self, i: usize) -> String {
+        let o = self.first_ip.octets();
+        std::net::Ipv4Addr::new(o[0], o[1], o[2], o[3] + i as u8).to_string()
+    }
+
+    /// Controller `c`'s own listener (it only listens while it leads).
+    pub fn controller_api(&self, c: usize) -> Api {
+        Api::new(
+            &format!("http://127.0.0.1:{}", self.controller_ports[c]),
+            ADMIN,
+        )
+    }
+
+    pub fn apiserver(&self, a: usize) -> Api {
+        Api::new(
+            &format!("http://127.0.0.1:{}", self.apiserver_ports[a]),
+            ADMIN,
+        )
+    }
+
+    pub fn log(&self, name: &str) -> PathBuf {
+        self.dir.path().join(format!("{name}.log"))
+    }
+
+    fn spawn(&self, kind: &str, name: &str) -> Result<Daemon> {
+        spawn_xced(
+            &[kind],
+            &self.dir.path().join(format!("{name}.toml")),
+            &self.log(name),
+        )
+    }
+
+    pub fn start_controller(&mut self, c: usize) -> Result<()> {
+        self.controllers[c] = Some(self.spawn("controller", &format!("controller-{c}"))?);
+        Ok(())
+    }
+
+    pub fn start_apiserver(&mut self, a: usize) -> Result<()> {
+        self.apiservers[a] = Some(self.spawn("apiserver", &format!("apiserver-{a}"))?);
+        Ok(())
+    }
+
+    pub fn start_workers(&mut self, n: usize) -> Result<()> {
+        for i in 0..n {
+            let d = self.spawn("worker", &format!("worker-{i}"))?;
+            self.workers.push(d.child);
+        }
+        Ok(())
+    }
+
+    pub fn kill_9_controller(&mut self, c: usize) {
+        if let Some(mut d) = self.controllers[c].take() {
+            let _ = d.child.kill();
+            let _ = d.child.wait();
+        }
+    }
+
+    pub fn kill_9_apiserver(&mut self, a: usize) {
+        if let Some(mut d) = self.apiservers[a].take() {
+            let _ = d.child.kill();
+            let _ = d.child.wait();
+        }
+    }
+
+    /// The controller that serves now (standbys do not listen, a dead one neither).
+    pub fn serving_controller(&self) -> Result<usize> {
+        (0..2)
+            .find(|&c| {
+                self.controllers[c].is_some()
+                    && std::net::TcpStream::connect(("127.0.0.1", self.controller_ports[c])).is_ok()
+            })
+            .context("no controller serves")
+    }
+
+    pub fn announced_at(&self, c: usize) -> Option<Instant> {
+        self.controllers[c].as_ref().and_then(Daemon::announced_at)
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let mut names = vec!["controller-0".to_owned(), "controller-1".to_owned()];
+            names.extend((0..self.apiserver_ports.len()).map(|a| format!("apiserver-{a}")));
+            names.extend((0..self.workers.len()).map(|i| format!("worker-{i}")));
+            let mut logs: Vec<(String, PathBuf)> = names
+                .into_iter()
+                .map(|n| (n.clone(), self.log(&n)))
+                .collect();
+            if let Some(etcd) = &self.etcd {
+                logs.extend(
+                    (0..etcd.members()).map(|m| (format!("etcd-{}", etcd.name(m)), etcd.log(m))),
+                );
+            }
+            dump_logs(&logs);
+        }
+        // Stop the service through whichever apiserver or controller still serves, so no
+        // replica outlives the test; then the daemons, then etcd.
+        let mut apis: Vec<Api> = (0..self.apiservers.len())
+            .filter(|&a| self.apiservers[a].is_some())
+            .map(|a| self.apiserver(a))
+            .collect();
+        apis.extend(
+            (0..2)
+                .filter(|&c| self.controllers[c].is_some())
+                .map(|c| self.controller_api(c)),
+        );
+        stop_service_through(apis, "web");
+        for w in &mut self.workers {
+            terminate(w);
+        }
+        for d in self.controllers.iter_mut().flatten() {
+            terminate(&mut d.child);
+        }
+        for d in self.apiservers.iter_mut().flatten() {
+            terminate(&mut d.child);
+        }
+        let ips: Vec<String> = (0..self.workers.len()).map(|i| self.ip(i)).collect();
+        kill_leftover_replicas(&ips);
+        drop(self.etcd.take());
+    }
 }

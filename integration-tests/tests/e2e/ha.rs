@@ -7,142 +7,8 @@ use crate::harness::*;
 use anyhow::{Context, Result};
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::Child;
+use std::path::Path;
 use std::time::Instant;
-
-/// The leader lease TTL the controllers run with (a standby takes over about this long
-/// after the leader dies).
-const LEADER_TTL: &str = "3s";
-
-/// Two controllers and two workers on one etcd, in a temp dir.
-struct Ha {
-    dir: tempfile::TempDir,
-    ports: [u16; 2],
-    first_ip: std::net::Ipv4Addr,
-    controllers: [Option<Daemon>; 2],
-    workers: Vec<Child>,
-    etcd: Option<EtcdCluster>,
-}
-
-impl Ha {
-    fn ip(&self, i: usize) -> String {
-        let o = self.first_ip.octets();
-        std::net::Ipv4Addr::new(o[0], o[1], o[2], o[3] + i as u8).to_string()
-    }
-
-    fn api(&self, c: usize) -> Api {
-        Api::new(&format!("http://127.0.0.1:{}", self.ports[c]), ADMIN)
-    }
-
-    fn log(&self, name: &str) -> PathBuf {
-        self.dir.path().join(format!("{name}.log"))
-    }
-
-    fn start_controller(&mut self, c: usize) -> Result<()> {
-        let d = spawn_xced(
-            &["controller"],
-            &self.dir.path().join(format!("controller-{c}.toml")),
-            &self.log(&format!("controller-{c}")),
-        )?;
-        self.controllers[c] = Some(d);
-        Ok(())
-    }
-
-    fn new(etcd: EtcdCluster, workers: usize) -> Result<Self> {
-        let dir = tempfile::tempdir()?;
-        let ports = [free_port(), free_port()];
-        let first_ip = ip_block();
-        let tokens = admin_and_worker_tokens(workers);
-        std::fs::write(dir.path().join("tokens.toml"), tokens)?;
-        for (c, port) in ports.iter().enumerate() {
-            std::fs::write(
-                dir.path().join(format!("controller-{c}.toml")),
-                format!(
-                    "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\ntokens = \"{}\"\nstore = \"{}\"\nleader_ttl = \"{LEADER_TTL}\"\nunreachable_after = \"3s\"\ngrace_period = \"30s\"\n\n[address]\nallow_loopback_hosts = [\"*\"]\n",
-                    dir.path().join(format!("controller-{c}")).display(),
-                    dir.path().join("tokens.toml").display(),
-                    etcd.url(),
-                ),
-            )?;
-        }
-        let controllers = ports
-            .iter()
-            .map(|p| format!("http://127.0.0.1:{p}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        let ha = Self {
-            dir,
-            ports,
-            first_ip,
-            controllers: [None, None],
-            workers: Vec::new(),
-            etcd: Some(etcd),
-        };
-        for i in 0..workers {
-            std::fs::write(
-                ha.dir.path().join(format!("worker-{i}.toml")),
-                format!(
-                    "host = \"exec-{:02}\"\ncontroller = \"{controllers}\"\ncredential = \"worker-{i}-secret\"\ndata_dir = \"{}\"\nstop_timeout = \"3s\"\n\n[address]\nadvertise = \"{}\"\nallow_loopback = true\n",
-                    i + 1,
-                    ha.dir.path().join(format!("worker-{i}")).display(),
-                    ha.ip(i),
-                ),
-            )?;
-        }
-        Ok(ha)
-    }
-
-    fn start_workers(&mut self, n: usize) -> Result<()> {
-        for i in 0..n {
-            let d = spawn_xced(
-                &["worker"],
-                &self.dir.path().join(format!("worker-{i}.toml")),
-                &self.log(&format!("worker-{i}")),
-            )?;
-            self.workers.push(d.child);
-        }
-        Ok(())
-    }
-
-    fn kill_9(&mut self, c: usize) {
-        if let Some(mut d) = self.controllers[c].take() {
-            let _ = d.child.kill();
-            let _ = d.child.wait();
-        }
-    }
-}
-
-impl Drop for Ha {
-    fn drop(&mut self) {
-        // A failed run leaves only its panic message in CI: show what the daemons said.
-        if std::thread::panicking() {
-            let mut names = vec!["controller-0".to_owned(), "controller-1".to_owned()];
-            names.extend((0..self.workers.len()).map(|i| format!("worker-{i}")));
-            let logs: Vec<(String, PathBuf)> = names
-                .into_iter()
-                .map(|n| (n.clone(), self.log(&n)))
-                .collect();
-            dump_logs(&logs);
-        }
-        // Stop the service through whichever controller serves, so no replica outlives
-        // the test; then the daemons, then etcd.
-        let apis: Vec<Api> = (0..2)
-            .filter(|&c| self.controllers[c].is_some())
-            .map(|c| self.api(c))
-            .collect();
-        stop_service_through(apis, "web");
-        for w in &mut self.workers {
-            terminate(w);
-        }
-        for d in self.controllers.iter_mut().flatten() {
-            terminate(&mut d.child);
-        }
-        let ips: Vec<String> = (0..self.workers.len()).map(|i| self.ip(i)).collect();
-        kill_leftover_replicas(&ips);
-        drop(self.etcd.take());
-    }
-}
 
 fn web(replicas: u32) -> String {
     http_service("web", replicas).interval("500ms").toml()
@@ -193,7 +59,7 @@ fn log_has(path: &Path, needle: &str) -> Result<Option<()>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standby_controller_takes_over_after_kill_9_with_the_same_jobs_ports_and_endpoints() {
     let etcd = EtcdCluster::start(1).await.expect("etcd");
-    let mut ha = Ha::new(etcd, 2).expect("cluster dir");
+    let mut ha = Fleet::new(etcd, 2, 0).expect("cluster dir");
 
     // The first controller leads; the second one waits and does not listen.
     ha.start_controller(0).unwrap();
@@ -207,19 +73,19 @@ async fn standby_controller_takes_over_after_kill_9_with_the_same_jobs_ports_and
     .await;
     ha.start_controller(1).unwrap();
     let standby_log = ha.log("controller-1");
-    let leader0 = format!("@127.0.0.1:{})", ha.ports[0]);
+    let leader0 = format!("@127.0.0.1:{})", ha.controller_ports[0]);
     eventually("controller 1 waits as a standby", || async {
         log_has(&standby_log, "standby: waiting for leadership (leader: ")?;
         log_has(&standby_log, &leader0)
     })
     .await;
     assert!(
-        std::net::TcpStream::connect(("127.0.0.1", ha.ports[1])).is_err(),
+        std::net::TcpStream::connect(("127.0.0.1", ha.controller_ports[1])).is_err(),
         "a standby must not listen"
     );
 
     ha.start_workers(2).unwrap();
-    let a = ha.api(0);
+    let a = ha.controller_api(0);
     eventually("2 ready hosts", || async {
         let h = a.get_json("/v1/hosts").await?;
         let ready = h["hosts"]
@@ -235,9 +101,9 @@ async fn standby_controller_takes_over_after_kill_9_with_the_same_jobs_ports_and
     let table_before = endpoints(&a).await.unwrap();
 
     // kill -9 the leader: the standby takes over once the lease runs out.
-    ha.kill_9(0);
+    ha.kill_9_controller(0);
     let killed = Instant::now();
-    let b = ha.api(1);
+    let b = ha.controller_api(1);
     eventually("controller 1 serves the table", || async {
         let (status, _, body) = b.get("/v1/services/web/endpoints?format=plain").await?;
         Ok((status == 200 && body.lines().count() == 4).then_some(()))
@@ -325,7 +191,7 @@ async fn standby_controller_takes_over_after_kill_9_with_the_same_jobs_ports_and
     // The old leader, restarted, is a standby of the new one.
     ha.start_controller(0).unwrap();
     let old_log = ha.log("controller-0");
-    let leader1 = format!("@127.0.0.1:{})", ha.ports[1]);
+    let leader1 = format!("@127.0.0.1:{})", ha.controller_ports[1]);
     eventually("the restarted controller 0 waits as a standby", || async {
         log_has(&old_log, &leader1)
     })

@@ -469,6 +469,21 @@ pub fn ip_block() -> Ipv4Addr {
     )
 }
 
+/// A tokens file: the admin token ([`ADMIN`]) and a `[[worker]]` `exec-NN` with secret
+/// `worker-I-secret` for each of `workers`.
+pub fn admin_and_worker_tokens(workers: usize) -> String {
+    let mut tokens = format!(
+        "[[token]]\nsecret = \"{ADMIN}\"\nprincipal = \"admin\"\ngrants = [ {{ permission = \"admin\", projects = [\"*\"] }} ]\n"
+    );
+    for i in 0..workers {
+        tokens += &format!(
+            "\n[[worker]]\nhost = \"exec-{:02}\"\nsecret = \"worker-{i}-secret\"\n",
+            i + 1
+        );
+    }
+    tokens
+}
+
 impl Cluster {
     pub fn new(hosts: usize, grace: &str) -> Result<Self> {
         Self::new_with(hosts, grace, "", "")
@@ -485,16 +500,7 @@ impl Cluster {
         let dir = tempfile::tempdir()?;
         let port = free_port();
         let first_ip = ip_block();
-        let mut tokens = format!(
-            "[[token]]\nsecret = \"{ADMIN}\"\nprincipal = \"admin\"\ngrants = [ {{ permission = \"admin\", projects = [\"*\"] }} ]\n"
-        );
-        for i in 0..hosts {
-            tokens += &format!(
-                "\n[[worker]]\nhost = \"exec-{:02}\"\nsecret = \"worker-{i}-secret\"\n",
-                i + 1
-            );
-        }
-        tokens += extra_tokens;
+        let tokens = admin_and_worker_tokens(hosts) + extra_tokens;
         std::fs::write(dir.path().join("tokens.toml"), tokens)?;
         std::fs::write(
             dir.path().join("controller.toml"),

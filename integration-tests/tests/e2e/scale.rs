@@ -9,257 +9,55 @@ use crate::harness::*;
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
-use std::process::Child;
 use std::time::{Duration, Instant};
 
-/// The leader lease TTL the controllers run with.
-const LEADER_TTL: &str = "3s";
 const REPLICAS: usize = 4;
 
-/// The cluster, in a temp dir: etcd, two controllers, two apiservers, two workers.
-struct Scale {
-    dir: tempfile::TempDir,
-    controller_ports: [u16; 2],
-    apiserver_ports: [u16; 2],
-    first_ip: std::net::Ipv4Addr,
-    controllers: [Option<Daemon>; 2],
-    apiservers: [Option<Daemon>; 2],
-    workers: Vec<Child>,
-    etcd: Option<EtcdCluster>,
-}
-
-impl Scale {
-    fn new(etcd: EtcdCluster, workers: usize) -> Result<Self> {
-        let dir = tempfile::tempdir()?;
-        let controller_ports = [free_port(), free_port()];
-        let apiserver_ports = [free_port(), free_port()];
-        let first_ip = ip_block();
-        let store = etcd.url();
-        let tokens_path = dir.path().join("tokens.toml");
-        let tokens = admin_and_worker_tokens(workers);
-        std::fs::write(&tokens_path, tokens)?;
-        for (c, port) in controller_ports.iter().enumerate() {
-            std::fs::write(
-                dir.path().join(format!("controller-{c}.toml")),
-                format!(
-                    "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\ntokens = \"{}\"\nstore = \"{store}\"\nleader_ttl = \"{LEADER_TTL}\"\nunreachable_after = \"3s\"\ngrace_period = \"30s\"\n\n[address]\nallow_loopback_hosts = [\"*\"]\n",
-                    dir.path().join(format!("controller-{c}")).display(),
-                    tokens_path.display(),
-                ),
-            )?;
-        }
-        for (a, port) in apiserver_ports.iter().enumerate() {
-            std::fs::write(
-                dir.path().join(format!("apiserver-{a}.toml")),
-                format!(
-                    "listen = \"127.0.0.1:{port}\"\ntokens = \"{}\"\nstore = \"{store}\"\n",
-                    tokens_path.display(),
-                ),
-            )?;
-        }
-        let via = apiserver_ports
-            .iter()
-            .map(|p| format!("http://127.0.0.1:{p}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        let s = Self {
-            dir,
-            controller_ports,
-            apiserver_ports,
-            first_ip,
-            controllers: [None, None],
-            apiservers: [None, None],
-            workers: Vec::new(),
-            etcd: Some(etcd),
-        };
-        for i in 0..workers {
-            std::fs::write(
-                s.dir.path().join(format!("worker-{i}.toml")),
-                format!(
-                    "host = \"exec-{:02}\"\ncontroller = \"{via}\"\ncredential = \"worker-{i}-secret\"\ndata_dir = \"{}\"\nstop_timeout = \"3s\"\n\n[address]\nadvertise = \"{}\"\nallow_loopback = true\n",
-                    i + 1,
-                    s.dir.path().join(format!("worker-{i}")).display(),
-                    s.ip(i),
-                ),
-            )?;
-        }
-        Ok(s)
-    }
-
-    fn ip(&self, i: usize) -> String {
-        let o = self.first_ip.octets();
-        std::net::Ipv4Addr::new(o[0], o[1], o[2], o[3] + i as u8).to_string()
-    }
-
-    /// The controller's own listener (it only listens while it leads).
-    fn controller_api(&self, c: usize) -> Api {
-        Api::new(
-            &format!("http://127.0.0.1:{}", self.controller_ports[c]),
-            ADMIN,
-        )
-    }
-
-    fn apiserver(&self, a: usize) -> Api {
-        Api::new(
-            &format!("http://127.0.0.1:{}", self.apiserver_ports[a]),
-            ADMIN,
-        )
-    }
-
-    fn log(&self, name: &str) -> PathBuf {
-        self.dir.path().join(format!("{name}.log"))
-    }
-
-    fn start_controller(&mut self, c: usize) -> Result<()> {
-        let d = spawn_xced(
-            &["controller"],
-            &self.dir.path().join(format!("controller-{c}.toml")),
-            &self.log(&format!("controller-{c}")),
-        )?;
-        self.controllers[c] = Some(d);
-        Ok(())
-    }
-
-    fn start_apiserver(&mut self, a: usize) -> Result<()> {
-        let d = spawn_xced(
-            &["apiserver"],
-            &self.dir.path().join(format!("apiserver-{a}.toml")),
-            &self.log(&format!("apiserver-{a}")),
-        )?;
-        self.apiservers[a] = Some(d);
-        Ok(())
-    }
-
-    fn start_workers(&mut self, n: usize) -> Result<()> {
-        for i in 0..n {
-            let d = spawn_xced(
-                &["worker"],
-                &self.dir.path().join(format!("worker-{i}.toml")),
-                &self.log(&format!("worker-{i}")),
-            )?;
-            self.workers.push(d.child);
-        }
-        Ok(())
-    }
-
-    fn kill_9_controller(&mut self, c: usize) {
-        if let Some(mut d) = self.controllers[c].take() {
-            let _ = d.child.kill();
-            let _ = d.child.wait();
-        }
-    }
-
-    /// The controller that serves now (standbys do not listen, a dead one neither).
-    fn serving_controller(&self) -> Result<usize> {
-        (0..2)
-            .find(|&c| {
-                self.controllers[c].is_some()
-                    && std::net::TcpStream::connect(("127.0.0.1", self.controller_ports[c])).is_ok()
-            })
-            .context("no controller serves")
-    }
-
-    fn announced_at(&self, c: usize) -> Option<Instant> {
-        self.controllers[c].as_ref().and_then(Daemon::announced_at)
-    }
-
-    /// The cluster has settled on `REPLICAS` ready replicas, none of them a job in `gone`:
-    /// the leader lists them running and ready, and the endpoints answer is the same byte
-    /// for byte on both apiservers and on the leader's own listener.
-    async fn converged(&self, leader: usize, gone: &BTreeSet<String>) -> Result<Option<Snap>> {
-        let svc = self.apiserver(0).get_json("/v1/services/web").await?;
-        let jobs = jobs(&svc)?;
-        if jobs.len() != REPLICAS
-            || jobs.values().any(|j| !j.ready || j.state != "running")
-            || jobs.keys().any(|j| gone.contains(j))
-        {
-            bail!(
-                "not settled: jobs {jobs:?}, pending {}, gone {gone:?}",
-                svc["pending"]
-            );
-        }
-        let mut answers = Vec::new();
-        for api in [
-            self.apiserver(0),
-            self.apiserver(1),
-            self.controller_api(leader),
-        ] {
-            let (status, headers, body) = api.get("/v1/services/web/endpoints").await?;
-            if status != 200 {
-                bail!("{}: HTTP {status}: {body}", api.base);
-            }
-            let index = headers
-                .get("x-xce-index")
-                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-                .with_context(|| format!("{}: no X-Xce-Index", api.base))?;
-            answers.push((api.base, index, body));
-        }
-        let (_, index, body) = answers[0].clone();
-        if answers.iter().any(|(_, i, b)| *i != index || *b != body) {
-            return Err(anyhow!("the endpoint answers differ: {answers:#?}"));
-        }
-        let entry: Value = serde_json::from_str(&body)?;
-        if entry["index"].as_u64() != Some(index) {
-            bail!("body index differs from X-Xce-Index {index}: {body}");
-        }
-        let eps = entry_endpoints(&entry);
-        let ep_jobs: BTreeSet<String> = eps.iter().map(|(_, j, _)| j.clone()).collect();
-        if eps.len() != REPLICAS || ep_jobs != jobs.keys().cloned().collect() {
-            bail!("endpoints {eps:?} are not those of the jobs {jobs:?}");
-        }
-        Ok(Some(Snap {
-            jobs,
-            addrs: eps.into_iter().map(|(_, j, a)| (j, a)).collect(),
-            index,
-        }))
-    }
-}
-
-impl Drop for Scale {
-    fn drop(&mut self) {
-        // A failed run leaves only its panic message in CI: show what the daemons said.
-        if std::thread::panicking() {
-            let mut logs: Vec<(String, PathBuf)> = Vec::new();
-            for name in ["controller-0", "controller-1", "apiserver-0", "apiserver-1"] {
-                logs.push((name.to_owned(), self.log(name)));
-            }
-            for i in 0..self.workers.len() {
-                let name = format!("worker-{i}");
-                logs.push((name.clone(), self.log(&name)));
-            }
-            if let Some(etcd) = &self.etcd {
-                for m in 0..etcd.members() {
-                    logs.push((format!("etcd-{}", etcd.name(m)), etcd.log(m)));
-                }
-            }
-            dump_logs(&logs);
-        }
-        // Stop the service through whichever apiserver (or leader) still serves, so no
-        // replica outlives the test; then the daemons, then etcd.
-        let mut apis: Vec<Api> = (0..2)
-            .filter(|&a| self.apiservers[a].is_some())
-            .map(|a| self.apiserver(a))
-            .collect();
-        apis.extend(
-            (0..2)
-                .filter(|&c| self.controllers[c].is_some())
-                .map(|c| self.controller_api(c)),
+/// The cluster has settled on `REPLICAS` ready replicas, none of them a job in `gone`:
+/// the leader lists them running and ready, and the endpoints answer is the same byte
+/// for byte on both apiservers and on the leader's own listener.
+async fn converged(s: &Fleet, leader: usize, gone: &BTreeSet<String>) -> Result<Option<Snap>> {
+    let svc = s.apiserver(0).get_json("/v1/services/web").await?;
+    let jobs = jobs(&svc)?;
+    if jobs.len() != REPLICAS
+        || jobs.values().any(|j| !j.ready || j.state != "running")
+        || jobs.keys().any(|j| gone.contains(j))
+    {
+        bail!(
+            "not settled: jobs {jobs:?}, pending {}, gone {gone:?}",
+            svc["pending"]
         );
-        stop_service_through(apis, "web");
-        for w in &mut self.workers {
-            terminate(w);
-        }
-        for d in self.controllers.iter_mut().flatten() {
-            terminate(&mut d.child);
-        }
-        for d in self.apiservers.iter_mut().flatten() {
-            terminate(&mut d.child);
-        }
-        let ips: Vec<String> = (0..self.workers.len()).map(|i| self.ip(i)).collect();
-        kill_leftover_replicas(&ips);
-        drop(self.etcd.take());
     }
+    let mut answers = Vec::new();
+    for api in [s.apiserver(0), s.apiserver(1), s.controller_api(leader)] {
+        let (status, headers, body) = api.get("/v1/services/web/endpoints").await?;
+        if status != 200 {
+            bail!("{}: HTTP {status}: {body}", api.base);
+        }
+        let index = headers
+            .get("x-xce-index")
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+            .with_context(|| format!("{}: no X-Xce-Index", api.base))?;
+        answers.push((api.base, index, body));
+    }
+    let (_, index, body) = answers[0].clone();
+    if answers.iter().any(|(_, i, b)| *i != index || *b != body) {
+        return Err(anyhow!("the endpoint answers differ: {answers:#?}"));
+    }
+    let entry: Value = serde_json::from_str(&body)?;
+    if entry["index"].as_u64() != Some(index) {
+        bail!("body index differs from X-Xce-Index {index}: {body}");
+    }
+    let eps = entry_endpoints(&entry);
+    let ep_jobs: BTreeSet<String> = eps.iter().map(|(_, j, _)| j.clone()).collect();
+    if eps.len() != REPLICAS || ep_jobs != jobs.keys().cloned().collect() {
+        bail!("endpoints {eps:?} are not those of the jobs {jobs:?}");
+    }
+    Ok(Some(Snap {
+        jobs,
+        addrs: eps.into_iter().map(|(_, j, a)| (j, a)).collect(),
+        index,
+    }))
 }
 
 /// One settled state of the service.
@@ -337,7 +135,7 @@ impl Places {
 async fn two_controllers_and_two_apiservers_on_a_3_member_etcd_survive_losing_the_leader_and_an_etcd_member(
 ) {
     let etcd = EtcdCluster::start(3).await.expect("etcd");
-    let mut s = Scale::new(etcd, 2).expect("cluster dir");
+    let mut s = Fleet::new(etcd, 2, 2).expect("cluster dir");
 
     // Controller 0 leads; controller 1 waits as a standby.
     s.start_controller(0).unwrap();
@@ -390,7 +188,7 @@ async fn two_controllers_and_two_apiservers_on_a_3_member_etcd_survive_losing_th
     assert_eq!(status, 201, "submit through apiserver 1: {body}");
     let none = BTreeSet::new();
     let first = eventually("4 ready endpoints, the same on every listener", || async {
-        s.converged(0, &none).await
+        converged(&s, 0, &none).await
     })
     .await;
     for a in [&a1, &a2] {
@@ -422,7 +220,7 @@ async fn two_controllers_and_two_apiservers_on_a_3_member_etcd_survive_losing_th
         }
         let leader = usize::from(n > 0);
         snap = eventually(&format!("replica {n} ({addr}) replaced"), || async {
-            s.converged(leader, &gone).await
+            converged(&s, leader, &gone).await
         })
         .await;
         replacement_ms.push(from.elapsed().as_millis());
@@ -507,7 +305,7 @@ async fn two_controllers_and_two_apiservers_on_a_3_member_etcd_survive_losing_th
     // stops (fail-stop). Then the standby takes over; either way the service goes on.
     let after = eventually(
         "the replica killed after the etcd member replaced",
-        || async { s.converged(s.serving_controller()?, &gone).await },
+        || async { converged(&s, s.serving_controller()?, &gone).await },
     )
     .await;
     let leader_after = s.serving_controller().unwrap();
@@ -525,10 +323,7 @@ async fn two_controllers_and_two_apiservers_on_a_3_member_etcd_survive_losing_th
     }
 
     // A client given both apiservers keeps working when the first one is gone.
-    if let Some(mut d) = s.apiservers[0].take() {
-        let _ = d.child.kill();
-        let _ = d.child.wait();
-    }
+    s.kill_9_apiserver(0);
     let client_config = s.dir.path().join("xcecli.toml");
     std::fs::write(
         &client_config,
