@@ -13,6 +13,7 @@
 
 use super::metrics::Metrics;
 use crate::controller::model::{decode_events, events_key, Cluster};
+use crate::store::etcd::int;
 use crate::store::{EtcdStore, Key, StoreError};
 use plugin_api::{ClusterEvent, ClusterListener};
 use serde_json::Value;
@@ -304,15 +305,6 @@ impl Follower {
         self.metrics.applied.set(rev as i64);
         self.metrics.events.inc();
         Ok(())
-    }
-}
-
-/// etcd's JSON numbers are strings (int64); absent means 0.
-fn int(v: &Value) -> i64 {
-    match v {
-        Value::String(s) => s.parse().unwrap_or(0),
-        Value::Number(n) => n.as_i64().unwrap_or(0),
-        _ => 0,
     }
 }
 

@@ -20,7 +20,7 @@ use crate::store::{Election, EtcdStore};
 use anyhow::Context;
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::http::{HeaderMap, HeaderName, StatusCode, Uri};
+use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Router};
@@ -277,21 +277,11 @@ fn unavailable(msg: String) -> ApiError {
 /// The fallback: forwards the request to the leader as it is, and its answer back. A
 /// leader that cannot be reached (it died; the next one is not known here yet) is looked
 /// up again in etcd and tried once more: nothing was sent to it, so nothing repeats.
-async fn forward(State(fwd): State<Forwarder>, uri: Uri, req: Request) -> Response {
+async fn forward(State(fwd): State<Forwarder>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
-    let body = match axum::body::to_bytes(body, fwd.body_limit).await {
-        Ok(b) => b,
-        Err(_) => {
-            return ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "too_large",
-                format!(
-                    "request body is larger than the limit of {} bytes",
-                    fwd.body_limit
-                ),
-            )
-            .into_response()
-        }
+    let Ok(body) = axum::body::to_bytes(body, fwd.body_limit).await else {
+        // Rendered in the error shape, with the limit, by the router's `json_errors`.
+        return StatusCode::PAYLOAD_TOO_LARGE.into_response();
     };
     let mut fresh = false;
     let answer = loop {
@@ -310,7 +300,7 @@ async fn forward(State(fwd): State<Forwarder>, uri: Uri, req: Request) -> Respon
             }
             Err(e) => {
                 fwd.metrics.forwarded("unreachable");
-                tracing::warn!(leader = %base, %uri, error = %e, "forwarding failed");
+                tracing::warn!(leader = %base, uri = %parts.uri, error = %e, "forwarding failed");
                 // A new leader may be on its way: look it up afresh next time.
                 *fwd.lock() = None;
                 return ApiError::new(
@@ -393,6 +383,21 @@ mod tests {
         assert!(r.status().is_success());
     }
 
+    /// An apiserver without plugins on `etcd`, on a free port, with a 64-byte body limit.
+    async fn start_on(etcd: &TestEtcd, tokens: Tokens) -> RunningApiserver {
+        let cfg = ApiserverConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            body_limit: 64,
+            etcd: vec![etcd.endpoint.clone()],
+            prefix: "/xce/".into(),
+        };
+        let plugins = ApiserverPlugins {
+            listeners: vec![],
+            extensions: vec![],
+        };
+        start(cfg, tokens, plugins).await.unwrap()
+    }
+
     /// Polls `url` until it answers `status` (bounded).
     async fn until_status(url: &str, status: u16) {
         for _ in 0..500 {
@@ -409,21 +414,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn healthz_says_whether_it_follows_etcd() {
         let etcd = TestEtcd::start();
-        let running = start(
-            ApiserverConfig {
-                listen: "127.0.0.1:0".parse().unwrap(),
-                body_limit: 64,
-                etcd: vec![etcd.endpoint.clone()],
-                prefix: "/xce/".into(),
-            },
-            Tokens::parse("").unwrap(),
-            ApiserverPlugins {
-                listeners: vec![],
-                extensions: vec![],
-            },
-        )
-        .await
-        .unwrap();
+        let running = start_on(&etcd, Tokens::parse("").unwrap()).await;
         let url = format!("http://{}/healthz", running.addr);
         until_status(&url, 200).await;
         drop(etcd);
@@ -440,21 +431,7 @@ mod tests {
             "[[token]]\nsecret = \"s3cret\"\nprincipal = \"admin\"\ngrants = [ { permission = \"admin\", projects = [\"*\"] } ]\n",
         )
         .unwrap();
-        let running = start(
-            ApiserverConfig {
-                listen: "127.0.0.1:0".parse().unwrap(),
-                body_limit: 64,
-                etcd: vec![etcd.endpoint.clone()],
-                prefix: "/xce/".into(),
-            },
-            tokens,
-            ApiserverPlugins {
-                listeners: vec![],
-                extensions: vec![],
-            },
-        )
-        .await
-        .unwrap();
+        let running = start_on(&etcd, tokens).await;
         let base = format!("http://{}", running.addr);
         let http = reqwest::Client::new();
         let submit = |body: &'static str| {
@@ -498,6 +475,11 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(r.status(), 413);
+        let text = r.text().await.unwrap();
+        assert!(
+            text.contains(r#""code":"too_large""#) && text.contains("64 bytes"),
+            "{text}"
+        );
         running.shutdown().await;
     }
 

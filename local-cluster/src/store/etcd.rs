@@ -733,7 +733,7 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 }
 
 /// An int64 of the gateway's JSON: a string or a number; absent is 0 (proto3 default).
-pub(super) fn int(v: &Value) -> i64 {
+pub(crate) fn int(v: &Value) -> i64 {
     match v {
         Value::String(s) => s.parse().unwrap_or(0),
         Value::Number(n) => n.as_i64().unwrap_or(0),
