@@ -168,6 +168,7 @@ fn job(id: usize, service: &str, replica: u32, host: usize, ready: bool, port: u
         state: JobState::Running,
         ready,
         grants: BTreeMap::from([(port_resource::PLUGIN_NAME.to_owned(), grant)]),
+        generation: 1,
     }
 }
 
@@ -199,6 +200,7 @@ fn snapshot(services: &[(String, u32)], hosts: usize) -> ClusterSnapshot {
             replicas: *replicas,
             profile: serde_json::json!({"name": name, "ports": [{"name": "http"}]}),
             rev: BASE,
+            generation: 1,
         });
         for r in 0..*replicas {
             snap.jobs.push(job(

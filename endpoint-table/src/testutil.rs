@@ -18,6 +18,7 @@ pub(crate) fn service(name: &str, project: &str, ports: &[&str]) -> ServiceInfo 
         replicas: 3,
         profile: serde_json::json!({"name": name, "project": project, "ports": ports}),
         rev: 0,
+        generation: 1,
     }
 }
 
@@ -49,6 +50,7 @@ pub(crate) fn job(
         state: JobState::Running,
         ready: true,
         grants: BTreeMap::from([(port_resource::PLUGIN_NAME.to_owned(), grant.to_value())]),
+        generation: 1,
     }
 }
 

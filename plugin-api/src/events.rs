@@ -19,6 +19,16 @@ pub struct ServiceInfo {
     /// never decreases, across controller restarts too. Listeners use it as the service's
     /// change index.
     pub rev: u64,
+    /// The generation of the service's current profile: 1 at creation, one more for every
+    /// changed profile and every restart (a rollout). Records written before generations
+    /// existed read as 1.
+    #[serde(default = "first_generation")]
+    pub generation: u64,
+}
+
+/// The generation of a service's first profile (and of records older than generations).
+pub fn first_generation() -> u64 {
+    1
 }
 
 /// Where a job is in its life.
@@ -29,6 +39,10 @@ pub enum JobState {
     Placed,
     /// The worker started the process.
     Running,
+    /// Leaving: the replica has left every endpoint and keeps running for its service's
+    /// `drain`, so clients holding an old list finish their requests; then it is
+    /// `Stopping` (SIGTERM). Never an endpoint; still holds its resources.
+    Draining,
     /// Asked to stop; the process may still run and still holds its resources.
     Stopping,
     /// The host missed heartbeats; within the grace period the job is kept as it was.
@@ -66,6 +80,10 @@ pub struct JobInfo {
     pub ready: bool,
     /// Resource grants, keyed by plugin name.
     pub grants: BTreeMap<String, Grant>,
+    /// The generation of the service profile this job runs (see
+    /// [`ServiceInfo::generation`]).
+    #[serde(default = "first_generation")]
+    pub generation: u64,
 }
 
 /// Why a job ended.

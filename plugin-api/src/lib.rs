@@ -28,8 +28,8 @@ pub use auth::{
     PrincipalKind,
 };
 pub use events::{
-    ClusterEvent, ClusterListener, ClusterSnapshot, EndReason, HostInfo, HostState, JobInfo,
-    JobState, ServiceInfo,
+    first_generation, ClusterEvent, ClusterListener, ClusterSnapshot, EndReason, HostInfo,
+    HostState, JobInfo, JobState, ServiceInfo,
 };
 pub use facts::{FactsError, HostAddress, HostFacts, HostFactsPolicy, HostFactsProvider};
 pub use launch::{LaunchContext, LaunchHook, LaunchPlan, LaunchRefusal};

@@ -348,6 +348,7 @@ mod tests {
                 replicas: 1,
                 profile: serde_json::json!({}),
                 rev: 0,
+                generation: 1,
             },
             state: crate::controller::model::ServiceState::Active,
         }

@@ -214,6 +214,7 @@ fn state_name(s: JobState) -> &'static str {
     match s {
         JobState::Placed => "placed",
         JobState::Running => "running",
+        JobState::Draining => "draining",
         JobState::Stopping => "stopping",
         JobState::Unknown => "unknown",
         JobState::Exited => "exited",

@@ -386,6 +386,7 @@ impl Core {
                 replicas: profile.replicas,
                 profile: profile.raw.clone(),
                 rev: 0,
+                generation: 1,
             },
             state: ServiceState::Active,
         });
@@ -430,7 +431,9 @@ impl Core {
         });
         for mut j in jobs.iter().cloned() {
             match j.info.state {
-                JobState::Placed | JobState::Running => j.info.state = JobState::Stopping,
+                JobState::Placed | JobState::Running | JobState::Draining => {
+                    j.info.state = JobState::Stopping
+                }
                 JobState::Unknown => j.held = Some(JobState::Stopping),
                 JobState::Stopping | JobState::Exited | JobState::Lost => continue,
             }
@@ -872,6 +875,7 @@ impl Core {
                                     state: JobState::Placed,
                                     ready: false,
                                     grants: p.grants,
+                                    generation: s.info.generation,
                                 },
                                 held: None,
                             },
