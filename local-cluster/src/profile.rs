@@ -64,14 +64,62 @@ pub struct Profile {
     pub command: Vec<String>,
     /// Readiness probe, if any.
     pub readiness: Option<Readiness>,
+    /// Time between a replica leaving the endpoint and its SIGTERM (`service.drain`).
+    pub drain: Duration,
+    /// How a changed profile rolls out (`[service.update]`).
+    pub update: UpdatePolicy,
     /// The whole `[service]` table as JSON (plugin sections included), as stored.
     pub raw: Value,
 }
 
+/// `[service.update]`: how a changed profile replaces the running replicas (DESIGN §8a).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpdatePolicy {
+    /// Replicas above `replicas` a rollout may place.
+    pub max_surge: u32,
+    /// Ready replicas below `replicas` a rollout may cause.
+    pub max_unavailable: u32,
+    /// How long a new replica must have been ready before an old one drains.
+    pub min_ready: Duration,
+    /// No progress for this long: the rollout has failed.
+    pub deadline: Duration,
+    /// A failed rollout rolls back to the last complete generation's profile.
+    pub auto_revert: bool,
+}
+
+impl Default for UpdatePolicy {
+    fn default() -> Self {
+        UpdatePolicy {
+            max_surge: 1,
+            max_unavailable: 0,
+            min_ready: Duration::ZERO,
+            deadline: Duration::from_secs(300),
+            auto_revert: true,
+        }
+    }
+}
+
+/// `service.drain` when the profile does not say.
+pub const DEFAULT_DRAIN: Duration = Duration::from_secs(5);
+/// The longest `drain`, `min_ready` or `deadline` a profile may ask for.
+const MAX_ROLLOUT_DURATION: Duration = Duration::from_secs(3600);
+
 /// The most replicas one service may ask for.
 pub const MAX_REPLICAS: u64 = 1000;
 
-const HOST_KEYS: &[&str] = &["name", "project", "replicas", "command", "readiness"];
+const HOST_KEYS: &[&str] = &[
+    "name",
+    "project",
+    "replicas",
+    "command",
+    "readiness",
+    "drain",
+    "update",
+];
+
+/// The parts of a profile that do not change what a replica runs: a change of only these
+/// makes no new generation (a scale, or new rollout settings, applies in place).
+pub const NOT_TEMPLATE_KEYS: &[&str] = &["replicas", "drain", "update"];
 
 /// Parses a TOML profile into its JSON form (`{"service": {...}}`).
 pub fn toml_to_json(text: &str) -> Result<Value, FieldError> {
@@ -223,6 +271,22 @@ pub fn validate(doc: &Value, plugins: &[&dyn ResourcePlugin]) -> Result<Profile,
         }
     };
 
+    let drain = duration(
+        "service.drain",
+        svc.get("drain"),
+        DEFAULT_DRAIN,
+        (Duration::ZERO, MAX_ROLLOUT_DURATION),
+        &mut errs,
+    );
+    let update = match svc.get("update") {
+        None => UpdatePolicy::default(),
+        Some(Value::Object(u)) => parse_update(u, &mut errs),
+        Some(_) => {
+            errs.push(FieldError::new("service.update", "must be a table"));
+            UpdatePolicy::default()
+        }
+    };
+
     if errs.is_empty() {
         Ok(Profile {
             name,
@@ -230,6 +294,8 @@ pub fn validate(doc: &Value, plugins: &[&dyn ResourcePlugin]) -> Result<Profile,
             replicas,
             command,
             readiness,
+            drain,
+            update,
             raw: Value::Object(svc.clone()),
         })
     } else {
@@ -320,38 +386,19 @@ fn parse_readiness(
             None
         }
     };
-    let dur =
-        |field: &str, v: Option<&Value>, default: Duration, errs: &mut Vec<FieldError>| match v {
-            None => default,
-            Some(Value::String(s)) => match humantime::parse_duration(s) {
-                Ok(d) if d >= Duration::from_millis(100) && d <= Duration::from_secs(3600) => d,
-                Ok(_) => {
-                    errs.push(FieldError::new(field, "must be between 100ms and 1h"));
-                    default
-                }
-                Err(e) => {
-                    errs.push(FieldError::new(field, format!("not a duration ({e})")));
-                    default
-                }
-            },
-            Some(_) => {
-                errs.push(FieldError::new(
-                    field,
-                    "must be a duration string like \"1s\"",
-                ));
-                default
-            }
-        };
-    let interval = dur(
+    let probe_range = (Duration::from_millis(100), Duration::from_secs(3600));
+    let interval = duration(
         "service.readiness.interval",
         r.get("interval"),
         Duration::from_secs(1),
+        probe_range,
         errs,
     );
-    let timeout = dur(
+    let timeout = duration(
         "service.readiness.timeout",
         r.get("timeout"),
         interval.min(Duration::from_secs(1)),
+        probe_range,
         errs,
     );
     if errs.len() > before {
@@ -362,6 +409,125 @@ fn parse_readiness(
         interval,
         timeout,
     })
+}
+
+/// A duration string within `[min, max]`, or `default` when absent; a problem is listed
+/// and `default` returned otherwise.
+fn duration(
+    field: &str,
+    v: Option<&Value>,
+    default: Duration,
+    (min, max): (Duration, Duration),
+    errs: &mut Vec<FieldError>,
+) -> Duration {
+    match v {
+        None => default,
+        Some(Value::String(s)) => match humantime::parse_duration(s.trim()) {
+            Ok(d) if d >= min && d <= max => d,
+            Ok(_) => {
+                errs.push(FieldError::new(
+                    field,
+                    format!(
+                        "must be between {} and {}",
+                        humantime::format_duration(min),
+                        humantime::format_duration(max)
+                    ),
+                ));
+                default
+            }
+            Err(e) => {
+                errs.push(FieldError::new(field, format!("not a duration ({e})")));
+                default
+            }
+        },
+        Some(_) => {
+            errs.push(FieldError::new(
+                field,
+                "must be a duration string like \"1s\"",
+            ));
+            default
+        }
+    }
+}
+
+/// `[service.update]`, every problem listed.
+fn parse_update(u: &Map<String, Value>, errs: &mut Vec<FieldError>) -> UpdatePolicy {
+    let d = UpdatePolicy::default();
+    for k in u.keys() {
+        if ![
+            "max_surge",
+            "max_unavailable",
+            "min_ready",
+            "deadline",
+            "auto_revert",
+        ]
+        .contains(&k.as_str())
+        {
+            errs.push(FieldError::new(
+                format!("service.update.{k}"),
+                "unknown field",
+            ));
+        }
+    }
+    let count = |key: &str, default: u32, errs: &mut Vec<FieldError>| match u.get(key) {
+        None => default,
+        Some(v) => match v.as_u64() {
+            Some(n) if n <= MAX_REPLICAS => n as u32,
+            _ => {
+                errs.push(FieldError::new(
+                    format!("service.update.{key}"),
+                    format!("must be an integer between 0 and {MAX_REPLICAS}"),
+                ));
+                default
+            }
+        },
+    };
+    let max_surge = count("max_surge", d.max_surge, errs);
+    let max_unavailable = count("max_unavailable", d.max_unavailable, errs);
+    if max_surge == 0 && max_unavailable == 0 {
+        errs.push(FieldError::new(
+            "service.update",
+            "max_surge and max_unavailable must not both be 0 (a rollout could never replace a replica)",
+        ));
+    }
+    let min_ready = duration(
+        "service.update.min_ready",
+        u.get("min_ready"),
+        d.min_ready,
+        (Duration::ZERO, MAX_ROLLOUT_DURATION),
+        errs,
+    );
+    let deadline = duration(
+        "service.update.deadline",
+        u.get("deadline"),
+        d.deadline,
+        (Duration::from_secs(1), MAX_ROLLOUT_DURATION),
+        errs,
+    );
+    if deadline <= min_ready {
+        errs.push(FieldError::new(
+            "service.update.deadline",
+            "must be longer than min_ready (no replica could make progress in time)",
+        ));
+    }
+    let auto_revert = match u.get("auto_revert") {
+        None => d.auto_revert,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => {
+            errs.push(FieldError::new(
+                "service.update.auto_revert",
+                "must be true or false",
+            ));
+            d.auto_revert
+        }
+    };
+    UpdatePolicy {
+        max_surge,
+        max_unavailable,
+        min_ready,
+        deadline,
+        auto_revert,
+    }
 }
 
 /// DESIGN §3: 1-63 chars, `[a-z0-9-]`, starts with a letter, ends alphanumeric.

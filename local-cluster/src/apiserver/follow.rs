@@ -351,6 +351,8 @@ mod tests {
                 generation: 1,
             },
             state: crate::controller::model::ServiceState::Active,
+            rollout: Default::default(),
+            older: Default::default(),
         }
     }
 

@@ -5,7 +5,7 @@
 //! [`View`] for queries and send commands for changes. Errors are [`ApiError`] JSON;
 //! client mistakes are logged at debug level only.
 
-use super::core::{CoreError, HostView, JobView, ServiceView, View};
+use super::core::{Applied, CoreError, HostView, JobView, ServiceView, View};
 use super::model::ServiceState;
 use super::task::Command;
 use crate::proto::{Assignments, RegisterRequest, WorkerEvent};
@@ -29,6 +29,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 /// Default and cap of `wait` on the assignments blocking query.
 const WAIT_DEFAULT: Duration = Duration::from_secs(30);
 const WAIT_MAX: Duration = Duration::from_secs(600);
+/// Default `wait` of the service detail's blocking query (as the endpoint queries').
+const DETAIL_WAIT_DEFAULT: Duration = Duration::from_secs(300);
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -55,9 +57,11 @@ pub(crate) fn build(state: ApiState) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/metrics", get(metrics))
         .route("/v1/services", post(submit).get(list_services))
+        .route("/v1/services/{name}/scale", post(scale_service))
+        .route("/v1/services/{name}/restart", post(restart_service))
         .route(
             "/v1/services/{name}",
-            get(get_service).delete(delete_service),
+            get(get_service).put(put_service).delete(delete_service),
         )
         .route("/v1/hosts", get(list_hosts))
         .route("/internal/v1/hosts/{host}/register", post(register))
@@ -129,6 +133,7 @@ fn from_core(e: CoreError) -> ApiError {
             format!("service {name:?} already exists"),
         ),
         CoreError::Invalid(details) => ApiError::invalid("invalid profile", details),
+        CoreError::Refused(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
         CoreError::FactsRefused(details) => ApiError::invalid("host facts refused", details),
         CoreError::UnknownHost(h) => ApiError::new(
             StatusCode::NOT_FOUND,
@@ -236,6 +241,7 @@ fn job_json(j: &JobView) -> Value {
     m.insert("host".into(), json!(j.info.host));
     m.insert("state".into(), json!(state_name(j.info.state)));
     m.insert("ready".into(), json!(j.info.ready));
+    m.insert("generation".into(), json!(j.info.generation));
     for (plugin, v) in &j.summaries {
         m.entry(plugin.clone()).or_insert_with(|| v.clone());
     }
@@ -249,9 +255,22 @@ fn service_detail(s: &ServiceView) -> Value {
         "replicas": s.info.replicas,
         "state": service_state(s.state),
         "index": s.info.rev,
+        "generation": s.info.generation,
+        "rollout": rollout_json(s),
         "profile": s.info.profile,
         "pending": s.pending.iter().map(|(r, why)| json!({"replica": r, "reason": why})).collect::<Vec<_>>(),
         "jobs": s.jobs.iter().map(job_json).collect::<Vec<_>>(),
+    })
+}
+
+fn rollout_json(s: &ServiceView) -> Value {
+    json!({
+        "generation": s.info.generation,
+        "state": s.rollout.state.as_str(),
+        "updated": s.counts.updated,
+        "ready": s.counts.ready,
+        "outdated": s.counts.outdated,
+        "reason": s.rollout.reason,
     })
 }
 
@@ -266,6 +285,8 @@ fn service_summary(s: &ServiceView) -> Value {
         "pending_reason": s.pending.first().map(|(_, why)| why),
         "state": service_state(s.state),
         "index": s.info.rev,
+        "generation": s.info.generation,
+        "rollout": s.rollout.state.as_str(),
     })
 }
 
@@ -315,19 +336,125 @@ async fn submit(
 ) -> Result<Response, ApiError> {
     user(&who)?;
     let doc = parse_profile(&headers, &body)?;
-    let name = st
+    let (name, _) = st
         .call(|reply| Command::Submit {
             doc,
+            path: None,
             who: who.clone(),
             reply,
         })
         .await?;
+    detail_response(&st, &name, StatusCode::CREATED)
+}
+
+/// `PUT /v1/services/{name}`: create (201) or update (200, a rollout when the profile
+/// changed; the same profile changes nothing).
+async fn put_service(
+    State(st): State<ApiState>,
+    who: Principal,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    user(&who)?;
+    let doc = parse_profile(&headers, &body)?;
+    let (name, applied) = st
+        .call(|reply| Command::Submit {
+            doc,
+            path: Some(name),
+            who: who.clone(),
+            reply,
+        })
+        .await?;
+    let status = match applied {
+        Applied::Created => StatusCode::CREATED,
+        Applied::Updated | Applied::Unchanged => StatusCode::OK,
+    };
+    detail_response(&st, &name, status)
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ScaleBody {
+    replicas: i64,
+}
+
+/// `POST /v1/services/{name}/scale` with `{"replicas": N}`.
+async fn scale_service(
+    State(st): State<ApiState>,
+    who: Principal,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    user(&who)?;
+    let b: ScaleBody = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::invalid(
+            "invalid scale request",
+            vec![FieldError::new(
+                "replicas",
+                format!(
+                    "send {{\"replicas\": N}} with N between 1 and {} ({e})",
+                    crate::profile::MAX_REPLICAS
+                ),
+            )],
+        )
+    })?;
+    if b.replicas < 1 {
+        return Err(ApiError::invalid(
+            "invalid scale request",
+            vec![FieldError::new(
+                "replicas",
+                format!(
+                    "must be between 1 and {} (to stop the service, delete it)",
+                    crate::profile::MAX_REPLICAS
+                ),
+            )],
+        ));
+    }
+    st.call(|reply| Command::Scale {
+        name: name.clone(),
+        replicas: b.replicas as u64,
+        who: who.clone(),
+        reply,
+    })
+    .await?;
+    detail_response(&st, &name, StatusCode::OK)
+}
+
+/// `POST /v1/services/{name}/restart`: every replica rolls over to a fresh one.
+async fn restart_service(
+    State(st): State<ApiState>,
+    who: Principal,
+    Path(name): Path<String>,
+) -> Result<Response, ApiError> {
+    user(&who)?;
+    st.call(|reply| Command::Restart {
+        name: name.clone(),
+        who: who.clone(),
+        reply,
+    })
+    .await?;
+    detail_response(&st, &name, StatusCode::OK)
+}
+
+fn with_index(mut resp: Response, index: u64) -> Response {
+    if let Ok(v) = HeaderValue::from_str(&index.to_string()) {
+        resp.headers_mut().insert("x-xce-index", v);
+    }
+    resp
+}
+
+/// The service's detail as the state task's view has it right after a change.
+fn detail_response(st: &ApiState, name: &str, status: StatusCode) -> Result<Response, ApiError> {
     let view = st.view()?;
     let s = view
         .services
-        .get(&name)
-        .ok_or_else(|| internal("submitted service missing from the view"))?;
-    Ok((StatusCode::CREATED, Json(service_detail(s))).into_response())
+        .get(name)
+        .ok_or_else(|| internal("changed service missing from the view"))?;
+    Ok(with_index(
+        (status, Json(service_detail(s))).into_response(),
+        s.info.rev,
+    ))
 }
 
 async fn list_services(
@@ -345,28 +472,74 @@ async fn list_services(
     Ok(Json(json!({ "services": services })))
 }
 
+/// `GET /v1/services/{name}[?index=N&wait=30s]`: the detail; with `index`, a blocking
+/// query that answers once the service's index is greater than N (every change of its
+/// jobs or its rollout bumps it), or when `wait` runs out.
 async fn get_service(
     State(st): State<ApiState>,
     who: Principal,
     Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
     user(&who)?;
-    let view = st.view()?;
-    match view.services.get(&name) {
-        Some(s) if who.may(Permission::JobView, &s.info.project) => Ok(Json(service_detail(s))),
-        _ => Err(ApiError::service_not_found(&name)),
+    let index: u64 = match q.get("index") {
+        None => 0,
+        Some(s) => s
+            .parse()
+            .map_err(|_| ApiError::bad_param("index", "must be a non-negative integer"))?,
+    };
+    let wait = match q.get("wait") {
+        None => DETAIL_WAIT_DEFAULT,
+        Some(s) => humantime::parse_duration(s)
+            .map_err(|e| ApiError::bad_param("wait", format!("not a duration ({e})")))?
+            .min(WAIT_MAX),
+    };
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut rx = st.view.clone();
+    let mut shutdown = st.shutdown.clone();
+    loop {
+        let view = st.view()?;
+        let s = match view.services.get(&name) {
+            Some(s) if who.may(Permission::JobView, &s.info.project) => s,
+            _ => return Err(ApiError::service_not_found(&name)),
+        };
+        if index == 0 || s.info.rev > index {
+            return Ok(with_index(
+                Json(service_detail(s)).into_response(),
+                s.info.rev,
+            ));
+        }
+        rx.mark_unchanged();
+        tokio::select! {
+            r = rx.changed() => if r.is_err() { return Err(unavailable()) },
+            () = tokio::time::sleep_until(deadline) => {
+                return Ok(with_index(Json(service_detail(s)).into_response(), s.info.rev));
+            }
+            _ = shutdown.wait_for(|s| *s) => {
+                return Ok(with_index(Json(service_detail(s)).into_response(), s.info.rev));
+            }
+        }
     }
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct DeleteQuery {
+    /// Skip the drain: SIGTERM at once.
+    #[serde(default)]
+    now: bool,
 }
 
 async fn delete_service(
     State(st): State<ApiState>,
     who: Principal,
     Path(name): Path<String>,
+    Query(q): Query<DeleteQuery>,
 ) -> Result<Response, ApiError> {
     user(&who)?;
     let n = st
         .call(|reply| Command::Delete {
             name: name.clone(),
+            now: q.now,
             who: who.clone(),
             reply,
         })

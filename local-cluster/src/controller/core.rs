@@ -7,6 +7,7 @@
 
 use super::metrics::Metrics;
 use super::model::{After, Cluster, HostRec, JobRec, LoadError, ServiceRec, ServiceState, Txn};
+use super::rollout::{self, Counts, JobFacts, Phase, Rollout, RolloutState, Stable};
 use super::scheduler::{self, Candidate, Request};
 use crate::profile::{self, Profile};
 use crate::proto::{
@@ -53,6 +54,9 @@ pub(crate) enum CoreError {
     Forbidden(String),
     #[error("service {0:?} already exists")]
     Conflict(String),
+    /// A change the service's state does not allow (e.g. updating a stopping service).
+    #[error("{0}")]
+    Refused(String),
     #[error("invalid profile")]
     Invalid(Vec<FieldError>),
     #[error("host facts refused")]
@@ -89,6 +93,17 @@ pub(crate) struct ServiceView {
     pub(crate) jobs: Vec<JobView>,
     /// `(replica, reason)` of replicas without a live job.
     pub(crate) pending: Vec<(u32, String)>,
+    pub(crate) rollout: Rollout,
+    pub(crate) counts: Counts,
+}
+
+/// What a create-or-update did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Applied {
+    Created,
+    /// A new generation (a rollout started), or new settings or replica count in place.
+    Updated,
+    Unchanged,
 }
 
 #[derive(Debug, Clone)]
@@ -121,8 +136,19 @@ pub(crate) struct Core {
     listeners: Vec<Arc<dyn ClusterListener>>,
     store: Arc<dyn Store>,
     metrics: Metrics,
-    /// Parsed profiles of the services (command, readiness) for the assignments.
+    /// Parsed profiles of the services' current generations (command, readiness, drain,
+    /// update policy).
     profiles: HashMap<String, Profile>,
+    /// Parsed profiles of older generations that still have jobs, by (service, generation).
+    older: HashMap<(String, u64), Profile>,
+    /// When each ready job became ready (not persisted: a restart waits `min_ready` again).
+    ready_since: HashMap<JobId, Instant>,
+    /// When each draining job's drain ends (not persisted: a restart drains in full again,
+    /// so a restart never shortens a drain).
+    drain_until: HashMap<JobId, Instant>,
+    /// Each running rollout's last progress (see [`rollout::progress_mark`]) and when it
+    /// changed (not persisted: a restart gives a rollout a fresh `deadline`).
+    progress: HashMap<String, ((u32, u32, u32, u32), Instant)>,
     /// When each host was last heard from (not persisted: a restart hears from all).
     heard: HashMap<HostId, Instant>,
     /// When each running job started running (for the backoff reset).
@@ -137,6 +163,8 @@ pub(crate) struct Core {
     /// readers' view includes it (see [`Core::publish`]), so no read path is ahead of
     /// the controller's own (`/v1/hosts` never behind the endpoints).
     outbox: Vec<ClusterEvent>,
+    /// The `now` of the last scheduling pass (see [`Core::next_deadline`]).
+    last_pass: Option<Instant>,
     /// After a failed commit in a timer: do not retry before this (no busy loop while the
     /// store is down).
     store_retry: Option<Instant>,
@@ -193,18 +221,30 @@ impl Core {
             }
         }
         let mut profiles = HashMap::new();
-        {
-            let refs: Vec<&dyn ResourcePlugin> = plugins.iter().map(|p| &**p as _).collect();
-            for s in cluster.services.values() {
-                let doc = serde_json::json!({ "service": s.info.profile });
-                let p = match profile::validate(&doc, &refs) {
-                    Ok(p) => p,
-                    Err(errs) => {
-                        error!(service = %s.info.name, problems = ?errs, "stored profile no longer validates; running it without readiness");
-                        fallback_profile(&s.info)
-                    }
-                };
-                profiles.insert(s.info.name.clone(), p);
+        let mut older = HashMap::new();
+        for svc in cluster.services.values() {
+            profiles.insert(
+                svc.info.name.clone(),
+                stored_profile(&plugins, &svc.info, &svc.info.profile),
+            );
+            for (g, raw) in &svc.older {
+                older.insert(
+                    (svc.info.name.clone(), *g),
+                    stored_profile(&plugins, &svc.info, raw),
+                );
+            }
+        }
+        let mut ready_since = HashMap::new();
+        let mut drain_until = HashMap::new();
+        for j in cluster.jobs.values() {
+            if j.info.ready {
+                ready_since.insert(j.info.job.clone(), now);
+            }
+            if j.effective_state() == JobState::Draining {
+                let drain = profiles
+                    .get(&j.info.service)
+                    .map_or(profile::DEFAULT_DRAIN, |p| p.drain);
+                drain_until.insert(j.info.job.clone(), now + drain);
             }
         }
         let snapshot = cluster.snapshot();
@@ -229,6 +269,11 @@ impl Core {
             store,
             metrics,
             profiles,
+            older,
+            ready_since,
+            drain_until,
+            progress: HashMap::new(),
+            last_pass: None,
             heard,
             running_since,
             backoff: HashMap::new(),
@@ -317,10 +362,33 @@ impl Core {
                 if job.state == JobState::Running {
                     self.running_since.entry(job.job.clone()).or_insert(now);
                 }
+                if job.ready {
+                    self.ready_since.entry(job.job.clone()).or_insert(now);
+                } else {
+                    self.ready_since.remove(&job.job);
+                }
+                let draining = self
+                    .cluster
+                    .jobs
+                    .get(&job.job)
+                    .is_some_and(|j| j.effective_state() == JobState::Draining);
+                if draining {
+                    let drain = self
+                        .profiles
+                        .get(&job.service)
+                        .map_or(profile::DEFAULT_DRAIN, |p| p.drain);
+                    self.drain_until
+                        .entry(job.job.clone())
+                        .or_insert(now + drain);
+                } else {
+                    self.drain_until.remove(&job.job);
+                }
             }
             ClusterEvent::JobEnded { rev, job, reason } => {
                 info!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, reason = ?reason, rev, "job ended");
                 let since = self.running_since.remove(&job.job);
+                self.ready_since.remove(&job.job);
+                self.drain_until.remove(&job.job);
                 if let EndReason::Exited { .. } = reason {
                     let active = self
                         .cluster
@@ -355,12 +423,16 @@ impl Core {
 
     // --- API commands ---
 
+    /// Creates a service, or with `path` (a `PUT` to that name) creates or updates it: a
+    /// changed profile is a new generation (a rollout), a change of only `replicas`,
+    /// `drain` or `[service.update]` applies in place, the same profile changes nothing.
     pub(crate) fn submit(
         &mut self,
         doc: Value,
+        path: Option<&str>,
         who: &Principal,
         now: Instant,
-    ) -> Result<String, CoreError> {
+    ) -> Result<(String, Applied), CoreError> {
         let project = doc
             .get("service")
             .and_then(|s| s.get("project"))
@@ -373,41 +445,160 @@ impl Core {
         }
         let profile = {
             let refs: Vec<&dyn ResourcePlugin> = self.plugins.iter().map(|p| &**p as _).collect();
-            profile::validate(&doc, &refs).map_err(CoreError::Invalid)?
+            let mut errs = Vec::new();
+            let body_name = doc
+                .get("service")
+                .and_then(|s| s.get("name"))
+                .and_then(Value::as_str);
+            if let (Some(path), Some(body)) = (path, body_name) {
+                if path != body {
+                    errs.push(FieldError::new(
+                        "service.name",
+                        format!("is {body:?}, but the request is for service {path:?}"),
+                    ));
+                }
+            }
+            match profile::validate(&doc, &refs) {
+                Ok(p) if errs.is_empty() => p,
+                Ok(_) => return Err(CoreError::Invalid(errs)),
+                Err(mut e) => {
+                    errs.append(&mut e);
+                    return Err(CoreError::Invalid(errs));
+                }
+            }
         };
-        if self.cluster.services.contains_key(&profile.name) {
-            return Err(CoreError::Conflict(profile.name));
-        }
-        let mut txn = Txn::new(&self.cluster);
-        txn.put_service(ServiceRec {
-            info: ServiceInfo {
-                name: profile.name.clone(),
-                project: profile.project.clone(),
-                replicas: profile.replicas,
-                profile: profile.raw.clone(),
-                rev: 0,
-                generation: 1,
-            },
-            state: ServiceState::Active,
-        });
         let name = profile.name.clone();
-        self.profiles.insert(name.clone(), profile);
-        if let Err(e) = self.commit(txn, now) {
-            self.profiles.remove(&name);
-            return Err(e);
+        let Some(cur) = self.cluster.services.get(&name).cloned() else {
+            let mut txn = Txn::new(&self.cluster);
+            let mut rollout = Rollout::default();
+            rollout.begin();
+            txn.put_service(ServiceRec {
+                info: ServiceInfo {
+                    name: name.clone(),
+                    project: profile.project.clone(),
+                    replicas: profile.replicas,
+                    profile: profile.raw.clone(),
+                    rev: 0,
+                    generation: plugin_api::first_generation(),
+                },
+                state: ServiceState::Active,
+                rollout,
+                older: BTreeMap::new(),
+            });
+            self.profiles.insert(name.clone(), profile);
+            if let Err(e) = self.commit(txn, now) {
+                self.profiles.remove(&name);
+                return Err(e);
+            }
+            info!(service = %name, principal = %who.name, "service submitted");
+            return Ok((name, Applied::Created));
+        };
+        if path.is_none() {
+            return Err(CoreError::Conflict(name));
         }
-        info!(service = %name, principal = %who.name, "service submitted");
-        Ok(name)
+        if !who.may(Permission::JobView, &cur.info.project) {
+            // Same answer as for a name nobody uses would be a create; a name held in a
+            // project the caller cannot see is refused without saying more.
+            return Err(CoreError::Forbidden(format!(
+                "no job.submit permission on the project of service {name:?}"
+            )));
+        }
+        if cur.info.project != profile.project {
+            return Err(CoreError::Invalid(vec![FieldError::new(
+                "service.project",
+                format!(
+                    "service {name:?} is in project {:?}; a service cannot move to another project",
+                    cur.info.project
+                ),
+            )]));
+        }
+        if cur.state == ServiceState::Stopping {
+            return Err(CoreError::Refused(format!(
+                "service {name:?} is stopping; submit it again once it is gone"
+            )));
+        }
+        if cur.info.profile == profile.raw {
+            return Ok((name, Applied::Unchanged));
+        }
+        let mut svc = cur.clone();
+        let new_generation = !rollout::same_template(&cur.info.profile, &profile.raw);
+        if new_generation {
+            self.next_generation(&mut svc);
+            info!(service = %name, generation = svc.info.generation, principal = %who.name, "new profile: rolling out a new generation");
+        } else if cur.info.replicas != profile.replicas {
+            svc.rollout.begin();
+            info!(service = %name, replicas = profile.replicas, principal = %who.name, "service scaled");
+        }
+        svc.info.replicas = profile.replicas;
+        svc.info.profile = profile.raw.clone();
+        self.commit_service(svc, profile, now)?;
+        Ok((name, Applied::Updated))
     }
 
-    /// Stops a service: its jobs go `Stopping` and end when their workers report them
-    /// exited. Returns how many jobs are stopping.
-    pub(crate) fn delete(
+    /// Makes `svc`'s current profile an older generation and starts a rollout of the next.
+    fn next_generation(&self, svc: &mut ServiceRec) {
+        let g = svc.info.generation;
+        if self
+            .cluster
+            .jobs_of(&svc.info.name)
+            .any(|j| j.info.generation == g)
+        {
+            svc.older.insert(g, svc.info.profile.clone());
+        }
+        svc.info.generation = g + 1;
+        svc.rollout.begin();
+        self.metrics.rollouts_started.inc();
+    }
+
+    /// Commits a changed service record whose current profile is `profile`.
+    fn commit_service(
         &mut self,
-        name: &str,
-        who: &Principal,
+        svc: ServiceRec,
+        profile: Profile,
         now: Instant,
-    ) -> Result<usize, CoreError> {
+    ) -> Result<(), CoreError> {
+        self.commit_service_with(svc, profile, Vec::new(), now)
+    }
+
+    /// [`commit_service`](Self::commit_service), with job changes in the same batch.
+    fn commit_service_with(
+        &mut self,
+        svc: ServiceRec,
+        profile: Profile,
+        jobs: Vec<JobRec>,
+        now: Instant,
+    ) -> Result<(), CoreError> {
+        let name = svc.info.name.clone();
+        let mut txn = Txn::new(&self.cluster);
+        for j in jobs {
+            txn.put_job(&self.cluster, j);
+        }
+        let moved: Vec<(u64, Value)> = svc
+            .older
+            .iter()
+            .filter(|(g, _)| !self.older.contains_key(&(name.clone(), **g)))
+            .map(|(g, v)| (*g, v.clone()))
+            .collect();
+        txn.put_service(svc);
+        let before = self.profiles.insert(name.clone(), profile);
+        for (g, raw) in moved {
+            let info = &self.cluster.services[&name].info;
+            let p = stored_profile(&self.plugins, info, &raw);
+            self.older.insert((name.clone(), g), p);
+        }
+        self.progress.remove(&name);
+        if let Err(e) = self.commit(txn, now) {
+            match before {
+                Some(p) => self.profiles.insert(name.clone(), p),
+                None => self.profiles.remove(&name),
+            };
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// The service `name` for a change by `who`: invisible answers as unknown.
+    fn service_for_change(&self, name: &str, who: &Principal) -> Result<ServiceRec, CoreError> {
         let Some(svc) = self.cluster.services.get(name).cloned() else {
             return Err(CoreError::ServiceNotFound(name.to_owned()));
         };
@@ -420,33 +611,121 @@ impl Core {
                 svc.info.project
             )));
         }
-        let jobs: Vec<JobRec> = self.cluster.jobs_of(name).cloned().collect();
-        if svc.state == ServiceState::Stopping {
-            return Ok(jobs.len());
+        Ok(svc)
+    }
+
+    /// Sets the replica count: new replicas run the current generation; scaling down
+    /// drains the highest-numbered replicas.
+    pub(crate) fn scale(
+        &mut self,
+        name: &str,
+        replicas: u64,
+        who: &Principal,
+        now: Instant,
+    ) -> Result<(), CoreError> {
+        let mut svc = self.service_for_change(name, who)?;
+        if !(1..=profile::MAX_REPLICAS).contains(&replicas) {
+            return Err(CoreError::Invalid(vec![FieldError::new(
+                "replicas",
+                format!("must be between 1 and {}", profile::MAX_REPLICAS),
+            )]));
         }
+        let replicas = replicas as u32;
+        if svc.state == ServiceState::Stopping {
+            return Err(CoreError::Refused(format!("service {name:?} is stopping")));
+        }
+        if svc.info.replicas == replicas {
+            return Ok(());
+        }
+        let mut profile = self.profiles[name].clone();
+        profile.replicas = replicas;
+        if let Some(m) = profile.raw.as_object_mut() {
+            m.insert("replicas".into(), Value::from(replicas));
+        }
+        svc.info.replicas = replicas;
+        svc.info.profile = profile.raw.clone();
+        svc.rollout.begin();
+        self.commit_service(svc, profile, now)?;
+        info!(service = %name, replicas, principal = %who.name, "service scaled");
+        Ok(())
+    }
+
+    /// Rolls every replica over to a fresh one: the same profile as a new generation.
+    pub(crate) fn restart(
+        &mut self,
+        name: &str,
+        who: &Principal,
+        now: Instant,
+    ) -> Result<(), CoreError> {
+        let mut svc = self.service_for_change(name, who)?;
+        if svc.state == ServiceState::Stopping {
+            return Err(CoreError::Refused(format!("service {name:?} is stopping")));
+        }
+        self.next_generation(&mut svc);
+        let profile = self.profiles[name].clone();
+        let generation = svc.info.generation;
+        self.commit_service(svc, profile, now)?;
+        info!(service = %name, generation, principal = %who.name, "service restarting");
+        Ok(())
+    }
+
+    /// Stops a service: its running jobs drain (leave the endpoint, then get SIGTERM after
+    /// `drain`), or with `now` stop at once; they end when their workers report them
+    /// exited. Returns how many jobs are leaving.
+    pub(crate) fn delete(
+        &mut self,
+        name: &str,
+        now_please: bool,
+        who: &Principal,
+        now: Instant,
+    ) -> Result<usize, CoreError> {
+        let svc = self.service_for_change(name, who)?;
+        let jobs: Vec<JobRec> = self.cluster.jobs_of(name).cloned().collect();
         let mut txn = Txn::new(&self.cluster);
-        txn.put_service(ServiceRec {
-            state: ServiceState::Stopping,
-            ..svc.clone()
-        });
-        for mut j in jobs.iter().cloned() {
-            match j.info.state {
-                JobState::Placed | JobState::Running | JobState::Draining => {
-                    j.info.state = JobState::Stopping
-                }
-                JobState::Unknown => j.held = Some(JobState::Stopping),
-                JobState::Stopping | JobState::Exited | JobState::Lost => continue,
+        if svc.state != ServiceState::Stopping {
+            txn.put_service(ServiceRec {
+                state: ServiceState::Stopping,
+                ..svc.clone()
+            });
+        }
+        let drain = if now_please {
+            Duration::ZERO
+        } else {
+            self.profiles
+                .get(name)
+                .map_or(profile::DEFAULT_DRAIN, |p| p.drain)
+        };
+        for j in &jobs {
+            // `--now` also cuts short the drains already running.
+            if j.effective_state() != JobState::Draining || now_please {
+                self.leave(&mut txn, j.clone(), drain);
             }
-            j.info.ready = false;
-            txn.put_job(&self.cluster, j);
         }
         if jobs.is_empty() {
             let s = txn.service(&self.cluster, name).expect("service in txn");
             txn.remove_service(&s);
         }
         self.commit(txn, now)?;
-        info!(service = %name, principal = %who.name, jobs = jobs.len(), "service stopping");
+        info!(service = %name, principal = %who.name, jobs = jobs.len(), drain = ?drain, "service stopping");
         Ok(jobs.len())
+    }
+
+    /// Puts a job on its way out: a running one drains first (it leaves the endpoint
+    /// now and gets SIGTERM after `drain`), anything else stops at once.
+    fn leave(&self, txn: &mut Txn, mut j: JobRec, drain: Duration) {
+        let eff = j.effective_state();
+        let to = match eff {
+            JobState::Running if !drain.is_zero() => JobState::Draining,
+            JobState::Placed | JobState::Running | JobState::Draining => JobState::Stopping,
+            JobState::Unknown | JobState::Stopping | JobState::Exited | JobState::Lost => return,
+        };
+        if j.info.state == JobState::Unknown {
+            j.held = Some(to);
+        } else {
+            j.info.state = to;
+        }
+        j.info.ready = false;
+        txn.put_job(&self.cluster, j);
     }
 
     // --- worker commands ---
@@ -508,7 +787,9 @@ impl Core {
                     JobState::Running => {
                         txn.end_job(&self.cluster, j, EndReason::Exited { code: None }, false)
                     }
-                    JobState::Stopping => txn.end_job(&self.cluster, j, EndReason::Stopped, false),
+                    JobState::Stopping | JobState::Draining => {
+                        txn.end_job(&self.cluster, j, EndReason::Stopped, false)
+                    }
                     _ => {
                         // Placed: not started yet; the worker starts it from its assignments.
                         if j.info.state == JobState::Unknown {
@@ -651,12 +932,26 @@ impl Core {
                     }
                 }
                 WorkerEvent::Exited { code, .. } => {
-                    let reason = if eff == JobState::Stopping {
+                    let leaving = matches!(eff, JobState::Stopping | JobState::Draining);
+                    let reason = if leaving {
                         EndReason::Stopped
                     } else {
                         EndReason::Exited { code }
                     };
+                    let (service, generation) = (j.info.service.clone(), j.info.generation);
                     txn.end_job(&self.cluster, j, reason, false);
+                    // A replica of the generation being rolled out that dies counts
+                    // against the rollout (persisted with the exit itself).
+                    if let Some(mut s) = txn.service(&self.cluster, &service) {
+                        if !leaving
+                            && s.state == ServiceState::Active
+                            && s.info.generation == generation
+                            && s.rollout.is_running(generation)
+                        {
+                            s.rollout.exits += 1;
+                            txn.put_service_quiet(s);
+                        }
+                    }
                 }
                 WorkerEvent::Refused { refusal, .. } => {
                     warn!(host = %host, job = %id, plugin = %refusal.plugin, reason = %refusal.reason, "launch refused; placing the replica again");
@@ -697,15 +992,70 @@ impl Core {
             .values()
             .filter(|b| !b.over)
             .map(|b| b.not_before);
-        let next = hosts.chain(backoffs).min()?;
+        let drains = self.drain_until.values().copied();
+        // Rollout timers are due while the last pass has not seen them over (a pass whose
+        // `now` was taken before a slow commit may not have): a past one fires at once.
+        let seen = self.last_pass;
+        let mut rollouts: Vec<Instant> = Vec::new();
+        for (name, (_, since)) in &self.progress {
+            if let Some(p) = self.profiles.get(name) {
+                rollouts.push(*since + p.update.deadline);
+                if !p.update.min_ready.is_zero() {
+                    let generation = self.cluster.services.get(name).map(|s| s.info.generation);
+                    for j in self.cluster.jobs_of(name) {
+                        if j.info.ready && Some(j.info.generation) == generation {
+                            if let Some(t) = self.ready_since.get(&j.info.job) {
+                                rollouts.push(*t + p.update.min_ready);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let rollouts = rollouts.into_iter().filter(|t| seen.is_none_or(|s| *t > s));
+        let next = hosts.chain(backoffs).chain(drains).chain(rollouts).min()?;
         Some(match self.store_retry {
             Some(r) => next.max(r),
             None => next,
         })
     }
 
-    /// Moves silent hosts to unreachable, then lost.
+    /// Ends the drains that are over: those jobs get SIGTERM now (`Stopping`).
+    fn end_drains(&mut self, now: Instant) {
+        let over: Vec<JobId> = self
+            .drain_until
+            .iter()
+            .filter(|(_, t)| **t <= now)
+            .map(|(j, _)| j.clone())
+            .collect();
+        if over.is_empty() {
+            return;
+        }
+        let mut txn = Txn::new(&self.cluster);
+        for id in &over {
+            let Some(mut j) = self.cluster.jobs.get(id).cloned() else {
+                continue;
+            };
+            if j.effective_state() != JobState::Draining {
+                continue;
+            }
+            if j.info.state == JobState::Unknown {
+                j.held = Some(JobState::Stopping);
+            } else {
+                j.info.state = JobState::Stopping;
+            }
+            txn.put_job(&self.cluster, j);
+        }
+        if self.commit(txn, now).is_ok() {
+            for id in over {
+                self.drain_until.remove(&id);
+            }
+        }
+    }
+
+    /// Ends drains that are over; moves silent hosts to unreachable, then lost.
     pub(crate) fn tick(&mut self, now: Instant) {
+        self.end_drains(now);
         let hosts: Vec<HostRec> = self.cluster.hosts.values().cloned().collect();
         for h in hosts {
             let heard = self.heard.get(&h.info.id).copied().unwrap_or(now);
@@ -777,7 +1127,45 @@ impl Core {
         self.dirty = true;
     }
 
+    /// What the rollout logic sees of `jobs` (a service's jobs) at `now`.
+    fn job_facts(&self, s: &ServiceInfo, jobs: &[JobRec], now: Instant) -> Vec<JobFacts> {
+        let min_ready = self
+            .profiles
+            .get(&s.name)
+            .map_or(Duration::ZERO, |p| p.update.min_ready);
+        jobs.iter()
+            .filter_map(|j| {
+                let phase = match j.effective_state() {
+                    JobState::Placed => Phase::Placed,
+                    JobState::Running => Phase::Running,
+                    JobState::Draining | JobState::Stopping => Phase::Leaving,
+                    JobState::Unknown | JobState::Exited | JobState::Lost => return None,
+                };
+                let ready = j.info.ready && phase == Phase::Running;
+                let available = ready
+                    && (j.info.generation < s.generation
+                        || self
+                            .ready_since
+                            .get(&j.info.job)
+                            .is_some_and(|t| now.saturating_duration_since(*t) >= min_ready));
+                Some(JobFacts {
+                    job: j.info.job.clone(),
+                    replica: j.info.replica,
+                    generation: j.info.generation,
+                    phase,
+                    ready,
+                    available,
+                })
+            })
+            .collect()
+    }
+
+    /// One scheduling pass over every active service: places the replicas its rollout
+    /// asks for, drains the jobs it lets go, and moves the rollout on (complete, failed,
+    /// a rollback). One store batch for all of it; on failure nothing is applied and every
+    /// reservation is released.
     fn schedule(&mut self, now: Instant) {
+        self.last_pass = Some(now);
         self.pending.clear();
         // This pass sees these backoffs over: no timer for them any more (see `over`).
         for b in self.backoff.values_mut() {
@@ -801,27 +1189,42 @@ impl Core {
             .collect();
         let mut total: HashMap<HostId, usize> = HashMap::new();
         let mut per_service: HashMap<(HostId, String), usize> = HashMap::new();
+        let mut by_service: HashMap<String, Vec<JobRec>> = HashMap::new();
         for j in self.cluster.jobs.values() {
             *total.entry(j.info.host.clone()).or_default() += 1;
             *per_service
                 .entry((j.info.host.clone(), j.info.service.clone()))
                 .or_default() += 1;
+            by_service
+                .entry(j.info.service.clone())
+                .or_default()
+                .push(j.clone());
         }
-        // All placements of one pass are one store batch; on failure they are all undone.
         let mut txn = Txn::new(&self.cluster);
         let mut placed: Vec<(HostId, JobId, String, u32)> = Vec::new();
+        let mut reverts: Vec<(String, String)> = Vec::new();
         for s in services {
             let name = &s.info.name;
-            let occupied: BTreeSet<u32> = self
-                .cluster
-                .jobs_of(name)
-                .filter(|j| j.effective_state() != JobState::Stopping)
-                .map(|j| j.info.replica)
+            let Some(profile) = self.profiles.get(name) else {
+                continue;
+            };
+            let (policy, drain) = (profile.update, profile.drain);
+            let mut jobs = by_service.remove(name).unwrap_or_default();
+            let facts = self.job_facts(&s.info, &jobs, now);
+            let view = rollout::Service {
+                replicas: s.info.replicas,
+                generation: s.info.generation,
+                policy,
+                jobs: &facts,
+            };
+            let occupied: BTreeSet<u32> = facts
+                .iter()
+                .filter(|f| f.phase != Phase::Leaving)
+                .map(|f| f.replica)
                 .collect();
-            for replica in 0..s.info.replicas {
-                if occupied.contains(&replica) {
-                    continue;
-                }
+            // Why a surge replica (one beside an old job) could not be placed.
+            let mut blocked: Option<String> = None;
+            for replica in rollout::to_place(&view) {
                 if let Some(b) = self.backoff.get(&(name.clone(), replica)) {
                     if b.not_before > now {
                         let reason = format!(
@@ -863,50 +1266,234 @@ impl Core {
                             .entry((p.host.clone(), name.clone()))
                             .or_default() += 1;
                         placed.push((p.host.clone(), job.clone(), name.clone(), replica));
-                        txn.put_job(
-                            &self.cluster,
-                            JobRec {
-                                info: JobInfo {
-                                    job,
-                                    service: name.clone(),
-                                    project: s.info.project.clone(),
-                                    replica,
-                                    host: p.host,
-                                    state: JobState::Placed,
-                                    ready: false,
-                                    grants: p.grants,
-                                    generation: s.info.generation,
-                                },
-                                held: None,
+                        let rec = JobRec {
+                            info: JobInfo {
+                                job,
+                                service: name.clone(),
+                                project: s.info.project.clone(),
+                                replica,
+                                host: p.host,
+                                state: JobState::Placed,
+                                ready: false,
+                                grants: p.grants,
+                                generation: s.info.generation,
                             },
-                        );
+                            held: None,
+                        };
+                        txn.put_job(&self.cluster, rec.clone());
+                        jobs.push(rec);
                     }
                     Err(reason) => {
                         debug!(service = %name, replica, reason = %reason, "replica pending");
-                        self.pending
-                            .entry(name.clone())
-                            .or_default()
-                            .insert(replica, reason);
+                        if occupied.contains(&replica) {
+                            blocked.get_or_insert_with(|| reason.clone());
+                        } else {
+                            self.pending
+                                .entry(name.clone())
+                                .or_default()
+                                .insert(replica, reason);
+                        }
                     }
                 }
             }
-        }
-        if placed.is_empty() {
-            return;
-        }
-        if self.commit(txn, now).is_err() {
-            for (host, job, service, replica) in placed {
-                for pl in &mut self.plugins {
-                    pl.release(&host, &job);
+            // Drains, seeing this pass's placements.
+            let facts = self.job_facts(&s.info, &jobs, now);
+            let view = rollout::Service {
+                jobs: &facts,
+                ..view
+            };
+            let leaving = rollout::to_drain(&view);
+            for j in jobs.iter_mut().filter(|j| leaving.contains(&j.info.job)) {
+                debug!(service = %name, job = %j.info.job, replica = j.info.replica, generation = j.info.generation, "replica leaves (rollout or scale-down)");
+                self.leave(&mut txn, j.clone(), drain);
+                if let Some(now_rec) = txn.job(&self.cluster, &j.info.job) {
+                    *j = now_rec;
                 }
-                self.pending
-                    .entry(service)
-                    .or_default()
-                    .insert(replica, "the controller's store failed".into());
             }
-            return;
+            let facts = self.job_facts(&s.info, &jobs, now);
+            let view = rollout::Service {
+                jobs: &facts,
+                ..view
+            };
+            if let Some(why) = self.advance_rollout(&mut txn, &s, &view, blocked, now) {
+                reverts.push((name.clone(), why));
+            }
+            // Older generations' profiles are kept while any of their jobs is left.
+            let gens: BTreeSet<u64> = jobs.iter().map(|j| j.info.generation).collect();
+            if let Some(mut rec) = txn.service(&self.cluster, name) {
+                let before = rec.older.len();
+                rec.older.retain(|g, _| gens.contains(g));
+                if rec.older.len() != before {
+                    self.older
+                        .retain(|(n, g), _| n != name || rec.older.contains_key(g));
+                    txn.put_service_quiet(rec);
+                }
+            }
         }
-        self.metrics.placements.inc_by(placed.len() as u64);
+        if !txn.is_empty() {
+            if self.commit(txn, now).is_err() {
+                for (host, job, service, replica) in placed {
+                    for pl in &mut self.plugins {
+                        pl.release(&host, &job);
+                    }
+                    self.pending
+                        .entry(service)
+                        .or_default()
+                        .insert(replica, "the controller's store failed".into());
+                }
+                return;
+            }
+            self.metrics.placements.inc_by(placed.len() as u64);
+        }
+        for (name, why) in reverts {
+            if let Err(e) = self.revert(&name, &why, now) {
+                warn!(service = %name, error = %e, "rollback could not be committed; trying again on the next pass");
+            }
+        }
+    }
+
+    /// Moves a running rollout on: complete when every slot runs the current generation,
+    /// failed (or a rollback, returned as its reason) when it made no progress for
+    /// `deadline` or its new replicas keep exiting; otherwise it says why it waits.
+    fn advance_rollout(
+        &mut self,
+        txn: &mut Txn,
+        s: &ServiceRec,
+        view: &rollout::Service,
+        blocked: Option<String>,
+        now: Instant,
+    ) -> Option<String> {
+        let name = &s.info.name;
+        let generation = s.info.generation;
+        let Some(mut rec) = txn.service(&self.cluster, name) else {
+            return None;
+        };
+        let mut r = rec.rollout.clone();
+        let mut revert = None;
+        if !r.is_running(generation) {
+            self.progress.remove(name);
+            if r.state == RolloutState::Complete
+                && r.stable.as_ref().map(|st| st.generation) != Some(generation)
+            {
+                // A service stored before rollouts existed.
+                r.stable = Some(Stable {
+                    generation,
+                    profile: s.info.profile.clone(),
+                });
+            }
+        } else {
+            let counts = view.counts();
+            let mark = rollout::progress_mark(&counts);
+            let since = match self.progress.get(name) {
+                Some((m, t)) if *m == mark => *t,
+                _ => {
+                    self.progress.insert(name.clone(), (mark, now));
+                    now
+                }
+            };
+            if view.is_complete() {
+                r.stable = Some(Stable {
+                    generation,
+                    profile: s.info.profile.clone(),
+                });
+                if r.state == RolloutState::Progressing {
+                    r.state = RolloutState::Complete;
+                    r.reason = None;
+                    self.metrics.rollout_ended("complete");
+                }
+                self.progress.remove(name);
+                info!(service = %name, generation, state = r.state.as_str(), "rollout done");
+            } else if r.exits >= rollout::MAX_NEW_EXITS
+                || now.saturating_duration_since(since) >= view.policy.deadline
+            {
+                let why = if r.exits >= rollout::MAX_NEW_EXITS {
+                    format!(
+                        "new replicas keep exiting ({} exits of generation {generation})",
+                        r.exits
+                    )
+                } else {
+                    format!(
+                        "no progress for {} ({} of {} updated, {} ready, {} outdated)",
+                        humantime::format_duration(view.policy.deadline),
+                        counts.updated,
+                        view.replicas,
+                        counts.ready,
+                        counts.outdated
+                    )
+                };
+                let target = r.stable.as_ref().map(|st| st.generation);
+                self.progress.remove(name);
+                if r.state == RolloutState::Progressing
+                    && view.policy.auto_revert
+                    && target.is_some_and(|g| g != generation)
+                {
+                    revert = Some(why);
+                } else {
+                    let suffix = if r.revert {
+                        "; this was a rollback: nothing is rolled back further"
+                    } else if !view.policy.auto_revert {
+                        "; auto_revert is off"
+                    } else {
+                        "; no complete generation to roll back to"
+                    };
+                    r.state = RolloutState::Failed;
+                    r.reason = Some(format!("generation {generation} failed: {why}{suffix}"));
+                    self.metrics.rollout_ended("failed");
+                    warn!(service = %name, generation, reason = %why, "rollout failed");
+                }
+            } else if r.state == RolloutState::Progressing {
+                r.reason = blocked
+                    .filter(|_| view.policy.max_unavailable == 0)
+                    .map(|why| {
+                        format!(
+                            "waiting: no new replica fits beside the old ones ({why}); with \
+                         max_unavailable = 0 no old replica leaves first"
+                        )
+                    });
+            }
+        }
+        if r != rec.rollout {
+            rec.rollout = r;
+            txn.put_service(rec);
+        }
+        revert
+    }
+
+    /// Rolls a failed rollout back: the last complete generation's profile becomes the
+    /// next generation, and the jobs still running that profile are that generation's
+    /// (they are not replaced by identical ones).
+    fn revert(&mut self, name: &str, why: &str, now: Instant) -> Result<(), CoreError> {
+        let Some(mut svc) = self.cluster.services.get(name).cloned() else {
+            return Ok(());
+        };
+        let Some(stable) = svc.rollout.stable.clone() else {
+            return Ok(());
+        };
+        let failed = svc.info.generation;
+        let raw = rollout::revert_profile(&stable, svc.info.replicas);
+        let profile = stored_profile(&self.plugins, &svc.info, &raw);
+        self.next_generation(&mut svc);
+        let generation = svc.info.generation;
+        svc.rollout.state = RolloutState::Reverted;
+        svc.rollout.revert = true;
+        svc.rollout.reason = Some(format!(
+            "generation {failed} failed: {why}; rolled back to generation {}'s profile as generation {generation}",
+            stable.generation
+        ));
+        svc.info.profile = raw;
+        let adopted: Vec<JobRec> = self
+            .cluster
+            .jobs_of(name)
+            .filter(|j| j.info.generation == stable.generation)
+            .cloned()
+            .map(|mut j| {
+                j.info.generation = generation;
+                j
+            })
+            .collect();
+        warn!(service = %name, failed, generation, reason = %why, "rollout failed; rolling back");
+        self.metrics.rollout_ended("reverted");
+        self.commit_service_with(svc, profile, adopted, now)
     }
 
     fn desired(&self, host: &str) -> Vec<Assignment> {
@@ -977,6 +1564,19 @@ impl Core {
                 .get(&s.info.name)
                 .map(|m| m.iter().map(|(r, why)| (*r, why.clone())).collect())
                 .unwrap_or_default();
+            let recs: Vec<JobRec> = c.jobs_of(&s.info.name).cloned().collect();
+            let facts = self.job_facts(&s.info, &recs, Instant::now());
+            let counts = rollout::Service {
+                replicas: s.info.replicas,
+                generation: s.info.generation,
+                policy: self
+                    .profiles
+                    .get(&s.info.name)
+                    .map(|p| p.update)
+                    .unwrap_or_default(),
+                jobs: &facts,
+            }
+            .counts();
             services.insert(
                 s.info.name.clone(),
                 ServiceView {
@@ -984,6 +1584,8 @@ impl Core {
                     state: s.state,
                     jobs,
                     pending,
+                    rollout: s.rollout.clone(),
+                    counts,
                 },
             );
         }
@@ -1003,9 +1605,16 @@ impl Core {
         self.view.send_replace(Arc::new(View { services, hosts }));
 
         let m = &self.metrics;
+        m.draining.set(
+            c.jobs
+                .values()
+                .filter(|j| j.effective_state() == JobState::Draining)
+                .count() as i64,
+        );
         for (state, name) in [
             (JobState::Placed, "placed"),
             (JobState::Running, "running"),
+            (JobState::Draining, "draining"),
             (JobState::Stopping, "stopping"),
             (JobState::Unknown, "unknown"),
         ] {
@@ -1069,11 +1678,23 @@ fn round_up_secs(d: Duration) -> Duration {
     Duration::from_secs(d.as_secs() + u64::from(d.subsec_nanos() > 0))
 }
 
+/// The parsed form of a stored profile (`raw`, the `[service]` table of `s`).
+fn stored_profile(plugins: &[Box<dyn ResourcePlugin>], s: &ServiceInfo, raw: &Value) -> Profile {
+    let refs: Vec<&dyn ResourcePlugin> = plugins.iter().map(|p| &**p as _).collect();
+    let doc = serde_json::json!({ "service": raw });
+    match profile::validate(&doc, &refs) {
+        Ok(p) => p,
+        Err(errs) => {
+            error!(service = %s.name, problems = ?errs, "stored profile no longer validates; running it without readiness");
+            fallback_profile(s, raw)
+        }
+    }
+}
+
 /// A profile from the stored JSON when it no longer validates (plugins reconfigured):
 /// keep running the command, without readiness.
-fn fallback_profile(s: &ServiceInfo) -> Profile {
-    let command = s
-        .profile
+fn fallback_profile(s: &ServiceInfo, raw: &Value) -> Profile {
+    let command = raw
         .get("command")
         .and_then(Value::as_array)
         .map(|a| {
@@ -1088,6 +1709,8 @@ fn fallback_profile(s: &ServiceInfo) -> Profile {
         replicas: s.replicas,
         command,
         readiness: None,
-        raw: s.profile.clone(),
+        drain: profile::DEFAULT_DRAIN,
+        update: profile::UpdatePolicy::default(),
+        raw: raw.clone(),
     }
 }

@@ -15,6 +15,11 @@ pub(crate) struct Metrics {
     pub(crate) pending: Gauge,
     pub(crate) placements: Counter,
     pub(crate) revision: Gauge,
+    /// Rollouts begun (a new generation: changed profile, restart, rollback).
+    pub(crate) rollouts_started: Counter,
+    /// Rollouts ended, by outcome (`complete`, `failed`, `reverted`).
+    pub(crate) rollouts: Family<Labels, Counter>,
+    pub(crate) draining: Gauge,
 }
 
 impl Metrics {
@@ -32,6 +37,21 @@ impl Metrics {
             self.placements.clone(),
         );
         r.register(
+            "xce_rollouts_started",
+            "Rollouts begun: new generations from a changed profile, a restart or a rollback",
+            self.rollouts_started.clone(),
+        );
+        r.register(
+            "xce_rollouts",
+            "Rollouts (and scale changes) ended, by outcome: complete, failed, reverted",
+            self.rollouts.clone(),
+        );
+        r.register(
+            "xce_replicas_draining",
+            "Replicas that left their endpoints and wait for their drain to end before SIGTERM",
+            self.draining.clone(),
+        );
+        r.register(
             "xce_revision",
             "The controller's global revision",
             self.revision.clone(),
@@ -42,6 +62,12 @@ impl Metrics {
         self.jobs
             .get_or_create(&vec![("state".to_owned(), state.to_owned())])
             .set(n as i64);
+    }
+
+    pub(crate) fn rollout_ended(&self, outcome: &str) {
+        self.rollouts
+            .get_or_create(&vec![("outcome".to_owned(), outcome.to_owned())])
+            .inc();
     }
 
     pub(crate) fn set_hosts(&self, state: &str, n: usize) {

@@ -21,6 +21,7 @@ pub(crate) mod api;
 mod core;
 mod metrics;
 pub(crate) mod model;
+pub(crate) mod rollout;
 mod scheduler;
 mod task;
 #[cfg(test)]

@@ -2,6 +2,7 @@
 //! transaction that changes both: a [`Txn`] collects new record values and the events
 //! they cause, is committed to the store as one batch, and only then applied in memory.
 
+use super::rollout::Rollout;
 use crate::store::{Batch, Key, Store, StoreError};
 use plugin_api::{
     ClusterEvent, ClusterSnapshot, EndReason, HostId, HostInfo, JobId, JobInfo, JobState,
@@ -42,6 +43,13 @@ pub(crate) enum ServiceState {
 pub(crate) struct ServiceRec {
     pub(crate) info: ServiceInfo,
     pub(crate) state: ServiceState,
+    /// Where the latest change (new generation, restart, scale) stands.
+    #[serde(default)]
+    pub(crate) rollout: Rollout,
+    /// The profiles of older generations that still have jobs (their assignments need
+    /// their own command and readiness until the last of them has ended).
+    #[serde(default)]
+    pub(crate) older: BTreeMap<u64, serde_json::Value>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -265,6 +273,12 @@ impl Txn {
             rev,
             service: s.info.clone(),
         });
+        self.services.insert(s.info.name.clone(), Some(s));
+    }
+
+    /// A service record change that readers of the event feed do not need (its rollout
+    /// bookkeeping); the service's `rev` is left alone.
+    pub(crate) fn put_service_quiet(&mut self, s: ServiceRec) {
         self.services.insert(s.info.name.clone(), Some(s));
     }
 

@@ -2,7 +2,7 @@
 //! applies them to the [`Core`], settles (removes stopped services, places replicas,
 //! publishes) and answers. Timers are one `sleep_until` on the next deadline.
 
-use super::core::{Core, CoreError};
+use super::core::{Applied, Core, CoreError};
 use crate::proto::{Assignments, RegisterRequest, RegisterResponse, WorkerEvent};
 use plugin_api::{HostFacts, HostId, Principal};
 use serde_json::Value;
@@ -15,13 +15,27 @@ type Reply<T> = oneshot::Sender<Result<T, CoreError>>;
 /// A request to the state task.
 #[derive(Debug)]
 pub(crate) enum Command {
+    /// `path`: the name of a `PUT` (create or update); none for a `POST` (create only).
     Submit {
         doc: Value,
+        path: Option<String>,
         who: Principal,
-        reply: Reply<String>,
+        reply: Reply<(String, Applied)>,
+    },
+    Scale {
+        name: String,
+        replicas: u64,
+        who: Principal,
+        reply: Reply<()>,
+    },
+    Restart {
+        name: String,
+        who: Principal,
+        reply: Reply<()>,
     },
     Delete {
         name: String,
+        now: bool,
         who: Principal,
         reply: Reply<usize>,
     },
@@ -100,12 +114,35 @@ fn handle(core: &mut Core, cmd: Command) {
         let _ = reply.send(r);
     }
     match cmd {
-        Command::Submit { doc, who, reply } => {
-            let r = core.submit(doc, &who, now);
+        Command::Submit {
+            doc,
+            path,
+            who,
+            reply,
+        } => {
+            let r = core.submit(doc, path.as_deref(), &who, now);
             done(core, now, reply, r)
         }
-        Command::Delete { name, who, reply } => {
-            let r = core.delete(&name, &who, now);
+        Command::Scale {
+            name,
+            replicas,
+            who,
+            reply,
+        } => {
+            let r = core.scale(&name, replicas, &who, now);
+            done(core, now, reply, r)
+        }
+        Command::Restart { name, who, reply } => {
+            let r = core.restart(&name, &who, now);
+            done(core, now, reply, r)
+        }
+        Command::Delete {
+            name,
+            now: now_please,
+            who,
+            reply,
+        } => {
+            let r = core.delete(&name, now_please, &who, now);
             done(core, now, reply, r)
         }
         Command::Register { host, req, reply } => {

@@ -270,12 +270,15 @@ impl Sim {
     }
 
     fn submit(&mut self, doc: Value) {
-        let r = self.core.submit(doc, &admin(), self.now).map(|_| ());
+        let r = self.core.submit(doc, None, &admin(), self.now).map(|_| ());
         self.settle("submit", r);
     }
 
     fn delete(&mut self, name: &str) {
-        let r = self.core.delete(name, &admin(), self.now).map(|_| ());
+        let r = self
+            .core
+            .delete(name, false, &admin(), self.now)
+            .map(|_| ());
         self.settle(&format!("delete {name}"), r);
     }
 
@@ -405,16 +408,17 @@ fn lifecycle_readiness_stop_and_release() {
         > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true},{"event":"readiness","job":"j-1","ready":true}]
           4 job j-1 web/0 exec-01 Running ready=false
           5 job j-1 web/0 exec-01 Running ready=true
+          6 service web rev=6
         > events exec-01 [{"event":"started","job":"j-1","pid":7}]
         > delete web
-          6 service web rev=6
-          7 job j-1 web/0 exec-01 Stopping ready=false
-          = exec-01 index=7 [j-1:Stop]
+          7 service web rev=7
+          8 job j-1 web/0 exec-01 Draining ready=false
+          = exec-01 index=3 [j-1:Run]
         > events exec-01 [{"event":"exited","job":"j-1","code":1},{"event":"exited","job":"j-1","code":1}]
-          8 ended j-1 web/0 Stopped
-          9 removed web
+          9 ended j-1 web/0 Stopped
+          10 removed web
           plugin: release exec-01 j-1
-          = exec-01 index=9 []"#]],
+          = exec-01 index=10 []"#]],
     );
 }
 
@@ -471,21 +475,22 @@ fn crash_looping_replica_backs_off_then_resets() {
         > events exec-01 [{"event":"started","job":"j-3","pid":7},{"event":"exited","job":"j-3","code":1}]
           10 job j-3 web/0 exec-01 Running ready=false
           11 ended j-3 web/0 Exited { code: Some(1) }
+          12 service web rev=12
           plugin: release exec-01 j-3
         > 3s pass, heartbeats from ["exec-01"]
           = third exit: 4s
         > 1s pass, heartbeats from ["exec-01"]
-          12 job j-4 web/0 exec-01 Placed ready=false
+          13 job j-4 web/0 exec-01 Placed ready=false
           plugin: reserve exec-01 j-4 0
         > events exec-01 [{"event":"started","job":"j-4","pid":7}]
-          13 job j-4 web/0 exec-01 Running ready=false
+          14 job j-4 web/0 exec-01 Running ready=false
         > 60s pass, heartbeats from ["exec-01"]
         > events exec-01 [{"event":"exited","job":"j-4","code":1}]
-          14 ended j-4 web/0 Exited { code: Some(1) }
+          15 ended j-4 web/0 Exited { code: Some(1) }
           plugin: release exec-01 j-4
           = ran 60s: backoff starts over at 1s
         > 1s pass, heartbeats from ["exec-01"]
-          15 job j-5 web/0 exec-01 Placed ready=false
+          16 job j-5 web/0 exec-01 Placed ready=false
           plugin: reserve exec-01 j-5 0"#]]);
 }
 
@@ -672,8 +677,8 @@ fn register_reconciles_and_refused_facts_keep_the_old_ones() {
           7 job j-2 web/1 exec-01 Running ready=false
         > delete web
           8 service web rev=8
-          9 job j-1 web/0 exec-01 Stopping ready=false
-          10 job j-2 web/1 exec-01 Stopping ready=false
+          9 job j-1 web/0 exec-01 Draining ready=false
+          10 job j-2 web/1 exec-01 Draining ready=false
           11 job j-3 web/2 exec-01 Stopping ready=false
         > register exec-01 running=["j-1"]
           12 ended j-2 web/1 Stopped
@@ -1139,12 +1144,13 @@ async fn service_and_host_answers_have_the_rest_shapes() {
     // Label sets of a family come out in hash order.
     metrics.sort_unstable();
     expect![[r#"
-        {"index":6,"jobs":[{"host":"exec-01","job":"j-1","ready":false,"replica":0,"slots":{"slot":0},"state":"placed"},{"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"state":"active"}
-        {"index":8,"jobs":[{"host":"exec-01","job":"j-1","ready":true,"replica":0,"slots":{"slot":0},"state":"running"},{"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"state":"active"}
-        {"services":[{"index":8,"name":"web","pending":1,"pending_reason":"slots is full on all 2 hosts","project":"default","ready":1,"replicas":4,"running":1,"state":"active"}]}
+        {"generation":1,"index":6,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":false,"replica":0,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":0,"reason":null,"state":"progressing","updated":3},"state":"active"}
+        {"generation":1,"index":8,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":true,"replica":0,"slots":{"slot":0},"state":"running"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":1,"reason":null,"state":"progressing","updated":3},"state":"active"}
+        {"services":[{"generation":1,"index":8,"name":"web","pending":1,"pending_reason":"slots is full on all 2 hosts","project":"default","ready":1,"replicas":4,"rollout":"progressing","running":1,"state":"active"}]}
         {"hosts":[{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-01","ip_addr":"127.0.0.11","jobs":2,"slots":{"capacity":2,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-02","ip_addr":"127.0.0.11","jobs":1,"slots":{"capacity":1,"used":1},"state":"ready"}]}
         test_ext_total 1
         test_slots 42
+        xce_jobs{state="draining"} 0
         xce_jobs{state="placed"} 2
         xce_jobs{state="running"} 1
         xce_jobs{state="stopping"} 0
