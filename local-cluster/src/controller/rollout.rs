@@ -229,7 +229,8 @@ pub(crate) fn to_place(s: &Service) -> Vec<u32> {
 /// The jobs to drain now, in order:
 /// 1. jobs in slots the service no longer has (scale-down: the highest-numbered go);
 /// 2. a second current-generation job in one slot (never made here, but a restore may
-///    find one): the one that is not available;
+///    find one): the one that is not available; likewise several older jobs in one slot
+///    (rollouts in quick succession) keep the best one, within the floor of 3.;
 /// 3. an older job whose slot has an available current-generation job, while the
 ///    available count stays at `replicas - max_unavailable` or above;
 /// 4. an older job that is not ready, in a slot that has a current-generation job (it
@@ -265,11 +266,32 @@ pub(crate) fn to_drain(s: &Service) -> Vec<JobId> {
             }
         }
     }
+    // 2b. Several older jobs in one slot (rollouts in quick succession): the slot keeps
+    //     the best one (available, then the newest generation); the others drain, within
+    //     the floor. Without this a full surge budget could wait forever.
+    for r in 0..s.replicas {
+        let mut mine: Vec<&JobFacts> = s
+            .in_slots()
+            .filter(|j| j.replica == r && !s.is_new(j))
+            .collect();
+        if mine.len() > 1 {
+            mine.sort_by_key(|j| std::cmp::Reverse((j.available, j.ready, j.generation)));
+            for j in &mine[1..] {
+                if !j.available || available > floor {
+                    available -= u32::from(j.available);
+                    drain(j, &mut out, &mut gone);
+                }
+            }
+        }
+    }
     let new_in = |r: u32, need_available: bool| {
         s.in_slots()
             .any(|j| j.replica == r && s.is_new(j) && (j.available || !need_available))
     };
-    let old: Vec<&JobFacts> = s.in_slots().filter(|j| !s.is_new(j)).collect();
+    let old: Vec<&JobFacts> = s
+        .in_slots()
+        .filter(|j| !s.is_new(j) && !gone.contains(&j.job))
+        .collect();
     // 3. and 4.
     for j in &old {
         let replaced = new_in(j.replica, true);

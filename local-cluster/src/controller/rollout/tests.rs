@@ -1,1 +1,278 @@
+//! The rollout logic against random interleavings of readiness, exits, host loss, scale
+//! and new profiles; and a few worked examples.
+
 use super::*;
+use proptest::prelude::*;
+use std::time::Duration;
+
+/// A service the property drives: its jobs, as the core would describe them.
+#[derive(Debug, Clone)]
+struct Model {
+    replicas: u32,
+    generation: u64,
+    policy: UpdatePolicy,
+    jobs: Vec<JobFacts>,
+    next_id: u32,
+}
+
+impl Model {
+    fn new(replicas: u32, max_surge: u32, max_unavailable: u32) -> Self {
+        Model {
+            replicas,
+            generation: 1,
+            policy: UpdatePolicy {
+                max_surge,
+                max_unavailable,
+                min_ready: Duration::from_secs(1),
+                deadline: Duration::from_secs(60),
+                auto_revert: true,
+            },
+            jobs: Vec::new(),
+            next_id: 1,
+        }
+    }
+
+    fn service(&self) -> Service<'_> {
+        Service {
+            replicas: self.replicas,
+            generation: self.generation,
+            policy: self.policy,
+            jobs: &self.jobs,
+        }
+    }
+
+    fn in_slots_live(&self) -> u32 {
+        self.jobs
+            .iter()
+            .filter(|j| j.phase != Phase::Leaving && j.replica < self.replicas)
+            .count() as u32
+    }
+
+    fn available_in_slots(&self) -> u32 {
+        self.jobs
+            .iter()
+            .filter(|j| j.phase != Phase::Leaving && j.replica < self.replicas && j.available)
+            .count() as u32
+    }
+
+    /// One pass of the core: placements (`fits` says which succeed), then drains; checks
+    /// the invariants of both.
+    fn pass(&mut self, fits: &[bool]) -> Result<(), TestCaseError> {
+        let before = self.in_slots_live();
+        let slots = to_place(&self.service());
+        let unique: BTreeSet<u32> = slots.iter().copied().collect();
+        prop_assert_eq!(unique.len(), slots.len(), "a slot placed twice in one pass");
+        for (i, r) in slots.into_iter().enumerate() {
+            prop_assert!(r < self.replicas, "placement outside the service's slots");
+            if !fits.get(i).copied().unwrap_or(true) {
+                continue;
+            }
+            let id = format!("j-{}", self.next_id);
+            self.next_id += 1;
+            self.jobs.push(JobFacts {
+                job: id,
+                replica: r,
+                generation: self.generation,
+                phase: Phase::Placed,
+                ready: false,
+                available: false,
+            });
+        }
+        let limit = self.replicas + self.policy.max_surge;
+        prop_assert!(
+            self.in_slots_live() <= limit.max(before),
+            "placements took the live jobs to {} (limit {limit}, before {before})",
+            self.in_slots_live()
+        );
+
+        let floor = self.replicas.saturating_sub(self.policy.max_unavailable);
+        let avail_before = self.available_in_slots();
+        let drain = to_drain(&self.service());
+        for id in &drain {
+            let j = self.jobs.iter_mut().find(|j| &j.job == id);
+            let j = j.ok_or_else(|| TestCaseError::fail("drained an unknown job"))?;
+            prop_assert_ne!(j.phase, Phase::Leaving, "a leaving job drained again");
+            j.phase = Phase::Leaving;
+            j.ready = false;
+            j.available = false;
+        }
+        let avail_after = self.available_in_slots();
+        prop_assert!(
+            avail_after >= avail_before.min(floor),
+            "drains took available replicas from {avail_before} to {avail_after} (floor {floor})"
+        );
+        Ok(())
+    }
+
+    fn apply(&mut self, a: &Action) {
+        let n = self.jobs.len();
+        match *a {
+            Action::Ready(i, ready) if n > 0 => {
+                let j = &mut self.jobs[i % n];
+                if j.phase != Phase::Leaving {
+                    j.phase = Phase::Running;
+                    j.ready = ready;
+                    j.available &= ready;
+                }
+            }
+            Action::Available(i) if n > 0 => {
+                let j = &mut self.jobs[i % n];
+                j.available = j.ready;
+            }
+            Action::Exit(i) if n > 0 => {
+                self.jobs.remove(i % n);
+            }
+            Action::HostLost(h) => {
+                // Jobs are spread over 3 hosts by id.
+                self.jobs.retain(|j| {
+                    let id: u32 = j.job[2..].parse().unwrap();
+                    id % 3 != h % 3
+                });
+            }
+            Action::Stopped => self.jobs.retain(|j| j.phase != Phase::Leaving),
+            Action::Scale(r) => self.replicas = r,
+            Action::NewGeneration => self.generation += 1,
+            _ => {}
+        }
+    }
+
+    /// Everything goes well from here on: placements fit, replicas start, get ready and
+    /// available, drained ones end.
+    fn calm(&mut self) -> Result<u32, TestCaseError> {
+        for round in 0..(4 * (self.replicas + 8)) {
+            if self.service().is_complete() {
+                return Ok(round);
+            }
+            self.pass(&[])?;
+            for j in &mut self.jobs {
+                if j.phase == Phase::Placed || j.phase == Phase::Running {
+                    j.phase = Phase::Running;
+                    j.ready = true;
+                    j.available = true;
+                }
+            }
+            self.jobs.retain(|j| j.phase != Phase::Leaving);
+        }
+        Err(TestCaseError::fail(format!(
+            "the rollout never completed: {:?}",
+            self.service().counts()
+        )))
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Action {
+    Pass(Vec<bool>),
+    Ready(usize, bool),
+    Available(usize),
+    Exit(usize),
+    HostLost(u32),
+    Stopped,
+    Scale(u32),
+    NewGeneration,
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    prop_oneof![
+        6 => proptest::collection::vec(any::<bool>(), 0..6).prop_map(Action::Pass),
+        5 => (any::<usize>(), prop::bool::weighted(0.8)).prop_map(|(i, r)| Action::Ready(i, r)),
+        4 => any::<usize>().prop_map(Action::Available),
+        1 => any::<usize>().prop_map(Action::Exit),
+        1 => (0u32..3).prop_map(Action::HostLost),
+        2 => Just(Action::Stopped),
+        1 => (1u32..8).prop_map(Action::Scale),
+        1 => Just(Action::NewGeneration),
+    ]
+}
+
+fn surge_unavailable() -> impl Strategy<Value = (u32, u32)> {
+    (0u32..3, 0u32..3).prop_filter("not both 0", |(s, u)| *s + *u > 0)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Never more than `replicas + max_surge` live jobs by the rollout's placements; the
+    /// available count never pushed below `replicas - max_unavailable` by its drains; a
+    /// job drains once; and once the chaos stops, every rollout completes.
+    #[test]
+    fn rollouts_keep_their_bounds_and_complete(
+        replicas in 1u32..7,
+        (surge, unavailable) in surge_unavailable(),
+        actions in proptest::collection::vec(action(), 0..80),
+    ) {
+        let mut m = Model::new(replicas, surge, unavailable);
+        for a in &actions {
+            match a {
+                Action::Pass(fits) => m.pass(fits)?,
+                a => m.apply(a),
+            }
+        }
+        m.calm()?;
+        let c = m.service().counts();
+        prop_assert_eq!((c.updated, c.outdated, c.excess), (m.replicas, 0, 0));
+    }
+}
+
+// --- examples ---
+
+fn job(id: u32, replica: u32, generation: u64, ready: bool) -> JobFacts {
+    JobFacts {
+        job: format!("j-{id}"),
+        replica,
+        generation,
+        phase: Phase::Running,
+        ready,
+        available: ready,
+    }
+}
+
+#[test]
+fn a_rolling_update_surges_one_then_drains_the_old_one_it_replaced() {
+    let mut m = Model::new(3, 1, 0);
+    m.jobs = (0..3).map(|r| job(r + 1, r, 1, true)).collect();
+    m.next_id = 4;
+    m.generation = 2;
+    assert_eq!(to_place(&m.service()), vec![0], "one surge, lowest slot first");
+    assert!(to_drain(&m.service()).is_empty(), "nothing drains before a new one is ready");
+    m.jobs.push(job(4, 0, 2, true));
+    assert_eq!(to_drain(&m.service()), vec!["j-1".to_owned()]);
+}
+
+#[test]
+fn with_max_unavailable_old_replicas_leave_first_when_no_surge_is_allowed() {
+    let mut m = Model::new(3, 0, 1);
+    m.jobs = (0..3).map(|r| job(r + 1, r, 1, true)).collect();
+    m.generation = 2;
+    assert!(to_place(&m.service()).is_empty(), "no surge allowed");
+    assert_eq!(to_drain(&m.service()), vec!["j-3".to_owned()], "the highest slot, one only");
+}
+
+#[test]
+fn scale_down_drains_the_highest_numbered_replicas() {
+    let mut m = Model::new(2, 1, 0);
+    m.jobs = (0..5).map(|r| job(r + 1, r, 1, true)).collect();
+    assert_eq!(
+        to_drain(&m.service()),
+        vec!["j-5".to_owned(), "j-4".to_owned(), "j-3".to_owned()]
+    );
+}
+
+#[test]
+fn a_crashing_new_replica_never_costs_an_old_one() {
+    let mut m = Model::new(2, 1, 0);
+    m.jobs = vec![job(1, 0, 1, true), job(2, 1, 1, true), job(3, 0, 2, false)];
+    m.generation = 2;
+    assert!(to_drain(&m.service()).is_empty());
+    assert!(to_place(&m.service()).is_empty(), "the surge budget is used");
+}
+
+#[test]
+fn templates_ignore_replicas_drain_and_update() {
+    let a = serde_json::json!({"name": "web", "replicas": 3, "command": ["a"]});
+    let b = serde_json::json!({"name": "web", "replicas": 5, "command": ["a"], "drain": "1s",
+                               "update": {"max_surge": 2}});
+    let c = serde_json::json!({"name": "web", "replicas": 3, "command": ["b"]});
+    assert!(same_template(&a, &b));
+    assert!(!same_template(&a, &c));
+}
