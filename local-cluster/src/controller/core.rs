@@ -1112,7 +1112,13 @@ impl Core {
             txn.remove_service(&s);
             let _ = self.commit(txn, now);
         }
-        self.schedule(now);
+        // A pass that drained a replica may have made room for a surge replica: place it
+        // now rather than at the next wake-up (bounded: each extra pass needs a drain).
+        for _ in 0..4 {
+            if !self.schedule(now) {
+                break;
+            }
+        }
         self.publish();
         self.dirty = false;
     }
@@ -1164,7 +1170,8 @@ impl Core {
     /// asks for, drains the jobs it lets go, and moves the rollout on (complete, failed,
     /// a rollback). One store batch for all of it; on failure nothing is applied and every
     /// reservation is released.
-    fn schedule(&mut self, now: Instant) {
+    /// Returns whether it drained a replica (a further pass may place one).
+    fn schedule(&mut self, now: Instant) -> bool {
         self.last_pass = Some(now);
         self.pending.clear();
         // This pass sees these backoffs over: no timer for them any more (see `over`).
@@ -1203,6 +1210,7 @@ impl Core {
         let mut txn = Txn::new(&self.cluster);
         let mut placed: Vec<(HostId, JobId, String, u32)> = Vec::new();
         let mut reverts: Vec<(String, String)> = Vec::new();
+        let mut drained = false;
         for s in services {
             let name = &s.info.name;
             let Some(profile) = self.profiles.get(name) else {
@@ -1303,6 +1311,7 @@ impl Core {
                 ..view
             };
             let leaving = rollout::to_drain(&view);
+            drained |= !leaving.is_empty();
             for j in jobs.iter_mut().filter(|j| leaving.contains(&j.info.job)) {
                 debug!(service = %name, job = %j.info.job, replica = j.info.replica, generation = j.info.generation, "replica leaves (rollout or scale-down)");
                 self.leave(&mut txn, j.clone(), drain);
@@ -1341,7 +1350,7 @@ impl Core {
                         .or_default()
                         .insert(replica, "the controller's store failed".into());
                 }
-                return;
+                return false;
             }
             self.metrics.placements.inc_by(placed.len() as u64);
         }
@@ -1350,6 +1359,7 @@ impl Core {
                 warn!(service = %name, error = %e, "rollback could not be committed; trying again on the next pass");
             }
         }
+        drained
     }
 
     /// Moves a running rollout on: complete when every slot runs the current generation,

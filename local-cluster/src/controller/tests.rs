@@ -166,8 +166,18 @@ impl ClusterListener for Recorder {
             }
             ClusterEvent::ServiceRemoved { rev, name, .. } => format!("{rev} removed {name}"),
             ClusterEvent::Job { rev, job } => format!(
-                "{rev} job {} {}/{} {} {:?} ready={}",
-                job.job, job.service, job.replica, job.host, job.state, job.ready
+                "{rev} job {} {}/{} {} {:?} ready={}{}",
+                job.job,
+                job.service,
+                job.replica,
+                job.host,
+                job.state,
+                job.ready,
+                if job.generation > 1 {
+                    format!(" gen={}", job.generation)
+                } else {
+                    String::new()
+                }
             ),
             ClusterEvent::JobEnded { rev, job, reason } => {
                 format!(
@@ -272,6 +282,30 @@ impl Sim {
     fn submit(&mut self, doc: Value) {
         let r = self.core.submit(doc, None, &admin(), self.now).map(|_| ());
         self.settle("submit", r);
+    }
+
+    fn put(&mut self, doc: Value) {
+        let name = doc["service"]["name"].as_str().unwrap().to_owned();
+        let r = self
+            .core
+            .submit(doc, Some(&name), &admin(), self.now)
+            .map(|(_, a)| self.out.push(format!("  applied {a:?}")));
+        self.settle(&format!("put {name}"), r);
+    }
+
+    fn rollout(&self, name: &str) -> String {
+        let v = self.core.view();
+        let v = v.borrow();
+        let s = &v.services[name];
+        format!(
+            "{name} generation={} rollout={} updated={} ready={} outdated={} reason={:?}",
+            s.info.generation,
+            s.rollout.state.as_str(),
+            s.counts.updated,
+            s.counts.ready,
+            s.counts.outdated,
+            s.rollout.reason.as_deref().unwrap_or("")
+        )
     }
 
     fn delete(&mut self, name: &str) {
@@ -420,6 +454,143 @@ fn lifecycle_readiness_stop_and_release() {
           plugin: release exec-01 j-1
           = exec-01 index=10 []"#]],
     );
+}
+
+fn versioned(replicas: u32, command: &str) -> Value {
+    json!({"service": {"name": "web", "replicas": replicas, "command": ["sh", "-c", command],
+                       "drain": "2s", "update": {"max_surge": 1, "max_unavailable": 0}}})
+}
+
+#[test]
+fn a_rolling_update_drains_before_stop_and_a_broken_one_is_rolled_back() {
+    let mut sim = Sim::new();
+    sim.register("exec-01", 10, &[]);
+    sim.put(versioned(2, "v1"));
+    sim.events(
+        "exec-01",
+        vec![
+            started("j-1"),
+            ready("j-1", true),
+            started("j-2"),
+            ready("j-2", true),
+        ],
+    );
+    let s = sim.rollout("web");
+    sim.note(s);
+    // v2: one surge replica; the old one of its slot drains only once it is ready.
+    sim.put(versioned(2, "v2"));
+    sim.events("exec-01", vec![started("j-3")]);
+    let s = sim.rollout("web");
+    sim.note(s);
+    sim.events("exec-01", vec![ready("j-3", true)]);
+    let a = sim.assignments("exec-01");
+    sim.note(a);
+    // The drain (2s) ends: only now is j-1 told to stop.
+    sim.run_for(2, &["exec-01"]);
+    let a = sim.assignments("exec-01");
+    sim.note(a);
+    sim.events(
+        "exec-01",
+        vec![exited("j-1"), started("j-4"), ready("j-4", true)],
+    );
+    sim.run_for(2, &["exec-01"]);
+    sim.events("exec-01", vec![exited("j-2")]);
+    let s = sim.rollout("web");
+    sim.note(s);
+    // v3 dies at once, three times: the rollout fails and rolls back to v2's profile as
+    // generation 4; the v2 replicas are generation 4 and were never touched.
+    sim.put(versioned(2, "exit 1"));
+    for _ in 0..3 {
+        let j = sim.core.view().borrow().services["web"]
+            .jobs
+            .iter()
+            .find(|j| j.info.generation == 3)
+            .map(|j| j.info.job.clone());
+        if let Some(j) = j {
+            sim.events("exec-01", vec![started(&j), exited(&j)]);
+        }
+        sim.run_for(4, &["exec-01"]);
+    }
+    let s = sim.rollout("web");
+    sim.note(s);
+    sim.check(expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 running=[]
+          1 host exec-01 Ready []
+          applied Created
+        > put web
+          2 service web rev=2
+          3 job j-1 web/0 exec-01 Placed ready=false
+          4 job j-2 web/1 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+          plugin: reserve exec-01 j-2 1
+        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true},{"event":"started","job":"j-2","pid":7},{"event":"readiness","job":"j-2","ready":true}]
+          5 job j-1 web/0 exec-01 Running ready=false
+          6 job j-1 web/0 exec-01 Running ready=true
+          7 job j-2 web/1 exec-01 Running ready=false
+          8 job j-2 web/1 exec-01 Running ready=true
+          9 service web rev=9
+          = web generation=1 rollout=complete updated=2 ready=2 outdated=0 reason=""
+          applied Updated
+        > put web
+          10 service web rev=10
+          11 job j-3 web/0 exec-01 Placed ready=false gen=2
+          plugin: reserve exec-01 j-3 2
+        > events exec-01 [{"event":"started","job":"j-3","pid":7}]
+          12 job j-3 web/0 exec-01 Running ready=false gen=2
+          = web generation=2 rollout=progressing updated=1 ready=2 outdated=2 reason=""
+        > events exec-01 [{"event":"readiness","job":"j-3","ready":true}]
+          13 job j-3 web/0 exec-01 Running ready=true gen=2
+          14 job j-1 web/0 exec-01 Draining ready=false
+          15 job j-4 web/1 exec-01 Placed ready=false gen=2
+          plugin: reserve exec-01 j-4 3
+          = exec-01 index=15 [j-1:Run j-2:Run j-3:Run j-4:Run]
+        > 2s pass, heartbeats from ["exec-01"]
+          16 job j-1 web/0 exec-01 Stopping ready=false
+          = exec-01 index=16 [j-1:Stop j-2:Run j-3:Run j-4:Run]
+        > events exec-01 [{"event":"exited","job":"j-1","code":1},{"event":"started","job":"j-4","pid":7},{"event":"readiness","job":"j-4","ready":true}]
+          17 ended j-1 web/0 Stopped
+          18 job j-4 web/1 exec-01 Running ready=false gen=2
+          19 job j-4 web/1 exec-01 Running ready=true gen=2
+          20 job j-2 web/1 exec-01 Draining ready=false
+          21 service web rev=21
+          plugin: release exec-01 j-1
+        > 2s pass, heartbeats from ["exec-01"]
+          22 job j-2 web/1 exec-01 Stopping ready=false
+        > events exec-01 [{"event":"exited","job":"j-2","code":1}]
+          23 ended j-2 web/1 Stopped
+          plugin: release exec-01 j-2
+          = web generation=2 rollout=complete updated=2 ready=2 outdated=0 reason=""
+          applied Updated
+        > put web
+          24 service web rev=24
+          25 job j-5 web/0 exec-01 Placed ready=false gen=3
+          plugin: reserve exec-01 j-5 0
+        > events exec-01 [{"event":"started","job":"j-5","pid":7},{"event":"exited","job":"j-5","code":1}]
+          26 job j-5 web/0 exec-01 Running ready=false gen=3
+          27 ended j-5 web/0 Exited { code: Some(1) }
+          plugin: release exec-01 j-5
+        > 4s pass, heartbeats from ["exec-01"]
+          28 job j-6 web/0 exec-01 Placed ready=false gen=3
+          plugin: reserve exec-01 j-6 0
+        > events exec-01 [{"event":"started","job":"j-6","pid":7},{"event":"exited","job":"j-6","code":1}]
+          29 job j-6 web/0 exec-01 Running ready=false gen=3
+          30 ended j-6 web/0 Exited { code: Some(1) }
+          plugin: release exec-01 j-6
+        > 4s pass, heartbeats from ["exec-01"]
+          31 job j-7 web/0 exec-01 Placed ready=false gen=3
+          plugin: reserve exec-01 j-7 0
+        > events exec-01 [{"event":"started","job":"j-7","pid":7},{"event":"exited","job":"j-7","code":1}]
+          32 job j-7 web/0 exec-01 Running ready=false gen=3
+          33 ended j-7 web/0 Exited { code: Some(1) }
+          34 job j-3 web/0 exec-01 Running ready=true gen=4
+          35 job j-4 web/1 exec-01 Running ready=true gen=4
+          36 service web rev=36
+          plugin: release exec-01 j-7
+        > 4s pass, heartbeats from ["exec-01"]
+          37 service web rev=37
+          = web generation=4 rollout=reverted updated=2 ready=2 outdated=0 reason="generation 3 failed: new replicas keep exiting (3 exits of generation 3); rolled back to generation 2's profile as generation 4""#]]);
 }
 
 #[test]

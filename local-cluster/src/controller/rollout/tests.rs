@@ -233,8 +233,15 @@ fn a_rolling_update_surges_one_then_drains_the_old_one_it_replaced() {
     m.jobs = (0..3).map(|r| job(r + 1, r, 1, true)).collect();
     m.next_id = 4;
     m.generation = 2;
-    assert_eq!(to_place(&m.service()), vec![0], "one surge, lowest slot first");
-    assert!(to_drain(&m.service()).is_empty(), "nothing drains before a new one is ready");
+    assert_eq!(
+        to_place(&m.service()),
+        vec![0],
+        "one surge, lowest slot first"
+    );
+    assert!(
+        to_drain(&m.service()).is_empty(),
+        "nothing drains before a new one is ready"
+    );
     m.jobs.push(job(4, 0, 2, true));
     assert_eq!(to_drain(&m.service()), vec!["j-1".to_owned()]);
 }
@@ -245,7 +252,11 @@ fn with_max_unavailable_old_replicas_leave_first_when_no_surge_is_allowed() {
     m.jobs = (0..3).map(|r| job(r + 1, r, 1, true)).collect();
     m.generation = 2;
     assert!(to_place(&m.service()).is_empty(), "no surge allowed");
-    assert_eq!(to_drain(&m.service()), vec!["j-3".to_owned()], "the highest slot, one only");
+    assert_eq!(
+        to_drain(&m.service()),
+        vec!["j-3".to_owned()],
+        "the highest slot, one only"
+    );
 }
 
 #[test]
@@ -264,7 +275,10 @@ fn a_crashing_new_replica_never_costs_an_old_one() {
     m.jobs = vec![job(1, 0, 1, true), job(2, 1, 1, true), job(3, 0, 2, false)];
     m.generation = 2;
     assert!(to_drain(&m.service()).is_empty());
-    assert!(to_place(&m.service()).is_empty(), "the surge budget is used");
+    assert!(
+        to_place(&m.service()).is_empty(),
+        "the surge budget is used"
+    );
 }
 
 #[test]
