@@ -594,6 +594,118 @@ fn a_rolling_update_drains_before_stop_and_a_broken_one_is_rolled_back() {
 }
 
 #[test]
+fn a_rollout_without_room_to_surge_says_why_it_waits_or_uses_max_unavailable() {
+    // One host with room for exactly the two replicas (like a fixed port on every host).
+    let mut sim = Sim::new();
+    sim.register("exec-01", 2, &[]);
+    sim.put(versioned(2, "v1"));
+    sim.events(
+        "exec-01",
+        vec![
+            started("j-1"),
+            ready("j-1", true),
+            started("j-2"),
+            ready("j-2", true),
+        ],
+    );
+    sim.put(versioned(2, "v2"));
+    let s = sim.rollout("web");
+    sim.note(s);
+    // max_unavailable = 1: one old replica drains first, its slot frees when it is gone.
+    let mut doc = versioned(2, "v2");
+    doc["service"]["update"] = json!({"max_surge": 1, "max_unavailable": 1});
+    sim.put(doc);
+    sim.run_for(2, &["exec-01"]);
+    sim.events("exec-01", vec![exited("j-2")]);
+    let s = sim.rollout("web");
+    sim.note(s);
+    sim.check(expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 running=[]
+          1 host exec-01 Ready []
+          applied Created
+        > put web
+          2 service web rev=2
+          3 job j-1 web/0 exec-01 Placed ready=false
+          4 job j-2 web/1 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+          plugin: reserve exec-01 j-2 1
+        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true},{"event":"started","job":"j-2","pid":7},{"event":"readiness","job":"j-2","ready":true}]
+          5 job j-1 web/0 exec-01 Running ready=false
+          6 job j-1 web/0 exec-01 Running ready=true
+          7 job j-2 web/1 exec-01 Running ready=false
+          8 job j-2 web/1 exec-01 Running ready=true
+          9 service web rev=9
+          applied Updated
+        > put web
+          10 service web rev=10
+          11 service web rev=11
+          = web generation=2 rollout=progressing updated=0 ready=2 outdated=2 reason="waiting: no new replica fits beside the old ones (slots is full on exec-01); with max_unavailable = 0 no old replica leaves first"
+          applied Updated
+        > put web
+          12 service web rev=12
+          13 job j-2 web/1 exec-01 Draining ready=false
+          14 service web rev=14
+        > 2s pass, heartbeats from ["exec-01"]
+          15 job j-2 web/1 exec-01 Stopping ready=false
+        > events exec-01 [{"event":"exited","job":"j-2","code":1}]
+          16 ended j-2 web/1 Stopped
+          17 job j-3 web/1 exec-01 Placed ready=false gen=2
+          plugin: release exec-01 j-2
+          plugin: reserve exec-01 j-3 1
+          = web generation=2 rollout=progressing updated=1 ready=1 outdated=1 reason="""#]]);
+}
+
+#[test]
+fn a_controller_restart_during_a_drain_drains_in_full_again() {
+    let mut sim = Sim::new();
+    sim.register("exec-01", 10, &[]);
+    sim.put(versioned(1, "v1"));
+    sim.events("exec-01", vec![started("j-1"), ready("j-1", true)]);
+    sim.delete("web");
+    sim.run_for(1, &["exec-01"]);
+    // The controller dies 1s into the 2s drain and is back 0s later: j-1 still runs for
+    // a full drain from the restart before it is told to stop.
+    let mut sim = sim.restart(0);
+    sim.register("exec-01", 10, &["j-1"]);
+    sim.run_for(1, &["exec-01"]);
+    let a = sim.assignments("exec-01");
+    sim.note(a);
+    sim.run_for(1, &["exec-01"]);
+    let a = sim.assignments("exec-01");
+    sim.note(a);
+    sim.check(expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 running=[]
+          1 host exec-01 Ready []
+          applied Created
+        > put web
+          2 service web rev=2
+          3 job j-1 web/0 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true}]
+          4 job j-1 web/0 exec-01 Running ready=false
+          5 job j-1 web/0 exec-01 Running ready=true
+          6 service web rev=6
+        > delete web
+          7 service web rev=7
+          8 job j-1 web/0 exec-01 Draining ready=false
+        > 1s pass, heartbeats from ["exec-01"]
+        > load
+          resync rev=8 services=1 jobs=[j-1@exec-01:Draining] hosts=1
+          plugin: restore exec-01 j-1 0
+        > register exec-01 running=["j-1"]
+          9 host exec-01 Ready ["web"]
+        > 1s pass, heartbeats from ["exec-01"]
+          = exec-01 index=8 [j-1:Run]
+        > 1s pass, heartbeats from ["exec-01"]
+          10 job j-1 web/0 exec-01 Stopping ready=false
+          = exec-01 index=10 [j-1:Stop]"#]]);
+}
+
+#[test]
 fn crash_looping_replica_backs_off_then_resets() {
     let mut s = Sim::new();
     s.register("exec-01", 2, &[]);
@@ -1315,9 +1427,9 @@ async fn service_and_host_answers_have_the_rest_shapes() {
     // Label sets of a family come out in hash order.
     metrics.sort_unstable();
     expect![[r#"
-        {"generation":1,"index":6,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":false,"replica":0,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":0,"reason":null,"state":"progressing","updated":3},"state":"active"}
-        {"generation":1,"index":8,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":true,"replica":0,"slots":{"slot":0},"state":"running"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":1,"reason":null,"state":"progressing","updated":3},"state":"active"}
-        {"services":[{"generation":1,"index":8,"name":"web","pending":1,"pending_reason":"slots is full on all 2 hosts","project":"default","ready":1,"replicas":4,"rollout":"progressing","running":1,"state":"active"}]}
+        {"generation":1,"index":6,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":false,"replica":0,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts (exec-01, exec-02)","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":0,"reason":null,"state":"progressing","updated":3},"state":"active"}
+        {"generation":1,"index":8,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":true,"replica":0,"slots":{"slot":0},"state":"running"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts (exec-01, exec-02)","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":1,"reason":null,"state":"progressing","updated":3},"state":"active"}
+        {"services":[{"generation":1,"index":8,"name":"web","pending":1,"pending_reason":"slots is full on all 2 hosts (exec-01, exec-02)","project":"default","ready":1,"replicas":4,"rollout":"progressing","running":1,"state":"active"}]}
         {"hosts":[{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-01","ip_addr":"127.0.0.11","jobs":2,"slots":{"capacity":2,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-02","ip_addr":"127.0.0.11","jobs":1,"slots":{"capacity":1,"used":1},"state":"ready"}]}
         test_ext_total 1
         test_slots 42
