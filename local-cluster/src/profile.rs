@@ -422,6 +422,10 @@ fn duration(
 ) -> Duration {
     match v {
         None => default,
+        Some(Value::String(s)) if s.trim().starts_with('-') => {
+            errs.push(FieldError::new(field, "must not be negative"));
+            default
+        }
         Some(Value::String(s)) => match humantime::parse_duration(s.trim()) {
             Ok(d) if d >= min && d <= max => d,
             Ok(_) => {

@@ -399,7 +399,7 @@ async fn scale_service(
             )],
         )
     })?;
-    if b.replicas < 1 {
+    if !(1..=crate::profile::MAX_REPLICAS as i64).contains(&b.replicas) {
         return Err(ApiError::invalid(
             "invalid scale request",
             vec![FieldError::new(

@@ -148,7 +148,7 @@ pub(crate) struct Core {
     drain_until: HashMap<JobId, Instant>,
     /// Each running rollout's last progress (see [`rollout::progress_mark`]) and when it
     /// changed (not persisted: a restart gives a rollout a fresh `deadline`).
-    progress: HashMap<String, ((u32, u32, u32, u32), Instant)>,
+    progress: HashMap<String, (rollout::Mark, Instant)>,
     /// When each host was last heard from (not persisted: a restart hears from all).
     heard: HashMap<HostId, Instant>,
     /// When each running job started running (for the backoff reset).
@@ -1375,9 +1375,7 @@ impl Core {
     ) -> Option<String> {
         let name = &s.info.name;
         let generation = s.info.generation;
-        let Some(mut rec) = txn.service(&self.cluster, name) else {
-            return None;
-        };
+        let mut rec = txn.service(&self.cluster, name)?;
         let mut r = rec.rollout.clone();
         let mut revert = None;
         if !r.is_running(generation) {

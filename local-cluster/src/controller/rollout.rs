@@ -315,8 +315,12 @@ pub(crate) fn to_drain(s: &Service) -> Vec<JobId> {
     out
 }
 
-/// A progress signature: the deadline counts from the last time it changed.
-pub(crate) fn progress_mark(c: &Counts) -> (u32, u32, u32, u32) {
+/// A progress signature (available, updated, outdated, excess): the deadline counts from
+/// the last time it changed.
+pub(crate) type Mark = (u32, u32, u32, u32);
+
+/// The [`Mark`] of `c`.
+pub(crate) fn progress_mark(c: &Counts) -> Mark {
     (c.available, c.updated, c.outdated, c.excess)
 }
 

@@ -1365,6 +1365,73 @@ async fn submit_errors_list_every_problem() {
 }
 
 #[tokio::test]
+async fn put_scale_restart_and_stop_answer_and_refuse_bad_input_whole() {
+    let app = app().await;
+    let web = |cmd: &str| json!({"service": {"name": "web", "project": "team-a", "replicas": 2, "command": [cmd]}});
+    let bad = json!({"service": {"name": "other", "project": "team-a", "command": ["x"],
+        "drain": "-1s",
+        "update": {"max_surge": 0, "max_unavailable": 0, "min_ready": "2h", "deadline": "0s",
+                   "auto_revert": "yes", "surge": 1}}});
+    let mut out = Vec::new();
+    for (method, path, body) in [
+        ("PUT", "/v1/services/web", Some(web("v1"))),
+        ("PUT", "/v1/services/web", Some(web("v1"))),
+        ("PUT", "/v1/services/web", Some(web("v2"))),
+        ("PUT", "/v1/services/web", Some(bad)),
+        (
+            "POST",
+            "/v1/services/web/scale",
+            Some(json!({"replicas": 0})),
+        ),
+        (
+            "POST",
+            "/v1/services/web/scale",
+            Some(json!({"replicas": 1001})),
+        ),
+        (
+            "POST",
+            "/v1/services/web/scale",
+            Some(json!({"replicas": "three"})),
+        ),
+        (
+            "POST",
+            "/v1/services/web/scale",
+            Some(json!({"replicas": 3})),
+        ),
+        ("POST", "/v1/services/web/restart", None),
+        ("POST", "/v1/services/nope/restart", None),
+        ("DELETE", "/v1/services/web?now=true", None),
+        ("PUT", "/v1/services/web", Some(web("v3"))),
+    ] {
+        let (s, v) = app.json(method, path, "alice-secret", body).await;
+        let what = match v.get("error") {
+            Some(e) => e.to_string(),
+            None if v.get("rollout").is_some() => format!(
+                "generation={} replicas={} rollout={}",
+                v["generation"], v["replicas"], v["rollout"]["state"]
+            ),
+            None => v.to_string(),
+        };
+        out.push(format!("{method} {path} -> {} {what}", s.as_u16()));
+    }
+    expect![[r#"
+        PUT /v1/services/web -> 201 generation=1 replicas=2 rollout="progressing"
+        PUT /v1/services/web -> 200 generation=1 replicas=2 rollout="progressing"
+        PUT /v1/services/web -> 200 generation=2 replicas=2 rollout="progressing"
+        PUT /v1/services/web -> 400 {"code":"invalid","details":[{"field":"service.name","reason":"is \"other\", but the request is for service \"web\""},{"field":"service.drain","reason":"must not be negative"},{"field":"service.update.surge","reason":"unknown field"},{"field":"service.update","reason":"max_surge and max_unavailable must not both be 0 (a rollout could never replace a replica)"},{"field":"service.update.min_ready","reason":"must be between 0s and 1h"},{"field":"service.update.deadline","reason":"must be between 1s and 1h"},{"field":"service.update.auto_revert","reason":"must be true or false"}],"message":"invalid profile"}
+        POST /v1/services/web/scale -> 400 {"code":"invalid","details":[{"field":"replicas","reason":"must be between 1 and 1000 (to stop the service, delete it)"}],"message":"invalid scale request"}
+        POST /v1/services/web/scale -> 400 {"code":"invalid","details":[{"field":"replicas","reason":"must be between 1 and 1000 (to stop the service, delete it)"}],"message":"invalid scale request"}
+        POST /v1/services/web/scale -> 400 {"code":"invalid","details":[{"field":"replicas","reason":"send {\"replicas\": N} with N between 1 and 1000 (invalid type: string \"three\", expected i64 at line 1 column 19)"}],"message":"invalid scale request"}
+        POST /v1/services/web/scale -> 200 generation=2 replicas=3 rollout="progressing"
+        POST /v1/services/web/restart -> 200 generation=3 replicas=3 rollout="progressing"
+        POST /v1/services/nope/restart -> 404 {"code":"not_found","details":[],"message":"service \"nope\" not found"}
+        DELETE /v1/services/web?now=true -> 202 {"name":"web","stopping":0}
+        PUT /v1/services/web -> 201 generation=1 replicas=2 rollout="progressing""#]]
+    .assert_eq(&out.join("\n"));
+    app.ctl.shutdown().await;
+}
+
+#[tokio::test]
 async fn oversized_bodies_answer_413_in_the_error_shape() {
     let cfg = ControllerConfig {
         body_limit: 64,
