@@ -101,7 +101,7 @@ impl View {
     /// 400s tell nothing to a caller who may not see it).
     fn check(&self, entry: &Entry) -> Result<(), ApiError> {
         if let Some(port) = &self.port {
-            if !entry.declares(port) {
+            if !entry.knows_port(port) {
                 return Err(ApiError::bad_param(
                     "port",
                     format!(
