@@ -929,6 +929,7 @@ async fn stream_client_falling_behind_is_disconnected() {
         xce_endpoint_watchers_rejected_total 0
         xce_endpoint_streams_lagged_total 1
         xce_endpoint_propagation_seconds_count 6
+        xce_endpoint_delivery_seconds_count 2
     "#]].assert_eq(&out);
 }
 
@@ -980,6 +981,7 @@ async fn stream_client_that_never_reads_is_cut_off() {
         xce_endpoint_watchers_rejected_total 0
         xce_endpoint_streams_lagged_total 1
         xce_endpoint_propagation_seconds_count 4
+        xce_endpoint_delivery_seconds_count 3
         silent client reads at last: None
     "#]]
     .assert_eq(&out);
@@ -987,6 +989,131 @@ async fn stream_client_that_never_reads_is_cut_off() {
 
 fn first_line(event: Option<String>) -> Option<String> {
     event.map(|e| e.lines().next().unwrap_or_default().to_owned())
+}
+
+/// `xce_endpoint_delivery_seconds`: each change is observed once, when the last watcher of
+/// its service that was connected when it arrived has been sent it; a watcher that leaves
+/// or will not be sent it (a blocking query waiting for a later index) does not hold it
+/// open; a change nobody was sent is not observed. Streams are sent an event only when
+/// they are read, which orders the steps; no timing is asserted.
+#[tokio::test]
+async fn delivery_histogram_waits_for_the_last_watcher() {
+    let c = Cluster::new(TableConfig::default()).await;
+    let mut out = String::new();
+    let delivered = |c: &Cluster| {
+        let metrics = c.metrics();
+        let count = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("xce_endpoint_delivery_seconds_count "))
+            .unwrap()
+            .to_owned();
+        let pending = c
+            .api
+            .shared()
+            .subscribe("web")
+            .unwrap()
+            .borrow()
+            .delivery
+            .pending();
+        format!("observed {count}, pending {pending}")
+    };
+    let stream = async || Events::new(c.get("alice /v1/services/web/endpoints/stream").await);
+    let (mut s1, mut s2, mut s3) = (stream().await, stream().await, stream().await);
+    for s in [&mut s1, &mut s2, &mut s3] {
+        s.next().await.unwrap();
+    }
+    let mut j3 = web_job("j-3", 2, "exec-01", 20419);
+    let mut rev = 10;
+    let mut toggle = async || {
+        rev += 1;
+        j3.ready = !j3.ready;
+        c.event(ev_job(rev, j3.clone())).await;
+    };
+
+    // Three streams: observed once, after the third was sent the change.
+    toggle().await;
+    let _ = writeln!(out, "change 11, 3 streams: {}", delivered(&c));
+    for (name, s) in [("s1", &mut s1), ("s2", &mut s2), ("s3", &mut s3)] {
+        let event = first_line(s.next().await).unwrap();
+        let _ = writeln!(out, "{name} read {event:?}: {}", delivered(&c));
+    }
+
+    // A parked blocking query and three streams, one of which disconnects unread.
+    let blocking = tokio::spawn(c.router.clone().oneshot(Cluster::request(
+        "alice /v1/services/web/endpoints?index=11&wait=10m",
+    )));
+    c.watchers_reach(4).await;
+    toggle().await;
+    let resp = tokio::time::timeout(PATIENCE, blocking).await.unwrap();
+    let _ = writeln!(
+        out,
+        "change 12, blocking answered {}: {}",
+        resp.unwrap().unwrap().status(),
+        delivered(&c)
+    );
+    for (name, s) in [("s1", &mut s1), ("s2", &mut s2)] {
+        let event = first_line(s.next().await).unwrap();
+        let _ = writeln!(out, "{name} read {event:?}: {}", delivered(&c));
+    }
+    drop(s3);
+    c.watchers_reach(2).await;
+    let _ = writeln!(out, "s3 gone unread: {}", delivered(&c));
+
+    // A blocking query waiting for a later index is not sent this change: once it has
+    // seen the change (on its own task, so when is not ordered here) and both streams
+    // were sent it, it is observed, while that query is still parked.
+    let ahead = tokio::spawn(c.router.clone().oneshot(Cluster::request(
+        "alice /v1/services/web/endpoints?index=1000&wait=10m",
+    )));
+    c.watchers_reach(3).await;
+    toggle().await;
+    for (name, s) in [("s1", &mut s1), ("s2", &mut s2)] {
+        let event = first_line(s.next().await).unwrap();
+        let _ = writeln!(out, "change 13, {name} read {event:?}");
+    }
+    let observed = async {
+        while !delivered(&c).starts_with("observed 3,") {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, observed).await.unwrap();
+    let _ = writeln!(
+        out,
+        "then {}, watchers {}",
+        delivered(&c),
+        c.api.shared().watcher_count()
+    );
+    ahead.abort();
+    c.watchers_reach(2).await;
+
+    // Every watcher leaves before it is sent the change: nothing to observe.
+    toggle().await;
+    drop((s1, s2));
+    c.watchers_reach(0).await;
+    let _ = writeln!(
+        out,
+        "change 14, both streams gone unread: {}",
+        delivered(&c)
+    );
+    // No watcher at all.
+    toggle().await;
+    let _ = writeln!(out, "change 15, no watcher: {}", delivered(&c));
+    expect![[r#"
+        change 11, 3 streams: observed 0, pending 1
+        s1 read "id: 11": observed 0, pending 1
+        s2 read "id: 11": observed 0, pending 1
+        s3 read "id: 11": observed 1, pending 0
+        change 12, blocking answered 200 OK: observed 1, pending 1
+        s1 read "id: 12": observed 1, pending 1
+        s2 read "id: 12": observed 1, pending 1
+        s3 gone unread: observed 2, pending 0
+        change 13, s1 read "id: 13"
+        change 13, s2 read "id: 13"
+        then observed 3, pending 0, watchers 3
+        change 14, both streams gone unread: observed 3, pending 0
+        change 15, no watcher: observed 3, pending 0
+    "#]]
+    .assert_eq(&out);
 }
 
 #[tokio::test]
@@ -1049,7 +1176,8 @@ async fn watcher_caps() {
         xce_endpoint_watchers 3
         xce_endpoint_watchers_rejected_total 3
         xce_endpoint_streams_lagged_total 0
-        xce_endpoint_propagation_seconds_count 1"#]]
+        xce_endpoint_propagation_seconds_count 1
+        xce_endpoint_delivery_seconds_count 0"#]]
     .assert_eq(&c.metrics());
     drop((a2, b1, root));
     c.watchers_reach(0).await;
