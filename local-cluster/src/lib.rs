@@ -9,8 +9,10 @@ pub mod apiserver;
 pub mod auth;
 pub mod clientconf;
 pub mod controller;
+pub mod limits;
 pub mod profile;
 pub mod proto;
+pub mod serve;
 pub mod store;
 pub mod worker;
 

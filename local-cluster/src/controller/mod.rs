@@ -53,6 +53,8 @@ pub struct ControllerConfig {
     pub grace_period: Duration,
     /// The largest request body accepted (413 above).
     pub body_limit: usize,
+    /// What clients may hold of the API port (connection caps and timeouts).
+    pub connections: crate::serve::ConnLimits,
 }
 
 impl Default for ControllerConfig {
@@ -64,6 +66,7 @@ impl Default for ControllerConfig {
             unreachable_after: Duration::from_secs(3),
             grace_period: Duration::from_secs(30),
             body_limit: 1024 * 1024,
+            connections: crate::serve::ConnLimits::default(),
         }
     }
 }
@@ -280,43 +283,7 @@ pub fn router(controller: &Controller) -> axum::Router {
     api::build(controller.api.clone())
 }
 
-/// The listen backlog: thousands of watchers reconnecting at once (an apiserver restart)
-/// must not overflow the accept queue (tokio's default of 1,024 did in the scale bench:
-/// thousands of SYN retransmits, seconds of delay). The kernel caps it at `somaxconn`.
-const BACKLOG: u32 = 8192;
-
-/// Binds `addr` for an HTTP server, with address reuse (a restarted daemon gets its port
-/// back at once) and a deep accept queue.
-pub(crate) fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
-    let socket = if addr.is_ipv4() {
-        tokio::net::TcpSocket::new_v4()?
-    } else {
-        tokio::net::TcpSocket::new_v6()?
-    };
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(BACKLOG)
-}
-
-/// Binds `addr` (see [`listen`]) and serves `app` on it until `stop` turns true
-/// (in-flight requests finish).
-pub(crate) fn serve(
-    addr: SocketAddr,
-    app: axum::Router,
-    mut stop: watch::Receiver<bool>,
-) -> anyhow::Result<(SocketAddr, JoinHandle<std::io::Result<()>>)> {
-    let listener = listen(addr).with_context(|| format!("cannot listen on {addr}"))?;
-    let addr = listener.local_addr()?;
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|s| *s).await;
-            })
-            .await
-    });
-    tracing::info!(%addr, "apiserver listening");
-    Ok((addr, server))
-}
+pub(crate) use crate::serve::serve;
 
 /// A controller serving on a socket.
 #[derive(Debug)]
@@ -338,6 +305,7 @@ pub async fn start(
     let (addr, server) = serve(
         cfg.listen,
         controller.router(),
+        cfg.connections,
         controller.shutdown.subscribe(),
     )?;
     Ok(RunningController {
