@@ -13,7 +13,10 @@ pub fn nofile() -> (u64, u64) {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
         return (1024, 1024);
     }
-    (u64::from(r.rlim_cur), u64::from(r.rlim_max))
+    // rlim_t is u64 on Linux, but not everywhere.
+    #[allow(clippy::useless_conversion)]
+    let limits = (u64::from(r.rlim_cur), u64::from(r.rlim_max));
+    limits
 }
 
 /// Raises the soft open-file limit to the hard limit; returns `(before, after)`.

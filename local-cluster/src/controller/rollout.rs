@@ -19,8 +19,9 @@ use serde_json::Value;
 use std::collections::BTreeSet;
 
 /// Exits of current-generation replicas during one rollout that fail it ("new replicas
-/// keep exiting"): with the restart backoff (1 s, 2 s, 4 s) a command that dies at once
-/// fails its rollout in about 7 s.
+/// keep exiting"), all slots together: a command that dies at once fails its rollout
+/// within the restart backoff of a few exits (about 1 s when several new replicas start
+/// at once, up to about 7 s for one replica: 1 s, 2 s, 4 s).
 pub(crate) const MAX_NEW_EXITS: u32 = 3;
 
 /// Where a service's latest change stands.
