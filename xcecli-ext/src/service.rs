@@ -2,7 +2,7 @@
 //! `--wait`), `stop`, and `status` that shows where a change stands.
 
 use crate::cli::{ListFormat, WaitArgs};
-use crate::client::{Answer, Client};
+use crate::client::{Answer, Client, Put};
 use crate::endpoints::write_out;
 use crate::error::{CliError, ErrorKind};
 use crate::format;
@@ -28,10 +28,8 @@ pub(crate) async fn submit(
     })?;
     let result = match profile_name(&toml) {
         Some(name) => client.put(&name, toml).await,
-        None => client
-            .submit(toml)
-            .await
-            .map(|a| (crate::client::Put::Created, a)),
+        // POST only ever creates: its success is a 201.
+        None => client.submit(toml).await.map(|a| (Put::Created, a)),
     };
     let (put, answer) = result.map_err(|e| match e.kind {
         ErrorKind::Invalid if !e.details.is_empty() => CliError {
