@@ -77,14 +77,23 @@ struct Reply {
     status: StatusCode,
     text: String,
     index: Option<u64>,
+    /// `X-Xce-Change` of a `PUT`: `created`, `updated` or `unchanged`.
+    change: Option<String>,
 }
+
+/// What a `PUT` did, as the server says it.
+const CHANGE_HEADER: &str = "x-xce-change";
 
 /// How `PUT /v1/services/{name}` went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Put {
     /// 201: the service did not exist.
     Created,
-    /// 200: updated (a new generation) or unchanged; the answer alone does not say which.
+    /// 200 with `X-Xce-Change: updated`: a new generation, or new settings in place.
+    Updated,
+    /// 200 with `X-Xce-Change: unchanged`: the same profile.
+    Unchanged,
+    /// 200 from a server that does not say which.
     Replaced,
 }
 
@@ -221,6 +230,11 @@ impl Client {
             .get(INDEX_HEADER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok());
+        let change = resp
+            .headers()
+            .get(CHANGE_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let text = resp
             .text()
             .await
@@ -229,6 +243,7 @@ impl Client {
             status,
             text,
             index,
+            change,
         };
         Ok((url, reply))
     }
@@ -328,7 +343,11 @@ impl Client {
             .await?;
         let put = match reply.status {
             StatusCode::CREATED => Put::Created,
-            s if s.is_success() => Put::Replaced,
+            s if s.is_success() => match reply.change.as_deref() {
+                Some("updated") => Put::Updated,
+                Some("unchanged") => Put::Unchanged,
+                _ => Put::Replaced,
+            },
             // An apiserver from before rollouts has no PUT route; it can still create.
             StatusCode::METHOD_NOT_ALLOWED => {
                 let url = self.url(&["services"]);

@@ -232,11 +232,20 @@ fn ports_used(summary: Option<&serde_json::Value>) -> String {
     }
 }
 
-/// What `service submit` prints: `created` on a 201; on a 200 the answer does not say
-/// whether the profile changed, so the generation it runs now is printed instead.
+/// What `service submit` prints: `created`, `updated` or `unchanged` as the server says
+/// (`X-Xce-Change`), with the generation; a server that does not say gets the generation
+/// only.
 pub(crate) fn submitted(put: Put, detail: &ServiceDetail) -> String {
     match put {
         Put::Created => format!("service {} created\n", detail.name),
+        Put::Updated => format!(
+            "service {} updated (generation {})\n",
+            detail.name, detail.generation
+        ),
+        Put::Unchanged => format!(
+            "service {} unchanged (generation {})\n",
+            detail.name, detail.generation
+        ),
         Put::Replaced => format!(
             "service {}: generation {}\n",
             detail.name, detail.generation

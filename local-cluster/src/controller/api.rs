@@ -366,11 +366,15 @@ async fn put_service(
             reply,
         })
         .await?;
-    let status = match applied {
-        Applied::Created => StatusCode::CREATED,
-        Applied::Updated | Applied::Unchanged => StatusCode::OK,
+    let (status, change) = match applied {
+        Applied::Created => (StatusCode::CREATED, "created"),
+        Applied::Updated => (StatusCode::OK, "updated"),
+        Applied::Unchanged => (StatusCode::OK, "unchanged"),
     };
-    detail_response(&st, &name, status)
+    let mut resp = detail_response(&st, &name, status)?;
+    resp.headers_mut()
+        .insert("x-xce-change", HeaderValue::from_static(change));
+    Ok(resp)
 }
 
 #[derive(Debug, serde::Deserialize)]

@@ -639,16 +639,19 @@ async fn put_service(
     let Some(svc) = inner.services.get_mut(&name) else {
         return (StatusCode::CREATED, Json(create(&mut inner, p, false))).into_response();
     };
-    if svc.profile != p.table {
+    let change = if svc.profile != p.table {
         svc.profile = p.table;
         svc.replicas = p.replicas;
         svc.ports = p.ports;
         new_generation(svc, index);
-    }
+        "updated"
+    } else {
+        "unchanged"
+    };
     let body = detail_json(&name, svc, false);
     drop(inner);
     state.shared.changed.send_replace(index);
-    (StatusCode::OK, Json(body)).into_response()
+    (StatusCode::OK, [("x-xce-change", change)], Json(body)).into_response()
 }
 
 /// `POST /v1/services/{name}/scale`: the same generation, progressing again.

@@ -103,10 +103,10 @@ async fn submit_creates_and_updates() {
             dir,
             &format!("service submit {good}"),
             expect![[r#"
-            exit 0
-            service cache: generation 1
-            --- stderr
-        "#]],
+                exit 0
+                service cache unchanged (generation 1)
+                --- stderr
+            "#]],
         )
         .await;
         let more = write(
@@ -119,10 +119,10 @@ async fn submit_creates_and_updates() {
             dir,
             &format!("service submit {more}"),
             expect![[r#"
-            exit 0
-            service cache: generation 2
-            --- stderr
-        "#]],
+                exit 0
+                service cache updated (generation 2)
+                --- stderr
+            "#]],
         )
         .await;
         let web = write(dir, "web.toml", WEB_TOML);
@@ -131,10 +131,10 @@ async fn submit_creates_and_updates() {
             dir,
             &format!("service submit {web}"),
             expect![[r#"
-            exit 0
-            service web: generation 1
-            --- stderr
-        "#]],
+                exit 0
+                service web unchanged (generation 1)
+                --- stderr
+            "#]],
         )
         .await;
 
@@ -269,7 +269,7 @@ async fn submit_wait_follows_the_rollout_until_complete() {
 
         expect![[r#"
             exit 0
-            service web: generation 2
+            service web updated (generation 2)
             service web: generation 2 complete, 3 of 3 replicas ready
             --- stderr
             generation 2: 0/3 updated, 2 ready, 3 outdated
