@@ -145,6 +145,10 @@ fn from_core(e: CoreError) -> ApiError {
             ..ApiError::new(StatusCode::FORBIDDEN, "quota_exceeded", e.to_string())
         },
         CoreError::FactsRefused(details) => ApiError::invalid("host facts refused", details),
+        e @ CoreError::AddressTaken { .. } => ApiError {
+            details: vec![FieldError::new("ip_addr", e.to_string())],
+            ..ApiError::new(StatusCode::CONFLICT, "address_in_use", "host facts refused")
+        },
         CoreError::UnknownHost(h) => ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",

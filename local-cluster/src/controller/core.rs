@@ -64,6 +64,8 @@ pub(crate) enum CoreError {
     Quota(quota::Exceeded),
     #[error("host facts refused")]
     FactsRefused(Vec<FieldError>),
+    #[error("address {ip} is advertised by live host {other}")]
+    AddressTaken { ip: String, other: HostId },
     #[error("host {0:?} is not registered")]
     UnknownHost(HostId),
     #[error(transparent)]
@@ -792,6 +794,22 @@ impl Core {
     // --- worker commands ---
 
     fn check_facts(&self, host: &HostId, facts: &HostFacts) -> Result<(), CoreError> {
+        // One live host per advertised address: a worker credential must not be able to
+        // send another host's endpoint traffic to itself (or anyone's to it).
+        if let Some(ip) = facts.ip_addr {
+            let other = self.cluster.hosts.values().find(|h| {
+                h.info.id != *host
+                    && h.info.state != HostState::Lost
+                    && h.info.facts.ip_addr == Some(ip)
+            });
+            if let Some(other) = other {
+                warn!(host = %host, ip_addr = %ip, advertised_by = %other.info.id, "host facts refused: the address is another live host's");
+                return Err(CoreError::AddressTaken {
+                    ip: ip.to_string(),
+                    other: other.info.id.clone(),
+                });
+            }
+        }
         let mut problems = Vec::new();
         for p in &self.policies {
             if let Err(mut e) = p.check(host, facts) {

@@ -197,10 +197,20 @@ impl ClusterListener for Recorder {
 }
 
 fn facts(slots: u64) -> HostFacts {
+    facts_at("127.0.0.11", slots)
+}
+
+/// The facts of host `exec-NN`: its own address, 127.0.0.(10 + NN).
+fn facts_of(host: &str, slots: u64) -> HostFacts {
+    let n: u8 = host.trim_start_matches("exec-").parse().unwrap_or(1);
+    facts_at(&format!("127.0.0.{}", 10 + n), slots)
+}
+
+fn facts_at(ip: &str, slots: u64) -> HostFacts {
     HostFacts {
-        ip_addr: Some("127.0.0.11".parse().unwrap()),
+        ip_addr: Some(ip.parse().unwrap()),
         addresses: vec![plugin_api::HostAddress {
-            ip: "127.0.0.11".parse().unwrap(),
+            ip: ip.parse().unwrap(),
             interface: Some("lo".into()),
         }],
         sections: [("slots".to_owned(), json!(slots))].into(),
@@ -319,7 +329,7 @@ impl Sim {
 
     fn register(&mut self, host: &str, slots: u64, running: &[&str]) {
         let req = RegisterRequest {
-            facts: facts(slots),
+            facts: facts_of(host, slots),
             running: running
                 .iter()
                 .map(|j| RunningJob {
@@ -1137,7 +1147,7 @@ impl App {
 
     async fn register(&self, host: &str, secret: &str, slots: u64) {
         let req = RegisterRequest {
-            facts: facts(slots),
+            facts: facts_of(host, slots),
             running: vec![],
         };
         let (s, b) = self
@@ -1518,6 +1528,49 @@ async fn a_project_at_its_quota_is_refused_while_another_still_places() {
 }
 
 #[tokio::test]
+async fn a_worker_cannot_advertise_another_live_hosts_address() {
+    let app = app().await;
+    app.register("exec-01", "w1-secret", 2).await;
+    app.register("exec-02", "w2-secret", 2).await;
+    // exec-01's credential reports exec-02's address.
+    let stolen = serde_json::to_value(facts_at("127.0.0.12", 2)).unwrap();
+    let (s, v) = app
+        .json(
+            "PUT",
+            "/internal/v1/hosts/exec-01/facts",
+            "w1-secret",
+            Some(stolen),
+        )
+        .await;
+    let (_, hosts) = app.json("GET", "/v1/hosts", "admin-secret", None).await;
+    let ips: Vec<&Value> = hosts["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| &h["ip_addr"])
+        .collect();
+    expect![[r#"
+        409 {"code":"address_in_use","details":[{"field":"ip_addr","reason":"address 127.0.0.12 is advertised by live host exec-02"}],"message":"host facts refused"}
+        [String("127.0.0.11"), String("127.0.0.12")]"#]]
+    .assert_eq(&format!("{} {}\n{ips:?}", s.as_u16(), v["error"]));
+    // A registration with it is refused the same way.
+    let req = RegisterRequest {
+        facts: facts_at("127.0.0.11", 2),
+        running: vec![],
+    };
+    let (s, _) = app
+        .json(
+            "POST",
+            "/internal/v1/hosts/exec-02/register",
+            "w2-secret",
+            Some(serde_json::to_value(req).unwrap()),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    app.ctl.shutdown().await;
+}
+
+#[tokio::test]
 async fn oversized_bodies_answer_413_in_the_error_shape() {
     let cfg = ControllerConfig {
         body_limit: 64,
@@ -1583,7 +1636,7 @@ async fn service_and_host_answers_have_the_rest_shapes() {
         {"generation":1,"index":6,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":false,"replica":0,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts (exec-01, exec-02)","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":0,"reason":null,"state":"progressing","updated":3},"state":"active"}
         {"generation":1,"index":8,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":true,"replica":0,"slots":{"slot":0},"state":"running"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts (exec-01, exec-02)","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":1,"reason":null,"state":"progressing","updated":3},"state":"active"}
         {"services":[{"generation":1,"index":8,"name":"web","pending":1,"pending_reason":"slots is full on all 2 hosts (exec-01, exec-02)","project":"default","ready":1,"replicas":4,"rollout":"progressing","running":1,"state":"active"}]}
-        {"hosts":[{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-01","ip_addr":"127.0.0.11","jobs":2,"slots":{"capacity":2,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-02","ip_addr":"127.0.0.11","jobs":1,"slots":{"capacity":1,"used":1},"state":"ready"}]}
+        {"hosts":[{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-01","ip_addr":"127.0.0.11","jobs":2,"slots":{"capacity":2,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.12"}],"id":"exec-02","ip_addr":"127.0.0.12","jobs":1,"slots":{"capacity":1,"used":1},"state":"ready"}]}
         test_ext_total 1
         test_slots 42
         xce_jobs{state="draining"} 0
