@@ -580,37 +580,6 @@ async fn step(
     want_code: i32,
 ) -> (Phase, String) {
     let start = monotonic_ns();
-    if std::env::var_os("SCRATCH_REST").is_some() {
-        let api = SCRATCH_API.get().unwrap();
-        let http = &api.http;
-        let base = &api.base;
-        let r = match args[1] {
-            "submit" => http
-                .put(format!("{base}/v1/services/web"))
-                .header("content-type", "application/toml")
-                .body(std::fs::read_to_string(args[2]).unwrap()),
-            "scale" => http
-                .post(format!("{base}/v1/services/web/scale"))
-                .header("content-type", "application/json")
-                .body(format!("{{\"replicas\": {}}}", args[3])),
-            "restart" => http.post(format!("{base}/v1/services/web/restart")),
-            _ => unreachable!(),
-        };
-        let r = r.bearer_auth(&api.token).send().await.unwrap();
-        let st = r.status();
-        let body = r.text().await.unwrap();
-        println!("SCRATCH {:?} -> {st}", args);
-        assert!(st.is_success(), "{body}");
-        return (
-            Phase {
-                name,
-                start,
-                end: 0,
-                floor,
-            },
-            String::new(),
-        );
-    }
     let (code, out, err) = cli(config, args).await;
     let all = format!("{out}{err}");
     println!(
@@ -633,8 +602,6 @@ async fn step(
         all,
     )
 }
-
-static SCRATCH_API: std::sync::OnceLock<Api> = std::sync::OnceLock::new();
 
 // === what the client saw ===
 
@@ -811,7 +778,6 @@ async fn no_request_lost_during_rollout_scale_restart_and_revert() {
     let web = Web::new();
     let c = DevCluster::start(3, false).expect("dev cluster");
     let api = c.api.clone();
-    let _ = SCRATCH_API.set(api.clone());
     let (st, body) = api.submit_toml(&web.profile("v1", 5)).await.unwrap();
     assert_eq!(st, 201, "submit v1: {body}");
     let follower = Follower::start(&api).await;
@@ -1040,7 +1006,7 @@ async fn new_way(api: &Api, cfg: &Path, web: &Web, follower: &Follower) -> Repor
         r.reappeared.len(),
         follower.reopened.load(Ordering::Relaxed),
         d["rollout"]["reason"],
-        out.lines().last().unwrap_or(""),
+        out.lines().find(|l| l.starts_with("error:")).unwrap_or(""),
         secs(t0.elapsed().as_nanos() as u64),
     );
     r
