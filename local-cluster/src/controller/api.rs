@@ -134,6 +134,16 @@ fn from_core(e: CoreError) -> ApiError {
         ),
         CoreError::Invalid(details) => ApiError::invalid("invalid profile", details),
         CoreError::Refused(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
+        CoreError::Quota(e) => ApiError {
+            details: vec![FieldError::new(
+                format!("quotas.{}.{}", e.project, e.quota),
+                format!(
+                    "limit {}, in use {}, this change needs {}",
+                    e.limit, e.used, e.wanted
+                ),
+            )],
+            ..ApiError::new(StatusCode::FORBIDDEN, "quota_exceeded", e.to_string())
+        },
         CoreError::FactsRefused(details) => ApiError::invalid("host facts refused", details),
         CoreError::UnknownHost(h) => ApiError::new(
             StatusCode::NOT_FOUND,

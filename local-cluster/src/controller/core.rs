@@ -7,6 +7,7 @@
 
 use super::metrics::Metrics;
 use super::model::{After, Cluster, HostRec, JobRec, LoadError, ServiceRec, ServiceState, Txn};
+use super::quota::{self, Quotas};
 use super::rollout::{self, Counts, JobFacts, Phase, Rollout, RolloutState, Stable};
 use super::scheduler::{self, Candidate, Request};
 use crate::profile::{self, Profile};
@@ -59,6 +60,8 @@ pub(crate) enum CoreError {
     Refused(String),
     #[error("invalid profile")]
     Invalid(Vec<FieldError>),
+    #[error("{0}")]
+    Quota(quota::Exceeded),
     #[error("host facts refused")]
     FactsRefused(Vec<FieldError>),
     #[error("host {0:?} is not registered")]
@@ -163,6 +166,8 @@ pub(crate) struct Core {
     /// readers' view includes it (see [`Core::publish`]), so no read path is ahead of
     /// the controller's own (`/v1/hosts` never behind the endpoints).
     outbox: Vec<ClusterEvent>,
+    /// Per-project limits on what services declare.
+    quotas: Quotas,
     /// The `now` of the last scheduling pass (see [`Core::next_deadline`]).
     last_pass: Option<Instant>,
     /// After a failed commit in a timer: do not retry before this (no busy loop while the
@@ -274,6 +279,7 @@ impl Core {
             drain_until,
             progress: HashMap::new(),
             last_pass: None,
+            quotas: Quotas::default(),
             heard,
             running_since,
             backoff: HashMap::new(),
@@ -287,6 +293,46 @@ impl Core {
         };
         core.publish();
         Ok(core)
+    }
+
+    /// Sets the per-project quotas (checked on every create, update and scale).
+    pub(crate) fn set_quotas(&mut self, quotas: Quotas) {
+        self.quotas = quotas;
+    }
+
+    /// Refuses a change that would take `project` past a quota: `change` is the service
+    /// `name` as it would be (`None`: gone), with its replicas and per-replica quantities.
+    fn check_quota(
+        &self,
+        project: &str,
+        name: &str,
+        change: Option<(u32, &BTreeMap<String, u64>)>,
+    ) -> Result<(), CoreError> {
+        let Some(limits) = self.quotas.of(project) else {
+            return Ok(());
+        };
+        let (mut before, mut after) = (quota::Use::default(), quota::Use::default());
+        for s in self.cluster.services.values() {
+            if s.info.project != project || s.state == ServiceState::Stopping {
+                continue;
+            }
+            let q = self
+                .profiles
+                .get(&s.info.name)
+                .map(|p| p.quantities.clone())
+                .unwrap_or_default();
+            before.add(s.info.replicas, &q);
+            if s.info.name != name {
+                after.add(s.info.replicas, &q);
+            }
+        }
+        if let Some((replicas, q)) = change {
+            after.add(replicas, q);
+        }
+        quota::check(project, limits, &before, &after).map_err(|e| {
+            warn!(project = %e.project, quota = %e.quota, limit = e.limit, used = e.used, wanted = e.wanted, "change refused: quota exceeded");
+            CoreError::Quota(e)
+        })
     }
 
     pub(crate) fn view(&self) -> watch::Receiver<Arc<View>> {
@@ -469,6 +515,11 @@ impl Core {
         };
         let name = profile.name.clone();
         let Some(cur) = self.cluster.services.get(&name).cloned() else {
+            self.check_quota(
+                &profile.project,
+                &name,
+                Some((profile.replicas, &profile.quantities)),
+            )?;
             let mut txn = Txn::new(&self.cluster);
             let mut rollout = Rollout::default();
             rollout.begin();
@@ -520,6 +571,11 @@ impl Core {
         if cur.info.profile == profile.raw {
             return Ok((name, Applied::Unchanged));
         }
+        self.check_quota(
+            &profile.project,
+            &name,
+            Some((profile.replicas, &profile.quantities)),
+        )?;
         let mut svc = cur.clone();
         let new_generation = !rollout::same_template(&cur.info.profile, &profile.raw);
         if new_generation {
@@ -638,6 +694,11 @@ impl Core {
             return Ok(());
         }
         let mut profile = self.profiles[name].clone();
+        self.check_quota(
+            &svc.info.project,
+            name,
+            Some((replicas, &profile.quantities)),
+        )?;
         profile.replicas = replicas;
         if let Some(m) = profile.raw.as_object_mut() {
             m.insert("replicas".into(), Value::from(replicas));
@@ -1719,6 +1780,7 @@ fn fallback_profile(s: &ServiceInfo, raw: &Value) -> Profile {
         readiness: None,
         drain: profile::DEFAULT_DRAIN,
         update: profile::UpdatePolicy::default(),
+        quantities: Default::default(),
         raw: raw.clone(),
     }
 }

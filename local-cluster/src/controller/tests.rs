@@ -53,6 +53,7 @@ impl ResourcePlugin for SharedSlots {
             }
             _ => Ok(SectionInfo {
                 socket_names: vec!["http".into()],
+                quantities: [("slots".to_owned(), 1)].into(),
             }),
         }
     }
@@ -1427,6 +1428,91 @@ async fn put_scale_restart_and_stop_answer_and_refuse_bad_input_whole() {
         POST /v1/services/nope/restart -> 404 {"code":"not_found","details":[],"message":"service \"nope\" not found"}
         DELETE /v1/services/web?now=true -> 202 {"name":"web","stopping":0}
         PUT /v1/services/web -> 201 generation=1 replicas=2 rollout="progressing""#]]
+    .assert_eq(&out.join("\n"));
+    app.ctl.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_project_at_its_quota_is_refused_while_another_still_places() {
+    let quotas = quota::Quotas::parse(
+        &json!({"default": {"replicas": 3, "slots": 3}, "team-b": {"services": 1}}),
+        &["slots"],
+    )
+    .unwrap();
+    let cfg = ControllerConfig {
+        quotas,
+        ..ControllerConfig::default()
+    };
+    let app = app_with(cfg, Arc::new(MemStore::new()), SharedSlots::new()).await;
+    app.register("exec-01", "w1-secret", 10).await;
+    let svc = |name: &str, project: &str, replicas: u32| {
+        json!({"service": {"name": name, "project": project, "replicas": replicas,
+                           "command": ["sleep", "1000"]}})
+    };
+    let mut out = Vec::new();
+    for (who, method, path, body) in [
+        (
+            "alice-secret",
+            "POST",
+            "/v1/services",
+            Some(svc("a1", "team-a", 2)),
+        ),
+        (
+            "alice-secret",
+            "POST",
+            "/v1/services",
+            Some(svc("a2", "team-a", 2)),
+        ),
+        (
+            "alice-secret",
+            "POST",
+            "/v1/services/a1/scale",
+            Some(json!({"replicas": 4})),
+        ),
+        (
+            "alice-secret",
+            "PUT",
+            "/v1/services/a2",
+            Some(svc("a2", "team-a", 1)),
+        ),
+        (
+            "alice-secret",
+            "POST",
+            "/v1/services/a1/scale",
+            Some(json!({"replicas": 1})),
+        ),
+        (
+            "bob-secret",
+            "POST",
+            "/v1/services",
+            Some(svc("b1", "team-b", 5)),
+        ),
+        (
+            "bob-secret",
+            "POST",
+            "/v1/services",
+            Some(svc("b2", "team-b", 1)),
+        ),
+    ] {
+        let (s, v) = app.json(method, path, who, body).await;
+        let what = match v.get("error") {
+            Some(e) => e.to_string(),
+            None => format!(
+                "{} ready-or-placed={}",
+                v["name"],
+                v["jobs"].as_array().map_or(0, Vec::len)
+            ),
+        };
+        out.push(format!("{method} {path} -> {} {what}", s.as_u16()));
+    }
+    expect![[r#"
+        POST /v1/services -> 201 "a1" ready-or-placed=2
+        POST /v1/services -> 403 {"code":"quota_exceeded","details":[{"field":"quotas.team-a.replicas","reason":"limit 3, in use 2, this change needs 4"}],"message":"project \"team-a\" would use 4 replicas of its quota of 3 (2 in use)"}
+        POST /v1/services/a1/scale -> 403 {"code":"quota_exceeded","details":[{"field":"quotas.team-a.replicas","reason":"limit 3, in use 2, this change needs 4"}],"message":"project \"team-a\" would use 4 replicas of its quota of 3 (2 in use)"}
+        PUT /v1/services/a2 -> 201 "a2" ready-or-placed=1
+        POST /v1/services/a1/scale -> 200 "a1" ready-or-placed=2
+        POST /v1/services -> 201 "b1" ready-or-placed=5
+        POST /v1/services -> 403 {"code":"quota_exceeded","details":[{"field":"quotas.team-b.services","reason":"limit 1, in use 1, this change needs 2"}],"message":"project \"team-b\" would use 2 services of its quota of 1 (1 in use)"}"#]]
     .assert_eq(&out.join("\n"));
     app.ctl.shutdown().await;
 }

@@ -54,6 +54,10 @@ pub(crate) struct ControllerFile {
     /// `[connections]`: caps and timeouts of the API port (see `local_cluster::serve`).
     #[serde(default)]
     pub(crate) connections: local_cluster::serve::ConnLimits,
+    /// `[quotas.default]`, `[quotas."team-a"]`: read raw, then checked whole (see
+    /// [`quotas`]).
+    #[serde(default)]
+    pub(crate) quotas: Option<serde_json::Value>,
     /// `redb` (default) or `etcd://HOST:PORT[,HOST:PORT...]`; `--store` overrides it.
     #[serde(default, deserialize_with = "store_spec")]
     pub(crate) store: Option<local_cluster::store::StoreSpec>,
@@ -174,6 +178,18 @@ fn figment(path: &Path, env_keys: &[&str]) -> Result<Figment> {
         .merge(Env::prefixed("XCE_").only(env_keys)))
 }
 
+/// The controller's `[quotas]`, every problem listed. The known quota names are the
+/// host's (`services`, `replicas`) and the plugins' quantities (`ports`).
+pub(crate) fn quotas(cfg: &ControllerFile) -> Result<local_cluster::controller::quota::Quotas> {
+    let Some(v) = &cfg.quotas else {
+        return Ok(Default::default());
+    };
+    local_cluster::controller::quota::Quotas::parse(v, &["ports"]).map_err(|errs| {
+        let list: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+        anyhow::anyhow!("{}", list.join("; "))
+    })
+}
+
 /// `[connections]` as a whole: every problem in one error.
 fn check_connections(path: &Path, what: &str, c: &local_cluster::serve::ConnLimits) -> Result<()> {
     let problems = c.problems();
@@ -207,6 +223,7 @@ pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
         );
     }
     check_connections(path, "controller", &cfg.connections)?;
+    quotas(&cfg).with_context(|| format!("invalid controller config {}", path.display()))?;
     Ok(cfg)
 }
 

@@ -244,6 +244,7 @@ async fn run_controller(
         grace_period: cfg.grace_period,
         body_limit: cfg.body_limit,
         connections: cfg.connections,
+        quotas: config::quotas(&cfg)?,
     };
     let plugins = controller_plugins(cfg.address, cfg.endpoints);
     let running = match controller::start(ccfg, tokens, plugins, store).await {
