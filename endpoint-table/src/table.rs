@@ -129,7 +129,7 @@ impl Table {
             }
             ClusterEvent::Host { host, services, .. } => {
                 self.put_host(host);
-                touched.extend(services.iter().cloned());
+                touched.extend(services.iter().map(|k| k.name.clone()));
                 if let Some(jobs) = self.by_host.get(&host.id) {
                     touched.extend(jobs.iter().map(|j| self.jobs[j].service.clone()));
                 }

@@ -95,6 +95,9 @@ pub(crate) fn ev_host(rev: u64, host: HostInfo, services: &[&str]) -> ClusterEve
     ClusterEvent::Host {
         rev,
         host,
-        services: services.iter().map(|s| (*s).to_owned()).collect(),
+        services: services
+            .iter()
+            .map(|s| plugin_api::ServiceKey::new("default", *s))
+            .collect(),
     }
 }

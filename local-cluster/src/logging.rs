@@ -42,8 +42,7 @@ pub fn clean(s: &str) -> String {
 
 /// The field formatter of every daemon: `name=value` pairs separated by spaces, the
 /// message bare, each value [`clean`]ed.
-pub fn fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + Send + Sync + 'static
-{
+pub fn fields() -> impl for<'w> tracing_subscriber::fmt::FormatFields<'w> + Send + Sync + 'static {
     tracing_subscriber::fmt::format::debug_fn(
         |w: &mut Writer<'_>, field: &tracing::field::Field, value: &dyn std::fmt::Debug| {
             let text = clean(&format!("{value:?}"));

@@ -3,6 +3,67 @@
 use crate::{Grant, HostFacts, HostId, JobId};
 use std::collections::BTreeMap;
 
+/// What identifies a service: its project and its name. Two projects may each have a
+/// service of the same name; nothing else tells them apart.
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub struct ServiceKey {
+    /// The project (RBAC scope).
+    pub project: String,
+    /// The service name, unique within its project.
+    pub name: String,
+}
+
+impl ServiceKey {
+    /// The key of service `name` in `project`.
+    pub fn new(project: impl Into<String>, name: impl Into<String>) -> Self {
+        ServiceKey {
+            project: project.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ServiceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.project, self.name)
+    }
+}
+
+/// How a path's service name is resolved for a caller (DESIGN §5): among the projects the
+/// caller may view, or exactly `project` when given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolved {
+    /// The one visible service of that name.
+    Found(ServiceKey),
+    /// None the caller may view: the same answer as for a name nobody uses.
+    NotFound,
+    /// Several visible projects have a service of that name (listed): the caller must
+    /// pick one with `?project=`.
+    Ambiguous(Vec<String>),
+}
+
+/// Resolves service `name` for a caller who may view the projects `visible` accepts;
+/// `projects` are the projects that have a service of that name. A project the caller
+/// cannot view is never named and never changes the answer.
+pub fn resolve_service<'a>(
+    name: &str,
+    project: Option<&str>,
+    projects: impl IntoIterator<Item = &'a str>,
+    visible: impl Fn(&str) -> bool,
+) -> Resolved {
+    let mut mine: Vec<&str> = projects.into_iter().filter(|p| visible(p)).collect();
+    mine.sort_unstable();
+    mine.dedup();
+    match (project, mine.as_slice()) {
+        (Some(p), _) if mine.contains(&p) => Resolved::Found(ServiceKey::new(p, name)),
+        (Some(_), _) | (None, []) => Resolved::NotFound,
+        (None, [one]) => Resolved::Found(ServiceKey::new(*one, name)),
+        (None, _) => Resolved::Ambiguous(mine.iter().map(|p| (*p).to_owned()).collect()),
+    }
+}
+
 /// A service as the controller knows it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ServiceInfo {
@@ -24,6 +85,13 @@ pub struct ServiceInfo {
     /// existed read as 1.
     #[serde(default = "first_generation")]
     pub generation: u64,
+}
+
+impl ServiceInfo {
+    /// What identifies the service.
+    pub fn key(&self) -> ServiceKey {
+        ServiceKey::new(&self.project, &self.name)
+    }
 }
 
 /// The generation of a service's first profile (and of records older than generations).
@@ -84,6 +152,13 @@ pub struct JobInfo {
     /// [`ServiceInfo::generation`]).
     #[serde(default = "first_generation")]
     pub generation: u64,
+}
+
+impl JobInfo {
+    /// The key of the job's service.
+    pub fn service_key(&self) -> ServiceKey {
+        ServiceKey::new(&self.project, &self.service)
+    }
 }
 
 /// Why a job ended.
@@ -175,8 +250,8 @@ pub enum ClusterEvent {
         rev: u64,
         /// The host after the change.
         host: HostInfo,
-        /// Services affected (names), whose `rev` became the event's.
-        services: Vec<String>,
+        /// Services affected, whose `rev` became the event's.
+        services: Vec<ServiceKey>,
     },
 }
 
@@ -229,5 +304,32 @@ impl<T: ClusterListener + ?Sized> ClusterListener for std::sync::Arc<T> {
     }
     fn on_event(&self, event: &ClusterEvent) {
         (**self).on_event(event)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_resolves_among_the_callers_projects_only() {
+        let has = ["team-a", "team-b", "team-c"];
+        let mine = |p: &str| p != "team-c";
+        let r = |project| resolve_service("web", project, has, mine);
+        assert_eq!(
+            r(None),
+            Resolved::Ambiguous(vec!["team-a".into(), "team-b".into()])
+        );
+        assert_eq!(
+            r(Some("team-b")),
+            Resolved::Found(ServiceKey::new("team-b", "web"))
+        );
+        // Invisible and unknown answer alike.
+        assert_eq!(r(Some("team-c")), Resolved::NotFound);
+        assert_eq!(r(Some("team-z")), Resolved::NotFound);
+        let only_c = resolve_service("web", None, ["team-c"], mine);
+        assert_eq!(only_c, Resolved::NotFound);
+        let one = resolve_service("web", None, ["team-a", "team-c"], mine);
+        assert_eq!(one, Resolved::Found(ServiceKey::new("team-a", "web")));
     }
 }

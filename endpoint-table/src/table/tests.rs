@@ -441,7 +441,7 @@ mod prop {
                 out.extend(jobs_before.get(&job.job).map(|j| j.service.clone()));
             }
             ClusterEvent::Host { host, services, .. } => {
-                out.extend(services.iter().cloned());
+                out.extend(services.iter().map(|k| k.name.clone()));
                 out.extend(
                     jobs_before
                         .values()

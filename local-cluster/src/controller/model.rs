@@ -6,7 +6,7 @@ use super::rollout::Rollout;
 use crate::store::{Batch, Key, Store, StoreError};
 use plugin_api::{
     ClusterEvent, ClusterSnapshot, EndReason, HostId, HostInfo, JobId, JobInfo, JobState,
-    ServiceInfo,
+    ServiceInfo, ServiceKey,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -330,14 +330,14 @@ impl Txn {
     /// jobs on it get its revision.
     pub(crate) fn put_host(&mut self, c: &Cluster, h: HostRec) {
         let rev = self.next_rev();
-        let services: BTreeSet<String> = self
+        let services: BTreeSet<ServiceKey> = self
             .live_jobs(c)
             .into_iter()
             .filter(|j| j.info.host == h.info.id)
-            .map(|j| j.info.service)
+            .map(|j| j.info.service_key())
             .collect();
         for s in &services {
-            self.touch_service(c, s, rev);
+            self.touch_service(c, &s.name, rev);
         }
         self.events.push(ClusterEvent::Host {
             rev,
