@@ -2,12 +2,14 @@
 //! channel per service so a watcher wakes only when its own service changed.
 
 use crate::config::TableConfig;
+use crate::delivery::{Recipient, Tracker};
 use crate::entry::Entry;
 use crate::metrics::Metrics;
 use crate::queue::{Queue, Update};
 use crate::table::Change;
 use axum::http::StatusCode;
 use plugin_api::{ApiContext, ApiError, ApiExtension, Permission, Principal};
+use prometheus_client::metrics::histogram::Histogram;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Instant;
@@ -20,6 +22,8 @@ pub(crate) struct Slot {
     pub(crate) seq: u64,
     /// The entry; `None` once the service is gone.
     pub(crate) entry: Option<Arc<Entry>>,
+    /// The deliveries of the slot's changes to its watchers (the same for the slot's life).
+    pub(crate) delivery: Arc<Tracker>,
 }
 
 /// The apiserver side of the endpoint table: register it as an [`ApiExtension`].
@@ -211,6 +215,9 @@ impl Shared {
     }
 
     fn apply(&self, update: Update, received: Option<Instant>) {
+        // When the change reached the table feed; from another source, when it reached us.
+        let at = received.unwrap_or_else(Instant::now);
+        let delivery = &self.metrics.delivery;
         let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
         match update {
             Update::Resync { entries } => {
@@ -221,31 +228,33 @@ impl Shared {
                     .collect();
                 state.slots.retain(|name, tx| match entries.remove(name) {
                     Some(entry) => {
-                        set(tx, Some(entry));
+                        set(tx, Some(entry), at);
                         true
                     }
                     None => {
-                        set(tx, None);
+                        set(tx, None, at);
                         false
                     }
                 });
                 for (name, entry) in entries {
-                    state.slots.insert(name, new_slot(entry));
+                    state.slots.insert(name, new_slot(entry, delivery));
                 }
             }
             Update::Change {
                 change: Change::Upsert { entry },
             } => match state.slots.get(&entry.service) {
-                Some(tx) => set(tx, Some(entry)),
+                Some(tx) => set(tx, Some(entry), at),
                 None => {
-                    state.slots.insert(entry.service.clone(), new_slot(entry));
+                    state
+                        .slots
+                        .insert(entry.service.clone(), new_slot(entry, delivery));
                 }
             },
             Update::Change {
                 change: Change::Removed { service },
             } => {
                 if let Some(tx) = state.slots.remove(&service) {
-                    set(&tx, None);
+                    set(&tx, None, at);
                 }
             }
         }
@@ -304,6 +313,13 @@ impl Shared {
         Ok((rx, entry))
     }
 
+    /// Registers a watcher of `rx`'s service as a recipient of its changes (see
+    /// `crate::delivery`): it owes every change from now on.
+    pub(crate) fn recipient(&self, rx: &watch::Receiver<Slot>) -> Recipient {
+        let tracker = rx.borrow().delivery.clone();
+        tracker.register()
+    }
+
     /// Every entry `principal` may view, by service name.
     pub(crate) fn visible_entries(&self, principal: &Principal) -> Vec<Arc<Entry>> {
         let mut entries: Vec<Arc<Entry>> = self
@@ -360,21 +376,26 @@ impl Shared {
     }
 }
 
-fn new_slot(entry: Arc<Entry>) -> watch::Sender<Slot> {
+fn new_slot(entry: Arc<Entry>, delivery: &Histogram) -> watch::Sender<Slot> {
     watch::Sender::new(Slot {
         seq: 1,
         entry: Some(entry),
+        delivery: Arc::new(Tracker::new(delivery.clone(), 1)),
     })
 }
 
-/// Updates a slot, waking its watchers only if the entry really differs.
-fn set(tx: &watch::Sender<Slot>, entry: Option<Arc<Entry>>) {
+/// Updates a slot, waking its watchers only if the entry really differs; a change that
+/// reached the table feed at `at`.
+fn set(tx: &watch::Sender<Slot>, entry: Option<Arc<Entry>>, at: Instant) {
     tx.send_if_modified(|slot| {
         if slot.entry == entry {
             return false;
         }
         slot.seq += 1;
         slot.entry = entry;
+        // Noted before any watcher can see the new seq (this runs under the channel's
+        // write lock): a watcher handed it must find it owed.
+        slot.delivery.changed(slot.seq, at);
         true
     });
 }

@@ -75,8 +75,14 @@ pub struct Replica {
     pub host: String,
     /// The host's advertised address, when it reported one.
     pub address: Option<IpAddr>,
-    /// Granted ports by name.
+    /// Granted ports by name. During a rollout that adds or removes a port, replicas of
+    /// different generations have different ports.
     pub ports: BTreeMap<String, u16>,
+    /// The generation of the service profile the job runs ([`JobInfo::generation`]).
+    ///
+    /// [`JobInfo::generation`]: plugin_api::JobInfo::generation
+    #[serde(default = "plugin_api::first_generation")]
+    pub generation: u64,
     /// The job's state.
     pub state: JobState,
     /// Whether the job passes its readiness probe (as the controller reports it).
@@ -96,6 +102,13 @@ impl Entry {
         self.ports.iter().any(|p| p.name == name)
     }
 
+    /// Whether a port named `name` may be asked for: the service declares it, or a live
+    /// replica still has it (a rollout that removes a port: the old replicas keep it until
+    /// they are gone).
+    pub fn knows_port(&self, name: &str) -> bool {
+        self.declares(name) || self.replicas.iter().any(|r| r.ports.contains_key(name))
+    }
+
     /// Whether `self` and `other` say the same thing, whatever their indexes.
     pub(crate) fn same_content(&self, other: &Entry) -> bool {
         self.service == other.service
@@ -110,7 +123,7 @@ impl Entry {
 impl Replica {
     /// Whether the replica is an endpoint: ready, running (or unknown within the host's
     /// grace period, which keeps readiness) and on a host with an advertised address.
-    /// A stopping replica is never one.
+    /// A draining or stopping replica is never one.
     pub fn is_endpoint(&self) -> bool {
         self.ready
             && matches!(self.state, JobState::Running | JobState::Unknown)

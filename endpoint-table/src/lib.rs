@@ -18,6 +18,7 @@
 
 mod api;
 mod config;
+mod delivery;
 mod entry;
 mod feed;
 mod metrics;

@@ -18,7 +18,16 @@ pub(crate) struct Metrics {
     pub(crate) streams_lagged: Counter,
     /// From the feed receiving an event to the API side having applied its change.
     pub(crate) propagation: Histogram,
+    /// From a change of a service's entry reaching the feed to the last watcher of the
+    /// service connected then having been handed it (see `crate::delivery`).
+    pub(crate) delivery: Histogram,
 }
+
+/// The buckets of `xce_endpoint_delivery_seconds`, in seconds: readable boundaries around
+/// the values `drain` takes (default 5s, at most 10m).
+pub(crate) const DELIVERY_BUCKETS: [f64; 16] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
 
 impl Metrics {
     pub(crate) fn new() -> Self {
@@ -29,6 +38,7 @@ impl Metrics {
             streams_lagged: Counter::default(),
             // 50µs .. ~13s
             propagation: Histogram::new(exponential_buckets(0.000_05, 4.0, 10)),
+            delivery: Histogram::new(DELIVERY_BUCKETS),
         }
     }
 
@@ -57,6 +67,13 @@ impl Metrics {
             "xce_endpoint_propagation_seconds",
             "Time from the controller's event to the apiserver serving its change",
             self.propagation.clone(),
+        );
+        registry.register(
+            "xce_endpoint_delivery_seconds",
+            "Time from an endpoint change reaching this process's table feed to the last \
+             watcher of the service connected then having been sent it (blocking answer \
+             built, stream event yielded); changes no watcher was sent are not observed",
+            self.delivery.clone(),
         );
     }
 }

@@ -2,6 +2,7 @@
 //! Prometheus service discovery and the filtered list.
 
 use crate::api::{Shared, Slot, WatcherGuard};
+use crate::delivery::Recipient;
 use crate::entry::Entry;
 use crate::wire::{self, EndpointsAnswer, EndpointsList, INDEX_HEADER};
 use axum::extract::rejection::QueryRejection;
@@ -101,7 +102,7 @@ impl View {
     /// 400s tell nothing to a caller who may not see it).
     fn check(&self, entry: &Entry) -> Result<(), ApiError> {
         if let Some(port) = &self.port {
-            if !entry.declares(port) {
+            if !entry.knows_port(port) {
                 return Err(ApiError::bad_param(
                     "port",
                     format!(
@@ -243,41 +244,58 @@ async fn entry(
     let p = params(query)?;
     let view = View::parse(&p, &headers)?;
     let blocking = Blocking::parse(&p, &shared)?;
-    let (mut rx, mut entry) = shared.visible(&principal, &name)?;
+    let (mut rx, entry) = shared.visible(&principal, &name)?;
     view.check(&entry)?;
     if let Some(blocking) = blocking {
         if entry.index <= blocking.index && !blocking.wait.is_zero() {
             let _watcher = shared.watcher(&principal)?;
-            entry = wait_for_change(&mut rx, entry, &principal, &name, blocking).await?;
-            view.check(&entry)?;
+            // Parked: one of the watchers the delivery histogram waits for.
+            let mut recipient = shared.recipient(&rx);
+            let (waited, seq) =
+                wait_for_change(&mut rx, entry, &principal, &name, blocking, &mut recipient).await;
+            let answer = waited.and_then(|entry| {
+                view.check(&entry)?;
+                view.render(&entry)
+            });
+            // The answer is built (whatever it says): the change is sent.
+            recipient.handed(seq);
+            return answer;
         }
     }
     view.render(&entry)
 }
 
 /// Waits until the entry's index passes `blocking.index` or the wait runs out; the latest
-/// visible entry either way, or 404 if the service went away (or out of sight).
+/// visible entry either way, or 404 if the service went away (or out of sight). With it,
+/// the slot seq the answer reflects; changes taken that do not pass the index are settled
+/// on `recipient` as skipped.
 async fn wait_for_change(
     rx: &mut watch::Receiver<Slot>,
     mut entry: Arc<Entry>,
     principal: &Principal,
     name: &str,
     blocking: Blocking,
-) -> Result<Arc<Entry>, ApiError> {
+    recipient: &mut Recipient,
+) -> (Result<Arc<Entry>, ApiError>, u64) {
     let deadline = blocking.deadline();
+    // Nothing taken yet: a seq no change has, so nothing is settled by it.
+    let mut seq = 0;
     loop {
         match tokio::time::timeout_at(deadline, rx.changed()).await {
-            Err(_elapsed) => return Ok(entry),
-            Ok(Err(_closed)) => return Err(ApiError::service_not_found(name)),
+            Err(_elapsed) => return (Ok(entry), seq),
+            // The slot is gone for good: whatever it still had to send is the 404.
+            Ok(Err(_closed)) => return (Err(ApiError::service_not_found(name)), u64::MAX),
             Ok(Ok(())) => {
                 let slot = rx.borrow_and_update().clone();
+                seq = slot.seq;
                 match slot.entry {
                     Some(e) if principal.may(Permission::JobView, &e.project) => entry = e,
-                    _ => return Err(ApiError::service_not_found(name)),
+                    _ => return (Err(ApiError::service_not_found(name)), seq),
                 }
                 if entry.index > blocking.index {
-                    return Ok(entry);
+                    return (Ok(entry), seq);
                 }
+                recipient.skipped(seq);
             }
         }
     }
@@ -353,11 +371,14 @@ async fn stream(
     };
     let (rx, entry) = shared.visible(&principal, &name)?;
     view.check(&entry)?;
-    let watcher = shared.watcher(&principal)?;
+    let place = Place {
+        _counted: shared.watcher(&principal)?,
+        recipient: shared.recipient(&rx),
+    };
     tracing::debug!(service = %name, index = entry.index, last_event_id, "stream opened");
     let lag = Arc::new(Lag {
         taken: AtomicU64::new(rx.borrow().seq),
-        watcher: Mutex::new(Some(watcher)),
+        place: Mutex::new(Some(place)),
     });
     let (stop, stopped) = oneshot::channel();
     tokio::spawn(watchdog(
@@ -423,9 +444,18 @@ struct Lag {
     /// took one): the client is behind by the slot's seq minus this.
     taken: AtomicU64,
     /// The stream's place among the watchers; taken away when the client is cut off (or
-    /// the stream is dropped), so a cut-off client stops counting against the caps at
-    /// once, even though its connection lives until hyper polls the stream again.
-    watcher: Mutex<Option<WatcherGuard>>,
+    /// the stream is dropped), so a cut-off client stops counting against the caps, and
+    /// stops holding up the delivery histogram, at once, even though its connection lives
+    /// until hyper polls the stream again.
+    place: Mutex<Option<Place>>,
+}
+
+/// What an open stream holds: its count against the caps, and its registration as a
+/// recipient of its service's changes.
+#[derive(Debug)]
+struct Place {
+    _counted: WatcherGuard,
+    recipient: Recipient,
 }
 
 // === impl EventStream ===
@@ -437,6 +467,8 @@ impl EventStream {
         }
         loop {
             if !self.first && self.rx.changed().await.is_err() {
+                // The slot is gone for good: whatever it still had to send is this event.
+                self.lag.settle(u64::MAX, true);
                 return Some(self.gone());
             }
             self.first = false;
@@ -458,14 +490,21 @@ impl EventStream {
             self.lag.taken.store(slot.seq, Ordering::Release);
             let entry = match slot.entry {
                 Some(e) if self.principal.may(Permission::JobView, &e.project) => e,
-                _ => return Some(self.gone()),
+                _ => {
+                    self.lag.settle(slot.seq, true);
+                    return Some(self.gone());
+                }
             };
             if self.sent.is_some_and(|sent| entry.index <= sent) {
+                // The client has a newer entry (Last-Event-ID from an apiserver ahead of
+                // this one): not sent here.
+                self.lag.settle(slot.seq, false);
                 continue;
             }
             self.sent = Some(entry.index);
             let answer = EndpointsAnswer::new(&entry, self.view.port.as_deref(), self.view.all);
             let data = serde_json::to_string(&answer).expect("an answer always serializes");
+            self.lag.settle(slot.seq, true);
             return Some(Event::default().id(entry.index.to_string()).data(data));
         }
     }
@@ -493,18 +532,27 @@ impl Drop for EventStream {
 // === impl Lag ===
 
 impl Lag {
-    fn is_cut(&self) -> bool {
-        self.watcher
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .is_none()
+    fn place(&self) -> std::sync::MutexGuard<'_, Option<Place>> {
+        self.place.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn release(&self) -> Option<WatcherGuard> {
-        self.watcher
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
+    fn is_cut(&self) -> bool {
+        self.place().is_none()
+    }
+
+    fn release(&self) -> Option<Place> {
+        self.place().take()
+    }
+
+    /// The stream took slot seq `seq`: it is sending it now (`sent`), or will not.
+    fn settle(&self, seq: u64, sent: bool) {
+        if let Some(place) = self.place().as_mut() {
+            if sent {
+                place.recipient.handed(seq);
+            } else {
+                place.recipient.skipped(seq);
+            }
+        }
     }
 
     /// Cuts the client off (once: the stream and its watchdog may both see the lag).

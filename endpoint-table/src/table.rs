@@ -49,6 +49,7 @@ struct JobRec {
     host: String,
     state: JobState,
     ready: bool,
+    generation: u64,
     ports: BTreeMap<String, u16>,
 }
 
@@ -206,6 +207,7 @@ impl Table {
                     host: job.host.clone(),
                     address: self.hosts.get(&job.host).copied().flatten(),
                     ports: job.ports.clone(),
+                    generation: job.generation,
                     state: job.state,
                     ready: job.ready,
                 }
@@ -242,6 +244,7 @@ impl Table {
             host: job.host.clone(),
             state: job.state,
             ready: job.ready,
+            generation: job.generation,
             ports: granted_ports(job),
         };
         let by_service = self.by_service.entry(rec.service.clone()).or_default();

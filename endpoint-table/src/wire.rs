@@ -19,7 +19,8 @@ pub struct EndpointsAnswer {
     pub service: String,
     /// The service's index.
     pub index: u64,
-    /// Ready replicas (all live ones with `?include=all`), by replica index.
+    /// Ready replicas (all live ones with `?include=all`), by replica index; with `?port=P`
+    /// only those that have port P.
     pub endpoints: Vec<EndpointAnswer>,
 }
 
@@ -32,6 +33,10 @@ pub struct EndpointAnswer {
     pub job: String,
     /// Host id.
     pub host: String,
+    /// The generation of the service profile the replica runs (1 from a server that
+    /// predates generations).
+    #[serde(default = "plugin_api::first_generation")]
+    pub generation: u64,
     /// The host's advertised address (absent only for a non-ready replica whose host has
     /// not reported one).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -41,7 +46,9 @@ pub struct EndpointAnswer {
     /// With `?include=all` only: whether the replica is an endpoint.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<bool>,
-    /// With `?include=all` only: the job's state (`placed`, `running`, `stopping`, `unknown`).
+    /// With `?include=all` only: the job's state (`placed`, `running`, `draining`,
+    /// `stopping`, `unknown`). A `draining` replica has left the endpoint (`ready` is
+    /// false) and still runs for its service's `drain`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<JobState>,
 }
@@ -58,20 +65,22 @@ pub struct EndpointsList {
 pub struct SdTargetGroup {
     /// `address:port` of one ready replica.
     pub targets: Vec<String>,
-    /// `__meta_xce_{service,project,replica,host,job,port}`.
+    /// `__meta_xce_{service,project,replica,host,job,generation,port}`.
     pub labels: BTreeMap<String, String>,
 }
 
 // === impl EndpointsAnswer ===
 
 impl EndpointsAnswer {
-    /// The answer for `entry`: ports filtered to `port` when given, non-ready replicas
-    /// included (with `ready` and `state`) when `all`.
+    /// The answer for `entry`: non-ready replicas included (with `ready` and `state`) when
+    /// `all`; with `port`, only the replicas that have that port, each with that port
+    /// only (during a rollout that adds a port, the old replicas lack it).
     pub fn new(entry: &Entry, port: Option<&str>, all: bool) -> Self {
         let endpoints = entry
             .replicas
             .iter()
             .filter(|r| all || r.is_endpoint())
+            .filter(|r| port.is_none_or(|p| r.ports.contains_key(p)))
             .map(|r| EndpointAnswer::new(r, port, all))
             .collect();
         Self {
@@ -94,6 +103,7 @@ impl EndpointAnswer {
             replica: r.replica,
             job: r.job.clone(),
             host: r.host.clone(),
+            generation: r.generation,
             address: r.address,
             ports,
             ready: all.then(|| r.is_endpoint()),
@@ -102,8 +112,8 @@ impl EndpointAnswer {
     }
 }
 
-/// The plain-text answer: one `address:port` line per ready replica (IPv6 bracketed) for
-/// the port named `port`.
+/// The plain-text answer: one `address:port` line per ready replica that has the port
+/// named `port` (IPv6 bracketed).
 pub fn plain(entry: &Entry, port: &str) -> String {
     let mut out = String::new();
     for addr in entry.endpoints().filter_map(|r| r.socket_addr(port)) {
@@ -112,7 +122,7 @@ pub fn plain(entry: &Entry, port: &str) -> String {
     out
 }
 
-/// The Prometheus HTTP SD answer: one target group per ready replica, for `port`.
+/// The Prometheus HTTP SD answer: one target group per ready replica that has `port`.
 pub fn prometheus_sd(entry: &Entry, port: &str) -> Vec<SdTargetGroup> {
     entry
         .endpoints()
@@ -124,6 +134,7 @@ pub fn prometheus_sd(entry: &Entry, port: &str) -> Vec<SdTargetGroup> {
                 ("replica", r.replica.to_string()),
                 ("host", r.host.clone()),
                 ("job", r.job.clone()),
+                ("generation", r.generation.to_string()),
                 ("port", port.to_owned()),
             ]
             .into_iter()

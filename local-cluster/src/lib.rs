@@ -9,8 +9,11 @@ pub mod apiserver;
 pub mod auth;
 pub mod clientconf;
 pub mod controller;
+pub mod limits;
+pub mod logging;
 pub mod profile;
 pub mod proto;
+pub mod serve;
 pub mod store;
 pub mod worker;
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 /// The client's subcommands.
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum Command {
-    /// Submit, list and stop services, and read their endpoints
+    /// Submit, change, list and stop services, and read their endpoints
     #[command(subcommand)]
     Service(ServiceCommand),
     /// Show exec hosts
@@ -18,10 +18,39 @@ pub enum Command {
 /// `xcecli service …`.
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum ServiceCommand {
-    /// Submit a service profile (TOML)
+    /// Create a service from a profile (TOML), or update it (a rollout)
     Submit {
         /// The profile file, e.g. examples/web.toml
         file: PathBuf,
+        /// `--wait [--timeout]`
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// Set the number of replicas of a service
+    Scale {
+        /// The service name
+        name: String,
+        /// The new number of replicas
+        replicas: u32,
+        /// `--wait [--timeout]`
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// Roll every replica of a service over to a fresh one (same profile, new generation)
+    Restart {
+        /// The service name
+        name: String,
+        /// `--wait [--timeout]`
+        #[command(flatten)]
+        wait: WaitArgs,
+    },
+    /// Show a service's rollout and replicas
+    Status {
+        /// The service name
+        name: String,
+        /// Output format
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = ListFormat::Table)]
+        output: ListFormat,
     },
     /// List the services you may view, with their ready counts
     List {
@@ -29,10 +58,13 @@ pub enum ServiceCommand {
         #[arg(short = 'o', long = "output", value_enum, default_value_t = ListFormat::Table)]
         output: ListFormat,
     },
-    /// Stop all replicas of a service
+    /// Stop all replicas of a service (each drains first)
     Stop {
         /// The service name
         name: String,
+        /// Skip the drain: replicas leave the endpoint and get SIGTERM at once
+        #[arg(long)]
+        now: bool,
     },
     /// Print the endpoints (address:port) of a service's ready replicas
     Endpoints(EndpointsArgs),
@@ -79,6 +111,19 @@ pub struct EndpointsArgs {
     pub timeout: Option<Duration>,
 }
 
+/// `--wait [--timeout DURATION]` of the commands that change a service.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::Args)]
+pub struct WaitArgs {
+    /// Follow the rollout until it is complete (exit 0), failed or reverted (exit 6), or
+    /// --timeout runs out (exit 3); progress lines go to stderr
+    #[arg(long)]
+    pub wait: bool,
+    /// How long --wait waits, e.g. 90s, 15m
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration,
+          default_value = "10m", requires = "wait")]
+    pub timeout: Duration,
+}
+
 /// Output formats of `service endpoints`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum EndpointFormat {
@@ -92,7 +137,7 @@ pub enum EndpointFormat {
     Env,
 }
 
-/// Output formats of the list commands.
+/// Output formats of the list commands and `service status`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ListFormat {
     /// Aligned columns for people

@@ -15,6 +15,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How much longer than its `wait` a blocking query may take before the connection is
 /// considered dead (the server answers at `wait` at the latest).
 const BLOCKING_SLACK: Duration = Duration::from_secs(30);
+/// The header carrying the service's change index on every answer (DESIGN §5).
+const INDEX_HEADER: &str = "x-xce-index";
 
 /// What the host passes in: where the apiserver is and who we are. The host resolves these
 /// from flags, `XCE_API`/`XCE_TOKEN` and the config file; this crate reads none of them.
@@ -65,6 +67,34 @@ pub(crate) struct EndpointsQuery<'a> {
 pub(crate) struct Answer<T> {
     pub(crate) value: T,
     pub(crate) raw: String,
+    /// The `X-Xce-Index` header, when the answer had a valid one.
+    pub(crate) index: Option<u64>,
+}
+
+/// A 2xx answer, unparsed.
+#[derive(Debug)]
+struct Reply {
+    status: StatusCode,
+    text: String,
+    index: Option<u64>,
+    /// `X-Xce-Change` of a `PUT`: `created`, `updated` or `unchanged`.
+    change: Option<String>,
+}
+
+/// What a `PUT` did, as the server says it.
+const CHANGE_HEADER: &str = "x-xce-change";
+
+/// How `PUT /v1/services/{name}` went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Put {
+    /// 201: the service did not exist.
+    Created,
+    /// 200 with `X-Xce-Change: updated`: a new generation, or new settings in place.
+    Updated,
+    /// 200 with `X-Xce-Change: unchanged`: the same profile.
+    Unchanged,
+    /// 200 from a server that does not say which.
+    Replaced,
 }
 
 // === impl Client ===
@@ -137,15 +167,32 @@ impl Client {
         url
     }
 
-    /// Sends a request and returns the body of a 2xx answer; everything else is sorted
-    /// into a [`CliError`].
+    /// Sends a request and returns a 2xx answer; everything else is sorted into a
+    /// [`CliError`].
     async fn send(
         &self,
         method: Method,
         url: Url,
         timeout: Duration,
         body: Option<(&'static str, String)>,
-    ) -> Result<String, CliError> {
+    ) -> Result<Reply, CliError> {
+        let (url, reply) = self.exchange(method, url, timeout, body).await?;
+        if reply.status.is_success() {
+            Ok(reply)
+        } else {
+            Err(status_error(&url, reply.status, &reply.text))
+        }
+    }
+
+    /// Sends a request and returns whatever HTTP answer came back, with the URL it went to;
+    /// only the lack of an answer is an error here.
+    async fn exchange(
+        &self,
+        method: Method,
+        url: Url,
+        timeout: Duration,
+        body: Option<(&'static str, String)>,
+    ) -> Result<(Url, Reply), CliError> {
         // From the apiserver that answered last; one that cannot be connected to is
         // skipped for the next (nothing was sent to it), each tried once.
         let n = self.bases.len();
@@ -178,15 +225,39 @@ impl Client {
             }
         };
         let status = resp.status();
+        let index = resp
+            .headers()
+            .get(INDEX_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        let change = resp
+            .headers()
+            .get(CHANGE_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
         let text = resp
             .text()
             .await
             .map_err(|e| transport_error(&url, &e, &[]))?;
-        if status.is_success() {
-            Ok(text)
-        } else {
-            Err(status_error(&url, status, &text))
-        }
+        let reply = Reply {
+            status,
+            text,
+            index,
+            change,
+        };
+        Ok((url, reply))
+    }
+
+    /// [`send`](Self::send), then parses the body as `T`.
+    async fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        method: Method,
+        url: Url,
+        timeout: Duration,
+        body: Option<(&'static str, String)>,
+    ) -> Result<Answer<T>, CliError> {
+        let reply = self.send(method, url.clone(), timeout, body).await?;
+        answer(&url, reply)
     }
 
     async fn get<T: serde::de::DeserializeOwned>(
@@ -194,9 +265,7 @@ impl Client {
         url: Url,
         timeout: Duration,
     ) -> Result<Answer<T>, CliError> {
-        let raw = self.send(Method::GET, url.clone(), timeout, None).await?;
-        let value = parse(&url, &raw)?;
-        Ok(Answer { value, raw })
+        self.call(Method::GET, url, timeout, None).await
     }
 
     /// `GET /v1/services/{name}/endpoints`, blocking when `q.block` is set. The entry is
@@ -236,35 +305,87 @@ impl Client {
         self.get(url, REQUEST_TIMEOUT).await
     }
 
-    /// `GET /v1/services/{name}`.
-    pub(crate) async fn service(&self, name: &str) -> Result<Answer<ServiceDetail>, CliError> {
-        let url = self.url(&["services", name]);
-        self.get(url, REQUEST_TIMEOUT).await
+    /// `GET /v1/services/{name}`, a blocking query when `block` (`?index=N&wait=…`) is
+    /// set.
+    pub(crate) async fn service(
+        &self,
+        name: &str,
+        block: Option<(u64, Duration)>,
+    ) -> Result<Answer<ServiceDetail>, CliError> {
+        let mut url = self.url(&["services", name]);
+        let mut timeout = REQUEST_TIMEOUT;
+        if let Some((index, wait)) = block {
+            url.query_pairs_mut()
+                .append_pair("index", &index.to_string())
+                .append_pair("wait", &format!("{}ms", wait.as_millis()));
+            timeout = wait + BLOCKING_SLACK;
+        }
+        self.get(url, timeout).await
     }
 
-    /// `POST /v1/services` with a TOML profile.
+    /// `POST /v1/services` with a TOML profile: create only.
     pub(crate) async fn submit(&self, toml: String) -> Result<Answer<ServiceDetail>, CliError> {
         let url = self.url(&["services"]);
-        let raw = self
-            .send(
-                Method::POST,
-                url.clone(),
-                REQUEST_TIMEOUT,
-                Some(("application/toml", toml)),
-            )
-            .await?;
-        let value = parse(&url, &raw)?;
-        Ok(Answer { value, raw })
+        let body = Some(("application/toml", toml));
+        self.call(Method::POST, url, REQUEST_TIMEOUT, body).await
     }
 
-    /// `DELETE /v1/services/{name}`.
-    pub(crate) async fn stop(&self, name: &str) -> Result<Answer<StopAnswer>, CliError> {
+    /// `PUT /v1/services/{name}` with a TOML profile: create or update.
+    pub(crate) async fn put(
+        &self,
+        name: &str,
+        toml: String,
+    ) -> Result<(Put, Answer<ServiceDetail>), CliError> {
         let url = self.url(&["services", name]);
-        let raw = self
-            .send(Method::DELETE, url.clone(), REQUEST_TIMEOUT, None)
+        let body = Some(("application/toml", toml));
+        let (url, reply) = self
+            .exchange(Method::PUT, url, REQUEST_TIMEOUT, body.clone())
             .await?;
-        let value = parse(&url, &raw)?;
-        Ok(Answer { value, raw })
+        let put = match reply.status {
+            StatusCode::CREATED => Put::Created,
+            s if s.is_success() => match reply.change.as_deref() {
+                Some("updated") => Put::Updated,
+                Some("unchanged") => Put::Unchanged,
+                _ => Put::Replaced,
+            },
+            // An apiserver from before rollouts has no PUT route; it can still create.
+            StatusCode::METHOD_NOT_ALLOWED => {
+                let url = self.url(&["services"]);
+                let answer = self.call(Method::POST, url, REQUEST_TIMEOUT, body).await?;
+                return Ok((Put::Created, answer));
+            }
+            s => return Err(status_error(&url, s, &reply.text)),
+        };
+        Ok((put, answer(&url, reply)?))
+    }
+
+    /// `POST /v1/services/{name}/scale` with `{"replicas": N}`.
+    pub(crate) async fn scale(
+        &self,
+        name: &str,
+        replicas: u32,
+    ) -> Result<Answer<ServiceDetail>, CliError> {
+        let url = self.url(&["services", name, "scale"]);
+        let body = Some((
+            "application/json",
+            serde_json::json!({ "replicas": replicas }).to_string(),
+        ));
+        self.call(Method::POST, url, REQUEST_TIMEOUT, body).await
+    }
+
+    /// `POST /v1/services/{name}/restart`.
+    pub(crate) async fn restart(&self, name: &str) -> Result<Answer<ServiceDetail>, CliError> {
+        let url = self.url(&["services", name, "restart"]);
+        self.call(Method::POST, url, REQUEST_TIMEOUT, None).await
+    }
+
+    /// `DELETE /v1/services/{name}`, with `?now=true` (no drain) when `now`.
+    pub(crate) async fn stop(&self, name: &str, now: bool) -> Result<Answer<StopAnswer>, CliError> {
+        let mut url = self.url(&["services", name]);
+        if now {
+            url.query_pairs_mut().append_pair("now", "true");
+        }
+        self.call(Method::DELETE, url, REQUEST_TIMEOUT, None).await
     }
 
     /// `GET /v1/hosts`.
@@ -316,6 +437,15 @@ fn check_base(api: &str) -> Result<Url, String> {
         return Err(format!("invalid apiserver url {api:?}: no host"));
     }
     Ok(base)
+}
+
+/// Parses a 2xx answer's body.
+fn answer<T: serde::de::DeserializeOwned>(url: &Url, reply: Reply) -> Result<Answer<T>, CliError> {
+    Ok(Answer {
+        value: parse(url, &reply.text)?,
+        raw: reply.text,
+        index: reply.index,
+    })
 }
 
 fn parse<T: serde::de::DeserializeOwned>(url: &Url, raw: &str) -> Result<T, CliError> {

@@ -26,12 +26,12 @@ use tokio::time::Instant;
 /// How long one blocking query may wait on the server (its default, under the 10m cap).
 const BLOCK_WAIT: Duration = Duration::from_secs(300);
 /// First retry delay after a failure; doubles up to [`BACKOFF_MAX`].
-const BACKOFF_START: Duration = Duration::from_millis(200);
+pub(crate) const BACKOFF_START: Duration = Duration::from_millis(200);
 /// Longest retry delay.
-const BACKOFF_MAX: Duration = Duration::from_secs(10);
+pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// A blocking query that comes back unchanged faster than this means the server ignored
 /// `wait`; the next one is delayed so a misbehaving server cannot make us spin.
-const MIN_UNCHANGED_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const MIN_UNCHANGED_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Runs the command.
 pub(crate) async fn run(args: EndpointsArgs, client: &Client, io: &mut Io) -> Result<(), CliError> {
@@ -304,7 +304,7 @@ impl Run<'_> {
     /// The port names of the service's profile; empty if they cannot be had (the endpoint
     /// read succeeded, so this is a best effort for a nicer output, not a new failure).
     async fn declared_ports(&self) -> Vec<String> {
-        let Ok(detail) = self.client.service(&self.args.name).await else {
+        let Ok(detail) = self.client.service(&self.args.name, None).await else {
             return Vec::new();
         };
         let ports = detail.value.profile.get("ports").and_then(|p| p.as_array());
@@ -341,7 +341,10 @@ enum Flow {
 }
 
 /// Runs `fut` until `deadline`; `None` when the deadline came first.
-async fn until<F: std::future::Future>(deadline: Option<Instant>, fut: F) -> Option<F::Output> {
+pub(crate) async fn until<F: std::future::Future>(
+    deadline: Option<Instant>,
+    fut: F,
+) -> Option<F::Output> {
     match deadline {
         None => Some(fut.await),
         Some(d) => tokio::time::timeout_at(d, fut).await.ok(),
@@ -349,7 +352,7 @@ async fn until<F: std::future::Future>(deadline: Option<Instant>, fut: F) -> Opt
 }
 
 /// A `warning:` line on stderr.
-fn warn(io: &mut Io, message: &str) -> Result<(), CliError> {
+pub(crate) fn warn(io: &mut Io, message: &str) -> Result<(), CliError> {
     writeln!(io.stderr, "warning: {message}").map_err(CliError::io)?;
     io.stderr.flush().map_err(CliError::io)
 }

@@ -24,8 +24,10 @@ pub enum ErrorKind {
     NotFound,
     /// The apiserver could not be reached, or did not answer in time. Exit 1.
     Unreachable,
-    /// `--wait-ready` ran out of time. Exit 3.
+    /// `--wait-ready` or `--wait` ran out of time. Exit 3.
     Timeout,
+    /// A rollout `--wait` followed failed, or failed and was reverted. Exit 6.
+    RolloutFailed,
     /// The apiserver failed (5xx) or answered something this client cannot read. Exit 1.
     Server,
     /// A bug or an environment failure in the client itself (e.g. a broken stdout). Exit 1.
@@ -64,6 +66,7 @@ impl ErrorKind {
             ErrorKind::Timeout => 3,
             ErrorKind::NotFound => 4,
             ErrorKind::Auth => 5,
+            ErrorKind::RolloutFailed => 6,
             ErrorKind::Config
             | ErrorKind::Invalid
             | ErrorKind::Forbidden
@@ -177,11 +180,12 @@ mod tests {
             ErrorKind::Timeout,
             ErrorKind::Server,
             ErrorKind::Internal,
+            ErrorKind::RolloutFailed,
         ]
         .iter()
         .map(|k| format!("{k:?}={}", k.exit_code()))
         .collect();
-        expect![[r#"Usage=2 Config=1 Invalid=1 Auth=5 Forbidden=1 NotFound=4 Unreachable=1 Timeout=3 Server=1 Internal=1"#]]
+        expect![[r#"Usage=2 Config=1 Invalid=1 Auth=5 Forbidden=1 NotFound=4 Unreachable=1 Timeout=3 Server=1 Internal=1 RolloutFailed=6"#]]
             .assert_eq(&codes.join(" "));
     }
 }

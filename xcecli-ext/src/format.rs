@@ -2,8 +2,12 @@
 //! commands print.
 
 use crate::cli::EndpointFormat;
+use crate::client::Put;
 use crate::error::CliError;
-use crate::model::{self, EndpointEntry, HostList, ServiceDetail, ServiceList, StopAnswer};
+use crate::model::{
+    self, EndpointEntry, HostList, JobRow, Rollout, RolloutState, ServiceDetail, ServiceList,
+    StopAnswer,
+};
 use std::collections::BTreeSet;
 
 /// What an endpoints rendering needs besides the entry.
@@ -228,26 +232,124 @@ fn ports_used(summary: Option<&serde_json::Value>) -> String {
     }
 }
 
-/// What `service submit` prints about the created service.
-pub(crate) fn submitted(detail: &ServiceDetail) -> String {
+/// What `service submit` prints: `created`, `updated` or `unchanged` as the server says
+/// (`X-Xce-Change`), with the generation; a server that does not say gets the generation
+/// only.
+pub(crate) fn submitted(put: Put, detail: &ServiceDetail) -> String {
+    match put {
+        Put::Created => format!("service {} created\n", detail.name),
+        Put::Updated => format!(
+            "service {} updated (generation {})\n",
+            detail.name, detail.generation
+        ),
+        Put::Unchanged => format!(
+            "service {} unchanged (generation {})\n",
+            detail.name, detail.generation
+        ),
+        Put::Replaced => format!(
+            "service {}: generation {}\n",
+            detail.name, detail.generation
+        ),
+    }
+}
+
+/// What `service scale` prints.
+pub(crate) fn scaling(detail: &ServiceDetail) -> String {
+    format!(
+        "service {}: scaling to {} replicas (generation {})\n",
+        detail.name, detail.replicas, detail.generation
+    )
+}
+
+/// What `service restart` prints.
+pub(crate) fn restarting(detail: &ServiceDetail) -> String {
+    format!(
+        "service {}: restarting as generation {}\n",
+        detail.name, detail.generation
+    )
+}
+
+/// One `--wait` progress line, plus `  waiting: <reason>` while the rollout says why it
+/// waits: `generation 2: 2/3 updated, 3 ready, 1 outdated`. The reason of a failed or
+/// reverted rollout is left to the error that ends the wait, so it is not printed twice.
+pub(crate) fn progress(detail: &ServiceDetail, rollout: &Rollout) -> String {
     let mut out = format!(
-        "created service {} in project {} (index {}): {} replicas, {} placed, {} pending\n",
+        "generation {}: {}/{} updated, {} ready, {} outdated\n",
+        rollout.generation, rollout.updated, detail.replicas, rollout.ready, rollout.outdated
+    );
+    if matches!(
+        rollout.state,
+        RolloutState::Progressing | RolloutState::Unknown
+    ) {
+        if let Some(line) = reason_line(rollout) {
+            out.push_str(&line);
+        }
+    }
+    out
+}
+
+/// `  waiting: …` for a rollout in progress, `  reason: …` for one that failed, was
+/// reverted or completed with a note; `None` without a reason.
+fn reason_line(rollout: &Rollout) -> Option<String> {
+    let reason = rollout.reason.as_deref().filter(|r| !r.trim().is_empty())?;
+    let label = match rollout.state {
+        RolloutState::Progressing | RolloutState::Unknown => "waiting",
+        RolloutState::Complete | RolloutState::Failed | RolloutState::Reverted => "reason",
+    };
+    Some(format!("  {label}: {}\n", one_line(reason)))
+}
+
+/// What a finished `--wait` prints on stdout.
+pub(crate) fn complete(detail: &ServiceDetail, rollout: &Rollout) -> String {
+    format!(
+        "service {}: generation {} complete, {} of {} replicas ready\n",
+        detail.name, rollout.generation, rollout.ready, detail.replicas
+    )
+}
+
+/// `service status NAME`: the service, its rollout, its replicas (sorted by replica index,
+/// then generation: during a rollout one index may have an old and a new job), and the
+/// replicas no host can hold.
+pub(crate) fn status(detail: &ServiceDetail) -> String {
+    let mut out = format!(
+        "service {} in project {}: {} replicas, {}",
         detail.name,
         dash(&detail.project),
-        detail.index,
         detail.replicas,
-        detail.jobs.len(),
-        detail.pending.len()
+        dash(&detail.state)
     );
-    if !detail.jobs.is_empty() {
-        let lines: Vec<Line> = detail
-            .jobs
+    if detail.generation > 0 {
+        out.push_str(&format!(", generation {}", detail.generation));
+    }
+    out.push('\n');
+    if let Some(r) = &detail.rollout {
+        out.push_str(&format!(
+            "rollout: generation {} {}: {}/{} updated, {} ready, {} outdated\n",
+            r.generation,
+            r.state.as_str(),
+            r.updated,
+            detail.replicas,
+            r.ready,
+            r.outdated
+        ));
+        if let Some(line) = reason_line(r) {
+            out.push_str(&line);
+        }
+    }
+    let mut jobs: Vec<&JobRow> = detail.jobs.iter().collect();
+    jobs.sort_by_key(|j| (j.replica, j.generation));
+    if jobs.is_empty() {
+        out.push_str("no replicas placed\n");
+    } else {
+        let lines: Vec<Line> = jobs
             .iter()
             .map(|j| {
                 Line::Row(vec![
                     j.replica.to_string(),
                     j.job.clone(),
                     dash(&j.host),
+                    j.generation
+                        .map_or_else(|| "-".to_owned(), |g| g.to_string()),
                     dash(&j.state),
                     if j.ready { "yes" } else { "no" }.to_owned(),
                     grant_summary(&j.ports),
@@ -255,14 +357,32 @@ pub(crate) fn submitted(detail: &ServiceDetail) -> String {
             })
             .collect();
         out.push_str(&table(
-            &["REPLICA", "JOB", "HOST", "STATE", "READY", "PORTS"],
+            &["REPLICA", "JOB", "HOST", "GEN", "STATE", "READY", "PORTS"],
             &lines,
         ));
     }
     for p in &detail.pending {
-        out.push_str(&format!("pending replica {}: {}\n", p.replica, p.reason));
+        out.push_str(&format!(
+            "pending replica {}: {}\n",
+            p.replica,
+            p.reason.as_deref().map_or_else(|| "-".to_owned(), one_line)
+        ));
     }
     out
+}
+
+/// Server text on one line, control characters escaped: a reason must neither break the
+/// one-line-per-change output nor send escape sequences to the terminal.
+pub(crate) fn one_line(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() {
+                c.escape_default().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// A job's grant summary: `name=port` pairs when it is a flat map of numbers (the port
@@ -281,9 +401,10 @@ fn grant_summary(v: &serde_json::Value) -> String {
 }
 
 /// What `service stop` prints.
-pub(crate) fn stopped(answer: &StopAnswer) -> String {
+pub(crate) fn stopped(answer: &StopAnswer, now: bool) -> String {
+    let how = if now { ", without draining" } else { "" };
     format!(
-        "stopping service {} ({} replicas)\n",
+        "stopping service {} ({} replicas{how})\n",
         answer.name, answer.stopping
     )
 }
@@ -529,8 +650,9 @@ mod tests {
         let actual = match kind {
             "services" => service_list(&serde_json::from_str(json).unwrap()),
             "hosts" => host_list(&serde_json::from_str(json).unwrap()),
-            "submitted" => submitted(&serde_json::from_str(json).unwrap()),
-            "stopped" => stopped(&serde_json::from_str(json).unwrap()),
+            "status" => status(&serde_json::from_str(json).unwrap()),
+            "stopped" => stopped(&serde_json::from_str(json).unwrap(), false),
+            "stopped-now" => stopped(&serde_json::from_str(json).unwrap(), true),
             k => panic!("unknown kind {k}"),
         };
         expect.assert_eq(&actual);
@@ -571,17 +693,51 @@ mod tests {
             "#]],
         );
         check_list(
-            "submitted",
-            r#"{"name":"web","project":"default","replicas":3,"state":"active","index":42,"profile":{},
-                "pending":[{"replica":2,"reason":"port metrics/tcp 9100 is taken on all 3 hosts"}],
-                "jobs":[{"job":"j-17","replica":0,"host":"exec-01","state":"running","ready":true,"ports":{"http":20417}},
-                        {"job":"j-18","replica":1,"host":"exec-02","state":"placed","ready":false,"ports":{}}]}"#,
+            "status",
+            r#"{"name":"web","project":"default","replicas":3,"state":"active","index":42,"generation":2,
+                "rollout":{"generation":2,"state":"progressing","updated":2,"ready":3,"outdated":1,
+                           "reason":"replica 2: port metrics/tcp 9100 is taken on all 3 hosts"},
+                "profile":{},
+                "pending":[{"replica":2,"reason":"port metrics/tcp 9100 is taken\non all 3 hosts"}],
+                "jobs":[{"job":"j-23","replica":1,"host":"exec-02","state":"running","ready":true,"generation":2,"ports":{"http":20419}},
+                        {"job":"j-17","replica":0,"host":"exec-01","state":"draining","ready":false,"generation":1,"ports":{"http":20417}},
+                        {"job":"j-22","replica":0,"host":"exec-03","state":"running","ready":true,"generation":2,"ports":{"http":20418}},
+                        {"job":"j-19","replica":2,"host":"exec-03","state":"running","ready":true,"generation":1,"ports":{}}]}"#,
             expect![[r#"
-                created service web in project default (index 42): 3 replicas, 2 placed, 1 pending
-                REPLICA  JOB   HOST     STATE    READY  PORTS
-                0        j-17  exec-01  running  yes    http=20417
-                1        j-18  exec-02  placed   no     -
-                pending replica 2: port metrics/tcp 9100 is taken on all 3 hosts
+                service web in project default: 3 replicas, active, generation 2
+                rollout: generation 2 progressing: 2/3 updated, 3 ready, 1 outdated
+                  waiting: replica 2: port metrics/tcp 9100 is taken on all 3 hosts
+                REPLICA  JOB   HOST     GEN  STATE     READY  PORTS
+                0        j-17  exec-01  1    draining  no     http=20417
+                0        j-22  exec-03  2    running   yes    http=20418
+                1        j-23  exec-02  2    running   yes    http=20419
+                2        j-19  exec-03  1    running   yes    -
+                pending replica 2: port metrics/tcp 9100 is taken\non all 3 hosts
+            "#]],
+        );
+        // From an apiserver that predates rollouts: no rollout line, no generations.
+        check_list(
+            "status",
+            r#"{"name":"web","project":"default","replicas":1,"state":"stopping","index":42,"profile":{},
+                "pending":[],
+                "jobs":[{"job":"j-17","replica":0,"host":"exec-01","state":"stopping","ready":false,"ports":{"http":20417}}]}"#,
+            expect![[r#"
+                service web in project default: 1 replicas, stopping
+                REPLICA  JOB   HOST     GEN  STATE     READY  PORTS
+                0        j-17  exec-01  -    stopping  no     http=20417
+            "#]],
+        );
+        check_list(
+            "status",
+            r#"{"name":"web","project":"default","replicas":2,"state":"active","index":9,"generation":4,
+                "rollout":{"generation":4,"state":"reverted","updated":0,"ready":0,"outdated":0,
+                           "reason":"generation 3 failed: no progress for 5m; restored the profile of generation 2"},
+                "profile":{},"pending":[],"jobs":[]}"#,
+            expect![[r#"
+                service web in project default: 2 replicas, active, generation 4
+                rollout: generation 4 reverted: 0/2 updated, 0 ready, 0 outdated
+                  reason: generation 3 failed: no progress for 5m; restored the profile of generation 2
+                no replicas placed
             "#]],
         );
         check_list(
@@ -589,6 +745,13 @@ mod tests {
             r#"{"name":"web","stopping":3}"#,
             expect![[r#"
                 stopping service web (3 replicas)
+            "#]],
+        );
+        check_list(
+            "stopped-now",
+            r#"{"name":"web","stopping":3}"#,
+            expect![[r#"
+                stopping service web (3 replicas, without draining)
             "#]],
         );
     }

@@ -1,6 +1,6 @@
-//! `xcecli-ext`: the client side of `xcecli` — `service submit|list|stop|endpoints` and
-//! `host list` (DESIGN §7): the REST client, the output formats, `--watch` and
-//! `--wait-ready`.
+//! `xcecli-ext`: the client side of `xcecli` — `service
+//! submit|scale|restart|status|list|stop|endpoints` and `host list` (DESIGN §7): the REST
+//! client, the output formats, `--wait` (rollouts), `--watch` and `--wait-ready`.
 //!
 //! The binary (in `local-cluster`) parses its global flags, the config file and the
 //! environment, then hands this crate everything it needs: a [`ClientConfig`] (api URL,
@@ -32,8 +32,12 @@ mod endpoints;
 mod error;
 mod format;
 mod model;
+mod rollout;
+mod service;
 
-pub use cli::{Command, EndpointFormat, EndpointsArgs, HostCommand, ListFormat, ServiceCommand};
+pub use cli::{
+    Command, EndpointFormat, EndpointsArgs, HostCommand, ListFormat, ServiceCommand, WaitArgs,
+};
 pub use client::{Client, ClientConfig};
 pub use error::{CliError, ErrorKind};
 
@@ -82,7 +86,8 @@ impl std::fmt::Debug for Io {
 /// progress to `io.stderr`. The error is returned, not printed: print it with its
 /// `Display` and exit with [`CliError::exit_code`] (or let [`execute`] do both).
 ///
-/// `--watch` runs until `--timeout` (if given) or until the future is dropped.
+/// `--watch` runs until `--timeout` (if given) or until the future is dropped; `--wait`
+/// until the rollout ends or its `--timeout` (default 10m) runs out.
 pub async fn run(cmd: Command, client: &Client, io: &mut Io) -> Result<(), CliError> {
     match cmd {
         Command::Service(ServiceCommand::Endpoints(args)) => endpoints::run(args, client, io).await,
@@ -94,25 +99,22 @@ pub async fn run(cmd: Command, client: &Client, io: &mut Io) -> Result<(), CliEr
             };
             endpoints::write_out(io, &out).map(drop)
         }
-        Command::Service(ServiceCommand::Submit { file }) => {
-            let toml = tokio::fs::read_to_string(&file).await.map_err(|e| {
-                CliError::new(
-                    ErrorKind::Invalid,
-                    format!("cannot read {}: {e}", file.display()),
-                )
-            })?;
-            let answer = client.submit(toml).await.map_err(|e| match e.kind {
-                ErrorKind::Invalid if !e.details.is_empty() => CliError {
-                    hint: Some(format!("fix {} and submit it again", file.display())),
-                    ..e
-                },
-                _ => e,
-            })?;
-            endpoints::write_out(io, &format::submitted(&answer.value)).map(drop)
+        Command::Service(ServiceCommand::Submit { file, wait }) => {
+            service::submit(&file, wait, client, io).await
         }
-        Command::Service(ServiceCommand::Stop { name }) => {
-            let answer = client.stop(&name).await?;
-            endpoints::write_out(io, &format::stopped(&answer.value)).map(drop)
+        Command::Service(ServiceCommand::Scale {
+            name,
+            replicas,
+            wait,
+        }) => service::scale(&name, replicas, wait, client, io).await,
+        Command::Service(ServiceCommand::Restart { name, wait }) => {
+            service::restart(&name, wait, client, io).await
+        }
+        Command::Service(ServiceCommand::Status { name, output }) => {
+            service::status(&name, output, client, io).await
+        }
+        Command::Service(ServiceCommand::Stop { name, now }) => {
+            service::stop(&name, now, client, io).await
         }
         Command::Host(HostCommand::List { output }) => {
             let answer = client.hosts().await?;
@@ -143,7 +145,7 @@ pub async fn execute(cmd: Command, config: ClientConfig, io: &mut Io) -> i32 {
     }
 }
 
-fn json_line(raw: &str) -> String {
+pub(crate) fn json_line(raw: &str) -> String {
     let mut s = raw.trim_end().to_owned();
     s.push('\n');
     s

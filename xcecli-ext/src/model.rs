@@ -37,7 +37,8 @@ pub(crate) struct ServiceSummary {
     pub(crate) state: String,
 }
 
-/// `GET /v1/services/{name}` and the answer of `POST /v1/services`.
+/// `GET /v1/services/{name}`, and the answer of `POST /v1/services`, `PUT
+/// /v1/services/{name}`, `…/scale` and `…/restart`.
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct ServiceDetail {
     pub(crate) name: String,
@@ -45,8 +46,17 @@ pub(crate) struct ServiceDetail {
     pub(crate) project: String,
     #[serde(default)]
     pub(crate) replicas: u32,
+    /// `active` or `stopping`.
+    #[serde(default)]
+    pub(crate) state: String,
     #[serde(default)]
     pub(crate) index: u64,
+    /// The generation of the current profile; 0 from an apiserver that predates rollouts.
+    #[serde(default)]
+    pub(crate) generation: u64,
+    /// `None` from an apiserver that predates rollouts.
+    #[serde(default)]
+    pub(crate) rollout: Option<Rollout>,
     #[serde(default)]
     pub(crate) profile: serde_json::Value,
     #[serde(default)]
@@ -55,11 +65,59 @@ pub(crate) struct ServiceDetail {
     pub(crate) jobs: Vec<JobRow>,
 }
 
+/// Where the service's latest change stands (DESIGN §5, §8a).
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct Rollout {
+    /// The generation this rollout brings the service to.
+    pub(crate) generation: u64,
+    pub(crate) state: RolloutState,
+    /// Live jobs of `generation` that are not draining or stopping.
+    #[serde(default)]
+    pub(crate) updated: u32,
+    /// Ready jobs of any generation.
+    #[serde(default)]
+    pub(crate) ready: u32,
+    /// Live jobs of older generations that are not draining or stopping.
+    #[serde(default)]
+    pub(crate) outdated: u32,
+    /// Why it waits, why it failed, or what was reverted.
+    #[serde(default)]
+    pub(crate) reason: Option<String>,
+}
+
+/// `rollout.state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum RolloutState {
+    Progressing,
+    Complete,
+    Failed,
+    Reverted,
+    /// A state this client does not know (a newer apiserver): treated as still moving.
+    #[serde(other)]
+    Unknown,
+}
+
+impl RolloutState {
+    /// As the REST API spells it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            RolloutState::Progressing => "progressing",
+            RolloutState::Complete => "complete",
+            RolloutState::Failed => "failed",
+            RolloutState::Reverted => "reverted",
+            RolloutState::Unknown => "unknown",
+        }
+    }
+}
+
 /// A replica no host can hold yet.
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct PendingReplica {
     pub(crate) replica: u32,
-    pub(crate) reason: String,
+    /// Lenient: a reason the server could not give (`null`) must not fail the command.
+    #[serde(default)]
+    pub(crate) reason: Option<String>,
 }
 
 /// A placed replica in a service detail.
@@ -73,6 +131,9 @@ pub(crate) struct JobRow {
     pub(crate) state: String,
     #[serde(default)]
     pub(crate) ready: bool,
+    /// The generation the job runs; `None` from an apiserver that predates rollouts.
+    #[serde(default)]
+    pub(crate) generation: Option<u64>,
     /// Plugin name → that plugin's grant summary (opaque here).
     #[serde(default)]
     pub(crate) ports: serde_json::Value,

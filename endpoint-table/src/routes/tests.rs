@@ -268,15 +268,15 @@ async fn formats_and_parameters() {
         expect![[r#"
             > alice /v1/services/web/endpoints
             200 content-type=application/json x-xce-index=10
-            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}}]}
+            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
 
             > alice /v1/services/web/endpoints?include=all
             200 content-type=application/json x-xce-index=10
-            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417},"ready":true,"state":"running"},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418},"ready":true,"state":"running"},{"replica":2,"job":"j-3","host":"exec-01","address":"127.0.0.11","ports":{"http":20419},"ready":false,"state":"placed"},{"replica":3,"job":"j-4","host":"exec-03","ports":{"http":20420},"ready":false,"state":"running"}]}
+            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417},"ready":true,"state":"running"},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418},"ready":true,"state":"running"},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419},"ready":false,"state":"placed"},{"replica":3,"job":"j-4","host":"exec-03","generation":1,"ports":{"http":20420},"ready":false,"state":"running"}]}
 
             > alice /v1/services/multi/endpoints?port=metrics
             200 content-type=application/json x-xce-index=8
-            {"service":"multi","index":8,"endpoints":[{"replica":0,"job":"j-5","host":"exec-01","address":"127.0.0.11","ports":{"metrics":21001}}]}
+            {"service":"multi","index":8,"endpoints":[{"replica":0,"job":"j-5","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"metrics":21001}}]}
 
             > alice /v1/services/multi/endpoints?port=nope
             400 content-type=application/json
@@ -294,11 +294,11 @@ async fn formats_and_parameters() {
 
             > alice /v1/services/web/endpoints | accept: application/json, text/plain;q=0.5
             200 content-type=application/json x-xce-index=10
-            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}}]}
+            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
 
             > alice /v1/services/web/endpoints?format=json | accept: text/plain
             200 content-type=application/json x-xce-index=10
-            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}}]}
+            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
 
             > alice /v1/services/multi/endpoints?format=plain
             400 content-type=application/json
@@ -334,11 +334,11 @@ async fn formats_and_parameters() {
 
             > alice /v1/services/web/endpoints?index=3&wait=1s
             200 content-type=application/json x-xce-index=10
-            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}}]}
+            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
 
             > alice /v1/services/web/endpoints?wait=1s
             200 content-type=application/json x-xce-index=10
-            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}}]}
+            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
 
         "#]],
     )
@@ -365,11 +365,11 @@ async fn prometheus_sd_and_list() {
         expect![[r#"
             > alice /v1/sd/prometheus?service=web
             200 content-type=application/json x-xce-index=10
-            [{"targets":["127.0.0.11:20417"],"labels":{"__meta_xce_host":"exec-01","__meta_xce_job":"j-1","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"0","__meta_xce_service":"web"}},{"targets":["[fd00::2]:20418"],"labels":{"__meta_xce_host":"exec-02","__meta_xce_job":"j-2","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"1","__meta_xce_service":"web"}}]
+            [{"targets":["127.0.0.11:20417"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-01","__meta_xce_job":"j-1","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"0","__meta_xce_service":"web"}},{"targets":["[fd00::2]:20418"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-02","__meta_xce_job":"j-2","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"1","__meta_xce_service":"web"}}]
 
             > alice /v1/sd/prometheus?service=web&port=http
             200 content-type=application/json x-xce-index=10
-            [{"targets":["127.0.0.11:20417"],"labels":{"__meta_xce_host":"exec-01","__meta_xce_job":"j-1","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"0","__meta_xce_service":"web"}},{"targets":["[fd00::2]:20418"],"labels":{"__meta_xce_host":"exec-02","__meta_xce_job":"j-2","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"1","__meta_xce_service":"web"}}]
+            [{"targets":["127.0.0.11:20417"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-01","__meta_xce_job":"j-1","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"0","__meta_xce_service":"web"}},{"targets":["[fd00::2]:20418"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-02","__meta_xce_job":"j-2","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"1","__meta_xce_service":"web"}}]
 
             > alice /v1/sd/prometheus?service=multi
             400 content-type=application/json
@@ -377,7 +377,7 @@ async fn prometheus_sd_and_list() {
 
             > alice /v1/sd/prometheus?service=multi&port=metrics
             200 content-type=application/json x-xce-index=8
-            [{"targets":["127.0.0.11:21001"],"labels":{"__meta_xce_host":"exec-01","__meta_xce_job":"j-5","__meta_xce_port":"metrics","__meta_xce_project":"team-a","__meta_xce_replica":"0","__meta_xce_service":"multi"}}]
+            [{"targets":["127.0.0.11:21001"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-01","__meta_xce_job":"j-5","__meta_xce_port":"metrics","__meta_xce_project":"team-a","__meta_xce_replica":"0","__meta_xce_service":"multi"}}]
 
             > alice /v1/sd/prometheus?service=multi&port=nope
             400 content-type=application/json
@@ -389,11 +389,11 @@ async fn prometheus_sd_and_list() {
 
             > alice /v1/endpoints
             200 content-type=application/json
-            {"services":[{"service":"multi","index":8,"endpoints":[{"replica":0,"job":"j-5","host":"exec-01","address":"127.0.0.11","ports":{"http":21000,"metrics":21001}}]},{"service":"noports","index":5,"endpoints":[]},{"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}}]}]}
+            {"services":[{"service":"multi","index":8,"endpoints":[{"replica":0,"job":"j-5","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":21000,"metrics":21001}}]},{"service":"noports","index":5,"endpoints":[]},{"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}]}
 
             > bob /v1/endpoints
             200 content-type=application/json
-            {"services":[{"service":"secret","index":9,"endpoints":[{"replica":0,"job":"j-6","host":"exec-02","address":"fd00::2","ports":{"http":22000}}]}]}
+            {"services":[{"service":"secret","index":9,"endpoints":[{"replica":0,"job":"j-6","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":22000}}]}]}
 
             > carol /v1/endpoints
             200 content-type=application/json
@@ -401,11 +401,130 @@ async fn prometheus_sd_and_list() {
 
             > root /v1/endpoints?include=all
             200 content-type=application/json
-            {"services":[{"service":"multi","index":8,"endpoints":[{"replica":0,"job":"j-5","host":"exec-01","address":"127.0.0.11","ports":{"http":21000,"metrics":21001},"ready":true,"state":"running"}]},{"service":"noports","index":5,"endpoints":[]},{"service":"secret","index":9,"endpoints":[{"replica":0,"job":"j-6","host":"exec-02","address":"fd00::2","ports":{"http":22000},"ready":true,"state":"running"}]},{"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417},"ready":true,"state":"running"},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418},"ready":true,"state":"running"},{"replica":2,"job":"j-3","host":"exec-01","address":"127.0.0.11","ports":{"http":20419},"ready":false,"state":"placed"},{"replica":3,"job":"j-4","host":"exec-03","ports":{"http":20420},"ready":false,"state":"running"}]}]}
+            {"services":[{"service":"multi","index":8,"endpoints":[{"replica":0,"job":"j-5","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":21000,"metrics":21001},"ready":true,"state":"running"}]},{"service":"noports","index":5,"endpoints":[]},{"service":"secret","index":9,"endpoints":[{"replica":0,"job":"j-6","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":22000},"ready":true,"state":"running"}]},{"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417},"ready":true,"state":"running"},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418},"ready":true,"state":"running"},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419},"ready":false,"state":"placed"},{"replica":3,"job":"j-4","host":"exec-03","generation":1,"ports":{"http":20420},"ready":false,"state":"running"}]}]}
 
         "#]],
     )
     .await;
+}
+
+/// A rollout of `web` that adds a port, then one that removes it: every endpoint carries
+/// its generation, a draining replica shows only under `?include=all`, and `?port=P` (JSON,
+/// plain and SD) lists only the replicas that have P.
+#[tokio::test]
+async fn rollouts_generations_draining_and_ports() {
+    let c = Cluster::new(TableConfig::default()).await;
+    let profile = |generation, ports: &[&str]| ServiceInfo {
+        generation,
+        ..service("web", "team-a", ports)
+    };
+    c.event(ev_service(11, profile(2, &["http", "metrics"])))
+        .await;
+    let v2 = |id: &str, replica, http, metrics| JobInfo {
+        generation: 2,
+        ..job(
+            id,
+            "web",
+            "team-a",
+            replica,
+            "exec-02",
+            &[("http", http), ("metrics", metrics)],
+        )
+    };
+    c.event(ev_job(12, v2("j-7", 0, 20500, 20501))).await;
+    // Draining: out of the endpoint whatever readiness the controller still reports.
+    let mut j1 = web_job("j-1", 0, "exec-01", 20417);
+    j1.state = JobState::Draining;
+    c.event(ev_job(13, j1.clone())).await;
+    check(
+        &c,
+        &[
+            "alice /v1/services/web/endpoints",
+            "alice /v1/services/web/endpoints?include=all",
+            "alice /v1/services/web/endpoints?port=metrics",
+            "alice /v1/services/web/endpoints?port=metrics&include=all",
+            "alice /v1/services/web/endpoints?port=http",
+            "alice /v1/services/web/endpoints?format=plain&port=metrics",
+            "alice /v1/services/web/endpoints?format=plain&port=http",
+            "alice /v1/services/web/endpoints?format=plain",
+            "alice /v1/sd/prometheus?service=web&port=metrics",
+            "alice /v1/sd/prometheus?service=web&port=http",
+        ],
+        expect![[r#"
+            > alice /v1/services/web/endpoints
+            200 content-type=application/json x-xce-index=13
+            {"service":"web","index":13,"endpoints":[{"replica":0,"job":"j-7","host":"exec-02","generation":2,"address":"fd00::2","ports":{"http":20500,"metrics":20501}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
+
+            > alice /v1/services/web/endpoints?include=all
+            200 content-type=application/json x-xce-index=13
+            {"service":"web","index":13,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417},"ready":false,"state":"draining"},{"replica":0,"job":"j-7","host":"exec-02","generation":2,"address":"fd00::2","ports":{"http":20500,"metrics":20501},"ready":true,"state":"running"},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418},"ready":true,"state":"running"},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419},"ready":false,"state":"placed"},{"replica":3,"job":"j-4","host":"exec-03","generation":1,"ports":{"http":20420},"ready":false,"state":"running"}]}
+
+            > alice /v1/services/web/endpoints?port=metrics
+            200 content-type=application/json x-xce-index=13
+            {"service":"web","index":13,"endpoints":[{"replica":0,"job":"j-7","host":"exec-02","generation":2,"address":"fd00::2","ports":{"metrics":20501}}]}
+
+            > alice /v1/services/web/endpoints?port=metrics&include=all
+            200 content-type=application/json x-xce-index=13
+            {"service":"web","index":13,"endpoints":[{"replica":0,"job":"j-7","host":"exec-02","generation":2,"address":"fd00::2","ports":{"metrics":20501},"ready":true,"state":"running"}]}
+
+            > alice /v1/services/web/endpoints?port=http
+            200 content-type=application/json x-xce-index=13
+            {"service":"web","index":13,"endpoints":[{"replica":0,"job":"j-7","host":"exec-02","generation":2,"address":"fd00::2","ports":{"http":20500}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
+
+            > alice /v1/services/web/endpoints?format=plain&port=metrics
+            200 content-type=text/plain; charset=utf-8 x-xce-index=13
+            [fd00::2]:20501
+
+            > alice /v1/services/web/endpoints?format=plain&port=http
+            200 content-type=text/plain; charset=utf-8 x-xce-index=13
+            [fd00::2]:20500
+            [fd00::2]:20418
+
+            > alice /v1/services/web/endpoints?format=plain
+            400 content-type=application/json
+            {"error":{"code":"invalid","details":[{"field":"port","reason":"required: service \"web\" declares several ports (http, metrics)"}],"message":"port: required: service \"web\" declares several ports (http, metrics)"}}
+
+            > alice /v1/sd/prometheus?service=web&port=metrics
+            200 content-type=application/json x-xce-index=13
+            [{"targets":["[fd00::2]:20501"],"labels":{"__meta_xce_generation":"2","__meta_xce_host":"exec-02","__meta_xce_job":"j-7","__meta_xce_port":"metrics","__meta_xce_project":"team-a","__meta_xce_replica":"0","__meta_xce_service":"web"}}]
+
+            > alice /v1/sd/prometheus?service=web&port=http
+            200 content-type=application/json x-xce-index=13
+            [{"targets":["[fd00::2]:20500"],"labels":{"__meta_xce_generation":"2","__meta_xce_host":"exec-02","__meta_xce_job":"j-7","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"0","__meta_xce_service":"web"}},{"targets":["[fd00::2]:20418"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-02","__meta_xce_job":"j-2","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"1","__meta_xce_service":"web"}}]
+
+        "#]],
+    )
+    .await;
+
+    // A rollout that removes the port: asking for it still works while a replica has it.
+    c.event(ev_service(14, profile(3, &["http"]))).await;
+    c.event(ev_ended(15, j1)).await;
+    let lines = [
+        "alice /v1/services/web/endpoints?port=metrics",
+        "alice /v1/services/web/endpoints?format=plain",
+    ];
+    check(&c, &lines, expect![[r#"
+        > alice /v1/services/web/endpoints?port=metrics
+        200 content-type=application/json x-xce-index=15
+        {"service":"web","index":15,"endpoints":[{"replica":0,"job":"j-7","host":"exec-02","generation":2,"address":"fd00::2","ports":{"metrics":20501}}]}
+
+        > alice /v1/services/web/endpoints?format=plain
+        200 content-type=text/plain; charset=utf-8 x-xce-index=15
+        [fd00::2]:20500
+        [fd00::2]:20418
+
+    "#]]).await;
+    c.event(ev_ended(16, v2("j-7", 0, 20500, 20501))).await;
+    check(&c, &lines, expect![[r#"
+        > alice /v1/services/web/endpoints?port=metrics
+        400 content-type=application/json
+        {"error":{"code":"invalid","details":[{"field":"port","reason":"service \"web\" has no port \"metrics\" (it declares: http)"}],"message":"port: service \"web\" has no port \"metrics\" (it declares: http)"}}
+
+        > alice /v1/services/web/endpoints?format=plain
+        200 content-type=text/plain; charset=utf-8 x-xce-index=16
+        [fd00::2]:20418
+
+    "#]]).await;
 }
 
 /// Every surface answers 401 without a valid token, and the same 404 for a service that
@@ -591,7 +710,7 @@ async fn blocking_queries() {
     let got = render(resp.unwrap()).await;
     expect![[r#"
         200 content-type=application/json x-xce-index=11
-        {"service":"web","index":11,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","address":"127.0.0.11","ports":{"http":20419}}]}"#]].assert_eq(&got);
+        {"service":"web","index":11,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419}}]}"#]].assert_eq(&got);
     c.watchers_reach(0).await;
 
     // The service going away while a query waits answers 404.
@@ -731,15 +850,15 @@ async fn stream_events_and_resume() {
     expect![[r#"
         headers: "text/event-stream" "10"
         id: 10
-        data: {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}}]}
+        data: {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
         id: 11
-        data: {"service":"web","index":11,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","address":"127.0.0.11","ports":{"http":20419}}]}
+        data: {"service":"web","index":11,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419}}]}
         resumed at 10: id: 11
-        data: {"service":"web","index":11,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","address":"127.0.0.11","ports":{"http":20419}}]}
+        data: {"service":"web","index":11,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419}}]}
         resumed at 11: id: 12
-        data: {"service":"web","index":12,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417},"ready":true,"state":"running"},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418},"ready":true,"state":"running"},{"replica":2,"job":"j-3","host":"exec-01","address":"127.0.0.11","ports":{"http":20419},"ready":false,"state":"stopping"},{"replica":3,"job":"j-4","host":"exec-03","ports":{"http":20420},"ready":false,"state":"running"}]}
+        data: {"service":"web","index":12,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417},"ready":true,"state":"running"},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418},"ready":true,"state":"running"},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419},"ready":false,"state":"stopping"},{"replica":3,"job":"j-4","host":"exec-03","generation":1,"ports":{"http":20420},"ready":false,"state":"running"}]}
         first stream: id: 12
-        data: {"service":"web","index":12,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}}]}
+        data: {"service":"web","index":12,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
         event: error
         data: {"error":{"code":"not_found","details":[],"message":"service \"web\" not found"}}
         then: None
@@ -801,15 +920,16 @@ async fn stream_client_falling_behind_is_disconnected() {
     let _ = writeln!(out, "{}", c.metrics());
     expect![[r#"
         id: 10
-        data: {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}}]}
+        data: {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
         2 behind: id: 12
-        data: {"service":"web","index":12,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","address":"127.0.0.11","ports":{"http":20419}}]}
+        data: {"service":"web","index":12,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419}}]}
         3 behind: None
         xce_endpoint_table_changes_total 9
         xce_endpoint_watchers 0
         xce_endpoint_watchers_rejected_total 0
         xce_endpoint_streams_lagged_total 1
         xce_endpoint_propagation_seconds_count 6
+        xce_endpoint_delivery_seconds_count 2
     "#]].assert_eq(&out);
 }
 
@@ -861,6 +981,7 @@ async fn stream_client_that_never_reads_is_cut_off() {
         xce_endpoint_watchers_rejected_total 0
         xce_endpoint_streams_lagged_total 1
         xce_endpoint_propagation_seconds_count 4
+        xce_endpoint_delivery_seconds_count 3
         silent client reads at last: None
     "#]]
     .assert_eq(&out);
@@ -868,6 +989,131 @@ async fn stream_client_that_never_reads_is_cut_off() {
 
 fn first_line(event: Option<String>) -> Option<String> {
     event.map(|e| e.lines().next().unwrap_or_default().to_owned())
+}
+
+/// `xce_endpoint_delivery_seconds`: each change is observed once, when the last watcher of
+/// its service that was connected when it arrived has been sent it; a watcher that leaves
+/// or will not be sent it (a blocking query waiting for a later index) does not hold it
+/// open; a change nobody was sent is not observed. Streams are sent an event only when
+/// they are read, which orders the steps; no timing is asserted.
+#[tokio::test]
+async fn delivery_histogram_waits_for_the_last_watcher() {
+    let c = Cluster::new(TableConfig::default()).await;
+    let mut out = String::new();
+    let delivered = |c: &Cluster| {
+        let metrics = c.metrics();
+        let count = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("xce_endpoint_delivery_seconds_count "))
+            .unwrap()
+            .to_owned();
+        let pending = c
+            .api
+            .shared()
+            .subscribe("web")
+            .unwrap()
+            .borrow()
+            .delivery
+            .pending();
+        format!("observed {count}, pending {pending}")
+    };
+    let stream = async || Events::new(c.get("alice /v1/services/web/endpoints/stream").await);
+    let (mut s1, mut s2, mut s3) = (stream().await, stream().await, stream().await);
+    for s in [&mut s1, &mut s2, &mut s3] {
+        s.next().await.unwrap();
+    }
+    let mut j3 = web_job("j-3", 2, "exec-01", 20419);
+    let mut rev = 10;
+    let mut toggle = async || {
+        rev += 1;
+        j3.ready = !j3.ready;
+        c.event(ev_job(rev, j3.clone())).await;
+    };
+
+    // Three streams: observed once, after the third was sent the change.
+    toggle().await;
+    let _ = writeln!(out, "change 11, 3 streams: {}", delivered(&c));
+    for (name, s) in [("s1", &mut s1), ("s2", &mut s2), ("s3", &mut s3)] {
+        let event = first_line(s.next().await).unwrap();
+        let _ = writeln!(out, "{name} read {event:?}: {}", delivered(&c));
+    }
+
+    // A parked blocking query and three streams, one of which disconnects unread.
+    let blocking = tokio::spawn(c.router.clone().oneshot(Cluster::request(
+        "alice /v1/services/web/endpoints?index=11&wait=10m",
+    )));
+    c.watchers_reach(4).await;
+    toggle().await;
+    let resp = tokio::time::timeout(PATIENCE, blocking).await.unwrap();
+    let _ = writeln!(
+        out,
+        "change 12, blocking answered {}: {}",
+        resp.unwrap().unwrap().status(),
+        delivered(&c)
+    );
+    for (name, s) in [("s1", &mut s1), ("s2", &mut s2)] {
+        let event = first_line(s.next().await).unwrap();
+        let _ = writeln!(out, "{name} read {event:?}: {}", delivered(&c));
+    }
+    drop(s3);
+    c.watchers_reach(2).await;
+    let _ = writeln!(out, "s3 gone unread: {}", delivered(&c));
+
+    // A blocking query waiting for a later index is not sent this change: once it has
+    // seen the change (on its own task, so when is not ordered here) and both streams
+    // were sent it, it is observed, while that query is still parked.
+    let ahead = tokio::spawn(c.router.clone().oneshot(Cluster::request(
+        "alice /v1/services/web/endpoints?index=1000&wait=10m",
+    )));
+    c.watchers_reach(3).await;
+    toggle().await;
+    for (name, s) in [("s1", &mut s1), ("s2", &mut s2)] {
+        let event = first_line(s.next().await).unwrap();
+        let _ = writeln!(out, "change 13, {name} read {event:?}");
+    }
+    let observed = async {
+        while !delivered(&c).starts_with("observed 3,") {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(PATIENCE, observed).await.unwrap();
+    let _ = writeln!(
+        out,
+        "then {}, watchers {}",
+        delivered(&c),
+        c.api.shared().watcher_count()
+    );
+    ahead.abort();
+    c.watchers_reach(2).await;
+
+    // Every watcher leaves before it is sent the change: nothing to observe.
+    toggle().await;
+    drop((s1, s2));
+    c.watchers_reach(0).await;
+    let _ = writeln!(
+        out,
+        "change 14, both streams gone unread: {}",
+        delivered(&c)
+    );
+    // No watcher at all.
+    toggle().await;
+    let _ = writeln!(out, "change 15, no watcher: {}", delivered(&c));
+    expect![[r#"
+        change 11, 3 streams: observed 0, pending 1
+        s1 read "id: 11": observed 0, pending 1
+        s2 read "id: 11": observed 0, pending 1
+        s3 read "id: 11": observed 1, pending 0
+        change 12, blocking answered 200 OK: observed 1, pending 1
+        s1 read "id: 12": observed 1, pending 1
+        s2 read "id: 12": observed 1, pending 1
+        s3 gone unread: observed 2, pending 0
+        change 13, s1 read "id: 13"
+        change 13, s2 read "id: 13"
+        then observed 3, pending 0, watchers 3
+        change 14, both streams gone unread: observed 3, pending 0
+        change 15, no watcher: observed 3, pending 0
+    "#]]
+    .assert_eq(&out);
 }
 
 #[tokio::test]
@@ -930,7 +1176,8 @@ async fn watcher_caps() {
         xce_endpoint_watchers 3
         xce_endpoint_watchers_rejected_total 3
         xce_endpoint_streams_lagged_total 0
-        xce_endpoint_propagation_seconds_count 1"#]]
+        xce_endpoint_propagation_seconds_count 1
+        xce_endpoint_delivery_seconds_count 0"#]]
     .assert_eq(&c.metrics());
     drop((a2, b1, root));
     c.watchers_reach(0).await;

@@ -27,9 +27,10 @@ fn render_entry(e: &Entry) -> String {
         let ports: Vec<_> = r.ports.iter().map(|(n, p)| format!("{n}={p}")).collect();
         let _ = write!(
             out,
-            " [{} {} {} {} {:?} ready={} {}{}]",
+            " [{} {} g{} {} {} {:?} ready={} {}{}]",
             r.replica,
             r.job,
+            r.generation,
             r.host,
             addr,
             r.state,
@@ -117,15 +118,63 @@ fn readiness_and_lifecycle() {
         expect![[r#"
             @1 host exec-01: no change
             @2 service web: web#2 team-a {http/tcp}
-            @3 job j-1 Placed: web#3 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Placed ready=false http=20001]
-            @4 job j-1 Running: web#4 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Running ready=false http=20001]
-            @5 job j-1 Running: web#5 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT]
-            @6 job j-1 Running: web#6 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT]
-            @7 job j-1 Unknown: web#7 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Unknown ready=true http=20001 ENDPOINT]
-            @8 job j-1 Stopping: web#8 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Stopping ready=true http=20001]
+            @3 job j-1 Placed: web#3 team-a {http/tcp} [0 j-1 g1 exec-01 127.0.0.11 Placed ready=false http=20001]
+            @4 job j-1 Running: web#4 team-a {http/tcp} [0 j-1 g1 exec-01 127.0.0.11 Running ready=false http=20001]
+            @5 job j-1 Running: web#5 team-a {http/tcp} [0 j-1 g1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT]
+            @6 job j-1 Running: web#6 team-a {http/tcp} [0 j-1 g1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT]
+            @7 job j-1 Unknown: web#7 team-a {http/tcp} [0 j-1 g1 exec-01 127.0.0.11 Unknown ready=true http=20001 ENDPOINT]
+            @8 job j-1 Stopping: web#8 team-a {http/tcp} [0 j-1 g1 exec-01 127.0.0.11 Stopping ready=true http=20001]
             @9 ended j-1: web#9 team-a {http/tcp}
             @10 removed web: web removed
             @11 job j-1 Placed: no change
+        "#]],
+    );
+}
+
+/// A rollout that adds a port: each replica carries its job's generation and its own
+/// ports; a draining replica stays in the entry, no longer an endpoint, until it ends.
+#[test]
+fn rollout_generations_and_draining() {
+    let v1 = service("web", "team-a", &["http"]);
+    let v2 = ServiceInfo {
+        generation: 2,
+        ..service("web", "team-a", &["http", "metrics"])
+    };
+    let old = job("j-1", "web", "team-a", 0, "exec-01", &[("http", 20001)]);
+    let new = JobInfo {
+        generation: 2,
+        ..job(
+            "j-2",
+            "web",
+            "team-a",
+            0,
+            "exec-01",
+            &[("http", 20002), ("metrics", 20003)],
+        )
+    };
+    let draining = JobInfo {
+        state: JobState::Draining,
+        ready: false,
+        ..old.clone()
+    };
+    check(
+        vec![
+            Step::Event(ev_host(1, host("exec-01", Some("127.0.0.11")), &[])),
+            Step::Event(ev_service(2, v1)),
+            Step::Event(ev_job(3, old)),
+            Step::Event(ev_service(4, v2)),
+            Step::Event(ev_job(5, new)),
+            Step::Event(ev_job(6, draining.clone())),
+            Step::Event(ev_ended(7, draining)),
+        ],
+        expect![[r#"
+            @1 host exec-01: no change
+            @2 service web: web#2 team-a {http/tcp}
+            @3 job j-1 Running: web#3 team-a {http/tcp} [0 j-1 g1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT]
+            @4 service web: web#4 team-a {http/tcp,metrics/tcp} [0 j-1 g1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT]
+            @5 job j-2 Running: web#5 team-a {http/tcp,metrics/tcp} [0 j-1 g1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT] [0 j-2 g2 exec-01 127.0.0.11 Running ready=true http=20002,metrics=20003 ENDPOINT]
+            @6 job j-1 Draining: web#6 team-a {http/tcp,metrics/tcp} [0 j-1 g1 exec-01 127.0.0.11 Draining ready=false http=20001] [0 j-2 g2 exec-01 127.0.0.11 Running ready=true http=20002,metrics=20003 ENDPOINT]
+            @7 ended j-1: web#7 team-a {http/tcp,metrics/tcp} [0 j-2 g2 exec-01 127.0.0.11 Running ready=true http=20002,metrics=20003 ENDPOINT]
         "#]],
     );
 }
@@ -156,12 +205,12 @@ fn host_addresses() {
         ],
         expect![[r#"
             @1 service web: web#1 team-a {http/tcp,metrics/tcp}
-            @2 job j-1 Running: web#2 team-a {http/tcp,metrics/tcp} [1 j-1 exec-01 - Running ready=true http=20001,metrics=20002]
-            @3 job j-2 Running: web#3 team-a {http/tcp,metrics/tcp} [0 j-2 exec-02 - Running ready=true http=20001] [1 j-1 exec-01 - Running ready=true http=20001,metrics=20002]
-            @4 host exec-01: web#4 team-a {http/tcp,metrics/tcp} [0 j-2 exec-02 - Running ready=true http=20001] [1 j-1 exec-01 - Running ready=true http=20001,metrics=20002]
-            @5 host exec-01: web#5 team-a {http/tcp,metrics/tcp} [0 j-2 exec-02 - Running ready=true http=20001] [1 j-1 exec-01 ::1 Running ready=true http=20001,metrics=20002 ENDPOINT]
-            @6 host exec-01: web#6 team-a {http/tcp,metrics/tcp} [0 j-2 exec-02 - Running ready=true http=20001] [1 j-1 exec-01 ::1 Running ready=true http=20001,metrics=20002 ENDPOINT]
-            @7 host exec-02: web#7 team-a {http/tcp,metrics/tcp} [0 j-2 exec-02 127.0.0.12 Running ready=true http=20001 ENDPOINT] [1 j-1 exec-01 ::1 Running ready=true http=20001,metrics=20002 ENDPOINT]
+            @2 job j-1 Running: web#2 team-a {http/tcp,metrics/tcp} [1 j-1 g1 exec-01 - Running ready=true http=20001,metrics=20002]
+            @3 job j-2 Running: web#3 team-a {http/tcp,metrics/tcp} [0 j-2 g1 exec-02 - Running ready=true http=20001] [1 j-1 g1 exec-01 - Running ready=true http=20001,metrics=20002]
+            @4 host exec-01: web#4 team-a {http/tcp,metrics/tcp} [0 j-2 g1 exec-02 - Running ready=true http=20001] [1 j-1 g1 exec-01 - Running ready=true http=20001,metrics=20002]
+            @5 host exec-01: web#5 team-a {http/tcp,metrics/tcp} [0 j-2 g1 exec-02 - Running ready=true http=20001] [1 j-1 g1 exec-01 ::1 Running ready=true http=20001,metrics=20002 ENDPOINT]
+            @6 host exec-01: web#6 team-a {http/tcp,metrics/tcp} [0 j-2 g1 exec-02 - Running ready=true http=20001] [1 j-1 g1 exec-01 ::1 Running ready=true http=20001,metrics=20002 ENDPOINT]
+            @7 host exec-02: web#7 team-a {http/tcp,metrics/tcp} [0 j-2 g1 exec-02 127.0.0.12 Running ready=true http=20001 ENDPOINT] [1 j-1 g1 exec-01 ::1 Running ready=true http=20001,metrics=20002 ENDPOINT]
         "#]],
     );
 }
@@ -202,12 +251,12 @@ fn resync_takes_the_stored_revisions_and_never_lowers_an_index() {
             Step::Event(ev_service(13, service("web", "team-b", &["http"]))),
         ],
         expect![[r#"
-            @5 resync: web#5 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT]
+            @5 resync: web#5 team-a {http/tcp} [0 j-1 g1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT]
                 api#5 team-b {}
-            @9 resync: web#9 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT]
+            @9 resync: web#9 team-a {http/tcp} [0 j-1 g1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT]
                 api#9 team-b {}
             @12 resync: api removed
-                web#12 team-a {http/tcp} [0 j-1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT] [1 j-2 exec-01 127.0.0.11 Running ready=true  ENDPOINT]
+                web#12 team-a {http/tcp} [0 j-1 g1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT] [1 j-2 g1 exec-01 127.0.0.11 Running ready=true  ENDPOINT]
             @3 resync: web#13 team-a {http/tcp}
             @13 service web: web#14 team-b {http/tcp}
         "#]],
@@ -224,9 +273,10 @@ mod prop {
     const SERVICES: [&str; 2] = ["a", "b"];
     const HOSTS: [&str; 3] = ["h1", "h2", "h3"];
     const JOBS: [&str; 5] = ["j1", "j2", "j3", "j4", "j5"];
-    const STATES: [JobState; 6] = [
+    const STATES: [JobState; 7] = [
         JobState::Placed,
         JobState::Running,
+        JobState::Draining,
         JobState::Stopping,
         JobState::Unknown,
         JobState::Exited,
@@ -237,7 +287,7 @@ mod prop {
     enum Op {
         Service(usize, usize, usize),
         Remove(usize),
-        Job(usize, usize, u32, usize, usize, bool, u16),
+        Job(usize, usize, u32, usize, usize, bool, u16, u64),
         Ended(usize),
         Host(usize, usize, Vec<usize>),
     }
@@ -251,11 +301,12 @@ mod prop {
                 0..2usize,
                 0..3u32,
                 0..3usize,
-                0..6usize,
+                0..7usize,
                 any::<bool>(),
-                0..3u16
+                0..3u16,
+                1..3u64,
             )
-                .prop_map(|(j, s, r, h, st, ready, p)| Op::Job(j, s, r, h, st, ready, p)),
+                .prop_map(|(j, s, r, h, st, ready, p, g)| Op::Job(j, s, r, h, st, ready, p, g)),
             (0..5usize).prop_map(Op::Ended),
             (
                 0..3usize,
@@ -303,6 +354,7 @@ mod prop {
                             .into_iter()
                             .map(|p| (p.name, p.port))
                             .collect(),
+                        generation: j.generation,
                         state: j.state,
                         ready: j.ready,
                     })
@@ -334,7 +386,7 @@ mod prop {
                     self.services.remove(SERVICES[*s]);
                     ev_removed(rev, SERVICES[*s], "p1")
                 }
-                Op::Job(j, s, r, h, st, ready, p) => {
+                Op::Job(j, s, r, h, st, ready, p, g) => {
                     let mut info = job(
                         JOBS[*j],
                         SERVICES[*s],
@@ -345,6 +397,7 @@ mod prop {
                     );
                     info.state = STATES[*st];
                     info.ready = *ready;
+                    info.generation = *g;
                     if info.state.is_ended() {
                         self.jobs.remove(JOBS[*j]);
                     } else {

@@ -12,4 +12,5 @@ mod reliability;
 mod reliability_input;
 mod reliability_watch;
 mod restart;
+mod rollout;
 mod scale;

@@ -43,6 +43,8 @@ pub struct ApiserverConfig {
     pub etcd: Vec<String>,
     /// The controller's key prefix in etcd.
     pub prefix: String,
+    /// What clients may hold of the API port (connection caps and timeouts).
+    pub connections: crate::serve::ConnLimits,
 }
 
 /// The plugins an apiserver hosts: listeners fed from the store's history, and the route
@@ -126,7 +128,7 @@ pub async fn start(
         cfg.body_limit,
     );
     let (shutdown, stop) = watch::channel(false);
-    let (addr, server) = crate::controller::serve(cfg.listen, app, stop)?;
+    let (addr, server) = crate::serve::serve(cfg.listen, app, cfg.connections, stop)?;
     Ok(RunningApiserver {
         addr,
         shutdown,
@@ -390,6 +392,7 @@ mod tests {
             body_limit: 64,
             etcd: vec![etcd.endpoint.clone()],
             prefix: "/xce/".into(),
+            connections: Default::default(),
         };
         let plugins = ApiserverPlugins {
             listeners: vec![],

@@ -134,7 +134,21 @@ fn from_core(e: CoreError) -> ApiError {
         ),
         CoreError::Invalid(details) => ApiError::invalid("invalid profile", details),
         CoreError::Refused(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
+        CoreError::Quota(e) => ApiError {
+            details: vec![FieldError::new(
+                format!("quotas.{}.{}", e.project, e.quota),
+                format!(
+                    "limit {}, in use {}, this change needs {}",
+                    e.limit, e.used, e.wanted
+                ),
+            )],
+            ..ApiError::new(StatusCode::FORBIDDEN, "quota_exceeded", e.to_string())
+        },
         CoreError::FactsRefused(details) => ApiError::invalid("host facts refused", details),
+        e @ CoreError::AddressTaken { .. } => ApiError {
+            details: vec![FieldError::new("ip_addr", e.to_string())],
+            ..ApiError::new(StatusCode::CONFLICT, "address_in_use", "host facts refused")
+        },
         CoreError::UnknownHost(h) => ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
@@ -366,11 +380,15 @@ async fn put_service(
             reply,
         })
         .await?;
-    let status = match applied {
-        Applied::Created => StatusCode::CREATED,
-        Applied::Updated | Applied::Unchanged => StatusCode::OK,
+    let (status, change) = match applied {
+        Applied::Created => (StatusCode::CREATED, "created"),
+        Applied::Updated => (StatusCode::OK, "updated"),
+        Applied::Unchanged => (StatusCode::OK, "unchanged"),
     };
-    detail_response(&st, &name, status)
+    let mut resp = detail_response(&st, &name, status)?;
+    resp.headers_mut()
+        .insert("x-xce-change", HeaderValue::from_static(change));
+    Ok(resp)
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -399,7 +417,7 @@ async fn scale_service(
             )],
         )
     })?;
-    if b.replicas < 1 {
+    if !(1..=crate::profile::MAX_REPLICAS as i64).contains(&b.replicas) {
         return Err(ApiError::invalid(
             "invalid scale request",
             vec![FieldError::new(

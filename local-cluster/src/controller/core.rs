@@ -7,6 +7,7 @@
 
 use super::metrics::Metrics;
 use super::model::{After, Cluster, HostRec, JobRec, LoadError, ServiceRec, ServiceState, Txn};
+use super::quota::{self, Quotas};
 use super::rollout::{self, Counts, JobFacts, Phase, Rollout, RolloutState, Stable};
 use super::scheduler::{self, Candidate, Request};
 use crate::profile::{self, Profile};
@@ -59,8 +60,12 @@ pub(crate) enum CoreError {
     Refused(String),
     #[error("invalid profile")]
     Invalid(Vec<FieldError>),
+    #[error("{0}")]
+    Quota(quota::Exceeded),
     #[error("host facts refused")]
     FactsRefused(Vec<FieldError>),
+    #[error("address {ip} is advertised by live host {other}")]
+    AddressTaken { ip: String, other: HostId },
     #[error("host {0:?} is not registered")]
     UnknownHost(HostId),
     #[error(transparent)]
@@ -148,7 +153,7 @@ pub(crate) struct Core {
     drain_until: HashMap<JobId, Instant>,
     /// Each running rollout's last progress (see [`rollout::progress_mark`]) and when it
     /// changed (not persisted: a restart gives a rollout a fresh `deadline`).
-    progress: HashMap<String, ((u32, u32, u32, u32), Instant)>,
+    progress: HashMap<String, (rollout::Mark, Instant)>,
     /// When each host was last heard from (not persisted: a restart hears from all).
     heard: HashMap<HostId, Instant>,
     /// When each running job started running (for the backoff reset).
@@ -163,6 +168,8 @@ pub(crate) struct Core {
     /// readers' view includes it (see [`Core::publish`]), so no read path is ahead of
     /// the controller's own (`/v1/hosts` never behind the endpoints).
     outbox: Vec<ClusterEvent>,
+    /// Per-project limits on what services declare.
+    quotas: Quotas,
     /// The `now` of the last scheduling pass (see [`Core::next_deadline`]).
     last_pass: Option<Instant>,
     /// After a failed commit in a timer: do not retry before this (no busy loop while the
@@ -274,6 +281,7 @@ impl Core {
             drain_until,
             progress: HashMap::new(),
             last_pass: None,
+            quotas: Quotas::default(),
             heard,
             running_since,
             backoff: HashMap::new(),
@@ -287,6 +295,46 @@ impl Core {
         };
         core.publish();
         Ok(core)
+    }
+
+    /// Sets the per-project quotas (checked on every create, update and scale).
+    pub(crate) fn set_quotas(&mut self, quotas: Quotas) {
+        self.quotas = quotas;
+    }
+
+    /// Refuses a change that would take `project` past a quota: `change` is the service
+    /// `name` as it would be (`None`: gone), with its replicas and per-replica quantities.
+    fn check_quota(
+        &self,
+        project: &str,
+        name: &str,
+        change: Option<(u32, &BTreeMap<String, u64>)>,
+    ) -> Result<(), CoreError> {
+        let Some(limits) = self.quotas.of(project) else {
+            return Ok(());
+        };
+        let (mut before, mut after) = (quota::Use::default(), quota::Use::default());
+        for s in self.cluster.services.values() {
+            if s.info.project != project || s.state == ServiceState::Stopping {
+                continue;
+            }
+            let q = self
+                .profiles
+                .get(&s.info.name)
+                .map(|p| p.quantities.clone())
+                .unwrap_or_default();
+            before.add(s.info.replicas, &q);
+            if s.info.name != name {
+                after.add(s.info.replicas, &q);
+            }
+        }
+        if let Some((replicas, q)) = change {
+            after.add(replicas, q);
+        }
+        quota::check(project, limits, &before, &after).map_err(|e| {
+            warn!(project = %e.project, quota = %e.quota, limit = e.limit, used = e.used, wanted = e.wanted, "change refused: quota exceeded");
+            CoreError::Quota(e)
+        })
     }
 
     pub(crate) fn view(&self) -> watch::Receiver<Arc<View>> {
@@ -469,6 +517,11 @@ impl Core {
         };
         let name = profile.name.clone();
         let Some(cur) = self.cluster.services.get(&name).cloned() else {
+            self.check_quota(
+                &profile.project,
+                &name,
+                Some((profile.replicas, &profile.quantities)),
+            )?;
             let mut txn = Txn::new(&self.cluster);
             let mut rollout = Rollout::default();
             rollout.begin();
@@ -520,6 +573,11 @@ impl Core {
         if cur.info.profile == profile.raw {
             return Ok((name, Applied::Unchanged));
         }
+        self.check_quota(
+            &profile.project,
+            &name,
+            Some((profile.replicas, &profile.quantities)),
+        )?;
         let mut svc = cur.clone();
         let new_generation = !rollout::same_template(&cur.info.profile, &profile.raw);
         if new_generation {
@@ -638,6 +696,11 @@ impl Core {
             return Ok(());
         }
         let mut profile = self.profiles[name].clone();
+        self.check_quota(
+            &svc.info.project,
+            name,
+            Some((replicas, &profile.quantities)),
+        )?;
         profile.replicas = replicas;
         if let Some(m) = profile.raw.as_object_mut() {
             m.insert("replicas".into(), Value::from(replicas));
@@ -731,6 +794,22 @@ impl Core {
     // --- worker commands ---
 
     fn check_facts(&self, host: &HostId, facts: &HostFacts) -> Result<(), CoreError> {
+        // One live host per advertised address: a worker credential must not be able to
+        // send another host's endpoint traffic to itself (or anyone's to it).
+        if let Some(ip) = facts.ip_addr {
+            let other = self.cluster.hosts.values().find(|h| {
+                h.info.id != *host
+                    && h.info.state != HostState::Lost
+                    && h.info.facts.ip_addr == Some(ip)
+            });
+            if let Some(other) = other {
+                warn!(host = %host, ip_addr = %ip, advertised_by = %other.info.id, "host facts refused: the address is another live host's");
+                return Err(CoreError::AddressTaken {
+                    ip: ip.to_string(),
+                    other: other.info.id.clone(),
+                });
+            }
+        }
         let mut problems = Vec::new();
         for p in &self.policies {
             if let Err(mut e) = p.check(host, facts) {
@@ -1375,9 +1454,7 @@ impl Core {
     ) -> Option<String> {
         let name = &s.info.name;
         let generation = s.info.generation;
-        let Some(mut rec) = txn.service(&self.cluster, name) else {
-            return None;
-        };
+        let mut rec = txn.service(&self.cluster, name)?;
         let mut r = rec.rollout.clone();
         let mut revert = None;
         if !r.is_running(generation) {
@@ -1721,6 +1798,7 @@ fn fallback_profile(s: &ServiceInfo, raw: &Value) -> Profile {
         readiness: None,
         drain: profile::DEFAULT_DRAIN,
         update: profile::UpdatePolicy::default(),
+        quantities: Default::default(),
         raw: raw.clone(),
     }
 }

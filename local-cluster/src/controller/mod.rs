@@ -21,6 +21,7 @@ pub(crate) mod api;
 mod core;
 mod metrics;
 pub(crate) mod model;
+pub mod quota;
 pub(crate) mod rollout;
 mod scheduler;
 mod task;
@@ -53,6 +54,10 @@ pub struct ControllerConfig {
     pub grace_period: Duration,
     /// The largest request body accepted (413 above).
     pub body_limit: usize,
+    /// What clients may hold of the API port (connection caps and timeouts).
+    pub connections: crate::serve::ConnLimits,
+    /// Per-project limits on what services declare (`[quotas.*]`).
+    pub quotas: quota::Quotas,
 }
 
 impl Default for ControllerConfig {
@@ -64,6 +69,8 @@ impl Default for ControllerConfig {
             unreachable_after: Duration::from_secs(3),
             grace_period: Duration::from_secs(30),
             body_limit: 1024 * 1024,
+            connections: crate::serve::ConnLimits::default(),
+            quotas: quota::Quotas::default(),
         }
     }
 }
@@ -205,7 +212,7 @@ impl Controller {
             unreachable_after: cfg.unreachable_after,
             grace_period: cfg.grace_period,
         };
-        let core = core::Core::load(
+        let mut core = core::Core::load(
             timing,
             store,
             core::Wiring {
@@ -217,6 +224,7 @@ impl Controller {
             tokio::time::Instant::now(),
         )
         .context("cannot load the controller state from the store")?;
+        core.set_quotas(cfg.quotas.clone());
         let view = core.view();
         let (tx, rx) = mpsc::channel(256);
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -280,43 +288,7 @@ pub fn router(controller: &Controller) -> axum::Router {
     api::build(controller.api.clone())
 }
 
-/// The listen backlog: thousands of watchers reconnecting at once (an apiserver restart)
-/// must not overflow the accept queue (tokio's default of 1,024 did in the scale bench:
-/// thousands of SYN retransmits, seconds of delay). The kernel caps it at `somaxconn`.
-const BACKLOG: u32 = 8192;
-
-/// Binds `addr` for an HTTP server, with address reuse (a restarted daemon gets its port
-/// back at once) and a deep accept queue.
-pub(crate) fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
-    let socket = if addr.is_ipv4() {
-        tokio::net::TcpSocket::new_v4()?
-    } else {
-        tokio::net::TcpSocket::new_v6()?
-    };
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(BACKLOG)
-}
-
-/// Binds `addr` (see [`listen`]) and serves `app` on it until `stop` turns true
-/// (in-flight requests finish).
-pub(crate) fn serve(
-    addr: SocketAddr,
-    app: axum::Router,
-    mut stop: watch::Receiver<bool>,
-) -> anyhow::Result<(SocketAddr, JoinHandle<std::io::Result<()>>)> {
-    let listener = listen(addr).with_context(|| format!("cannot listen on {addr}"))?;
-    let addr = listener.local_addr()?;
-    let server = tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|s| *s).await;
-            })
-            .await
-    });
-    tracing::info!(%addr, "apiserver listening");
-    Ok((addr, server))
-}
+pub(crate) use crate::serve::serve;
 
 /// A controller serving on a socket.
 #[derive(Debug)]
@@ -338,6 +310,7 @@ pub async fn start(
     let (addr, server) = serve(
         cfg.listen,
         controller.router(),
+        cfg.connections,
         controller.shutdown.subscribe(),
     )?;
     Ok(RunningController {

@@ -19,8 +19,9 @@ use serde_json::Value;
 use std::collections::BTreeSet;
 
 /// Exits of current-generation replicas during one rollout that fail it ("new replicas
-/// keep exiting"): with the restart backoff (1 s, 2 s, 4 s) a command that dies at once
-/// fails its rollout in about 7 s.
+/// keep exiting"), all slots together: a command that dies at once fails its rollout
+/// within the restart backoff of a few exits (about 1 s when several new replicas start
+/// at once, up to about 7 s for one replica: 1 s, 2 s, 4 s).
 pub(crate) const MAX_NEW_EXITS: u32 = 3;
 
 /// Where a service's latest change stands.
@@ -315,8 +316,12 @@ pub(crate) fn to_drain(s: &Service) -> Vec<JobId> {
     out
 }
 
-/// A progress signature: the deadline counts from the last time it changed.
-pub(crate) fn progress_mark(c: &Counts) -> (u32, u32, u32, u32) {
+/// A progress signature (available, updated, outdated, excess): the deadline counts from
+/// the last time it changed.
+pub(crate) type Mark = (u32, u32, u32, u32);
+
+/// The [`Mark`] of `c`.
+pub(crate) fn progress_mark(c: &Counts) -> Mark {
     (c.available, c.updated, c.outdated, c.excess)
 }
 

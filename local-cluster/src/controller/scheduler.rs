@@ -107,7 +107,10 @@ fn reserve_all(
     Ok(grants)
 }
 
-/// "port x is taken on all 3 hosts", or per group "port x is taken on a, b; port y is
+/// Up to this many hosts are named in "... on all N hosts (a, b, c)".
+const MAX_NAMED_HOSTS: usize = 8;
+
+/// "port x is taken on all 3 hosts (a, b, c)", or per group "port x is taken on a, b; port y is
 /// reserved on c". Groups are ordered by their first host.
 pub(crate) fn aggregate(total_hosts: usize, mut unfit: Vec<(HostId, Unfit)>) -> String {
     unfit.sort_by(|a, b| a.0.cmp(&b.0));
@@ -120,7 +123,12 @@ pub(crate) fn aggregate(total_hosts: usize, mut unfit: Vec<(HostId, Unfit)>) -> 
     }
     if let [(u, hosts)] = groups.as_slice() {
         if hosts.len() == total_hosts && total_hosts > 1 {
-            return format!("{u} on all {total_hosts} hosts");
+            // Name them while the list stays readable: an operator wants to know where.
+            return if total_hosts <= MAX_NAMED_HOSTS {
+                format!("{u} on all {total_hosts} hosts ({})", hosts.join(", "))
+            } else {
+                format!("{u} on all {total_hosts} hosts")
+            };
         }
     }
     groups
@@ -389,7 +397,7 @@ pub(crate) mod tests {
             json!({"slots": {"fixed": 7}}),
             1,
             expect![[r#"
-                0: pending: slots 7 is taken on all 3 hosts
+                0: pending: slots 7 is taken on all 3 hosts (exec-01, exec-02, exec-03)
                 slots exec-01: {"capacity":9,"used":1}
                 slots exec-02: {"capacity":9,"used":1}
                 slots exec-03: {"capacity":9,"used":1}"#]],

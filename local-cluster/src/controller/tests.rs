@@ -53,6 +53,7 @@ impl ResourcePlugin for SharedSlots {
             }
             _ => Ok(SectionInfo {
                 socket_names: vec!["http".into()],
+                quantities: [("slots".to_owned(), 1)].into(),
             }),
         }
     }
@@ -196,10 +197,20 @@ impl ClusterListener for Recorder {
 }
 
 fn facts(slots: u64) -> HostFacts {
+    facts_at("127.0.0.11", slots)
+}
+
+/// The facts of host `exec-NN`: its own address, 127.0.0.(10 + NN).
+fn facts_of(host: &str, slots: u64) -> HostFacts {
+    let n: u8 = host.trim_start_matches("exec-").parse().unwrap_or(1);
+    facts_at(&format!("127.0.0.{}", 10 + n), slots)
+}
+
+fn facts_at(ip: &str, slots: u64) -> HostFacts {
     HostFacts {
-        ip_addr: Some("127.0.0.11".parse().unwrap()),
+        ip_addr: Some(ip.parse().unwrap()),
         addresses: vec![plugin_api::HostAddress {
-            ip: "127.0.0.11".parse().unwrap(),
+            ip: ip.parse().unwrap(),
             interface: Some("lo".into()),
         }],
         sections: [("slots".to_owned(), json!(slots))].into(),
@@ -318,7 +329,7 @@ impl Sim {
 
     fn register(&mut self, host: &str, slots: u64, running: &[&str]) {
         let req = RegisterRequest {
-            facts: facts(slots),
+            facts: facts_of(host, slots),
             running: running
                 .iter()
                 .map(|j| RunningJob {
@@ -591,6 +602,118 @@ fn a_rolling_update_drains_before_stop_and_a_broken_one_is_rolled_back() {
         > 4s pass, heartbeats from ["exec-01"]
           37 service web rev=37
           = web generation=4 rollout=reverted updated=2 ready=2 outdated=0 reason="generation 3 failed: new replicas keep exiting (3 exits of generation 3); rolled back to generation 2's profile as generation 4""#]]);
+}
+
+#[test]
+fn a_rollout_without_room_to_surge_says_why_it_waits_or_uses_max_unavailable() {
+    // One host with room for exactly the two replicas (like a fixed port on every host).
+    let mut sim = Sim::new();
+    sim.register("exec-01", 2, &[]);
+    sim.put(versioned(2, "v1"));
+    sim.events(
+        "exec-01",
+        vec![
+            started("j-1"),
+            ready("j-1", true),
+            started("j-2"),
+            ready("j-2", true),
+        ],
+    );
+    sim.put(versioned(2, "v2"));
+    let s = sim.rollout("web");
+    sim.note(s);
+    // max_unavailable = 1: one old replica drains first, its slot frees when it is gone.
+    let mut doc = versioned(2, "v2");
+    doc["service"]["update"] = json!({"max_surge": 1, "max_unavailable": 1});
+    sim.put(doc);
+    sim.run_for(2, &["exec-01"]);
+    sim.events("exec-01", vec![exited("j-2")]);
+    let s = sim.rollout("web");
+    sim.note(s);
+    sim.check(expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 running=[]
+          1 host exec-01 Ready []
+          applied Created
+        > put web
+          2 service web rev=2
+          3 job j-1 web/0 exec-01 Placed ready=false
+          4 job j-2 web/1 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+          plugin: reserve exec-01 j-2 1
+        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true},{"event":"started","job":"j-2","pid":7},{"event":"readiness","job":"j-2","ready":true}]
+          5 job j-1 web/0 exec-01 Running ready=false
+          6 job j-1 web/0 exec-01 Running ready=true
+          7 job j-2 web/1 exec-01 Running ready=false
+          8 job j-2 web/1 exec-01 Running ready=true
+          9 service web rev=9
+          applied Updated
+        > put web
+          10 service web rev=10
+          11 service web rev=11
+          = web generation=2 rollout=progressing updated=0 ready=2 outdated=2 reason="waiting: no new replica fits beside the old ones (slots is full on exec-01); with max_unavailable = 0 no old replica leaves first"
+          applied Updated
+        > put web
+          12 service web rev=12
+          13 job j-2 web/1 exec-01 Draining ready=false
+          14 service web rev=14
+        > 2s pass, heartbeats from ["exec-01"]
+          15 job j-2 web/1 exec-01 Stopping ready=false
+        > events exec-01 [{"event":"exited","job":"j-2","code":1}]
+          16 ended j-2 web/1 Stopped
+          17 job j-3 web/1 exec-01 Placed ready=false gen=2
+          plugin: release exec-01 j-2
+          plugin: reserve exec-01 j-3 1
+          = web generation=2 rollout=progressing updated=1 ready=1 outdated=1 reason="""#]]);
+}
+
+#[test]
+fn a_controller_restart_during_a_drain_drains_in_full_again() {
+    let mut sim = Sim::new();
+    sim.register("exec-01", 10, &[]);
+    sim.put(versioned(1, "v1"));
+    sim.events("exec-01", vec![started("j-1"), ready("j-1", true)]);
+    sim.delete("web");
+    sim.run_for(1, &["exec-01"]);
+    // The controller dies 1s into the 2s drain and is back 0s later: j-1 still runs for
+    // a full drain from the restart before it is told to stop.
+    let mut sim = sim.restart(0);
+    sim.register("exec-01", 10, &["j-1"]);
+    sim.run_for(1, &["exec-01"]);
+    let a = sim.assignments("exec-01");
+    sim.note(a);
+    sim.run_for(1, &["exec-01"]);
+    let a = sim.assignments("exec-01");
+    sim.note(a);
+    sim.check(expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 running=[]
+          1 host exec-01 Ready []
+          applied Created
+        > put web
+          2 service web rev=2
+          3 job j-1 web/0 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true}]
+          4 job j-1 web/0 exec-01 Running ready=false
+          5 job j-1 web/0 exec-01 Running ready=true
+          6 service web rev=6
+        > delete web
+          7 service web rev=7
+          8 job j-1 web/0 exec-01 Draining ready=false
+        > 1s pass, heartbeats from ["exec-01"]
+        > load
+          resync rev=8 services=1 jobs=[j-1@exec-01:Draining] hosts=1
+          plugin: restore exec-01 j-1 0
+        > register exec-01 running=["j-1"]
+          9 host exec-01 Ready ["web"]
+        > 1s pass, heartbeats from ["exec-01"]
+          = exec-01 index=8 [j-1:Run]
+        > 1s pass, heartbeats from ["exec-01"]
+          10 job j-1 web/0 exec-01 Stopping ready=false
+          = exec-01 index=10 [j-1:Stop]"#]]);
 }
 
 #[test]
@@ -1024,7 +1147,7 @@ impl App {
 
     async fn register(&self, host: &str, secret: &str, slots: u64) {
         let req = RegisterRequest {
-            facts: facts(slots),
+            facts: facts_of(host, slots),
             running: vec![],
         };
         let (s, b) = self
@@ -1253,6 +1376,201 @@ async fn submit_errors_list_every_problem() {
 }
 
 #[tokio::test]
+async fn put_scale_restart_and_stop_answer_and_refuse_bad_input_whole() {
+    let app = app().await;
+    let web = |cmd: &str| json!({"service": {"name": "web", "project": "team-a", "replicas": 2, "command": [cmd]}});
+    let bad = json!({"service": {"name": "other", "project": "team-a", "command": ["x"],
+        "drain": "-1s",
+        "update": {"max_surge": 0, "max_unavailable": 0, "min_ready": "2h", "deadline": "0s",
+                   "auto_revert": "yes", "surge": 1}}});
+    let mut out = Vec::new();
+    for (method, path, body) in [
+        ("PUT", "/v1/services/web", Some(web("v1"))),
+        ("PUT", "/v1/services/web", Some(web("v1"))),
+        ("PUT", "/v1/services/web", Some(web("v2"))),
+        ("PUT", "/v1/services/web", Some(bad)),
+        (
+            "POST",
+            "/v1/services/web/scale",
+            Some(json!({"replicas": 0})),
+        ),
+        (
+            "POST",
+            "/v1/services/web/scale",
+            Some(json!({"replicas": 1001})),
+        ),
+        (
+            "POST",
+            "/v1/services/web/scale",
+            Some(json!({"replicas": "three"})),
+        ),
+        (
+            "POST",
+            "/v1/services/web/scale",
+            Some(json!({"replicas": 3})),
+        ),
+        ("POST", "/v1/services/web/restart", None),
+        ("POST", "/v1/services/nope/restart", None),
+        ("DELETE", "/v1/services/web?now=true", None),
+        ("PUT", "/v1/services/web", Some(web("v3"))),
+    ] {
+        let (s, v) = app.json(method, path, "alice-secret", body).await;
+        let what = match v.get("error") {
+            Some(e) => e.to_string(),
+            None if v.get("rollout").is_some() => format!(
+                "generation={} replicas={} rollout={}",
+                v["generation"], v["replicas"], v["rollout"]["state"]
+            ),
+            None => v.to_string(),
+        };
+        out.push(format!("{method} {path} -> {} {what}", s.as_u16()));
+    }
+    expect![[r#"
+        PUT /v1/services/web -> 201 generation=1 replicas=2 rollout="progressing"
+        PUT /v1/services/web -> 200 generation=1 replicas=2 rollout="progressing"
+        PUT /v1/services/web -> 200 generation=2 replicas=2 rollout="progressing"
+        PUT /v1/services/web -> 400 {"code":"invalid","details":[{"field":"service.name","reason":"is \"other\", but the request is for service \"web\""},{"field":"service.drain","reason":"must not be negative"},{"field":"service.update.surge","reason":"unknown field"},{"field":"service.update","reason":"max_surge and max_unavailable must not both be 0 (a rollout could never replace a replica)"},{"field":"service.update.min_ready","reason":"must be between 0s and 1h"},{"field":"service.update.deadline","reason":"must be between 1s and 1h"},{"field":"service.update.auto_revert","reason":"must be true or false"}],"message":"invalid profile"}
+        POST /v1/services/web/scale -> 400 {"code":"invalid","details":[{"field":"replicas","reason":"must be between 1 and 1000 (to stop the service, delete it)"}],"message":"invalid scale request"}
+        POST /v1/services/web/scale -> 400 {"code":"invalid","details":[{"field":"replicas","reason":"must be between 1 and 1000 (to stop the service, delete it)"}],"message":"invalid scale request"}
+        POST /v1/services/web/scale -> 400 {"code":"invalid","details":[{"field":"replicas","reason":"send {\"replicas\": N} with N between 1 and 1000 (invalid type: string \"three\", expected i64 at line 1 column 19)"}],"message":"invalid scale request"}
+        POST /v1/services/web/scale -> 200 generation=2 replicas=3 rollout="progressing"
+        POST /v1/services/web/restart -> 200 generation=3 replicas=3 rollout="progressing"
+        POST /v1/services/nope/restart -> 404 {"code":"not_found","details":[],"message":"service \"nope\" not found"}
+        DELETE /v1/services/web?now=true -> 202 {"name":"web","stopping":0}
+        PUT /v1/services/web -> 201 generation=1 replicas=2 rollout="progressing""#]]
+    .assert_eq(&out.join("\n"));
+    app.ctl.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_project_at_its_quota_is_refused_while_another_still_places() {
+    let quotas = quota::Quotas::parse(
+        &json!({"default": {"replicas": 3, "slots": 3}, "team-b": {"services": 1}}),
+        &["slots"],
+    )
+    .unwrap();
+    let cfg = ControllerConfig {
+        quotas,
+        ..ControllerConfig::default()
+    };
+    let app = app_with(cfg, Arc::new(MemStore::new()), SharedSlots::new()).await;
+    app.register("exec-01", "w1-secret", 10).await;
+    let svc = |name: &str, project: &str, replicas: u32| {
+        json!({"service": {"name": name, "project": project, "replicas": replicas,
+                           "command": ["sleep", "1000"]}})
+    };
+    let mut out = Vec::new();
+    for (who, method, path, body) in [
+        (
+            "alice-secret",
+            "POST",
+            "/v1/services",
+            Some(svc("a1", "team-a", 2)),
+        ),
+        (
+            "alice-secret",
+            "POST",
+            "/v1/services",
+            Some(svc("a2", "team-a", 2)),
+        ),
+        (
+            "alice-secret",
+            "POST",
+            "/v1/services/a1/scale",
+            Some(json!({"replicas": 4})),
+        ),
+        (
+            "alice-secret",
+            "PUT",
+            "/v1/services/a2",
+            Some(svc("a2", "team-a", 1)),
+        ),
+        (
+            "alice-secret",
+            "POST",
+            "/v1/services/a1/scale",
+            Some(json!({"replicas": 1})),
+        ),
+        (
+            "bob-secret",
+            "POST",
+            "/v1/services",
+            Some(svc("b1", "team-b", 5)),
+        ),
+        (
+            "bob-secret",
+            "POST",
+            "/v1/services",
+            Some(svc("b2", "team-b", 1)),
+        ),
+    ] {
+        let (s, v) = app.json(method, path, who, body).await;
+        let what = match v.get("error") {
+            Some(e) => e.to_string(),
+            None => format!(
+                "{} ready-or-placed={}",
+                v["name"],
+                v["jobs"].as_array().map_or(0, Vec::len)
+            ),
+        };
+        out.push(format!("{method} {path} -> {} {what}", s.as_u16()));
+    }
+    expect![[r#"
+        POST /v1/services -> 201 "a1" ready-or-placed=2
+        POST /v1/services -> 403 {"code":"quota_exceeded","details":[{"field":"quotas.team-a.replicas","reason":"limit 3, in use 2, this change needs 4"}],"message":"project \"team-a\" would use 4 replicas of its quota of 3 (2 in use)"}
+        POST /v1/services/a1/scale -> 403 {"code":"quota_exceeded","details":[{"field":"quotas.team-a.replicas","reason":"limit 3, in use 2, this change needs 4"}],"message":"project \"team-a\" would use 4 replicas of its quota of 3 (2 in use)"}
+        PUT /v1/services/a2 -> 201 "a2" ready-or-placed=1
+        POST /v1/services/a1/scale -> 200 "a1" ready-or-placed=2
+        POST /v1/services -> 201 "b1" ready-or-placed=5
+        POST /v1/services -> 403 {"code":"quota_exceeded","details":[{"field":"quotas.team-b.services","reason":"limit 1, in use 1, this change needs 2"}],"message":"project \"team-b\" would use 2 services of its quota of 1 (1 in use)"}"#]]
+    .assert_eq(&out.join("\n"));
+    app.ctl.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_worker_cannot_advertise_another_live_hosts_address() {
+    let app = app().await;
+    app.register("exec-01", "w1-secret", 2).await;
+    app.register("exec-02", "w2-secret", 2).await;
+    // exec-01's credential reports exec-02's address.
+    let stolen = serde_json::to_value(facts_at("127.0.0.12", 2)).unwrap();
+    let (s, v) = app
+        .json(
+            "PUT",
+            "/internal/v1/hosts/exec-01/facts",
+            "w1-secret",
+            Some(stolen),
+        )
+        .await;
+    let (_, hosts) = app.json("GET", "/v1/hosts", "admin-secret", None).await;
+    let ips: Vec<&Value> = hosts["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| &h["ip_addr"])
+        .collect();
+    expect![[r#"
+        409 {"code":"address_in_use","details":[{"field":"ip_addr","reason":"address 127.0.0.12 is advertised by live host exec-02"}],"message":"host facts refused"}
+        [String("127.0.0.11"), String("127.0.0.12")]"#]]
+    .assert_eq(&format!("{} {}\n{ips:?}", s.as_u16(), v["error"]));
+    // A registration with it is refused the same way.
+    let req = RegisterRequest {
+        facts: facts_at("127.0.0.11", 2),
+        running: vec![],
+    };
+    let (s, _) = app
+        .json(
+            "POST",
+            "/internal/v1/hosts/exec-02/register",
+            "w2-secret",
+            Some(serde_json::to_value(req).unwrap()),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    app.ctl.shutdown().await;
+}
+
+#[tokio::test]
 async fn oversized_bodies_answer_413_in_the_error_shape() {
     let cfg = ControllerConfig {
         body_limit: 64,
@@ -1315,10 +1633,10 @@ async fn service_and_host_answers_have_the_rest_shapes() {
     // Label sets of a family come out in hash order.
     metrics.sort_unstable();
     expect![[r#"
-        {"generation":1,"index":6,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":false,"replica":0,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":0,"reason":null,"state":"progressing","updated":3},"state":"active"}
-        {"generation":1,"index":8,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":true,"replica":0,"slots":{"slot":0},"state":"running"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":1,"reason":null,"state":"progressing","updated":3},"state":"active"}
-        {"services":[{"generation":1,"index":8,"name":"web","pending":1,"pending_reason":"slots is full on all 2 hosts","project":"default","ready":1,"replicas":4,"rollout":"progressing","running":1,"state":"active"}]}
-        {"hosts":[{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-01","ip_addr":"127.0.0.11","jobs":2,"slots":{"capacity":2,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-02","ip_addr":"127.0.0.11","jobs":1,"slots":{"capacity":1,"used":1},"state":"ready"}]}
+        {"generation":1,"index":6,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":false,"replica":0,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts (exec-01, exec-02)","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":0,"reason":null,"state":"progressing","updated":3},"state":"active"}
+        {"generation":1,"index":8,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":true,"replica":0,"slots":{"slot":0},"state":"running"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts (exec-01, exec-02)","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":1,"reason":null,"state":"progressing","updated":3},"state":"active"}
+        {"services":[{"generation":1,"index":8,"name":"web","pending":1,"pending_reason":"slots is full on all 2 hosts (exec-01, exec-02)","project":"default","ready":1,"replicas":4,"rollout":"progressing","running":1,"state":"active"}]}
+        {"hosts":[{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-01","ip_addr":"127.0.0.11","jobs":2,"slots":{"capacity":2,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.12"}],"id":"exec-02","ip_addr":"127.0.0.12","jobs":1,"slots":{"capacity":1,"used":1},"state":"ready"}]}
         test_ext_total 1
         test_slots 42
         xce_jobs{state="draining"} 0

@@ -1,11 +1,15 @@
 //! A fake apiserver on loopback: the REST shapes of DESIGN §5 with canned but realistic
-//! data, a real blocking query on the endpoints route, and a restart that keeps its state
-//! (as the real one keeps its indexes).
+//! data, real blocking queries on the endpoints and service detail routes, and a restart
+//! that keeps its state (as the real one keeps its indexes).
+//!
+//! Rollouts are not simulated: `PUT`, `scale` and `restart` start one (a new generation,
+//! `progressing`) and the test moves it on with [`Fake::rollout`], so every step a client
+//! sees is one the test chose.
 
 use axum::extract::{Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -27,6 +31,18 @@ struct Replica {
     address: String,
     ports: BTreeMap<String, u16>,
     ready: bool,
+    generation: u64,
+}
+
+/// The `rollout` of a service detail.
+#[derive(Debug, Clone)]
+pub(crate) struct Rollout {
+    pub(crate) generation: u64,
+    pub(crate) state: &'static str,
+    pub(crate) updated: u32,
+    pub(crate) ready: u32,
+    pub(crate) outdated: u32,
+    pub(crate) reason: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -38,6 +54,10 @@ struct Svc {
     pending_reason: Option<String>,
     index: u64,
     state: &'static str,
+    generation: u64,
+    rollout: Rollout,
+    /// The submitted `[service]` table, to tell an update from an unchanged profile.
+    profile: Value,
 }
 
 #[derive(Debug, Default)]
@@ -64,6 +84,9 @@ struct Shared {
     unavailable: Mutex<u32>,
     /// Bumped on every logged request, so tests can wait for a request.
     logged: watch::Sender<usize>,
+    /// Answer as an apiserver from before rollouts: no `PUT` (405), no `generation` or
+    /// `rollout` in the detail.
+    legacy: Mutex<bool>,
 }
 
 #[derive(Clone)]
@@ -93,6 +116,7 @@ impl Fake {
             log: Mutex::new(Vec::new()),
             unavailable: Mutex::new(0),
             logged,
+            legacy: Mutex::new(false),
         });
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -166,6 +190,36 @@ impl Fake {
         index
     }
 
+    /// Moves the rollout of `service` to `rollout` (the service's generation follows it);
+    /// bumps the index and wakes blocked queries.
+    pub(crate) fn rollout(&self, service: &str, rollout: Rollout) -> u64 {
+        let mut inner = self.shared.inner.lock().unwrap();
+        inner.counter += 1;
+        let index = inner.counter;
+        let svc = inner.services.get_mut(service).expect("known service");
+        svc.generation = svc.generation.max(rollout.generation);
+        svc.rollout = rollout;
+        svc.index = index;
+        drop(inner);
+        self.shared.changed.send_replace(index);
+        index
+    }
+
+    /// Removes a service at once (its stop has finished); blocked queries answer 404.
+    pub(crate) fn remove(&self, service: &str) {
+        let mut inner = self.shared.inner.lock().unwrap();
+        inner.counter += 1;
+        let index = inner.counter;
+        inner.services.remove(service).expect("known service");
+        drop(inner);
+        self.shared.changed.send_replace(index);
+    }
+
+    /// Answers as an apiserver from before rollouts.
+    pub(crate) fn legacy(&self) {
+        *self.shared.legacy.lock().unwrap() = true;
+    }
+
     /// Makes the next `n` endpoint queries answer 503, as an apiserver that has not caught
     /// up yet does.
     pub(crate) fn unavailable_for(&self, n: u32) {
@@ -216,7 +270,12 @@ impl Fake {
 fn router(state: AppState) -> Router {
     Router::new()
         .route("/v1/services", get(list_services).post(submit))
-        .route("/v1/services/{name}", get(detail).delete(stop))
+        .route(
+            "/v1/services/{name}",
+            get(detail).put(put_service).delete(stop),
+        )
+        .route("/v1/services/{name}/scale", post(scale))
+        .route("/v1/services/{name}/restart", post(restart))
         .route("/v1/services/{name}/endpoints", get(endpoints))
         .route("/v1/hosts", get(hosts))
         .with_state(state)
@@ -298,13 +357,17 @@ async fn list_services(
     Json(json!({ "services": services })).into_response()
 }
 
-fn detail_json(name: &str, s: &Svc) -> Value {
+fn detail_json(name: &str, s: &Svc, legacy: bool) -> Value {
     let jobs: Vec<Value> = s
         .placed
         .iter()
         .map(|r| {
-            json!({"job": r.job, "replica": r.replica, "host": r.host,
-                   "state": "running", "ready": r.ready, "ports": r.ports})
+            let mut j = json!({"job": r.job, "replica": r.replica, "host": r.host,
+                               "state": "running", "ready": r.ready, "ports": r.ports});
+            if !legacy {
+                j["generation"] = json!(r.generation);
+            }
+            j
         })
         .collect();
     let pending: Vec<Value> = (s.placed.len() as u32..s.replicas)
@@ -315,11 +378,18 @@ fn detail_json(name: &str, s: &Svc) -> Value {
         .iter()
         .map(|p| json!({"name": p, "protocol": "tcp"}))
         .collect();
-    json!({"name": name, "project": s.project, "replicas": s.replicas, "state": s.state,
-           "index": s.index,
+    let mut detail = json!({"name": name, "project": s.project, "replicas": s.replicas,
+           "state": s.state, "index": s.index,
            "profile": {"name": name, "project": s.project, "replicas": s.replicas,
                        "command": ["sh", "-c", "exec server"], "ports": ports},
-           "pending": pending, "jobs": jobs})
+           "pending": pending, "jobs": jobs});
+    if !legacy {
+        let r = &s.rollout;
+        detail["generation"] = json!(s.generation);
+        detail["rollout"] = json!({"generation": r.generation, "state": r.state,
+            "updated": r.updated, "ready": r.ready, "outdated": r.outdated, "reason": r.reason});
+    }
+    detail
 }
 
 async fn detail(
@@ -331,55 +401,85 @@ async fn detail(
     if let Some(r) = admit(&state, &headers, format!("/v1/services/{name}"), &q) {
         return r;
     }
+    block(&state, &name, &q).await;
+    let legacy = *state.shared.legacy.lock().unwrap();
     let inner = state.shared.inner.lock().unwrap();
     match inner.services.get(&name) {
-        Some(s) => Json(detail_json(&name, s)).into_response(),
+        Some(s) => (
+            [("x-xce-index", s.index.to_string())],
+            Json(detail_json(&name, s, legacy)),
+        )
+            .into_response(),
         None => not_found(&name),
     }
 }
 
-async fn submit(State(state): State<AppState>, headers: HeaderMap, body: String) -> Response {
-    if let Some(r) = admit(
-        &state,
-        &headers,
-        "POST /v1/services".into(),
-        &HashMap::new(),
-    ) {
-        return r;
+/// A blocking query (`?index=N&wait=D`): returns once the service's index is past `N`,
+/// the service is gone, `wait` ran out, or this server generation stops.
+async fn block(state: &AppState, name: &str, q: &HashMap<String, String>) {
+    let Some(index) = q.get("index").and_then(|i| i.parse::<u64>().ok()) else {
+        return;
+    };
+    let current = || {
+        let inner = state.shared.inner.lock().unwrap();
+        inner.services.get(name).map(|s| s.index)
+    };
+    let wait = q
+        .get("wait")
+        .map(|w| humantime::parse_duration(w).unwrap())
+        .unwrap_or(Duration::from_secs(300));
+    // Subscribed before the check: a change in between is seen by the check.
+    let mut changed = state.shared.changed.subscribe();
+    let mut stopping = state.stopping.clone();
+    let deadline = tokio::time::sleep(wait);
+    tokio::pin!(deadline);
+    while current().is_some_and(|i| i <= index) && !*stopping.borrow() {
+        tokio::select! {
+            _ = changed.changed() => {}
+            _ = stopping.changed() => {}
+            _ = &mut deadline => break,
+        }
     }
+}
+
+/// A validated profile: the name, the `[service]` table, replicas and port names.
+struct Profile {
+    name: String,
+    table: Value,
+    project: String,
+    replicas: u32,
+    ports: Vec<String>,
+}
+
+/// A few of the real checks, every problem listed; `Err` is the 400 (or 415) answer.
+fn validate(headers: &HeaderMap, body: &str) -> Result<Profile, Box<Response>> {
     if headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         != Some("application/toml")
     {
-        return api_error(
+        return Err(Box::new(api_error(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "unsupported",
             "expected application/json or application/toml",
             json!([]),
-        );
+        )));
     }
-    let doc: toml::Table = match toml::from_str(&body) {
-        Ok(d) => d,
-        Err(e) => {
-            return api_error(
-                StatusCode::BAD_REQUEST,
-                "invalid",
-                "invalid service profile",
-                json!([{"field": "", "reason": e.message()}]),
-            )
-        }
-    };
-    let svc = doc.get("service").and_then(|s| s.as_table());
-    let Some(svc) = svc else {
-        return api_error(
+    let invalid = |details: Value| {
+        Box::new(api_error(
             StatusCode::BAD_REQUEST,
             "invalid",
             "invalid service profile",
-            json!([{"field": "service", "reason": "missing table"}]),
-        );
+            details,
+        ))
     };
-    // A few of the real checks, every problem listed.
+    let doc: toml::Table =
+        toml::from_str(body).map_err(|e| invalid(json!([{"field": "", "reason": e.message()}])))?;
+    let Some(svc) = doc.get("service").and_then(|s| s.as_table()) else {
+        return Err(invalid(
+            json!([{"field": "service", "reason": "missing table"}]),
+        ));
+    };
     let mut details = Vec::new();
     let name = svc.get("name").and_then(|v| v.as_str()).unwrap_or("");
     if name.is_empty() || !name.bytes().all(|b| b.is_ascii_lowercase() || b == b'-') {
@@ -416,24 +516,11 @@ async fn submit(State(state): State<AppState>, headers: HeaderMap, body: String)
         ports.push(pname);
     }
     if !details.is_empty() {
-        return api_error(
-            StatusCode::BAD_REQUEST,
-            "invalid",
-            "invalid service profile",
-            Value::Array(details),
-        );
+        return Err(invalid(Value::Array(details)));
     }
-    let mut inner = state.shared.inner.lock().unwrap();
-    if inner.services.contains_key(name) {
-        return api_error(
-            StatusCode::CONFLICT,
-            "conflict",
-            &format!("service {name:?} exists"),
-            json!([]),
-        );
-    }
-    inner.counter += 1;
-    let svc = Svc {
+    Ok(Profile {
+        name: name.to_owned(),
+        table: serde_json::to_value(svc).unwrap(),
         project: svc
             .get("project")
             .and_then(|v| v.as_str())
@@ -441,17 +528,182 @@ async fn submit(State(state): State<AppState>, headers: HeaderMap, body: String)
             .to_owned(),
         replicas: replicas as u32,
         ports,
+    })
+}
+
+/// A new service: nothing placed yet, generation 1, its first rollout progressing.
+fn create(inner: &mut Inner, p: Profile, legacy: bool) -> Value {
+    inner.counter += 1;
+    let svc = Svc {
+        project: p.project,
+        replicas: p.replicas,
+        ports: p.ports,
         placed: Vec::new(),
         pending_reason: Some("waiting for the scheduler".into()),
         index: inner.counter,
         state: "active",
+        generation: 1,
+        rollout: Rollout {
+            generation: 1,
+            state: "progressing",
+            updated: 0,
+            ready: 0,
+            outdated: 0,
+            reason: None,
+        },
+        profile: p.table,
     };
-    let body = detail_json(name, &svc);
-    inner.services.insert(name.to_owned(), svc);
-    (StatusCode::CREATED, Json(body)).into_response()
+    let body = detail_json(&p.name, &svc, legacy);
+    inner.services.insert(p.name, svc);
+    body
 }
 
-async fn stop(
+/// A new generation of `svc` starts rolling out: every placed replica is outdated.
+fn new_generation(svc: &mut Svc, index: u64) {
+    svc.generation += 1;
+    svc.index = index;
+    svc.rollout = Rollout {
+        generation: svc.generation,
+        state: "progressing",
+        updated: 0,
+        ready: svc.placed.iter().filter(|r| r.ready).count() as u32,
+        outdated: svc.placed.len() as u32,
+        reason: None,
+    };
+}
+
+async fn submit(State(state): State<AppState>, headers: HeaderMap, body: String) -> Response {
+    if let Some(r) = admit(
+        &state,
+        &headers,
+        "POST /v1/services".into(),
+        &HashMap::new(),
+    ) {
+        return r;
+    }
+    let p = match validate(&headers, &body) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let legacy = *state.shared.legacy.lock().unwrap();
+    let mut inner = state.shared.inner.lock().unwrap();
+    if inner.services.contains_key(&p.name) {
+        return api_error(
+            StatusCode::CONFLICT,
+            "conflict",
+            &format!("service {:?} exists", p.name),
+            json!([]),
+        );
+    }
+    (StatusCode::CREATED, Json(create(&mut inner, p, legacy))).into_response()
+}
+
+/// `PUT /v1/services/{name}`: 201 created, 200 updated (a new generation) or unchanged.
+async fn put_service(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: String,
+) -> Response {
+    if let Some(r) = admit(
+        &state,
+        &headers,
+        format!("PUT /v1/services/{name}"),
+        &HashMap::new(),
+    ) {
+        return r;
+    }
+    if *state.shared.legacy.lock().unwrap() {
+        return api_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "method not allowed on this route",
+            json!([]),
+        );
+    }
+    let p = match validate(&headers, &body) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    if p.name != name {
+        return api_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_profile",
+            "invalid service profile",
+            json!([{"field": "service.name", "reason": format!("must be {name:?}, the name in the path")}]),
+        );
+    }
+    let mut inner = state.shared.inner.lock().unwrap();
+    inner.counter += 1;
+    let index = inner.counter;
+    let Some(svc) = inner.services.get_mut(&name) else {
+        return (StatusCode::CREATED, Json(create(&mut inner, p, false))).into_response();
+    };
+    let change = if svc.profile != p.table {
+        svc.profile = p.table;
+        svc.replicas = p.replicas;
+        svc.ports = p.ports;
+        new_generation(svc, index);
+        "updated"
+    } else {
+        "unchanged"
+    };
+    let body = detail_json(&name, svc, false);
+    drop(inner);
+    state.shared.changed.send_replace(index);
+    (StatusCode::OK, [("x-xce-change", change)], Json(body)).into_response()
+}
+
+/// `POST /v1/services/{name}/scale`: the same generation, progressing again.
+async fn scale(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: String,
+) -> Response {
+    if let Some(r) = admit(
+        &state,
+        &headers,
+        format!("POST /v1/services/{name}/scale"),
+        &HashMap::new(),
+    ) {
+        return r;
+    }
+    let replicas = serde_json::from_str::<Value>(&body)
+        .ok()
+        .and_then(|v| v.get("replicas")?.as_u64())
+        .filter(|n| (1..=1000).contains(n));
+    let Some(replicas) = replicas else {
+        return api_error(
+            StatusCode::BAD_REQUEST,
+            "invalid",
+            "invalid scale request",
+            json!([{"field": "replicas", "reason": "must be 1-1000"}]),
+        );
+    };
+    let mut inner = state.shared.inner.lock().unwrap();
+    inner.counter += 1;
+    let index = inner.counter;
+    let Some(svc) = inner.services.get_mut(&name) else {
+        return not_found(&name);
+    };
+    svc.index = index;
+    if svc.replicas != replicas as u32 {
+        svc.replicas = replicas as u32;
+        svc.rollout.state = "progressing";
+        svc.rollout.reason = None;
+        if svc.placed.len() < svc.replicas as usize && svc.pending_reason.is_none() {
+            svc.pending_reason = Some("waiting for the scheduler".into());
+        }
+    }
+    let body = detail_json(&name, svc, false);
+    drop(inner);
+    state.shared.changed.send_replace(index);
+    Json(body).into_response()
+}
+
+/// `POST /v1/services/{name}/restart`: a new generation of the same profile.
+async fn restart(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(name): Path<String>,
@@ -459,9 +711,31 @@ async fn stop(
     if let Some(r) = admit(
         &state,
         &headers,
-        format!("DELETE /v1/services/{name}"),
+        format!("POST /v1/services/{name}/restart"),
         &HashMap::new(),
     ) {
+        return r;
+    }
+    let mut inner = state.shared.inner.lock().unwrap();
+    inner.counter += 1;
+    let index = inner.counter;
+    let Some(svc) = inner.services.get_mut(&name) else {
+        return not_found(&name);
+    };
+    new_generation(svc, index);
+    let body = detail_json(&name, svc, false);
+    drop(inner);
+    state.shared.changed.send_replace(index);
+    Json(body).into_response()
+}
+
+async fn stop(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    if let Some(r) = admit(&state, &headers, format!("DELETE /v1/services/{name}"), &q) {
         return r;
     }
     let mut inner = state.shared.inner.lock().unwrap();
@@ -514,23 +788,7 @@ async fn endpoints(
             );
         }
     }
-    if let Some(index) = q.get("index").and_then(|i| i.parse::<u64>().ok()) {
-        let wait = q
-            .get("wait")
-            .map(|w| humantime::parse_duration(w).unwrap())
-            .unwrap_or(Duration::from_secs(300));
-        let mut changed = state.shared.changed.subscribe();
-        let mut stopping = state.stopping.clone();
-        let deadline = tokio::time::sleep(wait);
-        tokio::pin!(deadline);
-        while current(&name).is_some_and(|i| i <= index) && !*stopping.borrow() {
-            tokio::select! {
-                _ = changed.changed() => {}
-                _ = stopping.changed() => {}
-                _ = &mut deadline => break,
-            }
-        }
-    }
+    block(&state, &name, &q).await;
     let inner = state.shared.inner.lock().unwrap();
     let Some(s) = inner.services.get(&name) else {
         return not_found(&name);
@@ -597,6 +855,10 @@ async fn hosts(
     Json(json!({ "hosts": hosts })).into_response()
 }
 
+/// The profile the canned `web` runs, as a file would hold it.
+pub(crate) const WEB_TOML: &str = "[service]\nname = \"web\"\nreplicas = 3\n\
+    command = [\"sh\", \"-c\", \"exec server\"]\n\n[[service.ports]]\nname = \"http\"\n";
+
 /// The canned cluster: `web` (one port, 2 of 3 ready), `api` (two ports, both ready),
 /// `batch` (one replica pending, nothing ready).
 fn canned() -> Inner {
@@ -607,6 +869,15 @@ fn canned() -> Inner {
         address: format!("127.0.0.{}", 11 + i),
         ports: ports.iter().map(|(n, p)| (n.to_string(), *p)).collect(),
         ready,
+        generation: 1,
+    };
+    let rollout = |state: &'static str, updated: u32, ready: u32, reason: Option<&str>| Rollout {
+        generation: 1,
+        state,
+        updated,
+        ready,
+        outdated: 0,
+        reason: reason.map(str::to_owned),
     };
     let mut services = BTreeMap::new();
     services.insert(
@@ -623,6 +894,11 @@ fn canned() -> Inner {
             pending_reason: None,
             index: 40,
             state: "active",
+            generation: 1,
+            rollout: rollout("progressing", 3, 2, None),
+            // As `WEB_TOML` parses.
+            profile: json!({"name": "web", "replicas": 3,
+                            "command": ["sh", "-c", "exec server"], "ports": [{"name": "http"}]}),
         },
     );
     services.insert(
@@ -638,6 +914,9 @@ fn canned() -> Inner {
             pending_reason: None,
             index: 41,
             state: "active",
+            generation: 1,
+            rollout: rollout("complete", 2, 2, None),
+            profile: json!({"name": "api"}),
         },
     );
     services.insert(
@@ -650,6 +929,14 @@ fn canned() -> Inner {
             pending_reason: Some("port admin-api/tcp 8080 is taken on all 3 hosts".into()),
             index: 42,
             state: "active",
+            generation: 1,
+            rollout: rollout(
+                "progressing",
+                0,
+                0,
+                Some("replica 0: port admin-api/tcp 8080 is taken on all 3 hosts"),
+            ),
+            profile: json!({"name": "batch"}),
         },
     );
     Inner {

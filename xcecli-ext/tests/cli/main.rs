@@ -3,6 +3,7 @@
 
 mod fake;
 mod real_table;
+mod service;
 
 use clap::Parser;
 use expect_test::{expect, Expect};
@@ -456,101 +457,6 @@ async fn lists() {
             exit 0
             {"hosts":[{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-01","ip_addr":"127.0.0.11","jobs":2,"ports":{"capacity":12001,"range":"20000-32000","unavailable":0,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.12"}],"id":"exec-02","ip_addr":"127.0.0.12","jobs":2,"ports":{"capacity":12001,"range":"20000-32000","unavailable":0,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.13"}],"id":"exec-03","ip_addr":"127.0.0.13","jobs":1,"ports":{"capacity":12001,"range":"20000-32000","unavailable":1,"used":1},"state":"ready"}]}
         "#]]).await;
-    })
-    .await;
-}
-
-#[tokio::test]
-async fn submit_and_stop() {
-    bounded(async {
-        let fake = Fake::start().await;
-        let u = &fake.url();
-        let dir = tempfile::tempdir().unwrap();
-        let write = |name: &str, text: &str| {
-            let p = dir.path().join(name);
-            std::fs::write(&p, text).unwrap();
-            p.display().to_string()
-        };
-        let good = write(
-            "cache.toml",
-            "[service]\nname = \"cache\"\nreplicas = 2\ncommand = [\"true\"]\n\n\
-             [[service.ports]]\nname = \"redis\"\n",
-        );
-        let bad = write(
-            "bad.toml",
-            "[service]\nname = \"Bad\"\nreplicas = 0\n\n[[service.ports]]\nname = \"http\"\n\
-             port = 70000\n\n[[service.ports]]\nname = \"http\"\n",
-        );
-        let taken = write("web.toml", "[service]\nname = \"web\"\n");
-        let dir_text = dir.path().display().to_string();
-        let check = |line: String, expect: Expect| {
-            let dir_text = dir_text.clone();
-            async move {
-                let (setup, args) = setup(u, &line);
-                let (code, out, err) = spawn(setup, args).finish().await;
-                let actual = format!("exit {code}\n{out}--- stderr\n{err}");
-                expect.assert_eq(&actual.replace(&dir_text, "DIR"));
-            }
-        };
-        check(
-            format!("service submit {good}"),
-            expect![[r#"
-            exit 0
-            created service cache in project default (index 43): 2 replicas, 0 placed, 2 pending
-            pending replica 0: waiting for the scheduler
-            pending replica 1: waiting for the scheduler
-            --- stderr
-        "#]],
-        )
-        .await;
-        check(
-            format!("service submit {bad}"),
-            expect![[r#"
-            exit 1
-            --- stderr
-            error: invalid service profile
-              service.name: must be 1-63 chars of [a-z0-9-], starting with a letter
-              service.replicas: must be at least 1
-              service.ports[0].port: must be 1-65535
-              service.ports[1].name: duplicate port name "http"
-            hint: fix DIR/bad.toml and submit it again
-        "#]],
-        )
-        .await;
-        check(
-            format!("service submit {taken}"),
-            expect![[r#"
-            exit 1
-            --- stderr
-            error: service "web" exists
-            hint: a service with this name exists: stop it first or choose another name
-        "#]],
-        )
-        .await;
-        check(
-            format!("service submit {dir_text}/missing.toml"),
-            expect![[r#"
-            exit 1
-            --- stderr
-            error: cannot read DIR/missing.toml: No such file or directory (os error 2)
-        "#]],
-        )
-        .await;
-        check(
-            "service stop web".to_owned(),
-            expect![[r#"
-            exit 0
-            stopping service web (3 replicas)
-            --- stderr
-        "#]],
-        )
-        .await;
-        let posted = fake
-            .log()
-            .into_iter()
-            .filter(|l| l.path == "POST /v1/services")
-            .count();
-        assert_eq!(posted, 3, "the missing file is not sent");
     })
     .await;
 }

@@ -86,7 +86,7 @@ async fn formats_and_errors_against_the_real_routes() {
 
             $ service endpoints web -o json --port admin-api
             exit 0
-            {"service":"web","index":5,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","address":"127.0.0.11","ports":{"admin-api":20418}},{"replica":1,"job":"j-2","host":"exec-02","address":"fd00::12","ports":{"admin-api":20534}}]}
+            {"service":"web","index":5,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"admin-api":20418}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::12","ports":{"admin-api":20534}}]}
 
             $ @tty service endpoints web --all
             exit 0

@@ -51,6 +51,13 @@ pub(crate) struct ControllerFile {
     pub(crate) address: host_address::PolicyConfig,
     #[serde(default)]
     pub(crate) endpoints: endpoint_table::TableConfig,
+    /// `[connections]`: caps and timeouts of the API port (see `local_cluster::serve`).
+    #[serde(default)]
+    pub(crate) connections: local_cluster::serve::ConnLimits,
+    /// `[quotas.default]`, `[quotas."team-a"]`: read raw, then checked whole (see
+    /// [`quotas`]).
+    #[serde(default)]
+    pub(crate) quotas: Option<serde_json::Value>,
     /// `redb` (default) or `etcd://HOST:PORT[,HOST:PORT...]`; `--store` overrides it.
     #[serde(default, deserialize_with = "store_spec")]
     pub(crate) store: Option<local_cluster::store::StoreSpec>,
@@ -97,6 +104,9 @@ pub(crate) struct ApiserverFile {
     pub(crate) body_limit: usize,
     #[serde(default)]
     pub(crate) endpoints: endpoint_table::TableConfig,
+    /// `[connections]`: caps and timeouts of the API port (see `local_cluster::serve`).
+    #[serde(default)]
+    pub(crate) connections: local_cluster::serve::ConnLimits,
     /// The controller's store, `etcd://HOST:PORT[,HOST:PORT...]`; `--store` overrides it.
     #[serde(default, deserialize_with = "store_spec")]
     pub(crate) store: Option<local_cluster::store::StoreSpec>,
@@ -168,6 +178,31 @@ fn figment(path: &Path, env_keys: &[&str]) -> Result<Figment> {
         .merge(Env::prefixed("XCE_").only(env_keys)))
 }
 
+/// The controller's `[quotas]`, every problem listed. The known quota names are the
+/// host's (`services`, `replicas`) and the plugins' quantities (`ports`).
+pub(crate) fn quotas(cfg: &ControllerFile) -> Result<local_cluster::controller::quota::Quotas> {
+    let Some(v) = &cfg.quotas else {
+        return Ok(Default::default());
+    };
+    local_cluster::controller::quota::Quotas::parse(v, &["ports"]).map_err(|errs| {
+        let list: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+        anyhow::anyhow!("{}", list.join("; "))
+    })
+}
+
+/// `[connections]` as a whole: every problem in one error.
+fn check_connections(path: &Path, what: &str, c: &local_cluster::serve::ConnLimits) -> Result<()> {
+    let problems = c.problems();
+    if !problems.is_empty() {
+        bail!(
+            "invalid {what} config {}: {}",
+            path.display(),
+            problems.join("; ")
+        );
+    }
+    Ok(())
+}
+
 pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
     let cfg: ControllerFile = figment(path, CONTROLLER_ENV)?
         .extract()
@@ -187,6 +222,8 @@ pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
             path.display()
         );
     }
+    check_connections(path, "controller", &cfg.connections)?;
+    quotas(&cfg).with_context(|| format!("invalid controller config {}", path.display()))?;
     Ok(cfg)
 }
 
@@ -197,6 +234,7 @@ pub(crate) fn load_apiserver(path: &Path) -> Result<ApiserverFile> {
     cfg.endpoints
         .check()
         .with_context(|| format!("invalid apiserver config {}: [endpoints]", path.display()))?;
+    check_connections(path, "apiserver", &cfg.connections)?;
     Ok(cfg)
 }
 

@@ -74,6 +74,15 @@ enum Cmd {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     init_tracing();
+    // Every daemon may hold thousands of connections and (in `dev`) replicas' descriptors:
+    // take the whole hard limit, and say so.
+    match local_cluster::limits::raise_nofile() {
+        Ok((before, after)) if before != after => {
+            tracing::info!(before, after, "open-file limit raised to the hard limit")
+        }
+        Ok((_, limit)) => tracing::info!(limit, "open-file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -98,8 +107,12 @@ fn init_tracing() {
     let filter = EnvFilter::try_from_env("XCE_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new("info"));
+    // Field values escaped and bounded (text from clients and workers cannot forge log
+    // lines); colour only on a terminal without NO_COLOR.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .fmt_fields(local_cluster::logging::fields())
+        .with_ansi(local_cluster::logging::use_ansi())
         .with_writer(std::io::stderr)
         .init();
 }
@@ -149,6 +162,7 @@ async fn run_apiserver(
         body_limit: cfg.body_limit,
         etcd,
         prefix: DEFAULT_PREFIX.to_owned(),
+        connections: cfg.connections,
     };
     let running = local_cluster::apiserver::start(acfg, tokens, plugins).await?;
     announce(running.addr);
@@ -233,6 +247,8 @@ async fn run_controller(
         unreachable_after: cfg.unreachable_after,
         grace_period: cfg.grace_period,
         body_limit: cfg.body_limit,
+        connections: cfg.connections,
+        quotas: config::quotas(&cfg)?,
     };
     let plugins = controller_plugins(cfg.address, cfg.endpoints);
     let running = match controller::start(ccfg, tokens, plugins, store).await {

@@ -1,0 +1,482 @@
+//! Serving HTTP so that nobody who can reach the port can take it down (DESIGN §8b).
+//!
+//! `axum::serve` keeps every accepted connection for as long as the peer likes: 20,000
+//! connections that never send a byte used up the process's file descriptors, and then
+//! neither authenticated readers nor `/healthz` got an answer. This accept loop bounds what
+//! a client can hold:
+//!
+//! - a connection that has not sent complete request headers within `header_timeout` is
+//!   closed (hyper's header timeout, and our own timer for one that sends nothing);
+//! - a keep-alive connection with no request in flight for `idle_timeout` is closed; a
+//!   connection carrying a request (a blocking query, an SSE stream: a *watch*) is never
+//!   closed by any limit here;
+//! - at most `max_total` connections, and `max_per_client` per client address. At a cap, the
+//!   oldest connection that has never had a request is closed to make room (a flood of idle
+//!   connections cannot lock real clients out); when there is none, the new connection is
+//!   closed at once. Either is logged, at most once a second with a count.
+
+use anyhow::Context as _;
+use axum::body::Body;
+use http::{Request, Response};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use serde::Deserialize;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+/// How many connections clients may hold, and for how long when they do nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConnLimits {
+    /// Open connections in total. `0`: derived from the open-file limit (see
+    /// [`ConnLimits::resolved`]).
+    pub max_total: usize,
+    /// Open connections per client address.
+    pub max_per_client: usize,
+    /// Time a client has to send complete request headers.
+    #[serde(with = "humantime_serde_compat")]
+    pub header_timeout: Duration,
+    /// Time a connection may stay open with no request in flight.
+    #[serde(with = "humantime_serde_compat")]
+    pub idle_timeout: Duration,
+}
+
+impl Default for ConnLimits {
+    fn default() -> Self {
+        ConnLimits {
+            max_total: 0,
+            max_per_client: 2048,
+            header_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// File descriptors kept out of the connection budget, for everything else the process
+/// opens (the store, etcd and worker clients, replicas' pidfds and probes in `xced dev`).
+const FD_RESERVE_MIN: usize = 1024;
+
+impl ConnLimits {
+    /// Every problem with these limits.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.max_per_client == 0 {
+            out.push("connections.max_per_client must be at least 1".to_owned());
+        }
+        if self.header_timeout.is_zero() {
+            out.push("connections.header_timeout must be longer than 0s".to_owned());
+        }
+        if self.idle_timeout.is_zero() {
+            out.push("connections.idle_timeout must be longer than 0s".to_owned());
+        }
+        out
+    }
+
+    /// The limits with `max_total` filled in from the open-file limit `nofile`: the
+    /// connections may use what is left after a reserve (an eighth, at least 1024), so a
+    /// flood runs into this cap, never into "too many open files".
+    pub fn resolved(mut self, nofile: u64) -> Self {
+        let nofile = usize::try_from(nofile).unwrap_or(usize::MAX);
+        let budget = nofile
+            .saturating_sub(FD_RESERVE_MIN.max(nofile / 8))
+            .max(64);
+        self.max_total = match self.max_total {
+            0 => budget,
+            n => n.min(budget),
+        };
+        self
+    }
+}
+
+mod humantime_serde_compat {
+    use serde::{Deserialize, Deserializer};
+    use std::time::Duration;
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s)
+            .map_err(|e| serde::de::Error::custom(format!("{s:?} is not a duration: {e}")))
+    }
+}
+
+/// The listen backlog: thousands of watchers reconnecting at once (an apiserver restart)
+/// must not overflow the accept queue (tokio's default of 1,024 did in the scale bench:
+/// thousands of SYN retransmits, seconds of delay). The kernel caps it at `somaxconn`.
+const BACKLOG: u32 = 8192;
+
+/// Binds `addr` for an HTTP server, with address reuse (a restarted daemon gets its port
+/// back at once) and a deep accept queue.
+pub(crate) fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
+
+/// Binds `addr` (see [`listen`]) and serves `app` on it within `limits` until `stop`
+/// turns true; then every connection shuts down gracefully (in-flight requests finish).
+pub(crate) fn serve(
+    addr: SocketAddr,
+    app: axum::Router,
+    limits: ConnLimits,
+    stop: watch::Receiver<bool>,
+) -> anyhow::Result<(SocketAddr, JoinHandle<std::io::Result<()>>)> {
+    let listener = listen(addr).with_context(|| format!("cannot listen on {addr}"))?;
+    let addr = listener.local_addr()?;
+    let limits = if limits.max_total == 0 {
+        limits.resolved(crate::limits::nofile().0)
+    } else {
+        limits
+    };
+    info!(%addr, max_connections = limits.max_total, max_per_client = limits.max_per_client,
+          header_timeout = ?limits.header_timeout, idle_timeout = ?limits.idle_timeout,
+          "apiserver listening");
+    let server = tokio::spawn(accept_loop(listener, app, limits, stop));
+    Ok((addr, server))
+}
+
+/// What the accept loop knows of the open connections.
+#[derive(Debug, Default)]
+struct Registry {
+    next: u64,
+    total: usize,
+    per_client: HashMap<IpAddr, usize>,
+    /// Connections that have not had a request yet, oldest first: the ones closed to
+    /// make room at a cap.
+    unserved: BTreeMap<u64, (IpAddr, Arc<Conn>)>,
+    unserved_of: HashMap<IpAddr, BTreeSet<u64>>,
+    /// Refusals and evictions since the last log line, and when that was.
+    refused: u64,
+    evicted: u64,
+    logged: Option<Instant>,
+}
+
+impl Registry {
+    fn served(&mut self, id: u64) {
+        if let Some((ip, _)) = self.unserved.remove(&id) {
+            if let Some(s) = self.unserved_of.get_mut(&ip) {
+                s.remove(&id);
+                if s.is_empty() {
+                    self.unserved_of.remove(&ip);
+                }
+            }
+        }
+    }
+
+    fn closed(&mut self, id: u64, ip: IpAddr) {
+        self.served(id);
+        self.total -= 1;
+        if let Some(n) = self.per_client.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_client.remove(&ip);
+            }
+        }
+    }
+
+    /// Makes room for one more connection from `ip` by closing never-served ones;
+    /// false when the caps leave no room.
+    fn make_room(&mut self, ip: IpAddr, limits: &ConnLimits) -> bool {
+        if self.per_client.get(&ip).copied().unwrap_or(0) >= limits.max_per_client {
+            let Some(victim) = self.unserved_of.get(&ip).and_then(|s| s.first().copied()) else {
+                self.refused += 1;
+                return false;
+            };
+            self.evict(victim);
+        }
+        if self.total >= limits.max_total {
+            let Some(victim) = self.unserved.keys().next().copied() else {
+                self.refused += 1;
+                return false;
+            };
+            self.evict(victim);
+        }
+        true
+    }
+
+    /// Closes a never-served connection now; it counts as closed at once (its task ends
+    /// soon after) so the caps hold.
+    fn evict(&mut self, id: u64) {
+        if let Some((ip, conn)) = self.unserved.get(&id).cloned() {
+            conn.evicted.store(true, Ordering::SeqCst);
+            conn.wake.notify_one();
+            self.closed(id, ip);
+            self.evicted += 1;
+        }
+    }
+
+    fn log_pressure(&mut self, limits: &ConnLimits) {
+        if self.refused == 0 && self.evicted == 0 {
+            return;
+        }
+        let now = Instant::now();
+        if self
+            .logged
+            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(1))
+        {
+            return;
+        }
+        warn!(
+            open = self.total,
+            max_connections = limits.max_total,
+            max_per_client = limits.max_per_client,
+            refused = self.refused,
+            closed_idle = self.evicted,
+            "connection cap reached: new connections refused, or never-used ones closed to make room"
+        );
+        self.refused = 0;
+        self.evicted = 0;
+        self.logged = Some(now);
+    }
+}
+
+/// One connection's state, shared by its task, its requests and the registry.
+#[derive(Debug, Default)]
+struct Conn {
+    in_flight: AtomicUsize,
+    /// Whether a request was ever made on it.
+    served: AtomicBool,
+    /// Closed by the registry to make room.
+    evicted: AtomicBool,
+    /// A request started or ended, or the registry evicted it.
+    wake: Notify,
+}
+
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    limits: ConnLimits,
+    mut stop: watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let registry = Arc::new(Mutex::new(Registry::default()));
+    let mut tasks = tokio::task::JoinSet::new();
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = stop.wait_for(|s| *s) => break,
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => continue,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // EMFILE and friends: wait a little instead of spinning; connections that
+                // end free descriptors.
+                warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let ip = peer.ip();
+        let (id, conn) = {
+            let mut r = registry.lock().unwrap();
+            let room = r.make_room(ip, &limits);
+            r.log_pressure(&limits);
+            if !room {
+                drop(stream);
+                continue;
+            }
+            r.next += 1;
+            let id = r.next;
+            r.total += 1;
+            *r.per_client.entry(ip).or_default() += 1;
+            let conn = Arc::new(Conn::default());
+            r.unserved.insert(id, (ip, conn.clone()));
+            r.unserved_of.entry(ip).or_default().insert(id);
+            (id, conn)
+        };
+        let _ = stream.set_nodelay(true);
+        tasks.spawn(connection(
+            stream,
+            app.clone(),
+            limits,
+            conn,
+            id,
+            ip,
+            registry.clone(),
+            stop.clone(),
+        ));
+    }
+    // Graceful: every connection finishes its in-flight requests (blocking queries and
+    // streams answer at once on shutdown) and ends.
+    while tasks.join_next().await.is_some() {}
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn connection(
+    stream: tokio::net::TcpStream,
+    app: axum::Router,
+    limits: ConnLimits,
+    conn: Arc<Conn>,
+    id: u64,
+    ip: IpAddr,
+    registry: Arc<Mutex<Registry>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let svc = {
+        let conn = conn.clone();
+        let registry = registry.clone();
+        hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+            let guard = InFlight::start(&conn);
+            // Under the registry's lock, so a connection is either closed to make room
+            // before its first request, or served: never both.
+            let evicted = !conn.served.swap(true, Ordering::SeqCst) && {
+                let mut r = registry.lock().unwrap();
+                r.served(id);
+                conn.evicted.load(Ordering::SeqCst)
+            };
+            let mut app = app.clone();
+            async move {
+                if evicted {
+                    let resp = plugin_api::ApiError::new(
+                        http::StatusCode::SERVICE_UNAVAILABLE,
+                        "unavailable",
+                        "too many connections; try again",
+                    );
+                    let mut resp = axum::response::IntoResponse::into_response(resp);
+                    resp.headers_mut().insert(
+                        http::header::CONNECTION,
+                        http::HeaderValue::from_static("close"),
+                    );
+                    return Ok(resp.map(|b| {
+                        Body::new(Guarded {
+                            inner: b,
+                            _guard: guard,
+                        })
+                    }));
+                }
+                use tower::Service as _;
+                let resp = app.call(req.map(Body::new)).await;
+                resp.map(|r| {
+                    r.map(|b| {
+                        Body::new(Guarded {
+                            inner: b,
+                            _guard: guard,
+                        })
+                    })
+                })
+            }
+        })
+    };
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    let c = builder
+        .serve_connection(TokioIo::new(stream), svc)
+        .with_upgrades();
+    tokio::pin!(c);
+    let mut idle_since = Instant::now();
+    let mut closing = false;
+    loop {
+        let idle = conn.in_flight.load(Ordering::SeqCst) == 0;
+        let timeout = if conn.served.load(Ordering::SeqCst) {
+            limits.idle_timeout
+        } else {
+            limits.header_timeout
+        };
+        let deadline = idle.then_some(idle_since + timeout);
+        tokio::select! {
+            r = c.as_mut() => {
+                if let Err(e) = r {
+                    debug!(client = %ip, error = %e, "connection ended with an error");
+                }
+                break;
+            }
+            () = conn.wake.notified() => {
+                idle_since = Instant::now();
+                if conn.evicted.load(Ordering::SeqCst) && !closing {
+                    if !conn.served.load(Ordering::SeqCst) {
+                        break; // never used: close the socket now
+                    }
+                    closing = true;
+                    c.as_mut().graceful_shutdown();
+                }
+            }
+            () = sleep_until(deadline), if !closing => {
+                if conn.in_flight.load(Ordering::SeqCst) == 0 {
+                    debug!(client = %ip, "idle connection closed");
+                    closing = true;
+                    c.as_mut().graceful_shutdown();
+                }
+            }
+            _ = stop.wait_for(|s| *s), if !closing => {
+                closing = true;
+                c.as_mut().graceful_shutdown();
+            }
+        }
+    }
+    if !conn.evicted.load(Ordering::SeqCst) {
+        registry.lock().unwrap().closed(id, ip);
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// A request in flight on a connection: from its headers to the end of its answer's body
+/// (a stream's body ends when the stream does).
+#[derive(Debug)]
+struct InFlight(Arc<Conn>);
+
+impl InFlight {
+    fn start(conn: &Arc<Conn>) -> Self {
+        conn.in_flight.fetch_add(1, Ordering::SeqCst);
+        conn.wake.notify_one();
+        InFlight(conn.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.wake.notify_one();
+    }
+}
+
+/// An answer's body that keeps its request [`InFlight`] until it is done or dropped.
+struct Guarded {
+    inner: Body,
+    _guard: InFlight,
+}
+
+impl http_body::Body for Guarded {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[allow(dead_code)]
+fn _assert_types(_: Response<Body>) {}
+
+#[cfg(test)]
+mod tests;
