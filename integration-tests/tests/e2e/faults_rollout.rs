@@ -25,7 +25,8 @@ const MAX_SURGE: u64 = 1;
 /// `drain` of the service; the controller stays down past the end of the drain that runs
 /// when it dies, so a drain measured from before the kill would end at once on restart.
 const DRAIN: Duration = Duration::from_secs(2);
-/// `min_ready`: with the 200 ms probe, one slot takes about 2.5 s, a rollout about 10 s.
+/// `min_ready`: with the start delay and the 200 ms probe, one slot takes about 3 s, so a
+/// rollout lasts long enough to be interrupted twice.
 const MIN_READY: &str = "2s";
 /// Seconds a replica waits before it listens: a new replica is visibly starting (running,
 /// not ready) for about this long, a window to kill the controller in.
@@ -95,7 +96,9 @@ impl Replicas {
     }
 
     /// Service `web`; `version` (`v1`, `v2`) is the one thing that differs between
-    /// generations.
+    /// generations. The probe's timeout is generous: one probe slower than its timeout
+    /// (default: the 200 ms interval) marks a healthy replica not ready, which happened on
+    /// this busy 2-core machine and is no action of the rollout's.
     fn profile(&self, version: &str) -> String {
         format!(
             r#"[service]
@@ -108,6 +111,7 @@ name = "http"
 [service.readiness]
 http = {{ port = "http", path = "/ready" }}
 interval = "200ms"
+timeout = "3s"
 [service.update]
 max_surge = {MAX_SURGE}
 max_unavailable = 0
@@ -172,7 +176,12 @@ deadline = "2m"
                     _ => bail!("{}: unexpected line {line:?}", path.display()),
                 }
             }
-            let mut p = p.with_context(|| format!("{}: no start line", path.display()))?;
+            let mut p = p.with_context(|| {
+                format!(
+                    "{}: no start line (the replica never listened: its port taken?)",
+                    path.display()
+                )
+            })?;
             p.starts = starts;
             p.term = term;
             out.insert(job.to_owned(), p);
@@ -551,12 +560,13 @@ fn check_pools(d: &Value, hosts: &Value, violations: &mut Vec<String>) {
     }
 }
 
-/// Kill point 1, a drain in the middle of the rollout: at least two new replicas ready,
-/// an old one still live, and an old one draining.
+/// Kill point 1, a drain in the middle of the rollout: a new replica ready, old ones
+/// still live, and an old one draining (the earliest such moment is the first drain, so
+/// the rest of the rollout leaves room for kill point 2 even on a slow machine).
 fn mid_rollout(d: &Value) -> bool {
     count(d, |j| {
         j["generation"] == 2 && j["state"] == "running" && j["ready"] == true
-    }) >= 2
+    }) >= 1
         && count(d, |j| j["generation"] == 1 && !leaving(j)) >= 1
         && count(d, |j| j["generation"] == 1 && j["state"] == "draining") >= 1
 }
@@ -629,13 +639,13 @@ struct Draining {
 
 impl Kill {
     /// Waits until every drain running at the kill would be over if it were measured
-    /// from its start (at or before the observer first saw it), plus a margin: a
+    /// from its start (at or before `began_by`), plus a margin: a
     /// controller that did not restart the drain would send SIGTERM at once.
     async fn outlast_drains(&self) {
-        let Some(seen) = self.draining.iter().map(|d| d.began_by).max() else {
+        let Some(began_by) = self.draining.iter().map(|d| d.began_by).max() else {
             return;
         };
-        let until = seen + DRAIN.as_nanos() as u64 + 300_000_000;
+        let until = began_by + DRAIN.as_nanos() as u64 + 300_000_000;
         let now = monotonic_ns();
         if until > now {
             tokio::time::sleep(Duration::from_nanos(until - now)).await;
