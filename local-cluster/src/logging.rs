@@ -17,15 +17,13 @@ pub const MAX_VALUE: usize = 512;
 /// `s` with control characters escaped and its length bounded.
 pub fn clean(s: &str) -> String {
     let mut out = String::with_capacity(s.len().min(MAX_VALUE + 16));
-    let mut n = 0;
     let mut chars = s.chars();
-    for c in chars.by_ref() {
+    for (n, c) in chars.by_ref().enumerate() {
         if n == MAX_VALUE {
             let rest = 1 + chars.count();
             let _ = write!(out, "…({rest} more chars)");
             return out;
         }
-        n += 1;
         match c {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),

@@ -475,6 +475,9 @@ fn resolve(
     project: Option<&str>,
     who: &Principal,
 ) -> Result<ServiceKey, ApiError> {
+    if project == Some("") {
+        return Err(ApiError::bad_param("project", "must not be empty"));
+    }
     let projects = view
         .services
         .keys()
