@@ -47,6 +47,7 @@ impl PortsLaunchHook {
         let ip = host_ip(cx);
         let env = &mut plan.env;
         env.insert("XCE_SERVICE".into(), cx.service.clone());
+        env.insert("XCE_PROJECT".into(), cx.project.clone());
         env.insert("XCE_REPLICA".into(), cx.replica.to_string());
         env.insert("XCE_JOB_ID".into(), cx.job.clone());
         env.insert("XCE_HOST_IP".into(), ip.to_string());

@@ -74,7 +74,7 @@ impl Web {
         format!(
             "[service]\nname = \"web\"\nreplicas = {replicas}\ndrain = \"{DRAIN}\"\ncommand = {command}\n\n\
              [[service.ports]]\nname = \"http\"\n\n\
-             [service.readiness]\nhttp = {{ port = \"http\", path = \"/\" }}\ninterval = \"200ms\"\n\n\
+             [service.readiness]\nhttp = {{ port = \"http\", path = \"/\" }}\ninterval = \"200ms\"\ntimeout = \"3s\"\n\n\
              [service.update]\nmax_surge = 1\nmax_unavailable = 0\nmin_ready = \"500ms\"\ndeadline = \"60s\"\nauto_revert = true\n"
         )
     }

@@ -17,7 +17,7 @@ use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 use plugin_api::{
     ApiContext, ApiError, ApiExtension, FieldError, HostFacts, JobState, Permission, Principal,
-    PrincipalKind,
+    PrincipalKind, Resolved, ServiceKey,
 };
 use prometheus_client::registry::Registry;
 use serde_json::{json, Map, Value};
@@ -350,7 +350,7 @@ async fn submit(
 ) -> Result<Response, ApiError> {
     user(&who)?;
     let doc = parse_profile(&headers, &body)?;
-    let (name, _) = st
+    let (key, _) = st
         .call(|reply| Command::Submit {
             doc,
             path: None,
@@ -358,7 +358,7 @@ async fn submit(
             reply,
         })
         .await?;
-    detail_response(&st, &name, StatusCode::CREATED)
+    detail_response(&st, &key, StatusCode::CREATED)
 }
 
 /// `PUT /v1/services/{name}`: create (201) or update (200, a rollout when the profile
@@ -372,7 +372,7 @@ async fn put_service(
 ) -> Result<Response, ApiError> {
     user(&who)?;
     let doc = parse_profile(&headers, &body)?;
-    let (name, applied) = st
+    let (key, applied) = st
         .call(|reply| Command::Submit {
             doc,
             path: Some(name),
@@ -385,7 +385,7 @@ async fn put_service(
         Applied::Updated => (StatusCode::OK, "updated"),
         Applied::Unchanged => (StatusCode::OK, "unchanged"),
     };
-    let mut resp = detail_response(&st, &name, status)?;
+    let mut resp = detail_response(&st, &key, status)?;
     resp.headers_mut()
         .insert("x-xce-change", HeaderValue::from_static(change));
     Ok(resp)
@@ -402,9 +402,11 @@ async fn scale_service(
     State(st): State<ApiState>,
     who: Principal,
     Path(name): Path<String>,
+    Query(q): Query<ProjectQuery>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     user(&who)?;
+    let key = resolve(&*st.view()?, &name, q.project.as_deref(), &who)?;
     let b: ScaleBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::invalid(
             "invalid scale request",
@@ -430,13 +432,13 @@ async fn scale_service(
         ));
     }
     st.call(|reply| Command::Scale {
-        name: name.clone(),
+        key: key.clone(),
         replicas: b.replicas as u64,
         who: who.clone(),
         reply,
     })
     .await?;
-    detail_response(&st, &name, StatusCode::OK)
+    detail_response(&st, &key, StatusCode::OK)
 }
 
 /// `POST /v1/services/{name}/restart`: every replica rolls over to a fresh one.
@@ -444,15 +446,17 @@ async fn restart_service(
     State(st): State<ApiState>,
     who: Principal,
     Path(name): Path<String>,
+    Query(q): Query<ProjectQuery>,
 ) -> Result<Response, ApiError> {
     user(&who)?;
+    let key = resolve(&*st.view()?, &name, q.project.as_deref(), &who)?;
     st.call(|reply| Command::Restart {
-        name: name.clone(),
+        key: key.clone(),
         who: who.clone(),
         reply,
     })
     .await?;
-    detail_response(&st, &name, StatusCode::OK)
+    detail_response(&st, &key, StatusCode::OK)
 }
 
 fn with_index(mut resp: Response, index: u64) -> Response {
@@ -462,12 +466,44 @@ fn with_index(mut resp: Response, index: u64) -> Response {
     resp
 }
 
+/// Resolves a path's service name for `who` (DESIGN §5): among the projects the caller
+/// may view, `?project=` picking one. Unknown and invisible answer the same 404; a name
+/// in several of the caller's projects answers 409 listing those (and only those).
+fn resolve(
+    view: &View,
+    name: &str,
+    project: Option<&str>,
+    who: &Principal,
+) -> Result<ServiceKey, ApiError> {
+    let projects = view
+        .services
+        .keys()
+        .filter(|k| k.name == name)
+        .map(|k| k.project.as_str());
+    match plugin_api::resolve_service(name, project, projects, |p| who.may(Permission::JobView, p))
+    {
+        Resolved::Found(k) => Ok(k),
+        Resolved::NotFound => Err(ApiError::service_not_found(name)),
+        Resolved::Ambiguous(ps) => Err(ApiError::ambiguous_service(name, &ps)),
+    }
+}
+
+/// `?project=P` of a request, if given.
+#[derive(Debug, Default, serde::Deserialize)]
+struct ProjectQuery {
+    project: Option<String>,
+}
+
 /// The service's detail as the state task's view has it right after a change.
-fn detail_response(st: &ApiState, name: &str, status: StatusCode) -> Result<Response, ApiError> {
+fn detail_response(
+    st: &ApiState,
+    key: &ServiceKey,
+    status: StatusCode,
+) -> Result<Response, ApiError> {
     let view = st.view()?;
     let s = view
         .services
-        .get(name)
+        .get(key)
         .ok_or_else(|| internal("changed service missing from the view"))?;
     Ok(with_index(
         (status, Json(service_detail(s))).into_response(),
@@ -515,11 +551,12 @@ async fn get_service(
     let deadline = tokio::time::Instant::now() + wait;
     let mut rx = st.view.clone();
     let mut shutdown = st.shutdown.clone();
+    let project = q.get("project").map(String::as_str);
     loop {
         let view = st.view()?;
-        let s = match view.services.get(&name) {
-            Some(s) if who.may(Permission::JobView, &s.info.project) => s,
-            _ => return Err(ApiError::service_not_found(&name)),
+        let key = resolve(&view, &name, project, &who)?;
+        let Some(s) = view.services.get(&key) else {
+            return Err(ApiError::service_not_found(&name));
         };
         if index == 0 || s.info.rev > index {
             return Ok(with_index(
@@ -545,6 +582,7 @@ struct DeleteQuery {
     /// Skip the drain: SIGTERM at once.
     #[serde(default)]
     now: bool,
+    project: Option<String>,
 }
 
 async fn delete_service(
@@ -554,9 +592,10 @@ async fn delete_service(
     Query(q): Query<DeleteQuery>,
 ) -> Result<Response, ApiError> {
     user(&who)?;
+    let key = resolve(&*st.view()?, &name, q.project.as_deref(), &who)?;
     let n = st
         .call(|reply| Command::Delete {
-            name: name.clone(),
+            key,
             now: q.now,
             who: who.clone(),
             reply,

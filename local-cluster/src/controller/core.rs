@@ -18,7 +18,7 @@ use crate::store::{Store, StoreError};
 use plugin_api::{
     ClusterEvent, ClusterListener, EndReason, FieldError, HostFacts, HostFactsPolicy, HostId,
     HostInfo, HostState, JobId, JobInfo, JobState, Permission, Principal, ResourcePlugin,
-    ServiceInfo,
+    ServiceInfo, ServiceKey,
 };
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -87,7 +87,7 @@ struct Backoff {
 /// What readers see: a consistent snapshot after a command.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct View {
-    pub(crate) services: BTreeMap<String, ServiceView>,
+    pub(crate) services: BTreeMap<ServiceKey, ServiceView>,
     pub(crate) hosts: Vec<HostView>,
 }
 
@@ -143,9 +143,9 @@ pub(crate) struct Core {
     metrics: Metrics,
     /// Parsed profiles of the services' current generations (command, readiness, drain,
     /// update policy).
-    profiles: HashMap<String, Profile>,
+    profiles: HashMap<ServiceKey, Profile>,
     /// Parsed profiles of older generations that still have jobs, by (service, generation).
-    older: HashMap<(String, u64), Profile>,
+    older: HashMap<(ServiceKey, u64), Profile>,
     /// When each ready job became ready (not persisted: a restart waits `min_ready` again).
     ready_since: HashMap<JobId, Instant>,
     /// When each draining job's drain ends (not persisted: a restart drains in full again,
@@ -153,13 +153,13 @@ pub(crate) struct Core {
     drain_until: HashMap<JobId, Instant>,
     /// Each running rollout's last progress (see [`rollout::progress_mark`]) and when it
     /// changed (not persisted: a restart gives a rollout a fresh `deadline`).
-    progress: HashMap<String, (rollout::Mark, Instant)>,
+    progress: HashMap<ServiceKey, (rollout::Mark, Instant)>,
     /// When each host was last heard from (not persisted: a restart hears from all).
     heard: HashMap<HostId, Instant>,
     /// When each running job started running (for the backoff reset).
     running_since: HashMap<JobId, Instant>,
-    backoff: HashMap<(String, u32), Backoff>,
-    pending: BTreeMap<String, BTreeMap<u32, String>>,
+    backoff: HashMap<(ServiceKey, u32), Backoff>,
+    pending: BTreeMap<ServiceKey, BTreeMap<u32, String>>,
     assign: HashMap<HostId, watch::Sender<Arc<Assignments>>>,
     view: watch::Sender<Arc<View>>,
     /// Something changed since the last [`Core::settle`].
@@ -231,12 +231,12 @@ impl Core {
         let mut older = HashMap::new();
         for svc in cluster.services.values() {
             profiles.insert(
-                svc.info.name.clone(),
+                svc.info.key(),
                 stored_profile(&plugins, &svc.info, &svc.info.profile),
             );
             for (g, raw) in &svc.older {
                 older.insert(
-                    (svc.info.name.clone(), *g),
+                    (svc.info.key(), *g),
                     stored_profile(&plugins, &svc.info, raw),
                 );
             }
@@ -249,7 +249,7 @@ impl Core {
             }
             if j.effective_state() == JobState::Draining {
                 let drain = profiles
-                    .get(&j.info.service)
+                    .get(&j.info.service_key())
                     .map_or(profile::DEFAULT_DRAIN, |p| p.drain);
                 drain_until.insert(j.info.job.clone(), now + drain);
             }
@@ -293,6 +293,18 @@ impl Core {
             fatal: None,
             outbox: Vec::new(),
         };
+        if !core.cluster.legacy_keys.is_empty() {
+            // Records written before services were keyed by project move to their
+            // canonical keys (`project/name`) once, in one batch.
+            let mut txn = Txn::new(&core.cluster);
+            txn.migrate_keys(&core.cluster);
+            match core.commit(txn, now) {
+                Ok(()) => info!("service records moved to their project-scoped keys"),
+                Err(e) => {
+                    warn!(error = %e, "moving service records to project-scoped keys failed; trying again at the next start")
+                }
+            }
+        }
         core.publish();
         Ok(core)
     }
@@ -307,7 +319,7 @@ impl Core {
     fn check_quota(
         &self,
         project: &str,
-        name: &str,
+        name: &ServiceKey,
         change: Option<(u32, &BTreeMap<String, u64>)>,
     ) -> Result<(), CoreError> {
         let Some(limits) = self.quotas.of(project) else {
@@ -320,11 +332,11 @@ impl Core {
             }
             let q = self
                 .profiles
-                .get(&s.info.name)
+                .get(&s.info.key())
                 .map(|p| p.quantities.clone())
                 .unwrap_or_default();
             before.add(s.info.replicas, &q);
-            if s.info.name != name {
+            if s.info.key() != *name {
                 after.add(s.info.replicas, &q);
             }
         }
@@ -399,11 +411,14 @@ impl Core {
             ClusterEvent::Service { rev, service } => {
                 info!(service = %service.name, project = %service.project, rev, "service changed")
             }
-            ClusterEvent::ServiceRemoved { rev, name, .. } => {
-                info!(service = %name, rev, "service removed");
-                self.profiles.remove(name);
-                self.pending.remove(name);
-                self.backoff.retain(|(s, _), _| s != name);
+            ClusterEvent::ServiceRemoved { rev, name, project } => {
+                info!(service = %name, project = %project, rev, "service removed");
+                let key = ServiceKey::new(project, name);
+                self.profiles.remove(&key);
+                self.pending.remove(&key);
+                self.progress.remove(&key);
+                self.older.retain(|(k, _), _| *k != key);
+                self.backoff.retain(|(s, _), _| *s != key);
             }
             ClusterEvent::Job { rev, job } => {
                 info!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, state = ?job.state, ready = job.ready, rev, "job changed");
@@ -423,7 +438,7 @@ impl Core {
                 if draining {
                     let drain = self
                         .profiles
-                        .get(&job.service)
+                        .get(&job.service_key())
                         .map_or(profile::DEFAULT_DRAIN, |p| p.drain);
                     self.drain_until
                         .entry(job.job.clone())
@@ -441,10 +456,10 @@ impl Core {
                     let active = self
                         .cluster
                         .services
-                        .get(&job.service)
+                        .get(&job.service_key())
                         .is_some_and(|s| s.state == ServiceState::Active);
                     if active {
-                        let key = (job.service.clone(), job.replica);
+                        let key = (job.service_key(), job.replica);
                         let ran_long =
                             since.is_some_and(|t| now.duration_since(t) >= BACKOFF_RESET);
                         let delay = match self.backoff.get(&key) {
@@ -480,7 +495,7 @@ impl Core {
         path: Option<&str>,
         who: &Principal,
         now: Instant,
-    ) -> Result<(String, Applied), CoreError> {
+    ) -> Result<(ServiceKey, Applied), CoreError> {
         let project = doc
             .get("service")
             .and_then(|s| s.get("project"))
@@ -515,11 +530,12 @@ impl Core {
                 }
             }
         };
+        let key = ServiceKey::new(&profile.project, &profile.name);
         let name = profile.name.clone();
-        let Some(cur) = self.cluster.services.get(&name).cloned() else {
+        let Some(cur) = self.cluster.services.get(&key).cloned() else {
             self.check_quota(
                 &profile.project,
-                &name,
+                &key,
                 Some((profile.replicas, &profile.quantities)),
             )?;
             let mut txn = Txn::new(&self.cluster);
@@ -538,32 +554,22 @@ impl Core {
                 rollout,
                 older: BTreeMap::new(),
             });
-            self.profiles.insert(name.clone(), profile);
+            self.profiles.insert(key.clone(), profile);
             if let Err(e) = self.commit(txn, now) {
-                self.profiles.remove(&name);
+                self.profiles.remove(&key);
                 return Err(e);
             }
-            info!(service = %name, principal = %who.name, "service submitted");
-            return Ok((name, Applied::Created));
+            info!(service = %name, project = %key.project, principal = %who.name, "service submitted");
+            return Ok((key, Applied::Created));
         };
         if path.is_none() {
             return Err(CoreError::Conflict(name));
         }
         if !who.may(Permission::JobView, &cur.info.project) {
-            // Same answer as for a name nobody uses would be a create; a name held in a
-            // project the caller cannot see is refused without saying more.
             return Err(CoreError::Forbidden(format!(
-                "no job.submit permission on the project of service {name:?}"
+                "no job.view permission on project {:?}",
+                cur.info.project
             )));
-        }
-        if cur.info.project != profile.project {
-            return Err(CoreError::Invalid(vec![FieldError::new(
-                "service.project",
-                format!(
-                    "service {name:?} is in project {:?}; a service cannot move to another project",
-                    cur.info.project
-                ),
-            )]));
         }
         if cur.state == ServiceState::Stopping {
             return Err(CoreError::Refused(format!(
@@ -571,26 +577,26 @@ impl Core {
             )));
         }
         if cur.info.profile == profile.raw {
-            return Ok((name, Applied::Unchanged));
+            return Ok((key, Applied::Unchanged));
         }
         self.check_quota(
             &profile.project,
-            &name,
+            &key,
             Some((profile.replicas, &profile.quantities)),
         )?;
         let mut svc = cur.clone();
         let new_generation = !rollout::same_template(&cur.info.profile, &profile.raw);
         if new_generation {
             self.next_generation(&mut svc);
-            info!(service = %name, generation = svc.info.generation, principal = %who.name, "new profile: rolling out a new generation");
+            info!(service = %name, project = %key.project, generation = svc.info.generation, principal = %who.name, "new profile: rolling out a new generation");
         } else if cur.info.replicas != profile.replicas {
             svc.rollout.begin();
-            info!(service = %name, replicas = profile.replicas, principal = %who.name, "service scaled");
+            info!(service = %name, project = %key.project, replicas = profile.replicas, principal = %who.name, "service scaled");
         }
         svc.info.replicas = profile.replicas;
         svc.info.profile = profile.raw.clone();
         self.commit_service(svc, profile, now)?;
-        Ok((name, Applied::Updated))
+        Ok((key, Applied::Updated))
     }
 
     /// Makes `svc`'s current profile an older generation and starts a rollout of the next.
@@ -598,7 +604,7 @@ impl Core {
         let g = svc.info.generation;
         if self
             .cluster
-            .jobs_of(&svc.info.name)
+            .jobs_of(&svc.info.key())
             .any(|j| j.info.generation == g)
         {
             svc.older.insert(g, svc.info.profile.clone());
@@ -626,7 +632,7 @@ impl Core {
         jobs: Vec<JobRec>,
         now: Instant,
     ) -> Result<(), CoreError> {
-        let name = svc.info.name.clone();
+        let name = svc.info.key();
         let mut txn = Txn::new(&self.cluster);
         for j in jobs {
             txn.put_job(&self.cluster, j);
@@ -656,12 +662,16 @@ impl Core {
     }
 
     /// The service `name` for a change by `who`: invisible answers as unknown.
-    fn service_for_change(&self, name: &str, who: &Principal) -> Result<ServiceRec, CoreError> {
-        let Some(svc) = self.cluster.services.get(name).cloned() else {
-            return Err(CoreError::ServiceNotFound(name.to_owned()));
+    fn service_for_change(
+        &self,
+        key: &ServiceKey,
+        who: &Principal,
+    ) -> Result<ServiceRec, CoreError> {
+        let Some(svc) = self.cluster.services.get(key).cloned() else {
+            return Err(CoreError::ServiceNotFound(key.name.clone()));
         };
         if !who.may(Permission::JobView, &svc.info.project) {
-            return Err(CoreError::ServiceNotFound(name.to_owned()));
+            return Err(CoreError::ServiceNotFound(key.name.clone()));
         }
         if !who.may(Permission::JobSubmit, &svc.info.project) {
             return Err(CoreError::Forbidden(format!(
@@ -676,12 +686,13 @@ impl Core {
     /// drains the highest-numbered replicas.
     pub(crate) fn scale(
         &mut self,
-        name: &str,
+        key: &ServiceKey,
         replicas: u64,
         who: &Principal,
         now: Instant,
     ) -> Result<(), CoreError> {
-        let mut svc = self.service_for_change(name, who)?;
+        let mut svc = self.service_for_change(key, who)?;
+        let name = &key.name;
         if !(1..=profile::MAX_REPLICAS).contains(&replicas) {
             return Err(CoreError::Invalid(vec![FieldError::new(
                 "replicas",
@@ -695,10 +706,10 @@ impl Core {
         if svc.info.replicas == replicas {
             return Ok(());
         }
-        let mut profile = self.profiles[name].clone();
+        let mut profile = self.profiles[key].clone();
         self.check_quota(
             &svc.info.project,
-            name,
+            key,
             Some((replicas, &profile.quantities)),
         )?;
         profile.replicas = replicas;
@@ -709,26 +720,27 @@ impl Core {
         svc.info.profile = profile.raw.clone();
         svc.rollout.begin();
         self.commit_service(svc, profile, now)?;
-        info!(service = %name, replicas, principal = %who.name, "service scaled");
+        info!(service = %name, project = %key.project, replicas, principal = %who.name, "service scaled");
         Ok(())
     }
 
     /// Rolls every replica over to a fresh one: the same profile as a new generation.
     pub(crate) fn restart(
         &mut self,
-        name: &str,
+        key: &ServiceKey,
         who: &Principal,
         now: Instant,
     ) -> Result<(), CoreError> {
-        let mut svc = self.service_for_change(name, who)?;
+        let mut svc = self.service_for_change(key, who)?;
+        let name = &key.name;
         if svc.state == ServiceState::Stopping {
             return Err(CoreError::Refused(format!("service {name:?} is stopping")));
         }
         self.next_generation(&mut svc);
-        let profile = self.profiles[name].clone();
+        let profile = self.profiles[key].clone();
         let generation = svc.info.generation;
         self.commit_service(svc, profile, now)?;
-        info!(service = %name, generation, principal = %who.name, "service restarting");
+        info!(service = %name, project = %key.project, generation, principal = %who.name, "service restarting");
         Ok(())
     }
 
@@ -737,13 +749,14 @@ impl Core {
     /// exited. Returns how many jobs are leaving.
     pub(crate) fn delete(
         &mut self,
-        name: &str,
+        key: &ServiceKey,
         now_please: bool,
         who: &Principal,
         now: Instant,
     ) -> Result<usize, CoreError> {
-        let svc = self.service_for_change(name, who)?;
-        let jobs: Vec<JobRec> = self.cluster.jobs_of(name).cloned().collect();
+        let svc = self.service_for_change(key, who)?;
+        let name = &key.name;
+        let jobs: Vec<JobRec> = self.cluster.jobs_of(key).cloned().collect();
         let mut txn = Txn::new(&self.cluster);
         if svc.state != ServiceState::Stopping {
             txn.put_service(ServiceRec {
@@ -755,7 +768,7 @@ impl Core {
             Duration::ZERO
         } else {
             self.profiles
-                .get(name)
+                .get(key)
                 .map_or(profile::DEFAULT_DRAIN, |p| p.drain)
         };
         for j in &jobs {
@@ -765,11 +778,11 @@ impl Core {
             }
         }
         if jobs.is_empty() {
-            let s = txn.service(&self.cluster, name).expect("service in txn");
+            let s = txn.service(&self.cluster, key).expect("service in txn");
             txn.remove_service(&s);
         }
         self.commit(txn, now)?;
-        info!(service = %name, principal = %who.name, jobs = jobs.len(), drain = ?drain, "service stopping");
+        info!(service = %name, project = %key.project, principal = %who.name, jobs = jobs.len(), drain = ?drain, "service stopping");
         Ok(jobs.len())
     }
 
@@ -1017,7 +1030,7 @@ impl Core {
                     } else {
                         EndReason::Exited { code }
                     };
-                    let (service, generation) = (j.info.service.clone(), j.info.generation);
+                    let (service, generation) = (j.info.service_key(), j.info.generation);
                     txn.end_job(&self.cluster, j, reason, false);
                     // A replica of the generation being rolled out that dies counts
                     // against the rollout (persisted with the exit itself).
@@ -1183,7 +1196,7 @@ impl Core {
             .services
             .values()
             .filter(|s| s.state == ServiceState::Stopping)
-            .filter(|s| self.cluster.jobs_of(&s.info.name).next().is_none())
+            .filter(|s| self.cluster.jobs_of(&s.info.key()).next().is_none())
             .cloned()
             .collect();
         for s in done {
@@ -1216,7 +1229,7 @@ impl Core {
     fn job_facts(&self, s: &ServiceInfo, jobs: &[JobRec], now: Instant) -> Vec<JobFacts> {
         let min_ready = self
             .profiles
-            .get(&s.name)
+            .get(&s.key())
             .map_or(Duration::ZERO, |p| p.update.min_ready);
         jobs.iter()
             .filter_map(|j| {
@@ -1274,29 +1287,30 @@ impl Core {
             .map(|h| h.info.id.clone())
             .collect();
         let mut total: HashMap<HostId, usize> = HashMap::new();
-        let mut per_service: HashMap<(HostId, String), usize> = HashMap::new();
-        let mut by_service: HashMap<String, Vec<JobRec>> = HashMap::new();
+        let mut per_service: HashMap<(HostId, ServiceKey), usize> = HashMap::new();
+        let mut by_service: HashMap<ServiceKey, Vec<JobRec>> = HashMap::new();
         for j in self.cluster.jobs.values() {
             *total.entry(j.info.host.clone()).or_default() += 1;
             *per_service
-                .entry((j.info.host.clone(), j.info.service.clone()))
+                .entry((j.info.host.clone(), j.info.service_key()))
                 .or_default() += 1;
             by_service
-                .entry(j.info.service.clone())
+                .entry(j.info.service_key())
                 .or_default()
                 .push(j.clone());
         }
         let mut txn = Txn::new(&self.cluster);
-        let mut placed: Vec<(HostId, JobId, String, u32)> = Vec::new();
-        let mut reverts: Vec<(String, String)> = Vec::new();
+        let mut placed: Vec<(HostId, JobId, ServiceKey, u32)> = Vec::new();
+        let mut reverts: Vec<(ServiceKey, String)> = Vec::new();
         let mut drained = false;
         for s in services {
             let name = &s.info.name;
-            let Some(profile) = self.profiles.get(name) else {
+            let key = s.info.key();
+            let Some(profile) = self.profiles.get(&key) else {
                 continue;
             };
             let (policy, drain) = (profile.update, profile.drain);
-            let mut jobs = by_service.remove(name).unwrap_or_default();
+            let mut jobs = by_service.remove(&key).unwrap_or_default();
             let facts = self.job_facts(&s.info, &jobs, now);
             let view = rollout::Service {
                 replicas: s.info.replicas,
@@ -1312,14 +1326,14 @@ impl Core {
             // Why a surge replica (one beside an old job) could not be placed.
             let mut blocked: Option<String> = None;
             for replica in rollout::to_place(&view) {
-                if let Some(b) = self.backoff.get(&(name.clone(), replica)) {
+                if let Some(b) = self.backoff.get(&(key.clone(), replica)) {
                     if b.not_before > now {
                         let reason = format!(
                             "restarting after exit in {}",
                             humantime::format_duration(round_up_secs(b.not_before - now))
                         );
                         self.pending
-                            .entry(name.clone())
+                            .entry(key.clone())
                             .or_default()
                             .insert(replica, reason);
                         continue;
@@ -1330,7 +1344,7 @@ impl Core {
                     .map(|h| Candidate {
                         id: h.clone(),
                         service_jobs: per_service
-                            .get(&(h.clone(), name.clone()))
+                            .get(&(h.clone(), key.clone()))
                             .copied()
                             .unwrap_or(0),
                         total_jobs: total.get(h).copied().unwrap_or(0),
@@ -1350,9 +1364,9 @@ impl Core {
                         debug_assert_eq!(taken, job);
                         *total.entry(p.host.clone()).or_default() += 1;
                         *per_service
-                            .entry((p.host.clone(), name.clone()))
+                            .entry((p.host.clone(), key.clone()))
                             .or_default() += 1;
-                        placed.push((p.host.clone(), job.clone(), name.clone(), replica));
+                        placed.push((p.host.clone(), job.clone(), key.clone(), replica));
                         let rec = JobRec {
                             info: JobInfo {
                                 job,
@@ -1376,7 +1390,7 @@ impl Core {
                             blocked.get_or_insert_with(|| reason.clone());
                         } else {
                             self.pending
-                                .entry(name.clone())
+                                .entry(key.clone())
                                 .or_default()
                                 .insert(replica, reason);
                         }
@@ -1404,16 +1418,16 @@ impl Core {
                 ..view
             };
             if let Some(why) = self.advance_rollout(&mut txn, &s, &view, blocked, now) {
-                reverts.push((name.clone(), why));
+                reverts.push((key.clone(), why));
             }
             // Older generations' profiles are kept while any of their jobs is left.
             let gens: BTreeSet<u64> = jobs.iter().map(|j| j.info.generation).collect();
-            if let Some(mut rec) = txn.service(&self.cluster, name) {
+            if let Some(mut rec) = txn.service(&self.cluster, &key) {
                 let before = rec.older.len();
                 rec.older.retain(|g, _| gens.contains(g));
                 if rec.older.len() != before {
                     self.older
-                        .retain(|(n, g), _| n != name || rec.older.contains_key(g));
+                        .retain(|(n, g), _| *n != key || rec.older.contains_key(g));
                     txn.put_service_quiet(rec);
                 }
             }
@@ -1453,12 +1467,13 @@ impl Core {
         now: Instant,
     ) -> Option<String> {
         let name = &s.info.name;
+        let key = s.info.key();
         let generation = s.info.generation;
-        let mut rec = txn.service(&self.cluster, name)?;
+        let mut rec = txn.service(&self.cluster, &key)?;
         let mut r = rec.rollout.clone();
         let mut revert = None;
         if !r.is_running(generation) {
-            self.progress.remove(name);
+            self.progress.remove(&key);
             if r.state == RolloutState::Complete
                 && r.stable.as_ref().map(|st| st.generation) != Some(generation)
             {
@@ -1471,10 +1486,10 @@ impl Core {
         } else {
             let counts = view.counts();
             let mark = rollout::progress_mark(&counts);
-            let since = match self.progress.get(name) {
+            let since = match self.progress.get(&key) {
                 Some((m, t)) if *m == mark => *t,
                 _ => {
-                    self.progress.insert(name.clone(), (mark, now));
+                    self.progress.insert(key.clone(), (mark, now));
                     now
                 }
             };
@@ -1488,7 +1503,7 @@ impl Core {
                     r.reason = None;
                     self.metrics.rollout_ended("complete");
                 }
-                self.progress.remove(name);
+                self.progress.remove(&key);
                 info!(service = %name, generation, state = r.state.as_str(), "rollout done");
             } else if r.exits >= rollout::MAX_NEW_EXITS
                 || now.saturating_duration_since(since) >= view.policy.deadline
@@ -1509,7 +1524,7 @@ impl Core {
                     )
                 };
                 let target = r.stable.as_ref().map(|st| st.generation);
-                self.progress.remove(name);
+                self.progress.remove(&key);
                 if r.state == RolloutState::Progressing
                     && view.policy.auto_revert
                     && target.is_some_and(|g| g != generation)
@@ -1549,8 +1564,9 @@ impl Core {
     /// Rolls a failed rollout back: the last complete generation's profile becomes the
     /// next generation, and the jobs still running that profile are that generation's
     /// (they are not replaced by identical ones).
-    fn revert(&mut self, name: &str, why: &str, now: Instant) -> Result<(), CoreError> {
-        let Some(mut svc) = self.cluster.services.get(name).cloned() else {
+    fn revert(&mut self, key: &ServiceKey, why: &str, now: Instant) -> Result<(), CoreError> {
+        let name = &key.name;
+        let Some(mut svc) = self.cluster.services.get(key).cloned() else {
             return Ok(());
         };
         let Some(stable) = svc.rollout.stable.clone() else {
@@ -1570,7 +1586,7 @@ impl Core {
         svc.info.profile = raw;
         let adopted: Vec<JobRec> = self
             .cluster
-            .jobs_of(name)
+            .jobs_of(key)
             .filter(|j| j.info.generation == stable.generation)
             .cloned()
             .map(|mut j| {
@@ -1586,7 +1602,19 @@ impl Core {
     fn desired(&self, host: &str) -> Vec<Assignment> {
         let mut out = Vec::new();
         for j in self.cluster.jobs_on(host) {
-            let Some(p) = self.profiles.get(&j.info.service) else {
+            // A job runs its own generation's command and probe: during a rollout the
+            // older replicas keep theirs (a restarted worker must not start an old job
+            // with the new command).
+            let key = j.info.service_key();
+            let current = self.cluster.services.get(&key).map(|s| s.info.generation);
+            let p = match current {
+                Some(g) if g != j.info.generation => self
+                    .older
+                    .get(&(key.clone(), j.info.generation))
+                    .or_else(|| self.profiles.get(&key)),
+                _ => self.profiles.get(&key),
+            };
+            let Some(p) = p else {
                 continue;
             };
             out.push(Assignment {
@@ -1635,9 +1663,18 @@ impl Core {
         }
         let c = &self.cluster;
         let mut services = BTreeMap::new();
+        let mut by_service: HashMap<ServiceKey, Vec<JobRec>> = HashMap::new();
+        for j in c.jobs.values() {
+            by_service
+                .entry(j.info.service_key())
+                .or_default()
+                .push(j.clone());
+        }
         for s in c.services.values() {
-            let mut jobs: Vec<JobView> = c
-                .jobs_of(&s.info.name)
+            let key = s.info.key();
+            let recs = by_service.remove(&key).unwrap_or_default();
+            let mut jobs: Vec<JobView> = recs
+                .iter()
                 .map(|j| JobView {
                     info: j.info.clone(),
                     summaries: self.grant_summaries(&j.info),
@@ -1648,24 +1685,23 @@ impl Core {
             });
             let pending = self
                 .pending
-                .get(&s.info.name)
+                .get(&key)
                 .map(|m| m.iter().map(|(r, why)| (*r, why.clone())).collect())
                 .unwrap_or_default();
-            let recs: Vec<JobRec> = c.jobs_of(&s.info.name).cloned().collect();
             let facts = self.job_facts(&s.info, &recs, Instant::now());
             let counts = rollout::Service {
                 replicas: s.info.replicas,
                 generation: s.info.generation,
                 policy: self
                     .profiles
-                    .get(&s.info.name)
+                    .get(&key)
                     .map(|p| p.update)
                     .unwrap_or_default(),
                 jobs: &facts,
             }
             .counts();
             services.insert(
-                s.info.name.clone(),
+                key,
                 ServiceView {
                     info: s.info.clone(),
                     state: s.state,

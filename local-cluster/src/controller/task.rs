@@ -4,7 +4,7 @@
 
 use super::core::{Applied, Core, CoreError};
 use crate::proto::{Assignments, RegisterRequest, RegisterResponse, WorkerEvent};
-use plugin_api::{HostFacts, HostId, Principal};
+use plugin_api::{HostFacts, HostId, Principal, ServiceKey};
 use serde_json::Value;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -20,21 +20,21 @@ pub(crate) enum Command {
         doc: Value,
         path: Option<String>,
         who: Principal,
-        reply: Reply<(String, Applied)>,
+        reply: Reply<(ServiceKey, Applied)>,
     },
     Scale {
-        name: String,
+        key: ServiceKey,
         replicas: u64,
         who: Principal,
         reply: Reply<()>,
     },
     Restart {
-        name: String,
+        key: ServiceKey,
         who: Principal,
         reply: Reply<()>,
     },
     Delete {
-        name: String,
+        key: ServiceKey,
         now: bool,
         who: Principal,
         reply: Reply<usize>,
@@ -124,25 +124,25 @@ fn handle(core: &mut Core, cmd: Command) {
             done(core, now, reply, r)
         }
         Command::Scale {
-            name,
+            key,
             replicas,
             who,
             reply,
         } => {
-            let r = core.scale(&name, replicas, &who, now);
+            let r = core.scale(&key, replicas, &who, now);
             done(core, now, reply, r)
         }
-        Command::Restart { name, who, reply } => {
-            let r = core.restart(&name, &who, now);
+        Command::Restart { key, who, reply } => {
+            let r = core.restart(&key, &who, now);
             done(core, now, reply, r)
         }
         Command::Delete {
-            name,
+            key,
             now: now_please,
             who,
             reply,
         } => {
-            let r = core.delete(&name, now_please, &who, now);
+            let r = core.delete(&key, now_please, &who, now);
             done(core, now, reply, r)
         }
         Command::Register { host, req, reply } => {

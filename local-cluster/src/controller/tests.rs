@@ -190,7 +190,10 @@ impl ClusterListener for Recorder {
                 rev,
                 host,
                 services,
-            } => format!("{rev} host {} {:?} {services:?}", host.id, host.state),
+            } => {
+                let names: Vec<&str> = services.iter().map(|k| k.name.as_str()).collect();
+                format!("{rev} host {} {:?} {names:?}", host.id, host.state)
+            }
         };
         self.0.lock().unwrap().push(line);
     }
@@ -229,7 +232,7 @@ fn admin() -> Principal {
     }
 }
 
-use plugin_api::{Permission, Principal, PrincipalKind};
+use plugin_api::{Permission, Principal, PrincipalKind, ServiceKey};
 
 // === the state machine on a fake clock ===
 
@@ -307,7 +310,7 @@ impl Sim {
     fn rollout(&self, name: &str) -> String {
         let v = self.core.view();
         let v = v.borrow();
-        let s = &v.services[name];
+        let s = &v.services[&ServiceKey::new("default", name)];
         format!(
             "{name} generation={} rollout={} updated={} ready={} outdated={} reason={:?}",
             s.info.generation,
@@ -322,7 +325,7 @@ impl Sim {
     fn delete(&mut self, name: &str) {
         let r = self
             .core
-            .delete(name, false, &admin(), self.now)
+            .delete(&ServiceKey::new("default", name), false, &admin(), self.now)
             .map(|_| ());
         self.settle(&format!("delete {name}"), r);
     }
@@ -512,7 +515,7 @@ fn a_rolling_update_drains_before_stop_and_a_broken_one_is_rolled_back() {
     // generation 4; the v2 replicas are generation 4 and were never touched.
     sim.put(versioned(2, "exit 1"));
     for _ in 0..3 {
-        let j = sim.core.view().borrow().services["web"]
+        let j = sim.core.view().borrow().services[&ServiceKey::new("default", "web")]
             .jobs
             .iter()
             .find(|j| j.info.generation == 3)
@@ -999,7 +1002,9 @@ fn restart_restores_grants_and_continues_the_revision() {
     // replica stays pending.
     s.store.fail_commit_after(1);
     s.submit(web("api", "default", 1));
-    let pending = s.core.view().borrow().services["api"].pending.clone();
+    let pending = s.core.view().borrow().services[&ServiceKey::new("default", "api")]
+        .pending
+        .clone();
     s.note(format!(
         "api pending {pending:?}, used {:?}",
         s.slots.used()
@@ -1648,6 +1653,123 @@ async fn service_and_host_answers_have_the_rest_shapes() {
         xce_placements_total 3"#]]
     .assert_eq(&format!("{created}\n{detail}\n{list}\n{hosts}\n{}", metrics.join("\n")));
     app.ctl.shutdown().await;
+}
+
+#[tokio::test]
+async fn two_projects_each_have_a_web_and_nobody_learns_of_the_other() {
+    let app = app().await;
+    app.register("exec-01", "w1-secret", 10).await;
+    let web = |project: &str| {
+        json!({"service": {"name": "web", "project": project, "replicas": 1,
+                           "command": ["sleep", "1000"]}})
+    };
+    // What alice sees before bob's web exists, to compare bytes with after.
+    let (_, before) = app
+        .call("GET", "/v1/services/nope", Some("alice-secret"), None)
+        .await;
+    let mut out = Vec::new();
+    for (who, method, path, body) in [
+        ("alice-secret", "POST", "/v1/services", Some(web("team-a"))),
+        ("bob-secret", "POST", "/v1/services", Some(web("team-b"))),
+        ("bob-secret", "PUT", "/v1/services/web", Some(web("team-b"))),
+        ("alice-secret", "GET", "/v1/services/web", None),
+        (
+            "alice-secret",
+            "GET",
+            "/v1/services/web?project=team-b",
+            None,
+        ),
+        ("bob-secret", "GET", "/v1/services/web", None),
+        ("bob-secret", "GET", "/v1/services/web?project=team-b", None),
+        ("bob-secret", "POST", "/v1/services/web/restart", None),
+        (
+            "bob-secret",
+            "POST",
+            "/v1/services/web/restart?project=team-a",
+            None,
+        ),
+        (
+            "bob-secret",
+            "DELETE",
+            "/v1/services/web?project=team-b&now=true",
+            None,
+        ),
+        (
+            "alice-secret",
+            "POST",
+            "/v1/services/web/scale",
+            Some(json!({"replicas": 2})),
+        ),
+    ] {
+        let (s, v) = app.json(method, path, who, body).await;
+        let what = match v.get("error") {
+            Some(e) => e.to_string(),
+            None if v.get("project").is_some() => format!(
+                "{}/{} replicas={} generation={}",
+                v["project"].as_str().unwrap(),
+                v["name"].as_str().unwrap(),
+                v["replicas"],
+                v["generation"]
+            ),
+            None => v.to_string(),
+        };
+        out.push(format!(
+            "{} {method} {path} -> {} {what}",
+            &who[..who.len() - 7],
+            s.as_u16()
+        ));
+    }
+    expect![[r#"
+        alice POST /v1/services -> 201 team-a/web replicas=1 generation=1
+        bob POST /v1/services -> 201 team-b/web replicas=1 generation=1
+        bob PUT /v1/services/web -> 200 team-b/web replicas=1 generation=1
+        alice GET /v1/services/web -> 200 team-a/web replicas=1 generation=1
+        alice GET /v1/services/web?project=team-b -> 404 {"code":"not_found","details":[],"message":"service \"web\" not found"}
+        bob GET /v1/services/web -> 409 {"code":"ambiguous","details":[{"field":"project","reason":"\"team-a\" has a service \"web\""},{"field":"project","reason":"\"team-b\" has a service \"web\""}],"message":"service \"web\" exists in several of your projects (team-a, team-b); pick one with ?project="}
+        bob GET /v1/services/web?project=team-b -> 200 team-b/web replicas=1 generation=1
+        bob POST /v1/services/web/restart -> 409 {"code":"ambiguous","details":[{"field":"project","reason":"\"team-a\" has a service \"web\""},{"field":"project","reason":"\"team-b\" has a service \"web\""}],"message":"service \"web\" exists in several of your projects (team-a, team-b); pick one with ?project="}
+        bob POST /v1/services/web/restart?project=team-a -> 403 {"code":"forbidden","details":[],"message":"no job.submit permission on project \"team-a\""}
+        bob DELETE /v1/services/web?project=team-b&now=true -> 202 {"name":"web","stopping":1}
+        alice POST /v1/services/web/scale -> 200 team-a/web replicas=2 generation=1"#]]
+    .assert_eq(&out.join("\n"));
+    // A project alice cannot view answers exactly as a name nobody uses.
+    let (_, invisible) = app
+        .call(
+            "GET",
+            "/v1/services/nope?project=team-b",
+            Some("alice-secret"),
+            None,
+        )
+        .await;
+    assert_eq!(invisible, before);
+    app.ctl.shutdown().await;
+}
+
+#[test]
+fn service_records_stored_by_name_alone_move_to_project_keys() {
+    let store = Arc::new(MemStore::new());
+    let rec = json!({"info": {"name": "web", "project": "team-a", "replicas": 1,
+                              "profile": {"name": "web", "project": "team-a", "command": ["x"]},
+                              "rev": 1},
+                     "state": "active"});
+    let mut b = crate::store::Batch::default();
+    b.put(
+        crate::store::Key::new("service", "web"),
+        serde_json::to_vec(&rec).unwrap(),
+    );
+    store.commit(b).unwrap();
+    let sim = Sim::load(store.clone(), Instant::now());
+    let keys: Vec<String> = store
+        .load_all()
+        .unwrap()
+        .into_iter()
+        .filter(|(k, _)| k.ns == "service")
+        .map(|(k, _)| k.key)
+        .collect();
+    assert_eq!(keys, vec!["team-a/web".to_owned()]);
+    let v = sim.core.view();
+    let s = &v.borrow().services[&ServiceKey::new("team-a", "web")];
+    assert_eq!((s.info.generation, s.info.rev), (1, 1));
 }
 
 #[tokio::test]
