@@ -157,8 +157,8 @@ impl Run<'_> {
                     ),
                 )?;
             }
-            if self.project.is_none() {
-                self.project = model::project_of(&answer.raw);
+            if self.project.is_none() && !answer.value.project.is_empty() {
+                self.project = Some(answer.value.project.clone());
             }
             let unchanged = last_index == Some(answer.value.index);
             last_index = Some(answer.value.index);

@@ -207,20 +207,6 @@ pub(crate) struct ErrorDetail {
 
 // === endpoint entries ===
 
-/// The `project` an endpoint entry reports (DESIGN §5), read from the body as sent: the
-/// wire type may predate it, and an apiserver from before projects sends none.
-pub(crate) fn project_of(raw: &str) -> Option<String> {
-    #[derive(Deserialize)]
-    struct Owner {
-        #[serde(default)]
-        project: Option<String>,
-    }
-    serde_json::from_str::<Owner>(raw)
-        .ok()?
-        .project
-        .filter(|p| !p.is_empty())
-}
-
 /// Checks what the outputs trust beyond the types: every port name is a valid port name,
 /// so `XCE_ENDPOINTS_<NAME>` is a valid shell variable name.
 pub(crate) fn check(entry: &EndpointEntry) -> Result<(), CliError> {
