@@ -1474,7 +1474,18 @@ impl Core {
         let mut revert = None;
         if !r.is_running(generation) {
             self.progress.remove(&key);
-            if r.state == RolloutState::Complete
+            if r.state == RolloutState::Failed && view.is_complete() {
+                // A failed rollout that was not rolled back keeps reconciling; once every
+                // slot runs it after all, it is complete (the failure was passing).
+                r.state = RolloutState::Complete;
+                r.reason = None;
+                r.stable = Some(Stable {
+                    generation,
+                    profile: s.info.profile.clone(),
+                });
+                self.metrics.rollout_ended("complete");
+                info!(service = %name, project = %key.project, generation, "failed rollout completed after all");
+            } else if r.state == RolloutState::Complete
                 && r.stable.as_ref().map(|st| st.generation) != Some(generation)
             {
                 // A service stored before rollouts existed.
