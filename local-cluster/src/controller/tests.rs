@@ -391,7 +391,7 @@ impl Sim {
                 self.core.heartbeat(&(*h).to_owned(), self.now).unwrap();
                 self.core.settle(self.now);
             }
-            self.core.tick(self.now);
+            self.core.tick(self.now, Some(self.now));
             self.core.mark_dirty();
             self.core.settle(self.now);
         }
@@ -742,6 +742,63 @@ fn a_controller_restart_during_a_drain_drains_in_full_again() {
 }
 
 #[test]
+fn a_controller_paused_past_the_grace_period_stops_nothing() {
+    let mut sim = Sim::new();
+    let hosts = ["exec-01", "exec-02", "exec-03"];
+    for h in hosts {
+        sim.register(h, 3, &[]);
+    }
+    sim.put(versioned(3, "v1"));
+    for (h, j) in hosts.iter().zip(["j-1", "j-2", "j-3"]) {
+        sim.events(h, vec![started(j), ready(j, true)]);
+    }
+    sim.run_for(1, &hosts);
+    // SIGSTOP for twice the grace period: the timer armed for `unreachable_after` from
+    // now fires 60 s late, before any heartbeat queued meanwhile is handled.
+    let armed = sim.now + TIMING.unreachable_after;
+    sim.now += TIMING.grace_period * 2;
+    sim.core.tick(sim.now, Some(armed));
+    sim.core.mark_dirty();
+    sim.settle("resumed after 60 s", Ok(()));
+    // The hosts are heard again within their fresh window.
+    sim.run_for(2, &hosts);
+    let s = sim.rollout("web");
+    sim.note(s);
+    sim.check(expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 running=[]
+          1 host exec-01 Ready []
+        > register exec-02 running=[]
+          2 host exec-02 Ready []
+        > register exec-03 running=[]
+          3 host exec-03 Ready []
+          applied Created
+        > put web
+          4 service web rev=4
+          5 job j-1 web/0 exec-01 Placed ready=false
+          6 job j-2 web/1 exec-02 Placed ready=false
+          7 job j-3 web/2 exec-03 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+          plugin: reserve exec-02 j-2 0
+          plugin: reserve exec-03 j-3 0
+        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true}]
+          8 job j-1 web/0 exec-01 Running ready=false
+          9 job j-1 web/0 exec-01 Running ready=true
+        > events exec-02 [{"event":"started","job":"j-2","pid":7},{"event":"readiness","job":"j-2","ready":true}]
+          10 job j-2 web/1 exec-02 Running ready=false
+          11 job j-2 web/1 exec-02 Running ready=true
+        > events exec-03 [{"event":"started","job":"j-3","pid":7},{"event":"readiness","job":"j-3","ready":true}]
+          12 job j-3 web/2 exec-03 Running ready=false
+          13 job j-3 web/2 exec-03 Running ready=true
+          14 service web rev=14
+        > 1s pass, heartbeats from ["exec-01", "exec-02", "exec-03"]
+        > resumed after 60 s
+        > 2s pass, heartbeats from ["exec-01", "exec-02", "exec-03"]
+          = web generation=1 rollout=complete updated=3 ready=3 outdated=0 reason="""#]]);
+}
+
+#[test]
 fn crash_looping_replica_backs_off_then_resets() {
     let mut s = Sim::new();
     s.register("exec-01", 2, &[]);
@@ -834,7 +891,7 @@ fn a_backoff_that_ends_during_a_slow_commit_still_places_the_replica() {
         "the backoff's own instant"
     );
     // The timer fires at once (its instant is past): a pass with the fresh time.
-    s.core.tick(s.now);
+    s.core.tick(s.now, Some(s.now));
     s.core.mark_dirty();
     s.core.settle(s.now);
     s.settle("the timer fires 5s after the exit", Ok(()));
