@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::Instrument;
 
-use super::client::{CallError, Client};
+use super::client::{heartbeat_timeout, CallError, Client};
 use super::events::{Backoff, Outbox};
 use super::process;
 use super::reconcile::{self, Action, RunState};
@@ -613,6 +613,9 @@ async fn register(
     }
 }
 
+/// Heartbeats every `period`, counted from the start of the previous one (a beat that
+/// timed out on a frozen controller is followed at once by the next, which starts at
+/// another controller). Each waits at most [`heartbeat_timeout`] for its answer.
 async fn heartbeat_loop(
     client: Client,
     plugins: WorkerPlugins,
@@ -622,9 +625,11 @@ async fn heartbeat_loop(
 ) {
     // Only the first failure of a streak is a warning (the period may be short).
     let mut failing = false;
+    let mut next = tokio::time::Instant::now() + period;
     loop {
-        tokio::time::sleep(period).await;
-        match client.heartbeat().await {
+        tokio::time::sleep_until(next).await;
+        next = tokio::time::Instant::now() + period;
+        match client.heartbeat(heartbeat_timeout(period)).await {
             Ok(()) => {
                 if std::mem::take(&mut failing) {
                     tracing::info!("heartbeats go through again");
@@ -633,6 +638,7 @@ async fn heartbeat_loop(
             Err(e) if e.status().map(|s| s.as_u16()) == Some(404) => {
                 tracing::warn!("controller does not know this host; registering again");
                 period = register(&client, &plugins, &facts, &running).await;
+                next = tokio::time::Instant::now() + period;
             }
             Err(e) if failing => tracing::debug!(error = %e, "heartbeat failed"),
             Err(e) => {
@@ -706,11 +712,15 @@ fn problems(body: &str) -> Vec<String> {
 }
 
 /// The blocking query loop: one outstanding request; the controller answers when the
-/// host's desired set changes (or the wait runs out).
+/// host's desired set changes (or the wait runs out). After a failure it backs off, but
+/// retries at once when a controller answers another call (the heartbeats found the new
+/// leader), so it does not lag a takeover by a whole backoff.
 async fn assignments_loop(client: Client, owner: mpsc::Sender<Msg>) {
     let mut index = 0;
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    let mut answers = client.answers();
     loop {
+        answers.borrow_and_update();
         match client.assignments(index).await {
             Ok(a) => {
                 backoff.reset();
@@ -725,9 +735,22 @@ async fn assignments_loop(client: Client, owner: mpsc::Sender<Msg>) {
             Err(e) => {
                 let wait = backoff.next();
                 tracing::warn!(error = %e, retry_in = ?wait, "assignments query failed");
-                tokio::time::sleep(wait).await;
+                if sleep_or_answer(wait, &mut answers).await {
+                    backoff.reset();
+                }
             }
         }
+    }
+}
+
+/// Sleeps `wait`, or less when a controller answers meanwhile (`true` then).
+pub(crate) async fn sleep_or_answer(
+    wait: Duration,
+    answers: &mut watch::Receiver<(u64, usize)>,
+) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(wait) => false,
+        changed = answers.changed() => changed.is_ok(),
     }
 }
 

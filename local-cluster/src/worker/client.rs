@@ -2,14 +2,26 @@
 
 use plugin_api::HostFacts;
 use reqwest::{StatusCode, Url};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 
 use crate::proto::{Assignments, RegisterRequest, RegisterResponse, WorkerEvent};
 
-/// How long an ordinary call may take.
+/// How long an ordinary call (registration, facts, events) may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
+/// The bounds of a heartbeat's deadline (see [`heartbeat_timeout`]).
+const HEARTBEAT_TIMEOUT_MIN: Duration = Duration::from_secs(1);
+
+/// How long a heartbeat may wait for its answer: two heartbeat periods, at least 1 s and
+/// at most [`CALL_TIMEOUT`]. A controller answers a heartbeat at once; one that accepted
+/// the connection but says nothing for two periods is frozen (SIGSTOP, a stalled VM) or
+/// cut off, and the worker moves on to the next controller instead of waiting on it while
+/// a standby takes over. With the default 1 s period: 2 s.
+pub(crate) fn heartbeat_timeout(period: Duration) -> Duration {
+    (period * 2).clamp(HEARTBEAT_TIMEOUT_MIN, CALL_TIMEOUT)
+}
 /// How long the controller may hold an assignments query (`wait=30s`).
 pub(crate) const ASSIGNMENTS_WAIT: Duration = Duration::from_secs(30);
 
@@ -42,15 +54,25 @@ impl CallError {
 }
 
 /// A client for one host's routes, on one controller or several (only the leader
-/// listens: a refused connection moves on to the next one, and the one that answered is
-/// tried first from then on, by every task sharing the client).
+/// serves). A controller that cannot serve now — the connection is refused, the call
+/// times out (a frozen process still accepts connections), or it answers 503 — is
+/// skipped for the next one; the one that answered is tried first from then on, by every
+/// task sharing the client, and a call still waiting on another controller is abandoned
+/// and sent there (so a long-poll parked on a frozen leader follows the heartbeats).
 #[derive(Clone)]
 pub(crate) struct Client {
     http: reqwest::Client,
     /// `<base>/internal/v1/hosts/<host>/` of every controller, in the configured order.
     host_bases: Arc<[Url]>,
-    /// Which of them answered last.
+    /// Which of them a call tries first: the one that answered last, or the one after a
+    /// controller that timed out.
     current: Arc<AtomicUsize>,
+    /// The controller that answered, sent when it differs from the last one that did or
+    /// when calls had failed meanwhile: calls waiting elsewhere move there, and loops
+    /// backing off retry at once.
+    answered: Arc<watch::Sender<(u64, usize)>>,
+    /// Whether the last call that ended (any task) found no controller.
+    failing: Arc<AtomicBool>,
     auth: String,
 }
 
@@ -111,6 +133,8 @@ impl Client {
             http,
             host_bases: host_bases.into(),
             current: Arc::new(AtomicUsize::new(0)),
+            answered: Arc::new(watch::Sender::new((0, 0))),
+            failing: Arc::new(AtomicBool::new(false)),
             auth: format!("Bearer {credential}"),
         })
     }
@@ -122,38 +146,73 @@ impl Client {
             .expect("a plain relative path joins")
     }
 
-    /// Sends the request `build` makes for the URL of `leaf`, to the controller that
-    /// answered last; with several, a connection failure moves on to the next one (each
-    /// is tried once per call).
+    /// Wakes up when a controller answers after calls failed (or a different controller
+    /// answers): a loop backing off after a failure selects on this to retry at once.
+    pub(crate) fn answers(&self) -> watch::Receiver<(u64, usize)> {
+        self.answered.subscribe()
+    }
+
+    /// Sends the request `build` makes for the URL of `leaf`, with `timeout`, to the
+    /// controller that answered last. With several: a refused connection, a timeout or a
+    /// 503 moves on to the next one (each is tried once per call); a call whose controller
+    /// stays silent while another task hears from a different one is abandoned and sent
+    /// there. After a timeout, later calls start after the silent controller.
     async fn send(
         &self,
         leaf: &str,
+        timeout: Duration,
         build: impl Fn(Url) -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, CallError> {
         let n = self.host_bases.len();
-        let start = self.current.load(Ordering::Relaxed);
-        let mut k = 0;
+        let mut answers = self.answered.subscribe();
+        answers.borrow_and_update();
+        let mut at = self.current.load(Ordering::Relaxed) % n;
+        let mut tried = 0;
+        // Moves to an answering controller, at most one per controller (no ping-pong).
+        let mut moves = 0;
+        let mut silent = None;
         let resp = loop {
-            let at = (start + k) % n;
             let sent = build(self.url_at(at, leaf))
+                .timeout(timeout)
                 .header(reqwest::header::AUTHORIZATION, &self.auth)
-                .send()
-                .await;
-            match sent {
-                Ok(resp) => {
-                    if at != start {
-                        self.current.store(at, Ordering::Relaxed);
-                        tracing::info!(
-                            controller = %self.host_bases[at].origin().ascii_serialization(),
-                            "switched to the controller that answers"
-                        );
-                    }
-                    break resp;
+                .send();
+            let outcome = tokio::select! {
+                r = sent => Some(r),
+                to = answered_elsewhere(&mut answers, at), if n > 1 && moves < n => {
+                    moves += 1;
+                    at = to;
+                    tried = 0;
+                    None
                 }
-                Err(e) if e.is_connect() && k + 1 < n => k += 1,
-                Err(e) => return Err(CallError::Unreachable(e)),
+            };
+            let Some(sent) = outcome else { continue };
+            let skip = match &sent {
+                Ok(resp) => resp.status() == StatusCode::SERVICE_UNAVAILABLE,
+                Err(e) => e.is_connect() || e.is_timeout(),
+            };
+            if sent.as_ref().is_err_and(reqwest::Error::is_timeout) {
+                silent = Some(at);
+            }
+            if skip && tried + 1 < n {
+                tried += 1;
+                at = (at + 1) % n;
+                continue;
+            }
+            match sent {
+                Ok(resp) if resp.status() != StatusCode::SERVICE_UNAVAILABLE => break resp,
+                Ok(resp) => {
+                    self.failed(silent);
+                    let status = resp.status();
+                    let body = resp.text().await.unwrap_or_default();
+                    return Err(CallError::Status { status, body });
+                }
+                Err(e) => {
+                    self.failed(silent);
+                    return Err(CallError::Unreachable(e));
+                }
             }
         };
+        self.succeeded(at);
         let status = resp.status();
         if status.is_success() {
             return Ok(resp);
@@ -162,52 +221,97 @@ impl Client {
         Err(CallError::Status { status, body })
     }
 
+    /// No controller could serve the call: the next call starts after the one that timed
+    /// out (a frozen controller costs a timeout once, not on every call).
+    fn failed(&self, silent: Option<usize>) {
+        self.failing.store(true, Ordering::Relaxed);
+        if let Some(s) = silent {
+            let n = self.host_bases.len();
+            let _ =
+                self.current
+                    .compare_exchange(s, (s + 1) % n, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+
+    /// Controller `at` answered: calls start there, and the others hear of it when it is
+    /// news (another controller, or the first answer after failures).
+    fn succeeded(&self, at: usize) {
+        let was_failing = self.failing.swap(false, Ordering::Relaxed);
+        let last = self.answered.borrow().1;
+        let previous = self.current.swap(at, Ordering::Relaxed);
+        if previous != at || last != at {
+            tracing::info!(
+                controller = %self.host_bases[at].origin().ascii_serialization(),
+                "switched to the controller that answers"
+            );
+        }
+        if was_failing || last != at {
+            self.answered.send_modify(|(generation, who)| {
+                *generation += 1;
+                *who = at;
+            });
+        }
+    }
+
     pub(crate) async fn register(
         &self,
         req: &RegisterRequest,
     ) -> Result<RegisterResponse, CallError> {
         let resp = self
-            .send("register", |url| {
-                self.http.post(url).timeout(CALL_TIMEOUT).json(req)
+            .send("register", CALL_TIMEOUT, |url| {
+                self.http.post(url).json(req)
             })
             .await?;
         resp.json().await.map_err(CallError::Decode)
     }
 
-    pub(crate) async fn heartbeat(&self) -> Result<(), CallError> {
-        self.send("heartbeat", |url| self.http.post(url).timeout(CALL_TIMEOUT))
+    /// A heartbeat, answered within `timeout` (see [`heartbeat_timeout`]).
+    pub(crate) async fn heartbeat(&self, timeout: Duration) -> Result<(), CallError> {
+        self.send("heartbeat", timeout, |url| self.http.post(url))
             .await
             .map(drop)
     }
 
     pub(crate) async fn put_facts(&self, facts: &HostFacts) -> Result<(), CallError> {
-        self.send("facts", |url| {
-            self.http.put(url).timeout(CALL_TIMEOUT).json(facts)
-        })
-        .await
-        .map(drop)
+        self.send("facts", CALL_TIMEOUT, |url| self.http.put(url).json(facts))
+            .await
+            .map(drop)
     }
 
     /// The blocking query: answers when the host's index passes `index`, or after the
     /// wait with the same index.
     pub(crate) async fn assignments(&self, index: u64) -> Result<Assignments, CallError> {
         let resp = self
-            .send("assignments", |mut url| {
+            .send("assignments", ASSIGNMENTS_WAIT + CALL_TIMEOUT, |mut url| {
                 url.query_pairs_mut()
                     .append_pair("index", &index.to_string())
                     .append_pair("wait", &format!("{}s", ASSIGNMENTS_WAIT.as_secs()));
-                self.http.get(url).timeout(ASSIGNMENTS_WAIT + CALL_TIMEOUT)
+                self.http.get(url)
             })
             .await?;
         resp.json().await.map_err(CallError::Decode)
     }
 
     pub(crate) async fn events(&self, events: &[WorkerEvent]) -> Result<(), CallError> {
-        self.send("events", |url| {
-            self.http.post(url).timeout(CALL_TIMEOUT).json(events)
+        self.send("events", CALL_TIMEOUT, |url| {
+            self.http.post(url).json(events)
         })
         .await
         .map(drop)
+    }
+}
+
+/// Resolves with the controller another call heard from, once it is not `at`.
+async fn answered_elsewhere(answers: &mut watch::Receiver<(u64, usize)>, at: usize) -> usize {
+    loop {
+        if answers.changed().await.is_err() {
+            // The sender lives as long as the client: never.
+            std::future::pending::<()>().await;
+        }
+        let who = answers.borrow_and_update().1;
+        if who != at {
+            return who;
+        }
     }
 }
 
@@ -292,10 +396,13 @@ mod tests {
         let dead = refusing();
         let mut log = Vec::new();
         let one = Client::new(&dead, "exec-01", "s").unwrap();
-        log.push(format!("dead alone: {}", one.heartbeat().await.is_ok()));
+        log.push(format!(
+            "dead alone: {}",
+            one.heartbeat(CALL_TIMEOUT).await.is_ok()
+        ));
         let c = Client::new(&format!("{dead},{live}"), "exec-01", "s").unwrap();
         for _ in 0..2 {
-            c.heartbeat().await.unwrap();
+            c.heartbeat(CALL_TIMEOUT).await.unwrap();
             log.push(format!(
                 "dead,live: current {} hits {}",
                 c.current.load(Ordering::Relaxed),
@@ -304,7 +411,7 @@ mod tests {
         }
         // The answering one first: the refusing one is not tried while it answers.
         let c = Client::new(&format!("{live},{dead}"), "exec-01", "s").unwrap();
-        c.heartbeat().await.unwrap();
+        c.heartbeat(CALL_TIMEOUT).await.unwrap();
         log.push(format!(
             "live,dead: current {} hits {}",
             c.current.load(Ordering::Relaxed),
@@ -316,5 +423,98 @@ mod tests {
             dead,live: current 1 hits 2
             live,dead: current 0 hits 3"#]]
         .assert_eq(&log.join("\n"));
+    }
+
+    /// A controller that accepts connections and never answers (SIGSTOPped: the kernel
+    /// still completes the handshake). Keep the listener alive.
+    fn frozen() -> (String, std::net::TcpListener) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        (format!("http://{}", l.local_addr().unwrap()), l)
+    }
+
+    /// A controller answering heartbeats and (at once) assignment queries.
+    async fn leader() -> String {
+        let app = axum::Router::new()
+            .route(
+                "/internal/v1/hosts/{host}/heartbeat",
+                axum::routing::post(|| async { StatusCode::NO_CONTENT }),
+            )
+            .route(
+                "/internal/v1/hosts/{host}/assignments",
+                axum::routing::get(|| async {
+                    axum::Json(serde_json::json!({"index": 7, "jobs": []}))
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        format!("http://{addr}")
+    }
+
+    #[tokio::test]
+    async fn a_silent_controller_is_left_like_a_refusing_one() {
+        let (stopped, _held) = frozen();
+        let live = leader().await;
+        let c = Client::new(&format!("{stopped},{live}"), "exec-01", "s").unwrap();
+        let timeout = Duration::from_millis(300);
+        let mut log = Vec::new();
+        // The long-poll parked on the frozen controller...
+        let parked = tokio::spawn({
+            let c = c.clone();
+            async move {
+                let t = std::time::Instant::now();
+                (c.assignments(0).await.map(|a| a.index).ok(), t.elapsed())
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // ...the heartbeat times out there and moves on...
+        let t = std::time::Instant::now();
+        c.heartbeat(timeout).await.unwrap();
+        let first = t.elapsed();
+        log.push(format!(
+            "first beat ok, waited the timeout: {}, current {}",
+            first >= timeout && first < timeout * 3,
+            c.current.load(Ordering::Relaxed)
+        ));
+        // ...and the parked query follows it instead of waiting out its 40 s.
+        let (index, took) = parked.await.unwrap();
+        log.push(format!(
+            "parked query answered by the live one: {index:?} within 2s: {}",
+            took < Duration::from_secs(2)
+        ));
+        // Later calls start at the live one: no timeout again.
+        let t = std::time::Instant::now();
+        c.heartbeat(timeout).await.unwrap();
+        log.push(format!("second beat fast: {}", t.elapsed() < timeout));
+        expect_test::expect![[r#"
+            first beat ok, waited the timeout: true, current 1
+            parked query answered by the live one: Some(7) within 2s: true
+            second beat fast: true"#]]
+        .assert_eq(&log.join("\n"));
+    }
+
+    #[tokio::test]
+    async fn after_a_timeout_calls_start_past_the_silent_controller() {
+        let (stopped, _held) = frozen();
+        let dead = refusing();
+        let c = Client::new(&format!("{stopped},{dead}"), "exec-01", "s").unwrap();
+        let timeout = Duration::from_millis(200);
+        let mut answers = c.answers();
+        answers.borrow_and_update();
+        assert!(c.heartbeat(timeout).await.is_err());
+        // The refusing one is tried first now (cheap); the silent one last.
+        assert_eq!(c.current.load(Ordering::Relaxed), 1);
+        assert!(c.heartbeat(timeout).await.is_err());
+        assert_eq!(c.current.load(Ordering::Relaxed), 1);
+        assert!(!answers.has_changed().unwrap(), "no answer, no wake-up");
+    }
+
+    #[test]
+    fn heartbeat_deadlines_follow_the_period() {
+        let t = |ms| heartbeat_timeout(Duration::from_millis(ms)).as_millis();
+        assert_eq!(
+            (t(100), t(1000), t(3000), t(30_000)),
+            (1000, 2000, 6000, 10_000)
+        );
     }
 }

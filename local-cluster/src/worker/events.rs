@@ -127,7 +127,9 @@ impl Outbox {
         let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         // Shrinks when the controller finds a batch too large; back to full on success.
         let mut max = MAX_BATCH;
+        let mut answers = client.answers();
         loop {
+            answers.borrow_and_update();
             let batch = self.queue.lock().unwrap().next_batch(max);
             if batch.is_empty() {
                 self.wake.notified().await;
@@ -183,7 +185,9 @@ impl Outbox {
                     self.queue.lock().unwrap().nack();
                     let wait = backoff.next();
                     tracing::warn!(error = %e, retry_in = ?wait, "sending events failed");
-                    tokio::time::sleep(wait).await;
+                    if super::agent::sleep_or_answer(wait, &mut answers).await {
+                        backoff.reset();
+                    }
                 }
             }
         }
