@@ -19,6 +19,10 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const BLOCKING_SLACK: Duration = Duration::from_secs(30);
 /// The header carrying the service's change index on every answer (DESIGN §5).
 const INDEX_HEADER: &str = "x-xce-index";
+/// The pause between retries of a read answered 503 `no_leader` without `Retry-After`,
+/// and the longest one honoured.
+const NO_LEADER_RETRY: Duration = Duration::from_secs(1);
+const NO_LEADER_RETRY_MAX: Duration = Duration::from_secs(5);
 
 /// What the host passes in: where the apiserver is and who we are. The host resolves these
 /// from flags, `XCE_API`/`XCE_TOKEN` and the config file; this crate reads none of them.
@@ -97,6 +101,8 @@ struct Reply {
     index: Option<u64>,
     /// `X-Xce-Change` of a `PUT`: `created`, `updated` or `unchanged`.
     change: Option<String>,
+    /// `Retry-After` in seconds, when the answer had one.
+    retry_after: Option<Duration>,
 }
 
 /// What a `PUT` did, as the server says it.
@@ -218,7 +224,16 @@ impl Client {
         if reply.status.is_success() {
             Ok(reply)
         } else {
-            Err(status_error(&url, reply.status, &reply.text))
+            let mut e = status_error(&url, reply.status, &reply.text);
+            if e.no_leader.is_some() {
+                e.no_leader = Some(
+                    reply
+                        .retry_after
+                        .unwrap_or(NO_LEADER_RETRY)
+                        .min(NO_LEADER_RETRY_MAX),
+                );
+            }
+            Err(e)
         }
     }
 
@@ -273,6 +288,12 @@ impl Client {
             .get(CHANGE_HEADER)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
+        let retry_after = resp
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
         let text = resp
             .text()
             .await
@@ -282,6 +303,7 @@ impl Client {
             text,
             index,
             change,
+            retry_after,
         };
         Ok((url, reply))
     }
@@ -304,6 +326,59 @@ impl Client {
         timeout: Duration,
     ) -> Result<Answer<T>, CliError> {
         self.call(Method::GET, url, timeout, None).await
+    }
+}
+
+/// Runs the read `call`, repeating it while the apiserver answers 503 `no_leader` (a
+/// controller takeover: a new leader serves within seconds) for at most `patience`,
+/// after the pause its `Retry-After` asks for. Each retry and the recovery are noted on
+/// stderr. Only for reads: a change that got no answer may have been applied.
+pub(crate) async fn read<T, F, Fut>(
+    io: &mut crate::Io,
+    patience: Duration,
+    mut call: F,
+) -> Result<T, CliError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, CliError>>,
+{
+    let deadline = tokio::time::Instant::now() + patience;
+    let mut retried = false;
+    loop {
+        match call().await {
+            Err(e) => {
+                let Some(pause) = e.no_leader else {
+                    return Err(e);
+                };
+                if tokio::time::Instant::now() + pause >= deadline {
+                    return Err(e);
+                }
+                crate::endpoints::warn(
+                    io,
+                    &format!(
+                        "{}; retrying in {}",
+                        e.message,
+                        humantime::format_duration(pause)
+                    ),
+                )?;
+                retried = true;
+                tokio::time::sleep(pause).await;
+            }
+            Ok(v) => {
+                if retried {
+                    crate::endpoints::warn(io, "a leader controller answers again")?;
+                }
+                return Ok(v);
+            }
+        }
+    }
+}
+
+impl Client {
+    /// The patience of a one-shot read against a takeover: as long as the request
+    /// itself may take.
+    pub(crate) fn read_patience() -> Duration {
+        REQUEST_TIMEOUT
     }
 
     /// `GET /v1/services/{name}/endpoints`, blocking when `q.block` is set. The entry is
@@ -611,6 +686,15 @@ fn status_error(url: &Url, status: StatusCode, body: &str) -> CliError {
                 }
                 _ => err,
             }
+        }
+        StatusCode::SERVICE_UNAVAILABLE if code == "no_leader" => {
+            let mut e = CliError::new(
+                ErrorKind::Server,
+                format!("no leader controller answers: {server_message}"),
+            )
+            .with_hint("a controller takeover is under way, or no controller runs");
+            e.no_leader = Some(NO_LEADER_RETRY);
+            e
         }
         s if s.is_server_error() => CliError::new(
             ErrorKind::Server,

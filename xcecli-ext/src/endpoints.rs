@@ -115,7 +115,10 @@ impl Run<'_> {
                 block: last_index.map(|i| (i, BLOCK_WAIT)),
             };
             let sent = Instant::now();
-            let result = match until(deadline, self.client.endpoints(self.svc(), &query)).await {
+            let read = crate::client::read(io, Client::read_patience(), || {
+                self.client.endpoints(self.svc(), &query)
+            });
+            let result = match until(deadline, read).await {
                 Some(r) => r,
                 None => return self.timed_out(),
             };

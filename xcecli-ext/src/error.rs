@@ -58,6 +58,9 @@ pub struct CliError {
     pub details: Vec<String>,
     /// What the user can do about it.
     pub hint: Option<String>,
+    /// A 503 `no_leader` (no controller leads, or the leader does not answer: a takeover
+    /// is under way): a read may be repeated after this pause.
+    pub(crate) no_leader: Option<std::time::Duration>,
 }
 
 // === impl ErrorKind ===
@@ -92,6 +95,7 @@ impl CliError {
             message: message.into(),
             details: Vec::new(),
             hint: None,
+            no_leader: None,
         }
     }
 

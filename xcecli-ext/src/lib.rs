@@ -99,7 +99,7 @@ pub async fn run(cmd: Command, client: &Client, io: &mut Io) -> Result<(), CliEr
     match cmd {
         Command::Service(ServiceCommand::Endpoints(args)) => endpoints::run(args, client, io).await,
         Command::Service(ServiceCommand::List { output }) => {
-            let answer = client.services().await?;
+            let answer = client::read(io, Client::read_patience(), || client.services()).await?;
             let out = match output {
                 ListFormat::Table => format::service_list(&answer.value),
                 ListFormat::Json => json_line(&answer.raw),
@@ -131,7 +131,7 @@ pub async fn run(cmd: Command, client: &Client, io: &mut Io) -> Result<(), CliEr
             service::stop(named(&name, &project, client), now, client, io).await
         }
         Command::Host(HostCommand::List { output }) => {
-            let answer = client.hosts().await?;
+            let answer = client::read(io, Client::read_patience(), || client.hosts()).await?;
             let out = match output {
                 ListFormat::Table => format::host_list(&answer.value),
                 ListFormat::Json => json_line(&answer.raw),

@@ -149,7 +149,8 @@ pub(crate) async fn status(
     client: &Client,
     io: &mut Io,
 ) -> Result<(), CliError> {
-    let answer = client.service(svc, None).await?;
+    let answer =
+        crate::client::read(io, Client::read_patience(), || client.service(svc, None)).await?;
     let out = match output {
         ListFormat::Table => format::status(&answer.value),
         ListFormat::Json => json_line(&answer.raw),

@@ -114,6 +114,7 @@ pub async fn start(
             .context("building the HTTP client")?,
         election,
         leader: Arc::new(Mutex::new(None)),
+        recheck: Arc::new(tokio::sync::Mutex::new(None)),
         metrics,
         body_limit: cfg.body_limit,
     };
@@ -195,9 +196,16 @@ struct Forwarder {
     election: Election,
     /// The leader's base URL as last found (`None`: look it up).
     leader: Arc<Mutex<Option<String>>>,
+    /// The last look at the leader key made while requests waited for an answer, and
+    /// what it named: shared, so waiting requests cost etcd one read per
+    /// [`LEADER_RECHECK`] however many they are.
+    recheck: Arc<tokio::sync::Mutex<Option<LeaderSeen>>>,
     metrics: metrics::Metrics,
     body_limit: usize,
 }
+
+/// When the leader key was read, and the leader's base URL it named (`None`: nobody).
+type LeaderSeen = (tokio::time::Instant, Option<String>);
 
 /// Headers that belong to one connection, not to the request (RFC 9110 §7.6.1), and the
 /// ones the client library sets itself.
@@ -210,6 +218,19 @@ const HOP_BY_HOP: [&str; 7] = [
     "host",
     "content-length",
 ];
+
+/// How often a request that waits for the leader's answer checks the leader is still
+/// the one it was sent to (a frozen leader keeps its connections open and its key until
+/// its lease runs out; then another one takes over).
+const LEADER_RECHECK: Duration = Duration::from_secs(1);
+/// How long the leader may take to answer an ordinary request (and past its `wait`, a
+/// blocking query) before the apiserver stops waiting and answers 503 `no_leader`.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest `wait` of a blocking query the controller honours.
+const MAX_WAIT: Duration = Duration::from_secs(600);
+/// What a 503 `no_leader` tells the client (whole seconds): retry soon, a takeover takes
+/// about the leader lease's TTL.
+const RETRY_AFTER_SECS: u64 = 1;
 
 fn end_to_end(headers: &HeaderMap) -> impl Iterator<Item = (&HeaderName, &http::HeaderValue)> {
     headers
@@ -235,6 +256,25 @@ impl Forwarder {
             unavailable(format!("the leader key holds {id:?}, not HOST/PID@ADDR"))
         })?;
         *self.lock() = Some(url.clone());
+        Ok(url)
+    }
+
+    /// The leader's base URL as etcd names it now, read at most once per
+    /// [`LEADER_RECHECK`] for all waiting requests together (`None`: nobody leads).
+    async fn recheck(&self) -> Result<Option<String>, ApiError> {
+        let mut last = self.recheck.lock().await;
+        if let Some((at, leader)) = &*last {
+            if at.elapsed() < LEADER_RECHECK {
+                return Ok(leader.clone());
+            }
+        }
+        let election = self.election.clone();
+        let id = tokio::task::spawn_blocking(move || election.leader())
+            .await
+            .map_err(|e| unavailable(format!("looking up the leader failed: {e}")))?
+            .map_err(|e| unavailable(format!("cannot reach etcd to find the leader: {e}")))?;
+        let url = id.as_deref().and_then(leader_url);
+        *last = Some((tokio::time::Instant::now(), url.clone()));
         Ok(url)
     }
 
@@ -276,41 +316,96 @@ fn unavailable(msg: String) -> ApiError {
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "no_leader", msg)
 }
 
+/// A 503 `no_leader` with `Retry-After`: no leader now, or it did not answer (it died,
+/// froze, or a takeover is under way). Clients retry reads after the pause.
+fn no_leader(msg: String) -> Response {
+    let mut resp = unavailable(msg).into_response();
+    resp.headers_mut().insert(
+        http::header::RETRY_AFTER,
+        http::HeaderValue::from(RETRY_AFTER_SECS),
+    );
+    resp
+}
+
+/// How long the leader may take to answer: [`ANSWER_TIMEOUT`], past the `wait` of a
+/// blocking query (`?wait=30s`, `?wait=1500ms`; capped like the controller caps it).
+fn answer_timeout(parts: &http::request::Parts) -> Duration {
+    let wait = parts.uri.query().and_then(|q| {
+        q.split('&')
+            .filter_map(|pair| pair.split_once('='))
+            .find(|(k, _)| *k == "wait")
+            .and_then(|(_, v)| humantime::parse_duration(v).ok())
+    });
+    wait.map_or(Duration::ZERO, |w| w.min(MAX_WAIT)) + ANSWER_TIMEOUT
+}
+
+/// What a client may assume of a request that reached the leader but got no answer.
+fn outcome_note(method: &http::Method) -> &'static str {
+    if method.is_safe() {
+        ""
+    } else {
+        " (the change may or may not have been applied: check before repeating it)"
+    }
+}
+
 /// The fallback: forwards the request to the leader as it is, and its answer back. A
-/// leader that cannot be reached (it died; the next one is not known here yet) is looked
-/// up again in etcd and tried once more: nothing was sent to it, so nothing repeats.
+/// leader that cannot be connected to (it died; the next one is not known here yet) is
+/// looked up again in etcd and tried once more: nothing was sent to it, so nothing
+/// repeats. A leader that takes the request but does not answer — frozen, or gone in the
+/// middle — is checked against etcd every [`LEADER_RECHECK`]: when another one (or none)
+/// leads, or after [`answer_timeout`], the answer is 503 `no_leader` with `Retry-After`,
+/// never a transport error.
 async fn forward(State(fwd): State<Forwarder>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let Ok(body) = axum::body::to_bytes(body, fwd.body_limit).await else {
         // Rendered in the error shape, with the limit, by the router's `json_errors`.
         return StatusCode::PAYLOAD_TOO_LARGE.into_response();
     };
+    let deadline = tokio::time::Instant::now() + answer_timeout(&parts);
     let mut fresh = false;
-    let answer = loop {
+    let (base, answer) = loop {
         let base = match fwd.leader(fresh).await {
             Ok(b) => b,
             Err(e) => {
                 fwd.metrics.forwarded("no_leader");
-                return e.into_response();
+                let mut resp = e.into_response();
+                resp.headers_mut().insert(
+                    http::header::RETRY_AFTER,
+                    http::HeaderValue::from(RETRY_AFTER_SECS),
+                );
+                return resp;
             }
         };
-        match fwd.send(&base, &parts, &body).await {
-            Ok(r) => break r,
-            Err(e) if e.is_connect() && !fresh => {
+        match fwd.wait_answer(&base, &parts, &body, deadline).await {
+            Ok(r) => break (base, r),
+            Err(Silent::Failed(e)) if e.is_connect() && !fresh => {
                 tracing::info!(leader = %base, error = %e, "leader unreachable: looking it up again");
                 fresh = true;
             }
-            Err(e) => {
+            Err(why) => {
                 fwd.metrics.forwarded("unreachable");
-                tracing::warn!(leader = %base, uri = %parts.uri, error = %e, "forwarding failed");
                 // A new leader may be on its way: look it up afresh next time.
                 *fwd.lock() = None;
-                return ApiError::new(
-                    StatusCode::BAD_GATEWAY,
-                    "leader_unreachable",
-                    format!("the leader controller at {base} did not answer: {e}"),
-                )
-                .into_response();
+                let msg = match why {
+                    Silent::Failed(e) if e.is_connect() => {
+                        format!("the leader controller at {base} cannot be reached ({}); a takeover may be under way", root_cause(&e))
+                    }
+                    Silent::Failed(e) => format!(
+                        "the leader controller at {base} did not answer ({}){}",
+                        root_cause(&e),
+                        outcome_note(&parts.method)
+                    ),
+                    Silent::Replaced => format!(
+                        "the leader controller at {base} stopped answering and no longer leads{}",
+                        outcome_note(&parts.method)
+                    ),
+                    Silent::TooLong => format!(
+                        "the leader controller at {base} did not answer in time{}",
+                        outcome_note(&parts.method)
+                    ),
+                };
+                tracing::warn!(uri = %parts.uri, "{msg}");
+                return no_leader(msg);
             }
         }
     };
@@ -322,16 +417,67 @@ async fn forward(State(fwd): State<Forwarder>, req: Request) -> Response {
     let bytes = match answer.bytes().await {
         Ok(b) => b,
         Err(e) => {
-            return ApiError::new(
-                StatusCode::BAD_GATEWAY,
-                "leader_unreachable",
-                format!("the leader's answer broke off: {e}"),
-            )
-            .into_response()
+            *fwd.lock() = None;
+            return no_leader(format!(
+                "the answer of the leader controller at {base} broke off ({}){}",
+                root_cause(&e),
+                outcome_note(&parts.method)
+            ));
         }
     };
     resp.body(Body::from(bytes))
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// Why a forwarded request got no answer.
+enum Silent {
+    /// The transport failed (refused, reset, …).
+    Failed(reqwest::Error),
+    /// While it waited, etcd came to name another leader, or none.
+    Replaced,
+    /// The leader did not answer within [`answer_timeout`].
+    TooLong,
+}
+
+impl Forwarder {
+    /// Sends the request to `base` and waits for the answer's head until `deadline`,
+    /// checking every [`LEADER_RECHECK`] that `base` still leads.
+    async fn wait_answer(
+        &self,
+        base: &str,
+        parts: &http::request::Parts,
+        body: &Bytes,
+        deadline: tokio::time::Instant,
+    ) -> Result<reqwest::Response, Silent> {
+        let sent = self.send(base, parts, body);
+        tokio::pin!(sent);
+        loop {
+            let next = (tokio::time::Instant::now() + LEADER_RECHECK).min(deadline);
+            tokio::select! {
+                r = &mut sent => return r.map_err(Silent::Failed),
+                () = tokio::time::sleep_until(next) => {
+                    if tokio::time::Instant::now() >= deadline {
+                        return Err(Silent::TooLong);
+                    }
+                    match self.recheck().await {
+                        Ok(Some(now)) if now == base => {}
+                        Ok(_) => return Err(Silent::Replaced),
+                        // etcd unreachable: keep waiting for the leader until the deadline.
+                        Err(_) => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The innermost cause of a transport error ("Connection refused (os error 111)").
+fn root_cause(e: &reqwest::Error) -> String {
+    let mut cause: &dyn std::error::Error = e;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
 }
 
 #[cfg(test)]
@@ -483,6 +629,81 @@ mod tests {
             text.contains(r#""code":"too_large""#) && text.contains("64 bytes"),
             "{text}"
         );
+        running.shutdown().await;
+    }
+
+    /// Asserts a 503 `no_leader` with `Retry-After`; returns its message.
+    async fn assert_no_leader(r: reqwest::Response) -> String {
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()["retry-after"], "1");
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "no_leader", "{v}");
+        v["error"]["message"].as_str().unwrap().to_owned()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_or_frozen_leader_is_a_503_no_leader_with_retry_after_never_a_502() {
+        let etcd = TestEtcd::start();
+        let running = start_on(&etcd, Tokens::parse("").unwrap()).await;
+        let base = format!("http://{}", running.addr);
+        let http = reqwest::Client::new();
+        let mut log = Vec::new();
+
+        // Killed: its key lives on until its lease runs out, nothing listens.
+        let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dead_addr = dead.local_addr().unwrap();
+        drop(dead);
+        set_leader(&etcd, &format!("node-a/1@{dead_addr}")).await;
+        let r = http.get(format!("{base}/v1/hosts")).send().await.unwrap();
+        let msg = assert_no_leader(r).await;
+        log.push(format!(
+            "killed: {}",
+            msg.replace(&dead_addr.to_string(), "ADDR")
+        ));
+
+        // Frozen (SIGSTOP): takes the connection, never answers; then another leads.
+        let frozen = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let frozen_addr = frozen.local_addr().unwrap();
+        set_leader(&etcd, &format!("node-a/1@{frozen_addr}")).await;
+        let waiting = tokio::spawn({
+            let (http, base) = (http.clone(), base.clone());
+            async move {
+                let t = std::time::Instant::now();
+                let r = http
+                    .post(format!("{base}/v1/services"))
+                    .body("x")
+                    .send()
+                    .await;
+                (r, t.elapsed())
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let (b, _b_task) = fake_controller("b").await;
+        set_leader(&etcd, &format!("node-b/2@{b}")).await;
+        let (r, took) = tokio::time::timeout(Duration::from_secs(8), waiting)
+            .await
+            .expect("a frozen leader must not hold the request")
+            .unwrap();
+        let msg = assert_no_leader(r.unwrap()).await;
+        log.push(format!(
+            "frozen, then replaced: {} (answered within 4s: {})",
+            msg.replace(&frozen_addr.to_string(), "ADDR"),
+            took < Duration::from_secs(4)
+        ));
+        // The next request goes to the new leader.
+        let r = http
+            .post(format!("{base}/v1/services"))
+            .body("y")
+            .send()
+            .await
+            .unwrap();
+        log.push(format!("then: {}", r.status()));
+        drop(frozen);
+        expect_test::expect![[r#"
+            killed: the leader controller at http://ADDR cannot be reached (Connection refused (os error 111)); a takeover may be under way
+            frozen, then replaced: the leader controller at http://ADDR stopped answering and no longer leads (the change may or may not have been applied: check before repeating it) (answered within 4s: true)
+            then: 201 Created"#]]
+        .assert_eq(&log.join("\n"));
         running.shutdown().await;
     }
 

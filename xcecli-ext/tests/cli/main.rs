@@ -2,6 +2,7 @@
 //! apiserver on loopback, with every output snapshotted and every exit code asserted.
 
 mod fake;
+mod no_leader;
 mod projects;
 mod real_table;
 mod service;
