@@ -6,6 +6,7 @@ mod harness;
 
 mod address;
 mod dev;
+mod failover;
 mod faults_rollout;
 mod ha;
 mod reliability;
