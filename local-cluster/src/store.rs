@@ -426,7 +426,8 @@ pub(crate) mod tests {
 
     /// A small tmpfs for the full-disk test, unmounted on drop; `None` where this process
     /// may not mount (not root, or no CAP_SYS_ADMIN): the test says so and checks nothing.
-    struct SmallFs(std::path::PathBuf, tempfile::TempDir);
+    /// The mount point, and the directory it lives in (removed after the unmount).
+    struct SmallFs(std::path::PathBuf, #[allow(dead_code)] tempfile::TempDir);
 
     impl SmallFs {
         fn mount(size: &str) -> Option<SmallFs> {
