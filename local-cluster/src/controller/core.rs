@@ -425,7 +425,7 @@ impl Core {
                 self.backoff.retain(|(s, _), _| *s != key);
             }
             ClusterEvent::Job { rev, job } => {
-                info!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, state = ?job.state, ready = job.ready, rev, "job changed");
+                info!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, state = %job.state, ready = job.ready, rev, "job changed");
                 if job.state == JobState::Running {
                     self.running_since.entry(job.job.clone()).or_insert(now);
                 }
@@ -452,7 +452,7 @@ impl Core {
                 }
             }
             ClusterEvent::JobEnded { rev, job, reason } => {
-                info!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, reason = ?reason, rev, "job ended");
+                info!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, reason = %reason, rev, "job ended");
                 let since = self.running_since.remove(&job.job);
                 self.ready_since.remove(&job.job);
                 self.drain_until.remove(&job.job);
@@ -483,7 +483,7 @@ impl Core {
                 }
             }
             ClusterEvent::Host { rev, host, .. } => {
-                info!(host = %host.id, state = ?host.state, ip_addr = ?host.facts.ip_addr, rev, "host changed")
+                info!(host = %host.id, state = %host.state, ip_addr = %display_ip(host.facts.ip_addr), rev, "host changed")
             }
         }
     }
@@ -1822,6 +1822,11 @@ fn blocking<R>(f: impl FnOnce() -> R) -> R {
         }
         _ => f(),
     }
+}
+
+/// An optional address for a log line: the address, or `none`.
+fn display_ip(ip: Option<std::net::IpAddr>) -> String {
+    ip.map_or_else(|| "none".to_owned(), |ip| ip.to_string())
 }
 
 /// Job ids are `j-<n>`: sort numerically.
