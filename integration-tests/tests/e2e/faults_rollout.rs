@@ -125,20 +125,7 @@ deadline = "2m"
     }
 
     fn live_pids(&self) -> Vec<u32> {
-        let needle = self.script.to_string_lossy().into_owned();
-        let mut pids = Vec::new();
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-                continue;
-            };
-            if String::from_utf8_lossy(&cmdline).contains(&needle) {
-                pids.push(pid);
-            }
-        }
-        pids
+        crate::harness::pids_with_cmdline(&self.script.to_string_lossy())
     }
 
     /// Every replica process that started, by job.

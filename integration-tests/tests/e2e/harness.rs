@@ -820,24 +820,26 @@ impl ReplicaDir {
 
     /// Pids of live processes running this dir's script.
     pub fn live_pids(&self) -> Vec<u32> {
-        let needle = self.script.to_string_lossy().into_owned();
-        let mut pids = Vec::new();
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return pids;
-        };
-        for entry in entries.flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-                continue;
-            };
-            if String::from_utf8_lossy(&cmdline).contains(&needle) {
-                pids.push(pid);
-            }
-        }
-        pids
+        pids_with_cmdline(&self.script.to_string_lossy())
     }
+}
+
+/// Pids of live processes whose command line contains `needle` (a test's own script or
+/// file path: what to kill when the test ends, whatever happened to the daemons).
+pub fn pids_with_cmdline(needle: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if String::from_utf8_lossy(&cmdline).contains(needle) {
+            pids.push(pid);
+        }
+    }
+    pids
 }
 
 impl Drop for ReplicaDir {

@@ -126,20 +126,7 @@ impl Web {
     }
 
     fn live_pids(&self) -> Vec<u32> {
-        let needle = self.events.display().to_string();
-        let mut pids = Vec::new();
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-                continue;
-            };
-            if String::from_utf8_lossy(&cmdline).contains(&needle) {
-                pids.push(pid);
-            }
-        }
-        pids
+        crate::harness::pids_with_cmdline(&self.events.display().to_string())
     }
 }
 

@@ -367,11 +367,30 @@ async fn put_service(
     State(st): State<ApiState>,
     who: Principal,
     Path(name): Path<String>,
+    Query(q): Query<ProjectQuery>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     user(&who)?;
     let doc = parse_profile(&headers, &body)?;
+    // The profile decides the project; a `?project=` that says otherwise is a mistake
+    // worth stopping (the caller meant another service).
+    if let Some(p) = q.project.as_deref() {
+        let body_project = doc
+            .get("service")
+            .and_then(|s| s.get("project"))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        if p != body_project {
+            return Err(ApiError::invalid(
+                "invalid profile",
+                vec![FieldError::new(
+                    "service.project",
+                    format!("is {body_project:?}, but the request is for project {p:?}"),
+                )],
+            ));
+        }
+    }
     let (key, applied) = st
         .call(|reply| Command::Submit {
             doc,

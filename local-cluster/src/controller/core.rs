@@ -1112,6 +1112,13 @@ impl Core {
         })
     }
 
+    /// How late a timer may fire before the controller counts itself as not having run:
+    /// a couple of heartbeats (a busy machine delays timers a little; a paused process by
+    /// far more).
+    fn lag_tolerance(&self) -> Duration {
+        (self.timing.heartbeat_interval * 2).max(Duration::from_secs(1))
+    }
+
     /// Ends the drains that are over: those jobs get SIGTERM now (`Stopping`).
     fn end_drains(&mut self, now: Instant) {
         let over: Vec<JobId> = self
@@ -1146,7 +1153,19 @@ impl Core {
     }
 
     /// Ends drains that are over; moves silent hosts to unreachable, then lost.
-    pub(crate) fn tick(&mut self, now: Instant) {
+    ///
+    /// `armed` is the deadline the state task slept until. Waking much later than that
+    /// means this controller was not running (paused, starved, a frozen VM, a clock jump):
+    /// hosts could not be heard meanwhile, so every host gets a fresh `unreachable_after`
+    /// window instead of being judged on silence that was this controller's own.
+    pub(crate) fn tick(&mut self, now: Instant, armed: Option<Instant>) {
+        let lag = armed.map_or(Duration::ZERO, |d| now.saturating_duration_since(d));
+        if lag > self.lag_tolerance() {
+            warn!(lag = %humantime::format_duration(round_up_secs(lag)), "the controller was not running for a while; every host gets a fresh window before it is judged");
+            for t in self.heard.values_mut() {
+                *t = (*t).max(now);
+            }
+        }
         self.end_drains(now);
         let hosts: Vec<HostRec> = self.cluster.hosts.values().cloned().collect();
         for h in hosts {
@@ -1474,7 +1493,18 @@ impl Core {
         let mut revert = None;
         if !r.is_running(generation) {
             self.progress.remove(&key);
-            if r.state == RolloutState::Complete
+            if r.state == RolloutState::Failed && view.is_complete() {
+                // A failed rollout that was not rolled back keeps reconciling; once every
+                // slot runs it after all, it is complete (the failure was passing).
+                r.state = RolloutState::Complete;
+                r.reason = None;
+                r.stable = Some(Stable {
+                    generation,
+                    profile: s.info.profile.clone(),
+                });
+                self.metrics.rollout_ended("complete");
+                info!(service = %name, project = %key.project, generation, "failed rollout completed after all");
+            } else if r.state == RolloutState::Complete
                 && r.stable.as_ref().map(|st| st.generation) != Some(generation)
             {
                 // A service stored before rollouts existed.

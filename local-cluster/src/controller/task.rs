@@ -12,6 +12,9 @@ use tokio::time::Instant;
 
 type Reply<T> = oneshot::Sender<Result<T, CoreError>>;
 
+/// At most this many queued commands are handled before due timers.
+const QUEUED_BEFORE_TIMERS: usize = 1024;
+
 /// A request to the state task.
 #[derive(Debug)]
 pub(crate) enum Command {
@@ -94,8 +97,17 @@ pub(crate) async fn run(
                 None => break,
             },
             () = timer => {
+                // Worker messages queued while the loop was busy (or paused) come before
+                // the timers that would judge their hosts; bounded, so a steady stream of
+                // messages cannot starve the timers.
+                for _ in 0..QUEUED_BEFORE_TIMERS {
+                    match rx.try_recv() {
+                        Ok(cmd) => handle(&mut core, cmd),
+                        Err(_) => break,
+                    }
+                }
                 let now = Instant::now();
-                core.tick(now);
+                core.tick(now, deadline);
                 core.mark_dirty();
                 core.settle(now);
             }

@@ -15,6 +15,7 @@ use plugin_api::{
     PlacementRequest, SectionInfo, Unfit,
 };
 use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use tokio::time::Instant;
 use tower::ServiceExt;
@@ -232,7 +233,7 @@ fn admin() -> Principal {
     }
 }
 
-use plugin_api::{Permission, Principal, PrincipalKind, ServiceKey};
+use plugin_api::{JobState, Permission, Principal, PrincipalKind, ServiceKey};
 
 // === the state machine on a fake clock ===
 
@@ -242,11 +243,30 @@ const TIMING: Timing = Timing {
     grace_period: Duration::from_secs(30),
 };
 
+/// Every announced event, as it was.
+#[derive(Clone, Default)]
+struct RawEvents(Arc<Mutex<Vec<ClusterEvent>>>);
+
+impl RawEvents {
+    fn take(&self) -> Vec<ClusterEvent> {
+        std::mem::take(&mut self.0.lock().unwrap())
+    }
+}
+
+impl ClusterListener for RawEvents {
+    fn resync(&self, _: &ClusterSnapshot) {}
+    fn on_event(&self, e: &ClusterEvent) {
+        self.0.lock().unwrap().push(e.clone());
+    }
+}
+
 /// Drives a [`Core`] like the state task does, with a clock the test moves.
 struct Sim {
     core: Core,
     now: Instant,
     rec: Recorder,
+    /// Every event as it was announced (for property checks).
+    raw: RawEvents,
     slots: SharedSlots,
     store: Arc<MemStore>,
     out: Vec<String>,
@@ -259,17 +279,19 @@ impl Sim {
 
     fn load(store: Arc<MemStore>, now: Instant) -> Self {
         let rec = Recorder::default();
+        let raw = RawEvents::default();
         let slots = SharedSlots::new();
         let wiring = Wiring {
             resources: vec![Box::new(slots.clone())],
             policies: vec![Arc::new(Policy)],
-            listeners: vec![Arc::new(rec.clone())],
+            listeners: vec![Arc::new(rec.clone()), Arc::new(raw.clone())],
         };
         let core = Core::load(TIMING, store.clone(), wiring, Metrics::default(), now).unwrap();
         let mut sim = Sim {
             core,
             now,
             rec,
+            raw,
             slots,
             store,
             out: Vec::new(),
@@ -369,7 +391,7 @@ impl Sim {
                 self.core.heartbeat(&(*h).to_owned(), self.now).unwrap();
                 self.core.settle(self.now);
             }
-            self.core.tick(self.now);
+            self.core.tick(self.now, Some(self.now));
             self.core.mark_dirty();
             self.core.settle(self.now);
         }
@@ -720,6 +742,63 @@ fn a_controller_restart_during_a_drain_drains_in_full_again() {
 }
 
 #[test]
+fn a_controller_paused_past_the_grace_period_stops_nothing() {
+    let mut sim = Sim::new();
+    let hosts = ["exec-01", "exec-02", "exec-03"];
+    for h in hosts {
+        sim.register(h, 3, &[]);
+    }
+    sim.put(versioned(3, "v1"));
+    for (h, j) in hosts.iter().zip(["j-1", "j-2", "j-3"]) {
+        sim.events(h, vec![started(j), ready(j, true)]);
+    }
+    sim.run_for(1, &hosts);
+    // SIGSTOP for twice the grace period: the timer armed for `unreachable_after` from
+    // now fires 60 s late, before any heartbeat queued meanwhile is handled.
+    let armed = sim.now + TIMING.unreachable_after;
+    sim.now += TIMING.grace_period * 2;
+    sim.core.tick(sim.now, Some(armed));
+    sim.core.mark_dirty();
+    sim.settle("resumed after 60 s", Ok(()));
+    // The hosts are heard again within their fresh window.
+    sim.run_for(2, &hosts);
+    let s = sim.rollout("web");
+    sim.note(s);
+    sim.check(expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 running=[]
+          1 host exec-01 Ready []
+        > register exec-02 running=[]
+          2 host exec-02 Ready []
+        > register exec-03 running=[]
+          3 host exec-03 Ready []
+          applied Created
+        > put web
+          4 service web rev=4
+          5 job j-1 web/0 exec-01 Placed ready=false
+          6 job j-2 web/1 exec-02 Placed ready=false
+          7 job j-3 web/2 exec-03 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+          plugin: reserve exec-02 j-2 0
+          plugin: reserve exec-03 j-3 0
+        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true}]
+          8 job j-1 web/0 exec-01 Running ready=false
+          9 job j-1 web/0 exec-01 Running ready=true
+        > events exec-02 [{"event":"started","job":"j-2","pid":7},{"event":"readiness","job":"j-2","ready":true}]
+          10 job j-2 web/1 exec-02 Running ready=false
+          11 job j-2 web/1 exec-02 Running ready=true
+        > events exec-03 [{"event":"started","job":"j-3","pid":7},{"event":"readiness","job":"j-3","ready":true}]
+          12 job j-3 web/2 exec-03 Running ready=false
+          13 job j-3 web/2 exec-03 Running ready=true
+          14 service web rev=14
+        > 1s pass, heartbeats from ["exec-01", "exec-02", "exec-03"]
+        > resumed after 60 s
+        > 2s pass, heartbeats from ["exec-01", "exec-02", "exec-03"]
+          = web generation=1 rollout=complete updated=3 ready=3 outdated=0 reason="""#]]);
+}
+
+#[test]
 fn crash_looping_replica_backs_off_then_resets() {
     let mut s = Sim::new();
     s.register("exec-01", 2, &[]);
@@ -812,7 +891,7 @@ fn a_backoff_that_ends_during_a_slow_commit_still_places_the_replica() {
         "the backoff's own instant"
     );
     // The timer fires at once (its instant is past): a pass with the fresh time.
-    s.core.tick(s.now);
+    s.core.tick(s.now, Some(s.now));
     s.core.mark_dirty();
     s.core.settle(s.now);
     s.settle("the timer fires 5s after the exit", Ok(()));
@@ -2162,4 +2241,148 @@ async fn a_stale_store_stops_the_controller() {
         StatusCode::SERVICE_UNAVAILABLE,
         "no answers from a stale view"
     );
+}
+
+// === property: the rollout through the whole core ===
+
+#[derive(Debug, Clone)]
+enum Step {
+    Put(u8),
+    Scale(u32),
+    Restart,
+    Start(usize),
+    Ready(usize, bool),
+    Exit(usize),
+    Pass(u64),
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        1 => (0u8..4).prop_map(Step::Put),
+        1 => (1u32..5).prop_map(Step::Scale),
+        1 => Just(Step::Restart),
+        4 => any::<usize>().prop_map(Step::Start),
+        4 => (any::<usize>(), proptest::bool::weighted(0.8)).prop_map(|(i, r)| Step::Ready(i, r)),
+        2 => any::<usize>().prop_map(Step::Exit),
+        3 => (1u64..3).prop_map(Step::Pass),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+
+    /// Random interleavings of new profiles, scales, restarts, worker starts, readiness
+    /// and exits, and time, through the real core: a job that ran gets SIGTERM
+    /// (`Stopping`) only after it was `Draining` for the service's whole `drain`; a
+    /// draining job never serves again; no slot grant is held twice (the plugin refuses
+    /// that); and once workers behave, the service settles complete.
+    #[test]
+    fn drain_always_precedes_stop_through_the_core(steps in proptest::collection::vec(step(), 1..60)) {
+        const DRAIN: Duration = Duration::from_secs(2);
+        let key = ServiceKey::new("default", "web");
+        let mut sim = Sim::new();
+        let hosts = ["exec-01", "exec-02", "exec-03"];
+        for h in hosts {
+            sim.register(h, 6, &[]);
+        }
+        sim.put(versioned(3, "v0"));
+        let mut ran: BTreeSet<JobId> = BTreeSet::new();
+        let mut draining_since: BTreeMap<JobId, Instant> = BTreeMap::new();
+        let mut stopped: BTreeSet<JobId> = BTreeSet::new();
+        let mut check = |sim: &mut Sim| -> Result<(), proptest::test_runner::TestCaseError> {
+            for e in sim.raw.take() {
+                if let ClusterEvent::Job { job, .. } = e {
+                    match job.state {
+                        JobState::Running if job.ready || ran.contains(&job.job) => {
+                            proptest::prop_assert!(!draining_since.contains_key(&job.job) && !stopped.contains(&job.job),
+                                "{} serves again after it left", job.job);
+                            ran.insert(job.job.clone());
+                        }
+                        JobState::Running => { ran.insert(job.job.clone()); }
+                        JobState::Draining => {
+                            draining_since.entry(job.job.clone()).or_insert(sim.now);
+                        }
+                        JobState::Stopping => {
+                            if ran.contains(&job.job) {
+                                let since = draining_since.get(&job.job);
+                                proptest::prop_assert!(since.is_some(), "{} stopped without draining", job.job);
+                                let drained = sim.now - *since.unwrap();
+                                proptest::prop_assert!(drained >= DRAIN, "{} drained {drained:?} only", job.job);
+                            }
+                            stopped.insert(job.job.clone());
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Ok(())
+        };
+        let jobs = |sim: &Sim| -> Vec<(JobId, HostId, JobState, bool)> {
+            let v = sim.core.view();
+            let v = v.borrow();
+            v.services.get(&key).map(|s| s.jobs.iter().map(|j| (j.info.job.clone(), j.info.host.clone(), j.info.state, j.info.ready)).collect()).unwrap_or_default()
+        };
+        check(&mut sim)?;
+        for st in steps {
+            let js = jobs(&sim);
+            let pick = |i: usize| (!js.is_empty()).then(|| js[i % js.len()].clone());
+            match st {
+                Step::Put(v) => sim.put(versioned(3, &format!("v{v}"))),
+                Step::Scale(n) => {
+                    let r = sim.core.scale(&key, u64::from(n), &admin(), sim.now).map(|_| ());
+                    sim.settle("scale", r);
+                }
+                Step::Restart => {
+                    let r = sim.core.restart(&key, &admin(), sim.now);
+                    sim.settle("restart", r);
+                }
+                Step::Start(i) => if let Some((j, h, s, _)) = pick(i) {
+                    if s == JobState::Placed { sim.events(&h, vec![started(&j)]); }
+                },
+                Step::Ready(i, r) => if let Some((j, h, _, _)) = pick(i) {
+                    sim.events(&h, vec![ready(&j, r)]);
+                },
+                Step::Exit(i) => if let Some((j, h, _, _)) = pick(i) {
+                    sim.events(&h, vec![exited(&j)]);
+                },
+                Step::Pass(secs) => {
+                    // One second at a time, checked after each: the check stamps events
+                    // with the clock it reads.
+                    for _ in 1..secs {
+                        sim.run_for(1, &hosts);
+                        check(&mut sim)?;
+                    }
+                    sim.run_for(1, &hosts);
+                }
+            }
+            check(&mut sim)?;
+        }
+        // Workers behave from here on: start what is placed, report ready, exit on stop.
+        for _ in 0..40 {
+            let js = jobs(&sim);
+            for (j, h, s, r) in &js {
+                match s {
+                    JobState::Placed => sim.events(h, vec![started(j), ready(j, true)]),
+                    JobState::Running if !r => sim.events(h, vec![ready(j, true)]),
+                    JobState::Stopping => sim.events(h, vec![exited(j)]),
+                    _ => {}
+                }
+                check(&mut sim)?;
+            }
+            sim.run_for(1, &hosts);
+            check(&mut sim)?;
+        }
+        let v = sim.core.view();
+        let v = v.borrow();
+        let s = &v.services[&key];
+        // Complete; or reverted, with the rollback itself done.
+        let done = match s.rollout.state.as_str() {
+            "complete" => true,
+            "reverted" => s.rollout.stable.as_ref().map(|st| st.generation) == Some(s.info.generation),
+            _ => false,
+        };
+        proptest::prop_assert!(done, "{:?}", s.rollout);
+        proptest::prop_assert_eq!(s.counts.ready, s.info.replicas);
+    }
 }
