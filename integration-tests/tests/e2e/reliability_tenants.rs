@@ -213,9 +213,9 @@ fn quota_refusal(
 
 /// Scenario 13: team-a fills its quota — further creates, scales and updates answer 403
 /// `quota_exceeded` and change nothing — while team-b's service still places and becomes
-/// ready; a replica draining after a scale-down is measured (not asserted: see
-/// RELIABILITY.md, Found); a controller config with bad quotas does not start and lists
-/// every problem.
+/// ready; what draining replicas of a scale-down and of a stopped service hold beyond the
+/// quota is measured, not asserted (RELIABILITY.md, Found 10); a controller config with
+/// bad quotas does not start and lists every problem.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_at_its_quota_is_refused_while_another_still_places() {
     let cfg = ClusterConfig {
@@ -344,7 +344,7 @@ async fn a_tenant_at_its_quota_is_refused_while_another_still_places() {
     );
     let team_a_held_at_quota = ports_held_by(&admin, "team-a").await.unwrap();
 
-    // Measured, not asserted (Found): replicas draining after a scale-down hold their
+    // Measured, not asserted (Found 10): replicas draining after a scale-down hold their
     // ports but no longer count. a1 drains for an hour; scale it 3 -> 1 -> 3, three
     // times, each step within the quota.
     let mut team_a_held = team_a_held_at_quota;
@@ -388,7 +388,36 @@ async fn a_tenant_at_its_quota_is_refused_while_another_still_places() {
         "drain measurement: team-a holds {team_a_held} ports (quota 6, declares 4), all hosts {total_used} of 12; b3 placed={} {}",
         b3.0, b3.1
     );
-    let leaked_ports = stop_everything(&admin).await;
+    let mut leaked_ports = stop_everything(&admin).await;
+
+    // Measured too (Found 10): a stopped service no longer counts while its replicas
+    // drain. Create a 4-replica service (drain 1h), stop it, three times.
+    let mut stopped_held = 0;
+    let mut stop_cycles = 0;
+    for i in 0..3 {
+        let name = format!("d{i}");
+        let (st, _, body) = put_toml(
+            &alice,
+            &name,
+            profile(&name, "team-a", 4, 1, Some("1h"), None),
+        )
+        .await;
+        if st != 201 {
+            eprintln!("create {name} while the others drain: HTTP {st}: {body}");
+            break;
+        }
+        alice.wait_ready(&name, 4).await;
+        assert_eq!(
+            alice.delete(&format!("/v1/services/{name}")).await.unwrap(),
+            202
+        );
+        stop_cycles += 1;
+        stopped_held = ports_held_by(&admin, "team-a").await.unwrap();
+    }
+    let services_listed = alice.get_json("/v1/services").await.unwrap()["services"]
+        .as_array()
+        .map_or(0, Vec::len);
+    leaked_ports += stop_everything(&admin).await;
 
     // Bad quotas: the controller does not start, and names every problem.
     let bad = c.dir.path().join("bad-quotas.toml");
@@ -423,7 +452,7 @@ async fn a_tenant_at_its_quota_is_refused_while_another_still_places() {
     );
 
     println!(
-        "FIGURE scenario 13 quotas: team-a limits services=2 replicas=4 ports=6; refused={} ({}) 65_ports_in_one_service={too_many_ports} changed_by_refusals={changed_by_refusals} team_a_ports_at_quota={team_a_held_at_quota}; team-b placed=2/2 ready_after={b1_ready_after:?} default_quota_refused=1 (replicas 6/2->7); scale-down drain (not asserted, Found 10): cycles={cycles} team_a_ports_held={team_a_held} (quota 6, declared 4) all_hosts_used={total_used}/12 team_b_new_replica_placed={}; bad_quotas: exit={} problems_listed={listed}/{} leaked_ports={leaked_ports}",
+        "FIGURE scenario 13 quotas: team-a limits services=2 replicas=4 ports=6; refused={} ({}) 65_ports_in_one_service={too_many_ports} changed_by_refusals={changed_by_refusals} team_a_ports_at_quota={team_a_held_at_quota}; team-b placed=2/2 ready_after={b1_ready_after:?} default_quota_refused=1 (replicas 6/2->7); scale-down drain (not asserted, Found 10): cycles={cycles} team_a_ports_held={team_a_held} (quota 6, declared 4) all_hosts_used={total_used}/12 team_b_new_replica_placed={}; stopped_while_draining_then_created={stop_cycles} team_a_ports_held={stopped_held} (quota 6, declared 0) services_listed={services_listed} (quota 2); bad_quotas: exit={} problems_listed={listed}/{} leaked_ports={leaked_ports}",
         refused.len(),
         refused.join(", "),
         if b3.0 { "yes".to_owned() } else { format!("no ({})", b3.1) },
