@@ -370,7 +370,11 @@ impl Core {
         let batch = txn.batch();
         if let Err(e) = blocking(|| self.store.commit(batch)) {
             error!(error = %e, "store commit failed; change not applied");
-            if matches!(e, StoreError::Stale(_)) {
+            // A stale view, or a store that cannot write (a full disk: redb then refuses
+            // every later write until reopened): stop, so a supervisor or a standby takes
+            // over with a fresh one, instead of running on, refusing every change while
+            // looking healthy.
+            if matches!(e, StoreError::Stale(_) | StoreError::Io { .. }) {
                 self.fatal.get_or_insert_with(|| e.to_string());
             }
             self.store_retry = Some(now + STORE_RETRY);

@@ -2243,6 +2243,55 @@ async fn a_stale_store_stops_the_controller() {
     );
 }
 
+#[tokio::test]
+async fn a_full_disk_answers_507_and_stops_the_controller() {
+    let store = Arc::new(MemStore::new());
+    let app = app_with(
+        ControllerConfig::default(),
+        store.clone(),
+        SharedSlots::new(),
+    )
+    .await;
+    app.register("exec-01", "w1-secret", 2).await;
+    let (s, _) = app.call("GET", "/healthz", None, None).await;
+    assert_eq!(s, StatusCode::OK);
+    store.fail_every_commit_with(crate::store::StoreError::Io {
+        no_space: true,
+        message: "No space left on device (os error 28)".into(),
+    });
+    let (s, v) = app
+        .json(
+            "POST",
+            "/v1/services",
+            "admin-secret",
+            Some(web("web", "default", 1)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::INSUFFICIENT_STORAGE, "{v}");
+    assert_eq!(v["error"]["code"], "insufficient_storage");
+    let reason = tokio::time::timeout(Duration::from_secs(10), app.ctl.failed())
+        .await
+        .expect("the controller reports that it stopped");
+    assert_eq!(
+        reason,
+        "store I/O error (no space left on device): No space left on device (os error 28)"
+    );
+    let (s, _) = app.call("GET", "/healthz", None, None).await;
+    assert_eq!(
+        s,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "healthz says it cannot commit"
+    );
+    // Nothing acknowledged was lost: the store has no trace of the refused service.
+    let services = store
+        .load_all()
+        .unwrap()
+        .into_iter()
+        .filter(|(k, _)| k.ns == "service")
+        .count();
+    assert_eq!(services, 0);
+}
+
 // === property: the rollout through the whole core ===
 
 #[derive(Debug, Clone)]
