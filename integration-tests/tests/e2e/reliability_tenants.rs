@@ -850,6 +850,17 @@ async fn two_projects_each_have_a_web_and_see_only_their_own() {
     let paths = surfaces(index);
     let alice_before = read_all(&alice, &paths).await;
     let dave_before = read_all(&dave, &paths).await;
+    // Real answers, not errors that would compare equal anyway.
+    for (who, reads) in [("alice", &alice_before), ("dave", &dave_before)] {
+        for (p, (st, _, body)) in reads {
+            let want = if p.contains("project=team-b") {
+                404
+            } else {
+                200
+            };
+            assert_eq!(*st, want, "{who} {p}: {body}");
+        }
+    }
 
     // A blocking query and a stream of alice's web, open while bob creates his.
     let parked = {
