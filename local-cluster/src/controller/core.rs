@@ -343,6 +343,28 @@ impl Core {
         if let Some((replicas, q)) = change {
             after.add(replicas, q);
         }
+        // What the project holds now: every live job (draining and stopping ones keep
+        // their ports until they exit, a rollout's surge too) and every service not yet
+        // gone. Held beyond what the profiles declare stays counted, so scaling down and
+        // up again, or stopping and creating, cannot take a project past its quota while
+        // old replicas drain.
+        let mut held = quota::Use::default();
+        for s in self.cluster.services.values() {
+            if s.info.project == project {
+                held.add_service();
+            }
+        }
+        for j in self.cluster.jobs.values() {
+            if j.info.project == project {
+                let q = self
+                    .profiles
+                    .get(&j.info.service_key())
+                    .map(|p| p.quantities.clone())
+                    .unwrap_or_default();
+                held.add_replica(&q);
+            }
+        }
+        let (before, after) = quota::with_held(&before, &after, &held);
         quota::check(project, limits, &before, &after).map_err(|e| {
             warn!(project = %e.project, quota = %e.quota, limit = e.limit, used = e.used, wanted = e.wanted, "change refused: quota exceeded");
             CoreError::Quota(e)
