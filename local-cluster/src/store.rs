@@ -460,8 +460,9 @@ pub(crate) mod tests {
 
     /// redb on a full disk: the write that finds no space is an `Io { no_space }` error
     /// (507 upstream; the controller stops), later writes fail as I/O errors too (redb
-    /// refuses every write until reopened), every acknowledged commit survives, and once
-    /// space returns a reopened store writes again.
+    /// refuses every write until reopened), every acknowledged commit survives (the refused
+    /// one may or may not have landed), and once space returns a reopened store writes
+    /// again.
     #[test]
     fn a_full_disk_is_an_io_error_and_nothing_acknowledged_is_lost() {
         let Some(fs) = SmallFs::mount("2m") else {
@@ -491,8 +492,13 @@ pub(crate) mod tests {
         drop(store);
         fs.grow("64m");
         let store = RedbStore::open(&path).unwrap();
+        // Every acknowledged commit survives; the refused one may have landed too (an I/O
+        // error in a commit leaves its outcome unknown), never anything after it.
         let kept = store.load_all().unwrap().len();
-        assert_eq!(kept, acknowledged, "every acknowledged commit survives");
+        assert!(
+            kept == acknowledged || kept == acknowledged + 1,
+            "acknowledged {acknowledged}, found {kept}"
+        );
         store.commit(batch(&[("a", "after", Some("z"))])).unwrap();
     }
 }

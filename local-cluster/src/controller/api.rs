@@ -159,7 +159,8 @@ fn from_core(e: CoreError) -> ApiError {
             StatusCode::INSUFFICIENT_STORAGE,
             "insufficient_storage",
             "the controller could not persist the change: no space left on its store's device; \
-             nothing was changed, and the controller stops so a supervisor restarts it",
+             the change was not acknowledged (a failed write may still have landed: check after \
+             the restart), and the controller stops so a supervisor restarts it",
         ),
         CoreError::Store(_) => internal("the controller could not persist the change"),
     }
