@@ -6,7 +6,9 @@
 //! announced to listeners and answered. Plugin releases happen after the commit.
 
 use super::metrics::Metrics;
-use super::model::{After, Cluster, HostRec, JobRec, LoadError, ServiceRec, ServiceState, Txn};
+use super::model::{
+    After, Cluster, HostRec, JobRec, LoadError, Released, ServiceRec, ServiceState, Txn,
+};
 use super::quota::{self, Quotas};
 use super::rollout::{self, Counts, JobFacts, Phase, Rollout, RolloutState, Stable};
 use super::scheduler::{self, Candidate, Request};
@@ -215,6 +217,16 @@ impl Core {
             }
         }
         let mut running_since = HashMap::new();
+        // Live grants first, then the recently ended jobs' grants again, restored and
+        // released in the order they ended: the plugins' free order (a just-released port
+        // is handed out last) survives a restart or a takeover. A grant now held by a live
+        // job is refused by `restore` and skipped.
+        let mut replay: Vec<(HostId, Released)> = Vec::new();
+        for h in cluster.hosts.values() {
+            for r in &h.released {
+                replay.push((h.info.id.clone(), r.clone()));
+            }
+        }
         for j in cluster.jobs.values() {
             for p in &mut plugins {
                 if let Some(g) = j.info.grants.get(p.name()) {
@@ -225,6 +237,15 @@ impl Core {
             }
             if j.effective_state() == JobState::Running {
                 running_since.insert(j.info.job.clone(), now);
+            }
+        }
+        for (host, r) in &replay {
+            for p in &mut plugins {
+                if let Some(g) = r.grants.get(p.name()) {
+                    if p.restore(host, &r.job, g).is_ok() {
+                        p.release(host, &r.job);
+                    }
+                }
             }
         }
         let mut profiles = HashMap::new();
@@ -933,6 +954,10 @@ impl Core {
         if !orphans.is_empty() {
             warn!(host = %host, orphans = ?orphans, "worker runs jobs the controller does not know; no placements there until they exited");
         }
+        let released = txn
+            .host(&self.cluster, host)
+            .map(|h| h.released)
+            .unwrap_or_default();
         txn.put_host(
             &self.cluster,
             HostRec {
@@ -942,6 +967,7 @@ impl Core {
                     facts: req.facts,
                 },
                 orphans,
+                released,
             },
         );
         self.commit(txn, now)?;
@@ -1218,7 +1244,9 @@ impl Core {
                 for j in self.cluster.jobs_on(&id).cloned().collect::<Vec<_>>() {
                     txn.end_job(&self.cluster, j, EndReason::HostLost, true);
                 }
-                let mut h = self.cluster.hosts[&id].clone();
+                let mut h = txn
+                    .host(&self.cluster, &id)
+                    .expect("the host of the jobs just ended");
                 h.info.state = HostState::Lost;
                 h.orphans.clear();
                 txn.put_host(&self.cluster, h);

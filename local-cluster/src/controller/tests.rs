@@ -799,6 +799,44 @@ fn a_controller_paused_past_the_grace_period_stops_nothing() {
 }
 
 #[test]
+fn a_restart_replays_the_release_order_into_the_plugins() {
+    let mut sim = Sim::new();
+    sim.register("exec-01", 3, &[]);
+    sim.put(versioned(2, "v1"));
+    sim.events("exec-01", vec![started("j-1"), started("j-2")]);
+    // j-1 ends: its slot is the most recently freed one.
+    sim.events("exec-01", vec![exited("j-1")]);
+    // After a restart (or a takeover) the plugins learn the live grants, then the ended
+    // ones again, released in the order they ended: their free order is what it was.
+    let sim = sim.restart(0);
+    sim.check(expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 running=[]
+          1 host exec-01 Ready []
+          applied Created
+        > put web
+          2 service web rev=2
+          3 job j-1 web/0 exec-01 Placed ready=false
+          4 job j-2 web/1 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+          plugin: reserve exec-01 j-2 1
+        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"started","job":"j-2","pid":7}]
+          5 job j-1 web/0 exec-01 Running ready=false
+          6 job j-2 web/1 exec-01 Running ready=false
+        > events exec-01 [{"event":"exited","job":"j-1","code":1}]
+          7 ended j-1 web/0 Exited { code: Some(1) }
+          plugin: release exec-01 j-1
+        > load
+          resync rev=7 services=1 jobs=[j-2@exec-01:Running] hosts=1
+          8 job j-3 web/0 exec-01 Placed ready=false
+          plugin: restore exec-01 j-2 1
+          plugin: restore exec-01 j-1 0
+          plugin: release exec-01 j-1
+          plugin: reserve exec-01 j-3 0"#]]);
+}
+
+#[test]
 fn crash_looping_replica_backs_off_then_resets() {
     let mut s = Sim::new();
     s.register("exec-01", 2, &[]);
