@@ -324,7 +324,7 @@ async fn wait_for_change(
     }
 }
 
-/// `GET /v1/sd/prometheus?service=S&port=P`
+/// `GET /v1/sd/prometheus[?service=S][&port=P][&project=P]`
 async fn prometheus_sd(
     State(shared): State<Arc<Shared>>,
     principal: Principal,
@@ -332,10 +332,23 @@ async fn prometheus_sd(
 ) -> Result<Response, ApiError> {
     shared.ensure_synced()?;
     let p = params(query)?;
-    let service = p
-        .service
-        .as_deref()
-        .ok_or_else(|| ApiError::bad_param("service", "required"))?;
+    let Some(service) = p.service.as_deref() else {
+        // Without `service=`: every service the caller may view (of `project=`), one
+        // target group per ready replica and port (`port=` keeps that port only); one
+        // scrape job covers the cluster and relabeling picks (DESIGN §5).
+        let mut groups = Vec::new();
+        for entry in shared.visible_entries(&principal, p.project.as_deref()) {
+            let ports: std::collections::BTreeSet<&String> = entry
+                .endpoints()
+                .flat_map(|r| r.ports.keys())
+                .filter(|name| p.port.as_ref().is_none_or(|want| *name == want))
+                .collect();
+            for port in ports {
+                groups.extend(wire::prometheus_sd(&entry, port));
+            }
+        }
+        return Ok(Json(groups).into_response());
+    };
     let (_, entry) = shared.visible(&principal, service, p.project.as_deref())?;
     let view = View {
         port: p.port.clone(),

@@ -121,6 +121,20 @@ pub enum JobState {
     Lost,
 }
 
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            JobState::Placed => "placed",
+            JobState::Running => "running",
+            JobState::Draining => "draining",
+            JobState::Stopping => "stopping",
+            JobState::Unknown => "unknown",
+            JobState::Exited => "exited",
+            JobState::Lost => "lost",
+        })
+    }
+}
+
 impl JobState {
     /// Whether the job has ended (its resources are released).
     pub fn is_ended(self) -> bool {
@@ -181,6 +195,19 @@ pub enum EndReason {
     },
 }
 
+impl std::fmt::Display for EndReason {
+    /// `exited code=0`, `exited` (code unknown), `stopped`, `host lost`, `refused: …`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EndReason::Exited { code: Some(c) } => write!(f, "exited code={c}"),
+            EndReason::Exited { code: None } => f.write_str("exited"),
+            EndReason::Stopped => f.write_str("stopped"),
+            EndReason::HostLost => f.write_str("host lost"),
+            EndReason::Refused { reason } => write!(f, "refused: {reason}"),
+        }
+    }
+}
+
 /// A host's liveness as the controller sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -191,6 +218,16 @@ pub enum HostState {
     Unreachable,
     /// Silent past the grace period: its jobs are lost.
     Lost,
+}
+
+impl std::fmt::Display for HostState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HostState::Ready => "ready",
+            HostState::Unreachable => "unreachable",
+            HostState::Lost => "lost",
+        })
+    }
 }
 
 /// A host as the controller knows it.

@@ -232,6 +232,7 @@ mod tests {
             XCE_PORTS=http=A,re-mail-ck=B
             XCE_PORT_HTTP=A
             XCE_PORT_RE_MAIL_CK=B
+            XCE_PROJECT=default
             XCE_REPLICA=2
             XCE_SERVICE=web
             socket http 127.0.0.1:A
@@ -247,6 +248,7 @@ mod tests {
                 XCE_HOST_IP=127.0.0.11
                 XCE_JOB_ID=j-17
                 XCE_PORTS=
+                XCE_PROJECT=default
                 XCE_REPLICA=2
                 XCE_SERVICE=web"#]],
         );

@@ -414,6 +414,8 @@ async fn prometheus_sd_and_list() {
             "alice /v1/sd/prometheus?service=multi&port=metrics",
             "alice /v1/sd/prometheus?service=multi&port=nope",
             "alice /v1/sd/prometheus",
+            "alice /v1/sd/prometheus?port=metrics",
+            "bob /v1/sd/prometheus",
             "alice /v1/endpoints",
             "bob /v1/endpoints",
             "carol /v1/endpoints",
@@ -441,8 +443,16 @@ async fn prometheus_sd_and_list() {
             {"error":{"code":"invalid","details":[{"field":"port","reason":"service \"multi\" has no port \"nope\" (it declares: http, metrics)"}],"message":"port: service \"multi\" has no port \"nope\" (it declares: http, metrics)"}}
 
             > alice /v1/sd/prometheus
-            400 content-type=application/json
-            {"error":{"code":"invalid","details":[{"field":"service","reason":"required"}],"message":"service: required"}}
+            200 content-type=application/json
+            [{"targets":["127.0.0.11:21000"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-01","__meta_xce_job":"j-5","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"0","__meta_xce_service":"multi"}},{"targets":["127.0.0.11:21001"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-01","__meta_xce_job":"j-5","__meta_xce_port":"metrics","__meta_xce_project":"team-a","__meta_xce_replica":"0","__meta_xce_service":"multi"}},{"targets":["127.0.0.11:20417"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-01","__meta_xce_job":"j-1","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"0","__meta_xce_service":"web"}},{"targets":["[fd00::2]:20418"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-02","__meta_xce_job":"j-2","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"1","__meta_xce_service":"web"}}]
+
+            > alice /v1/sd/prometheus?port=metrics
+            200 content-type=application/json
+            [{"targets":["127.0.0.11:21001"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-01","__meta_xce_job":"j-5","__meta_xce_port":"metrics","__meta_xce_project":"team-a","__meta_xce_replica":"0","__meta_xce_service":"multi"}}]
+
+            > bob /v1/sd/prometheus
+            200 content-type=application/json
+            [{"targets":["[fd00::2]:22000"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-02","__meta_xce_job":"j-6","__meta_xce_port":"http","__meta_xce_project":"team-b","__meta_xce_replica":"0","__meta_xce_service":"secret"}}]
 
             > alice /v1/endpoints
             200 content-type=application/json

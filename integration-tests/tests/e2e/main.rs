@@ -10,6 +10,7 @@ mod faults_rollout;
 mod ha;
 mod reliability;
 mod reliability_input;
+mod reliability_tenants;
 mod reliability_watch;
 mod restart;
 mod rollout;

@@ -54,7 +54,7 @@ impl std::fmt::Debug for ApiState {
 pub(crate) fn build(state: ApiState) -> Router {
     let limit = state.body_limit;
     let mut app = Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/v1/services", post(submit).get(list_services))
         .route("/v1/services/{name}/scale", post(scale_service))
@@ -155,6 +155,13 @@ fn from_core(e: CoreError) -> ApiError {
             format!("host {h:?} is not registered"),
         ),
         // Internals are logged where they happen and never exposed.
+        CoreError::Store(crate::store::StoreError::Io { no_space: true, .. }) => ApiError::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "insufficient_storage",
+            "the controller could not persist the change: no space left on its store's device; \
+             the change was not acknowledged (a failed write may still have landed: check after \
+             the restart), and the controller stops so a supervisor restarts it",
+        ),
         CoreError::Store(_) => internal("the controller could not persist the change"),
     }
 }
@@ -203,6 +210,23 @@ fn worker_of(p: &Principal, host: &str) -> Result<(), ApiError> {
             "the worker api needs a worker credential",
         )),
     }
+}
+
+// --- /healthz ---
+
+/// 200 `ok` while the state task runs (so changes can be committed); 503 once it has
+/// stopped (a store that went stale or cannot write, or shutdown): a load balancer or a
+/// supervisor sees it.
+async fn healthz(State(st): State<ApiState>) -> Response {
+    if st.tx.is_closed() {
+        return ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the controller cannot commit changes (its state task has stopped)",
+        )
+        .into_response();
+    }
+    "ok".into_response()
 }
 
 // --- /metrics ---

@@ -6,7 +6,9 @@
 //! announced to listeners and answered. Plugin releases happen after the commit.
 
 use super::metrics::Metrics;
-use super::model::{After, Cluster, HostRec, JobRec, LoadError, ServiceRec, ServiceState, Txn};
+use super::model::{
+    After, Cluster, HostRec, JobRec, LoadError, Released, ServiceRec, ServiceState, Txn,
+};
 use super::quota::{self, Quotas};
 use super::rollout::{self, Counts, JobFacts, Phase, Rollout, RolloutState, Stable};
 use super::scheduler::{self, Candidate, Request};
@@ -215,6 +217,16 @@ impl Core {
             }
         }
         let mut running_since = HashMap::new();
+        // Live grants first, then the recently ended jobs' grants again, restored and
+        // released in the order they ended: the plugins' free order (a just-released port
+        // is handed out last) survives a restart or a takeover. A grant now held by a live
+        // job is refused by `restore` and skipped.
+        let mut replay: Vec<(HostId, Released)> = Vec::new();
+        for h in cluster.hosts.values() {
+            for r in &h.released {
+                replay.push((h.info.id.clone(), r.clone()));
+            }
+        }
         for j in cluster.jobs.values() {
             for p in &mut plugins {
                 if let Some(g) = j.info.grants.get(p.name()) {
@@ -225,6 +237,15 @@ impl Core {
             }
             if j.effective_state() == JobState::Running {
                 running_since.insert(j.info.job.clone(), now);
+            }
+        }
+        for (host, r) in &replay {
+            for p in &mut plugins {
+                if let Some(g) = r.grants.get(p.name()) {
+                    if p.restore(host, &r.job, g).is_ok() {
+                        p.release(host, &r.job);
+                    }
+                }
             }
         }
         let mut profiles = HashMap::new();
@@ -343,6 +364,28 @@ impl Core {
         if let Some((replicas, q)) = change {
             after.add(replicas, q);
         }
+        // What the project holds now: every live job (draining and stopping ones keep
+        // their ports until they exit, a rollout's surge too) and every service not yet
+        // gone. Held beyond what the profiles declare stays counted, so scaling down and
+        // up again, or stopping and creating, cannot take a project past its quota while
+        // old replicas drain.
+        let mut held = quota::Use::default();
+        for s in self.cluster.services.values() {
+            if s.info.project == project {
+                held.add_service();
+            }
+        }
+        for j in self.cluster.jobs.values() {
+            if j.info.project == project {
+                let q = self
+                    .profiles
+                    .get(&j.info.service_key())
+                    .map(|p| p.quantities.clone())
+                    .unwrap_or_default();
+                held.add_replica(&q);
+            }
+        }
+        let (before, after) = quota::with_held(&before, &after, &held);
         quota::check(project, limits, &before, &after).map_err(|e| {
             warn!(project = %e.project, quota = %e.quota, limit = e.limit, used = e.used, wanted = e.wanted, "change refused: quota exceeded");
             CoreError::Quota(e)
@@ -370,7 +413,11 @@ impl Core {
         let batch = txn.batch();
         if let Err(e) = blocking(|| self.store.commit(batch)) {
             error!(error = %e, "store commit failed; change not applied");
-            if matches!(e, StoreError::Stale(_)) {
+            // A stale view, or a store that cannot write (a full disk: redb then refuses
+            // every later write until reopened): stop, so a supervisor or a standby takes
+            // over with a fresh one, instead of running on, refusing every change while
+            // looking healthy.
+            if matches!(e, StoreError::Stale(_) | StoreError::Io { .. }) {
                 self.fatal.get_or_insert_with(|| e.to_string());
             }
             self.store_retry = Some(now + STORE_RETRY);
@@ -421,7 +468,7 @@ impl Core {
                 self.backoff.retain(|(s, _), _| *s != key);
             }
             ClusterEvent::Job { rev, job } => {
-                info!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, state = ?job.state, ready = job.ready, rev, "job changed");
+                info!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, state = %job.state, ready = job.ready, rev, "job changed");
                 if job.state == JobState::Running {
                     self.running_since.entry(job.job.clone()).or_insert(now);
                 }
@@ -448,7 +495,7 @@ impl Core {
                 }
             }
             ClusterEvent::JobEnded { rev, job, reason } => {
-                info!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, reason = ?reason, rev, "job ended");
+                info!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, reason = %reason, rev, "job ended");
                 let since = self.running_since.remove(&job.job);
                 self.ready_since.remove(&job.job);
                 self.drain_until.remove(&job.job);
@@ -479,7 +526,7 @@ impl Core {
                 }
             }
             ClusterEvent::Host { rev, host, .. } => {
-                info!(host = %host.id, state = ?host.state, ip_addr = ?host.facts.ip_addr, rev, "host changed")
+                info!(host = %host.id, state = %host.state, ip_addr = %display_ip(host.facts.ip_addr), rev, "host changed")
             }
         }
     }
@@ -907,6 +954,10 @@ impl Core {
         if !orphans.is_empty() {
             warn!(host = %host, orphans = ?orphans, "worker runs jobs the controller does not know; no placements there until they exited");
         }
+        let released = txn
+            .host(&self.cluster, host)
+            .map(|h| h.released)
+            .unwrap_or_default();
         txn.put_host(
             &self.cluster,
             HostRec {
@@ -916,6 +967,7 @@ impl Core {
                     facts: req.facts,
                 },
                 orphans,
+                released,
             },
         );
         self.commit(txn, now)?;
@@ -1192,7 +1244,9 @@ impl Core {
                 for j in self.cluster.jobs_on(&id).cloned().collect::<Vec<_>>() {
                     txn.end_job(&self.cluster, j, EndReason::HostLost, true);
                 }
-                let mut h = self.cluster.hosts[&id].clone();
+                let mut h = txn
+                    .host(&self.cluster, &id)
+                    .expect("the host of the jobs just ended");
                 h.info.state = HostState::Lost;
                 h.orphans.clear();
                 txn.put_host(&self.cluster, h);
@@ -1818,6 +1872,11 @@ fn blocking<R>(f: impl FnOnce() -> R) -> R {
         }
         _ => f(),
     }
+}
+
+/// An optional address for a log line: the address, or `none`.
+fn display_ip(ip: Option<std::net::IpAddr>) -> String {
+    ip.map_or_else(|| "none".to_owned(), |ip| ip.to_string())
 }
 
 /// Job ids are `j-<n>`: sort numerically.

@@ -83,6 +83,23 @@ pub(crate) struct HostRec {
     /// placements until the worker reported all of them exited.
     #[serde(default)]
     pub(crate) orphans: BTreeSet<JobId>,
+    /// The grants of the jobs that ended on the host most recently, oldest first (at most
+    /// [`RELEASE_HISTORY`]). A controller that loads the store (a restart, a new leader)
+    /// replays them into the plugins after restoring the live grants, so a plugin's
+    /// release order survives: a port freed just before a failover is not the first one
+    /// handed out after it (DESIGN §4).
+    #[serde(default)]
+    pub(crate) released: std::collections::VecDeque<Released>,
+}
+
+/// How many ended jobs' grants a host record keeps for [`HostRec::released`].
+pub(crate) const RELEASE_HISTORY: usize = 64;
+
+/// An ended job's grants, as a plugin was told to release them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Released {
+    pub(crate) job: JobId,
+    pub(crate) grants: BTreeMap<String, plugin_api::Grant>,
 }
 
 /// Everything the controller knows, as loaded from the store.
@@ -347,6 +364,16 @@ impl Txn {
             host: j.info.host.clone(),
             job: j.info.job.clone(),
         });
+        if let Some(mut h) = self.host(c, &j.info.host) {
+            h.released.push_back(Released {
+                job: j.info.job.clone(),
+                grants: j.info.grants.clone(),
+            });
+            while h.released.len() > RELEASE_HISTORY {
+                h.released.pop_front();
+            }
+            self.hosts.insert(h.info.id.clone(), Some(h));
+        }
         self.jobs.insert(j.info.job.clone(), None);
         self.events.push(ClusterEvent::JobEnded {
             rev,

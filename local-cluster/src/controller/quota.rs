@@ -115,9 +115,43 @@ impl Use {
         }
     }
 
+    /// Adds one service (no replicas).
+    pub(crate) fn add_service(&mut self) {
+        *self.0.entry(SERVICES.to_owned()).or_default() += 1;
+    }
+
+    /// Adds one running replica taking `quantities`.
+    pub(crate) fn add_replica(&mut self, quantities: &BTreeMap<String, u64>) {
+        *self.0.entry(REPLICAS.to_owned()).or_default() += 1;
+        for (k, n) in quantities {
+            *self.0.entry(k.clone()).or_default() += n;
+        }
+    }
+
     fn get(&self, name: &str) -> u64 {
         self.0.get(name).copied().unwrap_or(0)
     }
+}
+
+/// The use before and after a change, counting what is held beyond what profiles declare
+/// (draining replicas, a surge, services still stopping): before, the larger of declared
+/// and held; after, what the change declares plus that excess, which the change does not
+/// free.
+pub(crate) fn with_held(before: &Use, after: &Use, held: &Use) -> (Use, Use) {
+    let mut b = Use::default();
+    let mut a = Use::default();
+    let keys: std::collections::BTreeSet<&String> = before
+        .0
+        .keys()
+        .chain(after.0.keys())
+        .chain(held.0.keys())
+        .collect();
+    for k in keys {
+        let excess = held.get(k).saturating_sub(before.get(k));
+        b.0.insert(k.clone(), before.get(k).max(held.get(k)));
+        a.0.insert(k.clone(), after.get(k) + excess);
+    }
+    (b, a)
 }
 
 /// A change that would take a project past a quota.
@@ -204,6 +238,31 @@ mod tests {
         assert_eq!(q.of("team-a").unwrap()[REPLICAS], 2);
         assert_eq!(q.of("team-b").unwrap()[REPLICAS], 10);
         assert!(Quotas::default().of("x").is_none());
+    }
+
+    #[test]
+    fn replicas_still_draining_count_until_they_are_gone() {
+        let ports = BTreeMap::from([("ports".to_owned(), 2)]);
+        let limits: Limits = [("ports".to_owned(), 6)].into();
+        // Scaled 3 -> 1: declared 2 ports, but the two draining replicas still hold 4.
+        let mut declared = Use::default();
+        declared.add(1, &ports);
+        let mut held = Use::default();
+        held.add_service();
+        for _ in 0..3 {
+            held.add_replica(&ports);
+        }
+        let mut up = Use::default();
+        up.add(3, &ports);
+        let (b, a) = with_held(&declared, &up, &held);
+        let e = check("team-a", &limits, &b, &a).unwrap_err();
+        assert_eq!((e.used, e.wanted), (6, 10));
+        // Once they are gone, scaling up to 3 fits again.
+        let mut held = Use::default();
+        held.add_service();
+        held.add_replica(&ports);
+        let (b, a) = with_held(&declared, &up, &held);
+        assert!(check("team-a", &limits, &b, &a).is_ok());
     }
 
     #[test]

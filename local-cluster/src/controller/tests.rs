@@ -799,6 +799,44 @@ fn a_controller_paused_past_the_grace_period_stops_nothing() {
 }
 
 #[test]
+fn a_restart_replays_the_release_order_into_the_plugins() {
+    let mut sim = Sim::new();
+    sim.register("exec-01", 3, &[]);
+    sim.put(versioned(2, "v1"));
+    sim.events("exec-01", vec![started("j-1"), started("j-2")]);
+    // j-1 ends: its slot is the most recently freed one.
+    sim.events("exec-01", vec![exited("j-1")]);
+    // After a restart (or a takeover) the plugins learn the live grants, then the ended
+    // ones again, released in the order they ended: their free order is what it was.
+    let sim = sim.restart(0);
+    sim.check(expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 running=[]
+          1 host exec-01 Ready []
+          applied Created
+        > put web
+          2 service web rev=2
+          3 job j-1 web/0 exec-01 Placed ready=false
+          4 job j-2 web/1 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+          plugin: reserve exec-01 j-2 1
+        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"started","job":"j-2","pid":7}]
+          5 job j-1 web/0 exec-01 Running ready=false
+          6 job j-2 web/1 exec-01 Running ready=false
+        > events exec-01 [{"event":"exited","job":"j-1","code":1}]
+          7 ended j-1 web/0 Exited { code: Some(1) }
+          plugin: release exec-01 j-1
+        > load
+          resync rev=7 services=1 jobs=[j-2@exec-01:Running] hosts=1
+          8 job j-3 web/0 exec-01 Placed ready=false
+          plugin: restore exec-01 j-2 1
+          plugin: restore exec-01 j-1 0
+          plugin: release exec-01 j-1
+          plugin: reserve exec-01 j-3 0"#]]);
+}
+
+#[test]
 fn crash_looping_replica_backs_off_then_resets() {
     let mut s = Sim::new();
     s.register("exec-01", 2, &[]);
@@ -2241,6 +2279,55 @@ async fn a_stale_store_stops_the_controller() {
         StatusCode::SERVICE_UNAVAILABLE,
         "no answers from a stale view"
     );
+}
+
+#[tokio::test]
+async fn a_full_disk_answers_507_and_stops_the_controller() {
+    let store = Arc::new(MemStore::new());
+    let app = app_with(
+        ControllerConfig::default(),
+        store.clone(),
+        SharedSlots::new(),
+    )
+    .await;
+    app.register("exec-01", "w1-secret", 2).await;
+    let (s, _) = app.call("GET", "/healthz", None, None).await;
+    assert_eq!(s, StatusCode::OK);
+    store.fail_every_commit_with(crate::store::StoreError::Io {
+        no_space: true,
+        message: "No space left on device (os error 28)".into(),
+    });
+    let (s, v) = app
+        .json(
+            "POST",
+            "/v1/services",
+            "admin-secret",
+            Some(web("web", "default", 1)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::INSUFFICIENT_STORAGE, "{v}");
+    assert_eq!(v["error"]["code"], "insufficient_storage");
+    let reason = tokio::time::timeout(Duration::from_secs(10), app.ctl.failed())
+        .await
+        .expect("the controller reports that it stopped");
+    assert_eq!(
+        reason,
+        "store I/O error (no space left on device): No space left on device (os error 28)"
+    );
+    let (s, _) = app.call("GET", "/healthz", None, None).await;
+    assert_eq!(
+        s,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "healthz says it cannot commit"
+    );
+    // Nothing acknowledged was lost: the store has no trace of the refused service.
+    let services = store
+        .load_all()
+        .unwrap()
+        .into_iter()
+        .filter(|(k, _)| k.ns == "service")
+        .count();
+    assert_eq!(services, 0);
 }
 
 // === property: the rollout through the whole core ===
