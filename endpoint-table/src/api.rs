@@ -55,6 +55,9 @@ pub(crate) struct Shared {
     /// a request catching up never apply two batches out of order.
     catching_up: Mutex<()>,
     queue: Option<Arc<Queue>>,
+    /// Turns true when the host drains ([`ApiExtension::drain`]): blocking queries
+    /// answer and streams end.
+    pub(crate) draining: watch::Sender<bool>,
 }
 
 #[derive(Debug, Default)]
@@ -94,6 +97,7 @@ impl EndpointApi {
             applied: watch::Sender::new(0),
             catching_up: Mutex::new(()),
             queue: queue.clone(),
+            draining: watch::Sender::new(false),
         });
         Self {
             shared,
@@ -194,6 +198,12 @@ impl ApiExtension for EndpointApi {
 
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         self.shared.metrics.register(registry);
+    }
+
+    /// Parked blocking queries answer with the current entry, streams end (their
+    /// clients resume elsewhere with `Last-Event-ID`), later ones do not wait.
+    fn drain(&self) {
+        self.shared.draining.send_replace(true);
     }
 }
 

@@ -259,8 +259,16 @@ async fn entry(
             let _watcher = shared.watcher(&principal)?;
             // Parked: one of the watchers the delivery histogram waits for.
             let mut recipient = shared.recipient(&rx);
-            let (waited, seq) =
-                wait_for_change(&mut rx, entry, &principal, &name, blocking, &mut recipient).await;
+            let (waited, seq) = wait_for_change(
+                &shared,
+                &mut rx,
+                entry,
+                &principal,
+                &name,
+                blocking,
+                &mut recipient,
+            )
+            .await;
             let answer = waited.and_then(|entry| {
                 view.check(&entry)?;
                 view.render(&entry)
@@ -278,6 +286,7 @@ async fn entry(
 /// the slot seq the answer reflects; changes taken that do not pass the index are settled
 /// on `recipient` as skipped.
 async fn wait_for_change(
+    shared: &Shared,
     rx: &mut watch::Receiver<Slot>,
     mut entry: Arc<Entry>,
     principal: &Principal,
@@ -286,10 +295,16 @@ async fn wait_for_change(
     recipient: &mut Recipient,
 ) -> (Result<Arc<Entry>, ApiError>, u64) {
     let deadline = blocking.deadline();
+    // The host stops serving: answer with what there is (at once if it already does).
+    let mut draining = shared.draining.subscribe();
     // Nothing taken yet: a seq no change has, so nothing is settled by it.
     let mut seq = 0;
     loop {
-        match tokio::time::timeout_at(deadline, rx.changed()).await {
+        let changed = tokio::select! {
+            r = tokio::time::timeout_at(deadline, rx.changed()) => r,
+            _ = draining.wait_for(|d| *d) => return (Ok(entry), seq),
+        };
+        match changed {
             Err(_elapsed) => return (Ok(entry), seq),
             // The slot is gone for good: whatever it still had to send is the 404.
             Ok(Err(_closed)) => return (Err(ApiError::service_not_found(name)), u64::MAX),
@@ -422,6 +437,7 @@ async fn stream(
         view,
         shared: shared.clone(),
         lag,
+        draining: shared.draining.subscribe(),
         _stop: stop,
     };
     let stream = futures_util::stream::unfold(events, |mut s| async move {
@@ -459,6 +475,8 @@ struct EventStream {
     view: View,
     shared: Arc<Shared>,
     lag: Arc<Lag>,
+    /// The host's drain (see [`Shared::draining`]).
+    draining: watch::Receiver<bool>,
     /// Dropped with the stream: tells its watchdog to end.
     _stop: oneshot::Sender<()>,
 }
@@ -492,10 +510,22 @@ impl EventStream {
             return None;
         }
         loop {
-            if !self.first && self.rx.changed().await.is_err() {
-                // The slot is gone for good: whatever it still had to send is this event.
-                self.lag.settle(u64::MAX, true);
-                return Some(self.gone());
+            if !self.first {
+                let changed = tokio::select! {
+                    r = self.rx.changed() => r,
+                    // The host stops serving: end the stream (the client resumes
+                    // elsewhere with Last-Event-ID).
+                    _ = self.draining.wait_for(|d| *d) => {
+                        self.done = true;
+                        return None;
+                    }
+                };
+                if changed.is_err() {
+                    // The slot is gone for good: whatever it still had to send is this
+                    // event.
+                    self.lag.settle(u64::MAX, true);
+                    return Some(self.gone());
+                }
             }
             self.first = false;
             // Cut off by the watchdog while hyper was not polling: end the body.

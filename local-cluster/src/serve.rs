@@ -14,6 +14,11 @@
 //!   oldest connection that has never had a request is closed to make room (a flood of idle
 //!   connections cannot lock real clients out); when there is none, the new connection is
 //!   closed at once. Either is logged, at most once a second with a count.
+//!
+//! Stopping (a SIGTERM) is graceful within a deadline: the listener closes, every
+//! connection finishes the requests in flight (the hosts make blocking queries answer and
+//! streams end at once) and closes; connections still open after `drain_timeout` are
+//! dropped, so a stop never waits on a client.
 
 use anyhow::Context as _;
 use axum::body::Body;
@@ -47,6 +52,10 @@ pub struct ConnLimits {
     /// Time a connection may stay open with no request in flight.
     #[serde(with = "humantime_serde_compat")]
     pub idle_timeout: Duration,
+    /// When stopping, the time requests in flight get to finish; connections still open
+    /// then are dropped.
+    #[serde(with = "humantime_serde_compat")]
+    pub drain_timeout: Duration,
 }
 
 impl Default for ConnLimits {
@@ -56,9 +65,14 @@ impl Default for ConnLimits {
             max_per_client: 2048,
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
+            drain_timeout: DEFAULT_DRAIN_TIMEOUT,
         }
     }
 }
+
+/// How long a stopping server lets requests in flight finish (see
+/// [`ConnLimits::drain_timeout`]).
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// File descriptors kept out of the connection budget, for everything else the process
 /// opens (the store, etcd and worker clients, replicas' pidfds and probes in `xced dev`).
@@ -125,7 +139,9 @@ pub(crate) fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListene
 }
 
 /// Binds `addr` (see [`listen`]) and serves `app` on it within `limits` until `stop`
-/// turns true; then every connection shuts down gracefully (in-flight requests finish).
+/// turns true; then the listener closes and every connection shuts down gracefully
+/// (in-flight requests finish), for at most `limits.drain_timeout`: the connections
+/// still open then are dropped. The task ends when every connection has.
 pub(crate) fn serve(
     addr: SocketAddr,
     app: axum::Router,
@@ -308,8 +324,20 @@ async fn accept_loop(
         ));
     }
     // Graceful: every connection finishes its in-flight requests (blocking queries and
-    // streams answer at once on shutdown) and ends.
-    while tasks.join_next().await.is_some() {}
+    // streams answer at once on shutdown) and ends; within the drain deadline.
+    drop(listener);
+    let drained = tokio::time::timeout(limits.drain_timeout, async {
+        while tasks.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        warn!(
+            connections = tasks.len(),
+            drain_timeout = ?limits.drain_timeout,
+            "drain deadline reached: dropping the connections still open"
+        );
+        tasks.shutdown().await;
+    }
     Ok(())
 }
 

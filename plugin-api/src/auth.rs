@@ -130,6 +130,13 @@ pub trait ApiExtension: Send + Sync + 'static {
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
         let _ = registry;
     }
+
+    /// Called by the host when it stops serving (a SIGTERM), after it stopped accepting
+    /// connections and before it waits for the requests in flight, which it cuts off after
+    /// a deadline: the extension ends its long requests now — a blocking query answers
+    /// with the current state, a stream ends — and answers later ones without waiting.
+    /// May be called more than once; the default does nothing.
+    fn drain(&self) {}
 }
 
 /// The JSON error every REST answer uses:

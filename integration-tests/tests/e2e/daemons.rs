@@ -165,6 +165,22 @@ impl Drop for EtcdCluster {
     }
 }
 
+/// `GET /healthz` on `127.0.0.1:port` (blocking, short timeouts): the status and body,
+/// `None` when nothing answers.
+pub fn healthz(port: u16) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let (head, body) = http_body(&raw);
+    let status = head.split(' ').nth(1)?.parse().ok()?;
+    Some((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
 /// A daemon whose stdout a thread reads; it notes when the announce line came.
 pub struct Daemon {
     pub child: Child,
@@ -398,12 +414,14 @@ impl Fleet {
         }
     }
 
-    /// The controller that serves now (standbys do not listen, a dead one neither).
+    /// The controller that serves now: its `/healthz` answers `ok` (a standby's says
+    /// `standby`, a dead one does not answer).
     pub fn serving_controller(&self) -> Result<usize> {
         (0..2)
             .find(|&c| {
                 self.controllers[c].is_some()
-                    && std::net::TcpStream::connect(("127.0.0.1", self.controller_ports[c])).is_ok()
+                    && healthz(self.controller_ports[c])
+                        .is_some_and(|(status, body)| status == 200 && body.trim() == "ok")
             })
             .context("no controller serves")
     }

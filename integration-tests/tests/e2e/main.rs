@@ -16,3 +16,4 @@ mod reliability_watch;
 mod restart;
 mod rollout;
 mod scale;
+mod shutdown;

@@ -66,13 +66,21 @@ impl std::fmt::Debug for ApiserverPlugins {
 }
 
 /// An apiserver serving on a socket.
-#[derive(Debug)]
 pub struct RunningApiserver {
     /// The bound address (useful with port 0).
     pub addr: SocketAddr,
     shutdown: watch::Sender<bool>,
     server: JoinHandle<std::io::Result<()>>,
     follower: JoinHandle<()>,
+    extensions: Vec<Arc<dyn ApiExtension>>,
+}
+
+impl std::fmt::Debug for RunningApiserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningApiserver")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Loads the state from etcd into the listeners, starts following it, binds and serves.
@@ -135,13 +143,20 @@ pub async fn start(
         shutdown,
         server,
         follower,
+        extensions: plugins.extensions,
     })
 }
 
 impl RunningApiserver {
-    /// Stops serving (in-flight requests finish) and stops following the store.
+    /// Stops serving and following the store: the listener closes, blocking queries
+    /// answer at once with the current state, streams end, other requests in flight
+    /// (forwarded ones) get up to `connections.drain_timeout` before their connections are
+    /// dropped.
     pub async fn shutdown(self) {
         let _ = self.shutdown.send(true);
+        for e in &self.extensions {
+            e.drain();
+        }
         let _ = self.server.await;
         self.follower.abort();
     }

@@ -24,6 +24,7 @@ pub(crate) mod model;
 pub mod quota;
 pub(crate) mod rollout;
 mod scheduler;
+pub mod standby;
 mod task;
 #[cfg(test)]
 mod tests;
@@ -207,6 +208,7 @@ impl Controller {
         for e in &extensions {
             e.register_metrics(&mut registry);
         }
+        standby::register_role(&mut registry, false);
         let timing = core::Timing {
             heartbeat_interval: cfg.heartbeat_interval,
             unreachable_after: cfg.unreachable_after,
@@ -272,11 +274,21 @@ impl Controller {
         router(self)
     }
 
-    /// Stops the state task (pending blocking queries answer at once) and waits for it.
-    /// The store is released when this returns, unless a router still holds a handle.
+    /// Stops the state task (pending blocking queries answer at once, the extensions'
+    /// watches end: see [`ApiExtension::drain`]) and waits for it. The store is released
+    /// when this returns, unless a router still holds a handle.
     pub async fn shutdown(self) {
-        let _ = self.shutdown.send(true);
+        self.drain();
         let _ = self.task.await;
+    }
+
+    /// Tells the state task, the server and the extensions to stop: blocking queries
+    /// answer with the current state, streams end, the listener closes.
+    fn drain(&self) {
+        let _ = self.shutdown.send(true);
+        for e in &self.api.extensions {
+            e.drain();
+        }
     }
 }
 
@@ -326,10 +338,11 @@ impl RunningController {
         self.controller.failed().await
     }
 
-    /// Stops serving (in-flight requests finish; blocking queries answer at once) and
-    /// stops the state task.
+    /// Stops serving and stops the state task: the listener closes, blocking queries
+    /// answer at once with the current state, streams end, other requests in flight get
+    /// up to `connections.drain_timeout` to finish before their connections are dropped.
     pub async fn shutdown(self) {
-        let _ = self.controller.shutdown.send(true);
+        self.controller.drain();
         let _ = self.server.await;
         self.controller.shutdown().await;
     }

@@ -48,6 +48,7 @@ fn limits(max_total: usize, max_per_client: usize) -> ConnLimits {
         max_per_client,
         header_timeout: Duration::from_millis(300),
         idle_timeout: Duration::from_millis(300),
+        drain_timeout: DEFAULT_DRAIN_TIMEOUT,
     }
 }
 
@@ -200,6 +201,68 @@ async fn at_the_total_cap_watches_stay_and_a_newcomer_is_refused() {
             .unwrap();
         assert!(String::from_utf8_lossy(&buf[..n]).contains("released"));
     }
+}
+
+#[tokio::test]
+async fn stopping_lets_requests_finish_within_the_drain_deadline_then_drops_the_rest() {
+    let (release_tx, release) = watch::channel(false);
+    let app = axum::Router::new()
+        .route(
+            "/hold",
+            get(move || {
+                let mut release = release.clone();
+                async move {
+                    let _ = release.wait_for(|r| *r).await;
+                    "released"
+                }
+            }),
+        )
+        .route("/forever", get(std::future::pending::<&'static str>));
+    let drain = Duration::from_millis(600);
+    let (stop_tx, stop) = watch::channel(false);
+    let (addr, task) = serve(
+        "127.0.0.1:0".parse().unwrap(),
+        app,
+        ConnLimits {
+            drain_timeout: drain,
+            ..limits(100, 100)
+        },
+        stop,
+    )
+    .unwrap();
+    let mut finishing = TcpStream::connect(addr).await.unwrap();
+    let mut stuck = TcpStream::connect(addr).await.unwrap();
+    for (s, path) in [(&mut finishing, "/hold"), (&mut stuck, "/forever")] {
+        let req = format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+    }
+    // Both requests reach their handlers.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let stopped = Instant::now();
+    stop_tx.send(true).unwrap();
+    tokio::time::sleep(drain / 3).await;
+    assert!(
+        TcpStream::connect(addr).await.is_err(),
+        "a stopping server accepts no connection"
+    );
+    release_tx.send(true).unwrap();
+    let mut buf = vec![0u8; 1024];
+    let n = finishing.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).contains("released"));
+    assert!(
+        closed_within(&mut stuck, drain * 10).await,
+        "dropped at the deadline"
+    );
+    tokio::time::timeout(drain * 10, task)
+        .await
+        .expect("the server task ends after the deadline")
+        .unwrap()
+        .unwrap();
+    assert!(
+        stopped.elapsed() >= drain,
+        "the stuck request had until the deadline"
+    );
 }
 
 #[test]

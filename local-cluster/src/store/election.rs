@@ -25,7 +25,7 @@ use super::etcd::{b64, check_endpoint, int, post, unb64, Failure, REQUIRE_LEADER
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -536,6 +536,8 @@ impl Leadership {
         let retry = (self.ttl / 10).clamp(Duration::from_millis(50), Duration::from_millis(500));
         let election = self.election.clone();
         let lease = self.lease;
+        let resigned = Arc::new(AtomicBool::new(false));
+        let resigning = resigned.clone();
         let thread = std::thread::Builder::new()
             .name("xce-leader-lease".into())
             .spawn(move || {
@@ -546,7 +548,13 @@ impl Leadership {
                         Err(mpsc::RecvTimeoutError::Timeout) => {}
                         _ => return,
                     }
-                    match me.keep_alive() {
+                    let renewed = me.keep_alive();
+                    // A renewal that was in flight when the leader resigned fails (the
+                    // lease is revoked): that is no loss to report.
+                    if resigning.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    match renewed {
                         Ok(()) => wait = period,
                         Err(ElectionError::Etcd(e)) if Instant::now() + retry < me.expires => {
                             tracing::warn!(error = %e, left = ?me.expires.saturating_duration_since(Instant::now()), "election: lease renewal failed; retrying");
@@ -571,6 +579,7 @@ impl Leadership {
             thread: Some(thread),
             election,
             lease,
+            resigned,
         }
     }
 }
@@ -582,12 +591,19 @@ pub struct Maintained {
     thread: Option<std::thread::JoinHandle<()>>,
     election: Election,
     lease: i64,
+    /// Set when resigning: a renewal still in flight then ends the thread quietly.
+    resigned: Arc<AtomicBool>,
 }
 
 impl Maintained {
-    /// Stops renewing and revokes the lease: a standby takes over at once.
+    /// Stops renewing and revokes the lease: a standby takes over at once. It does not
+    /// wait for a renewal in flight (that may take up to the lease's end when etcd is
+    /// slow); the renewing thread ends by itself, without calling `lost`.
     pub fn resign(mut self) -> Result<(), ElectionError> {
-        self.stop_thread();
+        self.resigned.store(true, Ordering::SeqCst);
+        drop(self.stop.take());
+        // Detached: the revocation must not wait for it.
+        drop(self.thread.take());
         self.election.revoke(self.lease)
     }
 

@@ -164,11 +164,17 @@ async fn run_apiserver(
         prefix: DEFAULT_PREFIX.to_owned(),
         connections: cfg.connections,
     };
+    let mut signals = Signals::new()?;
     let running = local_cluster::apiserver::start(acfg, tokens, plugins).await?;
     announce(running.addr);
-    shutdown_signal().await;
-    tracing::info!("shutting down");
-    running.shutdown().await;
+    let signal = signals.next().await;
+    tracing::info!(
+        signal,
+        drain_timeout = ?cfg.connections.drain_timeout,
+        "shutting down: watches end now, requests in flight get the drain deadline"
+    );
+    signals.or_exit_at_once(running.shutdown()).await;
+    tracing::info!("stopped");
     Ok(())
 }
 
@@ -207,6 +213,7 @@ async fn run_controller(
 ) -> Result<()> {
     let cfg = config::load_controller(&path)?;
     let tokens = load_tokens_of(tokens_flag, cfg.tokens.clone())?;
+    let mut signals = Signals::new()?;
     // With etcd, several controllers may share the store: only the elected one loads the
     // state and serves; the lease is renewed for as long as it runs.
     let mut leadership = None;
@@ -228,7 +235,14 @@ async fn run_controller(
             let id = controller_id(cfg.listen);
             let election = Election::new(endpoints.clone(), DEFAULT_PREFIX, &id, cfg.leader_ttl)
                 .context("invalid leader election")?;
-            let Some(leader) = campaign(election).await? else {
+            // A standby serves /healthz and /metrics only, on the address it will serve
+            // the API on; it gives the address up when elected.
+            let (following, leader_id) = tokio::sync::watch::channel(None);
+            let standby = controller::standby::serve(cfg.listen, cfg.connections, leader_id)?;
+            tracing::info!(addr = %standby.addr, "standby: serving /healthz and /metrics only");
+            let elected = campaign(election, following, &mut signals).await;
+            standby.stop().await;
+            let Some(leader) = elected? else {
                 tracing::info!("shutting down (standby)");
                 return Ok(());
             };
@@ -260,12 +274,24 @@ async fn run_controller(
     };
     announce(running.addr);
     let failed = tokio::select! {
-        () = shutdown_signal() => None,
+        signal = signals.next() => {
+            tracing::info!(
+                signal,
+                drain_timeout = ?cfg.connections.drain_timeout,
+                "shutting down: resigning first, then watches end and requests in flight get the drain deadline"
+            );
+            None
+        }
         reason = running.failed() => Some(reason),
     };
-    tracing::info!("shutting down");
-    running.shutdown().await;
-    resign(leadership).await;
+    signals
+        .or_exit_at_once(async {
+            // The leadership first: a standby takes over while this one drains.
+            resign(leadership).await;
+            running.shutdown().await;
+        })
+        .await;
+    tracing::info!("stopped");
     match failed {
         None => Ok(()),
         // Fail-stop: a standby (or a restart) reloads the state from the store.
@@ -273,15 +299,25 @@ async fn run_controller(
     }
 }
 
-/// Hands the leadership over at once rather than after the lease runs out.
+/// The longest a stopping leader waits for etcd to revoke its lease before it goes on
+/// stopping (the lease then runs out by itself).
+const RESIGN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Hands the leadership over at once rather than after the lease runs out: stops
+/// renewing and revokes the lease (waiting at most [`RESIGN_TIMEOUT`]).
 async fn resign(leadership: Option<Maintained>) {
     let Some(kept) = leadership else { return };
-    match tokio::task::spawn_blocking(move || kept.resign()).await {
-        Ok(Ok(())) => tracing::info!("resigned the leadership"),
-        Ok(Err(e)) => {
+    let revoked = tokio::task::spawn_blocking(move || kept.resign());
+    match tokio::time::timeout(RESIGN_TIMEOUT, revoked).await {
+        Ok(Ok(Ok(()))) => tracing::info!("resigned the leadership"),
+        Ok(Ok(Err(e))) => {
             tracing::warn!(error = %e, "could not resign; a standby takes over when the lease runs out")
         }
-        Err(e) => tracing::warn!(error = %e, "could not resign"),
+        Ok(Err(e)) => tracing::warn!(error = %e, "could not resign"),
+        Err(_) => tracing::warn!(
+            timeout = ?RESIGN_TIMEOUT,
+            "etcd did not confirm the resignation in time; a standby takes over when the lease runs out"
+        ),
     }
 }
 
@@ -296,8 +332,12 @@ fn controller_id(listen: SocketAddr) -> String {
 }
 
 /// Campaigns until this controller leads (`Some`) or it is told to stop (`None`). A
-/// standby neither loads the state nor listens.
-async fn campaign(election: Election) -> Result<Option<Leadership>> {
+/// standby does not load the state; `following` names the leader it waits on.
+async fn campaign(
+    election: Election,
+    following: tokio::sync::watch::Sender<Option<String>>,
+    signals: &mut Signals,
+) -> Result<Option<Leadership>> {
     let (tx, rx) = tokio::sync::oneshot::channel();
     // A thread, not `spawn_blocking`: a standby told to stop must not wait for it.
     std::thread::Builder::new()
@@ -305,6 +345,7 @@ async fn campaign(election: Election) -> Result<Option<Leadership>> {
         .spawn(move || {
             let r = election.campaign(|leader| {
                 tracing::info!("standby: waiting for leadership (leader: {leader})");
+                following.send_replace(Some(leader.to_owned()));
             });
             let _ = tx.send(r);
         })
@@ -317,7 +358,7 @@ async fn campaign(election: Election) -> Result<Option<Leadership>> {
             tracing::info!(id = leader.id(), ttl = ?leader.ttl(), "leader: loading the state from etcd");
             Ok(Some(leader))
         }
-        () = shutdown_signal() => Ok(None),
+        _ = signals.next() => Ok(None),
     }
 }
 
@@ -370,6 +411,44 @@ pub(crate) fn load_tokens(path: &std::path::Path) -> Result<local_cluster::auth:
 /// The line tests and scripts read to find the apiserver (also when listening on port 0).
 pub(crate) fn announce(addr: SocketAddr) {
     println!("xced: apiserver listening on http://{addr}");
+}
+
+/// SIGTERM and SIGINT as they come, handled from the daemon's start: the first starts a
+/// graceful stop, a second one ends the process at once.
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Self {
+            term: signal(SignalKind::terminate()).context("installing a SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing a SIGINT handler")?,
+        })
+    }
+
+    /// The next signal's name.
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
+
+    /// Runs the graceful stop `stop`; a signal meanwhile ends the process at once (status
+    /// 128 + the signal's number, as if killed by it).
+    async fn or_exit_at_once(&mut self, stop: impl std::future::Future<Output = ()>) {
+        tokio::select! {
+            () = stop => {}
+            signal = self.next() => {
+                tracing::warn!(signal, "second signal: exiting at once, without draining");
+                let code = if signal == "SIGINT" { 130 } else { 143 };
+                std::process::exit(code);
+            }
+        }
+    }
 }
 
 pub(crate) async fn shutdown_signal() {
