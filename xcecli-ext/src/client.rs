@@ -266,6 +266,12 @@ impl Client {
                 req = req.header(CONTENT_TYPE, *content_type).body(body.clone());
             }
             match req.send().await {
+                // A standby controller answers only its health: nothing happened there,
+                // so the next address is tried as for a refused connection.
+                Ok(resp) if k + 1 < n && is_standby(&resp) => {
+                    skipped.push(without_query(&url));
+                    k += 1;
+                }
                 Ok(resp) => {
                     self.current.store(at, Ordering::Relaxed);
                     break (url, resp);
@@ -534,6 +540,11 @@ impl Client {
 }
 
 /// One apiserver URL of `--api`: `http://HOST[:PORT][/PATH]`.
+/// A standby controller's `503` (it marks it with `X-Xce-Standby`, so no body is read).
+fn is_standby(resp: &reqwest::Response) -> bool {
+    resp.status() == StatusCode::SERVICE_UNAVAILABLE && resp.headers().contains_key("x-xce-standby")
+}
+
 fn check_base(api: &str) -> Result<Url, String> {
     if !api.contains("://") {
         return Err(format!(

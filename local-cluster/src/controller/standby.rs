@@ -98,6 +98,10 @@ fn not_served(leader: Option<&str>) -> Response {
     .into_response();
     resp.headers_mut()
         .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    // Clients with a list of controllers (xcecli --api A,B) move on when they see it,
+    // without reading the body.
+    resp.headers_mut()
+        .insert("x-xce-standby", HeaderValue::from_static("1"));
     resp
 }
 
