@@ -172,6 +172,8 @@ struct Registry {
     /// make room at a cap.
     unserved: BTreeMap<u64, (IpAddr, Arc<Conn>)>,
     unserved_of: HashMap<IpAddr, BTreeSet<u64>>,
+    /// Evicted connections whose sockets are not closed yet (see [`MAX_CLOSING`]).
+    closing: usize,
     /// Refusals and evictions since the last log line, and when that was.
     refused: u64,
     evicted: u64,
@@ -229,6 +231,9 @@ impl Registry {
             conn.wake.notify_one();
             self.closed(id, ip);
             self.evicted += 1;
+            // Its socket stays open until its task runs and drops it: counted here until
+            // then, so the accept loop cannot outrun the closing (descriptors stay bounded).
+            self.closing += 1;
         }
     }
 
@@ -269,6 +274,11 @@ struct Conn {
     wake: Notify,
 }
 
+/// At most this many evicted connections may be waiting for their sockets to close before
+/// the accept loop waits for them: at a cap, a flood can otherwise be accepted faster than
+/// the evicted sockets close, and the process runs out of descriptors after all.
+const MAX_CLOSING: usize = 64;
+
 async fn accept_loop(
     listener: tokio::net::TcpListener,
     app: axum::Router,
@@ -276,8 +286,20 @@ async fn accept_loop(
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let registry = Arc::new(Mutex::new(Registry::default()));
+    let closed = Arc::new(Notify::new());
     let mut tasks = tokio::task::JoinSet::new();
     loop {
+        // Wait while too many evicted sockets are still open.
+        loop {
+            let wait = closed.notified();
+            if registry.lock().unwrap().closing < MAX_CLOSING {
+                break;
+            }
+            tokio::select! {
+                () = wait => {}
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            }
+        }
         let accepted = tokio::select! {
             r = listener.accept() => r,
             _ = stop.wait_for(|s| *s) => break,
@@ -317,9 +339,8 @@ async fn accept_loop(
             app.clone(),
             limits,
             conn,
-            id,
-            ip,
-            registry.clone(),
+            (id, ip),
+            (registry.clone(), closed.clone()),
             stop.clone(),
         ));
     }
@@ -347,9 +368,8 @@ async fn connection(
     app: axum::Router,
     limits: ConnLimits,
     conn: Arc<Conn>,
-    id: u64,
-    ip: IpAddr,
-    registry: Arc<Mutex<Registry>>,
+    (id, ip): (u64, IpAddr),
+    (registry, closed): (Arc<Mutex<Registry>>, Arc<Notify>),
     mut stop: watch::Receiver<bool>,
 ) {
     let svc = {
@@ -401,10 +421,12 @@ async fn connection(
     builder
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
-    let c = builder
-        .serve_connection(TokioIo::new(stream), svc)
-        .with_upgrades();
-    tokio::pin!(c);
+    // Boxed so it can be dropped (its socket closed) before the accounting below.
+    let mut c = Box::pin(
+        builder
+            .serve_connection(TokioIo::new(stream), svc)
+            .with_upgrades(),
+    );
     let mut idle_since = Instant::now();
     let mut closing = false;
     loop {
@@ -445,8 +467,13 @@ async fn connection(
             }
         }
     }
-    if !conn.evicted.load(Ordering::SeqCst) {
-        registry.lock().unwrap().closed(id, ip);
+    drop(c);
+    let mut r = registry.lock().unwrap();
+    if conn.evicted.load(Ordering::SeqCst) {
+        r.closing -= 1;
+        closed.notify_one();
+    } else {
+        r.closed(id, ip);
     }
 }
 
