@@ -8,6 +8,7 @@ mod address;
 mod dev;
 mod ha;
 mod reliability;
+mod reliability_flood;
 mod reliability_input;
 mod reliability_watch;
 mod restart;
