@@ -109,6 +109,24 @@ fn open_fds(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count)
 }
 
+/// Established connections to `server` from `client` (the server's ends), from
+/// /proc/net/tcp: what xced counts against `max_per_client` for that address.
+fn conns_from(server: SocketAddrV4, client: Ipv4Addr) -> usize {
+    let hex = |ip: Ipv4Addr| format!("{:08X}", u32::from_le_bytes(ip.octets()));
+    let local = format!("{}:{:04X}", hex(*server.ip()), server.port());
+    let remote = format!("{}:", hex(client));
+    let text = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    text.lines()
+        .skip(1)
+        .filter(|l| {
+            let mut w = l.split_whitespace().skip(1);
+            w.next() == Some(local.as_str())
+                && w.next().is_some_and(|r| r.starts_with(&remote))
+                && w.next() == Some("01")
+        })
+        .count()
+}
+
 // === the flood ===
 
 /// What happened to one flood connection.
@@ -139,6 +157,8 @@ struct FloodReport {
     /// The most connections it held open at once, all together and from 127.7.0.1.
     peak_open: usize,
     peak_open_top_source: usize,
+    /// Server ends of connections from 127.7.0.1 when the flood had opened them all.
+    top_source_held: usize,
 }
 
 /// Open-connection counts of the flood, all together and per source address.
@@ -245,6 +265,8 @@ fn flood(server: SocketAddrV4, budget: usize) -> std::thread::JoinHandle<FloodRe
                 attempted += 1;
             }
             let opened_until = Instant::now();
+            // What xced holds from 127.7.0.1 (and has not closed) once the flood is open.
+            let top_source_held = conns_from(server, source_ip(0));
             // Wait for the server to close what is left: every connection has had the
             // header timeout since its connect, plus slack; then give up on the rest.
             let give_up = tokio::time::Instant::from_std(
@@ -286,6 +308,7 @@ fn flood(server: SocketAddrV4, budget: usize) -> std::thread::JoinHandle<FloodRe
                 not_attempted: FLOOD - attempted,
                 peak_open: open.peak,
                 peak_open_top_source: open.peak_per_source[0],
+                top_source_held,
             }
         })
     })
@@ -609,6 +632,23 @@ async fn a_flood_of_idle_connections_is_shed_while_reads_and_watchers_go_on() {
         dropped: Vec::new(),
         first_seen: BTreeMap::new(),
     };
+    // How many connections 127.0.0.1 holds while they connect (xced's `max_per_client`
+    // applies to them too), sampled every 50 ms.
+    let server: SocketAddrV4 = api.base.trim_start_matches("http://").parse().unwrap();
+    let (local_peak_tx, local_peak_rx) = watch::channel(0usize);
+    let local_sampler = tokio::spawn(async move {
+        loop {
+            let n = tokio::task::spawn_blocking(move || conns_from(server, Ipv4Addr::LOCALHOST))
+                .await
+                .unwrap_or(0);
+            local_peak_tx.send_if_modified(|p| {
+                let more = n > *p;
+                *p = (*p).max(n);
+                more
+            });
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
     let deadline = tokio::time::Instant::now() + patience();
     let connected = watchers.until_all_above(0, deadline).await;
     let watchers_connected = connected.iter().filter(|c| c.is_some()).count();
@@ -630,6 +670,9 @@ async fn a_flood_of_idle_connections_is_shed_while_reads_and_watchers_go_on() {
     })
     .await;
 
+    local_sampler.abort();
+    let local_peak = *local_peak_rx.borrow();
+    let local_quiet = conns_from(server, Ipv4Addr::LOCALHOST);
     // The flood, with the server's descriptors sampled every 100 ms meanwhile.
     let fds_before = open_fds(pid);
     let sampling = Arc::new(AtomicBool::new(true));
@@ -649,7 +692,6 @@ async fn a_flood_of_idle_connections_is_shed_while_reads_and_watchers_go_on() {
             (peak, samples)
         })
     };
-    let server: SocketAddrV4 = api.base.trim_start_matches("http://").parse().unwrap();
     let flood_thread = flood(server, budget);
     let report = tokio::task::spawn_blocking(move || flood_thread.join().expect("flood thread"))
         .await
@@ -784,12 +826,14 @@ async fn a_flood_of_idle_connections_is_shed_while_reads_and_watchers_go_on() {
         "FIGURE scenario 10 connection flood: xced nofile soft={} hard={} (started with {soft_limit}:{hard_limit}, raise logged={}) \
          flood={FLOOD} from {SOURCES} addresses (127.7.0.1: {}, the others {} each), half_request_line={half_opened} \
          opened={opened} connect_failed={connect_failed}{} not_attempted={} opened_in={}s client_budget={budget} client_peak_open={} (127.7.0.1: {}) \
+         held_by_xced_from_127.7.0.1_when_all_opened={} (max_per_client 2048) \
          shed={shed}/{opened} (at a cap: {shed_at_cap}, by the {}s header timeout: {shed_by_timeout}; half-line ones {half_shed}/{half_opened}, held p50={}s max={}s) \
          longest_held={}s still_open_at_give_up={still_open} flood_connections_sent_bytes={flood_got_bytes} all_shed_after={}s; \
          cap_log_lines={} (logged closed_idle={} refused={}) emfile_log_lines={}{}; \
          xced_fds before={fds_before} peak={peak_fds} (at +{}s) after={fds_after} ({fd_samples} samples) limit={} max_connections={max_connections}; \
          reads={} answered={answered} (quiet, 1,000 watchers connected: {}; flood: {}, of which opening: {}, shedding: {}){}; \
-         watchers={WATCHERS} (streams={} blocking={}) connected={watchers_connected} parked before={parked_before} after_flood={parked_after} \
+         watchers={WATCHERS} (streams={} blocking={}) connected={watchers_connected} \
+         (connections from 127.0.0.1 while they connected: peak {local_peak}, then {local_quiet}; max_per_client 2048) parked before={parked_before} after_flood={parked_after} \
          dropped={dropped_n} ({dropped_phases}) saw_change={saw_change}/{WATCHERS} (p50={}ms max={}ms, includes the ≤1s probe); \
          endpoint_changes_during_flood={changes_during_flood} hosts_ready={hosts_ready}/2 leaked_ports={leaked}",
         server_nofile.0,
@@ -805,6 +849,7 @@ async fn a_flood_of_idle_connections_is_shed_while_reads_and_watchers_go_on() {
         secs(report.opened_until - report.started),
         report.peak_open,
         report.peak_open_top_source,
+        report.top_source_held,
         HEADER_TIMEOUT.as_secs(),
         secs(pct(&half_held, 50)),
         secs(half_held.last().copied().unwrap_or_default()),
