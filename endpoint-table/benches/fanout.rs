@@ -290,7 +290,9 @@ fn serve_snapshot() -> ClusterSnapshot {
 fn render_us(service: &str) -> f64 {
     let mut table = Table::new();
     table.resync(&serve_snapshot());
-    let entry = table.entry(service).unwrap();
+    let entry = table
+        .entry(&plugin_api::ServiceKey::new("default", service))
+        .unwrap();
     let n = 2_000;
     let t = Instant::now();
     for _ in 0..n {

@@ -8,9 +8,12 @@ use crate::metrics::Metrics;
 use crate::queue::{Queue, Update};
 use crate::table::Change;
 use axum::http::StatusCode;
-use plugin_api::{ApiContext, ApiError, ApiExtension, Permission, Principal};
+use plugin_api::{
+    resolve_service, ApiContext, ApiError, ApiExtension, Permission, Principal, Resolved,
+    ServiceKey,
+};
 use prometheus_client::metrics::histogram::Histogram;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Instant;
 use tokio::sync::watch;
@@ -58,7 +61,10 @@ pub(crate) struct Shared {
 struct ApiState {
     /// Whether a resync arrived (until then the routes answer 503).
     synced: bool,
-    slots: HashMap<String, watch::Sender<Slot>>,
+    /// One watch channel per service, by service name, then project: a path's name finds
+    /// every project that has a service of that name. A slot is here exactly while its
+    /// service exists (it leaves the map when it is emptied).
+    slots: HashMap<String, BTreeMap<String, watch::Sender<Slot>>>,
 }
 
 #[derive(Debug, Default)]
@@ -120,10 +126,11 @@ impl EndpointApi {
         let _ = applied.wait_for(|g| *g >= target).await;
     }
 
-    /// The entry of `service` as served now (no access control: for the host's own use).
-    pub fn entry(&self, service: &str) -> Option<Arc<Entry>> {
+    /// The entry of service `key` as served now (no access control: for the host's own
+    /// use).
+    pub fn entry(&self, key: &ServiceKey) -> Option<Arc<Entry>> {
         let state = self.shared.read();
-        let entry = state.slots.get(service)?.borrow().entry.clone();
+        let entry = state.slot(&key.project, &key.name)?.borrow().entry.clone();
         entry
     }
 
@@ -222,38 +229,37 @@ impl Shared {
         match update {
             Update::Resync { entries } => {
                 state.synced = true;
-                let mut entries: HashMap<String, Arc<Entry>> = entries
-                    .into_iter()
-                    .map(|e| (e.service.clone(), e))
-                    .collect();
-                state.slots.retain(|name, tx| match entries.remove(name) {
-                    Some(entry) => {
-                        set(tx, Some(entry), at);
-                        true
-                    }
-                    None => {
-                        set(tx, None, at);
-                        false
-                    }
-                });
-                for (name, entry) in entries {
-                    state.slots.insert(name, new_slot(entry, delivery));
+                let mut entries: HashMap<ServiceKey, Arc<Entry>> =
+                    entries.into_iter().map(|e| (e.key(), e)).collect();
+                for (name, projects) in &mut state.slots {
+                    projects.retain(|project, tx| {
+                        match entries.remove(&ServiceKey::new(project, name)) {
+                            Some(entry) => {
+                                set(tx, Some(entry), at);
+                                true
+                            }
+                            None => {
+                                set(tx, None, at);
+                                false
+                            }
+                        }
+                    });
+                }
+                state.slots.retain(|_, projects| !projects.is_empty());
+                for (key, entry) in entries {
+                    state.insert(key, new_slot(entry, delivery));
                 }
             }
             Update::Change {
                 change: Change::Upsert { entry },
-            } => match state.slots.get(&entry.service) {
+            } => match state.slot(&entry.project, &entry.service) {
                 Some(tx) => set(tx, Some(entry), at),
-                None => {
-                    state
-                        .slots
-                        .insert(entry.service.clone(), new_slot(entry, delivery));
-                }
+                None => state.insert(entry.key(), new_slot(entry, delivery)),
             },
             Update::Change {
-                change: Change::Removed { service },
+                change: Change::Removed { service, project },
             } => {
-                if let Some(tx) = state.slots.remove(&service) {
+                if let Some(tx) = state.remove(&project, &service) {
                     set(&tx, None, at);
                 }
             }
@@ -270,8 +276,8 @@ impl Shared {
     }
 
     #[cfg(test)]
-    pub(crate) fn subscribe(&self, service: &str) -> Option<watch::Receiver<Slot>> {
-        Some(self.read().slots.get(service)?.subscribe())
+    pub(crate) fn subscribe(&self, key: &ServiceKey) -> Option<watch::Receiver<Slot>> {
+        Some(self.read().slot(&key.project, &key.name)?.subscribe())
     }
 
     /// 503 until the first resync arrived: never serve an empty table while catching up.
@@ -292,22 +298,35 @@ impl Shared {
         }
     }
 
-    /// The watch channel and current entry of `service`, if it exists and `principal` may
-    /// view it; otherwise the one 404 (unknown and invisible answer the same).
+    /// The watch channel and current entry of the service a path's `name` (and
+    /// `?project=`) resolves to for `principal` (DESIGN §5): among the projects it may
+    /// view that have a service `name`, exactly `project` when given. None: the one 404,
+    /// the same bytes whether the name is unknown, only in projects the caller cannot
+    /// view, or `project` is one it cannot view. Several (no `project`): 409 listing only
+    /// those of the caller's projects.
     pub(crate) fn visible(
         &self,
         principal: &Principal,
-        service: &str,
+        name: &str,
+        project: Option<&str>,
     ) -> Result<(watch::Receiver<Slot>, Arc<Entry>), ApiError> {
-        let not_found = || ApiError::service_not_found(service);
-        let rx = self
-            .read()
-            .slots
-            .get(service)
+        let not_found = || ApiError::service_not_found(name);
+        let may = |p: &str| principal.may(Permission::JobView, p);
+        let state = self.read();
+        let key = match resolve_service(name, project, state.projects_of(name), may) {
+            Resolved::Found(key) => key,
+            Resolved::NotFound => return Err(not_found()),
+            Resolved::Ambiguous(projects) => {
+                return Err(ApiError::ambiguous_service(name, &projects))
+            }
+        };
+        let rx = state
+            .slot(&key.project, &key.name)
             .ok_or_else(not_found)?
             .subscribe();
+        drop(state);
         let entry = rx.borrow().entry.clone().ok_or_else(not_found)?;
-        if !principal.may(Permission::JobView, &entry.project) {
+        if !may(&entry.project) {
             return Err(not_found());
         }
         Ok((rx, entry))
@@ -320,16 +339,23 @@ impl Shared {
         tracker.register()
     }
 
-    /// Every entry `principal` may view, by service name.
-    pub(crate) fn visible_entries(&self, principal: &Principal) -> Vec<Arc<Entry>> {
+    /// Every entry `principal` may view (only those of `project` when given), by service
+    /// name, then project.
+    pub(crate) fn visible_entries(
+        &self,
+        principal: &Principal,
+        project: Option<&str>,
+    ) -> Vec<Arc<Entry>> {
         let mut entries: Vec<Arc<Entry>> = self
             .read()
             .slots
             .values()
+            .flat_map(|projects| projects.values())
             .filter_map(|tx| tx.borrow().entry.clone())
+            .filter(|e| project.is_none_or(|p| p == e.project))
             .filter(|e| principal.may(Permission::JobView, &e.project))
             .collect();
-        entries.sort_by(|a, b| a.service.cmp(&b.service));
+        entries.sort_by(|a, b| (&a.service, &a.project).cmp(&(&b.service, &b.project)));
         entries
     }
 
@@ -373,6 +399,35 @@ impl Shared {
             shared: self.clone(),
             principal: principal.name.clone(),
         })
+    }
+}
+
+// === impl ApiState ===
+
+impl ApiState {
+    /// The slot of service `name` in `project`.
+    fn slot(&self, project: &str, name: &str) -> Option<&watch::Sender<Slot>> {
+        self.slots.get(name)?.get(project)
+    }
+
+    /// The projects that have a service `name`.
+    fn projects_of<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a str> {
+        let projects = self.slots.get(name).into_iter().flat_map(|p| p.keys());
+        projects.map(String::as_str)
+    }
+
+    fn insert(&mut self, key: ServiceKey, tx: watch::Sender<Slot>) {
+        let projects = self.slots.entry(key.name).or_default();
+        projects.insert(key.project, tx);
+    }
+
+    fn remove(&mut self, project: &str, name: &str) -> Option<watch::Sender<Slot>> {
+        let projects = self.slots.get_mut(name)?;
+        let tx = projects.remove(project);
+        if projects.is_empty() {
+            self.slots.remove(name);
+        }
+        tx
     }
 }
 

@@ -1,13 +1,14 @@
 //! The table's value type: one service's entry, as the controller side computes it and the
 //! apiserver side serves it. Serializable so a remote feed can ship it.
 
-use plugin_api::JobState;
+use plugin_api::{JobState, ServiceKey};
 use port_resource::grant::Protocol;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
-/// One service's entry in the endpoint table.
+/// One service's entry in the endpoint table. A service is identified by its project and
+/// its name together ([`Entry::key`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
     /// Service name.
@@ -92,6 +93,11 @@ pub struct Replica {
 // === impl Entry ===
 
 impl Entry {
+    /// What identifies the service: (project, name).
+    pub fn key(&self) -> ServiceKey {
+        ServiceKey::new(&self.project, &self.service)
+    }
+
     /// The replicas that are endpoints (see [`Replica::is_endpoint`]).
     pub fn endpoints(&self) -> impl Iterator<Item = &Replica> {
         self.replicas.iter().filter(|r| r.is_endpoint())

@@ -34,13 +34,14 @@ impl TableFeed {
             match change {
                 Change::Upsert { entry } => tracing::debug!(
                     service = %entry.service,
+                    project = %entry.project,
                     index = entry.index,
                     endpoints = entry.endpoints().count(),
                     rev,
                     "endpoint entry changed"
                 ),
-                Change::Removed { service } => {
-                    tracing::debug!(service = %service, rev, "endpoint entry removed")
+                Change::Removed { service, project } => {
+                    tracing::debug!(%service, %project, rev, "endpoint entry removed")
                 }
             }
         }

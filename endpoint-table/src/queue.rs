@@ -10,6 +10,7 @@
 
 use crate::entry::Entry;
 use crate::table::Change;
+use plugin_api::ServiceKey;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
@@ -36,9 +37,9 @@ pub enum Update {
 #[derive(Debug, Default)]
 struct Pending {
     /// A resync not taken yet, with the changes since applied on top, and when it came.
-    resync: Option<(BTreeMap<String, Arc<Entry>>, Instant)>,
+    resync: Option<(BTreeMap<ServiceKey, Arc<Entry>>, Instant)>,
     /// Changes not taken yet, by service, with when the oldest of them came.
-    changes: BTreeMap<String, (Change, Instant)>,
+    changes: BTreeMap<ServiceKey, (Change, Instant)>,
     /// How many pushes there were, ever.
     generation: u64,
     /// The producer is gone.
@@ -71,10 +72,7 @@ impl Queue {
     /// Queues a full resync; pending changes are superseded by it.
     pub(crate) fn push_resync(&self, entries: impl IntoIterator<Item = Arc<Entry>>, at: Instant) {
         let mut pending = self.lock();
-        let entries = entries
-            .into_iter()
-            .map(|e| (e.service.clone(), e))
-            .collect();
+        let entries = entries.into_iter().map(|e| (e.key(), e)).collect();
         pending.resync = Some((entries, at));
         pending.changes.clear();
         pending.generation += 1;
@@ -91,7 +89,7 @@ impl Queue {
         let mut pending = self.lock();
         let pending = &mut *pending;
         for change in changes {
-            let service = change.service().to_owned();
+            let service = change.key();
             if let Some((entries, _)) = &mut pending.resync {
                 match change {
                     Change::Upsert { entry } => entries.insert(service, entry),
@@ -172,10 +170,12 @@ mod tests {
     use super::*;
     use expect_test::{expect, Expect};
 
+    /// `service` is `name` or `project/name` (project `p` when not given).
     fn entry(service: &str, index: u64) -> Arc<Entry> {
+        let (project, name) = service.split_once('/').unwrap_or(("p", service));
         Arc::new(Entry {
-            service: service.into(),
-            project: "p".into(),
+            service: name.into(),
+            project: project.into(),
             index,
             ports: vec![],
             replicas: vec![],
@@ -190,8 +190,10 @@ mod tests {
     }
 
     fn removed(service: &str) -> Change {
+        let (project, name) = service.split_once('/').unwrap_or(("p", service));
         Change::Removed {
-            service: service.into(),
+            service: name.into(),
+            project: project.into(),
         }
     }
 
@@ -220,16 +222,16 @@ mod tests {
                             Update::Resync { entries } => {
                                 let e: Vec<_> = entries
                                     .iter()
-                                    .map(|e| format!("{}#{}", e.service, e.index))
+                                    .map(|e| format!("{}#{}", e.key(), e.index))
                                     .collect();
                                 format!("resync[{}]", e.join(" "))
                             }
                             Update::Change {
                                 change: Change::Upsert { entry },
-                            } => format!("{}#{}", entry.service, entry.index),
+                            } => format!("{}#{}", entry.key(), entry.index),
                             Update::Change {
-                                change: Change::Removed { service },
-                            } => format!("-{service}"),
+                                change: change @ Change::Removed { .. },
+                            } => format!("-{}", change.key()),
                         })
                         .collect();
                     out.push_str(&format!(
@@ -248,22 +250,24 @@ mod tests {
         check(
             vec![
                 Op::Drain,
-                Op::Changes(vec![upsert("a", 1), upsert("b", 2)]),
+                Op::Changes(vec![upsert("a", 1), upsert("b", 2), upsert("q/a", 2)]),
+                // Replaces p/a#1 only: q/a is another service.
                 Op::Changes(vec![upsert("a", 3)]),
                 Op::Changes(vec![]),
                 Op::Changes(vec![removed("b")]),
                 Op::Drain,
                 Op::Drain,
                 Op::Changes(vec![upsert("a", 4)]),
-                Op::Resync(vec![entry("a", 5), entry("c", 5)]),
+                Op::Resync(vec![entry("a", 5), entry("c", 5), entry("q/c", 5)]),
+                // Removes p/c only.
                 Op::Changes(vec![upsert("d", 6), removed("c")]),
                 Op::Drain,
             ],
             expect![[r#"
                 drain: nothing
-                drain gen 3: a#3, -b
+                drain gen 3: p/a#3, -p/b, q/a#2
                 drain: nothing
-                drain gen 6: resync[a#5 d#6]
+                drain gen 6: resync[p/a#5 p/d#6 q/c#5]
             "#]],
         );
     }

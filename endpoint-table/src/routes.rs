@@ -12,7 +12,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
-use plugin_api::{ApiContext, ApiError, Permission, Principal};
+use plugin_api::{ApiContext, ApiError, Permission, Principal, ServiceKey};
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -27,6 +27,9 @@ type Params = Result<Query<RawParams>, QueryRejection>;
 
 /// Builds the routes. Paths: `/v1/services/{name}/endpoints`,
 /// `/v1/services/{name}/endpoints/stream`, `/v1/sd/prometheus`, `/v1/endpoints`.
+///
+/// A service is identified by (project, name): `{name}` and `?service=` resolve among the
+/// projects the caller may view, `?project=` picking one (see `Shared::visible`).
 pub(crate) fn router(shared: Arc<Shared>, cx: ApiContext) -> Router {
     Router::new()
         .route("/v1/services/{name}/endpoints", get(entry))
@@ -48,6 +51,7 @@ struct RawParams {
     index: Option<String>,
     wait: Option<String>,
     service: Option<String>,
+    project: Option<String>,
 }
 
 /// How to render an entry.
@@ -66,9 +70,13 @@ struct Blocking {
 }
 
 fn params(query: Params) -> Result<RawParams, ApiError> {
-    query
+    let p = query
         .map(|Query(p)| p)
-        .map_err(|e| ApiError::bad_param("query", e.body_text()))
+        .map_err(|e| ApiError::bad_param("query", e.body_text()))?;
+    if p.project.as_deref() == Some("") {
+        return Err(ApiError::bad_param("project", "must not be empty"));
+    }
+    Ok(p)
 }
 
 // === impl View ===
@@ -244,7 +252,7 @@ async fn entry(
     let p = params(query)?;
     let view = View::parse(&p, &headers)?;
     let blocking = Blocking::parse(&p, &shared)?;
-    let (mut rx, entry) = shared.visible(&principal, &name)?;
+    let (mut rx, entry) = shared.visible(&principal, &name, p.project.as_deref())?;
     view.check(&entry)?;
     if let Some(blocking) = blocking {
         if entry.index <= blocking.index && !blocking.wait.is_zero() {
@@ -301,7 +309,7 @@ async fn wait_for_change(
     }
 }
 
-/// `GET /v1/sd/prometheus?service=S&port=P`
+/// `GET /v1/sd/prometheus[?service=S][&port=P][&project=P]`
 async fn prometheus_sd(
     State(shared): State<Arc<Shared>>,
     principal: Principal,
@@ -309,11 +317,24 @@ async fn prometheus_sd(
 ) -> Result<Response, ApiError> {
     shared.ensure_synced()?;
     let p = params(query)?;
-    let service = p
-        .service
-        .as_deref()
-        .ok_or_else(|| ApiError::bad_param("service", "required"))?;
-    let (_, entry) = shared.visible(&principal, service)?;
+    let Some(service) = p.service.as_deref() else {
+        // Without `service=`: every service the caller may view (of `project=`), one
+        // target group per ready replica and port (`port=` keeps that port only); one
+        // scrape job covers the cluster and relabeling picks (DESIGN §5).
+        let mut groups = Vec::new();
+        for entry in shared.visible_entries(&principal, p.project.as_deref()) {
+            let ports: std::collections::BTreeSet<&String> = entry
+                .endpoints()
+                .flat_map(|r| r.ports.keys())
+                .filter(|name| p.port.as_ref().is_none_or(|want| *name == want))
+                .collect();
+            for port in ports {
+                groups.extend(wire::prometheus_sd(&entry, port));
+            }
+        }
+        return Ok(Json(groups).into_response());
+    };
+    let (_, entry) = shared.visible(&principal, service, p.project.as_deref())?;
     let view = View {
         port: p.port.clone(),
         all: false,
@@ -326,7 +347,7 @@ async fn prometheus_sd(
     Ok(resp)
 }
 
-/// `GET /v1/endpoints`: every entry the caller may view.
+/// `GET /v1/endpoints[?project=P]`: every entry the caller may view (of project P).
 async fn list(
     State(shared): State<Arc<Shared>>,
     principal: Principal,
@@ -336,7 +357,7 @@ async fn list(
     let p = params(query)?;
     let all = View::parse(&p, &HeaderMap::new())?.all;
     let services = shared
-        .visible_entries(&principal)
+        .visible_entries(&principal, p.project.as_deref())
         .iter()
         .map(|e| EndpointsAnswer::new(e, None, all))
         .collect();
@@ -369,13 +390,14 @@ async fn stream(
                 })?,
         ),
     };
-    let (rx, entry) = shared.visible(&principal, &name)?;
+    let (rx, entry) = shared.visible(&principal, &name, p.project.as_deref())?;
     view.check(&entry)?;
     let place = Place {
         _counted: shared.watcher(&principal)?,
         recipient: shared.recipient(&rx),
     };
-    tracing::debug!(service = %name, index = entry.index, last_event_id, "stream opened");
+    let key = entry.key();
+    tracing::debug!(service = %key, index = entry.index, last_event_id, "stream opened");
     let lag = Arc::new(Lag {
         taken: AtomicU64::new(rx.borrow().seq),
         place: Mutex::new(Some(place)),
@@ -386,7 +408,7 @@ async fn stream(
         lag.clone(),
         stopped,
         shared.clone(),
-        name.clone(),
+        key.clone(),
         principal.name.clone(),
     ));
     let events = EventStream {
@@ -395,6 +417,7 @@ async fn stream(
         done: false,
         sent: last_event_id,
         name,
+        key,
         principal,
         view,
         shared: shared.clone(),
@@ -428,7 +451,10 @@ struct EventStream {
     done: bool,
     /// The index of the last entry the client has (sent, or named by `Last-Event-ID`).
     sent: Option<u64>,
+    /// The name in the path (the 404 at the end names it, as the 404 of a request does).
     name: String,
+    /// The service followed.
+    key: ServiceKey,
     principal: Principal,
     view: View,
     shared: Arc<Shared>,
@@ -483,7 +509,7 @@ impl EventStream {
                 .saturating_sub(self.lag.taken.load(Ordering::Acquire));
             if behind > self.shared.cfg.stream_buffer {
                 self.lag
-                    .cut_off(&self.shared, &self.name, &self.principal.name, behind);
+                    .cut_off(&self.shared, &self.key, &self.principal.name, behind);
                 self.done = true;
                 return None;
             }
@@ -556,13 +582,13 @@ impl Lag {
     }
 
     /// Cuts the client off (once: the stream and its watchdog may both see the lag).
-    fn cut_off(&self, shared: &Shared, service: &str, principal: &str, behind: u64) {
+    fn cut_off(&self, shared: &Shared, service: &ServiceKey, principal: &str, behind: u64) {
         if self.release().is_none() {
             return;
         }
         shared.metrics.streams_lagged.inc();
         tracing::info!(
-            service,
+            %service,
             principal,
             behind,
             "stream client fell behind, disconnecting it"
@@ -579,7 +605,7 @@ async fn watchdog(
     lag: Arc<Lag>,
     mut stopped: oneshot::Receiver<()>,
     shared: Arc<Shared>,
-    service: String,
+    service: ServiceKey,
     principal: String,
 ) {
     loop {

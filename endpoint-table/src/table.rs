@@ -2,7 +2,9 @@
 //! [`Change`] per service whose entry really changed.
 
 use crate::entry::{DeclaredPort, Entry, Replica};
-use plugin_api::{ClusterEvent, ClusterSnapshot, HostInfo, JobInfo, JobState, ServiceInfo};
+use plugin_api::{
+    ClusterEvent, ClusterSnapshot, HostInfo, JobInfo, JobState, ServiceInfo, ServiceKey,
+};
 use port_resource::grant::{PortGrant, Protocol};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -17,19 +19,22 @@ pub enum Change {
         /// The whole new entry.
         entry: Arc<Entry>,
     },
-    /// The service is gone from the table.
+    /// The service is gone from the table. Only that project's service of that name: a
+    /// service of the same name in another project is another service.
     Removed {
         /// Its name.
         service: String,
+        /// Its project.
+        project: String,
     },
 }
 
 impl Change {
     /// The service the change is about.
-    pub fn service(&self) -> &str {
+    pub fn key(&self) -> ServiceKey {
         match self {
-            Change::Upsert { entry } => &entry.service,
-            Change::Removed { service } => service,
+            Change::Upsert { entry } => entry.key(),
+            Change::Removed { service, project } => ServiceKey::new(project, service),
         }
     }
 }
@@ -37,14 +42,13 @@ impl Change {
 /// What the table keeps of a service.
 #[derive(Debug, Clone)]
 struct ServiceRec {
-    project: String,
     ports: Vec<DeclaredPort>,
 }
 
 /// What the table keeps of a live job.
 #[derive(Debug, Clone)]
 struct JobRec {
-    service: String,
+    service: ServiceKey,
     replica: u32,
     host: String,
     state: JobState,
@@ -56,6 +60,10 @@ struct JobRec {
 /// The endpoint table: services, their live jobs, host addresses, and the entries derived
 /// from them. Synchronous and deterministic; the controller side owns one.
 ///
+/// A service is identified by its [`ServiceKey`] (project, name): two projects may each
+/// have a service of the same name, and they are two services with two entries. A job
+/// belongs to [`JobInfo::service_key`].
+///
 /// Invariants: an entry exists exactly for every known service; its index is at least 1,
 /// never lowered (resyncs included), and is the revision of the last event that touched
 /// the service (its profile, one of its jobs, a host with one of its jobs): exactly the
@@ -66,12 +74,12 @@ struct JobRec {
 /// the entry does not show) still raises the index; a steady cluster sends no events.
 #[derive(Debug, Default)]
 pub struct Table {
-    services: BTreeMap<String, ServiceRec>,
+    services: BTreeMap<ServiceKey, ServiceRec>,
     jobs: BTreeMap<String, JobRec>,
-    by_service: BTreeMap<String, BTreeSet<String>>,
+    by_service: BTreeMap<ServiceKey, BTreeSet<String>>,
     by_host: BTreeMap<String, BTreeSet<String>>,
     hosts: BTreeMap<String, Option<IpAddr>>,
-    entries: BTreeMap<String, Arc<Entry>>,
+    entries: BTreeMap<ServiceKey, Arc<Entry>>,
 }
 
 // === impl Table ===
@@ -82,12 +90,12 @@ impl Table {
         Self::default()
     }
 
-    /// The entry of `service`, if the table knows the service.
-    pub fn entry(&self, service: &str) -> Option<&Arc<Entry>> {
-        self.entries.get(service)
+    /// The entry of service `key`, if the table knows the service.
+    pub fn entry(&self, key: &ServiceKey) -> Option<&Arc<Entry>> {
+        self.entries.get(key)
     }
 
-    /// Every entry, by service name.
+    /// Every entry, by project, then service name.
     pub fn entries(&self) -> impl Iterator<Item = &Arc<Entry>> {
         self.entries.values()
     }
@@ -100,13 +108,15 @@ impl Table {
         match event {
             ClusterEvent::Service { service, .. } => {
                 self.put_service(service);
-                touched.insert(service.name.clone());
+                touched.insert(service.key());
             }
-            ClusterEvent::ServiceRemoved { name, .. } => {
-                self.services.remove(name);
-                if self.entries.remove(name).is_some() {
+            ClusterEvent::ServiceRemoved { name, project, .. } => {
+                let key = ServiceKey::new(project, name);
+                self.services.remove(&key);
+                if self.entries.remove(&key).is_some() {
                     changes.push(Change::Removed {
-                        service: name.clone(),
+                        service: key.name,
+                        project: key.project,
                     });
                 }
             }
@@ -119,13 +129,13 @@ impl Table {
                 } else {
                     self.put_job(job);
                 }
-                touched.insert(job.service.clone());
+                touched.insert(job.service_key());
             }
             ClusterEvent::JobEnded { job, .. } => {
                 if let Some(old) = self.remove_job(&job.job) {
                     touched.insert(old.service);
                 }
-                touched.insert(job.service.clone());
+                touched.insert(job.service_key());
             }
             ClusterEvent::Host { host, services, .. } => {
                 self.put_host(host);
@@ -156,27 +166,30 @@ impl Table {
         for job in snapshot.jobs.iter().filter(|j| !j.state.is_ended()) {
             self.put_job(job);
         }
-        let gone: Vec<String> = self
+        let gone: Vec<ServiceKey> = self
             .entries
             .keys()
-            .filter(|s| !self.services.contains_key(*s))
+            .filter(|k| !self.services.contains_key(*k))
             .cloned()
             .collect();
         let mut changes: Vec<Change> = gone
             .into_iter()
-            .map(|service| {
-                self.entries.remove(&service);
-                Change::Removed { service }
+            .map(|key| {
+                self.entries.remove(&key);
+                Change::Removed {
+                    service: key.name,
+                    project: key.project,
+                }
             })
             .collect();
         for service in &snapshot.services {
-            changes.extend(self.refresh(&service.name, service.rev));
+            changes.extend(self.refresh(&service.key(), service.rev));
         }
         changes
     }
 
     /// Recomputes the entry of `service` after an event at revision `rev` touched it.
-    fn refresh(&mut self, service: &str, rev: u64) -> Option<Change> {
+    fn refresh(&mut self, service: &ServiceKey, rev: u64) -> Option<Change> {
         let mut entry = self.compute(service)?;
         match self.entries.get(service) {
             // Nothing new: a resync of what the table holds, or a repeated event.
@@ -187,12 +200,12 @@ impl Table {
             None => entry.index = rev.max(1),
         }
         let entry = Arc::new(entry);
-        self.entries.insert(service.to_owned(), entry.clone());
+        self.entries.insert(service.clone(), entry.clone());
         Some(Change::Upsert { entry })
     }
 
     /// The entry of `service` from scratch, index 0.
-    fn compute(&self, service: &str) -> Option<Entry> {
+    fn compute(&self, service: &ServiceKey) -> Option<Entry> {
         let rec = self.services.get(service)?;
         let mut replicas: Vec<Replica> = self
             .by_service
@@ -215,8 +228,8 @@ impl Table {
             .collect();
         replicas.sort_by(|a, b| (a.replica, &a.job).cmp(&(b.replica, &b.job)));
         Some(Entry {
-            service: service.to_owned(),
-            project: rec.project.clone(),
+            service: service.name.clone(),
+            project: service.project.clone(),
             index: 0,
             ports: rec.ports.clone(),
             replicas,
@@ -226,10 +239,9 @@ impl Table {
 
     fn put_service(&mut self, service: &ServiceInfo) {
         let rec = ServiceRec {
-            project: service.project.clone(),
             ports: declared_ports(service),
         };
-        self.services.insert(service.name.clone(), rec);
+        self.services.insert(service.key(), rec);
     }
 
     fn put_host(&mut self, host: &HostInfo) {
@@ -239,7 +251,7 @@ impl Table {
     fn put_job(&mut self, job: &JobInfo) {
         self.remove_job(&job.job);
         let rec = JobRec {
-            service: job.service.clone(),
+            service: job.service_key(),
             replica: job.replica,
             host: job.host.clone(),
             state: job.state,
@@ -262,7 +274,7 @@ impl Table {
     }
 }
 
-fn remove_from(index: &mut BTreeMap<String, BTreeSet<String>>, key: &str, job: &str) {
+fn remove_from<K: Ord>(index: &mut BTreeMap<K, BTreeSet<String>>, key: &K, job: &str) {
     if let Some(set) = index.get_mut(key) {
         set.remove(job);
         if set.is_empty() {
@@ -302,7 +314,7 @@ fn granted_ports(job: &JobInfo) -> BTreeMap<String, u16> {
     match PortGrant::from_value(grant) {
         Ok(grant) => grant.ports.into_iter().map(|p| (p.name, p.port)).collect(),
         Err(error) => {
-            tracing::warn!(job = %job.job, service = %job.service, %error, "ignoring port grant");
+            tracing::warn!(job = %job.job, service = %job.service_key(), %error, "ignoring port grant");
             BTreeMap::new()
         }
     }

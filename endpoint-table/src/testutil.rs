@@ -2,6 +2,7 @@
 
 use plugin_api::{
     ClusterEvent, EndReason, HostFacts, HostInfo, HostState, JobInfo, JobState, ServiceInfo,
+    ServiceKey,
 };
 use port_resource::grant::{GrantedPort, PortGrant, Protocol};
 use std::collections::BTreeMap;
@@ -91,10 +92,19 @@ pub(crate) fn ev_ended(rev: u64, job: JobInfo) -> ClusterEvent {
     }
 }
 
-pub(crate) fn ev_host(rev: u64, host: HostInfo, services: &[&str]) -> ClusterEvent {
+/// A host event naming `services` as `(project, name)`.
+pub(crate) fn ev_host(rev: u64, host: HostInfo, services: &[(&str, &str)]) -> ClusterEvent {
     ClusterEvent::Host {
         rev,
         host,
-        services: services.iter().map(|s| (*s).to_owned()).collect(),
+        services: services
+            .iter()
+            .map(|(project, name)| ServiceKey::new(*project, *name))
+            .collect(),
     }
+}
+
+/// The key of service `name` in `project`.
+pub(crate) fn key(project: &str, name: &str) -> ServiceKey {
+    ServiceKey::new(project, name)
 }

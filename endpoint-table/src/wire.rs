@@ -12,11 +12,15 @@ use std::net::IpAddr;
 pub const INDEX_HEADER: &str = "x-xce-index";
 
 /// `GET /v1/services/{name}/endpoints` (and each stream event's data):
-/// `{"service":"web","index":42,"endpoints":[...]}`.
+/// `{"service":"web","project":"default","index":42,"endpoints":[...]}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EndpointsAnswer {
     /// Service name.
     pub service: String,
+    /// The service's project: with the name, what identifies the service (empty from a
+    /// server that predates projects in entries).
+    #[serde(default)]
+    pub project: String,
     /// The service's index.
     pub index: u64,
     /// Ready replicas (all live ones with `?include=all`), by replica index; with `?port=P`
@@ -53,7 +57,8 @@ pub struct EndpointAnswer {
     pub state: Option<JobState>,
 }
 
-/// `GET /v1/endpoints`: the entries of every service the caller may view, by name.
+/// `GET /v1/endpoints`: the entries of every service the caller may view, by name, then
+/// project.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct EndpointsList {
     /// The entries.
@@ -85,6 +90,7 @@ impl EndpointsAnswer {
             .collect();
         Self {
             service: entry.service.clone(),
+            project: entry.project.clone(),
             index: entry.index,
             endpoints,
         }

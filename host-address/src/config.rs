@@ -157,7 +157,8 @@ impl fmt::Display for Advertise {
 
 /// A network, e.g. `10.0.0.0/8` or `fd00::/8`. Host bits given in the text are cleared
 /// (`10.1.2.3/8` is `10.0.0.0/8`), as `ip route` does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub struct Cidr {
     network: IpAddr,
     prefix: u8,
@@ -219,6 +220,20 @@ impl FromStr for Cidr {
         let addr: IpAddr = addr.parse().map_err(|_| CidrError::Address)?;
         let prefix: u8 = prefix.parse().map_err(|_| CidrError::Prefix)?;
         Self::try_new(addr, prefix)
+    }
+}
+
+impl TryFrom<String> for Cidr {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse().map_err(|e: CidrError| format!("{s:?}: {e}"))
+    }
+}
+
+impl From<Cidr> for String {
+    fn from(c: Cidr) -> String {
+        c.to_string()
     }
 }
 

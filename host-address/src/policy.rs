@@ -1,6 +1,7 @@
 //! The controller side: the check of a worker's reported addresses.
 
 use crate::kind::AddressKind;
+use crate::Cidr;
 use plugin_api::{FieldError, HostFacts, HostFactsPolicy, HostId};
 use std::net::IpAddr;
 
@@ -23,6 +24,10 @@ pub struct PolicyConfig {
     pub allow_loopback_hosts: Vec<HostId>,
     /// Hosts that may report link-local addresses (`169.254.0.0/16`, `fe80::/10`).
     pub allow_link_local_hosts: Vec<HostId>,
+    /// When not empty: the networks a host's advertised address (`ip_addr`) must be in,
+    /// e.g. `["10.0.0.0/8"]`; a compromised host cannot send its endpoints' traffic
+    /// anywhere else.
+    pub networks: Vec<Cidr>,
 }
 
 /// Refuses reports whose addresses no other host could reach, unless the host is
@@ -87,6 +92,17 @@ impl HostFactsPolicy for AddressPolicy {
             Some(ip) => {
                 if let Some(reason) = self.refusal(host, ip) {
                     errors.push(FieldError::new("ip_addr", reason));
+                }
+                let nets = &self.config.networks;
+                if !nets.is_empty() && !nets.iter().any(|n| n.contains(ip)) {
+                    let list: Vec<String> = nets.iter().map(Cidr::to_string).collect();
+                    errors.push(FieldError::new(
+                        "ip_addr",
+                        format!(
+                            "{ip} is outside the cluster's networks ({}; controller setting networks)",
+                            list.join(", ")
+                        ),
+                    ));
                 }
                 if !facts.addresses.iter().any(|a| a.ip == ip) {
                     errors.push(FieldError::new(
@@ -302,8 +318,23 @@ mod tests {
     }
 
     #[test]
+    fn networks_bound_the_advertised_address() {
+        let nets = r#"networks = ["10.0.0.0/8", "fd00::/8"]"#;
+        check(nets, "exec-01", ETH0, expect!["accepted"]);
+        check(
+            nets,
+            "exec-01",
+            r#"{"ip_addr":"8.8.8.8","addresses":[{"ip":"8.8.8.8","interface":"eth0"}]}"#,
+            expect!["ip_addr: 8.8.8.8 is outside the cluster's networks (10.0.0.0/8, fd00::/8; controller setting networks)"],
+        );
+        let err = toml::from_str::<PolicyConfig>(r#"networks = ["10.0.0.0"]"#).unwrap_err();
+        expect![[r#""10.0.0.0": a CIDR needs a /prefix, e.g. 10.0.0.0/8"#]]
+            .assert_eq(err.message());
+    }
+
+    #[test]
     fn config_rejects_unknown_keys() {
         let err = toml::from_str::<PolicyConfig>("allow_loopback = true").unwrap_err();
-        expect!["unknown field `allow_loopback`, expected `allow_loopback_hosts` or `allow_link_local_hosts`"].assert_eq(err.message());
+        expect!["unknown field `allow_loopback`, expected one of `allow_loopback_hosts`, `allow_link_local_hosts`, `networks`"].assert_eq(err.message());
     }
 }

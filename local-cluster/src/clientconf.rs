@@ -15,6 +15,10 @@ pub struct ClientFile {
     /// Bearer token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    /// The project service commands name when neither `--project` nor `XCE_PROJECT` is
+    /// given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub project: Option<String>,
 }
 
 impl std::fmt::Debug for ClientFile {
@@ -22,6 +26,7 @@ impl std::fmt::Debug for ClientFile {
         f.debug_struct("ClientFile")
             .field("api", &self.api)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("project", &self.project)
             .finish()
     }
 }
@@ -70,6 +75,7 @@ mod tests {
         let f = ClientFile {
             api: None,
             token: Some("sekrit".into()),
+            project: None,
         };
         assert!(!format!("{f:?}").contains("sekrit"));
     }

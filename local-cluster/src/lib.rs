@@ -10,6 +10,7 @@ pub mod auth;
 pub mod clientconf;
 pub mod controller;
 pub mod limits;
+pub mod logging;
 pub mod profile;
 pub mod proto;
 pub mod serve;

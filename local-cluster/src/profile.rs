@@ -68,6 +68,8 @@ pub struct Profile {
     pub drain: Duration,
     /// How a changed profile rolls out (`[service.update]`).
     pub update: UpdatePolicy,
+    /// What one replica takes of the plugins' resources (for quotas), by name.
+    pub quantities: std::collections::BTreeMap<String, u64>,
     /// The whole `[service]` table as JSON (plugin sections included), as stored.
     pub raw: Value,
 }
@@ -255,9 +257,15 @@ pub fn validate(doc: &Value, plugins: &[&dyn ResourcePlugin]) -> Result<Profile,
 
     // Plugins validate their own sections and tell us which socket names exist.
     let mut sockets: Vec<String> = Vec::new();
+    let mut quantities = std::collections::BTreeMap::new();
     for p in plugins {
         match p.validate(svc.get(p.name())) {
-            Ok(info) => sockets.extend(info.socket_names),
+            Ok(info) => {
+                sockets.extend(info.socket_names);
+                for (k, n) in info.quantities {
+                    *quantities.entry(k).or_insert(0) += n;
+                }
+            }
             Err(mut e) => errs.append(&mut e),
         }
     }
@@ -296,6 +304,7 @@ pub fn validate(doc: &Value, plugins: &[&dyn ResourcePlugin]) -> Result<Profile,
             readiness,
             drain,
             update,
+            quantities,
             raw: Value::Object(svc.clone()),
         })
     } else {

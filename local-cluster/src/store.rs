@@ -84,7 +84,7 @@ impl Batch {
 }
 
 /// Why the store failed.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum StoreError {
     /// The backend failed (I/O, corruption, a lock held by another process).
@@ -101,6 +101,16 @@ pub enum StoreError {
     /// The store's configuration is wrong (a bad url, prefix or endpoint).
     #[error("invalid store configuration: {0}")]
     InvalidConfig(String),
+    /// Writing failed with an I/O error (a full disk, a failing device). The embedded
+    /// store refuses every later write until it is reopened, so its controller must stop
+    /// (a supervisor or a standby takes over) rather than run on wedged.
+    #[error("store I/O error{}: {message}", if *no_space { " (no space left on device)" } else { "" })]
+    Io {
+        /// The device is full (`ENOSPC`): the refused write answers 507.
+        no_space: bool,
+        /// The error as the backend said it.
+        message: String,
+    },
 }
 
 /// Which store the controller uses: `redb` (the embedded file, the default) or
@@ -161,6 +171,8 @@ struct MemInner {
     data: BTreeMap<Key, Vec<u8>>,
     /// Commits to let through before one fails.
     fail_after: Option<usize>,
+    /// Every commit fails with this.
+    fail_with: Option<StoreError>,
 }
 
 impl MemStore {
@@ -179,6 +191,11 @@ impl MemStore {
     pub fn fail_commit_after(&self, n: usize) {
         self.inner.lock().unwrap().fail_after = Some(n);
     }
+
+    /// Makes every later commit fail with `e` (a full disk, a failed device).
+    pub fn fail_every_commit_with(&self, e: StoreError) {
+        self.inner.lock().unwrap().fail_with = Some(e);
+    }
 }
 
 impl Store for MemStore {
@@ -193,6 +210,9 @@ impl Store for MemStore {
 
     fn commit(&self, batch: Batch) -> Result<(), StoreError> {
         let mut inner = self.inner.lock().unwrap();
+        if let Some(e) = &inner.fail_with {
+            return Err(e.clone());
+        }
         match inner.fail_after {
             Some(0) => {
                 inner.fail_after = None;
@@ -236,6 +256,23 @@ fn backend(e: impl fmt::Display) -> StoreError {
     StoreError::Backend(e.to_string())
 }
 
+/// A redb error: I/O ones (and redb's "a previous I/O error occurred") are
+/// [`StoreError::Io`], the rest [`StoreError::Backend`].
+fn redb_err(e: impl Into<redb::Error>) -> StoreError {
+    match e.into() {
+        redb::Error::Io(io) => StoreError::Io {
+            no_space: io.raw_os_error() == Some(libc::ENOSPC)
+                || io.kind() == std::io::ErrorKind::StorageFull,
+            message: io.to_string(),
+        },
+        e @ redb::Error::PreviousIo => StoreError::Io {
+            no_space: false,
+            message: e.to_string(),
+        },
+        e => StoreError::Backend(e.to_string()),
+    }
+}
+
 impl RedbStore {
     /// Opens (or creates) the store file at `path`. Fails when another process has it
     /// open.
@@ -265,26 +302,26 @@ impl Store for RedbStore {
     }
 
     fn commit(&self, batch: Batch) -> Result<(), StoreError> {
-        let tx = self.db.begin_write().map_err(backend)?;
+        let tx = self.db.begin_write().map_err(redb_err)?;
         {
-            let mut table = tx.open_table(TABLE).map_err(backend)?;
+            let mut table = tx.open_table(TABLE).map_err(redb_err)?;
             for op in &batch.ops {
                 match op {
                     Op::Put(k, v) => {
                         table
                             .insert((k.ns.as_str(), k.key.as_str()), v.as_slice())
-                            .map_err(backend)?;
+                            .map_err(redb_err)?;
                     }
                     Op::Delete(k) => {
                         table
                             .remove((k.ns.as_str(), k.key.as_str()))
-                            .map_err(backend)?;
+                            .map_err(redb_err)?;
                     }
                 }
             }
         }
         // Dropping an uncommitted write transaction aborts it: all or nothing.
-        tx.commit().map_err(backend)
+        tx.commit().map_err(redb_err)
     }
 }
 
@@ -385,5 +422,83 @@ pub(crate) mod tests {
         expect!["a/1=x"].assert_eq(&dump(&s));
         s.commit(batch(&[("a", "2", Some("y"))])).unwrap();
         expect!["a/1=x a/2=y"].assert_eq(&dump(&s));
+    }
+
+    /// A small tmpfs for the full-disk test, unmounted on drop; `None` where this process
+    /// may not mount (not root, or no CAP_SYS_ADMIN): the test says so and checks nothing.
+    /// The mount point, and the directory it lives in (removed after the unmount).
+    struct SmallFs(std::path::PathBuf, #[allow(dead_code)] tempfile::TempDir);
+
+    impl SmallFs {
+        fn mount(size: &str) -> Option<SmallFs> {
+            let dir = tempfile::tempdir().ok()?;
+            let path = dir.path().to_path_buf();
+            let ok = std::process::Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+                .arg(&path)
+                .stderr(std::process::Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success());
+            ok.then_some(SmallFs(path, dir))
+        }
+
+        fn grow(&self, size: &str) {
+            let st = std::process::Command::new("mount")
+                .args(["-o", &format!("remount,size={size}")])
+                .arg(&self.0)
+                .status()
+                .unwrap();
+            assert!(st.success(), "remount failed");
+        }
+    }
+
+    impl Drop for SmallFs {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+
+    /// redb on a full disk: the write that finds no space is an `Io { no_space }` error
+    /// (507 upstream; the controller stops), later writes fail as I/O errors too (redb
+    /// refuses every write until reopened), every acknowledged commit survives (the refused
+    /// one may or may not have landed), and once space returns a reopened store writes
+    /// again.
+    #[test]
+    fn a_full_disk_is_an_io_error_and_nothing_acknowledged_is_lost() {
+        let Some(fs) = SmallFs::mount("2m") else {
+            eprintln!("SKIPPED: cannot mount a tmpfs here (needs root); the full-disk path is not checked");
+            return;
+        };
+        let path = fs.0.join("controller.redb");
+        let store = RedbStore::open(&path).unwrap();
+        let blob = "x".repeat(64 * 1024);
+        let mut acknowledged = 0;
+        let err = loop {
+            let key = format!("k{acknowledged:04}");
+            match store.commit(batch(&[("a", &key, Some(&blob))])) {
+                Ok(()) => acknowledged += 1,
+                Err(e) => break e,
+            }
+            assert!(acknowledged < 1000, "a 2 MiB filesystem never filled");
+        };
+        assert!(
+            matches!(err, StoreError::Io { no_space: true, .. }),
+            "the first refused write: {err}"
+        );
+        let again = store
+            .commit(batch(&[("a", "small", Some("y"))]))
+            .unwrap_err();
+        assert!(matches!(again, StoreError::Io { .. }), "then: {again}");
+        drop(store);
+        fs.grow("64m");
+        let store = RedbStore::open(&path).unwrap();
+        // Every acknowledged commit survives; the refused one may have landed too (an I/O
+        // error in a commit leaves its outcome unknown), never anything after it.
+        let kept = store.load_all().unwrap().len();
+        assert!(
+            kept == acknowledged || kept == acknowledged + 1,
+            "acknowledged {acknowledged}, found {kept}"
+        );
+        store.commit(batch(&[("a", "after", Some("z"))])).unwrap();
     }
 }

@@ -165,6 +165,24 @@ impl ApiError {
             format!("service {name:?} not found"),
         )
     }
+    /// 409 for a service name that several projects the caller may view have; lists only
+    /// those projects (the caller's own), so nothing is told of anyone else's.
+    pub fn ambiguous_service(name: &str, projects: &[String]) -> Self {
+        Self {
+            details: projects
+                .iter()
+                .map(|p| crate::FieldError::new("project", format!("{p:?} has a service {name:?}")))
+                .collect(),
+            ..Self::new(
+                StatusCode::CONFLICT,
+                "ambiguous",
+                format!(
+                    "service {name:?} exists in several of your projects ({}); pick one with ?project=",
+                    projects.join(", ")
+                ),
+            )
+        }
+    }
     /// 401.
     pub fn unauthenticated(err: AuthError) -> Self {
         Self::new(StatusCode::UNAUTHORIZED, "unauthenticated", err.to_string())

@@ -3,6 +3,67 @@
 use crate::{Grant, HostFacts, HostId, JobId};
 use std::collections::BTreeMap;
 
+/// What identifies a service: its project and its name. Two projects may each have a
+/// service of the same name; nothing else tells them apart.
+#[derive(
+    Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub struct ServiceKey {
+    /// The project (RBAC scope).
+    pub project: String,
+    /// The service name, unique within its project.
+    pub name: String,
+}
+
+impl ServiceKey {
+    /// The key of service `name` in `project`.
+    pub fn new(project: impl Into<String>, name: impl Into<String>) -> Self {
+        ServiceKey {
+            project: project.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for ServiceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.project, self.name)
+    }
+}
+
+/// How a path's service name is resolved for a caller (DESIGN §5): among the projects the
+/// caller may view, or exactly `project` when given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Resolved {
+    /// The one visible service of that name.
+    Found(ServiceKey),
+    /// None the caller may view: the same answer as for a name nobody uses.
+    NotFound,
+    /// Several visible projects have a service of that name (listed): the caller must
+    /// pick one with `?project=`.
+    Ambiguous(Vec<String>),
+}
+
+/// Resolves service `name` for a caller who may view the projects `visible` accepts;
+/// `projects` are the projects that have a service of that name. A project the caller
+/// cannot view is never named and never changes the answer.
+pub fn resolve_service<'a>(
+    name: &str,
+    project: Option<&str>,
+    projects: impl IntoIterator<Item = &'a str>,
+    visible: impl Fn(&str) -> bool,
+) -> Resolved {
+    let mut mine: Vec<&str> = projects.into_iter().filter(|p| visible(p)).collect();
+    mine.sort_unstable();
+    mine.dedup();
+    match (project, mine.as_slice()) {
+        (Some(p), _) if mine.contains(&p) => Resolved::Found(ServiceKey::new(p, name)),
+        (Some(_), _) | (None, []) => Resolved::NotFound,
+        (None, [one]) => Resolved::Found(ServiceKey::new(*one, name)),
+        (None, _) => Resolved::Ambiguous(mine.iter().map(|p| (*p).to_owned()).collect()),
+    }
+}
+
 /// A service as the controller knows it.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ServiceInfo {
@@ -24,6 +85,13 @@ pub struct ServiceInfo {
     /// existed read as 1.
     #[serde(default = "first_generation")]
     pub generation: u64,
+}
+
+impl ServiceInfo {
+    /// What identifies the service.
+    pub fn key(&self) -> ServiceKey {
+        ServiceKey::new(&self.project, &self.name)
+    }
 }
 
 /// The generation of a service's first profile (and of records older than generations).
@@ -51,6 +119,20 @@ pub enum JobState {
     Exited,
     /// Ended: its host was lost past the grace period. Resources released.
     Lost,
+}
+
+impl std::fmt::Display for JobState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            JobState::Placed => "placed",
+            JobState::Running => "running",
+            JobState::Draining => "draining",
+            JobState::Stopping => "stopping",
+            JobState::Unknown => "unknown",
+            JobState::Exited => "exited",
+            JobState::Lost => "lost",
+        })
+    }
 }
 
 impl JobState {
@@ -86,6 +168,13 @@ pub struct JobInfo {
     pub generation: u64,
 }
 
+impl JobInfo {
+    /// The key of the job's service.
+    pub fn service_key(&self) -> ServiceKey {
+        ServiceKey::new(&self.project, &self.service)
+    }
+}
+
 /// Why a job ended.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
@@ -106,6 +195,19 @@ pub enum EndReason {
     },
 }
 
+impl std::fmt::Display for EndReason {
+    /// `exited code=0`, `exited` (code unknown), `stopped`, `host lost`, `refused: …`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EndReason::Exited { code: Some(c) } => write!(f, "exited code={c}"),
+            EndReason::Exited { code: None } => f.write_str("exited"),
+            EndReason::Stopped => f.write_str("stopped"),
+            EndReason::HostLost => f.write_str("host lost"),
+            EndReason::Refused { reason } => write!(f, "refused: {reason}"),
+        }
+    }
+}
+
 /// A host's liveness as the controller sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -116,6 +218,16 @@ pub enum HostState {
     Unreachable,
     /// Silent past the grace period: its jobs are lost.
     Lost,
+}
+
+impl std::fmt::Display for HostState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HostState::Ready => "ready",
+            HostState::Unreachable => "unreachable",
+            HostState::Lost => "lost",
+        })
+    }
 }
 
 /// A host as the controller knows it.
@@ -175,8 +287,8 @@ pub enum ClusterEvent {
         rev: u64,
         /// The host after the change.
         host: HostInfo,
-        /// Services affected (names), whose `rev` became the event's.
-        services: Vec<String>,
+        /// Services affected, whose `rev` became the event's.
+        services: Vec<ServiceKey>,
     },
 }
 
@@ -229,5 +341,32 @@ impl<T: ClusterListener + ?Sized> ClusterListener for std::sync::Arc<T> {
     }
     fn on_event(&self, event: &ClusterEvent) {
         (**self).on_event(event)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_resolves_among_the_callers_projects_only() {
+        let has = ["team-a", "team-b", "team-c"];
+        let mine = |p: &str| p != "team-c";
+        let r = |project| resolve_service("web", project, has, mine);
+        assert_eq!(
+            r(None),
+            Resolved::Ambiguous(vec!["team-a".into(), "team-b".into()])
+        );
+        assert_eq!(
+            r(Some("team-b")),
+            Resolved::Found(ServiceKey::new("team-b", "web"))
+        );
+        // Invisible and unknown answer alike.
+        assert_eq!(r(Some("team-c")), Resolved::NotFound);
+        assert_eq!(r(Some("team-z")), Resolved::NotFound);
+        let only_c = resolve_service("web", None, ["team-c"], mine);
+        assert_eq!(only_c, Resolved::NotFound);
+        let one = resolve_service("web", None, ["team-a", "team-c"], mine);
+        assert_eq!(one, Resolved::Found(ServiceKey::new("team-a", "web")));
     }
 }

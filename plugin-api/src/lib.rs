@@ -28,8 +28,8 @@ pub use auth::{
     PrincipalKind,
 };
 pub use events::{
-    first_generation, ClusterEvent, ClusterListener, ClusterSnapshot, EndReason, HostInfo,
-    HostState, JobInfo, JobState, ServiceInfo,
+    first_generation, resolve_service, ClusterEvent, ClusterListener, ClusterSnapshot, EndReason,
+    HostInfo, HostState, JobInfo, JobState, Resolved, ServiceInfo, ServiceKey,
 };
 pub use facts::{FactsError, HostAddress, HostFacts, HostFactsPolicy, HostFactsProvider};
 pub use launch::{LaunchContext, LaunchHook, LaunchPlan, LaunchRefusal};

@@ -10,6 +10,10 @@ pub struct SectionInfo {
     /// of the profile may reference them by name (e.g. `tcp = "http"`); the host checks
     /// such references against this list without knowing what the names mean.
     pub socket_names: Vec<String>,
+    /// What one replica of the service takes of the plugin's resources, by resource name
+    /// (e.g. `{"ports": 4}`): the host's per-project quotas limit these sums without
+    /// knowing what they mean.
+    pub quantities: std::collections::BTreeMap<String, u64>,
 }
 
 /// One replica the scheduler wants to place.

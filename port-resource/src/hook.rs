@@ -47,6 +47,7 @@ impl PortsLaunchHook {
         let ip = host_ip(cx);
         let env = &mut plan.env;
         env.insert("XCE_SERVICE".into(), cx.service.clone());
+        env.insert("XCE_PROJECT".into(), cx.project.clone());
         env.insert("XCE_REPLICA".into(), cx.replica.to_string());
         env.insert("XCE_JOB_ID".into(), cx.job.clone());
         env.insert("XCE_HOST_IP".into(), ip.to_string());
@@ -231,6 +232,7 @@ mod tests {
             XCE_PORTS=http=A,re-mail-ck=B
             XCE_PORT_HTTP=A
             XCE_PORT_RE_MAIL_CK=B
+            XCE_PROJECT=default
             XCE_REPLICA=2
             XCE_SERVICE=web
             socket http 127.0.0.1:A
@@ -246,6 +248,7 @@ mod tests {
                 XCE_HOST_IP=127.0.0.11
                 XCE_JOB_ID=j-17
                 XCE_PORTS=
+                XCE_PROJECT=default
                 XCE_REPLICA=2
                 XCE_SERVICE=web"#]],
         );

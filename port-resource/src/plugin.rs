@@ -17,6 +17,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+/// The quantity a replica's ports count as for per-project quotas (`quotas.*.ports`):
+/// every declared port, dynamic and fixed together.
+pub(crate) const QUOTA_PORTS: &str = "ports";
+
 /// Allocates named ports per host (DESIGN §4).
 ///
 /// Unavailable ports (reported by the launch hook through
@@ -230,6 +234,7 @@ impl ResourcePlugin for PortsPlugin {
             return Err(errors);
         }
         Ok(SectionInfo {
+            quantities: [(QUOTA_PORTS.to_owned(), drafts.len() as u64)].into(),
             socket_names: drafts
                 .into_iter()
                 .filter_map(|d| d.name.map(|n| n.as_str().to_owned()))

@@ -10,6 +10,10 @@ use serde_json::Value;
 /// The field path of the section from the profile root.
 pub const SECTION_PATH: &str = "service.ports";
 
+/// The most ports one service may declare (DESIGN §8b): a profile cannot ask one host
+/// for thousands of ports per replica.
+pub const MAX_PORTS: usize = 64;
+
 /// One declared port.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PortDecl {
@@ -83,6 +87,15 @@ pub(crate) fn draft(section: Option<&Value>) -> (Vec<Draft>, Vec<FieldError>) {
         errors.push(FieldError::new(SECTION_PATH, "expected an array of tables"));
         return (Vec::new(), errors);
     };
+    if items.len() > MAX_PORTS {
+        errors.push(FieldError::new(
+            SECTION_PATH,
+            format!(
+                "declares {} ports; a service may declare at most {MAX_PORTS}",
+                items.len()
+            ),
+        ));
+    }
     let mut drafts = Vec::with_capacity(items.len());
     for (index, item) in items.iter().enumerate() {
         let at = format!("{SECTION_PATH}[{index}]");
@@ -241,6 +254,17 @@ mod tests {
                 dns-tcp tcp Some(53)"#]],
         );
         check("[service]\nname = \"x\"", expect![""]);
+    }
+
+    #[test]
+    fn at_most_64_ports() {
+        let many: String = (0..65)
+            .map(|i| format!("[[service.ports]]\nname = \"p{i}\"\n"))
+            .collect();
+        check(
+            &many,
+            expect!["service.ports: declares 65 ports; a service may declare at most 64"],
+        );
     }
 
     #[test]

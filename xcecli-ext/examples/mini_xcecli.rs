@@ -38,6 +38,8 @@ fn main() {
     let config = xcecli_ext::ClientConfig {
         api: cli.api,
         token: cli.token,
+        // The real binary fills this from XCE_PROJECT or the config file.
+        project: None,
     };
     let code = rt.block_on(xcecli_ext::execute(cli.command, config, &mut io));
     std::process::exit(code);

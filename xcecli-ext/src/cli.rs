@@ -1,6 +1,9 @@
 //! The command line of `xcecli service …` and `xcecli host …` (DESIGN §7), as clap types
-//! the binary embeds. Global flags (`--api`, `--token`, the config file) are the binary's.
+//! the binary embeds. Global flags (`--api`, `--token`, the config file) are the binary's,
+//! and so is the default of `--project` (`XCE_PROJECT`, the config file's `project`), which
+//! it passes in as [`ClientConfig::project`](crate::ClientConfig::project).
 
+use clap::builder::NonEmptyStringValueParser;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -22,6 +25,10 @@ pub enum ServiceCommand {
     Submit {
         /// The profile file, e.g. examples/web.toml
         file: PathBuf,
+        /// Refuse (exit 2) unless the file is for project P (its `project` in `[service]`,
+        /// or `default` without one): the file decides where the service goes, this checks it
+        #[arg(long, value_name = "P", value_parser = NonEmptyStringValueParser::new())]
+        project: Option<String>,
         /// `--wait [--timeout]`
         #[command(flatten)]
         wait: WaitArgs,
@@ -32,6 +39,9 @@ pub enum ServiceCommand {
         name: String,
         /// The new number of replicas
         replicas: u32,
+        /// `--project P`
+        #[command(flatten)]
+        project: ProjectArg,
         /// `--wait [--timeout]`
         #[command(flatten)]
         wait: WaitArgs,
@@ -40,6 +50,9 @@ pub enum ServiceCommand {
     Restart {
         /// The service name
         name: String,
+        /// `--project P`
+        #[command(flatten)]
+        project: ProjectArg,
         /// `--wait [--timeout]`
         #[command(flatten)]
         wait: WaitArgs,
@@ -48,6 +61,9 @@ pub enum ServiceCommand {
     Status {
         /// The service name
         name: String,
+        /// `--project P`
+        #[command(flatten)]
+        project: ProjectArg,
         /// Output format
         #[arg(short = 'o', long = "output", value_enum, default_value_t = ListFormat::Table)]
         output: ListFormat,
@@ -62,6 +78,9 @@ pub enum ServiceCommand {
     Stop {
         /// The service name
         name: String,
+        /// `--project P`
+        #[command(flatten)]
+        project: ProjectArg,
         /// Skip the drain: replicas leave the endpoint and get SIGTERM at once
         #[arg(long)]
         now: bool,
@@ -86,6 +105,9 @@ pub enum HostCommand {
 pub struct EndpointsArgs {
     /// The service name
     pub name: String,
+    /// `--project P`
+    #[command(flatten)]
+    pub project: ProjectArg,
     /// Keep only this port (by name)
     #[arg(long, value_name = "P")]
     pub port: Option<String>,
@@ -109,6 +131,22 @@ pub struct EndpointsArgs {
     /// e.g. 30s, 2m
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub timeout: Option<Duration>,
+}
+
+/// `--project P` of the commands that name a service (all but `submit`, whose file names
+/// the project, and `list`).
+///
+/// A name resolves among the projects the caller may view; `P` picks one, and is needed
+/// when the name exists in several of them (the apiserver answers 409 `ambiguous`). When
+/// absent, the host's default applies ([`ClientConfig::project`]).
+///
+/// [`ClientConfig::project`]: crate::ClientConfig::project
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct ProjectArg {
+    /// The project of the service, needed when the name exists in several of your
+    /// projects [default: $XCE_PROJECT, else the config file's `project`]
+    #[arg(long, value_name = "P", value_parser = NonEmptyStringValueParser::new())]
+    pub project: Option<String>,
 }
 
 /// `--wait [--timeout DURATION]` of the commands that change a service.

@@ -2,7 +2,9 @@
 //! bearer token, and sorts every failure into a [`CliError`].
 
 use crate::error::{CliError, ErrorKind};
-use crate::model::{EndpointEntry, ErrorBody, HostList, ServiceDetail, ServiceList, StopAnswer};
+use crate::model::{
+    EndpointEntry, ErrorBody, ErrorDetail, HostList, ServiceDetail, ServiceList, StopAnswer,
+};
 use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use reqwest::{Method, StatusCode, Url};
 use std::sync::atomic::Ordering;
@@ -28,6 +30,11 @@ pub struct ClientConfig {
     pub api: String,
     /// The bearer token, if any.
     pub token: Option<String>,
+    /// The project of the services the commands name when no `--project` is given (the
+    /// host fills it from `XCE_PROJECT` or the config file); `None` (or empty) lets the
+    /// apiserver resolve a name among all the caller's projects. `service submit` does
+    /// not use it: the profile names its project.
+    pub project: Option<String>,
 }
 
 impl std::fmt::Debug for ClientConfig {
@@ -36,8 +43,17 @@ impl std::fmt::Debug for ClientConfig {
         f.debug_struct("ClientConfig")
             .field("api", &self.api)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("project", &self.project)
             .finish()
     }
+}
+
+/// A service as a request names it: by name, and by project when one was picked (the
+/// `?project=` of every request about it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ServiceRef<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) project: Option<&'a str>,
 }
 
 /// A client of the apiserver. Cheap to build: no connection is made until the first call.
@@ -49,6 +65,8 @@ pub struct Client {
     /// The one that answered last (tried first).
     current: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     auth: Option<HeaderValue>,
+    /// [`ClientConfig::project`], `None` when empty.
+    project: Option<String>,
 }
 
 /// The query of `GET /v1/services/{name}/endpoints`.
@@ -140,12 +158,23 @@ impl Client {
                     format!("cannot build the http client: {e}"),
                 )
             })?;
+        let project = config
+            .project
+            .map(|p| p.trim().to_owned())
+            .filter(|p| !p.is_empty());
         Ok(Client {
             http,
             bases: bases.into(),
             current: Default::default(),
             auth,
+            project,
         })
+    }
+
+    /// The default project of the commands that name a service (see
+    /// [`ClientConfig::project`]).
+    pub(crate) fn project(&self) -> Option<&str> {
+        self.project.as_deref()
     }
 
     /// The base URL of the apiserver in use (the one that answered last).
@@ -163,6 +192,15 @@ impl Client {
         url.set_fragment(None);
         if let Ok(mut path) = url.path_segments_mut() {
             path.pop_if_empty().push("v1").extend(segments);
+        }
+        url
+    }
+
+    /// `/v1/services/{name}/<rest…>`, with `?project=` when the service's project is known.
+    fn service_url(&self, svc: ServiceRef<'_>, rest: &[&str]) -> Url {
+        let mut url = self.url(&[&["services", svc.name][..], rest].concat());
+        if let Some(p) = svc.project {
+            url.query_pairs_mut().append_pair("project", p);
         }
         url
     }
@@ -272,10 +310,10 @@ impl Client {
     /// checked ([`EndpointEntry::check`]) before it is returned.
     pub(crate) async fn endpoints(
         &self,
-        name: &str,
+        svc: ServiceRef<'_>,
         q: &EndpointsQuery<'_>,
     ) -> Result<Answer<EndpointEntry>, CliError> {
-        let mut url = self.url(&["services", name, "endpoints"]);
+        let mut url = self.service_url(svc, &["endpoints"]);
         let mut timeout = REQUEST_TIMEOUT;
         {
             let mut pairs = url.query_pairs_mut();
@@ -309,10 +347,10 @@ impl Client {
     /// set.
     pub(crate) async fn service(
         &self,
-        name: &str,
+        svc: ServiceRef<'_>,
         block: Option<(u64, Duration)>,
     ) -> Result<Answer<ServiceDetail>, CliError> {
-        let mut url = self.url(&["services", name]);
+        let mut url = self.service_url(svc, &[]);
         let mut timeout = REQUEST_TIMEOUT;
         if let Some((index, wait)) = block {
             url.query_pairs_mut()
@@ -330,13 +368,14 @@ impl Client {
         self.call(Method::POST, url, REQUEST_TIMEOUT, body).await
     }
 
-    /// `PUT /v1/services/{name}` with a TOML profile: create or update.
+    /// `PUT /v1/services/{name}[?project=P]` with a TOML profile: create or update. `P`
+    /// is the profile's own project, when it names one.
     pub(crate) async fn put(
         &self,
-        name: &str,
+        svc: ServiceRef<'_>,
         toml: String,
     ) -> Result<(Put, Answer<ServiceDetail>), CliError> {
-        let url = self.url(&["services", name]);
+        let url = self.service_url(svc, &[]);
         let body = Some(("application/toml", toml));
         let (url, reply) = self
             .exchange(Method::PUT, url, REQUEST_TIMEOUT, body.clone())
@@ -362,10 +401,10 @@ impl Client {
     /// `POST /v1/services/{name}/scale` with `{"replicas": N}`.
     pub(crate) async fn scale(
         &self,
-        name: &str,
+        svc: ServiceRef<'_>,
         replicas: u32,
     ) -> Result<Answer<ServiceDetail>, CliError> {
-        let url = self.url(&["services", name, "scale"]);
+        let url = self.service_url(svc, &["scale"]);
         let body = Some((
             "application/json",
             serde_json::json!({ "replicas": replicas }).to_string(),
@@ -374,14 +413,21 @@ impl Client {
     }
 
     /// `POST /v1/services/{name}/restart`.
-    pub(crate) async fn restart(&self, name: &str) -> Result<Answer<ServiceDetail>, CliError> {
-        let url = self.url(&["services", name, "restart"]);
+    pub(crate) async fn restart(
+        &self,
+        svc: ServiceRef<'_>,
+    ) -> Result<Answer<ServiceDetail>, CliError> {
+        let url = self.service_url(svc, &["restart"]);
         self.call(Method::POST, url, REQUEST_TIMEOUT, None).await
     }
 
     /// `DELETE /v1/services/{name}`, with `?now=true` (no drain) when `now`.
-    pub(crate) async fn stop(&self, name: &str, now: bool) -> Result<Answer<StopAnswer>, CliError> {
-        let mut url = self.url(&["services", name]);
+    pub(crate) async fn stop(
+        &self,
+        svc: ServiceRef<'_>,
+        now: bool,
+    ) -> Result<Answer<StopAnswer>, CliError> {
+        let mut url = self.service_url(svc, &[]);
         if now {
             url.query_pairs_mut().append_pair("now", "true");
         }
@@ -538,8 +584,19 @@ fn status_error(url: &Url, status: StatusCode, body: &str) -> CliError {
                 "your token lacks the permission on this project (e.g. job.submit); ask an admin",
             )
         }
-        StatusCode::NOT_FOUND => CliError::new(ErrorKind::NotFound, server_message)
-            .with_hint("`xcecli service list` shows the services you may view"),
+        StatusCode::NOT_FOUND => {
+            let hint = match query_project(url) {
+                Some(p) => format!(
+                    "looked in project {p} only; `xcecli service list` shows the services you may view and their projects"
+                ),
+                None => "`xcecli service list` shows the services you may view".to_owned(),
+            };
+            CliError::new(ErrorKind::NotFound, server_message).with_hint(hint)
+        }
+        StatusCode::CONFLICT if code == "ambiguous" => ambiguous(
+            &server_message,
+            parsed.map(|e| e.details).unwrap_or_default(),
+        ),
         StatusCode::BAD_REQUEST
         | StatusCode::CONFLICT
         | StatusCode::PAYLOAD_TOO_LARGE
@@ -576,6 +633,65 @@ fn status_error(url: &Url, status: StatusCode, body: &str) -> CliError {
     }
 }
 
+/// The `?project=` a request carried.
+fn query_project(url: &Url) -> Option<String> {
+    url.query_pairs()
+        .find(|(k, _)| k == "project")
+        .map(|(_, v)| v.into_owned())
+}
+
+/// 409 `ambiguous`: the name exists in several of the caller's projects. The server's
+/// message lists them and names its query parameter (`pick one with ?project=`); the
+/// client says `--project` instead. A detail (`"team-a" has a service "web"`) is shown
+/// only when the message does not already list its project.
+fn ambiguous(server_message: &str, details: Vec<ErrorDetail>) -> CliError {
+    let message = match server_message.find("; pick one with") {
+        Some(at) => &server_message[..at],
+        None => server_message,
+    };
+    let listed: Vec<&str> = message
+        .rsplit_once('(')
+        .and_then(|(_, rest)| rest.split_once(')'))
+        .map(|(list, _)| list.split(',').map(str::trim).collect())
+        .unwrap_or_default();
+    let mut projects = Vec::new();
+    let mut lines = Vec::new();
+    for d in details {
+        let project = (d.field == "project")
+            .then(|| leading_quoted(&d.reason))
+            .flatten();
+        match project {
+            Some(p) => {
+                if !listed.contains(&p.as_str()) {
+                    lines.push(format!("{}: {}", d.field, d.reason));
+                }
+                projects.push(p);
+            }
+            None if d.field.is_empty() => lines.push(d.reason),
+            None => lines.push(format!("{}: {}", d.field, d.reason)),
+        }
+    }
+    let example = projects
+        .first()
+        .map(String::as_str)
+        .or(listed.first().copied())
+        .filter(|p| !p.is_empty())
+        .map(|p| format!(", e.g. --project {p}"))
+        .unwrap_or_default();
+    CliError::new(ErrorKind::Ambiguous, message)
+        .with_details(lines)
+        .with_hint(format!(
+            "pick one with --project P (or set XCE_PROJECT){example}"
+        ))
+}
+
+/// `team-a` of `"team-a" has a service "web"`.
+fn leading_quoted(s: &str) -> Option<String> {
+    let rest = s.strip_prefix('"')?;
+    let (quoted, _) = rest.split_once('"')?;
+    (!quoted.is_empty() && !quoted.contains('\\')).then(|| quoted.to_owned())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -585,6 +701,7 @@ mod tests {
         let actual = match Client::new(ClientConfig {
             api: api.to_owned(),
             token: token.map(str::to_owned),
+            project: None,
         }) {
             Ok(c) => format!(
                 "ok {} auth={}",
@@ -601,6 +718,7 @@ mod tests {
         let c = Client::new(ClientConfig {
             api: "http://a:1/x, http://b:2/y/,http://c:3".into(),
             token: None,
+            project: None,
         })
         .unwrap();
         let mut url = c.url(&["services", "web", "endpoints"]);
@@ -658,8 +776,53 @@ mod tests {
         );
     }
 
+    #[test]
+    fn project_in_the_query() {
+        let c = Client::new(ClientConfig {
+            api: "http://h:1".into(),
+            token: None,
+            project: Some("  ".into()),
+        })
+        .unwrap();
+        assert_eq!(c.project(), None, "an empty default project is none");
+        let svc = |project| ServiceRef {
+            name: "web",
+            project,
+        };
+        let mut blocking = c.service_url(svc(Some("team-a")), &[]);
+        blocking
+            .query_pairs_mut()
+            .append_pair("index", "4")
+            .append_pair("wait", "1000ms");
+        let urls = [
+            c.service_url(svc(None), &["endpoints"]),
+            c.service_url(svc(Some("team-a")), &["scale"]),
+            c.service_url(svc(Some("a b&c=d/é")), &[]),
+            blocking,
+        ]
+        .map(|u| u.to_string());
+        expect![[r#"
+            [
+                "http://h:1/v1/services/web/endpoints",
+                "http://h:1/v1/services/web/scale?project=team-a",
+                "http://h:1/v1/services/web?project=a+b%26c%3Dd%2F%C3%A9",
+                "http://h:1/v1/services/web?project=team-a&index=4&wait=1000ms",
+            ]
+        "#]]
+        .assert_debug_eq(&urls);
+    }
+
     fn check_status(status: u16, body: &str, expect: Expect) {
-        let url = Url::parse("http://127.0.0.1:7480/v1/services?x=1").unwrap();
+        check_status_at(
+            "http://127.0.0.1:7480/v1/services?x=1",
+            status,
+            body,
+            expect,
+        );
+    }
+
+    fn check_status_at(url: &str, status: u16, body: &str, expect: Expect) {
+        let url = Url::parse(url).unwrap();
         let err = status_error(&url, StatusCode::from_u16(status).unwrap(), body);
         expect.assert_eq(&format!("exit {}: {err}", err.exit_code()));
     }
@@ -703,6 +866,42 @@ mod tests {
             expect![[r#"
                 exit 1: error: service "web" exists
                 hint: a service with this name exists: stop it first or choose another name"#]],
+        );
+        check_status_at(
+            "http://127.0.0.1:7480/v1/services/web?project=team-a",
+            404,
+            r#"{"error":{"code":"not_found","message":"service \"web\" not found","details":[]}}"#,
+            expect![[r#"
+                exit 4: error: service "web" not found
+                hint: looked in project team-a only; `xcecli service list` shows the services you may view and their projects"#]],
+        );
+        check_status(
+            409,
+            r#"{"error":{"code":"ambiguous","message":"service \"web\" exists in several of your projects (team-a, team-b); pick one with ?project=","details":[
+                {"field":"project","reason":"\"team-a\" has a service \"web\""},
+                {"field":"project","reason":"\"team-b\" has a service \"web\""}]}}"#,
+            expect![[r#"
+                exit 1: error: service "web" exists in several of your projects (team-a, team-b)
+                hint: pick one with --project P (or set XCE_PROJECT), e.g. --project team-a"#]],
+        );
+        // Worded otherwise: the details carry the projects, the hint still an example.
+        check_status(
+            409,
+            r#"{"error":{"code":"ambiguous","message":"service \"web\" is ambiguous","details":[
+                {"field":"project","reason":"\"team-b\" has a service \"web\""},
+                {"field":"project","reason":"\"team-c\" has a service \"web\""}]}}"#,
+            expect![[r#"
+                exit 1: error: service "web" is ambiguous
+                  project: "team-b" has a service "web"
+                  project: "team-c" has a service "web"
+                hint: pick one with --project P (or set XCE_PROJECT), e.g. --project team-b"#]],
+        );
+        check_status(
+            409,
+            r#"{"error":{"code":"ambiguous","message":"service \"web\" exists in several of your projects","details":[]}}"#,
+            expect![[r#"
+                exit 1: error: service "web" exists in several of your projects
+                hint: pick one with --project P (or set XCE_PROJECT)"#]],
         );
         check_status(
             502,

@@ -14,7 +14,7 @@
 //! command's stdin instead of our stdout; the command's own output is passed through.
 
 use crate::cli::{EndpointFormat, EndpointsArgs};
-use crate::client::{Answer, Client, EndpointsQuery};
+use crate::client::{Answer, Client, EndpointsQuery, ServiceRef};
 use crate::error::{CliError, ErrorKind};
 use crate::format::{self, EndpointsView};
 use crate::model::{self, EndpointEntry};
@@ -52,6 +52,12 @@ pub(crate) async fn run(args: EndpointsArgs, client: &Client, io: &mut Io) -> Re
     let mut run = Run {
         args: &args,
         client,
+        project: args
+            .project
+            .project
+            .as_deref()
+            .or(client.project())
+            .map(str::to_owned),
         format: None,
         declared: None,
         last_output: None,
@@ -68,6 +74,10 @@ pub(crate) async fn run(args: EndpointsArgs, client: &Client, io: &mut Io) -> Re
 struct Run<'a> {
     args: &'a EndpointsArgs,
     client: &'a Client,
+    /// The project every query names: the one picked (`--project`, the client's default),
+    /// else, once an answer reported it, the service's own. So a watch stays on its
+    /// service when another of the caller's projects gets a service of the same name.
+    project: Option<String>,
     /// The output format, resolved from the first answer and then fixed.
     format: Option<EndpointFormat>,
     /// The service's declared port names, fetched only when an output needs them.
@@ -85,6 +95,14 @@ struct Run<'a> {
 // === impl Run ===
 
 impl Run<'_> {
+    /// The service the queries are about.
+    fn svc(&self) -> ServiceRef<'_> {
+        ServiceRef {
+            name: &self.args.name,
+            project: self.project.as_deref(),
+        }
+    }
+
     async fn main_loop(&mut self, io: &mut Io, deadline: Option<Instant>) -> Result<(), CliError> {
         let args = self.args;
         let mut last_index: Option<u64> = None;
@@ -97,7 +115,7 @@ impl Run<'_> {
                 block: last_index.map(|i| (i, BLOCK_WAIT)),
             };
             let sent = Instant::now();
-            let result = match until(deadline, self.client.endpoints(&args.name, &query)).await {
+            let result = match until(deadline, self.client.endpoints(self.svc(), &query)).await {
                 Some(r) => r,
                 None => return self.timed_out(),
             };
@@ -138,6 +156,9 @@ impl Run<'_> {
                         answer.value.index
                     ),
                 )?;
+            }
+            if self.project.is_none() && !answer.value.project.is_empty() {
+                self.project = Some(answer.value.project.clone());
             }
             let unchanged = last_index == Some(answer.value.index);
             last_index = Some(answer.value.index);
@@ -304,7 +325,7 @@ impl Run<'_> {
     /// The port names of the service's profile; empty if they cannot be had (the endpoint
     /// read succeeded, so this is a best effort for a nicer output, not a new failure).
     async fn declared_ports(&self) -> Vec<String> {
-        let Ok(detail) = self.client.service(&self.args.name, None).await else {
+        let Ok(detail) = self.client.service(self.svc(), None).await else {
             return Vec::new();
         };
         let ports = detail.value.profile.get("ports").and_then(|p| p.as_array());

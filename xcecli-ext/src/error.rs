@@ -22,6 +22,10 @@ pub enum ErrorKind {
     Forbidden,
     /// The service is unknown or not visible to the caller (404). Exit 4.
     NotFound,
+    /// The service name exists in several of the caller's projects and no project was
+    /// picked (409 `ambiguous`; the hint names `--project`). Exit 1, like the other
+    /// refusals: the command was well formed, the name alone does not say which service.
+    Ambiguous,
     /// The apiserver could not be reached, or did not answer in time. Exit 1.
     Unreachable,
     /// `--wait-ready` or `--wait` ran out of time. Exit 3.
@@ -69,6 +73,7 @@ impl ErrorKind {
             ErrorKind::RolloutFailed => 6,
             ErrorKind::Config
             | ErrorKind::Invalid
+            | ErrorKind::Ambiguous
             | ErrorKind::Forbidden
             | ErrorKind::Unreachable
             | ErrorKind::Server
@@ -176,6 +181,7 @@ mod tests {
             ErrorKind::Auth,
             ErrorKind::Forbidden,
             ErrorKind::NotFound,
+            ErrorKind::Ambiguous,
             ErrorKind::Unreachable,
             ErrorKind::Timeout,
             ErrorKind::Server,
@@ -185,7 +191,7 @@ mod tests {
         .iter()
         .map(|k| format!("{k:?}={}", k.exit_code()))
         .collect();
-        expect![[r#"Usage=2 Config=1 Invalid=1 Auth=5 Forbidden=1 NotFound=4 Unreachable=1 Timeout=3 Server=1 Internal=1 RolloutFailed=6"#]]
+        expect![[r#"Usage=2 Config=1 Invalid=1 Auth=5 Forbidden=1 NotFound=4 Ambiguous=1 Unreachable=1 Timeout=3 Server=1 Internal=1 RolloutFailed=6"#]]
             .assert_eq(&codes.join(" "));
     }
 }

@@ -400,6 +400,14 @@ fn grant_summary(v: &serde_json::Value) -> String {
     }
 }
 
+/// The `xcecli service status NAME [--project P]` a hint suggests.
+pub(crate) fn status_command(name: &str, project: Option<&str>) -> String {
+    match project {
+        Some(p) => format!("xcecli service status {name} --project {p}"),
+        None => format!("xcecli service status {name}"),
+    }
+}
+
 /// What `service stop` prints.
 pub(crate) fn stopped(answer: &StopAnswer, now: bool) -> String {
     let how = if now { ", without draining" } else { "" };

@@ -4,8 +4,9 @@
 //!
 //! The binary (in `local-cluster`) parses its global flags, the config file and the
 //! environment, then hands this crate everything it needs: a [`ClientConfig`] (api URL,
-//! token) and an [`Io`] (writers, whether they are terminals). This crate never reads the
-//! environment, the terminal state, config files or the home directory itself.
+//! token, default project) and an [`Io`] (writers, whether they are terminals). This crate
+//! never reads the environment, the terminal state, config files or the home directory
+//! itself.
 //!
 //! ```no_run
 //! # async fn demo() {
@@ -16,7 +17,11 @@
 //!     command: xcecli_ext::Command,
 //! }
 //! let cli = Cli::parse();
-//! let config = xcecli_ext::ClientConfig { api: "http://127.0.0.1:7480".into(), token: None };
+//! let config = xcecli_ext::ClientConfig {
+//!     api: "http://127.0.0.1:7480".into(),
+//!     token: None,
+//!     project: None,
+//! };
 //! let mut io = xcecli_ext::Io::new(
 //!     Box::new(std::io::stdout()), Box::new(std::io::stderr()), false, false);
 //! let code = xcecli_ext::execute(cli.command, config, &mut io).await;
@@ -36,11 +41,13 @@ mod rollout;
 mod service;
 
 pub use cli::{
-    Command, EndpointFormat, EndpointsArgs, HostCommand, ListFormat, ServiceCommand, WaitArgs,
+    Command, EndpointFormat, EndpointsArgs, HostCommand, ListFormat, ProjectArg, ServiceCommand,
+    WaitArgs,
 };
 pub use client::{Client, ClientConfig};
 pub use error::{CliError, ErrorKind};
 
+use client::ServiceRef;
 use std::io::Write;
 
 /// Where the commands write, and whether those are terminals (the host finds out; this
@@ -99,22 +106,29 @@ pub async fn run(cmd: Command, client: &Client, io: &mut Io) -> Result<(), CliEr
             };
             endpoints::write_out(io, &out).map(drop)
         }
-        Command::Service(ServiceCommand::Submit { file, wait }) => {
-            service::submit(&file, wait, client, io).await
-        }
+        Command::Service(ServiceCommand::Submit {
+            file,
+            project,
+            wait,
+        }) => service::submit(&file, project.as_deref(), wait, client, io).await,
         Command::Service(ServiceCommand::Scale {
             name,
             replicas,
+            project,
             wait,
-        }) => service::scale(&name, replicas, wait, client, io).await,
-        Command::Service(ServiceCommand::Restart { name, wait }) => {
-            service::restart(&name, wait, client, io).await
-        }
-        Command::Service(ServiceCommand::Status { name, output }) => {
-            service::status(&name, output, client, io).await
-        }
-        Command::Service(ServiceCommand::Stop { name, now }) => {
-            service::stop(&name, now, client, io).await
+        }) => service::scale(named(&name, &project, client), replicas, wait, client, io).await,
+        Command::Service(ServiceCommand::Restart {
+            name,
+            project,
+            wait,
+        }) => service::restart(named(&name, &project, client), wait, client, io).await,
+        Command::Service(ServiceCommand::Status {
+            name,
+            project,
+            output,
+        }) => service::status(named(&name, &project, client), output, client, io).await,
+        Command::Service(ServiceCommand::Stop { name, project, now }) => {
+            service::stop(named(&name, &project, client), now, client, io).await
         }
         Command::Host(HostCommand::List { output }) => {
             let answer = client.hosts().await?;
@@ -142,6 +156,15 @@ pub async fn execute(cmd: Command, config: ClientConfig, io: &mut Io) -> i32 {
             let _ = io.stderr.flush();
             e.exit_code()
         }
+    }
+}
+
+/// The service a command names: `--project`, else the client's default project, else
+/// none (the apiserver resolves the name among the caller's projects).
+fn named<'a>(name: &'a str, project: &'a ProjectArg, client: &'a Client) -> ServiceRef<'a> {
+    ServiceRef {
+        name,
+        project: project.project.as_deref().or(client.project()),
     }
 }
 

@@ -12,7 +12,7 @@
 //! a later one (someone else's change, or the automatic revert of ours). A complete state
 //! of an older generation cannot end the wait.
 
-use crate::client::{Answer, Client};
+use crate::client::{Answer, Client, ServiceRef};
 use crate::endpoints::{
     until, warn, write_out, BACKOFF_MAX, BACKOFF_START, MIN_UNCHANGED_INTERVAL,
 };
@@ -38,15 +38,27 @@ enum Verdict {
     Failed(CliError),
 }
 
-/// Follows the rollout of `name` from `first` (the answer of the command that started it)
+/// Follows the rollout of `svc` from `first` (the answer of the command that started it)
 /// until it ends or `timeout` runs out.
+///
+/// Every query names the project: the one the command picked, else the one `first`
+/// reports, so the wait stays on this service even when another of the caller's projects
+/// gets a service of the same name meanwhile (an apiserver from before projects reports
+/// none, and then the name alone is sent). Hints name `--project` only when the command
+/// picked one.
 pub(crate) async fn follow(
     client: &Client,
     io: &mut Io,
-    name: &str,
+    svc: ServiceRef<'_>,
     first: Answer<ServiceDetail>,
     timeout: Duration,
 ) -> Result<(), CliError> {
+    let name = svc.name;
+    let reported = Some(first.value.project.clone()).filter(|p| !p.is_empty());
+    let query = ServiceRef {
+        name,
+        project: svc.project.or(reported.as_deref()),
+    };
     let deadline = Instant::now() + timeout;
     let since = first.value.generation;
     let mut index = first.index.unwrap_or(first.value.index);
@@ -62,7 +74,7 @@ pub(crate) async fn follow(
             io.stderr.flush().map_err(CliError::io)?;
             last_line = line;
         }
-        match verdict(&detail, rollout, since) {
+        match verdict(&detail, rollout, since, svc.project) {
             Verdict::Complete => {
                 return write_out(io, &format::complete(&detail, rollout)).map(drop);
             }
@@ -72,13 +84,13 @@ pub(crate) async fn follow(
 
         let wait = BLOCK_WAIT.min(deadline.saturating_duration_since(Instant::now()));
         let sent = Instant::now();
-        let Some(result) = until(Some(deadline), client.service(name, Some((index, wait)))).await
+        let Some(result) = until(Some(deadline), client.service(query, Some((index, wait)))).await
         else {
-            return Err(timed_out(&detail, timeout));
+            return Err(timed_out(&detail, timeout, svc.project));
         };
         let answer = match result {
             Ok(a) => a,
-            Err(e) if e.kind == ErrorKind::NotFound => return Err(gone(name)),
+            Err(e) if e.kind == ErrorKind::NotFound => return Err(gone(name, query.project)),
             // The apiserver restarting or failing over: keep the index and ask again.
             Err(e) if matches!(e.kind, ErrorKind::Server | ErrorKind::Unreachable) => {
                 warn(
@@ -94,7 +106,7 @@ pub(crate) async fn follow(
                     .await
                     .is_none()
                 {
-                    return Err(timed_out(&detail, timeout));
+                    return Err(timed_out(&detail, timeout, svc.project));
                 }
                 backoff = (backoff * 2).min(BACKOFF_MAX);
                 continue;
@@ -123,7 +135,7 @@ pub(crate) async fn follow(
                 .await
                 .is_none()
             {
-                return Err(timed_out(&detail, timeout));
+                return Err(timed_out(&detail, timeout, svc.project));
             }
         }
     }
@@ -144,7 +156,12 @@ fn rollout_of(detail: &ServiceDetail) -> Result<&Rollout, CliError> {
     })
 }
 
-fn verdict(detail: &ServiceDetail, rollout: &Rollout, since: u64) -> Verdict {
+fn verdict(
+    detail: &ServiceDetail,
+    rollout: &Rollout,
+    since: u64,
+    project: Option<&str>,
+) -> Verdict {
     if rollout.generation < since {
         // An answer from before our change reached the view (an apiserver that lags):
         // its state is not about our rollout.
@@ -155,8 +172,8 @@ fn verdict(detail: &ServiceDetail, rollout: &Rollout, since: u64) -> Verdict {
         _ => String::new(),
     };
     let hint = format!(
-        "`xcecli service status {}` shows the replicas and their generations",
-        detail.name
+        "`{}` shows the replicas and their generations",
+        format::status_command(&detail.name, project)
     );
     match rollout.state {
         RolloutState::Complete => Verdict::Complete,
@@ -185,7 +202,7 @@ fn verdict(detail: &ServiceDetail, rollout: &Rollout, since: u64) -> Verdict {
 }
 
 /// `--timeout` ran out: exit 3. The rollout itself goes on.
-fn timed_out(detail: &ServiceDetail, timeout: Duration) -> CliError {
+fn timed_out(detail: &ServiceDetail, timeout: Duration, project: Option<&str>) -> CliError {
     let mut message = format!(
         "rollout of service {} not complete after {}",
         detail.name,
@@ -204,18 +221,20 @@ fn timed_out(detail: &ServiceDetail, timeout: Duration) -> CliError {
     CliError::new(ErrorKind::Timeout, message)
         .with_details(details)
         .with_hint(format!(
-            "the rollout goes on; `xcecli service status {}` shows where it is",
-            detail.name
+            "the rollout goes on; `{}` shows where it is",
+            format::status_command(&detail.name, project)
         ))
 }
 
 /// The service went away while we waited: exit 4, as for any service not found.
-fn gone(name: &str) -> CliError {
+fn gone(name: &str, project: Option<&str>) -> CliError {
+    let service = match project {
+        Some(p) => format!("service {name} in project {p}"),
+        None => format!("service {name}"),
+    };
     CliError::new(
         ErrorKind::NotFound,
-        format!(
-            "service {name} is gone (stopped, or no longer visible) while waiting for its rollout"
-        ),
+        format!("{service} is gone (stopped, or no longer visible) while waiting for its rollout"),
     )
 }
 
@@ -231,7 +250,7 @@ mod tests {
         let actual = match rollout_of(&detail) {
             Err(e) => format!("exit {}: {e}", e.exit_code()),
             Ok(r) => {
-                let verdict = match verdict(&detail, r, since) {
+                let verdict = match verdict(&detail, r, since, None) {
                     Verdict::Moving => "moving".to_owned(),
                     Verdict::Complete => format!("complete: {}", format::complete(&detail, r)),
                     Verdict::Failed(e) => format!("exit {}: {e}\n", e.exit_code()),
@@ -350,11 +369,11 @@ mod tests {
                 "reason":"replica 2: no host has port http free"}"#,
         ))
         .unwrap();
-        let e = timed_out(&d, Duration::from_secs(600));
+        let e = timed_out(&d, Duration::from_secs(600), Some("team-a"));
         expect![[r#"
             exit 3: error: rollout of service web not complete after 10m: generation 2 has 2/3 updated, 3 ready, 1 outdated
               waiting: replica 2: no host has port http free
-            hint: the rollout goes on; `xcecli service status web` shows where it is"#]]
+            hint: the rollout goes on; `xcecli service status web --project team-a` shows where it is"#]]
         .assert_eq(&format!("exit {}: {e}", e.exit_code()));
     }
 }

@@ -2,7 +2,7 @@
 //! `--wait`), `stop`, and `status` that shows where a change stands.
 
 use crate::cli::{ListFormat, WaitArgs};
-use crate::client::{Answer, Client, Put};
+use crate::client::{Answer, Client, Put, ServiceRef};
 use crate::endpoints::write_out;
 use crate::error::{CliError, ErrorKind};
 use crate::format;
@@ -11,11 +11,17 @@ use crate::{json_line, rollout, Io};
 use std::path::Path;
 
 /// `service submit FILE`: `PUT /v1/services/{name}` with the name from the file, so the
-/// same command creates and updates. A file without a usable name goes to
-/// `POST /v1/services` instead, which answers with every problem of the profile (the
-/// server validates; this client only needs a name for the path).
+/// same command creates and updates, and `?project=` with the file's project when it names
+/// one. A file without a usable name goes to `POST /v1/services` instead, which answers
+/// with every problem of the profile (the server validates; this client only needs a name
+/// for the path).
+///
+/// The file decides the project. `--project P` only checks it: a file that names another
+/// project, or none (the server's default, `default`), is refused before anything is sent.
+/// The host's default project (`XCE_PROJECT`, the config file) is not used here.
 pub(crate) async fn submit(
     file: &Path,
+    project: Option<&str>,
     wait: WaitArgs,
     client: &Client,
     io: &mut Io,
@@ -26,8 +32,24 @@ pub(crate) async fn submit(
             format!("cannot read {}: {e}", file.display()),
         )
     })?;
-    let result = match profile_name(&toml) {
-        Some(name) => client.put(&name, toml).await,
+    let target = profile_target(&toml);
+    if let Some(flag) = project {
+        check_project(file, flag, &target)?;
+    }
+    // The `?project=`: the project the file names (unless it cannot be one: the server
+    // says so); else `--project`, which the check above found to agree with the file.
+    let named_project = match &target.project {
+        FileProject::Named(p) => is_name(p).then_some(p.as_str()),
+        FileProject::Absent | FileProject::Unreadable => project,
+    };
+    let result = match &target.name {
+        Some(name) => {
+            let svc = ServiceRef {
+                name,
+                project: named_project,
+            };
+            client.put(svc, toml).await
+        }
         // POST only ever creates: its success is a 201.
         None => client.submit(toml).await.map(|a| (Put::Created, a)),
     };
@@ -36,56 +58,98 @@ pub(crate) async fn submit(
             hint: Some(format!("fix {} and submit it again", file.display())),
             ..e
         },
+        // Only a server that resolves the path's name before reading the profile could
+        // say this; the file is what names the project.
+        ErrorKind::Ambiguous if named_project.is_none() => CliError {
+            hint: Some(format!(
+                "name the project in {}: project = \"P\" in its [service] table",
+                file.display()
+            )),
+            ..e
+        },
         _ => e,
     })?;
     write_out(io, &format::submitted(put, &answer.value))?;
-    then_wait(wait, client, io, answer).await
+    then_wait(wait, named_project, client, io, answer).await
 }
+
+/// `--project P` of `submit` against the file: the same project, or a usage error.
+fn check_project(file: &Path, flag: &str, target: &Target) -> Result<(), CliError> {
+    let refuse = |message: String, hint: String| Err(CliError::usage(message).with_hint(hint));
+    match &target.project {
+        FileProject::Named(p) if p == flag => Ok(()),
+        FileProject::Named(p) => refuse(
+            format!(
+                "--project {flag} does not match {}, which is for project {:?}",
+                file.display(),
+                p
+            ),
+            format!(
+                "the file decides the project: drop --project, or change project in its [service] table to \"{flag}\""
+            ),
+        ),
+        FileProject::Absent if flag == DEFAULT_PROJECT => Ok(()),
+        FileProject::Absent => refuse(
+            format!(
+                "--project {flag} does not match {}, which names no project (so it is for project {DEFAULT_PROJECT:?})",
+                file.display()
+            ),
+            format!(
+                "the file decides the project: add project = \"{flag}\" to its [service] table, or drop --project"
+            ),
+        ),
+        // Not TOML, or a project that is not a string: the server lists the problems.
+        FileProject::Unreadable => Ok(()),
+    }
+}
+
+/// The project of a profile that names none (DESIGN §3).
+const DEFAULT_PROJECT: &str = "default";
 
 /// `service scale NAME N`.
 pub(crate) async fn scale(
-    name: &str,
+    svc: ServiceRef<'_>,
     replicas: u32,
     wait: WaitArgs,
     client: &Client,
     io: &mut Io,
 ) -> Result<(), CliError> {
-    let answer = client.scale(name, replicas).await?;
+    let answer = client.scale(svc, replicas).await?;
     write_out(io, &format::scaling(&answer.value))?;
-    then_wait(wait, client, io, answer).await
+    then_wait(wait, svc.project, client, io, answer).await
 }
 
 /// `service restart NAME`.
 pub(crate) async fn restart(
-    name: &str,
+    svc: ServiceRef<'_>,
     wait: WaitArgs,
     client: &Client,
     io: &mut Io,
 ) -> Result<(), CliError> {
-    let answer = client.restart(name).await?;
+    let answer = client.restart(svc).await?;
     write_out(io, &format::restarting(&answer.value))?;
-    then_wait(wait, client, io, answer).await
+    then_wait(wait, svc.project, client, io, answer).await
 }
 
 /// `service stop NAME [--now]`.
 pub(crate) async fn stop(
-    name: &str,
+    svc: ServiceRef<'_>,
     now: bool,
     client: &Client,
     io: &mut Io,
 ) -> Result<(), CliError> {
-    let answer = client.stop(name, now).await?;
+    let answer = client.stop(svc, now).await?;
     write_out(io, &format::stopped(&answer.value, now)).map(drop)
 }
 
 /// `service status NAME [-o table|json]`.
 pub(crate) async fn status(
-    name: &str,
+    svc: ServiceRef<'_>,
     output: ListFormat,
     client: &Client,
     io: &mut Io,
 ) -> Result<(), CliError> {
-    let answer = client.service(name, None).await?;
+    let answer = client.service(svc, None).await?;
     let out = match output {
         ListFormat::Table => format::status(&answer.value),
         ListFormat::Json => json_line(&answer.raw),
@@ -93,8 +157,11 @@ pub(crate) async fn status(
     write_out(io, &out).map(drop)
 }
 
+/// `--wait`: follows the service the server named (the answer's name is authoritative),
+/// in the `project` the command picked or, without one, the project the answer reports.
 async fn then_wait(
     wait: WaitArgs,
+    project: Option<&str>,
     client: &Client,
     io: &mut Io,
     answer: Answer<ServiceDetail>,
@@ -102,25 +169,69 @@ async fn then_wait(
     if !wait.wait {
         return Ok(());
     }
-    // Follow the service the server named (the answer's name is authoritative).
     let name = answer.value.name.clone();
-    rollout::follow(client, io, &name, answer, wait.timeout).await
+    let svc = ServiceRef {
+        name: &name,
+        project,
+    };
+    rollout::follow(client, io, svc, answer, wait.timeout).await
 }
 
-/// `[service].name` of a TOML profile, if the text parses and the name is one the server
-/// could accept (DESIGN §3: 1-63 chars of `[a-z0-9-]`, starting with a letter, ending
-/// alphanumeric), so that it can go in a URL path.
-fn profile_name(toml_text: &str) -> Option<String> {
-    let doc: toml::Table = toml::from_str(toml_text).ok()?;
-    let name = doc.get("service")?.as_table()?.get("name")?.as_str()?;
+/// What `submit` reads of a profile: the name for the path, and the project.
+#[derive(Debug, PartialEq, Eq)]
+struct Target {
+    /// `[service].name`, if usable in a path ([`is_name`]).
+    name: Option<String>,
+    project: FileProject,
+}
+
+/// `[service].project` of a profile.
+#[derive(Debug, PartialEq, Eq)]
+enum FileProject {
+    /// A string (not necessarily a valid name: the server says so).
+    Named(String),
+    /// No `project` key: the server's default, `default`.
+    Absent,
+    /// Not TOML, no `[service]` table, or a `project` that is not a string.
+    Unreadable,
+}
+
+/// The name and project of a TOML profile, as far as they can be read.
+fn profile_target(toml_text: &str) -> Target {
+    let doc = toml::from_str::<toml::Table>(toml_text).ok();
+    let service = doc
+        .as_ref()
+        .and_then(|d| d.get("service"))
+        .and_then(|s| s.as_table());
+    let Some(service) = service else {
+        return Target {
+            name: None,
+            project: FileProject::Unreadable,
+        };
+    };
+    let name = service
+        .get("name")
+        .and_then(|n| n.as_str())
+        .filter(|n| is_name(n))
+        .map(str::to_owned);
+    let project = match service.get("project") {
+        None => FileProject::Absent,
+        Some(toml::Value::String(p)) => FileProject::Named(p.clone()),
+        Some(_) => FileProject::Unreadable,
+    };
+    Target { name, project }
+}
+
+/// A name the server could accept for a service or a project (DESIGN §3: 1-63 chars of
+/// `[a-z0-9-]`, starting with a letter, ending alphanumeric), so that it can go in a URL.
+fn is_name(name: &str) -> bool {
     let bytes = name.as_bytes();
-    let valid = (1..=63).contains(&bytes.len())
+    (1..=63).contains(&bytes.len())
         && bytes[0].is_ascii_lowercase()
         && bytes[bytes.len() - 1].is_ascii_alphanumeric()
         && bytes
             .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-');
-    valid.then(|| name.to_owned())
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
 }
 
 #[cfg(test)]
@@ -129,28 +240,76 @@ mod tests {
     use expect_test::{expect, Expect};
 
     fn check(toml: &str, expect: Expect) {
-        expect.assert_eq(&format!("{:?}", profile_name(toml)));
+        let t = profile_target(toml);
+        expect.assert_eq(&format!("{:?} {:?}", t.name, t.project));
     }
 
     #[test]
-    fn names_for_the_put_path() {
-        check("[service]\nname = \"web\"\n", expect![[r#"Some("web")"#]]);
+    fn names_and_projects_for_the_put() {
         check(
-            "[service]\nname = \"web-2\"\nreplicas = 3\n",
-            expect![[r#"Some("web-2")"#]],
+            "[service]\nname = \"web\"\n",
+            expect![[r#"Some("web") Absent"#]],
+        );
+        check(
+            "[service]\nname = \"web-2\"\nproject = \"team-a\"\nreplicas = 3\n",
+            expect![[r#"Some("web-2") Named("team-a")"#]],
         );
         // Everything else goes to POST, where the server lists the problems.
-        check("[service]\nname = \"Web\"\n", expect!["None"]);
-        check("[service]\nname = \"2web\"\n", expect!["None"]);
-        check("[service]\nname = \"web-\"\n", expect!["None"]);
-        check("[service]\nname = \"../x\"\n", expect!["None"]);
+        check("[service]\nname = \"Web\"\n", expect!["None Absent"]);
+        check("[service]\nname = \"2web\"\n", expect!["None Absent"]);
+        check("[service]\nname = \"web-\"\n", expect!["None Absent"]);
+        check("[service]\nname = \"../x\"\n", expect!["None Absent"]);
         check(
             &format!("[service]\nname = \"{}\"\n", "a".repeat(64)),
-            expect!["None"],
+            expect!["None Absent"],
         );
-        check("[service]\nname = 7\n", expect!["None"]);
-        check("[service]\nreplicas = 1\n", expect!["None"]);
-        check("name = \"web\"\n", expect!["None"]);
-        check("this is = = not toml", expect!["None"]);
+        check("[service]\nname = 7\n", expect!["None Absent"]);
+        check("[service]\nreplicas = 1\n", expect!["None Absent"]);
+        check("name = \"web\"\n", expect!["None Unreadable"]);
+        check("this is = = not toml", expect!["None Unreadable"]);
+        // A project that is not a valid name is still read (to compare with --project),
+        // but never sent as `?project=`.
+        check(
+            "[service]\nname = \"web\"\nproject = \"Team A\"\n",
+            expect![[r#"Some("web") Named("Team A")"#]],
+        );
+        check(
+            "[service]\nname = \"web\"\nproject = 7\n",
+            expect![[r#"Some("web") Unreadable"#]],
+        );
+    }
+
+    #[test]
+    fn project_flag_against_the_file() {
+        let run = |toml: &str, flag: &str| match check_project(
+            Path::new("web.toml"),
+            flag,
+            &profile_target(toml),
+        ) {
+            Ok(()) => "ok".to_owned(),
+            Err(e) => format!("exit {}: {e}", e.exit_code()),
+        };
+        let actual = [
+            run(
+                "[service]\nname = \"web\"\nproject = \"team-a\"\n",
+                "team-a",
+            ),
+            run(
+                "[service]\nname = \"web\"\nproject = \"team-b\"\n",
+                "team-a",
+            ),
+            run("[service]\nname = \"web\"\n", "team-a"),
+            run("[service]\nname = \"web\"\n", "default"),
+            run("not toml", "team-a"),
+        ]
+        .join("\n");
+        expect![[r#"
+            ok
+            exit 2: error: --project team-a does not match web.toml, which is for project "team-b"
+            hint: the file decides the project: drop --project, or change project in its [service] table to "team-a"
+            exit 2: error: --project team-a does not match web.toml, which names no project (so it is for project "default")
+            hint: the file decides the project: add project = "team-a" to its [service] table, or drop --project
+            ok
+            ok"#]].assert_eq(&actual);
     }
 }

@@ -45,6 +45,16 @@ fn context() -> ApiContext {
             user("carol", &[(Permission::JobSubmit, "team-a")]),
         ),
         ("root".into(), user("root", &[(Permission::Admin, "*")])),
+        (
+            "dana".into(),
+            user(
+                "dana",
+                &[
+                    (Permission::JobView, "team-a"),
+                    (Permission::JobView, "team-b"),
+                ],
+            ),
+        ),
     ])
 }
 
@@ -93,6 +103,44 @@ fn snapshot(with_web: bool) -> ClusterSnapshot {
     }
 }
 
+/// `snapshot(with_web)` plus a `web` of each of `projects`, on other hosts and ports than
+/// team-a's: team-b's has two replicas (exec-04, exec-02), team-c's one (exec-01).
+fn snapshot_with_webs(with_web: bool, projects: &[&str]) -> ClusterSnapshot {
+    let mut snap = snapshot(with_web);
+    for project in projects {
+        let (rev, jobs) = match *project {
+            "team-b" => (
+                7,
+                vec![
+                    job("j-7", "web", "team-b", 0, "exec-04", &[("http", 23000)]),
+                    job("j-8", "web", "team-b", 1, "exec-02", &[("http", 23001)]),
+                ],
+            ),
+            "team-c" => (
+                6,
+                vec![job(
+                    "j-9",
+                    "web",
+                    "team-c",
+                    0,
+                    "exec-01",
+                    &[("http", 24000)],
+                )],
+            ),
+            other => panic!("no web for {other}"),
+        };
+        snap.services.push(ServiceInfo {
+            rev,
+            ..service("web", project, &["http"])
+        });
+        snap.jobs.extend(jobs);
+    }
+    if projects.contains(&"team-b") {
+        snap.hosts.push(host("exec-04", Some("127.0.0.14")));
+    }
+    snap
+}
+
 struct Cluster {
     feed: TableFeed,
     api: EndpointApi,
@@ -108,8 +156,12 @@ impl Cluster {
     }
 
     async fn new(cfg: TableConfig) -> Self {
+        Self::of(cfg, snapshot(true)).await
+    }
+
+    async fn of(cfg: TableConfig, snapshot: ClusterSnapshot) -> Self {
         let cluster = Self::empty(cfg);
-        cluster.resync(snapshot(true)).await;
+        cluster.resync(snapshot).await;
         cluster
     }
 
@@ -181,13 +233,18 @@ async fn render(resp: Response<Body>) -> String {
     out
 }
 
-/// Everything about a response, for byte-identical comparisons.
+/// Everything about a response, for byte-identical comparisons; of a stream (which does
+/// not end), its status, headers and first event.
 async fn exact(resp: Response<Body>) -> String {
     let mut out = format!("{:?}\n", resp.status());
     let mut headers: Vec<_> = resp.headers().iter().collect();
     headers.sort_by_key(|(k, _)| k.as_str());
     for (k, v) in headers {
         let _ = writeln!(out, "{k}: {v:?}");
+    }
+    if resp.headers()["content-type"] == "text/event-stream" {
+        out.push_str(&Events::new(resp).next().await.unwrap());
+        return out;
     }
     let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
         .await
@@ -268,15 +325,15 @@ async fn formats_and_parameters() {
         expect![[r#"
             > alice /v1/services/web/endpoints
             200 content-type=application/json x-xce-index=10
-            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
+            {"service":"web","project":"team-a","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
 
             > alice /v1/services/web/endpoints?include=all
             200 content-type=application/json x-xce-index=10
-            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417},"ready":true,"state":"running"},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418},"ready":true,"state":"running"},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419},"ready":false,"state":"placed"},{"replica":3,"job":"j-4","host":"exec-03","generation":1,"ports":{"http":20420},"ready":false,"state":"running"}]}
+            {"service":"web","project":"team-a","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417},"ready":true,"state":"running"},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418},"ready":true,"state":"running"},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419},"ready":false,"state":"placed"},{"replica":3,"job":"j-4","host":"exec-03","generation":1,"ports":{"http":20420},"ready":false,"state":"running"}]}
 
             > alice /v1/services/multi/endpoints?port=metrics
             200 content-type=application/json x-xce-index=8
-            {"service":"multi","index":8,"endpoints":[{"replica":0,"job":"j-5","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"metrics":21001}}]}
+            {"service":"multi","project":"team-a","index":8,"endpoints":[{"replica":0,"job":"j-5","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"metrics":21001}}]}
 
             > alice /v1/services/multi/endpoints?port=nope
             400 content-type=application/json
@@ -294,11 +351,11 @@ async fn formats_and_parameters() {
 
             > alice /v1/services/web/endpoints | accept: application/json, text/plain;q=0.5
             200 content-type=application/json x-xce-index=10
-            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
+            {"service":"web","project":"team-a","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
 
             > alice /v1/services/web/endpoints?format=json | accept: text/plain
             200 content-type=application/json x-xce-index=10
-            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
+            {"service":"web","project":"team-a","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
 
             > alice /v1/services/multi/endpoints?format=plain
             400 content-type=application/json
@@ -314,7 +371,7 @@ async fn formats_and_parameters() {
 
             > alice /v1/services/noports/endpoints
             200 content-type=application/json x-xce-index=5
-            {"service":"noports","index":5,"endpoints":[]}
+            {"service":"noports","project":"team-a","index":5,"endpoints":[]}
 
             > alice /v1/services/web/endpoints?include=ready
             400 content-type=application/json
@@ -334,11 +391,11 @@ async fn formats_and_parameters() {
 
             > alice /v1/services/web/endpoints?index=3&wait=1s
             200 content-type=application/json x-xce-index=10
-            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
+            {"service":"web","project":"team-a","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
 
             > alice /v1/services/web/endpoints?wait=1s
             200 content-type=application/json x-xce-index=10
-            {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
+            {"service":"web","project":"team-a","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
 
         "#]],
     )
@@ -357,6 +414,8 @@ async fn prometheus_sd_and_list() {
             "alice /v1/sd/prometheus?service=multi&port=metrics",
             "alice /v1/sd/prometheus?service=multi&port=nope",
             "alice /v1/sd/prometheus",
+            "alice /v1/sd/prometheus?port=metrics",
+            "bob /v1/sd/prometheus",
             "alice /v1/endpoints",
             "bob /v1/endpoints",
             "carol /v1/endpoints",
@@ -384,16 +443,24 @@ async fn prometheus_sd_and_list() {
             {"error":{"code":"invalid","details":[{"field":"port","reason":"service \"multi\" has no port \"nope\" (it declares: http, metrics)"}],"message":"port: service \"multi\" has no port \"nope\" (it declares: http, metrics)"}}
 
             > alice /v1/sd/prometheus
-            400 content-type=application/json
-            {"error":{"code":"invalid","details":[{"field":"service","reason":"required"}],"message":"service: required"}}
+            200 content-type=application/json
+            [{"targets":["127.0.0.11:21000"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-01","__meta_xce_job":"j-5","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"0","__meta_xce_service":"multi"}},{"targets":["127.0.0.11:21001"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-01","__meta_xce_job":"j-5","__meta_xce_port":"metrics","__meta_xce_project":"team-a","__meta_xce_replica":"0","__meta_xce_service":"multi"}},{"targets":["127.0.0.11:20417"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-01","__meta_xce_job":"j-1","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"0","__meta_xce_service":"web"}},{"targets":["[fd00::2]:20418"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-02","__meta_xce_job":"j-2","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"1","__meta_xce_service":"web"}}]
+
+            > alice /v1/sd/prometheus?port=metrics
+            200 content-type=application/json
+            [{"targets":["127.0.0.11:21001"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-01","__meta_xce_job":"j-5","__meta_xce_port":"metrics","__meta_xce_project":"team-a","__meta_xce_replica":"0","__meta_xce_service":"multi"}}]
+
+            > bob /v1/sd/prometheus
+            200 content-type=application/json
+            [{"targets":["[fd00::2]:22000"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-02","__meta_xce_job":"j-6","__meta_xce_port":"http","__meta_xce_project":"team-b","__meta_xce_replica":"0","__meta_xce_service":"secret"}}]
 
             > alice /v1/endpoints
             200 content-type=application/json
-            {"services":[{"service":"multi","index":8,"endpoints":[{"replica":0,"job":"j-5","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":21000,"metrics":21001}}]},{"service":"noports","index":5,"endpoints":[]},{"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}]}
+            {"services":[{"service":"multi","project":"team-a","index":8,"endpoints":[{"replica":0,"job":"j-5","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":21000,"metrics":21001}}]},{"service":"noports","project":"team-a","index":5,"endpoints":[]},{"service":"web","project":"team-a","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}]}
 
             > bob /v1/endpoints
             200 content-type=application/json
-            {"services":[{"service":"secret","index":9,"endpoints":[{"replica":0,"job":"j-6","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":22000}}]}]}
+            {"services":[{"service":"secret","project":"team-b","index":9,"endpoints":[{"replica":0,"job":"j-6","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":22000}}]}]}
 
             > carol /v1/endpoints
             200 content-type=application/json
@@ -401,7 +468,7 @@ async fn prometheus_sd_and_list() {
 
             > root /v1/endpoints?include=all
             200 content-type=application/json
-            {"services":[{"service":"multi","index":8,"endpoints":[{"replica":0,"job":"j-5","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":21000,"metrics":21001},"ready":true,"state":"running"}]},{"service":"noports","index":5,"endpoints":[]},{"service":"secret","index":9,"endpoints":[{"replica":0,"job":"j-6","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":22000},"ready":true,"state":"running"}]},{"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417},"ready":true,"state":"running"},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418},"ready":true,"state":"running"},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419},"ready":false,"state":"placed"},{"replica":3,"job":"j-4","host":"exec-03","generation":1,"ports":{"http":20420},"ready":false,"state":"running"}]}]}
+            {"services":[{"service":"multi","project":"team-a","index":8,"endpoints":[{"replica":0,"job":"j-5","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":21000,"metrics":21001},"ready":true,"state":"running"}]},{"service":"noports","project":"team-a","index":5,"endpoints":[]},{"service":"secret","project":"team-b","index":9,"endpoints":[{"replica":0,"job":"j-6","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":22000},"ready":true,"state":"running"}]},{"service":"web","project":"team-a","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417},"ready":true,"state":"running"},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418},"ready":true,"state":"running"},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419},"ready":false,"state":"placed"},{"replica":3,"job":"j-4","host":"exec-03","generation":1,"ports":{"http":20420},"ready":false,"state":"running"}]}]}
 
         "#]],
     )
@@ -453,23 +520,23 @@ async fn rollouts_generations_draining_and_ports() {
         expect![[r#"
             > alice /v1/services/web/endpoints
             200 content-type=application/json x-xce-index=13
-            {"service":"web","index":13,"endpoints":[{"replica":0,"job":"j-7","host":"exec-02","generation":2,"address":"fd00::2","ports":{"http":20500,"metrics":20501}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
+            {"service":"web","project":"team-a","index":13,"endpoints":[{"replica":0,"job":"j-7","host":"exec-02","generation":2,"address":"fd00::2","ports":{"http":20500,"metrics":20501}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
 
             > alice /v1/services/web/endpoints?include=all
             200 content-type=application/json x-xce-index=13
-            {"service":"web","index":13,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417},"ready":false,"state":"draining"},{"replica":0,"job":"j-7","host":"exec-02","generation":2,"address":"fd00::2","ports":{"http":20500,"metrics":20501},"ready":true,"state":"running"},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418},"ready":true,"state":"running"},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419},"ready":false,"state":"placed"},{"replica":3,"job":"j-4","host":"exec-03","generation":1,"ports":{"http":20420},"ready":false,"state":"running"}]}
+            {"service":"web","project":"team-a","index":13,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417},"ready":false,"state":"draining"},{"replica":0,"job":"j-7","host":"exec-02","generation":2,"address":"fd00::2","ports":{"http":20500,"metrics":20501},"ready":true,"state":"running"},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418},"ready":true,"state":"running"},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419},"ready":false,"state":"placed"},{"replica":3,"job":"j-4","host":"exec-03","generation":1,"ports":{"http":20420},"ready":false,"state":"running"}]}
 
             > alice /v1/services/web/endpoints?port=metrics
             200 content-type=application/json x-xce-index=13
-            {"service":"web","index":13,"endpoints":[{"replica":0,"job":"j-7","host":"exec-02","generation":2,"address":"fd00::2","ports":{"metrics":20501}}]}
+            {"service":"web","project":"team-a","index":13,"endpoints":[{"replica":0,"job":"j-7","host":"exec-02","generation":2,"address":"fd00::2","ports":{"metrics":20501}}]}
 
             > alice /v1/services/web/endpoints?port=metrics&include=all
             200 content-type=application/json x-xce-index=13
-            {"service":"web","index":13,"endpoints":[{"replica":0,"job":"j-7","host":"exec-02","generation":2,"address":"fd00::2","ports":{"metrics":20501},"ready":true,"state":"running"}]}
+            {"service":"web","project":"team-a","index":13,"endpoints":[{"replica":0,"job":"j-7","host":"exec-02","generation":2,"address":"fd00::2","ports":{"metrics":20501},"ready":true,"state":"running"}]}
 
             > alice /v1/services/web/endpoints?port=http
             200 content-type=application/json x-xce-index=13
-            {"service":"web","index":13,"endpoints":[{"replica":0,"job":"j-7","host":"exec-02","generation":2,"address":"fd00::2","ports":{"http":20500}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
+            {"service":"web","project":"team-a","index":13,"endpoints":[{"replica":0,"job":"j-7","host":"exec-02","generation":2,"address":"fd00::2","ports":{"http":20500}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
 
             > alice /v1/services/web/endpoints?format=plain&port=metrics
             200 content-type=text/plain; charset=utf-8 x-xce-index=13
@@ -506,7 +573,7 @@ async fn rollouts_generations_draining_and_ports() {
     check(&c, &lines, expect![[r#"
         > alice /v1/services/web/endpoints?port=metrics
         200 content-type=application/json x-xce-index=15
-        {"service":"web","index":15,"endpoints":[{"replica":0,"job":"j-7","host":"exec-02","generation":2,"address":"fd00::2","ports":{"metrics":20501}}]}
+        {"service":"web","project":"team-a","index":15,"endpoints":[{"replica":0,"job":"j-7","host":"exec-02","generation":2,"address":"fd00::2","ports":{"metrics":20501}}]}
 
         > alice /v1/services/web/endpoints?format=plain
         200 content-type=text/plain; charset=utf-8 x-xce-index=15
@@ -625,6 +692,319 @@ async fn unauthenticated_and_invisible() {
     .await;
 }
 
+/// Two projects each with a `web` (and a third in team-c): a caller who sees one of them
+/// gets exactly the answer, byte for byte, it would get if no other project had a `web`,
+/// on every surface, before and after the other project's `web` changes or goes away.
+#[tokio::test]
+async fn another_projects_service_of_the_same_name_changes_nothing() {
+    let cfg = TableConfig::default;
+    let all = Cluster::of(cfg(), snapshot_with_webs(true, &["team-b", "team-c"])).await;
+    let alone_a = Cluster::of(cfg(), snapshot(true)).await;
+    let alone_b = Cluster::of(cfg(), snapshot_with_webs(false, &["team-b"])).await;
+    let surfaces = |mine: &str, other: &str| {
+        [
+            "/v1/services/web/endpoints".to_owned(),
+            "/v1/services/web/endpoints?include=all".to_owned(),
+            "/v1/services/web/endpoints?format=plain".to_owned(),
+            "/v1/services/web/endpoints | accept: text/plain".to_owned(),
+            "/v1/services/web/endpoints?port=http".to_owned(),
+            "/v1/services/web/endpoints?port=nope".to_owned(),
+            "/v1/services/web/endpoints?index=1&wait=10m".to_owned(),
+            "/v1/services/web/endpoints?index=1000&wait=20ms&format=plain".to_owned(),
+            "/v1/services/web/endpoints/stream".to_owned(),
+            "/v1/services/web/endpoints/stream?include=all | last-event-id: 1".to_owned(),
+            "/v1/sd/prometheus?service=web".to_owned(),
+            "/v1/endpoints".to_owned(),
+            "/v1/endpoints?include=all".to_owned(),
+            format!("/v1/services/web/endpoints?project={mine}"),
+            format!("/v1/services/web/endpoints/stream?project={mine}"),
+            format!("/v1/sd/prometheus?service=web&project={mine}"),
+            format!("/v1/endpoints?project={mine}"),
+            // Another project, visible or not, with or without a `web`: the one 404.
+            format!("/v1/services/web/endpoints?project={other}"),
+            format!("/v1/services/web/endpoints?project={other}&format=plain"),
+            format!("/v1/services/web/endpoints?project={other}&index=1&wait=10m"),
+            format!("/v1/services/web/endpoints/stream?project={other}"),
+            format!("/v1/sd/prometheus?service=web&project={other}"),
+            format!("/v1/endpoints?project={other}"),
+            "/v1/services/web/endpoints?project=team-c".to_owned(),
+            "/v1/services/web/endpoints?project=team-z".to_owned(),
+        ]
+    };
+    let compare = async |all: &Cluster| {
+        for (who, alone, mine, other) in [
+            ("alice", &alone_a, "team-a", "team-b"),
+            ("bob", &alone_b, "team-b", "team-a"),
+            // Sees neither: every answer is the 404 (or the empty list) of a world without.
+            ("carol", &alone_a, "team-a", "team-b"),
+        ] {
+            for surface in surfaces(mine, other) {
+                let line = format!("{who} {surface}");
+                let with = exact(all.get(&line).await).await;
+                let without = exact(alone.get(&line).await).await;
+                assert_eq!(with, without, "{line}");
+            }
+        }
+    };
+    compare(&all).await;
+
+    // Each gets its own, and only its own.
+    let lines = [
+        "alice /v1/services/web/endpoints?format=plain",
+        "bob /v1/services/web/endpoints?format=plain",
+        "alice /v1/sd/prometheus?service=web",
+        "bob /v1/sd/prometheus?service=web",
+        "bob /v1/endpoints",
+        "alice /v1/services/web/endpoints?project=team-b",
+        "bob /v1/services/web/endpoints?project=team-c",
+    ];
+    check(&all, &lines, expect![[r#"
+        > alice /v1/services/web/endpoints?format=plain
+        200 content-type=text/plain; charset=utf-8 x-xce-index=10
+        127.0.0.11:20417
+        [fd00::2]:20418
+
+        > bob /v1/services/web/endpoints?format=plain
+        200 content-type=text/plain; charset=utf-8 x-xce-index=7
+        127.0.0.14:23000
+        [fd00::2]:23001
+
+        > alice /v1/sd/prometheus?service=web
+        200 content-type=application/json x-xce-index=10
+        [{"targets":["127.0.0.11:20417"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-01","__meta_xce_job":"j-1","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"0","__meta_xce_service":"web"}},{"targets":["[fd00::2]:20418"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-02","__meta_xce_job":"j-2","__meta_xce_port":"http","__meta_xce_project":"team-a","__meta_xce_replica":"1","__meta_xce_service":"web"}}]
+
+        > bob /v1/sd/prometheus?service=web
+        200 content-type=application/json x-xce-index=7
+        [{"targets":["127.0.0.14:23000"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-04","__meta_xce_job":"j-7","__meta_xce_port":"http","__meta_xce_project":"team-b","__meta_xce_replica":"0","__meta_xce_service":"web"}},{"targets":["[fd00::2]:23001"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-02","__meta_xce_job":"j-8","__meta_xce_port":"http","__meta_xce_project":"team-b","__meta_xce_replica":"1","__meta_xce_service":"web"}}]
+
+        > bob /v1/endpoints
+        200 content-type=application/json
+        {"services":[{"service":"secret","project":"team-b","index":9,"endpoints":[{"replica":0,"job":"j-6","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":22000}}]},{"service":"web","project":"team-b","index":7,"endpoints":[{"replica":0,"job":"j-7","host":"exec-04","generation":1,"address":"127.0.0.14","ports":{"http":23000}},{"replica":1,"job":"j-8","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":23001}}]}]}
+
+        > alice /v1/services/web/endpoints?project=team-b
+        404 content-type=application/json
+        {"error":{"code":"not_found","details":[],"message":"service \"web\" not found"}}
+
+        > bob /v1/services/web/endpoints?project=team-c
+        404 content-type=application/json
+        {"error":{"code":"not_found","details":[],"message":"service \"web\" not found"}}
+
+    "#]]).await;
+
+    // team-b's `web` changes: team-a's watchers do not wake, and nothing alice sees moved.
+    let mut web_a = all.api.shared().subscribe(&key("team-a", "web")).unwrap();
+    web_a.mark_unchanged();
+    let mut j7 = job("j-7", "web", "team-b", 0, "exec-04", &[("http", 23000)]);
+    j7.ready = false;
+    all.event(ev_job(11, j7)).await;
+    all.event(ev_host(
+        12,
+        host("exec-04", Some("127.0.0.24")),
+        &[("team-b", "web")],
+    ))
+    .await;
+    assert!(!web_a.has_changed().unwrap());
+    let mut j7 = job("j-7", "web", "team-b", 0, "exec-04", &[("http", 23000)]);
+    j7.ready = false;
+    alone_b.event(ev_job(11, j7)).await;
+    alone_b
+        .event(ev_host(
+            12,
+            host("exec-04", Some("127.0.0.24")),
+            &[("team-b", "web")],
+        ))
+        .await;
+    compare(&all).await;
+
+    // team-c's `web` goes away: only it.
+    all.event(ev_removed(13, "web", "team-c")).await;
+    assert!(!web_a.has_changed().unwrap());
+    compare(&all).await;
+    let lines = ["root /v1/services/web/endpoints?project=team-c"];
+    check(
+        &all,
+        &lines,
+        expect![[r#"
+        > root /v1/services/web/endpoints?project=team-c
+        404 content-type=application/json
+        {"error":{"code":"not_found","details":[],"message":"service \"web\" not found"}}
+
+    "#]],
+    )
+    .await;
+}
+
+/// A caller who sees both `web`s must pick one: 409 listing only its own projects
+/// without `?project=`, the right one with it, on every surface; the list shows both.
+#[tokio::test]
+async fn a_caller_who_sees_both_picks_one() {
+    let c = Cluster::of(
+        TableConfig::default(),
+        snapshot_with_webs(true, &["team-b", "team-c"]),
+    )
+    .await;
+    check(
+        &c,
+        &[
+            "dana /v1/services/web/endpoints",
+            "dana /v1/services/web/endpoints?format=plain",
+            "dana /v1/services/web/endpoints?index=1&wait=10m",
+            "dana /v1/services/web/endpoints/stream",
+            "dana /v1/sd/prometheus?service=web",
+            "root /v1/services/web/endpoints?port=nope",
+            "dana /v1/services/web/endpoints?project=team-a",
+            "dana /v1/services/web/endpoints?project=team-b&include=all",
+            "dana /v1/services/web/endpoints?project=team-b&format=plain",
+            "dana /v1/services/web/endpoints?project=team-b&index=1&wait=10m",
+            "dana /v1/sd/prometheus?service=web&project=team-b",
+            "dana /v1/services/web/endpoints?project=team-c",
+            "root /v1/services/web/endpoints?project=team-c&format=plain",
+            "dana /v1/services/multi/endpoints",
+            "dana /v1/services/multi/endpoints?project=team-b",
+            "dana /v1/services/web/endpoints?project=",
+            "dana /v1/endpoints",
+            "dana /v1/endpoints?project=team-b",
+            "dana /v1/endpoints?project=team-c",
+        ],
+        expect![[r#"
+            > dana /v1/services/web/endpoints
+            409 content-type=application/json
+            {"error":{"code":"ambiguous","details":[{"field":"project","reason":"\"team-a\" has a service \"web\""},{"field":"project","reason":"\"team-b\" has a service \"web\""}],"message":"service \"web\" exists in several of your projects (team-a, team-b); pick one with ?project="}}
+
+            > dana /v1/services/web/endpoints?format=plain
+            409 content-type=application/json
+            {"error":{"code":"ambiguous","details":[{"field":"project","reason":"\"team-a\" has a service \"web\""},{"field":"project","reason":"\"team-b\" has a service \"web\""}],"message":"service \"web\" exists in several of your projects (team-a, team-b); pick one with ?project="}}
+
+            > dana /v1/services/web/endpoints?index=1&wait=10m
+            409 content-type=application/json
+            {"error":{"code":"ambiguous","details":[{"field":"project","reason":"\"team-a\" has a service \"web\""},{"field":"project","reason":"\"team-b\" has a service \"web\""}],"message":"service \"web\" exists in several of your projects (team-a, team-b); pick one with ?project="}}
+
+            > dana /v1/services/web/endpoints/stream
+            409 content-type=application/json
+            {"error":{"code":"ambiguous","details":[{"field":"project","reason":"\"team-a\" has a service \"web\""},{"field":"project","reason":"\"team-b\" has a service \"web\""}],"message":"service \"web\" exists in several of your projects (team-a, team-b); pick one with ?project="}}
+
+            > dana /v1/sd/prometheus?service=web
+            409 content-type=application/json
+            {"error":{"code":"ambiguous","details":[{"field":"project","reason":"\"team-a\" has a service \"web\""},{"field":"project","reason":"\"team-b\" has a service \"web\""}],"message":"service \"web\" exists in several of your projects (team-a, team-b); pick one with ?project="}}
+
+            > root /v1/services/web/endpoints?port=nope
+            409 content-type=application/json
+            {"error":{"code":"ambiguous","details":[{"field":"project","reason":"\"team-a\" has a service \"web\""},{"field":"project","reason":"\"team-b\" has a service \"web\""},{"field":"project","reason":"\"team-c\" has a service \"web\""}],"message":"service \"web\" exists in several of your projects (team-a, team-b, team-c); pick one with ?project="}}
+
+            > dana /v1/services/web/endpoints?project=team-a
+            200 content-type=application/json x-xce-index=10
+            {"service":"web","project":"team-a","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
+
+            > dana /v1/services/web/endpoints?project=team-b&include=all
+            200 content-type=application/json x-xce-index=7
+            {"service":"web","project":"team-b","index":7,"endpoints":[{"replica":0,"job":"j-7","host":"exec-04","generation":1,"address":"127.0.0.14","ports":{"http":23000},"ready":true,"state":"running"},{"replica":1,"job":"j-8","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":23001},"ready":true,"state":"running"}]}
+
+            > dana /v1/services/web/endpoints?project=team-b&format=plain
+            200 content-type=text/plain; charset=utf-8 x-xce-index=7
+            127.0.0.14:23000
+            [fd00::2]:23001
+
+            > dana /v1/services/web/endpoints?project=team-b&index=1&wait=10m
+            200 content-type=application/json x-xce-index=7
+            {"service":"web","project":"team-b","index":7,"endpoints":[{"replica":0,"job":"j-7","host":"exec-04","generation":1,"address":"127.0.0.14","ports":{"http":23000}},{"replica":1,"job":"j-8","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":23001}}]}
+
+            > dana /v1/sd/prometheus?service=web&project=team-b
+            200 content-type=application/json x-xce-index=7
+            [{"targets":["127.0.0.14:23000"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-04","__meta_xce_job":"j-7","__meta_xce_port":"http","__meta_xce_project":"team-b","__meta_xce_replica":"0","__meta_xce_service":"web"}},{"targets":["[fd00::2]:23001"],"labels":{"__meta_xce_generation":"1","__meta_xce_host":"exec-02","__meta_xce_job":"j-8","__meta_xce_port":"http","__meta_xce_project":"team-b","__meta_xce_replica":"1","__meta_xce_service":"web"}}]
+
+            > dana /v1/services/web/endpoints?project=team-c
+            404 content-type=application/json
+            {"error":{"code":"not_found","details":[],"message":"service \"web\" not found"}}
+
+            > root /v1/services/web/endpoints?project=team-c&format=plain
+            200 content-type=text/plain; charset=utf-8 x-xce-index=6
+            127.0.0.11:24000
+
+            > dana /v1/services/multi/endpoints
+            200 content-type=application/json x-xce-index=8
+            {"service":"multi","project":"team-a","index":8,"endpoints":[{"replica":0,"job":"j-5","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":21000,"metrics":21001}}]}
+
+            > dana /v1/services/multi/endpoints?project=team-b
+            404 content-type=application/json
+            {"error":{"code":"not_found","details":[],"message":"service \"multi\" not found"}}
+
+            > dana /v1/services/web/endpoints?project=
+            400 content-type=application/json
+            {"error":{"code":"invalid","details":[{"field":"project","reason":"must not be empty"}],"message":"project: must not be empty"}}
+
+            > dana /v1/endpoints
+            200 content-type=application/json
+            {"services":[{"service":"multi","project":"team-a","index":8,"endpoints":[{"replica":0,"job":"j-5","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":21000,"metrics":21001}}]},{"service":"noports","project":"team-a","index":5,"endpoints":[]},{"service":"secret","project":"team-b","index":9,"endpoints":[{"replica":0,"job":"j-6","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":22000}}]},{"service":"web","project":"team-a","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]},{"service":"web","project":"team-b","index":7,"endpoints":[{"replica":0,"job":"j-7","host":"exec-04","generation":1,"address":"127.0.0.14","ports":{"http":23000}},{"replica":1,"job":"j-8","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":23001}}]}]}
+
+            > dana /v1/endpoints?project=team-b
+            200 content-type=application/json
+            {"services":[{"service":"secret","project":"team-b","index":9,"endpoints":[{"replica":0,"job":"j-6","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":22000}}]},{"service":"web","project":"team-b","index":7,"endpoints":[{"replica":0,"job":"j-7","host":"exec-04","generation":1,"address":"127.0.0.14","ports":{"http":23000}},{"replica":1,"job":"j-8","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":23001}}]}]}
+
+            > dana /v1/endpoints?project=team-c
+            200 content-type=application/json
+            {"services":[]}
+
+        "#]],
+    )
+    .await;
+
+    // The stream of the one picked: its entries, then its removal, nothing of the other.
+    let mut b = Events::new(
+        c.get("dana /v1/services/web/endpoints/stream?project=team-b")
+            .await,
+    );
+    let mut a = Events::new(
+        c.get("dana /v1/services/web/endpoints/stream?project=team-a")
+            .await,
+    );
+    let mut out = String::new();
+    let _ = writeln!(out, "b: {}", b.next().await.unwrap());
+    let _ = writeln!(out, "a: {}", a.next().await.unwrap());
+    c.event(ev_removed(11, "web", "team-b")).await;
+    let _ = writeln!(out, "b: {}", b.next().await.unwrap());
+    let _ = writeln!(out, "b then: {:?}", b.next().await);
+    let mut ready = web_job("j-3", 2, "exec-01", 20419);
+    ready.ready = true;
+    c.event(ev_job(12, ready)).await;
+    let _ = writeln!(out, "a: {}", a.next().await.unwrap());
+    expect![[r#"
+        b: id: 7
+        data: {"service":"web","project":"team-b","index":7,"endpoints":[{"replica":0,"job":"j-7","host":"exec-04","generation":1,"address":"127.0.0.14","ports":{"http":23000}},{"replica":1,"job":"j-8","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":23001}}]}
+        a: id: 10
+        data: {"service":"web","project":"team-a","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
+        b: event: error
+        data: {"error":{"code":"not_found","details":[],"message":"service \"web\" not found"}}
+        b then: None
+        a: id: 12
+        data: {"service":"web","project":"team-a","index":12,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419}}]}
+    "#]].assert_eq(&out);
+    drop(a);
+    c.watchers_reach(0).await;
+
+    // team-b's gone: the name is dana's team-a one again, without `?project=`.
+    let lines = [
+        "dana /v1/services/web/endpoints?format=plain",
+        "dana /v1/services/web/endpoints?project=team-b",
+    ];
+    check(
+        &c,
+        &lines,
+        expect![[r#"
+        > dana /v1/services/web/endpoints?format=plain
+        200 content-type=text/plain; charset=utf-8 x-xce-index=12
+        127.0.0.11:20417
+        [fd00::2]:20418
+        127.0.0.11:20419
+
+        > dana /v1/services/web/endpoints?project=team-b
+        404 content-type=application/json
+        {"error":{"code":"not_found","details":[],"message":"service \"web\" not found"}}
+
+    "#]],
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn unavailable_until_the_first_resync() {
     let c = Cluster::empty(TableConfig::default());
@@ -710,7 +1090,7 @@ async fn blocking_queries() {
     let got = render(resp.unwrap()).await;
     expect![[r#"
         200 content-type=application/json x-xce-index=11
-        {"service":"web","index":11,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419}}]}"#]].assert_eq(&got);
+        {"service":"web","project":"team-a","index":11,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419}}]}"#]].assert_eq(&got);
     c.watchers_reach(0).await;
 
     // The service going away while a query waits answers 404.
@@ -767,7 +1147,7 @@ async fn wait_is_capped() {
 #[tokio::test]
 async fn watchers_wake_only_for_their_service() {
     let c = Cluster::new(TableConfig::default()).await;
-    let mut web = c.api.shared().subscribe("web").unwrap();
+    let mut web = c.api.shared().subscribe(&key("team-a", "web")).unwrap();
     web.mark_unchanged();
     let mut multi = job(
         "j-5",
@@ -791,9 +1171,13 @@ async fn watchers_wake_only_for_their_service() {
         .await;
     assert!(web.has_changed().unwrap(), "touched: index raised");
     web.mark_unchanged();
-    assert_eq!(c.api.entry("web").unwrap().index, 12);
-    c.event(ev_host(14, host("exec-02", Some("fd00::3")), &["web"]))
-        .await;
+    assert_eq!(c.api.entry(&key("team-a", "web")).unwrap().index, 12);
+    c.event(ev_host(
+        14,
+        host("exec-02", Some("fd00::3")),
+        &[("team-a", "web")],
+    ))
+    .await;
     assert!(web.has_changed().unwrap());
     let plain = render(c.get("alice /v1/services/web/endpoints?format=plain").await).await;
     expect![[r#"
@@ -850,15 +1234,15 @@ async fn stream_events_and_resume() {
     expect![[r#"
         headers: "text/event-stream" "10"
         id: 10
-        data: {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
+        data: {"service":"web","project":"team-a","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
         id: 11
-        data: {"service":"web","index":11,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419}}]}
+        data: {"service":"web","project":"team-a","index":11,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419}}]}
         resumed at 10: id: 11
-        data: {"service":"web","index":11,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419}}]}
+        data: {"service":"web","project":"team-a","index":11,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419}}]}
         resumed at 11: id: 12
-        data: {"service":"web","index":12,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417},"ready":true,"state":"running"},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418},"ready":true,"state":"running"},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419},"ready":false,"state":"stopping"},{"replica":3,"job":"j-4","host":"exec-03","generation":1,"ports":{"http":20420},"ready":false,"state":"running"}]}
+        data: {"service":"web","project":"team-a","index":12,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417},"ready":true,"state":"running"},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418},"ready":true,"state":"running"},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419},"ready":false,"state":"stopping"},{"replica":3,"job":"j-4","host":"exec-03","generation":1,"ports":{"http":20420},"ready":false,"state":"running"}]}
         first stream: id: 12
-        data: {"service":"web","index":12,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
+        data: {"service":"web","project":"team-a","index":12,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
         event: error
         data: {"error":{"code":"not_found","details":[],"message":"service \"web\" not found"}}
         then: None
@@ -920,9 +1304,9 @@ async fn stream_client_falling_behind_is_disconnected() {
     let _ = writeln!(out, "{}", c.metrics());
     expect![[r#"
         id: 10
-        data: {"service":"web","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
+        data: {"service":"web","project":"team-a","index":10,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}}]}
         2 behind: id: 12
-        data: {"service":"web","index":12,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419}}]}
+        data: {"service":"web","project":"team-a","index":12,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419}}]}
         3 behind: None
         xce_endpoint_table_changes_total 9
         xce_endpoint_watchers 0
@@ -1010,7 +1394,7 @@ async fn delivery_histogram_waits_for_the_last_watcher() {
         let pending = c
             .api
             .shared()
-            .subscribe("web")
+            .subscribe(&key("team-a", "web"))
             .unwrap()
             .borrow()
             .delivery
@@ -1288,5 +1672,5 @@ fn router_built_outside_a_runtime() {
     rt.block_on(async {
         tokio::time::timeout(PATIENCE, api.flushed()).await.unwrap();
     });
-    assert_eq!(api.entry("web").map(|e| e.index), Some(10));
+    assert_eq!(api.entry(&key("team-a", "web")).map(|e| e.index), Some(10));
 }

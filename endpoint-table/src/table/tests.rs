@@ -1,7 +1,7 @@
 use super::*;
 use crate::testutil::*;
 use expect_test::{expect, Expect};
-use plugin_api::ClusterSnapshot;
+use plugin_api::{ClusterSnapshot, ServiceKey};
 use std::fmt::Write;
 
 enum Step {
@@ -50,7 +50,7 @@ fn render_changes(changes: &[Change]) -> String {
         .iter()
         .map(|c| match c {
             Change::Upsert { entry } => render_entry(entry),
-            Change::Removed { service } => format!("{service} removed"),
+            Change::Removed { service, project } => format!("{project}/{service} removed"),
         })
         .collect();
     lines.join("\n    ")
@@ -64,7 +64,9 @@ fn check(steps: Vec<Step>, expect: Expect) {
             Step::Event(ev) => {
                 let label = match &ev {
                     ClusterEvent::Service { service, .. } => format!("service {}", service.name),
-                    ClusterEvent::ServiceRemoved { name, .. } => format!("removed {name}"),
+                    ClusterEvent::ServiceRemoved { name, project, .. } => {
+                        format!("removed {project}/{name}")
+                    }
                     ClusterEvent::Job { job, .. } => format!("job {} {:?}", job.job, job.state),
                     ClusterEvent::JobEnded { job, .. } => format!("ended {}", job.job),
                     ClusterEvent::Host { host, .. } => format!("host {}", host.id),
@@ -125,7 +127,7 @@ fn readiness_and_lifecycle() {
             @7 job j-1 Unknown: web#7 team-a {http/tcp} [0 j-1 g1 exec-01 127.0.0.11 Unknown ready=true http=20001 ENDPOINT]
             @8 job j-1 Stopping: web#8 team-a {http/tcp} [0 j-1 g1 exec-01 127.0.0.11 Stopping ready=true http=20001]
             @9 ended j-1: web#9 team-a {http/tcp}
-            @10 removed web: web removed
+            @10 removed team-a/web: team-a/web removed
             @11 job j-1 Placed: no change
         "#]],
     );
@@ -198,9 +200,13 @@ fn host_addresses() {
             Step::Event(ev_service(1, web)),
             Step::Event(ev_job(2, j1)),
             Step::Event(ev_job(3, j2)),
-            Step::Event(ev_host(4, host("exec-01", None), &["web"])),
-            Step::Event(ev_host(5, host("exec-01", Some("::1")), &["web"])),
-            Step::Event(ev_host(6, unreachable, &["web"])),
+            Step::Event(ev_host(4, host("exec-01", None), &[("team-a", "web")])),
+            Step::Event(ev_host(
+                5,
+                host("exec-01", Some("::1")),
+                &[("team-a", "web")],
+            )),
+            Step::Event(ev_host(6, unreachable, &[("team-a", "web")])),
             Step::Event(ev_host(7, host("exec-02", Some("127.0.0.12")), &[])),
         ],
         expect![[r#"
@@ -248,6 +254,7 @@ fn resync_takes_the_stored_revisions_and_never_lowers_an_index() {
             Step::Resync(snapshot(12, vec![web.clone()], vec![j1.clone(), malformed])),
             // A snapshot older than what the table holds must still raise the index.
             Step::Resync(snapshot(3, vec![web.clone()], vec![])),
+            // Another project's `web` is another service: team-a's is untouched.
             Step::Event(ev_service(13, service("web", "team-b", &["http"]))),
         ],
         expect![[r#"
@@ -255,10 +262,92 @@ fn resync_takes_the_stored_revisions_and_never_lowers_an_index() {
                 api#5 team-b {}
             @9 resync: web#9 team-a {http/tcp} [0 j-1 g1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT]
                 api#9 team-b {}
-            @12 resync: api removed
+            @12 resync: team-b/api removed
                 web#12 team-a {http/tcp} [0 j-1 g1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT] [1 j-2 g1 exec-01 127.0.0.11 Running ready=true  ENDPOINT]
             @3 resync: web#13 team-a {http/tcp}
-            @13 service web: web#14 team-b {http/tcp}
+            @13 service web: web#13 team-b {http/tcp}
+        "#]],
+    );
+}
+
+/// Two projects each with a `web`: two services with two entries. An event of one never
+/// touches the other, a host event names the one it means, removing one leaves the other,
+/// and a resync tells them apart.
+#[test]
+fn same_name_in_two_projects() {
+    let a = service("web", "team-a", &["http"]);
+    let b = service("web", "team-b", &["http", "metrics"]);
+    let ja = job("j-1", "web", "team-a", 0, "exec-01", &[("http", 20001)]);
+    let jb = job(
+        "j-2",
+        "web",
+        "team-b",
+        0,
+        "exec-02",
+        &[("http", 20002), ("metrics", 20003)],
+    );
+    let both = ClusterSnapshot {
+        rev: 20,
+        services: vec![
+            ServiceInfo {
+                rev: 20,
+                ..a.clone()
+            },
+            ServiceInfo {
+                rev: 18,
+                ..b.clone()
+            },
+        ],
+        jobs: vec![ja.clone(), jb.clone()],
+        hosts: vec![
+            host("exec-01", Some("127.0.0.11")),
+            host("exec-02", Some("127.0.0.12")),
+        ],
+    };
+    let only_a = ClusterSnapshot {
+        rev: 21,
+        services: vec![ServiceInfo {
+            rev: 20,
+            ..a.clone()
+        }],
+        jobs: vec![ja.clone()],
+        ..both.clone()
+    };
+    check(
+        vec![
+            Step::Event(ev_host(1, host("exec-01", Some("127.0.0.11")), &[])),
+            Step::Event(ev_host(2, host("exec-02", Some("127.0.0.12")), &[])),
+            Step::Event(ev_service(3, a)),
+            Step::Event(ev_service(4, b)),
+            Step::Event(ev_job(5, ja.clone())),
+            Step::Event(ev_job(6, jb.clone())),
+            // exec-02 runs only team-b's replica: team-a's entry is not touched.
+            Step::Event(ev_host(
+                7,
+                host("exec-02", Some("127.0.0.22")),
+                &[("team-b", "web")],
+            )),
+            Step::Event(ev_removed(8, "web", "team-b")),
+            // A late event of a job of the removed service brings nothing back.
+            Step::Event(ev_ended(9, jb)),
+            Step::Event(ev_job(10, JobInfo { ready: false, ..ja })),
+            Step::Resync(both),
+            Step::Resync(only_a),
+        ],
+        expect![[r#"
+            @1 host exec-01: no change
+            @2 host exec-02: no change
+            @3 service web: web#3 team-a {http/tcp}
+            @4 service web: web#4 team-b {http/tcp,metrics/tcp}
+            @5 job j-1 Running: web#5 team-a {http/tcp} [0 j-1 g1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT]
+            @6 job j-2 Running: web#6 team-b {http/tcp,metrics/tcp} [0 j-2 g1 exec-02 127.0.0.12 Running ready=true http=20002,metrics=20003 ENDPOINT]
+            @7 host exec-02: web#7 team-b {http/tcp,metrics/tcp} [0 j-2 g1 exec-02 127.0.0.22 Running ready=true http=20002,metrics=20003 ENDPOINT]
+            @8 removed team-b/web: team-b/web removed
+            @9 ended j-2: no change
+            @10 job j-1 Running: web#10 team-a {http/tcp} [0 j-1 g1 exec-01 127.0.0.11 Running ready=false http=20001]
+            @20 resync: web#20 team-a {http/tcp} [0 j-1 g1 exec-01 127.0.0.11 Running ready=true http=20001 ENDPOINT]
+                web#18 team-b {http/tcp,metrics/tcp} [0 j-2 g1 exec-02 127.0.0.12 Running ready=true http=20002,metrics=20003 ENDPOINT]
+            @21 resync: team-b/web removed
         "#]],
     );
 }
@@ -271,6 +360,7 @@ mod prop {
     use std::collections::BTreeMap;
 
     const SERVICES: [&str; 2] = ["a", "b"];
+    const PROJECTS: [&str; 2] = ["p1", "p2"];
     const HOSTS: [&str; 3] = ["h1", "h2", "h3"];
     const JOBS: [&str; 5] = ["j1", "j2", "j3", "j4", "j5"];
     const STATES: [JobState; 7] = [
@@ -284,20 +374,23 @@ mod prop {
     ];
 
     #[derive(Debug, Clone)]
+    /// Services are `(SERVICES[s], PROJECTS[p])`: both names exist in both projects, as
+    /// four different services.
     enum Op {
         Service(usize, usize, usize),
-        Remove(usize),
-        Job(usize, usize, u32, usize, usize, bool, u16, u64),
+        Remove(usize, usize),
+        Job(usize, usize, usize, u32, usize, usize, bool, u16, u64),
         Ended(usize),
-        Host(usize, usize, Vec<usize>),
+        Host(usize, usize, Vec<(usize, usize)>),
     }
 
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             (0..2usize, 0..2usize, 0..3usize).prop_map(|(s, p, n)| Op::Service(s, p, n)),
-            (0..2usize).prop_map(Op::Remove),
+            (0..2usize, 0..2usize).prop_map(|(s, p)| Op::Remove(s, p)),
             (
                 0..5usize,
+                0..2usize,
                 0..2usize,
                 0..3u32,
                 0..3usize,
@@ -306,12 +399,14 @@ mod prop {
                 0..3u16,
                 1..3u64,
             )
-                .prop_map(|(j, s, r, h, st, ready, p, g)| Op::Job(j, s, r, h, st, ready, p, g)),
+                .prop_map(|(j, s, pr, r, h, st, ready, p, g)| {
+                    Op::Job(j, s, pr, r, h, st, ready, p, g)
+                }),
             (0..5usize).prop_map(Op::Ended),
             (
                 0..3usize,
                 0..4usize,
-                proptest::collection::vec(0..2usize, 0..2)
+                proptest::collection::vec((0..2usize, 0..2usize), 0..3)
             )
                 .prop_map(|(h, ip, s)| Op::Host(h, ip, s)),
         ]
@@ -320,14 +415,14 @@ mod prop {
     /// The cluster as plain maps: what the controller would hold.
     #[derive(Default)]
     struct Model {
-        services: BTreeMap<String, ServiceInfo>,
+        services: BTreeMap<ServiceKey, ServiceInfo>,
         jobs: BTreeMap<String, JobInfo>,
         hosts: BTreeMap<String, HostInfo>,
     }
 
     impl Model {
         /// Every entry from scratch (index 0), written independently of `Table`.
-        fn entries(&self) -> BTreeMap<String, Entry> {
+        fn entries(&self) -> BTreeMap<ServiceKey, Entry> {
             let mut out = BTreeMap::new();
             for s in self.services.values() {
                 let ports = s.profile["ports"]
@@ -342,7 +437,7 @@ mod prop {
                 let mut replicas: Vec<Replica> = self
                     .jobs
                     .values()
-                    .filter(|j| j.service == s.name)
+                    .filter(|j| j.service == s.name && j.project == s.project)
                     .map(|j| Replica {
                         replica: j.replica,
                         job: j.job.clone(),
@@ -368,7 +463,7 @@ mod prop {
                     replicas,
                     rendered: Default::default(),
                 };
-                out.insert(s.name.clone(), entry);
+                out.insert(ServiceKey::new(&s.project, &s.name), entry);
             }
             out
         }
@@ -377,20 +472,21 @@ mod prop {
             let ports = [&[][..], &["http"][..], &["http", "metrics"][..]];
             match op {
                 Op::Service(s, p, n) => {
-                    let svc = service(SERVICES[*s], ["p1", "p2"][*p], ports[*n]);
+                    let svc = service(SERVICES[*s], PROJECTS[*p], ports[*n]);
                     let svc = ServiceInfo { rev, ..svc };
-                    self.services.insert(svc.name.clone(), svc.clone());
+                    self.services
+                        .insert(key(PROJECTS[*p], SERVICES[*s]), svc.clone());
                     ClusterEvent::Service { rev, service: svc }
                 }
-                Op::Remove(s) => {
-                    self.services.remove(SERVICES[*s]);
-                    ev_removed(rev, SERVICES[*s], "p1")
+                Op::Remove(s, p) => {
+                    self.services.remove(&key(PROJECTS[*p], SERVICES[*s]));
+                    ev_removed(rev, SERVICES[*s], PROJECTS[*p])
                 }
-                Op::Job(j, s, r, h, st, ready, p, g) => {
+                Op::Job(j, s, pr, r, h, st, ready, p, g) => {
                     let mut info = job(
                         JOBS[*j],
                         SERVICES[*s],
-                        "p1",
+                        PROJECTS[*pr],
                         *r,
                         HOSTS[*h],
                         &[("http", 20000 + p)],
@@ -416,7 +512,10 @@ mod prop {
                     let ip = [None, Some("10.0.0.1"), Some("10.0.0.2"), Some("::1")][*ip];
                     let info = host(HOSTS[*h], ip);
                     self.hosts.insert(info.id.clone(), info.clone());
-                    let services: Vec<&str> = s.iter().map(|s| SERVICES[*s]).collect();
+                    let services: Vec<(&str, &str)> = s
+                        .iter()
+                        .map(|(s, p)| (PROJECTS[*p], SERVICES[*s]))
+                        .collect();
                     ev_host(rev, info, &services)
                 }
             }
@@ -425,20 +524,22 @@ mod prop {
 
     /// The services an event touches, written independently of `Table`: the service of
     /// a service event, the service of a job event (and of the job it replaces), the
-    /// services a host event names and those with jobs on that host.
+    /// services a host event names and those with jobs on that host. Each by project and
+    /// name: another project's service of the same name is never touched.
     fn touched_by(
         jobs_before: &BTreeMap<String, JobInfo>,
         event: &ClusterEvent,
-    ) -> BTreeSet<String> {
+    ) -> BTreeSet<ServiceKey> {
+        let of_job = |j: &JobInfo| key(&j.project, &j.service);
         let mut out = BTreeSet::new();
         match event {
             ClusterEvent::Service { service, .. } => {
-                out.insert(service.name.clone());
+                out.insert(key(&service.project, &service.name));
             }
             ClusterEvent::ServiceRemoved { .. } => {}
             ClusterEvent::Job { job, .. } | ClusterEvent::JobEnded { job, .. } => {
-                out.insert(job.service.clone());
-                out.extend(jobs_before.get(&job.job).map(|j| j.service.clone()));
+                out.insert(of_job(job));
+                out.extend(jobs_before.get(&job.job).map(of_job));
             }
             ClusterEvent::Host { host, services, .. } => {
                 out.extend(services.iter().cloned());
@@ -446,7 +547,7 @@ mod prop {
                     jobs_before
                         .values()
                         .filter(|j| j.host == host.id)
-                        .map(|j| j.service.clone()),
+                        .map(of_job),
                 );
             }
         }
@@ -458,7 +559,7 @@ mod prop {
         fn table_matches_recomputation(ops in proptest::collection::vec(op(), 1..60)) {
             let mut model = Model::default();
             let mut table = Table::new();
-            let mut expected: BTreeMap<String, Entry> = BTreeMap::new();
+            let mut expected: BTreeMap<ServiceKey, Entry> = BTreeMap::new();
             let mut rev = 0;
             for op in &ops {
                 rev += 1 + u64::from(rev % 3 == 0);
@@ -473,7 +574,7 @@ mod prop {
                 let mut next = BTreeMap::new();
                 let mut expected_changes = BTreeMap::new();
                 for (name, mut entry) in model.entries() {
-                    match expected.get(name.as_str()) {
+                    match expected.get(&name) {
                         Some(old) if !touched.contains(&name) => {
                             prop_assert!(old.same_content(&entry), "untouched {} changed", name);
                             entry.index = old.index;
@@ -495,17 +596,17 @@ mod prop {
                 }
                 expected = next;
 
-                let got: BTreeMap<String, Option<Entry>> = changes
+                let got: BTreeMap<ServiceKey, Option<Entry>> = changes
                     .iter()
                     .map(|c| match c {
-                        Change::Upsert { entry } => (entry.service.clone(), Some((**entry).clone())),
-                        Change::Removed { service } => (service.clone(), None),
+                        Change::Upsert { entry } => (entry.key(), Some((**entry).clone())),
+                        Change::Removed { .. } => (c.key(), None),
                     })
                     .collect();
                 prop_assert_eq!(got.len(), changes.len(), "one change per service");
                 prop_assert_eq!(&got, &expected_changes);
-                let table_entries: BTreeMap<String, Entry> =
-                    table.entries().map(|e| (e.service.clone(), (**e).clone())).collect();
+                let table_entries: BTreeMap<ServiceKey, Entry> =
+                    table.entries().map(|e| (e.key(), (**e).clone())).collect();
                 prop_assert_eq!(&table_entries, &expected);
             }
 
@@ -517,7 +618,7 @@ mod prop {
                 services: model
                     .services
                     .values()
-                    .map(|s| ServiceInfo { rev: expected[&s.name].index, ..s.clone() })
+                    .map(|s| ServiceInfo { rev: expected[&key(&s.project, &s.name)].index, ..s.clone() })
                     .collect(),
                 jobs: model.jobs.values().cloned().collect(),
                 hosts: model.hosts.values().cloned().collect(),

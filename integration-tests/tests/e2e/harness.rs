@@ -481,6 +481,23 @@ pub struct Cluster {
     pub controller: Option<Child>,
     pub workers: Vec<Option<Child>>,
     pub api: Api,
+    /// `XCE_LOG` of the controller.
+    controller_log: String,
+}
+
+/// What a [`Cluster`] starts with beyond its defaults ([`Cluster::start`]).
+#[derive(Debug, Clone, Default)]
+pub struct ClusterConfig {
+    /// More `[[token]]`s for the tokens file.
+    pub extra_tokens: String,
+    /// Top-level keys for every worker's config (before its `[address]` table).
+    pub extra_worker: String,
+    /// Keys added to controller.toml's `[address]` table (e.g. `networks = [...]`).
+    pub controller_address: String,
+    /// Tables appended to controller.toml (e.g. `[quotas.default]`).
+    pub controller_tables: String,
+    /// The controller's `XCE_LOG` (default `info`).
+    pub controller_log: Option<String>,
 }
 
 pub fn free_port() -> u16 {
@@ -530,6 +547,25 @@ impl Cluster {
         extra_tokens: &str,
         extra_worker: &str,
     ) -> Result<Self> {
+        Self::start(
+            hosts,
+            grace,
+            &ClusterConfig {
+                extra_tokens: extra_tokens.to_owned(),
+                extra_worker: extra_worker.to_owned(),
+                ..ClusterConfig::default()
+            },
+        )
+    }
+
+    pub fn start(hosts: usize, grace: &str, cfg: &ClusterConfig) -> Result<Self> {
+        let ClusterConfig {
+            extra_tokens,
+            extra_worker,
+            controller_address,
+            controller_tables,
+            controller_log,
+        } = cfg;
         let dir = tempfile::tempdir()?;
         let port = free_port();
         let first_ip = ip_block();
@@ -538,7 +574,7 @@ impl Cluster {
         std::fs::write(
             dir.path().join("controller.toml"),
             format!(
-                "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\ntokens = \"{}\"\nunreachable_after = \"2s\"\ngrace_period = \"{grace}\"\n\n[address]\nallow_loopback_hosts = [\"*\"]\n",
+                "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\ntokens = \"{}\"\nunreachable_after = \"2s\"\ngrace_period = \"{grace}\"\n\n[address]\nallow_loopback_hosts = [\"*\"]\n{controller_address}\n{controller_tables}\n",
                 dir.path().join("controller").display(),
                 dir.path().join("tokens.toml").display()
             ),
@@ -563,6 +599,7 @@ impl Cluster {
             controller: None,
             workers: Vec::new(),
             api,
+            controller_log: controller_log.clone().unwrap_or_else(|| "info".to_owned()),
         };
         c.start_controller()?;
         for i in 0..hosts {
@@ -587,7 +624,7 @@ impl Cluster {
             .arg("controller")
             .arg("--config")
             .arg(self.dir.path().join("controller.toml"))
-            .env("XCE_LOG", "info")
+            .env("XCE_LOG", &self.controller_log)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(self.log("controller")?)
@@ -816,24 +853,26 @@ impl ReplicaDir {
 
     /// Pids of live processes running this dir's script.
     pub fn live_pids(&self) -> Vec<u32> {
-        let needle = self.script.to_string_lossy().into_owned();
-        let mut pids = Vec::new();
-        let Ok(entries) = std::fs::read_dir("/proc") else {
-            return pids;
-        };
-        for entry in entries.flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-                continue;
-            };
-            if String::from_utf8_lossy(&cmdline).contains(&needle) {
-                pids.push(pid);
-            }
-        }
-        pids
+        pids_with_cmdline(&self.script.to_string_lossy())
     }
+}
+
+/// Pids of live processes whose command line contains `needle` (a test's own script or
+/// file path: what to kill when the test ends, whatever happened to the daemons).
+pub fn pids_with_cmdline(needle: &str) -> Vec<u32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        if String::from_utf8_lossy(&cmdline).contains(needle) {
+            pids.push(pid);
+        }
+    }
+    pids
 }
 
 impl Drop for ReplicaDir {

@@ -6,10 +6,13 @@ mod harness;
 
 mod address;
 mod dev;
+mod faults_rollout;
 mod ha;
 mod reliability;
 mod reliability_flood;
 mod reliability_input;
+mod reliability_tenants;
 mod reliability_watch;
 mod restart;
+mod rollout;
 mod scale;

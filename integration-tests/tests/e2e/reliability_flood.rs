@@ -1,4 +1,4 @@
-//! Issue 17, finding 1: nobody who can reach the API port can take it down (scenario 10).
+//! Issue 17, finding 1: nobody who can reach the API port can take it down (scenario 12).
 //!
 //! 20,000 TCP connections that send nothing (1,000 of them half a request line) from nine
 //! loopback addresses, against `xced dev` whose whole open-file limit is smaller than the
@@ -157,7 +157,8 @@ struct FloodReport {
     /// The most connections it held open at once, all together and from 127.7.0.1.
     peak_open: usize,
     peak_open_top_source: usize,
-    /// Server ends of connections from 127.7.0.1 when the flood had opened them all.
+    /// Server ends of connections from 127.7.0.1 when the flood had opened them all
+    /// (accepted, still in the accept queue, or closed to make room but not yet closed).
     top_source_held: usize,
 }
 
@@ -572,7 +573,7 @@ fn plain_log(log: &str) -> String {
     out
 }
 
-/// Scenario 10: a flood of 20,000 idle connections against `xced dev` while a client
+/// Scenario 12: a flood of 20,000 idle connections against `xced dev` while a client
 /// reads every 200 ms and 1,000 watchers stay connected.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_idle_connections_is_shed_while_reads_and_watchers_go_on() {
@@ -823,10 +824,10 @@ async fn a_flood_of_idle_connections_is_shed_while_reads_and_watchers_go_on() {
     );
 
     println!(
-        "FIGURE scenario 10 connection flood: xced nofile soft={} hard={} (started with {soft_limit}:{hard_limit}, raise logged={}) \
+        "FIGURE scenario 12 connection flood: xced nofile soft={} hard={} (started with {soft_limit}:{hard_limit}, raise logged={}) \
          flood={FLOOD} from {SOURCES} addresses (127.7.0.1: {}, the others {} each), half_request_line={half_opened} \
          opened={opened} connect_failed={connect_failed}{} not_attempted={} opened_in={}s client_budget={budget} client_peak_open={} (127.7.0.1: {}) \
-         held_by_xced_from_127.7.0.1_when_all_opened={} (max_per_client 2048) \
+         server_side_from_127.7.0.1_when_all_opened={} (accepted, queued or evicted-not-yet-closed; max_per_client 2048) \
          shed={shed}/{opened} (at a cap: {shed_at_cap}, by the {}s header timeout: {shed_by_timeout}; half-line ones {half_shed}/{half_opened}, held p50={}s max={}s) \
          longest_held={}s still_open_at_give_up={still_open} flood_connections_sent_bytes={flood_got_bytes} all_shed_after={}s; \
          cap_log_lines={} (logged closed_idle={} refused={}) emfile_log_lines={}{}; \

@@ -682,13 +682,13 @@ fn table() -> Vec<Bad> {
             "format",
         ),
         bad(
-            "SD without a service",
+            "SD for an unknown service",
             "GET",
-            "/v1/sd/prometheus",
+            "/v1/sd/prometheus?service=nosuch",
             None,
             "",
-            400,
-            "service",
+            404,
+            "nosuch",
         ),
         bad(
             "SD with an unknown port",

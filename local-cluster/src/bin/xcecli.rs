@@ -1,5 +1,6 @@
 //! `xcecli`: the xce command line. It resolves the global settings (flags, then the
-//! environment, then the client config file) and hands the subcommand to `xcecli-ext`,
+//! environment, then the client config file; for the default project of the service
+//! commands `XCE_PROJECT`, then the file) and hands the subcommand to `xcecli-ext`,
 //! which owns the client, the formats and the exit codes.
 
 use clap::{CommandFactory, Parser, Subcommand};
@@ -124,8 +125,21 @@ fn settings(
         }
         _ => ClientFile::default(),
     };
+    // `--project` itself is a flag of the service commands (xcecli-ext); this is its
+    // default. An empty XCE_PROJECT counts as unset, as clap treats the other variables.
+    let project = match std::env::var("XCE_PROJECT") {
+        Ok(p) if !p.is_empty() => Some(p),
+        Ok(_) | Err(std::env::VarError::NotPresent) => file.project,
+        Err(std::env::VarError::NotUnicode(_)) => {
+            return Err(CliError::new(
+                ErrorKind::Config,
+                "XCE_PROJECT is not valid unicode",
+            ))
+        }
+    };
     Ok(ClientConfig {
         api: api.or(file.api).unwrap_or_else(|| DEFAULT_API.to_owned()),
         token: token.or(file.token),
+        project,
     })
 }

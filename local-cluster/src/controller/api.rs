@@ -17,7 +17,7 @@ use axum::routing::{get, post, put};
 use axum::{Extension, Json, Router};
 use plugin_api::{
     ApiContext, ApiError, ApiExtension, FieldError, HostFacts, JobState, Permission, Principal,
-    PrincipalKind,
+    PrincipalKind, Resolved, ServiceKey,
 };
 use prometheus_client::registry::Registry;
 use serde_json::{json, Map, Value};
@@ -54,7 +54,7 @@ impl std::fmt::Debug for ApiState {
 pub(crate) fn build(state: ApiState) -> Router {
     let limit = state.body_limit;
     let mut app = Router::new()
-        .route("/healthz", get(|| async { "ok" }))
+        .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/v1/services", post(submit).get(list_services))
         .route("/v1/services/{name}/scale", post(scale_service))
@@ -134,13 +134,34 @@ fn from_core(e: CoreError) -> ApiError {
         ),
         CoreError::Invalid(details) => ApiError::invalid("invalid profile", details),
         CoreError::Refused(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
+        CoreError::Quota(e) => ApiError {
+            details: vec![FieldError::new(
+                format!("quotas.{}.{}", e.project, e.quota),
+                format!(
+                    "limit {}, in use {}, this change needs {}",
+                    e.limit, e.used, e.wanted
+                ),
+            )],
+            ..ApiError::new(StatusCode::FORBIDDEN, "quota_exceeded", e.to_string())
+        },
         CoreError::FactsRefused(details) => ApiError::invalid("host facts refused", details),
+        e @ CoreError::AddressTaken { .. } => ApiError {
+            details: vec![FieldError::new("ip_addr", e.to_string())],
+            ..ApiError::new(StatusCode::CONFLICT, "address_in_use", "host facts refused")
+        },
         CoreError::UnknownHost(h) => ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
             format!("host {h:?} is not registered"),
         ),
         // Internals are logged where they happen and never exposed.
+        CoreError::Store(crate::store::StoreError::Io { no_space: true, .. }) => ApiError::new(
+            StatusCode::INSUFFICIENT_STORAGE,
+            "insufficient_storage",
+            "the controller could not persist the change: no space left on its store's device; \
+             the change was not acknowledged (a failed write may still have landed: check after \
+             the restart), and the controller stops so a supervisor restarts it",
+        ),
         CoreError::Store(_) => internal("the controller could not persist the change"),
     }
 }
@@ -189,6 +210,23 @@ fn worker_of(p: &Principal, host: &str) -> Result<(), ApiError> {
             "the worker api needs a worker credential",
         )),
     }
+}
+
+// --- /healthz ---
+
+/// 200 `ok` while the state task runs (so changes can be committed); 503 once it has
+/// stopped (a store that went stale or cannot write, or shutdown): a load balancer or a
+/// supervisor sees it.
+async fn healthz(State(st): State<ApiState>) -> Response {
+    if st.tx.is_closed() {
+        return ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the controller cannot commit changes (its state task has stopped)",
+        )
+        .into_response();
+    }
+    "ok".into_response()
 }
 
 // --- /metrics ---
@@ -336,7 +374,7 @@ async fn submit(
 ) -> Result<Response, ApiError> {
     user(&who)?;
     let doc = parse_profile(&headers, &body)?;
-    let (name, _) = st
+    let (key, _) = st
         .call(|reply| Command::Submit {
             doc,
             path: None,
@@ -344,7 +382,7 @@ async fn submit(
             reply,
         })
         .await?;
-    detail_response(&st, &name, StatusCode::CREATED)
+    detail_response(&st, &key, StatusCode::CREATED)
 }
 
 /// `PUT /v1/services/{name}`: create (201) or update (200, a rollout when the profile
@@ -353,12 +391,31 @@ async fn put_service(
     State(st): State<ApiState>,
     who: Principal,
     Path(name): Path<String>,
+    Query(q): Query<ProjectQuery>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     user(&who)?;
     let doc = parse_profile(&headers, &body)?;
-    let (name, applied) = st
+    // The profile decides the project; a `?project=` that says otherwise is a mistake
+    // worth stopping (the caller meant another service).
+    if let Some(p) = q.project.as_deref() {
+        let body_project = doc
+            .get("service")
+            .and_then(|s| s.get("project"))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        if p != body_project {
+            return Err(ApiError::invalid(
+                "invalid profile",
+                vec![FieldError::new(
+                    "service.project",
+                    format!("is {body_project:?}, but the request is for project {p:?}"),
+                )],
+            ));
+        }
+    }
+    let (key, applied) = st
         .call(|reply| Command::Submit {
             doc,
             path: Some(name),
@@ -371,7 +428,7 @@ async fn put_service(
         Applied::Updated => (StatusCode::OK, "updated"),
         Applied::Unchanged => (StatusCode::OK, "unchanged"),
     };
-    let mut resp = detail_response(&st, &name, status)?;
+    let mut resp = detail_response(&st, &key, status)?;
     resp.headers_mut()
         .insert("x-xce-change", HeaderValue::from_static(change));
     Ok(resp)
@@ -388,9 +445,11 @@ async fn scale_service(
     State(st): State<ApiState>,
     who: Principal,
     Path(name): Path<String>,
+    Query(q): Query<ProjectQuery>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     user(&who)?;
+    let key = resolve(&*st.view()?, &name, q.project.as_deref(), &who)?;
     let b: ScaleBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::invalid(
             "invalid scale request",
@@ -416,13 +475,13 @@ async fn scale_service(
         ));
     }
     st.call(|reply| Command::Scale {
-        name: name.clone(),
+        key: key.clone(),
         replicas: b.replicas as u64,
         who: who.clone(),
         reply,
     })
     .await?;
-    detail_response(&st, &name, StatusCode::OK)
+    detail_response(&st, &key, StatusCode::OK)
 }
 
 /// `POST /v1/services/{name}/restart`: every replica rolls over to a fresh one.
@@ -430,15 +489,17 @@ async fn restart_service(
     State(st): State<ApiState>,
     who: Principal,
     Path(name): Path<String>,
+    Query(q): Query<ProjectQuery>,
 ) -> Result<Response, ApiError> {
     user(&who)?;
+    let key = resolve(&*st.view()?, &name, q.project.as_deref(), &who)?;
     st.call(|reply| Command::Restart {
-        name: name.clone(),
+        key: key.clone(),
         who: who.clone(),
         reply,
     })
     .await?;
-    detail_response(&st, &name, StatusCode::OK)
+    detail_response(&st, &key, StatusCode::OK)
 }
 
 fn with_index(mut resp: Response, index: u64) -> Response {
@@ -448,12 +509,47 @@ fn with_index(mut resp: Response, index: u64) -> Response {
     resp
 }
 
+/// Resolves a path's service name for `who` (DESIGN §5): among the projects the caller
+/// may view, `?project=` picking one. Unknown and invisible answer the same 404; a name
+/// in several of the caller's projects answers 409 listing those (and only those).
+fn resolve(
+    view: &View,
+    name: &str,
+    project: Option<&str>,
+    who: &Principal,
+) -> Result<ServiceKey, ApiError> {
+    if project == Some("") {
+        return Err(ApiError::bad_param("project", "must not be empty"));
+    }
+    let projects = view
+        .services
+        .keys()
+        .filter(|k| k.name == name)
+        .map(|k| k.project.as_str());
+    match plugin_api::resolve_service(name, project, projects, |p| who.may(Permission::JobView, p))
+    {
+        Resolved::Found(k) => Ok(k),
+        Resolved::NotFound => Err(ApiError::service_not_found(name)),
+        Resolved::Ambiguous(ps) => Err(ApiError::ambiguous_service(name, &ps)),
+    }
+}
+
+/// `?project=P` of a request, if given.
+#[derive(Debug, Default, serde::Deserialize)]
+struct ProjectQuery {
+    project: Option<String>,
+}
+
 /// The service's detail as the state task's view has it right after a change.
-fn detail_response(st: &ApiState, name: &str, status: StatusCode) -> Result<Response, ApiError> {
+fn detail_response(
+    st: &ApiState,
+    key: &ServiceKey,
+    status: StatusCode,
+) -> Result<Response, ApiError> {
     let view = st.view()?;
     let s = view
         .services
-        .get(name)
+        .get(key)
         .ok_or_else(|| internal("changed service missing from the view"))?;
     Ok(with_index(
         (status, Json(service_detail(s))).into_response(),
@@ -501,11 +597,12 @@ async fn get_service(
     let deadline = tokio::time::Instant::now() + wait;
     let mut rx = st.view.clone();
     let mut shutdown = st.shutdown.clone();
+    let project = q.get("project").map(String::as_str);
     loop {
         let view = st.view()?;
-        let s = match view.services.get(&name) {
-            Some(s) if who.may(Permission::JobView, &s.info.project) => s,
-            _ => return Err(ApiError::service_not_found(&name)),
+        let key = resolve(&view, &name, project, &who)?;
+        let Some(s) = view.services.get(&key) else {
+            return Err(ApiError::service_not_found(&name));
         };
         if index == 0 || s.info.rev > index {
             return Ok(with_index(
@@ -531,6 +628,7 @@ struct DeleteQuery {
     /// Skip the drain: SIGTERM at once.
     #[serde(default)]
     now: bool,
+    project: Option<String>,
 }
 
 async fn delete_service(
@@ -540,9 +638,10 @@ async fn delete_service(
     Query(q): Query<DeleteQuery>,
 ) -> Result<Response, ApiError> {
     user(&who)?;
+    let key = resolve(&*st.view()?, &name, q.project.as_deref(), &who)?;
     let n = st
         .call(|reply| Command::Delete {
-            name: name.clone(),
+            key,
             now: q.now,
             who: who.clone(),
             reply,

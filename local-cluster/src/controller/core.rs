@@ -7,6 +7,7 @@
 
 use super::metrics::Metrics;
 use super::model::{After, Cluster, HostRec, JobRec, LoadError, ServiceRec, ServiceState, Txn};
+use super::quota::{self, Quotas};
 use super::rollout::{self, Counts, JobFacts, Phase, Rollout, RolloutState, Stable};
 use super::scheduler::{self, Candidate, Request};
 use crate::profile::{self, Profile};
@@ -17,7 +18,7 @@ use crate::store::{Store, StoreError};
 use plugin_api::{
     ClusterEvent, ClusterListener, EndReason, FieldError, HostFacts, HostFactsPolicy, HostId,
     HostInfo, HostState, JobId, JobInfo, JobState, Permission, Principal, ResourcePlugin,
-    ServiceInfo,
+    ServiceInfo, ServiceKey,
 };
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -59,8 +60,12 @@ pub(crate) enum CoreError {
     Refused(String),
     #[error("invalid profile")]
     Invalid(Vec<FieldError>),
+    #[error("{0}")]
+    Quota(quota::Exceeded),
     #[error("host facts refused")]
     FactsRefused(Vec<FieldError>),
+    #[error("address {ip} is advertised by live host {other}")]
+    AddressTaken { ip: String, other: HostId },
     #[error("host {0:?} is not registered")]
     UnknownHost(HostId),
     #[error(transparent)]
@@ -82,7 +87,7 @@ struct Backoff {
 /// What readers see: a consistent snapshot after a command.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct View {
-    pub(crate) services: BTreeMap<String, ServiceView>,
+    pub(crate) services: BTreeMap<ServiceKey, ServiceView>,
     pub(crate) hosts: Vec<HostView>,
 }
 
@@ -138,9 +143,9 @@ pub(crate) struct Core {
     metrics: Metrics,
     /// Parsed profiles of the services' current generations (command, readiness, drain,
     /// update policy).
-    profiles: HashMap<String, Profile>,
+    profiles: HashMap<ServiceKey, Profile>,
     /// Parsed profiles of older generations that still have jobs, by (service, generation).
-    older: HashMap<(String, u64), Profile>,
+    older: HashMap<(ServiceKey, u64), Profile>,
     /// When each ready job became ready (not persisted: a restart waits `min_ready` again).
     ready_since: HashMap<JobId, Instant>,
     /// When each draining job's drain ends (not persisted: a restart drains in full again,
@@ -148,13 +153,13 @@ pub(crate) struct Core {
     drain_until: HashMap<JobId, Instant>,
     /// Each running rollout's last progress (see [`rollout::progress_mark`]) and when it
     /// changed (not persisted: a restart gives a rollout a fresh `deadline`).
-    progress: HashMap<String, (rollout::Mark, Instant)>,
+    progress: HashMap<ServiceKey, (rollout::Mark, Instant)>,
     /// When each host was last heard from (not persisted: a restart hears from all).
     heard: HashMap<HostId, Instant>,
     /// When each running job started running (for the backoff reset).
     running_since: HashMap<JobId, Instant>,
-    backoff: HashMap<(String, u32), Backoff>,
-    pending: BTreeMap<String, BTreeMap<u32, String>>,
+    backoff: HashMap<(ServiceKey, u32), Backoff>,
+    pending: BTreeMap<ServiceKey, BTreeMap<u32, String>>,
     assign: HashMap<HostId, watch::Sender<Arc<Assignments>>>,
     view: watch::Sender<Arc<View>>,
     /// Something changed since the last [`Core::settle`].
@@ -163,6 +168,8 @@ pub(crate) struct Core {
     /// readers' view includes it (see [`Core::publish`]), so no read path is ahead of
     /// the controller's own (`/v1/hosts` never behind the endpoints).
     outbox: Vec<ClusterEvent>,
+    /// Per-project limits on what services declare.
+    quotas: Quotas,
     /// The `now` of the last scheduling pass (see [`Core::next_deadline`]).
     last_pass: Option<Instant>,
     /// After a failed commit in a timer: do not retry before this (no busy loop while the
@@ -224,12 +231,12 @@ impl Core {
         let mut older = HashMap::new();
         for svc in cluster.services.values() {
             profiles.insert(
-                svc.info.name.clone(),
+                svc.info.key(),
                 stored_profile(&plugins, &svc.info, &svc.info.profile),
             );
             for (g, raw) in &svc.older {
                 older.insert(
-                    (svc.info.name.clone(), *g),
+                    (svc.info.key(), *g),
                     stored_profile(&plugins, &svc.info, raw),
                 );
             }
@@ -242,7 +249,7 @@ impl Core {
             }
             if j.effective_state() == JobState::Draining {
                 let drain = profiles
-                    .get(&j.info.service)
+                    .get(&j.info.service_key())
                     .map_or(profile::DEFAULT_DRAIN, |p| p.drain);
                 drain_until.insert(j.info.job.clone(), now + drain);
             }
@@ -274,6 +281,7 @@ impl Core {
             drain_until,
             progress: HashMap::new(),
             last_pass: None,
+            quotas: Quotas::default(),
             heard,
             running_since,
             backoff: HashMap::new(),
@@ -285,8 +293,82 @@ impl Core {
             fatal: None,
             outbox: Vec::new(),
         };
+        if !core.cluster.legacy_keys.is_empty() {
+            // Records written before services were keyed by project move to their
+            // canonical keys (`project/name`) once, in one batch.
+            let mut txn = Txn::new(&core.cluster);
+            txn.migrate_keys(&core.cluster);
+            match core.commit(txn, now) {
+                Ok(()) => info!("service records moved to their project-scoped keys"),
+                Err(e) => {
+                    warn!(error = %e, "moving service records to project-scoped keys failed; trying again at the next start")
+                }
+            }
+        }
         core.publish();
         Ok(core)
+    }
+
+    /// Sets the per-project quotas (checked on every create, update and scale).
+    pub(crate) fn set_quotas(&mut self, quotas: Quotas) {
+        self.quotas = quotas;
+    }
+
+    /// Refuses a change that would take `project` past a quota: `change` is the service
+    /// `name` as it would be (`None`: gone), with its replicas and per-replica quantities.
+    fn check_quota(
+        &self,
+        project: &str,
+        name: &ServiceKey,
+        change: Option<(u32, &BTreeMap<String, u64>)>,
+    ) -> Result<(), CoreError> {
+        let Some(limits) = self.quotas.of(project) else {
+            return Ok(());
+        };
+        let (mut before, mut after) = (quota::Use::default(), quota::Use::default());
+        for s in self.cluster.services.values() {
+            if s.info.project != project || s.state == ServiceState::Stopping {
+                continue;
+            }
+            let q = self
+                .profiles
+                .get(&s.info.key())
+                .map(|p| p.quantities.clone())
+                .unwrap_or_default();
+            before.add(s.info.replicas, &q);
+            if s.info.key() != *name {
+                after.add(s.info.replicas, &q);
+            }
+        }
+        if let Some((replicas, q)) = change {
+            after.add(replicas, q);
+        }
+        // What the project holds now: every live job (draining and stopping ones keep
+        // their ports until they exit, a rollout's surge too) and every service not yet
+        // gone. Held beyond what the profiles declare stays counted, so scaling down and
+        // up again, or stopping and creating, cannot take a project past its quota while
+        // old replicas drain.
+        let mut held = quota::Use::default();
+        for s in self.cluster.services.values() {
+            if s.info.project == project {
+                held.add_service();
+            }
+        }
+        for j in self.cluster.jobs.values() {
+            if j.info.project == project {
+                let q = self
+                    .profiles
+                    .get(&j.info.service_key())
+                    .map(|p| p.quantities.clone())
+                    .unwrap_or_default();
+                held.add_replica(&q);
+            }
+        }
+        let (before, after) = quota::with_held(&before, &after, &held);
+        quota::check(project, limits, &before, &after).map_err(|e| {
+            warn!(project = %e.project, quota = %e.quota, limit = e.limit, used = e.used, wanted = e.wanted, "change refused: quota exceeded");
+            CoreError::Quota(e)
+        })
     }
 
     pub(crate) fn view(&self) -> watch::Receiver<Arc<View>> {
@@ -310,7 +392,11 @@ impl Core {
         let batch = txn.batch();
         if let Err(e) = blocking(|| self.store.commit(batch)) {
             error!(error = %e, "store commit failed; change not applied");
-            if matches!(e, StoreError::Stale(_)) {
+            // A stale view, or a store that cannot write (a full disk: redb then refuses
+            // every later write until reopened): stop, so a supervisor or a standby takes
+            // over with a fresh one, instead of running on, refusing every change while
+            // looking healthy.
+            if matches!(e, StoreError::Stale(_) | StoreError::Io { .. }) {
                 self.fatal.get_or_insert_with(|| e.to_string());
             }
             self.store_retry = Some(now + STORE_RETRY);
@@ -351,14 +437,17 @@ impl Core {
             ClusterEvent::Service { rev, service } => {
                 info!(service = %service.name, project = %service.project, rev, "service changed")
             }
-            ClusterEvent::ServiceRemoved { rev, name, .. } => {
-                info!(service = %name, rev, "service removed");
-                self.profiles.remove(name);
-                self.pending.remove(name);
-                self.backoff.retain(|(s, _), _| s != name);
+            ClusterEvent::ServiceRemoved { rev, name, project } => {
+                info!(service = %name, project = %project, rev, "service removed");
+                let key = ServiceKey::new(project, name);
+                self.profiles.remove(&key);
+                self.pending.remove(&key);
+                self.progress.remove(&key);
+                self.older.retain(|(k, _), _| *k != key);
+                self.backoff.retain(|(s, _), _| *s != key);
             }
             ClusterEvent::Job { rev, job } => {
-                info!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, state = ?job.state, ready = job.ready, rev, "job changed");
+                info!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, state = %job.state, ready = job.ready, rev, "job changed");
                 if job.state == JobState::Running {
                     self.running_since.entry(job.job.clone()).or_insert(now);
                 }
@@ -375,7 +464,7 @@ impl Core {
                 if draining {
                     let drain = self
                         .profiles
-                        .get(&job.service)
+                        .get(&job.service_key())
                         .map_or(profile::DEFAULT_DRAIN, |p| p.drain);
                     self.drain_until
                         .entry(job.job.clone())
@@ -385,7 +474,7 @@ impl Core {
                 }
             }
             ClusterEvent::JobEnded { rev, job, reason } => {
-                info!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, reason = ?reason, rev, "job ended");
+                info!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, reason = %reason, rev, "job ended");
                 let since = self.running_since.remove(&job.job);
                 self.ready_since.remove(&job.job);
                 self.drain_until.remove(&job.job);
@@ -393,10 +482,10 @@ impl Core {
                     let active = self
                         .cluster
                         .services
-                        .get(&job.service)
+                        .get(&job.service_key())
                         .is_some_and(|s| s.state == ServiceState::Active);
                     if active {
-                        let key = (job.service.clone(), job.replica);
+                        let key = (job.service_key(), job.replica);
                         let ran_long =
                             since.is_some_and(|t| now.duration_since(t) >= BACKOFF_RESET);
                         let delay = match self.backoff.get(&key) {
@@ -416,7 +505,7 @@ impl Core {
                 }
             }
             ClusterEvent::Host { rev, host, .. } => {
-                info!(host = %host.id, state = ?host.state, ip_addr = ?host.facts.ip_addr, rev, "host changed")
+                info!(host = %host.id, state = %host.state, ip_addr = %display_ip(host.facts.ip_addr), rev, "host changed")
             }
         }
     }
@@ -432,7 +521,7 @@ impl Core {
         path: Option<&str>,
         who: &Principal,
         now: Instant,
-    ) -> Result<(String, Applied), CoreError> {
+    ) -> Result<(ServiceKey, Applied), CoreError> {
         let project = doc
             .get("service")
             .and_then(|s| s.get("project"))
@@ -467,8 +556,14 @@ impl Core {
                 }
             }
         };
+        let key = ServiceKey::new(&profile.project, &profile.name);
         let name = profile.name.clone();
-        let Some(cur) = self.cluster.services.get(&name).cloned() else {
+        let Some(cur) = self.cluster.services.get(&key).cloned() else {
+            self.check_quota(
+                &profile.project,
+                &key,
+                Some((profile.replicas, &profile.quantities)),
+            )?;
             let mut txn = Txn::new(&self.cluster);
             let mut rollout = Rollout::default();
             rollout.begin();
@@ -485,32 +580,22 @@ impl Core {
                 rollout,
                 older: BTreeMap::new(),
             });
-            self.profiles.insert(name.clone(), profile);
+            self.profiles.insert(key.clone(), profile);
             if let Err(e) = self.commit(txn, now) {
-                self.profiles.remove(&name);
+                self.profiles.remove(&key);
                 return Err(e);
             }
-            info!(service = %name, principal = %who.name, "service submitted");
-            return Ok((name, Applied::Created));
+            info!(service = %name, project = %key.project, principal = %who.name, "service submitted");
+            return Ok((key, Applied::Created));
         };
         if path.is_none() {
             return Err(CoreError::Conflict(name));
         }
         if !who.may(Permission::JobView, &cur.info.project) {
-            // Same answer as for a name nobody uses would be a create; a name held in a
-            // project the caller cannot see is refused without saying more.
             return Err(CoreError::Forbidden(format!(
-                "no job.submit permission on the project of service {name:?}"
+                "no job.view permission on project {:?}",
+                cur.info.project
             )));
-        }
-        if cur.info.project != profile.project {
-            return Err(CoreError::Invalid(vec![FieldError::new(
-                "service.project",
-                format!(
-                    "service {name:?} is in project {:?}; a service cannot move to another project",
-                    cur.info.project
-                ),
-            )]));
         }
         if cur.state == ServiceState::Stopping {
             return Err(CoreError::Refused(format!(
@@ -518,21 +603,26 @@ impl Core {
             )));
         }
         if cur.info.profile == profile.raw {
-            return Ok((name, Applied::Unchanged));
+            return Ok((key, Applied::Unchanged));
         }
+        self.check_quota(
+            &profile.project,
+            &key,
+            Some((profile.replicas, &profile.quantities)),
+        )?;
         let mut svc = cur.clone();
         let new_generation = !rollout::same_template(&cur.info.profile, &profile.raw);
         if new_generation {
             self.next_generation(&mut svc);
-            info!(service = %name, generation = svc.info.generation, principal = %who.name, "new profile: rolling out a new generation");
+            info!(service = %name, project = %key.project, generation = svc.info.generation, principal = %who.name, "new profile: rolling out a new generation");
         } else if cur.info.replicas != profile.replicas {
             svc.rollout.begin();
-            info!(service = %name, replicas = profile.replicas, principal = %who.name, "service scaled");
+            info!(service = %name, project = %key.project, replicas = profile.replicas, principal = %who.name, "service scaled");
         }
         svc.info.replicas = profile.replicas;
         svc.info.profile = profile.raw.clone();
         self.commit_service(svc, profile, now)?;
-        Ok((name, Applied::Updated))
+        Ok((key, Applied::Updated))
     }
 
     /// Makes `svc`'s current profile an older generation and starts a rollout of the next.
@@ -540,7 +630,7 @@ impl Core {
         let g = svc.info.generation;
         if self
             .cluster
-            .jobs_of(&svc.info.name)
+            .jobs_of(&svc.info.key())
             .any(|j| j.info.generation == g)
         {
             svc.older.insert(g, svc.info.profile.clone());
@@ -568,7 +658,7 @@ impl Core {
         jobs: Vec<JobRec>,
         now: Instant,
     ) -> Result<(), CoreError> {
-        let name = svc.info.name.clone();
+        let name = svc.info.key();
         let mut txn = Txn::new(&self.cluster);
         for j in jobs {
             txn.put_job(&self.cluster, j);
@@ -598,12 +688,16 @@ impl Core {
     }
 
     /// The service `name` for a change by `who`: invisible answers as unknown.
-    fn service_for_change(&self, name: &str, who: &Principal) -> Result<ServiceRec, CoreError> {
-        let Some(svc) = self.cluster.services.get(name).cloned() else {
-            return Err(CoreError::ServiceNotFound(name.to_owned()));
+    fn service_for_change(
+        &self,
+        key: &ServiceKey,
+        who: &Principal,
+    ) -> Result<ServiceRec, CoreError> {
+        let Some(svc) = self.cluster.services.get(key).cloned() else {
+            return Err(CoreError::ServiceNotFound(key.name.clone()));
         };
         if !who.may(Permission::JobView, &svc.info.project) {
-            return Err(CoreError::ServiceNotFound(name.to_owned()));
+            return Err(CoreError::ServiceNotFound(key.name.clone()));
         }
         if !who.may(Permission::JobSubmit, &svc.info.project) {
             return Err(CoreError::Forbidden(format!(
@@ -618,12 +712,13 @@ impl Core {
     /// drains the highest-numbered replicas.
     pub(crate) fn scale(
         &mut self,
-        name: &str,
+        key: &ServiceKey,
         replicas: u64,
         who: &Principal,
         now: Instant,
     ) -> Result<(), CoreError> {
-        let mut svc = self.service_for_change(name, who)?;
+        let mut svc = self.service_for_change(key, who)?;
+        let name = &key.name;
         if !(1..=profile::MAX_REPLICAS).contains(&replicas) {
             return Err(CoreError::Invalid(vec![FieldError::new(
                 "replicas",
@@ -637,7 +732,12 @@ impl Core {
         if svc.info.replicas == replicas {
             return Ok(());
         }
-        let mut profile = self.profiles[name].clone();
+        let mut profile = self.profiles[key].clone();
+        self.check_quota(
+            &svc.info.project,
+            key,
+            Some((replicas, &profile.quantities)),
+        )?;
         profile.replicas = replicas;
         if let Some(m) = profile.raw.as_object_mut() {
             m.insert("replicas".into(), Value::from(replicas));
@@ -646,26 +746,27 @@ impl Core {
         svc.info.profile = profile.raw.clone();
         svc.rollout.begin();
         self.commit_service(svc, profile, now)?;
-        info!(service = %name, replicas, principal = %who.name, "service scaled");
+        info!(service = %name, project = %key.project, replicas, principal = %who.name, "service scaled");
         Ok(())
     }
 
     /// Rolls every replica over to a fresh one: the same profile as a new generation.
     pub(crate) fn restart(
         &mut self,
-        name: &str,
+        key: &ServiceKey,
         who: &Principal,
         now: Instant,
     ) -> Result<(), CoreError> {
-        let mut svc = self.service_for_change(name, who)?;
+        let mut svc = self.service_for_change(key, who)?;
+        let name = &key.name;
         if svc.state == ServiceState::Stopping {
             return Err(CoreError::Refused(format!("service {name:?} is stopping")));
         }
         self.next_generation(&mut svc);
-        let profile = self.profiles[name].clone();
+        let profile = self.profiles[key].clone();
         let generation = svc.info.generation;
         self.commit_service(svc, profile, now)?;
-        info!(service = %name, generation, principal = %who.name, "service restarting");
+        info!(service = %name, project = %key.project, generation, principal = %who.name, "service restarting");
         Ok(())
     }
 
@@ -674,13 +775,14 @@ impl Core {
     /// exited. Returns how many jobs are leaving.
     pub(crate) fn delete(
         &mut self,
-        name: &str,
+        key: &ServiceKey,
         now_please: bool,
         who: &Principal,
         now: Instant,
     ) -> Result<usize, CoreError> {
-        let svc = self.service_for_change(name, who)?;
-        let jobs: Vec<JobRec> = self.cluster.jobs_of(name).cloned().collect();
+        let svc = self.service_for_change(key, who)?;
+        let name = &key.name;
+        let jobs: Vec<JobRec> = self.cluster.jobs_of(key).cloned().collect();
         let mut txn = Txn::new(&self.cluster);
         if svc.state != ServiceState::Stopping {
             txn.put_service(ServiceRec {
@@ -692,7 +794,7 @@ impl Core {
             Duration::ZERO
         } else {
             self.profiles
-                .get(name)
+                .get(key)
                 .map_or(profile::DEFAULT_DRAIN, |p| p.drain)
         };
         for j in &jobs {
@@ -702,11 +804,11 @@ impl Core {
             }
         }
         if jobs.is_empty() {
-            let s = txn.service(&self.cluster, name).expect("service in txn");
+            let s = txn.service(&self.cluster, key).expect("service in txn");
             txn.remove_service(&s);
         }
         self.commit(txn, now)?;
-        info!(service = %name, principal = %who.name, jobs = jobs.len(), drain = ?drain, "service stopping");
+        info!(service = %name, project = %key.project, principal = %who.name, jobs = jobs.len(), drain = ?drain, "service stopping");
         Ok(jobs.len())
     }
 
@@ -731,6 +833,22 @@ impl Core {
     // --- worker commands ---
 
     fn check_facts(&self, host: &HostId, facts: &HostFacts) -> Result<(), CoreError> {
+        // One live host per advertised address: a worker credential must not be able to
+        // send another host's endpoint traffic to itself (or anyone's to it).
+        if let Some(ip) = facts.ip_addr {
+            let other = self.cluster.hosts.values().find(|h| {
+                h.info.id != *host
+                    && h.info.state != HostState::Lost
+                    && h.info.facts.ip_addr == Some(ip)
+            });
+            if let Some(other) = other {
+                warn!(host = %host, ip_addr = %ip, advertised_by = %other.info.id, "host facts refused: the address is another live host's");
+                return Err(CoreError::AddressTaken {
+                    ip: ip.to_string(),
+                    other: other.info.id.clone(),
+                });
+            }
+        }
         let mut problems = Vec::new();
         for p in &self.policies {
             if let Err(mut e) = p.check(host, facts) {
@@ -938,7 +1056,7 @@ impl Core {
                     } else {
                         EndReason::Exited { code }
                     };
-                    let (service, generation) = (j.info.service.clone(), j.info.generation);
+                    let (service, generation) = (j.info.service_key(), j.info.generation);
                     txn.end_job(&self.cluster, j, reason, false);
                     // A replica of the generation being rolled out that dies counts
                     // against the rollout (persisted with the exit itself).
@@ -1020,6 +1138,13 @@ impl Core {
         })
     }
 
+    /// How late a timer may fire before the controller counts itself as not having run:
+    /// a couple of heartbeats (a busy machine delays timers a little; a paused process by
+    /// far more).
+    fn lag_tolerance(&self) -> Duration {
+        (self.timing.heartbeat_interval * 2).max(Duration::from_secs(1))
+    }
+
     /// Ends the drains that are over: those jobs get SIGTERM now (`Stopping`).
     fn end_drains(&mut self, now: Instant) {
         let over: Vec<JobId> = self
@@ -1054,7 +1179,19 @@ impl Core {
     }
 
     /// Ends drains that are over; moves silent hosts to unreachable, then lost.
-    pub(crate) fn tick(&mut self, now: Instant) {
+    ///
+    /// `armed` is the deadline the state task slept until. Waking much later than that
+    /// means this controller was not running (paused, starved, a frozen VM, a clock jump):
+    /// hosts could not be heard meanwhile, so every host gets a fresh `unreachable_after`
+    /// window instead of being judged on silence that was this controller's own.
+    pub(crate) fn tick(&mut self, now: Instant, armed: Option<Instant>) {
+        let lag = armed.map_or(Duration::ZERO, |d| now.saturating_duration_since(d));
+        if lag > self.lag_tolerance() {
+            warn!(lag = %humantime::format_duration(round_up_secs(lag)), "the controller was not running for a while; every host gets a fresh window before it is judged");
+            for t in self.heard.values_mut() {
+                *t = (*t).max(now);
+            }
+        }
         self.end_drains(now);
         let hosts: Vec<HostRec> = self.cluster.hosts.values().cloned().collect();
         for h in hosts {
@@ -1104,7 +1241,7 @@ impl Core {
             .services
             .values()
             .filter(|s| s.state == ServiceState::Stopping)
-            .filter(|s| self.cluster.jobs_of(&s.info.name).next().is_none())
+            .filter(|s| self.cluster.jobs_of(&s.info.key()).next().is_none())
             .cloned()
             .collect();
         for s in done {
@@ -1137,7 +1274,7 @@ impl Core {
     fn job_facts(&self, s: &ServiceInfo, jobs: &[JobRec], now: Instant) -> Vec<JobFacts> {
         let min_ready = self
             .profiles
-            .get(&s.name)
+            .get(&s.key())
             .map_or(Duration::ZERO, |p| p.update.min_ready);
         jobs.iter()
             .filter_map(|j| {
@@ -1195,29 +1332,30 @@ impl Core {
             .map(|h| h.info.id.clone())
             .collect();
         let mut total: HashMap<HostId, usize> = HashMap::new();
-        let mut per_service: HashMap<(HostId, String), usize> = HashMap::new();
-        let mut by_service: HashMap<String, Vec<JobRec>> = HashMap::new();
+        let mut per_service: HashMap<(HostId, ServiceKey), usize> = HashMap::new();
+        let mut by_service: HashMap<ServiceKey, Vec<JobRec>> = HashMap::new();
         for j in self.cluster.jobs.values() {
             *total.entry(j.info.host.clone()).or_default() += 1;
             *per_service
-                .entry((j.info.host.clone(), j.info.service.clone()))
+                .entry((j.info.host.clone(), j.info.service_key()))
                 .or_default() += 1;
             by_service
-                .entry(j.info.service.clone())
+                .entry(j.info.service_key())
                 .or_default()
                 .push(j.clone());
         }
         let mut txn = Txn::new(&self.cluster);
-        let mut placed: Vec<(HostId, JobId, String, u32)> = Vec::new();
-        let mut reverts: Vec<(String, String)> = Vec::new();
+        let mut placed: Vec<(HostId, JobId, ServiceKey, u32)> = Vec::new();
+        let mut reverts: Vec<(ServiceKey, String)> = Vec::new();
         let mut drained = false;
         for s in services {
             let name = &s.info.name;
-            let Some(profile) = self.profiles.get(name) else {
+            let key = s.info.key();
+            let Some(profile) = self.profiles.get(&key) else {
                 continue;
             };
             let (policy, drain) = (profile.update, profile.drain);
-            let mut jobs = by_service.remove(name).unwrap_or_default();
+            let mut jobs = by_service.remove(&key).unwrap_or_default();
             let facts = self.job_facts(&s.info, &jobs, now);
             let view = rollout::Service {
                 replicas: s.info.replicas,
@@ -1233,14 +1371,14 @@ impl Core {
             // Why a surge replica (one beside an old job) could not be placed.
             let mut blocked: Option<String> = None;
             for replica in rollout::to_place(&view) {
-                if let Some(b) = self.backoff.get(&(name.clone(), replica)) {
+                if let Some(b) = self.backoff.get(&(key.clone(), replica)) {
                     if b.not_before > now {
                         let reason = format!(
                             "restarting after exit in {}",
                             humantime::format_duration(round_up_secs(b.not_before - now))
                         );
                         self.pending
-                            .entry(name.clone())
+                            .entry(key.clone())
                             .or_default()
                             .insert(replica, reason);
                         continue;
@@ -1251,7 +1389,7 @@ impl Core {
                     .map(|h| Candidate {
                         id: h.clone(),
                         service_jobs: per_service
-                            .get(&(h.clone(), name.clone()))
+                            .get(&(h.clone(), key.clone()))
                             .copied()
                             .unwrap_or(0),
                         total_jobs: total.get(h).copied().unwrap_or(0),
@@ -1271,9 +1409,9 @@ impl Core {
                         debug_assert_eq!(taken, job);
                         *total.entry(p.host.clone()).or_default() += 1;
                         *per_service
-                            .entry((p.host.clone(), name.clone()))
+                            .entry((p.host.clone(), key.clone()))
                             .or_default() += 1;
-                        placed.push((p.host.clone(), job.clone(), name.clone(), replica));
+                        placed.push((p.host.clone(), job.clone(), key.clone(), replica));
                         let rec = JobRec {
                             info: JobInfo {
                                 job,
@@ -1297,7 +1435,7 @@ impl Core {
                             blocked.get_or_insert_with(|| reason.clone());
                         } else {
                             self.pending
-                                .entry(name.clone())
+                                .entry(key.clone())
                                 .or_default()
                                 .insert(replica, reason);
                         }
@@ -1325,16 +1463,16 @@ impl Core {
                 ..view
             };
             if let Some(why) = self.advance_rollout(&mut txn, &s, &view, blocked, now) {
-                reverts.push((name.clone(), why));
+                reverts.push((key.clone(), why));
             }
             // Older generations' profiles are kept while any of their jobs is left.
             let gens: BTreeSet<u64> = jobs.iter().map(|j| j.info.generation).collect();
-            if let Some(mut rec) = txn.service(&self.cluster, name) {
+            if let Some(mut rec) = txn.service(&self.cluster, &key) {
                 let before = rec.older.len();
                 rec.older.retain(|g, _| gens.contains(g));
                 if rec.older.len() != before {
                     self.older
-                        .retain(|(n, g), _| n != name || rec.older.contains_key(g));
+                        .retain(|(n, g), _| *n != key || rec.older.contains_key(g));
                     txn.put_service_quiet(rec);
                 }
             }
@@ -1374,13 +1512,25 @@ impl Core {
         now: Instant,
     ) -> Option<String> {
         let name = &s.info.name;
+        let key = s.info.key();
         let generation = s.info.generation;
-        let mut rec = txn.service(&self.cluster, name)?;
+        let mut rec = txn.service(&self.cluster, &key)?;
         let mut r = rec.rollout.clone();
         let mut revert = None;
         if !r.is_running(generation) {
-            self.progress.remove(name);
-            if r.state == RolloutState::Complete
+            self.progress.remove(&key);
+            if r.state == RolloutState::Failed && view.is_complete() {
+                // A failed rollout that was not rolled back keeps reconciling; once every
+                // slot runs it after all, it is complete (the failure was passing).
+                r.state = RolloutState::Complete;
+                r.reason = None;
+                r.stable = Some(Stable {
+                    generation,
+                    profile: s.info.profile.clone(),
+                });
+                self.metrics.rollout_ended("complete");
+                info!(service = %name, project = %key.project, generation, "failed rollout completed after all");
+            } else if r.state == RolloutState::Complete
                 && r.stable.as_ref().map(|st| st.generation) != Some(generation)
             {
                 // A service stored before rollouts existed.
@@ -1392,10 +1542,10 @@ impl Core {
         } else {
             let counts = view.counts();
             let mark = rollout::progress_mark(&counts);
-            let since = match self.progress.get(name) {
+            let since = match self.progress.get(&key) {
                 Some((m, t)) if *m == mark => *t,
                 _ => {
-                    self.progress.insert(name.clone(), (mark, now));
+                    self.progress.insert(key.clone(), (mark, now));
                     now
                 }
             };
@@ -1409,7 +1559,7 @@ impl Core {
                     r.reason = None;
                     self.metrics.rollout_ended("complete");
                 }
-                self.progress.remove(name);
+                self.progress.remove(&key);
                 info!(service = %name, generation, state = r.state.as_str(), "rollout done");
             } else if r.exits >= rollout::MAX_NEW_EXITS
                 || now.saturating_duration_since(since) >= view.policy.deadline
@@ -1430,7 +1580,7 @@ impl Core {
                     )
                 };
                 let target = r.stable.as_ref().map(|st| st.generation);
-                self.progress.remove(name);
+                self.progress.remove(&key);
                 if r.state == RolloutState::Progressing
                     && view.policy.auto_revert
                     && target.is_some_and(|g| g != generation)
@@ -1470,8 +1620,9 @@ impl Core {
     /// Rolls a failed rollout back: the last complete generation's profile becomes the
     /// next generation, and the jobs still running that profile are that generation's
     /// (they are not replaced by identical ones).
-    fn revert(&mut self, name: &str, why: &str, now: Instant) -> Result<(), CoreError> {
-        let Some(mut svc) = self.cluster.services.get(name).cloned() else {
+    fn revert(&mut self, key: &ServiceKey, why: &str, now: Instant) -> Result<(), CoreError> {
+        let name = &key.name;
+        let Some(mut svc) = self.cluster.services.get(key).cloned() else {
             return Ok(());
         };
         let Some(stable) = svc.rollout.stable.clone() else {
@@ -1491,7 +1642,7 @@ impl Core {
         svc.info.profile = raw;
         let adopted: Vec<JobRec> = self
             .cluster
-            .jobs_of(name)
+            .jobs_of(key)
             .filter(|j| j.info.generation == stable.generation)
             .cloned()
             .map(|mut j| {
@@ -1507,7 +1658,19 @@ impl Core {
     fn desired(&self, host: &str) -> Vec<Assignment> {
         let mut out = Vec::new();
         for j in self.cluster.jobs_on(host) {
-            let Some(p) = self.profiles.get(&j.info.service) else {
+            // A job runs its own generation's command and probe: during a rollout the
+            // older replicas keep theirs (a restarted worker must not start an old job
+            // with the new command).
+            let key = j.info.service_key();
+            let current = self.cluster.services.get(&key).map(|s| s.info.generation);
+            let p = match current {
+                Some(g) if g != j.info.generation => self
+                    .older
+                    .get(&(key.clone(), j.info.generation))
+                    .or_else(|| self.profiles.get(&key)),
+                _ => self.profiles.get(&key),
+            };
+            let Some(p) = p else {
                 continue;
             };
             out.push(Assignment {
@@ -1556,9 +1719,18 @@ impl Core {
         }
         let c = &self.cluster;
         let mut services = BTreeMap::new();
+        let mut by_service: HashMap<ServiceKey, Vec<JobRec>> = HashMap::new();
+        for j in c.jobs.values() {
+            by_service
+                .entry(j.info.service_key())
+                .or_default()
+                .push(j.clone());
+        }
         for s in c.services.values() {
-            let mut jobs: Vec<JobView> = c
-                .jobs_of(&s.info.name)
+            let key = s.info.key();
+            let recs = by_service.remove(&key).unwrap_or_default();
+            let mut jobs: Vec<JobView> = recs
+                .iter()
                 .map(|j| JobView {
                     info: j.info.clone(),
                     summaries: self.grant_summaries(&j.info),
@@ -1569,24 +1741,23 @@ impl Core {
             });
             let pending = self
                 .pending
-                .get(&s.info.name)
+                .get(&key)
                 .map(|m| m.iter().map(|(r, why)| (*r, why.clone())).collect())
                 .unwrap_or_default();
-            let recs: Vec<JobRec> = c.jobs_of(&s.info.name).cloned().collect();
             let facts = self.job_facts(&s.info, &recs, Instant::now());
             let counts = rollout::Service {
                 replicas: s.info.replicas,
                 generation: s.info.generation,
                 policy: self
                     .profiles
-                    .get(&s.info.name)
+                    .get(&key)
                     .map(|p| p.update)
                     .unwrap_or_default(),
                 jobs: &facts,
             }
             .counts();
             services.insert(
-                s.info.name.clone(),
+                key,
                 ServiceView {
                     info: s.info.clone(),
                     state: s.state,
@@ -1675,6 +1846,11 @@ fn blocking<R>(f: impl FnOnce() -> R) -> R {
     }
 }
 
+/// An optional address for a log line: the address, or `none`.
+fn display_ip(ip: Option<std::net::IpAddr>) -> String {
+    ip.map_or_else(|| "none".to_owned(), |ip| ip.to_string())
+}
+
 /// Job ids are `j-<n>`: sort numerically.
 fn job_num(id: &str) -> u64 {
     id.strip_prefix("j-")
@@ -1719,6 +1895,7 @@ fn fallback_profile(s: &ServiceInfo, raw: &Value) -> Profile {
         readiness: None,
         drain: profile::DEFAULT_DRAIN,
         update: profile::UpdatePolicy::default(),
+        quantities: Default::default(),
         raw: raw.clone(),
     }
 }

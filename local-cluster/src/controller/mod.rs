@@ -21,6 +21,7 @@ pub(crate) mod api;
 mod core;
 mod metrics;
 pub(crate) mod model;
+pub mod quota;
 pub(crate) mod rollout;
 mod scheduler;
 mod task;
@@ -55,6 +56,8 @@ pub struct ControllerConfig {
     pub body_limit: usize,
     /// What clients may hold of the API port (connection caps and timeouts).
     pub connections: crate::serve::ConnLimits,
+    /// Per-project limits on what services declare (`[quotas.*]`).
+    pub quotas: quota::Quotas,
 }
 
 impl Default for ControllerConfig {
@@ -67,6 +70,7 @@ impl Default for ControllerConfig {
             grace_period: Duration::from_secs(30),
             body_limit: 1024 * 1024,
             connections: crate::serve::ConnLimits::default(),
+            quotas: quota::Quotas::default(),
         }
     }
 }
@@ -208,7 +212,7 @@ impl Controller {
             unreachable_after: cfg.unreachable_after,
             grace_period: cfg.grace_period,
         };
-        let core = core::Core::load(
+        let mut core = core::Core::load(
             timing,
             store,
             core::Wiring {
@@ -220,6 +224,7 @@ impl Controller {
             tokio::time::Instant::now(),
         )
         .context("cannot load the controller state from the store")?;
+        core.set_quotas(cfg.quotas.clone());
         let view = core.view();
         let (tx, rx) = mpsc::channel(256);
         let (shutdown, shutdown_rx) = watch::channel(false);

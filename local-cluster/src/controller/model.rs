@@ -6,7 +6,7 @@ use super::rollout::Rollout;
 use crate::store::{Batch, Key, Store, StoreError};
 use plugin_api::{
     ClusterEvent, ClusterSnapshot, EndReason, HostId, HostInfo, JobId, JobInfo, JobState,
-    ServiceInfo,
+    ServiceInfo, ServiceKey,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -24,6 +24,11 @@ const EVENTS: &str = "events";
 /// The key of the last batch's events (see [`EVENTS`]).
 pub(crate) fn events_key() -> Key {
     Key::new(NS_META, EVENTS)
+}
+
+/// The store key of a service: `project/name` (both `[a-z0-9-]`, so `/` separates).
+fn service_key_str(k: &ServiceKey) -> String {
+    format!("{}/{}", k.project, k.name)
 }
 
 /// Decodes a version of [`events_key`].
@@ -85,7 +90,10 @@ pub(crate) struct HostRec {
 pub(crate) struct Cluster {
     pub(crate) rev: u64,
     pub(crate) next_job: u64,
-    pub(crate) services: BTreeMap<String, ServiceRec>,
+    pub(crate) services: BTreeMap<ServiceKey, ServiceRec>,
+    /// Service records stored under a key that is not their canonical `project/name`
+    /// (written before services were keyed by project): the next commit moves them.
+    pub(crate) legacy_keys: Vec<(String, ServiceKey)>,
     pub(crate) jobs: BTreeMap<JobId, JobRec>,
     pub(crate) hosts: BTreeMap<HostId, HostRec>,
 }
@@ -127,8 +135,13 @@ impl Cluster {
                 (NS_META, "rev") => c.rev = de!(),
                 (NS_META, "next_job") => c.next_job = de!(),
                 (NS_META, EVENTS) => {}
-                (NS_SERVICE, name) => {
-                    c.services.insert(name.to_owned(), de!());
+                (NS_SERVICE, stored) => {
+                    let rec: ServiceRec = de!();
+                    let k = rec.info.key();
+                    if stored != service_key_str(&k) {
+                        c.legacy_keys.push((stored.to_owned(), k.clone()));
+                    }
+                    c.services.insert(k, rec);
                 }
                 (NS_JOB, id) => {
                     c.jobs.insert(id.to_owned(), de!());
@@ -155,10 +168,13 @@ impl Cluster {
         self.jobs.values().filter(move |j| j.info.host == host)
     }
 
-    pub(crate) fn jobs_of<'a>(&'a self, service: &'a str) -> impl Iterator<Item = &'a JobRec> + 'a {
+    pub(crate) fn jobs_of<'a>(
+        &'a self,
+        service: &'a ServiceKey,
+    ) -> impl Iterator<Item = &'a JobRec> + 'a {
         self.jobs
             .values()
-            .filter(move |j| j.info.service == service)
+            .filter(move |j| j.info.service == service.name && j.info.project == service.project)
     }
 }
 
@@ -184,7 +200,9 @@ pub(crate) enum After {
 pub(crate) struct Txn {
     rev: u64,
     next_job: Option<u64>,
-    services: BTreeMap<String, Option<ServiceRec>>,
+    services: BTreeMap<ServiceKey, Option<ServiceRec>>,
+    /// Stored keys to delete (see [`Cluster::legacy_keys`]).
+    legacy: Vec<String>,
     jobs: BTreeMap<JobId, Option<JobRec>>,
     hosts: BTreeMap<HostId, Option<HostRec>>,
     pub(crate) events: Vec<ClusterEvent>,
@@ -204,6 +222,7 @@ impl Txn {
     pub(crate) fn is_empty(&self) -> bool {
         self.next_job.is_none()
             && self.services.is_empty()
+            && self.legacy.is_empty()
             && self.jobs.is_empty()
             && self.hosts.is_empty()
     }
@@ -213,10 +232,20 @@ impl Txn {
         self.rev
     }
 
-    pub(crate) fn service(&self, c: &Cluster, name: &str) -> Option<ServiceRec> {
-        match self.services.get(name) {
+    pub(crate) fn service(&self, c: &Cluster, key: &ServiceKey) -> Option<ServiceRec> {
+        match self.services.get(key) {
             Some(s) => s.clone(),
-            None => c.services.get(name).cloned(),
+            None => c.services.get(key).cloned(),
+        }
+    }
+
+    /// Moves service records stored under legacy keys to their canonical keys.
+    pub(crate) fn migrate_keys(&mut self, c: &Cluster) {
+        for (stored, key) in &c.legacy_keys {
+            if let Some(rec) = self.service(c, key) {
+                self.services.insert(key.clone(), Some(rec));
+            }
+            self.legacy.push(stored.clone());
         }
     }
 
@@ -258,10 +287,10 @@ impl Txn {
         format!("j-{n}")
     }
 
-    fn touch_service(&mut self, c: &Cluster, name: &str, rev: u64) {
-        if let Some(mut s) = self.service(c, name) {
+    fn touch_service(&mut self, c: &Cluster, key: &ServiceKey, rev: u64) {
+        if let Some(mut s) = self.service(c, key) {
             s.info.rev = rev;
-            self.services.insert(name.to_owned(), Some(s));
+            self.services.insert(key.clone(), Some(s));
         }
     }
 
@@ -273,13 +302,13 @@ impl Txn {
             rev,
             service: s.info.clone(),
         });
-        self.services.insert(s.info.name.clone(), Some(s));
+        self.services.insert(s.info.key(), Some(s));
     }
 
     /// A service record change that readers of the event feed do not need (its rollout
     /// bookkeeping); the service's `rev` is left alone.
     pub(crate) fn put_service_quiet(&mut self, s: ServiceRec) {
-        self.services.insert(s.info.name.clone(), Some(s));
+        self.services.insert(s.info.key(), Some(s));
     }
 
     /// A service is gone.
@@ -290,13 +319,13 @@ impl Txn {
             name: s.info.name.clone(),
             project: s.info.project.clone(),
         });
-        self.services.insert(s.info.name.clone(), None);
+        self.services.insert(s.info.key(), None);
     }
 
     /// A job was placed or changed.
     pub(crate) fn put_job(&mut self, c: &Cluster, j: JobRec) {
         let rev = self.next_rev();
-        self.touch_service(c, &j.info.service, rev);
+        self.touch_service(c, &j.info.service_key(), rev);
         self.events.push(ClusterEvent::Job {
             rev,
             job: j.info.clone(),
@@ -307,7 +336,7 @@ impl Txn {
     /// A job ended: it leaves the live set and its grants are released after the commit.
     pub(crate) fn end_job(&mut self, c: &Cluster, mut j: JobRec, reason: EndReason, lost: bool) {
         let rev = self.next_rev();
-        self.touch_service(c, &j.info.service, rev);
+        self.touch_service(c, &j.info.service_key(), rev);
         j.info.state = if lost {
             JobState::Lost
         } else {
@@ -330,11 +359,11 @@ impl Txn {
     /// jobs on it get its revision.
     pub(crate) fn put_host(&mut self, c: &Cluster, h: HostRec) {
         let rev = self.next_rev();
-        let services: BTreeSet<String> = self
+        let services: BTreeSet<ServiceKey> = self
             .live_jobs(c)
             .into_iter()
             .filter(|j| j.info.host == h.info.id)
-            .map(|j| j.info.service)
+            .map(|j| j.info.service_key())
             .collect();
         for s in &services {
             self.touch_service(c, s, rev);
@@ -361,8 +390,11 @@ impl Txn {
             Some(v) => b.put(Key::new(ns, key), v),
             None => b.delete(Key::new(ns, key)),
         };
+        for stored in &self.legacy {
+            section(NS_SERVICE, stored, None);
+        }
         for (k, v) in &self.services {
-            section(NS_SERVICE, k, v.as_ref().map(enc));
+            section(NS_SERVICE, &service_key_str(k), v.as_ref().map(enc));
         }
         for (k, v) in &self.jobs {
             section(NS_JOB, k, v.as_ref().map(enc));
@@ -383,6 +415,9 @@ impl Txn {
     /// Applies the (committed) changes in memory; returns the events and plugin calls.
     pub(crate) fn apply(self, c: &mut Cluster) -> (Vec<ClusterEvent>, Vec<After>) {
         c.rev = self.rev;
+        if !self.legacy.is_empty() {
+            c.legacy_keys.clear();
+        }
         if let Some(n) = self.next_job {
             c.next_job = n;
         }

@@ -4,13 +4,16 @@
 
 use super::core::{Applied, Core, CoreError};
 use crate::proto::{Assignments, RegisterRequest, RegisterResponse, WorkerEvent};
-use plugin_api::{HostFacts, HostId, Principal};
+use plugin_api::{HostFacts, HostId, Principal, ServiceKey};
 use serde_json::Value;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
 
 type Reply<T> = oneshot::Sender<Result<T, CoreError>>;
+
+/// At most this many queued commands are handled before due timers.
+const QUEUED_BEFORE_TIMERS: usize = 1024;
 
 /// A request to the state task.
 #[derive(Debug)]
@@ -20,21 +23,21 @@ pub(crate) enum Command {
         doc: Value,
         path: Option<String>,
         who: Principal,
-        reply: Reply<(String, Applied)>,
+        reply: Reply<(ServiceKey, Applied)>,
     },
     Scale {
-        name: String,
+        key: ServiceKey,
         replicas: u64,
         who: Principal,
         reply: Reply<()>,
     },
     Restart {
-        name: String,
+        key: ServiceKey,
         who: Principal,
         reply: Reply<()>,
     },
     Delete {
-        name: String,
+        key: ServiceKey,
         now: bool,
         who: Principal,
         reply: Reply<usize>,
@@ -94,8 +97,17 @@ pub(crate) async fn run(
                 None => break,
             },
             () = timer => {
+                // Worker messages queued while the loop was busy (or paused) come before
+                // the timers that would judge their hosts; bounded, so a steady stream of
+                // messages cannot starve the timers.
+                for _ in 0..QUEUED_BEFORE_TIMERS {
+                    match rx.try_recv() {
+                        Ok(cmd) => handle(&mut core, cmd),
+                        Err(_) => break,
+                    }
+                }
                 let now = Instant::now();
-                core.tick(now);
+                core.tick(now, deadline);
                 core.mark_dirty();
                 core.settle(now);
             }
@@ -124,25 +136,25 @@ fn handle(core: &mut Core, cmd: Command) {
             done(core, now, reply, r)
         }
         Command::Scale {
-            name,
+            key,
             replicas,
             who,
             reply,
         } => {
-            let r = core.scale(&name, replicas, &who, now);
+            let r = core.scale(&key, replicas, &who, now);
             done(core, now, reply, r)
         }
-        Command::Restart { name, who, reply } => {
-            let r = core.restart(&name, &who, now);
+        Command::Restart { key, who, reply } => {
+            let r = core.restart(&key, &who, now);
             done(core, now, reply, r)
         }
         Command::Delete {
-            name,
+            key,
             now: now_please,
             who,
             reply,
         } => {
-            let r = core.delete(&name, now_please, &who, now);
+            let r = core.delete(&key, now_please, &who, now);
             done(core, now, reply, r)
         }
         Command::Register { host, req, reply } => {

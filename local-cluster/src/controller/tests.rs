@@ -15,6 +15,7 @@ use plugin_api::{
     PlacementRequest, SectionInfo, Unfit,
 };
 use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
 use tokio::time::Instant;
 use tower::ServiceExt;
@@ -53,6 +54,7 @@ impl ResourcePlugin for SharedSlots {
             }
             _ => Ok(SectionInfo {
                 socket_names: vec!["http".into()],
+                quantities: [("slots".to_owned(), 1)].into(),
             }),
         }
     }
@@ -189,17 +191,30 @@ impl ClusterListener for Recorder {
                 rev,
                 host,
                 services,
-            } => format!("{rev} host {} {:?} {services:?}", host.id, host.state),
+            } => {
+                let names: Vec<&str> = services.iter().map(|k| k.name.as_str()).collect();
+                format!("{rev} host {} {:?} {names:?}", host.id, host.state)
+            }
         };
         self.0.lock().unwrap().push(line);
     }
 }
 
 fn facts(slots: u64) -> HostFacts {
+    facts_at("127.0.0.11", slots)
+}
+
+/// The facts of host `exec-NN`: its own address, 127.0.0.(10 + NN).
+fn facts_of(host: &str, slots: u64) -> HostFacts {
+    let n: u8 = host.trim_start_matches("exec-").parse().unwrap_or(1);
+    facts_at(&format!("127.0.0.{}", 10 + n), slots)
+}
+
+fn facts_at(ip: &str, slots: u64) -> HostFacts {
     HostFacts {
-        ip_addr: Some("127.0.0.11".parse().unwrap()),
+        ip_addr: Some(ip.parse().unwrap()),
         addresses: vec![plugin_api::HostAddress {
-            ip: "127.0.0.11".parse().unwrap(),
+            ip: ip.parse().unwrap(),
             interface: Some("lo".into()),
         }],
         sections: [("slots".to_owned(), json!(slots))].into(),
@@ -218,7 +233,7 @@ fn admin() -> Principal {
     }
 }
 
-use plugin_api::{Permission, Principal, PrincipalKind};
+use plugin_api::{JobState, Permission, Principal, PrincipalKind, ServiceKey};
 
 // === the state machine on a fake clock ===
 
@@ -228,11 +243,30 @@ const TIMING: Timing = Timing {
     grace_period: Duration::from_secs(30),
 };
 
+/// Every announced event, as it was.
+#[derive(Clone, Default)]
+struct RawEvents(Arc<Mutex<Vec<ClusterEvent>>>);
+
+impl RawEvents {
+    fn take(&self) -> Vec<ClusterEvent> {
+        std::mem::take(&mut self.0.lock().unwrap())
+    }
+}
+
+impl ClusterListener for RawEvents {
+    fn resync(&self, _: &ClusterSnapshot) {}
+    fn on_event(&self, e: &ClusterEvent) {
+        self.0.lock().unwrap().push(e.clone());
+    }
+}
+
 /// Drives a [`Core`] like the state task does, with a clock the test moves.
 struct Sim {
     core: Core,
     now: Instant,
     rec: Recorder,
+    /// Every event as it was announced (for property checks).
+    raw: RawEvents,
     slots: SharedSlots,
     store: Arc<MemStore>,
     out: Vec<String>,
@@ -245,17 +279,19 @@ impl Sim {
 
     fn load(store: Arc<MemStore>, now: Instant) -> Self {
         let rec = Recorder::default();
+        let raw = RawEvents::default();
         let slots = SharedSlots::new();
         let wiring = Wiring {
             resources: vec![Box::new(slots.clone())],
             policies: vec![Arc::new(Policy)],
-            listeners: vec![Arc::new(rec.clone())],
+            listeners: vec![Arc::new(rec.clone()), Arc::new(raw.clone())],
         };
         let core = Core::load(TIMING, store.clone(), wiring, Metrics::default(), now).unwrap();
         let mut sim = Sim {
             core,
             now,
             rec,
+            raw,
             slots,
             store,
             out: Vec::new(),
@@ -296,7 +332,7 @@ impl Sim {
     fn rollout(&self, name: &str) -> String {
         let v = self.core.view();
         let v = v.borrow();
-        let s = &v.services[name];
+        let s = &v.services[&ServiceKey::new("default", name)];
         format!(
             "{name} generation={} rollout={} updated={} ready={} outdated={} reason={:?}",
             s.info.generation,
@@ -311,14 +347,14 @@ impl Sim {
     fn delete(&mut self, name: &str) {
         let r = self
             .core
-            .delete(name, false, &admin(), self.now)
+            .delete(&ServiceKey::new("default", name), false, &admin(), self.now)
             .map(|_| ());
         self.settle(&format!("delete {name}"), r);
     }
 
     fn register(&mut self, host: &str, slots: u64, running: &[&str]) {
         let req = RegisterRequest {
-            facts: facts(slots),
+            facts: facts_of(host, slots),
             running: running
                 .iter()
                 .map(|j| RunningJob {
@@ -355,7 +391,7 @@ impl Sim {
                 self.core.heartbeat(&(*h).to_owned(), self.now).unwrap();
                 self.core.settle(self.now);
             }
-            self.core.tick(self.now);
+            self.core.tick(self.now, Some(self.now));
             self.core.mark_dirty();
             self.core.settle(self.now);
         }
@@ -501,7 +537,7 @@ fn a_rolling_update_drains_before_stop_and_a_broken_one_is_rolled_back() {
     // generation 4; the v2 replicas are generation 4 and were never touched.
     sim.put(versioned(2, "exit 1"));
     for _ in 0..3 {
-        let j = sim.core.view().borrow().services["web"]
+        let j = sim.core.view().borrow().services[&ServiceKey::new("default", "web")]
             .jobs
             .iter()
             .find(|j| j.info.generation == 3)
@@ -706,6 +742,63 @@ fn a_controller_restart_during_a_drain_drains_in_full_again() {
 }
 
 #[test]
+fn a_controller_paused_past_the_grace_period_stops_nothing() {
+    let mut sim = Sim::new();
+    let hosts = ["exec-01", "exec-02", "exec-03"];
+    for h in hosts {
+        sim.register(h, 3, &[]);
+    }
+    sim.put(versioned(3, "v1"));
+    for (h, j) in hosts.iter().zip(["j-1", "j-2", "j-3"]) {
+        sim.events(h, vec![started(j), ready(j, true)]);
+    }
+    sim.run_for(1, &hosts);
+    // SIGSTOP for twice the grace period: the timer armed for `unreachable_after` from
+    // now fires 60 s late, before any heartbeat queued meanwhile is handled.
+    let armed = sim.now + TIMING.unreachable_after;
+    sim.now += TIMING.grace_period * 2;
+    sim.core.tick(sim.now, Some(armed));
+    sim.core.mark_dirty();
+    sim.settle("resumed after 60 s", Ok(()));
+    // The hosts are heard again within their fresh window.
+    sim.run_for(2, &hosts);
+    let s = sim.rollout("web");
+    sim.note(s);
+    sim.check(expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 running=[]
+          1 host exec-01 Ready []
+        > register exec-02 running=[]
+          2 host exec-02 Ready []
+        > register exec-03 running=[]
+          3 host exec-03 Ready []
+          applied Created
+        > put web
+          4 service web rev=4
+          5 job j-1 web/0 exec-01 Placed ready=false
+          6 job j-2 web/1 exec-02 Placed ready=false
+          7 job j-3 web/2 exec-03 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+          plugin: reserve exec-02 j-2 0
+          plugin: reserve exec-03 j-3 0
+        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true}]
+          8 job j-1 web/0 exec-01 Running ready=false
+          9 job j-1 web/0 exec-01 Running ready=true
+        > events exec-02 [{"event":"started","job":"j-2","pid":7},{"event":"readiness","job":"j-2","ready":true}]
+          10 job j-2 web/1 exec-02 Running ready=false
+          11 job j-2 web/1 exec-02 Running ready=true
+        > events exec-03 [{"event":"started","job":"j-3","pid":7},{"event":"readiness","job":"j-3","ready":true}]
+          12 job j-3 web/2 exec-03 Running ready=false
+          13 job j-3 web/2 exec-03 Running ready=true
+          14 service web rev=14
+        > 1s pass, heartbeats from ["exec-01", "exec-02", "exec-03"]
+        > resumed after 60 s
+        > 2s pass, heartbeats from ["exec-01", "exec-02", "exec-03"]
+          = web generation=1 rollout=complete updated=3 ready=3 outdated=0 reason="""#]]);
+}
+
+#[test]
 fn crash_looping_replica_backs_off_then_resets() {
     let mut s = Sim::new();
     s.register("exec-01", 2, &[]);
@@ -798,7 +891,7 @@ fn a_backoff_that_ends_during_a_slow_commit_still_places_the_replica() {
         "the backoff's own instant"
     );
     // The timer fires at once (its instant is past): a pass with the fresh time.
-    s.core.tick(s.now);
+    s.core.tick(s.now, Some(s.now));
     s.core.mark_dirty();
     s.core.settle(s.now);
     s.settle("the timer fires 5s after the exit", Ok(()));
@@ -988,7 +1081,9 @@ fn restart_restores_grants_and_continues_the_revision() {
     // replica stays pending.
     s.store.fail_commit_after(1);
     s.submit(web("api", "default", 1));
-    let pending = s.core.view().borrow().services["api"].pending.clone();
+    let pending = s.core.view().borrow().services[&ServiceKey::new("default", "api")]
+        .pending
+        .clone();
     s.note(format!(
         "api pending {pending:?}, used {:?}",
         s.slots.used()
@@ -1136,7 +1231,7 @@ impl App {
 
     async fn register(&self, host: &str, secret: &str, slots: u64) {
         let req = RegisterRequest {
-            facts: facts(slots),
+            facts: facts_of(host, slots),
             running: vec![],
         };
         let (s, b) = self
@@ -1432,6 +1527,134 @@ async fn put_scale_restart_and_stop_answer_and_refuse_bad_input_whole() {
 }
 
 #[tokio::test]
+async fn a_project_at_its_quota_is_refused_while_another_still_places() {
+    let quotas = quota::Quotas::parse(
+        &json!({"default": {"replicas": 3, "slots": 3}, "team-b": {"services": 1}}),
+        &["slots"],
+    )
+    .unwrap();
+    let cfg = ControllerConfig {
+        quotas,
+        ..ControllerConfig::default()
+    };
+    let app = app_with(cfg, Arc::new(MemStore::new()), SharedSlots::new()).await;
+    app.register("exec-01", "w1-secret", 10).await;
+    let svc = |name: &str, project: &str, replicas: u32| {
+        json!({"service": {"name": name, "project": project, "replicas": replicas,
+                           "command": ["sleep", "1000"]}})
+    };
+    let mut out = Vec::new();
+    for (who, method, path, body) in [
+        (
+            "alice-secret",
+            "POST",
+            "/v1/services",
+            Some(svc("a1", "team-a", 2)),
+        ),
+        (
+            "alice-secret",
+            "POST",
+            "/v1/services",
+            Some(svc("a2", "team-a", 2)),
+        ),
+        (
+            "alice-secret",
+            "POST",
+            "/v1/services/a1/scale",
+            Some(json!({"replicas": 4})),
+        ),
+        (
+            "alice-secret",
+            "PUT",
+            "/v1/services/a2",
+            Some(svc("a2", "team-a", 1)),
+        ),
+        (
+            "alice-secret",
+            "POST",
+            "/v1/services/a1/scale",
+            Some(json!({"replicas": 1})),
+        ),
+        (
+            "bob-secret",
+            "POST",
+            "/v1/services",
+            Some(svc("b1", "team-b", 5)),
+        ),
+        (
+            "bob-secret",
+            "POST",
+            "/v1/services",
+            Some(svc("b2", "team-b", 1)),
+        ),
+    ] {
+        let (s, v) = app.json(method, path, who, body).await;
+        let what = match v.get("error") {
+            Some(e) => e.to_string(),
+            None => format!(
+                "{} ready-or-placed={}",
+                v["name"],
+                v["jobs"].as_array().map_or(0, Vec::len)
+            ),
+        };
+        out.push(format!("{method} {path} -> {} {what}", s.as_u16()));
+    }
+    expect![[r#"
+        POST /v1/services -> 201 "a1" ready-or-placed=2
+        POST /v1/services -> 403 {"code":"quota_exceeded","details":[{"field":"quotas.team-a.replicas","reason":"limit 3, in use 2, this change needs 4"}],"message":"project \"team-a\" would use 4 replicas of its quota of 3 (2 in use)"}
+        POST /v1/services/a1/scale -> 403 {"code":"quota_exceeded","details":[{"field":"quotas.team-a.replicas","reason":"limit 3, in use 2, this change needs 4"}],"message":"project \"team-a\" would use 4 replicas of its quota of 3 (2 in use)"}
+        PUT /v1/services/a2 -> 201 "a2" ready-or-placed=1
+        POST /v1/services/a1/scale -> 200 "a1" ready-or-placed=2
+        POST /v1/services -> 201 "b1" ready-or-placed=5
+        POST /v1/services -> 403 {"code":"quota_exceeded","details":[{"field":"quotas.team-b.services","reason":"limit 1, in use 1, this change needs 2"}],"message":"project \"team-b\" would use 2 services of its quota of 1 (1 in use)"}"#]]
+    .assert_eq(&out.join("\n"));
+    app.ctl.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_worker_cannot_advertise_another_live_hosts_address() {
+    let app = app().await;
+    app.register("exec-01", "w1-secret", 2).await;
+    app.register("exec-02", "w2-secret", 2).await;
+    // exec-01's credential reports exec-02's address.
+    let stolen = serde_json::to_value(facts_at("127.0.0.12", 2)).unwrap();
+    let (s, v) = app
+        .json(
+            "PUT",
+            "/internal/v1/hosts/exec-01/facts",
+            "w1-secret",
+            Some(stolen),
+        )
+        .await;
+    let (_, hosts) = app.json("GET", "/v1/hosts", "admin-secret", None).await;
+    let ips: Vec<&Value> = hosts["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| &h["ip_addr"])
+        .collect();
+    expect![[r#"
+        409 {"code":"address_in_use","details":[{"field":"ip_addr","reason":"address 127.0.0.12 is advertised by live host exec-02"}],"message":"host facts refused"}
+        [String("127.0.0.11"), String("127.0.0.12")]"#]]
+    .assert_eq(&format!("{} {}\n{ips:?}", s.as_u16(), v["error"]));
+    // A registration with it is refused the same way.
+    let req = RegisterRequest {
+        facts: facts_at("127.0.0.11", 2),
+        running: vec![],
+    };
+    let (s, _) = app
+        .json(
+            "POST",
+            "/internal/v1/hosts/exec-02/register",
+            "w2-secret",
+            Some(serde_json::to_value(req).unwrap()),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT);
+    app.ctl.shutdown().await;
+}
+
+#[tokio::test]
 async fn oversized_bodies_answer_413_in_the_error_shape() {
     let cfg = ControllerConfig {
         body_limit: 64,
@@ -1497,7 +1720,7 @@ async fn service_and_host_answers_have_the_rest_shapes() {
         {"generation":1,"index":6,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":false,"replica":0,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts (exec-01, exec-02)","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":0,"reason":null,"state":"progressing","updated":3},"state":"active"}
         {"generation":1,"index":8,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":true,"replica":0,"slots":{"slot":0},"state":"running"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts (exec-01, exec-02)","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":1,"reason":null,"state":"progressing","updated":3},"state":"active"}
         {"services":[{"generation":1,"index":8,"name":"web","pending":1,"pending_reason":"slots is full on all 2 hosts (exec-01, exec-02)","project":"default","ready":1,"replicas":4,"rollout":"progressing","running":1,"state":"active"}]}
-        {"hosts":[{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-01","ip_addr":"127.0.0.11","jobs":2,"slots":{"capacity":2,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-02","ip_addr":"127.0.0.11","jobs":1,"slots":{"capacity":1,"used":1},"state":"ready"}]}
+        {"hosts":[{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-01","ip_addr":"127.0.0.11","jobs":2,"slots":{"capacity":2,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.12"}],"id":"exec-02","ip_addr":"127.0.0.12","jobs":1,"slots":{"capacity":1,"used":1},"state":"ready"}]}
         test_ext_total 1
         test_slots 42
         xce_jobs{state="draining"} 0
@@ -1509,6 +1732,123 @@ async fn service_and_host_answers_have_the_rest_shapes() {
         xce_placements_total 3"#]]
     .assert_eq(&format!("{created}\n{detail}\n{list}\n{hosts}\n{}", metrics.join("\n")));
     app.ctl.shutdown().await;
+}
+
+#[tokio::test]
+async fn two_projects_each_have_a_web_and_nobody_learns_of_the_other() {
+    let app = app().await;
+    app.register("exec-01", "w1-secret", 10).await;
+    let web = |project: &str| {
+        json!({"service": {"name": "web", "project": project, "replicas": 1,
+                           "command": ["sleep", "1000"]}})
+    };
+    // What alice sees before bob's web exists, to compare bytes with after.
+    let (_, before) = app
+        .call("GET", "/v1/services/nope", Some("alice-secret"), None)
+        .await;
+    let mut out = Vec::new();
+    for (who, method, path, body) in [
+        ("alice-secret", "POST", "/v1/services", Some(web("team-a"))),
+        ("bob-secret", "POST", "/v1/services", Some(web("team-b"))),
+        ("bob-secret", "PUT", "/v1/services/web", Some(web("team-b"))),
+        ("alice-secret", "GET", "/v1/services/web", None),
+        (
+            "alice-secret",
+            "GET",
+            "/v1/services/web?project=team-b",
+            None,
+        ),
+        ("bob-secret", "GET", "/v1/services/web", None),
+        ("bob-secret", "GET", "/v1/services/web?project=team-b", None),
+        ("bob-secret", "POST", "/v1/services/web/restart", None),
+        (
+            "bob-secret",
+            "POST",
+            "/v1/services/web/restart?project=team-a",
+            None,
+        ),
+        (
+            "bob-secret",
+            "DELETE",
+            "/v1/services/web?project=team-b&now=true",
+            None,
+        ),
+        (
+            "alice-secret",
+            "POST",
+            "/v1/services/web/scale",
+            Some(json!({"replicas": 2})),
+        ),
+    ] {
+        let (s, v) = app.json(method, path, who, body).await;
+        let what = match v.get("error") {
+            Some(e) => e.to_string(),
+            None if v.get("project").is_some() => format!(
+                "{}/{} replicas={} generation={}",
+                v["project"].as_str().unwrap(),
+                v["name"].as_str().unwrap(),
+                v["replicas"],
+                v["generation"]
+            ),
+            None => v.to_string(),
+        };
+        out.push(format!(
+            "{} {method} {path} -> {} {what}",
+            &who[..who.len() - 7],
+            s.as_u16()
+        ));
+    }
+    expect![[r#"
+        alice POST /v1/services -> 201 team-a/web replicas=1 generation=1
+        bob POST /v1/services -> 201 team-b/web replicas=1 generation=1
+        bob PUT /v1/services/web -> 200 team-b/web replicas=1 generation=1
+        alice GET /v1/services/web -> 200 team-a/web replicas=1 generation=1
+        alice GET /v1/services/web?project=team-b -> 404 {"code":"not_found","details":[],"message":"service \"web\" not found"}
+        bob GET /v1/services/web -> 409 {"code":"ambiguous","details":[{"field":"project","reason":"\"team-a\" has a service \"web\""},{"field":"project","reason":"\"team-b\" has a service \"web\""}],"message":"service \"web\" exists in several of your projects (team-a, team-b); pick one with ?project="}
+        bob GET /v1/services/web?project=team-b -> 200 team-b/web replicas=1 generation=1
+        bob POST /v1/services/web/restart -> 409 {"code":"ambiguous","details":[{"field":"project","reason":"\"team-a\" has a service \"web\""},{"field":"project","reason":"\"team-b\" has a service \"web\""}],"message":"service \"web\" exists in several of your projects (team-a, team-b); pick one with ?project="}
+        bob POST /v1/services/web/restart?project=team-a -> 403 {"code":"forbidden","details":[],"message":"no job.submit permission on project \"team-a\""}
+        bob DELETE /v1/services/web?project=team-b&now=true -> 202 {"name":"web","stopping":1}
+        alice POST /v1/services/web/scale -> 200 team-a/web replicas=2 generation=1"#]]
+    .assert_eq(&out.join("\n"));
+    // A project alice cannot view answers exactly as a name nobody uses.
+    let (_, invisible) = app
+        .call(
+            "GET",
+            "/v1/services/nope?project=team-b",
+            Some("alice-secret"),
+            None,
+        )
+        .await;
+    assert_eq!(invisible, before);
+    app.ctl.shutdown().await;
+}
+
+#[test]
+fn service_records_stored_by_name_alone_move_to_project_keys() {
+    let store = Arc::new(MemStore::new());
+    let rec = json!({"info": {"name": "web", "project": "team-a", "replicas": 1,
+                              "profile": {"name": "web", "project": "team-a", "command": ["x"]},
+                              "rev": 1},
+                     "state": "active"});
+    let mut b = crate::store::Batch::default();
+    b.put(
+        crate::store::Key::new("service", "web"),
+        serde_json::to_vec(&rec).unwrap(),
+    );
+    store.commit(b).unwrap();
+    let sim = Sim::load(store.clone(), Instant::now());
+    let keys: Vec<String> = store
+        .load_all()
+        .unwrap()
+        .into_iter()
+        .filter(|(k, _)| k.ns == "service")
+        .map(|(k, _)| k.key)
+        .collect();
+    assert_eq!(keys, vec!["team-a/web".to_owned()]);
+    let v = sim.core.view();
+    let s = &v.borrow().services[&ServiceKey::new("team-a", "web")];
+    assert_eq!((s.info.generation, s.info.rev), (1, 1));
 }
 
 #[tokio::test]
@@ -1901,4 +2241,197 @@ async fn a_stale_store_stops_the_controller() {
         StatusCode::SERVICE_UNAVAILABLE,
         "no answers from a stale view"
     );
+}
+
+#[tokio::test]
+async fn a_full_disk_answers_507_and_stops_the_controller() {
+    let store = Arc::new(MemStore::new());
+    let app = app_with(
+        ControllerConfig::default(),
+        store.clone(),
+        SharedSlots::new(),
+    )
+    .await;
+    app.register("exec-01", "w1-secret", 2).await;
+    let (s, _) = app.call("GET", "/healthz", None, None).await;
+    assert_eq!(s, StatusCode::OK);
+    store.fail_every_commit_with(crate::store::StoreError::Io {
+        no_space: true,
+        message: "No space left on device (os error 28)".into(),
+    });
+    let (s, v) = app
+        .json(
+            "POST",
+            "/v1/services",
+            "admin-secret",
+            Some(web("web", "default", 1)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::INSUFFICIENT_STORAGE, "{v}");
+    assert_eq!(v["error"]["code"], "insufficient_storage");
+    let reason = tokio::time::timeout(Duration::from_secs(10), app.ctl.failed())
+        .await
+        .expect("the controller reports that it stopped");
+    assert_eq!(
+        reason,
+        "store I/O error (no space left on device): No space left on device (os error 28)"
+    );
+    let (s, _) = app.call("GET", "/healthz", None, None).await;
+    assert_eq!(
+        s,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "healthz says it cannot commit"
+    );
+    // Nothing acknowledged was lost: the store has no trace of the refused service.
+    let services = store
+        .load_all()
+        .unwrap()
+        .into_iter()
+        .filter(|(k, _)| k.ns == "service")
+        .count();
+    assert_eq!(services, 0);
+}
+
+// === property: the rollout through the whole core ===
+
+#[derive(Debug, Clone)]
+enum Step {
+    Put(u8),
+    Scale(u32),
+    Restart,
+    Start(usize),
+    Ready(usize, bool),
+    Exit(usize),
+    Pass(u64),
+}
+
+fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+    use proptest::prelude::*;
+    prop_oneof![
+        1 => (0u8..4).prop_map(Step::Put),
+        1 => (1u32..5).prop_map(Step::Scale),
+        1 => Just(Step::Restart),
+        4 => any::<usize>().prop_map(Step::Start),
+        4 => (any::<usize>(), proptest::bool::weighted(0.8)).prop_map(|(i, r)| Step::Ready(i, r)),
+        2 => any::<usize>().prop_map(Step::Exit),
+        3 => (1u64..3).prop_map(Step::Pass),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 64, ..Default::default() })]
+
+    /// Random interleavings of new profiles, scales, restarts, worker starts, readiness
+    /// and exits, and time, through the real core: a job that ran gets SIGTERM
+    /// (`Stopping`) only after it was `Draining` for the service's whole `drain`; a
+    /// draining job never serves again; no slot grant is held twice (the plugin refuses
+    /// that); and once workers behave, the service settles complete.
+    #[test]
+    fn drain_always_precedes_stop_through_the_core(steps in proptest::collection::vec(step(), 1..60)) {
+        const DRAIN: Duration = Duration::from_secs(2);
+        let key = ServiceKey::new("default", "web");
+        let mut sim = Sim::new();
+        let hosts = ["exec-01", "exec-02", "exec-03"];
+        for h in hosts {
+            sim.register(h, 6, &[]);
+        }
+        sim.put(versioned(3, "v0"));
+        let mut ran: BTreeSet<JobId> = BTreeSet::new();
+        let mut draining_since: BTreeMap<JobId, Instant> = BTreeMap::new();
+        let mut stopped: BTreeSet<JobId> = BTreeSet::new();
+        let mut check = |sim: &mut Sim| -> Result<(), proptest::test_runner::TestCaseError> {
+            for e in sim.raw.take() {
+                if let ClusterEvent::Job { job, .. } = e {
+                    match job.state {
+                        JobState::Running if job.ready || ran.contains(&job.job) => {
+                            proptest::prop_assert!(!draining_since.contains_key(&job.job) && !stopped.contains(&job.job),
+                                "{} serves again after it left", job.job);
+                            ran.insert(job.job.clone());
+                        }
+                        JobState::Running => { ran.insert(job.job.clone()); }
+                        JobState::Draining => {
+                            draining_since.entry(job.job.clone()).or_insert(sim.now);
+                        }
+                        JobState::Stopping => {
+                            if ran.contains(&job.job) {
+                                let since = draining_since.get(&job.job);
+                                proptest::prop_assert!(since.is_some(), "{} stopped without draining", job.job);
+                                let drained = sim.now - *since.unwrap();
+                                proptest::prop_assert!(drained >= DRAIN, "{} drained {drained:?} only", job.job);
+                            }
+                            stopped.insert(job.job.clone());
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Ok(())
+        };
+        let jobs = |sim: &Sim| -> Vec<(JobId, HostId, JobState, bool)> {
+            let v = sim.core.view();
+            let v = v.borrow();
+            v.services.get(&key).map(|s| s.jobs.iter().map(|j| (j.info.job.clone(), j.info.host.clone(), j.info.state, j.info.ready)).collect()).unwrap_or_default()
+        };
+        check(&mut sim)?;
+        for st in steps {
+            let js = jobs(&sim);
+            let pick = |i: usize| (!js.is_empty()).then(|| js[i % js.len()].clone());
+            match st {
+                Step::Put(v) => sim.put(versioned(3, &format!("v{v}"))),
+                Step::Scale(n) => {
+                    let r = sim.core.scale(&key, u64::from(n), &admin(), sim.now).map(|_| ());
+                    sim.settle("scale", r);
+                }
+                Step::Restart => {
+                    let r = sim.core.restart(&key, &admin(), sim.now);
+                    sim.settle("restart", r);
+                }
+                Step::Start(i) => if let Some((j, h, s, _)) = pick(i) {
+                    if s == JobState::Placed { sim.events(&h, vec![started(&j)]); }
+                },
+                Step::Ready(i, r) => if let Some((j, h, _, _)) = pick(i) {
+                    sim.events(&h, vec![ready(&j, r)]);
+                },
+                Step::Exit(i) => if let Some((j, h, _, _)) = pick(i) {
+                    sim.events(&h, vec![exited(&j)]);
+                },
+                Step::Pass(secs) => {
+                    // One second at a time, checked after each: the check stamps events
+                    // with the clock it reads.
+                    for _ in 1..secs {
+                        sim.run_for(1, &hosts);
+                        check(&mut sim)?;
+                    }
+                    sim.run_for(1, &hosts);
+                }
+            }
+            check(&mut sim)?;
+        }
+        // Workers behave from here on: start what is placed, report ready, exit on stop.
+        for _ in 0..40 {
+            let js = jobs(&sim);
+            for (j, h, s, r) in &js {
+                match s {
+                    JobState::Placed => sim.events(h, vec![started(j), ready(j, true)]),
+                    JobState::Running if !r => sim.events(h, vec![ready(j, true)]),
+                    JobState::Stopping => sim.events(h, vec![exited(j)]),
+                    _ => {}
+                }
+                check(&mut sim)?;
+            }
+            sim.run_for(1, &hosts);
+            check(&mut sim)?;
+        }
+        let v = sim.core.view();
+        let v = v.borrow();
+        let s = &v.services[&key];
+        // Complete; or reverted, with the rollback itself done.
+        let done = match s.rollout.state.as_str() {
+            "complete" => true,
+            "reverted" => s.rollout.stable.as_ref().map(|st| st.generation) == Some(s.info.generation),
+            _ => false,
+        };
+        proptest::prop_assert!(done, "{:?}", s.rollout);
+        proptest::prop_assert_eq!(s.counts.ready, s.info.replicas);
+    }
 }

@@ -666,7 +666,7 @@ async fn facts_loop(
         }
         match client.put_facts(&facts).await {
             Ok(()) => {
-                tracing::info!(ip_addr = ?facts.ip_addr, "host facts changed; reported");
+                tracing::info!(ip_addr = %facts.ip_addr.map_or_else(|| "none".to_owned(), |ip| ip.to_string()), "host facts changed; reported");
                 last_sent = facts.clone();
                 accepted.send_replace(facts);
             }

@@ -2,6 +2,12 @@
 //! data, real blocking queries on the endpoints and service detail routes, and a restart
 //! that keeps its state (as the real one keeps its indexes).
 //!
+//! Services are identified by (project, name), as on the real apiserver (DESIGN §5): a
+//! path's name resolves among the projects (the one token sees them all), `?project=`
+//! picks one, and a name in several projects without one answers 409 `ambiguous`. The
+//! canned services have distinct names; [`Fake::add_copy`] gives a second project the
+//! same name.
+//!
 //! Rollouts are not simulated: `PUT`, `scale` and `restart` start one (a new generation,
 //! `progressing`) and the test moves it on with [`Fake::rollout`], so every step a client
 //! sees is one the test chose.
@@ -60,11 +66,71 @@ struct Svc {
     profile: Value,
 }
 
+/// (project, name).
+type Key = (String, String);
+
 #[derive(Debug, Default)]
 struct Inner {
     /// Last index handed out (all services share one counter; each keeps its own).
     counter: u64,
-    services: BTreeMap<String, Svc>,
+    services: BTreeMap<Key, Svc>,
+}
+
+// === impl Inner ===
+
+impl Inner {
+    /// A path's name (with the request's `?project=`), as the real apiserver resolves it:
+    /// `Err` is the 404 or the 409 `ambiguous` answer.
+    fn resolve(&self, name: &str, q: &HashMap<String, String>) -> Result<Key, Box<Response>> {
+        if let Some(p) = q.get("project") {
+            let key = (p.clone(), name.to_owned());
+            return match self.services.contains_key(&key) {
+                true => Ok(key),
+                false => Err(Box::new(not_found(name))),
+            };
+        }
+        let found: Vec<&Key> = self.services.keys().filter(|(_, n)| n == name).collect();
+        match found.as_slice() {
+            [] => Err(Box::new(not_found(name))),
+            [one] => Ok((*one).clone()),
+            many => {
+                let projects: Vec<&str> = many.iter().map(|(p, _)| p.as_str()).collect();
+                let details: Vec<Value> = projects
+                    .iter()
+                    .map(|p| json!({"field": "project", "reason": format!("{p:?} has a service {name:?}")}))
+                    .collect();
+                Err(Box::new(api_error(
+                    StatusCode::CONFLICT,
+                    "ambiguous",
+                    &format!(
+                        "service {name:?} exists in several of your projects ({}); pick one with ?project=",
+                        projects.join(", ")
+                    ),
+                    Value::Array(details),
+                )))
+            }
+        }
+    }
+
+    /// A test's handle on a service: `project/name`, or a name only one project has.
+    fn key(&self, service: &str) -> Key {
+        if let Some((p, n)) = service.split_once('/') {
+            return (p.to_owned(), n.to_owned());
+        }
+        let found: Vec<&Key> = self.services.keys().filter(|(_, n)| n == service).collect();
+        match found.as_slice() {
+            [one] => (*one).clone(),
+            other => panic!(
+                "{service:?} names {} services: say project/name",
+                other.len()
+            ),
+        }
+    }
+
+    fn get_mut(&mut self, service: &str) -> &mut Svc {
+        let key = self.key(service);
+        self.services.get_mut(&key).expect("known service")
+    }
 }
 
 /// One logged request: server generation, path, query.
@@ -177,7 +243,7 @@ impl Fake {
         let mut inner = self.shared.inner.lock().unwrap();
         inner.counter += 1;
         let index = inner.counter;
-        let svc = inner.services.get_mut(service).expect("known service");
+        let svc = inner.get_mut(service);
         let r = svc
             .placed
             .iter_mut()
@@ -196,7 +262,7 @@ impl Fake {
         let mut inner = self.shared.inner.lock().unwrap();
         inner.counter += 1;
         let index = inner.counter;
-        let svc = inner.services.get_mut(service).expect("known service");
+        let svc = inner.get_mut(service);
         svc.generation = svc.generation.max(rollout.generation);
         svc.rollout = rollout;
         svc.index = index;
@@ -210,7 +276,8 @@ impl Fake {
         let mut inner = self.shared.inner.lock().unwrap();
         inner.counter += 1;
         let index = inner.counter;
-        inner.services.remove(service).expect("known service");
+        let key = inner.key(service);
+        inner.services.remove(&key).expect("known service");
         drop(inner);
         self.shared.changed.send_replace(index);
     }
@@ -231,11 +298,7 @@ impl Fake {
         let mut inner = self.shared.inner.lock().unwrap();
         inner.counter += 1;
         let index = inner.counter;
-        inner
-            .services
-            .get_mut(service)
-            .expect("known service")
-            .index = index;
+        inner.get_mut(service).index = index;
         drop(inner);
         self.shared.changed.send_replace(index);
         index
@@ -243,7 +306,31 @@ impl Fake {
 
     /// The index of a service now.
     pub(crate) fn index(&self, service: &str) -> u64 {
-        self.shared.inner.lock().unwrap().services[service].index
+        let mut inner = self.shared.inner.lock().unwrap();
+        inner.get_mut(service).index
+    }
+
+    /// Gives `project` a service named like `service`, a copy of it on other ports
+    /// (`+1000`) with other jobs (`+100`), at a fresh index; blocked queries wake (and see
+    /// nothing new unless they asked by the bare name). Returns its index.
+    pub(crate) fn add_copy(&self, service: &str, project: &str) -> u64 {
+        let mut inner = self.shared.inner.lock().unwrap();
+        inner.counter += 1;
+        let index = inner.counter;
+        let key = inner.key(service);
+        let mut svc = inner.services[&key].clone();
+        svc.project = project.to_owned();
+        svc.index = index;
+        for r in &mut svc.placed {
+            let n: u32 = r.job.trim_start_matches("j-").parse().unwrap();
+            r.job = format!("j-{}", n + 100);
+            r.ports.values_mut().for_each(|p| *p += 1000);
+        }
+        let new = (project.to_owned(), key.1);
+        assert!(inner.services.insert(new, svc).is_none(), "already there");
+        drop(inner);
+        self.shared.changed.send_replace(index);
+        index
     }
 
     /// All requests so far.
@@ -343,10 +430,12 @@ async fn list_services(
         return r;
     }
     let inner = state.shared.inner.lock().unwrap();
-    let services: Vec<Value> = inner
-        .services
-        .iter()
-        .map(|(name, s)| {
+    // By name, then project: two services of one name side by side.
+    let mut sorted: Vec<(&Key, &Svc)> = inner.services.iter().collect();
+    sorted.sort_by_key(|((project, name), _)| (name, project));
+    let services: Vec<Value> = sorted
+        .into_iter()
+        .map(|((_, name), s)| {
             let ready = s.placed.iter().filter(|r| r.ready).count();
             let pending = s.replicas as usize - s.placed.len();
             json!({"name": name, "project": s.project, "replicas": s.replicas,
@@ -401,10 +490,14 @@ async fn detail(
     if let Some(r) = admit(&state, &headers, format!("/v1/services/{name}"), &q) {
         return r;
     }
-    block(&state, &name, &q).await;
+    let key = match state.shared.inner.lock().unwrap().resolve(&name, &q) {
+        Ok(k) => k,
+        Err(r) => return *r,
+    };
+    block(&state, &key, &q).await;
     let legacy = *state.shared.legacy.lock().unwrap();
     let inner = state.shared.inner.lock().unwrap();
-    match inner.services.get(&name) {
+    match inner.services.get(&key) {
         Some(s) => (
             [("x-xce-index", s.index.to_string())],
             Json(detail_json(&name, s, legacy)),
@@ -416,13 +509,13 @@ async fn detail(
 
 /// A blocking query (`?index=N&wait=D`): returns once the service's index is past `N`,
 /// the service is gone, `wait` ran out, or this server generation stops.
-async fn block(state: &AppState, name: &str, q: &HashMap<String, String>) {
+async fn block(state: &AppState, key: &Key, q: &HashMap<String, String>) {
     let Some(index) = q.get("index").and_then(|i| i.parse::<u64>().ok()) else {
         return;
     };
     let current = || {
         let inner = state.shared.inner.lock().unwrap();
-        inner.services.get(name).map(|s| s.index)
+        inner.services.get(key).map(|s| s.index)
     };
     let wait = q
         .get("wait")
@@ -554,7 +647,7 @@ fn create(inner: &mut Inner, p: Profile, legacy: bool) -> Value {
         profile: p.table,
     };
     let body = detail_json(&p.name, &svc, legacy);
-    inner.services.insert(p.name, svc);
+    inner.services.insert((svc.project.clone(), p.name), svc);
     body
 }
 
@@ -587,7 +680,10 @@ async fn submit(State(state): State<AppState>, headers: HeaderMap, body: String)
     };
     let legacy = *state.shared.legacy.lock().unwrap();
     let mut inner = state.shared.inner.lock().unwrap();
-    if inner.services.contains_key(&p.name) {
+    if inner
+        .services
+        .contains_key(&(p.project.clone(), p.name.clone()))
+    {
         return api_error(
             StatusCode::CONFLICT,
             "conflict",
@@ -603,14 +699,10 @@ async fn put_service(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
     body: String,
 ) -> Response {
-    if let Some(r) = admit(
-        &state,
-        &headers,
-        format!("PUT /v1/services/{name}"),
-        &HashMap::new(),
-    ) {
+    if let Some(r) = admit(&state, &headers, format!("PUT /v1/services/{name}"), &q) {
         return r;
     }
     if *state.shared.legacy.lock().unwrap() {
@@ -633,10 +725,19 @@ async fn put_service(
             json!([{"field": "service.name", "reason": format!("must be {name:?}, the name in the path")}]),
         );
     }
+    // The profile names the project; a `?project=` must agree with it.
+    if let Some(qp) = q.get("project").filter(|qp| **qp != p.project) {
+        return api_error(
+            StatusCode::BAD_REQUEST,
+            "invalid_profile",
+            "invalid service profile",
+            json!([{"field": "service.project", "reason": format!("must be {qp:?}, the project in the query")}]),
+        );
+    }
     let mut inner = state.shared.inner.lock().unwrap();
     inner.counter += 1;
     let index = inner.counter;
-    let Some(svc) = inner.services.get_mut(&name) else {
+    let Some(svc) = inner.services.get_mut(&(p.project.clone(), name.clone())) else {
         return (StatusCode::CREATED, Json(create(&mut inner, p, false))).into_response();
     };
     let change = if svc.profile != p.table {
@@ -659,13 +760,14 @@ async fn scale(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
     body: String,
 ) -> Response {
     if let Some(r) = admit(
         &state,
         &headers,
         format!("POST /v1/services/{name}/scale"),
-        &HashMap::new(),
+        &q,
     ) {
         return r;
     }
@@ -682,11 +784,13 @@ async fn scale(
         );
     };
     let mut inner = state.shared.inner.lock().unwrap();
+    let key = match inner.resolve(&name, &q) {
+        Ok(k) => k,
+        Err(r) => return *r,
+    };
     inner.counter += 1;
     let index = inner.counter;
-    let Some(svc) = inner.services.get_mut(&name) else {
-        return not_found(&name);
-    };
+    let svc = inner.services.get_mut(&key).unwrap();
     svc.index = index;
     if svc.replicas != replicas as u32 {
         svc.replicas = replicas as u32;
@@ -707,21 +811,24 @@ async fn restart(
     State(state): State<AppState>,
     headers: HeaderMap,
     Path(name): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
 ) -> Response {
     if let Some(r) = admit(
         &state,
         &headers,
         format!("POST /v1/services/{name}/restart"),
-        &HashMap::new(),
+        &q,
     ) {
         return r;
     }
     let mut inner = state.shared.inner.lock().unwrap();
+    let key = match inner.resolve(&name, &q) {
+        Ok(k) => k,
+        Err(r) => return *r,
+    };
     inner.counter += 1;
     let index = inner.counter;
-    let Some(svc) = inner.services.get_mut(&name) else {
-        return not_found(&name);
-    };
+    let svc = inner.services.get_mut(&key).unwrap();
     new_generation(svc, index);
     let body = detail_json(&name, svc, false);
     drop(inner);
@@ -739,20 +846,20 @@ async fn stop(
         return r;
     }
     let mut inner = state.shared.inner.lock().unwrap();
+    let key = match inner.resolve(&name, &q) {
+        Ok(k) => k,
+        Err(r) => return *r,
+    };
     inner.counter += 1;
     let counter = inner.counter;
-    match inner.services.get_mut(&name) {
-        Some(s) => {
-            s.state = "stopping";
-            s.index = counter;
-            (
-                StatusCode::ACCEPTED,
-                Json(json!({"name": name, "stopping": s.placed.len()})),
-            )
-                .into_response()
-        }
-        None => not_found(&name),
-    }
+    let s = inner.services.get_mut(&key).unwrap();
+    s.state = "stopping";
+    s.index = counter;
+    (
+        StatusCode::ACCEPTED,
+        Json(json!({"name": name, "project": key.0, "stopping": s.placed.len()})),
+    )
+        .into_response()
 }
 
 async fn endpoints(
@@ -769,13 +876,10 @@ async fn endpoints(
     ) {
         return r;
     }
-    let current = |name: &str| {
-        let inner = state.shared.inner.lock().unwrap();
-        inner.services.get(name).map(|s| s.index)
+    let key = match state.shared.inner.lock().unwrap().resolve(&name, &q) {
+        Ok(k) => k,
+        Err(r) => return *r,
     };
-    if current(&name).is_none() {
-        return not_found(&name);
-    }
     {
         let mut unavailable = state.shared.unavailable.lock().unwrap();
         if *unavailable > 0 {
@@ -788,9 +892,9 @@ async fn endpoints(
             );
         }
     }
-    block(&state, &name, &q).await;
+    block(&state, &key, &q).await;
     let inner = state.shared.inner.lock().unwrap();
-    let Some(s) = inner.services.get(&name) else {
+    let Some(s) = inner.services.get(&key) else {
         return not_found(&name);
     };
     if let Some(p) = q.get("port") {
@@ -823,7 +927,8 @@ async fn endpoints(
             e
         })
         .collect();
-    let body = json!({"service": name, "index": s.index, "endpoints": endpoints});
+    let body = json!({"service": name, "project": s.project, "index": s.index,
+                      "endpoints": endpoints});
     ([("x-xce-index", s.index.to_string())], Json(body)).into_response()
 }
 
@@ -881,7 +986,7 @@ fn canned() -> Inner {
     };
     let mut services = BTreeMap::new();
     services.insert(
-        "web".to_owned(),
+        ("default".to_owned(), "web".to_owned()),
         Svc {
             project: "default".into(),
             replicas: 3,
@@ -902,7 +1007,7 @@ fn canned() -> Inner {
         },
     );
     services.insert(
-        "api".to_owned(),
+        ("team-a".to_owned(), "api".to_owned()),
         Svc {
             project: "team-a".into(),
             replicas: 2,
@@ -920,7 +1025,7 @@ fn canned() -> Inner {
         },
     );
     services.insert(
-        "batch".to_owned(),
+        ("default".to_owned(), "batch".to_owned()),
         Svc {
             project: "default".into(),
             replicas: 1,

@@ -2,6 +2,7 @@
 //! apiserver on loopback, with every output snapshotted and every exit code asserted.
 
 mod fake;
+mod projects;
 mod real_table;
 mod service;
 
@@ -73,10 +74,12 @@ impl Write for Capture {
     }
 }
 
-/// How a command is run: which api, which token, which terminals.
+/// How a command is run: which api, which token, which default project, which terminals.
 struct Setup {
     api: String,
     token: Option<String>,
+    /// What the binary passes from `XCE_PROJECT` (or the config file's `project`).
+    project: Option<String>,
     stdout_tty: bool,
     stderr_tty: bool,
 }
@@ -116,6 +119,7 @@ fn spawn(setup: Setup, args: Vec<String>) -> Running {
                 let config = ClientConfig {
                     api: setup.api,
                     token: setup.token,
+                    project: setup.project,
                 };
                 execute(cli.command, config, &mut io).await
             }
@@ -128,11 +132,13 @@ fn spawn(setup: Setup, args: Vec<String>) -> Running {
     }
 }
 
-/// Parses `@tty`, `@tty-err`, `@notoken`, `@badtoken`, `@api=URL` prefixes, then the args.
+/// Parses `@tty`, `@tty-err`, `@notoken`, `@badtoken`, `@api=URL`, `@XCE_PROJECT=P`
+/// prefixes, then the args.
 fn setup(fake_url: &str, line: &str) -> (Setup, Vec<String>) {
     let mut s = Setup {
         api: fake_url.to_owned(),
         token: Some(TOKEN.to_owned()),
+        project: None,
         stdout_tty: false,
         stderr_tty: false,
     };
@@ -144,6 +150,9 @@ fn setup(fake_url: &str, line: &str) -> (Setup, Vec<String>) {
             "@notoken" => s.token = None,
             "@badtoken" => s.token = Some("wrong".into()),
             w if w.starts_with("@api=") => s.api = w["@api=".len()..].to_owned(),
+            w if w.starts_with("@XCE_PROJECT=") => {
+                s.project = Some(w["@XCE_PROJECT=".len()..].to_owned())
+            }
             w => args.push(w.to_owned()),
         }
     }
@@ -195,7 +204,7 @@ async fn endpoint_formats() {
         "#]]).await;
         check(u, "service endpoints web -o json", expect![[r#"
             exit 0
-            {"endpoints":[{"address":"127.0.0.11","host":"exec-01","job":"j-17","ports":{"http":20417},"replica":0},{"address":"127.0.0.12","host":"exec-02","job":"j-18","ports":{"http":20533},"replica":1}],"index":40,"service":"web"}
+            {"endpoints":[{"address":"127.0.0.11","host":"exec-01","job":"j-17","ports":{"http":20417},"replica":0},{"address":"127.0.0.12","host":"exec-02","job":"j-18","ports":{"http":20533},"replica":1}],"index":40,"project":"default","service":"web"}
         "#]]).await;
         check(u, "service endpoints web -o env", expect![[r#"
             exit 0
@@ -204,7 +213,7 @@ async fn endpoint_formats() {
         // Not a terminal, several ports: json.
         check(u, "service endpoints api", expect![[r#"
             exit 0
-            {"endpoints":[{"address":"127.0.0.11","host":"exec-01","job":"j-21","ports":{"http":20001,"metrics":9100},"replica":0},{"address":"127.0.0.12","host":"exec-02","job":"j-22","ports":{"http":20002,"metrics":9100},"replica":1}],"index":41,"service":"api"}
+            {"endpoints":[{"address":"127.0.0.11","host":"exec-01","job":"j-21","ports":{"http":20001,"metrics":9100},"replica":0},{"address":"127.0.0.12","host":"exec-02","job":"j-22","ports":{"http":20002,"metrics":9100},"replica":1}],"index":41,"project":"team-a","service":"api"}
         "#]]).await;
         check(u, "service endpoints api --port metrics", expect![[r#"
             exit 0
@@ -228,7 +237,7 @@ async fn endpoint_formats() {
         "#]]).await;
         check(u, "service endpoints batch", expect![[r#"
             exit 0
-            {"endpoints":[],"index":42,"service":"batch"}
+            {"endpoints":[],"index":42,"project":"default","service":"batch"}
         "#]]).await;
     })
     .await;

@@ -11,8 +11,13 @@ use std::sync::Arc;
 const TOKEN: &str = "alice-secret";
 
 fn entry(index: u64, third_ready: bool) -> Arc<Entry> {
+    entry_in("team-a", index, third_ready)
+}
+
+/// `web` of `project`.
+fn entry_in(project: &str, index: u64, third_ready: bool) -> Arc<Entry> {
     let entry = json!({
-        "service": "web", "project": "team-a", "index": index,
+        "service": "web", "project": project, "index": index,
         "ports": [{"name": "http", "protocol": "tcp"}, {"name": "admin-api", "protocol": "tcp"}],
         "replicas": [
             {"replica": 0, "job": "j-1", "host": "exec-01", "address": "127.0.0.11",
@@ -28,16 +33,23 @@ fn entry(index: u64, third_ready: bool) -> Arc<Entry> {
     Arc::new(serde_json::from_value(entry).unwrap())
 }
 
-/// Serves the real routes; returns the API and its URL.
+/// Serves the real routes (`web` in team-a, alice may view team-a); returns the API and
+/// its URL.
 async fn serve() -> (Arc<EndpointApi>, String) {
+    serve_with(vec![entry(5, false)], &["team-a"]).await
+}
+
+/// Serves the real routes with `entries`, alice viewing `projects`.
+async fn serve_with(entries: Vec<Arc<Entry>>, projects: &[&str]) -> (Arc<EndpointApi>, String) {
     let api = Arc::new(EndpointApi::standalone(TableConfig::default()));
-    api.apply(Update::Resync {
-        entries: vec![entry(5, false)],
-    });
+    api.apply(Update::Resync { entries });
     let alice = Principal {
         name: "alice".into(),
         kind: PrincipalKind::User,
-        grants: vec![(Permission::JobView, vec!["team-a".into()])],
+        grants: vec![(
+            Permission::JobView,
+            projects.iter().map(|p| (*p).to_owned()).collect(),
+        )],
     };
     let router = api.router(ApiContext::for_test(vec![(TOKEN.into(), alice)]));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -86,7 +98,7 @@ async fn formats_and_errors_against_the_real_routes() {
 
             $ service endpoints web -o json --port admin-api
             exit 0
-            {"service":"web","index":5,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"admin-api":20418}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::12","ports":{"admin-api":20534}}]}
+            {"service":"web","project":"team-a","index":5,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"admin-api":20418}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::12","ports":{"admin-api":20534}}]}
 
             $ @tty service endpoints web --all
             exit 0
@@ -150,6 +162,91 @@ async fn watch_and_wait_ready_against_the_real_routes() {
             127.0.0.13:20101
         "#]]
         .assert_eq(&format!("{watched}---\n{out}"));
+    })
+    .await;
+}
+
+/// Two projects with a `web`, both visible to alice: the real 409 `ambiguous` becomes the
+/// hint; `--project` and the default project pick one; a project alice cannot view (or
+/// that has no `web`) is the same 404.
+#[tokio::test]
+async fn projects_against_the_real_routes() {
+    bounded(async {
+        let (_api, url) = serve_with(
+            vec![entry_in("team-a", 5, false), entry_in("team-b", 7, true)],
+            &["team-a", "team-b"],
+        )
+        .await;
+        let mut actual = String::new();
+        for line in [
+            "service endpoints web --port http",
+            "service endpoints web --port http --watch",
+            "service endpoints web --port http --project team-b",
+            "@XCE_PROJECT=team-a service endpoints web --port http",
+            "service endpoints web --port http --project team-c",
+        ] {
+            let (code, out, err) = run(&url, line).await;
+            actual.push_str(&format!("$ {line}\nexit {code}\n{out}{err}\n"));
+        }
+        expect![[r#"
+            $ service endpoints web --port http
+            exit 1
+            error: service "web" exists in several of your projects (team-a, team-b)
+            hint: pick one with --project P (or set XCE_PROJECT), e.g. --project team-a
+
+            $ service endpoints web --port http --watch
+            exit 1
+            error: service "web" exists in several of your projects (team-a, team-b)
+            hint: pick one with --project P (or set XCE_PROJECT), e.g. --project team-a
+
+            $ service endpoints web --port http --project team-b
+            exit 0
+            127.0.0.11:20417
+            [fd00::12]:20533
+            127.0.0.13:20101
+
+            $ @XCE_PROJECT=team-a service endpoints web --port http
+            exit 0
+            127.0.0.11:20417
+            [fd00::12]:20533
+
+            $ service endpoints web --port http --project team-c
+            exit 4
+            error: service "web" not found
+            hint: looked in project team-c only; `xcecli service list` shows the services you may view and their projects
+
+        "#]].assert_eq(&actual);
+    })
+    .await;
+}
+
+/// A watch on a bare name keeps to the project of its first answer: team-b getting a `web`
+/// too (which makes the bare name ambiguous) neither ends it nor switches it.
+#[tokio::test]
+async fn a_watch_keeps_its_project_against_the_real_routes() {
+    bounded(async {
+        let (api, url) =
+            serve_with(vec![entry_in("team-a", 5, false)], &["team-a", "team-b"]).await;
+        let (mut s, args) = setup(&url, "service endpoints web -o plain --port http --watch");
+        s.token = Some(TOKEN.to_owned());
+        let watch = spawn(s, args);
+        watch.stdout.wait_for(|t| t.lines().count() == 2).await;
+        for entry in [entry_in("team-b", 6, true), entry_in("team-a", 7, true)] {
+            api.apply(Update::Change {
+                change: endpoint_table::Change::Upsert { entry },
+            });
+        }
+        let watched = watch.stdout.wait_for(|t| t.lines().count() == 5).await;
+        watch.task.abort();
+        assert_eq!(watch.stderr.text(), "");
+        expect![[r#"
+            127.0.0.11:20417
+            [fd00::12]:20533
+            127.0.0.11:20417
+            [fd00::12]:20533
+            127.0.0.13:20101
+        "#]]
+        .assert_eq(&watched);
     })
     .await;
 }

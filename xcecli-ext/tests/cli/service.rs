@@ -11,7 +11,7 @@ use expect_test::{expect, Expect};
 use std::path::Path;
 
 /// A profile file in `dir`; returns its path.
-fn write(dir: &Path, name: &str, text: &str) -> String {
+pub(crate) fn write(dir: &Path, name: &str, text: &str) -> String {
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
     p.display().to_string()
@@ -19,7 +19,7 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
 
 /// Runs `line` to completion and snapshots exit code, stdout and stderr, with the fake's
 /// address as `API` and `dir` as `DIR`.
-async fn check_in(fake: &Fake, dir: &Path, line: &str, expect: Expect) {
+pub(crate) async fn check_in(fake: &Fake, dir: &Path, line: &str, expect: Expect) {
     let (setup, args) = setup(&fake.url(), line);
     let (code, out, err) = spawn(setup, args).finish().await;
     let actual = format!("exit {code}\n{out}--- stderr\n{err}");
@@ -32,7 +32,7 @@ fn normalize(fake: &Fake, dir: &Path, text: &str) -> String {
 }
 
 /// `METHOD path ?query` of every request after the first `skip`.
-fn requests(fake: &Fake, skip: usize) -> Vec<String> {
+pub(crate) fn requests(fake: &Fake, skip: usize) -> Vec<String> {
     fake.log()
         .into_iter()
         .skip(skip)
@@ -52,7 +52,7 @@ async fn wait_for_block(fake: &Fake, service: &str) -> Logged {
         .await
 }
 
-fn rollout(
+pub(crate) fn rollout(
     generation: u64,
     state: &'static str,
     (updated, ready, outdated): (u32, u32, u32),
@@ -68,7 +68,7 @@ fn rollout(
     }
 }
 
-async fn finish(fake: &Fake, run: Running) -> String {
+pub(crate) async fn finish(fake: &Fake, run: Running) -> String {
     let (code, out, err) = run.finish().await;
     let dir = Path::new("/nonexistent");
     normalize(fake, dir, &format!("exit {code}\n{out}--- stderr\n{err}"))
@@ -282,10 +282,10 @@ async fn submit_wait_follows_the_rollout_until_complete() {
         expect![[r#"
             [
                 "PUT /v1/services/web ?",
-                "/v1/services/web ?index=43&wait=300000ms",
-                "/v1/services/web ?index=44&wait=300000ms",
-                "/v1/services/web ?index=45&wait=300000ms",
-                "/v1/services/web ?index=46&wait=300000ms",
+                "/v1/services/web ?index=43&project=default&wait=300000ms",
+                "/v1/services/web ?index=44&project=default&wait=300000ms",
+                "/v1/services/web ?index=45&project=default&wait=300000ms",
+                "/v1/services/web ?index=46&project=default&wait=300000ms",
             ]
         "#]]
         .assert_debug_eq(&requests(&fake, 0));
@@ -420,7 +420,7 @@ async fn wait_exits_4_when_the_service_is_gone() {
             service api: restarting as generation 2
             --- stderr
             generation 2: 0/2 updated, 2 ready, 2 outdated
-            error: service api is gone (stopped, or no longer visible) while waiting for its rollout
+            error: service api in project team-a is gone (stopped, or no longer visible) while waiting for its rollout
         "#]]
         .assert_eq(&finish(&fake, run).await);
     })

@@ -54,6 +54,10 @@ pub(crate) struct ControllerFile {
     /// `[connections]`: caps and timeouts of the API port (see `local_cluster::serve`).
     #[serde(default)]
     pub(crate) connections: local_cluster::serve::ConnLimits,
+    /// `[quotas.default]`, `[quotas."team-a"]`: read raw, then checked whole (see
+    /// [`quotas`]).
+    #[serde(default)]
+    pub(crate) quotas: Option<serde_json::Value>,
     /// `redb` (default) or `etcd://HOST:PORT[,HOST:PORT...]`; `--store` overrides it.
     #[serde(default, deserialize_with = "store_spec")]
     pub(crate) store: Option<local_cluster::store::StoreSpec>,
@@ -169,9 +173,111 @@ fn figment(path: &Path, env_keys: &[&str]) -> Result<Figment> {
     if !path.exists() {
         bail!("config file {} does not exist", path.display());
     }
+    report_unknown_env(env_keys);
     Ok(Figment::new()
         .merge(Toml::file_exact(path))
         .merge(Env::prefixed("XCE_").only(env_keys)))
+}
+
+/// `XCE_` variables of other programs (xcecli's, the log filter): not a daemon setting,
+/// not a typo either.
+const OTHER_ENV: &[&str] = &["LOG", "API", "TOKEN", "PROJECT", "CONFIG", "CA_FILE"];
+
+/// An `XCE_` variable that matches no setting is logged (with a did-you-mean), not
+/// silently ignored: `XCE_HEARTBEAT_INTERVALL` would otherwise change nothing and say
+/// nothing.
+fn report_unknown_env(env_keys: &[&str]) {
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        let Some(key) = name.strip_prefix("XCE_") else {
+            continue;
+        };
+        let lower = key.to_ascii_lowercase();
+        if env_keys.contains(&lower.as_str()) || OTHER_ENV.contains(&key) {
+            continue;
+        }
+        let hint = did_you_mean(&lower, env_keys)
+            .map(|k| format!(" (did you mean XCE_{}?)", k.to_ascii_uppercase()))
+            .unwrap_or_default();
+        tracing::warn!(
+            "environment variable {name} matches no setting and is ignored{hint}; \
+             the settings that the environment may set: {}",
+            env_keys
+                .iter()
+                .map(|k| format!("XCE_{}", k.to_ascii_uppercase()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+}
+
+/// The known name closest to `word`, if it is close (a typo, not another word).
+fn did_you_mean<'a>(word: &str, known: &[&'a str]) -> Option<&'a str> {
+    known
+        .iter()
+        .map(|k| (edit_distance(word, k), *k))
+        .filter(|(d, k)| *d <= 2.max(k.len() / 4))
+        .min()
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance (small strings only).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// Extracts a config, each problem on one line of its own: where (file, key path), what,
+/// and a did-you-mean for an unknown key. (Serde stops at the first problem inside a
+/// table, so one run may not list them all.)
+fn extract<T: serde::de::DeserializeOwned>(fig: Figment, what: &str, path: &Path) -> Result<T> {
+    fig.extract().map_err(|err| {
+        let lines: Vec<String> = err
+            .into_iter()
+            .map(|e| {
+                let at = if e.path.is_empty() {
+                    String::new()
+                } else {
+                    format!("{}: ", e.path.join("."))
+                };
+                let hint = match &e.kind {
+                    figment::error::Kind::UnknownField(name, expected) => {
+                        did_you_mean(name, expected)
+                            .map(|k| format!(" (did you mean `{k}`?)"))
+                            .unwrap_or_default()
+                    }
+                    _ => String::new(),
+                };
+                format!("{at}{}{hint}", e.kind)
+            })
+            .collect();
+        anyhow::anyhow!(
+            "invalid {what} config {}:\n  {}",
+            path.display(),
+            lines.join("\n  ")
+        )
+    })
+}
+
+/// The controller's `[quotas]`, every problem listed. The known quota names are the
+/// host's (`services`, `replicas`) and the plugins' quantities (`ports`).
+pub(crate) fn quotas(cfg: &ControllerFile) -> Result<local_cluster::controller::quota::Quotas> {
+    let Some(v) = &cfg.quotas else {
+        return Ok(Default::default());
+    };
+    local_cluster::controller::quota::Quotas::parse(v, &["ports"]).map_err(|errs| {
+        let list: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+        anyhow::anyhow!("{}", list.join("; "))
+    })
 }
 
 /// `[connections]` as a whole: every problem in one error.
@@ -188,9 +294,7 @@ fn check_connections(path: &Path, what: &str, c: &local_cluster::serve::ConnLimi
 }
 
 pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
-    let cfg: ControllerFile = figment(path, CONTROLLER_ENV)?
-        .extract()
-        .with_context(|| format!("invalid controller config {}", path.display()))?;
+    let cfg: ControllerFile = extract(figment(path, CONTROLLER_ENV)?, "controller", path)?;
     if cfg.leader_ttl < Duration::from_secs(1) || cfg.leader_ttl.subsec_nanos() != 0 {
         bail!(
             "invalid controller config {}: leader_ttl must be whole seconds, at least 1s",
@@ -207,13 +311,12 @@ pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
         );
     }
     check_connections(path, "controller", &cfg.connections)?;
+    quotas(&cfg).with_context(|| format!("invalid controller config {}", path.display()))?;
     Ok(cfg)
 }
 
 pub(crate) fn load_apiserver(path: &Path) -> Result<ApiserverFile> {
-    let cfg: ApiserverFile = figment(path, APISERVER_ENV)?
-        .extract()
-        .with_context(|| format!("invalid apiserver config {}", path.display()))?;
+    let cfg: ApiserverFile = extract(figment(path, APISERVER_ENV)?, "apiserver", path)?;
     cfg.endpoints
         .check()
         .with_context(|| format!("invalid apiserver config {}: [endpoints]", path.display()))?;
@@ -222,9 +325,7 @@ pub(crate) fn load_apiserver(path: &Path) -> Result<ApiserverFile> {
 }
 
 pub(crate) fn load_worker(path: &Path) -> Result<WorkerFile> {
-    let cfg: WorkerFile = figment(path, WORKER_ENV)?
-        .extract()
-        .with_context(|| format!("invalid worker config {}", path.display()))?;
+    let cfg: WorkerFile = extract(figment(path, WORKER_ENV)?, "worker", path)?;
     if cfg.credential.is_none() && cfg.credential_file.is_none() {
         bail!(
             "invalid worker config {}: set credential or credential_file",
@@ -244,5 +345,35 @@ impl WorkerFile {
                 .to_owned()),
             (None, None) => bail!("no worker credential configured"),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_typo_gets_a_did_you_mean() {
+        assert_eq!(
+            did_you_mean("heartbeat_intervall", CONTROLLER_ENV),
+            Some("heartbeat_interval")
+        );
+        assert_eq!(did_you_mean("grace", CONTROLLER_ENV), None);
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn a_problem_is_one_line_with_its_key_and_a_did_you_mean() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("controller.toml");
+        std::fs::write(&path, "heartbeat_intervall = \"1s\"\n").unwrap();
+        let err = load_controller(&path).unwrap_err().to_string();
+        let lines: Vec<&str> = err.lines().skip(1).map(str::trim).collect();
+        assert!(
+            lines.iter().any(|l| l.contains("heartbeat_intervall")
+                && l.contains("did you mean `heartbeat_interval`?")),
+            "{err}"
+        );
+        assert!(lines.iter().all(|l| !l.is_empty()), "{err}");
     }
 }

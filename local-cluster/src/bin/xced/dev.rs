@@ -199,6 +199,7 @@ fn write_client_config(path: &std::path::Path, api: &str, token: &str) -> Result
     let file = ClientFile {
         api: Some(api.to_owned()),
         token: Some(token.to_owned()),
+        project: None,
     };
     let text = toml::to_string(&file).context("encoding the client config")?;
     let tmp = path.with_extension("toml.tmp");

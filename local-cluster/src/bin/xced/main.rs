@@ -107,8 +107,12 @@ fn init_tracing() {
     let filter = EnvFilter::try_from_env("XCE_LOG")
         .or_else(|_| EnvFilter::try_from_default_env())
         .unwrap_or_else(|_| EnvFilter::new("info"));
+    // Field values escaped and bounded (text from clients and workers cannot forge log
+    // lines); colour only on a terminal without NO_COLOR.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .fmt_fields(local_cluster::logging::fields())
+        .with_ansi(local_cluster::logging::use_ansi())
         .with_writer(std::io::stderr)
         .init();
 }
@@ -244,6 +248,7 @@ async fn run_controller(
         grace_period: cfg.grace_period,
         body_limit: cfg.body_limit,
         connections: cfg.connections,
+        quotas: config::quotas(&cfg)?,
     };
     let plugins = controller_plugins(cfg.address, cfg.endpoints);
     let running = match controller::start(ccfg, tokens, plugins, store).await {
