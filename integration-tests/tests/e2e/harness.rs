@@ -229,6 +229,21 @@ impl DevCluster {
     }
 
     pub fn start_with(hosts: u16, demo: bool, extra: &[&str]) -> Result<Self> {
+        Self::start_inner(hosts, demo, extra, None)
+    }
+
+    /// [`DevCluster::start`] with the daemon's open-file limit set to `(soft, hard)` before
+    /// it starts (xced raises its soft limit to the hard one itself).
+    pub fn start_with_nofile(hosts: u16, soft: u64, hard: u64) -> Result<Self> {
+        Self::start_inner(hosts, false, &[], Some((soft, hard)))
+    }
+
+    fn start_inner(
+        hosts: u16,
+        demo: bool,
+        extra: &[&str],
+        nofile: Option<(u64, u64)>,
+    ) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let first_ip = next_ip_block();
         let client_config = dir.path().join("xcecli.toml");
@@ -253,6 +268,24 @@ impl DevCluster {
             )?));
         if demo {
             cmd.arg("--demo");
+        }
+        if let Some((soft, hard)) = nofile {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: the closure runs in the forked child before exec and only calls
+            // setrlimit (async-signal-safe) on a struct it owns.
+            #[allow(unsafe_code)]
+            unsafe {
+                cmd.pre_exec(move || {
+                    let r = libc::rlimit {
+                        rlim_cur: soft as libc::rlim_t,
+                        rlim_max: hard as libc::rlim_t,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
         }
         let mut child = cmd.spawn().context("spawning xced dev")?;
         let lines = spawn_line_reader(&mut child);

@@ -10,6 +10,7 @@ mod failover;
 mod faults_rollout;
 mod ha;
 mod reliability;
+mod reliability_flood;
 mod reliability_input;
 mod reliability_tenants;
 mod reliability_watch;
