@@ -480,3 +480,33 @@ async fn a_steady_cluster_with_probes_running_changes_nothing_and_wakes_nobody()
         "FIGURE steady 30s: endpoint table changes=0, controller revisions=0, watcher wake-ups=0"
     );
 }
+
+/// `--demo` with a tokens file that grants nothing on the demo's project: the dev process
+/// submits in-process, so the demo runs; the file's tokens see only what they may, and no
+/// client config is written (its tokens are the user's to hand out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_runs_with_any_tokens_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens.toml");
+    let viewer = r#"
+[[token]]
+secret = "carol-secret-0123456789"
+principal = "carol"
+grants = [ { permission = "job.view", projects = ["default"] } ]
+"#;
+    std::fs::write(&tokens, format!("{TWO_TENANTS}{viewer}")).unwrap();
+    let c = DevCluster::start_with(2, true, &["--tokens", tokens.to_str().unwrap()])
+        .expect("dev cluster with --demo and --tokens");
+    let carol = c.api.with_token("carol-secret-0123456789");
+    let ready = carol.wait_ready("web", 3).await;
+    println!(
+        "FIGURE dev --demo --tokens: web ready replicas={}",
+        ready.len()
+    );
+    let alice = c.api.with_token("alice-secret");
+    assert_eq!(alice.get("/v1/services/web").await.unwrap().0, 404);
+    assert!(
+        !c.client_config.exists(),
+        "with --tokens no client config is written"
+    );
+}

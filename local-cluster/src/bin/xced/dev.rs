@@ -47,6 +47,13 @@ pub(crate) struct DevArgs {
     client_config: Option<PathBuf>,
 }
 
+impl DevArgs {
+    /// The full log of `xced dev` when the console shows warnings only.
+    pub(crate) fn log_file(&self) -> PathBuf {
+        self.data_dir.join("xced.log")
+    }
+}
+
 fn host_ip(first: Ipv4Addr, i: u16) -> Result<Ipv4Addr> {
     let n = u32::from(first)
         .checked_add(u32::from(i))
@@ -77,12 +84,21 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
                     workers.push(w.clone());
                 }
             }
-            Tokens::new(given.users().to_vec(), workers)
+            // The dev process itself keeps the generated admin token (principal
+            // `xced-dev`, a random secret that exists only in this process's memory) to
+            // wait for its hosts and submit the demo, whatever the file grants.
+            let mut users = given.users().to_vec();
+            users.extend(generated.users().iter().cloned().map(|mut u| {
+                u.principal = "xced-dev".into();
+                u
+            }));
+            Tokens::new(users, workers)
                 .with_context(|| format!("invalid tokens file {}", path.display()))?
         }
         None => generated,
     };
-    let admin = args.tokens.is_none().then(|| admin.expose().to_owned());
+    // In-process use only; written to the client config only when it is the sole admin.
+    let admin = admin.expose().to_owned();
     let creds: Vec<String> = hosts
         .iter()
         .map(|h| {
@@ -93,10 +109,6 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
         })
         .collect::<Result<_>>()?;
 
-    // Any user token can list hosts: used to wait for the dev hosts before announcing.
-    let probe_token = admin
-        .clone()
-        .or_else(|| tokens.users().first().map(|u| u.secret.expose().to_owned()));
     let store = local_cluster::store::RedbStore::open(args.data_dir.join("controller.redb"))
         .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
     // Every dev host advertises a loopback address.
@@ -114,7 +126,7 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
     let running = controller::start(ccfg, tokens, plugins, Arc::new(store)).await?;
     let api = format!("http://{}", running.addr);
 
-    if let Some(admin) = &admin {
+    if args.tokens.is_none() {
         let path = match &args.client_config {
             Some(p) => p.clone(),
             None => clientconf::default_path(
@@ -124,7 +136,7 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
             )
             .context("cannot tell where to write the client config: set XCE_CONFIG or HOME")?,
         };
-        write_client_config(&path, &api, admin)?;
+        write_client_config(&path, &api, &admin)?;
         println!(
             "xced: client config for xcecli written to {}",
             path.display()
@@ -175,11 +187,17 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
 
     // Announce once every dev host has registered: a script (or test) that reads the
     // announce line finds all hosts, and the demo's replicas spread over all of them.
-    wait_for_hosts(&api, probe_token.as_deref(), hosts.len()).await?;
+    wait_for_hosts(&api, &admin, hosts.len()).await?;
     crate::announce(running.addr);
     println!("xced: {} hosts: {}", hosts.len(), hosts.join(", "));
+    if std::env::var_os("XCE_LOG").is_none() && std::env::var_os("RUST_LOG").is_none() {
+        println!(
+            "xced: full log in {} (the console shows warnings; XCE_LOG=info for everything here)",
+            args.log_file().display()
+        );
+    }
     if args.demo {
-        submit_demo(&api, admin.as_deref()).await?;
+        submit_demo(&api, &admin).await?;
         println!("xced: submitted service `web` (examples/web.toml)");
         println!("xced: try `xcecli service endpoints web` or `xcecli host list` in another shell");
     }
@@ -223,8 +241,7 @@ fn write_client_config(path: &std::path::Path, api: &str, token: &str) -> Result
 
 /// Waits (bounded) until `n` hosts are ready. A one-off startup wait on our own workers,
 /// which register within milliseconds; there is no host-registered feed to subscribe to.
-async fn wait_for_hosts(api: &str, admin: Option<&str>, n: usize) -> Result<()> {
-    let Some(token) = admin else { return Ok(()) };
+async fn wait_for_hosts(api: &str, token: &str, n: usize) -> Result<()> {
     let client = reqwest::Client::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
@@ -256,10 +273,7 @@ async fn wait_for_hosts(api: &str, admin: Option<&str>, n: usize) -> Result<()> 
 
 /// Submits the demo profile unless the service already exists (a restarted dev cluster
 /// keeps its services in the store).
-async fn submit_demo(api: &str, admin: Option<&str>) -> Result<()> {
-    let Some(token) = admin else {
-        bail!("--demo needs the generated admin token: run without --tokens, or submit examples/web.toml with xcecli");
-    };
+async fn submit_demo(api: &str, token: &str) -> Result<()> {
     let client = reqwest::Client::new();
     let resp = client
         .post(format!("{api}/v1/services"))

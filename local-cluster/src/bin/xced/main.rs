@@ -73,7 +73,13 @@ enum Cmd {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    // `xced dev` keeps its console for the user: warnings there, the full log in its
+    // data dir (unless XCE_LOG/RUST_LOG asks for a console log).
+    let dev_log = match &cli.cmd {
+        Cmd::Dev(args) => Some(args.log_file()),
+        _ => None,
+    };
+    init_tracing(dev_log.as_deref());
     // Every daemon may hold thousands of connections and (in `dev`) replicas' descriptors:
     // take the whole hard limit, and say so.
     match local_cluster::limits::raise_nofile() {
@@ -102,19 +108,59 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-fn init_tracing() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("XCE_LOG")
-        .or_else(|_| EnvFilter::try_from_default_env())
-        .unwrap_or_else(|_| EnvFilter::new("info"));
+/// Logs to stderr at `XCE_LOG`/`RUST_LOG` (default `info`). With `dev_log` and neither
+/// variable set: warnings to stderr, `info` to that file.
+fn init_tracing(dev_log: Option<&std::path::Path>) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, Layer};
+    let asked = EnvFilter::try_from_env("XCE_LOG").or_else(|_| EnvFilter::try_from_default_env());
     // Field values escaped and bounded (text from clients and workers cannot forge log
     // lines); colour only on a terminal without NO_COLOR.
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let console = tracing_subscriber::fmt::layer()
         .fmt_fields(local_cluster::logging::fields())
         .with_ansi(local_cluster::logging::use_ansi())
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    let file = match (dev_log, &asked) {
+        (Some(path), Err(_)) => match open_log(path) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                eprintln!(
+                    "xced: cannot write the log file {}: {e}; logging to the console",
+                    path.display()
+                );
+                None
+            }
+        },
+        _ => None,
+    };
+    match file {
+        Some(f) => {
+            let to_file = tracing_subscriber::fmt::layer()
+                .fmt_fields(local_cluster::logging::fields())
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(f))
+                .with_filter(EnvFilter::new("info"));
+            tracing_subscriber::registry()
+                .with(console.with_filter(EnvFilter::new("warn")))
+                .with(to_file)
+                .init();
+        }
+        None => tracing_subscriber::registry()
+            .with(console.with_filter(asked.unwrap_or_else(|_| EnvFilter::new("info"))))
+            .init(),
+    }
+}
+
+/// Opens (appends to) a log file, creating its directory.
+fn open_log(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
 }
 
 async fn run(cli: Cli) -> Result<()> {

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The test command of README.md: installs what a fresh machine with only Rust lacks
+# (python3 for the test replicas, a C compiler, etcd for the etcd store's tests; Debian
+# packages through apt-get, with sudo when not root), then builds the binaries the
+# end-to-end tests run and runs every test. Extra arguments go to `cargo test`.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+need_apt=()
+command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
+command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || need_apt+=(etcd-server)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "test.sh: installing ${need_apt[*]} (apt-get)" >&2
+  sudo=()
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 || {
+      echo "test.sh: missing ${need_apt[*]}: install them (Debian: apt-get install ${need_apt[*]}) or run as root" >&2
+      exit 1
+    }
+    sudo=(sudo)
+  fi
+  command -v apt-get >/dev/null 2>&1 || {
+    echo "test.sh: missing ${need_apt[*]} and no apt-get here: install them with your package manager" >&2
+    exit 1
+  }
+  export DEBIAN_FRONTEND=noninteractive
+  # etcd-server's package would start a system etcd: deny service starts during the
+  # install (policy-rc.d exit 101, Debian's standard switch) unless a policy exists.
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee /usr/sbin/policy-rc.d >/dev/null
+    "${sudo[@]}" chmod +x /usr/sbin/policy-rc.d
+    trap '"${sudo[@]}" rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
+  "${sudo[@]}" apt-get update -qq
+  "${sudo[@]}" apt-get install -y -qq "${need_apt[@]}"
+  # And none at boot either (systemd hosts): the tests run etcds of their own.
+  if [[ " ${need_apt[*]} " == *" etcd-server "* ]] && [ -d /run/systemd/system ]; then
+    "${sudo[@]}" systemctl disable --now etcd >/dev/null 2>&1 || true
+  fi
+fi
+command -v cargo >/dev/null 2>&1 || { echo "test.sh: cargo is missing: install the Rust toolchain (rustup)" >&2; exit 1; }
+
+cargo build --workspace --bins
+cargo test --workspace "$@"
