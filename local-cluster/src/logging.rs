@@ -11,6 +11,16 @@ use std::fmt::Write as _;
 use tracing_subscriber::field::MakeExt;
 use tracing_subscriber::fmt::format::Writer;
 
+/// The innermost cause of an error: "Connection refused (os error 111)" where an HTTP
+/// client says only "error sending request for url (…)".
+pub fn root_cause(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = e;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause.to_string()
+}
+
 /// The longest field value logged; longer ones end in `…(N more chars)`.
 pub const MAX_VALUE: usize = 512;
 

@@ -488,11 +488,7 @@ impl Forwarder {
 
 /// The innermost cause of a transport error ("Connection refused (os error 111)").
 fn root_cause(e: &reqwest::Error) -> String {
-    let mut cause: &dyn std::error::Error = e;
-    while let Some(next) = cause.source() {
-        cause = next;
-    }
-    cause.to_string()
+    crate::logging::root_cause(e)
 }
 
 #[cfg(test)]

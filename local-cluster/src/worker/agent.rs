@@ -113,6 +113,20 @@ impl Agent {
             .await
             .context("collecting host facts")?;
         let client = Client::new(&cfg.controller, &cfg.host, &cfg.credential)?;
+        // What this worker will do, in one line: an operator checks it first.
+        let sections: Vec<String> = facts
+            .sections
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        tracing::info!(
+            controller = %cfg.controller,
+            ip_addr = %facts.ip_addr.map_or_else(|| "none".to_owned(), |ip| ip.to_string()),
+            facts = %sections.join(" "),
+            data_dir = %cfg.data_dir.display(),
+            stop_timeout = %humantime::format_duration(cfg.stop_timeout),
+            "worker starting"
+        );
         let logs = cfg.data_dir.join("logs");
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
         // Two workers on one data dir would each adopt (and stop) the other's replicas.

@@ -28,8 +28,9 @@ pub(crate) const ASSIGNMENTS_WAIT: Duration = Duration::from_secs(30);
 /// Why a call failed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum CallError {
-    /// No answer (connection refused, timeout, ...).
-    #[error("controller unreachable: {0}")]
+    /// No answer (connection refused, timeout, ...). Shown with its root cause
+    /// ("connection refused"), not only reqwest's "error sending request".
+    #[error("{}", unreachable(.0))]
     Unreachable(reqwest::Error),
     /// An answer other than success.
     #[error("controller answered {status}: {body}")]
@@ -42,6 +43,21 @@ pub(crate) enum CallError {
     /// A success whose body is not what the protocol says.
     #[error("controller answer not understood: {0}")]
     Decode(reqwest::Error),
+}
+
+fn unreachable(e: &reqwest::Error) -> String {
+    let at = e
+        .url()
+        .map(|u| format!(" at {}", u.origin().ascii_serialization()))
+        .unwrap_or_default();
+    if e.is_timeout() {
+        format!("no answer from the controller{at} in time")
+    } else {
+        format!(
+            "controller unreachable{at}: {}",
+            crate::logging::root_cause(e)
+        )
+    }
 }
 
 impl CallError {

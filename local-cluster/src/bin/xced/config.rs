@@ -236,36 +236,103 @@ fn edit_distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
-/// Extracts a config, each problem on one line of its own: where (file, key path), what,
-/// and a did-you-mean for an unknown key. (Serde stops at the first problem inside a
-/// table, so one run may not list them all.)
+/// Extracts a config, each problem on one line of its own: where (key path), what, and a
+/// did-you-mean for an unknown key. Serde stops at the first problem inside a table, so
+/// each offending key is taken out and the rest tried again, until every problem is
+/// listed (bounded; a missing required key ends the search).
 fn extract<T: serde::de::DeserializeOwned>(fig: Figment, what: &str, path: &Path) -> Result<T> {
-    fig.extract().map_err(|err| {
-        let lines: Vec<String> = err
-            .into_iter()
-            .map(|e| {
-                let at = if e.path.is_empty() {
-                    String::new()
-                } else {
-                    format!("{}: ", e.path.join("."))
-                };
-                let hint = match &e.kind {
-                    figment::error::Kind::UnknownField(name, expected) => {
-                        did_you_mean(name, expected)
-                            .map(|k| format!(" (did you mean `{k}`?)"))
-                            .unwrap_or_default()
-                    }
-                    _ => String::new(),
-                };
-                format!("{at}{}{hint}", e.kind)
-            })
-            .collect();
-        anyhow::anyhow!(
-            "invalid {what} config {}:\n  {}",
-            path.display(),
-            lines.join("\n  ")
-        )
-    })
+    use figment::value::Value;
+    let first = match fig.extract::<T>() {
+        Ok(v) => return Ok(v),
+        Err(e) => e,
+    };
+    let mut lines: Vec<String> = Vec::new();
+    let mut removed: Vec<Vec<String>> = Vec::new();
+    let mut next = Some(first);
+    let mut merged: Option<Value> = fig.extract::<Value>().ok();
+    for _ in 0..64 {
+        let Some(err) = next.take() else { break };
+        let mut progress = false;
+        for e in err {
+            let key = problem_key(&e);
+            // A key this loop took out is reported already, not as "missing".
+            if matches!(e.kind, figment::error::Kind::MissingField(_)) && removed.contains(&key) {
+                continue;
+            }
+            lines.push(problem_line(&e));
+            if let Some(v) = merged.as_mut() {
+                if !key.is_empty() && !removed.contains(&key) && remove_key(v, &key) {
+                    removed.push(key);
+                    progress = true;
+                }
+            }
+        }
+        let Some(v) = merged.as_ref().filter(|_| progress) else {
+            break;
+        };
+        next = Figment::from(figment::providers::Serialized::defaults(v))
+            .extract::<T>()
+            .err();
+    }
+    lines.dedup();
+    Err(anyhow::anyhow!(
+        "invalid {what} config {}:\n  {}",
+        path.display(),
+        lines.join("\n  ")
+    ))
+}
+
+/// The key a problem is about: its path, plus the field for an unknown or missing one.
+fn problem_key(e: &figment::Error) -> Vec<String> {
+    let mut key = e.path.clone();
+    let field = match &e.kind {
+        figment::error::Kind::UnknownField(name, _) => Some(name.to_string()),
+        figment::error::Kind::MissingField(name) => Some(name.to_string()),
+        _ => None,
+    };
+    if let Some(name) = field {
+        if key.last() != Some(&name) {
+            key.push(name);
+        }
+    }
+    key
+}
+
+fn problem_line(e: &figment::Error) -> String {
+    let at = if e.path.is_empty() {
+        String::new()
+    } else {
+        format!("{}: ", e.path.join("."))
+    };
+    let hint = match &e.kind {
+        figment::error::Kind::UnknownField(name, expected) => did_you_mean(name, expected)
+            .map(|k| format!(" (did you mean `{k}`?)"))
+            .unwrap_or_default(),
+        _ => String::new(),
+    };
+    format!("{at}{}{hint}", e.kind)
+}
+
+/// Takes `key` (a path of table keys) out of `v`; whether it was there.
+fn remove_key(v: &mut figment::value::Value, key: &[String]) -> bool {
+    use figment::value::Value;
+    let Some((last, parents)) = key.split_last() else {
+        return false;
+    };
+    let mut cur = v;
+    for k in parents {
+        match cur {
+            Value::Dict(_, d) => match d.get_mut(k) {
+                Some(next) => cur = next,
+                None => return false,
+            },
+            _ => return false,
+        }
+    }
+    match cur {
+        Value::Dict(_, d) => d.remove(last).is_some(),
+        _ => false,
+    }
 }
 
 /// The controller's `[quotas]`, every problem listed. The known quota names are the
@@ -375,5 +442,43 @@ mod tests {
             "{err}"
         );
         assert!(lines.iter().all(|l| !l.is_empty()), "{err}");
+    }
+
+    /// Serde stops at a table's first problem; every problem of the file is listed
+    /// anyway, each once, and a required key taken out is not reported as missing.
+    #[test]
+    fn every_problem_of_a_file_is_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("controller.toml");
+        std::fs::write(
+            &path,
+            "listen = \"x\"\nheartbeat_intervall = \"1s\"\ngrace_period = \"abc\"\n[address]\nfoo = 1\n",
+        )
+        .unwrap();
+        let err = load_controller(&path).unwrap_err().to_string();
+        let lines: Vec<&str> = err.lines().skip(1).map(str::trim).collect();
+        let keys: Vec<&str> = lines
+            .iter()
+            .map(|l| l.split(':').next().unwrap_or(""))
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "address.foo",
+                "grace_period",
+                "heartbeat_intervall",
+                "listen"
+            ],
+            "{err}"
+        );
+
+        let worker = dir.path().join("worker.toml");
+        std::fs::write(&worker, "host = 7\nstop_timeout = \"x\"\n").unwrap();
+        let err = load_worker(&worker).unwrap_err().to_string();
+        assert!(
+            err.contains("host:") && err.contains("stop_timeout:"),
+            "{err}"
+        );
+        assert!(!err.contains("missing"), "{err}");
     }
 }
