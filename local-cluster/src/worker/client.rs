@@ -129,8 +129,16 @@ impl Client {
                 });
             }
             let mut url = Url::parse(base).map_err(|e| bad(e.to_string()))?;
-            if !matches!(url.scheme(), "http" | "https") {
-                return Err(bad("must be an http:// or https:// url".into()));
+            match url.scheme() {
+                "http" => {}
+                // The HTTP client is built without TLS: refuse now, not at the first call.
+                "https" => {
+                    return Err(bad(
+                        "https is not supported yet (no TLS on the control plane): use http://"
+                            .into(),
+                    ))
+                }
+                _ => return Err(bad("must be an http:// url".into())),
             }
             url.path_segments_mut()
                 .map_err(|()| bad("cannot be a base url".into()))?
@@ -377,8 +385,12 @@ mod tests {
         );
         check(
             "http://127.0.0.1:7480,ftp://x",
+            expect_test::expect![[r#"controller url "ftp://x": must be an http:// url"#]],
+        );
+        check(
+            "https://10.0.0.1:7480",
             expect_test::expect![[
-                r#"controller url "ftp://x": must be an http:// or https:// url"#
+                r#"controller url "https://10.0.0.1:7480": https is not supported yet (no TLS on the control plane): use http://"#
             ]],
         );
     }
