@@ -7,7 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-use crate::proto::{Assignments, RegisterRequest, RegisterResponse, WorkerEvent};
+use super::identity::Identity;
+use crate::proto::{
+    Assignments, RegisterRequest, RegisterResponse, WorkerEvent, CLUSTER_HEADER, INSTANCE_HEADER,
+};
 
 /// How long an ordinary call (registration, facts, events) may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -42,6 +45,17 @@ pub(crate) enum CallError {
     /// A success whose body is not what the protocol says.
     #[error("controller answer not understood: {0}")]
     Decode(reqwest::Error),
+    /// The controller serves another cluster than the one this worker joined: its answer
+    /// is not taken (whatever it says).
+    #[error("controller {controller} serves cluster {}, but this worker belongs to cluster {ours}; it takes no orders from it (pointed at the wrong controller?)", theirs.as_deref().unwrap_or("(none announced)"))]
+    WrongCluster {
+        /// The controller's address.
+        controller: String,
+        /// The cluster its answer named (`None`: it named none).
+        theirs: Option<String>,
+        /// The cluster this worker joined.
+        ours: String,
+    },
 }
 
 impl CallError {
@@ -50,6 +64,26 @@ impl CallError {
             CallError::Status { status, .. } => Some(*status),
             _ => None,
         }
+    }
+
+    /// The `error.code` of an error answer's JSON body (e.g. `host_taken`).
+    pub(crate) fn code(&self) -> Option<String> {
+        let CallError::Status { body, .. } = self else {
+            return None;
+        };
+        let v: serde_json::Value = serde_json::from_str(body).ok()?;
+        v.pointer("/error/code")?.as_str().map(str::to_owned)
+    }
+
+    /// The `error.message` of an error answer's JSON body, or the body itself.
+    pub(crate) fn message(&self) -> String {
+        let CallError::Status { body, .. } = self else {
+            return self.to_string();
+        };
+        serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v.pointer("/error/message")?.as_str().map(str::to_owned))
+            .unwrap_or_else(|| body.clone())
     }
 }
 
@@ -74,6 +108,8 @@ pub(crate) struct Client {
     /// Whether the last call that ended (any task) found no controller.
     failing: Arc<AtomicBool>,
     auth: String,
+    /// Sent with every request; answers of another cluster are refused.
+    identity: Arc<Identity>,
 }
 
 impl std::fmt::Debug for Client {
@@ -98,7 +134,12 @@ pub(crate) enum ClientError {
 
 impl Client {
     /// `controller`: one base URL, or several separated by commas (tried in order).
-    pub(crate) fn new(controller: &str, host: &str, credential: &str) -> Result<Self, ClientError> {
+    pub(crate) fn new(
+        controller: &str,
+        host: &str,
+        credential: &str,
+        identity: Arc<Identity>,
+    ) -> Result<Self, ClientError> {
         let mut host_bases = Vec::new();
         for base in controller.split(',') {
             let base = base.trim();
@@ -136,6 +177,35 @@ impl Client {
             answered: Arc::new(watch::Sender::new((0, 0))),
             failing: Arc::new(AtomicBool::new(false)),
             auth: format!("Bearer {credential}"),
+            identity,
+        })
+    }
+
+    /// The controller of `at`, for logs.
+    fn origin(&self, at: usize) -> String {
+        self.host_bases[at % self.host_bases.len()]
+            .origin()
+            .ascii_serialization()
+    }
+
+    /// An answer from another cluster's controller (or one that names no cluster, once
+    /// this worker has joined one) is refused: see [`CallError::WrongCluster`].
+    fn check_cluster(&self, at: usize, resp: &reqwest::Response) -> Result<(), CallError> {
+        let Some(ours) = self.identity.cluster() else {
+            return Ok(());
+        };
+        let theirs = resp
+            .headers()
+            .get(CLUSTER_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        if theirs.as_deref() == Some(ours.as_str()) {
+            return Ok(());
+        }
+        Err(CallError::WrongCluster {
+            controller: self.origin(at),
+            theirs,
+            ours,
         })
     }
 
@@ -172,10 +242,14 @@ impl Client {
         let mut moves = 0;
         let mut silent = None;
         let resp = loop {
-            let sent = build(self.url_at(at, leaf))
+            let mut req = build(self.url_at(at, leaf))
                 .timeout(timeout)
                 .header(reqwest::header::AUTHORIZATION, &self.auth)
-                .send();
+                .header(INSTANCE_HEADER, self.identity.instance());
+            if let Some(cluster) = self.identity.cluster() {
+                req = req.header(CLUSTER_HEADER, cluster);
+            }
+            let sent = req.send();
             let outcome = tokio::select! {
                 r = sent => Some(r),
                 to = answered_elsewhere(&mut answers, at), if n > 1 && moves < n => {
@@ -212,6 +286,10 @@ impl Client {
                 }
             }
         };
+        if let Err(e) = self.check_cluster(at, &resp) {
+            self.failed(None);
+            return Err(e);
+        }
         self.succeeded(at);
         let status = resp.status();
         if status.is_success() {
@@ -241,7 +319,7 @@ impl Client {
         let previous = self.current.swap(at, Ordering::Relaxed);
         if previous != at || last != at {
             tracing::info!(
-                controller = %self.host_bases[at].origin().ascii_serialization(),
+                controller = %self.origin(at),
                 "switched to the controller that answers"
             );
         }
@@ -319,15 +397,19 @@ async fn answered_elsewhere(answers: &mut watch::Receiver<(u64, usize)>, at: usi
 mod tests {
     use super::*;
 
+    fn id() -> Arc<Identity> {
+        Arc::new(Identity::for_test("i-1", None))
+    }
+
     fn check(base: &str, expect: expect_test::Expect) {
-        let out = match Client::new(base, "exec-01", "s3cret") {
+        let out = match Client::new(base, "exec-01", "s3cret", id()) {
             Ok(c) => (0..c.host_bases.len())
                 .map(|i| format!("{} {}", c.url_at(i, "register"), c.url_at(i, "assignments")))
                 .collect::<Vec<_>>()
                 .join("\n"),
             Err(e) => e.to_string(),
         };
-        assert!(!format!("{:?}", Client::new(base, "exec-01", "s3cret")).contains("s3cret"));
+        assert!(!format!("{:?}", Client::new(base, "exec-01", "s3cret", id())).contains("s3cret"));
         expect.assert_eq(&out);
     }
 
@@ -395,12 +477,12 @@ mod tests {
         let (live, hits) = answering().await;
         let dead = refusing();
         let mut log = Vec::new();
-        let one = Client::new(&dead, "exec-01", "s").unwrap();
+        let one = Client::new(&dead, "exec-01", "s", id()).unwrap();
         log.push(format!(
             "dead alone: {}",
             one.heartbeat(CALL_TIMEOUT).await.is_ok()
         ));
-        let c = Client::new(&format!("{dead},{live}"), "exec-01", "s").unwrap();
+        let c = Client::new(&format!("{dead},{live}"), "exec-01", "s", id()).unwrap();
         for _ in 0..2 {
             c.heartbeat(CALL_TIMEOUT).await.unwrap();
             log.push(format!(
@@ -410,7 +492,7 @@ mod tests {
             ));
         }
         // The answering one first: the refusing one is not tried while it answers.
-        let c = Client::new(&format!("{live},{dead}"), "exec-01", "s").unwrap();
+        let c = Client::new(&format!("{live},{dead}"), "exec-01", "s", id()).unwrap();
         c.heartbeat(CALL_TIMEOUT).await.unwrap();
         log.push(format!(
             "live,dead: current {} hits {}",
@@ -455,7 +537,7 @@ mod tests {
     async fn a_silent_controller_is_left_like_a_refusing_one() {
         let (stopped, _held) = frozen();
         let live = leader().await;
-        let c = Client::new(&format!("{stopped},{live}"), "exec-01", "s").unwrap();
+        let c = Client::new(&format!("{stopped},{live}"), "exec-01", "s", id()).unwrap();
         let timeout = Duration::from_millis(300);
         let mut log = Vec::new();
         // The long-poll parked on the frozen controller...
@@ -497,7 +579,7 @@ mod tests {
     async fn after_a_timeout_calls_start_past_the_silent_controller() {
         let (stopped, _held) = frozen();
         let dead = refusing();
-        let c = Client::new(&format!("{stopped},{dead}"), "exec-01", "s").unwrap();
+        let c = Client::new(&format!("{stopped},{dead}"), "exec-01", "s", id()).unwrap();
         let timeout = Duration::from_millis(200);
         let mut answers = c.answers();
         answers.borrow_and_update();
