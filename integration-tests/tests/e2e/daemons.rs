@@ -421,7 +421,7 @@ impl Fleet {
             .find(|&c| {
                 self.controllers[c].is_some()
                     && healthz(self.controller_ports[c])
-                        .is_some_and(|(status, body)| status == 200 && body.trim() == "ok")
+                        .is_some_and(|(status, body)| status == 200 && body.lines().next() == Some("ok"))
             })
             .context("no controller serves")
     }

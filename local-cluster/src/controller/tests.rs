@@ -1236,10 +1236,22 @@ async fn app_with(cfg: ControllerConfig, store: Arc<dyn Store>, slots: SharedSlo
     App { ctl, app }
 }
 
+/// A store with a fixed cluster id, so answers that name it can be expected.
+fn store_of_cluster(id: &str) -> Arc<MemStore> {
+    let store = MemStore::new();
+    store
+        .put_if_absent(
+            super::model::cluster_id_key(),
+            serde_json::to_vec(id).unwrap(),
+        )
+        .unwrap();
+    Arc::new(store)
+}
+
 async fn app() -> App {
     app_with(
         ControllerConfig::default(),
-        Arc::new(MemStore::new()),
+        store_of_cluster("c1c1c1c1c1c1c1c1"),
         SharedSlots::new(),
     )
     .await
@@ -1441,6 +1453,8 @@ async fn rbac_matrix_across_two_projects() {
         ],
         expect![[r#"
             GET /healthz as -: 200 ok
+            cluster: c1c1c1c1c1c1c1c1
+
             GET /v1/services as -: 401 {"error":{"code":"unauthenticated","details":[],"message":"missing bearer token"}}
             GET /v1/services as nope: 401 {"error":{"code":"unauthenticated","details":[],"message":"invalid bearer token"}}
             GET /v1/services/web-b as alice-secret: 404 {"error":{"code":"not_found","details":[],"message":"service \"web-b\" not found"}}
@@ -1789,7 +1803,7 @@ async fn service_and_host_answers_have_the_rest_shapes() {
         {"generation":1,"index":6,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":false,"replica":0,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts (exec-01, exec-02)","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":0,"reason":null,"state":"progressing","updated":3},"state":"active"}
         {"generation":1,"index":8,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":true,"replica":0,"slots":{"slot":0},"state":"running"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts (exec-01, exec-02)","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":1,"reason":null,"state":"progressing","updated":3},"state":"active"}
         {"services":[{"generation":1,"index":8,"name":"web","pending":1,"pending_reason":"slots is full on all 2 hosts (exec-01, exec-02)","project":"default","ready":1,"replicas":4,"rollout":"progressing","running":1,"state":"active"}]}
-        {"hosts":[{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-01","ip_addr":"127.0.0.11","jobs":2,"slots":{"capacity":2,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.12"}],"id":"exec-02","ip_addr":"127.0.0.12","jobs":1,"slots":{"capacity":1,"used":1},"state":"ready"}]}
+        {"cluster":"c1c1c1c1c1c1c1c1","hosts":[{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-01","ip_addr":"127.0.0.11","jobs":2,"slots":{"capacity":2,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.12"}],"id":"exec-02","ip_addr":"127.0.0.12","jobs":1,"slots":{"capacity":1,"used":1},"state":"ready"}]}
         test_ext_total 1
         test_slots 42
         xce_jobs{state="draining"} 0
