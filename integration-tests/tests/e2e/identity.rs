@@ -58,22 +58,34 @@ async fn cluster_of(api: &Api) -> String {
         .to_owned()
 }
 
-fn spawn_worker(config: &Path, log: &Path) -> Child {
+/// A daemon the test started itself: stopped (SIGTERM, then SIGKILL) when dropped, also
+/// when an assertion fails first.
+struct Stopped(Child);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        terminate(&mut self.0);
+    }
+}
+
+fn spawn_worker(config: &Path, log: &Path) -> Stopped {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .unwrap();
-    Command::new(bin("xced"))
-        .arg("worker")
-        .arg("--config")
-        .arg(config)
-        .env("XCE_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::from(log))
-        .spawn()
-        .unwrap()
+    Stopped(
+        Command::new(bin("xced"))
+            .arg("worker")
+            .arg("--config")
+            .arg(config)
+            .env("XCE_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap(),
+    )
 }
 
 /// Scenario 19: a second `xced worker` for exec-01 (same host id and credential, its own
@@ -147,7 +159,7 @@ async fn a_second_worker_with_the_same_host_id_is_refused_and_changes_nothing() 
     assert_eq!(hosts(&c.api).await.unwrap(), hosts_before, "facts and port range unchanged");
 
     // The duplicate exits; past `unreachable_after` nothing about the host changed.
-    terminate(&mut dup);
+    drop(dup);
     let changed = change_within(&c.api, "web", "3s").await;
     assert_eq!(changed, None, "the service changed after the duplicate exited");
     assert_eq!(replicas.live_pids(), pids);

@@ -591,6 +591,65 @@ mod tests {
         assert!(!answers.has_changed().unwrap(), "no answer, no wake-up");
     }
 
+    /// A controller of cluster `cluster` answering assignment queries with one job; it
+    /// records the identity headers it was sent.
+    async fn of_cluster(cluster: &'static str) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let app = axum::Router::new().route(
+            "/internal/v1/hosts/{host}/assignments",
+            axum::routing::get(move |h: axum::http::HeaderMap| {
+                let header = |n: &str| {
+                    h.get(n)
+                        .map_or("-".to_owned(), |v| v.to_str().unwrap().to_owned())
+                };
+                log.lock().unwrap().push(format!(
+                    "instance={} cluster={}",
+                    header(INSTANCE_HEADER),
+                    header(CLUSTER_HEADER)
+                ));
+                async move {
+                    (
+                        [(CLUSTER_HEADER, cluster)],
+                        axum::Json(serde_json::json!({"index": 3, "jobs": []})),
+                    )
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (format!("http://{addr}"), seen)
+    }
+
+    #[tokio::test]
+    async fn answers_of_another_cluster_are_refused() {
+        let (b, seen) = of_cluster("cluster-b").await;
+        let mut log = Vec::new();
+        for (ours, what) in [
+            (None, "no cluster joined yet"),
+            (Some("cluster-b"), "joined b"),
+            (Some("cluster-a"), "joined a"),
+        ] {
+            let c = Client::new(&b, "exec-01", "s", Arc::new(Identity::for_test("i-1", ours)))
+                .unwrap();
+            let got = match c.assignments(0).await {
+                Ok(a) => format!("index {}", a.index),
+                Err(e) => e.to_string().replace(&b, "B"),
+            };
+            log.push(format!("{what}: {got}"));
+        }
+        log.extend(seen.lock().unwrap().iter().cloned());
+        expect_test::expect![[r#"
+            no cluster joined yet: index 3
+            joined b: index 3
+            joined a: controller B serves cluster cluster-b, but this worker belongs to cluster cluster-a; it takes no orders from it (pointed at the wrong controller?)
+            instance=i-1 cluster=-
+            instance=i-1 cluster=cluster-b
+            instance=i-1 cluster=cluster-a"#]]
+        .assert_eq(&log.join("\n"));
+    }
+
     #[test]
     fn heartbeat_deadlines_follow_the_period() {
         let t = |ms| heartbeat_timeout(Duration::from_millis(ms)).as_millis();
