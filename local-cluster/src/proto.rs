@@ -48,10 +48,12 @@ pub(crate) fn random_id() -> String {
     let n = match getrandom::fill(&mut seed) {
         Ok(()) => u64::from_le_bytes(seed),
         // Without entropy, the clock and the pid still tell two starts apart.
-        Err(_) => std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64)
-            ^ (u64::from(std::process::id()) << 32),
+        Err(_) => {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+                ^ (u64::from(std::process::id()) << 32)
+        }
     };
     format!("{n:016x}")
 }

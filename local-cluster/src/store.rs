@@ -428,7 +428,10 @@ pub(crate) mod tests {
         let second = store
             .put_if_absent(Key::new("meta", "id"), b"two".to_vec())
             .unwrap();
-        assert_eq!((first.as_slice(), second.as_slice()), (&b"one"[..], &b"one"[..]));
+        assert_eq!(
+            (first.as_slice(), second.as_slice()),
+            (&b"one"[..], &b"one"[..])
+        );
         // It does not stand in the way of later commits.
         store.commit(batch(&[("meta", "rev", Some("8"))])).unwrap();
 

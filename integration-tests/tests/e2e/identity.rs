@@ -111,36 +111,48 @@ async fn a_second_worker_with_the_same_host_id_is_refused_and_changes_nothing() 
 
     // The duplicate: exec-01's config with its own data dir and another port range.
     let dir = c.dir.path();
-    let config = read(&dir.join("worker-0.toml"))
-        .replace(
-            &dir.join("worker-0").display().to_string(),
-            &dir.join("worker-dup").display().to_string(),
-        )
-        + "\n[ports]\nrange = \"21000-21100\"\n";
+    let config = read(&dir.join("worker-0.toml")).replace(
+        &dir.join("worker-0").display().to_string(),
+        &dir.join("worker-dup").display().to_string(),
+    ) + "\n[ports]\nrange = \"21000-21100\"\n";
     std::fs::write(dir.join("worker-dup.toml"), config).unwrap();
     let dup_log = dir.join("worker-dup.log");
     let started = std::time::Instant::now();
-    let mut dup = spawn_worker(&dir.join("worker-dup.toml"), &dup_log);
+    let dup = spawn_worker(&dir.join("worker-dup.toml"), &dup_log);
 
     // Refused at least 3 times (it backs off and retries), or (the old code) the real
     // replica is gone: whichever comes first.
     let ctl_log = dir.join("controller.log");
-    eventually("the duplicate refused 3 times, or the replica stopped", || async {
-        let refused = metric(&c.api, "xce_worker_registrations_refused").await? - refused_before;
-        let gone = replicas.live_pids() != pids;
-        Ok((refused >= 3.0 || gone).then_some(()))
-    })
+    eventually(
+        "the duplicate refused 3 times, or the replica stopped",
+        || async {
+            let refused =
+                metric(&c.api, "xce_worker_registrations_refused").await? - refused_before;
+            let gone = replicas.live_pids() != pids;
+            Ok((refused >= 3.0 || gone).then_some(()))
+        },
+    )
     .await;
-    let refused = metric(&c.api, "xce_worker_registrations_refused").await.unwrap() - refused_before;
+    let refused = metric(&c.api, "xce_worker_registrations_refused")
+        .await
+        .unwrap()
+        - refused_before;
     let refused_after = started.elapsed();
-    assert_eq!(replicas.live_pids(), pids, "the real replica keeps running, same pid");
+    assert_eq!(
+        replicas.live_pids(),
+        pids,
+        "the real replica keeps running, same pid"
+    );
     let text = read(&dup_log);
     assert!(
         text.contains("host exec-01 is held by another live worker (instance")
             && text.contains("check for a second worker with the same host id"),
         "the duplicate's log says why:\n{text}"
     );
-    assert!(!text.contains("replica started"), "the duplicate launched nothing:\n{text}");
+    assert!(
+        !text.contains("replica started"),
+        "the duplicate launched nothing:\n{text}"
+    );
     let ctl = read(&ctl_log);
     let refusals_logged = ctl
         .lines()
@@ -153,15 +165,33 @@ async fn a_second_worker_with_the_same_host_id_is_refused_and_changes_nothing() 
                 && l.contains("peer=127.0.0.1")
         })
         .count();
-    assert!(refusals_logged >= 3, "the controller logs each refusal:\n{ctl}");
-    assert_eq!(c.api.plain("web").await.unwrap(), endpoints, "the replica stays the endpoint");
-    assert_eq!(jobs(&c.api, "web").await.unwrap(), jobs_before, "no job restarted");
-    assert_eq!(hosts(&c.api).await.unwrap(), hosts_before, "facts and port range unchanged");
+    assert!(
+        refusals_logged >= 3,
+        "the controller logs each refusal:\n{ctl}"
+    );
+    assert_eq!(
+        c.api.plain("web").await.unwrap(),
+        endpoints,
+        "the replica stays the endpoint"
+    );
+    assert_eq!(
+        jobs(&c.api, "web").await.unwrap(),
+        jobs_before,
+        "no job restarted"
+    );
+    assert_eq!(
+        hosts(&c.api).await.unwrap(),
+        hosts_before,
+        "facts and port range unchanged"
+    );
 
     // The duplicate exits; past `unreachable_after` nothing about the host changed.
     drop(dup);
     let changed = change_within(&c.api, "web", "3s").await;
-    assert_eq!(changed, None, "the service changed after the duplicate exited");
+    assert_eq!(
+        changed, None,
+        "the service changed after the duplicate exited"
+    );
     assert_eq!(replicas.live_pids(), pids);
     assert_eq!(c.api.plain("web").await.unwrap(), endpoints);
     assert_eq!(jobs(&c.api, "web").await.unwrap(), jobs_before);
@@ -216,14 +246,23 @@ async fn a_worker_pointed_at_another_clusters_controller_is_refused_and_keeps_it
     let before = registered(&read(&log));
     let moved = std::time::Instant::now();
     a.start_worker(0).unwrap();
-    eventually("B refused exec-01 twice, or the replica stopped", || async {
-        let refused = metric(&b.api, "xce_worker_registrations_refused").await?;
-        Ok((refused >= 2.0 || replicas.live_pids() != pids).then_some(refused))
-    })
+    eventually(
+        "B refused exec-01 twice, or the replica stopped",
+        || async {
+            let refused = metric(&b.api, "xce_worker_registrations_refused").await?;
+            Ok((refused >= 2.0 || replicas.live_pids() != pids).then_some(refused))
+        },
+    )
     .await;
-    let refused = metric(&b.api, "xce_worker_registrations_refused").await.unwrap();
+    let refused = metric(&b.api, "xce_worker_registrations_refused")
+        .await
+        .unwrap();
     let refused_after = moved.elapsed();
-    assert_eq!(replicas.live_pids(), pids, "the replica keeps running, same pid");
+    assert_eq!(
+        replicas.live_pids(),
+        pids,
+        "the replica keeps running, same pid"
+    );
     let cluster_a = cluster_of(&a.api).await;
     let cluster_b = cluster_of(&b.api).await;
     let text = read(&log);
@@ -264,7 +303,11 @@ async fn a_worker_pointed_at_another_clusters_controller_is_refused_and_keeps_it
     .await;
     let rejoined = back.elapsed();
     assert_eq!(replicas.live_pids(), pids, "same pid after rejoining");
-    assert_eq!(a.api.plain("web").await.unwrap(), endpoints, "still the endpoint in A");
+    assert_eq!(
+        a.api.plain("web").await.unwrap(),
+        endpoints,
+        "still the endpoint in A"
+    );
     // Each cluster has its own id, on /healthz and `xcecli host list`.
     let healthz = |api: Api| async move {
         let (status, headers, body) = api.get("/healthz").await.unwrap();

@@ -8,7 +8,9 @@
 use super::core::{Applied, CoreError, HostView, JobView, ServiceView, View};
 use super::model::ServiceState;
 use super::task::Command;
-use crate::proto::{Assignments, Caller, RegisterRequest, WorkerEvent, CLUSTER_HEADER, INSTANCE_HEADER};
+use crate::proto::{
+    Assignments, Caller, RegisterRequest, WorkerEvent, CLUSTER_HEADER, INSTANCE_HEADER,
+};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};

@@ -382,7 +382,9 @@ impl Sim {
     }
 
     fn heartbeat(&mut self, host: &str) {
-        let r = self.core.heartbeat(&host.to_owned(), &worker(host), self.now);
+        let r = self
+            .core
+            .heartbeat(&host.to_owned(), &worker(host), self.now);
         self.settle(&format!("heartbeat {host}"), r);
     }
 
@@ -2587,10 +2589,19 @@ fn a_second_worker_for_a_live_host_is_refused_and_changes_nothing() {
     let r = s
         .core
         .register(&"exec-01".to_owned(), &duplicate(), dup.clone(), s.now);
-    s.settle("register exec-01 as i-dup (facts: 5 slots, 127.0.0.77)", r.map(drop));
+    s.settle(
+        "register exec-01 as i-dup (facts: 5 slots, 127.0.0.77)",
+        r.map(drop),
+    );
     let calls = s.worker_calls_as(&duplicate(), "exec-01");
-    s.note(format!("i-dup's heartbeat, facts, events, assignments: {calls:?}"));
-    assert_eq!(s.footprint("exec-01"), before, "a refused worker changed nothing");
+    s.note(format!(
+        "i-dup's heartbeat, facts, events, assignments: {calls:?}"
+    ));
+    assert_eq!(
+        s.footprint("exec-01"),
+        before,
+        "a refused worker changed nothing"
+    );
     // A live holder is live across a controller restart too (a fresh window for all).
     let mut s = s.restart(1);
     dup.facts = facts_of("exec-01", 2);
@@ -2639,9 +2650,7 @@ fn a_new_worker_instance_takes_over_a_host_whose_worker_is_gone() {
     s.register_as(&duplicate(), "exec-01", 2, &["j-1"]);
     let calls = s.worker_calls_as(&worker("exec-01"), "exec-01");
     s.note(format!("the old instance's calls: {calls:?}"));
-    let r = s
-        .core
-        .heartbeat(&"exec-01".to_owned(), &duplicate(), s.now);
+    let r = s.core.heartbeat(&"exec-01".to_owned(), &duplicate(), s.now);
     s.settle("heartbeat exec-01 as i-dup", r);
     s.check(expect![[r#"
         > load

@@ -737,7 +737,9 @@ impl Store for EtcdStore {
                     let kv = r
                         .pointer("/responses/0/response_range/kvs/0/value")
                         .ok_or_else(|| {
-                            StoreError::Backend(format!("etcd put-if-absent of {key}: the key exists but reads empty"))
+                            StoreError::Backend(format!(
+                                "etcd put-if-absent of {key}: the key exists but reads empty"
+                            ))
                         })?;
                     return unb64(kv);
                 }

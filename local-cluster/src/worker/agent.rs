@@ -136,7 +136,12 @@ impl Agent {
             cluster = %identity.cluster().as_deref().unwrap_or("none yet (joins the first controller it registers with)"),
             "worker identity"
         );
-        let client = Client::new(&cfg.controller, &cfg.host, &cfg.credential, identity.clone())?;
+        let client = Client::new(
+            &cfg.controller,
+            &cfg.host,
+            &cfg.credential,
+            identity.clone(),
+        )?;
         let jobs_path = cfg.data_dir.join("jobs.json");
         let records = state::load(&jobs_path)?;
         let (tx, rx) = mpsc::channel(256);
@@ -592,10 +597,14 @@ async fn register(
             Ok(resp) => {
                 if let Some(cluster) = &resp.cluster {
                     match identity.join(cluster) {
-                        Ok(true) => tracing::info!(cluster = %cluster, "joined the cluster; this worker serves it from now on"),
+                        Ok(true) => {
+                            tracing::info!(cluster = %cluster, "joined the cluster; this worker serves it from now on")
+                        }
                         Ok(false) => {}
                         // Remembered in memory for this run; the next start joins again.
-                        Err(e) => tracing::error!(cluster = %cluster, error = %e, "cannot remember the cluster joined"),
+                        Err(e) => {
+                            tracing::error!(cluster = %cluster, error = %e, "cannot remember the cluster joined")
+                        }
                     }
                 }
                 tracing::info!(

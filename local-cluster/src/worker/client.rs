@@ -631,8 +631,13 @@ mod tests {
             (Some("cluster-b"), "joined b"),
             (Some("cluster-a"), "joined a"),
         ] {
-            let c = Client::new(&b, "exec-01", "s", Arc::new(Identity::for_test("i-1", ours)))
-                .unwrap();
+            let c = Client::new(
+                &b,
+                "exec-01",
+                "s",
+                Arc::new(Identity::for_test("i-1", ours)),
+            )
+            .unwrap();
             let got = match c.assignments(0).await {
                 Ok(a) => format!("index {}", a.index),
                 Err(e) => e.to_string().replace(&b, "B"),

@@ -163,7 +163,10 @@ mod tests {
             (a.instance(), Some("c-1"))
         );
         let other = tempfile::tempdir().unwrap();
-        assert_ne!(Identity::load(other.path()).unwrap().instance(), a.instance());
+        assert_ne!(
+            Identity::load(other.path()).unwrap().instance(),
+            a.instance()
+        );
         std::fs::write(dir.path().join("cluster"), "not an id\n").unwrap();
         let e = Identity::load(dir.path()).unwrap_err().to_string();
         assert!(e.ends_with("cluster: must be at most 128 characters of letters, digits, '-', '_' or '.' (delete the file to start over)"), "{e}");
