@@ -520,16 +520,23 @@ mod tests {
         let app = Router::new().route(
             "/v1/services",
             post(move |headers: HeaderMap, body: Bytes| async move {
-                let auth = headers
-                    .get("authorization")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("")
-                    .to_owned();
+                let header = |n: &str| {
+                    headers
+                        .get(n)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_owned()
+                };
+                let (auth, instance) = (header("authorization"), header("x-xce-worker-instance"));
                 (
                     StatusCode::CREATED,
-                    [("x-xce-index", "7"), ("content-type", "application/json")],
+                    [
+                        ("x-xce-index", "7"),
+                        ("x-xce-cluster", "c-1"),
+                        ("content-type", "application/json"),
+                    ],
                     format!(
-                        r#"{{"by":"{name}","auth":"{auth}","body":{:?}}}"#,
+                        r#"{{"by":"{name}","auth":"{auth}","instance":"{instance}","body":{:?}}}"#,
                         String::from_utf8_lossy(&body)
                     ),
                 )
@@ -622,9 +629,11 @@ mod tests {
         let running = start_on(&etcd, tokens).await;
         let base = format!("http://{}", running.addr);
         let http = reqwest::Client::new();
+        // The identity headers of the worker protocol pass both ways too.
         let submit = |body: &'static str| {
             http.post(format!("{base}/v1/services"))
                 .bearer_auth("s3cret")
+                .header("x-xce-worker-instance", "i-1")
                 .body(body)
                 .send()
         };
@@ -641,9 +650,10 @@ mod tests {
         let r = submit("one").await.unwrap();
         assert_eq!(r.status(), 201);
         assert_eq!(r.headers()["x-xce-index"], "7");
+        assert_eq!(r.headers()["x-xce-cluster"], "c-1");
         assert_eq!(
             r.text().await.unwrap(),
-            r#"{"by":"a","auth":"Bearer s3cret","body":"one"}"#
+            r#"{"by":"a","auth":"Bearer s3cret","instance":"i-1","body":"one"}"#
         );
 
         // The leader dies and another takes over: the next request finds the new one.
