@@ -169,6 +169,14 @@ async fn a_second_worker_with_the_same_host_id_is_refused_and_changes_nothing() 
         refusals_logged >= 3,
         "the controller logs each refusal:\n{ctl}"
     );
+    for (who, text, needle) in [
+        ("duplicate", &text, "held by another live worker"),
+        ("controller", &ctl, "registration refused"),
+    ] {
+        if let Some(line) = text.lines().find(|l| l.contains(needle)) {
+            eprintln!("LOG {who}: {line}");
+        }
+    }
     assert_eq!(
         c.api.plain("web").await.unwrap(),
         endpoints,
@@ -283,6 +291,14 @@ async fn a_worker_pointed_at_another_clusters_controller_is_refused_and_keeps_it
         "B's log says why:\n{ctl_b}"
     );
     assert!(!ctl_b.contains("orphans"), "{ctl_b}");
+    for (who, text, needle) in [
+        ("worker", &text, "another cluster"),
+        ("controller B", &ctl_b, "registration refused"),
+    ] {
+        if let Some(line) = text.lines().find(|l| l.contains(needle)) {
+            eprintln!("LOG {who}: {line}");
+        }
+    }
     let b_hosts = hosts(&b.api).await.unwrap();
     assert_eq!(b_hosts, Value::Array(Vec::new()), "B took no host");
 
