@@ -188,6 +188,31 @@ impl Client {
             .ascii_serialization()
     }
 
+    /// A worker that registered before its controller announced a cluster (a controller
+    /// upgraded after the worker) joins the one its accepted heartbeats name: the
+    /// controller knows this worker as its host's holder, so it is its cluster.
+    fn join_from(&self, resp: &reqwest::Response) {
+        if self.identity.cluster().is_some() {
+            return;
+        }
+        let Some(cluster) = resp
+            .headers()
+            .get(CLUSTER_HEADER)
+            .and_then(|v| v.to_str().ok())
+        else {
+            return;
+        };
+        match self.identity.join(cluster) {
+            Ok(true) => {
+                tracing::info!(cluster = %cluster, "joined the cluster (named by the controller's heartbeat answer); this worker serves it from now on")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::error!(cluster = %cluster, error = %e, "cannot remember the cluster joined")
+            }
+        }
+    }
+
     /// An answer from another cluster's controller (or one that names no cluster, once
     /// this worker has joined one) is refused: see [`CallError::WrongCluster`].
     fn check_cluster(&self, at: usize, resp: &reqwest::Response) -> Result<(), CallError> {
@@ -292,6 +317,9 @@ impl Client {
         }
         self.succeeded(at);
         let status = resp.status();
+        if status.is_success() && leaf == "heartbeat" {
+            self.join_from(&resp);
+        }
         if status.is_success() {
             return Ok(resp);
         }
@@ -596,26 +624,33 @@ mod tests {
     async fn of_cluster(cluster: &'static str) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
         let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
         let log = seen.clone();
-        let app = axum::Router::new().route(
-            "/internal/v1/hosts/{host}/assignments",
-            axum::routing::get(move |h: axum::http::HeaderMap| {
-                let header = |n: &str| {
-                    h.get(n)
-                        .map_or("-".to_owned(), |v| v.to_str().unwrap().to_owned())
-                };
-                log.lock().unwrap().push(format!(
-                    "instance={} cluster={}",
-                    header(INSTANCE_HEADER),
-                    header(CLUSTER_HEADER)
-                ));
-                async move {
-                    (
-                        [(CLUSTER_HEADER, cluster)],
-                        axum::Json(serde_json::json!({"index": 3, "jobs": []})),
-                    )
-                }
-            }),
-        );
+        let app = axum::Router::new()
+            .route(
+                "/internal/v1/hosts/{host}/heartbeat",
+                axum::routing::post(move || async move {
+                    ([(CLUSTER_HEADER, cluster)], StatusCode::NO_CONTENT)
+                }),
+            )
+            .route(
+                "/internal/v1/hosts/{host}/assignments",
+                axum::routing::get(move |h: axum::http::HeaderMap| {
+                    let header = |n: &str| {
+                        h.get(n)
+                            .map_or("-".to_owned(), |v| v.to_str().unwrap().to_owned())
+                    };
+                    log.lock().unwrap().push(format!(
+                        "instance={} cluster={}",
+                        header(INSTANCE_HEADER),
+                        header(CLUSTER_HEADER)
+                    ));
+                    async move {
+                        (
+                            [(CLUSTER_HEADER, cluster)],
+                            axum::Json(serde_json::json!({"index": 3, "jobs": []})),
+                        )
+                    }
+                }),
+            );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
@@ -653,6 +688,22 @@ mod tests {
             instance=i-1 cluster=cluster-b
             instance=i-1 cluster=cluster-a"#]]
         .assert_eq(&log.join("\n"));
+    }
+
+    #[tokio::test]
+    async fn a_worker_without_a_cluster_joins_the_one_its_heartbeats_name() {
+        let (b, _) = of_cluster("cluster-b").await;
+        let dir = tempfile::tempdir().unwrap();
+        let id = Arc::new(Identity::load(dir.path()).unwrap());
+        let c = Client::new(&b, "exec-01", "s", id.clone()).unwrap();
+        c.heartbeat(CALL_TIMEOUT).await.unwrap();
+        assert_eq!(id.cluster().as_deref(), Some("cluster-b"));
+        let again = Identity::load(dir.path()).unwrap();
+        assert_eq!(
+            again.cluster().as_deref(),
+            Some("cluster-b"),
+            "remembered on disk"
+        );
     }
 
     #[test]
