@@ -362,6 +362,11 @@ async fn accept_loop(
     Ok(())
 }
 
+/// The peer address of a request's connection (a request extension), for logs that
+/// must say who sent something.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Peer(pub(crate) IpAddr);
+
 #[allow(clippy::too_many_arguments)]
 async fn connection(
     stream: tokio::net::TcpStream,
@@ -385,6 +390,8 @@ async fn connection(
                 conn.evicted.load(Ordering::SeqCst)
             };
             let mut app = app.clone();
+            let mut req = req;
+            req.extensions_mut().insert(Peer(ip));
             async move {
                 if evicted {
                     let resp = plugin_api::ApiError::new(

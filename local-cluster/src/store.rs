@@ -156,6 +156,12 @@ pub trait Store: Send + Sync + 'static {
     /// `load_all` reloads the truth), so the caller never builds on a batch it believes
     /// failed.
     fn commit(&self, batch: Batch) -> Result<(), StoreError>;
+    /// Sets `key` to `value` unless it exists, atomically (two controllers racing on one
+    /// store agree on the winner), and returns what the key holds afterwards: `value`, or
+    /// the value it already had. Durable like [`commit`](Self::commit); outside the commit
+    /// sequence (it never makes a caller's view stale). For values written once and never
+    /// changed, such as the cluster id.
+    fn put_if_absent(&self, key: Key, value: Vec<u8>) -> Result<Vec<u8>, StoreError>;
 }
 
 // === impl MemStore ===
@@ -232,6 +238,14 @@ impl Store for MemStore {
             }
         }
         Ok(())
+    }
+
+    fn put_if_absent(&self, key: Key, value: Vec<u8>) -> Result<Vec<u8>, StoreError> {
+        let mut inner = self.inner.lock().unwrap();
+        if let Some(e) = &inner.fail_with {
+            return Err(e.clone());
+        }
+        Ok(inner.data.entry(key).or_insert(value).clone())
     }
 }
 
@@ -323,6 +337,27 @@ impl Store for RedbStore {
         // Dropping an uncommitted write transaction aborts it: all or nothing.
         tx.commit().map_err(redb_err)
     }
+
+    fn put_if_absent(&self, key: Key, value: Vec<u8>) -> Result<Vec<u8>, StoreError> {
+        use redb::ReadableTable;
+        // One write transaction at a time (redb serializes them, and the file is locked
+        // to one process): read and write cannot interleave with another's.
+        let tx = self.db.begin_write().map_err(redb_err)?;
+        let stored = {
+            let mut table = tx.open_table(TABLE).map_err(redb_err)?;
+            let k = (key.ns.as_str(), key.key.as_str());
+            let existing = table.get(k).map_err(redb_err)?.map(|v| v.value().to_vec());
+            match existing {
+                Some(v) => v,
+                None => {
+                    table.insert(k, value.as_slice()).map_err(redb_err)?;
+                    value
+                }
+            }
+        };
+        tx.commit().map_err(redb_err)?;
+        Ok(stored)
+    }
 }
 
 /// The shared contract suite every [`Store`] must pass.
@@ -386,12 +421,32 @@ pub(crate) mod tests {
         expect!["host/exec-01=h jo/bj-2=x job/j-2=b job/j-3=c2 meta/rev=8"]
             .assert_eq(&dump(&*store));
 
+        // Written once: the first value stays, and every caller learns it.
+        let first = store
+            .put_if_absent(Key::new("meta", "id"), b"one".to_vec())
+            .unwrap();
+        let second = store
+            .put_if_absent(Key::new("meta", "id"), b"two".to_vec())
+            .unwrap();
+        assert_eq!(
+            (first.as_slice(), second.as_slice()),
+            (&b"one"[..], &b"one"[..])
+        );
+        // It does not stand in the way of later commits.
+        store.commit(batch(&[("meta", "rev", Some("8"))])).unwrap();
+
         let store = reopen(store);
-        expect!["host/exec-01=h jo/bj-2=x job/j-2=b job/j-3=c2 meta/rev=8"]
+        expect!["host/exec-01=h jo/bj-2=x job/j-2=b job/j-3=c2 meta/id=one meta/rev=8"]
             .assert_eq(&dump(&*store));
         store.commit(Batch::default()).unwrap();
-        expect!["host/exec-01=h jo/bj-2=x job/j-2=b job/j-3=c2 meta/rev=8"]
+        expect!["host/exec-01=h jo/bj-2=x job/j-2=b job/j-3=c2 meta/id=one meta/rev=8"]
             .assert_eq(&dump(&*store));
+        assert_eq!(
+            store
+                .put_if_absent(Key::new("meta", "id"), b"three".to_vec())
+                .unwrap(),
+            b"one"
+        );
     }
 
     #[test]

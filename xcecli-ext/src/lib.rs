@@ -133,7 +133,14 @@ pub async fn run(cmd: Command, client: &Client, io: &mut Io) -> Result<(), CliEr
         Command::Host(HostCommand::List { output }) => {
             let answer = client::read(io, Client::read_patience(), || client.hosts()).await?;
             let out = match output {
-                ListFormat::Table => format::host_list(&answer.value),
+                ListFormat::Table => {
+                    // On stderr: the table on stdout stays as scripts parse it (the JSON
+                    // form carries `cluster` as a field).
+                    if let Some(cluster) = &answer.value.cluster {
+                        writeln!(io.stderr, "cluster: {cluster}").map_err(CliError::io)?;
+                    }
+                    format::host_list(&answer.value)
+                }
                 ListFormat::Json => json_line(&answer.raw),
             };
             endpoints::write_out(io, &out).map(drop)

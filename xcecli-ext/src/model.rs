@@ -150,6 +150,9 @@ pub(crate) struct StopAnswer {
 /// `GET /v1/hosts`.
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct HostList {
+    /// The cluster's id (absent from controllers older than cluster ids).
+    #[serde(default)]
+    pub(crate) cluster: Option<String>,
     pub(crate) hosts: Vec<HostRow>,
 }
 

@@ -420,8 +420,9 @@ impl Fleet {
         (0..2)
             .find(|&c| {
                 self.controllers[c].is_some()
-                    && healthz(self.controller_ports[c])
-                        .is_some_and(|(status, body)| status == 200 && body.trim() == "ok")
+                    && healthz(self.controller_ports[c]).is_some_and(|(status, body)| {
+                        status == 200 && body.lines().next() == Some("ok")
+                    })
             })
             .context("no controller serves")
     }

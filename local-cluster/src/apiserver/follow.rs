@@ -50,6 +50,8 @@ pub(crate) struct Follower {
     endpoint: usize,
     /// See [`QUIET_CHECK`] (shorter in tests).
     quiet_check: Duration,
+    /// The cluster id as of the last load (written once with the store, never changed).
+    cluster_id: Option<String>,
 }
 
 impl std::fmt::Debug for Follower {
@@ -80,7 +82,14 @@ impl Follower {
             etcd_rev: 0,
             endpoint: 0,
             quiet_check: QUIET_CHECK,
+            cluster_id: None,
         }
+    }
+
+    /// The cluster id the last load found (`None`: no controller has opened the store
+    /// since cluster ids exist).
+    pub(crate) fn cluster_id(&self) -> Option<&str> {
+        self.cluster_id.as_deref()
     }
 
     /// Loads the whole store and resyncs every listener from it.
@@ -97,6 +106,7 @@ impl Follower {
         }
         self.applied = cluster.rev;
         self.etcd_rev = etcd_rev;
+        self.cluster_id = cluster.cluster_id;
         self.metrics.resyncs.inc();
         self.metrics.applied.set(self.applied as i64);
         tracing::info!(

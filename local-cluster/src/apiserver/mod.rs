@@ -114,6 +114,7 @@ pub async fn start(
         .load()
         .await
         .context("cannot load the state from etcd")?;
+    let cluster_id = follower.cluster_id().map(Arc::from);
     let follower = tokio::spawn(follower.run());
     let state = Forwarder {
         http: reqwest::Client::builder()
@@ -125,6 +126,7 @@ pub async fn start(
         recheck: Arc::new(tokio::sync::Mutex::new(None)),
         metrics,
         body_limit: cfg.body_limit,
+        cluster_id,
     };
     let ctx = ApiContext {
         auth: Arc::new(tokens),
@@ -188,12 +190,21 @@ fn router(
     .layer(Extension(ctx))
 }
 
-/// `/healthz`: 200 while the etcd watch that feeds this apiserver is established, 503
+/// `/healthz`: 200 (`ok`, then `cluster: <id>`) while the etcd watch that feeds this
+/// apiserver is established, 503
 /// while it is not, so that a load balancer sends readers elsewhere meanwhile (what this
 /// apiserver serves may be falling behind; a watch being re-established shows as a blip).
 async fn healthz(State(fwd): State<Forwarder>) -> Response {
     if fwd.metrics.watching.get() > 0 {
-        "ok".into_response()
+        // Like the controller's: `ok`, then the cluster it serves.
+        match &fwd.cluster_id {
+            Some(id) => (
+                [(crate::proto::CLUSTER_HEADER, id.to_string())],
+                format!("ok\ncluster: {id}\n"),
+            )
+                .into_response(),
+            None => "ok".into_response(),
+        }
     } else {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -217,6 +228,8 @@ struct Forwarder {
     recheck: Arc<tokio::sync::Mutex<Option<LeaderSeen>>>,
     metrics: metrics::Metrics,
     body_limit: usize,
+    /// The cluster id, as the store said at start (shown by `/healthz`).
+    cluster_id: Option<Arc<str>>,
 }
 
 /// When the leader key was read, and the leader's base URL it named (`None`: nobody).
@@ -503,16 +516,23 @@ mod tests {
         let app = Router::new().route(
             "/v1/services",
             post(move |headers: HeaderMap, body: Bytes| async move {
-                let auth = headers
-                    .get("authorization")
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or("")
-                    .to_owned();
+                let header = |n: &str| {
+                    headers
+                        .get(n)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_owned()
+                };
+                let (auth, instance) = (header("authorization"), header("x-xce-worker-instance"));
                 (
                     StatusCode::CREATED,
-                    [("x-xce-index", "7"), ("content-type", "application/json")],
+                    [
+                        ("x-xce-index", "7"),
+                        ("x-xce-cluster", "c-1"),
+                        ("content-type", "application/json"),
+                    ],
                     format!(
-                        r#"{{"by":"{name}","auth":"{auth}","body":{:?}}}"#,
+                        r#"{{"by":"{name}","auth":"{auth}","instance":"{instance}","body":{:?}}}"#,
                         String::from_utf8_lossy(&body)
                     ),
                 )
@@ -574,9 +594,20 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn healthz_says_whether_it_follows_etcd() {
         let etcd = TestEtcd::start();
+        // The id a controller creates with the store.
+        use crate::store::Store as _;
+        etcd.store("/xce/")
+            .put_if_absent(
+                crate::controller::model::cluster_id_key(),
+                b"\"0123456789abcdef\"".to_vec(),
+            )
+            .unwrap();
         let running = start_on(&etcd, Tokens::parse("").unwrap()).await;
         let url = format!("http://{}/healthz", running.addr);
         until_status(&url, 200).await;
+        let r = reqwest::get(&url).await.unwrap();
+        assert_eq!(r.headers()["x-xce-cluster"], "0123456789abcdef");
+        assert_eq!(r.text().await.unwrap(), "ok\ncluster: 0123456789abcdef\n");
         drop(etcd);
         until_status(&url, 503).await;
         let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
@@ -594,9 +625,11 @@ mod tests {
         let running = start_on(&etcd, tokens).await;
         let base = format!("http://{}", running.addr);
         let http = reqwest::Client::new();
+        // The identity headers of the worker protocol pass both ways too.
         let submit = |body: &'static str| {
             http.post(format!("{base}/v1/services"))
                 .bearer_auth("s3cret")
+                .header("x-xce-worker-instance", "i-1")
                 .body(body)
                 .send()
         };
@@ -613,9 +646,10 @@ mod tests {
         let r = submit("one").await.unwrap();
         assert_eq!(r.status(), 201);
         assert_eq!(r.headers()["x-xce-index"], "7");
+        assert_eq!(r.headers()["x-xce-cluster"], "c-1");
         assert_eq!(
             r.text().await.unwrap(),
-            r#"{"by":"a","auth":"Bearer s3cret","body":"one"}"#
+            r#"{"by":"a","auth":"Bearer s3cret","instance":"i-1","body":"one"}"#
         );
 
         // The leader dies and another takes over: the next request finds the new one.

@@ -8,7 +8,9 @@
 use super::core::{Applied, CoreError, HostView, JobView, ServiceView, View};
 use super::model::ServiceState;
 use super::task::Command;
-use crate::proto::{Assignments, RegisterRequest, WorkerEvent};
+use crate::proto::{
+    Assignments, Caller, RegisterRequest, WorkerEvent, CLUSTER_HEADER, INSTANCE_HEADER,
+};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -42,6 +44,9 @@ pub(crate) struct ApiState {
     pub(crate) extensions: Vec<Arc<dyn ApiExtension>>,
     pub(crate) body_limit: usize,
     pub(crate) shutdown: watch::Receiver<bool>,
+    /// The cluster's identity (on `/healthz`, `/v1/hosts` and every `/internal/v1`
+    /// answer).
+    pub(crate) cluster_id: Arc<str>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -64,12 +69,27 @@ pub(crate) fn build(state: ApiState) -> Router {
             get(get_service).put(put_service).delete(delete_service),
         )
         .route("/v1/hosts", get(list_hosts))
+        .with_state(state.clone());
+    // Every worker-protocol answer, refusals included, names the cluster: a worker takes
+    // no answer (and no order) from another cluster's controller.
+    let cluster = HeaderValue::from_str(&state.cluster_id).ok();
+    let internal = Router::new()
         .route("/internal/v1/hosts/{host}/register", post(register))
         .route("/internal/v1/hosts/{host}/heartbeat", post(heartbeat))
         .route("/internal/v1/hosts/{host}/facts", put(facts))
         .route("/internal/v1/hosts/{host}/assignments", get(assignments))
         .route("/internal/v1/hosts/{host}/events", post(events))
-        .with_state(state.clone());
+        .with_state(state.clone())
+        .layer(axum::middleware::map_response(move |mut r: Response| {
+            let cluster = cluster.clone();
+            async move {
+                if let Some(c) = cluster {
+                    r.headers_mut().insert(CLUSTER_HEADER, c);
+                }
+                r
+            }
+        }));
+    app = app.merge(internal);
     for ext in &state.extensions {
         app = app.merge(ext.router(state.ctx.clone()));
     }
@@ -149,6 +169,12 @@ fn from_core(e: CoreError) -> ApiError {
             details: vec![FieldError::new("ip_addr", e.to_string())],
             ..ApiError::new(StatusCode::CONFLICT, "address_in_use", "host facts refused")
         },
+        e @ CoreError::HostTaken { .. } => {
+            ApiError::new(StatusCode::CONFLICT, "host_taken", e.to_string())
+        }
+        e @ CoreError::WrongCluster { .. } => {
+            ApiError::new(StatusCode::CONFLICT, "wrong_cluster", e.to_string())
+        }
         CoreError::UnknownHost(h) => ApiError::new(
             StatusCode::NOT_FOUND,
             "not_found",
@@ -216,7 +242,8 @@ fn worker_of(p: &Principal, host: &str) -> Result<(), ApiError> {
 
 /// 200 `ok` while the state task runs (so changes can be committed); 503 once it has
 /// stopped (a store that went stale or cannot write, or shutdown): a load balancer or a
-/// supervisor sees it.
+/// supervisor sees it. The first line is `ok`; the second names the cluster
+/// (`cluster: <id>`), also in the `X-Xce-Cluster` header.
 async fn healthz(State(st): State<ApiState>) -> Response {
     if st.tx.is_closed() {
         return ApiError::new(
@@ -226,7 +253,11 @@ async fn healthz(State(st): State<ApiState>) -> Response {
         )
         .into_response();
     }
-    "ok".into_response()
+    (
+        [(CLUSTER_HEADER, st.cluster_id.to_string())],
+        format!("ok\ncluster: {}\n", st.cluster_id),
+    )
+        .into_response()
 }
 
 // --- /metrics ---
@@ -675,9 +706,10 @@ fn host_json(h: &HostView) -> Value {
 async fn list_hosts(State(st): State<ApiState>, who: Principal) -> Result<Json<Value>, ApiError> {
     user(&who)?;
     let view = st.view()?;
-    Ok(Json(
-        json!({ "hosts": view.hosts.iter().map(host_json).collect::<Vec<_>>() }),
-    ))
+    Ok(Json(json!({
+        "cluster": &*st.cluster_id,
+        "hosts": view.hosts.iter().map(host_json).collect::<Vec<_>>(),
+    })))
 }
 
 // --- /internal/v1 ---
@@ -691,16 +723,41 @@ fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
     })
 }
 
+/// The sender of a worker request: its identity headers and its connection's peer.
+fn caller(headers: &HeaderMap, peer: Option<Extension<crate::serve::Peer>>) -> Caller {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+    };
+    Caller {
+        instance: header(INSTANCE_HEADER),
+        cluster: header(CLUSTER_HEADER),
+        peer: peer.map(|Extension(p)| p.0.to_string()),
+    }
+}
+
 async fn register(
     State(st): State<ApiState>,
     who: Principal,
     Path(host): Path<String>,
+    headers: HeaderMap,
+    peer: Option<Extension<crate::serve::Peer>>,
     body: Bytes,
 ) -> Result<Json<crate::proto::RegisterResponse>, ApiError> {
     worker_of(&who, &host)?;
+    let caller = caller(&headers, peer);
     let req: RegisterRequest = json_body(&body)?;
     let resp = st
-        .call(|reply| Command::Register { host, req, reply })
+        .call(|reply| Command::Register {
+            host,
+            caller,
+            req,
+            reply,
+        })
         .await?;
     Ok(Json(resp))
 }
@@ -709,9 +766,17 @@ async fn heartbeat(
     State(st): State<ApiState>,
     who: Principal,
     Path(host): Path<String>,
+    headers: HeaderMap,
+    peer: Option<Extension<crate::serve::Peer>>,
 ) -> Result<StatusCode, ApiError> {
     worker_of(&who, &host)?;
-    st.call(|reply| Command::Heartbeat { host, reply }).await?;
+    let caller = caller(&headers, peer);
+    st.call(|reply| Command::Heartbeat {
+        host,
+        caller,
+        reply,
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -719,12 +784,20 @@ async fn facts(
     State(st): State<ApiState>,
     who: Principal,
     Path(host): Path<String>,
+    headers: HeaderMap,
+    peer: Option<Extension<crate::serve::Peer>>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
     worker_of(&who, &host)?;
+    let caller = caller(&headers, peer);
     let facts: HostFacts = json_body(&body)?;
-    st.call(|reply| Command::Facts { host, facts, reply })
-        .await?;
+    st.call(|reply| Command::Facts {
+        host,
+        caller,
+        facts,
+        reply,
+    })
+    .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -732,12 +805,16 @@ async fn events(
     State(st): State<ApiState>,
     who: Principal,
     Path(host): Path<String>,
+    headers: HeaderMap,
+    peer: Option<Extension<crate::serve::Peer>>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
     worker_of(&who, &host)?;
+    let caller = caller(&headers, peer);
     let events: Vec<WorkerEvent> = json_body(&body)?;
     st.call(|reply| Command::Events {
         host,
+        caller,
         events,
         reply,
     })
@@ -752,9 +829,12 @@ async fn assignments(
     State(st): State<ApiState>,
     who: Principal,
     Path(host): Path<String>,
+    headers: HeaderMap,
+    peer: Option<Extension<crate::serve::Peer>>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     worker_of(&who, &host)?;
+    let caller = caller(&headers, peer);
     let index: u64 = match q.get("index") {
         None => 0,
         Some(s) => s
@@ -770,14 +850,13 @@ async fn assignments(
     let (tx, rx) = oneshot::channel();
     st.tx
         .send(Command::Assignments {
-            host: host.clone(),
+            host,
+            caller,
             reply: tx,
         })
         .await
         .map_err(|_| unavailable())?;
-    let Some(mut rx) = rx.await.map_err(|_| unavailable())? else {
-        return Err(from_core(CoreError::UnknownHost(host)));
-    };
+    let mut rx = rx.await.map_err(|_| unavailable())?.map_err(from_core)?;
     let current = rx.borrow_and_update().index;
     if current == index {
         let mut shutdown = st.shutdown.clone();

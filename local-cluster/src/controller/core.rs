@@ -14,7 +14,7 @@ use super::rollout::{self, Counts, JobFacts, Phase, Rollout, RolloutState, Stabl
 use super::scheduler::{self, Candidate, Request};
 use crate::profile::{self, Profile};
 use crate::proto::{
-    Assignment, Assignments, Desired, RegisterRequest, RegisterResponse, WorkerEvent,
+    Assignment, Assignments, Caller, Desired, RegisterRequest, RegisterResponse, WorkerEvent,
 };
 use crate::store::{Store, StoreError};
 use plugin_api::{
@@ -70,6 +70,12 @@ pub(crate) enum CoreError {
     AddressTaken { ip: String, other: HostId },
     #[error("host {0:?} is not registered")]
     UnknownHost(HostId),
+    /// Another worker instance holds the host (a second worker with the same host id).
+    #[error("host {host} is held by another live worker (instance {holder}); check for a second worker with the same host id")]
+    HostTaken { host: HostId, holder: String },
+    /// The worker joined another cluster (it was pointed at the wrong controller).
+    #[error("this controller serves cluster {ours}, the worker belongs to cluster {theirs}")]
+    WrongCluster { ours: String, theirs: String },
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -137,6 +143,8 @@ pub(crate) struct Wiring {
 
 pub(crate) struct Core {
     timing: Timing,
+    /// The cluster's identity, from the store (created with it).
+    cluster_id: String,
     cluster: Cluster,
     plugins: Vec<Box<dyn ResourcePlugin>>,
     policies: Vec<Arc<dyn HostFactsPolicy>>,
@@ -203,6 +211,7 @@ impl Core {
         metrics: Metrics,
         now: Instant,
     ) -> Result<Self, LoadError> {
+        let cluster_id = ensure_cluster_id(&*store)?;
         let cluster = Cluster::load(&*store)?;
         let Wiring {
             resources: mut plugins,
@@ -281,6 +290,7 @@ impl Core {
         }
         let heard = cluster.hosts.keys().map(|h| (h.clone(), now)).collect();
         info!(
+            cluster = %cluster_id,
             rev = cluster.rev,
             services = cluster.services.len(),
             jobs = cluster.jobs.len(),
@@ -290,6 +300,7 @@ impl Core {
         let (view, _) = watch::channel(Arc::new(View::default()));
         let mut core = Core {
             timing,
+            cluster_id,
             cluster,
             plugins,
             policies,
@@ -328,6 +339,11 @@ impl Core {
         }
         core.publish();
         Ok(core)
+    }
+
+    /// The cluster's identity.
+    pub(crate) fn cluster_id(&self) -> &str {
+        &self.cluster_id
     }
 
     /// Sets the per-project quotas (checked on every create, update and scale).
@@ -396,13 +412,18 @@ impl Core {
         self.view.subscribe()
     }
 
-    /// The host's desired-set watch, if the host is known.
-    pub(crate) fn assignments(&mut self, host: &str) -> Option<watch::Receiver<Arc<Assignments>>> {
-        if !self.cluster.hosts.contains_key(host) {
-            return None;
-        }
+    /// The host's desired-set watch, for the worker instance that holds the host.
+    pub(crate) fn assignments(
+        &mut self,
+        host: &HostId,
+        caller: &Caller,
+    ) -> Result<watch::Receiver<Arc<Assignments>>, CoreError> {
+        self.check_holder(host, caller, "assignments query")?;
         self.publish_host(host);
-        self.assign.get(host).map(|tx| tx.subscribe())
+        self.assign
+            .get(host)
+            .map(|tx| tx.subscribe())
+            .ok_or_else(|| CoreError::UnknownHost(host.clone()))
     }
 
     /// Persists, applies, announces, then makes the plugin calls due.
@@ -893,12 +914,88 @@ impl Core {
         }
     }
 
+    /// A worker of another cluster is refused before anything else.
+    fn check_cluster(&self, host: &HostId, caller: &Caller, what: &str) -> Result<(), CoreError> {
+        match &caller.cluster {
+            Some(theirs) if *theirs != self.cluster_id => {
+                warn!(host = %host, cluster = %self.cluster_id, worker_cluster = %theirs, instance = %caller.instance_or_none(), peer = %caller.peer.as_deref().unwrap_or("unknown"), "{what} refused: the worker belongs to another cluster (pointed at the wrong controller?)");
+                Err(CoreError::WrongCluster {
+                    ours: self.cluster_id.clone(),
+                    theirs: theirs.clone(),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Heartbeats, facts, events and assignment queries: only from this cluster's worker
+    /// instance that holds the host (a second worker with the same host id neither
+    /// reports nor takes orders). A host held by no known instance (a record from before
+    /// instance ids) accepts any.
+    fn check_holder(&self, host: &HostId, caller: &Caller, what: &str) -> Result<(), CoreError> {
+        self.check_cluster(host, caller, what)?;
+        let Some(h) = self.cluster.hosts.get(host) else {
+            return Err(CoreError::UnknownHost(host.clone()));
+        };
+        match &h.instance {
+            Some(holder) if caller.instance.as_ref() != Some(holder) => {
+                // Debug only: a refused duplicate repeats these every second; its
+                // registration attempts are the warnings.
+                debug!(host = %host, holder = %holder, instance = %caller.instance_or_none(), peer = %caller.peer.as_deref().unwrap_or("unknown"), "{what} refused: another worker instance holds the host");
+                Err(CoreError::HostTaken {
+                    host: host.clone(),
+                    holder: holder.clone(),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the host's holder is live: `ready` and heard from within
+    /// `unreachable_after` (every host gets a fresh window when the controller loads).
+    fn holder_live(&self, h: &HostRec, now: Instant) -> bool {
+        h.info.state == HostState::Ready
+            && self
+                .heard
+                .get(&h.info.id)
+                .is_some_and(|t| now.saturating_duration_since(*t) < self.timing.unreachable_after)
+    }
+
+    /// A worker (re)registers: the instance that holds the host, or a new one once the
+    /// holder is gone (unreachable or lost). A registration from another instance while
+    /// the holder is live is refused before anything is applied: no facts, no plugin
+    /// call, nothing committed.
     pub(crate) fn register(
         &mut self,
         host: &HostId,
+        caller: &Caller,
         req: RegisterRequest,
         now: Instant,
     ) -> Result<RegisterResponse, CoreError> {
+        if let Err(e) = self.check_cluster(host, caller, "registration") {
+            self.metrics.registration_refused("wrong_cluster");
+            return Err(e);
+        }
+        let holder = self.cluster.hosts.get(host).and_then(|h| {
+            h.instance
+                .clone()
+                .filter(|i| caller.instance.as_ref() != Some(i))
+                .map(|i| (i, self.holder_live(h, now)))
+        });
+        match &holder {
+            Some((holder, true)) => {
+                warn!(host = %host, holder = %holder, instance = %caller.instance_or_none(), peer = %caller.peer.as_deref().unwrap_or("unknown"), "registration refused: another live worker instance holds the host (a second worker with the same host id?)");
+                self.metrics.registration_refused("host_taken");
+                return Err(CoreError::HostTaken {
+                    host: host.clone(),
+                    holder: holder.clone(),
+                });
+            }
+            Some((holder, false)) => {
+                warn!(host = %host, previous = %holder, instance = %caller.instance_or_none(), peer = %caller.peer.as_deref().unwrap_or("unknown"), "a new worker instance takes the host over (its previous worker is gone)");
+            }
+            None => {}
+        }
         self.check_facts(host, &req.facts)?;
         self.host_up(host, &req.facts);
         let mut txn = Txn::new(&self.cluster);
@@ -968,17 +1065,25 @@ impl Core {
                 },
                 orphans,
                 released,
+                instance: caller.instance.clone(),
             },
         );
         self.commit(txn, now)?;
         self.heard.insert(host.clone(), now);
-        info!(host = %host, "host registered");
+        info!(host = %host, instance = %caller.instance_or_none(), "host registered");
         Ok(RegisterResponse {
             heartbeat_ms: self.timing.heartbeat_interval.as_millis() as u64,
+            cluster: Some(self.cluster_id.clone()),
         })
     }
 
-    pub(crate) fn heartbeat(&mut self, host: &HostId, now: Instant) -> Result<(), CoreError> {
+    pub(crate) fn heartbeat(
+        &mut self,
+        host: &HostId,
+        caller: &Caller,
+        now: Instant,
+    ) -> Result<(), CoreError> {
+        self.check_holder(host, caller, "heartbeat")?;
         let Some(h) = self.cluster.hosts.get(host).cloned() else {
             return Err(CoreError::UnknownHost(host.clone()));
         };
@@ -1009,9 +1114,11 @@ impl Core {
     pub(crate) fn facts(
         &mut self,
         host: &HostId,
+        caller: &Caller,
         facts: HostFacts,
         now: Instant,
     ) -> Result<(), CoreError> {
+        self.check_holder(host, caller, "facts report")?;
         let Some(mut h) = self.cluster.hosts.get(host).cloned() else {
             return Err(CoreError::UnknownHost(host.clone()));
         };
@@ -1029,12 +1136,11 @@ impl Core {
     pub(crate) fn events(
         &mut self,
         host: &HostId,
+        caller: &Caller,
         events: Vec<WorkerEvent>,
         now: Instant,
     ) -> Result<(), CoreError> {
-        if !self.cluster.hosts.contains_key(host) {
-            return Err(CoreError::UnknownHost(host.clone()));
-        }
+        self.check_holder(host, caller, "events report")?;
         let mut txn = Txn::new(&self.cluster);
         for ev in events {
             let id = match &ev {
@@ -1865,6 +1971,25 @@ impl Core {
 
 /// Runs a blocking store call; on a multi-threaded runtime it tells tokio first, so the
 /// worker thread's other tasks move elsewhere during a disk sync.
+/// The store's cluster id: created (at random) by the first controller that opens the
+/// store, the same for every later one.
+fn ensure_cluster_id(store: &dyn Store) -> Result<String, LoadError> {
+    let fresh = crate::proto::random_id();
+    let key = super::model::cluster_id_key();
+    let stored = blocking(|| {
+        store.put_if_absent(
+            key.clone(),
+            serde_json::to_vec(&fresh).expect("a string serializes"),
+        )
+    })?;
+    let id: String =
+        serde_json::from_slice(&stored).map_err(|err| LoadError::Decode { key, err })?;
+    if id == fresh {
+        info!(cluster = %id, "cluster id created");
+    }
+    Ok(id)
+}
+
 fn blocking<R>(f: impl FnOnce() -> R) -> R {
     match tokio::runtime::Handle::try_current() {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {

@@ -20,6 +20,8 @@ pub(crate) struct Metrics {
     /// Rollouts ended, by outcome (`complete`, `failed`, `reverted`).
     pub(crate) rollouts: Family<Labels, Counter>,
     pub(crate) draining: Gauge,
+    /// Worker registrations refused, by reason (`host_taken`, `wrong_cluster`).
+    pub(crate) registrations_refused: Family<Labels, Counter>,
 }
 
 impl Metrics {
@@ -52,6 +54,11 @@ impl Metrics {
             self.draining.clone(),
         );
         r.register(
+            "xce_worker_registrations_refused",
+            "Worker registrations refused, by reason: host_taken (another live worker instance holds the host), wrong_cluster (the worker belongs to another cluster)",
+            self.registrations_refused.clone(),
+        );
+        r.register(
             "xce_revision",
             "The controller's global revision",
             self.revision.clone(),
@@ -67,6 +74,12 @@ impl Metrics {
     pub(crate) fn rollout_ended(&self, outcome: &str) {
         self.rollouts
             .get_or_create(&vec![("outcome".to_owned(), outcome.to_owned())])
+            .inc();
+    }
+
+    pub(crate) fn registration_refused(&self, reason: &str) {
+        self.registrations_refused
+            .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
             .inc();
     }
 

@@ -228,6 +228,7 @@ impl Controller {
         .context("cannot load the controller state from the store")?;
         core.set_quotas(cfg.quotas.clone());
         let view = core.view();
+        let cluster_id: Arc<str> = core.cluster_id().into();
         let (tx, rx) = mpsc::channel(256);
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (fatal_tx, fatal) = watch::channel(None);
@@ -242,6 +243,7 @@ impl Controller {
             extensions,
             body_limit: cfg.body_limit,
             shutdown: shutdown_rx,
+            cluster_id,
         };
         Ok(Self {
             api,

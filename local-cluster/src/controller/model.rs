@@ -20,6 +20,14 @@ const NS_HOST: &str = "host";
 /// separate apiserver watching etcd) reads every version of it, in order, to learn the
 /// events without a controller to push them.
 const EVENTS: &str = "events";
+/// `meta/cluster_id`: the cluster's identity, created once with the store (see
+/// [`Store::put_if_absent`]) and never changed; not part of any batch.
+const CLUSTER_ID: &str = "cluster_id";
+
+/// The key of the cluster id (see [`CLUSTER_ID`]).
+pub(crate) fn cluster_id_key() -> Key {
+    Key::new(NS_META, CLUSTER_ID)
+}
 
 /// The key of the last batch's events (see [`EVENTS`]).
 pub(crate) fn events_key() -> Key {
@@ -90,6 +98,11 @@ pub(crate) struct HostRec {
     /// handed out after it (DESIGN §4).
     #[serde(default)]
     pub(crate) released: std::collections::VecDeque<Released>,
+    /// The worker instance that holds the host (its last accepted registration); `None`
+    /// for a record from before instance ids, or a worker that sends none. Persisted, so
+    /// a restarted controller or a new leader refuses a second worker for the host too.
+    #[serde(default)]
+    pub(crate) instance: Option<String>,
 }
 
 /// How many ended jobs' grants a host record keeps for [`HostRec::released`].
@@ -106,6 +119,9 @@ pub(crate) struct Released {
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Cluster {
     pub(crate) rev: u64,
+    /// The cluster id as stored (`None` in a store no controller has opened since cluster
+    /// ids exist).
+    pub(crate) cluster_id: Option<String>,
     pub(crate) next_job: u64,
     pub(crate) services: BTreeMap<ServiceKey, ServiceRec>,
     /// Service records stored under a key that is not their canonical `project/name`
@@ -152,6 +168,7 @@ impl Cluster {
                 (NS_META, "rev") => c.rev = de!(),
                 (NS_META, "next_job") => c.next_job = de!(),
                 (NS_META, EVENTS) => {}
+                (NS_META, CLUSTER_ID) => c.cluster_id = Some(de!()),
                 (NS_SERVICE, stored) => {
                     let rec: ServiceRec = de!();
                     let k = rec.info.key();

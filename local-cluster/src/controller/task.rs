@@ -3,7 +3,7 @@
 //! publishes) and answers. Timers are one `sleep_until` on the next deadline.
 
 use super::core::{Applied, Core, CoreError};
-use crate::proto::{Assignments, RegisterRequest, RegisterResponse, WorkerEvent};
+use crate::proto::{Assignments, Caller, RegisterRequest, RegisterResponse, WorkerEvent};
 use plugin_api::{HostFacts, HostId, Principal, ServiceKey};
 use serde_json::Value;
 use std::sync::Arc;
@@ -44,26 +44,31 @@ pub(crate) enum Command {
     },
     Register {
         host: HostId,
+        caller: Caller,
         req: RegisterRequest,
         reply: Reply<RegisterResponse>,
     },
     Heartbeat {
         host: HostId,
+        caller: Caller,
         reply: Reply<()>,
     },
     Facts {
         host: HostId,
+        caller: Caller,
         facts: HostFacts,
         reply: Reply<()>,
     },
     Events {
         host: HostId,
+        caller: Caller,
         events: Vec<WorkerEvent>,
         reply: Reply<()>,
     },
     Assignments {
         host: HostId,
-        reply: oneshot::Sender<Option<watch::Receiver<Arc<Assignments>>>>,
+        caller: Caller,
+        reply: Reply<watch::Receiver<Arc<Assignments>>>,
     },
 }
 
@@ -157,28 +162,47 @@ fn handle(core: &mut Core, cmd: Command) {
             let r = core.delete(&key, now_please, &who, now);
             done(core, now, reply, r)
         }
-        Command::Register { host, req, reply } => {
-            let r = core.register(&host, req, now);
+        Command::Register {
+            host,
+            caller,
+            req,
+            reply,
+        } => {
+            let r = core.register(&host, &caller, req, now);
             done(core, now, reply, r)
         }
-        Command::Heartbeat { host, reply } => {
-            let r = core.heartbeat(&host, now);
+        Command::Heartbeat {
+            host,
+            caller,
+            reply,
+        } => {
+            let r = core.heartbeat(&host, &caller, now);
             done(core, now, reply, r)
         }
-        Command::Facts { host, facts, reply } => {
-            let r = core.facts(&host, facts, now);
+        Command::Facts {
+            host,
+            caller,
+            facts,
+            reply,
+        } => {
+            let r = core.facts(&host, &caller, facts, now);
             done(core, now, reply, r)
         }
         Command::Events {
             host,
+            caller,
             events,
             reply,
         } => {
-            let r = core.events(&host, events, now);
+            let r = core.events(&host, &caller, events, now);
             done(core, now, reply, r)
         }
-        Command::Assignments { host, reply } => {
-            let _ = reply.send(core.assignments(&host));
+        Command::Assignments {
+            host,
+            caller,
+            reply,
+        } => {
+            let _ = reply.send(core.assignments(&host, &caller));
         }
     }
 }

@@ -5,7 +5,7 @@ use super::core::{Core, Timing, Wiring};
 use super::metrics::Metrics;
 use super::scheduler::tests::Slots;
 use super::*;
-use crate::proto::{Assignments, RegisterRequest, RunningJob, WorkerEvent};
+use crate::proto::{Assignments, Caller, RegisterRequest, RunningJob, WorkerEvent};
 use crate::store::MemStore;
 use axum::body::Body;
 use expect_test::{expect, Expect};
@@ -353,6 +353,11 @@ impl Sim {
     }
 
     fn register(&mut self, host: &str, slots: u64, running: &[&str]) {
+        self.register_as(&worker(host), host, slots, running);
+    }
+
+    /// A registration by the worker instance `caller`.
+    fn register_as(&mut self, caller: &Caller, host: &str, slots: u64, running: &[&str]) {
         let req = RegisterRequest {
             facts: facts_of(host, slots),
             running: running
@@ -366,19 +371,28 @@ impl Sim {
         };
         let r = self
             .core
-            .register(&host.to_owned(), req, self.now)
+            .register(&host.to_owned(), caller, req, self.now)
             .map(|_| ());
-        self.settle(&format!("register {host} running={running:?}"), r);
+        let who = if *caller == worker(host) {
+            String::new()
+        } else {
+            format!(" as {}", caller.instance_or_none())
+        };
+        self.settle(&format!("register {host}{who} running={running:?}"), r);
     }
 
     fn heartbeat(&mut self, host: &str) {
-        let r = self.core.heartbeat(&host.to_owned(), self.now);
+        let r = self
+            .core
+            .heartbeat(&host.to_owned(), &worker(host), self.now);
         self.settle(&format!("heartbeat {host}"), r);
     }
 
     fn events(&mut self, host: &str, events: Vec<WorkerEvent>) {
         let what = format!("events {host} {}", serde_json::to_string(&events).unwrap());
-        let r = self.core.events(&host.to_owned(), events, self.now);
+        let r = self
+            .core
+            .events(&host.to_owned(), &worker(host), events, self.now);
         self.settle(&what, r);
     }
 
@@ -388,7 +402,9 @@ impl Sim {
         for _ in 0..secs {
             self.now += Duration::from_secs(1);
             for h in heartbeating {
-                self.core.heartbeat(&(*h).to_owned(), self.now).unwrap();
+                self.core
+                    .heartbeat(&(*h).to_owned(), &worker(h), self.now)
+                    .unwrap();
                 self.core.settle(self.now);
             }
             self.core.tick(self.now, Some(self.now));
@@ -412,7 +428,12 @@ impl Sim {
     }
 
     fn assignments(&mut self, host: &str) -> String {
-        let a: Arc<Assignments> = self.core.assignments(host).unwrap().borrow().clone();
+        let a: Arc<Assignments> = self
+            .core
+            .assignments(&host.to_owned(), &worker(host))
+            .unwrap()
+            .borrow()
+            .clone();
         let jobs: Vec<String> = a
             .jobs
             .iter()
@@ -427,6 +448,14 @@ impl Sim {
 
     fn check(&self, expect: Expect) {
         expect.assert_eq(&self.out.join("\n"));
+    }
+}
+
+/// The one worker instance of `host` the simulations use, of no cluster yet.
+fn worker(host: &str) -> Caller {
+    Caller {
+        instance: Some(format!("i-{host}")),
+        ..Caller::default()
     }
 }
 
@@ -921,7 +950,9 @@ fn a_backoff_that_ends_during_a_slow_commit_still_places_the_replica() {
     s.events("exec-01", vec![started("j-1"), exited("j-1")]);
     let exited_at = s.now;
     s.now += Duration::from_secs(5);
-    s.core.heartbeat(&"exec-01".to_owned(), s.now).unwrap();
+    s.core
+        .heartbeat(&"exec-01".to_owned(), &worker("exec-01"), s.now)
+        .unwrap();
     let due = s.core.next_deadline(s.now).expect("a deadline");
     assert_eq!(
         due,
@@ -1069,7 +1100,9 @@ fn register_reconciles_and_refused_facts_keep_the_old_ones() {
         ip_addr: Some("0.0.0.0".parse().unwrap()),
         ..HostFacts::default()
     };
-    let r = s.core.facts(&"exec-01".into(), bad, s.now);
+    let r = s
+        .core
+        .facts(&"exec-01".into(), &worker("exec-01"), bad, s.now);
     s.settle("facts 0.0.0.0", r);
     let ip = s.core.view().borrow().hosts[0].info.facts.ip_addr;
     s.note(format!("ip_addr still {ip:?}"));
@@ -1205,10 +1238,22 @@ async fn app_with(cfg: ControllerConfig, store: Arc<dyn Store>, slots: SharedSlo
     App { ctl, app }
 }
 
+/// A store with a fixed cluster id, so answers that name it can be expected.
+fn store_of_cluster(id: &str) -> Arc<MemStore> {
+    let store = MemStore::new();
+    store
+        .put_if_absent(
+            super::model::cluster_id_key(),
+            serde_json::to_vec(id).unwrap(),
+        )
+        .unwrap();
+    Arc::new(store)
+}
+
 async fn app() -> App {
     app_with(
         ControllerConfig::default(),
-        Arc::new(MemStore::new()),
+        store_of_cluster("c1c1c1c1c1c1c1c1"),
         SharedSlots::new(),
     )
     .await
@@ -1410,6 +1455,8 @@ async fn rbac_matrix_across_two_projects() {
         ],
         expect![[r#"
             GET /healthz as -: 200 ok
+            cluster: c1c1c1c1c1c1c1c1
+
             GET /v1/services as -: 401 {"error":{"code":"unauthenticated","details":[],"message":"missing bearer token"}}
             GET /v1/services as nope: 401 {"error":{"code":"unauthenticated","details":[],"message":"invalid bearer token"}}
             GET /v1/services/web-b as alice-secret: 404 {"error":{"code":"not_found","details":[],"message":"service \"web-b\" not found"}}
@@ -1758,7 +1805,7 @@ async fn service_and_host_answers_have_the_rest_shapes() {
         {"generation":1,"index":6,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":false,"replica":0,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts (exec-01, exec-02)","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":0,"reason":null,"state":"progressing","updated":3},"state":"active"}
         {"generation":1,"index":8,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":true,"replica":0,"slots":{"slot":0},"state":"running"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts (exec-01, exec-02)","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":1,"reason":null,"state":"progressing","updated":3},"state":"active"}
         {"services":[{"generation":1,"index":8,"name":"web","pending":1,"pending_reason":"slots is full on all 2 hosts (exec-01, exec-02)","project":"default","ready":1,"replicas":4,"rollout":"progressing","running":1,"state":"active"}]}
-        {"hosts":[{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-01","ip_addr":"127.0.0.11","jobs":2,"slots":{"capacity":2,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.12"}],"id":"exec-02","ip_addr":"127.0.0.12","jobs":1,"slots":{"capacity":1,"used":1},"state":"ready"}]}
+        {"cluster":"c1c1c1c1c1c1c1c1","hosts":[{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-01","ip_addr":"127.0.0.11","jobs":2,"slots":{"capacity":2,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.12"}],"id":"exec-02","ip_addr":"127.0.0.12","jobs":1,"slots":{"capacity":1,"used":1},"state":"ready"}]}
         test_ext_total 1
         test_slots 42
         xce_jobs{state="draining"} 0
@@ -2239,6 +2286,9 @@ impl Store for StaleAfter {
         }
         self.inner.commit(batch)
     }
+    fn put_if_absent(&self, key: Key, value: Vec<u8>) -> Result<Vec<u8>, StoreError> {
+        self.inner.put_if_absent(key, value)
+    }
 }
 
 /// A controller whose store says its view is stale stops itself (fail-stop) and says
@@ -2472,4 +2522,191 @@ proptest::proptest! {
         proptest::prop_assert!(done, "{:?}", s.rollout);
         proptest::prop_assert_eq!(s.counts.ready, s.info.replicas);
     }
+}
+
+// === host and cluster identity (issue 12, bugs 2 and 3) ===
+
+/// Another worker instance for `host` (a second worker with the same host id).
+fn duplicate() -> Caller {
+    Caller {
+        instance: Some("i-dup".into()),
+        peer: Some("127.0.0.99".into()),
+        ..Caller::default()
+    }
+}
+
+impl Sim {
+    /// What a refused worker request must not change: the stored records, the hosts'
+    /// facts and states, the plugin's grants, the host's assignments.
+    fn footprint(&mut self, host: &str) -> String {
+        let view = self.core.view();
+        let hosts: Vec<String> = view
+            .borrow()
+            .hosts
+            .iter()
+            .map(|h| format!("{} {:?} {:?}", h.info.id, h.info.state, h.info.facts))
+            .collect();
+        let assignments = self.assignments(host);
+        format!(
+            "store: {}\nhosts: {hosts:?}\nslots: {:?}\n{assignments}",
+            crate::store::tests::dump(&*self.store),
+            self.slots.used()
+        )
+    }
+
+    /// Heartbeat, facts, events and an assignments query from `caller`: their errors.
+    fn worker_calls_as(&mut self, caller: &Caller, host: &str) -> Vec<String> {
+        let host = host.to_owned();
+        let now = self.now;
+        let mut out = vec![
+            self.core.heartbeat(&host, caller, now).map(drop),
+            self.core.facts(&host, caller, facts_of(&host, 7), now),
+            self.core.events(&host, caller, vec![exited("j-1")], now),
+            self.core.assignments(&host, caller).map(drop),
+        ]
+        .into_iter()
+        .map(|r| r.err().map_or("ok".to_owned(), |e| e.to_string()))
+        .collect::<Vec<_>>();
+        self.core.settle(now);
+        out.dedup();
+        out
+    }
+}
+
+#[test]
+fn a_second_worker_for_a_live_host_is_refused_and_changes_nothing() {
+    let mut s = Sim::new();
+    s.register("exec-01", 2, &[]);
+    s.submit(web("web", "default", 1));
+    s.events("exec-01", vec![started("j-1"), ready("j-1", true)]);
+    let before = s.footprint("exec-01");
+    // Its own facts (5 slots, another address) and nothing running: accepted, it would
+    // end j-1 and change the host's capacity.
+    let mut dup = RegisterRequest {
+        facts: facts_at("127.0.0.77", 5),
+        running: Vec::new(),
+    };
+    let r = s
+        .core
+        .register(&"exec-01".to_owned(), &duplicate(), dup.clone(), s.now);
+    s.settle(
+        "register exec-01 as i-dup (facts: 5 slots, 127.0.0.77)",
+        r.map(drop),
+    );
+    let calls = s.worker_calls_as(&duplicate(), "exec-01");
+    s.note(format!(
+        "i-dup's heartbeat, facts, events, assignments: {calls:?}"
+    ));
+    assert_eq!(
+        s.footprint("exec-01"),
+        before,
+        "a refused worker changed nothing"
+    );
+    // A live holder is live across a controller restart too (a fresh window for all).
+    let mut s = s.restart(1);
+    dup.facts = facts_of("exec-01", 2);
+    let r = s
+        .core
+        .register(&"exec-01".to_owned(), &duplicate(), dup, s.now);
+    s.settle("after a restart: register exec-01 as i-dup", r.map(drop));
+    // The holder goes on as before.
+    s.heartbeat("exec-01");
+    let a = s.assignments("exec-01");
+    s.note(a);
+    s.check(expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 running=[]
+          1 host exec-01 Ready []
+        > submit
+          2 service web rev=2
+          3 job j-1 web/0 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true}]
+          4 job j-1 web/0 exec-01 Running ready=false
+          5 job j-1 web/0 exec-01 Running ready=true
+          6 service web rev=6
+        > register exec-01 as i-dup (facts: 5 slots, 127.0.0.77)
+          error: host exec-01 is held by another live worker (instance i-exec-01); check for a second worker with the same host id
+          = i-dup's heartbeat, facts, events, assignments: ["host exec-01 is held by another live worker (instance i-exec-01); check for a second worker with the same host id"]
+        > load
+          resync rev=6 services=1 jobs=[j-1@exec-01:Running] hosts=1
+          plugin: restore exec-01 j-1 0
+        > after a restart: register exec-01 as i-dup
+          error: host exec-01 is held by another live worker (instance i-exec-01); check for a second worker with the same host id
+        > heartbeat exec-01
+          = exec-01 index=6 [j-1:Run]"#]]);
+}
+
+#[test]
+fn a_new_worker_instance_takes_over_a_host_whose_worker_is_gone() {
+    let mut s = Sim::new();
+    s.register("exec-01", 2, &[]);
+    s.submit(web("web", "default", 1));
+    s.events("exec-01", vec![started("j-1"), ready("j-1", true)]);
+    // The first worker stops heartbeating (its machine was reinstalled: a new data dir,
+    // a new instance); past `unreachable_after` the host is free to take over.
+    s.run_for(3, &[]);
+    s.register_as(&duplicate(), "exec-01", 2, &["j-1"]);
+    let calls = s.worker_calls_as(&worker("exec-01"), "exec-01");
+    s.note(format!("the old instance's calls: {calls:?}"));
+    let r = s.core.heartbeat(&"exec-01".to_owned(), &duplicate(), s.now);
+    s.settle("heartbeat exec-01 as i-dup", r);
+    s.check(expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 running=[]
+          1 host exec-01 Ready []
+        > submit
+          2 service web rev=2
+          3 job j-1 web/0 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true}]
+          4 job j-1 web/0 exec-01 Running ready=false
+          5 job j-1 web/0 exec-01 Running ready=true
+          6 service web rev=6
+        > 3s pass, heartbeats from []
+          7 job j-1 web/0 exec-01 Unknown ready=true
+          8 host exec-01 Unreachable ["web"]
+        > register exec-01 as i-dup running=["j-1"]
+          9 job j-1 web/0 exec-01 Running ready=true
+          10 host exec-01 Ready ["web"]
+          = the old instance's calls: ["host exec-01 is held by another live worker (instance i-dup); check for a second worker with the same host id"]
+        > heartbeat exec-01 as i-dup"#]]);
+}
+
+#[test]
+fn a_worker_of_another_cluster_is_refused() {
+    let mut s = Sim::new();
+    let ours = s.core.cluster_id().to_owned();
+    assert_eq!(ours.len(), 16, "{ours}");
+    let foreign = Caller {
+        instance: Some("i-exec-01".into()),
+        cluster: Some("0123456789abcdef".into()),
+        peer: Some("127.0.0.11".into()),
+    };
+    let before = crate::store::tests::dump(&*s.store);
+    s.register_as(&foreign, "exec-01", 2, &["j-5"]);
+    assert_eq!(crate::store::tests::dump(&*s.store), before);
+    // Its own cluster's worker (and one that has not joined any yet) is welcome.
+    let member = Caller {
+        cluster: Some(ours.clone()),
+        ..worker("exec-01")
+    };
+    s.register_as(&member, "exec-01", 2, &[]);
+    let calls = s.worker_calls_as(&foreign, "exec-01");
+    s.note(format!("the foreign worker's calls: {calls:?}"));
+    // The id is the store's: the same after a restart.
+    let s = s.restart(0);
+    assert_eq!(s.core.cluster_id(), ours);
+    expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 as i-exec-01 running=["j-5"]
+          error: this controller serves cluster <cluster>, the worker belongs to cluster 0123456789abcdef
+        > register exec-01 as i-exec-01 running=[]
+          1 host exec-01 Ready []
+          = the foreign worker's calls: ["this controller serves cluster <cluster>, the worker belongs to cluster 0123456789abcdef"]
+        > load
+          resync rev=1 services=0 jobs=[] hosts=1"#]].assert_eq(&s.out.join("\n").replace(&ours, "<cluster>"));
 }

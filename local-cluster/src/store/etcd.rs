@@ -717,6 +717,38 @@ impl Store for EtcdStore {
         }
         Ok(())
     }
+
+    /// One transaction "create the key unless it exists, else read it" (`create_revision
+    /// == 0`), without the fence: it changes no record anyone built on. Replay-safe, so a
+    /// lost answer is simply asked again (the replay finds the key and reads it).
+    fn put_if_absent(&self, key: Key, value: Vec<u8>) -> Result<Vec<u8>, StoreError> {
+        let k = b64(self.etcd_key(&key)?.as_bytes());
+        let body = json!({
+            "compare": [{ "key": k, "target": "CREATE", "result": "EQUAL", "create_revision": "0" }],
+            "success": [{ "request_put": { "key": k, "value": b64(&value) } }],
+            "failure": [{ "request_range": { "key": k } }],
+        });
+        let mut st = self.state.lock().unwrap();
+        let mut last = String::new();
+        for _ in 0..2 {
+            match self.call(&mut st, "/v3/kv/txn", &body) {
+                Ok(r) if r["succeeded"].as_bool() == Some(true) => return Ok(value),
+                Ok(r) => {
+                    let kv = r
+                        .pointer("/responses/0/response_range/kvs/0/value")
+                        .ok_or_else(|| {
+                            StoreError::Backend(format!(
+                                "etcd put-if-absent of {key}: the key exists but reads empty"
+                            ))
+                        })?;
+                    return unb64(kv);
+                }
+                Err(e) if e.unknown => last = e.message,
+                Err(e) => return Err(StoreError::Backend(e.message)),
+            }
+        }
+        Err(StoreError::Backend(last))
+    }
 }
 
 /// The smallest key above every key starting with `prefix`.

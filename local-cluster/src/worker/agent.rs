@@ -13,6 +13,7 @@ use tracing::Instrument;
 
 use super::client::{heartbeat_timeout, CallError, Client};
 use super::events::{Backoff, Outbox};
+use super::identity::Identity;
 use super::process;
 use super::reconcile::{self, Action, RunState};
 use super::state::{self, ExitRecord, JobRecord};
@@ -91,6 +92,8 @@ pub(crate) struct Agent {
     span: tracing::Span,
     /// Held (flock) for the agent's life.
     _lock: std::fs::File,
+    /// The worker instance and the cluster it serves.
+    identity: Arc<Identity>,
 }
 
 impl std::fmt::Debug for Agent {
@@ -112,7 +115,6 @@ impl Agent {
         let facts = collect_facts(&plugins)
             .await
             .context("collecting host facts")?;
-        let client = Client::new(&cfg.controller, &cfg.host, &cfg.credential)?;
         // What this worker will do, in one line: an operator checks it first.
         let sections: Vec<String> = facts
             .sections
@@ -141,6 +143,19 @@ impl Agent {
                 cfg.data_dir.display()
             );
         }
+        // Under the lock: no other worker process reads or writes the identity files.
+        let identity = Arc::new(Identity::load(&cfg.data_dir)?);
+        tracing::info!(
+            instance = %identity.instance(),
+            cluster = %identity.cluster().as_deref().unwrap_or("none yet (joins the first controller it registers with)"),
+            "worker identity"
+        );
+        let client = Client::new(
+            &cfg.controller,
+            &cfg.host,
+            &cfg.credential,
+            identity.clone(),
+        )?;
         let jobs_path = cfg.data_dir.join("jobs.json");
         let records = state::load(&jobs_path)?;
         let (tx, rx) = mpsc::channel(256);
@@ -161,6 +176,7 @@ impl Agent {
             tasks: JoinSet::new(),
             span: tracing::Span::current(),
             _lock: lock,
+            identity,
             cfg,
             plugins,
         };
@@ -216,7 +232,7 @@ impl Agent {
         let mut shutdown = std::pin::pin!(shutdown);
         let heartbeat = tokio::select! {
             mode = &mut shutdown => return self.shutdown(mode).await,
-            hb = register(&self.client, &self.plugins, &self.facts, &self.running) => hb,
+            hb = register(&self.client, &self.identity, &self.plugins, &self.facts, &self.running) => hb,
         };
         self.spawn_background(heartbeat);
         loop {
@@ -235,6 +251,7 @@ impl Agent {
         self.tasks.spawn(
             heartbeat_loop(
                 self.client.clone(),
+                self.identity.clone(),
                 self.plugins.clone(),
                 heartbeat,
                 self.facts.clone(),
@@ -573,9 +590,13 @@ impl Agent {
 }
 
 /// Registers with the controller, retrying with capped backoff until it answers.
-/// Returns the heartbeat period.
+/// Returns the heartbeat period. Joins the controller's cluster if this worker has none
+/// yet. A refusal (another live worker holds the host, or the controller serves another
+/// cluster) is retried the same way: nothing is launched or stopped meanwhile, as
+/// assignments are only asked for once registered.
 async fn register(
     client: &Client,
+    identity: &Identity,
     plugins: &WorkerPlugins,
     facts: &watch::Sender<HostFacts>,
     running: &watch::Sender<Vec<RunningJob>>,
@@ -588,9 +609,23 @@ async fn register(
         };
         match client.register(&req).await {
             Ok(resp) => {
+                if let Some(cluster) = &resp.cluster {
+                    match identity.join(cluster) {
+                        Ok(true) => {
+                            tracing::info!(cluster = %cluster, "joined the cluster; this worker serves it from now on")
+                        }
+                        Ok(false) => {}
+                        // Remembered in memory for this run; the next start joins again.
+                        Err(e) => {
+                            tracing::error!(cluster = %cluster, error = %e, "cannot remember the cluster joined")
+                        }
+                    }
+                }
                 tracing::info!(
                     running = req.running.len(),
                     heartbeat_ms = resp.heartbeat_ms,
+                    cluster = %resp.cluster.as_deref().unwrap_or("none"),
+                    instance = %identity.instance(),
                     "registered with the controller"
                 );
                 return Duration::from_millis(resp.heartbeat_ms).max(MIN_HEARTBEAT);
@@ -598,6 +633,15 @@ async fn register(
             Err(e) => {
                 let wait = backoff.next();
                 match e.status().map(|s| s.as_u16()) {
+                    _ if matches!(e, CallError::WrongCluster { .. }) => {
+                        tracing::error!(error = %e, retry_in = ?wait, "registration refused: the controller belongs to another cluster; the replicas keep running untouched")
+                    }
+                    Some(409) if e.code().as_deref() == Some("host_taken") => {
+                        tracing::error!(error = %e.message(), instance = %identity.instance(), retry_in = ?wait, "registration refused: another live worker holds this host; nothing is launched or stopped until it is gone")
+                    }
+                    Some(409) if e.code().as_deref() == Some("wrong_cluster") => {
+                        tracing::error!(error = %e.message(), retry_in = ?wait, "registration refused: the controller belongs to another cluster; the replicas keep running untouched")
+                    }
                     Some(401 | 403) => {
                         tracing::error!(error = %e, retry_in = ?wait, "controller refused the worker credential")
                     }
@@ -632,6 +676,7 @@ async fn register(
 /// another controller). Each waits at most [`heartbeat_timeout`] for its answer.
 async fn heartbeat_loop(
     client: Client,
+    identity: Arc<Identity>,
     plugins: WorkerPlugins,
     mut period: Duration,
     facts: watch::Sender<HostFacts>,
@@ -651,7 +696,17 @@ async fn heartbeat_loop(
             }
             Err(e) if e.status().map(|s| s.as_u16()) == Some(404) => {
                 tracing::warn!("controller does not know this host; registering again");
-                period = register(&client, &plugins, &facts, &running).await;
+                period = register(&client, &identity, &plugins, &facts, &running).await;
+                next = tokio::time::Instant::now() + period;
+            }
+            // Another instance took the host over (this one was gone too long), or the
+            // controller is another cluster's: registering again says so, and waits.
+            Err(e)
+                if matches!(e, CallError::WrongCluster { .. })
+                    || e.status().map(|s| s.as_u16()) == Some(409) =>
+            {
+                tracing::error!(error = %e, "heartbeat refused; registering again");
+                period = register(&client, &identity, &plugins, &facts, &running).await;
                 next = tokio::time::Instant::now() + period;
             }
             Err(e) if failing => tracing::debug!(error = %e, "heartbeat failed"),

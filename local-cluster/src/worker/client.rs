@@ -7,7 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 
-use crate::proto::{Assignments, RegisterRequest, RegisterResponse, WorkerEvent};
+use super::identity::Identity;
+use crate::proto::{
+    Assignments, RegisterRequest, RegisterResponse, WorkerEvent, CLUSTER_HEADER, INSTANCE_HEADER,
+};
 
 /// How long an ordinary call (registration, facts, events) may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -43,6 +46,17 @@ pub(crate) enum CallError {
     /// A success whose body is not what the protocol says.
     #[error("controller answer not understood: {0}")]
     Decode(reqwest::Error),
+    /// The controller serves another cluster than the one this worker joined: its answer
+    /// is not taken (whatever it says).
+    #[error("controller {controller} serves cluster {}, but this worker belongs to cluster {ours}; it takes no orders from it (pointed at the wrong controller?)", theirs.as_deref().unwrap_or("(none announced)"))]
+    WrongCluster {
+        /// The controller's address.
+        controller: String,
+        /// The cluster its answer named (`None`: it named none).
+        theirs: Option<String>,
+        /// The cluster this worker joined.
+        ours: String,
+    },
 }
 
 fn unreachable(e: &reqwest::Error) -> String {
@@ -67,6 +81,26 @@ impl CallError {
             _ => None,
         }
     }
+
+    /// The `error.code` of an error answer's JSON body (e.g. `host_taken`).
+    pub(crate) fn code(&self) -> Option<String> {
+        let CallError::Status { body, .. } = self else {
+            return None;
+        };
+        let v: serde_json::Value = serde_json::from_str(body).ok()?;
+        v.pointer("/error/code")?.as_str().map(str::to_owned)
+    }
+
+    /// The `error.message` of an error answer's JSON body, or the body itself.
+    pub(crate) fn message(&self) -> String {
+        let CallError::Status { body, .. } = self else {
+            return self.to_string();
+        };
+        serde_json::from_str::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v.pointer("/error/message")?.as_str().map(str::to_owned))
+            .unwrap_or_else(|| body.clone())
+    }
 }
 
 /// A client for one host's routes, on one controller or several (only the leader
@@ -90,6 +124,8 @@ pub(crate) struct Client {
     /// Whether the last call that ended (any task) found no controller.
     failing: Arc<AtomicBool>,
     auth: String,
+    /// Sent with every request; answers of another cluster are refused.
+    identity: Arc<Identity>,
 }
 
 impl std::fmt::Debug for Client {
@@ -114,7 +150,12 @@ pub(crate) enum ClientError {
 
 impl Client {
     /// `controller`: one base URL, or several separated by commas (tried in order).
-    pub(crate) fn new(controller: &str, host: &str, credential: &str) -> Result<Self, ClientError> {
+    pub(crate) fn new(
+        controller: &str,
+        host: &str,
+        credential: &str,
+        identity: Arc<Identity>,
+    ) -> Result<Self, ClientError> {
         let mut host_bases = Vec::new();
         for base in controller.split(',') {
             let base = base.trim();
@@ -160,6 +201,60 @@ impl Client {
             answered: Arc::new(watch::Sender::new((0, 0))),
             failing: Arc::new(AtomicBool::new(false)),
             auth: format!("Bearer {credential}"),
+            identity,
+        })
+    }
+
+    /// The controller of `at`, for logs.
+    fn origin(&self, at: usize) -> String {
+        self.host_bases[at % self.host_bases.len()]
+            .origin()
+            .ascii_serialization()
+    }
+
+    /// A worker that registered before its controller announced a cluster (a controller
+    /// upgraded after the worker) joins the one its accepted heartbeats name: the
+    /// controller knows this worker as its host's holder, so it is its cluster.
+    fn join_from(&self, resp: &reqwest::Response) {
+        if self.identity.cluster().is_some() {
+            return;
+        }
+        let Some(cluster) = resp
+            .headers()
+            .get(CLUSTER_HEADER)
+            .and_then(|v| v.to_str().ok())
+        else {
+            return;
+        };
+        match self.identity.join(cluster) {
+            Ok(true) => {
+                tracing::info!(cluster = %cluster, "joined the cluster (named by the controller's heartbeat answer); this worker serves it from now on")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::error!(cluster = %cluster, error = %e, "cannot remember the cluster joined")
+            }
+        }
+    }
+
+    /// An answer from another cluster's controller (or one that names no cluster, once
+    /// this worker has joined one) is refused: see [`CallError::WrongCluster`].
+    fn check_cluster(&self, at: usize, resp: &reqwest::Response) -> Result<(), CallError> {
+        let Some(ours) = self.identity.cluster() else {
+            return Ok(());
+        };
+        let theirs = resp
+            .headers()
+            .get(CLUSTER_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        if theirs.as_deref() == Some(ours.as_str()) {
+            return Ok(());
+        }
+        Err(CallError::WrongCluster {
+            controller: self.origin(at),
+            theirs,
+            ours,
         })
     }
 
@@ -196,10 +291,14 @@ impl Client {
         let mut moves = 0;
         let mut silent = None;
         let resp = loop {
-            let sent = build(self.url_at(at, leaf))
+            let mut req = build(self.url_at(at, leaf))
                 .timeout(timeout)
                 .header(reqwest::header::AUTHORIZATION, &self.auth)
-                .send();
+                .header(INSTANCE_HEADER, self.identity.instance());
+            if let Some(cluster) = self.identity.cluster() {
+                req = req.header(CLUSTER_HEADER, cluster);
+            }
+            let sent = req.send();
             let outcome = tokio::select! {
                 r = sent => Some(r),
                 to = answered_elsewhere(&mut answers, at), if n > 1 && moves < n => {
@@ -236,8 +335,15 @@ impl Client {
                 }
             }
         };
+        if let Err(e) = self.check_cluster(at, &resp) {
+            self.failed(None);
+            return Err(e);
+        }
         self.succeeded(at);
         let status = resp.status();
+        if status.is_success() && leaf == "heartbeat" {
+            self.join_from(&resp);
+        }
         if status.is_success() {
             return Ok(resp);
         }
@@ -265,7 +371,7 @@ impl Client {
         let previous = self.current.swap(at, Ordering::Relaxed);
         if previous != at || last != at {
             tracing::info!(
-                controller = %self.host_bases[at].origin().ascii_serialization(),
+                controller = %self.origin(at),
                 "switched to the controller that answers"
             );
         }
@@ -343,15 +449,19 @@ async fn answered_elsewhere(answers: &mut watch::Receiver<(u64, usize)>, at: usi
 mod tests {
     use super::*;
 
+    fn id() -> Arc<Identity> {
+        Arc::new(Identity::for_test("i-1", None))
+    }
+
     fn check(base: &str, expect: expect_test::Expect) {
-        let out = match Client::new(base, "exec-01", "s3cret") {
+        let out = match Client::new(base, "exec-01", "s3cret", id()) {
             Ok(c) => (0..c.host_bases.len())
                 .map(|i| format!("{} {}", c.url_at(i, "register"), c.url_at(i, "assignments")))
                 .collect::<Vec<_>>()
                 .join("\n"),
             Err(e) => e.to_string(),
         };
-        assert!(!format!("{:?}", Client::new(base, "exec-01", "s3cret")).contains("s3cret"));
+        assert!(!format!("{:?}", Client::new(base, "exec-01", "s3cret", id())).contains("s3cret"));
         expect.assert_eq(&out);
     }
 
@@ -423,12 +533,12 @@ mod tests {
         let (live, hits) = answering().await;
         let dead = refusing();
         let mut log = Vec::new();
-        let one = Client::new(&dead, "exec-01", "s").unwrap();
+        let one = Client::new(&dead, "exec-01", "s", id()).unwrap();
         log.push(format!(
             "dead alone: {}",
             one.heartbeat(CALL_TIMEOUT).await.is_ok()
         ));
-        let c = Client::new(&format!("{dead},{live}"), "exec-01", "s").unwrap();
+        let c = Client::new(&format!("{dead},{live}"), "exec-01", "s", id()).unwrap();
         for _ in 0..2 {
             c.heartbeat(CALL_TIMEOUT).await.unwrap();
             log.push(format!(
@@ -438,7 +548,7 @@ mod tests {
             ));
         }
         // The answering one first: the refusing one is not tried while it answers.
-        let c = Client::new(&format!("{live},{dead}"), "exec-01", "s").unwrap();
+        let c = Client::new(&format!("{live},{dead}"), "exec-01", "s", id()).unwrap();
         c.heartbeat(CALL_TIMEOUT).await.unwrap();
         log.push(format!(
             "live,dead: current {} hits {}",
@@ -483,7 +593,7 @@ mod tests {
     async fn a_silent_controller_is_left_like_a_refusing_one() {
         let (stopped, _held) = frozen();
         let live = leader().await;
-        let c = Client::new(&format!("{stopped},{live}"), "exec-01", "s").unwrap();
+        let c = Client::new(&format!("{stopped},{live}"), "exec-01", "s", id()).unwrap();
         let timeout = Duration::from_millis(300);
         let mut log = Vec::new();
         // The long-poll parked on the frozen controller...
@@ -525,7 +635,7 @@ mod tests {
     async fn after_a_timeout_calls_start_past_the_silent_controller() {
         let (stopped, _held) = frozen();
         let dead = refusing();
-        let c = Client::new(&format!("{stopped},{dead}"), "exec-01", "s").unwrap();
+        let c = Client::new(&format!("{stopped},{dead}"), "exec-01", "s", id()).unwrap();
         let timeout = Duration::from_millis(200);
         let mut answers = c.answers();
         answers.borrow_and_update();
@@ -535,6 +645,93 @@ mod tests {
         assert!(c.heartbeat(timeout).await.is_err());
         assert_eq!(c.current.load(Ordering::Relaxed), 1);
         assert!(!answers.has_changed().unwrap(), "no answer, no wake-up");
+    }
+
+    /// A controller of cluster `cluster` answering assignment queries with one job; it
+    /// records the identity headers it was sent.
+    async fn of_cluster(cluster: &'static str) -> (String, Arc<std::sync::Mutex<Vec<String>>>) {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let app = axum::Router::new()
+            .route(
+                "/internal/v1/hosts/{host}/heartbeat",
+                axum::routing::post(move || async move {
+                    ([(CLUSTER_HEADER, cluster)], StatusCode::NO_CONTENT)
+                }),
+            )
+            .route(
+                "/internal/v1/hosts/{host}/assignments",
+                axum::routing::get(move |h: axum::http::HeaderMap| {
+                    let header = |n: &str| {
+                        h.get(n)
+                            .map_or("-".to_owned(), |v| v.to_str().unwrap().to_owned())
+                    };
+                    log.lock().unwrap().push(format!(
+                        "instance={} cluster={}",
+                        header(INSTANCE_HEADER),
+                        header(CLUSTER_HEADER)
+                    ));
+                    async move {
+                        (
+                            [(CLUSTER_HEADER, cluster)],
+                            axum::Json(serde_json::json!({"index": 3, "jobs": []})),
+                        )
+                    }
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (format!("http://{addr}"), seen)
+    }
+
+    #[tokio::test]
+    async fn answers_of_another_cluster_are_refused() {
+        let (b, seen) = of_cluster("cluster-b").await;
+        let mut log = Vec::new();
+        for (ours, what) in [
+            (None, "no cluster joined yet"),
+            (Some("cluster-b"), "joined b"),
+            (Some("cluster-a"), "joined a"),
+        ] {
+            let c = Client::new(
+                &b,
+                "exec-01",
+                "s",
+                Arc::new(Identity::for_test("i-1", ours)),
+            )
+            .unwrap();
+            let got = match c.assignments(0).await {
+                Ok(a) => format!("index {}", a.index),
+                Err(e) => e.to_string().replace(&b, "B"),
+            };
+            log.push(format!("{what}: {got}"));
+        }
+        log.extend(seen.lock().unwrap().iter().cloned());
+        expect_test::expect![[r#"
+            no cluster joined yet: index 3
+            joined b: index 3
+            joined a: controller B serves cluster cluster-b, but this worker belongs to cluster cluster-a; it takes no orders from it (pointed at the wrong controller?)
+            instance=i-1 cluster=-
+            instance=i-1 cluster=cluster-b
+            instance=i-1 cluster=cluster-a"#]]
+        .assert_eq(&log.join("\n"));
+    }
+
+    #[tokio::test]
+    async fn a_worker_without_a_cluster_joins_the_one_its_heartbeats_name() {
+        let (b, _) = of_cluster("cluster-b").await;
+        let dir = tempfile::tempdir().unwrap();
+        let id = Arc::new(Identity::load(dir.path()).unwrap());
+        let c = Client::new(&b, "exec-01", "s", id.clone()).unwrap();
+        c.heartbeat(CALL_TIMEOUT).await.unwrap();
+        assert_eq!(id.cluster().as_deref(), Some("cluster-b"));
+        let again = Identity::load(dir.path()).unwrap();
+        assert_eq!(
+            again.cluster().as_deref(),
+            Some("cluster-b"),
+            "remembered on disk"
+        );
     }
 
     #[test]

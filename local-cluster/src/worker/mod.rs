@@ -19,6 +19,7 @@
 mod agent;
 mod client;
 mod events;
+mod identity;
 mod probe;
 mod process;
 mod procfs;

@@ -173,7 +173,11 @@ async fn register(
         }
         s.forget_host = false;
         s.registers.push(req);
-        Json(RegisterResponse { heartbeat_ms: 100 }).into_response()
+        Json(RegisterResponse {
+            heartbeat_ms: 100,
+            cluster: None,
+        })
+        .into_response()
     })
 }
 

@@ -957,7 +957,7 @@ async fn hosts(
                              "unavailable": if i == 3 { 1 } else { 0 }}})
         })
         .collect();
-    Json(json!({ "hosts": hosts })).into_response()
+    Json(json!({ "cluster": "5e1f0c0ffee0a11d", "hosts": hosts })).into_response()
 }
 
 /// The profile the canned `web` runs, as a file would hold it.

@@ -462,10 +462,12 @@ async fn lists() {
             exec-01  ready  127.0.0.11  127.0.0.11(lo)  2     2/12001
             exec-02  ready  127.0.0.12  127.0.0.12(lo)  2     2/12001
             exec-03  ready  127.0.0.13  127.0.0.13(lo)  1     1/12001 (1 unavailable)
+            --- stderr
+            cluster: 5e1f0c0ffee0a11d
         "#]]).await;
         check(u, "host list -o json", expect![[r#"
             exit 0
-            {"hosts":[{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-01","ip_addr":"127.0.0.11","jobs":2,"ports":{"capacity":12001,"range":"20000-32000","unavailable":0,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.12"}],"id":"exec-02","ip_addr":"127.0.0.12","jobs":2,"ports":{"capacity":12001,"range":"20000-32000","unavailable":0,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.13"}],"id":"exec-03","ip_addr":"127.0.0.13","jobs":1,"ports":{"capacity":12001,"range":"20000-32000","unavailable":1,"used":1},"state":"ready"}]}
+            {"cluster":"5e1f0c0ffee0a11d","hosts":[{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-01","ip_addr":"127.0.0.11","jobs":2,"ports":{"capacity":12001,"range":"20000-32000","unavailable":0,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.12"}],"id":"exec-02","ip_addr":"127.0.0.12","jobs":2,"ports":{"capacity":12001,"range":"20000-32000","unavailable":0,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.13"}],"id":"exec-03","ip_addr":"127.0.0.13","jobs":1,"ports":{"capacity":12001,"range":"20000-32000","unavailable":1,"used":1},"state":"ready"}]}
         "#]]).await;
     })
     .await;
