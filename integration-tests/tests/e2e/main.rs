@@ -8,7 +8,9 @@ mod address;
 mod dev;
 mod failover;
 mod faults_rollout;
+mod fulldisk;
 mod ha;
+mod pause;
 mod reliability;
 mod reliability_flood;
 mod reliability_input;
@@ -18,3 +20,6 @@ mod restart;
 mod rollout;
 mod scale;
 mod shutdown;
+/// The full-disk test's tmpfs (shared with local-cluster's store test).
+#[path = "../../../local-cluster/src/small_fs.rs"]
+mod small_fs;

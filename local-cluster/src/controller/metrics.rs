@@ -20,6 +20,9 @@ pub(crate) struct Metrics {
     /// Rollouts ended, by outcome (`complete`, `failed`, `reverted`).
     pub(crate) rollouts: Family<Labels, Counter>,
     pub(crate) draining: Gauge,
+    /// 1 while a full disruption is on (most hosts unreachable at once: none is declared
+    /// lost), else 0.
+    pub(crate) full_disruption: Gauge,
 }
 
 impl Metrics {
@@ -50,6 +53,11 @@ impl Metrics {
             "xce_replicas_draining",
             "Replicas that left their endpoints and wait for their drain to end before SIGTERM",
             self.draining.clone(),
+        );
+        r.register(
+            "xce_full_disruption",
+            "1 while most hosts are unreachable at once (a full disruption): the controller suspects itself or its network and declares no host lost",
+            self.full_disruption.clone(),
         );
         r.register(
             "xce_revision",
