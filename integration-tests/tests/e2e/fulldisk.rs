@@ -21,12 +21,12 @@ fn count(path: &std::path::Path, needle: &str) -> usize {
         .count()
 }
 
-/// A service that is acknowledged (stored) but never placed: its one port is fixed to 22,
-/// on every worker's reserved list, so it stays pending and causes no job commits of its
-/// own (the only writes are the test's).
-fn pending_service(n: usize) -> String {
+/// A service that is acknowledged (stored) but never placed: its one port is fixed to
+/// `port`, which a live replica of `web` holds, so it stays pending and causes no job
+/// commits of its own (the only writes are the test's).
+fn pending_service(n: usize, port: &str) -> String {
     format!(
-        "[service]\nname = \"keep-{n}\"\ncommand = [\"true\"]\n[[service.ports]]\nname = \"ssh\"\nport = 22\n"
+        "[service]\nname = \"keep-{n}\"\ncommand = [\"true\"]\n[[service.ports]]\nname = \"held\"\nport = {port}\n"
     )
 }
 
@@ -76,9 +76,17 @@ async fn a_full_disk_answers_507_stops_the_controller_and_loses_nothing() {
     let web = http_service("web", 2).interval("500ms").toml();
     assert_eq!(c.api.submit_toml(&web).await.unwrap().0, 201);
     let eps_before = c.api.wait_ready("web", 2).await;
+    // `held`: the port the pending services ask for (its replica lives on); `dead`: the
+    // replica killed later.
+    let (held, dead) = (eps_before[0].clone(), eps_before[1].clone());
+    let held_port = held.rsplit_once(':').unwrap().1.to_owned();
     let mut acknowledged = 0;
     for n in 0..2 {
-        let (st, body) = c.api.submit_toml(&pending_service(n)).await.unwrap();
+        let (st, body) = c
+            .api
+            .submit_toml(&pending_service(n, &held_port))
+            .await
+            .unwrap();
         assert_eq!(st, 201, "{body}");
         acknowledged += 1;
     }
@@ -92,7 +100,7 @@ async fn a_full_disk_answers_507_stops_the_controller_and_loses_nothing() {
     let (status, body) = loop {
         let (st, body) = c
             .api
-            .submit_toml(&pending_service(acknowledged))
+            .submit_toml(&pending_service(acknowledged, &held_port))
             .await
             .unwrap();
         if st != 201 {
@@ -106,7 +114,7 @@ async fn a_full_disk_answers_507_stops_the_controller_and_loses_nothing() {
         );
     };
     let refused_at = Instant::now();
-    let reason = body["message"].as_str().unwrap_or("").to_owned();
+    let reason = body["error"]["message"].as_str().unwrap_or("").to_owned();
 
     // Fail-stop: the process exits by itself. Polled (a process exit has no notification
     // a test can wait on), bounded by the harness patience.
@@ -128,7 +136,6 @@ async fn a_full_disk_answers_507_stops_the_controller_and_loses_nothing() {
 
     // A replica killed while the controller is down: nobody serves the endpoint table (the
     // controller's port refuses), so nobody can list the dead replica.
-    let dead = eps_before[0].clone();
     kill_replica_listening_on(&dead).unwrap();
     let served_while_down = c.api.plain("web").await.is_ok();
 
