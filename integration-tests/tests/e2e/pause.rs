@@ -122,8 +122,8 @@ async fn controller_paused_past_the_grace_period_stops_nothing() {
         .filter(|p| !pids_after.contains(p))
         .count();
     let (lost, unreachable, lagged) = (
-        count(&log, "host lost"),
-        count(&log, "host unreachable"),
+        count(&log, "host lost;"),
+        count(&log, "host unreachable;"),
         count(&log, "the controller was not running for a while"),
     );
     println!(
@@ -201,7 +201,7 @@ async fn most_workers_stopped_past_the_grace_period_lose_nothing() {
     let left = eventually(
         "the stopped hosts' replicas leave the endpoints",
         || async {
-            let lost = count(&log, "host lost");
+            let lost = count(&log, "host lost;");
             assert_eq!(lost, 0, "a host was declared lost: see {}", log.display());
             let (_, eps) = entry(&c.api).await?;
             let kept = count(
@@ -237,7 +237,7 @@ async fn most_workers_stopped_past_the_grace_period_lose_nothing() {
     let jobs_after = jobs(&c.api).await.unwrap();
     let pids_after = sorted(replicas.live_pids());
     let placements_after = metric(&c.api, "xce_placements").await.unwrap();
-    let lost = count(&log, "host lost");
+    let lost = count(&log, "host lost;");
     let (started, ended) = (
         count(&log, "full disruption: most hosts are unreachable"),
         count(&log, "full disruption over"),
