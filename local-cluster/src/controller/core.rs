@@ -165,6 +165,9 @@ pub(crate) struct Core {
     /// suspects itself or its network, and declares no host lost (see [`Core::tick`]).
     /// Not persisted: a restart gives every host a fresh window anyway.
     disrupted: bool,
+    /// Hosts whose jobs a full disruption took out of the endpoints (see
+    /// [`Core::withhold`]); they arm no timer until heard, lost, or the disruption ends.
+    withheld: BTreeSet<HostId>,
     /// When each running job started running (for the backoff reset).
     running_since: HashMap<JobId, Instant>,
     backoff: HashMap<(ServiceKey, u32), Backoff>,
@@ -312,6 +315,7 @@ impl Core {
             quotas: Quotas::default(),
             heard,
             disrupted: false,
+            withheld: BTreeSet::new(),
             running_since,
             backoff: HashMap::new(),
             pending: BTreeMap::new(),
@@ -983,6 +987,7 @@ impl Core {
         );
         self.commit(txn, now)?;
         self.heard.insert(host.clone(), now);
+        self.withheld.remove(host);
         info!(host = %host, "host registered");
         Ok(RegisterResponse {
             heartbeat_ms: self.timing.heartbeat_interval.as_millis() as u64,
@@ -1014,6 +1019,7 @@ impl Core {
                 h.info.state = HostState::Ready;
                 txn.put_host(&self.cluster, h);
                 self.commit(txn, now)?;
+                self.withheld.remove(host);
                 info!(host = %host, "host reachable again");
             }
         }
@@ -1050,6 +1056,9 @@ impl Core {
         if !self.cluster.hosts.contains_key(host) {
             return Err(CoreError::UnknownHost(host.clone()));
         }
+        // A job whose host a full disruption took out of the endpoints stays out until the
+        // host is heard (a heartbeat), whatever readiness it reports meanwhile.
+        let withheld = self.withheld.contains(host);
         let mut txn = Txn::new(&self.cluster);
         for ev in events {
             let id = match &ev {
@@ -1085,7 +1094,9 @@ impl Core {
                     }
                 }
                 WorkerEvent::Readiness { ready, .. } => {
-                    if eff == JobState::Running && j.held_ready.is_some() {
+                    let held =
+                        j.held_ready.is_some() || (withheld && j.info.state == JobState::Unknown);
+                    if eff == JobState::Running && held {
                         // Out of the endpoints until its host is heard again.
                         if j.held_ready != Some(ready) {
                             j.held_ready = Some(ready);
@@ -1156,7 +1167,7 @@ impl Core {
                 HostState::Unreachable
                     if self.disrupted
                         && now.saturating_duration_since(heard) >= self.timing.grace_period
-                        && !self.to_withhold(&h.info.id) =>
+                        && self.withheld.contains(&h.info.id) =>
                 {
                     None
                 }
@@ -1277,7 +1288,9 @@ impl Core {
             let unreachable = self.host_state(id) == Some(HostState::Unreachable);
             if unreachable && silent >= self.timing.grace_period {
                 if self.disrupted {
-                    self.withhold(id, silent, now);
+                    if !self.withheld.contains(id) {
+                        self.withhold(id, silent, now);
+                    }
                 } else {
                     self.host_lost(id, silent, now);
                 }
@@ -1334,6 +1347,7 @@ impl Core {
         }
         let (unreachable, hosts) = self.unreachable_count();
         self.disrupted = full;
+        self.withheld.clear();
         self.metrics.full_disruption.set(i64::from(full));
         if full {
             warn!(unreachable, hosts, threshold = self.timing.disruption_threshold.get(), "full disruption: most hosts are unreachable at once; suspecting this controller or its network, no host is declared lost (their replicas are not replaced) until fewer are");
@@ -1382,20 +1396,14 @@ impl Core {
         h.orphans.clear();
         txn.put_host(&self.cluster, h);
         if self.commit(txn, now).is_ok() {
+            self.withheld.remove(id);
             warn!(host = %id, silent = %humantime::format_duration(round_up_secs(silent)), "host lost; its replicas are placed elsewhere");
         }
     }
 
-    /// Whether `id` has ready `unknown` jobs still in the endpoints (see [`Core::withhold`]).
-    fn to_withhold(&self, id: &HostId) -> bool {
-        self.cluster
-            .jobs_on(id)
-            .any(|j| j.info.state == JobState::Unknown && j.held_ready.is_none() && j.info.ready)
-    }
-
     /// An unreachable host past its grace period during a full disruption: not lost, but
     /// its ready jobs leave the endpoints (their readiness is kept for when the host is
-    /// heard again). Once per host: a second call finds nothing to change.
+    /// heard again). Once per host and disruption (a failed commit is tried again).
     fn withhold(&mut self, id: &HostId, silent: Duration, now: Instant) {
         let mut txn = Txn::new(&self.cluster);
         let mut n = 0;
@@ -1407,7 +1415,10 @@ impl Core {
                 n += 1;
             }
         }
-        if n > 0 && self.commit(txn, now).is_ok() {
+        if n == 0 {
+            self.withheld.insert(id.clone());
+        } else if self.commit(txn, now).is_ok() {
+            self.withheld.insert(id.clone());
             warn!(host = %id, silent = %humantime::format_duration(round_up_secs(silent)), replicas = n, "host silent past the grace period during a full disruption: not declared lost, its replicas are kept (not replaced) but leave the endpoints");
         }
     }
