@@ -14,6 +14,8 @@ pub mod logging;
 pub mod profile;
 pub mod proto;
 pub mod serve;
+#[cfg(test)]
+mod small_fs;
 pub mod store;
 pub mod worker;
 

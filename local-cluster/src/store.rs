@@ -479,39 +479,7 @@ pub(crate) mod tests {
         expect!["a/1=x a/2=y"].assert_eq(&dump(&s));
     }
 
-    /// A small tmpfs for the full-disk test, unmounted on drop; `None` where this process
-    /// may not mount (not root, or no CAP_SYS_ADMIN): the test says so and checks nothing.
-    /// The mount point, and the directory it lives in (removed after the unmount).
-    struct SmallFs(std::path::PathBuf, #[allow(dead_code)] tempfile::TempDir);
-
-    impl SmallFs {
-        fn mount(size: &str) -> Option<SmallFs> {
-            let dir = tempfile::tempdir().ok()?;
-            let path = dir.path().to_path_buf();
-            let ok = std::process::Command::new("mount")
-                .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-                .arg(&path)
-                .stderr(std::process::Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success());
-            ok.then_some(SmallFs(path, dir))
-        }
-
-        fn grow(&self, size: &str) {
-            let st = std::process::Command::new("mount")
-                .args(["-o", &format!("remount,size={size}")])
-                .arg(&self.0)
-                .status()
-                .unwrap();
-            assert!(st.success(), "remount failed");
-        }
-    }
-
-    impl Drop for SmallFs {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
-        }
-    }
+    use crate::small_fs::SmallFs;
 
     /// redb on a full disk: the write that finds no space is an `Io { no_space }` error
     /// (507 upstream; the controller stops), later writes fail as I/O errors too (redb
@@ -524,7 +492,7 @@ pub(crate) mod tests {
             eprintln!("SKIPPED: cannot mount a tmpfs here (needs root); the full-disk path is not checked");
             return;
         };
-        let path = fs.0.join("controller.redb");
+        let path = fs.path().join("controller.redb");
         let store = RedbStore::open(&path).unwrap();
         let blob = "x".repeat(64 * 1024);
         let mut acknowledged = 0;

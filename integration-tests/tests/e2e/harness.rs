@@ -498,6 +498,8 @@ pub struct ClusterConfig {
     pub controller_tables: String,
     /// The controller's `XCE_LOG` (default `info`).
     pub controller_log: Option<String>,
+    /// The controller's `data_dir` (default: `controller` in the cluster's temp dir).
+    pub controller_data_dir: Option<PathBuf>,
 }
 
 pub fn free_port() -> u16 {
@@ -565,6 +567,7 @@ impl Cluster {
             controller_address,
             controller_tables,
             controller_log,
+            controller_data_dir,
         } = cfg;
         let dir = tempfile::tempdir()?;
         let port = free_port();
@@ -575,7 +578,10 @@ impl Cluster {
             dir.path().join("controller.toml"),
             format!(
                 "listen = \"127.0.0.1:{port}\"\ndata_dir = \"{}\"\ntokens = \"{}\"\nunreachable_after = \"2s\"\ngrace_period = \"{grace}\"\n\n[address]\nallow_loopback_hosts = [\"*\"]\n{controller_address}\n{controller_tables}\n",
-                dir.path().join("controller").display(),
+                controller_data_dir
+                    .clone()
+                    .unwrap_or_else(|| dir.path().join("controller"))
+                    .display(),
                 dir.path().join("tokens.toml").display()
             ),
         )?;

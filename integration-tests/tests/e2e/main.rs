@@ -8,8 +8,10 @@ mod address;
 mod dev;
 mod failover;
 mod faults_rollout;
+mod fulldisk;
 mod ha;
 mod identity;
+mod pause;
 mod reliability;
 mod reliability_flood;
 mod reliability_input;
@@ -19,3 +21,6 @@ mod restart;
 mod rollout;
 mod scale;
 mod shutdown;
+/// The full-disk test's tmpfs (shared with local-cluster's store test).
+#[path = "../../../local-cluster/src/small_fs.rs"]
+mod small_fs;

@@ -12,6 +12,7 @@ use super::model::{
 use super::quota::{self, Quotas};
 use super::rollout::{self, Counts, JobFacts, Phase, Rollout, RolloutState, Stable};
 use super::scheduler::{self, Candidate, Request};
+use super::DisruptionThreshold;
 use crate::profile::{self, Profile};
 use crate::proto::{
     Assignment, Assignments, Caller, Desired, RegisterRequest, RegisterResponse, WorkerEvent,
@@ -36,6 +37,8 @@ pub(crate) struct Timing {
     pub(crate) heartbeat_interval: Duration,
     pub(crate) unreachable_after: Duration,
     pub(crate) grace_period: Duration,
+    /// See [`DisruptionThreshold`].
+    pub(crate) disruption_threshold: DisruptionThreshold,
 }
 
 /// First restart delay of a crash-looping replica; doubled per exit up to the cap.
@@ -166,6 +169,13 @@ pub(crate) struct Core {
     progress: HashMap<ServiceKey, (rollout::Mark, Instant)>,
     /// When each host was last heard from (not persisted: a restart hears from all).
     heard: HashMap<HostId, Instant>,
+    /// A full disruption is on: so many hosts are unreachable at once that this controller
+    /// suspects itself or its network, and declares no host lost (see [`Core::tick`]).
+    /// Not persisted: a restart gives every host a fresh window anyway.
+    disrupted: bool,
+    /// Hosts whose jobs a full disruption took out of the endpoints (see
+    /// [`Core::withhold`]); they arm no timer until heard, lost, or the disruption ends.
+    withheld: BTreeSet<HostId>,
     /// When each running job started running (for the backoff reset).
     running_since: HashMap<JobId, Instant>,
     backoff: HashMap<(ServiceKey, u32), Backoff>,
@@ -315,6 +325,8 @@ impl Core {
             last_pass: None,
             quotas: Quotas::default(),
             heard,
+            disrupted: false,
+            withheld: BTreeSet::new(),
             running_since,
             backoff: HashMap::new(),
             pending: BTreeMap::new(),
@@ -869,6 +881,7 @@ impl Core {
             j.info.state = to;
         }
         j.info.ready = false;
+        j.held_ready = None;
         txn.put_job(&self.cluster, j);
     }
 
@@ -1008,6 +1021,7 @@ impl Core {
                 Some(&ready) => {
                     let before = j.clone();
                     j.held = None;
+                    j.held_ready = None;
                     j.info.state = match eff {
                         JobState::Placed => JobState::Running,
                         s => s,
@@ -1031,6 +1045,7 @@ impl Core {
                         if j.info.state == JobState::Unknown {
                             j.info.state = eff;
                             j.held = None;
+                            j.held_ready = None;
                             txn.put_job(&self.cluster, j);
                         }
                     }
@@ -1070,6 +1085,7 @@ impl Core {
         );
         self.commit(txn, now)?;
         self.heard.insert(host.clone(), now);
+        self.withheld.remove(host);
         info!(host = %host, instance = %caller.instance_or_none(), "host registered");
         Ok(RegisterResponse {
             heartbeat_ms: self.timing.heartbeat_interval.as_millis() as u64,
@@ -1097,6 +1113,10 @@ impl Core {
                     if j.info.state == JobState::Unknown {
                         j.info.state = j.effective_state();
                         j.held = None;
+                        // Back in the endpoints if a full disruption took it out.
+                        if let Some(ready) = j.held_ready.take() {
+                            j.info.ready = ready;
+                        }
                         txn.put_job(&self.cluster, j);
                     }
                 }
@@ -1104,6 +1124,7 @@ impl Core {
                 h.info.state = HostState::Ready;
                 txn.put_host(&self.cluster, h);
                 self.commit(txn, now)?;
+                self.withheld.remove(host);
                 info!(host = %host, "host reachable again");
             }
         }
@@ -1141,6 +1162,9 @@ impl Core {
         now: Instant,
     ) -> Result<(), CoreError> {
         self.check_holder(host, caller, "events report")?;
+        // A job whose host a full disruption took out of the endpoints stays out until the
+        // host is heard (a heartbeat), whatever readiness it reports meanwhile.
+        let withheld = self.withheld.contains(host);
         let mut txn = Txn::new(&self.cluster);
         for ev in events {
             let id = match &ev {
@@ -1176,7 +1200,15 @@ impl Core {
                     }
                 }
                 WorkerEvent::Readiness { ready, .. } => {
-                    if eff == JobState::Running && j.info.ready != ready {
+                    let held =
+                        j.held_ready.is_some() || (withheld && j.info.state == JobState::Unknown);
+                    if eff == JobState::Running && held {
+                        // Out of the endpoints until its host is heard again.
+                        if j.held_ready != Some(ready) {
+                            j.held_ready = Some(ready);
+                            txn.put_job_quiet(j);
+                        }
+                    } else if eff == JobState::Running && j.info.ready != ready {
                         j.info.ready = ready;
                         txn.put_job(&self.cluster, j);
                     }
@@ -1229,10 +1261,22 @@ impl Core {
 
     /// The next instant something is due (a host deadline or a backoff), if any.
     pub(crate) fn next_deadline(&self, now: Instant) -> Option<Instant> {
+        // A full disruption that the hosts heard from since have ended is judged at once.
+        let disruption = (self.disrupted && !self.full_disruption_now()).then_some(now);
         let hosts = self.cluster.hosts.values().filter_map(|h| {
             let heard = self.heard.get(&h.info.id).copied().unwrap_or(now);
             match h.info.state {
                 HostState::Ready => Some(heard + self.timing.unreachable_after),
+                // During a full disruption a host past its grace period waits to be
+                // heard (or for the disruption to end): no timer, or it would fire
+                // again and again.
+                HostState::Unreachable
+                    if self.disrupted
+                        && now.saturating_duration_since(heard) >= self.timing.grace_period
+                        && self.withheld.contains(&h.info.id) =>
+                {
+                    None
+                }
                 HostState::Unreachable => Some(heard + self.timing.grace_period),
                 HostState::Lost => None,
             }
@@ -1263,7 +1307,12 @@ impl Core {
             }
         }
         let rollouts = rollouts.into_iter().filter(|t| seen.is_none_or(|s| *t > s));
-        let next = hosts.chain(backoffs).chain(drains).chain(rollouts).min()?;
+        let next = hosts
+            .chain(disruption)
+            .chain(backoffs)
+            .chain(drains)
+            .chain(rollouts)
+            .min()?;
         Some(match self.store_retry {
             Some(r) => next.max(r),
             None => next,
@@ -1316,6 +1365,12 @@ impl Core {
     /// means this controller was not running (paused, starved, a frozen VM, a clock jump):
     /// hosts could not be heard meanwhile, so every host gets a fresh `unreachable_after`
     /// window instead of being judged on silence that was this controller's own.
+    ///
+    /// When most hosts are unreachable at once (a full disruption, see
+    /// [`DisruptionThreshold`]), the likelier cause is this controller or its network:
+    /// no host is declared lost meanwhile. A host silent past its grace period then stays
+    /// unreachable with its jobs kept (grants held, nothing placed elsewhere) but out of
+    /// the endpoints.
     pub(crate) fn tick(&mut self, now: Instant, armed: Option<Instant>) {
         let lag = armed.map_or(Duration::ZERO, |d| now.saturating_duration_since(d));
         if lag > self.lag_tolerance() {
@@ -1325,41 +1380,152 @@ impl Core {
             }
         }
         self.end_drains(now);
-        let hosts: Vec<HostRec> = self.cluster.hosts.values().cloned().collect();
-        for h in hosts {
-            let heard = self.heard.get(&h.info.id).copied().unwrap_or(now);
-            let silent = now.saturating_duration_since(heard);
-            let id = h.info.id.clone();
-            if h.info.state == HostState::Ready && silent >= self.timing.unreachable_after {
-                let mut txn = Txn::new(&self.cluster);
-                for mut j in self.cluster.jobs_on(&id).cloned().collect::<Vec<_>>() {
-                    j.held = Some(j.info.state);
-                    j.info.state = JobState::Unknown;
-                    txn.put_job(&self.cluster, j);
-                }
-                let mut h = h.clone();
-                h.info.state = HostState::Unreachable;
-                txn.put_host(&self.cluster, h);
-                if self.commit(txn, now).is_ok() {
-                    warn!(host = %id, silent = ?silent, "host unreachable; its jobs are kept for the grace period");
+        let ids: Vec<HostId> = self.cluster.hosts.keys().cloned().collect();
+        for id in &ids {
+            let silent = self.silence(id, now);
+            let ready = self.host_state(id) == Some(HostState::Ready);
+            if ready && silent >= self.timing.unreachable_after {
+                self.host_unreachable(id, silent, now);
+            }
+        }
+        self.judge_disruption(now);
+        for id in &ids {
+            let silent = self.silence(id, now);
+            let unreachable = self.host_state(id) == Some(HostState::Unreachable);
+            if unreachable && silent >= self.timing.grace_period {
+                if self.disrupted {
+                    if !self.withheld.contains(id) {
+                        self.withhold(id, silent, now);
+                    }
+                } else {
+                    self.host_lost(id, silent, now);
                 }
             }
-            let state = self.cluster.hosts.get(&id).map(|h| h.info.state);
-            if state == Some(HostState::Unreachable) && silent >= self.timing.grace_period {
-                let mut txn = Txn::new(&self.cluster);
-                for j in self.cluster.jobs_on(&id).cloned().collect::<Vec<_>>() {
-                    txn.end_job(&self.cluster, j, EndReason::HostLost, true);
-                }
-                let mut h = txn
-                    .host(&self.cluster, &id)
-                    .expect("the host of the jobs just ended");
-                h.info.state = HostState::Lost;
-                h.orphans.clear();
-                txn.put_host(&self.cluster, h);
-                if self.commit(txn, now).is_ok() {
-                    warn!(host = %id, silent = ?silent, "host lost; its replicas are placed elsewhere");
+        }
+    }
+
+    fn host_state(&self, id: &HostId) -> Option<HostState> {
+        self.cluster.hosts.get(id).map(|h| h.info.state)
+    }
+
+    /// How long `id` has not been heard from.
+    fn silence(&self, id: &HostId, now: Instant) -> Duration {
+        let heard = self.heard.get(id).copied().unwrap_or(now);
+        now.saturating_duration_since(heard)
+    }
+
+    /// (unreachable, not lost) hosts: what the full-disruption rule judges.
+    fn unreachable_count(&self) -> (usize, usize) {
+        let live = self
+            .cluster
+            .hosts
+            .values()
+            .filter(|h| h.info.state != HostState::Lost);
+        live.fold((0, 0), |(u, n), h| {
+            (
+                u + usize::from(h.info.state == HostState::Unreachable),
+                n + 1,
+            )
+        })
+    }
+
+    /// Whether the unreachable hosts now make a full disruption.
+    fn full_disruption_now(&self) -> bool {
+        let (unreachable, hosts) = self.unreachable_count();
+        self.timing
+            .disruption_threshold
+            .is_full_disruption(unreachable, hosts)
+    }
+
+    /// Starts or ends a full disruption by the current count; each once, with a warning.
+    ///
+    /// At the end, every host still unreachable gets a fresh grace period from now
+    /// (Kubernetes resets its hosts' timers the same way when it leaves its all-zones
+    /// disruption mode): hosts come back one by one as a network heals, and judging the
+    /// late ones on their silence during the disruption would declare them lost at the
+    /// moment the threshold is crossed, and pile their replicas onto the few hosts back
+    /// first. The cost: a host that really died with the others is replaced one grace
+    /// period after the disruption ends, not at once.
+    fn judge_disruption(&mut self, now: Instant) {
+        let full = self.full_disruption_now();
+        if full == self.disrupted {
+            return;
+        }
+        let (unreachable, hosts) = self.unreachable_count();
+        self.disrupted = full;
+        self.withheld.clear();
+        self.metrics.full_disruption.set(i64::from(full));
+        if full {
+            warn!(unreachable, hosts, threshold = self.timing.disruption_threshold.get(), "full disruption: most hosts are unreachable at once; suspecting this controller or its network, no host is declared lost (their replicas are not replaced) until fewer are");
+        } else {
+            for (id, h) in &self.cluster.hosts {
+                if h.info.state == HostState::Unreachable {
+                    if let Some(t) = self.heard.get_mut(id) {
+                        *t = (*t).max(now);
+                    }
                 }
             }
+            warn!(unreachable, hosts, "full disruption over: hosts are judged again; those still unreachable get a fresh grace period");
+        }
+    }
+
+    /// A silent host becomes unreachable: its jobs are `unknown`, kept (and still
+    /// endpoints, with the readiness they had) for the grace period.
+    fn host_unreachable(&mut self, id: &HostId, silent: Duration, now: Instant) {
+        let Some(mut h) = self.cluster.hosts.get(id).cloned() else {
+            return;
+        };
+        let mut txn = Txn::new(&self.cluster);
+        for mut j in self.cluster.jobs_on(id).cloned().collect::<Vec<_>>() {
+            j.held = Some(j.info.state);
+            j.info.state = JobState::Unknown;
+            txn.put_job(&self.cluster, j);
+        }
+        h.info.state = HostState::Unreachable;
+        txn.put_host(&self.cluster, h);
+        if self.commit(txn, now).is_ok() {
+            warn!(host = %id, silent = %humantime::format_duration(round_up_secs(silent)), "host unreachable; its jobs are kept for the grace period");
+        }
+    }
+
+    /// An unreachable host past its grace period is lost: its jobs end (grants released)
+    /// and its replicas are placed elsewhere.
+    fn host_lost(&mut self, id: &HostId, silent: Duration, now: Instant) {
+        let mut txn = Txn::new(&self.cluster);
+        for j in self.cluster.jobs_on(id).cloned().collect::<Vec<_>>() {
+            txn.end_job(&self.cluster, j, EndReason::HostLost, true);
+        }
+        let Some(mut h) = txn.host(&self.cluster, id) else {
+            return;
+        };
+        h.info.state = HostState::Lost;
+        h.orphans.clear();
+        txn.put_host(&self.cluster, h);
+        if self.commit(txn, now).is_ok() {
+            self.withheld.remove(id);
+            warn!(host = %id, silent = %humantime::format_duration(round_up_secs(silent)), "host lost; its replicas are placed elsewhere");
+        }
+    }
+
+    /// An unreachable host past its grace period during a full disruption: not lost, but
+    /// its ready jobs leave the endpoints (their readiness is kept for when the host is
+    /// heard again). Once per host and disruption (a failed commit is tried again).
+    fn withhold(&mut self, id: &HostId, silent: Duration, now: Instant) {
+        let mut txn = Txn::new(&self.cluster);
+        let mut n = 0;
+        for mut j in self.cluster.jobs_on(id).cloned().collect::<Vec<_>>() {
+            if j.info.state == JobState::Unknown && j.held_ready.is_none() && j.info.ready {
+                j.held_ready = Some(true);
+                j.info.ready = false;
+                txn.put_job(&self.cluster, j);
+                n += 1;
+            }
+        }
+        if n == 0 {
+            self.withheld.insert(id.clone());
+        } else if self.commit(txn, now).is_ok() {
+            self.withheld.insert(id.clone());
+            warn!(host = %id, silent = %humantime::format_duration(round_up_secs(silent)), replicas = n, "host silent past the grace period during a full disruption: not declared lost, its replicas are kept (not replaced) but leave the endpoints");
         }
     }
 
@@ -1418,7 +1584,9 @@ impl Core {
                     JobState::Draining | JobState::Stopping => Phase::Leaving,
                     JobState::Unknown | JobState::Exited | JobState::Lost => return None,
                 };
-                let ready = j.info.ready && phase == Phase::Running;
+                // A job a full disruption took out of the endpoints counts as it was: the
+                // rollout does not act on a readiness nobody reported.
+                let ready = j.held_ready.unwrap_or(j.info.ready) && phase == Phase::Running;
                 let available = ready
                     && (j.info.generation < s.generation
                         || self
@@ -1559,6 +1727,7 @@ impl Core {
                                 generation: s.info.generation,
                             },
                             held: None,
+                            held_ready: None,
                         };
                         txn.put_job(&self.cluster, rec.clone());
                         jobs.push(rec);

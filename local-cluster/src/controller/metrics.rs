@@ -22,6 +22,9 @@ pub(crate) struct Metrics {
     pub(crate) draining: Gauge,
     /// Worker registrations refused, by reason (`host_taken`, `wrong_cluster`).
     pub(crate) registrations_refused: Family<Labels, Counter>,
+    /// 1 while a full disruption is on (most hosts unreachable at once: none is declared
+    /// lost), else 0.
+    pub(crate) full_disruption: Gauge,
 }
 
 impl Metrics {
@@ -57,6 +60,11 @@ impl Metrics {
             "xce_worker_registrations_refused",
             "Worker registrations refused, by reason: host_taken (another live worker instance holds the host), wrong_cluster (the worker belongs to another cluster)",
             self.registrations_refused.clone(),
+        );
+        r.register(
+            "xce_full_disruption",
+            "1 while most hosts are unreachable at once (a full disruption): the controller suspects itself or its network and declares no host lost",
+            self.full_disruption.clone(),
         );
         r.register(
             "xce_revision",

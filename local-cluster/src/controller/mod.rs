@@ -53,6 +53,10 @@ pub struct ControllerConfig {
     pub unreachable_after: Duration,
     /// A host silent this long is lost (its jobs end, their grants are released).
     pub grace_period: Duration,
+    /// When more than this share of the hosts are unreachable at once, the controller
+    /// suspects itself or its network and declares no host lost (see
+    /// [`DisruptionThreshold`]).
+    pub disruption_threshold: DisruptionThreshold,
     /// The largest request body accepted (413 above).
     pub body_limit: usize,
     /// What clients may hold of the API port (connection caps and timeouts).
@@ -69,6 +73,7 @@ impl Default for ControllerConfig {
             heartbeat_interval: Duration::from_secs(1),
             unreachable_after: Duration::from_secs(3),
             grace_period: Duration::from_secs(30),
+            disruption_threshold: DisruptionThreshold::DEFAULT,
             body_limit: 1024 * 1024,
             connections: crate::serve::ConnLimits::default(),
             quotas: quota::Quotas::default(),
@@ -99,6 +104,53 @@ pub enum ConfigError {
     /// A zero heartbeat interval or body limit.
     #[error("{0} must be greater than zero")]
     Zero(&'static str),
+    /// A `disruption_threshold` outside `(0, 1]` (the value as given).
+    #[error("disruption_threshold ({0}) must be more than 0 and at most 1 (1 turns the full-disruption rule off)")]
+    DisruptionThreshold(String),
+}
+
+/// The full-disruption rule's threshold: when more than this share of the hosts that are
+/// not lost (and at least 2 of them) are unreachable at once, the controller suspects
+/// itself or its network rather than the hosts, and declares none of them lost until
+/// fewer are (Kubernetes' node lifecycle controller does the same). A share in `(0, 1]`;
+/// `1` turns the rule off (more than every host can never be unreachable).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DisruptionThreshold(f64);
+
+// Checked at construction: never NaN.
+impl Eq for DisruptionThreshold {}
+
+impl DisruptionThreshold {
+    /// Kubernetes' `--unhealthy-zone-threshold`: more than 55 %.
+    pub const DEFAULT: Self = Self(0.55);
+
+    /// A threshold of `share` (more than 0, at most 1).
+    pub fn try_new(share: f64) -> Result<Self, ConfigError> {
+        if share > 0.0 && share <= 1.0 {
+            Ok(Self(share))
+        } else {
+            Err(ConfigError::DisruptionThreshold(share.to_string()))
+        }
+    }
+
+    /// The share.
+    pub fn get(self) -> f64 {
+        self.0
+    }
+
+    /// Whether `unreachable` of `hosts` (the hosts that are not lost) being unreachable at
+    /// once is a full disruption: at least 2 of them, and more than the share. A lone
+    /// host's silence is always the host's (a 2-host cluster with one dead host replaces
+    /// its replicas).
+    pub fn is_full_disruption(self, unreachable: usize, hosts: usize) -> bool {
+        unreachable >= 2 && unreachable as f64 > self.0 * hosts as f64
+    }
+}
+
+impl Default for DisruptionThreshold {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
 }
 
 impl ControllerConfig {
@@ -213,6 +265,7 @@ impl Controller {
             heartbeat_interval: cfg.heartbeat_interval,
             unreachable_after: cfg.unreachable_after,
             grace_period: cfg.grace_period,
+            disruption_threshold: cfg.disruption_threshold,
         };
         let mut core = core::Core::load(
             timing,

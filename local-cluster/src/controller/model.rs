@@ -71,6 +71,12 @@ pub(crate) struct JobRec {
     /// While `Unknown`: the state to return to when the host is heard from again.
     #[serde(default)]
     pub(crate) held: Option<JobState>,
+    /// While `Unknown` past its host's grace period, kept because of a full disruption
+    /// (the host is not declared lost): the readiness to return to when the host is heard
+    /// from again. Meanwhile `info.ready` is false, so the job is no endpoint: nobody has
+    /// heard from it for longer than the grace period.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) held_ready: Option<bool>,
 }
 
 impl JobRec {
@@ -364,6 +370,12 @@ impl Txn {
             rev,
             job: j.info.clone(),
         });
+        self.jobs.insert(j.info.job.clone(), Some(j));
+    }
+
+    /// A job record change nobody listens to (a readiness kept aside while the job is out
+    /// of the endpoints, see [`JobRec::held_ready`]).
+    pub(crate) fn put_job_quiet(&mut self, j: JobRec) {
         self.jobs.insert(j.info.job.clone(), Some(j));
     }
 

@@ -45,6 +45,10 @@ pub(crate) struct ControllerFile {
     pub(crate) unreachable_after: Duration,
     #[serde(default = "d_grace", deserialize_with = "duration")]
     pub(crate) grace_period: Duration,
+    /// The full-disruption rule: see `local_cluster::controller::DisruptionThreshold`
+    /// (checked in [`load_controller`]).
+    #[serde(default = "d_disruption_threshold")]
+    pub(crate) disruption_threshold: f64,
     #[serde(default = "d_body_limit")]
     pub(crate) body_limit: usize,
     #[serde(default)]
@@ -86,6 +90,9 @@ fn d_unreachable() -> Duration {
 }
 fn d_grace() -> Duration {
     secs(30)
+}
+fn d_disruption_threshold() -> f64 {
+    local_cluster::controller::DisruptionThreshold::DEFAULT.get()
 }
 fn d_body_limit() -> usize {
     1 << 20
@@ -154,6 +161,7 @@ const CONTROLLER_ENV: &[&str] = &[
     "heartbeat_interval",
     "unreachable_after",
     "grace_period",
+    "disruption_threshold",
     "body_limit",
     "store",
     "leader_ttl",
@@ -362,21 +370,27 @@ fn check_connections(path: &Path, what: &str, c: &local_cluster::serve::ConnLimi
 
 pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
     let cfg: ControllerFile = extract(figment(path, CONTROLLER_ENV)?, "controller", path)?;
+    // The top-level settings' problems, all of them at once, one line each.
+    let mut problems = Vec::new();
     if cfg.leader_ttl < Duration::from_secs(1) || cfg.leader_ttl.subsec_nanos() != 0 {
+        problems.push("leader_ttl must be whole seconds, at least 1s".to_owned());
+    }
+    if cfg.grace_period <= cfg.unreachable_after {
+        problems.push("grace_period must be longer than unreachable_after".to_owned());
+    }
+    if let Err(e) = cfg.threshold() {
+        problems.push(e.to_string());
+    }
+    if !problems.is_empty() {
         bail!(
-            "invalid controller config {}: leader_ttl must be whole seconds, at least 1s",
-            path.display()
+            "invalid controller config {}:\n  {}",
+            path.display(),
+            problems.join("\n  ")
         );
     }
     cfg.endpoints
         .check()
         .with_context(|| format!("invalid controller config {}: [endpoints]", path.display()))?;
-    if cfg.grace_period <= cfg.unreachable_after {
-        bail!(
-            "invalid controller config {}: grace_period must be longer than unreachable_after",
-            path.display()
-        );
-    }
     check_connections(path, "controller", &cfg.connections)?;
     quotas(&cfg).with_context(|| format!("invalid controller config {}", path.display()))?;
     Ok(cfg)
@@ -400,6 +414,18 @@ pub(crate) fn load_worker(path: &Path) -> Result<WorkerFile> {
         );
     }
     Ok(cfg)
+}
+
+impl ControllerFile {
+    /// `disruption_threshold` as the controller takes it.
+    pub(crate) fn threshold(
+        &self,
+    ) -> Result<
+        local_cluster::controller::DisruptionThreshold,
+        local_cluster::controller::ConfigError,
+    > {
+        local_cluster::controller::DisruptionThreshold::try_new(self.disruption_threshold)
+    }
 }
 
 impl WorkerFile {
@@ -480,5 +506,33 @@ mod tests {
             "{err}"
         );
         assert!(!err.contains("missing"), "{err}");
+    }
+
+    #[test]
+    fn every_top_level_problem_is_named_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("controller.toml");
+        std::fs::write(
+            &path,
+            "grace_period = \"2s\"\nunreachable_after = \"3s\"\ndisruption_threshold = 1.5\n",
+        )
+        .unwrap();
+        let err = load_controller(&path).unwrap_err().to_string();
+        let lines: Vec<&str> = err.lines().skip(1).map(str::trim).collect();
+        assert_eq!(
+            lines,
+            [
+                "grace_period must be longer than unreachable_after",
+                "disruption_threshold (1.5) must be more than 0 and at most 1 (1 turns the full-disruption rule off)"
+            ],
+            "{err}"
+        );
+        // A whole number is a share too; 1 turns the rule off.
+        std::fs::write(&path, "disruption_threshold = 1\n").unwrap();
+        let cfg = load_controller(&path).unwrap();
+        assert_eq!(cfg.threshold().unwrap().get(), 1.0);
+        std::fs::write(&path, "").unwrap();
+        let cfg = load_controller(&path).unwrap();
+        assert_eq!(cfg.threshold().unwrap().get(), 0.55);
     }
 }

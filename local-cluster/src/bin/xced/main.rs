@@ -306,6 +306,7 @@ async fn run_controller(
         heartbeat_interval: cfg.heartbeat_interval,
         unreachable_after: cfg.unreachable_after,
         grace_period: cfg.grace_period,
+        disruption_threshold: cfg.threshold()?,
         body_limit: cfg.body_limit,
         connections: cfg.connections,
         quotas: config::quotas(&cfg)?,
