@@ -20,6 +20,8 @@ pub(crate) struct Metrics {
     /// Rollouts ended, by outcome (`complete`, `failed`, `reverted`).
     pub(crate) rollouts: Family<Labels, Counter>,
     pub(crate) draining: Gauge,
+    /// Replica jobs that ended by themselves and were replaced, by project and service.
+    pub(crate) restarts: Family<Labels, Counter>,
 }
 
 impl Metrics {
@@ -52,6 +54,11 @@ impl Metrics {
             self.draining.clone(),
         );
         r.register(
+            "xce_replica_restarts",
+            "Replica jobs that ended by themselves (an exit, a signal, a start error, a refused launch) and were replaced, by project and service",
+            self.restarts.clone(),
+        );
+        r.register(
             "xce_revision",
             "The controller's global revision",
             self.revision.clone(),
@@ -68,6 +75,25 @@ impl Metrics {
         self.rollouts
             .get_or_create(&vec![("outcome".to_owned(), outcome.to_owned())])
             .inc();
+    }
+
+    fn service_labels(project: &str, service: &str) -> Labels {
+        vec![
+            ("project".to_owned(), project.to_owned()),
+            ("service".to_owned(), service.to_owned()),
+        ]
+    }
+
+    pub(crate) fn replica_restarted(&self, project: &str, service: &str) {
+        self.restarts
+            .get_or_create(&Self::service_labels(project, service))
+            .inc();
+    }
+
+    /// A removed service's series end with it (a new service of that name starts at 0).
+    pub(crate) fn service_removed(&self, project: &str, service: &str) {
+        self.restarts
+            .remove(&Self::service_labels(project, service));
     }
 
     pub(crate) fn set_hosts(&self, state: &str, n: usize) {

@@ -434,6 +434,7 @@ fn started(job: &str) -> WorkerEvent {
     WorkerEvent::Started {
         job: job.into(),
         pid: 7,
+        log: None,
     }
 }
 fn ready(job: &str, ready: bool) -> WorkerEvent {
@@ -443,10 +444,7 @@ fn ready(job: &str, ready: bool) -> WorkerEvent {
     }
 }
 fn exited(job: &str) -> WorkerEvent {
-    WorkerEvent::Exited {
-        job: job.into(),
-        code: Some(1),
-    }
+    WorkerEvent::exited(job.into(), crate::proto::ExitCause::code(1), None)
 }
 
 #[test]
@@ -1755,8 +1753,8 @@ async fn service_and_host_answers_have_the_rest_shapes() {
     // Label sets of a family come out in hash order.
     metrics.sort_unstable();
     expect![[r#"
-        {"generation":1,"index":6,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":false,"replica":0,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts (exec-01, exec-02)","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":0,"reason":null,"state":"progressing","updated":3},"state":"active"}
-        {"generation":1,"index":8,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":true,"replica":0,"slots":{"slot":0},"state":"running"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts (exec-01, exec-02)","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":1,"reason":null,"state":"progressing","updated":3},"state":"active"}
+        {"generation":1,"index":6,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","log":null,"ready":false,"replica":0,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-02","job":"j-2","log":null,"ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","log":null,"ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts (exec-01, exec-02)","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replica_status":[{"last_exit":null,"log":null,"log_host":null,"replica":0,"restarts":0},{"last_exit":null,"log":null,"log_host":null,"replica":1,"restarts":0},{"last_exit":null,"log":null,"log_host":null,"replica":2,"restarts":0},{"last_exit":null,"log":null,"log_host":null,"replica":3,"restarts":0}],"replicas":4,"rollout":{"generation":1,"outdated":0,"ready":0,"reason":null,"state":"progressing","updated":3},"state":"active"}
+        {"generation":1,"index":8,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","log":null,"ready":true,"replica":0,"slots":{"slot":0},"state":"running"},{"generation":1,"host":"exec-02","job":"j-2","log":null,"ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","log":null,"ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts (exec-01, exec-02)","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replica_status":[{"last_exit":null,"log":null,"log_host":null,"replica":0,"restarts":0},{"last_exit":null,"log":null,"log_host":null,"replica":1,"restarts":0},{"last_exit":null,"log":null,"log_host":null,"replica":2,"restarts":0},{"last_exit":null,"log":null,"log_host":null,"replica":3,"restarts":0}],"replicas":4,"rollout":{"generation":1,"outdated":0,"ready":1,"reason":null,"state":"progressing","updated":3},"state":"active"}
         {"services":[{"generation":1,"index":8,"name":"web","pending":1,"pending_reason":"slots is full on all 2 hosts (exec-01, exec-02)","project":"default","ready":1,"replicas":4,"rollout":"progressing","running":1,"state":"active"}]}
         {"hosts":[{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-01","ip_addr":"127.0.0.11","jobs":2,"slots":{"capacity":2,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.12"}],"id":"exec-02","ip_addr":"127.0.0.12","jobs":1,"slots":{"capacity":1,"used":1},"state":"ready"}]}
         test_ext_total 1
