@@ -306,7 +306,7 @@ fn service_detail(s: &ServiceView) -> Value {
 /// One replica slot: how often its jobs ended by themselves and were replaced, the last
 /// such end and its cause, and where the output of its newest job (live, or else the last
 /// that ended) is on its host.
-fn replica_json(s: &ServiceView, replica: u32) -> Value {
+pub(crate) fn replica_json(s: &ServiceView, replica: u32) -> Value {
     let slot = s.slots.get(&replica);
     // The newest live job of the slot that has a log (jobs are sorted by replica, then
     // job number).

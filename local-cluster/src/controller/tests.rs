@@ -5,7 +5,7 @@ use super::core::{Core, Timing, Wiring};
 use super::metrics::Metrics;
 use super::scheduler::tests::Slots;
 use super::*;
-use crate::proto::{Assignments, RegisterRequest, RunningJob, WorkerEvent};
+use crate::proto::{Assignments, ExitCause, RegisterRequest, RunningJob, WorkerEvent};
 use crate::store::MemStore;
 use axum::body::Body;
 use expect_test::{expect, Expect};
@@ -904,6 +904,153 @@ fn crash_looping_replica_backs_off_then_resets() {
         > 1s pass, heartbeats from ["exec-01"]
           16 job j-5 web/0 exec-01 Placed ready=false
           plugin: reserve exec-01 j-5 0"#]]);
+}
+
+/// A fixed wall clock: 2026-12-03T09:00:00Z.
+fn wall() -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + Duration::from_secs(1_796_288_400)
+}
+
+/// What `GET /v1/services/{name}` says of a replica (its `replica_status` entry) and its
+/// pending reason, on one line.
+fn replica_status(s: &Sim, name: &str, replica: u32) -> String {
+    let v = s.core.view();
+    let v = v.borrow();
+    let svc = &v.services[&ServiceKey::new("default", name)];
+    let pending = svc
+        .pending
+        .iter()
+        .find(|(r, _)| *r == replica)
+        .map_or("-", |(_, why)| why.as_str());
+    format!("{} pending={pending:?}", api::replica_json(svc, replica))
+}
+
+/// Each way a replica can end by itself — an exit code, a signal, a program that cannot
+/// be started — is kept for its slot with the time and the job, counts as a restart,
+/// names the cause in the pending reason, and survives a controller restart (it is in
+/// the store, committed with the exit itself).
+#[test]
+fn a_replicas_last_exit_and_restarts_are_shown_and_survive_a_reload() {
+    let mut s = Sim::new();
+    s.core.set_wall_clock(wall);
+    s.register("exec-01", 2, &[]);
+    s.submit(web("web", "default", 1));
+    let status = |s: &mut Sim| {
+        let line = replica_status(s, "web", 0);
+        s.note(line);
+    };
+    status(&mut s);
+    let log = |job: &str| Some(format!("/var/lib/xce/logs/{job}.log"));
+    s.events(
+        "exec-01",
+        vec![WorkerEvent::Started {
+            job: "j-1".into(),
+            pid: 7,
+            log: log("j-1"),
+        }],
+    );
+    status(&mut s);
+    s.events(
+        "exec-01",
+        vec![WorkerEvent::exited("j-1".into(), ExitCause::code(3), log("j-1"))],
+    );
+    status(&mut s);
+    s.run_for(1, &["exec-01"]);
+    s.events(
+        "exec-01",
+        vec![
+            WorkerEvent::Started {
+                job: "j-2".into(),
+                pid: 8,
+                log: log("j-2"),
+            },
+            WorkerEvent::exited("j-2".into(), ExitCause::signal(9), log("j-2")),
+        ],
+    );
+    status(&mut s);
+    s.run_for(2, &["exec-01"]);
+    let spawn_error = ExitCause {
+        code: Some(127),
+        signal: None,
+        error: Some(
+            "cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)"
+                .into(),
+        ),
+    };
+    s.events(
+        "exec-01",
+        vec![WorkerEvent::exited("j-3".into(), spawn_error, log("j-3"))],
+    );
+    status(&mut s);
+    // A repeated report (its acknowledgement was lost) counts nothing twice.
+    s.events(
+        "exec-01",
+        vec![WorkerEvent::exited("j-3".into(), ExitCause::code(127), log("j-3"))],
+    );
+    status(&mut s);
+    // A controller restart: the history is read back from the store.
+    let mut s = s.restart(1);
+    s.core.set_wall_clock(wall);
+    status(&mut s);
+    // The replacement's start: its log is shown, the slot's history stays.
+    s.events(
+        "exec-01",
+        vec![WorkerEvent::Started {
+            job: "j-4".into(),
+            pid: 9,
+            log: log("j-4"),
+        }],
+    );
+    status(&mut s);
+    s.check(expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 running=[]
+          1 host exec-01 Ready []
+        > submit
+          2 service web rev=2
+          3 job j-1 web/0 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+          = {"last_exit":null,"log":null,"log_host":null,"replica":0,"restarts":0} pending="-"
+        > events exec-01 [{"event":"started","job":"j-1","pid":7,"log":"/var/lib/xce/logs/j-1.log"}]
+          4 job j-1 web/0 exec-01 Running ready=false
+          = {"last_exit":null,"log":"/var/lib/xce/logs/j-1.log","log_host":"exec-01","replica":0,"restarts":0} pending="-"
+        > events exec-01 [{"event":"exited","job":"j-1","code":3,"log":"/var/lib/xce/logs/j-1.log"}]
+          5 ended j-1 web/0 Exited { code: Some(3) }
+          plugin: release exec-01 j-1
+          = {"last_exit":{"at":"2026-12-03T09:00:00.000Z","code":3,"error":null,"host":"exec-01","job":"j-1","signal":null,"signal_name":null,"summary":"exit 3"},"log":"/var/lib/xce/logs/j-1.log","log_host":"exec-01","replica":0,"restarts":1} pending="restarting after exit 3 in 1s"
+        > 1s pass, heartbeats from ["exec-01"]
+          6 job j-2 web/0 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-2 0
+        > events exec-01 [{"event":"started","job":"j-2","pid":8,"log":"/var/lib/xce/logs/j-2.log"},{"event":"exited","job":"j-2","code":null,"signal":9,"log":"/var/lib/xce/logs/j-2.log"}]
+          7 job j-2 web/0 exec-01 Running ready=false
+          8 ended j-2 web/0 Exited { code: None }
+          plugin: release exec-01 j-2
+          = {"last_exit":{"at":"2026-12-03T09:00:00.000Z","code":null,"error":null,"host":"exec-01","job":"j-2","signal":9,"signal_name":"SIGKILL","summary":"SIGKILL (signal 9)"},"log":"/var/lib/xce/logs/j-2.log","log_host":"exec-01","replica":0,"restarts":2} pending="restarting after SIGKILL in 2s"
+        > 2s pass, heartbeats from ["exec-01"]
+          9 job j-3 web/0 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-3 0
+        > events exec-01 [{"event":"exited","job":"j-3","code":127,"error":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)","log":"/var/lib/xce/logs/j-3.log"}]
+          10 ended j-3 web/0 Exited { code: Some(127) }
+          11 service web rev=11
+          plugin: release exec-01 j-3
+          = {"last_exit":{"at":"2026-12-03T09:00:00.000Z","code":127,"error":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)","host":"exec-01","job":"j-3","signal":null,"signal_name":null,"summary":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)"},"log":"/var/lib/xce/logs/j-3.log","log_host":"exec-01","replica":0,"restarts":3} pending="restarting in 4s: cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)"
+        > events exec-01 [{"event":"exited","job":"j-3","code":127,"log":"/var/lib/xce/logs/j-3.log"}]
+          = {"last_exit":{"at":"2026-12-03T09:00:00.000Z","code":127,"error":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)","host":"exec-01","job":"j-3","signal":null,"signal_name":null,"summary":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)"},"log":"/var/lib/xce/logs/j-3.log","log_host":"exec-01","replica":0,"restarts":3} pending="restarting in 4s: cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)"
+        > load
+          resync rev=11 services=1 jobs=[] hosts=1
+          12 job j-4 web/0 exec-01 Placed ready=false
+          plugin: restore exec-01 j-1 0
+          plugin: release exec-01 j-1
+          plugin: restore exec-01 j-2 0
+          plugin: release exec-01 j-2
+          plugin: restore exec-01 j-3 0
+          plugin: release exec-01 j-3
+          plugin: reserve exec-01 j-4 0
+          = {"last_exit":{"at":"2026-12-03T09:00:00.000Z","code":127,"error":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)","host":"exec-01","job":"j-3","signal":null,"signal_name":null,"summary":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)"},"log":"/var/lib/xce/logs/j-3.log","log_host":"exec-01","replica":0,"restarts":3} pending="-"
+        > events exec-01 [{"event":"started","job":"j-4","pid":9,"log":"/var/lib/xce/logs/j-4.log"}]
+          13 job j-4 web/0 exec-01 Running ready=false
+          = {"last_exit":{"at":"2026-12-03T09:00:00.000Z","code":127,"error":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)","host":"exec-01","job":"j-3","signal":null,"signal_name":null,"summary":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)"},"log":"/var/lib/xce/logs/j-4.log","log_host":"exec-01","replica":0,"restarts":3} pending="-""#]]);
 }
 
 /// A commit slower than the backoff (etcd electing a new raft leader took 5 s): the pass
