@@ -952,7 +952,11 @@ fn a_replicas_last_exit_and_restarts_are_shown_and_survive_a_reload() {
     status(&mut s);
     s.events(
         "exec-01",
-        vec![WorkerEvent::exited("j-1".into(), ExitCause::code(3), log("j-1"))],
+        vec![WorkerEvent::exited(
+            "j-1".into(),
+            ExitCause::code(3),
+            log("j-1"),
+        )],
     );
     status(&mut s);
     s.run_for(1, &["exec-01"]);
@@ -973,8 +977,7 @@ fn a_replicas_last_exit_and_restarts_are_shown_and_survive_a_reload() {
         code: Some(127),
         signal: None,
         error: Some(
-            "cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)"
-                .into(),
+            "cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)".into(),
         ),
     };
     s.events(
@@ -985,7 +988,11 @@ fn a_replicas_last_exit_and_restarts_are_shown_and_survive_a_reload() {
     // A repeated report (its acknowledgement was lost) counts nothing twice.
     s.events(
         "exec-01",
-        vec![WorkerEvent::exited("j-3".into(), ExitCause::code(127), log("j-3"))],
+        vec![WorkerEvent::exited(
+            "j-3".into(),
+            ExitCause::code(127),
+            log("j-3"),
+        )],
     );
     status(&mut s);
     // A controller restart: the history is read back from the store.
