@@ -131,8 +131,8 @@ async fn status_shows_why_replicas_end_when_how_often_and_where_their_log_is() {
     println!(
         "FIGURE exit3: restarts {}, last exit {:?} at {}, log {log} ({} bytes); pending {reasons:?}",
         restarts(&slot),
-        slot["last_exit"]["summary"],
-        slot["last_exit"]["at"],
+        slot["last_exit"]["summary"].as_str().unwrap_or(""),
+        slot["last_exit"]["at"].as_str().unwrap_or(""),
         text.len()
     );
 
