@@ -313,8 +313,7 @@ pub(crate) fn replica_json(s: &ServiceView, replica: u32) -> Value {
     let live = s
         .jobs
         .iter()
-        .filter(|j| j.info.replica == replica && j.log.is_some())
-        .next_back();
+        .rfind(|j| j.info.replica == replica && j.log.is_some());
     let (log, host) = match live {
         Some(j) => (j.log.clone(), Some(j.info.host.clone())),
         None => (

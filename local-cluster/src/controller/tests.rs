@@ -941,37 +941,20 @@ fn a_replicas_last_exit_and_restarts_are_shown_and_survive_a_reload() {
     };
     status(&mut s);
     let log = |job: &str| Some(format!("/var/lib/xce/logs/{job}.log"));
-    s.events(
-        "exec-01",
-        vec![WorkerEvent::Started {
-            job: "j-1".into(),
-            pid: 7,
-            log: log("j-1"),
-        }],
-    );
-    status(&mut s);
-    s.events(
-        "exec-01",
-        vec![WorkerEvent::exited(
-            "j-1".into(),
-            ExitCause::code(3),
-            log("j-1"),
-        )],
-    );
-    status(&mut s);
+    let start = |job: &str| WorkerEvent::Started {
+        job: job.into(),
+        pid: 7,
+        log: log(job),
+    };
+    let end = |job: &str, cause| WorkerEvent::exited(job.into(), cause, log(job));
+    let report = |s: &mut Sim, events| {
+        s.events("exec-01", events);
+        status(s);
+    };
+    report(&mut s, vec![start("j-1")]);
+    report(&mut s, vec![end("j-1", ExitCause::code(3))]);
     s.run_for(1, &["exec-01"]);
-    s.events(
-        "exec-01",
-        vec![
-            WorkerEvent::Started {
-                job: "j-2".into(),
-                pid: 8,
-                log: log("j-2"),
-            },
-            WorkerEvent::exited("j-2".into(), ExitCause::signal(9), log("j-2")),
-        ],
-    );
-    status(&mut s);
+    report(&mut s, vec![start("j-2"), end("j-2", ExitCause::signal(9))]);
     s.run_for(2, &["exec-01"]);
     let spawn_error = ExitCause {
         code: Some(127),
@@ -980,35 +963,15 @@ fn a_replicas_last_exit_and_restarts_are_shown_and_survive_a_reload() {
             "cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)".into(),
         ),
     };
-    s.events(
-        "exec-01",
-        vec![WorkerEvent::exited("j-3".into(), spawn_error, log("j-3"))],
-    );
-    status(&mut s);
+    report(&mut s, vec![end("j-3", spawn_error)]);
     // A repeated report (its acknowledgement was lost) counts nothing twice.
-    s.events(
-        "exec-01",
-        vec![WorkerEvent::exited(
-            "j-3".into(),
-            ExitCause::code(127),
-            log("j-3"),
-        )],
-    );
-    status(&mut s);
+    report(&mut s, vec![end("j-3", ExitCause::code(127))]);
     // A controller restart: the history is read back from the store.
     let mut s = s.restart(1);
     s.core.set_wall_clock(wall);
     status(&mut s);
     // The replacement's start: its log is shown, the slot's history stays.
-    s.events(
-        "exec-01",
-        vec![WorkerEvent::Started {
-            job: "j-4".into(),
-            pid: 9,
-            log: log("j-4"),
-        }],
-    );
-    status(&mut s);
+    report(&mut s, vec![start("j-4")]);
     s.check(expect![[r#"
         > load
           resync rev=0 services=0 jobs=[] hosts=0
@@ -1029,7 +992,7 @@ fn a_replicas_last_exit_and_restarts_are_shown_and_survive_a_reload() {
         > 1s pass, heartbeats from ["exec-01"]
           6 job j-2 web/0 exec-01 Placed ready=false
           plugin: reserve exec-01 j-2 0
-        > events exec-01 [{"event":"started","job":"j-2","pid":8,"log":"/var/lib/xce/logs/j-2.log"},{"event":"exited","job":"j-2","code":null,"signal":9,"log":"/var/lib/xce/logs/j-2.log"}]
+        > events exec-01 [{"event":"started","job":"j-2","pid":7,"log":"/var/lib/xce/logs/j-2.log"},{"event":"exited","job":"j-2","code":null,"signal":9,"log":"/var/lib/xce/logs/j-2.log"}]
           7 job j-2 web/0 exec-01 Running ready=false
           8 ended j-2 web/0 Exited { code: None }
           plugin: release exec-01 j-2
@@ -1055,7 +1018,7 @@ fn a_replicas_last_exit_and_restarts_are_shown_and_survive_a_reload() {
           plugin: release exec-01 j-3
           plugin: reserve exec-01 j-4 0
           = {"last_exit":{"at":"2026-12-03T09:00:00.000Z","code":127,"error":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)","host":"exec-01","job":"j-3","signal":null,"signal_name":null,"summary":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)"},"log":"/var/lib/xce/logs/j-3.log","log_host":"exec-01","replica":0,"restarts":3} pending="-"
-        > events exec-01 [{"event":"started","job":"j-4","pid":9,"log":"/var/lib/xce/logs/j-4.log"}]
+        > events exec-01 [{"event":"started","job":"j-4","pid":7,"log":"/var/lib/xce/logs/j-4.log"}]
           13 job j-4 web/0 exec-01 Running ready=false
           = {"last_exit":{"at":"2026-12-03T09:00:00.000Z","code":127,"error":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)","host":"exec-01","job":"j-3","signal":null,"signal_name":null,"summary":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)"},"log":"/var/lib/xce/logs/j-4.log","log_host":"exec-01","replica":0,"restarts":3} pending="-""#]]);
 }

@@ -199,13 +199,6 @@ mod tests {
                 record(
                     "j-2",
                     Some(ExitRecord {
-                        code: Some(3),
-                        signal: None,
-                    }),
-                ),
-                record(
-                    "j-3",
-                    Some(ExitRecord {
                         code: None,
                         signal: Some(9),
                     }),
@@ -256,44 +249,6 @@ mod tests {
                       "start_time": 987654,
                       "assignment": {
                         "job": "j-2",
-                        "service": "web",
-                        "project": "default",
-                        "replica": 0,
-                        "command": [
-                          "sleep",
-                          "1000"
-                        ],
-                        "readiness": {
-                          "probe": {
-                            "http": {
-                              "socket": "http",
-                              "path": "/healthz"
-                            }
-                          },
-                          "interval": 1000,
-                          "timeout": 500
-                        },
-                        "grants": {
-                          "ports": {
-                            "http": 20417
-                          }
-                        },
-                        "desired": "run"
-                      },
-                      "sockets": {
-                        "http": "127.0.0.11:20417"
-                      },
-                      "ready": true,
-                      "exited": {
-                        "code": 3
-                      }
-                    },
-                    {
-                      "job": "j-3",
-                      "pid": 4242,
-                      "start_time": 987654,
-                      "assignment": {
-                        "job": "j-3",
                         "service": "web",
                         "project": "default",
                         "replica": 0,
