@@ -187,3 +187,48 @@ async fn status_shows_why_replicas_end_when_how_often_and_where_their_log_is() {
     .await;
     println!("FIGURE xce_replica_restarts_total summed over the 3 services: {counted}");
 }
+
+/// The history is stored with the service: a controller killed with SIGKILL and started
+/// again (separate daemons, the redb store) shows the same restart count, the same last
+/// exit (its time included) and the same log path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_exit_survives_a_controller_kill() {
+    let mut c = Cluster::new(1, "30s").expect("cluster");
+    let flag = c.dir.path().join("exited-once");
+    // Exits 3 the first time, runs for good the second: exactly one restart.
+    let toml = format!(
+        "[service]\nname = \"once\"\nreplicas = 1\ncommand = [\"sh\", \"-c\", \"echo start; if [ -e '{f}' ]; then exec sleep 1000; fi; touch '{f}'; exit 3\"]\n",
+        f = flag.display()
+    );
+    let (status, body) = c.api.submit_toml(&toml).await.unwrap();
+    assert_eq!(status, 201, "{body}");
+    let before = eventually("one exit 3, and the replacement running", || async {
+        let svc = c.api.get_json("/v1/services/once").await?;
+        let slot = &svc["replica_status"][0];
+        let running = svc["jobs"][0]["state"] == "running";
+        Ok((running && slot["last_exit"]["code"] == 3).then(|| slot.clone()))
+    })
+    .await;
+    assert_eq!(restarts(&before), 1, "{before}");
+    let worker_logs = std::fs::canonicalize(c.dir.path().join("worker-0/logs")).unwrap();
+    let log = before["log"].as_str().expect("the log of the running job");
+    assert!(
+        log.starts_with(&worker_logs.display().to_string()),
+        "{log} is in {}",
+        worker_logs.display()
+    );
+
+    c.kill_controller();
+    let t = Instant::now();
+    c.start_controller().expect("controller starts again");
+    let after = c.api.get_json("/v1/services/once").await.unwrap();
+    let after = &after["replica_status"][0];
+    println!(
+        "FIGURE reload: controller back {}ms after SIGKILL; before {before}; after {after}",
+        t.elapsed().as_millis()
+    );
+    assert_eq!(
+        after, &before,
+        "the slot's history is read back from the store"
+    );
+}
