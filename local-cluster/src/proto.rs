@@ -161,6 +161,10 @@ pub enum WorkerEvent {
         job: JobId,
         /// Process id.
         pid: u32,
+        /// Where the replica's stdout and stderr go on the host (an absolute path). `None`
+        /// from a worker that predates it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        log: Option<String>,
     },
     /// Readiness changed (a transition, never a repeat).
     Readiness {
@@ -173,8 +177,21 @@ pub enum WorkerEvent {
     Exited {
         /// Job id.
         job: JobId,
-        /// Exit code when known (None: killed by a signal, or adopted).
+        /// Exit code when known (None: killed by a signal, or adopted). A process that
+        /// could not be started reads 127 (program not found) or 126, as from a shell.
         code: Option<i32>,
+        /// The signal that ended the process, when one did (Linux numbering; see
+        /// [`signal_name`]). `None` also when unknown (an adopted process).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signal: Option<i32>,
+        /// Why the process could not be started at all (e.g. `cannot start "x": No such
+        /// file or directory (os error 2)`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+        /// Where its output went on the host (as in `Started`; also for a process that
+        /// could not be started, whose log file holds the worker's line saying why).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        log: Option<String>,
     },
     /// A launch hook refused to start the job.
     Refused {
@@ -183,4 +200,185 @@ pub enum WorkerEvent {
         /// The refusal.
         refusal: LaunchRefusal,
     },
+}
+
+impl WorkerEvent {
+    /// The job it is about.
+    pub fn job(&self) -> &JobId {
+        match self {
+            WorkerEvent::Started { job, .. }
+            | WorkerEvent::Readiness { job, .. }
+            | WorkerEvent::Exited { job, .. }
+            | WorkerEvent::Refused { job, .. } => job,
+        }
+    }
+
+    /// An `Exited` event for `job` that ended as `cause` says, its output in `log`.
+    pub fn exited(job: JobId, cause: ExitCause, log: Option<String>) -> Self {
+        WorkerEvent::Exited {
+            job,
+            code: cause.code,
+            signal: cause.signal,
+            error: cause.error,
+            log,
+        }
+    }
+}
+
+/// How a replica's process ended, as precisely as its worker knows. Every field `None`:
+/// unknown (a process of a previous worker run, or one the worker no longer had).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitCause {
+    /// Its exit code, when it exited by itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<i32>,
+    /// The signal that ended it (Linux numbering).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// Why it could not be started (then `code` is 127 or 126, as from a shell).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl ExitCause {
+    /// An exit by itself with `code`.
+    pub fn code(code: i32) -> Self {
+        ExitCause {
+            code: Some(code),
+            ..ExitCause::default()
+        }
+    }
+
+    /// The end by signal `signal`.
+    pub fn signal(signal: i32) -> Self {
+        ExitCause {
+            signal: Some(signal),
+            ..ExitCause::default()
+        }
+    }
+
+    /// The name of the signal that ended the process, when known.
+    pub fn signal_name(&self) -> Option<&'static str> {
+        self.signal.and_then(signal_name)
+    }
+}
+
+impl std::fmt::Display for ExitCause {
+    /// `exit 3`, `SIGKILL (signal 9)`, the start error, or `exit (status unknown)`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (&self.error, self.signal, self.code) {
+            (Some(e), _, _) => f.write_str(e),
+            (None, Some(s), _) => match signal_name(s) {
+                Some(name) => write!(f, "{name} (signal {s})"),
+                None => write!(f, "signal {s}"),
+            },
+            (None, None, Some(c)) => write!(f, "exit {c}"),
+            (None, None, None) => f.write_str("exit (status unknown)"),
+        }
+    }
+}
+
+/// The name of a Linux signal (`SIGKILL` for 9), or `None` for a number that names no
+/// standard signal (real-time signals included).
+pub fn signal_name(signal: i32) -> Option<&'static str> {
+    // The numbering is the kernel's (x86, arm and most others agree on these).
+    const NAMES: [&str; 31] = [
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGILL",
+        "SIGTRAP",
+        "SIGABRT",
+        "SIGBUS",
+        "SIGFPE",
+        "SIGKILL",
+        "SIGUSR1",
+        "SIGSEGV",
+        "SIGUSR2",
+        "SIGPIPE",
+        "SIGALRM",
+        "SIGTERM",
+        "SIGSTKFLT",
+        "SIGCHLD",
+        "SIGCONT",
+        "SIGSTOP",
+        "SIGTSTP",
+        "SIGTTIN",
+        "SIGTTOU",
+        "SIGURG",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGWINCH",
+        "SIGIO",
+        "SIGPWR",
+        "SIGSYS",
+    ];
+    let i = usize::try_from(signal).ok()?.checked_sub(1)?;
+    NAMES.get(i).copied()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_causes_read_well_and_old_events_still_parse() {
+        let all = [
+            ExitCause::code(3),
+            ExitCause::signal(libc::SIGKILL),
+            ExitCause::signal(libc::SIGSEGV),
+            ExitCause::signal(40),
+            ExitCause {
+                code: Some(127),
+                error: Some(
+                    "cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)"
+                        .into(),
+                ),
+                ..ExitCause::default()
+            },
+            ExitCause::default(),
+        ];
+        let lines: Vec<String> = all.iter().map(|c| c.to_string()).collect();
+        expect_test::expect![[r#"
+            exit 3
+            SIGKILL (signal 9)
+            SIGSEGV (signal 11)
+            signal 40
+            cannot start "no-such-binary-xyz": No such file or directory (os error 2)
+            exit (status unknown)"#]]
+        .assert_eq(&lines.join("\n"));
+        assert_eq!(signal_name(libc::SIGTERM), Some("SIGTERM"));
+        assert_eq!(signal_name(libc::SIGSYS), Some("SIGSYS"));
+        assert_eq!(signal_name(0), None);
+        assert_eq!(signal_name(-9), None);
+        // An old worker's events (no signal, error or log) read as before, and a new
+        // worker's extra fields are skipped when absent, so an old controller reads them.
+        let old: WorkerEvent =
+            serde_json::from_str(r#"{"event":"exited","job":"j-1","code":null}"#).unwrap();
+        assert_eq!(
+            old,
+            WorkerEvent::exited("j-1".into(), ExitCause::default(), None)
+        );
+        let new = WorkerEvent::exited(
+            "j-2".into(),
+            ExitCause::signal(9),
+            Some("/d/j-2.log".into()),
+        );
+        expect_test::expect![[
+            r#"{"event":"exited","job":"j-2","code":null,"signal":9,"log":"/d/j-2.log"}"#
+        ]]
+        .assert_eq(&serde_json::to_string(&new).unwrap());
+        let old: WorkerEvent =
+            serde_json::from_str(r#"{"event":"started","job":"j-1","pid":7}"#).unwrap();
+        assert_eq!(
+            old,
+            WorkerEvent::Started {
+                job: "j-1".into(),
+                pid: 7,
+                log: None
+            }
+        );
+    }
 }

@@ -57,7 +57,7 @@ pub enum ServiceCommand {
         #[command(flatten)]
         wait: WaitArgs,
     },
-    /// Show a service's rollout and replicas
+    /// Show a service's rollout, replicas, and why and when each last ended (restarts, log paths)
     Status {
         /// The service name
         name: String,

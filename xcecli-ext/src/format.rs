@@ -5,10 +5,11 @@ use crate::cli::EndpointFormat;
 use crate::client::Put;
 use crate::error::CliError;
 use crate::model::{
-    self, EndpointEntry, HostList, JobRow, Rollout, RolloutState, ServiceDetail, ServiceList,
-    StopAnswer,
+    self, EndpointEntry, HostList, JobRow, ReplicaStatus, Rollout, RolloutState, ServiceDetail,
+    ServiceList, StopAnswer,
 };
 use std::collections::BTreeSet;
+use std::time::SystemTime;
 
 /// What an endpoints rendering needs besides the entry.
 #[derive(Debug, Clone, Copy)]
@@ -310,7 +311,7 @@ pub(crate) fn complete(detail: &ServiceDetail, rollout: &Rollout) -> String {
 /// `service status NAME`: the service, its rollout, its replicas (sorted by replica index,
 /// then generation: during a rollout one index may have an old and a new job), and the
 /// replicas no host can hold.
-pub(crate) fn status(detail: &ServiceDetail) -> String {
+pub(crate) fn status(detail: &ServiceDetail, now: SystemTime) -> String {
     let mut out = format!(
         "service {} in project {}: {} replicas, {}",
         detail.name,
@@ -368,7 +369,70 @@ pub(crate) fn status(detail: &ServiceDetail) -> String {
             p.reason.as_deref().map_or_else(|| "-".to_owned(), one_line)
         ));
     }
+    out.push_str(&replica_status(&detail.replica_status, now));
     out
+}
+
+/// Per replica: restarts, the last exit (what, when, which job), and where the newest
+/// job's log is; nothing when the server sent nothing to show.
+fn replica_status(slots: &[ReplicaStatus], now: SystemTime) -> String {
+    let known = |r: &&ReplicaStatus| r.restarts > 0 || r.last_exit.is_some() || r.log.is_some();
+    if !slots.iter().any(|r| known(&r)) {
+        return String::new();
+    }
+    let lines: Vec<Line> = slots
+        .iter()
+        .map(|r| {
+            let (exit, when) = match &r.last_exit {
+                Some(e) => (
+                    format!(
+                        "{} on {}: {}",
+                        dash(&e.job),
+                        dash(&e.host),
+                        one_line(&e.summary)
+                    ),
+                    ago(&e.at, now),
+                ),
+                None => ("-".to_owned(), "-".to_owned()),
+            };
+            let log = match (&r.log_host, &r.log) {
+                (Some(h), Some(l)) => format!("{}:{}", one_line(h), one_line(l)),
+                (None, Some(l)) => one_line(l),
+                _ => "-".to_owned(),
+            };
+            // The cause last: it is the one long, free-form column.
+            Line::Row(vec![
+                r.replica.to_string(),
+                r.restarts.to_string(),
+                when,
+                log,
+                exit,
+            ])
+        })
+        .collect();
+    table(
+        &["REPLICA", "RESTARTS", "LAST-EXIT", "LOG", "CAUSE"],
+        &lines,
+    )
+}
+
+/// `12s ago`, `3m12s ago`, `2h5m ago`, `4d3h ago` from an RFC 3339 time; the time as sent
+/// when it does not parse; `just now` for a time ahead of this machine's clock.
+pub(crate) fn ago(at: &str, now: SystemTime) -> String {
+    let Ok(t) = humantime::parse_rfc3339_weak(at) else {
+        return dash(&one_line(at));
+    };
+    let Ok(d) = now.duration_since(t) else {
+        return "just now".to_owned();
+    };
+    let s = d.as_secs();
+    let (d, h, m) = (s / 86_400, s / 3_600 % 24, s / 60 % 60);
+    match s {
+        0..60 => format!("{s}s ago"),
+        60..3_600 => format!("{m}m{}s ago", s % 60),
+        3_600..86_400 => format!("{h}h{m}m ago"),
+        _ => format!("{d}d{h}h ago"),
+    }
 }
 
 /// Server text on one line, control characters escaped: a reason must neither break the
@@ -654,11 +718,42 @@ mod tests {
         }
     }
 
+    /// 2026-12-03T09:00:00Z.
+    fn test_now() -> SystemTime {
+        std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_796_288_400)
+    }
+
+    #[test]
+    fn ages_read_at_a_glance() {
+        let now = test_now();
+        let lines: Vec<String> = [
+            "2026-12-03T08:59:48.250Z",
+            "2026-12-03T08:56:48Z",
+            "2026-12-03T06:55:00Z",
+            "2026-11-29T05:00:00Z",
+            "2026-12-03T09:00:05Z",
+            "yesterday",
+            "",
+        ]
+        .iter()
+        .map(|at| format!("{at:?} -> {}", ago(at, now)))
+        .collect();
+        expect![[r#"
+            "2026-12-03T08:59:48.250Z" -> 11s ago
+            "2026-12-03T08:56:48Z" -> 3m12s ago
+            "2026-12-03T06:55:00Z" -> 2h5m ago
+            "2026-11-29T05:00:00Z" -> 4d4h ago
+            "2026-12-03T09:00:05Z" -> just now
+            "yesterday" -> yesterday
+            "" -> -"#]]
+        .assert_eq(&lines.join("\n"));
+    }
+
     fn check_list(kind: &str, json: &str, expect: Expect) {
         let actual = match kind {
             "services" => service_list(&serde_json::from_str(json).unwrap()),
             "hosts" => host_list(&serde_json::from_str(json).unwrap()),
-            "status" => status(&serde_json::from_str(json).unwrap()),
+            "status" => status(&serde_json::from_str(json).unwrap(), test_now()),
             "stopped" => stopped(&serde_json::from_str(json).unwrap(), false),
             "stopped-now" => stopped(&serde_json::from_str(json).unwrap(), true),
             k => panic!("unknown kind {k}"),
@@ -746,6 +841,34 @@ mod tests {
                 rollout: generation 4 reverted: 0/2 updated, 0 ready, 0 outdated
                   reason: generation 3 failed: no progress for 5m; restored the profile of generation 2
                 no replicas placed
+            "#]],
+        );
+        // A crash-looping replica: what ended it, when, how often, and where its log is.
+        check_list(
+            "status",
+            r#"{"name":"api","project":"default","replicas":3,"state":"active","index":51,"generation":1,
+                "rollout":{"generation":1,"state":"progressing","updated":2,"ready":1,"outdated":0,"reason":null},
+                "profile":{},
+                "pending":[{"replica":1,"reason":"restarting in 4s: cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)"}],
+                "jobs":[{"job":"j-9","replica":0,"host":"exec-01","state":"running","ready":true,"generation":1,"log":"/var/lib/xce/logs/j-9.log"},
+                        {"job":"j-8","replica":2,"host":"exec-02","state":"running","ready":false,"generation":1,"log":"/var/lib/xce/logs/j-8.log"}],
+                "replica_status":[
+                  {"replica":0,"restarts":2,"log":"/var/lib/xce/logs/j-9.log","log_host":"exec-01",
+                   "last_exit":{"job":"j-4","host":"exec-02","at":"2026-12-03T08:58:30.120Z","code":null,"signal":9,"signal_name":"SIGKILL","error":null,"summary":"SIGKILL (signal 9)"}},
+                  {"replica":1,"restarts":3,"log":"/var/lib/xce/logs/j-7.log","log_host":"exec-02",
+                   "last_exit":{"job":"j-7","host":"exec-02","at":"2026-12-03T08:59:48Z","code":127,"signal":null,"signal_name":null,"error":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)","summary":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)"}},
+                  {"replica":2,"restarts":0,"log":"/var/lib/xce/logs/j-8.log","log_host":"exec-02","last_exit":null}]}"#,
+            expect![[r#"
+                service api in project default: 3 replicas, active, generation 1
+                rollout: generation 1 progressing: 2/3 updated, 1 ready, 0 outdated
+                REPLICA  JOB  HOST     GEN  STATE    READY  PORTS
+                0        j-9  exec-01  1    running  yes    -
+                2        j-8  exec-02  1    running  no     -
+                pending replica 1: restarting in 4s: cannot start "no-such-binary-xyz": No such file or directory (os error 2)
+                REPLICA  RESTARTS  LAST-EXIT  LOG                                CAUSE
+                0        2         1m29s ago  exec-01:/var/lib/xce/logs/j-9.log  j-4 on exec-02: SIGKILL (signal 9)
+                1        3         12s ago    exec-02:/var/lib/xce/logs/j-7.log  j-7 on exec-02: cannot start "no-such-binary-xyz": No such file or directory (os error 2)
+                2        0         -          exec-02:/var/lib/xce/logs/j-8.log  -
             "#]],
         );
         check_list(

@@ -63,6 +63,41 @@ pub(crate) struct ServiceDetail {
     pub(crate) pending: Vec<PendingReplica>,
     #[serde(default)]
     pub(crate) jobs: Vec<JobRow>,
+    /// Per replica slot: restarts, the last exit and the log; empty from an apiserver
+    /// that predates it.
+    #[serde(default)]
+    pub(crate) replica_status: Vec<ReplicaStatus>,
+}
+
+/// What happened to one replica slot across its jobs.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct ReplicaStatus {
+    pub(crate) replica: u32,
+    /// Jobs of the slot that ended by themselves and were replaced.
+    #[serde(default)]
+    pub(crate) restarts: u64,
+    #[serde(default)]
+    pub(crate) last_exit: Option<LastExit>,
+    /// The log file of the slot's newest job, on `log_host`.
+    #[serde(default)]
+    pub(crate) log: Option<String>,
+    #[serde(default)]
+    pub(crate) log_host: Option<String>,
+}
+
+/// The last time a replica's job ended by itself.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct LastExit {
+    #[serde(default)]
+    pub(crate) job: String,
+    #[serde(default)]
+    pub(crate) host: String,
+    /// RFC 3339.
+    #[serde(default)]
+    pub(crate) at: String,
+    /// `exit 3`, `SIGKILL (signal 9)`, or why it could not be started.
+    #[serde(default)]
+    pub(crate) summary: String,
 }
 
 /// Where the service's latest change stands (DESIGN §5, §8a).

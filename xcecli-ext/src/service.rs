@@ -152,7 +152,7 @@ pub(crate) async fn status(
     let answer =
         crate::client::read(io, Client::read_patience(), || client.service(svc, None)).await?;
     let out = match output {
-        ListFormat::Table => format::status(&answer.value),
+        ListFormat::Table => format::status(&answer.value, std::time::SystemTime::now()),
         ListFormat::Json => json_line(&answer.raw),
     };
     write_out(io, &out).map(drop)

@@ -5,6 +5,7 @@ mod daemons;
 mod harness;
 
 mod address;
+mod causes;
 mod dev;
 mod failover;
 mod faults_rollout;

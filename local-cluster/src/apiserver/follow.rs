@@ -363,6 +363,7 @@ mod tests {
             state: crate::controller::model::ServiceState::Active,
             rollout: Default::default(),
             older: Default::default(),
+            slots: Default::default(),
         }
     }
 

@@ -311,6 +311,7 @@ fn job_json(j: &JobView) -> Value {
     m.insert("state".into(), json!(state_name(j.info.state)));
     m.insert("ready".into(), json!(j.info.ready));
     m.insert("generation".into(), json!(j.info.generation));
+    m.insert("log".into(), json!(j.log));
     for (plugin, v) in &j.summaries {
         m.entry(plugin.clone()).or_insert_with(|| v.clone());
     }
@@ -329,6 +330,46 @@ fn service_detail(s: &ServiceView) -> Value {
         "profile": s.info.profile,
         "pending": s.pending.iter().map(|(r, why)| json!({"replica": r, "reason": why})).collect::<Vec<_>>(),
         "jobs": s.jobs.iter().map(job_json).collect::<Vec<_>>(),
+        "replica_status": (0..s.info.replicas).map(|r| replica_json(s, r)).collect::<Vec<_>>(),
+    })
+}
+
+/// One replica slot: how often its jobs ended by themselves and were replaced, the last
+/// such end and its cause, and where the output of its newest job (live, or else the last
+/// that ended) is on its host.
+pub(crate) fn replica_json(s: &ServiceView, replica: u32) -> Value {
+    let slot = s.slots.get(&replica);
+    // The newest live job of the slot that has a log (jobs are sorted by replica, then
+    // job number).
+    let live = s
+        .jobs
+        .iter()
+        .rfind(|j| j.info.replica == replica && j.log.is_some());
+    let (log, host) = match live {
+        Some(j) => (j.log.clone(), Some(j.info.host.clone())),
+        None => (
+            slot.and_then(|s| s.log.clone()),
+            slot.and_then(|s| s.log_host.clone()),
+        ),
+    };
+    let last_exit = slot.and_then(|s| s.last_exit.as_ref()).map(|e| {
+        json!({
+            "job": e.job,
+            "host": e.host,
+            "at": e.at,
+            "code": e.cause.code,
+            "signal": e.cause.signal,
+            "signal_name": e.cause.signal_name(),
+            "error": e.cause.error,
+            "summary": e.cause.to_string(),
+        })
+    });
+    json!({
+        "replica": replica,
+        "restarts": slot.map_or(0, |s| s.restarts),
+        "last_exit": last_exit,
+        "log": log,
+        "log_host": host,
     })
 }
 

@@ -7,7 +7,8 @@
 
 use super::metrics::Metrics;
 use super::model::{
-    After, Cluster, HostRec, JobRec, LoadError, Released, ServiceRec, ServiceState, Txn,
+    After, Cluster, HostRec, JobRec, LastExit, LoadError, Released, ServiceRec, ServiceState,
+    SlotRec, Txn,
 };
 use super::quota::{self, Quotas};
 use super::rollout::{self, Counts, JobFacts, Phase, Rollout, RolloutState, Stable};
@@ -15,7 +16,8 @@ use super::scheduler::{self, Candidate, Request};
 use super::DisruptionThreshold;
 use crate::profile::{self, Profile};
 use crate::proto::{
-    Assignment, Assignments, Caller, Desired, RegisterRequest, RegisterResponse, WorkerEvent,
+    Assignment, Assignments, Caller, Desired, ExitCause, RegisterRequest, RegisterResponse,
+    WorkerEvent,
 };
 use crate::store::{Store, StoreError};
 use plugin_api::{
@@ -26,7 +28,7 @@ use plugin_api::{
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
@@ -111,6 +113,8 @@ pub(crate) struct ServiceView {
     pub(crate) pending: Vec<(u32, String)>,
     pub(crate) rollout: Rollout,
     pub(crate) counts: Counts,
+    /// The history of each replica slot that has one (restarts, last exit, last log).
+    pub(crate) slots: BTreeMap<u32, SlotRec>,
 }
 
 /// What a create-or-update did.
@@ -127,6 +131,8 @@ pub(crate) struct JobView {
     pub(crate) info: JobInfo,
     /// Plugin grant summaries by plugin name.
     pub(crate) summaries: BTreeMap<String, Value>,
+    /// Its log file on its host, once the worker reported the start.
+    pub(crate) log: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -198,6 +204,9 @@ pub(crate) struct Core {
     /// Why the store refuses every commit until this controller reloads (see
     /// [`StoreError::Stale`]): it must stop rather than run on a view it cannot change.
     fatal: Option<String>,
+    /// The wall clock, for the times operators read (a replica's last exit); everything
+    /// the controller decides runs on the monotonic `now` it is given instead.
+    wall: fn() -> SystemTime,
 }
 
 impl std::fmt::Debug for Core {
@@ -336,6 +345,7 @@ impl Core {
             store_retry: None,
             fatal: None,
             outbox: Vec::new(),
+            wall: SystemTime::now,
         };
         if !core.cluster.legacy_keys.is_empty() {
             // Records written before services were keyed by project move to their
@@ -356,6 +366,12 @@ impl Core {
     /// The cluster's identity.
     pub(crate) fn cluster_id(&self) -> &str {
         &self.cluster_id
+    }
+
+    /// Replaces the wall clock (tests pin it, so answers that show times are stable).
+    #[cfg(test)]
+    pub(crate) fn set_wall_clock(&mut self, wall: fn() -> SystemTime) {
+        self.wall = wall;
     }
 
     /// Sets the per-project quotas (checked on every create, update and scale).
@@ -499,6 +515,7 @@ impl Core {
                 self.progress.remove(&key);
                 self.older.retain(|(k, _), _| *k != key);
                 self.backoff.retain(|(s, _), _| *s != key);
+                self.metrics.service_removed(project, name);
             }
             ClusterEvent::Job { rev, job } => {
                 info!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, state = %job.state, ready = job.ready, rev, "job changed");
@@ -532,12 +549,17 @@ impl Core {
                 let since = self.running_since.remove(&job.job);
                 self.ready_since.remove(&job.job);
                 self.drain_until.remove(&job.job);
+                let active = self
+                    .cluster
+                    .services
+                    .get(&job.service_key())
+                    .is_some_and(|s| s.state == ServiceState::Active);
+                // The ends `record_end` counted as restarts.
+                if active && matches!(reason, EndReason::Exited { .. } | EndReason::Refused { .. })
+                {
+                    self.metrics.replica_restarted(&job.project, &job.service);
+                }
                 if let EndReason::Exited { .. } = reason {
-                    let active = self
-                        .cluster
-                        .services
-                        .get(&job.service_key())
-                        .is_some_and(|s| s.state == ServiceState::Active);
                     if active {
                         let key = (job.service_key(), job.replica);
                         let ran_long =
@@ -633,6 +655,7 @@ impl Core {
                 state: ServiceState::Active,
                 rollout,
                 older: BTreeMap::new(),
+                slots: BTreeMap::new(),
             });
             self.profiles.insert(key.clone(), profile);
             if let Err(e) = self.commit(txn, now) {
@@ -713,6 +736,10 @@ impl Core {
         now: Instant,
     ) -> Result<(), CoreError> {
         let name = svc.info.key();
+        let mut svc = svc;
+        // Slots scaled away lose their history: scaled up again, they start afresh.
+        let replicas = svc.info.replicas;
+        svc.slots.retain(|r, _| *r < replicas);
         let mut txn = Txn::new(&self.cluster);
         for j in jobs {
             txn.put_job(&self.cluster, j);
@@ -1035,6 +1062,9 @@ impl Core {
                 }
                 None => match eff {
                     JobState::Running => {
+                        // The worker no longer has it (its own data dir was lost, or it
+                        // ended while no worker watched): how it ended is unknown.
+                        self.record_end(&mut txn, &j, ExitCause::default(), None);
                         txn.end_job(&self.cluster, j, EndReason::Exited { code: None }, false)
                     }
                     JobState::Stopping | JobState::Draining => {
@@ -1167,12 +1197,7 @@ impl Core {
         let withheld = self.withheld.contains(host);
         let mut txn = Txn::new(&self.cluster);
         for ev in events {
-            let id = match &ev {
-                WorkerEvent::Started { job, .. }
-                | WorkerEvent::Readiness { job, .. }
-                | WorkerEvent::Exited { job, .. }
-                | WorkerEvent::Refused { job, .. } => job.clone(),
-            };
+            let id = ev.job().clone();
             let Some(mut j) = txn.job(&self.cluster, &id).filter(|j| j.info.host == *host) else {
                 if let WorkerEvent::Exited { .. } = ev {
                     if let Some(mut h) = txn.host(&self.cluster, host) {
@@ -1189,13 +1214,14 @@ impl Core {
             };
             let eff = j.effective_state();
             match ev {
-                WorkerEvent::Started { .. } => {
+                WorkerEvent::Started { log, .. } => {
                     if eff == JobState::Placed {
                         if j.info.state == JobState::Unknown {
                             j.held = Some(JobState::Running);
                         } else {
                             j.info.state = JobState::Running;
                         }
+                        j.log = log.or(j.log);
                         txn.put_job(&self.cluster, j);
                     }
                 }
@@ -1213,11 +1239,23 @@ impl Core {
                         txn.put_job(&self.cluster, j);
                     }
                 }
-                WorkerEvent::Exited { code, .. } => {
+                WorkerEvent::Exited {
+                    code,
+                    signal,
+                    error,
+                    log,
+                    ..
+                } => {
                     let leaving = matches!(eff, JobState::Stopping | JobState::Draining);
                     let reason = if leaving {
                         EndReason::Stopped
                     } else {
+                        let cause = ExitCause {
+                            code,
+                            signal,
+                            error,
+                        };
+                        self.record_end(&mut txn, &j, cause, log);
                         EndReason::Exited { code }
                     };
                     let (service, generation) = (j.info.service_key(), j.info.generation);
@@ -1237,6 +1275,14 @@ impl Core {
                 }
                 WorkerEvent::Refused { refusal, .. } => {
                     warn!(host = %host, job = %id, plugin = %refusal.plugin, reason = %refusal.reason, "launch refused; placing the replica again");
+                    let cause = ExitCause {
+                        error: Some(format!(
+                            "launch refused by {}: {}",
+                            refusal.plugin, refusal.reason
+                        )),
+                        ..ExitCause::default()
+                    };
+                    self.record_end(&mut txn, &j, cause, None);
                     txn.after.push(After::Refused {
                         host: host.clone(),
                         job: id.clone(),
@@ -1255,6 +1301,35 @@ impl Core {
             }
         }
         self.commit(txn, now)
+    }
+
+    /// Records in its slot (in the same batch as the end itself) that job `j` ended by
+    /// itself as `cause` says, its output in `log`: one more restart, the last exit, the
+    /// last log. Only for an active service: a stopping one places no replacement.
+    fn record_end(&self, txn: &mut Txn, j: &JobRec, cause: ExitCause, log: Option<String>) {
+        let key = j.info.service_key();
+        let Some(mut s) = txn.service(&self.cluster, &key) else {
+            return;
+        };
+        if s.state != ServiceState::Active {
+            return;
+        }
+        let at = humantime::format_rfc3339_millis((self.wall)()).to_string();
+        let log = log.or_else(|| j.log.clone());
+        let slot = s.slots.entry(j.info.replica).or_default();
+        slot.restarts += 1;
+        slot.last_exit = Some(LastExit {
+            job: j.info.job.clone(),
+            host: j.info.host.clone(),
+            at,
+            cause: cause.clone(),
+        });
+        if log.is_some() {
+            slot.log = log;
+            slot.log_host = Some(j.info.host.clone());
+        }
+        warn!(service = %key.name, project = %key.project, replica = j.info.replica, job = %j.info.job, host = %j.info.host, cause = %cause, restarts = slot.restarts, log = slot.log.as_deref().unwrap_or("unknown"), "replica ended by itself; a replacement follows");
+        txn.put_service_quiet(s);
     }
 
     // --- timers ---
@@ -1675,9 +1750,10 @@ impl Core {
             for replica in rollout::to_place(&view) {
                 if let Some(b) = self.backoff.get(&(key.clone(), replica)) {
                     if b.not_before > now {
-                        let reason = format!(
-                            "restarting after exit in {}",
-                            humantime::format_duration(round_up_secs(b.not_before - now))
+                        let cause = s.slots.get(&replica).and_then(|r| r.last_exit.as_ref());
+                        let reason = restart_reason(
+                            cause.map(|e| &e.cause),
+                            round_up_secs(b.not_before - now),
                         );
                         self.pending
                             .entry(key.clone())
@@ -1728,6 +1804,7 @@ impl Core {
                             },
                             held: None,
                             held_ready: None,
+                            log: None,
                         };
                         txn.put_job(&self.cluster, rec.clone());
                         jobs.push(rec);
@@ -2037,6 +2114,7 @@ impl Core {
                 .map(|j| JobView {
                     info: j.info.clone(),
                     summaries: self.grant_summaries(&j.info),
+                    log: j.log.clone(),
                 })
                 .collect();
             jobs.sort_by(|a, b| {
@@ -2068,6 +2146,7 @@ impl Core {
                     pending,
                     rollout: s.rollout.clone(),
                     counts,
+                    slots: s.slots.clone(),
                 },
             );
         }
@@ -2178,6 +2257,25 @@ fn job_num(id: &str) -> u64 {
     id.strip_prefix("j-")
         .and_then(|n| n.parse().ok())
         .unwrap_or(u64::MAX)
+}
+
+/// Why a replica waits for its restart: `restarting after exit 127 in 4s`, `restarting
+/// after SIGKILL in 4s`, `restarting in 4s: cannot start "x": No such file or directory (os
+/// error 2)`, or without a known cause `restarting after exit in 4s`.
+fn restart_reason(cause: Option<&ExitCause>, wait: Duration) -> String {
+    let wait = humantime::format_duration(wait);
+    let Some(c) = cause else {
+        return format!("restarting after exit in {wait}");
+    };
+    match (&c.error, c.signal, c.code) {
+        (Some(e), _, _) => format!("restarting in {wait}: {e}"),
+        (None, Some(sig), _) => match c.signal_name() {
+            Some(name) => format!("restarting after {name} in {wait}"),
+            None => format!("restarting after signal {sig} in {wait}"),
+        },
+        (None, None, Some(code)) => format!("restarting after exit {code} in {wait}"),
+        (None, None, None) => format!("restarting after exit in {wait}"),
+    }
 }
 
 fn round_up_secs(d: Duration) -> Duration {

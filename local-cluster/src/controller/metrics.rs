@@ -25,6 +25,8 @@ pub(crate) struct Metrics {
     /// 1 while a full disruption is on (most hosts unreachable at once: none is declared
     /// lost), else 0.
     pub(crate) full_disruption: Gauge,
+    /// Replica jobs that ended by themselves and were replaced, by project and service.
+    pub(crate) restarts: Family<Labels, Counter>,
 }
 
 impl Metrics {
@@ -67,6 +69,11 @@ impl Metrics {
             self.full_disruption.clone(),
         );
         r.register(
+            "xce_replica_restarts",
+            "Replica jobs that ended by themselves (an exit, a signal, a start error, a refused launch) and were replaced, by project and service",
+            self.restarts.clone(),
+        );
+        r.register(
             "xce_revision",
             "The controller's global revision",
             self.revision.clone(),
@@ -89,6 +96,25 @@ impl Metrics {
         self.registrations_refused
             .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
             .inc();
+    }
+
+    fn service_labels(project: &str, service: &str) -> Labels {
+        vec![
+            ("project".to_owned(), project.to_owned()),
+            ("service".to_owned(), service.to_owned()),
+        ]
+    }
+
+    pub(crate) fn replica_restarted(&self, project: &str, service: &str) {
+        self.restarts
+            .get_or_create(&Self::service_labels(project, service))
+            .inc();
+    }
+
+    /// A removed service's series end with it (a new service of that name starts at 0).
+    pub(crate) fn service_removed(&self, project: &str, service: &str) {
+        self.restarts
+            .remove(&Self::service_labels(project, service));
     }
 
     pub(crate) fn set_hosts(&self, state: &str, n: usize) {

@@ -3,6 +3,7 @@
 //! they cause, is committed to the store as one batch, and only then applied in memory.
 
 use super::rollout::Rollout;
+use crate::proto::ExitCause;
 use crate::store::{Batch, Key, Store, StoreError};
 use plugin_api::{
     ClusterEvent, ClusterSnapshot, EndReason, HostId, HostInfo, JobId, JobInfo, JobState,
@@ -63,6 +64,44 @@ pub(crate) struct ServiceRec {
     /// their own command and readiness until the last of them has ended).
     #[serde(default)]
     pub(crate) older: BTreeMap<u64, serde_json::Value>,
+    /// What happened to each replica slot across its jobs (restarts, the last exit and
+    /// its cause, the last log), for `GET /v1/services/{name}`; slots without history are
+    /// absent. Records written before it read as empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) slots: BTreeMap<u32, SlotRec>,
+}
+
+/// The history of one replica slot (`XCE_REPLICA`), kept across the jobs that fill it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SlotRec {
+    /// How many of its jobs ended by themselves (an exit, a signal, a start error, a
+    /// refused launch, a worker that lost the process) while the service was active:
+    /// each one made the controller place a replacement.
+    #[serde(default)]
+    pub(crate) restarts: u64,
+    /// The last such end.
+    #[serde(default)]
+    pub(crate) last_exit: Option<LastExit>,
+    /// The log file of the slot's last ended job, on `log_host`.
+    #[serde(default)]
+    pub(crate) log: Option<String>,
+    /// The host `log` is on.
+    #[serde(default)]
+    pub(crate) log_host: Option<HostId>,
+}
+
+/// A job's end by itself, as its worker reported it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct LastExit {
+    /// The job that ended.
+    pub(crate) job: JobId,
+    /// The host it ran on.
+    pub(crate) host: HostId,
+    /// When the controller learnt of it: wall clock, RFC 3339 UTC.
+    pub(crate) at: String,
+    /// The exit code, signal or start error (all `None`: unknown).
+    #[serde(default)]
+    pub(crate) cause: ExitCause,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -77,6 +116,9 @@ pub(crate) struct JobRec {
     /// heard from it for longer than the grace period.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) held_ready: Option<bool>,
+    /// Where the replica's output goes on its host, as its worker reported at the start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) log: Option<String>,
 }
 
 impl JobRec {

@@ -5,7 +5,7 @@ use super::core::{Core, Timing, Wiring};
 use super::metrics::Metrics;
 use super::scheduler::tests::Slots;
 use super::*;
-use crate::proto::{Assignments, Caller, RegisterRequest, RunningJob, WorkerEvent};
+use crate::proto::{Assignments, Caller, ExitCause, RegisterRequest, RunningJob, WorkerEvent};
 use crate::store::MemStore;
 use axum::body::Body;
 use expect_test::{expect, Expect};
@@ -472,6 +472,7 @@ fn started(job: &str) -> WorkerEvent {
     WorkerEvent::Started {
         job: job.into(),
         pid: 7,
+        log: None,
     }
 }
 fn ready(job: &str, ready: bool) -> WorkerEvent {
@@ -481,10 +482,7 @@ fn ready(job: &str, ready: bool) -> WorkerEvent {
     }
 }
 fn exited(job: &str) -> WorkerEvent {
-    WorkerEvent::Exited {
-        job: job.into(),
-        code: Some(1),
-    }
+    WorkerEvent::exited(job.into(), crate::proto::ExitCause::code(1), None)
 }
 
 #[test]
@@ -1197,6 +1195,123 @@ fn crash_looping_replica_backs_off_then_resets() {
         > 1s pass, heartbeats from ["exec-01"]
           16 job j-5 web/0 exec-01 Placed ready=false
           plugin: reserve exec-01 j-5 0"#]]);
+}
+
+/// A fixed wall clock: 2026-12-03T09:00:00Z.
+fn wall() -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + Duration::from_secs(1_796_288_400)
+}
+
+/// What `GET /v1/services/{name}` says of a replica (its `replica_status` entry) and its
+/// pending reason, on one line.
+fn replica_status(s: &Sim, name: &str, replica: u32) -> String {
+    let v = s.core.view();
+    let v = v.borrow();
+    let svc = &v.services[&ServiceKey::new("default", name)];
+    let pending = svc
+        .pending
+        .iter()
+        .find(|(r, _)| *r == replica)
+        .map_or("-", |(_, why)| why.as_str());
+    format!("{} pending={pending:?}", api::replica_json(svc, replica))
+}
+
+/// Each way a replica can end by itself — an exit code, a signal, a program that cannot
+/// be started — is kept for its slot with the time and the job, counts as a restart,
+/// names the cause in the pending reason, and survives a controller restart (it is in
+/// the store, committed with the exit itself).
+#[test]
+fn a_replicas_last_exit_and_restarts_are_shown_and_survive_a_reload() {
+    let mut s = Sim::new();
+    s.core.set_wall_clock(wall);
+    s.register("exec-01", 2, &[]);
+    s.submit(web("web", "default", 1));
+    let status = |s: &mut Sim| {
+        let line = replica_status(s, "web", 0);
+        s.note(line);
+    };
+    status(&mut s);
+    let log = |job: &str| Some(format!("/var/lib/xce/logs/{job}.log"));
+    let start = |job: &str| WorkerEvent::Started {
+        job: job.into(),
+        pid: 7,
+        log: log(job),
+    };
+    let end = |job: &str, cause| WorkerEvent::exited(job.into(), cause, log(job));
+    let report = |s: &mut Sim, events| {
+        s.events("exec-01", events);
+        status(s);
+    };
+    report(&mut s, vec![start("j-1")]);
+    report(&mut s, vec![end("j-1", ExitCause::code(3))]);
+    s.run_for(1, &["exec-01"]);
+    report(&mut s, vec![start("j-2"), end("j-2", ExitCause::signal(9))]);
+    s.run_for(2, &["exec-01"]);
+    let spawn_error = ExitCause {
+        code: Some(127),
+        signal: None,
+        error: Some(
+            "cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)".into(),
+        ),
+    };
+    report(&mut s, vec![end("j-3", spawn_error)]);
+    // A repeated report (its acknowledgement was lost) counts nothing twice.
+    report(&mut s, vec![end("j-3", ExitCause::code(127))]);
+    // A controller restart: the history is read back from the store.
+    let mut s = s.restart(1);
+    s.core.set_wall_clock(wall);
+    status(&mut s);
+    // The replacement's start: its log is shown, the slot's history stays.
+    report(&mut s, vec![start("j-4")]);
+    s.check(expect![[r#"
+        > load
+          resync rev=0 services=0 jobs=[] hosts=0
+        > register exec-01 running=[]
+          1 host exec-01 Ready []
+        > submit
+          2 service web rev=2
+          3 job j-1 web/0 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+          = {"last_exit":null,"log":null,"log_host":null,"replica":0,"restarts":0} pending="-"
+        > events exec-01 [{"event":"started","job":"j-1","pid":7,"log":"/var/lib/xce/logs/j-1.log"}]
+          4 job j-1 web/0 exec-01 Running ready=false
+          = {"last_exit":null,"log":"/var/lib/xce/logs/j-1.log","log_host":"exec-01","replica":0,"restarts":0} pending="-"
+        > events exec-01 [{"event":"exited","job":"j-1","code":3,"log":"/var/lib/xce/logs/j-1.log"}]
+          5 ended j-1 web/0 Exited { code: Some(3) }
+          plugin: release exec-01 j-1
+          = {"last_exit":{"at":"2026-12-03T09:00:00.000Z","code":3,"error":null,"host":"exec-01","job":"j-1","signal":null,"signal_name":null,"summary":"exit 3"},"log":"/var/lib/xce/logs/j-1.log","log_host":"exec-01","replica":0,"restarts":1} pending="restarting after exit 3 in 1s"
+        > 1s pass, heartbeats from ["exec-01"]
+          6 job j-2 web/0 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-2 0
+        > events exec-01 [{"event":"started","job":"j-2","pid":7,"log":"/var/lib/xce/logs/j-2.log"},{"event":"exited","job":"j-2","code":null,"signal":9,"log":"/var/lib/xce/logs/j-2.log"}]
+          7 job j-2 web/0 exec-01 Running ready=false
+          8 ended j-2 web/0 Exited { code: None }
+          plugin: release exec-01 j-2
+          = {"last_exit":{"at":"2026-12-03T09:00:00.000Z","code":null,"error":null,"host":"exec-01","job":"j-2","signal":9,"signal_name":"SIGKILL","summary":"SIGKILL (signal 9)"},"log":"/var/lib/xce/logs/j-2.log","log_host":"exec-01","replica":0,"restarts":2} pending="restarting after SIGKILL in 2s"
+        > 2s pass, heartbeats from ["exec-01"]
+          9 job j-3 web/0 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-3 0
+        > events exec-01 [{"event":"exited","job":"j-3","code":127,"error":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)","log":"/var/lib/xce/logs/j-3.log"}]
+          10 ended j-3 web/0 Exited { code: Some(127) }
+          11 service web rev=11
+          plugin: release exec-01 j-3
+          = {"last_exit":{"at":"2026-12-03T09:00:00.000Z","code":127,"error":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)","host":"exec-01","job":"j-3","signal":null,"signal_name":null,"summary":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)"},"log":"/var/lib/xce/logs/j-3.log","log_host":"exec-01","replica":0,"restarts":3} pending="restarting in 4s: cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)"
+        > events exec-01 [{"event":"exited","job":"j-3","code":127,"log":"/var/lib/xce/logs/j-3.log"}]
+          = {"last_exit":{"at":"2026-12-03T09:00:00.000Z","code":127,"error":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)","host":"exec-01","job":"j-3","signal":null,"signal_name":null,"summary":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)"},"log":"/var/lib/xce/logs/j-3.log","log_host":"exec-01","replica":0,"restarts":3} pending="restarting in 4s: cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)"
+        > load
+          resync rev=11 services=1 jobs=[] hosts=1
+          12 job j-4 web/0 exec-01 Placed ready=false
+          plugin: restore exec-01 j-1 0
+          plugin: release exec-01 j-1
+          plugin: restore exec-01 j-2 0
+          plugin: release exec-01 j-2
+          plugin: restore exec-01 j-3 0
+          plugin: release exec-01 j-3
+          plugin: reserve exec-01 j-4 0
+          = {"last_exit":{"at":"2026-12-03T09:00:00.000Z","code":127,"error":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)","host":"exec-01","job":"j-3","signal":null,"signal_name":null,"summary":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)"},"log":"/var/lib/xce/logs/j-3.log","log_host":"exec-01","replica":0,"restarts":3} pending="-"
+        > events exec-01 [{"event":"started","job":"j-4","pid":7,"log":"/var/lib/xce/logs/j-4.log"}]
+          13 job j-4 web/0 exec-01 Running ready=false
+          = {"last_exit":{"at":"2026-12-03T09:00:00.000Z","code":127,"error":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)","host":"exec-01","job":"j-3","signal":null,"signal_name":null,"summary":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)"},"log":"/var/lib/xce/logs/j-4.log","log_host":"exec-01","replica":0,"restarts":3} pending="-""#]]);
 }
 
 /// A commit slower than the backoff (etcd electing a new raft leader took 5 s): the pass
@@ -2064,8 +2179,8 @@ async fn service_and_host_answers_have_the_rest_shapes() {
     // Label sets of a family come out in hash order.
     metrics.sort_unstable();
     expect![[r#"
-        {"generation":1,"index":6,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":false,"replica":0,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts (exec-01, exec-02)","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":0,"reason":null,"state":"progressing","updated":3},"state":"active"}
-        {"generation":1,"index":8,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","ready":true,"replica":0,"slots":{"slot":0},"state":"running"},{"generation":1,"host":"exec-02","job":"j-2","ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts (exec-01, exec-02)","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replicas":4,"rollout":{"generation":1,"outdated":0,"ready":1,"reason":null,"state":"progressing","updated":3},"state":"active"}
+        {"generation":1,"index":6,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","log":null,"ready":false,"replica":0,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-02","job":"j-2","log":null,"ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","log":null,"ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts (exec-01, exec-02)","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replica_status":[{"last_exit":null,"log":null,"log_host":null,"replica":0,"restarts":0},{"last_exit":null,"log":null,"log_host":null,"replica":1,"restarts":0},{"last_exit":null,"log":null,"log_host":null,"replica":2,"restarts":0},{"last_exit":null,"log":null,"log_host":null,"replica":3,"restarts":0}],"replicas":4,"rollout":{"generation":1,"outdated":0,"ready":0,"reason":null,"state":"progressing","updated":3},"state":"active"}
+        {"generation":1,"index":8,"jobs":[{"generation":1,"host":"exec-01","job":"j-1","log":null,"ready":true,"replica":0,"slots":{"slot":0},"state":"running"},{"generation":1,"host":"exec-02","job":"j-2","log":null,"ready":false,"replica":1,"slots":{"slot":0},"state":"placed"},{"generation":1,"host":"exec-01","job":"j-3","log":null,"ready":false,"replica":2,"slots":{"slot":1},"state":"placed"}],"name":"web","pending":[{"reason":"slots is full on all 2 hosts (exec-01, exec-02)","replica":3}],"profile":{"command":["sleep","1000"],"name":"web","project":"default","replicas":4},"project":"default","replica_status":[{"last_exit":null,"log":null,"log_host":null,"replica":0,"restarts":0},{"last_exit":null,"log":null,"log_host":null,"replica":1,"restarts":0},{"last_exit":null,"log":null,"log_host":null,"replica":2,"restarts":0},{"last_exit":null,"log":null,"log_host":null,"replica":3,"restarts":0}],"replicas":4,"rollout":{"generation":1,"outdated":0,"ready":1,"reason":null,"state":"progressing","updated":3},"state":"active"}
         {"services":[{"generation":1,"index":8,"name":"web","pending":1,"pending_reason":"slots is full on all 2 hosts (exec-01, exec-02)","project":"default","ready":1,"replicas":4,"rollout":"progressing","running":1,"state":"active"}]}
         {"cluster":"c1c1c1c1c1c1c1c1","hosts":[{"addresses":[{"interface":"lo","ip":"127.0.0.11"}],"id":"exec-01","ip_addr":"127.0.0.11","jobs":2,"slots":{"capacity":2,"used":2},"state":"ready"},{"addresses":[{"interface":"lo","ip":"127.0.0.12"}],"id":"exec-02","ip_addr":"127.0.0.12","jobs":1,"slots":{"capacity":1,"used":1},"state":"ready"}]}
         test_ext_total 1

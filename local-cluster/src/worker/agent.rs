@@ -19,7 +19,7 @@ use super::reconcile::{self, Action, RunState};
 use super::state::{self, ExitRecord, JobRecord};
 use super::sys::{PidFd, Signal};
 use super::{collect_facts, probe, ShutdownMode, WorkerConfig, WorkerPlugins};
-use crate::proto::{Assignment, Assignments, RegisterRequest, RunningJob, WorkerEvent};
+use crate::proto::{Assignment, Assignments, ExitCause, RegisterRequest, RunningJob, WorkerEvent};
 
 /// How long a shutdown waits for queued events to be acknowledged.
 const FLUSH_PATIENCE: Duration = Duration::from_secs(3);
@@ -35,7 +35,7 @@ pub(crate) enum Msg {
     Exited {
         job: JobId,
         pid: u32,
-        code: Option<i32>,
+        cause: ExitCause,
     },
     /// A job's readiness changed.
     Ready { job: JobId, pid: u32, ready: bool },
@@ -131,6 +131,10 @@ impl Agent {
         );
         let logs = cfg.data_dir.join("logs");
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+        // Absolute: the path is reported to the controller and shown to operators, who
+        // do not know the worker's working directory.
+        let logs = std::fs::canonicalize(&logs)
+            .with_context(|| format!("resolving {}", logs.display()))?;
         // Two workers on one data dir would each adopt (and stop) the other's replicas.
         let lock_path = cfg.data_dir.join("worker.lock");
         let lock = std::fs::File::create(&lock_path)
@@ -212,13 +216,14 @@ impl Agent {
                 return;
             }
             tracing::info!("replica of a previous worker is gone");
-            rec.exited = Some(ExitRecord { code: None });
+            rec.exited = Some(ExitRecord::of(&ExitCause::default()));
         }
-        let code = rec.exited.and_then(|e| e.code);
-        self.outbox.push(WorkerEvent::Exited {
-            job: rec.job.clone(),
-            code,
-        });
+        let cause = rec.exited.map(ExitRecord::cause).unwrap_or_default();
+        self.outbox.push(WorkerEvent::exited(
+            rec.job.clone(),
+            cause,
+            Some(self.log_of(&rec.job)),
+        ));
         self.ended.insert(rec.job.clone());
         self.exits.insert(rec.job.clone(), rec);
     }
@@ -285,7 +290,7 @@ impl Agent {
                 self.desired = a.jobs;
                 self.reconcile().await?;
             }
-            Msg::Exited { job, pid, code } => self.on_exit(job, pid, code)?,
+            Msg::Exited { job, pid, cause } => self.on_exit(job, pid, cause)?,
             Msg::Ready { job, pid, ready } => {
                 let Some(j) = self.jobs.get_mut(&job) else {
                     return Ok(());
@@ -331,10 +336,8 @@ impl Agent {
                 Action::Stop(job) => self.stop(&job),
                 Action::ReportGone(job) => {
                     tracing::info!(job = %job, "asked to stop a job that does not run; reporting it exited");
-                    self.outbox.push(WorkerEvent::Exited {
-                        job: job.clone(),
-                        code: None,
-                    });
+                    self.outbox
+                        .push(WorkerEvent::exited(job.clone(), ExitCause::default(), None));
                     self.ended.insert(job);
                 }
             }
@@ -374,17 +377,20 @@ impl Agent {
         let spawned = match process::spawn(&a.command, &plan.env, &log) {
             Ok(s) => s,
             Err(e) => {
-                // Like a shell: 127 when the program is not there, 126 otherwise.
-                let code = if e.kind() == std::io::ErrorKind::NotFound {
-                    127
-                } else {
-                    126
+                tracing::error!(command = ?a.command, error = %e, log = %log.display(), "cannot start replica");
+                process::note_in_log(&log, &e.to_string());
+                let cause = ExitCause {
+                    // Like a shell: 127 when the program is not there, 126 otherwise
+                    // (what a controller that predates `error` shows).
+                    code: Some(e.code()),
+                    signal: None,
+                    error: Some(e.to_string()),
                 };
-                tracing::error!(command = ?a.command, error = %e, "cannot start replica");
-                self.outbox.push(WorkerEvent::Exited {
-                    job: a.job.clone(),
-                    code: Some(code),
-                });
+                self.outbox.push(WorkerEvent::exited(
+                    a.job.clone(),
+                    cause,
+                    Some(log.display().to_string()),
+                ));
                 self.ended.insert(a.job);
                 return Ok(());
             }
@@ -430,6 +436,7 @@ impl Agent {
         self.outbox.push(WorkerEvent::Started {
             job: job.clone(),
             pid,
+            log: Some(log.display().to_string()),
         });
         if ready {
             self.outbox
@@ -437,6 +444,11 @@ impl Agent {
         }
         self.publish_running();
         Ok(())
+    }
+
+    /// The job's log file, as reported to the controller.
+    fn log_of(&self, job: &str) -> String {
+        process::log_path(&self.logs, job).display().to_string()
     }
 
     fn job_span(&self, job: &str, pid: Option<u32>) -> tracing::Span {
@@ -499,18 +511,19 @@ impl Agent {
         ));
     }
 
-    fn on_exit(&mut self, job: JobId, pid: u32, code: Option<i32>) -> anyhow::Result<()> {
+    fn on_exit(&mut self, job: JobId, pid: u32, cause: ExitCause) -> anyhow::Result<()> {
         match self.jobs.get(&job) {
             Some(j) if j.record.pid == pid => {}
             _ => return Ok(()),
         }
         let mut j = self.jobs.remove(&job).expect("checked above");
         j.abort_tasks();
-        j.record.exited = Some(ExitRecord { code });
+        j.record.exited = Some(ExitRecord::of(&cause));
         self.exits.insert(job.clone(), j.record);
         self.ended.insert(job.clone());
         self.persist()?;
-        self.outbox.push(WorkerEvent::Exited { job, code });
+        let log = self.log_of(&job);
+        self.outbox.push(WorkerEvent::exited(job, cause, Some(log)));
         self.publish_running();
         Ok(())
     }

@@ -231,10 +231,14 @@ mod tests {
         let (kind, job) = ev.split_once(':').unwrap();
         let job = job.to_owned();
         match kind {
-            "start" => WorkerEvent::Started { job, pid: 7 },
+            "start" => WorkerEvent::Started {
+                job,
+                pid: 7,
+                log: None,
+            },
             "up" => WorkerEvent::Readiness { job, ready: true },
             "down" => WorkerEvent::Readiness { job, ready: false },
-            "exit" => WorkerEvent::Exited { job, code: None },
+            "exit" => WorkerEvent::exited(job, Default::default(), None),
             other => panic!("bad event {other}"),
         }
     }

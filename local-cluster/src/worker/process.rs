@@ -2,6 +2,7 @@
 //! the worker) and exit watching through a pidfd, for children and adopted processes
 //! alike.
 
+use crate::proto::ExitCause;
 use plugin_api::JobId;
 use std::collections::BTreeMap;
 use std::io;
@@ -45,21 +46,54 @@ pub(crate) fn log_path(logs: &Path, job: &str) -> PathBuf {
     logs.join(format!("{safe}.log"))
 }
 
+/// Why a replica could not be started.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SpawnError {
+    /// The assignment has no argv.
+    #[error("cannot start: the command is empty")]
+    Empty,
+    /// Its log file could not be opened.
+    #[error("cannot open the log file {path}: {cause}")]
+    Log { path: PathBuf, cause: io::Error },
+    /// `execve` (or the fork before it) failed: no such program, not executable, ...
+    #[error("cannot start {program:?}: {cause}")]
+    Exec { program: String, cause: io::Error },
+    /// It started, but cannot be watched (so it was killed again).
+    #[error("cannot watch the started process: {cause}")]
+    Watch { cause: io::Error },
+}
+
+impl SpawnError {
+    /// The exit code a shell would give: 127 when the program is not there, 126 otherwise.
+    pub(crate) fn code(&self) -> i32 {
+        match self {
+            SpawnError::Exec { cause, .. } if cause.kind() == io::ErrorKind::NotFound => 127,
+            _ => 126,
+        }
+    }
+}
+
 /// Spawns `argv` with `env` added to the worker's environment, in a new process group,
 /// stdin from /dev/null and stdout/stderr appended to `log`.
 pub(crate) fn spawn(
     argv: &[String],
     env: &BTreeMap<String, String>,
     log: &Path,
-) -> io::Result<Spawned> {
-    let (program, args) = argv
-        .split_first()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "empty command"))?;
+) -> Result<Spawned, SpawnError> {
+    let (program, args) = argv.split_first().ok_or(SpawnError::Empty)?;
     let out = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(log)?;
-    let err = out.try_clone()?;
+        .open(log)
+        .map_err(|cause| SpawnError::Log {
+            path: log.to_owned(),
+            cause,
+        })?;
+    let exec = |cause| SpawnError::Exec {
+        program: program.clone(),
+        cause,
+    };
+    let err = out.try_clone().map_err(exec)?;
     let mut child = Command::new(program)
         .args(args)
         .envs(env)
@@ -69,7 +103,8 @@ pub(crate) fn spawn(
         // Its own group: survives the worker (no terminal signals from the worker's
         // group), and stops as a whole with one kill(-pgid).
         .process_group(0)
-        .spawn()?;
+        .spawn()
+        .map_err(exec)?;
     let pid = child.id();
     // The child is not reaped yet, so its pid and /proc entry are certainly its own.
     let watchable = sys::pidfd_open(pid).and_then(|pidfd| {
@@ -84,12 +119,36 @@ pub(crate) fn spawn(
             start_time,
             pidfd,
         }),
-        Err(e) => {
+        Err(cause) => {
             // A replica the worker cannot watch must not run unsupervised.
             let _ = sys::kill_group(pid, Signal::Kill);
             let _ = child.wait();
-            Err(e)
+            Err(SpawnError::Watch { cause })
         }
+    }
+}
+
+/// Appends one line from the worker to a replica's log, so the file the operator is shown
+/// says why there is no output (best effort: the event carries the reason too).
+pub(crate) fn note_in_log(log: &Path, line: &str) {
+    use std::io::Write as _;
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .and_then(|mut f| writeln!(f, "xced worker: {line}"));
+    if let Err(e) = written {
+        tracing::debug!(log = %log.display(), error = %e, "cannot write to the replica log");
+    }
+}
+
+/// How a child's wait status reads as an [`ExitCause`].
+pub(crate) fn cause_of(status: std::process::ExitStatus) -> ExitCause {
+    use std::os::unix::process::ExitStatusExt as _;
+    ExitCause {
+        code: status.code(),
+        signal: status.signal(),
+        error: None,
     }
 }
 
@@ -115,7 +174,7 @@ pub(crate) fn signal(pidfd: &PidFd, pid: u32, sig: Signal) {
 
 /// Waits for the process to exit and tells the state task. For a child of ours, kills
 /// what is left of its group (before reaping, while the group id cannot be recycled) and
-/// reports the exit code; for an adopted process the code is unknown.
+/// reports the exit code or signal; for an adopted process the cause is unknown.
 pub(crate) async fn watch(
     job: JobId,
     pid: u32,
@@ -133,25 +192,25 @@ pub(crate) async fn watch(
             tracing::error!(error = %e, "cannot watch the process; assuming it exited");
         }
     }
-    let code = match child {
+    let cause = match child {
         Some(mut child) => {
             if let Err(e) = sys::kill_group(pid, Signal::Kill) {
                 tracing::debug!(error = %e, "cleaning up the process group failed");
             }
-            match child.try_wait() {
-                Ok(Some(status)) => status.code(),
-                // Readable pidfd means exited; a failed reap only loses the code.
+            let status = match child.try_wait() {
+                Ok(Some(status)) => Some(status),
+                // Readable pidfd means exited; a failed reap only loses the cause.
                 Ok(None) | Err(_) => tokio::task::spawn_blocking(move || child.wait())
                     .await
                     .ok()
-                    .and_then(Result::ok)
-                    .and_then(|s| s.code()),
-            }
+                    .and_then(Result::ok),
+            };
+            status.map(cause_of).unwrap_or_default()
         }
-        None => None,
+        None => ExitCause::default(),
     };
-    tracing::info!(code, "process exited");
-    let _ = owner.send(Msg::Exited { job, pid, code }).await;
+    tracing::info!(cause = %cause, "process exited");
+    let _ = owner.send(Msg::Exited { job, pid, cause }).await;
 }
 
 #[cfg(test)]

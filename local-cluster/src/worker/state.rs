@@ -9,7 +9,7 @@ use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use crate::proto::Assignment;
+use crate::proto::{Assignment, ExitCause};
 
 /// The file format version this worker writes and reads.
 const VERSION: u32 = 1;
@@ -42,6 +42,29 @@ pub(crate) struct JobRecord {
 pub(crate) struct ExitRecord {
     /// Exit code when known.
     pub(crate) code: Option<i32>,
+    /// The signal that ended it, when one did (absent in files of older workers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) signal: Option<i32>,
+}
+
+impl ExitRecord {
+    /// The record of an exit as `cause` says (a start error is never recorded: such a job
+    /// never had a process to re-adopt).
+    pub(crate) fn of(cause: &ExitCause) -> Self {
+        ExitRecord {
+            code: cause.code,
+            signal: cause.signal,
+        }
+    }
+
+    /// The cause it records.
+    pub(crate) fn cause(self) -> ExitCause {
+        ExitCause {
+            code: self.code,
+            signal: self.signal,
+            error: None,
+        }
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -173,7 +196,13 @@ mod tests {
         check(
             vec![
                 record("j-1", None),
-                record("j-2", Some(ExitRecord { code: Some(3) })),
+                record(
+                    "j-2",
+                    Some(ExitRecord {
+                        code: None,
+                        signal: Some(9),
+                    }),
+                ),
             ],
             expect_test::expect![[r#"
                 {
@@ -249,7 +278,8 @@ mod tests {
                       },
                       "ready": true,
                       "exited": {
-                        "code": 3
+                        "code": null,
+                        "signal": 9
                       }
                     }
                   ]

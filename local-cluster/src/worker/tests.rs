@@ -557,11 +557,15 @@ async fn launches_with_the_hook_env_reports_ready_once_and_the_exit() {
         )
         .await;
         let evs = fake.events_of("j-1");
+        let log = std::fs::canonicalize(dir.path().join("logs/j-1.log")).unwrap();
         assert_eq!(
             evs.last(),
             Some(&WorkerEvent::Exited {
                 job: "j-1".into(),
-                code: None
+                code: None,
+                signal: Some(9),
+                error: None,
+                log: Some(log.display().to_string()),
             })
         );
         let (started, up, _down, exited, _) = counts(&fake, "j-1");
@@ -693,14 +697,94 @@ async fn tcp_readiness_refusals_unknown_stops_and_bad_commands() {
         reaper.watch(started_pid(&fake, "j-8"));
         let evs: Vec<_> = fake.state.lock().unwrap().events.iter().map(|e| serde_json::to_string(e).unwrap()).collect();
         let evs: Vec<_> = evs.iter().filter(|e| !e.contains("j-7") && !e.contains("j-8")).cloned().collect();
+        let logs = std::fs::canonicalize(dir.path().join("logs")).unwrap();
         expect_test::expect![[r#"
             {"event":"refused","job":"j-4","refusal":{"plugin":"fake","reason":"refused by the test","detail":{"refuse":true}}}
-            {"event":"exited","job":"j-6","code":127}
+            {"event":"exited","job":"j-6","code":127,"error":"cannot start \"/nonexistent/xce-test\": No such file or directory (os error 2)","log":"$LOGS/j-6.log"}
             {"event":"exited","job":"j-5","code":null}"#]]
-        .assert_eq(&evs.join("\n"));
+        .assert_eq(&evs.join("\n").replace(&logs.display().to_string(), "$LOGS"));
         worker.shutdown(ShutdownMode::StopReplicas).await;
         assert_eq!(counts(&fake, "j-7"), (1, 1, 0, 1, 0));
         assert_eq!(counts(&fake, "j-8"), (1, 0, 0, 1, 0));
+    })
+    .await;
+}
+
+/// Each way a replica ends is reported as precisely as the worker knows it: the exit
+/// code, the signal (one the replica sent itself, and a SIGKILL from outside), or why it
+/// could not be started (with argv[0] and the OS error) — each with the absolute path of
+/// its log file, which holds the replica's output (or the worker's line saying why there
+/// is none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exits_report_the_code_the_signal_or_the_start_error_and_the_log() {
+    let reaper = Reaper::default();
+    bounded(async {
+        let fake = Fake::new();
+        let base = fake.serve().await;
+        let dir = tempfile::tempdir().unwrap();
+        let worker = Worker::start(config(&base, dir.path()), FakeFacts::new(false));
+        // A file that exists but may not be executed: 126, as from a shell.
+        let not_exec = dir.path().join("not-executable");
+        std::fs::write(&not_exec, "#!/bin/sh\n").unwrap();
+        let grant = serde_json::json!({"port": 1});
+        let job = |id: &str, argv: Vec<String>| {
+            assignment(id, argv, None, grant.clone(), Desired::Run)
+        };
+        fake.set_jobs(vec![
+            job("j-1", sh("echo out-of-j-1; echo err-of-j-1 >&2; exit 3")),
+            job("j-2", sh("echo out-of-j-2; kill -USR1 $$; sleep 1000")),
+            job("j-3", vec!["sleep".into(), "1000".into()]),
+            job("j-4", vec!["no-such-binary-xyz".into(), "--flag".into()]),
+            job("j-5", vec![not_exec.display().to_string()]),
+        ]);
+        fake.wait_until("j-3 started", has(&fake, "j-3", |e| matches!(e, WorkerEvent::Started { .. })))
+            .await;
+        let pid = started_pid(&fake, "j-3");
+        reaper.watch(pid);
+        sys::kill_group(pid, sys::Signal::Kill).unwrap();
+        fake.wait_until("every exit", |s| {
+            s.events.iter().filter(|e| matches!(e, WorkerEvent::Exited { .. })).count() == 5
+        })
+        .await;
+        let logs = std::fs::canonicalize(dir.path().join("logs")).unwrap();
+        let logs = logs.display().to_string();
+        let mut lines: Vec<String> = fake
+            .state
+            .lock()
+            .unwrap()
+            .events
+            .iter()
+            .filter(|e| matches!(e, WorkerEvent::Exited { .. } | WorkerEvent::Started { .. }))
+            .map(|e| {
+                let mut v = serde_json::to_value(e).unwrap();
+                if let Some(pid) = v.get_mut("pid") {
+                    *pid = serde_json::json!("$PID");
+                }
+                v.to_string()
+            })
+            .collect();
+        lines.sort();
+        let not_exec = not_exec.display().to_string();
+        expect_test::expect![[r#"
+            {"code":126,"error":"cannot start \"$NOT_EXEC\": Permission denied (os error 13)","event":"exited","job":"j-5","log":"$LOGS/j-5.log"}
+            {"code":127,"error":"cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)","event":"exited","job":"j-4","log":"$LOGS/j-4.log"}
+            {"code":3,"event":"exited","job":"j-1","log":"$LOGS/j-1.log"}
+            {"code":null,"event":"exited","job":"j-2","log":"$LOGS/j-2.log","signal":10}
+            {"code":null,"event":"exited","job":"j-3","log":"$LOGS/j-3.log","signal":9}
+            {"event":"started","job":"j-1","log":"$LOGS/j-1.log","pid":"$PID"}
+            {"event":"started","job":"j-2","log":"$LOGS/j-2.log","pid":"$PID"}
+            {"event":"started","job":"j-3","log":"$LOGS/j-3.log","pid":"$PID"}"#]]
+        .assert_eq(&lines.join("\n").replace(&logs, "$LOGS").replace(&not_exec, "$NOT_EXEC"));
+        // The paths reported are absolute and hold what the replicas wrote.
+        let read = |job: &str| std::fs::read_to_string(format!("{logs}/{job}.log")).unwrap();
+        assert!(logs.starts_with('/'), "{logs}");
+        assert_eq!(read("j-1"), "out-of-j-1\nerr-of-j-1\n");
+        assert_eq!(read("j-2"), "out-of-j-2\n");
+        assert_eq!(
+            read("j-4"),
+            "xced worker: cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)\n"
+        );
+        worker.shutdown(ShutdownMode::Detach).await;
     })
     .await;
 }
