@@ -149,6 +149,11 @@ impl EtcdCluster {
         .await;
     }
 
+    /// Member `m`'s process id (for SIGSTOP/SIGCONT), while it runs.
+    pub fn pid(&self, m: usize) -> Option<u32> {
+        self.members[m].as_ref().map(Child::id)
+    }
+
     pub fn kill_9(&mut self, m: usize) {
         if let Some(mut c) = self.members[m].take() {
             let _ = c.kill();

@@ -9,6 +9,7 @@ mod dev;
 mod failover;
 mod faults_rollout;
 mod ha;
+mod leadership;
 mod reliability;
 mod reliability_flood;
 mod reliability_input;

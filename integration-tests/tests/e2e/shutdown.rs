@@ -40,7 +40,7 @@ async fn exited(child: &mut Child) -> (ExitStatus, Instant) {
 }
 
 /// The entry's current index (`X-Xce-Index`).
-async fn index(api: &Api, service: &str) -> Result<u64> {
+pub(crate) async fn index(api: &Api, service: &str) -> Result<u64> {
     let (status, headers, body) = api
         .get(&format!("/v1/services/{service}/endpoints"))
         .await?;
@@ -53,7 +53,7 @@ async fn index(api: &Api, service: &str) -> Result<u64> {
 
 /// A blocking query parked on the entry past `index`: when it was answered, if it was
 /// answered 200 with the entry.
-fn blocking_query(http: &reqwest::Client, api: &Api, index: u64) -> JoinHandle<Result<Instant>> {
+pub(crate) fn blocking_query(http: &reqwest::Client, api: &Api, index: u64) -> JoinHandle<Result<Instant>> {
     let req = http
         .get(format!(
             "{}/v1/services/web/endpoints?index={index}&wait=5m",
@@ -71,7 +71,7 @@ fn blocking_query(http: &reqwest::Client, api: &Api, index: u64) -> JoinHandle<R
 }
 
 /// An open SSE stream read to its end: when it ended, if it ended cleanly (not cut).
-async fn stream_to_end(api: &Api) -> Result<JoinHandle<Result<Instant>>> {
+pub(crate) async fn stream_to_end(api: &Api) -> Result<JoinHandle<Result<Instant>>> {
     let mut r = sse_open(api, "/v1/services/web/endpoints/stream", None).await?;
     Ok(tokio::spawn(async move {
         loop {

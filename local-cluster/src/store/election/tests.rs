@@ -97,6 +97,7 @@ fn clone_of(l: &Leadership) -> Leadership {
         create_revision: l.create_revision,
         ttl: l.ttl,
         expires: l.expires,
+        renewed: l.renewed,
     }
 }
 
@@ -230,6 +231,55 @@ fn config_is_checked() {
             invalid election config: the candidate id is empty
             invalid election config: leader ttl 500ms is below 1s"#]],
     );
+}
+
+#[test]
+fn lease_timings_follow_kubernetes_and_every_problem_is_named() {
+    let t = |ttl: u64, renew_ms: u64, retry_ms: u64| LeaseTimings {
+        ttl: Duration::from_millis(ttl),
+        renew_deadline: Duration::from_millis(renew_ms),
+        retry_period: Duration::from_millis(retry_ms),
+    };
+    let mut log = vec![
+        format!("default: {:?}", LeaseTimings::default()),
+        format!(
+            "from 15s: {}",
+            LeaseTimings::from_ttl(Duration::from_secs(15)) == LeaseTimings::default()
+        ),
+        format!("from 3s: {:?}", LeaseTimings::from_ttl(Duration::from_secs(3))),
+    ];
+    for bad in [
+        t(1500, 1000, 200),
+        t(3000, 3000, 3000),
+        t(3000, 0, 0),
+        t(15000, 10000, 10000),
+    ] {
+        log.push(bad.problems().join(" | "));
+    }
+    log.push(format!(
+        "ok: {:?}",
+        LeaseTimings::default().problems()
+    ));
+    log.push(
+        Election::with_timings(
+            vec!["127.0.0.1:2379".into()],
+            "/xce/",
+            "a",
+            t(3000, 5000, 100),
+        )
+        .unwrap_err()
+        .to_string(),
+    );
+    check(&log, expect![[r#"
+        default: LeaseTimings { ttl: 15s, renew_deadline: 10s, retry_period: 2s }
+        from 15s: true
+        from 3s: LeaseTimings { ttl: 3s, renew_deadline: 2s, retry_period: 400ms }
+        leader_ttl (1.5s) must be whole seconds, at least 1s (an etcd lease's TTL)
+        renew_deadline (3s) must be shorter than leader_ttl (3s): a leader must step down before its lease can run out and a standby take over | retry_period (3s) must be shorter than renew_deadline (3s): a leader must get more than one try before it steps down
+        renew_deadline must be greater than zero | retry_period must be greater than zero
+        retry_period (10s) must be shorter than renew_deadline (10s): a leader must get more than one try before it steps down
+        ok: []
+        invalid election config: renew_deadline (5s) must be shorter than leader_ttl (3s): a leader must step down before its lease can run out and a standby take over"#]]);
 }
 
 #[test]
