@@ -160,14 +160,25 @@ async fn etcd_down_past_the_renew_deadline_the_leader_steps_down_and_both_contro
     let pid = ha.etcd.as_ref().unwrap().pid(0).expect("etcd runs");
     signal(pid, libc::SIGSTOP);
     let frozen = Instant::now();
-    // The leader cannot renew: it steps down at its renew deadline, in the same process.
-    eventually("controller 0 steps down", || async {
-        Ok(role(&ha, 0)
-            .is_some_and(|r| r.starts_with("200 standby"))
-            .then_some(()))
-    })
-    .await;
-    let stepped_down = frozen.elapsed();
+    // The leader cannot renew: it steps down at its renew deadline, in the same process
+    // (the old code exited here).
+    let stepped_down = loop {
+        if role(&ha, 0).is_some_and(|r| r.starts_with("200 standby")) {
+            break Ok(frozen.elapsed());
+        }
+        if !alive(&mut ha, 0) {
+            break Err(ha.controllers[0].as_mut().unwrap().child.wait().unwrap());
+        }
+        assert!(frozen.elapsed() < patience(), "controller 0 never stepped down");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let stepped_down = match stepped_down {
+        Ok(t) => t,
+        Err(status) => panic!(
+            "controller 0 exited ({status}) {} ms after the freeze instead of going back to standby",
+            frozen.elapsed().as_millis()
+        ),
+    };
     let query_done = query.await.unwrap().map(|t| t - frozen);
     let stream_done = stream.await.unwrap().map(|t| t - frozen);
     // Workers are told `standby` by both controllers while etcd is down.
@@ -254,10 +265,11 @@ const RAFT_FREEZE: Duration = Duration::from_secs(15);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_raft_leader_frozen_the_leader_keeps_its_lease_with_the_default_timings() {
     let etcd = EtcdCluster::start(3).await.expect("etcd");
-    // The member every client tries first is the raft leader: freezing it costs an etcd
-    // election and the endpoint the controllers talk to.
-    etcd.make_leader(0).await;
-    let raft_before = etcd.status(1).await.unwrap();
+    // The member every client tries first (m0) is a follower that forwards lease renewals
+    // to the raft leader (m1), which is frozen: renewals hang there until etcd has elected
+    // another leader (the case that deposed the old code's leader, with its 5 s lease).
+    etcd.make_leader(1).await;
+    let raft_before = etcd.status(0).await.unwrap();
     let mut ha = fleet(etcd, 1, None).await;
     let a = ha.controller_api(0);
     assert_eq!(a.submit_toml(&web(2)).await.unwrap().0, 201);
@@ -265,12 +277,13 @@ async fn etcd_raft_leader_frozen_the_leader_keeps_its_lease_with_the_default_tim
     let jobs_before = jobs(&a).await.unwrap();
     let log0 = ha.log("controller-0");
     let failed_before = count(&log0, "lease renewal failed");
+    let slow_before = count(&log0, "lease renewal was slow");
 
-    let pid = ha.etcd.as_ref().unwrap().pid(0).expect("etcd runs");
+    let pid = ha.etcd.as_ref().unwrap().pid(1).expect("etcd runs");
     signal(pid, libc::SIGSTOP);
     let frozen = Instant::now();
     let new_raft = eventually("etcd elects another raft leader", || async {
-        let (_, leader) = ha.etcd.as_ref().unwrap().status(1).await?;
+        let (_, leader) = ha.etcd.as_ref().unwrap().status(0).await?;
         Ok((leader != raft_before.1 && leader != "0").then_some(leader))
     })
     .await;
@@ -288,16 +301,37 @@ async fn etcd_raft_leader_frozen_the_leader_keeps_its_lease_with_the_default_tim
     let eps = api.wait_ready("web", 2).await;
     let jobs_after = jobs(&api).await.unwrap();
     println!(
-        "FIGURE etcd raft leader frozen {} s (3 members, default lease timings 15 s / 10 s / 2 s): etcd elected {new_raft} after {} ms; controller renewals failed meanwhile {}; controller 0 deposed: {deposed}; during the freeze {during:?}; afterwards controllers alive {alive:?}, controller {leader} leads, web {} endpoints, jobs changed {}",
+        "FIGURE etcd raft leader frozen {} s (3 members, default lease timings 15 s / 10 s / 2 s): etcd elected {new_raft} after {} ms; controller renewals failed meanwhile {}, slow {} (longest {}); controller 0 deposed: {deposed}; during the freeze {during:?}; afterwards controllers alive {alive:?}, controller {leader} leads, web {} endpoints, jobs changed {}",
         RAFT_FREEZE.as_secs(),
         etcd_election.as_millis(),
         count(&log0, "lease renewal failed") - failed_before,
+        count(&log0, "lease renewal was slow") - slow_before,
+        longest_renewal(&log0),
         eps.len(),
         jobs_before.keys().filter(|j| !jobs_after.contains_key(*j)).count(),
     );
     assert_eq!(alive, [true, true], "both controller processes live on");
     assert!(!deposed, "an etcd election deposed the controller leader");
     assert_eq!(jobs_after, jobs_before);
+}
+
+/// The longest `took=` of the slow renewals the log reports (`-` when none).
+fn longest_renewal(log: &Path) -> String {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("lease renewal was slow"))
+        .filter_map(|l| {
+            // A Debug duration: `5.01234s`, `950.1ms`.
+            let took = l.split("took=").nth(1)?.split(' ').next()?;
+            let ms = match took.strip_suffix("ms") {
+                Some(ms) => ms.parse::<f64>().ok()?,
+                None => took.strip_suffix('s')?.parse::<f64>().ok()? * 1000.0,
+            };
+            Some(ms as u64)
+        })
+        .max()
+        .map_or("-".into(), |ms| format!("{ms} ms"))
 }
 
 /// Scales `web` through `api`.

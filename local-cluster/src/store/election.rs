@@ -353,6 +353,17 @@ impl Election {
     /// [`call`](Self::call), giving up at `deadline` (each endpoint gets the usual
     /// timeout, or what is left).
     fn call_by(&self, path: &str, body: &Value, deadline: Instant) -> Result<Value, ElectionError> {
+        self.call_within(path, body, deadline, self.inner.timeout)
+    }
+
+    /// [`call_by`](Self::call_by), each endpoint getting at most `per_endpoint`.
+    fn call_within(
+        &self,
+        path: &str,
+        body: &Value,
+        deadline: Instant,
+        per_endpoint: Duration,
+    ) -> Result<Value, ElectionError> {
         let i = &self.inner;
         let body = body.to_string();
         let n = i.endpoints.len();
@@ -366,7 +377,7 @@ impl Election {
                 errors.push(format!("{ep}: not tried, out of time"));
                 continue;
             }
-            match post(ep, path, body.as_bytes(), i.timeout.min(left)) {
+            match post(ep, path, body.as_bytes(), per_endpoint.min(left)) {
                 Ok(v) => {
                     i.current.store(at, Ordering::Relaxed);
                     return Ok(v);
@@ -593,11 +604,27 @@ impl Leadership {
         let sent = Instant::now();
         // An answer after the renew deadline is no use: the caller must learn by then.
         let by = self.step_down_at().max(sent + Duration::from_millis(50));
-        let r = e.call_by(
+        // Each member gets a retry period at most: a follower forwards the renewal to the
+        // raft leader, and holds it for seconds when that one is frozen, while another
+        // member answers once etcd has elected a new leader.
+        let per_endpoint = e
+            .inner
+            .timings
+            .retry_period
+            .clamp(Duration::from_millis(500), e.inner.timeout);
+        let r = e.call_within(
             "/v3/lease/keepalive",
             &json!({ "ID": self.lease.to_string() }),
             by,
+            per_endpoint,
         )?;
+        // The streaming gateway reports a failure in a 200 answer: that is etcd not
+        // answering (say, while it elects a raft leader), not the lease gone.
+        if r.get("error").is_some() || r.get("result").is_none() {
+            return Err(ElectionError::Etcd(format!(
+                "/v3/lease/keepalive answered no result: {r}"
+            )));
+        }
         let ttl = int(&r["result"]["TTL"]);
         if ttl <= 0 {
             return Err(ElectionError::Lost(format!(
@@ -605,10 +632,11 @@ impl Leadership {
                 self.lease
             )));
         }
-        let kv = e.call_by(
+        let kv = e.call_within(
             "/v3/kv/range",
             &json!({ "key": b64(e.key().as_bytes()) }),
             by,
+            per_endpoint,
         )?;
         let kv = kv.pointer("/kvs/0");
         let created = kv.map_or(0, |kv| int(&kv["create_revision"]));
@@ -656,7 +684,9 @@ impl Leadership {
                         Err(mpsc::RecvTimeoutError::Timeout) => {}
                         _ => return,
                     }
+                    let started = Instant::now();
                     let renewed = me.keep_alive();
+                    let took = started.elapsed();
                     // A renewal that was in flight when the leader resigned fails (the
                     // lease is revoked): that is no loss to report.
                     if resigning.load(Ordering::SeqCst) {
@@ -664,7 +694,14 @@ impl Leadership {
                     }
                     let left = me.step_down_at().saturating_duration_since(Instant::now());
                     match renewed {
-                        Ok(()) => wait = period,
+                        Ok(()) => {
+                            wait = period;
+                            // Visible before it costs the leadership: an etcd member that
+                            // hangs, an election, an overloaded etcd.
+                            if took > period {
+                                tracing::warn!(took = ?took, renew_deadline = ?timings.renew_deadline, "election: lease renewal was slow");
+                            }
+                        }
                         // Another try fits before the deadline: half of what is left at
                         // most, so the last try still has time to get through.
                         Err(ElectionError::Etcd(e)) if left >= Duration::from_millis(100) => {
