@@ -16,7 +16,7 @@ mod election;
 pub(crate) mod etcd;
 
 pub use election::{
-    Election, ElectionError, LeaseTimings, Leadership, Maintained, DEFAULT_LEADER_TTL,
+    Election, ElectionError, Leadership, LeaseTimings, Maintained, DEFAULT_LEADER_TTL,
 };
 pub use etcd::{
     parse_url as parse_etcd_url, EtcdStore, RecordChange, Records, DEFAULT_MAX_TXN_OPS,

@@ -169,7 +169,10 @@ async fn etcd_down_past_the_renew_deadline_the_leader_steps_down_and_both_contro
         if !alive(&mut ha, 0) {
             break Err(ha.controllers[0].as_mut().unwrap().child.wait().unwrap());
         }
-        assert!(frozen.elapsed() < patience(), "controller 0 never stepped down");
+        assert!(
+            frozen.elapsed() < patience(),
+            "controller 0 never stepped down"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let stepped_down = match stepped_down {

@@ -53,7 +53,11 @@ pub(crate) async fn index(api: &Api, service: &str) -> Result<u64> {
 
 /// A blocking query parked on the entry past `index`: when it was answered, if it was
 /// answered 200 with the entry.
-pub(crate) fn blocking_query(http: &reqwest::Client, api: &Api, index: u64) -> JoinHandle<Result<Instant>> {
+pub(crate) fn blocking_query(
+    http: &reqwest::Client,
+    api: &Api,
+    index: u64,
+) -> JoinHandle<Result<Instant>> {
     let req = http
         .get(format!(
             "{}/v1/services/web/endpoints?index={index}&wait=5m",

@@ -382,8 +382,10 @@ async fn run_elected(
                 // state task stops (its commits are refused by the leader guard anyway).
                 signals.or_exit_at_once(running.shutdown()).await;
                 // If the lease still lives (etcd unreachable so far), revoking it lets a
-                // standby take over at once when etcd answers again.
-                resign(Some(leadership)).await;
+                // standby take over at once when etcd answers again. Not waited for: the
+                // standby listener comes back now, and a late revocation only ends this
+                // term's lease, never the next one's.
+                tokio::spawn(revoke_lost(leadership));
                 tracing::info!("back to standby: campaigning again");
             }
         }
@@ -436,6 +438,20 @@ async fn resign(leadership: Option<Maintained>) {
             timeout = ?RESIGN_TIMEOUT,
             "etcd did not confirm the resignation in time; a standby takes over when the lease runs out"
         ),
+    }
+}
+
+/// Revokes the lease of a term that lost the leadership, if it still lives (etcd was
+/// unreachable, or the renew deadline passed before the lease's end).
+async fn revoke_lost(leadership: Maintained) {
+    match tokio::task::spawn_blocking(move || leadership.resign()).await {
+        Ok(Ok(())) => {
+            tracing::info!("revoked the lost term's lease: a standby may take over at once")
+        }
+        Ok(Err(e)) => {
+            tracing::info!(error = %e, "the lost term's lease could not be revoked (gone already, or etcd unreachable): it runs out by itself")
+        }
+        Err(e) => tracing::warn!(error = %e, "could not revoke the lost term's lease"),
     }
 }
 
