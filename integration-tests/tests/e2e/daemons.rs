@@ -392,6 +392,29 @@ impl Fleet {
         Ok(())
     }
 
+    /// Starts controller 0 and waits until it serves, then controller 1 and waits until
+    /// it logs that it waits as a standby.
+    pub async fn start_leader_and_standby(&mut self) {
+        self.start_controller(0).unwrap();
+        eventually("controller 0 serves", || async {
+            Ok(self.controllers[0]
+                .as_ref()
+                .unwrap()
+                .announced()
+                .then_some(()))
+        })
+        .await;
+        self.start_controller(1).unwrap();
+        let standby_log = self.log("controller-1");
+        eventually("controller 1 waits as a standby", || async {
+            let text = std::fs::read_to_string(&standby_log).unwrap_or_default();
+            Ok(text
+                .contains("standby: waiting for leadership")
+                .then_some(()))
+        })
+        .await;
+    }
+
     pub fn start_apiserver(&mut self, a: usize) -> Result<()> {
         self.apiservers[a] = Some(self.spawn("apiserver", &format!("apiserver-{a}"))?);
         Ok(())

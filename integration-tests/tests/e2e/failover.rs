@@ -127,21 +127,7 @@ async fn fleet(workers: usize, apiservers: usize) -> Fleet {
         let grace = format!("grace_period = \"{}s\"", GRACE.as_secs());
         std::fs::write(&path, text.replace("grace_period = \"30s\"", &grace)).unwrap();
     }
-    ha.start_controller(0).unwrap();
-    eventually("controller 0 announces its listener", || async {
-        Ok(ha.controllers[0]
-            .as_ref()
-            .unwrap()
-            .announced()
-            .then_some(()))
-    })
-    .await;
-    ha.start_controller(1).unwrap();
-    let standby_log = ha.log("controller-1");
-    eventually("controller 1 waits as a standby", || async {
-        Ok((count(&standby_log, "standby: waiting for leadership") > 0).then_some(()))
-    })
-    .await;
+    ha.start_leader_and_standby().await;
     ha
 }
 

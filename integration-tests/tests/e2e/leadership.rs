@@ -8,10 +8,11 @@
 //! - a released port is not the first one handed out after three takeovers.
 
 use crate::daemons::*;
+use crate::ha::jobs;
 use crate::harness::*;
 use crate::shutdown::{blocking_query, index, stream_to_end};
 use anyhow::{Context, Result};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -20,25 +21,6 @@ fn count(path: &Path, needle: &str) -> usize {
         .unwrap_or_default()
         .matches(needle)
         .count()
-}
-
-/// job → (host, http port) of `web`'s live jobs.
-async fn jobs(api: &Api) -> Result<BTreeMap<String, (String, u64)>> {
-    let svc = api.get_json("/v1/services/web").await?;
-    svc["jobs"]
-        .as_array()
-        .context("jobs")?
-        .iter()
-        .map(|j| {
-            Ok((
-                j["job"].as_str().context("job")?.to_owned(),
-                (
-                    j["host"].as_str().context("host")?.to_owned(),
-                    j["ports"]["http"].as_u64().unwrap_or(0),
-                ),
-            ))
-        })
-        .collect()
 }
 
 async fn ready_hosts(api: &Api) -> Result<usize> {
@@ -56,6 +38,15 @@ async fn metric(port: u16, name: &str) -> Result<f64> {
     body.lines()
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
         .with_context(|| format!("no {name} on :{port}"))
+}
+
+/// A metric on both controllers (-1: not there).
+async fn both(ha: &Fleet, name: &str) -> [f64; 2] {
+    let mut out = [-1.0; 2];
+    for (c, v) in out.iter_mut().enumerate() {
+        *v = metric(ha.controller_ports[c], name).await.unwrap_or(-1.0);
+    }
+    out
 }
 
 /// What controller `c`'s `/healthz` says: `ok`, `standby…`, or nothing (not listening).
@@ -99,21 +90,7 @@ async fn fleet(etcd: EtcdCluster, workers: usize, ttl: Option<&str>) -> Fleet {
         let text = text.replace(&format!("leader_ttl = \"{LEADER_TTL}\"\n"), &line);
         std::fs::write(&path, text).unwrap();
     }
-    ha.start_controller(0).unwrap();
-    eventually("controller 0 announces its listener", || async {
-        Ok(ha.controllers[0]
-            .as_ref()
-            .unwrap()
-            .announced()
-            .then_some(()))
-    })
-    .await;
-    ha.start_controller(1).unwrap();
-    let standby_log = ha.log("controller-1");
-    eventually("controller 1 waits as a standby", || async {
-        Ok((count(&standby_log, "standby: waiting for leadership") > 0).then_some(()))
-    })
-    .await;
+    ha.start_leader_and_standby().await;
     if workers > 0 {
         ha.start_workers(workers).unwrap();
         let a = ha.controller_api(0);
@@ -212,22 +189,8 @@ async fn etcd_down_past_the_renew_deadline_the_leader_steps_down_and_both_contro
     let lost_metric = metric(ha.controller_ports[0], "xce_leadership_lost_total")
         .await
         .unwrap_or(-1.0);
-    let elected_metric = [
-        metric(ha.controller_ports[0], "xce_leader_transitions_total")
-            .await
-            .unwrap_or(-1.0),
-        metric(ha.controller_ports[1], "xce_leader_transitions_total")
-            .await
-            .unwrap_or(-1.0),
-    ];
-    let standby_gauge = [
-        metric(ha.controller_ports[0], "xce_controller_standby")
-            .await
-            .unwrap_or(-1.0),
-        metric(ha.controller_ports[1], "xce_controller_standby")
-            .await
-            .unwrap_or(-1.0),
-    ];
+    let elected_metric = both(&ha, "xce_leader_transitions_total").await;
+    let standby_gauge = both(&ha, "xce_controller_standby").await;
     println!(
         "FIGURE etcd frozen {} s (leader_ttl {LEADER_TTL}: renew deadline 2 s): controller 0 stepped down to standby {} ms after the freeze; its blocking query answered {:?} ms, its stream ended {:?} ms after the freeze; a worker call during the outage: {worker_status} {}; during the outage: {both_standby:?}",
         ETCD_DOWN.as_secs(),

@@ -126,21 +126,7 @@ async fn a_leader_stopped_with_sigterm_under_100_watchers_hands_over_at_once_and
     const WATCHERS: usize = 100;
     let etcd = EtcdCluster::start(1).await.expect("etcd");
     let mut ha = Fleet::new(etcd, 1, 0).expect("cluster dir");
-    ha.start_controller(0).unwrap();
-    eventually("controller 0 serves", || async {
-        Ok(ha.controllers[0]
-            .as_ref()
-            .unwrap()
-            .announced()
-            .then_some(()))
-    })
-    .await;
-    ha.start_controller(1).unwrap();
-    let standby_log = ha.log("controller-1");
-    eventually("controller 1 waits as a standby", || async {
-        log_has(&standby_log, "standby: waiting for leadership")
-    })
-    .await;
+    ha.start_leader_and_standby().await;
     ha.start_workers(1).unwrap();
     let a = ha.controller_api(0);
     eventually("the host is ready", || async {
