@@ -295,6 +295,8 @@ async fn run_elected(
         retry_period = ?timings.retry_period,
         "store: etcd, with leader election"
     );
+    // Checked once here: a term that cannot start is retried, a bad config must not be.
+    ccfg.validate().context("invalid controller config")?;
     let id = controller_id(cfg.listen);
     let election = Election::with_timings(endpoints.clone(), DEFAULT_PREFIX, &id, timings)
         .context("invalid leader election")?;
@@ -319,7 +321,6 @@ async fn run_elected(
             tracing::error!(error = %e, "leadership lost: this term ends now");
             let _ = lost_tx.send(e);
         });
-        role.elected();
         let plugins = controller_plugins(cfg.address.clone(), cfg.endpoints.clone());
         let running = match controller::start_with_role(
             ccfg.clone(),
@@ -332,13 +333,22 @@ async fn run_elected(
         {
             Ok(r) => r,
             Err(e) => {
-                // Fail-stop: etcd answered the campaign a moment ago, so a state that
-                // cannot be loaded is unreadable or refused by a plugin, which another
-                // attempt would find again; the other controller may load it.
+                // Not fail-stop: etcd may fail a read right after an outage, and an exit
+                // would cost the cluster a controller (the config was checked before).
+                // This one steps aside (the other controller may load it) and campaigns
+                // again, logging each failure.
                 resign(Some(leadership)).await;
-                return Err(e);
+                tracing::error!(error = %format!("{e:#}"), retry_in = ?timings.retry_period, "elected, but cannot load the state from etcd: stepping aside, campaigning again");
+                tokio::select! {
+                    () = tokio::time::sleep(timings.retry_period) => continue,
+                    signal = signals.next() => {
+                        tracing::info!(signal, "shutting down (standby)");
+                        return Ok(());
+                    }
+                }
             }
         };
+        role.elected();
         announce(running.addr);
         let end = tokio::select! {
             signal = signals.next() => TermEnd::Signal(signal),
