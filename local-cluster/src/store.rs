@@ -15,7 +15,9 @@
 mod election;
 pub(crate) mod etcd;
 
-pub use election::{Election, ElectionError, Leadership, Maintained, DEFAULT_LEADER_TTL};
+pub use election::{
+    Election, ElectionError, Leadership, LeaseTimings, Maintained, DEFAULT_LEADER_TTL,
+};
 pub use etcd::{
     parse_url as parse_etcd_url, EtcdStore, RecordChange, Records, DEFAULT_MAX_TXN_OPS,
     DEFAULT_PREFIX, DEFAULT_TIMEOUT,

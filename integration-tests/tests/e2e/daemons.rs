@@ -149,6 +149,11 @@ impl EtcdCluster {
         .await;
     }
 
+    /// Member `m`'s process id (for SIGSTOP/SIGCONT), while it runs.
+    pub fn pid(&self, m: usize) -> Option<u32> {
+        self.members[m].as_ref().map(Child::id)
+    }
+
     pub fn kill_9(&mut self, m: usize) {
         if let Some(mut c) = self.members[m].take() {
             let _ = c.kill();
@@ -385,6 +390,29 @@ impl Fleet {
     pub fn start_controller(&mut self, c: usize) -> Result<()> {
         self.controllers[c] = Some(self.spawn("controller", &format!("controller-{c}"))?);
         Ok(())
+    }
+
+    /// Starts controller 0 and waits until it serves, then controller 1 and waits until
+    /// it logs that it waits as a standby.
+    pub async fn start_leader_and_standby(&mut self) {
+        self.start_controller(0).unwrap();
+        eventually("controller 0 serves", || async {
+            Ok(self.controllers[0]
+                .as_ref()
+                .unwrap()
+                .announced()
+                .then_some(()))
+        })
+        .await;
+        self.start_controller(1).unwrap();
+        let standby_log = self.log("controller-1");
+        eventually("controller 1 waits as a standby", || async {
+            let text = std::fs::read_to_string(&standby_log).unwrap_or_default();
+            Ok(text
+                .contains("standby: waiting for leadership")
+                .then_some(()))
+        })
+        .await;
     }
 
     pub fn start_apiserver(&mut self, a: usize) -> Result<()> {

@@ -127,21 +127,7 @@ async fn fleet(workers: usize, apiservers: usize) -> Fleet {
         let grace = format!("grace_period = \"{}s\"", GRACE.as_secs());
         std::fs::write(&path, text.replace("grace_period = \"30s\"", &grace)).unwrap();
     }
-    ha.start_controller(0).unwrap();
-    eventually("controller 0 announces its listener", || async {
-        Ok(ha.controllers[0]
-            .as_ref()
-            .unwrap()
-            .announced()
-            .then_some(()))
-    })
-    .await;
-    ha.start_controller(1).unwrap();
-    let standby_log = ha.log("controller-1");
-    eventually("controller 1 waits as a standby", || async {
-        Ok((count(&standby_log, "standby: waiting for leadership") > 0).then_some(()))
-    })
-    .await;
+    ha.start_leader_and_standby().await;
     ha
 }
 
@@ -221,7 +207,9 @@ async fn leader_frozen_past_the_grace_period_workers_move_to_the_standby_and_not
         .count();
     signal(pid0, "-CONT");
     let resumed = Instant::now();
-    let old_exit = loop {
+    // Deposed, it drops its state and waits as a standby in the same process (issue 12,
+    // bug 8; it used to exit with status 1).
+    let old_role = loop {
         if let Some(st) = ha.controllers[0]
             .as_mut()
             .unwrap()
@@ -229,13 +217,20 @@ async fn leader_frozen_past_the_grace_period_workers_move_to_the_standby_and_not
             .try_wait()
             .unwrap()
         {
-            break Some((st, resumed.elapsed()));
+            break format!("exited ({st})");
         }
-        if resumed.elapsed() > Duration::from_secs(10) {
-            break None;
+        if let Some((200, body)) = healthz(ha.controller_ports[0]) {
+            if body.starts_with("standby") {
+                break "a standby".to_owned();
+            }
         }
+        assert!(
+            resumed.elapsed() < patience(),
+            "the old leader neither stood by nor exited"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
+    let old_role_after = resumed.elapsed();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (empty_windows, longest_unanswered) = watcher.finish().await;
 
@@ -266,8 +261,8 @@ async fn leader_frozen_past_the_grace_period_workers_move_to_the_standby_and_not
         longest_unanswered.as_millis(),
     );
     println!(
-        "FIGURE old leader after SIGCONT: exit {:?}; its log since: {old_said:#?}",
-        old_exit.map(|(st, t)| format!("{st} after {} ms", t.as_millis()))
+        "FIGURE old leader after SIGCONT: {old_role} after {} ms; its log since: {old_said:#?}",
+        old_role_after.as_millis()
     );
     assert_eq!(jobs_frozen, jobs_before, "the same jobs during the freeze");
     assert_eq!(jobs_after, jobs_before, "the same jobs after SIGCONT");
@@ -284,6 +279,10 @@ async fn leader_frozen_past_the_grace_period_workers_move_to_the_standby_and_not
     assert!(
         ha.serving_controller().ok() == Some(1),
         "controller 1 still leads"
+    );
+    assert_eq!(
+        old_role, "a standby",
+        "the deposed leader waits as a standby"
     );
 }
 

@@ -1100,20 +1100,7 @@ async fn leader_kill_9_twice_mid_rollout_standby_takes_over_and_the_rollout_comp
     let r = Replicas::new();
     let etcd = EtcdCluster::start(1).await.expect("etcd");
     let mut ha = Fleet::new(etcd, 3, 1).expect("fleet dir");
-    ha.start_controller(0).unwrap();
-    eventually("controller 0 leads", || async {
-        Ok(ha.announced_at(0).map(|_| ()))
-    })
-    .await;
-    ha.start_controller(1).unwrap();
-    let standby_log = ha.log("controller-1");
-    eventually("controller 1 waits as a standby", || async {
-        let text = std::fs::read_to_string(&standby_log).unwrap_or_default();
-        Ok(text
-            .contains("standby: waiting for leadership")
-            .then_some(()))
-    })
-    .await;
+    ha.start_leader_and_standby().await;
     ha.start_apiserver(0).unwrap();
     eventually("the apiserver serves", || async {
         Ok(ha.apiservers[0]

@@ -15,7 +15,7 @@ fn web(replicas: u32) -> String {
 }
 
 /// job → (host, port) of the service's live jobs.
-async fn jobs(api: &Api) -> Result<BTreeMap<String, (String, u64)>> {
+pub(crate) async fn jobs(api: &Api) -> Result<BTreeMap<String, (String, u64)>> {
     let svc = api.get_json("/v1/services/web").await?;
     svc["jobs"]
         .as_array()

@@ -12,6 +12,7 @@ mod faults_rollout;
 mod fulldisk;
 mod ha;
 mod identity;
+mod leadership;
 mod pause;
 mod reliability;
 mod reliability_flood;

@@ -40,7 +40,7 @@ async fn exited(child: &mut Child) -> (ExitStatus, Instant) {
 }
 
 /// The entry's current index (`X-Xce-Index`).
-async fn index(api: &Api, service: &str) -> Result<u64> {
+pub(crate) async fn index(api: &Api, service: &str) -> Result<u64> {
     let (status, headers, body) = api
         .get(&format!("/v1/services/{service}/endpoints"))
         .await?;
@@ -53,7 +53,11 @@ async fn index(api: &Api, service: &str) -> Result<u64> {
 
 /// A blocking query parked on the entry past `index`: when it was answered, if it was
 /// answered 200 with the entry.
-fn blocking_query(http: &reqwest::Client, api: &Api, index: u64) -> JoinHandle<Result<Instant>> {
+pub(crate) fn blocking_query(
+    http: &reqwest::Client,
+    api: &Api,
+    index: u64,
+) -> JoinHandle<Result<Instant>> {
     let req = http
         .get(format!(
             "{}/v1/services/web/endpoints?index={index}&wait=5m",
@@ -71,7 +75,7 @@ fn blocking_query(http: &reqwest::Client, api: &Api, index: u64) -> JoinHandle<R
 }
 
 /// An open SSE stream read to its end: when it ended, if it ended cleanly (not cut).
-async fn stream_to_end(api: &Api) -> Result<JoinHandle<Result<Instant>>> {
+pub(crate) async fn stream_to_end(api: &Api) -> Result<JoinHandle<Result<Instant>>> {
     let mut r = sse_open(api, "/v1/services/web/endpoints/stream", None).await?;
     Ok(tokio::spawn(async move {
         loop {
@@ -122,21 +126,7 @@ async fn a_leader_stopped_with_sigterm_under_100_watchers_hands_over_at_once_and
     const WATCHERS: usize = 100;
     let etcd = EtcdCluster::start(1).await.expect("etcd");
     let mut ha = Fleet::new(etcd, 1, 0).expect("cluster dir");
-    ha.start_controller(0).unwrap();
-    eventually("controller 0 serves", || async {
-        Ok(ha.controllers[0]
-            .as_ref()
-            .unwrap()
-            .announced()
-            .then_some(()))
-    })
-    .await;
-    ha.start_controller(1).unwrap();
-    let standby_log = ha.log("controller-1");
-    eventually("controller 1 waits as a standby", || async {
-        log_has(&standby_log, "standby: waiting for leadership")
-    })
-    .await;
+    ha.start_leader_and_standby().await;
     ha.start_workers(1).unwrap();
     let a = ha.controller_api(0);
     eventually("the host is ready", || async {

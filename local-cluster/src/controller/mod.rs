@@ -244,6 +244,20 @@ impl Controller {
         plugins: ControllerPlugins,
         store: Arc<dyn Store>,
     ) -> anyhow::Result<Self> {
+        let role = standby::Role::default();
+        role.serving();
+        Self::with_role(cfg, tokens, plugins, store, &role).await
+    }
+
+    /// [`new`](Self::new) for an elected controller: `role` (the process's, shared with
+    /// its standby listener) goes on `/metrics` as it is.
+    pub async fn with_role(
+        cfg: &ControllerConfig,
+        tokens: Tokens,
+        plugins: ControllerPlugins,
+        store: Arc<dyn Store>,
+        role: &standby::Role,
+    ) -> anyhow::Result<Self> {
         cfg.validate().context("invalid controller config")?;
         let ControllerPlugins {
             resources,
@@ -260,7 +274,7 @@ impl Controller {
         for e in &extensions {
             e.register_metrics(&mut registry);
         }
-        standby::register_role(&mut registry, false);
+        role.register(&mut registry);
         let timing = core::Timing {
             heartbeat_interval: cfg.heartbeat_interval,
             unreachable_after: cfg.unreachable_after,
@@ -374,6 +388,22 @@ pub async fn start(
     store: Arc<dyn Store>,
 ) -> anyhow::Result<RunningController> {
     let controller = Controller::new(&cfg, tokens, plugins, store).await?;
+    serving(cfg, controller)
+}
+
+/// [`start`] for an elected controller (see [`Controller::with_role`]).
+pub async fn start_with_role(
+    cfg: ControllerConfig,
+    tokens: Tokens,
+    plugins: ControllerPlugins,
+    store: Arc<dyn Store>,
+    role: &standby::Role,
+) -> anyhow::Result<RunningController> {
+    let controller = Controller::with_role(&cfg, tokens, plugins, store, role).await?;
+    serving(cfg, controller)
+}
+
+fn serving(cfg: ControllerConfig, controller: Controller) -> anyhow::Result<RunningController> {
     let (addr, server) = serve(
         cfg.listen,
         controller.router(),

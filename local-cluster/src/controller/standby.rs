@@ -3,13 +3,15 @@
 //! (`xce_controller_standby 1`) on the controller's own `listen` address so the standby
 //! can be monitored, and answers everything else 503 `standby`: it has no state to answer
 //! from. Elected, the controller stops this listener and binds the same address for the
-//! whole API.
+//! whole API. A leader that loses its leadership (it could not renew its lease within
+//! the renew deadline, or its key was replaced) drops its state and comes back here.
 
 use crate::serve::ConnLimits;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use plugin_api::ApiError;
+use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
@@ -17,16 +19,60 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// Registers `xce_controller_standby`: 1 on a standby's `/metrics`, 0 on a serving
-/// controller's.
-pub(crate) fn register_role(registry: &mut Registry, standby: bool) {
-    let gauge = Gauge::<i64>::default();
-    gauge.set(i64::from(standby));
-    registry.register(
-        "xce_controller_standby",
-        "Whether this controller waits as a standby (1) or serves (0)",
-        gauge,
-    );
+/// The controller's role in the election, for `/metrics`: one per process, shared by the
+/// standby's registry and every term's leader registry (clones share their values), so
+/// the counters go on across terms and the gauge follows the role.
+#[derive(Debug, Clone, Default)]
+pub struct Role {
+    standby: Gauge,
+    elected: Counter,
+    lost: Counter,
+}
+
+impl Role {
+    /// Registers `xce_controller_standby` (1 while a standby, 0 while serving),
+    /// `xce_leader_transitions_total` (times this process was elected) and
+    /// `xce_leadership_lost_total` (times it stopped leading without resigning).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "xce_controller_standby",
+            "Whether this controller waits as a standby (1) or serves (0)",
+            self.standby.clone(),
+        );
+        registry.register(
+            "xce_leader_transitions",
+            "Times this controller process was elected leader (etcd store)",
+            self.elected.clone(),
+        );
+        registry.register(
+            "xce_leadership_lost",
+            "Times this controller process lost the leadership without resigning (renew \
+             deadline passed, lease or key gone) and went back to standby (etcd store)",
+            self.lost.clone(),
+        );
+    }
+
+    /// Now a standby.
+    pub fn standby(&self) {
+        self.standby.set(1);
+    }
+
+    /// Elected: serving from now on.
+    pub fn elected(&self) {
+        self.standby.set(0);
+        self.elected.inc();
+    }
+
+    /// The leadership was lost (not resigned).
+    pub fn lost(&self) {
+        self.lost.inc();
+    }
+
+    /// Serving without an election (the embedded store): the gauge says 0, the counters
+    /// stay 0.
+    pub(crate) fn serving(&self) {
+        self.standby.set(0);
+    }
 }
 
 /// A standby's listener; [`stop`](Self::stop) it before binding the address again.
@@ -39,14 +85,16 @@ pub struct StandbyServer {
 }
 
 /// Binds `listen` and serves a standby's routes on it; `leader` names the controller it
-/// follows (`None`: not known yet).
+/// follows (`None`: not known yet). Sets `role` to standby.
 pub fn serve(
     listen: SocketAddr,
     limits: ConnLimits,
     leader: watch::Receiver<Option<String>>,
+    role: &Role,
 ) -> anyhow::Result<StandbyServer> {
     let mut registry = Registry::default();
-    register_role(&mut registry, true);
+    role.standby();
+    role.register(&mut registry);
     let (stop, stopped) = watch::channel(false);
     let (addr, server) =
         crate::serve::serve(listen, router(leader, Arc::new(registry)), limits, stopped)?;
@@ -131,7 +179,9 @@ mod tests {
     async fn a_standby_serves_health_and_metrics_only() {
         let (tx, rx) = watch::channel(None);
         let mut registry = Registry::default();
-        register_role(&mut registry, true);
+        let role = Role::default();
+        role.standby();
+        role.register(&mut registry);
         let app = router(rx, Arc::new(registry));
         let mut out = String::new();
         for path in [

@@ -10,12 +10,16 @@
 //!   the leader's lease running out — then campaigns again. A watch that stays silent
 //!   for twice the TTL is dropped and the campaign retried, so a half-open connection
 //!   to a dead etcd member cannot park a standby forever.
-//! - **leading**: [`Leadership::maintain`] renews the lease every TTL/3
-//!   (`POST /v3/lease/keepalive`) and checks the key is still its own. The leader
-//!   counts its lease from the moment it *sent* each renewal, so it believes the lease
-//!   expired no later than etcd does. When the lease is gone, the key is no longer its
-//!   own, or no renewal got through before that estimate ran out, it is told at once
-//!   (fail-stop is the caller's part: `xced controller` exits).
+//! - **leading**: [`Leadership::maintain`] renews the lease every `retry_period`
+//!   (`POST /v3/lease/keepalive`) and checks the key is still its own. As in
+//!   Kubernetes' leader election ([`LeaseTimings`]: a 15 s lease, a 10 s renew deadline,
+//!   2 s retries), a leader that has not renewed for `renew_deadline` steps down, before
+//!   its lease can run out and a standby take over; an etcd election (a second or two)
+//!   costs a few failed renewals, not the leadership. The leader counts from the moment
+//!   it *sent* each renewal, so it believes the lease expired no later than etcd does.
+//!   When the lease is gone, the key is no longer its own, or the renew deadline passed,
+//!   it is told at once (what then is the caller's part: `xced controller` drops its
+//!   state and campaigns again as a standby).
 //!
 //! The election alone does not make commits safe (a request in flight while the lease
 //! runs out may still land): the store's [`with_leader_guard`](super::EtcdStore::with_leader_guard)
@@ -31,10 +35,8 @@ use std::time::{Duration, Instant};
 
 /// The leader key's name after the store prefix (no `/`: it is no `<ns>/<key>`).
 const LEADER: &str = ".leader";
-/// The lease TTL unless told otherwise.
-pub const DEFAULT_LEADER_TTL: Duration = Duration::from_secs(5);
-/// The longest pause between campaign attempts while etcd does not answer.
-const MAX_RETRY: Duration = Duration::from_secs(2);
+/// The lease TTL unless told otherwise (Kubernetes' `LeaseDuration`).
+pub const DEFAULT_LEADER_TTL: Duration = Duration::from_secs(15);
 /// The largest watch message accepted.
 const MAX_MESSAGE: usize = 16 << 20;
 
@@ -53,7 +55,80 @@ pub enum ElectionError {
     Lost(String),
 }
 
-/// One candidate: its id, the leader key, the lease TTL. Cheap to clone.
+/// How a leader keeps its lease, after Kubernetes' leader election (`LeaseDuration`,
+/// `RenewDeadline`, `RetryPeriod`): the defaults are theirs, 15 s, 10 s and 2 s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseTimings {
+    /// The etcd lease's TTL: a standby takes over at most this long after the leader's
+    /// last renewal (whole seconds, at least 1 s).
+    pub ttl: Duration,
+    /// A leader that has not renewed its lease for this long steps down. Shorter than
+    /// `ttl`, so it stops leading before its lease can run out and a standby take over;
+    /// long enough that an etcd election (a second or two) does not depose it.
+    pub renew_deadline: Duration,
+    /// The pause between renewals, between retries of a failed one, and at most between
+    /// campaign attempts while etcd does not answer.
+    pub retry_period: Duration,
+}
+
+impl Default for LeaseTimings {
+    fn default() -> Self {
+        Self {
+            ttl: DEFAULT_LEADER_TTL,
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+}
+
+impl LeaseTimings {
+    /// The timings for a lease of `ttl` when only that is given: the renew deadline is
+    /// 2/3 of it and the retry period a fifth of that (15 s → 10 s and 2 s, the defaults;
+    /// 3 s → 2 s and 400 ms).
+    pub fn from_ttl(ttl: Duration) -> Self {
+        let renew_deadline = ttl * 2 / 3;
+        Self {
+            ttl,
+            renew_deadline,
+            retry_period: renew_deadline / 5,
+        }
+    }
+
+    /// Every rule the timings break, each naming its setting (`leader_ttl`,
+    /// `renew_deadline`, `retry_period`, as in the controller's config) and the reason.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let Self {
+            ttl,
+            renew_deadline,
+            retry_period,
+        } = *self;
+        if ttl < Duration::from_secs(1) || ttl.subsec_nanos() != 0 {
+            out.push(format!(
+                "leader_ttl ({ttl:?}) must be whole seconds, at least 1s (an etcd lease's TTL)"
+            ));
+        }
+        if renew_deadline.is_zero() {
+            out.push("renew_deadline must be greater than zero".into());
+        } else if renew_deadline >= ttl {
+            out.push(format!(
+                "renew_deadline ({renew_deadline:?}) must be shorter than leader_ttl ({ttl:?}): \
+                 a leader must step down before its lease can run out and a standby take over"
+            ));
+        }
+        if retry_period.is_zero() {
+            out.push("retry_period must be greater than zero".into());
+        } else if retry_period >= renew_deadline {
+            out.push(format!(
+                "retry_period ({retry_period:?}) must be shorter than renew_deadline \
+                 ({renew_deadline:?}): a leader must get more than one try before it steps down"
+            ));
+        }
+        out
+    }
+}
+
+/// One candidate: its id, the leader key, the lease timings. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Election {
     inner: Arc<Inner>,
@@ -66,7 +141,7 @@ struct Inner {
     current: AtomicUsize,
     key: String,
     id: String,
-    ttl: Duration,
+    timings: LeaseTimings,
     /// The deadline of one HTTP exchange.
     timeout: Duration,
 }
@@ -94,13 +169,25 @@ enum WatchEnd {
 impl Election {
     /// A candidate named `id` for the leader key `<prefix>.leader` on `endpoints`
     /// (`HOST:PORT`, tried in order), with a lease of `ttl` (whole seconds, at least 1;
-    /// etcd may grant more). Contacts nobody yet.
+    /// etcd may grant more) and the renew deadline and retry period derived from it
+    /// ([`LeaseTimings::from_ttl`]). Contacts nobody yet.
     pub fn new(
         endpoints: Vec<String>,
         prefix: &str,
         id: &str,
         ttl: Duration,
     ) -> Result<Self, ElectionError> {
+        Self::with_timings(endpoints, prefix, id, LeaseTimings::from_ttl(ttl))
+    }
+
+    /// [`new`](Self::new) with every lease timing given.
+    pub fn with_timings(
+        endpoints: Vec<String>,
+        prefix: &str,
+        id: &str,
+        timings: LeaseTimings,
+    ) -> Result<Self, ElectionError> {
+        let ttl = timings.ttl;
         let bad = |m: String| ElectionError::InvalidConfig(m);
         if endpoints.is_empty() {
             return Err(bad("no etcd endpoint given".into()));
@@ -117,13 +204,17 @@ impl Election {
         if ttl < Duration::from_secs(1) {
             return Err(bad(format!("leader ttl {ttl:?} is below 1s")));
         }
+        let problems = timings.problems();
+        if !problems.is_empty() {
+            return Err(bad(problems.join("; ")));
+        }
         Ok(Self {
             inner: Arc::new(Inner {
                 endpoints,
                 current: AtomicUsize::new(0),
                 key: format!("{prefix}{LEADER}"),
                 id: id.to_owned(),
-                ttl,
+                timings,
                 timeout: (ttl / 2).clamp(Duration::from_millis(500), super::DEFAULT_TIMEOUT),
             }),
         })
@@ -137,6 +228,11 @@ impl Election {
     /// The leader key (`<prefix>.leader`).
     pub fn key(&self) -> &str {
         &self.inner.key
+    }
+
+    /// The lease timings.
+    pub fn timings(&self) -> LeaseTimings {
+        self.inner.timings
     }
 
     /// Who leads now: the id the leader key holds (`None`: nobody). For readers that
@@ -157,7 +253,8 @@ impl Election {
 
     /// Blocks until this candidate leads. `standby` is called with the leader's id each
     /// time another one is found leading (once per leader). An unreachable etcd is
-    /// retried (with a capped pause, each failure logged); only a refused request ends
+    /// retried (with a pause growing up to the retry period, each failure logged); only
+    /// a refused request ends
     /// the campaign with an error.
     pub fn campaign(&self, mut standby: impl FnMut(&str)) -> Result<Leadership, ElectionError> {
         let mut named: Option<String> = None;
@@ -181,7 +278,7 @@ impl Election {
             };
             tracing::warn!(error = %failed, retry_in = ?pause, "election: etcd did not answer");
             std::thread::sleep(pause);
-            pause = (pause * 2).min(MAX_RETRY);
+            pause = (pause * 2).min(self.inner.timings.retry_period);
         }
     }
 
@@ -191,7 +288,7 @@ impl Election {
         let sent = Instant::now();
         let grant = self.call(
             "/v3/lease/grant",
-            &json!({ "TTL": i.ttl.as_secs().max(1).to_string() }),
+            &json!({ "TTL": i.timings.ttl.as_secs().max(1).to_string() }),
         )?;
         let lease = int(&grant["ID"]);
         let granted = int(&grant["TTL"]);
@@ -228,6 +325,7 @@ impl Election {
                 create_revision: rev,
                 ttl: Duration::from_secs(granted as u64),
                 expires: sent + Duration::from_secs(granted as u64),
+                renewed: sent,
             }));
         }
         let _ = self.revoke(lease);
@@ -255,6 +353,17 @@ impl Election {
     /// [`call`](Self::call), giving up at `deadline` (each endpoint gets the usual
     /// timeout, or what is left).
     fn call_by(&self, path: &str, body: &Value, deadline: Instant) -> Result<Value, ElectionError> {
+        self.call_within(path, body, deadline, self.inner.timeout)
+    }
+
+    /// [`call_by`](Self::call_by), each endpoint getting at most `per_endpoint`.
+    fn call_within(
+        &self,
+        path: &str,
+        body: &Value,
+        deadline: Instant,
+        per_endpoint: Duration,
+    ) -> Result<Value, ElectionError> {
         let i = &self.inner;
         let body = body.to_string();
         let n = i.endpoints.len();
@@ -268,7 +377,7 @@ impl Election {
                 errors.push(format!("{ep}: not tried, out of time"));
                 continue;
             }
-            match post(ep, path, body.as_bytes(), i.timeout.min(left)) {
+            match post(ep, path, body.as_bytes(), per_endpoint.min(left)) {
                 Ok(v) => {
                     i.current.store(at, Ordering::Relaxed);
                     return Ok(v);
@@ -307,7 +416,7 @@ impl Election {
             .and_then(|()| s.write_all(head.as_bytes()))
             .and_then(|()| s.write_all(body.as_bytes()))
             .map_err(|e| format!("{ep}: cannot send the watch: {e}"))?;
-        s.set_read_timeout(Some(i.ttl * 2))
+        s.set_read_timeout(Some(i.timings.ttl * 2))
             .map_err(|e| format!("{ep}: {e}"))?;
         let mut stream = WatchStream::default();
         let mut buf = [0u8; 8 << 10];
@@ -449,6 +558,8 @@ pub struct Leadership {
     ttl: Duration,
     /// When the lease runs out at the latest, counted from the last renewal's sending.
     expires: Instant,
+    /// When the last renewal that went through (or the grant) was sent.
+    renewed: Instant,
 }
 
 impl Leadership {
@@ -478,20 +589,42 @@ impl Leadership {
         self.expires
     }
 
+    /// By when this leader steps down unless it renews: `renew_deadline` after the last
+    /// renewal that went through was sent (and never after [`expires`](Self::expires)).
+    pub fn step_down_at(&self) -> Instant {
+        (self.renewed + self.election.inner.timings.renew_deadline).min(self.expires)
+    }
+
     /// One renewal: keeps the lease alive and checks the leader key is still this
     /// leader's. [`ElectionError::Lost`] when the lease or the key is gone;
     /// [`ElectionError::Etcd`] when etcd did not answer (still leading until
-    /// [`expires`](Self::expires)).
+    /// [`step_down_at`](Self::step_down_at)).
     pub fn keep_alive(&mut self) -> Result<(), ElectionError> {
         let e = &self.election;
         let sent = Instant::now();
-        // An answer after the lease ran out is no use: the caller must learn by then.
-        let by = self.expires.max(sent + Duration::from_millis(50));
-        let r = e.call_by(
+        // An answer after the renew deadline is no use: the caller must learn by then.
+        let by = self.step_down_at().max(sent + Duration::from_millis(50));
+        // Each member gets a retry period at most: a follower forwards the renewal to the
+        // raft leader, and holds it for seconds when that one is frozen, while another
+        // member answers once etcd has elected a new leader.
+        let per_endpoint = e
+            .inner
+            .timings
+            .retry_period
+            .clamp(Duration::from_millis(500), e.inner.timeout);
+        let r = e.call_within(
             "/v3/lease/keepalive",
             &json!({ "ID": self.lease.to_string() }),
             by,
+            per_endpoint,
         )?;
+        // The streaming gateway reports a failure in a 200 answer: that is etcd not
+        // answering (say, while it elects a raft leader), not the lease gone.
+        if r.get("error").is_some() || r.get("result").is_none() {
+            return Err(ElectionError::Etcd(format!(
+                "/v3/lease/keepalive answered no result: {r}"
+            )));
+        }
         let ttl = int(&r["result"]["TTL"]);
         if ttl <= 0 {
             return Err(ElectionError::Lost(format!(
@@ -499,10 +632,11 @@ impl Leadership {
                 self.lease
             )));
         }
-        let kv = e.call_by(
+        let kv = e.call_within(
             "/v3/kv/range",
             &json!({ "key": b64(e.key().as_bytes()) }),
-            sent + Duration::from_secs(ttl as u64),
+            by,
+            per_endpoint,
         )?;
         let kv = kv.pointer("/kvs/0");
         let created = kv.map_or(0, |kv| int(&kv["create_revision"]));
@@ -518,6 +652,7 @@ impl Leadership {
             )));
         }
         self.expires = sent + Duration::from_secs(ttl as u64);
+        self.renewed = sent;
         Ok(())
     }
 
@@ -526,16 +661,17 @@ impl Leadership {
         self.election.revoke(self.lease)
     }
 
-    /// Renews the lease every TTL/3 on a thread of its own. `lost` is called once, with
-    /// the reason, when the lease or the key is gone or no renewal got through before the
-    /// lease ran out; the thread then ends. Drop or [`resign`](Maintained::resign) the
-    /// handle to stop.
+    /// Renews the lease every `retry_period` on a thread of its own. `lost` is called
+    /// once, with the reason, when the lease or the key is gone or no renewal got through
+    /// for `renew_deadline`; the thread then ends. Drop or [`resign`](Maintained::resign)
+    /// the handle to stop.
     pub fn maintain(self, lost: impl FnOnce(ElectionError) + Send + 'static) -> Maintained {
         let (stop, stopped) = mpsc::channel::<()>();
-        let period = self.ttl / 3;
-        let retry = (self.ttl / 10).clamp(Duration::from_millis(50), Duration::from_millis(500));
+        let timings = self.election.inner.timings;
+        let period = timings.retry_period;
         let election = self.election.clone();
         let lease = self.lease;
+        let create_revision = self.create_revision;
         let resigned = Arc::new(AtomicBool::new(false));
         let resigning = resigned.clone();
         let thread = std::thread::Builder::new()
@@ -548,21 +684,34 @@ impl Leadership {
                         Err(mpsc::RecvTimeoutError::Timeout) => {}
                         _ => return,
                     }
+                    let started = Instant::now();
                     let renewed = me.keep_alive();
+                    let took = started.elapsed();
                     // A renewal that was in flight when the leader resigned fails (the
                     // lease is revoked): that is no loss to report.
                     if resigning.load(Ordering::SeqCst) {
                         return;
                     }
+                    let left = me.step_down_at().saturating_duration_since(Instant::now());
                     match renewed {
-                        Ok(()) => wait = period,
-                        Err(ElectionError::Etcd(e)) if Instant::now() + retry < me.expires => {
-                            tracing::warn!(error = %e, left = ?me.expires.saturating_duration_since(Instant::now()), "election: lease renewal failed; retrying");
-                            wait = retry;
+                        Ok(()) => {
+                            wait = period;
+                            // Visible before it costs the leadership: an etcd member that
+                            // hangs, an election, an overloaded etcd.
+                            if took > period {
+                                tracing::warn!(took = ?took, renew_deadline = ?timings.renew_deadline, "election: lease renewal was slow");
+                            }
+                        }
+                        // Another try fits before the deadline: half of what is left at
+                        // most, so the last try still has time to get through.
+                        Err(ElectionError::Etcd(e)) if left >= Duration::from_millis(100) => {
+                            wait = period.min(left / 2);
+                            tracing::warn!(error = %e, steps_down_in = ?left, retry_in = ?wait, "election: lease renewal failed; retrying");
                         }
                         Err(ElectionError::Etcd(e)) => {
                             lost(ElectionError::Lost(format!(
-                                "no lease renewal got through before the lease ran out: {e}"
+                                "no lease renewal got through for the renew deadline ({:?}): {e}",
+                                timings.renew_deadline
                             )));
                             return;
                         }
@@ -579,6 +728,7 @@ impl Leadership {
             thread: Some(thread),
             election,
             lease,
+            create_revision,
             resigned,
         }
     }
@@ -591,11 +741,22 @@ pub struct Maintained {
     thread: Option<std::thread::JoinHandle<()>>,
     election: Election,
     lease: i64,
+    create_revision: i64,
     /// Set when resigning: a renewal still in flight then ends the thread quietly.
     resigned: Arc<AtomicBool>,
 }
 
 impl Maintained {
+    /// Whether the leader key is still the one this leader created (one read, at most
+    /// the usual call deadline): `false` once it is gone or another's. For a caller told
+    /// by its store that a commit was refused, to learn whether that is the leadership
+    /// lost or something else.
+    pub fn holds_key(&self) -> Result<bool, ElectionError> {
+        let e = &self.election;
+        let r = e.call("/v3/kv/range", &json!({ "key": b64(e.key().as_bytes()) }))?;
+        Ok(r.pointer("/kvs/0/create_revision").map_or(0, int) == self.create_revision)
+    }
+
     /// Stops renewing and revokes the lease: a standby takes over at once. It does not
     /// wait for a renewal in flight (that may take up to the lease's end when etcd is
     /// slow); the renewing thread ends by itself, without calling `lost`.

@@ -69,10 +69,37 @@ pub(crate) struct ControllerFile {
     /// within about this long after the leader dies).
     #[serde(default = "d_leader_ttl", deserialize_with = "duration")]
     pub(crate) leader_ttl: Duration,
+    /// A leader that has not renewed its lease for this long steps down (2/3 of
+    /// `leader_ttl` unless set).
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub(crate) renew_deadline: Option<Duration>,
+    /// The pause between lease renewals (a fifth of `renew_deadline` unless set).
+    #[serde(default, deserialize_with = "opt_duration")]
+    pub(crate) retry_period: Option<Duration>,
 }
 
 fn d_leader_ttl() -> Duration {
     local_cluster::store::DEFAULT_LEADER_TTL
+}
+
+fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d).map(Some)
+}
+
+impl ControllerFile {
+    /// The leader election's timings: what is set, the rest derived (see
+    /// [`LeaseTimings::from_ttl`](local_cluster::store::LeaseTimings::from_ttl)): only
+    /// `leader_ttl = "3s"` gives a 2 s renew deadline and 400 ms retries; nothing set
+    /// gives Kubernetes' 15 s, 10 s and 2 s.
+    pub(crate) fn lease_timings(&self) -> local_cluster::store::LeaseTimings {
+        let derived = local_cluster::store::LeaseTimings::from_ttl(self.leader_ttl);
+        let renew_deadline = self.renew_deadline.unwrap_or(derived.renew_deadline);
+        local_cluster::store::LeaseTimings {
+            ttl: self.leader_ttl,
+            renew_deadline,
+            retry_period: self.retry_period.unwrap_or(renew_deadline / 5),
+        }
+    }
 }
 
 fn store_spec<'de, D: Deserializer<'de>>(
@@ -165,6 +192,8 @@ const CONTROLLER_ENV: &[&str] = &[
     "body_limit",
     "store",
     "leader_ttl",
+    "renew_deadline",
+    "retry_period",
 ];
 const APISERVER_ENV: &[&str] = &["listen", "tokens", "body_limit", "store"];
 const WORKER_ENV: &[&str] = &[
@@ -371,10 +400,7 @@ fn check_connections(path: &Path, what: &str, c: &local_cluster::serve::ConnLimi
 pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
     let cfg: ControllerFile = extract(figment(path, CONTROLLER_ENV)?, "controller", path)?;
     // The top-level settings' problems, all of them at once, one line each.
-    let mut problems = Vec::new();
-    if cfg.leader_ttl < Duration::from_secs(1) || cfg.leader_ttl.subsec_nanos() != 0 {
-        problems.push("leader_ttl must be whole seconds, at least 1s".to_owned());
-    }
+    let mut problems = cfg.lease_timings().problems();
     if cfg.grace_period <= cfg.unreachable_after {
         problems.push("grace_period must be longer than unreachable_after".to_owned());
     }
@@ -453,6 +479,34 @@ mod tests {
         );
         assert_eq!(did_you_mean("grace", CONTROLLER_ENV), None);
         assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn lease_timings_default_like_kubernetes_derive_from_the_ttl_and_every_problem_is_listed() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("controller.toml");
+        let load = |text: &str| {
+            std::fs::write(&path, text).unwrap();
+            match load_controller(&path) {
+                Ok(cfg) => format!("{:?}", cfg.lease_timings()),
+                Err(e) => e.to_string().replace(&path.display().to_string(), "FILE"),
+            }
+        };
+        let out = [
+            load(""),
+            load("leader_ttl = \"3s\"\n"),
+            load("leader_ttl = \"3s\"\nrenew_deadline = \"2500ms\"\n"),
+            load("leader_ttl = \"1500ms\"\nrenew_deadline = \"5s\"\nretry_period = \"5s\"\n"),
+        ]
+        .join("\n");
+        expect_test::expect![[r#"
+            LeaseTimings { ttl: 15s, renew_deadline: 10s, retry_period: 2s }
+            LeaseTimings { ttl: 3s, renew_deadline: 2s, retry_period: 400ms }
+            LeaseTimings { ttl: 3s, renew_deadline: 2.5s, retry_period: 500ms }
+            invalid controller config FILE:
+              leader_ttl (1.5s) must be whole seconds, at least 1s (an etcd lease's TTL)
+              renew_deadline (5s) must be shorter than leader_ttl (1.5s): a leader must step down before its lease can run out and a standby take over
+              retry_period (5s) must be shorter than renew_deadline (5s): a leader must get more than one try before it steps down"#]].assert_eq(&out);
     }
 
     #[test]

@@ -9,8 +9,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use local_cluster::controller::{self, ControllerConfig, ControllerPlugins};
 use local_cluster::store::{
-    Election, ElectionError, EtcdStore, Leadership, Maintained, RedbStore, Store, StoreSpec,
-    DEFAULT_PREFIX,
+    Election, EtcdStore, Leadership, Maintained, RedbStore, StoreSpec, DEFAULT_PREFIX,
 };
 use local_cluster::worker::{self, ShutdownMode, WorkerConfig, WorkerPlugins};
 use std::net::SocketAddr;
@@ -260,46 +259,6 @@ async fn run_controller(
     let cfg = config::load_controller(&path)?;
     let tokens = load_tokens_of(tokens_flag, cfg.tokens.clone())?;
     let mut signals = Signals::new()?;
-    // With etcd, several controllers may share the store: only the elected one loads the
-    // state and serves; the lease is renewed for as long as it runs.
-    let mut leadership = None;
-    let store: Arc<dyn Store> = match store_flag.or(cfg.store.clone()) {
-        None | Some(StoreSpec::Redb) => {
-            std::fs::create_dir_all(&cfg.data_dir)
-                .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
-            let store = RedbStore::open(cfg.data_dir.join("controller.redb"))
-                .with_context(|| format!("opening the store in {}", cfg.data_dir.display()))?;
-            tracing::info!(data_dir = %cfg.data_dir.display(), "store: embedded redb");
-            Arc::new(store)
-        }
-        Some(StoreSpec::Etcd(endpoints)) => {
-            tracing::info!(
-                ?endpoints,
-                prefix = local_cluster::store::DEFAULT_PREFIX,
-                "store: etcd"
-            );
-            let id = controller_id(cfg.listen);
-            let election = Election::new(endpoints.clone(), DEFAULT_PREFIX, &id, cfg.leader_ttl)
-                .context("invalid leader election")?;
-            // A standby serves /healthz and /metrics only, on the address it will serve
-            // the API on; it gives the address up when elected.
-            let (following, leader_id) = tokio::sync::watch::channel(None);
-            let standby = controller::standby::serve(cfg.listen, cfg.connections, leader_id)?;
-            tracing::info!(addr = %standby.addr, "standby: serving /healthz and /metrics only");
-            let elected = campaign(election, following, &mut signals).await;
-            standby.stop().await;
-            let Some(leader) = elected? else {
-                tracing::info!("shutting down (standby)");
-                return Ok(());
-            };
-            let store = EtcdStore::new(endpoints)
-                .context("invalid etcd store")?
-                .with_leader_guard(leader.key(), leader.create_revision());
-            leadership = Some(leader.maintain(fail_stop));
-            // Reached at the first load: an unreachable etcd fails the start there.
-            Arc::new(store)
-        }
-    };
     let ccfg = ControllerConfig {
         listen: cfg.listen,
         data_dir: cfg.data_dir.clone(),
@@ -311,38 +270,209 @@ async fn run_controller(
         connections: cfg.connections,
         quotas: config::quotas(&cfg)?,
     };
-    let plugins = controller_plugins(cfg.address, cfg.endpoints);
-    let running = match controller::start(ccfg, tokens, plugins, store).await {
-        Ok(r) => r,
-        Err(e) => {
-            resign(leadership).await;
-            return Err(e);
-        }
+    let endpoints = match store_flag.or(cfg.store.clone()) {
+        None | Some(StoreSpec::Redb) => None,
+        Some(StoreSpec::Etcd(endpoints)) => Some(endpoints),
     };
+    // With etcd, several controllers may share the store: only the elected one loads the
+    // state and serves, for as long as it keeps its lease.
+    if let Some(endpoints) = endpoints {
+        return run_elected(&cfg, ccfg, tokens, endpoints, &mut signals).await;
+    }
+    std::fs::create_dir_all(&cfg.data_dir)
+        .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
+    let store = RedbStore::open(cfg.data_dir.join("controller.redb"))
+        .with_context(|| format!("opening the store in {}", cfg.data_dir.display()))?;
+    tracing::info!(data_dir = %cfg.data_dir.display(), "store: embedded redb");
+    let plugins = controller_plugins(cfg.address.clone(), cfg.endpoints.clone());
+    let running = controller::start(ccfg, tokens, plugins, Arc::new(store)).await?;
     announce(running.addr);
     let failed = tokio::select! {
         signal = signals.next() => {
             tracing::info!(
                 signal,
                 drain_timeout = ?cfg.connections.drain_timeout,
-                "shutting down: resigning first, then watches end and requests in flight get the drain deadline"
+                "shutting down: watches end now, requests in flight get the drain deadline"
             );
             None
         }
         reason = running.failed() => Some(reason),
     };
-    signals
-        .or_exit_at_once(async {
-            // The leadership first: a standby takes over while this one drains.
-            resign(leadership).await;
-            running.shutdown().await;
-        })
-        .await;
+    signals.or_exit_at_once(running.shutdown()).await;
     tracing::info!("stopped");
     match failed {
         None => Ok(()),
-        // Fail-stop: a standby (or a restart) reloads the state from the store.
+        // Fail-stop: an embedded store that reported an I/O error (a full disk) refuses
+        // every later write until it is reopened, and nothing in this process can tell
+        // when the device is usable again; a supervisor's restart reopens it.
         Some(reason) => anyhow::bail!("{reason}: this controller stops"),
+    }
+}
+
+/// How one term as the leader ended.
+enum TermEnd {
+    /// SIGTERM or SIGINT: resign and stop.
+    Signal(&'static str),
+    /// The leadership is gone (not renewed within the renew deadline, the lease or the
+    /// key gone, or a commit refused because the key is another's): back to standby.
+    Lost(String),
+    /// The store refused a commit for another reason while this controller still holds
+    /// the key: stop.
+    Failed(String),
+}
+
+/// A controller on etcd: a standby until elected, then the leader until it stops or loses
+/// the leadership, then a standby again, in the same process. Each term starts from
+/// nothing: the state, the plugins (so the listeners' view) and the timers are built from
+/// etcd at election and dropped with the term, so nothing of an old term survives into a
+/// new one.
+async fn run_elected(
+    cfg: &config::ControllerFile,
+    ccfg: ControllerConfig,
+    tokens: local_cluster::auth::Tokens,
+    endpoints: Vec<String>,
+    signals: &mut Signals,
+) -> Result<()> {
+    let timings = cfg.lease_timings();
+    tracing::info!(
+        ?endpoints,
+        prefix = DEFAULT_PREFIX,
+        leader_ttl = ?timings.ttl,
+        renew_deadline = ?timings.renew_deadline,
+        retry_period = ?timings.retry_period,
+        "store: etcd, with leader election"
+    );
+    // Checked once here: a term that cannot start is retried, a bad config must not be.
+    ccfg.validate().context("invalid controller config")?;
+    let id = controller_id(cfg.listen);
+    let election = Election::with_timings(endpoints.clone(), DEFAULT_PREFIX, &id, timings)
+        .context("invalid leader election")?;
+    let role = controller::standby::Role::default();
+    loop {
+        // A standby serves /healthz and /metrics only, on the address it will serve the
+        // API on; it gives the address up when elected.
+        let (following, leader_id) = tokio::sync::watch::channel(None);
+        let standby = controller::standby::serve(cfg.listen, cfg.connections, leader_id, &role)?;
+        tracing::info!(addr = %standby.addr, "standby: serving /healthz and /metrics only");
+        let elected = campaign(election.clone(), following, signals).await;
+        standby.stop().await;
+        let Some(leader) = elected? else {
+            tracing::info!("shutting down (standby)");
+            return Ok(());
+        };
+        let store = EtcdStore::new(endpoints.clone())
+            .context("invalid etcd store")?
+            .with_leader_guard(leader.key(), leader.create_revision());
+        let (lost_tx, lost_rx) = tokio::sync::oneshot::channel();
+        let leadership = leader.maintain(move |e| {
+            tracing::error!(error = %e, "leadership lost: this term ends now");
+            let _ = lost_tx.send(e);
+        });
+        let plugins = controller_plugins(cfg.address.clone(), cfg.endpoints.clone());
+        let running = match controller::start_with_role(
+            ccfg.clone(),
+            tokens.clone(),
+            plugins,
+            Arc::new(store),
+            &role,
+        )
+        .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                // Not fail-stop: etcd may fail a read right after an outage, and an exit
+                // would cost the cluster a controller (the config was checked before).
+                // This one steps aside (the other controller may load it) and campaigns
+                // again, logging each failure.
+                resign(Some(leadership)).await;
+                tracing::error!(error = %format!("{e:#}"), retry_in = ?timings.retry_period, "elected, but cannot load the state from etcd: stepping aside, campaigning again");
+                tokio::select! {
+                    () = tokio::time::sleep(timings.retry_period) => continue,
+                    signal = signals.next() => {
+                        tracing::info!(signal, "shutting down (standby)");
+                        return Ok(());
+                    }
+                }
+            }
+        };
+        role.elected();
+        announce(running.addr);
+        let end = tokio::select! {
+            signal = signals.next() => TermEnd::Signal(signal),
+            lost = lost_rx => TermEnd::Lost(match lost {
+                Ok(e) => e.to_string(),
+                Err(_) => "the lease thread ended without a reason".into(),
+            }),
+            reason = running.failed() => match holds_key(&leadership).await {
+                // The store's leader guard refused the commit: the leadership is gone
+                // (the lease thread may not have noticed yet).
+                Some(false) => TermEnd::Lost(reason),
+                // The key is still this controller's, or etcd cannot say: another writer
+                // moved the fence, or a commit reported failed landed after all. The
+                // state in this process cannot be accounted for; stopping (as a restart
+                // under a supervisor would) is the conservative answer, and the other
+                // controller takes over meanwhile.
+                Some(true) | None => TermEnd::Failed(reason),
+            },
+        };
+        match end {
+            TermEnd::Signal(signal) => {
+                tracing::info!(
+                    signal,
+                    drain_timeout = ?cfg.connections.drain_timeout,
+                    "shutting down: resigning first, then watches end and requests in flight get the drain deadline"
+                );
+                stop_leading(signals, leadership, running).await;
+                tracing::info!("stopped");
+                return Ok(());
+            }
+            TermEnd::Failed(reason) => {
+                stop_leading(signals, leadership, running).await;
+                tracing::info!("stopped");
+                anyhow::bail!("{reason}: this controller stops");
+            }
+            TermEnd::Lost(reason) => {
+                role.lost();
+                tracing::warn!(%reason, "leadership lost: dropping this term's state and going back to standby");
+                // The term ends like a graceful stop: the listener closes, blocking
+                // queries answer and streams end (clients resume on the new leader), the
+                // state task stops (its commits are refused by the leader guard anyway).
+                signals.or_exit_at_once(running.shutdown()).await;
+                // If the lease still lives (etcd unreachable so far), revoking it lets a
+                // standby take over at once when etcd answers again. Not waited for: the
+                // standby listener comes back now, and a late revocation only ends this
+                // term's lease, never the next one's.
+                tokio::spawn(revoke_lost(leadership));
+                tracing::info!("back to standby: campaigning again");
+            }
+        }
+    }
+}
+
+/// A leader's graceful stop: resign first (a standby takes over while this one drains),
+/// then stop serving.
+async fn stop_leading(
+    signals: &mut Signals,
+    leadership: Maintained,
+    running: controller::RunningController,
+) {
+    signals
+        .or_exit_at_once(async {
+            resign(Some(leadership)).await;
+            running.shutdown().await;
+        })
+        .await;
+}
+
+/// Whether the leader key is still this leader's (`None`: etcd did not say in time).
+async fn holds_key(leadership: &Maintained) -> Option<bool> {
+    let check = tokio::task::block_in_place(|| leadership.holds_key());
+    match check {
+        Ok(held) => Some(held),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot tell whether this controller still holds the leader key");
+            None
+        }
     }
 }
 
@@ -365,6 +495,20 @@ async fn resign(leadership: Option<Maintained>) {
             timeout = ?RESIGN_TIMEOUT,
             "etcd did not confirm the resignation in time; a standby takes over when the lease runs out"
         ),
+    }
+}
+
+/// Revokes the lease of a term that lost the leadership, if it still lives (etcd was
+/// unreachable, or the renew deadline passed before the lease's end).
+async fn revoke_lost(leadership: Maintained) {
+    match tokio::task::spawn_blocking(move || leadership.resign()).await {
+        Ok(Ok(())) => {
+            tracing::info!("revoked the lost term's lease: a standby may take over at once")
+        }
+        Ok(Err(e)) => {
+            tracing::info!(error = %e, "the lost term's lease could not be revoked (gone already, or etcd unreachable): it runs out by itself")
+        }
+        Err(e) => tracing::warn!(error = %e, "could not revoke the lost term's lease"),
     }
 }
 
@@ -407,14 +551,6 @@ async fn campaign(
         }
         _ = signals.next() => Ok(None),
     }
-}
-
-/// A leader that lost its lease stops serving at once and exits non-zero: it must never
-/// commit again (the store's leader guard refuses it anyway; the exit makes it visible).
-fn fail_stop(e: ElectionError) {
-    tracing::error!(error = %e, "leadership lost: stopping at once");
-    eprintln!("error: {e}: this controller stops (a standby takes over)");
-    std::process::exit(1);
 }
 
 async fn run_worker(path: PathBuf) -> Result<()> {

@@ -97,6 +97,7 @@ fn clone_of(l: &Leadership) -> Leadership {
         create_revision: l.create_revision,
         ttl: l.ttl,
         expires: l.expires,
+        renewed: l.renewed,
     }
 }
 
@@ -203,6 +204,43 @@ fn a_maintained_leader_is_told_when_its_key_is_gone_and_its_store_stops_committi
 }
 
 #[test]
+fn a_leader_that_cannot_renew_steps_down_at_its_renew_deadline_before_its_lease_ends() {
+    let etcd = TestEtcd::start();
+    // 3 s lease: 2 s renew deadline, 400 ms retries.
+    let a = candidate(&etcd, "a", 3).campaign(|_| {}).unwrap();
+    let lease_end = a.expires();
+    let (told, lost) = mpsc::channel();
+    let kept = a.maintain(move |e| {
+        let _ = told.send((e, Instant::now()));
+    });
+    // Renewals keep it leading past its first lease's end.
+    let renewed = lost
+        .recv_timeout(lease_end.saturating_duration_since(Instant::now()) + Duration::from_secs(1));
+    assert!(renewed.is_err(), "lost while etcd answers: {renewed:?}");
+    // etcd frozen: every renewal times out.
+    let freeze = |sig| {
+        // SAFETY: kill(2) on the test's own child process; no memory involved.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::kill(etcd.pid() as i32, sig)
+        }
+    };
+    freeze(libc::SIGSTOP);
+    let frozen = Instant::now();
+    let (e, at) = lost.recv_timeout(PATIENCE).unwrap();
+    freeze(libc::SIGCONT);
+    drop(kept);
+    // Told at the renew deadline (2 s after the last renewal that went through, before
+    // the freeze), so before the lease (3 s after it) could run out and a standby lead.
+    assert!(at - frozen < Duration::from_secs(3), "{:?}", at - frozen);
+    let reason = e.to_string();
+    check(
+        &[reason[..reason.find(": /v3").unwrap_or(reason.len())].to_owned()],
+        expect![[r#"leadership lost: no lease renewal got through for the renew deadline (2s)"#]],
+    );
+}
+
+#[test]
 fn config_is_checked() {
     let bad = |eps: Vec<&str>, prefix: &str, id: &str, ttl: u64| {
         Election::new(
@@ -229,6 +267,58 @@ fn config_is_checked() {
             invalid election config: key prefix "/xce" must end with /
             invalid election config: the candidate id is empty
             invalid election config: leader ttl 500ms is below 1s"#]],
+    );
+}
+
+#[test]
+fn lease_timings_follow_kubernetes_and_every_problem_is_named() {
+    let t = |ttl: u64, renew_ms: u64, retry_ms: u64| LeaseTimings {
+        ttl: Duration::from_millis(ttl),
+        renew_deadline: Duration::from_millis(renew_ms),
+        retry_period: Duration::from_millis(retry_ms),
+    };
+    let mut log = vec![
+        format!("default: {:?}", LeaseTimings::default()),
+        format!(
+            "from 15s: {}",
+            LeaseTimings::from_ttl(Duration::from_secs(15)) == LeaseTimings::default()
+        ),
+        format!(
+            "from 3s: {:?}",
+            LeaseTimings::from_ttl(Duration::from_secs(3))
+        ),
+    ];
+    for bad in [
+        t(1500, 1000, 200),
+        t(3000, 3000, 3000),
+        t(3000, 0, 0),
+        t(15000, 10000, 10000),
+    ] {
+        log.push(bad.problems().join(" | "));
+    }
+    log.push(format!("ok: {:?}", LeaseTimings::default().problems()));
+    log.push(
+        Election::with_timings(
+            vec!["127.0.0.1:2379".into()],
+            "/xce/",
+            "a",
+            t(3000, 5000, 100),
+        )
+        .unwrap_err()
+        .to_string(),
+    );
+    check(
+        &log,
+        expect![[r#"
+        default: LeaseTimings { ttl: 15s, renew_deadline: 10s, retry_period: 2s }
+        from 15s: true
+        from 3s: LeaseTimings { ttl: 3s, renew_deadline: 2s, retry_period: 400ms }
+        leader_ttl (1.5s) must be whole seconds, at least 1s (an etcd lease's TTL)
+        renew_deadline (3s) must be shorter than leader_ttl (3s): a leader must step down before its lease can run out and a standby take over | retry_period (3s) must be shorter than renew_deadline (3s): a leader must get more than one try before it steps down
+        renew_deadline must be greater than zero | retry_period must be greater than zero
+        retry_period (10s) must be shorter than renew_deadline (10s): a leader must get more than one try before it steps down
+        ok: []
+        invalid election config: renew_deadline (5s) must be shorter than leader_ttl (3s): a leader must step down before its lease can run out and a standby take over"#]],
     );
 }
 

@@ -111,6 +111,11 @@ impl TestEtcd {
     }
 
     /// A fresh store instance (as a new controller process would open) under `prefix`.
+    /// The etcd process's id (to freeze it with SIGSTOP).
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub(crate) fn store(&self, prefix: &str) -> EtcdStore {
         EtcdStore::new(vec![self.endpoint.clone()])
             .unwrap()
