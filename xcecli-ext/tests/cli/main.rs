@@ -561,15 +561,84 @@ async fn watch_prints_only_changes() {
         fake.wait_request(|l| l.query.get("index") == Some(&touched.to_string()))
             .await;
         fake.set_ready("web", 1, false);
-        let out = run.stdout.wait_for(|t| t.lines().count() == 3).await;
+        let out = run.stdout.wait_for(|t| t.lines().count() == 4).await;
         run.task.abort();
+        // Successive plain lists are a blank line apart.
         expect![[r#"
             127.0.0.11:20417
             127.0.0.12:20533
+
             127.0.0.11:20417
         "#]]
         .assert_eq(&out);
         assert_eq!(run.stderr.text(), "");
+    })
+    .await;
+}
+
+/// A watch whose service is removed reports an empty list (`--exec` runs with it) and
+/// keeps watching. Against an apiserver that cannot wait for an absent service (the fake
+/// answers such a blocking query with a 404 at once, as servers before usability 6 did),
+/// the looks are spaced by the capped backoff, never a busy loop.
+#[tokio::test]
+async fn watch_survives_the_removal_of_its_service() {
+    bounded(async {
+        let fake = Fake::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let runs = dir.path().join("runs");
+        let hook = dir.path().join("hook.sh");
+        std::fs::write(
+            &hook,
+            format!("#!/bin/sh\n{{ echo '--- run'; cat; }} >> '{}'\n", runs.display()),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let line = format!(
+            "service endpoints web -o plain --watch --exec {}",
+            hook.display()
+        );
+        let (setup, args) = setup(&fake.url(), &line);
+        let run = spawn(setup, args);
+        let first = fake.index("web");
+        fake.wait_request(|l| l.query.get("index") == Some(&first.to_string()))
+            .await;
+        let before = fake.log().len();
+        let removed = std::time::Instant::now();
+        fake.remove("web");
+        // The parked query answers 404 (logged before); then the looks for the absent
+        // service: the first at once, the next after 1s, then 2s.
+        let mut at = Vec::new();
+        for n in 1..=3 {
+            fake.wait_log_len(before + n).await;
+            at.push(removed.elapsed());
+        }
+        let queries: Vec<String> = fake.log()[before..before + 3]
+            .iter()
+            .map(|l| format!("{} {:?}", l.path, l.query.get("index")))
+            .collect();
+        println!("FIGURE absent looks after removal at {at:?}");
+        // A lower bound only (the sleeps guarantee it); a busy loop would take millis.
+        assert!(at[2] - at[0] >= Duration::from_secs(3), "{at:?}");
+        assert!(!run.task.is_finished(), "still watching");
+        run.task.abort();
+        let hook_input = std::fs::read_to_string(&runs).unwrap();
+        expect![[r#"
+            --- run
+            127.0.0.11:20417
+            127.0.0.12:20533
+            --- run
+        "#]]
+        .assert_eq(&hook_input);
+        assert_eq!(run.stderr.text(), "");
+        expect![[r#"
+            [
+                "/v1/services/web/endpoints Some(\"0\")",
+                "/v1/services/web/endpoints Some(\"0\")",
+                "/v1/services/web/endpoints Some(\"0\")",
+            ]
+        "#]]
+        .assert_debug_eq(&queries);
     })
     .await;
 }
@@ -635,7 +704,7 @@ async fn watch_follows_changes_and_survives_a_restart() {
         fake.wait_request(|l| l.query.get("index") == Some(&first.to_string()))
             .await;
         let second = fake.set_ready("web", 0, false);
-        run.stdout.wait_for(|t| t.lines().count() == 3).await;
+        run.stdout.wait_for(|t| t.lines().count() == 4).await;
 
         // The apiserver goes away; the replica becomes ready meanwhile.
         fake.wait_request(|l| l.query.get("index") == Some(&second.to_string()))
@@ -644,11 +713,13 @@ async fn watch_follows_changes_and_survives_a_restart() {
         fake.set_ready("web", 2, true);
         run.stderr.wait_for(|t| t.contains("retrying")).await;
         fake.restart().await;
-        let out = run.stdout.wait_for(|t| t.lines().count() == 5).await;
+        let out = run.stdout.wait_for(|t| t.lines().count() == 7).await;
         expect![[r#"
             127.0.0.11:20417
             127.0.0.12:20533
+
             127.0.0.12:20533
+
             127.0.0.12:20533
             127.0.0.13:20101
         "#]]

@@ -102,7 +102,7 @@ async fn an_ambiguous_name_is_a_final_error() {
         expect![[r#"
             [
                 "/v1/services/web/endpoints ?",
-                "/v1/services/web/endpoints ?",
+                "/v1/services/web ?",
                 "/v1/services/web/endpoints ?",
                 "/v1/services/web ?",
                 "POST /v1/services/web/scale ?",
@@ -298,12 +298,13 @@ async fn watch_stays_on_its_project() {
         parked(&fake, "web", path).await;
         fake.add_copy("web", "team-b");
         fake.set_ready("default/web", 2, true);
-        let out = run.stdout.wait_for(|t| t.lines().count() == 5).await;
+        let out = run.stdout.wait_for(|t| t.lines().count() == 6).await;
         parked(&fake, "default/web", path).await;
         run.task.abort();
         expect![[r#"
             127.0.0.11:20417
             127.0.0.12:20533
+
             127.0.0.11:20417
             127.0.0.12:20533
             127.0.0.13:20101
