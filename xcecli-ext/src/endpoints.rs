@@ -12,8 +12,9 @@
 //! (so an index change that leaves e.g. the `plain` list unchanged prints nothing, and a
 //! `--exec` hook runs only when its input changed). With `--exec` the list goes to the
 //! command's stdin instead of our stdout; the command's own output is passed through.
-//! Successive `plain` lists and tables are separated by a blank line (two blank lines in
-//! a row: an empty list in between).
+//! Successive tables are a blank line apart; with `--watch` each `plain` list ends with a
+//! blank line (so an empty list is a blank line of its own, and a reader knows a list is
+//! whole when it ends).
 //!
 //! A watch outlives its service's absence (a sidecar's reload hook starts before the
 //! service, and stays when it is stopped): a service that does not exist (404) is waited
@@ -357,12 +358,14 @@ impl Run<'_> {
                 run_hook(io, cmd, &output, index).await?;
                 true
             }
-            // Successive tables or plain lists: a blank line between them, so a reader
-            // (or a person) sees where one list ends; an empty plain list is then a
-            // blank line of its own.
-            None if matches!(format, EndpointFormat::Table | EndpointFormat::Plain)
-                && self.last_output.is_some() =>
-            {
+            // A watch ends each plain list with a blank line: a reader knows a list is
+            // whole as soon as it ends, not only when the next one starts, and an empty
+            // list is a blank line of its own.
+            None if format == EndpointFormat::Plain && self.args.watch => {
+                write_out(io, &format!("{output}\n"))?
+            }
+            // Successive tables on a terminal: a blank line between them.
+            None if format == EndpointFormat::Table && self.last_output.is_some() => {
                 write_out(io, &format!("\n{output}"))?
             }
             None => write_out(io, &output)?,

@@ -5,6 +5,7 @@ mod daemons;
 mod harness;
 
 mod address;
+mod cliwatch;
 mod dev;
 mod failover;
 mod faults_rollout;

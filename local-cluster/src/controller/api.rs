@@ -223,7 +223,7 @@ fn worker_of(
                 StatusCode::UNAUTHORIZED,
                 "unauthenticated",
                 format!(
-                    "wrong or missing secret for the worker of host {host:?} ({}): it must be the secret of host {host:?}'s [[worker]] entry in the controller's tokens file",
+                    "wrong or missing secret for the worker of host {host:?} ({})",
                     e.message
                 ),
             ))

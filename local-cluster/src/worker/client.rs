@@ -32,7 +32,7 @@ pub(crate) enum CallError {
     #[error("controller unreachable: {0}")]
     Unreachable(reqwest::Error),
     /// An answer other than success.
-    #[error("controller answered {status}: {body}")]
+    #[error("controller answered {status}: {}", error_message(body))]
     Status {
         /// The status.
         status: StatusCode,
@@ -50,6 +50,33 @@ impl CallError {
             CallError::Status { status, .. } => Some(*status),
             _ => None,
         }
+    }
+
+    /// The controller refused the worker's credential (401, 403): retrying does not help
+    /// until the tokens file or the worker's `credential` changes.
+    pub(crate) fn refused(&self) -> bool {
+        matches!(self.status().map(|s| s.as_u16()), Some(401 | 403))
+    }
+
+    /// The `code` of an `ApiError` answer (`unauthenticated`, `no_worker_entry`, ...).
+    pub(crate) fn code(&self) -> Option<String> {
+        let CallError::Status { body, .. } = self else {
+            return None;
+        };
+        let v: serde_json::Value = serde_json::from_str(body).ok()?;
+        Some(v.get("error")?.get("code")?.as_str()?.to_owned())
+    }
+}
+
+/// The message of an `ApiError` body (`{"error": {"message": ...}}`), else the body.
+fn error_message(body: &str) -> String {
+    let parsed: Option<serde_json::Value> = serde_json::from_str(body).ok();
+    let message = parsed
+        .as_ref()
+        .and_then(|v| v.get("error")?.get("message")?.as_str());
+    match message {
+        Some(m) => m.to_owned(),
+        None => body.trim().to_owned(),
     }
 }
 

@@ -552,7 +552,7 @@ async fn watch_prints_only_changes() {
         let fake = Fake::start().await;
         let (setup, args) = setup(&fake.url(), "service endpoints web -o plain --watch");
         let run = spawn(setup, args);
-        run.stdout.wait_for(|t| t.lines().count() == 2).await;
+        run.stdout.wait_for(|t| t.lines().count() == 3).await;
         let first = fake.index("web");
         fake.wait_request(|l| l.query.get("index") == Some(&first.to_string()))
             .await;
@@ -561,14 +561,15 @@ async fn watch_prints_only_changes() {
         fake.wait_request(|l| l.query.get("index") == Some(&touched.to_string()))
             .await;
         fake.set_ready("web", 1, false);
-        let out = run.stdout.wait_for(|t| t.lines().count() == 4).await;
+        let out = run.stdout.wait_for(|t| t.lines().count() == 5).await;
         run.task.abort();
-        // Successive plain lists are a blank line apart.
+        // A watch ends each plain list with a blank line.
         expect![[r#"
             127.0.0.11:20417
             127.0.0.12:20533
 
             127.0.0.11:20417
+
         "#]]
         .assert_eq(&out);
         assert_eq!(run.stderr.text(), "");
@@ -697,14 +698,14 @@ async fn watch_follows_changes_and_survives_a_restart() {
         let mut fake = Fake::start().await;
         let (setup, args) = setup(&fake.url(), "service endpoints web -o plain --watch");
         let run = spawn(setup, args);
-        run.stdout.wait_for(|t| t.lines().count() == 2).await;
+        run.stdout.wait_for(|t| t.lines().count() == 3).await;
 
         // A change while watching.
         let first = fake.index("web");
         fake.wait_request(|l| l.query.get("index") == Some(&first.to_string()))
             .await;
         let second = fake.set_ready("web", 0, false);
-        run.stdout.wait_for(|t| t.lines().count() == 4).await;
+        run.stdout.wait_for(|t| t.lines().count() == 5).await;
 
         // The apiserver goes away; the replica becomes ready meanwhile.
         fake.wait_request(|l| l.query.get("index") == Some(&second.to_string()))
@@ -713,7 +714,7 @@ async fn watch_follows_changes_and_survives_a_restart() {
         fake.set_ready("web", 2, true);
         run.stderr.wait_for(|t| t.contains("retrying")).await;
         fake.restart().await;
-        let out = run.stdout.wait_for(|t| t.lines().count() == 7).await;
+        let out = run.stdout.wait_for(|t| t.lines().count() == 8).await;
         expect![[r#"
             127.0.0.11:20417
             127.0.0.12:20533
@@ -722,6 +723,7 @@ async fn watch_follows_changes_and_survives_a_restart() {
 
             127.0.0.12:20533
             127.0.0.13:20101
+
         "#]]
         .assert_eq(&out);
 

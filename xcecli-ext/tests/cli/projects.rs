@@ -293,12 +293,12 @@ async fn watch_stays_on_its_project() {
         let fake = Fake::start().await;
         let (s, args) = setup(&fake.url(), "service endpoints web -o plain --watch");
         let run = spawn(s, args);
-        run.stdout.wait_for(|t| t.lines().count() == 2).await;
+        run.stdout.wait_for(|t| t.lines().count() == 3).await;
         let path = "/v1/services/web/endpoints";
         parked(&fake, "web", path).await;
         fake.add_copy("web", "team-b");
         fake.set_ready("default/web", 2, true);
-        let out = run.stdout.wait_for(|t| t.lines().count() == 6).await;
+        let out = run.stdout.wait_for(|t| t.lines().count() == 7).await;
         parked(&fake, "default/web", path).await;
         run.task.abort();
         expect![[r#"
@@ -308,6 +308,7 @@ async fn watch_stays_on_its_project() {
             127.0.0.11:20417
             127.0.0.12:20533
             127.0.0.13:20101
+
         "#]]
         .assert_eq(&out);
         assert_eq!(run.stderr.text(), "");
