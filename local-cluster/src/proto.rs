@@ -10,6 +10,11 @@
 //! | `GET  /internal/v1/hosts/{host}/assignments?index=N&wait=30s` | → [`Assignments`], as soon as its index > N (blocking query) |
 //! | `POST /internal/v1/hosts/{host}/events`                   | `Vec<WorkerEvent>` → 204              |
 //!
+//! A refused credential says what is wrong, by its error code: 401 `unauthenticated` (a
+//! wrong or missing secret for a host that has a `[[worker]]` entry), `no_worker_entry`
+//! (401 or 403: the tokens file has no entry for the host), 403 `forbidden` (another
+//! host's credential, or a user token). The worker logs it once per attempt and backs off.
+//!
 //! Change-driven: assignments are a blocking query (the worker wakes only when its host's
 //! desired set changed); readiness is reported as transitions only.
 

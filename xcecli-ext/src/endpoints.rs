@@ -410,7 +410,10 @@ impl Run<'_> {
             EndpointFormat::Table => format!("service {} does not exist\n", empty.service),
             _ => {
                 let raw = serde_json::to_string(&empty).map_err(|e| {
-                    CliError::new(ErrorKind::Internal, format!("cannot render an empty entry: {e}"))
+                    CliError::new(
+                        ErrorKind::Internal,
+                        format!("cannot render an empty entry: {e}"),
+                    )
                 })?;
                 let view = EndpointsView {
                     format,

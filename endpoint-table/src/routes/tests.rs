@@ -1163,7 +1163,10 @@ async fn blocking_queries() {
         job("j-7", "web", "team-b", 0, "exec-02", &[("http", 23000)]),
     ))
     .await;
-    assert!(!waiting.is_finished(), "woken by a service alice cannot view");
+    assert!(
+        !waiting.is_finished(),
+        "woken by a service alice cannot view"
+    );
     c.watchers_reach(1).await;
     // Hers comes back: answered at once.
     c.event(ev_service(15, service("web", "team-a", &["http"])))

@@ -254,7 +254,7 @@ async fn watch_outlives_the_service() -> Result<()> {
         runs_seen.len(),
         runs_seen.iter().map(Vec::len).collect::<Vec<_>>()
     );
-    assert!(runs_seen.iter().any(|r| *r == three), "{runs_seen:?}");
+    assert!(runs_seen.contains(&three), "{runs_seen:?}");
     let after_three = runs_seen.iter().position(|r| *r == three).unwrap();
     assert!(
         runs_seen[after_three..].iter().any(Vec::is_empty),
@@ -262,7 +262,9 @@ async fn watch_outlives_the_service() -> Result<()> {
     );
     for w in [&plain, &exec] {
         assert_eq!(
-            w.stderr_text().matches("waiting for service web to exist").count(),
+            w.stderr_text()
+                .matches("waiting for service web to exist")
+                .count(),
             1,
             "said once: {}",
             w.stderr_text()
@@ -300,8 +302,9 @@ async fn wait_ready_above_the_replica_count_is_a_usage_error() -> Result<()> {
             "web",
             "--wait-ready",
             "3",
+            // Bounds the test when it fails (a client that waits would exit 3 then).
             "--timeout",
-            "10m",
+            "30s",
         ],
     );
     let took = t.elapsed();

@@ -209,11 +209,7 @@ fn user(p: &Principal) -> Result<(), ApiError> {
 /// file has no entry for; 403 `forbidden` another host's credential, or a user token.
 /// Host ids are not secrets (every viewer lists them), so telling which hosts have an
 /// entry gives nothing away.
-fn worker_of(
-    st: &ApiState,
-    who: Result<Principal, ApiError>,
-    host: &str,
-) -> Result<(), ApiError> {
+fn worker_of(st: &ApiState, who: Result<Principal, ApiError>, host: &str) -> Result<(), ApiError> {
     let has_entry = st.worker_hosts.contains(host);
     let no_entry = format!("no [[worker]] entry for host {host:?} in the controller's tokens file");
     let p = match who {

@@ -590,7 +590,10 @@ async fn watch_survives_the_removal_of_its_service() {
         let hook = dir.path().join("hook.sh");
         std::fs::write(
             &hook,
-            format!("#!/bin/sh\n{{ echo '--- run'; cat; }} >> '{}'\n", runs.display()),
+            format!(
+                "#!/bin/sh\n{{ echo '--- run'; cat; }} >> '{}'\n",
+                runs.display()
+            ),
         )
         .unwrap();
         use std::os::unix::fs::PermissionsExt;

@@ -269,7 +269,11 @@ async fn a_watch_waits_for_its_service_and_survives_its_removal() {
             .stderr
             .wait_for(|t| t.contains("waiting for service web to exist"))
             .await;
-        assert_eq!(watch.stdout.text(), "", "nothing printed while it does not exist");
+        assert_eq!(
+            watch.stdout.text(),
+            "",
+            "nothing printed while it does not exist"
+        );
         let upsert = |entry| {
             api.apply(Update::Change {
                 change: endpoint_table::Change::Upsert { entry },
