@@ -547,6 +547,26 @@ mod tests {
                 1        exec-02  127.0.0.12  http=20533,metrics=9100
             "#]],
         );
+        // Ports as the profile declares them (the order of XCE_PORTS), not by name; one
+        // the profile does not list (a rollout added it) after those.
+        check(
+            WEB,
+            "table declared=metrics,http",
+            expect![[r#"
+                REPLICA  HOST     ADDRESS     PORTS
+                0        exec-01  127.0.0.11  metrics=9100,http=20417
+                1        exec-02  127.0.0.12  metrics=9100,http=20533
+            "#]],
+        );
+        check(
+            WEB,
+            "table declared=metrics",
+            expect![[r#"
+                REPLICA  HOST     ADDRESS     PORTS
+                0        exec-01  127.0.0.11  metrics=9100,http=20417
+                1        exec-02  127.0.0.12  metrics=9100,http=20533
+            "#]],
+        );
         check(
             WEB,
             "table port=http all",
