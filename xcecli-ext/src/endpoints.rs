@@ -172,7 +172,10 @@ impl Run<'_> {
                         backoff = BACKOFF_START;
                     }
                     absent = true;
-                    self.gone(io, last_index).await?;
+                    if !self.gone(io, last_index).await? {
+                        // The reader of stdout went away: the watch ends quietly.
+                        return Ok(());
+                    }
                     if cannot_wait {
                         if until(deadline, tokio::time::sleep(absent_backoff))
                             .await
@@ -376,7 +379,8 @@ impl Run<'_> {
 
     /// The service is not there (404) while watching: before any list, say once that we
     /// wait for it; after one, report the empty list (the `--exec` hook runs with it).
-    async fn gone(&mut self, io: &mut Io, last_index: Option<u64>) -> Result<(), CliError> {
+    /// `false` when the reader of stdout went away.
+    async fn gone(&mut self, io: &mut Io, last_index: Option<u64>) -> Result<bool, CliError> {
         self.last_ready = 0;
         let Some(format) = self.format.filter(|_| self.last_output.is_some()) else {
             if !std::mem::replace(&mut self.waiting_noted, true) {
@@ -393,11 +397,11 @@ impl Run<'_> {
                 .and_then(|()| io.stderr.flush())
                 .map_err(CliError::io)?;
             }
-            return Ok(());
+            return Ok(true);
         };
         if !self.ready_reached {
             // `--wait-ready` is still waiting: nothing was printed, nothing to take back.
-            return Ok(());
+            return Ok(true);
         }
         let empty = EndpointEntry {
             service: self.args.name.clone(),
@@ -424,10 +428,7 @@ impl Run<'_> {
                 format::endpoints(view, &empty, &raw)?
             }
         };
-        if !self.emit(io, format, output, empty.index).await? {
-            return Err(CliError::new(ErrorKind::Internal, "stdout closed"));
-        }
-        Ok(())
+        self.emit(io, format, output, empty.index).await
     }
 
     /// The default format: table on a terminal (unless `--exec` takes the list); otherwise
