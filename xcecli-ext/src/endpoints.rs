@@ -89,6 +89,7 @@ pub(crate) async fn run(args: EndpointsArgs, client: &Client, io: &mut Io) -> Re
         progress_shown: false,
         last_ready: 0,
         waiting_noted: false,
+        seen_ports: BTreeSet::new(),
     };
     let result = run.main_loop(io, deadline).await;
     run.clear_progress(io);
@@ -117,6 +118,9 @@ struct Run<'a> {
     last_ready: usize,
     /// `waiting for service NAME to exist` was said (it is said once).
     waiting_noted: bool,
+    /// Every port name the answers had: when the service is gone (its profile with it),
+    /// the empty `-o env` list still clears each `XCE_ENDPOINTS_<PORT>`.
+    seen_ports: BTreeSet<String>,
 }
 
 // === impl Run ===
@@ -291,6 +295,8 @@ impl Run<'_> {
     ) -> Result<Flow, CliError> {
         let args = self.args;
         let entry = &answer.value;
+        self.seen_ports
+            .extend(entry.endpoints.iter().flat_map(|e| e.ports.keys().cloned()));
         let ready = model::ready(entry).count();
         self.last_ready = ready;
         if !self.ready_reached {
@@ -419,11 +425,19 @@ impl Run<'_> {
                         format!("cannot render an empty entry: {e}"),
                     )
                 })?;
+                let mut declared = self.declared.clone().unwrap_or_default();
+                declared.extend(
+                    self.seen_ports
+                        .iter()
+                        .filter(|p| !declared.contains(p))
+                        .cloned()
+                        .collect::<Vec<_>>(),
+                );
                 let view = EndpointsView {
                     format,
                     port: self.args.port.as_deref(),
                     all: self.args.all,
-                    declared: self.declared.as_deref().unwrap_or_default(),
+                    declared: &declared,
                 };
                 format::endpoints(view, &empty, &raw)?
             }

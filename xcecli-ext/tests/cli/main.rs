@@ -647,6 +647,30 @@ async fn watch_survives_the_removal_of_its_service() {
     .await;
 }
 
+/// `-o env` of a service that went away clears every variable it had set, so an `eval` of
+/// the list does not keep the gone endpoints.
+#[tokio::test]
+async fn watch_env_clears_the_ports_of_a_removed_service() {
+    bounded(async {
+        let fake = Fake::start().await;
+        let (setup, args) = setup(&fake.url(), "service endpoints web -o env --watch");
+        let run = spawn(setup, args);
+        run.stdout.wait_for(|t| t.lines().count() == 1).await;
+        let first = fake.index("web");
+        fake.wait_request(|l| l.query.get("index") == Some(&first.to_string()))
+            .await;
+        fake.remove("web");
+        let out = run.stdout.wait_for(|t| t.lines().count() == 2).await;
+        run.task.abort();
+        expect![[r#"
+            XCE_ENDPOINTS_HTTP=127.0.0.11:20417,127.0.0.12:20533
+            XCE_ENDPOINTS_HTTP=
+        "#]]
+        .assert_eq(&out);
+    })
+    .await;
+}
+
 /// On a terminal, each change prints a new table, a blank line apart.
 #[tokio::test]
 async fn watch_tables_on_a_terminal() {
