@@ -58,6 +58,11 @@ pub(crate) struct Shared {
     /// Turns true when the host drains ([`ApiExtension::drain`]): blocking queries
     /// answer and streams end.
     pub(crate) draining: watch::Sender<bool>,
+    /// Raised after an update made at least one service appear (a slot was inserted):
+    /// wakes the blocking queries parked on a name no visible service has yet, which
+    /// then look again. Raised after the insert, so one that subscribes before it looks
+    /// misses no appearance.
+    pub(crate) appeared: watch::Sender<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -98,6 +103,7 @@ impl EndpointApi {
             catching_up: Mutex::new(()),
             queue: queue.clone(),
             draining: watch::Sender::new(false),
+            appeared: watch::Sender::new(0),
         });
         Self {
             shared,
@@ -236,6 +242,7 @@ impl Shared {
         let at = received.unwrap_or_else(Instant::now);
         let delivery = &self.metrics.delivery;
         let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
+        let mut inserted = false;
         match update {
             Update::Resync { entries } => {
                 state.synced = true;
@@ -258,13 +265,17 @@ impl Shared {
                 state.slots.retain(|_, projects| !projects.is_empty());
                 for (key, entry) in entries {
                     state.insert(key, new_slot(entry, delivery));
+                    inserted = true;
                 }
             }
             Update::Change {
                 change: Change::Upsert { entry },
             } => match state.slot(&entry.project, &entry.service) {
                 Some(tx) => set(tx, Some(entry), at),
-                None => state.insert(entry.key(), new_slot(entry, delivery)),
+                None => {
+                    state.insert(entry.key(), new_slot(entry, delivery));
+                    inserted = true;
+                }
             },
             Update::Change {
                 change: Change::Removed { service, project },
@@ -275,6 +286,9 @@ impl Shared {
             }
         }
         drop(state);
+        if inserted {
+            self.appeared.send_modify(|n| *n += 1);
+        }
         if let Some(at) = received {
             self.metrics.propagation.observe(at.elapsed().as_secs_f64());
         }

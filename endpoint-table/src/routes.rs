@@ -7,7 +7,7 @@ use crate::entry::Entry;
 use crate::wire::{self, EndpointsAnswer, EndpointsList, INDEX_HEADER};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -252,7 +252,21 @@ async fn entry(
     let p = params(query)?;
     let view = View::parse(&p, &headers)?;
     let blocking = Blocking::parse(&p, &shared)?;
-    let (mut rx, entry) = shared.visible(&principal, &name, p.project.as_deref())?;
+    let (mut rx, entry) = match shared.visible(&principal, &name, p.project.as_deref()) {
+        Err(e) if e.status == StatusCode::NOT_FOUND => {
+            // Absent is index 0: only a caller that saw no entry waits for one; one that
+            // saw the service (a higher index) is answered its absence at once.
+            let Some(blocking) = blocking.filter(|b| b.index == 0 && !b.wait.is_zero()) else {
+                return Err(e);
+            };
+            let entry =
+                wait_for_service(&shared, &principal, &name, p.project.as_deref(), blocking)
+                    .await?;
+            view.check(&entry)?;
+            return view.render(&entry);
+        }
+        found => found?,
+    };
     view.check(&entry)?;
     if let Some(blocking) = blocking {
         if entry.index <= blocking.index && !blocking.wait.is_zero() {
@@ -320,6 +334,40 @@ async fn wait_for_change(
                 }
                 recipient.skipped(seq);
             }
+        }
+    }
+}
+
+/// A blocking query from `?index=0` on a name no service the caller may view has (not
+/// yet, or no longer): an absent service is at index 0, so this waits until one appears
+/// (a service's index is at least 1), or until the wait runs out or the host drains, and
+/// then answers the same 404 as without waiting. Only services the caller may
+/// view end the wait, so how long it took tells nothing about anyone else's: no existence
+/// oracle. This is what lets `xcecli service endpoints --watch` wait for a service that is
+/// not there yet, or was stopped, without polling.
+async fn wait_for_service(
+    shared: &Arc<Shared>,
+    principal: &Principal,
+    name: &str,
+    project: Option<&str>,
+    blocking: Blocking,
+) -> Result<Arc<Entry>, ApiError> {
+    let _watcher = shared.watcher(principal)?;
+    let deadline = blocking.deadline();
+    let mut draining = shared.draining.subscribe();
+    // Subscribed before looking: an appearance after the look below raises it.
+    let mut appeared = shared.appeared.subscribe();
+    loop {
+        match shared.visible(principal, name, project) {
+            Err(e) if e.status == StatusCode::NOT_FOUND => {}
+            found => return found.map(|(_, entry)| entry),
+        }
+        let woken = tokio::select! {
+            r = tokio::time::timeout_at(deadline, appeared.changed()) => matches!(r, Ok(Ok(()))),
+            _ = draining.wait_for(|d| *d) => false,
+        };
+        if !woken {
+            return Err(ApiError::service_not_found(name));
         }
     }
 }

@@ -27,6 +27,11 @@
 //!   `wrong_cluster`, and a worker takes no answer whose `X-Xce-Cluster` differs from
 //!   the cluster it joined (it keeps its replicas running and retries).
 //!
+//! A refused credential says what is wrong, by its error code: 401 `unauthenticated` (a
+//! wrong or missing secret for a host that has a `[[worker]]` entry), `no_worker_entry`
+//! (401 or 403: the tokens file has no entry for the host), 403 `forbidden` (another
+//! host's credential, or a user token). The worker logs it once per attempt and backs off.
+//!
 //! Change-driven: assignments are a blocking query (the worker wakes only when its host's
 //! desired set changed); readiness is reported as transitions only.
 

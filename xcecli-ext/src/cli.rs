@@ -118,13 +118,15 @@ pub struct EndpointsArgs {
     /// Also show replicas that are placed but not ready (table and json)
     #[arg(long)]
     pub all: bool,
-    /// Keep running and print the list again on every change
+    /// Keep running and print the list again on every change, until interrupted; a
+    /// service that does not exist yet is waited for, one that goes away is an empty list
     #[arg(long)]
     pub watch: bool,
     /// With --watch: run CMD (sh -c) with the list on stdin, initially and on every change
     #[arg(long, value_name = "CMD", requires = "watch")]
     pub exec: Option<String>,
-    /// Wait until at least N replicas are ready, then print them
+    /// Wait until at least N replicas are ready, then print them (N above the service's
+    /// replica count is a usage error)
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
     pub wait_ready: Option<u32>,
     /// Give up --wait-ready after DURATION (exit 3), or end --watch after it (exit 0),

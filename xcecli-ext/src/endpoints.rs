@@ -12,6 +12,20 @@
 //! (so an index change that leaves e.g. the `plain` list unchanged prints nothing, and a
 //! `--exec` hook runs only when its input changed). With `--exec` the list goes to the
 //! command's stdin instead of our stdout; the command's own output is passed through.
+//! Successive tables are a blank line apart; with `--watch` each `plain` list ends with a
+//! blank line (so an empty list is a blank line of its own, and a reader knows a list is
+//! whole when it ends).
+//!
+//! A watch outlives its service's absence (a sidecar's reload hook starts before the
+//! service, and stays when it is stopped): a service that does not exist (404) is waited
+//! for — `waiting for service NAME to exist` once on stderr — and one that goes away is
+//! reported as an empty list (the `--exec` hook runs with it), then waited for again.
+//! The wait is a blocking query from index 0 on the absent name (absent is index 0; a
+//! service's index is at least 1), which the apiserver answers when a service of that
+//! name the caller may view appears. An apiserver that predates that
+//! answers such a query with a 404 at once: then the next look is delayed by a capped
+//! backoff ([`ABSENT_BACKOFF_START`] to [`ABSENT_BACKOFF_MAX`]), never a busy loop.
+//! One-shot reads and `--wait-ready` without `--watch` still exit 4 on an unknown service.
 
 use crate::cli::{EndpointFormat, EndpointsArgs};
 use crate::client::{Answer, Client, EndpointsQuery, ServiceRef};
@@ -32,6 +46,13 @@ pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// A blocking query that comes back unchanged faster than this means the server ignored
 /// `wait`; the next one is delayed so a misbehaving server cannot make us spin.
 pub(crate) const MIN_UNCHANGED_INTERVAL: Duration = Duration::from_secs(1);
+/// The first delay between looks for an absent service when the apiserver cannot wait for
+/// it (it answered the blocking query with a 404 at once); doubles up to
+/// [`ABSENT_BACKOFF_MAX`].
+const ABSENT_BACKOFF_START: Duration = Duration::from_secs(1);
+/// The longest delay between such looks: how late an old apiserver's watch may notice
+/// the service appear.
+const ABSENT_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// Runs the command.
 pub(crate) async fn run(args: EndpointsArgs, client: &Client, io: &mut Io) -> Result<(), CliError> {
@@ -49,6 +70,9 @@ pub(crate) async fn run(args: EndpointsArgs, client: &Client, io: &mut Io) -> Re
         }
     }
     let deadline = args.timeout.map(|t| Instant::now() + t);
+    if let Some(want) = args.wait_ready {
+        check_wait_ready(&args, want, client, io).await?;
+    }
     let mut run = Run {
         args: &args,
         client,
@@ -64,6 +88,8 @@ pub(crate) async fn run(args: EndpointsArgs, client: &Client, io: &mut Io) -> Re
         ready_reached: args.wait_ready.is_none(),
         progress_shown: false,
         last_ready: 0,
+        waiting_noted: false,
+        seen_ports: BTreeSet::new(),
     };
     let result = run.main_loop(io, deadline).await;
     run.clear_progress(io);
@@ -90,6 +116,11 @@ struct Run<'a> {
     progress_shown: bool,
     /// Ready replicas in the last answer (for the timeout message).
     last_ready: usize,
+    /// `waiting for service NAME to exist` was said (it is said once).
+    waiting_noted: bool,
+    /// Every port name the answers had: when the service is gone (its profile with it),
+    /// the empty `-o env` list still clears each `XCE_ENDPOINTS_<PORT>`.
+    seen_ports: BTreeSet<String>,
 }
 
 // === impl Run ===
@@ -108,11 +139,22 @@ impl Run<'_> {
         let mut last_index: Option<u64> = None;
         let mut backoff = BACKOFF_START;
         let mut failing = false;
+        // The apiserver answered at least once (a 404 counts).
+        let mut answered = false;
+        // The service was absent at the last answer (watch only).
+        let mut absent = false;
+        let mut absent_backoff = ABSENT_BACKOFF_START;
         loop {
+            // Absent is index 0 to a blocking query: from 0 it waits for the service to
+            // appear (a service's index is at least 1).
+            let block = match (absent, last_index) {
+                (true, _) => Some((0, BLOCK_WAIT)),
+                (false, i) => i.map(|i| (i, BLOCK_WAIT)),
+            };
             let query = EndpointsQuery {
                 port: args.port.as_deref(),
                 all: args.all,
-                block: last_index.map(|i| (i, BLOCK_WAIT)),
+                block,
             };
             let sent = Instant::now();
             let read = crate::client::read(io, Client::read_patience(), || {
@@ -124,7 +166,32 @@ impl Run<'_> {
             };
             let answer = match result {
                 Ok(a) => a,
-                Err(e) if self.retries(&e, last_index.is_some()) => {
+                Err(e) if e.kind == ErrorKind::NotFound && args.watch => {
+                    answered = true;
+                    // A blocking query that came back with a 404 at once: this apiserver
+                    // cannot wait for an absent service. Look again later, not at once.
+                    let cannot_wait = absent && sent.elapsed() < MIN_UNCHANGED_INTERVAL;
+                    if failing {
+                        failing = false;
+                        backoff = BACKOFF_START;
+                    }
+                    absent = true;
+                    if !self.gone(io, last_index).await? {
+                        // The reader of stdout went away: the watch ends quietly.
+                        return Ok(());
+                    }
+                    if cannot_wait {
+                        if until(deadline, tokio::time::sleep(absent_backoff))
+                            .await
+                            .is_none()
+                        {
+                            return self.timed_out();
+                        }
+                        absent_backoff = (absent_backoff * 2).min(ABSENT_BACKOFF_MAX);
+                    }
+                    continue;
+                }
+                Err(e) if self.retries(&e, answered) => {
                     // Keep the last index: the next query resumes where we were.
                     self.clear_progress(io);
                     let resume = match last_index {
@@ -159,6 +226,10 @@ impl Run<'_> {
                         answer.value.index
                     ),
                 )?;
+            }
+            answered = true;
+            if std::mem::take(&mut absent) {
+                absent_backoff = ABSENT_BACKOFF_START;
             }
             if self.project.is_none() && !answer.value.project.is_empty() {
                 self.project = Some(answer.value.project.clone());
@@ -224,6 +295,8 @@ impl Run<'_> {
     ) -> Result<Flow, CliError> {
         let args = self.args;
         let entry = &answer.value;
+        self.seen_ports
+            .extend(entry.endpoints.iter().flat_map(|e| e.ports.keys().cloned()));
         let ready = model::ready(entry).count();
         self.last_ready = ready;
         if !self.ready_reached {
@@ -251,6 +324,10 @@ impl Run<'_> {
                 f
             }
         };
+        if format == EndpointFormat::Table && args.port.is_none() && self.declared.is_none() {
+            // The entry's ports are a map by name; a table lists them as declared.
+            self.declared = Some(self.declared_ports().await);
+        }
         if format == EndpointFormat::Env
             && args.port.is_none()
             && model::ready(entry).next().is_none()
@@ -267,24 +344,105 @@ impl Run<'_> {
             declared: self.declared.as_deref().unwrap_or_default(),
         };
         let output = format::endpoints(view, entry, &answer.raw)?;
-        if self.last_output.as_deref() != Some(output.as_str()) {
-            let go_on = match &args.exec {
-                Some(cmd) => {
-                    run_hook(io, cmd, &output, entry.index).await?;
-                    true
-                }
-                // Successive tables on a terminal: a blank line between them.
-                None if format == EndpointFormat::Table && self.last_output.is_some() => {
-                    write_out(io, &format!("\n{output}"))?
-                }
-                None => write_out(io, &output)?,
-            };
-            self.last_output = Some(output);
-            if !go_on {
-                return Ok(Flow::Done);
-            }
+        if !self.emit(io, format, output, entry.index).await? {
+            return Ok(Flow::Done);
         }
         Ok(if args.watch { Flow::More } else { Flow::Done })
+    }
+
+    /// Emits `output` (to stdout, or to the `--exec` hook) unless it is the last one
+    /// emitted. `false` when the reader of stdout went away.
+    async fn emit(
+        &mut self,
+        io: &mut Io,
+        format: EndpointFormat,
+        output: String,
+        index: u64,
+    ) -> Result<bool, CliError> {
+        if self.last_output.as_deref() == Some(output.as_str()) {
+            return Ok(true);
+        }
+        let go_on = match &self.args.exec {
+            Some(cmd) => {
+                run_hook(io, cmd, &output, index).await?;
+                true
+            }
+            // A watch ends each plain list with a blank line: a reader knows a list is
+            // whole as soon as it ends, not only when the next one starts, and an empty
+            // list is a blank line of its own.
+            None if format == EndpointFormat::Plain && self.args.watch => {
+                write_out(io, &format!("{output}\n"))?
+            }
+            // Successive tables on a terminal: a blank line between them.
+            None if format == EndpointFormat::Table && self.last_output.is_some() => {
+                write_out(io, &format!("\n{output}"))?
+            }
+            None => write_out(io, &output)?,
+        };
+        self.last_output = Some(output);
+        Ok(go_on)
+    }
+
+    /// The service is not there (404) while watching: before any list, say once that we
+    /// wait for it; after one, report the empty list (the `--exec` hook runs with it).
+    /// `false` when the reader of stdout went away.
+    async fn gone(&mut self, io: &mut Io, last_index: Option<u64>) -> Result<bool, CliError> {
+        self.last_ready = 0;
+        let Some(format) = self.format.filter(|_| self.last_output.is_some()) else {
+            if !std::mem::replace(&mut self.waiting_noted, true) {
+                self.clear_progress(io);
+                let project = match &self.project {
+                    Some(p) => format!(" in project {p}"),
+                    None => String::new(),
+                };
+                writeln!(
+                    io.stderr,
+                    "waiting for service {}{project} to exist",
+                    self.args.name
+                )
+                .and_then(|()| io.stderr.flush())
+                .map_err(CliError::io)?;
+            }
+            return Ok(true);
+        };
+        if !self.ready_reached {
+            // `--wait-ready` is still waiting: nothing was printed, nothing to take back.
+            return Ok(true);
+        }
+        let empty = EndpointEntry {
+            service: self.args.name.clone(),
+            project: self.project.clone().unwrap_or_default(),
+            index: last_index.unwrap_or(0),
+            endpoints: Vec::new(),
+        };
+        let output = match format {
+            // For people: say why the list is empty.
+            EndpointFormat::Table => format!("service {} does not exist\n", empty.service),
+            _ => {
+                let raw = serde_json::to_string(&empty).map_err(|e| {
+                    CliError::new(
+                        ErrorKind::Internal,
+                        format!("cannot render an empty entry: {e}"),
+                    )
+                })?;
+                let mut declared = self.declared.clone().unwrap_or_default();
+                declared.extend(
+                    self.seen_ports
+                        .iter()
+                        .filter(|p| !declared.contains(p))
+                        .cloned()
+                        .collect::<Vec<_>>(),
+                );
+                let view = EndpointsView {
+                    format,
+                    port: self.args.port.as_deref(),
+                    all: self.args.all,
+                    declared: &declared,
+                };
+                format::endpoints(view, &empty, &raw)?
+            }
+        };
+        self.emit(io, format, output, empty.index).await
     }
 
     /// The default format: table on a terminal (unless `--exec` takes the list); otherwise
@@ -325,26 +483,14 @@ impl Run<'_> {
         }
     }
 
-    /// The port names of the service's profile; empty if they cannot be had (the endpoint
-    /// read succeeded, so this is a best effort for a nicer output, not a new failure).
+    /// The port names of the service's profile, in declaration order; empty if they cannot
+    /// be had (the endpoint read succeeded, so this is a best effort for a nicer output,
+    /// not a new failure).
     async fn declared_ports(&self) -> Vec<String> {
         let Ok(detail) = self.client.service(self.svc(), None).await else {
             return Vec::new();
         };
-        let ports = detail.value.profile.get("ports").and_then(|p| p.as_array());
-        ports
-            .into_iter()
-            .flatten()
-            .filter_map(|p| p.get("name")?.as_str())
-            // Same rule as the entry check: only names that need no quoting.
-            .filter(|n| {
-                !n.is_empty()
-                    && n.len() <= 15
-                    && n.bytes()
-                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            })
-            .map(str::to_owned)
-            .collect()
+        model::declared_ports(&detail.value.profile)
     }
 
     fn clear_progress(&mut self, io: &mut Io) {
@@ -355,6 +501,41 @@ impl Run<'_> {
             let _ = io.stderr.flush();
         }
     }
+}
+
+/// `--wait-ready N` above the service's replica count could never be met: a usage error
+/// at once (exit 2) instead of a wait until `--timeout`. An unknown service is left to the
+/// main loop (exit 4, or waited for by `--watch`).
+async fn check_wait_ready(
+    args: &EndpointsArgs,
+    want: u32,
+    client: &Client,
+    io: &mut Io,
+) -> Result<(), CliError> {
+    let svc = ServiceRef {
+        name: &args.name,
+        project: args.project.project.as_deref().or(client.project()),
+    };
+    let detail = match crate::client::read(io, Client::read_patience(), || {
+        client.service(svc, None)
+    })
+    .await
+    {
+        Ok(d) => d.value,
+        Err(e) if e.kind == ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if want <= detail.replicas {
+        return Ok(());
+    }
+    Err(CliError::usage(format!(
+        "--wait-ready {want} can never be met: service {} has {} replicas",
+        detail.name, detail.replicas
+    ))
+    .with_hint(format!(
+        "wait for at most {} ready replicas, or scale the service first (xcecli service scale {} {want})",
+        detail.replicas, detail.name
+    )))
 }
 
 /// Whether the main loop goes on.

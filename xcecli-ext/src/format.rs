@@ -136,9 +136,8 @@ fn endpoints_table(view: EndpointsView<'_>, entry: &EndpointEntry) -> String {
     let lines = rows
         .iter()
         .map(|e| {
-            let ports: Vec<String> = e
-                .ports
-                .iter()
+            let ports: Vec<String> = declared_order(e.ports.iter(), view.declared)
+                .into_iter()
                 .filter(|(name, _)| view.port.is_none_or(|p| p == name.as_str()))
                 .map(|(name, p)| format!("{name}={p}"))
                 .collect();
@@ -156,6 +155,20 @@ fn endpoints_table(view: EndpointsView<'_>, entry: &EndpointEntry) -> String {
         })
         .collect::<Vec<_>>();
     table(&headers, &lines)
+}
+
+/// `(name, value)` pairs in the order of `declared` (a profile's port names, the order
+/// of `XCE_PORTS`), then any name it does not list (a port a rollout added), by name.
+fn declared_order<'a, V>(
+    ports: impl Iterator<Item = (&'a String, V)>,
+    declared: &[String],
+) -> Vec<(&'a String, V)> {
+    let mut ports: Vec<_> = ports.collect();
+    ports.sort_by_key(|(name, _)| {
+        let at = declared.iter().position(|d| d == *name);
+        (at.unwrap_or(usize::MAX), name.as_str())
+    });
+    ports
 }
 
 /// `service list` as a table, with the pending reason under a pending service.
@@ -337,6 +350,7 @@ pub(crate) fn status(detail: &ServiceDetail, now: SystemTime) -> String {
             out.push_str(&line);
         }
     }
+    let declared = model::declared_ports(&detail.profile);
     let mut jobs: Vec<&JobRow> = detail.jobs.iter().collect();
     jobs.sort_by_key(|j| (j.replica, j.generation));
     if jobs.is_empty() {
@@ -353,7 +367,7 @@ pub(crate) fn status(detail: &ServiceDetail, now: SystemTime) -> String {
                         .map_or_else(|| "-".to_owned(), |g| g.to_string()),
                     dash(&j.state),
                     if j.ready { "yes" } else { "no" }.to_owned(),
-                    grant_summary(&j.ports),
+                    grant_summary(&j.ports, &declared),
                 ])
             })
             .collect();
@@ -449,17 +463,19 @@ pub(crate) fn one_line(s: &str) -> String {
         .collect()
 }
 
-/// A job's grant summary: `name=port` pairs when it is a flat map of numbers (the port
-/// plugin's), else compact JSON.
-fn grant_summary(v: &serde_json::Value) -> String {
+/// A job's grant summary: `name=port` pairs in declaration order when it is a flat map of
+/// numbers (the port plugin's), else compact JSON.
+fn grant_summary(v: &serde_json::Value, declared: &[String]) -> String {
     match v {
         serde_json::Value::Null => "-".to_owned(),
         serde_json::Value::Object(m) if m.is_empty() => "-".to_owned(),
-        serde_json::Value::Object(m) if m.values().all(serde_json::Value::is_u64) => m
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect::<Vec<_>>()
-            .join(","),
+        serde_json::Value::Object(m) if m.values().all(serde_json::Value::is_u64) => {
+            declared_order(m.iter(), declared)
+                .into_iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        }
         other => other.to_string(),
     }
 }
@@ -593,6 +609,26 @@ mod tests {
                 REPLICA  HOST     ADDRESS     PORTS
                 0        exec-01  127.0.0.11  http=20417,metrics=9100
                 1        exec-02  127.0.0.12  http=20533,metrics=9100
+            "#]],
+        );
+        // Ports as the profile declares them (the order of XCE_PORTS), not by name; one
+        // the profile does not list (a rollout added it) after those.
+        check(
+            WEB,
+            "table declared=metrics,http",
+            expect![[r#"
+                REPLICA  HOST     ADDRESS     PORTS
+                0        exec-01  127.0.0.11  metrics=9100,http=20417
+                1        exec-02  127.0.0.12  metrics=9100,http=20533
+            "#]],
+        );
+        check(
+            WEB,
+            "table declared=metrics",
+            expect![[r#"
+                REPLICA  HOST     ADDRESS     PORTS
+                0        exec-01  127.0.0.11  metrics=9100,http=20417
+                1        exec-02  127.0.0.12  metrics=9100,http=20533
             "#]],
         );
         check(

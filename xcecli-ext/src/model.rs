@@ -13,6 +13,20 @@ use serde::Deserialize;
 pub(crate) use endpoint_table::wire::EndpointAnswer as Endpoint;
 pub(crate) use endpoint_table::wire::EndpointsAnswer as EndpointEntry;
 
+/// The port names a service profile (as `GET /v1/services/{name}` shows it) declares, in
+/// declaration order: the order `XCE_PORTS` has and tables follow. Only names that need
+/// no quoting (the entry check's rule), so they are safe in `env` output too.
+pub(crate) fn declared_ports(profile: &serde_json::Value) -> Vec<String> {
+    let ports = profile.get("ports").and_then(|p| p.as_array());
+    ports
+        .into_iter()
+        .flatten()
+        .filter_map(|p| p.get("name")?.as_str())
+        .filter(|n| is_port_name(n))
+        .map(str::to_owned)
+        .collect()
+}
+
 /// `GET /v1/services`.
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct ServiceList {

@@ -605,6 +605,7 @@ async fn unauthenticated_and_invisible() {
         "/v1/services/web/endpoints",
         "/v1/services/web/endpoints?format=plain",
         "/v1/services/web/endpoints?index=10&wait=10m",
+        "/v1/services/web/endpoints?index=0&wait=20ms",
         "/v1/services/web/endpoints/stream",
         "/v1/sd/prometheus?service=web",
     ];
@@ -614,7 +615,8 @@ async fn unauthenticated_and_invisible() {
             requests.push(format!("{who} {surface}"));
         }
         // Whoever may not view team-a, and whatever else they ask, gets the same 404 as
-        // for a service that does not exist.
+        // for a service that does not exist (`index=0`: after the same wait, spent
+        // waiting for a service of that name to appear).
         let sep = if surface.contains('?') { '&' } else { '?' };
         let asked = format!("{surface}{sep}port=nope");
         for line in [
@@ -660,6 +662,14 @@ async fn unauthenticated_and_invisible() {
         {"error":{"code":"unauthenticated","details":[],"message":"missing bearer token"}}
 
         > wrong-token /v1/services/web/endpoints?index=10&wait=10m
+        401 content-type=application/json www-authenticate=Bearer
+        {"error":{"code":"unauthenticated","details":[],"message":"invalid bearer token"}}
+
+        > - /v1/services/web/endpoints?index=0&wait=20ms
+        401 content-type=application/json www-authenticate=Bearer
+        {"error":{"code":"unauthenticated","details":[],"message":"missing bearer token"}}
+
+        > wrong-token /v1/services/web/endpoints?index=0&wait=20ms
         401 content-type=application/json www-authenticate=Bearer
         {"error":{"code":"unauthenticated","details":[],"message":"invalid bearer token"}}
 
@@ -1106,6 +1116,71 @@ async fn blocking_queries() {
     expect![[r#"
         404 content-type=application/json
         {"error":{"code":"not_found","details":[],"message":"service \"web\" not found"}}"#]]
+    .assert_eq(&render(resp.unwrap()).await);
+    c.watchers_reach(0).await;
+
+    // A name no visible service has is at index 0: a blocking query from index 0 waits
+    // for a service to appear (how a watch outlives its service's absence without
+    // polling); without a wait, or when the wait runs out, the 404. From a higher index
+    // (the caller saw the service) the absence is the change: the 404 at once.
+    check(
+        &c,
+        &[
+            "alice /v1/services/web/endpoints",
+            "alice /v1/services/web/endpoints?index=0&wait=0s",
+            "alice /v1/services/web/endpoints?index=0&wait=20ms",
+            "alice /v1/services/web/endpoints?index=11&wait=10m",
+        ],
+        expect![[r#"
+            > alice /v1/services/web/endpoints
+            404 content-type=application/json
+            {"error":{"code":"not_found","details":[],"message":"service \"web\" not found"}}
+
+            > alice /v1/services/web/endpoints?index=0&wait=0s
+            404 content-type=application/json
+            {"error":{"code":"not_found","details":[],"message":"service \"web\" not found"}}
+
+            > alice /v1/services/web/endpoints?index=0&wait=20ms
+            404 content-type=application/json
+            {"error":{"code":"not_found","details":[],"message":"service \"web\" not found"}}
+
+            > alice /v1/services/web/endpoints?index=11&wait=10m
+            404 content-type=application/json
+            {"error":{"code":"not_found","details":[],"message":"service \"web\" not found"}}
+
+        "#]],
+    )
+    .await;
+    let waiting = tokio::spawn(c.router.clone().oneshot(Cluster::request(
+        "alice /v1/services/web/endpoints?index=0&wait=10m&format=plain",
+    )));
+    c.watchers_reach(1).await;
+    // A `web` alice may not view appears: she keeps waiting (no existence oracle).
+    c.event(ev_service(13, service("web", "team-b", &["http"])))
+        .await;
+    c.event(ev_job(
+        14,
+        job("j-7", "web", "team-b", 0, "exec-02", &[("http", 23000)]),
+    ))
+    .await;
+    assert!(
+        !waiting.is_finished(),
+        "woken by a service alice cannot view"
+    );
+    c.watchers_reach(1).await;
+    // Hers comes back: answered at once.
+    c.event(ev_service(15, service("web", "team-a", &["http"])))
+        .await;
+    let resp = tokio::time::timeout(PATIENCE, waiting)
+        .await
+        .unwrap()
+        .unwrap();
+    expect![[r#"
+        200 content-type=text/plain; charset=utf-8 x-xce-index=15
+        127.0.0.11:20417
+        [fd00::2]:20418
+        127.0.0.11:20419
+    "#]]
     .assert_eq(&render(resp.unwrap()).await);
     c.watchers_reach(0).await;
 }

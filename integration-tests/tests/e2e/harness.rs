@@ -154,6 +154,25 @@ impl Api {
             ..self.clone()
         }
     }
+    /// This API acting as worker instance `instance` (`X-Xce-Worker-Instance` on every
+    /// request): a test that plays a worker, or a compromised host, presents the id its
+    /// worker's data dir holds.
+    pub fn as_worker_instance(&self, instance: &str) -> Self {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            "x-xce-worker-instance",
+            reqwest::header::HeaderValue::from_str(instance).expect("an instance id is ASCII"),
+        );
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(20))
+            .default_headers(headers)
+            .build()
+            .unwrap();
+        Self {
+            http,
+            ..self.clone()
+        }
+    }
     pub async fn get(&self, path: &str) -> Result<(u16, reqwest::header::HeaderMap, String)> {
         let r = self
             .http
@@ -676,6 +695,15 @@ impl Cluster {
             .spawn()?;
         self.workers[i] = Some(child);
         Ok(())
+    }
+
+    /// Worker `i`'s instance id (the `instance` file in its data dir).
+    pub fn worker_instance(&self, i: usize) -> String {
+        let path = self.dir.path().join(format!("worker-{i}")).join("instance");
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .trim()
+            .to_owned()
     }
 
     pub fn kill_worker(&mut self, i: usize) {

@@ -49,9 +49,11 @@ async fn both(ha: &Fleet, name: &str) -> [f64; 2] {
     out
 }
 
-/// What controller `c`'s `/healthz` says: `ok`, `standby…`, or nothing (not listening).
+/// What controller `c`'s `/healthz` says on its first line: `ok`, `standby…`, or nothing
+/// (not listening). (A leader's second line names the cluster.)
 fn role(ha: &Fleet, c: usize) -> Option<String> {
-    healthz(ha.controller_ports[c]).map(|(status, body)| format!("{status} {}", body.trim()))
+    healthz(ha.controller_ports[c])
+        .map(|(status, body)| format!("{status} {}", body.lines().next().unwrap_or("").trim()))
 }
 
 /// Whether controller `c`'s process still runs.

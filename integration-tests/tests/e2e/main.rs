@@ -6,6 +6,7 @@ mod harness;
 
 mod address;
 mod causes;
+mod cliwatch;
 mod dev;
 mod failover;
 mod faults_rollout;

@@ -1359,7 +1359,19 @@ async fn tenants_and_workers_cannot_reach_across() {
             vec!["service", "endpoints", "alpha", "--all", "-o", "json"],
             4,
         ),
-        (vec!["service", "endpoints", "alpha", "--watch"], 4),
+        // A watch waits for a service it cannot see exactly as for one that does not
+        // exist (usability 6): nothing printed, exit 0 when --timeout ends it.
+        (
+            vec![
+                "service",
+                "endpoints",
+                "alpha",
+                "--watch",
+                "--timeout",
+                "2s",
+            ],
+            0,
+        ),
         (
             vec![
                 "service",

@@ -554,8 +554,13 @@ async fn a_worker_cannot_advertise_another_hosts_address() {
             "sections": {"ports": {"range": [20000, 32000], "reserved": [], "ephemeral": null}}
         })
     };
+    // A compromised host has its worker's data dir: it presents the real instance id.
+    let instances = [c.worker_instance(0), c.worker_instance(1)];
     let worker = |i: usize, method: Method, what: &'static str, body: Value| {
-        let api = c.api.with_token(&format!("worker-{i}-secret"));
+        let api = c
+            .api
+            .with_token(&format!("worker-{i}-secret"))
+            .as_worker_instance(&instances[i]);
         let host = format!("exec-{:02}", i + 1);
         async move {
             let path = format!("/internal/v1/hosts/{host}/{what}");
@@ -1212,7 +1217,8 @@ async fn a_worker_cannot_forge_a_controller_log_line() {
         ..ClusterConfig::default()
     };
     let mut c = Cluster::start(1, "30s", &cfg).expect("cluster");
-    // The test is exec-01's worker from now on.
+    // The test is exec-01's worker from now on (its instance: the same data dir).
+    let instance = c.worker_instance(0);
     c.kill_worker(0);
     let ip = c.host_ip(0);
     let ports = json!({"range": [20000, 20010], "reserved": [], "ephemeral": null});
@@ -1227,7 +1233,9 @@ async fn a_worker_cannot_forge_a_controller_log_line() {
     tags.push("register.running.job");
     let orphan = inject("register.running.job");
     let fake = FakeWorker::start(
-        c.api.with_token("worker-0-secret"),
+        c.api
+            .with_token("worker-0-secret")
+            .as_worker_instance(&instance),
         facts.clone(),
         json!([{"job": orphan, "pid": 999_999, "ready": false}]),
     )

@@ -60,6 +60,12 @@ fn main() -> ExitCode {
         stdout_is_tty: std::io::stdout().is_terminal(),
         stderr_is_tty: std::io::stderr().is_terminal(),
     };
+    // A watch runs until interrupted: SIGINT or SIGTERM end it cleanly (exit 0), as a
+    // sidecar's supervisor stops it. Other commands keep the default (killed by the signal).
+    let watching = matches!(
+        &cmd,
+        xcecli_ext::Command::Service(xcecli_ext::ServiceCommand::Endpoints(a)) if a.watch
+    );
     let result = settings(cli.api, cli.token, cli.config).and_then(|cfg| {
         let client = Client::new(cfg)?;
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -71,7 +77,17 @@ fn main() -> ExitCode {
                     format!("cannot start the runtime: {e}"),
                 )
             })?;
-        rt.block_on(xcecli_ext::run(cmd, &client, &mut io))
+        rt.block_on(async {
+            let run = xcecli_ext::run(cmd, &client, &mut io);
+            if !watching {
+                return run.await;
+            }
+            tokio::select! {
+                r = run => r,
+                // A running `--exec` hook is killed as the watch is dropped.
+                () = interrupted() => Ok(()),
+            }
+        })
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -79,6 +95,21 @@ fn main() -> ExitCode {
             let _ = writeln_err(&mut io, &e);
             ExitCode::from(e.exit_code() as u8)
         }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM (never, if they cannot be listened for).
+async fn interrupted() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut int), Ok(mut term)) = (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = int.recv() => {}
+        _ = term.recv() => {}
     }
 }
 

@@ -47,6 +47,9 @@ pub(crate) struct ApiState {
     /// The cluster's identity (on `/healthz`, `/v1/hosts` and every `/internal/v1`
     /// answer).
     pub(crate) cluster_id: Arc<str>,
+    /// The hosts the tokens file has a `[[worker]]` entry for: a refused worker is told
+    /// whether its secret is wrong or its host has no entry at all.
+    pub(crate) worker_hosts: Arc<std::collections::BTreeSet<String>>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -225,15 +228,49 @@ fn user(p: &Principal) -> Result<(), ApiError> {
     }
 }
 
-/// The worker of `host` only.
-fn worker_of(p: &Principal, host: &str) -> Result<(), ApiError> {
+/// The worker of `host` only. A refusal says what is wrong, so the operator reading the
+/// worker's log knows what to fix: 401 `unauthenticated` is a wrong (or missing) secret
+/// for a host the tokens file has a `[[worker]]` entry for; `no_worker_entry` (401 with a
+/// secret that matches nothing, 403 with another host's credential) is a host the tokens
+/// file has no entry for; 403 `forbidden` another host's credential, or a user token.
+/// Host ids are not secrets (every viewer lists them), so telling which hosts have an
+/// entry gives nothing away.
+fn worker_of(st: &ApiState, who: Result<Principal, ApiError>, host: &str) -> Result<(), ApiError> {
+    let has_entry = st.worker_hosts.contains(host);
+    let no_entry = format!("no [[worker]] entry for host {host:?} in the controller's tokens file");
+    let p = match who {
+        Ok(p) => p,
+        Err(e) if e.status == StatusCode::UNAUTHORIZED && has_entry => {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                format!(
+                    "wrong or missing secret for the worker of host {host:?} ({})",
+                    e.message
+                ),
+            ))
+        }
+        Err(e) if e.status == StatusCode::UNAUTHORIZED => {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "no_worker_entry",
+                format!("{no_entry} ({})", e.message),
+            ))
+        }
+        Err(e) => return Err(e),
+    };
     match &p.kind {
         PrincipalKind::Worker { host: h } if h == host => Ok(()),
-        PrincipalKind::Worker { .. } => Err(ApiError::forbidden(
-            "a worker may act for its own host only",
+        PrincipalKind::Worker { host: h } if has_entry => Err(ApiError::forbidden(format!(
+            "a worker may act for its own host only: this credential is host {h:?}'s, not host {host:?}'s"
+        ))),
+        PrincipalKind::Worker { host: h } => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "no_worker_entry",
+            format!("{no_entry} (this credential is host {h:?}'s)"),
         )),
         PrincipalKind::User => Err(ApiError::forbidden(
-            "the worker api needs a worker credential",
+            "the worker api needs a worker credential (a [[worker]] secret), not a user token",
         )),
     }
 }
@@ -783,13 +820,13 @@ fn caller(headers: &HeaderMap, peer: Option<Extension<crate::serve::Peer>>) -> C
 
 async fn register(
     State(st): State<ApiState>,
-    who: Principal,
+    who: Result<Principal, ApiError>,
     Path(host): Path<String>,
     headers: HeaderMap,
     peer: Option<Extension<crate::serve::Peer>>,
     body: Bytes,
 ) -> Result<Json<crate::proto::RegisterResponse>, ApiError> {
-    worker_of(&who, &host)?;
+    worker_of(&st, who, &host)?;
     let caller = caller(&headers, peer);
     let req: RegisterRequest = json_body(&body)?;
     let resp = st
@@ -805,12 +842,12 @@ async fn register(
 
 async fn heartbeat(
     State(st): State<ApiState>,
-    who: Principal,
+    who: Result<Principal, ApiError>,
     Path(host): Path<String>,
     headers: HeaderMap,
     peer: Option<Extension<crate::serve::Peer>>,
 ) -> Result<StatusCode, ApiError> {
-    worker_of(&who, &host)?;
+    worker_of(&st, who, &host)?;
     let caller = caller(&headers, peer);
     st.call(|reply| Command::Heartbeat {
         host,
@@ -823,13 +860,13 @@ async fn heartbeat(
 
 async fn facts(
     State(st): State<ApiState>,
-    who: Principal,
+    who: Result<Principal, ApiError>,
     Path(host): Path<String>,
     headers: HeaderMap,
     peer: Option<Extension<crate::serve::Peer>>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    worker_of(&who, &host)?;
+    worker_of(&st, who, &host)?;
     let caller = caller(&headers, peer);
     let facts: HostFacts = json_body(&body)?;
     st.call(|reply| Command::Facts {
@@ -844,13 +881,13 @@ async fn facts(
 
 async fn events(
     State(st): State<ApiState>,
-    who: Principal,
+    who: Result<Principal, ApiError>,
     Path(host): Path<String>,
     headers: HeaderMap,
     peer: Option<Extension<crate::serve::Peer>>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    worker_of(&who, &host)?;
+    worker_of(&st, who, &host)?;
     let caller = caller(&headers, peer);
     let events: Vec<WorkerEvent> = json_body(&body)?;
     st.call(|reply| Command::Events {
@@ -868,13 +905,13 @@ async fn events(
 /// runs out.
 async fn assignments(
     State(st): State<ApiState>,
-    who: Principal,
+    who: Result<Principal, ApiError>,
     Path(host): Path<String>,
     headers: HeaderMap,
     peer: Option<Extension<crate::serve::Peer>>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    worker_of(&who, &host)?;
+    worker_of(&st, who, &host)?;
     let caller = caller(&headers, peer);
     let index: u64 = match q.get("index") {
         None => 0,

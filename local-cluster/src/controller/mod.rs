@@ -300,9 +300,11 @@ impl Controller {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (fatal_tx, fatal) = watch::channel(None);
         let task = tokio::spawn(task::run(core, rx, shutdown_rx.clone(), fatal_tx));
+        let worker_hosts = tokens.workers().iter().map(|w| w.host.clone()).collect();
         let api = api::ApiState {
             tx,
             view,
+            worker_hosts: Arc::new(worker_hosts),
             ctx: ApiContext {
                 auth: Arc::new(tokens),
             },

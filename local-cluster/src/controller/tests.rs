@@ -1826,6 +1826,26 @@ async fn rbac_matrix_across_two_projects() {
                 Some("w2-secret"),
                 None,
             ),
+            // A refused worker is told what is wrong: its secret, or its host's entry.
+            (
+                "POST",
+                "/internal/v1/hosts/exec-01/register",
+                Some("wrong"),
+                None,
+            ),
+            ("POST", "/internal/v1/hosts/exec-01/heartbeat", None, None),
+            (
+                "POST",
+                "/internal/v1/hosts/exec-09/register",
+                Some("wrong"),
+                None,
+            ),
+            (
+                "POST",
+                "/internal/v1/hosts/exec-09/register",
+                Some("w2-secret"),
+                None,
+            ),
             ("GET", "/v1/nothing", Some("alice-secret"), None),
             ("GET", "/v1/whoami", Some("bob-secret"), None),
             ("GET", "/v1/whoami", None, None),
@@ -1845,11 +1865,15 @@ async fn rbac_matrix_across_two_projects() {
             GET /v1/services/web-a as w1-secret: 403 {"error":{"code":"forbidden","details":[],"message":"worker credentials may only call the worker api of their host"}}
             GET /v1/services as w1-secret: 403 {"error":{"code":"forbidden","details":[],"message":"worker credentials may only call the worker api of their host"}}
             GET /v1/hosts as w1-secret: 403 {"error":{"code":"forbidden","details":[],"message":"worker credentials may only call the worker api of their host"}}
-            POST /internal/v1/hosts/exec-01/heartbeat as admin-secret: 403 {"error":{"code":"forbidden","details":[],"message":"the worker api needs a worker credential"}}
-            POST /internal/v1/hosts/exec-01/heartbeat as w2-secret: 403 {"error":{"code":"forbidden","details":[],"message":"a worker may act for its own host only"}}
-            GET /internal/v1/hosts/exec-01/assignments?index=999 as w2-secret: 403 {"error":{"code":"forbidden","details":[],"message":"a worker may act for its own host only"}}
+            POST /internal/v1/hosts/exec-01/heartbeat as admin-secret: 403 {"error":{"code":"forbidden","details":[],"message":"the worker api needs a worker credential (a [[worker]] secret), not a user token"}}
+            POST /internal/v1/hosts/exec-01/heartbeat as w2-secret: 403 {"error":{"code":"forbidden","details":[],"message":"a worker may act for its own host only: this credential is host \"exec-02\"'s, not host \"exec-01\"'s"}}
+            GET /internal/v1/hosts/exec-01/assignments?index=999 as w2-secret: 403 {"error":{"code":"forbidden","details":[],"message":"a worker may act for its own host only: this credential is host \"exec-02\"'s, not host \"exec-01\"'s"}}
             POST /internal/v1/hosts/exec-01/heartbeat as w1-secret: 204 
             POST /internal/v1/hosts/exec-02/heartbeat as w2-secret: 404 {"error":{"code":"not_found","details":[],"message":"host \"exec-02\" is not registered"}}
+            POST /internal/v1/hosts/exec-01/register as wrong: 401 {"error":{"code":"unauthenticated","details":[],"message":"wrong or missing secret for the worker of host \"exec-01\" (invalid bearer token)"}}
+            POST /internal/v1/hosts/exec-01/heartbeat as -: 401 {"error":{"code":"unauthenticated","details":[],"message":"wrong or missing secret for the worker of host \"exec-01\" (missing bearer token)"}}
+            POST /internal/v1/hosts/exec-09/register as wrong: 401 {"error":{"code":"no_worker_entry","details":[],"message":"no [[worker]] entry for host \"exec-09\" in the controller's tokens file (invalid bearer token)"}}
+            POST /internal/v1/hosts/exec-09/register as w2-secret: 403 {"error":{"code":"no_worker_entry","details":[],"message":"no [[worker]] entry for host \"exec-09\" in the controller's tokens file (this credential is host \"exec-02\"'s)"}}
             GET /v1/nothing as alice-secret: 404 {"error":{"code":"not_found","details":[],"message":"no such route"}}
             GET /v1/whoami as bob-secret: 200 bob
             GET /v1/whoami as -: 401 {"error":{"code":"unauthenticated","details":[],"message":"missing bearer token"}}"#]],

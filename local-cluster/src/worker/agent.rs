@@ -615,6 +615,8 @@ async fn register(
     running: &watch::Sender<Vec<RunningJob>>,
 ) -> Duration {
     let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    // A refused credential needs an operator: retried slower, up to twice a minute.
+    let mut refused = Backoff::new(REFUSED_BACKOFF_START, REFUSED_BACKOFF_MAX);
     loop {
         let req = RegisterRequest {
             facts: facts.borrow().clone(),
@@ -643,7 +645,18 @@ async fn register(
                 );
                 return Duration::from_millis(resp.heartbeat_ms).max(MIN_HEARTBEAT);
             }
+            Err(e) if e.refused() => {
+                let wait = refused.next();
+                tracing::error!(
+                    problem = %e,
+                    fix = refusal_fix(&e),
+                    retry_in = %format_args!("{:.1}s", wait.as_secs_f64()),
+                    "controller refused the worker credential"
+                );
+                tokio::time::sleep(wait).await;
+            }
             Err(e) => {
+                refused.reset();
                 let wait = backoff.next();
                 match e.status().map(|s| s.as_u16()) {
                     _ if matches!(e, CallError::WrongCluster { .. }) => {
@@ -654,9 +667,6 @@ async fn register(
                     }
                     Some(409) if e.code().as_deref() == Some("wrong_cluster") => {
                         tracing::error!(error = %e.message(), retry_in = ?wait, "registration refused: the controller belongs to another cluster; the replicas keep running untouched")
-                    }
-                    Some(401 | 403) => {
-                        tracing::error!(error = %e, retry_in = ?wait, "controller refused the worker credential")
                     }
                     Some(400) => {
                         let body = match &e {
@@ -681,6 +691,24 @@ async fn register(
                 tokio::time::sleep(wait).await;
             }
         }
+    }
+}
+
+/// The first and the longest pause between registrations the controller refused (401,
+/// 403): exponential between them.
+const REFUSED_BACKOFF_START: Duration = Duration::from_secs(1);
+const REFUSED_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// What the operator changes to fix a refused credential, by the controller's error code.
+fn refusal_fix(e: &CallError) -> &'static str {
+    match (e.status().map(|s| s.as_u16()), e.code().as_deref()) {
+        (_, Some("no_worker_entry")) => {
+            "add a [[worker]] entry for this host, with this worker's credential as its secret, to the controller's tokens file and restart the controller"
+        }
+        (Some(401), _) => {
+            "set `credential` in this worker's config to the secret of this host's [[worker]] entry in the controller's tokens file"
+        }
+        _ => "set `credential` to this host's own [[worker]] secret, not another host's or a user token",
     }
 }
 
@@ -719,6 +747,14 @@ async fn heartbeat_loop(
                     || e.status().map(|s| s.as_u16()) == Some(409) =>
             {
                 tracing::error!(error = %e, "heartbeat refused; registering again");
+                period = register(&client, &identity, &plugins, &facts, &running).await;
+                next = tokio::time::Instant::now() + period;
+            }
+            // The credential is refused now (the tokens file changed): registering again
+            // says why, once per retry, and backs off, instead of a refused heartbeat
+            // every period.
+            Err(e) if e.refused() => {
+                tracing::debug!(error = %e, "heartbeat refused; registering again");
                 period = register(&client, &identity, &plugins, &facts, &running).await;
                 next = tokio::time::Instant::now() + period;
             }
@@ -763,6 +799,9 @@ async fn facts_loop(
                     tracing::error!(%problem, "controller refused the host facts");
                 }
                 last_sent = facts;
+            }
+            Err(e) if e.refused() => {
+                tracing::debug!(error = %e, "reporting host facts refused; will retry")
             }
             Err(e) => tracing::warn!(error = %e, "reporting host facts failed; will retry"),
         }
@@ -816,7 +855,12 @@ async fn assignments_loop(client: Client, owner: mpsc::Sender<Msg>) {
             }
             Err(e) => {
                 let wait = backoff.next();
-                tracing::warn!(error = %e, retry_in = ?wait, "assignments query failed");
+                if e.refused() {
+                    // The registration loop the heartbeats fall back to says why.
+                    tracing::debug!(error = %e, retry_in = ?wait, "assignments query refused");
+                } else {
+                    tracing::warn!(error = %e, retry_in = ?wait, "assignments query failed");
+                }
                 if sleep_or_answer(wait, &mut answers).await {
                     backoff.reset();
                 }

@@ -36,7 +36,7 @@ pub(crate) enum CallError {
     #[error("{}", unreachable(.0))]
     Unreachable(reqwest::Error),
     /// An answer other than success.
-    #[error("controller answered {status}: {body}")]
+    #[error("controller answered {status}: {}", error_message(body))]
     Status {
         /// The status.
         status: StatusCode,
@@ -82,7 +82,14 @@ impl CallError {
         }
     }
 
-    /// The `error.code` of an error answer's JSON body (e.g. `host_taken`).
+    /// The controller refused the worker's credential (401, 403): retrying does not help
+    /// until the tokens file or the worker's `credential` changes.
+    pub(crate) fn refused(&self) -> bool {
+        matches!(self.status().map(|s| s.as_u16()), Some(401 | 403))
+    }
+
+    /// The `error.code` of an error answer's JSON body (`host_taken`, `unauthenticated`,
+    /// `no_worker_entry`, ...).
     pub(crate) fn code(&self) -> Option<String> {
         let CallError::Status { body, .. } = self else {
             return None;
@@ -93,13 +100,22 @@ impl CallError {
 
     /// The `error.message` of an error answer's JSON body, or the body itself.
     pub(crate) fn message(&self) -> String {
-        let CallError::Status { body, .. } = self else {
-            return self.to_string();
-        };
-        serde_json::from_str::<serde_json::Value>(body)
-            .ok()
-            .and_then(|v| v.pointer("/error/message")?.as_str().map(str::to_owned))
-            .unwrap_or_else(|| body.clone())
+        match self {
+            CallError::Status { body, .. } => error_message(body),
+            _ => self.to_string(),
+        }
+    }
+}
+
+/// The message of an `ApiError` body (`{"error": {"message": ...}}`), else the body.
+fn error_message(body: &str) -> String {
+    let parsed: Option<serde_json::Value> = serde_json::from_str(body).ok();
+    let message = parsed
+        .as_ref()
+        .and_then(|v| v.get("error")?.get("message")?.as_str());
+    match message {
+        Some(m) => m.to_owned(),
+        None => body.trim().to_owned(),
     }
 }
 

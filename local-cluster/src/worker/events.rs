@@ -184,7 +184,12 @@ impl Outbox {
                 Err(e) => {
                     self.queue.lock().unwrap().nack();
                     let wait = backoff.next();
-                    tracing::warn!(error = %e, retry_in = ?wait, "sending events failed");
+                    if e.refused() {
+                        // The registration loop the heartbeats fall back to says why.
+                        tracing::debug!(error = %e, retry_in = ?wait, "sending events refused");
+                    } else {
+                        tracing::warn!(error = %e, retry_in = ?wait, "sending events failed");
+                    }
                     if super::agent::sleep_or_answer(wait, &mut answers).await {
                         backoff.reset();
                     }

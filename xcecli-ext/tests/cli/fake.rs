@@ -349,6 +349,14 @@ impl Fake {
         }
     }
 
+    /// Waits until `n` requests are logged (bounded by the test's timeout).
+    pub(crate) async fn wait_log_len(&self, n: usize) {
+        let mut rx = self.shared.logged.subscribe();
+        while self.shared.log.lock().unwrap().len() < n {
+            rx.changed().await.unwrap();
+        }
+    }
+
     pub(crate) fn generation(&self) -> u32 {
         self.generation
     }

@@ -554,7 +554,7 @@ async fn watch_prints_only_changes() {
         let fake = Fake::start().await;
         let (setup, args) = setup(&fake.url(), "service endpoints web -o plain --watch");
         let run = spawn(setup, args);
-        run.stdout.wait_for(|t| t.lines().count() == 2).await;
+        run.stdout.wait_for(|t| t.lines().count() == 3).await;
         let first = fake.index("web");
         fake.wait_request(|l| l.query.get("index") == Some(&first.to_string()))
             .await;
@@ -563,15 +563,112 @@ async fn watch_prints_only_changes() {
         fake.wait_request(|l| l.query.get("index") == Some(&touched.to_string()))
             .await;
         fake.set_ready("web", 1, false);
-        let out = run.stdout.wait_for(|t| t.lines().count() == 3).await;
+        let out = run.stdout.wait_for(|t| t.lines().count() == 5).await;
         run.task.abort();
+        // A watch ends each plain list with a blank line.
         expect![[r#"
             127.0.0.11:20417
             127.0.0.12:20533
+
             127.0.0.11:20417
+
         "#]]
         .assert_eq(&out);
         assert_eq!(run.stderr.text(), "");
+    })
+    .await;
+}
+
+/// A watch whose service is removed reports an empty list (`--exec` runs with it) and
+/// keeps watching. Against an apiserver that cannot wait for an absent service (the fake
+/// answers such a blocking query with a 404 at once, as servers before usability 6 did),
+/// the looks are spaced by the capped backoff, never a busy loop.
+#[tokio::test]
+async fn watch_survives_the_removal_of_its_service() {
+    bounded(async {
+        let fake = Fake::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let runs = dir.path().join("runs");
+        let hook = dir.path().join("hook.sh");
+        std::fs::write(
+            &hook,
+            format!(
+                "#!/bin/sh\n{{ echo '--- run'; cat; }} >> '{}'\n",
+                runs.display()
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let line = format!(
+            "service endpoints web -o plain --watch --exec {}",
+            hook.display()
+        );
+        let (setup, args) = setup(&fake.url(), &line);
+        let run = spawn(setup, args);
+        let first = fake.index("web");
+        fake.wait_request(|l| l.query.get("index") == Some(&first.to_string()))
+            .await;
+        let before = fake.log().len();
+        let removed = std::time::Instant::now();
+        fake.remove("web");
+        // The parked query answers 404 (logged before); then the looks for the absent
+        // service: the first at once, the next after 1s, then 2s.
+        let mut at = Vec::new();
+        for n in 1..=3 {
+            fake.wait_log_len(before + n).await;
+            at.push(removed.elapsed());
+        }
+        let queries: Vec<String> = fake.log()[before..before + 3]
+            .iter()
+            .map(|l| format!("{} {:?}", l.path, l.query.get("index")))
+            .collect();
+        println!("FIGURE absent looks after removal at {at:?}");
+        // A lower bound only (the sleeps guarantee it); a busy loop would take millis.
+        assert!(at[2] - at[0] >= Duration::from_secs(3), "{at:?}");
+        assert!(!run.task.is_finished(), "still watching");
+        run.task.abort();
+        let hook_input = std::fs::read_to_string(&runs).unwrap();
+        expect![[r#"
+            --- run
+            127.0.0.11:20417
+            127.0.0.12:20533
+            --- run
+        "#]]
+        .assert_eq(&hook_input);
+        assert_eq!(run.stderr.text(), "");
+        expect![[r#"
+            [
+                "/v1/services/web/endpoints Some(\"0\")",
+                "/v1/services/web/endpoints Some(\"0\")",
+                "/v1/services/web/endpoints Some(\"0\")",
+            ]
+        "#]]
+        .assert_debug_eq(&queries);
+    })
+    .await;
+}
+
+/// `-o env` of a service that went away clears every variable it had set, so an `eval` of
+/// the list does not keep the gone endpoints.
+#[tokio::test]
+async fn watch_env_clears_the_ports_of_a_removed_service() {
+    bounded(async {
+        let fake = Fake::start().await;
+        let (setup, args) = setup(&fake.url(), "service endpoints web -o env --watch");
+        let run = spawn(setup, args);
+        run.stdout.wait_for(|t| t.lines().count() == 1).await;
+        let first = fake.index("web");
+        fake.wait_request(|l| l.query.get("index") == Some(&first.to_string()))
+            .await;
+        fake.remove("web");
+        let out = run.stdout.wait_for(|t| t.lines().count() == 2).await;
+        run.task.abort();
+        expect![[r#"
+            XCE_ENDPOINTS_HTTP=127.0.0.11:20417,127.0.0.12:20533
+            XCE_ENDPOINTS_HTTP=
+        "#]]
+        .assert_eq(&out);
     })
     .await;
 }
@@ -630,14 +727,14 @@ async fn watch_follows_changes_and_survives_a_restart() {
         let mut fake = Fake::start().await;
         let (setup, args) = setup(&fake.url(), "service endpoints web -o plain --watch");
         let run = spawn(setup, args);
-        run.stdout.wait_for(|t| t.lines().count() == 2).await;
+        run.stdout.wait_for(|t| t.lines().count() == 3).await;
 
         // A change while watching.
         let first = fake.index("web");
         fake.wait_request(|l| l.query.get("index") == Some(&first.to_string()))
             .await;
         let second = fake.set_ready("web", 0, false);
-        run.stdout.wait_for(|t| t.lines().count() == 3).await;
+        run.stdout.wait_for(|t| t.lines().count() == 5).await;
 
         // The apiserver goes away; the replica becomes ready meanwhile.
         fake.wait_request(|l| l.query.get("index") == Some(&second.to_string()))
@@ -646,13 +743,16 @@ async fn watch_follows_changes_and_survives_a_restart() {
         fake.set_ready("web", 2, true);
         run.stderr.wait_for(|t| t.contains("retrying")).await;
         fake.restart().await;
-        let out = run.stdout.wait_for(|t| t.lines().count() == 5).await;
+        let out = run.stdout.wait_for(|t| t.lines().count() == 8).await;
         expect![[r#"
             127.0.0.11:20417
             127.0.0.12:20533
+
             127.0.0.12:20533
+
             127.0.0.12:20533
             127.0.0.13:20101
+
         "#]]
         .assert_eq(&out);
 

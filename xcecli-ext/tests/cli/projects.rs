@@ -102,7 +102,7 @@ async fn an_ambiguous_name_is_a_final_error() {
         expect![[r#"
             [
                 "/v1/services/web/endpoints ?",
-                "/v1/services/web/endpoints ?",
+                "/v1/services/web ?",
                 "/v1/services/web/endpoints ?",
                 "/v1/services/web ?",
                 "POST /v1/services/web/scale ?",
@@ -293,20 +293,22 @@ async fn watch_stays_on_its_project() {
         let fake = Fake::start().await;
         let (s, args) = setup(&fake.url(), "service endpoints web -o plain --watch");
         let run = spawn(s, args);
-        run.stdout.wait_for(|t| t.lines().count() == 2).await;
+        run.stdout.wait_for(|t| t.lines().count() == 3).await;
         let path = "/v1/services/web/endpoints";
         parked(&fake, "web", path).await;
         fake.add_copy("web", "team-b");
         fake.set_ready("default/web", 2, true);
-        let out = run.stdout.wait_for(|t| t.lines().count() == 5).await;
+        let out = run.stdout.wait_for(|t| t.lines().count() == 7).await;
         parked(&fake, "default/web", path).await;
         run.task.abort();
         expect![[r#"
             127.0.0.11:20417
             127.0.0.12:20533
+
             127.0.0.11:20417
             127.0.0.12:20533
             127.0.0.13:20101
+
         "#]]
         .assert_eq(&out);
         assert_eq!(run.stderr.text(), "");

@@ -230,21 +230,82 @@ async fn a_watch_keeps_its_project_against_the_real_routes() {
         let (mut s, args) = setup(&url, "service endpoints web -o plain --port http --watch");
         s.token = Some(TOKEN.to_owned());
         let watch = spawn(s, args);
-        watch.stdout.wait_for(|t| t.lines().count() == 2).await;
+        watch.stdout.wait_for(|t| t.lines().count() == 3).await;
         for entry in [entry_in("team-b", 6, true), entry_in("team-a", 7, true)] {
             api.apply(Update::Change {
                 change: endpoint_table::Change::Upsert { entry },
             });
         }
-        let watched = watch.stdout.wait_for(|t| t.lines().count() == 5).await;
+        let watched = watch.stdout.wait_for(|t| t.lines().count() == 7).await;
         watch.task.abort();
         assert_eq!(watch.stderr.text(), "");
         expect![[r#"
             127.0.0.11:20417
             [fd00::12]:20533
+
             127.0.0.11:20417
             [fd00::12]:20533
             127.0.0.13:20101
+
+        "#]]
+        .assert_eq(&watched);
+    })
+    .await;
+}
+
+/// A watch outlives its service's absence (usability 6): started before the service
+/// exists it says so once and waits (a blocking query the real routes answer when the
+/// service appears); the service going away prints an empty list (a blank line right
+/// after the blank line that ends the list before), and its return the list again, all
+/// from one run.
+#[tokio::test]
+async fn a_watch_waits_for_its_service_and_survives_its_removal() {
+    bounded(async {
+        let (api, url) = serve_with(Vec::new(), &["team-a"]).await;
+        let (mut s, args) = setup(&url, "service endpoints web -o plain --port http --watch");
+        s.token = Some(TOKEN.to_owned());
+        let watch = spawn(s, args);
+        watch
+            .stderr
+            .wait_for(|t| t.contains("waiting for service web to exist"))
+            .await;
+        assert_eq!(
+            watch.stdout.text(),
+            "",
+            "nothing printed while it does not exist"
+        );
+        let upsert = |entry| {
+            api.apply(Update::Change {
+                change: endpoint_table::Change::Upsert { entry },
+            })
+        };
+        upsert(entry(5, false));
+        watch.stdout.wait_for(|t| t.lines().count() == 3).await;
+        api.apply(Update::Change {
+            change: endpoint_table::Change::Removed {
+                service: "web".into(),
+                project: "team-a".into(),
+            },
+        });
+        watch.stdout.wait_for(|t| t.lines().count() == 4).await;
+        upsert(entry(9, true));
+        let watched = watch.stdout.wait_for(|t| t.lines().count() == 8).await;
+        assert!(!watch.task.is_finished(), "still watching");
+        watch.task.abort();
+        assert_eq!(
+            watch.stderr.text(),
+            "waiting for service web to exist\n",
+            "said once"
+        );
+        expect![[r#"
+            127.0.0.11:20417
+            [fd00::12]:20533
+
+
+            127.0.0.11:20417
+            [fd00::12]:20533
+            127.0.0.13:20101
+
         "#]]
         .assert_eq(&watched);
     })
