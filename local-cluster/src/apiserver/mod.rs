@@ -251,6 +251,9 @@ const HOP_BY_HOP: [&str; 7] = [
 /// the one it was sent to (a frozen leader keeps its connections open and its key until
 /// its lease runs out; then another one takes over).
 const LEADER_RECHECK: Duration = Duration::from_secs(1);
+
+/// The header a standby controller marks its 503s with (see `controller::standby`).
+const STANDBY_HEADER: &str = "x-xce-standby";
 /// How long the leader may take to answer an ordinary request (and past its `wait`, a
 /// blocking query) before the apiserver stops waiting and answers 503 `no_leader`.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -405,6 +408,22 @@ async fn forward(State(fwd): State<Forwarder>, req: Request) -> Response {
             }
         };
         match fwd.wait_answer(&base, &parts, &body, deadline).await {
+            // A standby on the address etcd still names (the leader died, and a new
+            // process took its port before the old lease ran out). Its answer is a valid
+            // 503 that did nothing: relaying it would keep this apiserver pinned to a
+            // standby for good. Look the leader up again (at most once a LEADER_RECHECK)
+            // until the deadline.
+            Ok(r) if r.headers().contains_key(STANDBY_HEADER) => {
+                *fwd.lock() = None;
+                fresh = true;
+                if tokio::time::Instant::now() + LEADER_RECHECK >= deadline {
+                    fwd.metrics.forwarded("no_leader");
+                    return no_leader(format!(
+                        "the controller at {base} is a standby, not the leader; a takeover is under way"
+                    ));
+                }
+                tokio::time::sleep(LEADER_RECHECK).await;
+            }
             Ok(r) => break (base, r),
             Err(Silent::Failed(e)) if e.is_connect() && !fresh => {
                 tracing::info!(leader = %base, error = %e, "leader unreachable: looking it up again");
@@ -674,6 +693,53 @@ mod tests {
             text.contains(r#""code":"too_large""#) && text.contains("64 bytes"),
             "{text}"
         );
+        running.shutdown().await;
+    }
+
+    /// A standby on the address etcd still names (a restarted process on the dead
+    /// leader's port, before the old lease ran out) answers 503 `standby`: the apiserver
+    /// does not relay that as the answer, it looks the leader up again until one answers.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_standby_on_the_leaders_address_is_not_taken_for_the_leader() {
+        let etcd = TestEtcd::start();
+        let running = start_on(&etcd, Tokens::parse("").unwrap()).await;
+        let base = format!("http://{}", running.addr);
+        let hit = Arc::new(tokio::sync::Notify::new());
+        let standby = axum::Router::new().fallback({
+            let hit = hit.clone();
+            move || async move {
+                hit.notify_one();
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [(STANDBY_HEADER, "1")],
+                    r#"{"error":{"code":"standby","message":"a standby","details":[]}}"#,
+                )
+            }
+        });
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let s = l.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(l, standby).await.unwrap() });
+        set_leader(&etcd, &format!("node-s/1@{s}")).await;
+        // The request waits; meanwhile the real leader is elected.
+        let (a, _a_task) = fake_controller("a").await;
+        let req = tokio::spawn({
+            let url = format!("{base}/v1/services");
+            async move {
+                reqwest::Client::new()
+                    .post(url)
+                    .header("x-xce-worker-instance", "i-1")
+                    .body("{}")
+                    .send()
+                    .await
+                    .unwrap()
+            }
+        });
+        // The standby got the request; now the real leader is elected.
+        hit.notified().await;
+        set_leader(&etcd, &format!("node-a/2@{a}")).await;
+        let r = req.await.unwrap();
+        assert_eq!(r.status(), 201);
+        assert!(r.text().await.unwrap().starts_with(r#"{"by":"a""#));
         running.shutdown().await;
     }
 
