@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The demo profile, built into the binary so `--demo` works from any directory.
-const DEMO_PROFILE: &str = include_str!("../../../../examples/web.toml");
+const DEMO_PROFILE: &str = include_str!("../../examples/web.toml");
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct DevArgs {

@@ -1,6 +1,8 @@
 //! `xced`: the xce daemons — controller (with scheduler and apiserver), separate
-//! apiservers on etcd, worker agent, and an all-in-one `dev` mode. This file is the wiring: the only place of local-cluster that
-//! names concrete plugins; everything else speaks `plugin-api` traits.
+//! apiservers on etcd, worker agent, and an all-in-one `dev` mode. This crate is the
+//! wiring: it decides which plugins each component loads (`controller_plugins`,
+//! `worker_plugins` here, the plugins' config types in `config.rs`, the dev cluster in
+//! `dev.rs`), so that `local-cluster` itself can depend on `plugin-api` only.
 
 mod config;
 mod dev;
