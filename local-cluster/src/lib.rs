@@ -20,4 +20,3 @@ pub mod serve;
 mod small_fs;
 pub mod store;
 pub mod worker;
-
