@@ -8,7 +8,7 @@
 //! views, the workers' `/internal/v1` protocol — is forwarded to the leader controller,
 //! found in etcd's leader key; so clients and workers may be pointed at any apiserver.
 //!
-//! Like the controller, it names no plugin: the wiring (`src/bin/xced`) hands it the
+//! Like the controller, it names no plugin: the wiring (the `xced` crate) hands it the
 //! listeners that feed its extensions.
 
 mod follow;

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The demo profile, built into the binary so `--demo` works from any directory.
-const DEMO_PROFILE: &str = include_str!("../../../../examples/web.toml");
+const DEMO_PROFILE: &str = include_str!("../../examples/web.toml");
 
 #[derive(Debug, clap::Args)]
 pub(crate) struct DevArgs {
@@ -76,7 +76,7 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
         .map_err(|e| anyhow::anyhow!("generating dev credentials: {e}"))?;
     let tokens = match &args.tokens {
         Some(path) => {
-            let given = crate::load_tokens(path)?;
+            let given = crate::daemon::load_tokens(path)?;
             // Keep the file's worker credentials; generate the missing ones.
             let mut workers = given.workers().to_vec();
             for w in generated.workers() {
@@ -122,7 +122,8 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
         grace_period: args.grace_period,
         ..ControllerConfig::default()
     };
-    let plugins = crate::controller_plugins(address_policy, endpoint_table::TableConfig::default());
+    let plugins =
+        crate::plugins::controller_plugins(address_policy, endpoint_table::TableConfig::default());
     let running = controller::start(ccfg, tokens, plugins, Arc::new(store)).await?;
     let api = format!("http://{}", running.addr);
 
@@ -157,7 +158,7 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
             range: args.port_range.clone(),
             ..Default::default()
         };
-        let plugins = crate::worker_plugins(address, ports)?;
+        let plugins = crate::plugins::worker_plugins(address, ports)?;
         let wcfg = WorkerConfig {
             host: host.clone(),
             controller: api.clone(),
@@ -188,7 +189,7 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
     // Announce once every dev host has registered: a script (or test) that reads the
     // announce line finds all hosts, and the demo's replicas spread over all of them.
     wait_for_hosts(&api, &admin, hosts.len()).await?;
-    crate::announce(running.addr);
+    crate::daemon::announce(running.addr);
     println!("xced: {} hosts: {}", hosts.len(), hosts.join(", "));
     if std::env::var_os("XCE_LOG").is_none() && std::env::var_os("RUST_LOG").is_none() {
         println!(
@@ -202,7 +203,7 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
         println!("xced: try `xcecli service endpoints web` or `xcecli host list` in another shell");
     }
 
-    crate::shutdown_signal().await;
+    crate::daemon::shutdown_signal().await;
     tracing::info!("stopping replicas and shutting down");
     let _ = stop_tx.send(Some(ShutdownMode::StopReplicas));
     while workers.join_next().await.is_some() {}

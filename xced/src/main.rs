@@ -1,17 +1,21 @@
 //! `xced`: the xce daemons — controller (with scheduler and apiserver), separate
-//! apiservers on etcd, worker agent, and an all-in-one `dev` mode. This file is the wiring: the only place of local-cluster that
-//! names concrete plugins; everything else speaks `plugin-api` traits.
+//! apiservers on etcd, worker agent, and an all-in-one `dev` mode. This crate is the
+//! wiring: it decides which plugins each component loads (`plugins.rs`; the plugins'
+//! config types are read in `config.rs`, the dev cluster's in `dev.rs`), so that
+//! `local-cluster` itself can depend on `plugin-api` only.
 
 mod config;
+mod daemon;
 mod dev;
+mod plugins;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use local_cluster::controller::{self, ControllerConfig, ControllerPlugins};
+use local_cluster::controller::{self, ControllerConfig};
 use local_cluster::store::{
     Election, EtcdStore, Leadership, Maintained, RedbStore, StoreSpec, DEFAULT_PREFIX,
 };
-use local_cluster::worker::{self, ShutdownMode, WorkerConfig, WorkerPlugins};
+use local_cluster::worker::{self, ShutdownMode, WorkerConfig};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -197,11 +201,7 @@ async fn run_apiserver(
         prefix = DEFAULT_PREFIX,
         "apiserver: following the controller's etcd"
     );
-    let (feed, api) = endpoint_table::endpoint_table(cfg.endpoints);
-    let plugins = local_cluster::apiserver::ApiserverPlugins {
-        listeners: vec![Arc::new(feed)],
-        extensions: vec![Arc::new(api)],
-    };
+    let plugins = plugins::apiserver_plugins(cfg.endpoints);
     let acfg = local_cluster::apiserver::ApiserverConfig {
         listen: cfg.listen,
         body_limit: cfg.body_limit,
@@ -211,7 +211,7 @@ async fn run_apiserver(
     };
     let mut signals = Signals::new()?;
     let running = local_cluster::apiserver::start(acfg, tokens, plugins).await?;
-    announce(running.addr);
+    daemon::announce(running.addr);
     let signal = signals.next().await;
     tracing::info!(
         signal,
@@ -221,34 +221,6 @@ async fn run_apiserver(
     signals.or_exit_at_once(running.shutdown()).await;
     tracing::info!("stopped");
     Ok(())
-}
-
-/// The controller's plugins: ports as a resource, the address policy, the endpoint table.
-pub(crate) fn controller_plugins(
-    address: host_address::PolicyConfig,
-    endpoints: endpoint_table::TableConfig,
-) -> ControllerPlugins {
-    let (feed, api) = endpoint_table::endpoint_table(endpoints);
-    ControllerPlugins {
-        resources: vec![Box::new(port_resource::PortsPlugin::new())],
-        facts_policies: vec![Arc::new(host_address::AddressPolicy::new(address))],
-        listeners: vec![Arc::new(feed)],
-        extensions: vec![Arc::new(api)],
-    }
-}
-
-/// A worker's plugins: address and port-pool facts, the port launch hook.
-pub(crate) fn worker_plugins(
-    address: host_address::AddressConfig,
-    ports: port_resource::WorkerPortsConfig,
-) -> Result<WorkerPlugins> {
-    let addr = host_address::AddressProvider::new(address).context("invalid [address] config")?;
-    let ports_facts =
-        port_resource::PortFactsProvider::new(&ports).context("invalid [ports] config")?;
-    Ok(WorkerPlugins {
-        facts: vec![Arc::new(addr), Arc::new(ports_facts)],
-        hooks: vec![Arc::new(port_resource::PortsLaunchHook::new())],
-    })
 }
 
 async fn run_controller(
@@ -284,9 +256,9 @@ async fn run_controller(
     let store = RedbStore::open(cfg.data_dir.join("controller.redb"))
         .with_context(|| format!("opening the store in {}", cfg.data_dir.display()))?;
     tracing::info!(data_dir = %cfg.data_dir.display(), "store: embedded redb");
-    let plugins = controller_plugins(cfg.address.clone(), cfg.endpoints.clone());
+    let plugins = plugins::controller_plugins(cfg.address.clone(), cfg.endpoints.clone());
     let running = controller::start(ccfg, tokens, plugins, Arc::new(store)).await?;
-    announce(running.addr);
+    daemon::announce(running.addr);
     let failed = tokio::select! {
         signal = signals.next() => {
             tracing::info!(
@@ -368,7 +340,7 @@ async fn run_elected(
             tracing::error!(error = %e, "leadership lost: this term ends now");
             let _ = lost_tx.send(e);
         });
-        let plugins = controller_plugins(cfg.address.clone(), cfg.endpoints.clone());
+        let plugins = plugins::controller_plugins(cfg.address.clone(), cfg.endpoints.clone());
         let running = match controller::start_with_role(
             ccfg.clone(),
             tokens.clone(),
@@ -396,7 +368,7 @@ async fn run_elected(
             }
         };
         role.elected();
-        announce(running.addr);
+        daemon::announce(running.addr);
         let end = tokio::select! {
             signal = signals.next() => TermEnd::Signal(signal),
             lost = lost_rx => TermEnd::Lost(match lost {
@@ -563,10 +535,10 @@ async fn run_worker(path: PathBuf) -> Result<()> {
         stop_timeout: cfg.stop_timeout,
         facts_interval: cfg.facts_interval,
     };
-    let plugins = worker_plugins(cfg.address, cfg.ports)?;
+    let plugins = plugins::worker_plugins(cfg.address, cfg.ports)?;
     // A worker that stops leaves its replicas running: a restarted worker re-adopts them.
     worker::run(wcfg, plugins, async {
-        shutdown_signal().await;
+        daemon::shutdown_signal().await;
         ShutdownMode::Detach
     })
     .await
@@ -580,20 +552,7 @@ fn load_tokens_of(
     let path = flag
         .or(from_config)
         .context("no tokens file: pass --tokens FILE or set `tokens` in the config file")?;
-    load_tokens(&path)
-}
-
-/// Reads and validates a tokens file.
-pub(crate) fn load_tokens(path: &std::path::Path) -> Result<local_cluster::auth::Tokens> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("reading tokens file {}", path.display()))?;
-    local_cluster::auth::Tokens::parse(&text)
-        .with_context(|| format!("invalid tokens file {}", path.display()))
-}
-
-/// The line tests and scripts read to find the apiserver (also when listening on port 0).
-pub(crate) fn announce(addr: SocketAddr) {
-    println!("xced: apiserver listening on http://{addr}");
+    daemon::load_tokens(&path)
 }
 
 /// SIGTERM and SIGINT as they come, handled from the daemon's start: the first starts a
@@ -631,14 +590,5 @@ impl Signals {
                 std::process::exit(code);
             }
         }
-    }
-}
-
-pub(crate) async fn shutdown_signal() {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
     }
 }

@@ -1,8 +1,9 @@
 //! Config files of `xced controller`, `xced apiserver` and `xced worker`: TOML, then `XCE_`-prefixed
 //! environment (only the top-level scalar keys listed here), into validated types.
 //!
-//! This is the wiring layer: it is the one place of local-cluster that names the plugin
-//! crates' config types.
+//! The plugins' config sections (`[address]`, `[ports]`, `[endpoints]`) are the plugin
+//! crates' own config types: the files are parsed here, in the wiring, because
+//! `local-cluster` does not know the plugins.
 
 use anyhow::{bail, Context, Result};
 use figment::providers::{Env, Format, Toml};
