@@ -245,7 +245,7 @@ impl Core {
     fn host_lost(&mut self, id: &HostId, silent: Duration, now: Instant) {
         let mut txn = Txn::new(&self.cluster);
         for j in self.cluster.jobs_on(id).cloned().collect::<Vec<_>>() {
-            txn.end_job(&self.cluster, j, EndReason::HostLost, true);
+            txn.end_job(&self.cluster, j, EndReason::HostLost);
         }
         let Some(mut h) = txn.host(&self.cluster, id) else {
             return;

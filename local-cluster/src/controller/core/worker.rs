@@ -183,10 +183,10 @@ impl Core {
                         // The worker no longer has it (its own data dir was lost, or it
                         // ended while no worker watched): how it ended is unknown.
                         self.record_end(&mut txn, &j, ExitCause::default(), None);
-                        txn.end_job(&self.cluster, j, EndReason::Exited { code: None }, false)
+                        txn.end_job(&self.cluster, j, EndReason::Exited { code: None })
                     }
                     JobState::Stopping | JobState::Draining => {
-                        txn.end_job(&self.cluster, j, EndReason::Stopped, false)
+                        txn.end_job(&self.cluster, j, EndReason::Stopped)
                     }
                     _ => {
                         // Placed: not started yet; the worker starts it from its assignments.
@@ -377,7 +377,7 @@ impl Core {
                         EndReason::Exited { code }
                     };
                     let (service, generation) = (j.info.service_key(), j.info.generation);
-                    txn.end_job(&self.cluster, j, reason, false);
+                    txn.end_job(&self.cluster, j, reason);
                     // A replica of the generation being rolled out that dies counts
                     // against the rollout (persisted with the exit itself).
                     if let Some(mut s) = txn.service(&self.cluster, &service) {
@@ -413,7 +413,6 @@ impl Core {
                         EndReason::Refused {
                             reason: refusal.reason,
                         },
-                        false,
                     );
                 }
             }
