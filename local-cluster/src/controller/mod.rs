@@ -30,6 +30,7 @@ mod task;
 mod tests;
 
 use crate::auth::Tokens;
+use crate::serve::serve;
 use crate::store::Store;
 use anyhow::Context as _;
 use plugin_api::{ApiContext, ApiExtension, ClusterListener, HostFactsPolicy, ResourcePlugin};
@@ -370,8 +371,6 @@ impl Controller {
 pub fn router(controller: &Controller) -> axum::Router {
     api::build(controller.api.clone())
 }
-
-pub(crate) use crate::serve::serve;
 
 /// A controller serving on a socket.
 #[derive(Debug)]

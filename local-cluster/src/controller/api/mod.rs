@@ -11,6 +11,7 @@ use super::task::Command;
 use crate::proto::{
     Assignments, Caller, RegisterRequest, WorkerEvent, CLUSTER_HEADER, INSTANCE_HEADER,
 };
+use crate::serve::{json_errors, metrics_response};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
@@ -102,36 +103,6 @@ pub(crate) fn build(state: ApiState) -> Router {
         ))
         .layer(DefaultBodyLimit::max(limit))
         .layer(Extension(state.ctx.clone()))
-}
-
-/// Rewrites error answers that are not JSON yet (axum's own rejections: 413 body too
-/// large, 405, bad paths) into the [`ApiError`] shape.
-pub(crate) fn json_errors(r: Response, limit: usize) -> Response {
-    let status = r.status();
-    let is_json = r
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
-    if !(status.is_client_error() || status.is_server_error()) || is_json {
-        return r;
-    }
-    let e = match status {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::new(
-            status,
-            "too_large",
-            format!("request body is larger than the limit of {limit} bytes"),
-        ),
-        StatusCode::METHOD_NOT_ALLOWED => ApiError::new(
-            status,
-            "method_not_allowed",
-            "method not allowed on this route",
-        ),
-        StatusCode::NOT_FOUND => ApiError::new(status, "not_found", "no such route"),
-        s if s.is_client_error() => ApiError::new(status, "invalid", "invalid request"),
-        _ => ApiError::new(status, "internal", "internal error"),
-    };
-    e.into_response()
 }
 
 fn internal(msg: &str) -> ApiError {
@@ -301,22 +272,6 @@ async fn healthz(State(st): State<ApiState>) -> Response {
 
 async fn metrics(State(st): State<ApiState>) -> Response {
     metrics_response(&st.registry)
-}
-
-/// `/metrics`: the registry in the OpenMetrics text format.
-pub(crate) fn metrics_response(registry: &Registry) -> Response {
-    let mut out = String::new();
-    if prometheus_client::encoding::text::encode(&mut out, registry).is_err() {
-        return internal("metrics encoding failed").into_response();
-    }
-    (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
-        )],
-        out,
-    )
-        .into_response()
 }
 
 // --- /v1/services ---
