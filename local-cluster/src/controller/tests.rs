@@ -1213,7 +1213,10 @@ fn replica_status(s: &Sim, name: &str, replica: u32) -> String {
         .iter()
         .find(|(r, _)| *r == replica)
         .map_or("-", |(_, why)| why.as_str());
-    format!("{} pending={pending:?}", api::replica_json(svc, replica))
+    format!(
+        "{} pending={pending:?}",
+        api::services::replica_json(svc, replica)
+    )
 }
 
 /// Each way a replica can end by itself — an exit code, a signal, a program that cannot
