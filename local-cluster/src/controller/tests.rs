@@ -17,6 +17,7 @@ use plugin_api::{
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
+use std::time::Duration;
 use tokio::time::Instant;
 use tower::ServiceExt;
 

@@ -18,11 +18,11 @@ mod publish;
 mod timers;
 mod worker;
 
+use super::config::DisruptionThreshold;
 use super::metrics::Metrics;
 use super::model::{Cluster, JobRec, LoadError, Released, ServiceState, SlotRec, Txn};
 use super::quota::{self, Quotas};
 use super::rollout::{self, Counts, JobFacts, Phase, Rollout};
-use super::DisruptionThreshold;
 use crate::profile::{self, Profile};
 use crate::proto::Assignments;
 use crate::store::{Store, StoreError};
