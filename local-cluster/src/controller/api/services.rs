@@ -2,7 +2,7 @@
 //! and its blocking query, create, update, scale, restart, stop) and hosts. A path's name
 //! resolves among the projects the caller may view only.
 
-use super::state::{internal, unavailable, ApiState, WAIT_MAX};
+use super::state::{blocking_query, internal, unavailable, ApiState};
 use crate::controller::core::{Applied, HostView, JobView, ServiceView, View};
 use crate::controller::model::ServiceState;
 use crate::controller::task::Command;
@@ -418,18 +418,7 @@ async fn get_service(
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     user(&who)?;
-    let index: u64 = match q.get("index") {
-        None => 0,
-        Some(s) => s
-            .parse()
-            .map_err(|_| ApiError::bad_param("index", "must be a non-negative integer"))?,
-    };
-    let wait = match q.get("wait") {
-        None => DETAIL_WAIT_DEFAULT,
-        Some(s) => humantime::parse_duration(s)
-            .map_err(|e| ApiError::bad_param("wait", format!("not a duration ({e})")))?
-            .min(WAIT_MAX),
-    };
+    let (index, wait) = blocking_query(&q, DETAIL_WAIT_DEFAULT)?;
     let deadline = tokio::time::Instant::now() + wait;
     let mut rx = st.view.clone();
     let mut shutdown = st.shutdown.clone();

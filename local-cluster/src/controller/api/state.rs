@@ -6,12 +6,13 @@ use crate::controller::task::Command;
 use axum::http::StatusCode;
 use plugin_api::{ApiContext, ApiError, ApiExtension, FieldError};
 use prometheus_client::registry::Registry;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// Cap of `wait` on every blocking query (a service's detail, a host's assignments).
-pub(super) const WAIT_MAX: Duration = Duration::from_secs(600);
+const WAIT_MAX: Duration = Duration::from_secs(600);
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -117,4 +118,25 @@ impl ApiState {
         }
         Ok(self.view.borrow().clone())
     }
+}
+
+/// The `?index=N&wait=D` of a blocking query: `index` is 0 when absent, `wait` is
+/// `default_wait` when absent and at most [`WAIT_MAX`].
+pub(super) fn blocking_query(
+    q: &HashMap<String, String>,
+    default_wait: Duration,
+) -> Result<(u64, Duration), ApiError> {
+    let index: u64 = match q.get("index") {
+        None => 0,
+        Some(s) => s
+            .parse()
+            .map_err(|_| ApiError::bad_param("index", "must be a non-negative integer"))?,
+    };
+    let wait = match q.get("wait") {
+        None => default_wait,
+        Some(s) => humantime::parse_duration(s)
+            .map_err(|e| ApiError::bad_param("wait", format!("not a duration ({e})")))?
+            .min(WAIT_MAX),
+    };
+    Ok((index, wait))
 }

@@ -2,7 +2,7 @@
 //! only the worker credential of that host reaches them, and every answer names the
 //! cluster.
 
-use super::state::{from_core, unavailable, ApiState, WAIT_MAX};
+use super::state::{blocking_query, from_core, unavailable, ApiState};
 use crate::controller::task::Command;
 use crate::proto::{
     Assignments, Caller, RegisterRequest, WorkerEvent, CLUSTER_HEADER, INSTANCE_HEADER,
@@ -215,18 +215,7 @@ async fn assignments(
 ) -> Result<Response, ApiError> {
     worker_of(&st, who, &host)?;
     let caller = caller(&headers, peer);
-    let index: u64 = match q.get("index") {
-        None => 0,
-        Some(s) => s
-            .parse()
-            .map_err(|_| ApiError::bad_param("index", "must be a non-negative integer"))?,
-    };
-    let wait = match q.get("wait") {
-        None => WAIT_DEFAULT,
-        Some(s) => humantime::parse_duration(s)
-            .map_err(|e| ApiError::bad_param("wait", format!("not a duration ({e})")))?
-            .min(WAIT_MAX),
-    };
+    let (index, wait) = blocking_query(&q, WAIT_DEFAULT)?;
     let (tx, rx) = oneshot::channel();
     st.tx
         .send(Command::Assignments {
