@@ -48,18 +48,6 @@ fn user(p: &Principal) -> Result<(), ApiError> {
 
 // --- /v1/services ---
 
-fn state_name(s: JobState) -> &'static str {
-    match s {
-        JobState::Placed => "placed",
-        JobState::Running => "running",
-        JobState::Draining => "draining",
-        JobState::Stopping => "stopping",
-        JobState::Unknown => "unknown",
-        JobState::Exited => "exited",
-        JobState::Lost => "lost",
-    }
-}
-
 fn service_state(s: ServiceState) -> &'static str {
     match s {
         ServiceState::Active => "active",
@@ -72,7 +60,7 @@ fn job_json(j: &JobView) -> Value {
     m.insert("job".into(), json!(j.info.job));
     m.insert("replica".into(), json!(j.info.replica));
     m.insert("host".into(), json!(j.info.host));
-    m.insert("state".into(), json!(state_name(j.info.state)));
+    m.insert("state".into(), json!(j.info.state.to_string()));
     m.insert("ready".into(), json!(j.info.ready));
     m.insert("generation".into(), json!(j.info.generation));
     m.insert("log".into(), json!(j.log));
