@@ -19,6 +19,14 @@
 //! connection finishes the requests in flight (the hosts make blocking queries answer and
 //! streams end at once) and closes; connections still open after `drain_timeout` are
 //! dropped, so a stop never waits on a client.
+//!
+//! It is the one home of what every HTTP server here shares (the controller, a standby,
+//! a separate apiserver): this accept loop, and the shared answers of `responses.rs`
+//! (error answers in the JSON shape, `/metrics`).
+
+mod responses;
+
+pub(crate) use responses::{json_errors, metrics_response};
 
 use anyhow::Context as _;
 use axum::body::Body;

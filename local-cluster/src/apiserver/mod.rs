@@ -15,7 +15,7 @@ mod follow;
 mod metrics;
 
 use crate::auth::Tokens;
-use crate::controller::api::{json_errors, metrics_response};
+use crate::serve::{json_errors, metrics_response};
 use crate::store::{Election, EtcdStore};
 use anyhow::Context;
 use axum::body::{Body, Bytes};

@@ -422,13 +422,15 @@ impl Txn {
     }
 
     /// A job ended: it leaves the live set and its grants are released after the commit.
-    pub(crate) fn end_job(&mut self, c: &Cluster, mut j: JobRec, reason: EndReason, lost: bool) {
+    /// It ends `Lost` when its host was lost, `Exited` for every other `reason`.
+    pub(crate) fn end_job(&mut self, c: &Cluster, mut j: JobRec, reason: EndReason) {
         let rev = self.next_rev();
         self.touch_service(c, &j.info.service_key(), rev);
-        j.info.state = if lost {
-            JobState::Lost
-        } else {
-            JobState::Exited
+        j.info.state = match reason {
+            EndReason::HostLost => JobState::Lost,
+            EndReason::Exited { .. } | EndReason::Stopped | EndReason::Refused { .. } => {
+                JobState::Exited
+            }
         };
         j.info.ready = false;
         self.after.push(After::Release {

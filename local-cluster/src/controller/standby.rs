@@ -6,7 +6,7 @@
 //! whole API. A leader that loses its leadership (it could not renew its lease within
 //! the renew deadline, or its key was replaced) drops its state and comes back here.
 
-use crate::serve::ConnLimits;
+use crate::serve::{metrics_response, ConnLimits};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -124,7 +124,7 @@ fn router(leader: watch::Receiver<Option<String>>, registry: Arc<Registry>) -> a
         .route("/healthz", get(healthz))
         .route(
             "/metrics",
-            get(move || async move { super::api::metrics_response(&registry) }),
+            get(move || async move { metrics_response(&registry) }),
         )
         .fallback(move || async move { not_served(leader.borrow().as_deref()) })
 }

@@ -17,6 +17,7 @@ use plugin_api::{
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
+use std::time::Duration;
 use tokio::time::Instant;
 use tower::ServiceExt;
 
@@ -1213,7 +1214,10 @@ fn replica_status(s: &Sim, name: &str, replica: u32) -> String {
         .iter()
         .find(|(r, _)| *r == replica)
         .map_or("-", |(_, why)| why.as_str());
-    format!("{} pending={pending:?}", api::replica_json(svc, replica))
+    format!(
+        "{} pending={pending:?}",
+        api::services::replica_json(svc, replica)
+    )
 }
 
 /// Each way a replica can end by itself — an exit code, a signal, a program that cannot

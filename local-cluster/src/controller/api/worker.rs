@@ -1,0 +1,244 @@
+//! The `/internal/v1/hosts/{host}/…` routes of the worker protocol ([`crate::proto`]):
+//! only the worker credential of that host reaches them, and every answer names the
+//! cluster.
+
+use super::state::{blocking_query, from_core, unavailable, ApiState};
+use crate::controller::task::Command;
+use crate::proto::{
+    Assignments, Caller, RegisterRequest, WorkerEvent, CLUSTER_HEADER, INSTANCE_HEADER,
+};
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Extension, Json, Router};
+use plugin_api::{ApiError, FieldError, HostFacts, Principal, PrincipalKind};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// Default `wait` of the assignments blocking query.
+const WAIT_DEFAULT: Duration = Duration::from_secs(30);
+
+/// The `/internal/v1` routes: the worker protocol, for each host's worker.
+pub(super) fn router(state: ApiState) -> Router {
+    // Every worker-protocol answer, refusals included, names the cluster: a worker takes
+    // no answer (and no order) from another cluster's controller.
+    let cluster = HeaderValue::from_str(&state.cluster_id).ok();
+    Router::new()
+        .route("/internal/v1/hosts/{host}/register", post(register))
+        .route("/internal/v1/hosts/{host}/heartbeat", post(heartbeat))
+        .route("/internal/v1/hosts/{host}/facts", put(facts))
+        .route("/internal/v1/hosts/{host}/assignments", get(assignments))
+        .route("/internal/v1/hosts/{host}/events", post(events))
+        .with_state(state)
+        .layer(axum::middleware::map_response(move |mut r: Response| {
+            let cluster = cluster.clone();
+            async move {
+                if let Some(c) = cluster {
+                    r.headers_mut().insert(CLUSTER_HEADER, c);
+                }
+                r
+            }
+        }))
+}
+
+/// The worker of `host` only. A refusal says what is wrong, so the operator reading the
+/// worker's log knows what to fix: 401 `unauthenticated` is a wrong (or missing) secret
+/// for a host the tokens file has a `[[worker]]` entry for; `no_worker_entry` (401 with a
+/// secret that matches nothing, 403 with another host's credential) is a host the tokens
+/// file has no entry for; 403 `forbidden` another host's credential, or a user token.
+/// Host ids are not secrets (every viewer lists them), so telling which hosts have an
+/// entry gives nothing away.
+fn worker_of(st: &ApiState, who: Result<Principal, ApiError>, host: &str) -> Result<(), ApiError> {
+    let has_entry = st.worker_hosts.contains(host);
+    let no_entry = format!("no [[worker]] entry for host {host:?} in the controller's tokens file");
+    let p = match who {
+        Ok(p) => p,
+        Err(e) if e.status == StatusCode::UNAUTHORIZED && has_entry => {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthenticated",
+                format!(
+                    "wrong or missing secret for the worker of host {host:?} ({})",
+                    e.message
+                ),
+            ))
+        }
+        Err(e) if e.status == StatusCode::UNAUTHORIZED => {
+            return Err(ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "no_worker_entry",
+                format!("{no_entry} ({})", e.message),
+            ))
+        }
+        Err(e) => return Err(e),
+    };
+    match &p.kind {
+        PrincipalKind::Worker { host: h } if h == host => Ok(()),
+        PrincipalKind::Worker { host: h } if has_entry => Err(ApiError::forbidden(format!(
+            "a worker may act for its own host only: this credential is host {h:?}'s, not host {host:?}'s"
+        ))),
+        PrincipalKind::Worker { host: h } => Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "no_worker_entry",
+            format!("{no_entry} (this credential is host {h:?}'s)"),
+        )),
+        PrincipalKind::User => Err(ApiError::forbidden(
+            "the worker api needs a worker credential (a [[worker]] secret), not a user token",
+        )),
+    }
+}
+
+// --- /internal/v1 ---
+
+fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::invalid(
+            "invalid request body",
+            vec![FieldError::new("body", e.to_string())],
+        )
+    })
+}
+
+/// The sender of a worker request: its identity headers and its connection's peer.
+fn caller(headers: &HeaderMap, peer: Option<Extension<crate::serve::Peer>>) -> Caller {
+    let header = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .map(str::to_owned)
+    };
+    Caller {
+        instance: header(INSTANCE_HEADER),
+        cluster: header(CLUSTER_HEADER),
+        peer: peer.map(|Extension(p)| p.0.to_string()),
+    }
+}
+
+async fn register(
+    State(st): State<ApiState>,
+    who: Result<Principal, ApiError>,
+    Path(host): Path<String>,
+    headers: HeaderMap,
+    peer: Option<Extension<crate::serve::Peer>>,
+    body: Bytes,
+) -> Result<Json<crate::proto::RegisterResponse>, ApiError> {
+    worker_of(&st, who, &host)?;
+    let caller = caller(&headers, peer);
+    let req: RegisterRequest = json_body(&body)?;
+    let resp = st
+        .call(|reply| Command::Register {
+            host,
+            caller,
+            req,
+            reply,
+        })
+        .await?;
+    Ok(Json(resp))
+}
+
+async fn heartbeat(
+    State(st): State<ApiState>,
+    who: Result<Principal, ApiError>,
+    Path(host): Path<String>,
+    headers: HeaderMap,
+    peer: Option<Extension<crate::serve::Peer>>,
+) -> Result<StatusCode, ApiError> {
+    worker_of(&st, who, &host)?;
+    let caller = caller(&headers, peer);
+    st.call(|reply| Command::Heartbeat {
+        host,
+        caller,
+        reply,
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn facts(
+    State(st): State<ApiState>,
+    who: Result<Principal, ApiError>,
+    Path(host): Path<String>,
+    headers: HeaderMap,
+    peer: Option<Extension<crate::serve::Peer>>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    worker_of(&st, who, &host)?;
+    let caller = caller(&headers, peer);
+    let facts: HostFacts = json_body(&body)?;
+    st.call(|reply| Command::Facts {
+        host,
+        caller,
+        facts,
+        reply,
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn events(
+    State(st): State<ApiState>,
+    who: Result<Principal, ApiError>,
+    Path(host): Path<String>,
+    headers: HeaderMap,
+    peer: Option<Extension<crate::serve::Peer>>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    worker_of(&st, who, &host)?;
+    let caller = caller(&headers, peer);
+    let events: Vec<WorkerEvent> = json_body(&body)?;
+    st.call(|reply| Command::Events {
+        host,
+        caller,
+        events,
+        reply,
+    })
+    .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `?index=N&wait=30s`: answers when the host's index differs from N (normally: is
+/// greater; a smaller one means the controller's state was replaced), or when `wait`
+/// runs out.
+async fn assignments(
+    State(st): State<ApiState>,
+    who: Result<Principal, ApiError>,
+    Path(host): Path<String>,
+    headers: HeaderMap,
+    peer: Option<Extension<crate::serve::Peer>>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
+    worker_of(&st, who, &host)?;
+    let caller = caller(&headers, peer);
+    let (index, wait) = blocking_query(&q, WAIT_DEFAULT)?;
+    let (tx, rx) = oneshot::channel();
+    st.tx
+        .send(Command::Assignments {
+            host,
+            caller,
+            reply: tx,
+        })
+        .await
+        .map_err(|_| unavailable())?;
+    let mut rx = rx.await.map_err(|_| unavailable())?.map_err(from_core)?;
+    let current = rx.borrow_and_update().index;
+    if current == index {
+        let mut shutdown = st.shutdown.clone();
+        tokio::select! {
+            _ = rx.changed() => {}
+            () = tokio::time::sleep(wait) => {}
+            _ = shutdown.wait_for(|s| *s) => {}
+        }
+    }
+    let a: Arc<Assignments> = rx.borrow().clone();
+    let mut resp = Json(&*a).into_response();
+    if let Ok(v) = HeaderValue::from_str(&a.index.to_string()) {
+        resp.headers_mut().insert("x-xce-index", v);
+    }
+    Ok(resp)
+}

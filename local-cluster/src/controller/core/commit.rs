@@ -1,0 +1,162 @@
+//! How a [`Txn`] becomes the state: persisted as one store batch first, then applied in
+//! memory, its events noted (the in-memory timers and backoffs they start) and queued for
+//! the listeners, then the plugin calls it made due (releases, launch refusals).
+
+use super::{blocking, Backoff, Core, CoreError};
+use crate::controller::model::{After, ServiceState, Txn};
+use crate::profile::{self};
+use crate::store::StoreError;
+use plugin_api::{ClusterEvent, EndReason, JobState, ResourcePlugin, ServiceKey};
+use std::time::Duration;
+use tokio::time::Instant;
+use tracing::{error, info};
+
+/// First restart delay of a crash-looping replica; doubled per exit up to the cap.
+const BACKOFF_MIN: Duration = Duration::from_secs(1);
+
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// A replica that ran this long starts over at [`BACKOFF_MIN`].
+const BACKOFF_RESET: Duration = Duration::from_secs(60);
+
+/// How long timers wait after a failed commit before trying again.
+const STORE_RETRY: Duration = Duration::from_secs(1);
+
+impl Core {
+    /// Persists, applies, announces, then makes the plugin calls due.
+    pub(super) fn commit(&mut self, txn: Txn, now: Instant) -> Result<(), CoreError> {
+        if txn.is_empty() {
+            return Ok(());
+        }
+        let batch = txn.batch();
+        if let Err(e) = blocking(|| self.store.commit(batch)) {
+            error!(error = %e, "store commit failed; change not applied");
+            // A stale view, or a store that cannot write (a full disk: redb then refuses
+            // every later write until reopened): stop, so a supervisor or a standby takes
+            // over with a fresh one, instead of running on, refusing every change while
+            // looking healthy.
+            if matches!(e, StoreError::Stale(_) | StoreError::Io { .. }) {
+                self.fatal.get_or_insert_with(|| e.to_string());
+            }
+            self.store_retry = Some(now + STORE_RETRY);
+            return Err(e.into());
+        }
+        self.store_retry = None;
+        let (events, after) = txn.apply(&mut self.cluster);
+        self.dirty = true;
+        for e in &events {
+            self.note(e, now);
+        }
+        self.outbox.extend(events);
+        for a in after {
+            match a {
+                After::Refused {
+                    host,
+                    job,
+                    plugin,
+                    detail,
+                } => {
+                    if let Some(p) = self.plugins.iter_mut().find(|p| p.name() == plugin) {
+                        p.launch_refused(&host, &job, &detail);
+                    }
+                }
+                After::Release { host, job } => {
+                    for p in &mut self.plugins {
+                        p.release(&host, &job);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Logs a committed event and keeps the in-memory bookkeeping it implies.
+    fn note(&mut self, e: &ClusterEvent, now: Instant) {
+        match e {
+            ClusterEvent::Service { rev, service } => {
+                info!(service = %service.name, project = %service.project, rev, "service changed")
+            }
+            ClusterEvent::ServiceRemoved { rev, name, project } => {
+                info!(service = %name, project = %project, rev, "service removed");
+                let key = ServiceKey::new(project, name);
+                self.profiles.remove(&key);
+                self.pending.remove(&key);
+                self.progress.remove(&key);
+                self.older.retain(|(k, _), _| *k != key);
+                self.backoff.retain(|(s, _), _| *s != key);
+                self.metrics.service_removed(project, name);
+            }
+            ClusterEvent::Job { rev, job } => {
+                info!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, state = %job.state, ready = job.ready, rev, "job changed");
+                if job.state == JobState::Running {
+                    self.running_since.entry(job.job.clone()).or_insert(now);
+                }
+                if job.ready {
+                    self.ready_since.entry(job.job.clone()).or_insert(now);
+                } else {
+                    self.ready_since.remove(&job.job);
+                }
+                let draining = self
+                    .cluster
+                    .jobs
+                    .get(&job.job)
+                    .is_some_and(|j| j.effective_state() == JobState::Draining);
+                if draining {
+                    let drain = self
+                        .profiles
+                        .get(&job.service_key())
+                        .map_or(profile::DEFAULT_DRAIN, |p| p.drain);
+                    self.drain_until
+                        .entry(job.job.clone())
+                        .or_insert(now + drain);
+                } else {
+                    self.drain_until.remove(&job.job);
+                }
+            }
+            ClusterEvent::JobEnded { rev, job, reason } => {
+                info!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, reason = %reason, rev, "job ended");
+                let since = self.running_since.remove(&job.job);
+                self.ready_since.remove(&job.job);
+                self.drain_until.remove(&job.job);
+                let active = self
+                    .cluster
+                    .services
+                    .get(&job.service_key())
+                    .is_some_and(|s| s.state == ServiceState::Active);
+                // The ends `record_end` counted as restarts.
+                if active && matches!(reason, EndReason::Exited { .. } | EndReason::Refused { .. })
+                {
+                    self.metrics.replica_restarted(&job.project, &job.service);
+                }
+                if let EndReason::Exited { .. } = reason {
+                    if active {
+                        let key = (job.service_key(), job.replica);
+                        let ran_long =
+                            since.is_some_and(|t| now.duration_since(t) >= BACKOFF_RESET);
+                        let delay = match self.backoff.get(&key) {
+                            Some(b) if !ran_long => (b.delay * 2).min(BACKOFF_MAX),
+                            _ => BACKOFF_MIN,
+                        };
+                        info!(service = %job.service, replica = job.replica, delay = ?delay, "replica exited; restarting after backoff");
+                        self.backoff.insert(
+                            key,
+                            Backoff {
+                                delay,
+                                not_before: now + delay,
+                                over: false,
+                            },
+                        );
+                    }
+                }
+            }
+            ClusterEvent::Host { rev, host, .. } => {
+                info!(host = %host.id, state = %host.state, ip_addr = %display_ip(host.facts.ip_addr), rev, "host changed")
+            }
+        }
+    }
+}
+
+/// An optional address for a log line: the address, or `none`.
+fn display_ip(ip: Option<std::net::IpAddr>) -> String {
+    ip.map_or_else(|| "none".to_owned(), |ip| ip.to_string())
+}

@@ -1,0 +1,419 @@
+//! The scheduling pass that runs after every committed change or due timer (`settle`):
+//! places the replicas each service's rollout asks for, drains the jobs it lets go, and
+//! moves rollouts on (complete, failed, rolled back). One store batch per pass.
+
+use super::{round_up_secs, stored_profile, Core, CoreError};
+use crate::controller::model::{JobRec, ServiceRec, ServiceState, Txn};
+use crate::controller::rollout::{self, Phase, RolloutState, Stable};
+use crate::controller::scheduler::{self, Candidate, Request};
+use crate::proto::ExitCause;
+use plugin_api::{HostId, HostState, JobId, JobInfo, JobState, ResourcePlugin, ServiceKey};
+use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+impl Core {
+    /// Removes stopped services, places missing replicas, and publishes the result.
+    pub(crate) fn settle(&mut self, now: Instant) {
+        if !self.dirty {
+            return;
+        }
+        let done: Vec<ServiceRec> = self
+            .cluster
+            .services
+            .values()
+            .filter(|s| s.state == ServiceState::Stopping)
+            .filter(|s| self.cluster.jobs_of(&s.info.key()).next().is_none())
+            .cloned()
+            .collect();
+        for s in done {
+            let mut txn = Txn::new(&self.cluster);
+            txn.remove_service(&s);
+            let _ = self.commit(txn, now);
+        }
+        // A pass that drained a replica may have made room for a surge replica: place it
+        // now rather than at the next wake-up (bounded: each extra pass needs a drain).
+        for _ in 0..4 {
+            if !self.schedule(now) {
+                break;
+            }
+        }
+        self.publish();
+        self.dirty = false;
+    }
+
+    /// One scheduling pass over every active service: places the replicas its rollout
+    /// asks for, drains the jobs it lets go, and moves the rollout on (complete, failed,
+    /// a rollback). One store batch for all of it; on failure nothing is applied and every
+    /// reservation is released.
+    /// Returns whether it drained a replica (a further pass may place one).
+    fn schedule(&mut self, now: Instant) -> bool {
+        self.last_pass = Some(now);
+        self.pending.clear();
+        // This pass sees these backoffs over: no timer for them any more (see `over`).
+        for b in self.backoff.values_mut() {
+            b.over |= b.not_before <= now;
+        }
+        let services: Vec<ServiceRec> = self
+            .cluster
+            .services
+            .values()
+            .filter(|s| s.state == ServiceState::Active)
+            .cloned()
+            .collect();
+        // Hosts that may take placements, and their load: computed once per pass and kept
+        // current as replicas are placed.
+        let ready: Vec<HostId> = self
+            .cluster
+            .hosts
+            .values()
+            .filter(|h| h.info.state == HostState::Ready && h.orphans.is_empty())
+            .map(|h| h.info.id.clone())
+            .collect();
+        let mut total: HashMap<HostId, usize> = HashMap::new();
+        let mut per_service: HashMap<(HostId, ServiceKey), usize> = HashMap::new();
+        let mut by_service: HashMap<ServiceKey, Vec<JobRec>> = HashMap::new();
+        for j in self.cluster.jobs.values() {
+            *total.entry(j.info.host.clone()).or_default() += 1;
+            *per_service
+                .entry((j.info.host.clone(), j.info.service_key()))
+                .or_default() += 1;
+            by_service
+                .entry(j.info.service_key())
+                .or_default()
+                .push(j.clone());
+        }
+        let mut txn = Txn::new(&self.cluster);
+        let mut placed: Vec<(HostId, JobId, ServiceKey, u32)> = Vec::new();
+        let mut reverts: Vec<(ServiceKey, String)> = Vec::new();
+        let mut drained = false;
+        for s in services {
+            let name = &s.info.name;
+            let key = s.info.key();
+            let Some(profile) = self.profiles.get(&key) else {
+                continue;
+            };
+            let (policy, drain) = (profile.update, profile.drain);
+            let mut jobs = by_service.remove(&key).unwrap_or_default();
+            let facts = self.job_facts(&s.info, &jobs, now);
+            let view = rollout::Service {
+                replicas: s.info.replicas,
+                generation: s.info.generation,
+                policy,
+                jobs: &facts,
+            };
+            let occupied: BTreeSet<u32> = facts
+                .iter()
+                .filter(|f| f.phase != Phase::Leaving)
+                .map(|f| f.replica)
+                .collect();
+            // Why a surge replica (one beside an old job) could not be placed.
+            let mut blocked: Option<String> = None;
+            for replica in rollout::to_place(&view) {
+                if let Some(b) = self.backoff.get(&(key.clone(), replica)) {
+                    if b.not_before > now {
+                        let cause = s.slots.get(&replica).and_then(|r| r.last_exit.as_ref());
+                        let reason = restart_reason(
+                            cause.map(|e| &e.cause),
+                            round_up_secs(b.not_before - now),
+                        );
+                        self.pending
+                            .entry(key.clone())
+                            .or_default()
+                            .insert(replica, reason);
+                        continue;
+                    }
+                }
+                let candidates: Vec<Candidate> = ready
+                    .iter()
+                    .map(|h| Candidate {
+                        id: h.clone(),
+                        service_jobs: per_service
+                            .get(&(h.clone(), key.clone()))
+                            .copied()
+                            .unwrap_or(0),
+                        total_jobs: total.get(h).copied().unwrap_or(0),
+                    })
+                    .collect();
+                let job = txn.peek_job_id(&self.cluster);
+                let req = Request {
+                    service: name,
+                    project: &s.info.project,
+                    replica,
+                    job: &job,
+                    profile: &s.info.profile,
+                };
+                match scheduler::place(&mut self.plugins, &candidates, &req) {
+                    Ok(p) => {
+                        let taken = txn.new_job_id(&self.cluster);
+                        debug_assert_eq!(taken, job);
+                        *total.entry(p.host.clone()).or_default() += 1;
+                        *per_service
+                            .entry((p.host.clone(), key.clone()))
+                            .or_default() += 1;
+                        placed.push((p.host.clone(), job.clone(), key.clone(), replica));
+                        let rec = JobRec {
+                            info: JobInfo {
+                                job,
+                                service: name.clone(),
+                                project: s.info.project.clone(),
+                                replica,
+                                host: p.host,
+                                state: JobState::Placed,
+                                ready: false,
+                                grants: p.grants,
+                                generation: s.info.generation,
+                            },
+                            held: None,
+                            held_ready: None,
+                            log: None,
+                        };
+                        txn.put_job(&self.cluster, rec.clone());
+                        jobs.push(rec);
+                    }
+                    Err(reason) => {
+                        debug!(service = %name, replica, reason = %reason, "replica pending");
+                        if occupied.contains(&replica) {
+                            blocked.get_or_insert_with(|| reason.clone());
+                        } else {
+                            self.pending
+                                .entry(key.clone())
+                                .or_default()
+                                .insert(replica, reason);
+                        }
+                    }
+                }
+            }
+            // Drains, seeing this pass's placements.
+            let facts = self.job_facts(&s.info, &jobs, now);
+            let view = rollout::Service {
+                jobs: &facts,
+                ..view
+            };
+            let leaving = rollout::to_drain(&view);
+            drained |= !leaving.is_empty();
+            for j in jobs.iter_mut().filter(|j| leaving.contains(&j.info.job)) {
+                debug!(service = %name, job = %j.info.job, replica = j.info.replica, generation = j.info.generation, "replica leaves (rollout or scale-down)");
+                self.leave(&mut txn, j.clone(), drain);
+                if let Some(now_rec) = txn.job(&self.cluster, &j.info.job) {
+                    *j = now_rec;
+                }
+            }
+            let facts = self.job_facts(&s.info, &jobs, now);
+            let view = rollout::Service {
+                jobs: &facts,
+                ..view
+            };
+            if let Some(why) = self.advance_rollout(&mut txn, &s, &view, blocked, now) {
+                reverts.push((key.clone(), why));
+            }
+            // Older generations' profiles are kept while any of their jobs is left.
+            let gens: BTreeSet<u64> = jobs.iter().map(|j| j.info.generation).collect();
+            if let Some(mut rec) = txn.service(&self.cluster, &key) {
+                let before = rec.older.len();
+                rec.older.retain(|g, _| gens.contains(g));
+                if rec.older.len() != before {
+                    self.older
+                        .retain(|(n, g), _| *n != key || rec.older.contains_key(g));
+                    txn.put_service_quiet(rec);
+                }
+            }
+        }
+        if !txn.is_empty() {
+            if self.commit(txn, now).is_err() {
+                for (host, job, service, replica) in placed {
+                    for pl in &mut self.plugins {
+                        pl.release(&host, &job);
+                    }
+                    self.pending
+                        .entry(service)
+                        .or_default()
+                        .insert(replica, "the controller's store failed".into());
+                }
+                return false;
+            }
+            self.metrics.placements.inc_by(placed.len() as u64);
+        }
+        for (name, why) in reverts {
+            if let Err(e) = self.revert(&name, &why, now) {
+                warn!(service = %name, error = %e, "rollback could not be committed; trying again on the next pass");
+            }
+        }
+        drained
+    }
+
+    /// Moves a running rollout on: complete when every slot runs the current generation,
+    /// failed (or a rollback, returned as its reason) when it made no progress for
+    /// `deadline` or its new replicas keep exiting; otherwise it says why it waits.
+    fn advance_rollout(
+        &mut self,
+        txn: &mut Txn,
+        s: &ServiceRec,
+        view: &rollout::Service,
+        blocked: Option<String>,
+        now: Instant,
+    ) -> Option<String> {
+        let name = &s.info.name;
+        let key = s.info.key();
+        let generation = s.info.generation;
+        let mut rec = txn.service(&self.cluster, &key)?;
+        let mut r = rec.rollout.clone();
+        let mut revert = None;
+        if !r.is_running(generation) {
+            self.progress.remove(&key);
+            if r.state == RolloutState::Failed && view.is_complete() {
+                // A failed rollout that was not rolled back keeps reconciling; once every
+                // slot runs it after all, it is complete (the failure was passing).
+                r.state = RolloutState::Complete;
+                r.reason = None;
+                r.stable = Some(Stable {
+                    generation,
+                    profile: s.info.profile.clone(),
+                });
+                self.metrics.rollout_ended("complete");
+                info!(service = %name, project = %key.project, generation, "failed rollout completed after all");
+            } else if r.state == RolloutState::Complete
+                && r.stable.as_ref().map(|st| st.generation) != Some(generation)
+            {
+                // A service stored before rollouts existed.
+                r.stable = Some(Stable {
+                    generation,
+                    profile: s.info.profile.clone(),
+                });
+            }
+        } else {
+            let counts = view.counts();
+            let mark = rollout::progress_mark(&counts);
+            let since = match self.progress.get(&key) {
+                Some((m, t)) if *m == mark => *t,
+                _ => {
+                    self.progress.insert(key.clone(), (mark, now));
+                    now
+                }
+            };
+            if view.is_complete() {
+                r.stable = Some(Stable {
+                    generation,
+                    profile: s.info.profile.clone(),
+                });
+                if r.state == RolloutState::Progressing {
+                    r.state = RolloutState::Complete;
+                    r.reason = None;
+                    self.metrics.rollout_ended("complete");
+                }
+                self.progress.remove(&key);
+                info!(service = %name, generation, state = r.state.as_str(), "rollout done");
+            } else if r.exits >= rollout::MAX_NEW_EXITS
+                || now.saturating_duration_since(since) >= view.policy.deadline
+            {
+                let why = if r.exits >= rollout::MAX_NEW_EXITS {
+                    format!(
+                        "new replicas keep exiting ({} exits of generation {generation})",
+                        r.exits
+                    )
+                } else {
+                    format!(
+                        "no progress for {} ({} of {} updated, {} ready, {} outdated)",
+                        humantime::format_duration(view.policy.deadline),
+                        counts.updated,
+                        view.replicas,
+                        counts.ready,
+                        counts.outdated
+                    )
+                };
+                let target = r.stable.as_ref().map(|st| st.generation);
+                self.progress.remove(&key);
+                if r.state == RolloutState::Progressing
+                    && view.policy.auto_revert
+                    && target.is_some_and(|g| g != generation)
+                {
+                    revert = Some(why);
+                } else {
+                    let suffix = if r.revert {
+                        "; this was a rollback: nothing is rolled back further"
+                    } else if !view.policy.auto_revert {
+                        "; auto_revert is off"
+                    } else {
+                        "; no complete generation to roll back to"
+                    };
+                    r.state = RolloutState::Failed;
+                    r.reason = Some(format!("generation {generation} failed: {why}{suffix}"));
+                    self.metrics.rollout_ended("failed");
+                    warn!(service = %name, generation, reason = %why, "rollout failed");
+                }
+            } else if r.state == RolloutState::Progressing {
+                r.reason = blocked
+                    .filter(|_| view.policy.max_unavailable == 0)
+                    .map(|why| {
+                        format!(
+                            "waiting: no new replica fits beside the old ones ({why}); with \
+                         max_unavailable = 0 no old replica leaves first"
+                        )
+                    });
+            }
+        }
+        if r != rec.rollout {
+            rec.rollout = r;
+            txn.put_service(rec);
+        }
+        revert
+    }
+
+    /// Rolls a failed rollout back: the last complete generation's profile becomes the
+    /// next generation, and the jobs still running that profile are that generation's
+    /// (they are not replaced by identical ones).
+    fn revert(&mut self, key: &ServiceKey, why: &str, now: Instant) -> Result<(), CoreError> {
+        let name = &key.name;
+        let Some(mut svc) = self.cluster.services.get(key).cloned() else {
+            return Ok(());
+        };
+        let Some(stable) = svc.rollout.stable.clone() else {
+            return Ok(());
+        };
+        let failed = svc.info.generation;
+        let raw = rollout::revert_profile(&stable, svc.info.replicas);
+        let profile = stored_profile(&self.plugins, &svc.info, &raw);
+        self.next_generation(&mut svc);
+        let generation = svc.info.generation;
+        svc.rollout.state = RolloutState::Reverted;
+        svc.rollout.revert = true;
+        svc.rollout.reason = Some(format!(
+            "generation {failed} failed: {why}; rolled back to generation {}'s profile as generation {generation}",
+            stable.generation
+        ));
+        svc.info.profile = raw;
+        let adopted: Vec<JobRec> = self
+            .cluster
+            .jobs_of(key)
+            .filter(|j| j.info.generation == stable.generation)
+            .cloned()
+            .map(|mut j| {
+                j.info.generation = generation;
+                j
+            })
+            .collect();
+        warn!(service = %name, failed, generation, reason = %why, "rollout failed; rolling back");
+        self.metrics.rollout_ended("reverted");
+        self.commit_service_with(svc, profile, adopted, now)
+    }
+}
+
+/// Why a replica waits for its restart: `restarting after exit 127 in 4s`, `restarting
+/// after SIGKILL in 4s`, `restarting in 4s: cannot start "x": No such file or directory (os
+/// error 2)`, or without a known cause `restarting after exit in 4s`.
+fn restart_reason(cause: Option<&ExitCause>, wait: Duration) -> String {
+    let wait = humantime::format_duration(wait);
+    let Some(c) = cause else {
+        return format!("restarting after exit in {wait}");
+    };
+    match (&c.error, c.signal, c.code) {
+        (Some(e), _, _) => format!("restarting in {wait}: {e}"),
+        (None, Some(sig), _) => match c.signal_name() {
+            Some(name) => format!("restarting after {name} in {wait}"),
+            None => format!("restarting after signal {sig} in {wait}"),
+        },
+        (None, None, Some(code)) => format!("restarting after exit {code} in {wait}"),
+        (None, None, None) => format!("restarting after exit in {wait}"),
+    }
+}

@@ -1,0 +1,208 @@
+//! What the others see of the state, after each command: every host's desired set (the
+//! workers' assignments), the readers' [`View`](super::View), the metrics, and last the
+//! committed events for the `ClusterListener`s (so no listener is ahead of the view).
+
+use super::{Core, HostView, JobView, ServiceView, View};
+use crate::controller::model::JobRec;
+use crate::controller::rollout::{self};
+use crate::proto::{Assignment, Assignments, Desired};
+use plugin_api::{HostId, HostState, JobInfo, JobState, ResourcePlugin, ServiceKey};
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+impl Core {
+    pub(crate) fn view(&self) -> watch::Receiver<Arc<View>> {
+        self.view.subscribe()
+    }
+
+    fn desired(&self, host: &str) -> Vec<Assignment> {
+        let mut out = Vec::new();
+        for j in self.cluster.jobs_on(host) {
+            // A job runs its own generation's command and probe: during a rollout the
+            // older replicas keep theirs (a restarted worker must not start an old job
+            // with the new command).
+            let key = j.info.service_key();
+            let current = self.cluster.services.get(&key).map(|s| s.info.generation);
+            let p = match current {
+                Some(g) if g != j.info.generation => self
+                    .older
+                    .get(&(key.clone(), j.info.generation))
+                    .or_else(|| self.profiles.get(&key)),
+                _ => self.profiles.get(&key),
+            };
+            let Some(p) = p else {
+                continue;
+            };
+            out.push(Assignment {
+                job: j.info.job.clone(),
+                service: j.info.service.clone(),
+                project: j.info.project.clone(),
+                replica: j.info.replica,
+                command: p.command.clone(),
+                readiness: p.readiness.clone(),
+                grants: j.info.grants.clone(),
+                desired: if j.effective_state() == JobState::Stopping {
+                    Desired::Stop
+                } else {
+                    Desired::Run
+                },
+            });
+        }
+        out
+    }
+
+    pub(super) fn publish_host(&mut self, host: &str) {
+        let jobs = self.desired(host);
+        let index = self.cluster.rev.max(1);
+        match self.assign.get(host) {
+            Some(tx) => {
+                tx.send_if_modified(|cur| {
+                    if cur.jobs == jobs {
+                        return false;
+                    }
+                    *cur = Arc::new(Assignments { index, jobs });
+                    true
+                });
+            }
+            None => {
+                let (tx, _) = watch::channel(Arc::new(Assignments { index, jobs }));
+                self.assign.insert(host.to_owned(), tx);
+            }
+        }
+    }
+
+    /// Publishes the assignments, the readers' view and the metrics.
+    pub(super) fn publish(&mut self) {
+        let hosts: Vec<HostId> = self.cluster.hosts.keys().cloned().collect();
+        for h in &hosts {
+            self.publish_host(h);
+        }
+        let c = &self.cluster;
+        let mut services = BTreeMap::new();
+        let mut by_service: HashMap<ServiceKey, Vec<JobRec>> = HashMap::new();
+        for j in c.jobs.values() {
+            by_service
+                .entry(j.info.service_key())
+                .or_default()
+                .push(j.clone());
+        }
+        for s in c.services.values() {
+            let key = s.info.key();
+            let recs = by_service.remove(&key).unwrap_or_default();
+            let mut jobs: Vec<JobView> = recs
+                .iter()
+                .map(|j| JobView {
+                    info: j.info.clone(),
+                    summaries: self.grant_summaries(&j.info),
+                    log: j.log.clone(),
+                })
+                .collect();
+            jobs.sort_by(|a, b| {
+                (a.info.replica, job_num(&a.info.job)).cmp(&(b.info.replica, job_num(&b.info.job)))
+            });
+            let pending = self
+                .pending
+                .get(&key)
+                .map(|m| m.iter().map(|(r, why)| (*r, why.clone())).collect())
+                .unwrap_or_default();
+            let facts = self.job_facts(&s.info, &recs, Instant::now());
+            let counts = rollout::Service {
+                replicas: s.info.replicas,
+                generation: s.info.generation,
+                policy: self
+                    .profiles
+                    .get(&key)
+                    .map(|p| p.update)
+                    .unwrap_or_default(),
+                jobs: &facts,
+            }
+            .counts();
+            services.insert(
+                key,
+                ServiceView {
+                    info: s.info.clone(),
+                    state: s.state,
+                    jobs,
+                    pending,
+                    rollout: s.rollout.clone(),
+                    counts,
+                    slots: s.slots.clone(),
+                },
+            );
+        }
+        let hosts = c
+            .hosts
+            .values()
+            .map(|h| HostView {
+                info: h.info.clone(),
+                jobs: c.jobs_on(&h.info.id).count(),
+                summaries: self
+                    .plugins
+                    .iter()
+                    .filter_map(|p| p.host_summary(&h.info.id).map(|v| (p.name().to_owned(), v)))
+                    .collect(),
+            })
+            .collect();
+        self.view.send_replace(Arc::new(View { services, hosts }));
+
+        let m = &self.metrics;
+        m.draining.set(
+            c.jobs
+                .values()
+                .filter(|j| j.effective_state() == JobState::Draining)
+                .count() as i64,
+        );
+        for (state, name) in [
+            (JobState::Placed, "placed"),
+            (JobState::Running, "running"),
+            (JobState::Draining, "draining"),
+            (JobState::Stopping, "stopping"),
+            (JobState::Unknown, "unknown"),
+        ] {
+            m.set_jobs(
+                name,
+                c.jobs.values().filter(|j| j.info.state == state).count(),
+            );
+        }
+        for (state, name) in [
+            (HostState::Ready, "ready"),
+            (HostState::Unreachable, "unreachable"),
+            (HostState::Lost, "lost"),
+        ] {
+            m.set_hosts(
+                name,
+                c.hosts.values().filter(|h| h.info.state == state).count(),
+            );
+        }
+        m.pending
+            .set(self.pending.values().map(|p| p.len()).sum::<usize>() as i64);
+        m.revision.set(c.rev as i64);
+        // Announce last: the readers' view above already includes these changes.
+        let events = std::mem::take(&mut self.outbox);
+        for e in &events {
+            for l in &self.listeners {
+                l.on_event(e);
+            }
+        }
+    }
+
+    fn grant_summaries(&self, job: &JobInfo) -> BTreeMap<String, Value> {
+        self.plugins
+            .iter()
+            .filter_map(|p| {
+                let g = job.grants.get(p.name())?;
+                p.grant_summary(g).map(|v| (p.name().to_owned(), v))
+            })
+            .collect()
+    }
+}
+
+/// Job ids are `j-<n>`: sort numerically.
+fn job_num(id: &str) -> u64 {
+    id.strip_prefix("j-")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(u64::MAX)
+}
