@@ -67,7 +67,6 @@ pub fn read_interfaces() -> std::io::Result<Vec<Interface>> {
 mod sys {
     use super::InterfaceAddr;
     use nix::net::if_::InterfaceFlags;
-    use nix::sys::socket::SockaddrLike as _;
     use std::io;
     use std::net::IpAddr;
 
