@@ -1,4 +1,4 @@
-//! What the other tasks tell the state task ([`super::agent`]): the one type the exit
+//! What the other tasks tell the state task (`agent.rs`): the one type the exit
 //! watchers, probes, the event sender and the assignments loop share with it, so they
 //! depend on this module and never on the agent.
 
