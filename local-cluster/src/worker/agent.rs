@@ -1,6 +1,7 @@
 //! The state task: one task owns the jobs, reconciles the desired set, and is told about
-//! exits, readiness transitions and acknowledged events over a channel. Around it: the
-//! registration, heartbeat, facts, assignments and event sender tasks.
+//! exits, readiness transitions and acknowledged events over a channel ([`Msg`]). Around
+//! it: the registration, heartbeat, facts and assignments tasks (`control.rs`) and the
+//! event sender (`events.rs`), which it starts and which never call back into it.
 
 use plugin_api::{HostFacts, JobId, LaunchContext, LaunchPlan};
 use std::collections::{BTreeMap, BTreeSet};
