@@ -3,6 +3,7 @@
 //! [`choose`](crate::choose) works on a slice of [`Interface`] so tests can describe any
 //! host; [`read_interfaces`] fills it from the real machine.
 
+use nix::net::if_::InterfaceFlags;
 use std::net::IpAddr;
 
 /// One network interface and its addresses.
@@ -47,11 +48,11 @@ pub fn read_interfaces() -> std::io::Result<Vec<Interface>> {
         };
         let iface = &mut out[i];
         let flags = entry.flags;
-        let up_mask = (libc::IFF_UP | libc::IFF_RUNNING) as u32;
+        let up_mask = InterfaceFlags::IFF_UP | InterfaceFlags::IFF_RUNNING;
         // Every entry of one interface carries the same flags; or-ing them keeps the
         // answer right even if a platform leaves them out on some entries.
-        iface.up |= flags & up_mask == up_mask;
-        iface.loopback |= flags & libc::IFF_LOOPBACK as u32 != 0;
+        iface.up |= flags.contains(up_mask);
+        iface.loopback |= flags.contains(InterfaceFlags::IFF_LOOPBACK);
         if let Some(addr) = entry.addr {
             if !iface.addrs.contains(&addr) {
                 iface.addrs.push(addr);
@@ -61,85 +62,48 @@ pub fn read_interfaces() -> std::io::Result<Vec<Interface>> {
     Ok(out)
 }
 
-/// The one place this crate talks to the C library.
-#[allow(unsafe_code)]
+/// The one place this crate asks the system: `getifaddrs(3)` through `nix`, which copies
+/// the list into owned values and frees it.
 mod sys {
     use super::InterfaceAddr;
-    use std::ffi::CStr;
+    use nix::net::if_::InterfaceFlags;
     use std::io;
-    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    use std::net::IpAddr;
 
     pub(super) struct Entry {
         pub(super) name: String,
-        pub(super) flags: u32,
+        pub(super) flags: InterfaceFlags,
         pub(super) addr: Option<InterfaceAddr>,
     }
 
-    /// Copies the list `getifaddrs(3)` returns into owned values and frees it.
     pub(super) fn getifaddrs() -> io::Result<Vec<Entry>> {
-        let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-        // SAFETY: `head` is a valid place for the call to store the list pointer.
-        if unsafe { libc::getifaddrs(&mut head) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut out = Vec::new();
-        let mut cur = head;
-        while !cur.is_null() {
-            // SAFETY: `cur` is a non-null node of the list getifaddrs returned, which
-            // stays valid until freeifaddrs below.
-            let ifa = unsafe { &*cur };
-            cur = ifa.ifa_next;
-            if ifa.ifa_name.is_null() {
-                continue;
-            }
-            // SAFETY: ifa_name is a non-null, NUL-terminated string owned by the list.
-            let name = unsafe { CStr::from_ptr(ifa.ifa_name) }
-                .to_string_lossy()
-                .into_owned();
-            // SAFETY: both pointers are null or point to sockaddrs owned by the list.
-            let ip = unsafe { ip_of(ifa.ifa_addr) };
-            let addr = ip.map(|ip| InterfaceAddr {
-                ip,
-                // SAFETY: as above.
-                prefix: unsafe { ip_of(ifa.ifa_netmask) }.map_or(full(ip), prefix_len),
-            });
-            out.push(Entry {
-                name,
-                flags: ifa.ifa_flags as u32,
-                addr,
-            });
-        }
-        // SAFETY: `head` came from a successful getifaddrs and is freed exactly once;
-        // nothing borrowed from it outlives this point (everything above was copied).
-        unsafe { libc::freeifaddrs(head) };
-        Ok(out)
+        let list = nix::ifaddrs::getifaddrs().map_err(io::Error::from)?;
+        Ok(list
+            .map(|ifa| {
+                let ip = ifa.address.as_ref().and_then(ip_of);
+                let addr = ip.map(|ip| InterfaceAddr {
+                    ip,
+                    prefix: ifa
+                        .netmask
+                        .as_ref()
+                        .and_then(ip_of)
+                        .map_or(full(ip), prefix_len),
+                });
+                Entry {
+                    name: ifa.interface_name,
+                    flags: ifa.flags,
+                    addr,
+                }
+            })
+            .collect())
     }
 
     /// The IP in `sa`, if it is an IPv4 or IPv6 socket address.
-    ///
-    /// # Safety
-    /// `sa` is null or points to a socket address whose length matches its family.
-    unsafe fn ip_of(sa: *const libc::sockaddr) -> Option<IpAddr> {
-        if sa.is_null() {
-            return None;
-        }
-        // SAFETY: the caller promises `sa` points to a sockaddr; sa_family is its first
-        // field in every variant.
-        match i32::from(unsafe { (*sa).sa_family }) {
-            libc::AF_INET => {
-                // SAFETY: an AF_INET address is a sockaddr_in; read_unaligned because the
-                // list gives no alignment promise for the wider type.
-                let sin = unsafe { std::ptr::read_unaligned(sa.cast::<libc::sockaddr_in>()) };
-                Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(
-                    sin.sin_addr.s_addr,
-                ))))
-            }
-            libc::AF_INET6 => {
-                // SAFETY: an AF_INET6 address is a sockaddr_in6; as above.
-                let sin6 = unsafe { std::ptr::read_unaligned(sa.cast::<libc::sockaddr_in6>()) };
-                Some(IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr)))
-            }
-            _ => None,
+    fn ip_of(sa: &nix::sys::socket::SockaddrStorage) -> Option<IpAddr> {
+        if let Some(sin) = sa.as_sockaddr_in() {
+            Some(IpAddr::V4(sin.ip()))
+        } else {
+            sa.as_sockaddr_in6().map(|sin6| IpAddr::V6(sin6.ip()))
         }
     }
 
@@ -165,7 +129,7 @@ mod tests {
     use super::*;
 
     /// Every machine this runs on has an up loopback interface holding 127.0.0.1/8; this
-    /// checks the FFI copy (names, flags, netmask to prefix) against it.
+    /// checks the copy (names, flags, netmask to prefix) against it.
     #[test]
     fn reads_loopback_of_this_machine() {
         let interfaces = read_interfaces().unwrap();

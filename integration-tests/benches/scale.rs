@@ -175,37 +175,31 @@ fn forget_child(pid: u32) {
 }
 
 fn signal(pid: u32, sig: i32) {
-    // SAFETY: kill(2) on a child of ours; no memory involved.
-    #[allow(unsafe_code)]
-    unsafe {
-        libc::kill(pid as i32, sig);
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw);
+    let sig = rustix::process::Signal::from_named_raw(sig);
+    if let (Some(pid), Some(sig)) = (pid, sig) {
+        let _ = rustix::process::kill_process(pid, sig);
     }
 }
 
 /// Raises the soft open-file limit to the hard one (children inherit it); returns it.
 fn raise_nofile() -> u64 {
-    // SAFETY: getrlimit/setrlimit on a local struct.
-    #[allow(unsafe_code)]
-    unsafe {
-        let mut r = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let r = getrlimit(Resource::Nofile);
+    let soft = r.current.unwrap_or(u64::MAX);
+    let want = r.maximum.unwrap_or(u64::MAX).min(1 << 20);
+    if soft < want {
+        let raised = Rlimit {
+            current: Some(want),
+            maximum: r.maximum,
         };
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
-            return 0;
+        if setrlimit(Resource::Nofile, raised).is_ok() {
+            return want;
         }
-        let want = r.rlim_max.min(1 << 20);
-        if r.rlim_cur < want {
-            let raised = libc::rlimit {
-                rlim_cur: want,
-                rlim_max: r.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
-                r.rlim_cur = want;
-            }
-        }
-        r.rlim_cur
     }
+    soft
 }
 
 /// The kernel's count of connections dropped because a listen queue was full (all
@@ -242,9 +236,7 @@ fn rss_kib(pid: u32) -> u64 {
 fn cpu_us(pid: u32) -> f64 {
     static TICK: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
     let hz = *TICK.get_or_init(|| {
-        // SAFETY: sysconf reads a constant.
-        #[allow(unsafe_code)]
-        let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+        let t = rustix::param::clock_ticks_per_second();
         if t > 0 {
             t as f64
         } else {

@@ -9,6 +9,7 @@
 
 pub mod apiserver;
 pub mod auth;
+mod backoff;
 pub mod clientconf;
 pub mod controller;
 pub mod limits;

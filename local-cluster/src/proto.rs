@@ -327,13 +327,14 @@ pub fn signal_name(signal: i32) -> Option<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rustix::process::Signal;
 
     #[test]
     fn exit_causes_read_well_and_old_events_still_parse() {
         let all = [
             ExitCause::code(3),
-            ExitCause::signal(libc::SIGKILL),
-            ExitCause::signal(libc::SIGSEGV),
+            ExitCause::signal(Signal::KILL.as_raw()),
+            ExitCause::signal(Signal::SEGV.as_raw()),
             ExitCause::signal(40),
             ExitCause {
                 code: Some(127),
@@ -354,8 +355,8 @@ mod tests {
             cannot start "no-such-binary-xyz": No such file or directory (os error 2)
             exit (status unknown)"#]]
         .assert_eq(&lines.join("\n"));
-        assert_eq!(signal_name(libc::SIGTERM), Some("SIGTERM"));
-        assert_eq!(signal_name(libc::SIGSYS), Some("SIGSYS"));
+        assert_eq!(signal_name(Signal::TERM.as_raw()), Some("SIGTERM"));
+        assert_eq!(signal_name(Signal::SYS.as_raw()), Some("SIGSYS"));
         assert_eq!(signal_name(0), None);
         assert_eq!(signal_name(-9), None);
         // An old worker's events (no signal, error or log) read as before, and a new

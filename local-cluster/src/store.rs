@@ -277,7 +277,7 @@ fn backend(e: impl fmt::Display) -> StoreError {
 fn redb_err(e: impl Into<redb::Error>) -> StoreError {
     match e.into() {
         redb::Error::Io(io) => StoreError::Io {
-            no_space: io.raw_os_error() == Some(libc::ENOSPC)
+            no_space: io.raw_os_error() == Some(rustix::io::Errno::NOSPC.raw_os_error())
                 || io.kind() == std::io::ErrorKind::StorageFull,
             message: io.to_string(),
         },

@@ -121,10 +121,12 @@ pub fn terminate(child: &mut Child) {
 }
 
 pub fn signal(pid: u32, sig: i32) {
-    // SAFETY: kill(2) with a pid we own the child of, or a replica we look up; no memory.
-    #[allow(unsafe_code)]
-    unsafe {
-        libc::kill(pid as i32, sig);
+    let pid = i32::try_from(pid)
+        .ok()
+        .and_then(rustix::process::Pid::from_raw);
+    let sig = rustix::process::Signal::from_named_raw(sig);
+    if let (Some(pid), Some(sig)) = (pid, sig) {
+        let _ = rustix::process::kill_process(pid, sig);
     }
 }
 
@@ -266,7 +268,17 @@ impl DevCluster {
         let dir = tempfile::tempdir()?;
         let first_ip = next_ip_block();
         let client_config = dir.path().join("xcecli.toml");
-        let mut cmd = Command::new(bin("xced"));
+        // A limit for xced alone: prlimit(1) sets it on itself and execs xced (same pid).
+        let mut cmd = match nofile {
+            Some((soft, hard)) => {
+                let mut c = Command::new("prlimit");
+                c.arg(format!("--nofile={soft}:{hard}"))
+                    .arg("--")
+                    .arg(bin("xced"));
+                c
+            }
+            None => Command::new(bin("xced")),
+        };
         cmd.arg("dev")
             .args(["--hosts", &hosts.to_string()])
             .args(["--listen", "127.0.0.1:0"])
@@ -287,24 +299,6 @@ impl DevCluster {
             )?));
         if demo {
             cmd.arg("--demo");
-        }
-        if let Some((soft, hard)) = nofile {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: the closure runs in the forked child before exec and only calls
-            // setrlimit (async-signal-safe) on a struct it owns.
-            #[allow(unsafe_code)]
-            unsafe {
-                cmd.pre_exec(move || {
-                    let r = libc::rlimit {
-                        rlim_cur: soft as libc::rlim_t,
-                        rlim_max: hard as libc::rlim_t,
-                    };
-                    if libc::setrlimit(libc::RLIMIT_NOFILE, &r) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
         }
         let mut child = cmd.spawn().context("spawning xced dev")?;
         let lines = spawn_line_reader(&mut child);
@@ -778,15 +772,7 @@ impl Drop for Cluster {
 /// CLOCK_MONOTONIC in nanoseconds: the clock Python's `time.monotonic_ns()` reads, so the
 /// test and the replica processes stamp events on one timeline.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own.
-    #[allow(unsafe_code)]
-    unsafe {
-        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
-    }
+    let ts = rustix::time::clock_gettime(rustix::time::ClockId::Monotonic);
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -1034,41 +1020,18 @@ pub fn rss_kib(pid: u32) -> u64 {
 /// before the handshake so the window stays small: a client that does not read stalls
 /// the server's writes after a few KiB instead of megabytes.
 pub fn small_window_connect(addr: std::net::SocketAddrV4) -> Result<std::net::TcpStream> {
-    use std::os::fd::FromRawFd;
-    // SAFETY: plain socket calls on a descriptor we create and hand to TcpStream.
-    #[allow(unsafe_code)]
-    unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            bail!("socket: {}", std::io::Error::last_os_error());
-        }
-        let stream = std::net::TcpStream::from_raw_fd(fd);
-        let size: libc::c_int = 2048;
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVBUF,
-            &size as *const _ as *const libc::c_void,
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        );
-        let sa = libc::sockaddr_in {
-            sin_family: libc::AF_INET as libc::sa_family_t,
-            sin_port: addr.port().to_be(),
-            sin_addr: libc::in_addr {
-                s_addr: u32::from(*addr.ip()).to_be(),
-            },
-            sin_zero: [0; 8],
-        };
-        if libc::connect(
-            fd,
-            &sa as *const _ as *const libc::sockaddr,
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        ) != 0
-        {
-            bail!("connect {addr}: {}", std::io::Error::last_os_error());
-        }
-        Ok(stream)
-    }
+    use rustix::net::{sockopt, AddressFamily, SocketFlags, SocketType};
+    let fd = rustix::net::socket_with(
+        AddressFamily::INET,
+        SocketType::STREAM,
+        SocketFlags::CLOEXEC,
+        None,
+    )
+    .context("socket")?;
+    // Best effort, as before: the kernel rounds it up to its minimum.
+    let _ = sockopt::set_socket_recv_buffer_size(&fd, 2048);
+    rustix::net::connect(&fd, &addr).with_context(|| format!("connect {addr}"))?;
+    Ok(std::net::TcpStream::from(fd))
 }
 
 /// The body of an HTTP/1.1 response read whole (headers, then chunked or plain body).

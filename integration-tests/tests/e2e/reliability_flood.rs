@@ -68,28 +68,19 @@ fn is_half(i: usize) -> bool {
 
 /// Raises this process's soft open-file limit to its hard limit; returns the soft limit.
 fn raise_own_nofile() -> u64 {
-    let mut r = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes and setrlimit reads only the structs we own.
-    #[allow(unsafe_code)]
-    unsafe {
-        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) != 0 {
-            return 1024;
-        }
-        if r.rlim_cur < r.rlim_max {
-            let want = libc::rlimit {
-                rlim_cur: r.rlim_max,
-                rlim_max: r.rlim_max,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
-                r.rlim_cur = r.rlim_max;
-            }
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let r = getrlimit(Resource::Nofile);
+    let soft = r.current.unwrap_or(u64::MAX);
+    let hard = r.maximum.unwrap_or(u64::MAX);
+    if soft < hard {
+        let want = Rlimit {
+            current: r.maximum,
+            maximum: r.maximum,
+        };
+        if setrlimit(Resource::Nofile, want).is_ok() {
+            return hard;
         }
     }
-    #[allow(clippy::useless_conversion)]
-    let soft = u64::from(r.rlim_cur);
     soft
 }
 

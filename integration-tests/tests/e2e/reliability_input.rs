@@ -1541,9 +1541,9 @@ fn run_bounded(config: &std::path::Path, args: &[String]) -> std::process::Outpu
     let killer = std::thread::spawn(move || {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         while std::time::Instant::now() < deadline {
-            // SAFETY: signal 0 only checks whether the process still exists.
-            #[allow(unsafe_code)]
-            let alive = unsafe { libc::kill(pid as i32, 0) } == 0;
+            // Signal 0 only checks whether the process still exists.
+            let alive = rustix::process::Pid::from_raw(pid as i32)
+                .is_some_and(|p| rustix::process::test_kill_process(p).is_ok());
             if !alive {
                 return;
             }

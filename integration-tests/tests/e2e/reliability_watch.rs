@@ -493,21 +493,7 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
     // The slow client reads at last: a whole number of events (what the kernel and hyper
     // still held), then the end of the stream (the stream, cut off already, ends the body
     // at hyper's next poll).
-    let size: libc::c_int = 1 << 20;
-    {
-        use std::os::fd::AsRawFd;
-        // SAFETY: setsockopt on a socket we own.
-        #[allow(unsafe_code)]
-        unsafe {
-            libc::setsockopt(
-                slow.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_RCVBUF,
-                &size as *const _ as *const libc::c_void,
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            );
-        }
-    }
+    let _ = rustix::net::sockopt::set_socket_recv_buffer_size(&slow, 1 << 20);
     slow.set_read_timeout(Some(patience())).unwrap();
     // The end of the stream is its last chunk (the connection itself may stay open for
     // another request, HTTP/1.1 keep-alive). Catching up with the current index instead

@@ -12,6 +12,7 @@
 //! with a full reload and resync, never with a guess.
 
 use super::metrics::Metrics;
+use crate::backoff::Backoff;
 use crate::controller::model::{decode_events, events_key, Cluster};
 use crate::store::etcd::int;
 use crate::store::{EtcdStore, Key, StoreError};
@@ -122,28 +123,28 @@ impl Follower {
 
     /// Follows the store until the task is dropped.
     pub(crate) async fn run(mut self) {
-        let mut pause = Duration::from_millis(100);
+        let mut backoff = Backoff::new(Duration::from_millis(100), MAX_RETRY);
         loop {
             let end = self.watch().await;
             // A watch that was established restarts the back-off.
             if self.metrics.watching.get() > 0 {
-                pause = Duration::from_millis(100);
+                backoff.reset();
             }
             self.metrics.watching.set(0);
             match end {
                 End::Broken(why) => {
                     // The next endpoint: the one we watched may be the one that died.
                     self.endpoint = (self.endpoint + 1) % self.store.endpoints().len();
+                    let pause = backoff.next();
                     tracing::warn!(reason = %why, etcd_revision = self.etcd_rev, retry_in = ?pause, "follower: watch broken, watching again");
                     tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(MAX_RETRY);
                 }
                 End::Reload(why) => {
                     tracing::warn!(reason = %why, "follower: reloading the whole state");
                     while let Err(e) = self.load().await {
+                        let pause = backoff.next();
                         tracing::warn!(error = %e, retry_in = ?pause, "follower: cannot load the state");
                         tokio::time::sleep(pause).await;
-                        pause = (pause * 2).min(MAX_RETRY);
                     }
                 }
             }

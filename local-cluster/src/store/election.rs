@@ -26,6 +26,7 @@
 //! makes every commit conditional on the leader key being the one this leader created.
 
 use super::etcd::{b64, check_endpoint, int, post, unb64, Failure, REQUIRE_LEADER};
+use crate::backoff::Backoff;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -258,7 +259,7 @@ impl Election {
     /// the campaign with an error.
     pub fn campaign(&self, mut standby: impl FnMut(&str)) -> Result<Leadership, ElectionError> {
         let mut named: Option<String> = None;
-        let mut pause = Duration::from_millis(100);
+        let mut backoff = Backoff::new(Duration::from_millis(100), self.inner.timings.retry_period);
         loop {
             let failed = match self.attempt() {
                 Ok(Attempt::Won(l)) => return Ok(l),
@@ -267,7 +268,7 @@ impl Election {
                         standby(&leader);
                         named = Some(leader);
                     }
-                    pause = Duration::from_millis(100);
+                    backoff.reset();
                     match self.watch_delete(rev + 1) {
                         Ok(WatchEnd::Deleted | WatchEnd::Recheck) => continue,
                         Err(e) => e,
@@ -276,9 +277,9 @@ impl Election {
                 Err(ElectionError::Etcd(e)) => e,
                 Err(e) => return Err(e),
             };
+            let pause = backoff.next();
             tracing::warn!(error = %failed, retry_in = ?pause, "election: etcd did not answer");
             std::thread::sleep(pause);
-            pause = (pause * 2).min(self.inner.timings.retry_period);
         }
     }
 

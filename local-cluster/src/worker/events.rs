@@ -12,8 +12,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, watch, Notify};
 
-use super::agent::Msg;
-use super::client::{CallError, Client};
+use super::client::{sleep_or_answer, CallError, Client};
+use super::msg::Msg;
+use crate::backoff::Backoff;
 use crate::proto::WorkerEvent;
 
 /// The most events sent in one request.
@@ -190,41 +191,12 @@ impl Outbox {
                     } else {
                         tracing::warn!(error = %e, retry_in = ?wait, "sending events failed");
                     }
-                    if super::agent::sleep_or_answer(wait, &mut answers).await {
+                    if sleep_or_answer(wait, &mut answers).await {
                         backoff.reset();
                     }
                 }
             }
         }
-    }
-}
-
-/// Capped exponential backoff with a little jitter (so many workers that lost the
-/// controller together do not come back in lockstep).
-#[derive(Debug)]
-pub(crate) struct Backoff {
-    first: Duration,
-    cap: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    pub(crate) fn new(first: Duration, cap: Duration) -> Self {
-        Self {
-            first,
-            cap,
-            next: first,
-        }
-    }
-
-    pub(crate) fn next(&mut self) -> Duration {
-        let d = self.next;
-        self.next = (self.next * 2).min(self.cap);
-        d + d.mul_f64(fastrand::f64() * 0.2)
-    }
-
-    pub(crate) fn reset(&mut self) {
-        self.next = self.first;
     }
 }
 

@@ -18,8 +18,11 @@
 
 mod agent;
 mod client;
+mod config;
+mod control;
 mod events;
 mod identity;
+mod msg;
 mod probe;
 mod process;
 mod procfs;
@@ -29,112 +32,12 @@ mod sys;
 #[cfg(test)]
 mod tests;
 
-use plugin_api::{FactsError, HostFacts, HostFactsProvider, LaunchHook};
 use std::future::Future;
-use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::Duration;
 
-/// The default grace between SIGTERM and SIGKILL when a replica is stopped.
-pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
-/// The default period of re-reading the host facts.
-pub const DEFAULT_FACTS_INTERVAL: Duration = Duration::from_secs(30);
-
-/// What a worker needs to know. Build it with [`WorkerConfig::new`] for the defaults.
-#[derive(Clone)]
-pub struct WorkerConfig {
-    /// The host id this worker acts for (e.g. `exec-01`).
-    pub host: String,
-    /// The controller's base URL, e.g. `http://127.0.0.1:7480`; or several, separated
-    /// by commas (controllers sharing one etcd, of which only the leader listens): the
-    /// worker uses the one that answered last and moves to the next on a connection
-    /// failure.
-    pub controller: String,
-    /// The worker's bearer credential. Never logged (`Debug` redacts it).
-    pub credential: String,
-    /// Where `jobs.json` and `logs/` live. One directory per worker.
-    pub data_dir: PathBuf,
-    /// Grace between SIGTERM and SIGKILL when stopping a replica.
-    pub stop_timeout: Duration,
-    /// How often the host facts are re-read (and reported if they changed).
-    pub facts_interval: Duration,
-}
-
-impl WorkerConfig {
-    /// A config with the default stop timeout and facts interval.
-    pub fn new(
-        host: impl Into<String>,
-        controller: impl Into<String>,
-        credential: impl Into<String>,
-        data_dir: impl Into<PathBuf>,
-    ) -> Self {
-        Self {
-            host: host.into(),
-            controller: controller.into(),
-            credential: credential.into(),
-            data_dir: data_dir.into(),
-            stop_timeout: DEFAULT_STOP_TIMEOUT,
-            facts_interval: DEFAULT_FACTS_INTERVAL,
-        }
-    }
-}
-
-impl std::fmt::Debug for WorkerConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WorkerConfig")
-            .field("host", &self.host)
-            .field("controller", &self.controller)
-            .field("credential", &"<redacted>")
-            .field("data_dir", &self.data_dir)
-            .field("stop_timeout", &self.stop_timeout)
-            .field("facts_interval", &self.facts_interval)
-            .finish()
-    }
-}
-
-/// The plugins a worker runs with, in registration order.
-#[derive(Clone, Default)]
-pub struct WorkerPlugins {
-    /// Host facts providers; each fills in its part of the facts, in order.
-    pub facts: Vec<Arc<dyn HostFactsProvider>>,
-    /// Launch hooks; each adds to the launch plan (or refuses), in order.
-    pub hooks: Vec<Arc<dyn LaunchHook>>,
-}
-
-impl std::fmt::Debug for WorkerPlugins {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WorkerPlugins")
-            .field(
-                "facts",
-                &self.facts.iter().map(|p| p.name()).collect::<Vec<_>>(),
-            )
-            .field(
-                "hooks",
-                &self.hooks.iter().map(|h| h.name()).collect::<Vec<_>>(),
-            )
-            .finish()
-    }
-}
-
-/// What happens to the replicas when the worker shuts down.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ShutdownMode {
-    /// Leave them running for a later worker to re-adopt (`xced worker` on SIGTERM or
-    /// SIGINT).
-    Detach,
-    /// Stop every replica (SIGTERM, SIGKILL after the grace) and report the exits first
-    /// (`xced dev` on Ctrl-C).
-    StopReplicas,
-}
-
-/// Collects the host facts from every provider, in order.
-pub async fn collect_facts(plugins: &WorkerPlugins) -> Result<HostFacts, FactsError> {
-    let mut facts = HostFacts::default();
-    for p in &plugins.facts {
-        p.collect(&mut facts).await?;
-    }
-    Ok(facts)
-}
+pub use config::{
+    collect_facts, ShutdownMode, WorkerConfig, WorkerPlugins, DEFAULT_FACTS_INTERVAL,
+    DEFAULT_STOP_TIMEOUT,
+};
 
 /// Runs the worker until `shutdown` resolves, then detaches from or stops the replicas as
 /// it says.

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-use super::agent::Msg;
+use super::msg::Msg;
 use super::procfs;
 use crate::profile::{Probe, Readiness};
 

@@ -12,7 +12,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 
-use super::agent::Msg;
+use super::msg::Msg;
 use super::procfs;
 use super::sys::{self, PidFd, Signal};
 
@@ -74,8 +74,17 @@ impl SpawnError {
 }
 
 /// Spawns `argv` with `env` added to the worker's environment, in a new process group,
-/// stdin from /dev/null and stdout/stderr appended to `log`.
+/// stdin from /dev/null and stdout/stderr appended to `log`. A start error is also noted
+/// in `log`, so the file the operator is shown says why there is no output.
 pub(crate) fn spawn(
+    argv: &[String],
+    env: &BTreeMap<String, String>,
+    log: &Path,
+) -> Result<Spawned, SpawnError> {
+    spawn_watched(argv, env, log).inspect_err(|e| note_in_log(log, &e.to_string()))
+}
+
+fn spawn_watched(
     argv: &[String],
     env: &BTreeMap<String, String>,
     log: &Path,
@@ -130,7 +139,7 @@ pub(crate) fn spawn(
 
 /// Appends one line from the worker to a replica's log, so the file the operator is shown
 /// says why there is no output (best effort: the event carries the reason too).
-pub(crate) fn note_in_log(log: &Path, line: &str) {
+fn note_in_log(log: &Path, line: &str) {
     use std::io::Write as _;
     let written = std::fs::OpenOptions::new()
         .create(true)

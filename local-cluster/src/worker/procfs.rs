@@ -56,7 +56,7 @@ pub(crate) fn read_stat(pid: u32) -> io::Result<Option<ProcStat>> {
             .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e)),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
         // ESRCH: the process went away between open and read.
-        Err(e) if e.raw_os_error() == Some(libc::ESRCH) => Ok(None),
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::SRCH.raw_os_error()) => Ok(None),
         Err(e) => Err(e),
     }
 }

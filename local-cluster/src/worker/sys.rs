@@ -1,19 +1,29 @@
 //! The few system calls the worker needs that std and tokio do not offer: pidfds (exit
-//! watching that works for processes the worker did not spawn) and signals to a process
-//! group. The only module of the crate with `unsafe`.
-#![allow(unsafe_code)]
+//! watching that works for processes the worker did not spawn), signals to a process
+//! group and `flock`. All through `rustix`, so the crate has no `unsafe`.
 
+use rustix::process::{Pid, PidfdFlags};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 
 /// A pidfd: a handle to one process that stays valid (and never refers to another
 /// process) even after the pid is recycled. Readable once the process has exited.
+///
+/// The descriptor is private and never replaced, so `as_raw_fd` returns the same open
+/// descriptor for the whole life of the value: the promise tokio's reactor needs (see
+/// [`async_pidfd`]).
 #[derive(Debug)]
 pub(crate) struct PidFd(OwnedFd);
 
 impl AsRawFd for PidFd {
     fn as_raw_fd(&self) -> RawFd {
         self.0.as_raw_fd()
+    }
+}
+
+impl AsFd for PidFd {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
     }
 }
 
@@ -27,19 +37,19 @@ pub(crate) enum Signal {
 }
 
 impl Signal {
-    fn raw(self) -> libc::c_int {
+    fn raw(self) -> rustix::process::Signal {
         match self {
-            Signal::Term => libc::SIGTERM,
-            Signal::Kill => libc::SIGKILL,
+            Signal::Term => rustix::process::Signal::TERM,
+            Signal::Kill => rustix::process::Signal::KILL,
         }
     }
 }
 
-fn to_pid(pid: u32) -> io::Result<libc::pid_t> {
-    match libc::pid_t::try_from(pid) {
-        // pid 0 and 1 are never replicas; refusing them here also keeps `kill(-pid)` from
+fn to_pid(pid: u32) -> io::Result<Pid> {
+    match i32::try_from(pid).ok().and_then(Pid::from_raw) {
+        // pid 0 and 1 are never replicas; refusing them here also keeps a group kill from
         // ever turning into `kill(0)` (our own group) or `kill(-1)` (every process).
-        Ok(p) if p > 1 => Ok(p),
+        Some(p) if !p.is_init() => Ok(p),
         _ => Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("refusing to act on pid {pid}"),
@@ -50,17 +60,10 @@ fn to_pid(pid: u32) -> io::Result<libc::pid_t> {
 /// Opens a pidfd for `pid` (`pidfd_open(2)`, Linux 5.3+).
 pub(crate) fn pidfd_open(pid: u32) -> io::Result<PidFd> {
     let pid = to_pid(pid)?;
-    // SAFETY: pidfd_open takes two integers by value and reads or writes no memory of
-    // ours; the return value is checked below.
-    let ret = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0 as libc::c_uint) };
-    if ret < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let fd =
-        RawFd::try_from(ret).map_err(|_| io::Error::other(format!("pidfd_open returned {ret}")))?;
-    // SAFETY: the kernel just handed us this fresh descriptor; nothing else owns it, and
-    // `OwnedFd` closes it exactly once.
-    Ok(PidFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    Ok(PidFd(rustix::process::pidfd_open(
+        pid,
+        PidfdFlags::empty(),
+    )?))
 }
 
 /// Registers the pidfd with tokio's reactor: the result is readable once the process
@@ -68,58 +71,45 @@ pub(crate) fn pidfd_open(pid: u32) -> io::Result<PidFd> {
 pub(crate) fn async_pidfd(
     fd: std::sync::Arc<PidFd>,
 ) -> io::Result<tokio::io::unix::AsyncFd<std::sync::Arc<PidFd>>> {
-    // SAFETY: the `Arc` moved into the `AsyncFd` keeps the `OwnedFd` inside open for the
-    // whole life of the `AsyncFd`, and `PidFd::as_raw_fd` always returns that same fd
-    // (nothing can replace the `OwnedFd` of a `PidFd`).
-    unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
-        .map_err(|e| e.into_parts().1)
+    // tokio marks this constructor deprecated (its replacement is `unsafe`) because a
+    // type's `as_raw_fd` might hand out a descriptor that is closed or swapped while
+    // registered. `PidFd` cannot: the `Arc` moved into the `AsyncFd` keeps its private
+    // `OwnedFd` open for the whole life of the `AsyncFd`, and nothing can replace it.
+    #[allow(deprecated)]
+    tokio::io::unix::AsyncFd::with_interest(fd, tokio::io::Interest::READABLE)
 }
 
 /// Whether the process behind `fd` has exited (a non-blocking poll for readability).
 pub(crate) fn pidfd_exited(fd: &PidFd) -> bool {
-    let mut pfd = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLIN,
-        revents: 0,
+    use rustix::event::{PollFd, PollFlags};
+    let mut fds = [PollFd::new(fd, PollFlags::IN)];
+    let zero = rustix::event::Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
     };
-    // SAFETY: `pfd` is a valid, initialized pollfd that lives across the call; we pass a
-    // count of 1 and a zero timeout, so the kernel touches only that struct.
-    let n = unsafe { libc::poll(&mut pfd, 1, 0) };
-    n > 0 && pfd.revents & (libc::POLLIN | libc::POLLHUP) != 0
+    matches!(rustix::event::poll(&mut fds, Some(&zero)), Ok(n) if n > 0)
+        && fds[0].revents().intersects(PollFlags::IN | PollFlags::HUP)
 }
 
 /// Sends `sig` to the process group `pgid` (replicas lead their own group, so
 /// `pgid` is the replica's pid). `Ok(false)`: no such group any more.
 pub(crate) fn kill_group(pgid: u32, sig: Signal) -> io::Result<bool> {
     let pgid = to_pid(pgid)?;
-    // SAFETY: kill takes two integers by value and touches no memory of ours; `to_pid`
-    // guarantees `-pgid < -1`, so this addresses exactly one process group.
-    let ret = unsafe { libc::kill(-pgid, sig.raw()) };
-    if ret == 0 {
-        return Ok(true);
-    }
-    let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::ESRCH) {
-        Ok(false)
-    } else {
-        Err(err)
+    match rustix::process::kill_process_group(pgid, sig.raw()) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::SRCH) => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 
 /// Takes an exclusive advisory lock on `file` without waiting (`flock(2)`); released when
 /// the file is closed. `Ok(false)`: someone else holds it.
 pub(crate) fn try_lock(file: &std::fs::File) -> io::Result<bool> {
-    // SAFETY: flock takes a descriptor that `file` keeps open for the call and flags by
-    // value; it touches no memory of ours.
-    let ret = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
-    if ret == 0 {
-        return Ok(true);
-    }
-    let err = io::Error::last_os_error();
-    if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
-        Ok(false)
-    } else {
-        Err(err)
+    use rustix::fs::FlockOperation;
+    match rustix::fs::flock(file, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(true),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(false),
+        Err(e) => Err(e.into()),
     }
 }
 

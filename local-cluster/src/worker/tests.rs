@@ -12,9 +12,12 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use plugin_api::{LaunchContext, LaunchPlan, LaunchRefusal};
+use plugin_api::{
+    FactsError, HostFacts, HostFactsProvider, LaunchContext, LaunchHook, LaunchPlan, LaunchRefusal,
+};
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::{oneshot, watch};
 
 const HOST: &str = "exec-01";

@@ -219,16 +219,13 @@ fn a_leader_that_cannot_renew_steps_down_at_its_renew_deadline_before_its_lease_
     assert!(renewed.is_err(), "lost while etcd answers: {renewed:?}");
     // etcd frozen: every renewal times out.
     let freeze = |sig| {
-        // SAFETY: kill(2) on the test's own child process; no memory involved.
-        #[allow(unsafe_code)]
-        unsafe {
-            libc::kill(etcd.pid() as i32, sig)
-        }
+        let pid = rustix::process::Pid::from_raw(etcd.pid() as i32).unwrap();
+        let _ = rustix::process::kill_process(pid, sig);
     };
-    freeze(libc::SIGSTOP);
+    freeze(rustix::process::Signal::STOP);
     let frozen = Instant::now();
     let (e, at) = lost.recv_timeout(PATIENCE).unwrap();
-    freeze(libc::SIGCONT);
+    freeze(rustix::process::Signal::CONT);
     drop(kept);
     // Told at the renew deadline (2 s after the last renewal that went through, before
     // the freeze), so before the lease (3 s after it) could run out and a standby lead.
