@@ -42,8 +42,8 @@ pub(crate) struct Shared {
     /// a request catching up never apply two batches out of order.
     catching_up: Mutex<()>,
     queue: Option<Arc<Queue>>,
-    /// Turns true when the host drains ([`ApiExtension::drain`]): blocking queries
-    /// answer and streams end.
+    /// Turns true when the host drains ([`plugin_api::ApiExtension::drain`]): blocking
+    /// queries answer and streams end.
     pub(crate) draining: watch::Sender<bool>,
     /// Raised after an update made at least one service appear (a slot was inserted):
     /// wakes the blocking queries parked on a name no visible service has yet, which
