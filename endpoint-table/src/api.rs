@@ -1,33 +1,13 @@
-//! The apiserver side: its own copy of the entries, fed by [`Update`]s, with one watch
-//! channel per service so a watcher wakes only when its own service changed.
+//! The apiserver side's public face: [`EndpointApi`], an [`ApiExtension`] serving from the
+//! [`Shared`] state, fed by [`Update`]s.
 
 use crate::config::TableConfig;
-use crate::delivery::{Recipient, Tracker};
 use crate::entry::Entry;
 use crate::metrics::Metrics;
 use crate::queue::{Queue, Update};
-use crate::table::Change;
-use axum::http::StatusCode;
-use plugin_api::{
-    resolve_service, ApiContext, ApiError, ApiExtension, Permission, Principal, Resolved,
-    ServiceKey,
-};
-use prometheus_client::metrics::histogram::Histogram;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
-use std::time::Instant;
-use tokio::sync::watch;
-
-/// What a service's watch channel holds.
-#[derive(Debug, Clone)]
-pub(crate) struct Slot {
-    /// Raised on every update of the slot: how far behind a stream is, in changes.
-    pub(crate) seq: u64,
-    /// The entry; `None` once the service is gone.
-    pub(crate) entry: Option<Arc<Entry>>,
-    /// The deliveries of the slot's changes to its watchers (the same for the slot's life).
-    pub(crate) delivery: Arc<Tracker>,
-}
+use crate::shared::{pump, Shared};
+use plugin_api::{ApiContext, ApiExtension, ServiceKey};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// The apiserver side of the endpoint table: register it as an [`ApiExtension`].
 ///
@@ -42,71 +22,12 @@ pub struct EndpointApi {
     pump: Mutex<Option<Arc<Queue>>>,
 }
 
-/// State shared by the routes and the pump.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) cfg: TableConfig,
-    pub(crate) metrics: Arc<Metrics>,
-    state: RwLock<ApiState>,
-    watchers: Mutex<WatcherCounts>,
-    /// The queue generation applied so far (in-process feed only).
-    applied: watch::Sender<u64>,
-    /// Held while taking updates from the queue and applying them, so that the pump and
-    /// a request catching up never apply two batches out of order.
-    catching_up: Mutex<()>,
-    queue: Option<Arc<Queue>>,
-    /// Turns true when the host drains ([`ApiExtension::drain`]): blocking queries
-    /// answer and streams end.
-    pub(crate) draining: watch::Sender<bool>,
-    /// Raised after an update made at least one service appear (a slot was inserted):
-    /// wakes the blocking queries parked on a name no visible service has yet, which
-    /// then look again. Raised after the insert, so one that subscribes before it looks
-    /// misses no appearance.
-    pub(crate) appeared: watch::Sender<u64>,
-}
-
-#[derive(Debug, Default)]
-struct ApiState {
-    /// Whether a resync arrived (until then the routes answer 503).
-    synced: bool,
-    /// One watch channel per service, by service name, then project: a path's name finds
-    /// every project that has a service of that name. A slot is here exactly while its
-    /// service exists (it leaves the map when it is emptied).
-    slots: HashMap<String, BTreeMap<String, watch::Sender<Slot>>>,
-}
-
-#[derive(Debug, Default)]
-struct WatcherCounts {
-    total: usize,
-    per_principal: HashMap<String, usize>,
-}
-
-/// One watcher counted against the caps; uncounted when dropped.
-#[derive(Debug)]
-pub(crate) struct WatcherGuard {
-    shared: Arc<Shared>,
-    principal: String,
-}
-
 // === impl EndpointApi ===
 
 impl EndpointApi {
     pub(crate) fn new(cfg: TableConfig, metrics: Arc<Metrics>, queue: Option<Arc<Queue>>) -> Self {
-        let mut cfg = cfg;
-        cfg.default_wait = cfg.default_wait.min(cfg.max_wait);
-        let shared = Arc::new(Shared {
-            cfg,
-            metrics,
-            state: RwLock::default(),
-            watchers: Mutex::default(),
-            applied: watch::Sender::new(0),
-            catching_up: Mutex::new(()),
-            queue: queue.clone(),
-            draining: watch::Sender::new(false),
-            appeared: watch::Sender::new(0),
-        });
         Self {
-            shared,
+            shared: Arc::new(Shared::new(cfg, metrics, queue.clone())),
             pump: Mutex::new(queue),
         }
     }
@@ -127,21 +48,13 @@ impl EndpointApi {
     /// (at once without an in-process feed). The pump must be running, i.e.
     /// [`ApiExtension::router`] called.
     pub async fn flushed(&self) {
-        let Some(queue) = &self.shared.queue else {
-            return;
-        };
-        let target = queue.generation();
-        let mut applied = self.shared.applied.subscribe();
-        // The sender lives in `self.shared`, so this cannot fail while `self` lives.
-        let _ = applied.wait_for(|g| *g >= target).await;
+        self.shared.flushed().await
     }
 
     /// The entry of service `key` as served now (no access control: for the host's own
     /// use).
     pub fn entry(&self, key: &ServiceKey) -> Option<Arc<Entry>> {
-        let state = self.shared.read();
-        let entry = state.slot(&key.project, &key.name)?.borrow().entry.clone();
-        entry
+        self.shared.entry(key)
     }
 
     #[cfg(test)]
@@ -185,17 +98,6 @@ impl EndpointApi {
     }
 }
 
-/// Moves updates from the in-process queue to the apiserver side until the feed is gone.
-async fn pump(queue: Arc<Queue>, shared: Weak<Shared>) {
-    while queue.pending().await {
-        let Some(shared) = shared.upgrade() else {
-            return;
-        };
-        shared.catch_up();
-    }
-    tracing::debug!("endpoint table feed closed");
-}
-
 impl ApiExtension for EndpointApi {
     fn router(&self, cx: ApiContext) -> axum::Router {
         self.start_pump();
@@ -210,289 +112,5 @@ impl ApiExtension for EndpointApi {
     /// clients resume elsewhere with `Last-Event-ID`), later ones do not wait.
     fn drain(&self) {
         self.shared.draining.send_replace(true);
-    }
-}
-
-// === impl Shared ===
-
-impl Shared {
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, ApiState> {
-        self.state.read().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Applies everything the in-process queue holds.
-    fn catch_up(&self) {
-        let Some(queue) = &self.queue else {
-            return;
-        };
-        let _serial = self
-            .catching_up
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if let Some(drained) = queue.drain() {
-            for (update, at) in drained.updates {
-                self.apply(update, Some(at));
-            }
-            self.applied.send_replace(drained.generation);
-        }
-    }
-
-    fn apply(&self, update: Update, received: Option<Instant>) {
-        // When the change reached the table feed; from another source, when it reached us.
-        let at = received.unwrap_or_else(Instant::now);
-        let delivery = &self.metrics.delivery;
-        let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
-        let mut inserted = false;
-        match update {
-            Update::Resync { entries } => {
-                state.synced = true;
-                let mut entries: HashMap<ServiceKey, Arc<Entry>> =
-                    entries.into_iter().map(|e| (e.key(), e)).collect();
-                for (name, projects) in &mut state.slots {
-                    projects.retain(|project, tx| {
-                        match entries.remove(&ServiceKey::new(project, name)) {
-                            Some(entry) => {
-                                set(tx, Some(entry), at);
-                                true
-                            }
-                            None => {
-                                set(tx, None, at);
-                                false
-                            }
-                        }
-                    });
-                }
-                state.slots.retain(|_, projects| !projects.is_empty());
-                for (key, entry) in entries {
-                    state.insert(key, new_slot(entry, delivery));
-                    inserted = true;
-                }
-            }
-            Update::Change {
-                change: Change::Upsert { entry },
-            } => match state.slot(&entry.project, &entry.service) {
-                Some(tx) => set(tx, Some(entry), at),
-                None => {
-                    state.insert(entry.key(), new_slot(entry, delivery));
-                    inserted = true;
-                }
-            },
-            Update::Change {
-                change: Change::Removed { service, project },
-            } => {
-                if let Some(tx) = state.remove(&project, &service) {
-                    set(&tx, None, at);
-                }
-            }
-        }
-        drop(state);
-        if inserted {
-            self.appeared.send_modify(|n| *n += 1);
-        }
-        if let Some(at) = received {
-            self.metrics.propagation.observe(at.elapsed().as_secs_f64());
-        }
-    }
-
-    #[cfg(test)]
-    pub(crate) fn watcher_count(&self) -> usize {
-        self.watchers.lock().unwrap().total
-    }
-
-    #[cfg(test)]
-    pub(crate) fn subscribe(&self, key: &ServiceKey) -> Option<watch::Receiver<Slot>> {
-        Some(self.read().slot(&key.project, &key.name)?.subscribe())
-    }
-
-    /// 503 until the first resync arrived: never serve an empty table while catching up.
-    pub(crate) fn ensure_synced(&self) -> Result<(), ApiError> {
-        if !self.read().synced {
-            // In one process the controller resyncs before the apiserver serves: take that
-            // resync now rather than race the pump and answer 503 to the first requests.
-            self.catch_up();
-        }
-        if self.read().synced {
-            Ok(())
-        } else {
-            Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                "the endpoint table is catching up, retry shortly",
-            ))
-        }
-    }
-
-    /// The watch channel and current entry of the service a path's `name` (and
-    /// `?project=`) resolves to for `principal` (DESIGN §5): among the projects it may
-    /// view that have a service `name`, exactly `project` when given. None: the one 404,
-    /// the same bytes whether the name is unknown, only in projects the caller cannot
-    /// view, or `project` is one it cannot view. Several (no `project`): 409 listing only
-    /// those of the caller's projects.
-    pub(crate) fn visible(
-        &self,
-        principal: &Principal,
-        name: &str,
-        project: Option<&str>,
-    ) -> Result<(watch::Receiver<Slot>, Arc<Entry>), ApiError> {
-        let not_found = || ApiError::service_not_found(name);
-        let may = |p: &str| principal.may(Permission::JobView, p);
-        let state = self.read();
-        let key = match resolve_service(name, project, state.projects_of(name), may) {
-            Resolved::Found(key) => key,
-            Resolved::NotFound => return Err(not_found()),
-            Resolved::Ambiguous(projects) => {
-                return Err(ApiError::ambiguous_service(name, &projects))
-            }
-        };
-        let rx = state
-            .slot(&key.project, &key.name)
-            .ok_or_else(not_found)?
-            .subscribe();
-        drop(state);
-        let entry = rx.borrow().entry.clone().ok_or_else(not_found)?;
-        if !may(&entry.project) {
-            return Err(not_found());
-        }
-        Ok((rx, entry))
-    }
-
-    /// Registers a watcher of `rx`'s service as a recipient of its changes (see
-    /// `crate::delivery`): it owes every change from now on.
-    pub(crate) fn recipient(&self, rx: &watch::Receiver<Slot>) -> Recipient {
-        let tracker = rx.borrow().delivery.clone();
-        tracker.register()
-    }
-
-    /// Every entry `principal` may view (only those of `project` when given), by service
-    /// name, then project.
-    pub(crate) fn visible_entries(
-        &self,
-        principal: &Principal,
-        project: Option<&str>,
-    ) -> Vec<Arc<Entry>> {
-        let mut entries: Vec<Arc<Entry>> = self
-            .read()
-            .slots
-            .values()
-            .flat_map(|projects| projects.values())
-            .filter_map(|tx| tx.borrow().entry.clone())
-            .filter(|e| project.is_none_or(|p| p == e.project))
-            .filter(|e| principal.may(Permission::JobView, &e.project))
-            .collect();
-        entries.sort_by(|a, b| (&a.service, &a.project).cmp(&(&b.service, &b.project)));
-        entries
-    }
-
-    /// Counts one more watcher for `principal`, or 429 past a cap.
-    pub(crate) fn watcher(
-        self: &Arc<Self>,
-        principal: &Principal,
-    ) -> Result<WatcherGuard, ApiError> {
-        let mut counts = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
-        let mine = counts
-            .per_principal
-            .get(&principal.name)
-            .copied()
-            .unwrap_or(0);
-        let refused = if counts.total >= self.cfg.max_watchers {
-            Some("too many watchers on this apiserver, retry later".to_owned())
-        } else if mine >= self.cfg.max_watchers_per_principal {
-            Some(format!(
-                "too many watchers for {:?} (at most {}), retry later",
-                principal.name, self.cfg.max_watchers_per_principal
-            ))
-        } else {
-            None
-        };
-        if let Some(message) = refused {
-            self.metrics.watchers_rejected.inc();
-            tracing::debug!(principal = %principal.name, "watcher refused");
-            return Err(ApiError::new(
-                StatusCode::TOO_MANY_REQUESTS,
-                "too_many_watchers",
-                message,
-            ));
-        }
-        counts.total += 1;
-        *counts
-            .per_principal
-            .entry(principal.name.clone())
-            .or_default() += 1;
-        self.metrics.watchers.inc();
-        Ok(WatcherGuard {
-            shared: self.clone(),
-            principal: principal.name.clone(),
-        })
-    }
-}
-
-// === impl ApiState ===
-
-impl ApiState {
-    /// The slot of service `name` in `project`.
-    fn slot(&self, project: &str, name: &str) -> Option<&watch::Sender<Slot>> {
-        self.slots.get(name)?.get(project)
-    }
-
-    /// The projects that have a service `name`.
-    fn projects_of<'a>(&'a self, name: &str) -> impl Iterator<Item = &'a str> {
-        let projects = self.slots.get(name).into_iter().flat_map(|p| p.keys());
-        projects.map(String::as_str)
-    }
-
-    fn insert(&mut self, key: ServiceKey, tx: watch::Sender<Slot>) {
-        let projects = self.slots.entry(key.name).or_default();
-        projects.insert(key.project, tx);
-    }
-
-    fn remove(&mut self, project: &str, name: &str) -> Option<watch::Sender<Slot>> {
-        let projects = self.slots.get_mut(name)?;
-        let tx = projects.remove(project);
-        if projects.is_empty() {
-            self.slots.remove(name);
-        }
-        tx
-    }
-}
-
-fn new_slot(entry: Arc<Entry>, delivery: &Histogram) -> watch::Sender<Slot> {
-    watch::Sender::new(Slot {
-        seq: 1,
-        entry: Some(entry),
-        delivery: Arc::new(Tracker::new(delivery.clone(), 1)),
-    })
-}
-
-/// Updates a slot, waking its watchers only if the entry really differs; a change that
-/// reached the table feed at `at`.
-fn set(tx: &watch::Sender<Slot>, entry: Option<Arc<Entry>>, at: Instant) {
-    tx.send_if_modified(|slot| {
-        if slot.entry == entry {
-            return false;
-        }
-        slot.seq += 1;
-        slot.entry = entry;
-        // Noted before any watcher can see the new seq (this runs under the channel's
-        // write lock): a watcher handed it must find it owed.
-        slot.delivery.changed(slot.seq, at);
-        true
-    });
-}
-
-impl Drop for WatcherGuard {
-    fn drop(&mut self) {
-        let mut counts = self
-            .shared
-            .watchers
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        counts.total -= 1;
-        if let Some(n) = counts.per_principal.get_mut(&self.principal) {
-            *n -= 1;
-            if *n == 0 {
-                counts.per_principal.remove(&self.principal);
-            }
-        }
-        self.shared.metrics.watchers.dec();
     }
 }

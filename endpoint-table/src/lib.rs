@@ -23,8 +23,11 @@ mod delivery;
 mod entry;
 mod feed;
 mod metrics;
+mod query;
 mod queue;
 mod routes;
+mod shared;
+mod stream;
 mod table;
 pub mod wire;
 

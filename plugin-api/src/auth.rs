@@ -139,8 +139,8 @@ pub trait ApiExtension: Send + Sync + 'static {
     fn drain(&self) {}
 }
 
-/// The JSON error every REST answer uses:
-/// `{"error": {"code": "...", "message": "...", "details": [...]}}`.
+/// The error every REST answer uses, sent as an [`ErrorBody`](crate::ErrorBody):
+/// `{"error": {"code": "...", "details": [...], "message": "..."}}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
     /// HTTP status.
@@ -217,11 +217,9 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({
-            "error": {"code": self.code, "message": self.message, "details": self.details}
-        });
-        let mut resp = (self.status, axum::Json(body)).into_response();
-        if self.status == StatusCode::UNAUTHORIZED {
+        let status = self.status;
+        let mut resp = (status, axum::Json(crate::ErrorBody::from(self))).into_response();
+        if status == StatusCode::UNAUTHORIZED {
             resp.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,
                 axum::http::HeaderValue::from_static("Bearer"),

@@ -18,6 +18,7 @@
 #![forbid(unsafe_code)]
 
 mod auth;
+mod error_body;
 mod events;
 mod facts;
 mod launch;
@@ -27,6 +28,7 @@ pub use auth::{
     ApiContext, ApiError, ApiExtension, AuthError, Authenticator, Permission, Principal,
     PrincipalKind,
 };
+pub use error_body::{ErrorBody, ErrorInfo};
 pub use events::{
     first_generation, resolve_service, ClusterEvent, ClusterListener, ClusterSnapshot, EndReason,
     HostInfo, HostState, JobInfo, JobState, Resolved, ServiceInfo, ServiceKey,
@@ -53,8 +55,11 @@ pub type Grant = serde_json::Value;
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FieldError {
     /// Where the problem is, e.g. `service.ports[0].port`.
+    // Defaults: a client reads whatever an error body holds (see [`ErrorBody`]).
+    #[serde(default)]
     pub field: String,
     /// Why it is a problem, lowercase, no full stop.
+    #[serde(default)]
     pub reason: String,
 }
 

@@ -16,6 +16,7 @@ mod plugin;
 pub mod pool;
 mod portset;
 pub mod profile;
+mod proto_pool;
 pub mod range;
 
 pub use facts::{HostPortsFacts, PortFactsProvider, PortsConfigError, WorkerPortsConfig};

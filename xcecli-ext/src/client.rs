@@ -2,9 +2,11 @@
 //! bearer token, and sorts every failure into a [`CliError`].
 
 use crate::error::{CliError, ErrorKind};
-use crate::model::{
-    EndpointEntry, ErrorBody, ErrorDetail, HostList, ServiceDetail, ServiceList, StopAnswer,
+use crate::http_error::{
+    status_error, transport_error, without_query, NO_LEADER_RETRY, NO_LEADER_RETRY_MAX,
 };
+use crate::io::{warn, Io};
+use crate::model::{EndpointEntry, HostList, ServiceDetail, ServiceList, StopAnswer};
 use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use reqwest::{Method, StatusCode, Url};
 use std::sync::atomic::Ordering;
@@ -19,11 +21,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const BLOCKING_SLACK: Duration = Duration::from_secs(30);
 /// The header carrying the service's change index on every answer (DESIGN §5).
 const INDEX_HEADER: &str = "x-xce-index";
-/// The pause between retries of a read answered 503 `no_leader` without `Retry-After`,
-/// and the longest one honoured.
-const NO_LEADER_RETRY: Duration = Duration::from_secs(1);
-const NO_LEADER_RETRY_MAX: Duration = Duration::from_secs(5);
-
 /// What the host passes in: where the apiserver is and who we are. The host resolves these
 /// from flags, `XCE_API`/`XCE_TOKEN` and the config file; this crate reads none of them.
 #[derive(Clone, PartialEq, Eq)]
@@ -340,7 +337,7 @@ impl Client {
 /// after the pause its `Retry-After` asks for. Each retry and the recovery are noted on
 /// stderr. Only for reads: a change that got no answer may have been applied.
 pub(crate) async fn read<T, F, Fut>(
-    io: &mut crate::Io,
+    io: &mut Io,
     patience: Duration,
     mut call: F,
 ) -> Result<T, CliError>
@@ -359,7 +356,7 @@ where
                 if tokio::time::Instant::now() + pause >= deadline {
                     return Err(e);
                 }
-                crate::endpoints::warn(
+                warn(
                     io,
                     &format!(
                         "{}; retrying in {}",
@@ -372,7 +369,7 @@ where
             }
             Ok(v) => {
                 if retried {
-                    crate::endpoints::warn(io, "a leader controller answers again")?;
+                    warn(io, "a leader controller answers again")?;
                 }
                 return Ok(v);
             }
@@ -590,418 +587,5 @@ fn parse<T: serde::de::DeserializeOwned>(url: &Url, raw: &str) -> Result<T, CliE
     })
 }
 
-fn without_query(url: &Url) -> String {
-    let mut u = url.clone();
-    u.set_query(None);
-    u.to_string()
-}
-
-/// A request that got no HTTP answer (`skipped`: other apiservers that could not be
-/// connected to first).
-fn transport_error(url: &Url, err: &reqwest::Error, skipped: &[String]) -> CliError {
-    // reqwest's own text is generic ("error sending request"); the innermost cause says
-    // what happened ("Connection refused (os error 111)").
-    let mut cause: &dyn std::error::Error = err;
-    while let Some(next) = cause.source() {
-        cause = next;
-    }
-    let url = without_query(url);
-    let message = if err.is_timeout() {
-        format!("no answer from the apiserver at {url} in time")
-    } else if err.is_connect() {
-        format!("cannot reach the apiserver at {url}: {cause}")
-    } else {
-        format!("lost the connection to the apiserver at {url}: {cause}")
-    };
-    let message = if skipped.is_empty() {
-        message
-    } else {
-        format!(
-            "{message} (could not connect to {} either)",
-            skipped.join(", ")
-        )
-    };
-    CliError::new(ErrorKind::Unreachable, message).with_hint(
-        "is the apiserver running (e.g. `xced dev`)? pass --api or set XCE_API to its url",
-    )
-}
-
-/// A non-2xx answer.
-fn status_error(url: &Url, status: StatusCode, body: &str) -> CliError {
-    let parsed = serde_json::from_str::<ErrorBody>(body)
-        .ok()
-        .map(|b| b.error);
-    let server_message = parsed
-        .as_ref()
-        .map(|e| e.message.clone())
-        .filter(|m| !m.is_empty())
-        .unwrap_or_else(|| {
-            status
-                .canonical_reason()
-                .unwrap_or("unknown status")
-                .to_lowercase()
-        });
-    let details: Vec<String> = parsed
-        .as_ref()
-        .map(|e| {
-            e.details
-                .iter()
-                .map(|d| match (d.field.is_empty(), d.reason.is_empty()) {
-                    (false, _) => format!("{}: {}", d.field, d.reason),
-                    (true, _) => d.reason.clone(),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    // A one-problem error often repeats its only detail as its message.
-    let details: Vec<String> = details
-        .into_iter()
-        .filter(|d| *d != server_message)
-        .collect();
-    let code = parsed.as_ref().map(|e| e.code.as_str()).unwrap_or("");
-    match status {
-        StatusCode::UNAUTHORIZED => CliError::new(
-            ErrorKind::Auth,
-            format!("not authenticated: {server_message}"),
-        )
-        .with_hint("set XCE_TOKEN, pass --token, or run `xced dev` which writes the client config"),
-        StatusCode::FORBIDDEN => {
-            CliError::new(ErrorKind::Forbidden, format!("forbidden: {server_message}")).with_hint(
-                "your token lacks the permission on this project (e.g. job.submit); ask an admin",
-            )
-        }
-        StatusCode::NOT_FOUND => {
-            let hint = match query_project(url) {
-                Some(p) => format!(
-                    "looked in project {p} only; `xcecli service list` shows the services you may view and their projects"
-                ),
-                None => "`xcecli service list` shows the services you may view".to_owned(),
-            };
-            CliError::new(ErrorKind::NotFound, server_message).with_hint(hint)
-        }
-        StatusCode::CONFLICT if code == "ambiguous" => ambiguous(
-            &server_message,
-            parsed.map(|e| e.details).unwrap_or_default(),
-        ),
-        StatusCode::BAD_REQUEST
-        | StatusCode::CONFLICT
-        | StatusCode::PAYLOAD_TOO_LARGE
-        | StatusCode::UNPROCESSABLE_ENTITY => {
-            let err = CliError::new(ErrorKind::Invalid, server_message).with_details(details);
-            match (status, code) {
-                (StatusCode::CONFLICT, _) => err.with_hint(
-                    "a service with this name exists: stop it first or choose another name",
-                ),
-                (StatusCode::PAYLOAD_TOO_LARGE, _) => {
-                    err.with_hint("the request is larger than the apiserver accepts")
-                }
-                _ => err,
-            }
-        }
-        StatusCode::SERVICE_UNAVAILABLE if code == "no_leader" => {
-            let mut e = CliError::new(
-                ErrorKind::Server,
-                format!("no leader controller answers: {server_message}"),
-            )
-            .with_hint("a controller takeover is under way, or no controller runs");
-            e.no_leader = Some(NO_LEADER_RETRY);
-            e
-        }
-        s if s.is_server_error() => CliError::new(
-            ErrorKind::Server,
-            format!(
-                "the apiserver failed ({}) on {}: {server_message}",
-                s.as_u16(),
-                without_query(url)
-            ),
-        )
-        .with_details(details),
-        s => CliError::new(
-            ErrorKind::Server,
-            format!(
-                "unexpected answer {} from {}: {server_message}",
-                s.as_u16(),
-                without_query(url)
-            ),
-        )
-        .with_details(details),
-    }
-}
-
-/// The `?project=` a request carried.
-fn query_project(url: &Url) -> Option<String> {
-    url.query_pairs()
-        .find(|(k, _)| k == "project")
-        .map(|(_, v)| v.into_owned())
-}
-
-/// 409 `ambiguous`: the name exists in several of the caller's projects. The server's
-/// message lists them and names its query parameter (`pick one with ?project=`); the
-/// client says `--project` instead. A detail (`"team-a" has a service "web"`) is shown
-/// only when the message does not already list its project.
-fn ambiguous(server_message: &str, details: Vec<ErrorDetail>) -> CliError {
-    let message = match server_message.find("; pick one with") {
-        Some(at) => &server_message[..at],
-        None => server_message,
-    };
-    let listed: Vec<&str> = message
-        .rsplit_once('(')
-        .and_then(|(_, rest)| rest.split_once(')'))
-        .map(|(list, _)| list.split(',').map(str::trim).collect())
-        .unwrap_or_default();
-    let mut projects = Vec::new();
-    let mut lines = Vec::new();
-    for d in details {
-        let project = (d.field == "project")
-            .then(|| leading_quoted(&d.reason))
-            .flatten();
-        match project {
-            Some(p) => {
-                if !listed.contains(&p.as_str()) {
-                    lines.push(format!("{}: {}", d.field, d.reason));
-                }
-                projects.push(p);
-            }
-            None if d.field.is_empty() => lines.push(d.reason),
-            None => lines.push(format!("{}: {}", d.field, d.reason)),
-        }
-    }
-    let example = projects
-        .first()
-        .map(String::as_str)
-        .or(listed.first().copied())
-        .filter(|p| !p.is_empty())
-        .map(|p| format!(", e.g. --project {p}"))
-        .unwrap_or_default();
-    CliError::new(ErrorKind::Ambiguous, message)
-        .with_details(lines)
-        .with_hint(format!(
-            "pick one with --project P (or set XCE_PROJECT){example}"
-        ))
-}
-
-/// `team-a` of `"team-a" has a service "web"`.
-fn leading_quoted(s: &str) -> Option<String> {
-    let rest = s.strip_prefix('"')?;
-    let (quoted, _) = rest.split_once('"')?;
-    (!quoted.is_empty() && !quoted.contains('\\')).then(|| quoted.to_owned())
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use expect_test::{expect, Expect};
-
-    fn check_config(api: &str, token: Option<&str>, expect: Expect) {
-        let actual = match Client::new(ClientConfig {
-            api: api.to_owned(),
-            token: token.map(str::to_owned),
-            project: None,
-        }) {
-            Ok(c) => format!(
-                "ok {} auth={}",
-                c.url(&["services", "a b/c", "endpoints"]),
-                c.auth.is_some()
-            ),
-            Err(e) => format!("exit {}: {e}", e.exit_code()),
-        };
-        expect.assert_eq(&actual);
-    }
-
-    #[test]
-    fn several_apiservers_share_one_path() {
-        let c = Client::new(ClientConfig {
-            api: "http://a:1/x, http://b:2/y/,http://c:3".into(),
-            token: None,
-            project: None,
-        })
-        .unwrap();
-        let mut url = c.url(&["services", "web", "endpoints"]);
-        url.set_query(Some("index=4&wait=1000ms"));
-        let moved: Vec<String> = (0..3).map(|i| c.on_base(&url, i).to_string()).collect();
-        expect![[r#"
-            [
-                "http://a:1/x/v1/services/web/endpoints?index=4&wait=1000ms",
-                "http://b:2/y/v1/services/web/endpoints?index=4&wait=1000ms",
-                "http://c:3/v1/services/web/endpoints?index=4&wait=1000ms",
-            ]
-        "#]]
-        .assert_debug_eq(&moved);
-        check_config(
-            "http://a:1,not-a-url",
-            None,
-            expect![[r#"
-                exit 1: error: invalid apiserver url "not-a-url": expected http://HOST:PORT
-                hint: pass --api http://HOST:PORT or set XCE_API (default http://127.0.0.1:7480)"#]],
-        );
-    }
-
-    #[test]
-    fn config() {
-        check_config(
-            "http://127.0.0.1:7480",
-            Some("t"),
-            expect!["ok http://127.0.0.1:7480/v1/services/a%20b%2Fc/endpoints auth=true"],
-        );
-        check_config(
-            "http://h:1/prefix/?x=1",
-            None,
-            expect!["ok http://h:1/prefix/v1/services/a%20b%2Fc/endpoints auth=false"],
-        );
-        check_config(
-            "https://h",
-            None,
-            expect![[r#"
-                exit 1: error: cannot use https://h: https is not supported (no tls in v1)
-                hint: pass --api http://HOST:PORT or set XCE_API (default http://127.0.0.1:7480)"#]],
-        );
-        check_config(
-            "127.0.0.1:7480",
-            None,
-            expect![[r#"
-                exit 1: error: invalid apiserver url "127.0.0.1:7480": expected http://HOST:PORT
-                hint: pass --api http://HOST:PORT or set XCE_API (default http://127.0.0.1:7480)"#]],
-        );
-        check_config(
-            "http://h",
-            Some("a\nb"),
-            expect![[r#"
-                exit 1: error: the token contains characters that cannot be sent in an http header
-                hint: check XCE_TOKEN, --token or the config file"#]],
-        );
-    }
-
-    #[test]
-    fn project_in_the_query() {
-        let c = Client::new(ClientConfig {
-            api: "http://h:1".into(),
-            token: None,
-            project: Some("  ".into()),
-        })
-        .unwrap();
-        assert_eq!(c.project(), None, "an empty default project is none");
-        let svc = |project| ServiceRef {
-            name: "web",
-            project,
-        };
-        let mut blocking = c.service_url(svc(Some("team-a")), &[]);
-        blocking
-            .query_pairs_mut()
-            .append_pair("index", "4")
-            .append_pair("wait", "1000ms");
-        let urls = [
-            c.service_url(svc(None), &["endpoints"]),
-            c.service_url(svc(Some("team-a")), &["scale"]),
-            c.service_url(svc(Some("a b&c=d/é")), &[]),
-            blocking,
-        ]
-        .map(|u| u.to_string());
-        expect![[r#"
-            [
-                "http://h:1/v1/services/web/endpoints",
-                "http://h:1/v1/services/web/scale?project=team-a",
-                "http://h:1/v1/services/web?project=a+b%26c%3Dd%2F%C3%A9",
-                "http://h:1/v1/services/web?project=team-a&index=4&wait=1000ms",
-            ]
-        "#]]
-        .assert_debug_eq(&urls);
-    }
-
-    fn check_status(status: u16, body: &str, expect: Expect) {
-        check_status_at(
-            "http://127.0.0.1:7480/v1/services?x=1",
-            status,
-            body,
-            expect,
-        );
-    }
-
-    fn check_status_at(url: &str, status: u16, body: &str, expect: Expect) {
-        let url = Url::parse(url).unwrap();
-        let err = status_error(&url, StatusCode::from_u16(status).unwrap(), body);
-        expect.assert_eq(&format!("exit {}: {err}", err.exit_code()));
-    }
-
-    #[test]
-    fn statuses() {
-        check_status(
-            401,
-            r#"{"error":{"code":"unauthenticated","message":"invalid bearer token","details":[]}}"#,
-            expect![[r#"
-                exit 5: error: not authenticated: invalid bearer token
-                hint: set XCE_TOKEN, pass --token, or run `xced dev` which writes the client config"#]],
-        );
-        check_status(
-            404,
-            r#"{"error":{"code":"not_found","message":"service \"web\" not found","details":[]}}"#,
-            expect![[r#"
-                exit 4: error: service "web" not found
-                hint: `xcecli service list` shows the services you may view"#]],
-        );
-        check_status(
-            400,
-            r#"{"error":{"code":"invalid","message":"invalid service profile","details":[
-                {"field":"service.ports[1].name","reason":"duplicate port name \"http\""},
-                {"field":"service.ports[0].port","reason":"must be 1-65535"}]}}"#,
-            expect![[r#"
-                exit 1: error: invalid service profile
-                  service.ports[1].name: duplicate port name "http"
-                  service.ports[0].port: must be 1-65535"#]],
-        );
-        check_status(
-            403,
-            r#"{"error":{"code":"forbidden","message":"job.submit on project team-a required","details":[]}}"#,
-            expect![[r#"
-                exit 1: error: forbidden: job.submit on project team-a required
-                hint: your token lacks the permission on this project (e.g. job.submit); ask an admin"#]],
-        );
-        check_status(
-            409,
-            r#"{"error":{"code":"conflict","message":"service \"web\" exists","details":[]}}"#,
-            expect![[r#"
-                exit 1: error: service "web" exists
-                hint: a service with this name exists: stop it first or choose another name"#]],
-        );
-        check_status_at(
-            "http://127.0.0.1:7480/v1/services/web?project=team-a",
-            404,
-            r#"{"error":{"code":"not_found","message":"service \"web\" not found","details":[]}}"#,
-            expect![[r#"
-                exit 4: error: service "web" not found
-                hint: looked in project team-a only; `xcecli service list` shows the services you may view and their projects"#]],
-        );
-        check_status(
-            409,
-            r#"{"error":{"code":"ambiguous","message":"service \"web\" exists in several of your projects (team-a, team-b); pick one with ?project=","details":[
-                {"field":"project","reason":"\"team-a\" has a service \"web\""},
-                {"field":"project","reason":"\"team-b\" has a service \"web\""}]}}"#,
-            expect![[r#"
-                exit 1: error: service "web" exists in several of your projects (team-a, team-b)
-                hint: pick one with --project P (or set XCE_PROJECT), e.g. --project team-a"#]],
-        );
-        // Worded otherwise: the details carry the projects, the hint still an example.
-        check_status(
-            409,
-            r#"{"error":{"code":"ambiguous","message":"service \"web\" is ambiguous","details":[
-                {"field":"project","reason":"\"team-b\" has a service \"web\""},
-                {"field":"project","reason":"\"team-c\" has a service \"web\""}]}}"#,
-            expect![[r#"
-                exit 1: error: service "web" is ambiguous
-                  project: "team-b" has a service "web"
-                  project: "team-c" has a service "web"
-                hint: pick one with --project P (or set XCE_PROJECT), e.g. --project team-b"#]],
-        );
-        check_status(
-            409,
-            r#"{"error":{"code":"ambiguous","message":"service \"web\" exists in several of your projects","details":[]}}"#,
-            expect![[r#"
-                exit 1: error: service "web" exists in several of your projects
-                hint: pick one with --project P (or set XCE_PROJECT)"#]],
-        );
-        check_status(
-            502,
-            "<html>bad gateway</html>",
-            expect!["exit 1: error: the apiserver failed (502) on http://127.0.0.1:7480/v1/services: bad gateway"],
-        );
-    }
-}
+mod tests;

@@ -31,8 +31,8 @@ use crate::cli::{EndpointFormat, EndpointsArgs};
 use crate::client::{Answer, Client, EndpointsQuery, ServiceRef};
 use crate::error::{CliError, ErrorKind};
 use crate::format::{self, EndpointsView};
+use crate::io::{warn, write_out, Io};
 use crate::model::{self, EndpointEntry};
-use crate::Io;
 use std::collections::BTreeSet;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -553,26 +553,6 @@ pub(crate) async fn until<F: std::future::Future>(
     match deadline {
         None => Some(fut.await),
         Some(d) => tokio::time::timeout_at(d, fut).await.ok(),
-    }
-}
-
-/// A `warning:` line on stderr.
-pub(crate) fn warn(io: &mut Io, message: &str) -> Result<(), CliError> {
-    writeln!(io.stderr, "warning: {message}").map_err(CliError::io)?;
-    io.stderr.flush().map_err(CliError::io)
-}
-
-/// Writes to stdout; `false` when the reader went away (`| head`), which ends a watch
-/// quietly rather than as an error.
-pub(crate) fn write_out(io: &mut Io, s: &str) -> Result<bool, CliError> {
-    match io
-        .stdout
-        .write_all(s.as_bytes())
-        .and_then(|()| io.stdout.flush())
-    {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
-        Err(e) => Err(CliError::io(e)),
     }
 }
 

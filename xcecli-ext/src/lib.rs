@@ -36,6 +36,8 @@ mod client;
 mod endpoints;
 mod error;
 mod format;
+mod http_error;
+mod io;
 mod model;
 mod rollout;
 mod service;
@@ -46,48 +48,11 @@ pub use cli::{
 };
 pub use client::{Client, ClientConfig};
 pub use error::{CliError, ErrorKind};
+pub use io::Io;
 
 use client::ServiceRef;
+use io::{json_line, write_out};
 use std::io::Write;
-
-/// Where the commands write, and whether those are terminals (the host finds out; this
-/// crate does not look).
-pub struct Io {
-    /// Standard output: results.
-    pub stdout: Box<dyn Write + Send>,
-    /// Standard error: warnings, progress, errors.
-    pub stderr: Box<dyn Write + Send>,
-    /// Whether stdout is a terminal (picks the default `-o` of `service endpoints`).
-    pub stdout_is_tty: bool,
-    /// Whether stderr is a terminal (enables the `--wait-ready` progress line).
-    pub stderr_is_tty: bool,
-}
-
-impl Io {
-    /// Bundles the writers.
-    pub fn new(
-        stdout: Box<dyn Write + Send>,
-        stderr: Box<dyn Write + Send>,
-        stdout_is_tty: bool,
-        stderr_is_tty: bool,
-    ) -> Self {
-        Self {
-            stdout,
-            stderr,
-            stdout_is_tty,
-            stderr_is_tty,
-        }
-    }
-}
-
-impl std::fmt::Debug for Io {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Io")
-            .field("stdout_is_tty", &self.stdout_is_tty)
-            .field("stderr_is_tty", &self.stderr_is_tty)
-            .finish_non_exhaustive()
-    }
-}
 
 /// Runs one command against the apiserver. Results go to `io.stdout`; warnings and
 /// progress to `io.stderr`. The error is returned, not printed: print it with its
@@ -104,7 +69,7 @@ pub async fn run(cmd: Command, client: &Client, io: &mut Io) -> Result<(), CliEr
                 ListFormat::Table => format::service_list(&answer.value),
                 ListFormat::Json => json_line(&answer.raw),
             };
-            endpoints::write_out(io, &out).map(drop)
+            write_out(io, &out).map(drop)
         }
         Command::Service(ServiceCommand::Submit {
             file,
@@ -143,7 +108,7 @@ pub async fn run(cmd: Command, client: &Client, io: &mut Io) -> Result<(), CliEr
                 }
                 ListFormat::Json => json_line(&answer.raw),
             };
-            endpoints::write_out(io, &out).map(drop)
+            write_out(io, &out).map(drop)
         }
     }
 }
@@ -173,10 +138,4 @@ fn named<'a>(name: &'a str, project: &'a ProjectArg, client: &'a Client) -> Serv
         name,
         project: project.project.as_deref().or(client.project()),
     }
-}
-
-pub(crate) fn json_line(raw: &str) -> String {
-    let mut s = raw.trim_end().to_owned();
-    s.push('\n');
-    s
 }

@@ -6,6 +6,7 @@
 //! address and a port name are known to need no quoting.
 
 use crate::error::{CliError, ErrorKind};
+use port_resource::name::PortName;
 use serde::Deserialize;
 
 /// `GET /v1/services/{name}/endpoints`: the wire type of `endpoint-table`, which owns
@@ -231,32 +232,6 @@ pub(crate) struct HostAddress {
     pub(crate) interface: Option<String>,
 }
 
-/// The body of every REST error.
-#[derive(Debug, Clone, Deserialize)]
-pub(crate) struct ErrorBody {
-    pub(crate) error: ErrorInner,
-}
-
-/// `{"code", "message", "details"}`.
-#[derive(Debug, Clone, Deserialize)]
-pub(crate) struct ErrorInner {
-    #[serde(default)]
-    pub(crate) code: String,
-    #[serde(default)]
-    pub(crate) message: String,
-    #[serde(default)]
-    pub(crate) details: Vec<ErrorDetail>,
-}
-
-/// One field problem.
-#[derive(Debug, Clone, Deserialize)]
-pub(crate) struct ErrorDetail {
-    #[serde(default)]
-    pub(crate) field: String,
-    #[serde(default)]
-    pub(crate) reason: String,
-}
-
 // === endpoint entries ===
 
 /// Checks what the outputs trust beyond the types: every port name is a valid port name,
@@ -292,11 +267,10 @@ pub(crate) fn socket(e: &Endpoint, port: u16) -> Option<String> {
         .map(|ip| std::net::SocketAddr::new(ip, port).to_string())
 }
 
-/// DESIGN §3 port names: `[a-z0-9-]`, 1-15 chars (the rest of the rule is the server's).
+/// A valid port name (DESIGN §3), by `port-resource`'s rule, the one the server checked
+/// the profile with: past it, a name needs no quoting and its `XCE_*` form is unique.
 pub(crate) fn is_port_name(s: &str) -> bool {
-    (1..=15).contains(&s.len())
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    PortName::new(s).is_ok()
 }
 
 #[cfg(test)]

@@ -13,13 +13,11 @@
 //! of an older generation cannot end the wait.
 
 use crate::client::{Answer, Client, ServiceRef};
-use crate::endpoints::{
-    until, warn, write_out, BACKOFF_MAX, BACKOFF_START, MIN_UNCHANGED_INTERVAL,
-};
+use crate::endpoints::{until, BACKOFF_MAX, BACKOFF_START, MIN_UNCHANGED_INTERVAL};
 use crate::error::{CliError, ErrorKind};
 use crate::format;
+use crate::io::{warn, write_out, Io};
 use crate::model::{Rollout, RolloutState, ServiceDetail};
-use crate::Io;
 use std::time::Duration;
 use tokio::time::Instant;
 

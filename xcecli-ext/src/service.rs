@@ -3,11 +3,11 @@
 
 use crate::cli::{ListFormat, WaitArgs};
 use crate::client::{Answer, Client, Put, ServiceRef};
-use crate::endpoints::write_out;
 use crate::error::{CliError, ErrorKind};
 use crate::format;
+use crate::io::{json_line, write_out, Io};
 use crate::model::ServiceDetail;
-use crate::{json_line, rollout, Io};
+use crate::rollout;
 use std::path::Path;
 
 /// `service submit FILE`: `PUT /v1/services/{name}` with the name from the file, so the

@@ -1,0 +1,313 @@
+//! Sorting a request that failed into a [`CliError`]: no answer at all
+//! ([`transport_error`]), or an answer that is not a 2xx ([`status_error`], which reads the
+//! apiserver's error body with `plugin_api::ErrorBody`).
+
+use crate::error::{CliError, ErrorKind};
+use plugin_api::{ErrorBody, FieldError};
+use reqwest::{StatusCode, Url};
+use std::time::Duration;
+
+/// The pause between retries of a read answered 503 `no_leader` without `Retry-After`,
+/// and the longest one honoured.
+pub(crate) const NO_LEADER_RETRY: Duration = Duration::from_secs(1);
+pub(crate) const NO_LEADER_RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// The URL without its query, as error messages name it.
+pub(crate) fn without_query(url: &Url) -> String {
+    let mut u = url.clone();
+    u.set_query(None);
+    u.to_string()
+}
+
+/// A request that got no HTTP answer (`skipped`: other apiservers that could not be
+/// connected to first).
+pub(crate) fn transport_error(url: &Url, err: &reqwest::Error, skipped: &[String]) -> CliError {
+    // reqwest's own text is generic ("error sending request"); the innermost cause says
+    // what happened ("Connection refused (os error 111)").
+    let mut cause: &dyn std::error::Error = err;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    let url = without_query(url);
+    let message = if err.is_timeout() {
+        format!("no answer from the apiserver at {url} in time")
+    } else if err.is_connect() {
+        format!("cannot reach the apiserver at {url}: {cause}")
+    } else {
+        format!("lost the connection to the apiserver at {url}: {cause}")
+    };
+    let message = if skipped.is_empty() {
+        message
+    } else {
+        format!(
+            "{message} (could not connect to {} either)",
+            skipped.join(", ")
+        )
+    };
+    CliError::new(ErrorKind::Unreachable, message).with_hint(
+        "is the apiserver running (e.g. `xced dev`)? pass --api or set XCE_API to its url",
+    )
+}
+
+/// A non-2xx answer.
+pub(crate) fn status_error(url: &Url, status: StatusCode, body: &str) -> CliError {
+    let parsed = ErrorBody::parse(body.as_bytes()).map(|b| b.error);
+    let server_message = parsed
+        .as_ref()
+        .map(|e| e.message.clone())
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| {
+            status
+                .canonical_reason()
+                .unwrap_or("unknown status")
+                .to_lowercase()
+        });
+    let details: Vec<String> = parsed
+        .as_ref()
+        .map(|e| {
+            e.details
+                .iter()
+                .map(|d| match (d.field.is_empty(), d.reason.is_empty()) {
+                    (false, _) => format!("{}: {}", d.field, d.reason),
+                    (true, _) => d.reason.clone(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    // A one-problem error often repeats its only detail as its message.
+    let details: Vec<String> = details
+        .into_iter()
+        .filter(|d| *d != server_message)
+        .collect();
+    let code = parsed.as_ref().map(|e| e.code.as_str()).unwrap_or("");
+    match status {
+        StatusCode::UNAUTHORIZED => CliError::new(
+            ErrorKind::Auth,
+            format!("not authenticated: {server_message}"),
+        )
+        .with_hint("set XCE_TOKEN, pass --token, or run `xced dev` which writes the client config"),
+        StatusCode::FORBIDDEN => {
+            CliError::new(ErrorKind::Forbidden, format!("forbidden: {server_message}")).with_hint(
+                "your token lacks the permission on this project (e.g. job.submit); ask an admin",
+            )
+        }
+        StatusCode::NOT_FOUND => {
+            let hint = match query_project(url) {
+                Some(p) => format!(
+                    "looked in project {p} only; `xcecli service list` shows the services you may view and their projects"
+                ),
+                None => "`xcecli service list` shows the services you may view".to_owned(),
+            };
+            CliError::new(ErrorKind::NotFound, server_message).with_hint(hint)
+        }
+        StatusCode::CONFLICT if code == "ambiguous" => ambiguous(
+            &server_message,
+            parsed.map(|e| e.details).unwrap_or_default(),
+        ),
+        StatusCode::BAD_REQUEST
+        | StatusCode::CONFLICT
+        | StatusCode::PAYLOAD_TOO_LARGE
+        | StatusCode::UNPROCESSABLE_ENTITY => {
+            let err = CliError::new(ErrorKind::Invalid, server_message).with_details(details);
+            match (status, code) {
+                (StatusCode::CONFLICT, _) => err.with_hint(
+                    "a service with this name exists: stop it first or choose another name",
+                ),
+                (StatusCode::PAYLOAD_TOO_LARGE, _) => {
+                    err.with_hint("the request is larger than the apiserver accepts")
+                }
+                _ => err,
+            }
+        }
+        StatusCode::SERVICE_UNAVAILABLE if code == "no_leader" => {
+            let mut e = CliError::new(
+                ErrorKind::Server,
+                format!("no leader controller answers: {server_message}"),
+            )
+            .with_hint("a controller takeover is under way, or no controller runs");
+            e.no_leader = Some(NO_LEADER_RETRY);
+            e
+        }
+        s if s.is_server_error() => CliError::new(
+            ErrorKind::Server,
+            format!(
+                "the apiserver failed ({}) on {}: {server_message}",
+                s.as_u16(),
+                without_query(url)
+            ),
+        )
+        .with_details(details),
+        s => CliError::new(
+            ErrorKind::Server,
+            format!(
+                "unexpected answer {} from {}: {server_message}",
+                s.as_u16(),
+                without_query(url)
+            ),
+        )
+        .with_details(details),
+    }
+}
+
+/// The `?project=` a request carried.
+fn query_project(url: &Url) -> Option<String> {
+    url.query_pairs()
+        .find(|(k, _)| k == "project")
+        .map(|(_, v)| v.into_owned())
+}
+
+/// 409 `ambiguous`: the name exists in several of the caller's projects. The server's
+/// message lists them and names its query parameter (`pick one with ?project=`); the
+/// client says `--project` instead. A detail (`"team-a" has a service "web"`) is shown
+/// only when the message does not already list its project.
+fn ambiguous(server_message: &str, details: Vec<FieldError>) -> CliError {
+    let message = match server_message.find("; pick one with") {
+        Some(at) => &server_message[..at],
+        None => server_message,
+    };
+    let listed: Vec<&str> = message
+        .rsplit_once('(')
+        .and_then(|(_, rest)| rest.split_once(')'))
+        .map(|(list, _)| list.split(',').map(str::trim).collect())
+        .unwrap_or_default();
+    let mut projects = Vec::new();
+    let mut lines = Vec::new();
+    for d in details {
+        let project = (d.field == "project")
+            .then(|| leading_quoted(&d.reason))
+            .flatten();
+        match project {
+            Some(p) => {
+                if !listed.contains(&p.as_str()) {
+                    lines.push(format!("{}: {}", d.field, d.reason));
+                }
+                projects.push(p);
+            }
+            None if d.field.is_empty() => lines.push(d.reason),
+            None => lines.push(format!("{}: {}", d.field, d.reason)),
+        }
+    }
+    let example = projects
+        .first()
+        .map(String::as_str)
+        .or(listed.first().copied())
+        .filter(|p| !p.is_empty())
+        .map(|p| format!(", e.g. --project {p}"))
+        .unwrap_or_default();
+    CliError::new(ErrorKind::Ambiguous, message)
+        .with_details(lines)
+        .with_hint(format!(
+            "pick one with --project P (or set XCE_PROJECT){example}"
+        ))
+}
+
+/// `team-a` of `"team-a" has a service "web"`.
+fn leading_quoted(s: &str) -> Option<String> {
+    let rest = s.strip_prefix('"')?;
+    let (quoted, _) = rest.split_once('"')?;
+    (!quoted.is_empty() && !quoted.contains('\\')).then(|| quoted.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use expect_test::{expect, Expect};
+
+    fn check_status(status: u16, body: &str, expect: Expect) {
+        check_status_at(
+            "http://127.0.0.1:7480/v1/services?x=1",
+            status,
+            body,
+            expect,
+        );
+    }
+
+    fn check_status_at(url: &str, status: u16, body: &str, expect: Expect) {
+        let url = Url::parse(url).unwrap();
+        let err = status_error(&url, StatusCode::from_u16(status).unwrap(), body);
+        expect.assert_eq(&format!("exit {}: {err}", err.exit_code()));
+    }
+
+    #[test]
+    fn statuses() {
+        check_status(
+            401,
+            r#"{"error":{"code":"unauthenticated","message":"invalid bearer token","details":[]}}"#,
+            expect![[r#"
+                exit 5: error: not authenticated: invalid bearer token
+                hint: set XCE_TOKEN, pass --token, or run `xced dev` which writes the client config"#]],
+        );
+        check_status(
+            404,
+            r#"{"error":{"code":"not_found","message":"service \"web\" not found","details":[]}}"#,
+            expect![[r#"
+                exit 4: error: service "web" not found
+                hint: `xcecli service list` shows the services you may view"#]],
+        );
+        check_status(
+            400,
+            r#"{"error":{"code":"invalid","message":"invalid service profile","details":[
+                {"field":"service.ports[1].name","reason":"duplicate port name \"http\""},
+                {"field":"service.ports[0].port","reason":"must be 1-65535"}]}}"#,
+            expect![[r#"
+                exit 1: error: invalid service profile
+                  service.ports[1].name: duplicate port name "http"
+                  service.ports[0].port: must be 1-65535"#]],
+        );
+        check_status(
+            403,
+            r#"{"error":{"code":"forbidden","message":"job.submit on project team-a required","details":[]}}"#,
+            expect![[r#"
+                exit 1: error: forbidden: job.submit on project team-a required
+                hint: your token lacks the permission on this project (e.g. job.submit); ask an admin"#]],
+        );
+        check_status(
+            409,
+            r#"{"error":{"code":"conflict","message":"service \"web\" exists","details":[]}}"#,
+            expect![[r#"
+                exit 1: error: service "web" exists
+                hint: a service with this name exists: stop it first or choose another name"#]],
+        );
+        check_status_at(
+            "http://127.0.0.1:7480/v1/services/web?project=team-a",
+            404,
+            r#"{"error":{"code":"not_found","message":"service \"web\" not found","details":[]}}"#,
+            expect![[r#"
+                exit 4: error: service "web" not found
+                hint: looked in project team-a only; `xcecli service list` shows the services you may view and their projects"#]],
+        );
+        check_status(
+            409,
+            r#"{"error":{"code":"ambiguous","message":"service \"web\" exists in several of your projects (team-a, team-b); pick one with ?project=","details":[
+                {"field":"project","reason":"\"team-a\" has a service \"web\""},
+                {"field":"project","reason":"\"team-b\" has a service \"web\""}]}}"#,
+            expect![[r#"
+                exit 1: error: service "web" exists in several of your projects (team-a, team-b)
+                hint: pick one with --project P (or set XCE_PROJECT), e.g. --project team-a"#]],
+        );
+        // Worded otherwise: the details carry the projects, the hint still an example.
+        check_status(
+            409,
+            r#"{"error":{"code":"ambiguous","message":"service \"web\" is ambiguous","details":[
+                {"field":"project","reason":"\"team-b\" has a service \"web\""},
+                {"field":"project","reason":"\"team-c\" has a service \"web\""}]}}"#,
+            expect![[r#"
+                exit 1: error: service "web" is ambiguous
+                  project: "team-b" has a service "web"
+                  project: "team-c" has a service "web"
+                hint: pick one with --project P (or set XCE_PROJECT), e.g. --project team-b"#]],
+        );
+        check_status(
+            409,
+            r#"{"error":{"code":"ambiguous","message":"service \"web\" exists in several of your projects","details":[]}}"#,
+            expect![[r#"
+                exit 1: error: service "web" exists in several of your projects
+                hint: pick one with --project P (or set XCE_PROJECT)"#]],
+        );
+        check_status(
+            502,
+            "<html>bad gateway</html>",
+            expect!["exit 1: error: the apiserver failed (502) on http://127.0.0.1:7480/v1/services: bad gateway"],
+        );
+    }
+}
