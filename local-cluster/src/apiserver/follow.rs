@@ -319,6 +319,9 @@ impl Follower {
 }
 
 #[cfg(test)]
+mod bench;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::controller::model::Txn;
