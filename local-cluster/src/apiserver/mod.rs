@@ -548,7 +548,7 @@ mod tests {
 
     /// Puts the leader key as a controller `HOST/PID@ADDR` would.
     async fn set_leader(etcd: &TestEtcd, id: &str) {
-        let b64 = |s: &str| crate::store::etcd::b64(s.as_bytes());
+        let b64 = |s: &str| crate::store::etcd::gateway::b64(s.as_bytes());
         let r = reqwest::Client::new()
             .post(format!("http://{}/v3/kv/put", etcd.endpoint))
             .body(format!(
