@@ -148,7 +148,10 @@ impl Follower {
     async fn watch(&mut self) -> End {
         let store = self.store.clone();
         let body = store.watch_request(self.etcd_rev + 1);
-        let sent = tokio::time::timeout(self.quiet_check, store.gateway().watch(self.endpoint, &body));
+        let sent = tokio::time::timeout(
+            self.quiet_check,
+            store.gateway().watch(self.endpoint, &body),
+        );
         let mut watch = match sent.await {
             Ok(Ok(w)) => w,
             Ok(Err(e)) => return End::Broken(e),

@@ -18,14 +18,13 @@ mod metrics;
 use crate::auth::Tokens;
 use crate::controller::api::{json_errors, metrics_response};
 use crate::store::{Election, EtcdStore};
-use forward::{forward, Forwarder};
 use anyhow::Context;
-use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Router};
+use forward::{forward, Forwarder};
 use plugin_api::{ApiContext, ApiError, ApiExtension, ClusterListener};
 use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
@@ -221,6 +220,8 @@ async fn healthz(State(fwd): State<Forwarder>) -> Response {
 mod tests {
     use super::*;
     use crate::store::etcd::tests::TestEtcd;
+    use axum::body::Bytes;
+    use axum::http::HeaderMap;
     use axum::routing::post;
 
     /// A stand-in for a controller: answers every forwarded route with what it got, and

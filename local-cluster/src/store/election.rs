@@ -326,7 +326,8 @@ impl Election {
         let kv = txn.pointer("/responses/0/response_range/kvs/0");
         let leader = kv
             .map(|kv| {
-                String::from_utf8_lossy(&gateway::unb64(&kv["value"]).unwrap_or_default()).into_owned()
+                String::from_utf8_lossy(&gateway::unb64(&kv["value"]).unwrap_or_default())
+                    .into_owned()
             })
             .unwrap_or_default();
         Ok(Attempt::Held { leader, rev })
@@ -509,7 +510,8 @@ impl Leadership {
         if created != self.create_revision {
             let holder = kv
                 .map(|kv| {
-                    String::from_utf8_lossy(&gateway::unb64(&kv["value"]).unwrap_or_default()).into_owned()
+                    String::from_utf8_lossy(&gateway::unb64(&kv["value"]).unwrap_or_default())
+                        .into_owned()
                 })
                 .unwrap_or_else(|| "nobody".into());
             return Err(ElectionError::Lost(format!(

@@ -83,7 +83,9 @@ async fn commit_latency_and_follower_lag() {
     task.abort();
     commits.sort();
     lags.sort();
-    println!("etcd gateway figures, {ROUNDS} sequential one-event commits (after {WARMUP} unmeasured):");
+    println!(
+        "etcd gateway figures, {ROUNDS} sequential one-event commits (after {WARMUP} unmeasured):"
+    );
     println!("| figure | p50 | p99 | max |");
     println!("|---|---|---|---|");
     for (name, v) in [

@@ -251,9 +251,11 @@ impl Gateway {
         let ep = &self.endpoints[at % self.endpoints.len()];
         self.post(ep, path, body.to_string(), timeout)
             .await
-            .map_err(|(Failure::Unreachable(m) | Failure::Unknown(m) | Failure::Refused(m))| {
-                format!("{path}: {ep}: {m}")
-            })
+            .map_err(
+                |(Failure::Unreachable(m) | Failure::Unknown(m) | Failure::Refused(m))| {
+                    format!("{path}: {ep}: {m}")
+                },
+            )
     }
 
     /// One `POST` to one endpoint; the JSON answer of a 200.

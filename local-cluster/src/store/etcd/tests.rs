@@ -9,10 +9,10 @@ use expect_test::{expect, Expect};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::time::Instant;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::time::Instant;
 
 // === a test etcd ===
 
