@@ -337,7 +337,7 @@ mod tests {
         }
     }
 
-    fn service(name: &str) -> crate::controller::model::ServiceRec {
+    pub(super) fn service(name: &str) -> crate::controller::model::ServiceRec {
         crate::controller::model::ServiceRec {
             info: ServiceInfo {
                 name: name.into(),

@@ -8,7 +8,7 @@ use super::*;
 use crate::controller::model::Txn;
 use crate::store::etcd::tests::TestEtcd;
 use crate::store::Store;
-use plugin_api::{ClusterSnapshot, ServiceInfo};
+use plugin_api::ClusterSnapshot;
 use std::time::Instant;
 use tokio::sync::mpsc;
 
@@ -48,20 +48,7 @@ async fn commit_latency_and_follower_lag() {
     let (mut commits, mut lags) = (Vec::new(), Vec::new());
     for i in 0..WARMUP + ROUNDS {
         let mut txn = Txn::new(&c);
-        txn.put_service(crate::controller::model::ServiceRec {
-            info: ServiceInfo {
-                name: format!("s{}", i % 20),
-                project: "p".into(),
-                replicas: 1,
-                profile: serde_json::json!({}),
-                rev: 0,
-                generation: 1,
-            },
-            state: crate::controller::model::ServiceState::Active,
-            rollout: Default::default(),
-            older: Default::default(),
-            slots: Default::default(),
-        });
+        txn.put_service(super::tests::service(&format!("s{}", i % 20)));
         let start = Instant::now();
         tokio::task::block_in_place(|| writer.commit(txn.batch())).unwrap();
         let committed = start.elapsed();
