@@ -10,6 +10,24 @@
 //! `current_thread` runtimes, where `block_in_place` is not allowed).
 //!
 //! Every request carries [`REQUIRE_LEADER`]; connections are kept alive between calls.
+//!
+//! ## Measured (issue 13)
+//!
+//! `cargo test -p local-cluster --release --lib follow::bench -- --ignored --nocapture`
+//! (`apiserver/follow/bench.rs`): 500 sequential one-event commits to a 1-member etcd on
+//! tmpfs, each waited for at an apiserver follower. Run five times alternately with the
+//! hand-written clients this module replaced (commit `c5d12f8`), release builds, same
+//! machine, which was shared and loaded (load average 6–8 on 2 cores): medians of the five
+//! runs, and their ratio. Only the ratios mean much; the p99s moved by ±50 % between runs.
+//!
+//! | figure | before p50 | after p50 | ratio | before p99 | after p99 | ratio |
+//! |---|---|---|---|---|---|---|
+//! | commit latency | 1.24 ms | 0.83 ms | 0.67 | 6.66 ms | 5.28 ms | 0.79 |
+//! | commit start → follower applied | 1.11 ms | 0.81 ms | 0.73 | 6.08 ms | 4.49 ms | 0.74 |
+//!
+//! Kept-alive connections (the old client opened one per request) are the likely gain.
+//! The native gRPC client (`etcd-client`) was not measured: it needs `protoc` at build
+//! time, which a fresh machine with only Rust does not have.
 
 use base64::Engine as _;
 use serde_json::Value;
