@@ -202,7 +202,7 @@ impl Election {
         if !problems.is_empty() {
             return Err(bad(problems.join("; ")));
         }
-        let timeout = (ttl / 2).clamp(Duration::from_millis(500), super::DEFAULT_TIMEOUT);
+        let timeout = (ttl / 2).clamp(Duration::from_millis(500), super::etcd::DEFAULT_TIMEOUT);
         Ok(Self {
             inner: Arc::new(Inner {
                 gateway: Gateway::new(endpoints, timeout),
