@@ -1,8 +1,8 @@
 //! The controller's persistent store.
 //!
 //! A deliberately small interface — namespaced keys to opaque bytes, loaded whole at
-//! start and changed only by atomic batches — so that a distributed store (etcd, later)
-//! can replace the embedded one without touching the controller. The controller persists
+//! start and changed only by atomic batches — so that a distributed store (etcd) can
+//! replace the embedded one without touching the controller. The controller persists
 //! every mutation as one [`Batch`] *before* it applies the mutation in memory, announces it
 //! or answers the request that caused it.
 //!

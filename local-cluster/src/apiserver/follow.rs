@@ -14,7 +14,7 @@
 use super::metrics::Metrics;
 use crate::backoff::Backoff;
 use crate::controller::model::{decode_events, events_key, Cluster};
-use crate::store::etcd::int;
+use crate::store::etcd::gateway::int;
 use crate::store::{EtcdStore, Key, StoreError};
 use plugin_api::{ClusterEvent, ClusterListener};
 use serde_json::Value;
@@ -41,7 +41,6 @@ enum End {
 pub(crate) struct Follower {
     store: Arc<EtcdStore>,
     listeners: Vec<Arc<dyn ClusterListener>>,
-    http: reqwest::Client,
     metrics: Metrics,
     /// The controller's revision the listeners are at.
     applied: u64,
@@ -73,11 +72,6 @@ impl Follower {
         Self {
             store,
             listeners,
-            // No overall timeout: a watch is one long answer.
-            http: reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(2))
-                .build()
-                .expect("a plain HTTP client builds"),
             metrics,
             applied: 0,
             etcd_rev: 0,
@@ -153,31 +147,32 @@ impl Follower {
 
     /// One watch stream, from the revision after the last applied one, until it ends.
     async fn watch(&mut self) -> End {
-        let endpoint = &self.store.endpoints()[self.endpoint];
-        let url = format!("http://{endpoint}/v3/watch");
-        let body = self.store.watch_request(self.etcd_rev + 1).to_string();
-        let request = self
-            .http
-            .post(&url)
-            .header(crate::store::etcd::REQUIRE_LEADER, "true")
-            .body(body);
-        let sent = tokio::time::timeout(self.quiet_check, request.send());
-        let mut resp = match sent.await {
-            Ok(Ok(r)) if r.status().is_success() => r,
-            Ok(Ok(r)) => return End::Broken(format!("{url}: answered {}", r.status())),
-            Ok(Err(e)) => return End::Broken(format!("{url}: {e}")),
+        let store = self.store.clone();
+        let body = store.watch_request(self.etcd_rev + 1);
+        let sent = tokio::time::timeout(
+            self.quiet_check,
+            store.gateway().watch(self.endpoint, &body),
+        );
+        let mut watch = match sent.await {
+            Ok(Ok(w)) => w,
+            Ok(Err(e)) => return End::Broken(e),
             Err(_) => {
-                return End::Broken(format!("{url}: no answer within {:?}", self.quiet_check))
+                let endpoint = &store.endpoints()[self.endpoint];
+                return End::Broken(format!(
+                    "{endpoint}: watch: no answer within {:?}",
+                    self.quiet_check
+                ));
             }
         };
-        let mut buf: Vec<u8> = Vec::new();
         // The newest revision another member reported while this stream was quiet.
         let mut behind: Option<i64> = None;
         loop {
-            let chunk = match tokio::time::timeout(self.quiet_check, resp.chunk()).await {
-                Ok(Ok(Some(c))) => c,
-                Ok(Ok(None)) => return End::Broken(format!("{url}: the watch stream ended")),
-                Ok(Err(e)) => return End::Broken(format!("{url}: {e}")),
+            let msg = match tokio::time::timeout(self.quiet_check, watch.next()).await {
+                Ok(Ok(Some(msg))) => msg,
+                Ok(Ok(None)) => {
+                    return End::Broken(format!("{}: the watch stream ended", watch.endpoint()))
+                }
+                Ok(Err(e)) => return End::Broken(e),
                 Err(_quiet) => {
                     // Behind twice in a row (a change may just be on its way the first
                     // time): this stream is stuck.
@@ -186,8 +181,9 @@ impl Follower {
                             if newest > self.etcd_rev && before > self.etcd_rev =>
                         {
                             return End::Broken(format!(
-                                "{url}: the watch stayed quiet while the store moved on to \
+                                "{}: the watch stayed quiet while the store moved on to \
                                  revision {newest} (this apiserver is at {})",
+                                watch.endpoint(),
                                 self.etcd_rev
                             ));
                         }
@@ -197,20 +193,8 @@ impl Follower {
                 }
             };
             behind = None;
-            buf.extend_from_slice(&chunk);
-            // The gateway sends one JSON object per line.
-            while let Some(nl) = buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = buf.drain(..=nl).collect();
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                let msg: Value = match serde_json::from_slice(&line) {
-                    Ok(v) => v,
-                    Err(e) => return End::Broken(format!("{url}: unreadable watch answer: {e}")),
-                };
-                if let Some(end) = self.on_answer(&msg) {
-                    return end;
-                }
+            if let Some(end) = self.on_answer(&msg) {
+                return end;
             }
         }
     }
@@ -218,18 +202,18 @@ impl Follower {
     /// The newest modification revision under the store's prefix, as another member (the
     /// next endpoint) sees it; `None` when it cannot tell (single endpoint, no answer).
     async fn newest_elsewhere(&self) -> Option<i64> {
-        let endpoints = self.store.endpoints();
-        let other = &endpoints[(self.endpoint + 1) % endpoints.len()];
-        let r = self
-            .http
-            .post(format!("http://{other}/v3/kv/range"))
-            .header(crate::store::etcd::REQUIRE_LEADER, "true")
-            .body(self.store.newest_request().to_string())
-            .timeout(Duration::from_secs(2))
-            .send()
+        let other = (self.endpoint + 1) % self.store.endpoints().len();
+        let v = self
+            .store
+            .gateway()
+            .call_one(
+                other,
+                "/v3/kv/range",
+                &self.store.newest_request(),
+                Duration::from_secs(2),
+            )
             .await
             .ok()?;
-        let v: Value = r.json().await.ok()?;
         Some(int(&v["kvs"][0]["mod_revision"]))
     }
 
@@ -320,6 +304,9 @@ impl Follower {
 }
 
 #[cfg(test)]
+mod bench;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::controller::model::Txn;
@@ -351,7 +338,7 @@ mod tests {
         }
     }
 
-    fn service(name: &str) -> crate::controller::model::ServiceRec {
+    pub(super) fn service(name: &str) -> crate::controller::model::ServiceRec {
         crate::controller::model::ServiceRec {
             info: ServiceInfo {
                 name: name.into(),

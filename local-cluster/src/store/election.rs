@@ -25,12 +25,10 @@
 //! runs out may still land): the store's [`with_leader_guard`](super::EtcdStore::with_leader_guard)
 //! makes every commit conditional on the leader key being the one this leader created.
 
-use super::etcd::{b64, check_endpoint, int, post, unb64, Failure, REQUIRE_LEADER};
+use super::etcd::gateway::{self, b64, check_endpoint, int, Gateway, Limits};
 use crate::backoff::Backoff;
 use serde_json::{json, Value};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -38,8 +36,6 @@ use std::time::{Duration, Instant};
 const LEADER: &str = ".leader";
 /// The lease TTL unless told otherwise (Kubernetes' `LeaseDuration`).
 pub const DEFAULT_LEADER_TTL: Duration = Duration::from_secs(15);
-/// The largest watch message accepted.
-const MAX_MESSAGE: usize = 16 << 20;
 
 /// Why the election could not go on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -137,9 +133,7 @@ pub struct Election {
 
 #[derive(Debug)]
 struct Inner {
-    endpoints: Vec<String>,
-    /// The endpoint that answered last; tried first.
-    current: AtomicUsize,
+    gateway: Gateway,
     key: String,
     id: String,
     timings: LeaseTimings,
@@ -209,14 +203,14 @@ impl Election {
         if !problems.is_empty() {
             return Err(bad(problems.join("; ")));
         }
+        let timeout = (ttl / 2).clamp(Duration::from_millis(500), super::etcd::DEFAULT_TIMEOUT);
         Ok(Self {
             inner: Arc::new(Inner {
-                endpoints,
-                current: AtomicUsize::new(0),
+                gateway: Gateway::new(endpoints, timeout),
                 key: format!("{prefix}{LEADER}"),
                 id: id.to_owned(),
                 timings,
-                timeout: (ttl / 2).clamp(Duration::from_millis(500), super::DEFAULT_TIMEOUT),
+                timeout,
             }),
         })
     }
@@ -246,7 +240,7 @@ impl Election {
         match r.pointer("/kvs/0/value") {
             None => Ok(None),
             Some(v) => {
-                let bytes = unb64(v).map_err(|e| ElectionError::Etcd(e.to_string()))?;
+                let bytes = gateway::unb64(v).map_err(ElectionError::Etcd)?;
                 Ok(Some(String::from_utf8_lossy(&bytes).into_owned()))
             }
         }
@@ -333,7 +327,8 @@ impl Election {
         let kv = txn.pointer("/responses/0/response_range/kvs/0");
         let leader = kv
             .map(|kv| {
-                String::from_utf8_lossy(&unb64(&kv["value"]).unwrap_or_default()).into_owned()
+                String::from_utf8_lossy(&gateway::unb64(&kv["value"]).unwrap_or_default())
+                    .into_owned()
             })
             .unwrap_or_default();
         Ok(Attempt::Held { leader, rev })
@@ -365,85 +360,42 @@ impl Election {
         deadline: Instant,
         per_endpoint: Duration,
     ) -> Result<Value, ElectionError> {
-        let i = &self.inner;
-        let body = body.to_string();
-        let n = i.endpoints.len();
-        let start = i.current.load(Ordering::Relaxed);
-        let mut errors = Vec::new();
-        for k in 0..n {
-            let at = (start + k) % n;
-            let ep = &i.endpoints[at];
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                errors.push(format!("{ep}: not tried, out of time"));
-                continue;
-            }
-            match post(ep, path, body.as_bytes(), per_endpoint.min(left)) {
-                Ok(v) => {
-                    i.current.store(at, Ordering::Relaxed);
-                    return Ok(v);
-                }
-                Err(Failure::Refused(m)) => {
-                    return Err(ElectionError::Etcd(format!("{path}: {ep}: {m}")));
-                }
-                Err(Failure::Unreachable(m) | Failure::Unknown(m)) => {
-                    errors.push(format!("{ep}: {m}"))
-                }
-            }
-        }
-        Err(ElectionError::Etcd(format!(
-            "{path}: no endpoint answered: {}",
-            errors.join("; ")
-        )))
+        let limits = Limits {
+            per_endpoint,
+            deadline: Some(deadline),
+        };
+        gateway::wait(self.inner.gateway.call(path, body, limits))
+            .map_err(|e| ElectionError::Etcd(e.message))
     }
 
     /// Watches the leader key from revision `from` on the current endpoint until it is
     /// deleted, or the watch ends or stays silent for twice the TTL.
     fn watch_delete(&self, from: i64) -> Result<WatchEnd, String> {
         let i = &self.inner;
-        let ep = &i.endpoints[i.current.load(Ordering::Relaxed) % i.endpoints.len()];
         let body = json!({ "create_request": {
             "key": b64(i.key.as_bytes()),
             "start_revision": from.to_string(),
-        } })
-        .to_string();
-        let mut s = connect(ep, i.timeout)?;
-        let head = format!(
-            "POST /v3/watch HTTP/1.1\r\nhost: {ep}\r\ncontent-type: application/json\r\n\
-             {REQUIRE_LEADER}: true\r\ncontent-length: {}\r\n\r\n",
-            body.len()
-        );
-        s.set_write_timeout(Some(i.timeout))
-            .and_then(|()| s.write_all(head.as_bytes()))
-            .and_then(|()| s.write_all(body.as_bytes()))
-            .map_err(|e| format!("{ep}: cannot send the watch: {e}"))?;
-        s.set_read_timeout(Some(i.timings.ttl * 2))
-            .map_err(|e| format!("{ep}: {e}"))?;
-        let mut stream = WatchStream::default();
-        let mut buf = [0u8; 8 << 10];
-        loop {
-            let n = match s.read(&mut buf) {
-                Ok(0) => return Ok(WatchEnd::Recheck),
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Ok(WatchEnd::Recheck)
-                }
-                Err(e) => return Err(format!("{ep}: watch: {e}")),
+        } });
+        gateway::wait(async {
+            // Silence for twice the TTL, before or after the answer starts: look again
+            // (see the module documentation).
+            let silence = i.timings.ttl * 2;
+            let opened = tokio::time::timeout(silence, i.gateway.watch(i.gateway.current(), &body));
+            let Ok(opened) = opened.await else {
+                return Ok(WatchEnd::Recheck);
             };
-            for msg in stream
-                .push(&buf[..n])
-                .map_err(|e| format!("{ep}: watch: {e}"))?
-            {
-                let result = &msg["result"];
+            let mut watch = opened?;
+            loop {
+                let msg = match tokio::time::timeout(silence, watch.next()).await {
+                    Err(_silent) => return Ok(WatchEnd::Recheck),
+                    Ok(Ok(None)) => return Ok(WatchEnd::Recheck),
+                    Ok(Ok(Some(msg))) => msg,
+                    Ok(Err(e)) => return Err(e),
+                };
                 if msg.get("error").is_some() {
-                    return Err(format!("{ep}: watch: {msg}"));
+                    return Err(format!("{}: watch: {msg}", watch.endpoint()));
                 }
+                let result = &msg["result"];
                 let deleted = result["events"]
                     .as_array()
                     .is_some_and(|evs| evs.iter().any(|e| e["type"] == "DELETE"));
@@ -454,92 +406,7 @@ impl Election {
                     return Ok(WatchEnd::Recheck);
                 }
             }
-            if stream.ended {
-                return Ok(WatchEnd::Recheck);
-            }
-        }
-    }
-}
-
-fn connect(ep: &str, timeout: Duration) -> Result<TcpStream, String> {
-    let addrs: Vec<SocketAddr> = ep
-        .to_socket_addrs()
-        .map_err(|e| format!("{ep}: cannot resolve: {e}"))?
-        .collect();
-    let mut last = format!("{ep}: resolves to no address");
-    for a in addrs {
-        match TcpStream::connect_timeout(&a, timeout) {
-            Ok(s) => {
-                let _ = s.set_nodelay(true);
-                return Ok(s);
-            }
-            Err(e) => last = format!("{ep}: cannot connect: {e}"),
-        }
-    }
-    Err(last)
-}
-
-/// Decodes a streaming HTTP/1.1 answer (chunked, or not) into its newline-delimited
-/// JSON messages, as bytes arrive.
-#[derive(Debug, Default)]
-struct WatchStream {
-    /// Bytes not decoded yet.
-    raw: Vec<u8>,
-    /// `None` until the header is read; then whether the body is chunked.
-    chunked: Option<bool>,
-    /// Decoded body bytes not yet a complete line.
-    body: Vec<u8>,
-    /// The last chunk came.
-    ended: bool,
-}
-
-impl WatchStream {
-    fn push(&mut self, bytes: &[u8]) -> Result<Vec<Value>, String> {
-        self.raw.extend_from_slice(bytes);
-        if self.raw.len() + self.body.len() > MAX_MESSAGE {
-            return Err(format!("a message larger than {MAX_MESSAGE} bytes"));
-        }
-        if self.chunked.is_none() {
-            let Some(end) = self.raw.windows(4).position(|w| w == b"\r\n\r\n") else {
-                return Ok(Vec::new());
-            };
-            let head = String::from_utf8_lossy(&self.raw[..end]).to_ascii_lowercase();
-            let status = head.split(' ').nth(1).unwrap_or("");
-            if status != "200" {
-                return Err(format!("http {status}"));
-            }
-            self.chunked = Some(head.contains("transfer-encoding: chunked"));
-            self.raw.drain(..end + 4);
-        }
-        if self.chunked == Some(true) {
-            while let Some(eol) = self.raw.windows(2).position(|w| w == b"\r\n") {
-                let size = std::str::from_utf8(&self.raw[..eol])
-                    .ok()
-                    .and_then(|s| usize::from_str_radix(s.split(';').next()?.trim(), 16).ok())
-                    .ok_or("bad chunk size")?;
-                if size == 0 {
-                    self.ended = true;
-                    break;
-                }
-                if self.raw.len() < eol + 2 + size + 2 {
-                    break;
-                }
-                self.body
-                    .extend_from_slice(&self.raw[eol + 2..eol + 2 + size]);
-                self.raw.drain(..eol + 2 + size + 2);
-            }
-        } else {
-            self.body.append(&mut self.raw);
-        }
-        let mut out = Vec::new();
-        while let Some(nl) = self.body.iter().position(|&b| b == b'\n') {
-            let line: Vec<u8> = self.body.drain(..=nl).collect();
-            if line.iter().all(u8::is_ascii_whitespace) {
-                continue;
-            }
-            out.push(serde_json::from_slice(&line).map_err(|e| format!("not JSON: {e}"))?);
-        }
-        Ok(out)
+        })
     }
 }
 
@@ -644,7 +511,8 @@ impl Leadership {
         if created != self.create_revision {
             let holder = kv
                 .map(|kv| {
-                    String::from_utf8_lossy(&unb64(&kv["value"]).unwrap_or_default()).into_owned()
+                    String::from_utf8_lossy(&gateway::unb64(&kv["value"]).unwrap_or_default())
+                        .into_owned()
                 })
                 .unwrap_or_else(|| "nobody".into());
             return Err(ElectionError::Lost(format!(

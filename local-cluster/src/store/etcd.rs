@@ -1,10 +1,7 @@
 //! [`EtcdStore`]: the controller's store in etcd v3, spoken to through etcd's JSON
-//! gateway (`POST /v3/kv/range`, `POST /v3/kv/txn`, keys and values in base64) with a
-//! small blocking HTTP/1.1 client over `std::net::TcpStream`.
-//!
-//! Why hand-written HTTP: the controller calls the store from inside tokio (under
-//! `block_in_place`), where `reqwest::blocking` panics; a plain socket with a deadline on
-//! every call has no runtime to trip over and no extra dependency.
+//! gateway (`POST /v3/kv/range`, `POST /v3/kv/txn`, keys and values in base64) through
+//! the [`gateway`] client, which the election and the apiserver's follower share. The
+//! store trait is synchronous: each call waits for the async client ([`gateway::wait`]).
 //!
 //! Layout: every [`Key`] is the etcd key `<prefix><ns>/<key>` (default prefix `/xce/`).
 //! Keys starting `<prefix>.` are control keys, not state (no namespace starts with `.`:
@@ -25,14 +22,15 @@
 //! Until then `load_all` lays the journal over what it reads, and the next commit
 //! finishes writing it out first: all or nothing still holds.
 
+pub(crate) mod gateway;
+
 use super::{Batch, Key, Op, Store, StoreError};
+use gateway::{b64, int, Gateway, Limits};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::fmt;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The key prefix unless told otherwise.
 pub const DEFAULT_PREFIX: &str = "/xce/";
@@ -40,20 +38,10 @@ pub const DEFAULT_PREFIX: &str = "/xce/";
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Keys per range request of [`Store::load_all`].
 const DEFAULT_PAGE: usize = 1000;
-/// The largest answer accepted (a range page of big values stays far below).
-const MAX_ANSWER: usize = 256 << 20;
 /// The fence's name after the prefix: no `/`, so it is no `<ns>/<key>`.
 const FENCE: &str = ".commit";
 /// The journal of a batch too big for one transaction (no `/` either).
 const JOURNAL: &str = ".journal";
-/// A request header (gRPC metadata `hasleader`, through the JSON gateway) that makes a
-/// member without a raft leader refuse at once ("etcdserver: no leader") instead of holding
-/// the request until etcd's own timeout (7 s by default): a member cut off from the others,
-/// or one waiting for an election, is then skipped for the next endpoint, and watches on it
-/// are cancelled rather than left silent.
-pub(crate) const REQUIRE_LEADER: &str = "grpc-metadata-hasleader";
-/// The error a member without a leader answers to [`REQUIRE_LEADER`] requests.
-const NO_LEADER: &str = "etcdserver: no leader";
 /// etcd's default `--max-txn-ops`.
 pub const DEFAULT_MAX_TXN_OPS: usize = 128;
 /// Key and value bytes per transaction, below etcd's default `--max-request-bytes`
@@ -62,50 +50,12 @@ const CHUNK_BYTES: usize = 1 << 20;
 
 /// Parses `etcd://HOST:PORT[,HOST:PORT…]` into its endpoints (`HOST:PORT` each).
 pub fn parse_url(url: &str) -> Result<Vec<String>, StoreError> {
-    let bad = |reason: String| StoreError::InvalidConfig(format!("store url {url:?}: {reason}"));
-    let list = url
-        .strip_prefix("etcd://")
-        .ok_or_else(|| bad("must look like etcd://HOST:PORT[,HOST:PORT...]".into()))?;
-    let mut out = Vec::new();
-    for ep in list.split(',') {
-        let ep = ep.trim();
-        if ep.is_empty() {
-            return Err(bad("an endpoint is empty".into()));
-        }
-        check_endpoint(ep).map_err(|r| bad(format!("endpoint {ep:?} {r}")))?;
-        out.push(ep.to_owned());
-    }
-    Ok(out)
-}
-
-/// `HOST:PORT` (`[v6]:PORT` for IPv6) with a non-zero port and a plain host name.
-pub(super) fn check_endpoint(ep: &str) -> Result<(), String> {
-    let (host, port) = ep
-        .rsplit_once(':')
-        .ok_or_else(|| "has no :PORT".to_owned())?;
-    match port.parse::<u16>() {
-        Ok(p) if p > 0 => {}
-        _ => return Err(format!("has an invalid port {port:?}")),
-    }
-    let plain = |h: &str| {
-        !h.is_empty()
-            && h.chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'))
-    };
-    let ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
-        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
-        None => plain(host),
-    };
-    if ok {
-        Ok(())
-    } else {
-        Err(format!("has an invalid host {host:?}"))
-    }
+    gateway::parse_url(url).map_err(StoreError::InvalidConfig)
 }
 
 /// The controller's store in etcd. See the module documentation for the layout.
 pub struct EtcdStore {
-    endpoints: Vec<String>,
+    gateway: Gateway,
     prefix: String,
     timeout: Duration,
     page: usize,
@@ -120,8 +70,6 @@ pub struct EtcdStore {
 /// controller's single state task makes them; the mutex only makes that safe to share).
 #[derive(Debug)]
 struct State {
-    /// The endpoint that answered last; tried first.
-    current: usize,
     /// The fence's `mod_revision` as of this store's last load or commit (0: absent);
     /// `None` until one of them.
     fence_rev: Option<i64>,
@@ -139,22 +87,11 @@ struct State {
 impl fmt::Debug for EtcdStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdStore")
-            .field("endpoints", &self.endpoints)
+            .field("endpoints", &self.gateway.endpoints())
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
             .finish_non_exhaustive()
     }
-}
-
-/// Why one HTTP exchange failed.
-#[derive(Debug)]
-pub(super) enum Failure {
-    /// Nothing reached etcd (no connection): safe to try elsewhere.
-    Unreachable(String),
-    /// The request may have been applied, no (good) answer came back.
-    Unknown(String),
-    /// etcd answered that it did not do it.
-    Refused(String),
 }
 
 /// Why a call failed on every endpoint.
@@ -175,7 +112,7 @@ impl EtcdStore {
             return Err(StoreError::InvalidConfig("no etcd endpoint given".into()));
         }
         for ep in &endpoints {
-            check_endpoint(ep)
+            gateway::check_endpoint(ep)
                 .map_err(|r| StoreError::InvalidConfig(format!("etcd endpoint {ep:?} {r}")))?;
         }
         let mut seed = [0u8; 8];
@@ -187,14 +124,13 @@ impl EtcdStore {
                 .map_or(0, |d| d.as_nanos() as u64),
         };
         Ok(Self {
-            endpoints,
+            gateway: Gateway::new(endpoints, DEFAULT_TIMEOUT),
             prefix: DEFAULT_PREFIX.into(),
             timeout: DEFAULT_TIMEOUT,
             page: DEFAULT_PAGE,
             max_ops: DEFAULT_MAX_TXN_OPS,
             leader: None,
             state: Mutex::new(State {
-                current: 0,
                 fence_rev: None,
                 writer,
                 seq: 0,
@@ -223,6 +159,7 @@ impl EtcdStore {
     /// Gives each HTTP exchange with one endpoint `timeout` (connect, send and answer).
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self.gateway = Gateway::new(self.gateway.endpoints().to_vec(), timeout);
         self
     }
 
@@ -252,7 +189,12 @@ impl EtcdStore {
 
     /// The endpoints, in the order tried.
     pub fn endpoints(&self) -> &[String] {
-        &self.endpoints
+        self.gateway.endpoints()
+    }
+
+    /// The client of the store's etcd (the apiserver's follower watches through it).
+    pub(crate) fn gateway(&self) -> &Gateway {
+        &self.gateway
     }
 
     fn etcd_key(&self, k: &Key) -> Result<String, StoreError> {
@@ -284,38 +226,14 @@ impl EtcdStore {
     }
 
     /// Sends `body` to `path` on each endpoint in turn (from the last good one) until one
-    /// answers.
-    fn call(&self, st: &mut State, path: &str, body: &Value) -> Result<Value, CallError> {
-        let body = body.to_string();
-        let n = self.endpoints.len();
-        let mut errors = Vec::new();
-        let mut unknown = false;
-        for i in 0..n {
-            let at = (st.current + i) % n;
-            let ep = &self.endpoints[at];
-            match post(ep, path, body.as_bytes(), self.timeout) {
-                Ok(v) => {
-                    st.current = at;
-                    return Ok(v);
-                }
-                Err(Failure::Refused(m)) => {
-                    // An answer is authoritative: another member would say the same.
-                    errors.push(format!("{ep}: {m}"));
-                    return Err(CallError {
-                        unknown,
-                        message: format!("etcd {path}: {}", errors.join("; ")),
-                    });
-                }
-                Err(Failure::Unreachable(m)) => errors.push(format!("{ep}: {m}")),
-                Err(Failure::Unknown(m)) => {
-                    unknown = true;
-                    errors.push(format!("{ep}: {m}"));
-                }
+    /// answers, each within the store's timeout. Takes the state (unused) so that calls
+    /// stay serialized by its lock.
+    fn call(&self, _: &mut State, path: &str, body: &Value) -> Result<Value, CallError> {
+        gateway::wait(self.gateway.call(path, body, Limits::each(self.timeout))).map_err(|e| {
+            CallError {
+                unknown: e.unknown,
+                message: format!("etcd {}", e.message),
             }
-        }
-        Err(CallError {
-            unknown,
-            message: format!("etcd {path}: no endpoint answered: {}", errors.join("; ")),
         })
     }
 
@@ -764,232 +682,9 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
-/// An int64 of the gateway's JSON: a string or a number; absent is 0 (proto3 default).
-pub(crate) fn int(v: &Value) -> i64 {
-    match v {
-        Value::String(s) => s.parse().unwrap_or(0),
-        Value::Number(n) => n.as_i64().unwrap_or(0),
-        _ => 0,
-    }
-}
-
-// === HTTP ===
-
-/// One `POST` with `connection: close`; the JSON answer of a 200.
-pub(super) fn post(
-    endpoint: &str,
-    path: &str,
-    body: &[u8],
-    timeout: Duration,
-) -> Result<Value, Failure> {
-    let deadline = Instant::now() + timeout;
-    let left = || {
-        deadline
-            .checked_duration_since(Instant::now())
-            .filter(|d| !d.is_zero())
-    };
-    let addrs: Vec<SocketAddr> = endpoint
-        .to_socket_addrs()
-        .map_err(|e| Failure::Unreachable(format!("cannot resolve: {e}")))?
-        .collect();
-    let mut conn = Err(Failure::Unreachable("resolves to no address".into()));
-    for a in addrs {
-        let Some(t) = left() else { break };
-        match TcpStream::connect_timeout(&a, t) {
-            Ok(s) => {
-                conn = Ok(s);
-                break;
-            }
-            Err(e) => conn = Err(Failure::Unreachable(format!("cannot connect: {e}"))),
-        }
-    }
-    let mut s = conn?;
-    let lost = |what: &str, e: &dyn fmt::Display| Failure::Unknown(format!("{what}: {e}"));
-    let _ = s.set_nodelay(true);
-    s.set_write_timeout(left())
-        .map_err(|e| lost("cannot send", &e))?;
-    let head = format!(
-        "POST {path} HTTP/1.1\r\nhost: {endpoint}\r\ncontent-type: application/json\r\n\
-         {REQUIRE_LEADER}: true\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes())
-        .and_then(|()| s.write_all(body))
-        .map_err(|e| lost("cannot send", &e))?;
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 16 << 10];
-    loop {
-        let Some(t) = left() else {
-            return Err(Failure::Unknown(format!("no answer within {timeout:?}")));
-        };
-        s.set_read_timeout(Some(t))
-            .map_err(|e| lost("cannot receive", &e))?;
-        match s.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                answer.extend_from_slice(&buf[..n]);
-                if answer.len() > MAX_ANSWER {
-                    return Err(Failure::Unknown(format!(
-                        "answer larger than {MAX_ANSWER} bytes"
-                    )));
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            // A read timeout shows as EAGAIN on Linux: say what it means.
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return Err(Failure::Unknown(format!("no answer within {timeout:?}")));
-            }
-            Err(e) => return Err(lost("cannot receive", &e)),
-        }
-    }
-    let (status, body) = parse_answer(&answer).map_err(Failure::Unknown)?;
-    let json: Option<Value> = serde_json::from_slice(&body).ok();
-    match (status, json) {
-        (200, Some(v)) => Ok(v),
-        (200, None) => Err(Failure::Unknown("answer is not JSON".into())),
-        (status, v) => {
-            let msg = v
-                .as_ref()
-                .and_then(|v| v["error"].as_str().or(v["message"].as_str()))
-                .map(str::to_owned)
-                .unwrap_or_else(|| String::from_utf8_lossy(&body).chars().take(200).collect());
-            let msg = format!("http {status}: {msg}");
-            if msg.contains(NO_LEADER) {
-                // Refused before anything was proposed (see REQUIRE_LEADER): another
-                // member may have a leader.
-                Err(Failure::Unreachable(msg))
-            } else if status >= 500 {
-                // "request timed out" and leader changes: it may still commit.
-                Err(Failure::Unknown(msg))
-            } else {
-                Err(Failure::Refused(msg))
-            }
-        }
-    }
-}
-
-/// Splits an HTTP/1.1 answer read to its end into status and body.
-fn parse_answer(raw: &[u8]) -> Result<(u16, Vec<u8>), String> {
-    let end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or("answer has no complete header")?;
-    let head = std::str::from_utf8(&raw[..end]).map_err(|_| "answer header is not text")?;
-    let rest = &raw[end + 4..];
-    let mut lines = head.split("\r\n");
-    let status = lines
-        .next()
-        .and_then(|l| l.split(' ').nth(1))
-        .and_then(|c| c.parse::<u16>().ok())
-        .ok_or("answer has no status")?;
-    let mut chunked = false;
-    let mut length = None;
-    for l in lines {
-        let Some((name, value)) = l.split_once(':') else {
-            continue;
-        };
-        let value = value.trim();
-        if name.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = value.eq_ignore_ascii_case("chunked");
-        } else if name.eq_ignore_ascii_case("content-length") {
-            length = Some(value.parse::<usize>().map_err(|_| "bad content-length")?);
-        }
-    }
-    if chunked {
-        return dechunk(rest).map(|b| (status, b));
-    }
-    match length {
-        Some(n) if rest.len() < n => Err(format!("answer cut short ({} of {n} bytes)", rest.len())),
-        Some(n) => Ok((status, rest[..n].to_vec())),
-        None => Ok((status, rest.to_vec())),
-    }
-}
-
-fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    loop {
-        let eol = raw
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or("chunked answer cut short")?;
-        let size = std::str::from_utf8(&raw[..eol])
-            .ok()
-            .and_then(|s| usize::from_str_radix(s.split(';').next()?.trim(), 16).ok())
-            .ok_or("bad chunk size")?;
-        raw = &raw[eol + 2..];
-        if size == 0 {
-            return Ok(out);
-        }
-        if raw.len() < size + 2 {
-            return Err("chunked answer cut short".into());
-        }
-        out.extend_from_slice(&raw[..size]);
-        raw = &raw[size + 2..];
-    }
-}
-
-// === base64 (standard alphabet, padded: what etcd's gateway speaks) ===
-
-const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-pub(crate) fn b64(data: &[u8]) -> String {
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for c in data.chunks(3) {
-        let n = (u32::from(c[0]) << 16)
-            | (u32::from(c.get(1).copied().unwrap_or(0)) << 8)
-            | u32::from(c.get(2).copied().unwrap_or(0));
-        for i in 0..4 {
-            if i <= c.len() {
-                out.push(B64[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 /// Decodes a base64 JSON string; absent or null is empty (proto3 omits empty bytes).
 pub(super) fn unb64(v: &Value) -> Result<Vec<u8>, StoreError> {
-    let s = match v {
-        Value::Null => return Ok(Vec::new()),
-        Value::String(s) => s.as_bytes(),
-        other => {
-            return Err(StoreError::Backend(format!(
-                "etcd sent {other} where base64 was expected"
-            )))
-        }
-    };
-    let bad = || StoreError::Backend("etcd sent invalid base64".into());
-    let s = s.strip_suffix(b"==").or(s.strip_suffix(b"=")).unwrap_or(s);
-    let mut out = Vec::with_capacity(s.len() * 3 / 4);
-    let (mut acc, mut bits) = (0u32, 0u32);
-    for &c in s {
-        let d = u32::from(match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'+' => 62,
-            b'/' => 63,
-            _ => return Err(bad()),
-        });
-        acc = (acc << 6) | d;
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-            acc &= (1 << bits) - 1;
-        }
-    }
-    if bits >= 6 {
-        return Err(bad());
-    }
-    Ok(out)
+    gateway::unb64(v).map_err(StoreError::Backend)
 }
 
 #[cfg(test)]

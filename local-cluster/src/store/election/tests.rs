@@ -158,14 +158,13 @@ fn a_maintained_leader_is_told_when_its_key_is_gone_and_its_store_stops_committi
         standby.recv_timeout(PATIENCE).unwrap()
     ));
     // Someone deletes the leader key (an operator, or etcd losing the lease).
-    post(
-        &etcd.endpoint,
+    let gw = Gateway::new(vec![etcd.endpoint.clone()], Duration::from_secs(5));
+    gateway::wait(gw.call_one(
+        0,
         "/v3/kv/deleterange",
-        json!({ "key": b64(b"/xce/.leader") })
-            .to_string()
-            .as_bytes(),
+        &json!({ "key": b64(b"/xce/.leader") }),
         Duration::from_secs(5),
-    )
+    ))
     .unwrap();
     log.push("leader key deleted".into());
     let b = result.recv_timeout(PATIENCE).unwrap().unwrap();
@@ -316,37 +315,6 @@ fn lease_timings_follow_kubernetes_and_every_problem_is_named() {
         retry_period (10s) must be shorter than renew_deadline (10s): a leader must get more than one try before it steps down
         ok: []
         invalid election config: renew_deadline (5s) must be shorter than leader_ttl (3s): a leader must step down before its lease can run out and a standby take over"#]],
-    );
-}
-
-#[test]
-fn watch_messages_are_decoded_across_chunk_and_read_boundaries() {
-    let mut s = WatchStream::default();
-    let msg1 = "{\"result\":{\"created\":true}}\n";
-    let msg2 = "{\"result\":{\"events\":[{\"type\":\"DELETE\"}]}}\n";
-    let body = format!(
-        "{:x}\r\n{msg1}\r\n{:x}\r\n{}\r\n{:x}\r\n{}\r\n0\r\n\r\n",
-        msg1.len(),
-        10,
-        &msg2[..10],
-        msg2.len() - 10,
-        &msg2[10..]
-    );
-    let raw = format!("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{body}");
-    let mut log = Vec::new();
-    // Three bytes at a time: every boundary falls somewhere odd.
-    for piece in raw.as_bytes().chunks(3) {
-        for m in s.push(piece).unwrap() {
-            log.push(m.to_string());
-        }
-    }
-    log.push(format!("ended: {}", s.ended));
-    check(
-        &log,
-        expect![[r#"
-            {"result":{"created":true}}
-            {"result":{"events":[{"type":"DELETE"}]}}
-            ended: true"#]],
     );
 }
 
