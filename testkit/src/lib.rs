@@ -1,0 +1,55 @@
+//! What the tests and benches of every crate share, so that each exists once: an etcd
+//! launcher ([`etcd::Etcd`]), [`free_port`], [`rss_kib`], a raw HTTP/1.1 client
+//! ([`http`]), a seeded RNG ([`seeded_rng`]) and the patience variable ([`patience`]).
+//!
+//! A dev-dependency only: no library or binary links it.
+#![warn(missing_docs, unreachable_pub)]
+#![forbid(unsafe_code)]
+
+pub mod etcd;
+pub mod http;
+
+use std::time::Duration;
+
+/// How long a test waits for something that should happen (a process answering, a state
+/// being reached) before it fails: 45 s, or `XCE_TEST_PATIENCE` seconds on a slow machine.
+/// Every wait of every test uses it, so one variable slows them all down together.
+pub fn patience() -> Duration {
+    let secs = std::env::var("XCE_TEST_PATIENCE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(45);
+    Duration::from_secs(secs)
+}
+
+/// A loopback TCP port that was free a moment ago (the OS picks it; a race with another
+/// process binding it in between is possible and accepted in tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Resident memory of a process in KiB, from `/proc/<pid>/status`; 0 when it cannot be
+/// read (the process is gone, or there is no `/proc`).
+pub fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A random generator whose seed is printed (`{what} seed N`) so that a failing run can be
+/// replayed: `XCE_TEST_SEED=N` gives the same sequence again; without it, a fresh seed.
+pub fn seeded_rng(what: &str) -> fastrand::Rng {
+    let seed = std::env::var("XCE_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| fastrand::u64(..));
+    println!("{what} seed {seed}");
+    fastrand::Rng::with_seed(seed)
+}
