@@ -6,6 +6,7 @@
 #![warn(unreachable_pub)]
 
 pub mod apiserver;
+pub mod atomic_file;
 pub mod auth;
 pub mod clientconf;
 pub mod controller;
