@@ -53,3 +53,35 @@ pub fn seeded_rng(what: &str) -> fastrand::Rng {
     println!("{what} seed {seed}");
     fastrand::Rng::with_seed(seed)
 }
+
+#[cfg(test)]
+mod tests {
+    /// The kit stays out of every library and binary: in each crate's `Cargo.toml` of the
+    /// workspace it may appear only under `[dev-dependencies]`.
+    #[test]
+    fn no_crate_depends_on_the_kit_outside_its_tests() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let mut checked = 0;
+        for entry in std::fs::read_dir(&root).unwrap() {
+            let manifest = entry.unwrap().path().join("Cargo.toml");
+            let Ok(text) = std::fs::read_to_string(&manifest) else {
+                continue;
+            };
+            checked += 1;
+            let mut section = String::new();
+            for line in text.lines().map(str::trim) {
+                if line.starts_with('[') {
+                    section = line.to_owned();
+                } else if line.starts_with("testkit") && !line.starts_with("testkit/") {
+                    assert_eq!(
+                        section,
+                        "[dev-dependencies]",
+                        "{}: testkit may only be a dev-dependency",
+                        manifest.display()
+                    );
+                }
+            }
+        }
+        assert!(checked >= 3, "found the workspace's crates ({checked})");
+    }
+}
