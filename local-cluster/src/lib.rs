@@ -15,8 +15,6 @@ pub mod logging;
 pub mod profile;
 pub mod proto;
 pub mod serve;
-#[cfg(test)]
-mod small_fs;
 pub mod store;
 pub mod worker;
 

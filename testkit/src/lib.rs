@@ -1,6 +1,7 @@
 //! What the tests and benches of every crate share, so that each exists once: an etcd
 //! launcher ([`etcd::Etcd`]), [`free_port`], [`rss_kib`], a raw HTTP/1.1 client
-//! ([`http`]), a seeded RNG ([`seeded_rng`]) and the patience variable ([`patience`]).
+//! ([`http`]), a small tmpfs for full-disk tests ([`small_fs::SmallFs`]), a seeded RNG
+//! ([`seeded_rng`]) and the patience variable ([`patience`]).
 //!
 //! A dev-dependency only: no library or binary links it.
 #![warn(missing_docs, unreachable_pub)]
@@ -8,6 +9,7 @@
 
 pub mod etcd;
 pub mod http;
+pub mod small_fs;
 
 use std::time::Duration;
 
