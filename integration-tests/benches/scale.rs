@@ -413,7 +413,9 @@ impl Drop for Cluster {
         if let Some(etcd) = self.etcd.take() {
             let pid = etcd.pid(0);
             drop(etcd);
-            pid.map(forget_child);
+            if let Some(pid) = pid {
+                forget_child(pid);
+            }
         }
         ROOT.lock().unwrap_or_else(|e| e.into_inner()).take();
         let _ = &self.dir;
