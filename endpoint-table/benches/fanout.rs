@@ -33,7 +33,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use testkit::http::{find, Conn};
-use testkit::rss_kib;
+use testkit::{cpu_us, rss_kib};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Semaphore};
@@ -128,23 +128,6 @@ fn fd_limit() -> u64 {
         .and_then(|l| l.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(u64::MAX)
-}
-
-/// CPU time (user + system) a process used so far, in µs, from `/proc/<pid>/stat`.
-fn cpu_us(pid: u32) -> f64 {
-    static TICK: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    let hz = *TICK.get_or_init(|| {
-        let out = Command::new("getconf").arg("CLK_TCK").output().unwrap();
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .unwrap_or(100.0)
-    });
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // Fields after the command name (which may hold spaces): state is field 3.
-    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    ticks * 1e6 / hz
 }
 
 // === the data ===

@@ -39,7 +39,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc as std_mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 use testkit::http::Conn;
-use testkit::{free_port, rss_kib};
+use testkit::{cpu_us, free_port, rss_kib};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, Semaphore};
 
@@ -219,34 +219,6 @@ fn listen_overflows() -> Option<u64> {
         .split_whitespace()
         .position(|n| n == "ListenOverflows")?;
     values.split_whitespace().nth(at)?.parse().ok()
-}
-
-/// CPU time (user + system) a process used so far, in µs.
-fn cpu_us(pid: u32) -> f64 {
-    static TICK: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    let hz = *TICK.get_or_init(|| {
-        // SAFETY: sysconf reads a constant.
-        #[allow(unsafe_code)]
-        let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-        if t > 0 {
-            t as f64
-        } else {
-            100.0
-        }
-    });
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // Fields after the command name (which may hold spaces): utime and stime are 14, 15.
-    let Some(close) = stat.rfind(')') else {
-        return 0.0;
-    };
-    let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
-    match (ticks(11), ticks(12)) {
-        (Some(u), Some(s)) => (u + s) * 1e6 / hz,
-        _ => 0.0,
-    }
 }
 
 fn xced() -> PathBuf {

@@ -1,5 +1,5 @@
 //! What the tests and benches of every crate share, so that each exists once: an etcd
-//! launcher ([`etcd::Etcd`]), [`free_port`], [`rss_kib`], a raw HTTP/1.1 client
+//! launcher ([`etcd::Etcd`]), [`free_port`], [`rss_kib`], [`cpu_us`], a raw HTTP/1.1 client
 //! ([`http`]), a small tmpfs for full-disk tests ([`small_fs::SmallFs`]), a seeded RNG
 //! ([`seeded_rng`]) and the patience variable ([`patience`]).
 //!
@@ -43,6 +43,35 @@ pub fn rss_kib(pid: u32) -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
+}
+
+/// CPU time (user + system) a process used so far, in µs, from `/proc/<pid>/stat`; 0 when
+/// it cannot be read.
+pub fn cpu_us(pid: u32) -> f64 {
+    static TICK: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    // Clock ticks per second, asked of `getconf` once (no libc call, so no `unsafe`).
+    let hz = *TICK.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|out| String::from_utf8_lossy(&out.stdout).trim().parse().ok())
+            .filter(|hz: &f64| *hz > 0.0)
+            .unwrap_or(100.0)
+    });
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name (which may hold spaces): utime and stime are 14, 15.
+    let Some(close) = stat.rfind(')') else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+    match (ticks(11), ticks(12)) {
+        (Some(u), Some(s)) => (u + s) * 1e6 / hz,
+        _ => 0.0,
+    }
 }
 
 /// A random generator whose seed is printed (`{what} seed N`) so that a failing run can be
