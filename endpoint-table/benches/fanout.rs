@@ -32,6 +32,8 @@ use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use testkit::http::{find, Conn};
+use testkit::{cpu_us, rss_kib};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, Semaphore};
@@ -126,33 +128,6 @@ fn fd_limit() -> u64 {
         .and_then(|l| l.split_whitespace().next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(u64::MAX)
-}
-
-/// Resident memory of a process in KiB, from `/proc/<pid>/status`.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc/<pid>/status")
-}
-
-/// CPU time (user + system) a process used so far, in µs, from `/proc/<pid>/stat`.
-fn cpu_us(pid: u32) -> f64 {
-    static TICK: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    let hz = *TICK.get_or_init(|| {
-        let out = Command::new("getconf").arg("CLK_TCK").output().unwrap();
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .unwrap_or(100.0)
-    });
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // Fields after the command name (which may hold spaces): state is field 3.
-    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
-    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    ticks * 1e6 / hz
 }
 
 // === the data ===
@@ -473,12 +448,13 @@ impl Server {
 
     /// Waits until the server counts exactly `n` watchers.
     async fn watchers(&self, n: usize) {
-        let mut conn = Conn::connect(self.addr).await;
+        let mut conn = Conn::connect(self.addr).await.unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
             let (head, body) = conn
                 .request(b"GET /bench/watchers HTTP/1.1\r\nhost: b\r\n\r\n")
-                .await;
+                .await
+                .unwrap();
             assert_eq!(head.status, 200);
             if String::from_utf8_lossy(&body).trim() == n.to_string() {
                 return;
@@ -502,123 +478,6 @@ impl Drop for Server {
 }
 
 // === a minimal HTTP/1.1 client ===
-
-/// A keep-alive HTTP/1.1 connection that reads whole answers (content-length or chunked).
-struct Conn {
-    stream: TcpStream,
-    buf: Vec<u8>,
-}
-
-/// What the bench needs of an answer's head.
-#[derive(Debug)]
-struct Head {
-    status: u16,
-    len: Option<usize>,
-    chunked: bool,
-    index: Option<u64>,
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-impl Conn {
-    async fn connect(addr: SocketAddr) -> Self {
-        let stream = TcpStream::connect(addr).await.unwrap();
-        stream.set_nodelay(true).unwrap();
-        Self {
-            stream,
-            buf: Vec::with_capacity(4096),
-        }
-    }
-
-    async fn fill(&mut self) {
-        let mut chunk = [0u8; 16 * 1024];
-        let n = self.stream.read(&mut chunk).await.unwrap();
-        assert!(n > 0, "connection closed by the server");
-        self.buf.extend_from_slice(&chunk[..n]);
-    }
-
-    /// Reads up to and including `\r\n`, returns the line without it.
-    async fn line(&mut self) -> Vec<u8> {
-        loop {
-            if let Some(at) = find(&self.buf, b"\r\n") {
-                let line = self.buf[..at].to_vec();
-                self.buf.drain(..at + 2);
-                return line;
-            }
-            self.fill().await;
-        }
-    }
-
-    async fn take(&mut self, n: usize) -> Vec<u8> {
-        while self.buf.len() < n {
-            self.fill().await;
-        }
-        self.buf.drain(..n).collect()
-    }
-
-    async fn head(&mut self) -> Head {
-        let end = loop {
-            if let Some(at) = find(&self.buf, b"\r\n\r\n") {
-                break at;
-            }
-            self.fill().await;
-        };
-        let text = String::from_utf8_lossy(&self.buf[..end]).into_owned();
-        self.buf.drain(..end + 4);
-        let mut lines = text.split("\r\n");
-        let status = lines
-            .next()
-            .and_then(|l| l.split(' ').nth(1))
-            .and_then(|s| s.parse().ok())
-            .expect("a status line");
-        let mut head = Head {
-            status,
-            len: None,
-            chunked: false,
-            index: None,
-        };
-        for l in lines {
-            let Some((name, value)) = l.split_once(':') else {
-                continue;
-            };
-            let value = value.trim();
-            match name.to_ascii_lowercase().as_str() {
-                "content-length" => head.len = value.parse().ok(),
-                "transfer-encoding" => head.chunked = value.eq_ignore_ascii_case("chunked"),
-                "x-xce-index" => head.index = value.parse().ok(),
-                _ => {}
-            }
-        }
-        head
-    }
-
-    async fn body(&mut self, head: &Head) -> Vec<u8> {
-        if head.chunked {
-            let mut body = Vec::new();
-            loop {
-                let size = self.line().await;
-                let size = usize::from_str_radix(String::from_utf8_lossy(&size).trim(), 16)
-                    .expect("a chunk size");
-                if size == 0 {
-                    self.line().await;
-                    return body;
-                }
-                body.extend(self.take(size).await);
-                self.line().await;
-            }
-        }
-        self.take(head.len.unwrap_or(0)).await
-    }
-
-    async fn request(&mut self, request: &[u8]) -> (Head, Vec<u8>) {
-        self.stream.write_all(request).await.unwrap();
-        let head = self.head().await;
-        let body = self.body(&head).await;
-        (head, body)
-    }
-}
 
 fn get(path: &str, token: &str) -> String {
     format!("GET {path} HTTP/1.1\r\nhost: b\r\nauthorization: Bearer {token}\r\n\r\n")
@@ -670,12 +529,12 @@ async fn stream_watcher(
     seen: Seen,
 ) {
     let permit = connects.acquire().await.unwrap();
-    let mut conn = Conn::connect(addr).await;
+    let mut conn = Conn::connect(addr).await.unwrap();
     conn.stream.write_all(request.as_bytes()).await.unwrap();
     drop(permit);
     let mut next = 0;
     while next < markers.len() {
-        conn.fill().await;
+        conn.fill().await.unwrap();
         while next < markers.len() {
             let Some(at) = find(&conn.buf, markers[next].as_bytes()) else {
                 // Keep only a tail that may hold the start of the marker.
@@ -695,12 +554,15 @@ async fn stream_watcher(
 /// each answer, for `changes` changes.
 async fn blocking_watcher(addr: SocketAddr, changes: usize, connects: Arc<Semaphore>, seen: Seen) {
     let permit = connects.acquire().await.unwrap();
-    let mut conn = Conn::connect(addr).await;
+    let mut conn = Conn::connect(addr).await.unwrap();
     drop(permit);
     let mut index = 0;
     for k in 0..=changes {
         let path = format!("/v1/services/svc-0/endpoints?index={index}&wait=60s");
-        let (head, _) = conn.request(get(&path, VIEW_TOKEN).as_bytes()).await;
+        let (head, _) = conn
+            .request(get(&path, VIEW_TOKEN).as_bytes())
+            .await
+            .unwrap();
         assert_eq!(head.status, 200);
         index = head.index.expect("an X-Xce-Index header");
         assert_eq!(index, BASE + k as u64, "blocking query answer");
@@ -725,7 +587,7 @@ async fn fanout(kind: Kind, watchers: usize, changes: usize) -> Option<Run> {
     };
     let (addr, pid) = match (&server, &etcd) {
         (Some(s), _) => (s.addr, s.pid()),
-        (_, Some(e)) => (e.addr, e.child.id()),
+        (_, Some(e)) => (e.addr, e.pid),
         _ => unreachable!(),
     };
     let key = b64(b"svc-0");
@@ -933,10 +795,10 @@ async fn idle_connections(conns: usize) -> f64 {
             let (connects, tx, mut stop) = (connects.clone(), tx.clone(), stop.clone());
             tokio::spawn(async move {
                 let permit = connects.acquire().await.unwrap();
-                let mut conn = Conn::connect(addr).await;
+                let mut conn = Conn::connect(addr).await.unwrap();
                 drop(permit);
                 let read = get("/v1/services/svc-0/endpoints", VIEW_TOKEN);
-                let (head, _) = conn.request(read.as_bytes()).await;
+                let (head, _) = conn.request(read.as_bytes()).await.unwrap();
                 assert_eq!(head.status, 200);
                 let _ = tx.send(());
                 // Idle, connection open, until every connection was counted.
@@ -1013,7 +875,7 @@ async fn load(addr: SocketAddr, pid: u32, request: &str, period: Option<Duration
         .map(|_| {
             let request = request.clone();
             tokio::spawn(async move {
-                let mut conn = Conn::connect(addr).await;
+                let mut conn = Conn::connect(addr).await.unwrap();
                 let mut lat = Vec::new();
                 let mut total = 0;
                 let mut ticks = period.map(|p| {
@@ -1028,7 +890,7 @@ async fn load(addr: SocketAddr, pid: u32, request: &str, period: Option<Duration
                     if t >= end {
                         return (lat, total);
                     }
-                    let (head, body) = conn.request(&request).await;
+                    let (head, body) = conn.request(&request).await.unwrap();
                     assert_eq!(head.status, 200, "{}", String::from_utf8_lossy(&body));
                     total += 1;
                     if t >= start {
@@ -1084,8 +946,10 @@ async fn reads_all(etcd_found: bool) {
         // The same bytes go into etcd: what our read answers.
         let (_, entry) = Conn::connect(server.addr)
             .await
+            .unwrap()
             .request(get(&path, ADMIN_TOKEN).as_bytes())
-            .await;
+            .await
+            .unwrap();
         let pid = server.pid();
         let mut variants: Vec<(String, SocketAddr, u32, String)> = vec![
             (
@@ -1113,18 +977,23 @@ async fn reads_all(etcd_found: bool) {
                 "/v3/kv/put",
                 &format!(r#"{{"key":"{key}","value":"{}"}}"#, b64(&entry)),
             );
-            let (head, _) = Conn::connect(etcd.addr).await.request(put.as_bytes()).await;
+            let (head, _) = Conn::connect(etcd.addr)
+                .await
+                .unwrap()
+                .request(put.as_bytes())
+                .await
+                .unwrap();
             assert_eq!(head.status, 200);
             variants.push((
                 "etcd range (linearizable)".into(),
                 etcd.addr,
-                etcd.child.id(),
+                etcd.pid,
                 post("/v3/kv/range", &format!(r#"{{"key":"{key}"}}"#)),
             ));
             variants.push((
                 "etcd range (serializable)".into(),
                 etcd.addr,
-                etcd.child.id(),
+                etcd.pid,
                 post(
                     "/v3/kv/range",
                     &format!(r#"{{"key":"{key}","serializable":true}}"#),
@@ -1231,24 +1100,16 @@ async fn reads_all(etcd_found: bool) {
 
 // === etcd ===
 
-/// An etcd of its own (data on tmpfs), killed when dropped.
+/// An etcd of its own (the test kit's, data on tmpfs), killed when dropped.
 struct Etcd {
-    child: Child,
+    _etcd: testkit::etcd::Etcd,
     addr: SocketAddr,
-    _dir: tempfile::TempDir,
+    pid: u32,
 }
 
 /// The etcd binary: `$ETCD`, else `etcd` on PATH.
 fn etcd_bin() -> String {
     std::env::var("ETCD").unwrap_or_else(|_| "etcd".into())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn b64(data: &[u8]) -> String {
@@ -1272,54 +1133,25 @@ fn b64(data: &[u8]) -> String {
 impl Etcd {
     /// A fresh single-member etcd, `None` if there is no `etcd` binary.
     async fn start() -> Option<Self> {
-        // On tmpfs when there is one: the comparison is about serving, not the disk.
-        let dir = tempfile::Builder::new()
-            .prefix("bench-etcd")
-            .tempdir_in("/dev/shm")
-            .or_else(|_| tempfile::tempdir())
-            .unwrap();
-        let (client, peer) = (free_port(), free_port());
-        let child = Command::new(etcd_bin())
-            .args(["--name", "bench", "--data-dir"])
-            .arg(dir.path())
-            .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
-            .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
-            .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
-            .arg(format!(
-                "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
-            ))
-            .arg(format!("--initial-cluster=bench=http://127.0.0.1:{peer}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?;
-        CHILDREN.lock().unwrap().push(child.id());
-        let etcd = Etcd {
-            child,
-            addr: SocketAddr::from(([127, 0, 0, 1], client)),
-            _dir: dir,
-        };
-        for _ in 0..400 {
-            if let Ok(mut c) = TcpStream::connect(etcd.addr).await {
-                let req = "GET /health HTTP/1.1\r\nhost: b\r\nconnection: close\r\n\r\n";
-                let mut resp = String::new();
-                if c.write_all(req.as_bytes()).await.is_ok()
-                    && c.read_to_string(&mut resp).await.is_ok()
-                    && resp.contains("\"true\"")
-                {
-                    return Some(etcd);
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("etcd did not become healthy");
+        testkit::etcd::binary().ok()?;
+        // The kit waits for etcd with blocking calls: off the runtime's threads.
+        let etcd = tokio::task::spawn_blocking(|| testkit::etcd::Etcd::start(1))
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let addr = etcd.endpoint().parse().unwrap();
+        let pid = etcd.pid(0).unwrap();
+        CHILDREN.lock().unwrap().push(pid);
+        Some(Etcd {
+            _etcd: etcd,
+            addr,
+            pid,
+        })
     }
 }
 
 impl Drop for Etcd {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        forget_child(self.child.id());
+        forget_child(self.pid);
     }
 }

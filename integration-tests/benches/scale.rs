@@ -38,8 +38,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc as std_mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use testkit::http::Conn;
+use testkit::{cpu_us, free_port, rss_kib};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, Semaphore};
 
 /// The whole run is killed past this (children first).
@@ -214,50 +215,6 @@ fn listen_overflows() -> Option<u64> {
     values.split_whitespace().nth(at)?.parse().ok()
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Resident memory of a process in KiB.
-fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
-/// CPU time (user + system) a process used so far, in µs.
-fn cpu_us(pid: u32) -> f64 {
-    static TICK: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    let hz = *TICK.get_or_init(|| {
-        let t = rustix::param::clock_ticks_per_second();
-        if t > 0 {
-            t as f64
-        } else {
-            100.0
-        }
-    });
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // Fields after the command name (which may hold spaces): utime and stime are 14, 15.
-    let Some(close) = stat.rfind(')') else {
-        return 0.0;
-    };
-    let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
-    match (ticks(11), ticks(12)) {
-        (Some(u), Some(s)) => (u + s) * 1e6 / hz,
-        _ => 0.0,
-    }
-}
-
 fn xced() -> PathBuf {
     if let Some(p) = std::env::var_os("XCED") {
         return PathBuf::from(p);
@@ -406,7 +363,7 @@ struct Cluster {
     apiservers: Vec<Apiserver>,
     worker: FakeWorker,
     controller_proc: Option<Proc>,
-    etcd: Option<Proc>,
+    etcd: Option<testkit::etcd::Etcd>,
     dir: tempfile::TempDir,
     etcd_endpoint: String,
     controller: String,
@@ -419,7 +376,13 @@ impl Drop for Cluster {
         self.worker.heartbeats.abort();
         self.apiservers.clear();
         drop(self.controller_proc.take());
-        drop(self.etcd.take());
+        if let Some(etcd) = self.etcd.take() {
+            let pid = etcd.pid(0);
+            drop(etcd);
+            if let Some(pid) = pid {
+                forget_child(pid);
+            }
+        }
         ROOT.lock().unwrap_or_else(|e| e.into_inner()).take();
         let _ = &self.dir;
     }
@@ -437,44 +400,18 @@ impl Cluster {
             .timeout(Duration::from_secs(30))
             .build()?;
 
-        // etcd
-        let etcd_bin = std::env::var_os("ETCD")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("etcd"));
-        let (client, peer) = (free_port(), free_port());
-        let mut cmd = Command::new(&etcd_bin);
-        cmd.args(["--name", "bench", "--data-dir"])
-            .arg(dir.path().join("etcd-data"))
-            .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
-            .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
-            .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
-            .arg(format!(
-                "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
-            ))
-            .arg(format!("--initial-cluster=bench=http://127.0.0.1:{peer}"));
-        let (etcd, _) =
-            Proc::spawn("etcd", cmd, dir.path().join("etcd.log")).with_context(|| {
-                format!(
-                    "cannot start {} (install etcd-server, or name the binary in $ETCD)",
-                    etcd_bin.display()
-                )
-            })?;
-        let etcd_endpoint = format!("127.0.0.1:{client}");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let r = http
-                .post(format!("http://{etcd_endpoint}/v3/kv/range"))
-                .body(r#"{"key":"AA=="}"#)
-                .send()
-                .await;
-            if r.is_ok_and(|r| r.status().is_success()) {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("etcd did not answer in 30s:\n{}", etcd.log_tail(20));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        // etcd, its log among the daemons' in the cluster's dir; the kit waits for it with
+        // blocking calls, off the runtime's threads.
+        let etcd_dir = dir.path().to_owned();
+        let etcd =
+            tokio::task::spawn_blocking(move || testkit::etcd::Etcd::start_in(&etcd_dir, 1, &[]))
+                .await??;
+        let etcd_pid = etcd.pid(0).context("etcd runs")?;
+        CHILDREN
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(etcd_pid);
+        let etcd_endpoint = etcd.endpoint().to_owned();
 
         // tokens, controller
         let tokens = dir.path().join("tokens.toml");
@@ -683,7 +620,7 @@ impl Cluster {
         for log in logs {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
             let name = log.file_stem().unwrap_or_default().to_string_lossy();
-            if name == "etcd" {
+            if name.starts_with("etcd") {
                 // etcd logs its own warnings (slow fdatasync and the like) in JSON or
                 // capnslog lines; count them only.
                 let bad: Vec<&str> = text.lines().filter(|l| l.contains(" W | ")).collect();
@@ -816,125 +753,7 @@ impl FakeWorker {
     }
 }
 
-// === a minimal HTTP/1.1 client (one keep-alive connection per watcher) ===
-
-struct Conn {
-    stream: TcpStream,
-    buf: Vec<u8>,
-}
-
-#[derive(Debug)]
-struct Head {
-    status: u16,
-    len: Option<usize>,
-    chunked: bool,
-    index: Option<u64>,
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-impl Conn {
-    async fn connect(addr: SocketAddr) -> Result<Self> {
-        let stream = TcpStream::connect(addr)
-            .await
-            .with_context(|| format!("connecting to {addr}"))?;
-        stream.set_nodelay(true)?;
-        Ok(Self {
-            stream,
-            buf: Vec::new(),
-        })
-    }
-
-    async fn fill(&mut self) -> Result<()> {
-        self.buf.reserve(2048);
-        let n = self.stream.read_buf(&mut self.buf).await?;
-        if n == 0 {
-            bail!("connection closed by the server");
-        }
-        Ok(())
-    }
-
-    async fn line(&mut self) -> Result<Vec<u8>> {
-        loop {
-            if let Some(at) = find(&self.buf, b"\r\n") {
-                let line = self.buf[..at].to_vec();
-                self.buf.drain(..at + 2);
-                return Ok(line);
-            }
-            self.fill().await?;
-        }
-    }
-
-    async fn take(&mut self, n: usize) -> Result<Vec<u8>> {
-        while self.buf.len() < n {
-            self.fill().await?;
-        }
-        Ok(self.buf.drain(..n).collect())
-    }
-
-    async fn head(&mut self) -> Result<Head> {
-        let end = loop {
-            if let Some(at) = find(&self.buf, b"\r\n\r\n") {
-                break at;
-            }
-            self.fill().await?;
-        };
-        let text = String::from_utf8_lossy(&self.buf[..end]).into_owned();
-        self.buf.drain(..end + 4);
-        let mut lines = text.split("\r\n");
-        let status = lines
-            .next()
-            .and_then(|l| l.split(' ').nth(1))
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| anyhow!("no status line in {text:?}"))?;
-        let mut head = Head {
-            status,
-            len: None,
-            chunked: false,
-            index: None,
-        };
-        for l in lines {
-            let Some((name, value)) = l.split_once(':') else {
-                continue;
-            };
-            let value = value.trim();
-            match name.to_ascii_lowercase().as_str() {
-                "content-length" => head.len = value.parse().ok(),
-                "transfer-encoding" => head.chunked = value.eq_ignore_ascii_case("chunked"),
-                "x-xce-index" => head.index = value.parse().ok(),
-                _ => {}
-            }
-        }
-        Ok(head)
-    }
-
-    async fn body(&mut self, head: &Head) -> Result<Vec<u8>> {
-        if head.chunked {
-            let mut body = Vec::new();
-            loop {
-                let size = self.line().await?;
-                let size = usize::from_str_radix(String::from_utf8_lossy(&size).trim(), 16)
-                    .context("a chunk size")?;
-                if size == 0 {
-                    self.line().await?;
-                    return Ok(body);
-                }
-                body.extend(self.take(size).await?);
-                self.line().await?;
-            }
-        }
-        self.take(head.len.unwrap_or(0)).await
-    }
-
-    async fn request(&mut self, request: &[u8]) -> Result<(Head, Vec<u8>)> {
-        self.stream.write_all(request).await?;
-        let head = self.head().await?;
-        let body = self.body(&head).await?;
-        Ok((head, body))
-    }
-}
+// === requests (the test kit's raw HTTP/1.1 client sends them) ===
 
 fn get(path: &str) -> String {
     format!("GET {path} HTTP/1.1\r\nhost: bench\r\nauthorization: Bearer {ADMIN}\r\n\r\n")

@@ -8,6 +8,7 @@
 #![warn(unreachable_pub)]
 
 pub mod apiserver;
+pub mod atomic_file;
 pub mod auth;
 mod backoff;
 pub mod clientconf;
@@ -17,7 +18,5 @@ pub mod logging;
 pub mod profile;
 pub mod proto;
 pub mod serve;
-#[cfg(test)]
-mod small_fs;
 pub mod store;
 pub mod worker;

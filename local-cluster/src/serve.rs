@@ -55,14 +55,14 @@ pub struct ConnLimits {
     /// Open connections per client address.
     pub max_per_client: usize,
     /// Time a client has to send complete request headers.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "humantime_serde")]
     pub header_timeout: Duration,
     /// Time a connection may stay open with no request in flight.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
     /// When stopping, the time requests in flight get to finish; connections still open
     /// then are dropped.
-    #[serde(with = "humantime_serde_compat")]
+    #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
 }
 
@@ -115,16 +115,6 @@ impl ConnLimits {
             n => n.min(budget),
         };
         self
-    }
-}
-
-mod humantime_serde_compat {
-    use serde::{Deserialize, Deserializer};
-    use std::time::Duration;
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let s = String::deserialize(d)?;
-        humantime::parse_duration(&s)
-            .map_err(|e| serde::de::Error::custom(format!("{s:?} is not a duration: {e}")))
     }
 }
 

@@ -481,7 +481,7 @@ pub(crate) mod tests {
         expect!["a/1=x a/2=y"].assert_eq(&dump(&s));
     }
 
-    use crate::small_fs::SmallFs;
+    use testkit::small_fs::SmallFs;
 
     /// redb on a full disk: the write that finds no space is an `Io { no_space }` error
     /// (507 upstream; the controller stops), later writes fail as I/O errors too (redb

@@ -13,12 +13,6 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-    let s = String::deserialize(d)?;
-    humantime::parse_duration(&s)
-        .map_err(|e| serde::de::Error::custom(format!("{s:?} is not a duration: {e}")))
-}
-
 fn default_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 7480))
 }
@@ -40,11 +34,11 @@ pub(crate) struct ControllerFile {
     /// The tokens file (DESIGN §6); `--tokens` overrides it.
     #[serde(default)]
     pub(crate) tokens: Option<PathBuf>,
-    #[serde(default = "d_heartbeat", deserialize_with = "duration")]
+    #[serde(default = "d_heartbeat", with = "humantime_serde")]
     pub(crate) heartbeat_interval: Duration,
-    #[serde(default = "d_unreachable", deserialize_with = "duration")]
+    #[serde(default = "d_unreachable", with = "humantime_serde")]
     pub(crate) unreachable_after: Duration,
-    #[serde(default = "d_grace", deserialize_with = "duration")]
+    #[serde(default = "d_grace", with = "humantime_serde")]
     pub(crate) grace_period: Duration,
     /// The full-disruption rule: see `local_cluster::controller::DisruptionThreshold`
     /// (checked in [`load_controller`]).
@@ -68,23 +62,19 @@ pub(crate) struct ControllerFile {
     pub(crate) store: Option<local_cluster::store::StoreSpec>,
     /// With the etcd store: the lease TTL of the leader election (a standby takes over
     /// within about this long after the leader dies).
-    #[serde(default = "d_leader_ttl", deserialize_with = "duration")]
+    #[serde(default = "d_leader_ttl", with = "humantime_serde")]
     pub(crate) leader_ttl: Duration,
     /// A leader that has not renewed its lease for this long steps down (2/3 of
     /// `leader_ttl` unless set).
-    #[serde(default, deserialize_with = "opt_duration")]
+    #[serde(default, with = "humantime_serde")]
     pub(crate) renew_deadline: Option<Duration>,
     /// The pause between lease renewals (a fifth of `renew_deadline` unless set).
-    #[serde(default, deserialize_with = "opt_duration")]
+    #[serde(default, with = "humantime_serde")]
     pub(crate) retry_period: Option<Duration>,
 }
 
 fn d_leader_ttl() -> Duration {
     local_cluster::store::DEFAULT_LEADER_TTL
-}
-
-fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    duration(d).map(Some)
 }
 
 impl ControllerFile {
@@ -162,9 +152,9 @@ pub(crate) struct WorkerFile {
     pub(crate) credential_file: Option<PathBuf>,
     #[serde(default = "default_data_dir")]
     pub(crate) data_dir: PathBuf,
-    #[serde(default = "d_stop_timeout", deserialize_with = "duration")]
+    #[serde(default = "d_stop_timeout", with = "humantime_serde")]
     pub(crate) stop_timeout: Duration,
-    #[serde(default = "d_facts_interval", deserialize_with = "duration")]
+    #[serde(default = "d_facts_interval", with = "humantime_serde")]
     pub(crate) facts_interval: Duration,
     #[serde(default)]
     pub(crate) address: host_address::AddressConfig,

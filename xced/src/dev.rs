@@ -221,22 +221,9 @@ fn write_client_config(path: &std::path::Path, api: &str, token: &str) -> Result
         project: None,
     };
     let text = toml::to_string(&file).context("encoding the client config")?;
-    let tmp = path.with_extension("toml.tmp");
-    {
-        use std::io::Write;
-        use std::os::unix::fs::OpenOptionsExt;
-        // The file holds a secret: readable by its owner only.
-        let mut f = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&tmp)
-            .with_context(|| format!("writing {}", tmp.display()))?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-    }
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))?;
+    // The file holds a secret: readable by its owner only.
+    local_cluster::atomic_file::write_atomic_private(path, text.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
 

@@ -11,102 +11,38 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// An etcd cluster of N members on loopback, each with its own data dir (on tmpfs when
-/// there is one); every member is killed when dropped.
+/// An etcd cluster of N members on loopback (the test kit's), each with its own data dir
+/// (on tmpfs when there is one); every member is killed when dropped.
 pub struct EtcdCluster {
-    members: Vec<Option<Child>>,
+    etcd: testkit::etcd::Etcd,
     clients: Vec<String>,
-    dir: tempfile::TempDir,
 }
 
 impl EtcdCluster {
     pub async fn start(n: usize) -> Result<Self> {
-        let names: Vec<String> = (0..n).map(|i| format!("m{i}")).collect();
-        let bin = std::env::var_os("ETCD")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("etcd"));
-        let dir = tempfile::Builder::new()
-            .prefix("xce-etcd")
-            .tempdir_in("/dev/shm")
-            .or_else(|_| tempfile::tempdir())?;
-        let ports: Vec<(u16, u16)> = names.iter().map(|_| (free_port(), free_port())).collect();
-        let initial = names
-            .iter()
-            .zip(&ports)
-            .map(|(name, (_, peer))| format!("{name}=http://127.0.0.1:{peer}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        let token = format!(
-            "xce-{}-{}",
-            std::process::id(),
-            dir.path().file_name().unwrap_or_default().to_string_lossy()
-        );
-        let mut etcd = Self {
-            members: Vec::new(),
-            clients: ports
-                .iter()
-                .map(|(client, _)| format!("127.0.0.1:{client}"))
-                .collect(),
-            dir,
-        };
-        for (name, (client, peer)) in names.iter().zip(&ports) {
-            let child = Command::new(&bin)
-                .args(["--name", name.as_str(), "--data-dir"])
-                .arg(etcd.dir.path().join(format!("data-{name}")))
-                .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
-                .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
-                .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
-                .arg(format!(
-                    "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
-                ))
-                .arg(format!("--initial-cluster={initial}"))
-                .arg("--initial-cluster-state=new")
-                .arg(format!("--initial-cluster-token={token}"))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::from(std::fs::File::create(
-                    etcd.dir.path().join(format!("etcd-{name}.log")),
-                )?))
-                .spawn()
-                .with_context(|| {
-                    format!(
-                        "cannot start {} (install etcd-server, or name the binary in $ETCD)",
-                        bin.display()
-                    )
-                })?;
-            etcd.members.push(Some(child));
-        }
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(2))
-            .build()?;
-        for ep in &etcd.clients {
-            let url = format!("http://{ep}/v3/kv/range");
-            eventually(&format!("etcd member {ep} answers"), || async {
-                let r = http.post(&url).body(r#"{"key":"AA=="}"#).send().await?;
-                Ok(r.status().is_success().then_some(()))
-            })
-            .await;
-        }
-        Ok(etcd)
+        // The kit waits for the members with blocking calls: off the runtime's threads.
+        let etcd = tokio::task::spawn_blocking(move || testkit::etcd::Etcd::start(n)).await??;
+        let clients = etcd.endpoints().to_vec();
+        Ok(Self { etcd, clients })
     }
 
     /// How many members it started with.
     pub fn members(&self) -> usize {
-        self.members.len()
+        self.etcd.members()
     }
 
     /// Member `m`'s name (`m0`, `m1`, …).
     pub fn name(&self, m: usize) -> String {
-        format!("m{m}")
+        self.etcd.name(m)
     }
 
     /// `etcd://m1,m2,m3`.
     pub fn url(&self) -> String {
-        format!("etcd://{}", self.clients.join(","))
+        self.etcd.url()
     }
 
     pub fn log(&self, m: usize) -> PathBuf {
-        self.dir.path().join(format!("etcd-{}.log", self.name(m)))
+        self.etcd.log(m)
     }
 
     /// Member `m`'s status: (its id, the raft leader's id).
@@ -151,39 +87,18 @@ impl EtcdCluster {
 
     /// Member `m`'s process id (for SIGSTOP/SIGCONT), while it runs.
     pub fn pid(&self, m: usize) -> Option<u32> {
-        self.members[m].as_ref().map(Child::id)
+        self.etcd.pid(m)
     }
 
     pub fn kill_9(&mut self, m: usize) {
-        if let Some(mut c) = self.members[m].take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for EtcdCluster {
-    fn drop(&mut self) {
-        for m in 0..self.members.len() {
-            self.kill_9(m);
-        }
+        self.etcd.kill_9(m);
     }
 }
 
 /// `GET /healthz` on `127.0.0.1:port` (blocking, short timeouts): the status and body,
 /// `None` when nothing answers.
 pub fn healthz(port: u16) -> Option<(u16, String)> {
-    use std::io::{Read, Write};
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
-        .ok()?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
-    let (head, body) = http_body(&raw);
-    let status = head.split(' ').nth(1)?.parse().ok()?;
-    Some((status, String::from_utf8_lossy(&body).into_owned()))
+    testkit::http::get(port, "/healthz")
 }
 
 /// A daemon whose stdout a thread reads; it notes when the announce line came.

@@ -9,10 +9,10 @@
 //! is there, and the service converges again.
 
 use crate::harness::*;
-use crate::small_fs::SmallFs;
 use anyhow::{Context, Result};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
+use testkit::small_fs::SmallFs;
 
 fn count(path: &std::path::Path, needle: &str) -> usize {
     std::fs::read_to_string(path)

@@ -13,14 +13,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// How long `eventually` waits; raise it on a slow machine with `XCE_TEST_PATIENCE=60`.
-pub fn patience() -> Duration {
-    let secs = std::env::var("XCE_TEST_PATIENCE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(45);
-    Duration::from_secs(secs)
-}
+/// The test kit's shared pieces, under the names the tests have always used: `patience()`
+/// (how long `eventually` waits; `XCE_TEST_PATIENCE=60` on a slow machine), `free_port`,
+/// `rss_kib`, `http_body`.
+pub use testkit::http::http_body;
+pub use testkit::{free_port, patience, rss_kib};
 
 /// Polls `check` until it returns `Ok(Some(v))`, up to `patience()`; the last error is in
 /// the failure message. For conditions with no notification to wait on (a process
@@ -515,14 +512,6 @@ pub struct ClusterConfig {
     pub controller_data_dir: Option<PathBuf>,
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 pub fn ip_block() -> Ipv4Addr {
     static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
@@ -1006,16 +995,6 @@ pub async fn metric(api: &Api, name: &str) -> Result<f64> {
         .sum())
 }
 
-/// Resident memory of a process, in KiB.
-pub fn rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap_or(0)
-}
-
 /// A TCP connection to `addr` with the smallest receive buffer the kernel allows, set
 /// before the handshake so the window stays small: a client that does not read stalls
 /// the server's writes after a few KiB instead of megabytes.
@@ -1032,38 +1011,6 @@ pub fn small_window_connect(addr: std::net::SocketAddrV4) -> Result<std::net::Tc
     let _ = sockopt::set_socket_recv_buffer_size(&fd, 2048);
     rustix::net::connect(&fd, &addr).with_context(|| format!("connect {addr}"))?;
     Ok(std::net::TcpStream::from(fd))
-}
-
-/// The body of an HTTP/1.1 response read whole (headers, then chunked or plain body).
-pub fn http_body(raw: &[u8]) -> (String, Vec<u8>) {
-    let split = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map_or(raw.len(), |p| p + 4);
-    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
-    let mut body = &raw[split..];
-    if !head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
-        return (head, body.to_vec());
-    }
-    let mut out = Vec::new();
-    while let Some(eol) = body.windows(2).position(|w| w == b"\r\n") {
-        let size_line = String::from_utf8_lossy(&body[..eol]);
-        let Ok(size) = usize::from_str_radix(size_line.split(';').next().unwrap_or("").trim(), 16)
-        else {
-            break;
-        };
-        body = &body[eol + 2..];
-        if size == 0 || body.len() < size {
-            out.extend_from_slice(&body[..size.min(body.len())]);
-            break;
-        }
-        out.extend_from_slice(&body[..size]);
-        body = body.get(size + 2..).unwrap_or(&[]);
-    }
-    (head, out)
 }
 
 /// Incremental Server-Sent Events parser: feed bytes, get complete events (id, data).
@@ -1148,24 +1095,6 @@ pub fn entry_endpoints(entry: &Value) -> BTreeSet<(u64, String, String)> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// A small deterministic PRNG (xorshift) so a failing run can be replayed from its seed.
-pub struct Rng(pub u64);
-
-impl Rng {
-    pub fn from_time() -> Self {
-        Self(monotonic_ns() | 1)
-    }
-    pub fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
 }
 
 /// Percentile (0-100) of a sorted slice.

@@ -24,6 +24,3 @@ mod restart;
 mod rollout;
 mod scale;
 mod shutdown;
-/// The full-disk test's tmpfs (shared with local-cluster's store test).
-#[path = "../../../local-cluster/src/small_fs.rs"]
-mod small_fs;

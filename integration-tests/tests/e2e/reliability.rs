@@ -180,8 +180,7 @@ async fn controller_kill_9_twenty_times_under_30_replicas() {
         })
     };
 
-    let mut rng = Rng::from_time();
-    println!("reliability seed {}", rng.0);
+    let mut rng = testkit::seeded_rng("reliability");
     let mut live_side: BTreeSet<String> = BTreeSet::new();
     let mut stopped_side: BTreeSet<String> = BTreeSet::new();
     let (mut services_lost, mut jobs_lost, mut hosts_lost, mut reassigned) =
@@ -192,7 +191,7 @@ async fn controller_kill_9_twenty_times_under_30_replicas() {
     let mut to_full_table = Vec::new();
     for cycle in 0..CYCLES {
         // Something in flight when the kill lands, some of the time.
-        match rng.below(4) {
+        match rng.u64(0..4) {
             1 => {
                 let name = format!("side-{cycle}");
                 assert_eq!(
@@ -222,7 +221,7 @@ async fn controller_kill_9_twenty_times_under_30_replicas() {
             }
             _ => {}
         }
-        tokio::time::sleep(Duration::from_millis(rng.below(700))).await; // the random moment
+        tokio::time::sleep(Duration::from_millis(rng.u64(0..700))).await; // the random moment
         let killed = Instant::now();
         c.kill_controller();
         c.start_controller().expect("controller restart");

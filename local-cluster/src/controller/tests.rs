@@ -2717,7 +2717,7 @@ async fn worker_routes_refuse_bad_facts_and_blocking_queries_end() {
     };
     tokio::task::yield_now().await;
     app.ctl.shutdown().await;
-    let status = tokio::time::timeout(Duration::from_secs(20), pending)
+    let status = tokio::time::timeout(testkit::patience(), pending)
         .await
         .unwrap()
         .unwrap();
@@ -2775,7 +2775,7 @@ async fn a_stale_store_stops_the_controller() {
         )
         .await;
     assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR, "not persisted");
-    let reason = tokio::time::timeout(Duration::from_secs(10), app.ctl.failed())
+    let reason = tokio::time::timeout(testkit::patience(), app.ctl.failed())
         .await
         .expect("the controller reports that it stopped");
     assert_eq!(
@@ -2816,7 +2816,7 @@ async fn a_full_disk_answers_507_and_stops_the_controller() {
         .await;
     assert_eq!(s, StatusCode::INSUFFICIENT_STORAGE, "{v}");
     assert_eq!(v["error"]["code"], "insufficient_storage");
-    let reason = tokio::time::timeout(Duration::from_secs(10), app.ctl.failed())
+    let reason = tokio::time::timeout(testkit::patience(), app.ctl.failed())
         .await
         .expect("the controller reports that it stopped");
     assert_eq!(

@@ -131,18 +131,14 @@ fn read_id(path: &Path) -> Result<Option<String>, IdentityError> {
     Ok(Some(id.to_owned()))
 }
 
-/// Writes `id` (and a newline) to a temp file, syncs it and renames it over `path`.
+/// Replaces `path` with `id` and a newline, atomically.
 fn write_atomic(path: &Path, id: &str) -> Result<(), IdentityError> {
-    use std::io::Write as _;
-    let err = |source| IdentityError::Write {
-        path: path.display().to_string(),
-        source,
-    };
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(err)?;
-    f.write_all(format!("{id}\n").as_bytes()).map_err(err)?;
-    f.sync_all().map_err(err)?;
-    std::fs::rename(&tmp, path).map_err(err)
+    crate::atomic_file::write_atomic(path, format!("{id}\n").as_bytes()).map_err(|source| {
+        IdentityError::Write {
+            path: path.display().to_string(),
+            source,
+        }
+    })
 }
 
 #[cfg(test)]

@@ -5,7 +5,6 @@
 use plugin_api::JobId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -133,18 +132,7 @@ pub(crate) fn save(path: &Path, jobs: &[JobRecord]) -> Result<(), StateError> {
         jobs: jobs.to_vec(),
     };
     let body = serde_json::to_vec_pretty(&file).map_err(|e| io(std::io::Error::other(e)))?;
-    let tmp = path.with_extension("json.tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(io)?;
-    f.write_all(&body).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(io)?;
-    // The rename itself must reach the disk too, or a crash could bring the old file back.
-    if let Some(dir) = path.parent() {
-        std::fs::File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io)?;
-    }
+    crate::atomic_file::write_atomic(path, &body).map_err(io)?;
     Ok(())
 }
 

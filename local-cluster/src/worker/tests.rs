@@ -18,12 +18,11 @@ use plugin_api::{
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use testkit::{free_port, patience};
 use tokio::sync::{oneshot, watch};
 
 const HOST: &str = "exec-01";
 const TOKEN: &str = "worker-secret";
-/// Every test ends within this, whatever happens.
-const TEST_BOUND: Duration = Duration::from_secs(60);
 
 // === fake controller ===
 
@@ -92,10 +91,7 @@ impl Fake {
                 rx.changed().await.unwrap();
             }
         };
-        if tokio::time::timeout(Duration::from_secs(30), wait)
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(patience(), wait).await.is_err() {
             panic!(
                 "timed out waiting for {what}; state: {:#?}",
                 self.state.lock().unwrap()
@@ -338,7 +334,7 @@ impl FakeFacts {
     async fn wait_calls(&self, n: u64) {
         let mut rx = self.calls.subscribe();
         let target = *rx.borrow() + n;
-        tokio::time::timeout(Duration::from_secs(30), rx.wait_for(|c| *c >= target))
+        tokio::time::timeout(patience(), rx.wait_for(|c| *c >= target))
             .await
             .expect("facts re-read in time")
             .unwrap();
@@ -410,14 +406,6 @@ fn config(base: &str, dir: &std::path::Path) -> WorkerConfig {
         facts_interval: Duration::from_secs(3600),
         ..WorkerConfig::new(HOST, base, TOKEN, dir)
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn assignment(
@@ -502,17 +490,15 @@ async fn wait_file(path: &std::path::Path, what: &str, pred: impl Fn(&str) -> bo
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     };
-    if tokio::time::timeout(Duration::from_secs(30), wait)
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(patience(), wait).await.is_err() {
         panic!("timed out waiting for {what} in {}", path.display());
     }
 }
 
 async fn bounded(test: impl std::future::Future<Output = ()>) {
     init_logs();
-    tokio::time::timeout(TEST_BOUND, test)
+    // Every test ends within this, whatever happens: longer than any one wait inside it.
+    tokio::time::timeout(patience() + Duration::from_secs(15), test)
         .await
         .expect("test finished within its bound");
 }

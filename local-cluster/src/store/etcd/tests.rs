@@ -9,50 +9,16 @@ use expect_test::{expect, Expect};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::Instant;
+use testkit::free_port;
 
 // === a test etcd ===
 
-/// A single-member etcd on loopback, killed when dropped.
+/// A single-member etcd on loopback (the test kit's), killed when dropped.
 pub(crate) struct TestEtcd {
-    child: Child,
+    etcd: testkit::etcd::Etcd,
     /// `127.0.0.1:PORT` of its client URL.
     pub(crate) endpoint: String,
-    dir: tempfile::TempDir,
-}
-
-/// The etcd binary: `$ETCD` (as the endpoint-table bench), else `etcd` on PATH, else
-/// `/usr/bin/etcd`.
-fn etcd_binary() -> PathBuf {
-    let named = std::env::var_os("ETCD").map(PathBuf::from);
-    let found = match &named {
-        Some(bin) => Some(bin.clone()).filter(|f| f.is_file()),
-        None => std::env::var_os("PATH")
-            .and_then(|p| {
-                std::env::split_paths(&p)
-                    .map(|d| d.join("etcd"))
-                    .find(|f| f.is_file())
-            })
-            .or_else(|| Some(PathBuf::from("/usr/bin/etcd")).filter(|f| f.is_file())),
-    };
-    found.unwrap_or_else(|| {
-        panic!(
-            "the etcd store tests need an etcd server binary: install it \
-             (Debian/Ubuntu: apt-get install etcd-server), put `etcd` on PATH or name \
-             it in $ETCD"
-        )
-    })
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 impl TestEtcd {
@@ -61,75 +27,22 @@ impl TestEtcd {
     }
 
     pub(crate) fn start_with(extra: &[&str]) -> Self {
-        let bin = etcd_binary();
-        // On tmpfs when there is one: these tests are about semantics, not the disk.
-        let dir = tempfile::Builder::new()
-            .prefix("xce-etcd-test")
-            .tempdir_in("/dev/shm")
-            .or_else(|_| tempfile::tempdir())
-            .unwrap();
-        let (client, peer) = (free_port(), free_port());
-        let log = std::fs::File::create(dir.path().join("etcd.log")).unwrap();
-        let child = Command::new(bin)
-            .args(["--name", "test", "--data-dir"])
-            .arg(dir.path().join("data"))
-            .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
-            .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
-            .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
-            .arg(format!(
-                "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
-            ))
-            .arg(format!("--initial-cluster=test=http://127.0.0.1:{peer}"))
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("cannot start etcd");
-        let mut etcd = TestEtcd {
-            child,
-            endpoint: format!("127.0.0.1:{client}"),
-            dir,
-        };
-        // Ready when a read answers; bounded, and an exit is reported at once.
-        let probe = etcd.store("/probe/").with_timeout(Duration::from_secs(1));
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if probe.load_all().is_ok() {
-                return etcd;
-            }
-            if let Ok(Some(status)) = etcd.child.try_wait() {
-                panic!("etcd exited ({status}) at start:\n{}", etcd.log());
-            }
-            if Instant::now() > deadline {
-                panic!("etcd did not answer within 60s:\n{}", etcd.log());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let etcd = testkit::etcd::Etcd::start_with(1, extra).unwrap_or_else(|e| panic!("{e:#}"));
+        let endpoint = etcd.endpoint().to_owned();
+        TestEtcd { etcd, endpoint }
     }
 
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
+    /// The etcd process's id (to freeze it with SIGSTOP).
+    pub(crate) fn pid(&self) -> u32 {
+        self.etcd.pid(0).expect("etcd runs")
     }
 
     /// A fresh store instance (as a new controller process would open) under `prefix`.
-    /// The etcd process's id (to freeze it with SIGSTOP).
-    pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     pub(crate) fn store(&self, prefix: &str) -> EtcdStore {
         EtcdStore::new(vec![self.endpoint.clone()])
             .unwrap()
             .with_prefix(prefix)
             .unwrap()
-    }
-}
-
-impl Drop for TestEtcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -1,15 +1,12 @@
 //! A small tmpfs for full-disk tests, unmounted on drop. Shared by the store's unit test
-//! and the end-to-end full-disk scenario (`integration-tests` includes this file with
-//! `#[path]`), so both mount the same way; std and `tempfile` only.
-// Each includer uses a part (the store test does not fill, the scenario does not grow).
-#![allow(dead_code)]
+//! and the end-to-end full-disk scenario, so both mount the same way.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// A mounted tmpfs of a fixed size, in a temp dir of its own (removed after the unmount).
 #[derive(Debug)]
-pub(crate) struct SmallFs {
+pub struct SmallFs {
     path: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -18,7 +15,7 @@ impl SmallFs {
     /// Mounts a tmpfs of `size` (`mount -o size=`, e.g. `"2m"`); `None` where this process
     /// may not mount (not root, or no CAP_SYS_ADMIN): the caller prints `SKIPPED: …` and
     /// checks nothing.
-    pub(crate) fn mount(size: &str) -> Option<SmallFs> {
+    pub fn mount(size: &str) -> Option<SmallFs> {
         let dir = tempfile::tempdir().ok()?;
         let path = dir.path().join("fs");
         std::fs::create_dir(&path).ok()?;
@@ -32,12 +29,12 @@ impl SmallFs {
     }
 
     /// The mount point.
-    pub(crate) fn path(&self) -> &Path {
+    pub fn path(&self) -> &Path {
         &self.path
     }
 
     /// Changes the size in place (`mount -o remount,size=`).
-    pub(crate) fn grow(&self, size: &str) {
+    pub fn grow(&self, size: &str) {
         let st = Command::new("mount")
             .args(["-o", &format!("remount,size={size}")])
             .arg(&self.path)
@@ -48,7 +45,7 @@ impl SmallFs {
 
     /// Fills the filesystem with `name` (written until the device is full); returns the
     /// bytes written.
-    pub(crate) fn fill(&self, name: &str) -> u64 {
+    pub fn fill(&self, name: &str) -> u64 {
         use std::io::Write;
         let mut f = std::fs::File::create(self.path.join(name)).expect("filler file");
         let chunk = vec![0x5a_u8; 64 * 1024];

@@ -1,0 +1,176 @@
+//! Profile validation, checked through one `check(input, expect)` helper.
+
+use super::*;
+use serde_json::json;
+
+fn check(doc: Value, expect: expect_test::Expect) {
+    let out = match validate(&doc, &[]) {
+        Ok(p) => format!(
+            "ok {} {} {} {:?}",
+            p.name, p.project, p.replicas, p.readiness
+        ),
+        Err(errs) => errs
+            .iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("\n"),
+    };
+    expect.assert_eq(&out);
+}
+
+#[test]
+fn minimal_profile_gets_defaults() {
+    check(
+        json!({"service": {"name": "web", "command": ["true"]}}),
+        expect_test::expect!["ok web default 1 None"],
+    );
+}
+
+#[test]
+fn every_problem_is_listed() {
+    check(
+        json!({"svc": 1, "service": {"name": "Web_", "replicas": 0, "command": [], "extra": true}}),
+        expect_test::expect![[r#"
+            svc: unknown field
+            service.extra: unknown field
+            service.name: may contain only a-z, 0-9 and '-'
+            service.replicas: must be between 1 and 1000
+            service.command: must not be empty"#]],
+    );
+}
+
+#[test]
+fn readiness_must_name_a_declared_socket() {
+    check(
+        json!({"service": {"name": "web", "command": ["x"], "readiness": {"tcp": "http", "interval": "fast"}}}),
+        expect_test::expect![[r#"
+            service.readiness.tcp: names no declared port: "http"
+            service.readiness.interval: not a duration (expected number at 0)"#]],
+    );
+}
+
+#[test]
+fn service_names() {
+    for ok in ["a", "web", "web-1", "a1"] {
+        assert_eq!(check_service_name(ok), Ok(()), "{ok}");
+    }
+    for bad in ["", "1a", "-a", "a-", "A", "a_b", &"a".repeat(64)] {
+        assert!(check_service_name(bad).is_err(), "{bad}");
+    }
+}
+
+#[test]
+fn toml_errors_name_the_profile() {
+    let e = toml_to_json("[service\nname=").unwrap_err();
+    assert_eq!(e.field, "profile");
+}
+
+mod fuzz {
+    use super::super::*;
+    use proptest::prelude::*;
+    use serde_json::{json, Value};
+
+    fn any_json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<f64>().prop_map(|f| json!(f)),
+            "\\PC{0,20}".prop_map(Value::String),
+            prop::sample::select(vec!["web", "", "a-", "HTTP", "1s", "\0", "/"])
+                .prop_map(|s| json!(s)),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map(
+                    prop::sample::select(vec![
+                        "service",
+                        "name",
+                        "project",
+                        "replicas",
+                        "command",
+                        "readiness",
+                        "tcp",
+                        "http",
+                        "interval",
+                        "timeout",
+                        "port",
+                        "path",
+                        "extra",
+                    ])
+                    .prop_map(str::to_owned),
+                    inner,
+                    0..6
+                )
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, .. ProptestConfig::default() })]
+
+        /// Any JSON document: validation answers (never panics), and a rejection names
+        /// a field and a reason for every problem.
+        #[test]
+        fn any_document_is_answered_with_named_problems(doc in any_json()) {
+            match validate(&doc, &[]) {
+                Ok(p) => {
+                    prop_assert!(check_service_name(&p.name).is_ok());
+                    prop_assert!(!p.command.is_empty());
+                    prop_assert!((1..=MAX_REPLICAS as u32).contains(&p.replicas));
+                }
+                Err(errs) => {
+                    prop_assert!(!errs.is_empty());
+                    for e in errs {
+                        prop_assert!(!e.field.is_empty() && !e.reason.is_empty(), "{e:?}");
+                    }
+                }
+            }
+        }
+
+        /// A valid profile with one field replaced by anything: still answered, and
+        /// accepted only if the result is itself valid.
+        #[test]
+        fn one_field_mutated(key in prop::sample::select(vec!["name", "project", "replicas", "command", "readiness"]), v in any_json()) {
+            let mut doc = json!({"service": {"name": "web", "replicas": 2, "command": ["true"]}});
+            doc["service"][key] = v;
+            if let Ok(p) = validate(&doc, &[]) {
+                prop_assert!(check_service_name(&p.name).is_ok());
+                prop_assert!(check_service_name(&p.project).is_ok());
+            }
+        }
+
+        /// Arbitrary text as TOML: parsed or rejected with a `profile` error, never a panic.
+        #[test]
+        fn any_text_as_toml(text in "\\PC{0,200}") {
+            if let Err(e) = toml_to_json(&text) {
+                prop_assert_eq!(e.field, "profile");
+            }
+        }
+    }
+}
+
+mod nesting {
+    #[test]
+    fn deeply_nested_input_is_rejected_not_a_stack_overflow() {
+        for depth in [200, 10_000, 500_000] {
+            let toml = format!("a = {}{}", "[".repeat(depth), "]".repeat(depth));
+            let r = std::thread::Builder::new()
+                .stack_size(2 << 20)
+                .spawn(move || super::super::toml_to_json(&toml).is_err())
+                .unwrap()
+                .join();
+            let rejected = r.unwrap_or_else(|_| {
+                panic!("depth {depth}: the parser must not overflow a 2 MiB stack")
+            });
+            assert!(rejected, "depth {depth}: nesting this deep is rejected");
+            let json = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+            assert!(
+                serde_json::from_str::<serde_json::Value>(&json).is_err(),
+                "depth {depth}: JSON nesting this deep is rejected"
+            );
+        }
+    }
+}

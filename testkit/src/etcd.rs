@@ -1,0 +1,207 @@
+//! An etcd of a test's own: N members on loopback ports, data and logs in a directory of
+//! their own (on tmpfs when there is one: tests are about semantics, not the disk), every
+//! member killed when the [`Etcd`] is dropped, also on a failed test.
+
+use crate::{free_port, patience};
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running etcd cluster (one member or more).
+#[derive(Debug)]
+pub struct Etcd {
+    members: Vec<Option<Child>>,
+    clients: Vec<String>,
+    root: PathBuf,
+    _dir: Option<tempfile::TempDir>,
+}
+
+/// The etcd binary: `$ETCD`, else `etcd` on PATH, else `/usr/bin/etcd`; an error that
+/// says what to install when there is none.
+pub fn binary() -> Result<PathBuf> {
+    let named = std::env::var_os("ETCD").map(PathBuf::from);
+    let found = match &named {
+        Some(bin) => Some(bin.clone()).filter(|f| f.is_file()),
+        None => std::env::var_os("PATH")
+            .and_then(|p| {
+                std::env::split_paths(&p)
+                    .map(|d| d.join("etcd"))
+                    .find(|f| f.is_file())
+            })
+            .or_else(|| Some(PathBuf::from("/usr/bin/etcd")).filter(|f| f.is_file())),
+    };
+    found.with_context(|| {
+        format!(
+            "these tests need an etcd server binary{}: install it (Debian/Ubuntu: apt-get \
+             install etcd-server), put `etcd` on PATH or name it in $ETCD",
+            named
+                .map(|n| format!(" ({} is not a file)", n.display()))
+                .unwrap_or_default()
+        )
+    })
+}
+
+impl Etcd {
+    /// `members` members in a temp dir of their own, ready (every member reports itself
+    /// healthy) when it returns.
+    pub fn start(members: usize) -> Result<Self> {
+        Self::start_with(members, &[])
+    }
+
+    /// As [`Etcd::start`], with `extra` flags for every member (`--max-txn-ops=8`).
+    pub fn start_with(members: usize, extra: &[&str]) -> Result<Self> {
+        let dir = tempfile::Builder::new()
+            .prefix("xce-etcd")
+            .tempdir_in("/dev/shm")
+            .or_else(|_| tempfile::tempdir())?;
+        let mut etcd = Self::start_in(dir.path(), members, extra)?;
+        etcd._dir = Some(dir);
+        Ok(etcd)
+    }
+
+    /// As [`Etcd::start_with`], with data and logs (`etcd-m0.log`, …) in `dir`, which the
+    /// caller owns.
+    pub fn start_in(dir: &Path, members: usize, extra: &[&str]) -> Result<Self> {
+        let bin = binary()?;
+        let names: Vec<String> = (0..members).map(|i| format!("m{i}")).collect();
+        let ports: Vec<(u16, u16)> = names.iter().map(|_| (free_port(), free_port())).collect();
+        let initial = names
+            .iter()
+            .zip(&ports)
+            .map(|(name, (_, peer))| format!("{name}=http://127.0.0.1:{peer}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        // Unique per cluster, so that members of two tests' clusters never join up.
+        let token = format!(
+            "xce-{}-{}",
+            std::process::id(),
+            dir.file_name().unwrap_or_default().to_string_lossy()
+        );
+        let mut etcd = Self {
+            members: Vec::new(),
+            clients: ports
+                .iter()
+                .map(|(client, _)| format!("127.0.0.1:{client}"))
+                .collect(),
+            root: dir.to_owned(),
+            _dir: None,
+        };
+        for (name, (client, peer)) in names.iter().zip(&ports) {
+            let child = Command::new(&bin)
+                .args(["--name", name.as_str(), "--data-dir"])
+                .arg(dir.join(format!("data-{name}")))
+                .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
+                .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
+                .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
+                .arg(format!(
+                    "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
+                ))
+                .arg(format!("--initial-cluster={initial}"))
+                .arg("--initial-cluster-state=new")
+                .arg(format!("--initial-cluster-token={token}"))
+                .args(extra)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::from(std::fs::File::create(
+                    dir.join(format!("etcd-{name}.log")),
+                )?))
+                .spawn()
+                .with_context(|| format!("cannot start {}", bin.display()))?;
+            etcd.members.push(Some(child));
+        }
+        etcd.wait_healthy()?;
+        Ok(etcd)
+    }
+
+    /// Waits until every member answers `GET /health` with `"health":"true"` (it has a
+    /// leader and serves reads), up to [`patience`]; a member that exits fails at once.
+    fn wait_healthy(&mut self) -> Result<()> {
+        let deadline = Instant::now() + patience();
+        for m in 0..self.members.len() {
+            let port: u16 = self.clients[m]
+                .rsplit(':')
+                .next()
+                .and_then(|p| p.parse().ok())
+                .context("client port")?;
+            loop {
+                let healthy = crate::http::get(port, "/health")
+                    .is_some_and(|(status, body)| status == 200 && body.contains("\"true\""));
+                if healthy {
+                    break;
+                }
+                if let Some(Ok(Some(status))) = self.members[m].as_mut().map(Child::try_wait) {
+                    bail!(
+                        "etcd member {m} exited ({status}) at start:\n{}",
+                        self.log_text(m)
+                    );
+                }
+                if Instant::now() > deadline {
+                    bail!(
+                        "etcd member {m} did not answer within {:?}:\n{}",
+                        patience(),
+                        self.log_text(m)
+                    );
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok(())
+    }
+
+    /// How many members it started with.
+    pub fn members(&self) -> usize {
+        self.members.len()
+    }
+
+    /// Member `m`'s name (`m0`, `m1`, …).
+    pub fn name(&self, m: usize) -> String {
+        format!("m{m}")
+    }
+
+    /// Every member's client address, `127.0.0.1:PORT`.
+    pub fn endpoints(&self) -> &[String] {
+        &self.clients
+    }
+
+    /// The first member's client address.
+    pub fn endpoint(&self) -> &str {
+        &self.clients[0]
+    }
+
+    /// `etcd://m1,m2,m3`, as the daemons' `store` setting takes it.
+    pub fn url(&self) -> String {
+        format!("etcd://{}", self.clients.join(","))
+    }
+
+    /// Member `m`'s log file.
+    pub fn log(&self, m: usize) -> PathBuf {
+        self.root.join(format!("etcd-{}.log", self.name(m)))
+    }
+
+    /// Member `m`'s log so far.
+    pub fn log_text(&self, m: usize) -> String {
+        std::fs::read_to_string(self.log(m)).unwrap_or_default()
+    }
+
+    /// Member `m`'s process id (for SIGSTOP/SIGCONT), while it runs.
+    pub fn pid(&self, m: usize) -> Option<u32> {
+        self.members[m].as_ref().map(Child::id)
+    }
+
+    /// Kills member `m` (SIGKILL) and reaps it.
+    pub fn kill_9(&mut self, m: usize) {
+        if let Some(mut c) = self.members[m].take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        for m in 0..self.members.len() {
+            self.kill_9(m);
+        }
+    }
+}
