@@ -1,5 +1,6 @@
 //! The worker's side of the `/internal/v1` protocol (see [`crate::proto`]).
 
+use plugin_api::ErrorBody;
 use plugin_api::HostFacts;
 use reqwest::{StatusCode, Url};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -94,8 +95,9 @@ impl CallError {
         let CallError::Status { body, .. } = self else {
             return None;
         };
-        let v: serde_json::Value = serde_json::from_str(body).ok()?;
-        v.pointer("/error/code")?.as_str().map(str::to_owned)
+        ErrorBody::parse(body.as_bytes())
+            .map(|b| b.error.code)
+            .filter(|c| !c.is_empty())
     }
 
     /// The `error.message` of an error answer's JSON body, or the body itself.
@@ -109,14 +111,10 @@ impl CallError {
 
 /// The message of an `ApiError` body (`{"error": {"message": ...}}`), else the body.
 fn error_message(body: &str) -> String {
-    let parsed: Option<serde_json::Value> = serde_json::from_str(body).ok();
-    let message = parsed
-        .as_ref()
-        .and_then(|v| v.get("error")?.get("message")?.as_str());
-    match message {
-        Some(m) => m.to_owned(),
-        None => body.trim().to_owned(),
-    }
+    ErrorBody::parse(body.as_bytes())
+        .map(|b| b.error.message)
+        .filter(|m| !m.is_empty())
+        .unwrap_or_else(|| body.trim().to_owned())
 }
 
 /// A client for one host's routes, on one controller or several (only the leader

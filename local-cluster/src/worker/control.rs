@@ -226,24 +226,16 @@ pub(super) async fn facts_loop(
 /// The problems of an `ApiError` body (`{"error": {"message", "details": [...]}}`), or the
 /// raw body when it is not one.
 fn problems(body: &str) -> Vec<String> {
-    let parsed: Option<serde_json::Value> = serde_json::from_str(body).ok();
-    let err = parsed.as_ref().and_then(|v| v.get("error"));
-    let details: Vec<String> = err
-        .and_then(|e| e.get("details"))
-        .and_then(|d| d.as_array())
-        .map(|d| {
-            d.iter()
-                .filter_map(|p| serde_json::from_value::<plugin_api::FieldError>(p.clone()).ok())
-                .map(|p| p.to_string())
-                .collect()
-        })
-        .unwrap_or_default();
-    if !details.is_empty() {
-        return details;
+    let Some(b) = plugin_api::ErrorBody::parse(body.as_bytes()) else {
+        return vec![body.to_owned()];
+    };
+    if !b.error.details.is_empty() {
+        return b.error.details.iter().map(|p| p.to_string()).collect();
     }
-    match err.and_then(|e| e.get("message")).and_then(|m| m.as_str()) {
-        Some(m) => vec![m.to_owned()],
-        None => vec![body.to_owned()],
+    if b.error.message.is_empty() {
+        vec![body.to_owned()]
+    } else {
+        vec![b.error.message]
     }
 }
 
