@@ -185,19 +185,6 @@ impl Drop for Replicas {
     }
 }
 
-async fn put_profile(api: &Api, toml: &str) -> Result<(u16, Value)> {
-    let r = api
-        .http
-        .put(format!("{}/v1/services/web", api.base))
-        .bearer_auth(&api.token)
-        .header("content-type", "application/toml")
-        .body(toml.to_owned())
-        .send()
-        .await?;
-    let status = r.status().as_u16();
-    Ok((status, r.json().await.unwrap_or(Value::Null)))
-}
-
 fn header_index(h: &reqwest::header::HeaderMap) -> Option<u64> {
     h.get("x-xce-index")?.to_str().ok()?.parse().ok()
 }
@@ -650,7 +637,7 @@ struct Run {
 impl Run {
     /// Creates `web` v1, waits until it is complete, starts the observer and rolls out v2.
     async fn start(api: &Api, r: &Replicas) -> Self {
-        let (status, body) = put_profile(api, &r.profile("v1")).await.unwrap();
+        let (status, body) = api.put_toml("web", &r.profile("v1")).await.unwrap();
         assert_eq!(status, 201, "create v1: {body}");
         wait_detail(api, "v1 complete with 4 ready replicas", |d| settled(d, 1))
             .await
@@ -660,7 +647,7 @@ impl Run {
             .wait_for("the observer's first answer", |s| settled(&s.detail, 1))
             .await;
         let put_at = monotonic_ns();
-        let (status, body) = put_profile(api, &r.profile("v2")).await.unwrap();
+        let (status, body) = api.put_toml("web", &r.profile("v2")).await.unwrap();
         assert_eq!(status, 200, "update to v2: {body}");
         assert_eq!(body["generation"], 2, "a changed profile is generation 2");
         Self {

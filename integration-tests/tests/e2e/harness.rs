@@ -190,10 +190,25 @@ impl Api {
         }
         Ok(serde_json::from_str(&body)?)
     }
+    /// `POST /v1/services` (create only).
     pub async fn submit_toml(&self, toml: &str) -> Result<(u16, Value)> {
+        self.send_toml(reqwest::Method::POST, "/v1/services", toml)
+            .await
+    }
+    /// `PUT /v1/services/{name}` (create or update: a rollout).
+    pub async fn put_toml(&self, name: &str, toml: &str) -> Result<(u16, Value)> {
+        self.send_toml(reqwest::Method::PUT, &format!("/v1/services/{name}"), toml)
+            .await
+    }
+    async fn send_toml(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        toml: &str,
+    ) -> Result<(u16, Value)> {
         let r = self
             .http
-            .post(format!("{}/v1/services", self.base))
+            .request(method, format!("{}{path}", self.base))
             .bearer_auth(&self.token)
             .header("content-type", "application/toml")
             .body(toml.to_owned())
