@@ -8,11 +8,12 @@ use crate::proto::{
     Assignments, Caller, RegisterRequest, WorkerEvent, CLUSTER_HEADER, INSTANCE_HEADER,
 };
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
-use axum::{Extension, Json, Router};
+use axum::{Json, Router};
 use plugin_api::{ApiError, FieldError, HostFacts, Principal, PrincipalKind};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -103,33 +104,49 @@ fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
     })
 }
 
-/// The sender of a worker request: its identity headers and its connection's peer.
-fn caller(headers: &HeaderMap, peer: Option<Extension<crate::serve::Peer>>) -> Caller {
-    let header = |name: &str| {
-        headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-            .map(str::to_owned)
-    };
-    Caller {
-        instance: header(INSTANCE_HEADER),
-        cluster: header(CLUSTER_HEADER),
-        peer: peer.map(|Extension(p)| p.0.to_string()),
+/// A worker-protocol request, as every handler needs it: the credential checked for the
+/// `{host}` of the path ([`worker_of`]), and the sender (its identity headers and its
+/// connection's peer, for the host-holder and cluster checks and the logs).
+struct WorkerCall {
+    host: String,
+    caller: Caller,
+}
+
+impl FromRequestParts<ApiState> for WorkerCall {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, st: &ApiState) -> Result<Self, ApiError> {
+        let who = Principal::from_request_parts(parts, st).await;
+        let Path(host) = Path::<String>::from_request_parts(parts, st)
+            .await
+            .map_err(|e| ApiError::bad_param("host", e.body_text()))?;
+        worker_of(st, who, &host)?;
+        let header = |name: &str| {
+            parts
+                .headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(str::to_owned)
+        };
+        let caller = Caller {
+            instance: header(INSTANCE_HEADER),
+            cluster: header(CLUSTER_HEADER),
+            peer: parts
+                .extensions
+                .get::<crate::serve::Peer>()
+                .map(|p| p.0.to_string()),
+        };
+        Ok(WorkerCall { host, caller })
     }
 }
 
 async fn register(
     State(st): State<ApiState>,
-    who: Result<Principal, ApiError>,
-    Path(host): Path<String>,
-    headers: HeaderMap,
-    peer: Option<Extension<crate::serve::Peer>>,
+    WorkerCall { host, caller }: WorkerCall,
     body: Bytes,
 ) -> Result<Json<crate::proto::RegisterResponse>, ApiError> {
-    worker_of(&st, who, &host)?;
-    let caller = caller(&headers, peer);
     let req: RegisterRequest = json_body(&body)?;
     let resp = st
         .call(|reply| Command::Register {
@@ -144,13 +161,8 @@ async fn register(
 
 async fn heartbeat(
     State(st): State<ApiState>,
-    who: Result<Principal, ApiError>,
-    Path(host): Path<String>,
-    headers: HeaderMap,
-    peer: Option<Extension<crate::serve::Peer>>,
+    WorkerCall { host, caller }: WorkerCall,
 ) -> Result<StatusCode, ApiError> {
-    worker_of(&st, who, &host)?;
-    let caller = caller(&headers, peer);
     st.call(|reply| Command::Heartbeat {
         host,
         caller,
@@ -162,14 +174,9 @@ async fn heartbeat(
 
 async fn facts(
     State(st): State<ApiState>,
-    who: Result<Principal, ApiError>,
-    Path(host): Path<String>,
-    headers: HeaderMap,
-    peer: Option<Extension<crate::serve::Peer>>,
+    WorkerCall { host, caller }: WorkerCall,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    worker_of(&st, who, &host)?;
-    let caller = caller(&headers, peer);
     let facts: HostFacts = json_body(&body)?;
     st.call(|reply| Command::Facts {
         host,
@@ -183,14 +190,9 @@ async fn facts(
 
 async fn events(
     State(st): State<ApiState>,
-    who: Result<Principal, ApiError>,
-    Path(host): Path<String>,
-    headers: HeaderMap,
-    peer: Option<Extension<crate::serve::Peer>>,
+    WorkerCall { host, caller }: WorkerCall,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
-    worker_of(&st, who, &host)?;
-    let caller = caller(&headers, peer);
     let events: Vec<WorkerEvent> = json_body(&body)?;
     st.call(|reply| Command::Events {
         host,
@@ -207,14 +209,9 @@ async fn events(
 /// runs out.
 async fn assignments(
     State(st): State<ApiState>,
-    who: Result<Principal, ApiError>,
-    Path(host): Path<String>,
-    headers: HeaderMap,
-    peer: Option<Extension<crate::serve::Peer>>,
+    WorkerCall { host, caller }: WorkerCall,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
-    worker_of(&st, who, &host)?;
-    let caller = caller(&headers, peer);
     let (index, wait) = blocking_query(&q, WAIT_DEFAULT)?;
     let (tx, rx) = oneshot::channel();
     st.tx
