@@ -200,18 +200,23 @@ async fn a_second_worker_with_the_same_host_id_is_refused_and_changes_nothing() 
         changed, None,
         "the service changed after the duplicate exited"
     );
-    assert_eq!(replicas.live_pids(), pids);
+    let live = replicas.live_pids();
+    let stopped = pids.iter().filter(|p| !live.contains(p)).count();
+    let jobs_after = jobs(&c.api, "web").await.unwrap();
+    let jobs_changed = usize::from(jobs_after != jobs_before);
+    assert_eq!(live, pids);
     assert_eq!(c.api.plain("web").await.unwrap(), endpoints);
-    assert_eq!(jobs(&c.api, "web").await.unwrap(), jobs_before);
+    assert_eq!(jobs_after, jobs_before);
     let hosts_after = hosts(&c.api).await.unwrap();
     assert_eq!(hosts_after, hosts_before, "facts and port range unchanged");
     eprintln!(
-        "FIGURE scenario 19 duplicate host id: registrations refused {refused} (host_taken, in {} ms; logged by the controller {refusals_logged}x), replicas stopped 0, pid unchanged {} -> {}, endpoint unchanged {}, jobs restarted 0, host record unchanged (ports range {}), service changes in the 3 s after the duplicate exited: 0",
+        "FIGURE scenario 19 duplicate host id: registrations refused {refused} (host_taken, in {} ms; logged by the controller {refusals_logged}x), replicas stopped {stopped}, pid unchanged {} -> {}, endpoint unchanged {}, job sets changed {jobs_changed}, host record unchanged (ports range {}), service changes in the 3 s after the duplicate exited: {}",
         refused_after.as_millis(),
         pids[0],
         replicas.live_pids()[0],
         endpoints[0],
-        hosts_after[0]["ports"]["range"]
+        hosts_after[0]["ports"]["range"],
+        usize::from(changed.is_some()),
     );
 }
 
@@ -318,7 +323,9 @@ async fn a_worker_pointed_at_another_clusters_controller_is_refused_and_keeps_it
     })
     .await;
     let rejoined = back.elapsed();
-    assert_eq!(replicas.live_pids(), pids, "same pid after rejoining");
+    let live = replicas.live_pids();
+    let stopped = pids.iter().filter(|p| !live.contains(p)).count();
+    assert_eq!(live, pids, "same pid after rejoining");
     assert_eq!(
         a.api.plain("web").await.unwrap(),
         endpoints,
@@ -357,9 +364,10 @@ async fn a_worker_pointed_at_another_clusters_controller_is_refused_and_keeps_it
     assert!(stderr(&json).is_empty(), "{}", stderr(&json));
 
     eprintln!(
-        "FIGURE scenario 20 foreign controller: cluster A {cluster_a}, B {cluster_b}; B refused {refused} registrations (wrong_cluster, in {} ms), replicas stopped 0, pid unchanged {}, B's hosts 0, rejoined A in {} ms with the same job ready and the same endpoint {}",
+        "FIGURE scenario 20 foreign controller: cluster A {cluster_a}, B {cluster_b}; B refused {refused} registrations (wrong_cluster, in {} ms), replicas stopped {stopped}, pid unchanged {}, B's hosts {}, rejoined A in {} ms with the same job ready and the same endpoint {}",
         refused_after.as_millis(),
         pids[0],
+        b_hosts.as_array().map_or(0, Vec::len),
         rejoined.as_millis(),
         endpoints[0]
     );

@@ -683,8 +683,11 @@ async fn a_worker_cannot_advertise_another_hosts_address() {
     assert!(logged >= attacks.len(), "every refusal logged: {logged}");
     let leaked_ports = stop_everything(&c.api).await;
     println!(
-        "FIGURE scenario 14 stolen address: attempts={} refused={refused} (another live host's address: 4x 409 address_in_use, via facts and registration, both ways; outside [address] networks: 2x 400) accepted=0 hosts_changed={hosts_changed} endpoint_index_moves={index_moves} endpoints_on_own_host_address={right}/{all} answering={answering}/{all} new_service_on_right_addresses={right2}/{all2} refusals_logged={logged} leaked_ports={leaked_ports}",
-        attacks.len()
+        "FIGURE scenario 14 stolen address: attempts={} refused={refused} (another live host's address: {}x 409 address_in_use, via facts and registration, both ways; outside [address] networks: {}x 400) accepted={} hosts_changed={hosts_changed} endpoint_index_moves={index_moves} endpoints_on_own_host_address={right}/{all} answering={answering}/{all} new_service_on_right_addresses={right2}/{all2} refusals_logged={logged} leaked_ports={leaked_ports}",
+        attacks.len(),
+        attacks.iter().filter(|a| a.5 == 409).count(),
+        attacks.iter().filter(|a| a.5 == 400).count(),
+        attacks.len() - refused,
     );
 }
 
@@ -936,12 +939,15 @@ async fn two_projects_each_have_a_web_and_see_only_their_own() {
     assert!(differing.is_empty(), "answers differ: {differing:#?}");
     let identical = 2 * paths.len();
     // The parked query and the stream did not wake for bob's service.
+    let query_woken = parked.is_finished();
+    let stream_woken = events.try_recv().is_ok();
+    let woken_by_bob = usize::from(query_woken) + usize::from(stream_woken);
     assert!(
-        !parked.is_finished(),
+        !query_woken,
         "alice's blocking query answered for bob's change"
     );
     assert!(
-        events.try_recv().is_err(),
+        !stream_woken,
         "alice's stream sent an event for bob's change"
     );
 
@@ -968,6 +974,7 @@ async fn two_projects_each_have_a_web_and_see_only_their_own() {
             }
         }
     }
+    let leak_count = leaks.len();
     assert!(leaks.is_empty(), "{leaks:#?}");
     for (who, api, project) in [("alice", &alice, "team-a"), ("bob", &bob, "team-b")] {
         let d = api.get_json("/v1/services/web").await.unwrap();
@@ -1067,13 +1074,18 @@ async fn two_projects_each_have_a_web_and_see_only_their_own() {
     alice.wait_ready("web", 3).await;
 
     // Each owner stops its own web by name alone.
-    assert_eq!(alice.delete("/v1/services/web").await.unwrap(), 202);
-    assert_eq!(bob.delete("/v1/services/web").await.unwrap(), 202);
+    let stops = [
+        alice.delete("/v1/services/web").await.unwrap(),
+        bob.delete("/v1/services/web").await.unwrap(),
+    ];
+    let stopped_by_name = stops.iter().filter(|s| **s == 202).count();
+    assert_eq!(stops, [202, 202]);
     let leaked_ports = stop_everything(&c.api).await;
     println!(
-        "FIGURE scenario 15 same name in two projects: surfaces={} identical_before_and_after_bob_created_web={identical}/{identical} (alice and dave) parked_query_and_stream_woken_by_bob=0 leaks=0 bob_create_answered_like_a_new_name={} ambiguous_409={ambiguous} picked_by_project={picked} owners_stop_by_name=2/2 xce_project_in_env={env_ok}/{env_total} leaked_ports={leaked_ports}",
+        "FIGURE scenario 15 same name in two projects: surfaces={} identical_before_and_after_bob_created_web={identical}/{identical} (alice and dave) parked_query_and_stream_woken_by_bob={woken_by_bob} leaks={leak_count} bob_create_answered_like_a_new_name={} ambiguous_409={ambiguous} picked_by_project={picked} owners_stop_by_name={stopped_by_name}/{} xce_project_in_env={env_ok}/{env_total} leaked_ports={leaked_ports}",
         paths.len(),
         if created_same { "yes" } else { "no" },
+        stops.len(),
     );
 }
 
