@@ -281,11 +281,13 @@ fn render_us(service: &str) -> f64 {
 /// `ApiContext::for_test` (an admin and a job.view principal), and [`Cheapest`].
 fn contexts() -> (ApiContext, ApiContext) {
     let admin = Principal {
+        credential: Default::default(),
         name: "alice".into(),
         kind: PrincipalKind::User,
         grants: vec![(Permission::Admin, vec!["*".into()])],
     };
     let viewer = Principal {
+        credential: Default::default(),
         name: "ci-dashboard".into(),
         kind: PrincipalKind::User,
         grants: vec![
@@ -302,6 +304,7 @@ fn contexts() -> (ApiContext, ApiContext) {
     ]);
     let cheapest = ApiContext {
         auth: Arc::new(Cheapest(Principal {
+            credential: Default::default(),
             name: String::new(),
             kind: PrincipalKind::User,
             grants: vec![(Permission::JobView, vec!["*".into()])],

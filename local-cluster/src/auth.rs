@@ -2,24 +2,33 @@
 //!
 //! ```toml
 //! [[token]]
-//! secret = "alice-secret"
+//! secret = "alice-example-secret"      # or secret_sha256 = "<64 hex digits>"
 //! principal = "alice"
 //! grants = [ { permission = "job.view", projects = ["team-a"] } ]
 //!
 //! [[worker]]
 //! host = "exec-01"
-//! secret = "..."
+//! secret_sha256 = "..."
 //! ```
 //!
 //! Parsing validates ([`Tokens::parse`]); the [`Authenticator`] impl trusts the validated
-//! type and compares secrets in constant time. Secrets are never logged: [`Secret`]'s
-//! `Debug` redacts them.
+//! type. Every entry is held as the SHA-256 of its secret (a `secret` is hashed when the
+//! file loads, a `secret_sha256` is that hash already), and a presented token is hashed
+//! once and compared against every entry's digest in constant time, without stopping at
+//! a match. Secrets are never logged: [`Secret`]'s `Debug` redacts them.
+//!
+//! Reloading (SIGHUP) is [`crate::keyring::Keyring`]'s; this module only reads files.
 #![warn(missing_docs)]
 
-use plugin_api::{AuthError, Authenticator, Permission, Principal, PrincipalKind};
+use plugin_api::{AuthError, Authenticator, Credential, Permission, Principal, PrincipalKind};
 use serde::{Deserialize, Serialize};
+use sha2::{Digest as _, Sha256};
 use std::fmt;
-use subtle::ConstantTimeEq;
+use subtle::{Choice, ConditionallySelectable, ConstantTimeEq};
+
+/// The fewest characters a `secret` may have: anything shorter is guessable offline
+/// from a leaked hash or online by a patient prober. `xced token new` makes 43.
+pub const MIN_SECRET_CHARS: usize = 16;
 
 /// A bearer secret. `Debug` and `Display` never show it.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,29 +44,86 @@ impl Secret {
     pub fn expose(&self) -> &str {
         &self.0
     }
-    fn matches(&self, token: &str) -> bool {
-        // Constant time in the secret: the work depends on the candidate's length only
-        // (which the caller knows), so neither the content nor the length of a secret
-        // leaks. (`ct_eq` on slices of different lengths returns early, which would tell
-        // a prober the secret's length.)
-        let secret = self.0.as_bytes();
-        let token = token.as_bytes();
-        let mut same = secret.len().ct_eq(&token.len());
-        if secret.is_empty() {
-            return false;
-        }
-        for (i, b) in token.iter().enumerate() {
-            // Wraps around past the secret's end (no branch on where that is); the length
-            // check has failed there anyway.
-            same &= secret[i % secret.len()].ct_eq(b);
-        }
-        bool::from(same)
+    /// Its SHA-256.
+    pub fn digest(&self) -> Digest {
+        Digest::of(&self.0)
     }
 }
 
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Secret(<redacted>)")
+    }
+}
+
+/// The SHA-256 of a secret: what a `secret_sha256` holds, and what every entry is
+/// compared by.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Digest([u8; 32]);
+
+impl Digest {
+    /// The SHA-256 of `text`.
+    pub fn of(text: &str) -> Self {
+        Self(Sha256::digest(text.as_bytes()).into())
+    }
+
+    /// Lowercase hex, as `secret_sha256` holds it.
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Parses 64 hex digits (either case); the reason otherwise.
+    pub fn from_hex(text: &str) -> Result<Self, String> {
+        if text.len() != 64 {
+            return Err(format!(
+                "expected 64 hex digits (a SHA-256), got {} characters",
+                text.chars().count()
+            ));
+        }
+        let mut out = [0u8; 32];
+        for (i, pair) in text.as_bytes().chunks(2).enumerate() {
+            let hex = std::str::from_utf8(pair)
+                .ok()
+                .and_then(|p| u8::from_str_radix(p, 16).ok());
+            match hex {
+                Some(b) if pair.iter().all(u8::is_ascii_hexdigit) => out[i] = b,
+                _ => return Err("expected 64 hex digits (a SHA-256): not hex".into()),
+            }
+        }
+        Ok(Self(out))
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Digest({})", self.to_hex())
+    }
+}
+
+/// How an entry gives its credential: the secret itself, or only its SHA-256 (so the
+/// file holds nothing a reader could present).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Key {
+    /// `secret = "..."`.
+    Secret(Secret),
+    /// `secret_sha256 = "<hex>"`.
+    Sha256(Digest),
+}
+
+impl Key {
+    /// What the entry is compared by.
+    pub fn digest(&self) -> Digest {
+        match self {
+            Key::Secret(s) => s.digest(),
+            Key::Sha256(d) => *d,
+        }
+    }
+    /// The secret, when the file holds it (not for a `secret_sha256` entry).
+    pub fn secret(&self) -> Option<&Secret> {
+        match self {
+            Key::Secret(s) => Some(s),
+            Key::Sha256(_) => None,
+        }
     }
 }
 
@@ -72,35 +138,69 @@ pub struct Grant {
 }
 
 /// A user token (`[[token]]`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UserToken {
-    /// What the client sends as the bearer token.
-    pub secret: Secret,
+    /// What the client sends as the bearer token (or its hash).
+    pub key: Key,
     /// Who it is (logs, never the secret).
     pub principal: String,
     /// What it may do.
-    #[serde(default)]
     pub grants: Vec<Grant>,
 }
 
+impl UserToken {
+    /// Its grants as a [`Principal`] holds them.
+    pub fn grant_pairs(&self) -> Vec<(Permission, Vec<String>)> {
+        self.grants
+            .iter()
+            .map(|g| (g.permission, g.projects.clone()))
+            .collect()
+    }
+}
+
 /// A worker credential (`[[worker]]`): may act for `host` only.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerCredential {
     /// The host the credential belongs to.
     pub host: String,
-    /// The bearer secret.
-    pub secret: Secret,
+    /// The bearer secret (or its hash).
+    pub key: Key,
+}
+
+/// `[[token]]` as written: exactly one of `secret` and `secret_sha256` is checked after
+/// reading, so every entry's problems are listed together.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawToken {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    secret: Option<Secret>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    secret_sha256: Option<String>,
+    #[serde(default)]
+    principal: String,
+    #[serde(default)]
+    grants: Vec<Grant>,
+}
+
+/// `[[worker]]` as written.
+#[derive(Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWorker {
+    #[serde(default)]
+    host: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    secret: Option<Secret>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    secret_sha256: Option<String>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TokensFile {
     #[serde(default, rename = "token", skip_serializing_if = "Vec::is_empty")]
-    tokens: Vec<UserToken>,
+    tokens: Vec<RawToken>,
     #[serde(default, rename = "worker", skip_serializing_if = "Vec::is_empty")]
-    workers: Vec<WorkerCredential>,
+    workers: Vec<RawWorker>,
 }
 
 /// Why a tokens file was rejected.
@@ -116,85 +216,161 @@ pub enum TokensError {
 }
 
 /// A validated tokens file: user tokens and worker credentials.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Clone, Default, PartialEq, Eq)]
 pub struct Tokens {
     users: Vec<UserToken>,
     workers: Vec<WorkerCredential>,
+    /// Every entry's digest, users then workers (what [`Tokens::find`] compares).
+    digests: Vec<Digest>,
+}
+
+/// Which entry a presented token is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    /// `users()[i]`.
+    User(usize),
+    /// `workers()[i]`.
+    Worker(usize),
 }
 
 // === impl Tokens ===
 
+impl fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Not the digests: the entries show what the file said.
+        f.debug_struct("Tokens")
+            .field("users", &self.users)
+            .field("workers", &self.workers)
+            .finish()
+    }
+}
+
 impl Tokens {
-    /// Parses and validates a tokens file.
+    /// Parses and validates a tokens file; every problem of a well-formed file at once.
     pub fn parse(text: &str) -> Result<Self, TokensError> {
         let file: TokensFile = toml::from_str(text)
             .map_err(|e| TokensError::Parse(e.message().trim_end_matches('.').to_owned()))?;
-        Self::new(file.tokens, file.workers)
+        let mut problems = Vec::new();
+        // Entries keep their place in the file in messages (token[2] stays token[2] when
+        // token[1] had no key); an entry without a usable key is checked all the same, so
+        // every problem is listed at once.
+        let (mut users, mut user_names) = (Vec::new(), Vec::new());
+        for (i, t) in file.tokens.into_iter().enumerate() {
+            let entry = format!("token[{i}]");
+            match key_of(&entry, t.secret, t.secret_sha256, &mut problems) {
+                Some(key) => {
+                    users.push(UserToken {
+                        key,
+                        principal: t.principal,
+                        grants: t.grants,
+                    });
+                    user_names.push(entry);
+                }
+                None => check_user(&entry, &t.principal, &t.grants, &mut problems),
+            }
+        }
+        let (mut workers, mut worker_names) = (Vec::new(), Vec::new());
+        for (i, w) in file.workers.into_iter().enumerate() {
+            let entry = format!("worker[{i}]");
+            match key_of(&entry, w.secret, w.secret_sha256, &mut problems) {
+                Some(key) => {
+                    workers.push(WorkerCredential { host: w.host, key });
+                    worker_names.push(entry);
+                }
+                None if w.host.is_empty() => {
+                    problems.push(format!("{entry}.host: must not be empty"))
+                }
+                None => {}
+            }
+        }
+        Self::checked(users, &user_names, workers, &worker_names, problems)
+            .map_err(TokensError::Invalid)
     }
 
-    /// Validates tokens and credentials: secrets non-empty, without whitespace and
-    /// unique across the file; principals non-empty; every grant names at least one
+    /// Validates tokens and credentials: secrets of at least [`MIN_SECRET_CHARS`], without
+    /// whitespace, and unique across the file (a `secret` and a `secret_sha256` of the
+    /// same secret are the same); principals non-empty; every grant names at least one
     /// project; one credential per host.
     pub fn new(users: Vec<UserToken>, workers: Vec<WorkerCredential>) -> Result<Self, TokensError> {
-        let mut problems = Vec::new();
-        let mut seen: Vec<(&Secret, String)> = Vec::new();
-        let check_secret = |entry: &str, secret: &Secret, problems: &mut Vec<String>| {
-            let raw = secret.expose();
-            if raw.is_empty() {
-                problems.push(format!("{entry}.secret: must not be empty"));
-            } else if raw.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                problems.push(format!("{entry}.secret: must not contain whitespace"));
-            }
-        };
-        for (i, t) in users.iter().enumerate() {
-            let entry = format!("token[{i}]");
-            check_secret(&entry, &t.secret, &mut problems);
-            if t.principal.trim().is_empty() {
-                problems.push(format!("{entry}.principal: must not be empty"));
-            }
-            for (j, g) in t.grants.iter().enumerate() {
-                if g.projects.is_empty() || g.projects.iter().any(|p| p.is_empty()) {
-                    problems.push(format!(
-                        "{entry}.grants[{j}].projects: must list at least one project, none empty"
-                    ));
-                }
-            }
-            seen.push((&t.secret, entry));
+        let user_names: Vec<String> = (0..users.len()).map(|i| format!("token[{i}]")).collect();
+        let names: Vec<String> = (0..workers.len()).map(|i| format!("worker[{i}]")).collect();
+        Self::checked(users, &user_names, workers, &names, Vec::new()).map_err(TokensError::Invalid)
+    }
+
+    fn checked(
+        users: Vec<UserToken>,
+        user_names: &[String],
+        workers: Vec<WorkerCredential>,
+        worker_names: &[String],
+        mut problems: Vec<String>,
+    ) -> Result<Self, Vec<String>> {
+        let mut seen: Vec<(Digest, &str)> = Vec::new();
+        for (t, entry) in users.iter().zip(user_names) {
+            check_key(entry, &t.key, &mut problems);
+            check_user(entry, &t.principal, &t.grants, &mut problems);
+            seen.push((t.key.digest(), entry));
         }
-        for (i, w) in workers.iter().enumerate() {
-            let entry = format!("worker[{i}]");
-            check_secret(&entry, &w.secret, &mut problems);
+        for (i, (w, entry)) in workers.iter().zip(worker_names).enumerate() {
+            check_key(entry, &w.key, &mut problems);
             if w.host.is_empty() {
                 problems.push(format!("{entry}.host: must not be empty"));
             }
             if let Some(j) = workers[..i].iter().position(|o| o.host == w.host) {
                 problems.push(format!(
-                    "{entry}.host: {:?} already has a credential (worker[{j}])",
-                    w.host
+                    "{entry}.host: {:?} already has a credential ({})",
+                    w.host, worker_names[j]
                 ));
             }
-            seen.push((&w.secret, entry));
+            seen.push((w.key.digest(), entry));
         }
-        for (i, (s, entry)) in seen.iter().enumerate() {
-            if s.expose().is_empty() {
-                continue;
-            }
-            if let Some((_, first)) = seen[..i].iter().find(|(o, _)| o == s) {
-                problems.push(format!("{entry}.secret: same secret as {first}"));
+        for (i, (d, entry)) in seen.iter().enumerate() {
+            if let Some((_, first)) = seen[..i].iter().find(|(o, _)| o == d) {
+                problems.push(format!("{entry}: same secret as {first}"));
             }
         }
-        if problems.is_empty() {
-            Ok(Self { users, workers })
-        } else {
-            Err(TokensError::Invalid(problems))
+        if !problems.is_empty() {
+            return Err(problems);
         }
+        let digests = seen.iter().map(|(d, _)| *d).collect();
+        Ok(Self {
+            users,
+            workers,
+            digests,
+        })
     }
 
     /// The tokens file text (TOML) of these tokens.
     pub fn to_toml(&self) -> String {
+        let raw = |key: &Key| match key {
+            Key::Secret(s) => (Some(s.clone()), None),
+            Key::Sha256(d) => (None, Some(d.to_hex())),
+        };
         let file = TokensFile {
-            tokens: self.users.clone(),
-            workers: self.workers.clone(),
+            tokens: self
+                .users
+                .iter()
+                .map(|u| {
+                    let (secret, secret_sha256) = raw(&u.key);
+                    RawToken {
+                        secret,
+                        secret_sha256,
+                        principal: u.principal.clone(),
+                        grants: u.grants.clone(),
+                    }
+                })
+                .collect(),
+            workers: self
+                .workers
+                .iter()
+                .map(|w| {
+                    let (secret, secret_sha256) = raw(&w.key);
+                    RawWorker {
+                        host: w.host.clone(),
+                        secret,
+                        secret_sha256,
+                    }
+                })
+                .collect(),
         };
         toml::to_string(&file).expect("tokens serialize to TOML")
     }
@@ -202,9 +378,9 @@ impl Tokens {
     /// Fresh random tokens for `xced dev`: one admin token (principal `admin`, `admin` on
     /// `"*"`) and one worker credential per host. Returns the admin secret too.
     pub fn generate_dev(hosts: &[String]) -> Result<(Tokens, Secret), getrandom::Error> {
-        let admin = Secret::new(random_secret()?);
+        let admin = random_secret()?;
         let users = vec![UserToken {
-            secret: admin.clone(),
+            key: Key::Secret(admin.clone()),
             principal: "admin".into(),
             grants: vec![Grant {
                 permission: Permission::Admin,
@@ -215,7 +391,7 @@ impl Tokens {
         for h in hosts {
             workers.push(WorkerCredential {
                 host: h.clone(),
-                secret: Secret::new(random_secret()?),
+                key: Key::Secret(random_secret()?),
             });
         }
         let tokens = Tokens::new(users, workers)
@@ -233,53 +409,137 @@ impl Tokens {
         &self.workers
     }
 
-    /// The credential of `host`'s worker, if any.
-    pub fn worker_secret(&self, host: &str) -> Option<&Secret> {
-        self.workers
-            .iter()
-            .find(|w| w.host == host)
-            .map(|w| &w.secret)
+    /// The credential entry of `host`'s worker, if any.
+    pub fn worker(&self, host: &str) -> Option<&WorkerCredential> {
+        self.workers.iter().find(|w| w.host == host)
     }
-}
 
-/// 32 random bytes, hex.
-fn random_secret() -> Result<String, getrandom::Error> {
-    let mut b = [0u8; 32];
-    getrandom::fill(&mut b)?;
-    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
-}
-
-impl Authenticator for Tokens {
-    fn authenticate(&self, token: Option<&str>) -> Result<Principal, AuthError> {
+    /// Which entry `token` is. Hashes the token once and compares the digest with every
+    /// entry's in constant time, without stopping at a match: the time taken tells
+    /// neither which entry matched nor how long any secret is.
+    pub fn find(&self, token: Option<&str>) -> Result<Found, AuthError> {
         let token = token.ok_or(AuthError::Missing)?;
-        // Compare against every entry, without stopping at the first match, so the time
-        // taken does not tell which entry (or how many) matched.
-        let mut found: Option<Principal> = None;
-        for u in &self.users {
-            if u.secret.matches(token) && found.is_none() {
-                found = Some(Principal {
+        let presented = Digest::of(token);
+        let mut hit = Choice::from(0);
+        let mut at = u64::MAX;
+        for (i, d) in self.digests.iter().enumerate() {
+            let eq = d.0.ct_eq(&presented.0);
+            at.conditional_assign(&(i as u64), eq & !hit);
+            hit |= eq;
+        }
+        if !bool::from(hit) {
+            return Err(AuthError::Invalid);
+        }
+        let at = at as usize;
+        Ok(match at.checked_sub(self.users.len()) {
+            None => Found::User(at),
+            Some(w) => Found::Worker(w),
+        })
+    }
+
+    /// The principal of an entry [`find`](Self::find) returned, with `credential`.
+    pub fn principal(&self, found: Found, credential: Credential) -> Principal {
+        match found {
+            Found::User(i) => {
+                let u = &self.users[i];
+                Principal {
                     name: u.principal.clone(),
                     kind: PrincipalKind::User,
-                    grants: u
-                        .grants
-                        .iter()
-                        .map(|g| (g.permission, g.projects.clone()))
-                        .collect(),
-                });
+                    grants: u.grant_pairs(),
+                    credential,
+                }
             }
-        }
-        for w in &self.workers {
-            if w.secret.matches(token) && found.is_none() {
-                found = Some(Principal {
+            Found::Worker(i) => {
+                let w = &self.workers[i];
+                Principal {
                     name: format!("worker:{}", w.host),
                     kind: PrincipalKind::Worker {
                         host: w.host.clone(),
                     },
                     grants: Vec::new(),
-                });
+                    credential,
+                }
             }
         }
-        found.ok_or(AuthError::Invalid)
+    }
+}
+
+/// The entry's key from its two fields: exactly one must be given.
+fn key_of(
+    entry: &str,
+    secret: Option<Secret>,
+    sha256: Option<String>,
+    problems: &mut Vec<String>,
+) -> Option<Key> {
+    match (secret, sha256) {
+        (Some(s), None) => Some(Key::Secret(s)),
+        (None, Some(hex)) => match Digest::from_hex(&hex) {
+            Ok(d) => Some(Key::Sha256(d)),
+            Err(reason) => {
+                problems.push(format!("{entry}.secret_sha256: {reason}"));
+                None
+            }
+        },
+        (Some(_), Some(_)) => {
+            problems.push(format!(
+                "{entry}.secret_sha256: give either secret or secret_sha256, not both"
+            ));
+            None
+        }
+        (None, None) => {
+            problems.push(format!(
+                "{entry}.secret: missing (give secret, or secret_sha256 from `xced token new`)"
+            ));
+            None
+        }
+    }
+}
+
+fn check_key(entry: &str, key: &Key, problems: &mut Vec<String>) {
+    let Key::Secret(secret) = key else {
+        return;
+    };
+    let raw = secret.expose();
+    let chars = raw.chars().count();
+    if raw.is_empty() {
+        problems.push(format!("{entry}.secret: must not be empty"));
+    } else if raw.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        problems.push(format!("{entry}.secret: must not contain whitespace"));
+    } else if chars < MIN_SECRET_CHARS {
+        problems.push(format!(
+            "{entry}.secret: too short ({chars} characters, at least {MIN_SECRET_CHARS}); \
+             `xced token new` makes a strong one"
+        ));
+    }
+}
+
+fn check_user(entry: &str, principal: &str, grants: &[Grant], problems: &mut Vec<String>) {
+    if principal.trim().is_empty() {
+        problems.push(format!("{entry}.principal: must not be empty"));
+    }
+    for (j, g) in grants.iter().enumerate() {
+        if g.projects.is_empty() || g.projects.iter().any(|p| p.is_empty()) {
+            problems.push(format!(
+                "{entry}.grants[{j}].projects: must list at least one project, none empty"
+            ));
+        }
+    }
+}
+
+/// 256 random bits from the OS, base64url without padding (43 characters).
+pub fn random_secret() -> Result<Secret, getrandom::Error> {
+    use base64::Engine as _;
+    let mut b = [0u8; 32];
+    getrandom::fill(&mut b)?;
+    Ok(Secret::new(
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b),
+    ))
+}
+
+impl Authenticator for Tokens {
+    fn authenticate(&self, token: Option<&str>) -> Result<Principal, AuthError> {
+        let found = self.find(token)?;
+        Ok(self.principal(found, Credential::fixed()))
     }
 }
 
@@ -287,6 +547,7 @@ impl Authenticator for Tokens {
 mod tests {
     use super::*;
     use expect_test::{expect, Expect};
+    use proptest::prelude::*;
 
     fn check(text: &str, expect: Expect) {
         let out = match Tokens::parse(text) {
@@ -296,22 +557,20 @@ mod tests {
         expect.assert_eq(&out);
     }
 
+    /// `secret_sha256` of `secret`, for the files below.
+    fn sha(secret: &str) -> String {
+        Digest::of(secret).to_hex()
+    }
+
     #[test]
-    fn secrets_match_only_themselves() {
-        let s = Secret::new("s3cret-token");
-        assert!(s.matches("s3cret-token"));
-        for other in [
-            "",
-            "s",
-            "s3cret-toke",
-            "s3cret-tokenn",
-            "s3cret-tokens3cret-token",
-            "S3cret-token",
-            "x3cret-token",
-        ] {
-            assert!(!s.matches(other), "{other:?}");
-        }
-        assert!(!Secret::new("").matches(""));
+    fn digest_hex_round_trips_and_matches_sha256() {
+        // The SHA-256 test vector of "abc" (FIPS 180-2).
+        let d = Digest::of("abc");
+        assert_eq!(
+            d.to_hex(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+        assert_eq!(Digest::from_hex(&d.to_hex().to_uppercase()), Ok(d));
     }
 
     #[test]
@@ -319,52 +578,137 @@ mod tests {
         check(
             r#"
             [[token]]
-            secret = "alice-secret"
+            secret = "alice-example-secret"
             principal = "alice"
             grants = [ { permission = "job.view", projects = ["team-a"] },
                        { permission = "job.submit", projects = ["team-a"] } ]
             [[worker]]
             host = "exec-01"
-            secret = "w1-secret"
+            secret = "w1-example-secret"
             "#,
             expect![[
-                r#"Tokens { users: [UserToken { secret: Secret(<redacted>), principal: "alice", grants: [Grant { permission: JobView, projects: ["team-a"] }, Grant { permission: JobSubmit, projects: ["team-a"] }] }], workers: [WorkerCredential { host: "exec-01", secret: Secret(<redacted>) }] }"#
+                r#"Tokens { users: [UserToken { key: Secret(Secret(<redacted>)), principal: "alice", grants: [Grant { permission: JobView, projects: ["team-a"] }, Grant { permission: JobSubmit, projects: ["team-a"] }] }], workers: [WorkerCredential { host: "exec-01", key: Secret(Secret(<redacted>)) }] }"#
             ]],
         );
     }
 
     #[test]
+    fn a_file_may_mix_secrets_and_hashes() {
+        let text = format!(
+            "[[token]]\nsecret = \"alice-example-secret\"\nprincipal = \"alice\"\n\
+             [[token]]\nsecret_sha256 = \"{}\"\nprincipal = \"bob\"\n\
+             [[worker]]\nhost = \"exec-01\"\nsecret_sha256 = \"{}\"\n\
+             [[worker]]\nhost = \"exec-02\"\nsecret = \"w2-example-secret\"\n",
+            sha("bob-example-secret"),
+            sha("w1-example-secret").to_uppercase(),
+        );
+        let t = Tokens::parse(&text).unwrap();
+        assert_eq!(
+            t.authenticate(Some("alice-example-secret")).unwrap().name,
+            "alice"
+        );
+        assert_eq!(
+            t.authenticate(Some("bob-example-secret")).unwrap().name,
+            "bob"
+        );
+        assert_eq!(
+            t.authenticate(Some("w1-example-secret")).unwrap().name,
+            "worker:exec-01"
+        );
+        assert_eq!(
+            t.authenticate(Some("w2-example-secret")).unwrap().name,
+            "worker:exec-02"
+        );
+        // The hash itself is not a credential.
+        assert_eq!(
+            t.authenticate(Some(&sha("bob-example-secret")))
+                .unwrap_err(),
+            AuthError::Invalid
+        );
+        assert!(t.worker("exec-01").unwrap().key.secret().is_none());
+        // Written back as it was read (the hash lowercase).
+        assert_eq!(Tokens::parse(&t.to_toml()).unwrap(), t);
+        assert!(t.to_toml().contains(&sha("w1-example-secret")));
+    }
+
+    #[test]
     fn unknown_fields_and_permissions_are_rejected() {
         check(
-            "[[token]]\nsecret = \"s\"\nprincipal = \"a\"\nrole = \"x\"\n",
-            expect!["tokens file: unknown field `role`, expected one of `secret`, `principal`, `grants`"],
+            "[[token]]\nsecret = \"alice-example-secret\"\nprincipal = \"a\"\nrole = \"x\"\n",
+            expect!["tokens file: unknown field `role`, expected one of `secret`, `secret_sha256`, `principal`, `grants`"],
         );
         check(
-            "[[token]]\nsecret = \"s\"\nprincipal = \"a\"\ngrants = [{permission = \"job.delete\", projects = [\"*\"]}]\n",
+            "[[token]]\nsecret = \"alice-example-secret\"\nprincipal = \"a\"\ngrants = [{permission = \"job.delete\", projects = [\"*\"]}]\n",
             expect!["tokens file: unknown variant `job.delete`, expected one of `job.view`, `job.submit`, `admin`"],
+        );
+    }
+
+    #[test]
+    fn both_or_neither_bad_hex_and_short_secrets_are_refused_naming_the_entry() {
+        check(
+            &format!(
+                "[[token]]\nsecret = \"alice-example-secret\"\nsecret_sha256 = \"{}\"\nprincipal = \"a\"\n",
+                sha("x")
+            ),
+            expect!["tokens file: token[0].secret_sha256: give either secret or secret_sha256, not both"],
+        );
+        check(
+            "[[worker]]\nhost = \"exec-01\"\n",
+            expect!["tokens file: worker[0].secret: missing (give secret, or secret_sha256 from `xced token new`)"],
+        );
+        check(
+            "[[token]]\nsecret_sha256 = \"abc\"\nprincipal = \"a\"\n",
+            expect!["tokens file: token[0].secret_sha256: expected 64 hex digits (a SHA-256), got 3 characters"],
+        );
+        check(
+            &format!(
+                "[[token]]\nsecret_sha256 = \"{}zz\"\nprincipal = \"a\"\n",
+                &sha("x")[..62]
+            ),
+            expect![
+                "tokens file: token[0].secret_sha256: expected 64 hex digits (a SHA-256): not hex"
+            ],
+        );
+        check(
+            "[[token]]\nsecret = \"alice-secret\"\nprincipal = \"alice\"\n",
+            expect!["tokens file: token[0].secret: too short (12 characters, at least 16); `xced token new` makes a strong one"],
         );
     }
 
     #[test]
     fn every_problem_names_its_entry_and_field() {
         check(
-            r#"
-            [[token]]
-            secret = ""
-            principal = " "
-            grants = [ { permission = "admin", projects = [] } ]
-            [[token]]
-            secret = "dup"
-            principal = "b"
-            [[worker]]
-            host = "exec-01"
-            secret = "dup"
-            [[worker]]
-            host = "exec-01"
-            secret = "has space"
-            "#,
+            &format!(
+                r#"
+                [[token]]
+                secret = ""
+                principal = " "
+                grants = [ {{ permission = "admin", projects = [] }} ]
+                [[token]]
+                secret = "duplicate-example-secret"
+                principal = "b"
+                [[token]]
+                principal = ""
+                [[token]]
+                secret = "short"
+                principal = "c"
+                [[token]]
+                secret_sha256 = "{dup}"
+                principal = "d"
+                [[worker]]
+                host = "exec-01"
+                secret = "duplicate-example-secret"
+                [[worker]]
+                host = "exec-01"
+                secret = "has space in the middle"
+                [[worker]]
+                host = ""
+                secret_sha256 = "0123"
+                "#,
+                dup = sha("duplicate-example-secret")
+            ),
             expect![[
-                r#"tokens file: token[0].secret: must not be empty; token[0].principal: must not be empty; token[0].grants[0].projects: must list at least one project, none empty; worker[1].secret: must not contain whitespace; worker[1].host: "exec-01" already has a credential (worker[0]); worker[0].secret: same secret as token[1]"#
+                r#"tokens file: token[2].secret: missing (give secret, or secret_sha256 from `xced token new`); token[2].principal: must not be empty; worker[2].secret_sha256: expected 64 hex digits (a SHA-256), got 4 characters; worker[2].host: must not be empty; token[0].secret: must not be empty; token[0].principal: must not be empty; token[0].grants[0].projects: must list at least one project, none empty; token[3].secret: too short (5 characters, at least 16); `xced token new` makes a strong one; worker[1].secret: must not contain whitespace; worker[1].host: "exec-01" already has a credential (worker[0]); token[4]: same secret as token[1]; worker[0]: same secret as token[1]"#
             ]],
         );
     }
@@ -372,14 +716,14 @@ mod tests {
     #[test]
     fn authenticates_users_and_workers() {
         let t = Tokens::parse(
-            "[[token]]\nsecret = \"alice-secret\"\nprincipal = \"alice\"\ngrants = [{permission = \"job.view\", projects = [\"a\"]}]\n[[worker]]\nhost = \"exec-01\"\nsecret = \"w1\"\n",
+            "[[token]]\nsecret = \"alice-example-secret\"\nprincipal = \"alice\"\ngrants = [{permission = \"job.view\", projects = [\"a\"]}]\n[[worker]]\nhost = \"exec-01\"\nsecret = \"w1-example-secret\"\n",
         )
         .unwrap();
-        let alice = t.authenticate(Some("alice-secret")).unwrap();
+        let alice = t.authenticate(Some("alice-example-secret")).unwrap();
         assert_eq!(alice.name, "alice");
         assert!(alice.may(Permission::JobView, "a"));
         assert!(!alice.may(Permission::JobView, "b"));
-        let w = t.authenticate(Some("w1")).unwrap();
+        let w = t.authenticate(Some("w1-example-secret")).unwrap();
         assert_eq!(
             w.kind,
             PrincipalKind::Worker {
@@ -387,24 +731,70 @@ mod tests {
             }
         );
         assert!(w.grants.is_empty());
-        assert_eq!(
-            t.authenticate(Some("alice-secre")).unwrap_err(),
-            AuthError::Invalid
-        );
-        assert_eq!(t.authenticate(Some("")).unwrap_err(), AuthError::Invalid);
+        for wrong in [
+            "alice-example-secre",
+            "alice-example-secrett",
+            "",
+            "Alice-example-secret",
+        ] {
+            assert_eq!(
+                t.authenticate(Some(wrong)).unwrap_err(),
+                AuthError::Invalid,
+                "{wrong:?}"
+            );
+        }
         assert_eq!(t.authenticate(None).unwrap_err(), AuthError::Missing);
     }
 
     #[test]
     fn generated_dev_tokens_round_trip() {
         let (t, admin) = Tokens::generate_dev(&["exec-01".into(), "exec-02".into()]).unwrap();
-        assert_eq!(admin.expose().len(), 64);
+        // 256 bits, base64url without padding.
+        assert_eq!(admin.expose().len(), 43);
         let p = t.authenticate(Some(admin.expose())).unwrap();
         assert!(p.is_admin());
-        let w2 = t.worker_secret("exec-02").unwrap();
+        let w2 = t.worker("exec-02").unwrap().key.secret().unwrap();
         assert_ne!(w2, &admin);
         let back = Tokens::parse(&t.to_toml()).unwrap();
         assert_eq!(back, t);
         assert!(!format!("{t:?}").contains(admin.expose()));
+    }
+
+    /// A secret strong enough to load: at least 16 characters, no whitespace.
+    fn secret() -> impl Strategy<Value = String> {
+        "[a-zA-Z0-9_-]{16,24}"
+    }
+
+    proptest! {
+        /// A presented token authenticates iff it equals an entry's `secret` or hashes to
+        /// an entry's `secret_sha256`, and then as exactly that entry.
+        #[test]
+        fn a_token_matches_iff_it_is_a_secret_or_hashes_to_one(
+            entries in proptest::collection::btree_set(secret(), 1..6),
+            hashed in proptest::collection::vec(any::<bool>(), 6),
+            probe in prop_oneof![secret(), "[a-z]{0,20}"],
+            pick in any::<prop::sample::Index>(),
+        ) {
+            let entries: Vec<String> = entries.into_iter().collect();
+            let mut text = String::new();
+            for (i, s) in entries.iter().enumerate() {
+                if hashed[i] {
+                    text += &format!("[[token]]\nsecret_sha256 = \"{}\"\nprincipal = \"p{i}\"\n", sha(s));
+                } else {
+                    text += &format!("[[token]]\nsecret = \"{s}\"\nprincipal = \"p{i}\"\n");
+                }
+            }
+            let t = Tokens::parse(&text).unwrap();
+            // A probe that is one of the secrets, and one that may be anything.
+            let known = &entries[pick.index(entries.len())];
+            for token in [known, &probe] {
+                let want = entries.iter().position(|s| s == token);
+                let got = t.find(Some(token)).ok();
+                prop_assert_eq!(got, want.map(Found::User));
+                if let Some(i) = want {
+                    prop_assert_eq!(t.authenticate(Some(token)).unwrap().name, format!("p{i}"));
+                }
+            }
+        }
     }
 }

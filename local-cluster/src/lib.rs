@@ -13,6 +13,7 @@ pub mod auth;
 mod backoff;
 pub mod clientconf;
 pub mod controller;
+pub mod keyring;
 pub mod limits;
 pub mod logging;
 pub mod profile;

@@ -6,6 +6,7 @@ use axum::http::request::Parts;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use std::sync::Arc;
+use tokio::sync::watch;
 
 /// A permission of DESIGN §6.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
@@ -42,15 +43,107 @@ pub struct Principal {
     pub kind: PrincipalKind,
     /// `(permission, projects)` pairs; `"*"` in projects means all projects.
     pub grants: Vec<(Permission, Vec<String>)>,
+    /// The credential it authenticated with, followed across reloads of the host's
+    /// tokens: long requests (streams, blocking queries) end when it is revoked.
+    pub credential: Credential,
+}
+
+/// A credential's grants as the host holds them now: `None` once it is removed.
+pub type LiveGrants = Option<Arc<Vec<(Permission, Vec<String>)>>>;
+
+/// The credential behind a [`Principal`], followed after the request authenticated: the
+/// host re-reads its tokens (SIGHUP) and a removed credential, or one whose grants shrank,
+/// must stop being served, also on requests that are already open.
+///
+/// **Who uses it**: a handler of a long request (a stream, a blocking query) selects on
+/// [`lost`](Self::lost) (or [`removed`](Self::removed) when it filters by project
+/// itself) next to its own wake-ups, and ends the request when it resolves. Nothing polls:
+/// it is a watch channel the host writes when it reloads. The default (tests, a host
+/// that never reloads) is never revoked.
+#[derive(Clone, Default)]
+pub struct Credential(Option<watch::Receiver<LiveGrants>>);
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match &self.0 {
+            None => "Credential(fixed)",
+            Some(_) => "Credential(live)",
+        })
+    }
+}
+
+// === impl Credential ===
+
+impl Credential {
+    /// A credential that is never revoked.
+    pub fn fixed() -> Self {
+        Self(None)
+    }
+
+    /// A credential whose grants the host publishes on `rx` (`None` once removed).
+    pub fn following(rx: watch::Receiver<LiveGrants>) -> Self {
+        Self(Some(rx))
+    }
+
+    /// Whether the host still holds the credential, with grants allowing `permission`
+    /// on `project`.
+    pub fn allows(&self, permission: Permission, project: &str) -> bool {
+        match &self.0 {
+            None => true,
+            Some(rx) => allows(&rx.borrow(), permission, project),
+        }
+    }
+
+    /// Whether the host has removed the credential.
+    pub fn is_removed(&self) -> bool {
+        self.0.as_ref().is_some_and(|rx| rx.borrow().is_none())
+    }
+
+    /// Resolves once the credential is removed, or its grants no longer allow
+    /// `permission` on `project`; never, if neither happens.
+    pub async fn lost(&self, permission: Permission, project: &str) {
+        self.until(|g| !allows(g, permission, project)).await
+    }
+
+    /// Resolves once the credential is removed; never, if it is not.
+    pub async fn removed(&self) {
+        self.until(Option::is_none).await
+    }
+
+    async fn until(&self, gone: impl Fn(&LiveGrants) -> bool) {
+        let Some(rx) = &self.0 else {
+            return std::future::pending().await;
+        };
+        let mut rx = rx.clone();
+        // The host dropped the channel (it stops): what it said last stands.
+        if rx.wait_for(|g| gone(g)).await.is_err() && !gone(&rx.borrow()) {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+fn allows(grants: &LiveGrants, permission: Permission, project: &str) -> bool {
+    grants
+        .as_ref()
+        .is_some_and(|g| grants_allow(g, permission, project))
+}
+
+/// Whether `grants` hold `permission` on `project`; `admin` implies the others.
+fn grants_allow(
+    grants: &[(Permission, Vec<String>)],
+    permission: Permission,
+    project: &str,
+) -> bool {
+    grants.iter().any(|(p, projects)| {
+        (*p == permission || *p == Permission::Admin)
+            && projects.iter().any(|pr| pr == "*" || pr == project)
+    })
 }
 
 impl Principal {
     /// Whether the principal holds `permission` on `project`. `admin` implies the others.
     pub fn may(&self, permission: Permission, project: &str) -> bool {
-        self.grants.iter().any(|(p, projects)| {
-            (*p == permission || *p == Permission::Admin)
-                && projects.iter().any(|pr| pr == "*" || pr == project)
-        })
+        grants_allow(&self.grants, permission, project)
     }
 
     /// Whether the principal is an admin on every project.

@@ -25,8 +25,8 @@ mod launch;
 mod resource;
 
 pub use auth::{
-    ApiContext, ApiError, ApiExtension, AuthError, Authenticator, Permission, Principal,
-    PrincipalKind,
+    ApiContext, ApiError, ApiExtension, AuthError, Authenticator, Credential, LiveGrants,
+    Permission, Principal, PrincipalKind,
 };
 pub use error_body::{ErrorBody, ErrorInfo};
 pub use events::{

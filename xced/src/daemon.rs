@@ -1,16 +1,61 @@
-//! What the daemon modes share with `xced dev`: the tokens file, the line that announces
-//! the apiserver, and the stop signal. In a file of its own so that `dev.rs` needs nothing
+//! What the daemon modes share with `xced dev`: the tokens file (and its reload on
+//! SIGHUP), the line that announces the apiserver, and the stop signal. In a file of its own so that `dev.rs` needs nothing
 //! from `main.rs` (no import circle between the two).
 
 use anyhow::{Context, Result};
+use local_cluster::auth::Tokens;
+use local_cluster::keyring::Keyring;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 /// Reads and validates a tokens file.
-pub(crate) fn load_tokens(path: &std::path::Path) -> Result<local_cluster::auth::Tokens> {
+pub(crate) fn load_tokens(path: &std::path::Path) -> Result<Tokens> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading tokens file {}", path.display()))?;
-    local_cluster::auth::Tokens::parse(&text)
-        .with_context(|| format!("invalid tokens file {}", path.display()))
+    Tokens::parse(&text).with_context(|| format!("invalid tokens file {}", path.display()))
+}
+
+/// Re-reads the tokens on every SIGHUP, for as long as the process runs: `load` reads
+/// (and, for `xced dev`, completes) the file at `path`. A file that does not load is
+/// refused whole, every problem logged, and the tokens in force stay. Installed before the
+/// process serves, so a SIGHUP never finds the default action (exit) in place.
+pub(crate) fn reload_tokens_on_sighup(
+    keyring: Keyring,
+    path: PathBuf,
+    load: impl Fn() -> Result<Tokens> + Send + 'static,
+) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = signal(SignalKind::hangup()).context("installing a SIGHUP handler")?;
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            let file = path.display();
+            match load() {
+                Ok(tokens) => {
+                    let (users, workers) = (tokens.users().len(), tokens.workers().len());
+                    let done = keyring.replace(tokens);
+                    tracing::info!(
+                        %file,
+                        tokens = users,
+                        workers,
+                        kept = done.kept,
+                        regranted = done.regranted,
+                        added = done.added,
+                        removed = done.removed,
+                        "tokens file reloaded (SIGHUP)"
+                    );
+                }
+                Err(e) => {
+                    keyring.refused();
+                    tracing::error!(
+                        %file,
+                        error = %format!("{e:#}"),
+                        "tokens file refused on reload (SIGHUP): the tokens in force stay"
+                    );
+                }
+            }
+        }
+    });
+    Ok(())
 }
 
 /// The line tests and scripts read to find the apiserver (also when listening on port 0).

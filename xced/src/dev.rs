@@ -3,9 +3,10 @@
 //! address; `--demo` submits `examples/web.toml`.
 
 use anyhow::{bail, Context, Result};
-use local_cluster::auth::Tokens;
+use local_cluster::auth::{Tokens, UserToken, WorkerCredential};
 use local_cluster::clientconf::{self, ClientFile};
 use local_cluster::controller::{self, ControllerConfig};
+use local_cluster::keyring::Keyring;
 use local_cluster::worker::{self, ShutdownMode, WorkerConfig};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -77,25 +78,38 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
     let tokens = match &args.tokens {
         Some(path) => {
             let given = crate::daemon::load_tokens(path)?;
-            // Keep the file's worker credentials; generate the missing ones.
-            let mut workers = given.workers().to_vec();
-            for w in generated.workers() {
-                if given.worker_secret(&w.host).is_none() {
-                    workers.push(w.clone());
-                }
+            // The dev hosts' credentials: the file's, else generated; fixed from now on
+            // (the workers are started with them).
+            let mut dev_workers = Vec::new();
+            for h in &hosts {
+                let w = match given.worker(h) {
+                    Some(w) if w.key.secret().is_none() => bail!(
+                        "invalid tokens file {}: [[worker]] host {h:?}: xced dev runs this \
+                         host's worker itself and needs its `secret`, not a `secret_sha256` \
+                         (or leave the entry out: one is generated)",
+                        path.display()
+                    ),
+                    Some(w) => w,
+                    None => generated.worker(h).context("generated worker credential")?,
+                };
+                dev_workers.push(w.clone());
             }
             // The dev process itself keeps the generated admin token (principal
             // `xced-dev`, a random secret that exists only in this process's memory) to
             // wait for its hosts and submit the demo, whatever the file grants.
-            let mut users = given.users().to_vec();
-            users.extend(generated.users().iter().cloned().map(|mut u| {
-                u.principal = "xced-dev".into();
-                u
-            }));
-            Tokens::new(users, workers)
-                .with_context(|| format!("invalid tokens file {}", path.display()))?
+            let mut dev_admin = generated.users()[0].clone();
+            dev_admin.principal = "xced-dev".into();
+            Some((path.clone(), given, dev_workers, dev_admin))
         }
-        None => generated,
+        None => None,
+    };
+    let (tokens, reload) = match tokens {
+        Some((path, given, dev_workers, dev_admin)) => {
+            let tokens = merged(given, &dev_workers, &dev_admin)
+                .with_context(|| format!("invalid tokens file {}", path.display()))?;
+            (tokens, Some((path, dev_workers, dev_admin)))
+        }
+        None => (generated, None),
     };
     // In-process use only; written to the client config only when it is the sole admin.
     let admin = admin.expose().to_owned();
@@ -103,11 +117,21 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
         .iter()
         .map(|h| {
             tokens
-                .worker_secret(h)
+                .worker(h)
+                .and_then(|w| w.key.secret())
                 .map(|s| s.expose().to_owned())
                 .context("worker credential")
         })
         .collect::<Result<_>>()?;
+    let keyring = Keyring::new(tokens);
+    if let Some((path, dev_workers, dev_admin)) = reload {
+        // A reload completes the file as at start: the dev workers keep the credentials
+        // they run with, the process its admin token.
+        crate::daemon::reload_tokens_on_sighup(keyring.clone(), path.clone(), move || {
+            merged(crate::daemon::load_tokens(&path)?, &dev_workers, &dev_admin)
+                .with_context(|| format!("invalid tokens file {}", path.display()))
+        })?;
+    }
 
     let store = local_cluster::store::RedbStore::open(args.data_dir.join("controller.redb"))
         .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
@@ -124,7 +148,7 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
     };
     let plugins =
         crate::plugins::controller_plugins(address_policy, endpoint_table::TableConfig::default());
-    let running = controller::start(ccfg, tokens, plugins, Arc::new(store)).await?;
+    let running = controller::start(ccfg, keyring, plugins, Arc::new(store)).await?;
     let api = format!("http://{}", running.addr);
 
     if args.tokens.is_none() {
@@ -209,6 +233,34 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
     while workers.join_next().await.is_some() {}
     running.shutdown().await;
     Ok(())
+}
+
+/// The given tokens file completed for `xced dev`: its users and the other hosts' worker
+/// credentials, with the dev hosts' credentials and the in-process admin token.
+fn merged(
+    given: Tokens,
+    dev_workers: &[WorkerCredential],
+    dev_admin: &UserToken,
+) -> Result<Tokens> {
+    let mut workers: Vec<WorkerCredential> = given
+        .workers()
+        .iter()
+        .filter(|w| {
+            let dev = dev_workers.iter().find(|d| d.host == w.host);
+            if dev.is_some_and(|d| d.key.digest() != w.key.digest()) {
+                tracing::warn!(
+                    host = %w.host,
+                    "the tokens file changed the credential of a dev host: the dev worker keeps the one it started with"
+                );
+            }
+            dev.is_none()
+        })
+        .cloned()
+        .collect();
+    workers.extend(dev_workers.iter().cloned());
+    let mut users = given.users().to_vec();
+    users.push(dev_admin.clone());
+    Ok(Tokens::new(users, workers)?)
 }
 
 fn write_client_config(path: &std::path::Path, api: &str, token: &str) -> Result<()> {

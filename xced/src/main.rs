@@ -12,6 +12,7 @@ mod plugins;
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use local_cluster::controller::{self, ControllerConfig};
+use local_cluster::keyring::Keyring;
 use local_cluster::store::{
     Election, EtcdStore, Leadership, Maintained, RedbStore, StoreSpec, DEFAULT_PREFIX,
 };
@@ -301,7 +302,7 @@ enum TermEnd {
 async fn run_elected(
     cfg: &config::ControllerFile,
     ccfg: ControllerConfig,
-    tokens: local_cluster::auth::Tokens,
+    tokens: Keyring,
     endpoints: Vec<String>,
     signals: &mut Signals,
 ) -> Result<()> {
@@ -545,14 +546,16 @@ async fn run_worker(path: PathBuf) -> Result<()> {
 }
 
 /// The tokens file named by `--tokens`, else by the config file's `tokens`.
-fn load_tokens_of(
-    flag: Option<PathBuf>,
-    from_config: Option<PathBuf>,
-) -> Result<local_cluster::auth::Tokens> {
+/// Loads it into a keyring that re-reads it on every SIGHUP.
+fn load_tokens_of(flag: Option<PathBuf>, from_config: Option<PathBuf>) -> Result<Keyring> {
     let path = flag
         .or(from_config)
         .context("no tokens file: pass --tokens FILE or set `tokens` in the config file")?;
-    daemon::load_tokens(&path)
+    let keyring = Keyring::new(daemon::load_tokens(&path)?);
+    daemon::reload_tokens_on_sighup(keyring.clone(), path.clone(), move || {
+        daemon::load_tokens(&path)
+    })?;
+    Ok(keyring)
 }
 
 /// SIGTERM and SIGINT as they come, handled from the daemon's start: the first starts a

@@ -20,6 +20,7 @@ const PATIENCE: Duration = Duration::from_secs(10);
 
 fn user(name: &str, grants: &[(Permission, &str)]) -> Principal {
     Principal {
+        credential: Default::default(),
         name: name.into(),
         kind: PrincipalKind::User,
         grants: grants

@@ -33,7 +33,7 @@ async fn a_worker_restarted_with_a_new_address_rewrites_hosts_and_endpoints() {
         .api
         .http
         .put(format!("{}/internal/v1/hosts/exec-02/facts", c.api.base))
-        .bearer_auth("worker-0-secret")
+        .bearer_auth("worker-0-example-secret")
         .json(&serde_json::json!({"ip_addr": "127.0.0.99", "addresses": [{"ip": "127.0.0.99"}]}))
         .send()
         .await

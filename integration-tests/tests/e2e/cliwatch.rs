@@ -418,7 +418,11 @@ async fn a_refused_worker_says_why_and_backs_off() -> Result<()> {
     // exec-01 has an entry (its real worker runs): a wrong secret. exec-09 has none.
     let cases = [
         ("exec-01", "not-the-secret", "wrong or missing secret"),
-        ("exec-09", "worker-0-secret", "no [[worker]] entry for host"),
+        (
+            "exec-09",
+            "worker-0-example-secret",
+            "no [[worker]] entry for host",
+        ),
     ];
     let mut workers = Vec::new();
     for (i, (host, credential, _)) in cases.iter().enumerate() {

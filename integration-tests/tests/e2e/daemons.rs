@@ -259,7 +259,7 @@ impl Fleet {
             std::fs::write(
                 fleet.dir.path().join(format!("worker-{i}.toml")),
                 format!(
-                    "host = \"exec-{:02}\"\ncontroller = \"{talk_to}\"\ncredential = \"worker-{i}-secret\"\ndata_dir = \"{}\"\nstop_timeout = \"3s\"\n\n[address]\nadvertise = \"{}\"\nallow_loopback = true\n",
+                    "host = \"exec-{:02}\"\ncontroller = \"{talk_to}\"\ncredential = \"worker-{i}-example-secret\"\ndata_dir = \"{}\"\nstop_timeout = \"3s\"\n\n[address]\nadvertise = \"{}\"\nallow_loopback = true\n",
                     i + 1,
                     fleet.dir.path().join(format!("worker-{i}")).display(),
                     fleet.ip(i),

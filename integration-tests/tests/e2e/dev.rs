@@ -298,8 +298,8 @@ async fn tenants_see_only_their_projects() {
     std::fs::write(&tokens, TWO_TENANTS).unwrap();
     let c = DevCluster::start_with(2, false, &["--tokens", tokens.to_str().unwrap()])
         .expect("dev cluster");
-    let alice = c.api.with_token("alice-secret");
-    let bob = c.api.with_token("bob-secret");
+    let alice = c.api.with_token("alice-example-secret");
+    let bob = c.api.with_token("bob-example-secret");
     let svc = |name: &str, project: &str| http_service(name, 1).project(project).toml();
     assert_eq!(
         alice.submit_toml(&svc("alpha", "team-a")).await.unwrap().0,
@@ -367,7 +367,7 @@ async fn tenants_see_only_their_projects() {
     let cfg = c.dir.path().join("bob.toml");
     std::fs::write(
         &cfg,
-        format!("api = \"{}\"\ntoken = \"bob-secret\"\n", c.api.base),
+        format!("api = \"{}\"\ntoken = \"bob-example-secret\"\n", c.api.base),
     )
     .unwrap();
     let out = xcecli_with(&cfg, &["service", "endpoints", "alpha", "-o", "plain"], &[]);
@@ -497,20 +497,20 @@ async fn demo_runs_with_any_tokens_file() {
     let tokens = dir.path().join("tokens.toml");
     let viewer = r#"
 [[token]]
-secret = "carol-secret-0123456789"
+secret = "carol-example-secret-0123456789"
 principal = "carol"
 grants = [ { permission = "job.view", projects = ["default"] } ]
 "#;
     std::fs::write(&tokens, format!("{TWO_TENANTS}{viewer}")).unwrap();
     let c = DevCluster::start_with(2, true, &["--tokens", tokens.to_str().unwrap()])
         .expect("dev cluster with --demo and --tokens");
-    let carol = c.api.with_token("carol-secret-0123456789");
+    let carol = c.api.with_token("carol-example-secret-0123456789");
     let ready = carol.wait_ready("web", 3).await;
     println!(
         "FIGURE dev --demo --tokens: web ready replicas={}",
         ready.len()
     );
-    let alice = c.api.with_token("alice-secret");
+    let alice = c.api.with_token("alice-example-secret");
     assert_eq!(alice.get("/v1/services/web").await.unwrap().0, 404);
     assert!(
         !c.client_config.exists(),

@@ -496,7 +496,7 @@ pub fn kill_leftover_replicas(ips: &[String]) {
 
 // === impl Cluster ===
 
-pub const ADMIN: &str = "admin-secret-for-tests";
+pub const ADMIN: &str = "admin-example-secret-for-tests";
 
 /// A controller and workers as separate processes, sharing a temp dir.
 pub struct Cluster {
@@ -546,7 +546,7 @@ pub fn admin_and_worker_tokens(workers: usize) -> String {
     );
     for i in 0..workers {
         tokens += &format!(
-            "\n[[worker]]\nhost = \"exec-{:02}\"\nsecret = \"worker-{i}-secret\"\n",
+            "\n[[worker]]\nhost = \"exec-{:02}\"\nsecret = \"worker-{i}-example-secret\"\n",
             i + 1
         );
     }
@@ -608,7 +608,7 @@ impl Cluster {
             std::fs::write(
                 dir.path().join(format!("worker-{i}.toml")),
                 format!(
-                    "host = \"exec-{:02}\"\ncontroller = \"http://127.0.0.1:{port}\"\ncredential = \"worker-{i}-secret\"\ndata_dir = \"{}\"\nstop_timeout = \"3s\"\n{extra_worker}\n[address]\nadvertise = \"{ip}\"\nallow_loopback = true\n",
+                    "host = \"exec-{:02}\"\ncontroller = \"http://127.0.0.1:{port}\"\ncredential = \"worker-{i}-example-secret\"\ndata_dir = \"{}\"\nstop_timeout = \"3s\"\n{extra_worker}\n[address]\nadvertise = \"{ip}\"\nallow_loopback = true\n",
                     i + 1,
                     dir.path().join(format!("worker-{i}")).display()
                 ),
@@ -1180,16 +1180,16 @@ impl HttpService {
     }
 }
 
-/// A tokens file with two tenants: `alice-secret` (view + submit on `team-a`) and
-/// `bob-secret` (view + submit on `team-b`).
+/// A tokens file with two tenants: `alice-example-secret` (view + submit on `team-a`) and
+/// `bob-example-secret` (view + submit on `team-b`).
 pub const TWO_TENANTS: &str = r#"
 [[token]]
-secret = "alice-secret"
+secret = "alice-example-secret"
 principal = "alice"
 grants = [ { permission = "job.view", projects = ["team-a"] }, { permission = "job.submit", projects = ["team-a"] } ]
 
 [[token]]
-secret = "bob-secret"
+secret = "bob-example-secret"
 principal = "bob"
 grants = [ { permission = "job.view", projects = ["team-b"] }, { permission = "job.submit", projects = ["team-b"] } ]
 "#;

@@ -230,8 +230,9 @@ async fn a_worker_pointed_at_another_clusters_controller_is_refused_and_keeps_it
         0,
         "30s",
         &ClusterConfig {
-            extra_tokens: "\n[[worker]]\nhost = \"exec-01\"\nsecret = \"worker-0-secret\"\n"
-                .to_owned(),
+            extra_tokens:
+                "\n[[worker]]\nhost = \"exec-01\"\nsecret = \"worker-0-example-secret\"\n"
+                    .to_owned(),
             ..ClusterConfig::default()
         },
     )

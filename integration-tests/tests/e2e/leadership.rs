@@ -164,7 +164,7 @@ async fn etcd_down_past_the_renew_deadline_the_leader_steps_down_and_both_contro
     let query_done = query.await.unwrap().map(|t| t - frozen);
     let stream_done = stream.await.unwrap().map(|t| t - frozen);
     // Workers are told `standby` by both controllers while etcd is down.
-    let (worker_status, _, worker_body) = Api::new(&a.base, "worker-0-secret")
+    let (worker_status, _, worker_body) = Api::new(&a.base, "worker-0-example-secret")
         .get("/internal/v1/hosts/exec-01/assignments")
         .await
         .unwrap();

@@ -1233,8 +1233,8 @@ fn param_wait() -> impl Strategy<Value = u32> {
 async fn tenants_and_workers_cannot_reach_across() {
     let tokens = TWO_TENANTS;
     let c = Cluster::new_with(2, "30s", tokens, "").expect("cluster");
-    let alice = c.api.with_token("alice-secret");
-    let bob = c.api.with_token("bob-secret");
+    let alice = c.api.with_token("alice-example-secret");
+    let bob = c.api.with_token("bob-example-secret");
     let svc = |name: &str, project: &str| {
         http_service(name, 2)
             .project(project)
@@ -1350,7 +1350,7 @@ async fn tenants_and_workers_cannot_reach_across() {
     let cfg = c.dir.path().join("bob.toml");
     std::fs::write(
         &cfg,
-        format!("api = \"{}\"\ntoken = \"bob-secret\"\n", c.api.base),
+        format!("api = \"{}\"\ntoken = \"bob-example-secret\"\n", c.api.base),
     )
     .unwrap();
     for (args, code) in [
@@ -1415,7 +1415,7 @@ async fn tenants_and_workers_cannot_reach_across() {
 
     // Worker credentials: no user data, no acting for another host; users cannot act as
     // workers.
-    let w0 = c.api.with_token("worker-0-secret");
+    let w0 = c.api.with_token("worker-0-example-secret");
     let mut worker_checks = 0;
     let mut worker_refused = 0;
     for path in [
@@ -1455,13 +1455,17 @@ async fn tenants_and_workers_cannot_reach_across() {
     };
     for (token, path, want) in [
         (
-            "worker-0-secret",
+            "worker-0-example-secret",
             "/internal/v1/hosts/exec-02/heartbeat",
             403,
         ),
-        ("worker-0-secret", "/internal/v1/hosts/exec-02/events", 403),
         (
-            "worker-0-secret",
+            "worker-0-example-secret",
+            "/internal/v1/hosts/exec-02/events",
+            403,
+        ),
+        (
+            "worker-0-example-secret",
             "/internal/v1/hosts/exec-02/register",
             403,
         ),
@@ -1471,7 +1475,11 @@ async fn tenants_and_workers_cannot_reach_across() {
             403,
         ),
         (ADMIN, "/internal/v1/hosts/exec-01/heartbeat", 403),
-        ("alice-secret", "/internal/v1/hosts/exec-01/events", 403),
+        (
+            "alice-example-secret",
+            "/internal/v1/hosts/exec-01/events",
+            403,
+        ),
         ("", "/internal/v1/hosts/exec-01/heartbeat", 401),
     ] {
         worker_checks += 1;
@@ -1488,7 +1496,10 @@ async fn tenants_and_workers_cannot_reach_across() {
         );
     }
     for (token, path) in [
-        ("worker-0-secret", "/internal/v1/hosts/exec-02/assignments"),
+        (
+            "worker-0-example-secret",
+            "/internal/v1/hosts/exec-02/assignments",
+        ),
         (ADMIN, "/internal/v1/hosts/exec-01/assignments"),
     ] {
         worker_checks += 1;

@@ -227,8 +227,8 @@ async fn a_tenant_at_its_quota_is_refused_while_another_still_places() {
     };
     let c = Cluster::start(2, "30s", &cfg).expect("cluster");
     let admin = c.api.clone();
-    let alice = c.api.with_token("alice-secret");
-    let bob = c.api.with_token("bob-secret");
+    let alice = c.api.with_token("alice-example-secret");
+    let bob = c.api.with_token("bob-example-secret");
 
     // Fill team-a: a1 (2 replicas, drains for an hour), a2 (1 replica).
     let a1 = |n| profile("a1", "team-a", n, 1, Some("1h"), None);
@@ -525,7 +525,7 @@ async fn a_worker_cannot_advertise_another_hosts_address() {
         ..ClusterConfig::default()
     };
     let c = Cluster::start(2, "30s", &cfg).expect("cluster");
-    let alice = c.api.with_token("alice-secret");
+    let alice = c.api.with_token("alice-example-secret");
     let (ip1, ip2) = (c.host_ip(0), c.host_ip(1));
     let (st, _, body) = put_toml(&alice, "web", profile("web", "team-a", 2, 1, None, None)).await;
     assert_eq!(st, 201, "{body}");
@@ -559,7 +559,7 @@ async fn a_worker_cannot_advertise_another_hosts_address() {
     let worker = |i: usize, method: Method, what: &'static str, body: Value| {
         let api = c
             .api
-            .with_token(&format!("worker-{i}-secret"))
+            .with_token(&format!("worker-{i}-example-secret"))
             .as_worker_instance(&instances[i]);
         let host = format!("exec-{:02}", i + 1);
         async move {
@@ -696,12 +696,12 @@ async fn a_worker_cannot_advertise_another_hosts_address() {
 /// carol views both projects, dave views team-a and team-c (no `web` in team-c).
 const MORE_TENANTS: &str = r#"
 [[token]]
-secret = "carol-secret"
+secret = "carol-example-secret"
 principal = "carol"
 grants = [ { permission = "job.view", projects = ["team-a", "team-b"] } ]
 
 [[token]]
-secret = "dave-secret"
+secret = "dave-example-secret"
 principal = "dave"
 grants = [ { permission = "job.view", projects = ["team-a", "team-c"] } ]
 "#;
@@ -826,10 +826,10 @@ async fn two_projects_each_have_a_web_and_see_only_their_own() {
     let c = Cluster::start(2, "30s", &cfg).expect("cluster");
     let envdir = c.dir.path().join("env");
     std::fs::create_dir_all(&envdir).unwrap();
-    let alice = c.api.with_token("alice-secret");
-    let bob = c.api.with_token("bob-secret");
-    let carol = c.api.with_token("carol-secret");
-    let dave = c.api.with_token("dave-secret");
+    let alice = c.api.with_token("alice-example-secret");
+    let bob = c.api.with_token("bob-example-secret");
+    let carol = c.api.with_token("carol-example-secret");
+    let dave = c.api.with_token("dave-example-secret");
     let web = |project: &str| profile("web", project, 2, 1, None, Some(&envdir));
 
     let (st, _, body) = put_toml(&alice, "web", web("team-a")).await;
@@ -1246,7 +1246,7 @@ async fn a_worker_cannot_forge_a_controller_log_line() {
     let orphan = inject("register.running.job");
     let fake = FakeWorker::start(
         c.api
-            .with_token("worker-0-secret")
+            .with_token("worker-0-example-secret")
             .as_worker_instance(&instance),
         facts.clone(),
         json!([{"job": orphan, "pid": 999_999, "ready": false}]),

@@ -15,7 +15,7 @@ mod follow;
 mod forward;
 mod metrics;
 
-use crate::auth::Tokens;
+use crate::keyring::Keyring;
 use crate::serve::{json_errors, metrics_response};
 use crate::store::{Election, EtcdStore};
 use anyhow::Context;
@@ -88,7 +88,7 @@ impl std::fmt::Debug for RunningApiserver {
 /// Returns once it serves: the extensions never answer from an empty copy.
 pub async fn start(
     cfg: ApiserverConfig,
-    tokens: Tokens,
+    tokens: impl Into<Keyring>,
     plugins: ApiserverPlugins,
 ) -> anyhow::Result<RunningApiserver> {
     let store = Arc::new(
@@ -107,6 +107,8 @@ pub async fn start(
     let mut registry = Registry::default();
     let metrics = metrics::Metrics::default();
     metrics.register(&mut registry);
+    let keyring: Keyring = tokens.into();
+    keyring.register(&mut registry);
     for e in &plugins.extensions {
         e.register_metrics(&mut registry);
     }
@@ -130,7 +132,7 @@ pub async fn start(
         cluster_id,
     };
     let ctx = ApiContext {
-        auth: Arc::new(tokens),
+        auth: Arc::new(keyring),
     };
     let app = router(
         state,
@@ -219,6 +221,7 @@ async fn healthz(State(fwd): State<Forwarder>) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::auth::Tokens;
     use crate::store::etcd::tests::TestEtcd;
     use axum::body::Bytes;
     use axum::http::HeaderMap;
@@ -333,7 +336,7 @@ mod tests {
     async fn forwards_to_the_leader_and_follows_it_when_it_moves() {
         let etcd = TestEtcd::start();
         let tokens = Tokens::parse(
-            "[[token]]\nsecret = \"s3cret\"\nprincipal = \"admin\"\ngrants = [ { permission = \"admin\", projects = [\"*\"] } ]\n",
+            "[[token]]\nsecret = \"s3cret-admin-example\"\nprincipal = \"admin\"\ngrants = [ { permission = \"admin\", projects = [\"*\"] } ]\n",
         )
         .unwrap();
         let running = start_on(&etcd, tokens).await;
@@ -342,7 +345,7 @@ mod tests {
         // The identity headers of the worker protocol pass both ways too.
         let submit = |body: &'static str| {
             http.post(format!("{base}/v1/services"))
-                .bearer_auth("s3cret")
+                .bearer_auth("s3cret-admin-example")
                 .header("x-xce-worker-instance", "i-1")
                 .body(body)
                 .send()
@@ -363,7 +366,7 @@ mod tests {
         assert_eq!(r.headers()["x-xce-cluster"], "c-1");
         assert_eq!(
             r.text().await.unwrap(),
-            r#"{"by":"a","auth":"Bearer s3cret","instance":"i-1","body":"one"}"#
+            r#"{"by":"a","auth":"Bearer s3cret-admin-example","instance":"i-1","body":"one"}"#
         );
 
         // The leader dies and another takes over: the next request finds the new one.

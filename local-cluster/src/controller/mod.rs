@@ -32,7 +32,7 @@ mod tests;
 
 pub use config::{ConfigError, ControllerConfig, DisruptionThreshold};
 
-use crate::auth::Tokens;
+use crate::keyring::Keyring;
 use crate::serve::serve;
 use crate::store::Store;
 use anyhow::Context as _;
@@ -96,7 +96,7 @@ impl Controller {
     /// metric, and spawns the state task. Must run inside a tokio runtime.
     pub async fn new(
         cfg: &ControllerConfig,
-        tokens: Tokens,
+        tokens: impl Into<Keyring>,
         plugins: ControllerPlugins,
         store: Arc<dyn Store>,
     ) -> anyhow::Result<Self> {
@@ -109,11 +109,12 @@ impl Controller {
     /// its standby listener) goes on `/metrics` as it is.
     pub async fn with_role(
         cfg: &ControllerConfig,
-        tokens: Tokens,
+        tokens: impl Into<Keyring>,
         plugins: ControllerPlugins,
         store: Arc<dyn Store>,
         role: &standby::Role,
     ) -> anyhow::Result<Self> {
+        let keyring = tokens.into();
         cfg.validate().context("invalid controller config")?;
         let ControllerPlugins {
             resources,
@@ -124,6 +125,7 @@ impl Controller {
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = metrics::Metrics::default();
         metrics.register(&mut registry);
+        keyring.register(&mut registry);
         for p in &resources {
             p.register_metrics(&mut registry);
         }
@@ -156,14 +158,13 @@ impl Controller {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (fatal_tx, fatal) = watch::channel(None);
         let task = tokio::spawn(task::run(core, rx, shutdown_rx.clone(), fatal_tx));
-        let worker_hosts = tokens.workers().iter().map(|w| w.host.clone()).collect();
         let api = api::ApiState {
             tx,
             view,
-            worker_hosts: Arc::new(worker_hosts),
             ctx: ApiContext {
-                auth: Arc::new(tokens),
+                auth: Arc::new(keyring.clone()),
             },
+            keyring,
             registry: Arc::new(registry),
             extensions,
             body_limit: cfg.body_limit,
@@ -239,7 +240,7 @@ pub struct RunningController {
 /// Builds the controller (see [`Controller::new`]), binds `cfg.listen` and serves.
 pub async fn start(
     cfg: ControllerConfig,
-    tokens: Tokens,
+    tokens: impl Into<Keyring>,
     plugins: ControllerPlugins,
     store: Arc<dyn Store>,
 ) -> anyhow::Result<RunningController> {
@@ -250,7 +251,7 @@ pub async fn start(
 /// [`start`] for an elected controller (see [`Controller::with_role`]).
 pub async fn start_with_role(
     cfg: ControllerConfig,
-    tokens: Tokens,
+    tokens: impl Into<Keyring>,
     plugins: ControllerPlugins,
     store: Arc<dyn Store>,
     role: &standby::Role,

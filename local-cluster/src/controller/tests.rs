@@ -5,6 +5,7 @@ use super::core::{Core, Timing, Wiring};
 use super::metrics::Metrics;
 use super::scheduler::tests::Slots;
 use super::*;
+use crate::auth::Tokens;
 use crate::proto::{Assignments, Caller, ExitCause, RegisterRequest, RunningJob, WorkerEvent};
 use crate::store::MemStore;
 use axum::body::Body;
@@ -228,6 +229,7 @@ fn web(name: &str, project: &str, replicas: u32) -> Value {
 
 fn admin() -> Principal {
     Principal {
+        credential: Default::default(),
         name: "admin".into(),
         kind: PrincipalKind::User,
         grants: vec![(Permission::Admin, vec!["*".into()])],
@@ -1579,25 +1581,25 @@ fn restart_restores_grants_and_continues_the_revision() {
 
 const TOKENS: &str = r#"
 [[token]]
-secret = "alice-secret"
+secret = "alice-example-secret"
 principal = "alice"
 grants = [ { permission = "job.view", projects = ["team-a"] },
            { permission = "job.submit", projects = ["team-a"] } ]
 [[token]]
-secret = "bob-secret"
+secret = "bob-example-secret"
 principal = "bob"
 grants = [ { permission = "job.view", projects = ["team-a", "team-b"] },
            { permission = "job.submit", projects = ["team-b"] } ]
 [[token]]
-secret = "admin-secret"
+secret = "admin-example-secret"
 principal = "admin"
 grants = [ { permission = "admin", projects = ["*"] } ]
 [[worker]]
 host = "exec-01"
-secret = "w1-secret"
+secret = "w1-example-secret"
 [[worker]]
 host = "exec-02"
-secret = "w2-secret"
+secret = "w2-example-secret"
 "#;
 
 struct App {
@@ -1738,15 +1740,20 @@ async fn check_calls(
 #[tokio::test]
 async fn rbac_matrix_across_two_projects() {
     let app = app().await;
-    app.register("exec-01", "w1-secret", 4).await;
+    app.register("exec-01", "w1-example-secret", 4).await;
     let unknown_before = app
-        .call("GET", "/v1/services/web-b", Some("alice-secret"), None)
+        .call(
+            "GET",
+            "/v1/services/web-b",
+            Some("alice-example-secret"),
+            None,
+        )
         .await;
     let (s, _) = app
         .json(
             "POST",
             "/v1/services",
-            "alice-secret",
+            "alice-example-secret",
             Some(web("web-a", "team-a", 1)),
         )
         .await;
@@ -1755,18 +1762,28 @@ async fn rbac_matrix_across_two_projects() {
         .json(
             "POST",
             "/v1/services",
-            "bob-secret",
+            "bob-example-secret",
             Some(web("web-b", "team-b", 1)),
         )
         .await;
     assert_eq!(s, StatusCode::CREATED);
     // Invisible and unknown answer byte-identically.
     let invisible = app
-        .call("GET", "/v1/services/web-b", Some("alice-secret"), None)
+        .call(
+            "GET",
+            "/v1/services/web-b",
+            Some("alice-example-secret"),
+            None,
+        )
         .await;
     assert_eq!(unknown_before, invisible);
     let delete_invisible = app
-        .call("DELETE", "/v1/services/web-b", Some("alice-secret"), None)
+        .call(
+            "DELETE",
+            "/v1/services/web-b",
+            Some("alice-example-secret"),
+            None,
+        )
         .await;
     assert_eq!(unknown_before, delete_invisible);
 
@@ -1776,58 +1793,58 @@ async fn rbac_matrix_across_two_projects() {
             ("GET", "/healthz", None, None),
             ("GET", "/v1/services", None, None),
             ("GET", "/v1/services", Some("nope"), None),
-            ("GET", "/v1/services/web-b", Some("alice-secret"), None),
-            ("DELETE", "/v1/services/web-b", Some("alice-secret"), None),
+            ("GET", "/v1/services/web-b", Some("alice-example-secret"), None),
+            ("DELETE", "/v1/services/web-b", Some("alice-example-secret"), None),
             (
                 "POST",
                 "/v1/services",
-                Some("alice-secret"),
+                Some("alice-example-secret"),
                 Some(web("x", "team-b", 1)),
             ),
             (
                 "POST",
                 "/v1/services",
-                Some("bob-secret"),
+                Some("bob-example-secret"),
                 Some(web("x", "team-a", 1)),
             ),
-            ("DELETE", "/v1/services/web-a", Some("bob-secret"), None),
+            ("DELETE", "/v1/services/web-a", Some("bob-example-secret"), None),
             (
                 "POST",
                 "/v1/services",
-                Some("w1-secret"),
+                Some("w1-example-secret"),
                 Some(web("x", "team-a", 1)),
             ),
-            ("GET", "/v1/services/web-a", Some("w1-secret"), None),
-            ("GET", "/v1/services", Some("w1-secret"), None),
-            ("GET", "/v1/hosts", Some("w1-secret"), None),
+            ("GET", "/v1/services/web-a", Some("w1-example-secret"), None),
+            ("GET", "/v1/services", Some("w1-example-secret"), None),
+            ("GET", "/v1/hosts", Some("w1-example-secret"), None),
             (
                 "POST",
                 "/internal/v1/hosts/exec-01/heartbeat",
-                Some("admin-secret"),
+                Some("admin-example-secret"),
                 None,
             ),
             (
                 "POST",
                 "/internal/v1/hosts/exec-01/heartbeat",
-                Some("w2-secret"),
+                Some("w2-example-secret"),
                 None,
             ),
             (
                 "GET",
                 "/internal/v1/hosts/exec-01/assignments?index=999",
-                Some("w2-secret"),
+                Some("w2-example-secret"),
                 None,
             ),
             (
                 "POST",
                 "/internal/v1/hosts/exec-01/heartbeat",
-                Some("w1-secret"),
+                Some("w1-example-secret"),
                 None,
             ),
             (
                 "POST",
                 "/internal/v1/hosts/exec-02/heartbeat",
-                Some("w2-secret"),
+                Some("w2-example-secret"),
                 None,
             ),
             // A refused worker is told what is wrong: its secret, or its host's entry.
@@ -1847,11 +1864,11 @@ async fn rbac_matrix_across_two_projects() {
             (
                 "POST",
                 "/internal/v1/hosts/exec-09/register",
-                Some("w2-secret"),
+                Some("w2-example-secret"),
                 None,
             ),
-            ("GET", "/v1/nothing", Some("alice-secret"), None),
-            ("GET", "/v1/whoami", Some("bob-secret"), None),
+            ("GET", "/v1/nothing", Some("alice-example-secret"), None),
+            ("GET", "/v1/whoami", Some("bob-example-secret"), None),
             ("GET", "/v1/whoami", None, None),
         ],
         expect![[r#"
@@ -1860,26 +1877,26 @@ async fn rbac_matrix_across_two_projects() {
 
             GET /v1/services as -: 401 {"error":{"code":"unauthenticated","details":[],"message":"missing bearer token"}}
             GET /v1/services as nope: 401 {"error":{"code":"unauthenticated","details":[],"message":"invalid bearer token"}}
-            GET /v1/services/web-b as alice-secret: 404 {"error":{"code":"not_found","details":[],"message":"service \"web-b\" not found"}}
-            DELETE /v1/services/web-b as alice-secret: 404 {"error":{"code":"not_found","details":[],"message":"service \"web-b\" not found"}}
-            POST /v1/services as alice-secret: 403 {"error":{"code":"forbidden","details":[],"message":"no job.submit permission on project \"team-b\""}}
-            POST /v1/services as bob-secret: 403 {"error":{"code":"forbidden","details":[],"message":"no job.submit permission on project \"team-a\""}}
-            DELETE /v1/services/web-a as bob-secret: 403 {"error":{"code":"forbidden","details":[],"message":"no job.submit permission on project \"team-a\""}}
-            POST /v1/services as w1-secret: 403 {"error":{"code":"forbidden","details":[],"message":"worker credentials may only call the worker api of their host"}}
-            GET /v1/services/web-a as w1-secret: 403 {"error":{"code":"forbidden","details":[],"message":"worker credentials may only call the worker api of their host"}}
-            GET /v1/services as w1-secret: 403 {"error":{"code":"forbidden","details":[],"message":"worker credentials may only call the worker api of their host"}}
-            GET /v1/hosts as w1-secret: 403 {"error":{"code":"forbidden","details":[],"message":"worker credentials may only call the worker api of their host"}}
-            POST /internal/v1/hosts/exec-01/heartbeat as admin-secret: 403 {"error":{"code":"forbidden","details":[],"message":"the worker api needs a worker credential (a [[worker]] secret), not a user token"}}
-            POST /internal/v1/hosts/exec-01/heartbeat as w2-secret: 403 {"error":{"code":"forbidden","details":[],"message":"a worker may act for its own host only: this credential is host \"exec-02\"'s, not host \"exec-01\"'s"}}
-            GET /internal/v1/hosts/exec-01/assignments?index=999 as w2-secret: 403 {"error":{"code":"forbidden","details":[],"message":"a worker may act for its own host only: this credential is host \"exec-02\"'s, not host \"exec-01\"'s"}}
-            POST /internal/v1/hosts/exec-01/heartbeat as w1-secret: 204 
-            POST /internal/v1/hosts/exec-02/heartbeat as w2-secret: 404 {"error":{"code":"not_found","details":[],"message":"host \"exec-02\" is not registered"}}
+            GET /v1/services/web-b as alice-example-secret: 404 {"error":{"code":"not_found","details":[],"message":"service \"web-b\" not found"}}
+            DELETE /v1/services/web-b as alice-example-secret: 404 {"error":{"code":"not_found","details":[],"message":"service \"web-b\" not found"}}
+            POST /v1/services as alice-example-secret: 403 {"error":{"code":"forbidden","details":[],"message":"no job.submit permission on project \"team-b\""}}
+            POST /v1/services as bob-example-secret: 403 {"error":{"code":"forbidden","details":[],"message":"no job.submit permission on project \"team-a\""}}
+            DELETE /v1/services/web-a as bob-example-secret: 403 {"error":{"code":"forbidden","details":[],"message":"no job.submit permission on project \"team-a\""}}
+            POST /v1/services as w1-example-secret: 403 {"error":{"code":"forbidden","details":[],"message":"worker credentials may only call the worker api of their host"}}
+            GET /v1/services/web-a as w1-example-secret: 403 {"error":{"code":"forbidden","details":[],"message":"worker credentials may only call the worker api of their host"}}
+            GET /v1/services as w1-example-secret: 403 {"error":{"code":"forbidden","details":[],"message":"worker credentials may only call the worker api of their host"}}
+            GET /v1/hosts as w1-example-secret: 403 {"error":{"code":"forbidden","details":[],"message":"worker credentials may only call the worker api of their host"}}
+            POST /internal/v1/hosts/exec-01/heartbeat as admin-example-secret: 403 {"error":{"code":"forbidden","details":[],"message":"the worker api needs a worker credential (a [[worker]] secret), not a user token"}}
+            POST /internal/v1/hosts/exec-01/heartbeat as w2-example-secret: 403 {"error":{"code":"forbidden","details":[],"message":"a worker may act for its own host only: this credential is host \"exec-02\"'s, not host \"exec-01\"'s"}}
+            GET /internal/v1/hosts/exec-01/assignments?index=999 as w2-example-secret: 403 {"error":{"code":"forbidden","details":[],"message":"a worker may act for its own host only: this credential is host \"exec-02\"'s, not host \"exec-01\"'s"}}
+            POST /internal/v1/hosts/exec-01/heartbeat as w1-example-secret: 204 
+            POST /internal/v1/hosts/exec-02/heartbeat as w2-example-secret: 404 {"error":{"code":"not_found","details":[],"message":"host \"exec-02\" is not registered"}}
             POST /internal/v1/hosts/exec-01/register as wrong: 401 {"error":{"code":"unauthenticated","details":[],"message":"wrong or missing secret for the worker of host \"exec-01\" (invalid bearer token)"}}
             POST /internal/v1/hosts/exec-01/heartbeat as -: 401 {"error":{"code":"unauthenticated","details":[],"message":"wrong or missing secret for the worker of host \"exec-01\" (missing bearer token)"}}
             POST /internal/v1/hosts/exec-09/register as wrong: 401 {"error":{"code":"no_worker_entry","details":[],"message":"no [[worker]] entry for host \"exec-09\" in the controller's tokens file (invalid bearer token)"}}
-            POST /internal/v1/hosts/exec-09/register as w2-secret: 403 {"error":{"code":"no_worker_entry","details":[],"message":"no [[worker]] entry for host \"exec-09\" in the controller's tokens file (this credential is host \"exec-02\"'s)"}}
-            GET /v1/nothing as alice-secret: 404 {"error":{"code":"not_found","details":[],"message":"no such route"}}
-            GET /v1/whoami as bob-secret: 200 bob
+            POST /internal/v1/hosts/exec-09/register as w2-example-secret: 403 {"error":{"code":"no_worker_entry","details":[],"message":"no [[worker]] entry for host \"exec-09\" in the controller's tokens file (this credential is host \"exec-02\"'s)"}}
+            GET /v1/nothing as alice-example-secret: 404 {"error":{"code":"not_found","details":[],"message":"no such route"}}
+            GET /v1/whoami as bob-example-secret: 200 bob
             GET /v1/whoami as -: 401 {"error":{"code":"unauthenticated","details":[],"message":"missing bearer token"}}"#]],
     )
     .await;
@@ -1893,8 +1910,12 @@ async fn rbac_matrix_across_two_projects() {
             .map(|s| s["name"].as_str().unwrap().to_owned())
             .collect()
     };
-    let (_, a) = app.json("GET", "/v1/services", "alice-secret", None).await;
-    let (_, b) = app.json("GET", "/v1/services", "bob-secret", None).await;
+    let (_, a) = app
+        .json("GET", "/v1/services", "alice-example-secret", None)
+        .await;
+    let (_, b) = app
+        .json("GET", "/v1/services", "bob-example-secret", None)
+        .await;
     assert_eq!(
         (names(&a), names(&b)),
         (
@@ -1903,7 +1924,9 @@ async fn rbac_matrix_across_two_projects() {
         )
     );
     // Everyone with a user token sees the hosts.
-    let (s, _) = app.json("GET", "/v1/hosts", "alice-secret", None).await;
+    let (s, _) = app
+        .json("GET", "/v1/hosts", "alice-example-secret", None)
+        .await;
     assert_eq!(s, StatusCode::OK);
     app.ctl.shutdown().await;
 }
@@ -1927,7 +1950,7 @@ async fn submit_errors_list_every_problem() {
             .call(
                 "POST",
                 "/v1/services",
-                Some("alice-secret"),
+                Some("alice-example-secret"),
                 Some((ctype, body)),
             )
             .await;
@@ -1988,7 +2011,7 @@ async fn put_scale_restart_and_stop_answer_and_refuse_bad_input_whole() {
         ("DELETE", "/v1/services/web?now=true", None),
         ("PUT", "/v1/services/web", Some(web("v3"))),
     ] {
-        let (s, v) = app.json(method, path, "alice-secret", body).await;
+        let (s, v) = app.json(method, path, "alice-example-secret", body).await;
         let what = match v.get("error") {
             Some(e) => e.to_string(),
             None if v.get("rollout").is_some() => format!(
@@ -2028,7 +2051,7 @@ async fn a_project_at_its_quota_is_refused_while_another_still_places() {
         ..ControllerConfig::default()
     };
     let app = app_with(cfg, Arc::new(MemStore::new()), SharedSlots::new()).await;
-    app.register("exec-01", "w1-secret", 10).await;
+    app.register("exec-01", "w1-example-secret", 10).await;
     let svc = |name: &str, project: &str, replicas: u32| {
         json!({"service": {"name": name, "project": project, "replicas": replicas,
                            "command": ["sleep", "1000"]}})
@@ -2036,43 +2059,43 @@ async fn a_project_at_its_quota_is_refused_while_another_still_places() {
     let mut out = Vec::new();
     for (who, method, path, body) in [
         (
-            "alice-secret",
+            "alice-example-secret",
             "POST",
             "/v1/services",
             Some(svc("a1", "team-a", 2)),
         ),
         (
-            "alice-secret",
+            "alice-example-secret",
             "POST",
             "/v1/services",
             Some(svc("a2", "team-a", 2)),
         ),
         (
-            "alice-secret",
+            "alice-example-secret",
             "POST",
             "/v1/services/a1/scale",
             Some(json!({"replicas": 4})),
         ),
         (
-            "alice-secret",
+            "alice-example-secret",
             "PUT",
             "/v1/services/a2",
             Some(svc("a2", "team-a", 1)),
         ),
         (
-            "alice-secret",
+            "alice-example-secret",
             "POST",
             "/v1/services/a1/scale",
             Some(json!({"replicas": 1})),
         ),
         (
-            "bob-secret",
+            "bob-example-secret",
             "POST",
             "/v1/services",
             Some(svc("b1", "team-b", 5)),
         ),
         (
-            "bob-secret",
+            "bob-example-secret",
             "POST",
             "/v1/services",
             Some(svc("b2", "team-b", 1)),
@@ -2104,19 +2127,21 @@ async fn a_project_at_its_quota_is_refused_while_another_still_places() {
 #[tokio::test]
 async fn a_worker_cannot_advertise_another_live_hosts_address() {
     let app = app().await;
-    app.register("exec-01", "w1-secret", 2).await;
-    app.register("exec-02", "w2-secret", 2).await;
+    app.register("exec-01", "w1-example-secret", 2).await;
+    app.register("exec-02", "w2-example-secret", 2).await;
     // exec-01's credential reports exec-02's address.
     let stolen = serde_json::to_value(facts_at("127.0.0.12", 2)).unwrap();
     let (s, v) = app
         .json(
             "PUT",
             "/internal/v1/hosts/exec-01/facts",
-            "w1-secret",
+            "w1-example-secret",
             Some(stolen),
         )
         .await;
-    let (_, hosts) = app.json("GET", "/v1/hosts", "admin-secret", None).await;
+    let (_, hosts) = app
+        .json("GET", "/v1/hosts", "admin-example-secret", None)
+        .await;
     let ips: Vec<&Value> = hosts["hosts"]
         .as_array()
         .unwrap()
@@ -2136,7 +2161,7 @@ async fn a_worker_cannot_advertise_another_live_hosts_address() {
         .json(
             "POST",
             "/internal/v1/hosts/exec-02/register",
-            "w2-secret",
+            "w2-example-secret",
             Some(serde_json::to_value(req).unwrap()),
         )
         .await;
@@ -2156,7 +2181,7 @@ async fn oversized_bodies_answer_413_in_the_error_shape() {
         .call(
             "POST",
             "/v1/services",
-            Some("alice-secret"),
+            Some("alice-example-secret"),
             Some(("application/json", big)),
         )
         .await;
@@ -2168,13 +2193,13 @@ async fn oversized_bodies_answer_413_in_the_error_shape() {
 #[tokio::test]
 async fn service_and_host_answers_have_the_rest_shapes() {
     let app = app().await;
-    app.register("exec-01", "w1-secret", 2).await;
-    app.register("exec-02", "w2-secret", 1).await;
+    app.register("exec-01", "w1-example-secret", 2).await;
+    app.register("exec-02", "w2-example-secret", 1).await;
     let (s, created) = app
         .json(
             "POST",
             "/v1/services",
-            "admin-secret",
+            "admin-example-secret",
             Some(web("web", "default", 4)),
         )
         .await;
@@ -2184,16 +2209,20 @@ async fn service_and_host_answers_have_the_rest_shapes() {
         .json(
             "POST",
             "/internal/v1/hosts/exec-01/events",
-            "w1-secret",
+            "w1-example-secret",
             Some(body),
         )
         .await;
     assert_eq!(s, StatusCode::NO_CONTENT);
     let (_, detail) = app
-        .json("GET", "/v1/services/web", "admin-secret", None)
+        .json("GET", "/v1/services/web", "admin-example-secret", None)
         .await;
-    let (_, list) = app.json("GET", "/v1/services", "admin-secret", None).await;
-    let (_, hosts) = app.json("GET", "/v1/hosts", "admin-secret", None).await;
+    let (_, list) = app
+        .json("GET", "/v1/services", "admin-example-secret", None)
+        .await;
+    let (_, hosts) = app
+        .json("GET", "/v1/hosts", "admin-example-secret", None)
+        .await;
     let (_, metrics) = app.call("GET", "/metrics", None, None).await;
     let mut metrics: Vec<&str> = metrics
         .lines()
@@ -2227,44 +2256,74 @@ async fn service_and_host_answers_have_the_rest_shapes() {
 #[tokio::test]
 async fn two_projects_each_have_a_web_and_nobody_learns_of_the_other() {
     let app = app().await;
-    app.register("exec-01", "w1-secret", 10).await;
+    app.register("exec-01", "w1-example-secret", 10).await;
     let web = |project: &str| {
         json!({"service": {"name": "web", "project": project, "replicas": 1,
                            "command": ["sleep", "1000"]}})
     };
     // What alice sees before bob's web exists, to compare bytes with after.
     let (_, before) = app
-        .call("GET", "/v1/services/nope", Some("alice-secret"), None)
+        .call(
+            "GET",
+            "/v1/services/nope",
+            Some("alice-example-secret"),
+            None,
+        )
         .await;
     let mut out = Vec::new();
     for (who, method, path, body) in [
-        ("alice-secret", "POST", "/v1/services", Some(web("team-a"))),
-        ("bob-secret", "POST", "/v1/services", Some(web("team-b"))),
-        ("bob-secret", "PUT", "/v1/services/web", Some(web("team-b"))),
-        ("alice-secret", "GET", "/v1/services/web", None),
         (
-            "alice-secret",
+            "alice-example-secret",
+            "POST",
+            "/v1/services",
+            Some(web("team-a")),
+        ),
+        (
+            "bob-example-secret",
+            "POST",
+            "/v1/services",
+            Some(web("team-b")),
+        ),
+        (
+            "bob-example-secret",
+            "PUT",
+            "/v1/services/web",
+            Some(web("team-b")),
+        ),
+        ("alice-example-secret", "GET", "/v1/services/web", None),
+        (
+            "alice-example-secret",
             "GET",
             "/v1/services/web?project=team-b",
             None,
         ),
-        ("bob-secret", "GET", "/v1/services/web", None),
-        ("bob-secret", "GET", "/v1/services/web?project=team-b", None),
-        ("bob-secret", "POST", "/v1/services/web/restart", None),
+        ("bob-example-secret", "GET", "/v1/services/web", None),
         (
-            "bob-secret",
+            "bob-example-secret",
+            "GET",
+            "/v1/services/web?project=team-b",
+            None,
+        ),
+        (
+            "bob-example-secret",
+            "POST",
+            "/v1/services/web/restart",
+            None,
+        ),
+        (
+            "bob-example-secret",
             "POST",
             "/v1/services/web/restart?project=team-a",
             None,
         ),
         (
-            "bob-secret",
+            "bob-example-secret",
             "DELETE",
             "/v1/services/web?project=team-b&now=true",
             None,
         ),
         (
-            "alice-secret",
+            "alice-example-secret",
             "POST",
             "/v1/services/web/scale",
             Some(json!({"replicas": 2})),
@@ -2284,7 +2343,7 @@ async fn two_projects_each_have_a_web_and_nobody_learns_of_the_other() {
         };
         out.push(format!(
             "{} {method} {path} -> {} {what}",
-            &who[..who.len() - 7],
+            who.trim_end_matches("-example-secret"),
             s.as_u16()
         ));
     }
@@ -2306,7 +2365,7 @@ async fn two_projects_each_have_a_web_and_nobody_learns_of_the_other() {
         .call(
             "GET",
             "/v1/services/nope?project=team-b",
-            Some("alice-secret"),
+            Some("alice-example-secret"),
             None,
         )
         .await;
@@ -2348,12 +2407,12 @@ async fn restart_on_redb_hands_nothing_out_twice() {
     let slots = SharedSlots::new();
     let store: Arc<dyn Store> = Arc::new(crate::store::RedbStore::open(&path).unwrap());
     let app = app_with(ControllerConfig::default(), store, slots.clone()).await;
-    app.register("exec-01", "w1-secret", 3).await;
+    app.register("exec-01", "w1-example-secret", 3).await;
     let (_, a) = app
         .json(
             "POST",
             "/v1/services",
-            "admin-secret",
+            "admin-example-secret",
             Some(web("web", "default", 2)),
         )
         .await;
@@ -2372,12 +2431,12 @@ async fn restart_on_redb_hands_nothing_out_twice() {
         .json(
             "POST",
             "/v1/services",
-            "admin-secret",
+            "admin-example-secret",
             Some(web("api", "default", 1)),
         )
         .await;
     let (_, w) = app
-        .json("GET", "/v1/services/web", "admin-secret", None)
+        .json("GET", "/v1/services/web", "admin-example-secret", None)
         .await;
     expect![[r#"
         before: ["reserve exec-01 j-1 0", "reserve exec-01 j-2 1"] index 4
@@ -2423,7 +2482,7 @@ async fn fake_worker_over_http_sees_assignments_and_replacements() {
     let bounded = Duration::from_secs(20);
     let worker = |m: reqwest::Method, p: &str| {
         http.request(m, format!("{base}/internal/v1/hosts/exec-01/{p}"))
-            .bearer_auth("w1-secret")
+            .bearer_auth("w1-example-secret")
     };
 
     let r = worker(reqwest::Method::POST, "register")
@@ -2454,7 +2513,7 @@ async fn fake_worker_over_http_sees_assignments_and_replacements() {
     };
     let r = http
         .post(format!("{base}/v1/services"))
-        .bearer_auth("alice-secret")
+        .bearer_auth("alice-example-secret")
         .header("content-type", "application/toml")
         .body("[service]\nname = \"web\"\nproject = \"team-a\"\ncommand = [\"sleep\", \"100\"]\n")
         .send()
@@ -2484,7 +2543,7 @@ async fn fake_worker_over_http_sees_assignments_and_replacements() {
     assert_eq!(r.status(), 204);
     let detail: Value = http
         .get(format!("{base}/v1/services/web"))
-        .bearer_auth("alice-secret")
+        .bearer_auth("alice-example-secret")
         .send()
         .await
         .unwrap()
@@ -2643,7 +2702,7 @@ async fn worker_routes_refuse_bad_facts_and_blocking_queries_end() {
         .json(
             "POST",
             "/internal/v1/hosts/exec-01/register",
-            "w1-secret",
+            "w1-example-secret",
             Some(bad),
         )
         .await;
@@ -2653,17 +2712,17 @@ async fn worker_routes_refuse_bad_facts_and_blocking_queries_end() {
         .json(
             "GET",
             "/internal/v1/hosts/exec-01/assignments",
-            "w1-secret",
+            "w1-example-secret",
             None,
         )
         .await;
     assert_eq!(s, StatusCode::NOT_FOUND);
-    app.register("exec-01", "w1-secret", 1).await;
+    app.register("exec-01", "w1-example-secret", 1).await;
     let (s, b) = app
         .json(
             "PUT",
             "/internal/v1/hosts/exec-01/facts",
-            "w1-secret",
+            "w1-example-secret",
             Some(json!({"nope": 1})),
         )
         .await;
@@ -2678,7 +2737,7 @@ async fn worker_routes_refuse_bad_facts_and_blocking_queries_end() {
         .json(
             "GET",
             "/internal/v1/hosts/exec-01/assignments?index=0",
-            "w1-secret",
+            "w1-example-secret",
             None,
         )
         .await;
@@ -2688,7 +2747,7 @@ async fn worker_routes_refuse_bad_facts_and_blocking_queries_end() {
         .json(
             "GET",
             &format!("/internal/v1/hosts/exec-01/assignments?index={index}&wait=50ms"),
-            "w1-secret",
+            "w1-example-secret",
             None,
         )
         .await;
@@ -2697,7 +2756,7 @@ async fn worker_routes_refuse_bad_facts_and_blocking_queries_end() {
         .json(
             "GET",
             "/internal/v1/hosts/exec-01/assignments?wait=soon",
-            "w1-secret",
+            "w1-example-secret",
             None,
         )
         .await;
@@ -2710,7 +2769,7 @@ async fn worker_routes_refuse_bad_facts_and_blocking_queries_end() {
         let req = Request::get(format!(
             "/internal/v1/hosts/exec-01/assignments?index={index}&wait=10m"
         ))
-        .header("authorization", "Bearer w1-secret")
+        .header("authorization", "Bearer w1-example-secret")
         .body(Body::empty())
         .unwrap();
         tokio::spawn(async move { router.oneshot(req).await.unwrap().status() })
@@ -2764,13 +2823,13 @@ async fn a_stale_store_stops_the_controller() {
         SharedSlots::new(),
     )
     .await;
-    app.register("exec-01", "w1-secret", 2).await;
+    app.register("exec-01", "w1-example-secret", 2).await;
     store.stale.store(true, std::sync::atomic::Ordering::SeqCst);
     let (s, _) = app
         .json(
             "POST",
             "/v1/services",
-            "admin-secret",
+            "admin-example-secret",
             Some(web("web", "default", 1)),
         )
         .await;
@@ -2782,7 +2841,9 @@ async fn a_stale_store_stops_the_controller() {
         reason,
         "the store changed under this controller: another writer moved the fence"
     );
-    let (s, _) = app.json("GET", "/v1/services", "admin-secret", None).await;
+    let (s, _) = app
+        .json("GET", "/v1/services", "admin-example-secret", None)
+        .await;
     assert_eq!(
         s,
         StatusCode::SERVICE_UNAVAILABLE,
@@ -2799,7 +2860,7 @@ async fn a_full_disk_answers_507_and_stops_the_controller() {
         SharedSlots::new(),
     )
     .await;
-    app.register("exec-01", "w1-secret", 2).await;
+    app.register("exec-01", "w1-example-secret", 2).await;
     let (s, _) = app.call("GET", "/healthz", None, None).await;
     assert_eq!(s, StatusCode::OK);
     store.fail_every_commit_with(crate::store::StoreError::Io {
@@ -2810,7 +2871,7 @@ async fn a_full_disk_answers_507_and_stops_the_controller() {
         .json(
             "POST",
             "/v1/services",
-            "admin-secret",
+            "admin-example-secret",
             Some(web("web", "default", 1)),
         )
         .await;

@@ -8,7 +8,7 @@ use plugin_api::{ApiContext, ApiExtension, Permission, Principal, PrincipalKind}
 use serde_json::json;
 use std::sync::Arc;
 
-const TOKEN: &str = "alice-secret";
+const TOKEN: &str = "alice-example-secret";
 
 fn entry(index: u64, third_ready: bool) -> Arc<Entry> {
     entry_in("team-a", index, third_ready)
@@ -44,6 +44,7 @@ async fn serve_with(entries: Vec<Arc<Entry>>, projects: &[&str]) -> (Arc<Endpoin
     let api = Arc::new(EndpointApi::standalone(TableConfig::default()));
     api.apply(Update::Resync { entries });
     let alice = Principal {
+        credential: Default::default(),
         name: "alice".into(),
         kind: PrincipalKind::User,
         grants: vec![(

@@ -27,9 +27,9 @@ pub(crate) struct ApiState {
     /// The cluster's identity (on `/healthz`, `/v1/hosts` and every `/internal/v1`
     /// answer).
     pub(crate) cluster_id: Arc<str>,
-    /// The hosts the tokens file has a `[[worker]]` entry for: a refused worker is told
-    /// whether its secret is wrong or its host has no entry at all.
-    pub(crate) worker_hosts: Arc<std::collections::BTreeSet<String>>,
+    /// The tokens in force (also `ctx.auth`): a refused worker is told whether its secret
+    /// is wrong or its host has no `[[worker]]` entry at all.
+    pub(crate) keyring: crate::keyring::Keyring,
 }
 
 impl std::fmt::Debug for ApiState {

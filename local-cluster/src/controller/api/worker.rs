@@ -54,7 +54,7 @@ pub(super) fn router(state: ApiState) -> Router {
 /// Host ids are not secrets (every viewer lists them), so telling which hosts have an
 /// entry gives nothing away.
 fn worker_of(st: &ApiState, who: Result<Principal, ApiError>, host: &str) -> Result<(), ApiError> {
-    let has_entry = st.worker_hosts.contains(host);
+    let has_entry = st.keyring.has_worker(host);
     let no_entry = format!("no [[worker]] entry for host {host:?} in the controller's tokens file");
     let p = match who {
         Ok(p) => p,

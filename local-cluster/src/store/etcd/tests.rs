@@ -365,12 +365,12 @@ fn endpoints_are_tried_in_turn_and_a_lost_answer_commits_once() {
 
 const TOKENS: &str = r#"
 [[token]]
-secret = "admin-secret"
+secret = "admin-example-secret"
 principal = "admin"
 grants = [ { permission = "admin", projects = ["*"] } ]
 [[worker]]
 host = "exec-01"
-secret = "w1-secret"
+secret = "w1-example-secret"
 "#;
 
 async fn request(
@@ -431,13 +431,27 @@ async fn the_controller_restores_from_etcd() {
         &app,
         "POST",
         "/internal/v1/hosts/exec-01/register",
-        "w1-secret",
+        "w1-example-secret",
         Some(facts.clone()),
     )
     .await;
     let web = json!({"service": {"name": "web", "project": "default", "replicas": 2, "command": ["sleep", "1000"]}});
-    request(&app, "POST", "/v1/services", "admin-secret", Some(web)).await;
-    let before = request(&app, "GET", "/v1/services/web", "admin-secret", None).await;
+    request(
+        &app,
+        "POST",
+        "/v1/services",
+        "admin-example-secret",
+        Some(web),
+    )
+    .await;
+    let before = request(
+        &app,
+        "GET",
+        "/v1/services/web",
+        "admin-example-secret",
+        None,
+    )
+    .await;
     drop(app);
     ctl.shutdown().await;
 
@@ -446,10 +460,31 @@ async fn the_controller_restores_from_etcd() {
         .await
         .unwrap();
     let app = ctl.router();
-    let after = request(&app, "GET", "/v1/services/web", "admin-secret", None).await;
+    let after = request(
+        &app,
+        "GET",
+        "/v1/services/web",
+        "admin-example-secret",
+        None,
+    )
+    .await;
     let api = json!({"service": {"name": "api", "project": "default", "replicas": 1, "command": ["sleep", "1000"]}});
-    request(&app, "POST", "/v1/services", "admin-secret", Some(api)).await;
-    let api = request(&app, "GET", "/v1/services/api", "admin-secret", None).await;
+    request(
+        &app,
+        "POST",
+        "/v1/services",
+        "admin-example-secret",
+        Some(api),
+    )
+    .await;
+    let api = request(
+        &app,
+        "GET",
+        "/v1/services/api",
+        "admin-example-secret",
+        None,
+    )
+    .await;
     check(
         &format!("{}\n{}\n{}", jobs(&before), jobs(&after), jobs(&api)),
         expect![[r#"
