@@ -13,7 +13,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
-use plugin_api::{ApiContext, ApiError, Permission, Principal};
+use plugin_api::{ApiContext, ApiError, AuthError, Permission, Principal};
 use std::sync::Arc;
 use tokio::sync::watch;
 
@@ -113,6 +113,10 @@ async fn wait_for_change(
         let changed = tokio::select! {
             r = tokio::time::timeout_at(deadline, rx.changed()) => r,
             _ = draining.wait_for(|d| *d) => return (Ok(entry), seq),
+            // Its token was revoked (or lost the view) by a reload of the host's tokens.
+            () = principal.credential.lost(Permission::JobView, &entry.project) => {
+                return (Err(principal.credential.lost_answer(name)), seq)
+            }
         };
         match changed {
             Err(_elapsed) => return (Ok(entry), seq),
@@ -161,6 +165,10 @@ async fn wait_for_service(
         let woken = tokio::select! {
             r = tokio::time::timeout_at(deadline, appeared.changed()) => matches!(r, Ok(Ok(()))),
             _ = draining.wait_for(|d| *d) => false,
+            // Its token was removed by a reload of the host's tokens.
+            () = principal.credential.removed() => {
+                return Err(ApiError::unauthenticated(AuthError::Revoked))
+            }
         };
         if !woken {
             return Err(ApiError::service_not_found(name));

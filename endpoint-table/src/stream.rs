@@ -148,13 +148,27 @@ impl EventStream {
         loop {
             if !self.first {
                 let changed = tokio::select! {
-                    r = self.rx.changed() => r,
+                    r = self.rx.changed() => Some(r),
                     // The host stops serving: end the stream (the client resumes
                     // elsewhere with Last-Event-ID).
                     _ = self.draining.wait_for(|d| *d) => {
                         self.done = true;
                         return None;
                     }
+                    // The token was removed (or may no longer view the service) when
+                    // the host re-read its tokens.
+                    () = self.principal.credential.lost(Permission::JobView, &self.key.project) => None,
+                };
+                let Some(changed) = changed else {
+                    tracing::info!(
+                        service = %self.key,
+                        principal = %self.principal.name,
+                        "stream ended: its token was revoked"
+                    );
+                    // The last event says so, as the next request would be answered
+                    // (401, or the 404 of a service out of sight).
+                    let answer = self.principal.credential.lost_answer(&self.name);
+                    return Some(self.last_error(answer));
                 };
                 if changed.is_err() {
                     // The slot is gone for good: whatever it still had to send is this
@@ -203,8 +217,14 @@ impl EventStream {
 
     /// The last event when the service went away: the same body as the 404.
     fn gone(&mut self) -> Event {
+        let not_found = ApiError::service_not_found(&self.name);
+        self.last_error(not_found)
+    }
+
+    /// The last event: `error`, with the body a request would be answered with.
+    fn last_error(&mut self, error: ApiError) -> Event {
         self.done = true;
-        let body = ErrorBody::from(ApiError::service_not_found(&self.name));
+        let body = ErrorBody::from(error);
         let body = serde_json::to_string(&body).expect("an error body always serializes");
         Event::default().event("error").data(body)
     }

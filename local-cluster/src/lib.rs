@@ -9,6 +9,7 @@
 
 pub mod apiserver;
 pub mod atomic_file;
+mod audit;
 pub mod auth;
 mod backoff;
 pub mod clientconf;

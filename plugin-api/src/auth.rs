@@ -110,6 +110,17 @@ impl Credential {
         self.until(Option::is_none).await
     }
 
+    /// What a long request answers when [`lost`](Self::lost) resolved: 401 `revoked` for
+    /// a removed credential; for one that may no longer view `name`, the same 404 as a
+    /// service that does not exist (no existence oracle).
+    pub fn lost_answer(&self, name: &str) -> ApiError {
+        if self.is_removed() {
+            ApiError::unauthenticated(AuthError::Revoked)
+        } else {
+            ApiError::service_not_found(name)
+        }
+    }
+
     async fn until(&self, gone: impl Fn(&LiveGrants) -> bool) {
         let Some(rx) = &self.0 else {
             return std::future::pending().await;
@@ -162,6 +173,9 @@ pub enum AuthError {
     /// A token that matches no principal.
     #[error("invalid bearer token")]
     Invalid,
+    /// The token was removed from the host's tokens while a request of it was open.
+    #[error("bearer token revoked")]
+    Revoked,
 }
 
 /// Turns a bearer token into a principal. Implemented by the host (tokens file, worker

@@ -8,6 +8,7 @@ mod config;
 mod daemon;
 mod dev;
 mod plugins;
+mod token;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -67,6 +68,11 @@ enum Cmd {
         #[arg(long, value_name = "STORE")]
         store: Option<StoreSpec>,
     },
+    /// Make tokens for the tokens file.
+    Token {
+        #[command(subcommand)]
+        cmd: token::TokenCmd,
+    },
     /// Run one worker agent.
     Worker {
         /// Worker config file (TOML).
@@ -77,6 +83,16 @@ enum Cmd {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    // Not a daemon: no log, no runtime; its output is the point.
+    if let Cmd::Token { cmd } = cli.cmd {
+        return match token::run(cmd) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     // `xced dev` keeps its console for the user: warnings there, the full log in its
     // data dir (unless XCE_LOG/RUST_LOG asks for a console log).
     let dev_log = match &cli.cmd {
@@ -181,6 +197,7 @@ async fn run(cli: Cli) -> Result<()> {
             store,
         } => run_apiserver(config, tokens, store).await,
         Cmd::Worker { config } => run_worker(config).await,
+        Cmd::Token { cmd } => token::run(cmd),
     }
 }
 

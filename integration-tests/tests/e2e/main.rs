@@ -22,5 +22,6 @@ mod reliability_tenants;
 mod reliability_watch;
 mod restart;
 mod rollout;
+mod rotation;
 mod scale;
 mod shutdown;

@@ -184,7 +184,10 @@ fn router(
         .fallback(forward)
         .with_state(fwd);
     for ext in extensions {
-        app = app.merge(ext.router(ctx.clone()));
+        // Audited here: what this apiserver answers itself. What it forwards is audited by
+        // the leader, which answers it.
+        let audited = axum::middleware::from_fn_with_state(ctx.clone(), crate::audit::layer);
+        app = app.merge(ext.router(ctx.clone()).layer(audited));
     }
     app.layer(axum::middleware::map_response(
         move |r: Response| async move { json_errors(r, limit) },

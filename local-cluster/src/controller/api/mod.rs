@@ -41,6 +41,11 @@ pub(crate) fn build(state: ApiState) -> Router {
         ))
         .layer(DefaultBodyLimit::max(limit))
         .layer(Extension(state.ctx.clone()))
+        // Outermost: it logs the answers every other layer and extractor gave.
+        .layer(axum::middleware::from_fn_with_state(
+            state.ctx.clone(),
+            crate::audit::layer,
+        ))
 }
 
 // --- /healthz ---

@@ -432,6 +432,10 @@ async fn get_service(
             _ = shutdown.wait_for(|s| *s) => {
                 return Ok(with_index(Json(service_detail(s)).into_response(), s.info.rev));
             }
+            // Its token was revoked (or lost the view) by a reload of the tokens.
+            () = who.credential.lost(Permission::JobView, &s.info.project) => {
+                return Err(who.credential.lost_answer(&name));
+            }
         }
     }
 }

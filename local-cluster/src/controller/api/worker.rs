@@ -14,7 +14,9 @@ use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use plugin_api::{ApiError, FieldError, HostFacts, Principal, PrincipalKind};
+use plugin_api::{
+    ApiError, AuthError, Credential, FieldError, HostFacts, Principal, PrincipalKind,
+};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,7 +55,11 @@ pub(super) fn router(state: ApiState) -> Router {
 /// file has no entry for; 403 `forbidden` another host's credential, or a user token.
 /// Host ids are not secrets (every viewer lists them), so telling which hosts have an
 /// entry gives nothing away.
-fn worker_of(st: &ApiState, who: Result<Principal, ApiError>, host: &str) -> Result<(), ApiError> {
+fn worker_of(
+    st: &ApiState,
+    who: Result<Principal, ApiError>,
+    host: &str,
+) -> Result<Principal, ApiError> {
     let has_entry = st.keyring.has_worker(host);
     let no_entry = format!("no [[worker]] entry for host {host:?} in the controller's tokens file");
     let p = match who {
@@ -78,7 +84,7 @@ fn worker_of(st: &ApiState, who: Result<Principal, ApiError>, host: &str) -> Res
         Err(e) => return Err(e),
     };
     match &p.kind {
-        PrincipalKind::Worker { host: h } if h == host => Ok(()),
+        PrincipalKind::Worker { host: h } if h == host => Ok(p),
         PrincipalKind::Worker { host: h } if has_entry => Err(ApiError::forbidden(format!(
             "a worker may act for its own host only: this credential is host {h:?}'s, not host {host:?}'s"
         ))),
@@ -110,6 +116,9 @@ fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
 struct WorkerCall {
     host: String,
     caller: Caller,
+    /// The worker credential, followed across reloads of the tokens (the assignments
+    /// blocking query ends when it is removed).
+    credential: Credential,
 }
 
 impl FromRequestParts<ApiState> for WorkerCall {
@@ -120,7 +129,7 @@ impl FromRequestParts<ApiState> for WorkerCall {
         let Path(host) = Path::<String>::from_request_parts(parts, st)
             .await
             .map_err(|e| ApiError::bad_param("host", e.body_text()))?;
-        worker_of(st, who, &host)?;
+        let who = worker_of(st, who, &host);
         let header = |name: &str| {
             parts
                 .headers
@@ -138,13 +147,18 @@ impl FromRequestParts<ApiState> for WorkerCall {
                 .get::<crate::serve::Peer>()
                 .map(|p| p.0.to_string()),
         };
-        Ok(WorkerCall { host, caller })
+        let who = who?;
+        Ok(WorkerCall {
+            host,
+            caller,
+            credential: who.credential,
+        })
     }
 }
 
 async fn register(
     State(st): State<ApiState>,
-    WorkerCall { host, caller }: WorkerCall,
+    WorkerCall { host, caller, .. }: WorkerCall,
     body: Bytes,
 ) -> Result<Json<crate::proto::RegisterResponse>, ApiError> {
     let req: RegisterRequest = json_body(&body)?;
@@ -161,7 +175,7 @@ async fn register(
 
 async fn heartbeat(
     State(st): State<ApiState>,
-    WorkerCall { host, caller }: WorkerCall,
+    WorkerCall { host, caller, .. }: WorkerCall,
 ) -> Result<StatusCode, ApiError> {
     st.call(|reply| Command::Heartbeat {
         host,
@@ -174,7 +188,7 @@ async fn heartbeat(
 
 async fn facts(
     State(st): State<ApiState>,
-    WorkerCall { host, caller }: WorkerCall,
+    WorkerCall { host, caller, .. }: WorkerCall,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
     let facts: HostFacts = json_body(&body)?;
@@ -190,7 +204,7 @@ async fn facts(
 
 async fn events(
     State(st): State<ApiState>,
-    WorkerCall { host, caller }: WorkerCall,
+    WorkerCall { host, caller, .. }: WorkerCall,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
     let events: Vec<WorkerEvent> = json_body(&body)?;
@@ -209,7 +223,11 @@ async fn events(
 /// runs out.
 async fn assignments(
     State(st): State<ApiState>,
-    WorkerCall { host, caller }: WorkerCall,
+    WorkerCall {
+        host,
+        caller,
+        credential,
+    }: WorkerCall,
     Query(q): Query<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
     let (index, wait) = blocking_query(&q, WAIT_DEFAULT)?;
@@ -230,6 +248,11 @@ async fn assignments(
             _ = rx.changed() => {}
             () = tokio::time::sleep(wait) => {}
             _ = shutdown.wait_for(|s| *s) => {}
+            // The credential was removed by a reload of the tokens: 401 now, as the
+            // worker's next request would be.
+            () = credential.removed() => {
+                return Err(ApiError::unauthenticated(AuthError::Revoked));
+            }
         }
     }
     let a: Arc<Assignments> = rx.borrow().clone();
