@@ -162,11 +162,8 @@ async fn sighup_rotation_ends_the_removed_tokens_watchers_only() {
         1.0,
         "one reload, applied"
     );
-    assert_eq!(
-        metric(&b, "xce_tokens_loaded").await.unwrap(),
-        2.0,
-        "bob + xced-dev"
-    );
+    // Both kinds summed: bob, xced-dev's own token, the dev host's worker credential.
+    assert_eq!(metric(&b, "xce_tokens_loaded").await.unwrap(), 3.0);
 
     // B's watchers are all still there: none ended, and a change made now reaches each.
     assert!(b_streams.try_join_next().is_none() && b_blocking.try_join_next().is_none());
@@ -240,7 +237,7 @@ async fn sighup_rotation_ends_the_removed_tokens_watchers_only() {
     );
     assert_eq!(b.get(entry).await.unwrap().0, 200, "B still works");
     assert_eq!(a.get(entry).await.unwrap().0, 401, "A still refused");
-    assert_eq!(metric(&b, "xce_tokens_loaded").await.unwrap(), 2.0);
+    assert_eq!(metric(&b, "xce_tokens_loaded").await.unwrap(), 3.0);
     for secret in [A, B] {
         assert!(!log.contains(secret), "no secret in the log");
     }
