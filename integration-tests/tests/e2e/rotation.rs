@@ -12,7 +12,9 @@ const B: &str = "rotation-token-b-0123456789";
 /// Watchers per token: half streams, half blocking queries.
 const WATCHERS: usize = 100;
 
-fn tokens_file(with_a: bool) -> String {
+/// `base` (the cluster's own entries) with bob's token B and, `with_a`, alice's token A:
+/// both may view and submit on project `rot`.
+fn tokens_file(base: &str, with_a: bool) -> String {
     let entry = |secret: &str, principal: &str| {
         format!(
             "[[token]]\nsecret = \"{secret}\"\nprincipal = \"{principal}\"\n\
@@ -20,7 +22,7 @@ fn tokens_file(with_a: bool) -> String {
              {{ permission = \"job.submit\", projects = [\"rot\"] }} ]\n"
         )
     };
-    let mut text = entry(B, "bob");
+    let mut text = format!("{base}\n{}", entry(B, "bob"));
     if with_a {
         text += &entry(A, "alice");
     }
@@ -59,14 +61,90 @@ async fn follow_stream(
     }
 }
 
+/// The process whose tokens are rotated, and how to reach it.
+struct Target {
+    /// What it is, in the SUMMARY lines.
+    name: &'static str,
+    /// Its API, without a token.
+    api: Api,
+    pid: u32,
+    /// The tokens file it reads.
+    tokens: std::path::PathBuf,
+    /// The entries of the file besides A and B (the cluster's own).
+    base: String,
+    /// Entries it holds that are not in the file (`xced dev`'s own token and workers).
+    implicit: usize,
+    log: Box<dyn Fn() -> String>,
+}
+
+/// Entries of a tokens file (what `xce_tokens_loaded` sums).
+fn entries(text: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.trim() == "[[token]]" || l.trim() == "[[worker]]")
+        .count() as f64
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_rotation_ends_the_removed_tokens_watchers_only() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tokens.toml");
-    std::fs::write(&path, tokens_file(true)).unwrap();
+    std::fs::write(&path, tokens_file("", true)).unwrap();
     let c = DevCluster::start_with(1, false, &["--tokens", path.to_str().unwrap()]).unwrap();
-    let a = c.api.with_token(A);
-    let b = c.api.with_token(B);
+    let log = c.dir.path().join("xced.log");
+    rotation(Target {
+        name: "xced-dev",
+        api: c.api.clone(),
+        pid: c.child.id(),
+        tokens: path,
+        base: String::new(),
+        // xced-dev's own token and the dev host's worker credential.
+        implicit: 2,
+        log: Box::new(move || std::fs::read_to_string(&log).unwrap_or_default()),
+    })
+    .await;
+}
+
+/// The same on a separate apiserver on etcd: only it is sent SIGHUP (the controller
+/// still knows A, so what ends A's watchers is the apiserver's own reload).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_rotation_on_a_separate_apiserver() {
+    let etcd = crate::daemons::EtcdCluster::start(1).await.expect("etcd");
+    let mut fleet = crate::daemons::Fleet::new(etcd, 1, 1).expect("fleet dir");
+    let path = fleet.dir.path().join("tokens.toml");
+    let base = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, tokens_file(&base, true)).unwrap();
+    fleet.start_controller(0).unwrap();
+    fleet.start_apiserver(0).unwrap();
+    fleet.start_workers(1).unwrap();
+    let admin = fleet.apiserver(0);
+    eventually("the apiserver serves, with its host ready", || async {
+        let h = admin.get_json("/v1/hosts").await?;
+        let ready = h["hosts"]
+            .as_array()
+            .map_or(0, |a| a.iter().filter(|h| h["state"] == "ready").count());
+        Ok((ready == 1).then_some(()))
+    })
+    .await;
+    let log = fleet.log("apiserver-0");
+    let pid = fleet.apiservers[0].as_ref().unwrap().child.id();
+    rotation(Target {
+        name: "apiserver-on-etcd",
+        api: admin,
+        pid,
+        tokens: path,
+        base,
+        implicit: 0,
+        log: Box::new(move || std::fs::read_to_string(&log).unwrap_or_default()),
+    })
+    .await;
+}
+
+/// 100 watchers of A and 100 of B; A removed and SIGHUP: all of A's end within 1 s, B's
+/// go on and see the next change; then a broken file and SIGHUP: nothing changes.
+async fn rotation(t: Target) {
+    let path = &t.tokens;
+    let a = t.api.with_token(A);
+    let b = t.api.with_token(B);
     let (status, v) = b
         .submit_toml(&http_service("web", 1).project("rot").toml())
         .await
@@ -130,9 +208,10 @@ async fn sighup_rotation_ends_the_removed_tokens_watchers_only() {
     .await;
 
     // Remove A, SIGHUP, and time A's watchers ending.
-    std::fs::write(&path, tokens_file(false)).unwrap();
+    let without_a = tokens_file(&t.base, false);
+    std::fs::write(path, &without_a).unwrap();
     let hup = Instant::now();
-    signal(c.child.id(), libc::SIGHUP);
+    signal(t.pid, libc::SIGHUP);
     let mut max = Duration::ZERO;
     let mut closed = 0;
     let deadline = tokio::time::Instant::now() + patience();
@@ -147,8 +226,9 @@ async fn sighup_rotation_ends_the_removed_tokens_watchers_only() {
         closed += 1;
     }
     println!(
-        "SUMMARY rotation closed={closed} of={WATCHERS} max_ms={}",
-        max.as_millis()
+        "SUMMARY rotation target={} closed={closed} of={WATCHERS} max_ms={}",
+        t.name,
+        max.as_millis(),
     );
     assert_eq!(closed, WATCHERS, "every watcher of the removed token ends");
     assert!(
@@ -162,8 +242,9 @@ async fn sighup_rotation_ends_the_removed_tokens_watchers_only() {
         1.0,
         "one reload, applied"
     );
-    // Both kinds summed: bob, xced-dev's own token, the dev host's worker credential.
-    assert_eq!(metric(&b, "xce_tokens_loaded").await.unwrap(), 3.0);
+    // Both kinds summed.
+    let loaded = entries(&without_a) + t.implicit as f64;
+    assert_eq!(metric(&b, "xce_tokens_loaded").await.unwrap(), loaded);
 
     // B's watchers are all still there: none ended, and a change made now reaches each.
     assert!(b_streams.try_join_next().is_none() && b_blocking.try_join_next().is_none());
@@ -209,45 +290,54 @@ async fn sighup_rotation_ends_the_removed_tokens_watchers_only() {
         }
     }
     assert!(b_streams.try_join_next().is_none(), "no stream of B ended");
-    println!("SUMMARY rotation b_streams={streams} b_events_after_reload={seen} b_blocking_answered={answered}");
+    println!(
+        "SUMMARY rotation target={} b_streams={streams} b_events_after_reload={seen} b_blocking_answered={answered}",
+        t.name
+    );
 
     // A file that no longer loads: refused whole, every problem logged, nothing changes.
+    let with_a = tokens_file(&t.base, true);
+    // The broken entry is the token after every token of `with_a`.
+    let broken_at = count_tokens(&with_a);
     std::fs::write(
-        &path,
-        format!(
-            "{}[[token]]\nsecret = \"short\"\nprincipal = \"\"\n",
-            tokens_file(true)
-        ),
+        path,
+        format!("{with_a}[[token]]\nsecret = \"short\"\nprincipal = \"\"\n"),
     )
     .unwrap();
-    signal(c.child.id(), libc::SIGHUP);
+    signal(t.pid, libc::SIGHUP);
     eventually("the broken file refused", || async {
         let n = metric(&b, "xce_tokens_reloads_total").await?;
         Ok((n >= 2.0).then_some(()))
     })
     .await;
-    let log = c.log();
+    let log = (t.log)();
     let refusal = log
         .lines()
         .find(|l| l.contains("tokens file refused on reload"))
         .expect("the refusal is logged");
     assert!(
-        refusal.contains("token[2].secret: too short") && refusal.contains("token[2].principal"),
+        refusal.contains(&format!("token[{broken_at}].secret: too short"))
+            && refusal.contains(&format!("token[{broken_at}].principal")),
         "every problem listed: {refusal}"
     );
     assert_eq!(b.get(entry).await.unwrap().0, 200, "B still works");
     assert_eq!(a.get(entry).await.unwrap().0, 401, "A still refused");
-    assert_eq!(metric(&b, "xce_tokens_loaded").await.unwrap(), 3.0);
+    assert_eq!(metric(&b, "xce_tokens_loaded").await.unwrap(), loaded);
     for secret in [A, B] {
         assert!(!log.contains(secret), "no secret in the log");
     }
+}
+
+/// `[[token]]` entries of a tokens file.
+fn count_tokens(text: &str) -> usize {
+    text.lines().filter(|l| l.trim() == "[[token]]").count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_and_a_refusal_each_leave_one_audit_line() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tokens.toml");
-    std::fs::write(&path, tokens_file(true)).unwrap();
+    std::fs::write(&path, tokens_file("", true)).unwrap();
     let c = DevCluster::start_with(1, false, &["--tokens", path.to_str().unwrap()]).unwrap();
     let b = c.api.with_token(B);
     let (status, v) = b
