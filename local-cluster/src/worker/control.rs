@@ -118,7 +118,7 @@ const REFUSED_BACKOFF_MAX: Duration = Duration::from_secs(30);
 fn refusal_fix(e: &CallError) -> &'static str {
     match (e.status().map(|s| s.as_u16()), e.code().as_deref()) {
         (_, Some("no_worker_entry")) => {
-            "add a [[worker]] entry for this host, with this worker's credential as its secret, to the controller's tokens file and restart the controller"
+            "add a [[worker]] entry for this host, with this worker's credential as its secret, to the controller's tokens file and send the controller SIGHUP (it re-reads the file)"
         }
         (Some(401), _) => {
             "set `credential` in this worker's config to the secret of this host's [[worker]] entry in the controller's tokens file"
