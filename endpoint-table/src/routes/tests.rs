@@ -1750,3 +1750,100 @@ fn router_built_outside_a_runtime() {
     });
     assert_eq!(api.entry(&key("team-a", "web")).map(|e| e.index), Some(10));
 }
+
+/// A token removed by the host's reload ends its streams (a last `event: error` with the
+/// 401 body) and blocking queries (401) at once; one whose grants no longer cover the
+/// service gets its 404; everyone else's watchers go on.
+#[tokio::test]
+async fn revoked_credentials_end_their_watchers_only() {
+    use plugin_api::{AuthError, Authenticator, Credential, LiveGrants};
+    use std::sync::Arc;
+    use tokio::sync::watch;
+
+    /// Each token's grants on a channel, as the host's keyring publishes them.
+    struct Live(Vec<(&'static str, watch::Sender<LiveGrants>)>);
+    impl Authenticator for Live {
+        fn authenticate(&self, token: Option<&str>) -> Result<Principal, AuthError> {
+            let (name, tx) = self
+                .0
+                .iter()
+                .find(|(n, _)| Some(*n) == token)
+                .ok_or(AuthError::Invalid)?;
+            let grants = tx.borrow().as_ref().ok_or(AuthError::Invalid)?.to_vec();
+            Ok(Principal {
+                name: (*name).into(),
+                kind: PrincipalKind::User,
+                grants,
+                credential: Credential::following(tx.subscribe()),
+            })
+        }
+    }
+    let view = |projects: &[&str]| -> LiveGrants {
+        Some(Arc::new(
+            projects
+                .iter()
+                .map(|p| (Permission::JobView, vec![(*p).to_owned()]))
+                .collect(),
+        ))
+    };
+    let tokens = Arc::new(Live(vec![
+        ("alice", watch::channel(view(&["team-a"])).0),
+        ("dana", watch::channel(view(&["team-a", "team-b"])).0),
+        ("bob", watch::channel(view(&["team-b"])).0),
+    ]));
+    let (feed, api) = endpoint_table(TableConfig::default());
+    let router = api.router(ApiContext {
+        auth: tokens.clone(),
+    });
+    let c = Cluster { feed, api, router };
+    c.resync(snapshot(true)).await;
+
+    let mut alice = Events::new(c.get("alice /v1/services/web/endpoints/stream").await);
+    let mut dana = Events::new(c.get("dana /v1/services/web/endpoints/stream").await);
+    let mut bob = Events::new(c.get("bob /v1/services/secret/endpoints/stream").await);
+    let mut out = String::new();
+    for (who, s) in [
+        ("alice", &mut alice),
+        ("dana", &mut dana),
+        ("bob", &mut bob),
+    ] {
+        let _ = writeln!(out, "{who}: {:?}", first_line(s.next().await));
+    }
+    let parked = |line: &'static str| {
+        let call = c.router.clone().oneshot(Cluster::request(line));
+        tokio::spawn(async move { render(call.await.unwrap()).await })
+    };
+    let blocking = parked("alice /v1/services/web/endpoints?index=10&wait=60s");
+    let absent = parked("alice /v1/services/nope/endpoints?index=0&wait=60s");
+    c.watchers_reach(5).await;
+
+    // dana may no longer view team-a; alice is removed.
+    tokens.0[1].1.send_replace(view(&["team-b"]));
+    tokens.0[0].1.send_replace(None);
+    let _ = writeln!(out, "dana: {:?}", dana.next().await);
+    let _ = writeln!(out, "dana then: {:?}", dana.next().await);
+    let _ = writeln!(out, "alice: {:?}", alice.next().await);
+    let _ = writeln!(out, "alice then: {:?}", alice.next().await);
+    let _ = writeln!(out, "blocking: {}", blocking.await.unwrap());
+    let _ = writeln!(out, "absent: {}", absent.await.unwrap());
+    c.watchers_reach(1).await;
+    // bob's stream was never touched: it sees the next change of its service.
+    let mut j6 = job("j-6", "secret", "team-b", 0, "exec-02", &[("http", 22000)]);
+    j6.ready = false;
+    c.event(ev_job(11, j6)).await;
+    let _ = writeln!(out, "bob: {:?}", first_line(bob.next().await));
+    expect![[r#"
+        alice: Some("id: 10")
+        dana: Some("id: 10")
+        bob: Some("id: 9")
+        dana: Some("event: error\ndata: {\"error\":{\"code\":\"not_found\",\"details\":[],\"message\":\"service \\\"web\\\" not found\"}}")
+        dana then: None
+        alice: Some("event: error\ndata: {\"error\":{\"code\":\"unauthenticated\",\"details\":[],\"message\":\"bearer token revoked\"}}")
+        alice then: None
+        blocking: 401 content-type=application/json www-authenticate=Bearer
+        {"error":{"code":"unauthenticated","details":[],"message":"bearer token revoked"}}
+        absent: 401 content-type=application/json www-authenticate=Bearer
+        {"error":{"code":"unauthenticated","details":[],"message":"bearer token revoked"}}
+        bob: Some("id: 11")
+    "#]].assert_eq(&out);
+}
