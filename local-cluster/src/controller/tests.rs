@@ -1605,6 +1605,8 @@ secret = "w2-example-secret"
 struct App {
     ctl: Controller,
     app: axum::Router,
+    /// The tokens in force (tests replace them as a SIGHUP would).
+    keyring: crate::keyring::Keyring,
 }
 
 async fn app_with(cfg: ControllerConfig, store: Arc<dyn Store>, slots: SharedSlots) -> App {
@@ -1614,11 +1616,12 @@ async fn app_with(cfg: ControllerConfig, store: Arc<dyn Store>, slots: SharedSlo
         listeners: vec![],
         extensions: vec![Arc::new(WhoAmI)],
     };
-    let ctl = Controller::new(&cfg, Tokens::parse(TOKENS).unwrap(), plugins, store)
+    let keyring = crate::keyring::Keyring::new(Tokens::parse(TOKENS).unwrap());
+    let ctl = Controller::new(&cfg, keyring.clone(), plugins, store)
         .await
         .unwrap();
     let app = ctl.router();
-    App { ctl, app }
+    App { ctl, app, keyring }
 }
 
 /// A store with a fixed cluster id, so answers that name it can be expected.
@@ -2691,6 +2694,106 @@ fn open_store_creates_the_data_dir() {
     let store = open_store(&cfg).unwrap();
     assert!(store.load_all().unwrap().is_empty());
     assert!(cfg.store_path().exists());
+}
+
+/// A reload that removes a worker's credential and a user's token ends their blocking
+/// queries (assignments, a service's detail) at once with 401 `bearer token revoked`;
+/// another user's goes on and answers the next change.
+#[tokio::test]
+async fn revoked_credentials_end_their_blocking_queries() {
+    let app = app().await;
+    app.register("exec-01", "w1-example-secret", 4).await;
+    let (s, _) = app
+        .json(
+            "POST",
+            "/v1/services",
+            "alice-example-secret",
+            Some(web("web", "team-a", 1)),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (_, a) = app
+        .json(
+            "GET",
+            "/internal/v1/hosts/exec-01/assignments?index=0",
+            "w1-example-secret",
+            None,
+        )
+        .await;
+    let host_index = a["index"].as_u64().unwrap();
+    let (_, d) = app
+        .json("GET", "/v1/services/web", "alice-example-secret", None)
+        .await;
+    let rev = d["index"].as_u64().unwrap();
+    let parked = |path: String, who: &'static str| {
+        let app = app.app.clone();
+        let req = Request::get(path)
+            .header("authorization", format!("Bearer {who}"))
+            .body(Body::empty())
+            .unwrap();
+        tokio::spawn(async move {
+            let resp = app.oneshot(req).await.unwrap();
+            let status = resp.status().as_u16();
+            let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            format!("{status} {}", String::from_utf8_lossy(&body))
+        })
+    };
+    let worker = parked(
+        format!("/internal/v1/hosts/exec-01/assignments?index={host_index}&wait=60s"),
+        "w1-example-secret",
+    );
+    let alice = parked(
+        format!("/v1/services/web?index={rev}&wait=60s"),
+        "alice-example-secret",
+    );
+    let bob = parked(
+        format!("/v1/services/web?project=team-a&index={rev}&wait=60s"),
+        "bob-example-secret",
+    );
+    // Let the three reach their wait. The runtime has one thread and nothing here does
+    // I/O, so each yield runs every ready task a step: no clock involved. A query that
+    // had not parked yet would be refused at authentication ("invalid bearer token"),
+    // not end as revoked, so the expectation below tells.
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    let without = TOKENS
+        .replace(
+            "[[token]]\nsecret = \"alice-example-secret\"",
+            "[[token]]\nsecret = \"alice-gone-example-secret\"",
+        )
+        .replace(
+            "secret = \"w1-example-secret\"",
+            "secret = \"w1-gone-example-secret\"",
+        );
+    let done = app.keyring.replace(Tokens::parse(&without).unwrap());
+    assert_eq!((done.added, done.removed), (2, 2));
+    let worker = worker.await.unwrap();
+    let alice = alice.await.unwrap();
+    assert!(!bob.is_finished());
+    let (s, _) = app
+        .json(
+            "POST",
+            "/v1/services/web/scale",
+            "admin-example-secret",
+            Some(json!({"replicas": 2})),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let bob = bob.await.unwrap();
+    let bob_index =
+        serde_json::from_str::<Value>(bob.split_once(' ').unwrap().1).unwrap()["index"].as_u64();
+    expect![[r#"
+        worker: 401 {"error":{"code":"unauthenticated","details":[],"message":"bearer token revoked"}}
+        alice: 401 {"error":{"code":"unauthenticated","details":[],"message":"bearer token revoked"}}
+        bob: 200 index>3: true
+    "#]].assert_eq(&format!(
+        "worker: {worker}\nalice: {alice}\nbob: {} index>{rev}: {}\n",
+        &bob[..3],
+        bob_index.is_some_and(|i| i > rev)
+    ));
 }
 
 #[tokio::test]
