@@ -377,14 +377,23 @@ async fn a_write_and_a_refusal_each_leave_one_audit_line() {
         .await
         .unwrap();
     assert_eq!(status, 401);
-    let lines = eventually("two audit lines", || async {
+    // A worker-protocol call with a user token (not this host's credential): 403.
+    let worker_call = b
+        .http
+        .post(format!("{}/internal/v1/hosts/exec-01/heartbeat", b.base))
+        .bearer_auth(B)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(worker_call.status(), 403);
+    let lines = eventually("three audit lines", || async {
         let log = c.log();
         let lines: Vec<String> = log
             .lines()
             .filter(|l| l.contains("xce::audit"))
             .map(str::to_owned)
             .collect();
-        Ok((lines.len() >= 2).then_some(lines))
+        Ok((lines.len() >= 3).then_some(lines))
     })
     .await;
     let submits: Vec<&String> = lines
@@ -413,6 +422,18 @@ async fn a_write_and_a_refusal_each_leave_one_audit_line() {
     ] {
         assert!(refused[0].contains(want), "{want} in {}", refused[0]);
     }
+    let workers: Vec<&String> = lines.iter().filter(|l| l.contains("worker.")).collect();
+    assert_eq!(workers.len(), 1, "{lines:#?}");
+    for want in [
+        "action=\"worker.heartbeat\"",
+        "principal=\"bob\"",
+        "host=\"exec-01\"",
+        "outcome=\"refused\"",
+        "status=403",
+    ] {
+        assert!(workers[0].contains(want), "{want} in {}", workers[0]);
+    }
+    assert_eq!(lines.len(), 3, "nothing else audited: {lines:#?}");
     let log = c.log();
     for secret in [A, B, wrong] {
         assert!(!log.contains(secret), "no secret anywhere in the log");
