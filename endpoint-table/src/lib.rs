@@ -29,6 +29,7 @@ mod routes;
 mod shared;
 mod stream;
 mod table;
+mod ui;
 pub mod wire;
 
 #[cfg(test)]
