@@ -234,6 +234,8 @@ function refused() {
   state.hosts = [];
   state.entries.clear();
   render();
+  // Not kept for a reload either: the next one is typed in.
+  sessionStorage.removeItem(TOKEN_KEY);
   setConn("refused", "token refused");
   notice("The server refused this token (401). Type another one above.");
 }
@@ -242,6 +244,11 @@ function useToken(token) {
   state.epoch++;
   if (state.abort) state.abort.abort();
   clearInterval(state.listsInterval);
+  if (token !== state.token && token !== sessionStorage.getItem(TOKEN_KEY)) {
+    // Another token: what the last one looked at is none of its business.
+    state.selected = "";
+    sessionStorage.removeItem(SELECTED_KEY);
+  }
   state.token = token;
   state.services = [];
   state.hosts = [];

@@ -1,0 +1,374 @@
+//! The web view (`GET /ui`) in a real browser: headless Chromium driven over WebDriver
+//! (chromedriver on a free loopback port), against a real dev cluster with real replicas.
+//!
+//! It opens `/ui#token=…`, sees `web` with its 3 endpoints, kills a replica process and
+//! times, in the page, how long its endpoint takes to disappear (at most 2 s) and to come
+//! back; a refused token shows "token refused"; and a team-b token, in the same tab, never
+//! shows team-a's service: not in the page (its whole markup, polled while team-a changes)
+//! and not in what the page's requests answer to that token.
+//!
+//! With `XCE_UI_SCREENSHOT=path.png` it also saves a screenshot of the page showing `web`
+//! (the README's picture is taken this way).
+
+use crate::external::{find_program, skipped, Daemon};
+use crate::harness::*;
+use anyhow::{bail, Context, Result};
+use fantoccini::{Client, ClientBuilder};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+const ALICE: &str = "ui-alice-7d41c2e98b3f5a06";
+const BOB: &str = "ui-bob-2a9e6f13c85d0b74";
+
+fn tokens() -> String {
+    format!(
+        r#"
+[[token]]
+secret = "{ALICE}"
+principal = "alice"
+grants = [ {{ permission = "job.view", projects = ["team-a"] }}, {{ permission = "job.submit", projects = ["team-a"] }} ]
+
+[[token]]
+secret = "{BOB}"
+principal = "bob"
+grants = [ {{ permission = "job.view", projects = ["team-b"] }}, {{ permission = "job.submit", projects = ["team-b"] }} ]
+"#
+    )
+}
+
+/// Headless Chromium under chromedriver, both ended with the test.
+struct Browser {
+    client: Option<Client>,
+    profile: tempfile::TempDir,
+    _driver: Daemon,
+    version: String,
+}
+
+impl Browser {
+    /// `None` when Chromium or its driver is not installed.
+    async fn start() -> Result<Option<Self>> {
+        let (Some(driver), Some(chromium)) = (
+            find_program(&["chromedriver"]),
+            find_program(&["chromium", "chromium-browser"]),
+        ) else {
+            return Ok(None);
+        };
+        let version = Command::new(&chromium)
+            .arg("--version")
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default();
+        let profile = tempfile::tempdir()?;
+        let port = free_port();
+        let driver = Daemon::spawn(
+            Command::new(driver)
+                .arg(format!("--port={port}"))
+                .arg("--allowed-ips=127.0.0.1"),
+            profile.path().join("chromedriver.log"),
+        )?;
+        let url = format!("http://127.0.0.1:{port}");
+        eventually("chromedriver answers /status", || async {
+            let r = reqwest::get(format!("{url}/status")).await?;
+            Ok(r.status().is_success().then_some(()))
+        })
+        .await;
+        let mut caps = serde_json::Map::new();
+        caps.insert(
+            "goog:chromeOptions".into(),
+            json!({
+                "binary": chromium,
+                "args": [
+                    "--headless=new",
+                    // Root in a container has no user namespace for the sandbox.
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-dev-shm-usage",
+                    "--no-first-run",
+                    "--window-size=1180,860",
+                    format!("--user-data-dir={}", profile.path().join("chrome").display()),
+                ],
+            }),
+        );
+        let client = ClientBuilder::new(
+            hyper_util::client::legacy::connect::HttpConnector::new(),
+        )
+        .capabilities(caps)
+        .connect(&url)
+        .await
+        .with_context(|| format!("WebDriver session: {}", driver.output()))?;
+        Ok(Some(Self {
+            client: Some(client),
+            profile,
+            _driver: driver,
+            version,
+        }))
+    }
+
+    fn c(&self) -> &Client {
+        self.client.as_ref().expect("session open")
+    }
+
+    async fn js(&self, script: &str, args: Vec<Value>) -> Result<Value> {
+        Ok(self.c().execute(script, args).await?)
+    }
+
+    /// The cells' text of each row of table `#id`.
+    async fn rows(&self, id: &str) -> Result<Vec<Vec<String>>> {
+        let v = self
+            .js(
+                "return Array.from(document.querySelectorAll('#' + arguments[0] + ' tbody tr'))\
+                 .map(tr => Array.from(tr.cells).map(td => td.textContent));",
+                vec![json!(id)],
+            )
+            .await?;
+        Ok(serde_json::from_value(v)?)
+    }
+
+    async fn conn_state(&self) -> Result<String> {
+        let v = self
+            .js("return document.getElementById('conn').dataset.state || '';", vec![])
+            .await?;
+        Ok(v.as_str().unwrap_or_default().to_owned())
+    }
+
+    /// Everything in the page: markup, attributes and text, hidden parts included.
+    async fn whole_page(&self) -> Result<String> {
+        let v = self
+            .js("return document.documentElement.outerHTML;", vec![])
+            .await?;
+        Ok(v.as_str().unwrap_or_default().to_owned())
+    }
+
+    async fn close(mut self) {
+        if let Some(c) = self.client.take() {
+            let _ = c.close().await;
+        }
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        // A failed test leaves the session open: end whatever runs on our profile.
+        for pid in pids_with_cmdline(&self.profile.path().to_string_lossy()) {
+            signal(pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// Waits until the page's endpoints table lists `n` rows and its connection is live.
+async fn page_shows_endpoints(b: &Browser, n: usize) -> Vec<Vec<String>> {
+    eventually(&format!("the page shows {n} endpoints, live"), || async {
+        let rows = b.rows("endpoints").await?;
+        let live = b.conn_state().await? == "live";
+        Ok((rows.len() == n && live).then_some(rows))
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_view_follows_a_killed_replica_and_shows_a_tenant_only_its_own() {
+    let Some(browser) = Browser::start().await.expect("starting chromedriver") else {
+        skipped("ui (browser test)", "chromium or chromium-driver");
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let tokens_file = dir.path().join("tokens.toml");
+    std::fs::write(&tokens_file, tokens()).unwrap();
+    let c = DevCluster::start_with(3, false, &["--tokens", tokens_file.to_str().unwrap()])
+        .expect("dev cluster");
+    let alice = c.api.with_token(ALICE);
+    let bob = c.api.with_token(BOB);
+    let web = http_service("web", 3).project("team-a").interval("200ms");
+    assert_eq!(alice.submit_toml(&web.toml()).await.unwrap().0, 201);
+    let api = http_service("api", 1).project("team-b").interval("200ms");
+    assert_eq!(bob.submit_toml(&api.toml()).await.unwrap().0, 201);
+    alice.wait_ready("web", 3).await;
+    bob.wait_ready("api", 1).await;
+
+    // --- alice: web with 3 endpoints, the token taken out of the address bar ---
+    browser
+        .c()
+        .goto(&format!("{}/ui#token={ALICE}", c.api.base))
+        .await
+        .unwrap();
+    let rows = page_shows_endpoints(&browser, 3).await;
+    let services = browser.rows("services").await.unwrap();
+    assert_eq!(services.len(), 1, "{services:?}");
+    assert_eq!(services[0][0], "web");
+    assert_eq!(services[0][1], "team-a");
+    assert_eq!(services[0][2], "3/3");
+    let url = browser.c().current_url().await.unwrap();
+    assert!(
+        !url.as_str().contains(ALICE),
+        "the token stays in the URL: {url}"
+    );
+    let hosts = browser.rows("hosts").await.unwrap();
+    assert_eq!(hosts.len(), 3, "{hosts:?}");
+    // The page's addresses are the ones the REST API answers.
+    let plain = alice.plain("web").await.unwrap();
+    let shown: Vec<String> = rows.iter().map(|r| r[3].clone()).collect();
+    let mut expected = plain.clone();
+    expected.sort();
+    let mut shown_sorted = shown.clone();
+    shown_sorted.sort();
+    assert_eq!(shown_sorted, expected, "page rows {rows:?}");
+    if let Some(path) = std::env::var_os("XCE_UI_SCREENSHOT") {
+        let png = browser.c().screenshot().await.unwrap();
+        std::fs::write(PathBuf::from(&path), &png).unwrap();
+        println!("FIGURE ui screenshot: {} bytes in {path:?}", png.len());
+    }
+
+    // --- kill replica 1: timed in the page, from just before the kill ---
+    let victim = rows
+        .iter()
+        .find(|r| r[0] == "1")
+        .expect("replica 1 shown")
+        .clone();
+    let t0 = browser
+        .js(
+            r#"const target = arguments[0];
+               const has = () => !!document.querySelector('#endpoints tbody tr[data-replica="' + target + '"]');
+               window.__ui = { gone: null, back: null, t0: performance.now() };
+               new MutationObserver(() => {
+                 const now = performance.now();
+                 if (window.__ui.gone === null) { if (!has()) window.__ui.gone = now; }
+                 else if (window.__ui.back === null && has()) window.__ui.back = now;
+               }).observe(document.getElementById('endpoints'), { childList: true, subtree: true });
+               return window.__ui.t0;"#,
+            vec![json!("1")],
+        )
+        .await
+        .unwrap();
+    assert!(t0.is_number());
+    kill_replica_listening_on(&victim[3]).unwrap();
+    let (gone_ms, back_ms) = eventually("the page shows replica 1 gone and back", || async {
+        let v = browser.js("return window.__ui;", vec![]).await?;
+        let t0 = v["t0"].as_f64().context("t0")?;
+        Ok(match (v["gone"].as_f64(), v["back"].as_f64()) {
+            (Some(g), Some(b)) => Some((g - t0, b - t0)),
+            _ => None,
+        })
+    })
+    .await;
+    let rows_after = page_shows_endpoints(&browser, 3).await;
+    println!(
+        "SUMMARY ui killed replica's endpoint: gone from the page after {gone_ms:.0} ms (limit 2000), back after {back_ms:.0} ms; {}",
+        browser.version
+    );
+    assert!(
+        gone_ms <= 2000.0,
+        "the page still showed the killed replica after {gone_ms:.0} ms"
+    );
+    assert!(
+        rows_after.iter().all(|r| r[3] != victim[3]),
+        "the killed replica's address is still listed: {rows_after:?}"
+    );
+
+    // --- a refused token: a clear state, nothing shown ---
+    browser
+        .c()
+        .goto(&format!("{}/ui#token=not-a-token", c.api.base))
+        .await
+        .unwrap();
+    eventually("the page says the token is refused", || async {
+        let refused = browser.conn_state().await? == "refused";
+        let text = browser.js("return document.body.innerText;", vec![]).await?;
+        let text = text.as_str().unwrap_or_default();
+        Ok((refused && text.contains("token refused") && !text.contains("team-a")).then_some(()))
+    })
+    .await;
+
+    // --- bob, in the same tab: only team-b, also while team-a changes ---
+    browser
+        .c()
+        .goto(&format!("{}/ui#token={BOB}", c.api.base))
+        .await
+        .unwrap();
+    let bob_rows = page_shows_endpoints(&browser, 1).await;
+    let services = browser.rows("services").await.unwrap();
+    assert_eq!(services.len(), 1, "{services:?}");
+    assert_eq!((&*services[0][0], &*services[0][1]), ("api", "team-b"));
+    let api_addr = bob.plain("api").await.unwrap();
+    assert_eq!(bob_rows[0][3], api_addr[0]);
+
+    // What bob's token gets from the stream the page reads, across a change of team-a.
+    let mut stream = sse_open(&bob, "/v1/endpoints/stream", None)
+        .await
+        .unwrap()
+        .bytes_stream();
+    let (_, _, before) = alice.get("/v1/services/web/endpoints").await.unwrap();
+    let web_before = entry_endpoints(&serde_json::from_str(&before).unwrap());
+    let victim2 = web_before
+        .iter()
+        .find(|(r, _, _)| *r == 2)
+        .expect("replica 2")
+        .clone();
+    kill_replica_listening_on(&victim2.2).unwrap();
+    let mut web_addrs: Vec<String> = web_before.iter().map(|e| e.2.clone()).collect();
+    let (page_while, web_now) = eventually("team-a's web replaced replica 2", || async {
+        let page = browser.whole_page().await?;
+        // Checked on every round while team-a changes, not only at the end.
+        check_no_team_a(&page, &web_addrs)?;
+        let (_, _, now) = alice.get("/v1/services/web/endpoints").await?;
+        let now = entry_endpoints(&serde_json::from_str(&now)?);
+        let replaced = now.len() == 3 && now.iter().any(|e| e.0 == 2 && e.1 != victim2.1);
+        Ok(replaced.then_some((page, now)))
+    })
+    .await;
+    web_addrs.extend(web_now.iter().map(|e| e.2.clone()));
+    assert!(page_while.contains("team-b"), "bob's page shows team-b");
+    let page = browser.whole_page().await.unwrap();
+    check_no_team_a(&page, &web_addrs).unwrap();
+
+    // The network data: every request the page completed was one of its three, and what
+    // those answer bob's token holds nothing of team-a; nor does the stream it keeps open.
+    let urls = browser
+        .js(
+            "return performance.getEntriesByType('resource').map(e => new URL(e.name).pathname);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let urls: Vec<String> = serde_json::from_value(urls).unwrap();
+    for u in &urls {
+        assert!(
+            ["/ui/app.js", "/ui/app.css", "/v1/services", "/v1/hosts", "/v1/endpoints/stream"]
+                .contains(&u.as_str()),
+            "the page requested {u}"
+        );
+    }
+    for path in ["/v1/services", "/v1/hosts"] {
+        let (st, _, body) = bob.get(path).await.unwrap();
+        assert_eq!(st, 200, "{path}");
+        check_no_team_a(&body, &web_addrs).unwrap();
+    }
+    let mut got = Vec::new();
+    // Whatever the stream sent bob up to now: the snapshot, and no event of team-a's change.
+    while let Ok(Some(chunk)) =
+        tokio::time::timeout(Duration::from_millis(300), stream.next()).await
+    {
+        got.extend_from_slice(&chunk.unwrap());
+    }
+    let got = String::from_utf8_lossy(&got);
+    assert!(got.contains("\"team-b\""), "bob's stream: {got}");
+    check_no_team_a(&got, &web_addrs).unwrap();
+    println!(
+        "FIGURE ui tenant check: bob's page polled while team-a's web replaced a replica; {} team-a addresses never appeared in the page, /v1/services, /v1/hosts or the stream",
+        web_addrs.len()
+    );
+    browser.close().await;
+}
+
+/// Fails if `text` names team-a or any of web's endpoints.
+fn check_no_team_a(text: &str, web_addrs: &[String]) -> Result<()> {
+    if text.contains("team-a") {
+        bail!("team-a appears: {text}");
+    }
+    if let Some(a) = web_addrs.iter().find(|a| text.contains(a.as_str())) {
+        bail!("team-a's endpoint {a} appears: {text}");
+    }
+    Ok(())
+}
