@@ -63,7 +63,10 @@ fn serve(asset: &Asset, request: &HeaderMap) -> Response {
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.split(',').any(|t| t.trim() == etag));
     let headers = [
-        (header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP)),
+        (
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(CSP),
+        ),
         (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
         (
             header::X_CONTENT_TYPE_OPTIONS,
@@ -115,10 +118,13 @@ mod tests {
         if let Some(tag) = if_none_match {
             req = req.header(header::IF_NONE_MATCH, tag);
         }
-        router().oneshot(req.body(Body::empty()).unwrap()).await.unwrap()
+        router()
+            .oneshot(req.body(Body::empty()).unwrap())
+            .await
+            .unwrap()
     }
 
-    fn header_of<'a>(r: &'a Response, name: header::HeaderName) -> &'a str {
+    fn header_of(r: &Response, name: header::HeaderName) -> &str {
         r.headers().get(name).unwrap().to_str().unwrap()
     }
 
@@ -133,7 +139,11 @@ mod tests {
             let r = get(path, None).await;
             assert_eq!(r.status(), StatusCode::OK, "{path}");
             assert_eq!(header_of(&r, header::CONTENT_TYPE), ctype, "{path}");
-            assert_eq!(header_of(&r, header::CONTENT_SECURITY_POLICY), CSP, "{path}");
+            assert_eq!(
+                header_of(&r, header::CONTENT_SECURITY_POLICY),
+                CSP,
+                "{path}"
+            );
             assert_eq!(header_of(&r, header::CACHE_CONTROL), "no-cache", "{path}");
             assert_eq!(header_of(&r, header::X_CONTENT_TYPE_OPTIONS), "nosniff");
         }
@@ -153,7 +163,10 @@ mod tests {
         assert!(!html.contains("http://") && !html.contains("https://"));
         let js = String::from_utf8(SCRIPT.body.to_vec()).unwrap();
         // Data goes into the page as text only.
-        assert!(!js.contains("innerHTML"), "the script must not build markup from data");
+        assert!(
+            !js.contains("innerHTML"),
+            "the script must not build markup from data"
+        );
         assert!(!js.contains("http://") && !js.contains("https://"));
     }
 

@@ -176,7 +176,7 @@ async function streamLoop(epoch) {
         refused();
         return;
       }
-      if (!r.ok || !r.body) throw new Error("stream answered " + r.status);
+      if (!r.ok || !r.body) throw new Error("HTTP " + r.status);
       setConn("live", "live");
       if (!state.lastEventId) state.entries.clear(); // a fresh snapshot follows
       const parser = new SseParser((ev) => {
@@ -195,7 +195,8 @@ async function streamLoop(epoch) {
     } catch (e) {
       if (epoch !== state.epoch) return;
       const wait = Math.round(backoff * (0.5 + Math.random() * 0.5));
-      setConn("down", "disconnected, retrying in " + Math.max(1, Math.round(wait / 1000)) + " s");
+      const why = e && e.message && e.message.startsWith("HTTP ") ? " (" + e.message + ")" : "";
+      setConn("down", "disconnected" + why + ", retrying in " + Math.max(1, Math.round(wait / 1000)) + " s");
       await new Promise((done) => setTimeout(done, wait));
       backoff = Math.min(backoff * 2, BACKOFF_CAP_MS);
     }
@@ -236,6 +237,7 @@ function refused() {
   render();
   // Not kept for a reload either: the next one is typed in.
   sessionStorage.removeItem(TOKEN_KEY);
+  $("token").placeholder = "bearer token";
   setConn("refused", "token refused");
   notice("The server refused this token (401). Type another one above.");
 }
@@ -257,11 +259,13 @@ function useToken(token) {
   notice("");
   if (!token) {
     sessionStorage.removeItem(TOKEN_KEY);
+    $("token").placeholder = "bearer token";
     setConn("idle", "no token");
     render();
     return;
   }
   sessionStorage.setItem(TOKEN_KEY, token);
+  $("token").placeholder = "token in use; type another to switch";
   const epoch = state.epoch;
   refreshLists(epoch);
   state.listsInterval = setInterval(() => refreshLists(epoch), LISTS_EVERY_MS);
@@ -358,7 +362,7 @@ function renderEndpoints(changed) {
     if (changed === key) tr.classList.add("flash");
     body.append(tr);
   }
-  $("ep-empty").hidden = eps.length > 0;
+  $("ep-empty").hidden = !entry || eps.length > 0;
 }
 
 function hostPort(address, port) {

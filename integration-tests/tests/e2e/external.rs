@@ -13,11 +13,9 @@ pub fn find_program(names: &[&str]) -> Option<PathBuf> {
     let dirs: Vec<PathBuf> = std::env::split_paths(&path)
         .chain([PathBuf::from("/usr/bin")])
         .collect();
-    names.iter().find_map(|name| {
-        dirs.iter()
-            .map(|d| d.join(name))
-            .find(|p| is_executable(p))
-    })
+    names
+        .iter()
+        .find_map(|name| dirs.iter().map(|d| d.join(name)).find(|p| is_executable(p)))
 }
 
 fn is_executable(p: &Path) -> bool {

@@ -42,7 +42,9 @@ grants = [ {{ permission = "job.view", projects = ["team-b"] }}, {{ permission =
 fn readme_config(base: &str, token: &str) -> Result<String> {
     let readme = std::fs::read_to_string(workspace_root().join("README.md"))?;
     let marker = "<!-- prometheus.yml: run as written";
-    let start = readme.find(marker).context("the README's prometheus.yml marker")?;
+    let start = readme
+        .find(marker)
+        .context("the README's prometheus.yml marker")?;
     let rest = &readme[start..];
     let body = rest
         .split_once("```yaml\n")
@@ -71,7 +73,10 @@ async fn targets(prom: &str) -> Result<BTreeMap<String, (Value, Value)>> {
         .json()
         .await?;
     let mut out = BTreeMap::new();
-    for t in v["data"]["activeTargets"].as_array().context("activeTargets")? {
+    for t in v["data"]["activeTargets"]
+        .as_array()
+        .context("activeTargets")?
+    {
         if t["labels"]["job"] != "xce" {
             continue;
         }

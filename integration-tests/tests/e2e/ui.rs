@@ -92,13 +92,11 @@ impl Browser {
                 ],
             }),
         );
-        let client = ClientBuilder::new(
-            hyper_util::client::legacy::connect::HttpConnector::new(),
-        )
-        .capabilities(caps)
-        .connect(&url)
-        .await
-        .with_context(|| format!("WebDriver session: {}", driver.output()))?;
+        let client = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new())
+            .capabilities(caps)
+            .connect(&url)
+            .await
+            .with_context(|| format!("WebDriver session: {}", driver.output()))?;
         Ok(Some(Self {
             client: Some(client),
             profile,
@@ -129,7 +127,10 @@ impl Browser {
 
     async fn conn_state(&self) -> Result<String> {
         let v = self
-            .js("return document.getElementById('conn').dataset.state || '';", vec![])
+            .js(
+                "return document.getElementById('conn').dataset.state || '';",
+                vec![],
+            )
             .await?;
         Ok(v.as_str().unwrap_or_default().to_owned())
     }
@@ -275,7 +276,9 @@ async fn the_web_view_follows_a_killed_replica_and_shows_a_tenant_only_its_own()
         .unwrap();
     eventually("the page says the token is refused", || async {
         let refused = browser.conn_state().await? == "refused";
-        let text = browser.js("return document.body.innerText;", vec![]).await?;
+        let text = browser
+            .js("return document.body.innerText;", vec![])
+            .await?;
         let text = text.as_str().unwrap_or_default();
         Ok((refused && text.contains("token refused") && !text.contains("team-a")).then_some(()))
     })
@@ -335,8 +338,14 @@ async fn the_web_view_follows_a_killed_replica_and_shows_a_tenant_only_its_own()
     let urls: Vec<String> = serde_json::from_value(urls).unwrap();
     for u in &urls {
         assert!(
-            ["/ui/app.js", "/ui/app.css", "/v1/services", "/v1/hosts", "/v1/endpoints/stream"]
-                .contains(&u.as_str()),
+            [
+                "/ui/app.js",
+                "/ui/app.css",
+                "/v1/services",
+                "/v1/hosts",
+                "/v1/endpoints/stream"
+            ]
+            .contains(&u.as_str()),
             "the page requested {u}"
         );
     }
