@@ -265,7 +265,7 @@ function useToken(token) {
     return;
   }
   sessionStorage.setItem(TOKEN_KEY, token);
-  $("token").placeholder = "token in use; type another to switch";
+  $("token").placeholder = "token in use (type to switch)";
   const epoch = state.epoch;
   refreshLists(epoch);
   state.listsInterval = setInterval(() => refreshLists(epoch), LISTS_EVERY_MS);

@@ -222,6 +222,31 @@ async fn the_web_view_follows_a_killed_replica_and_shows_a_tenant_only_its_own()
         println!("FIGURE ui screenshot: {} bytes in {path:?}", png.len());
     }
 
+    // The page's SSE parser, fed a stream cut at every possible place: CRLF, CR and LF line
+    // ends, a comment, a multi-line data field, an event without data (`reset` may be one).
+    let parsed = browser
+        .js(
+            r#"const text = ": keep-alive\r\nid: 7\r\ndata: {\"a\":\r\ndata: 1}\r\n\r\n"
+                 + "event: reset\n\n" + "id: 9\rdata:x\r\r" + "data: no end";
+               const out = [];
+               for (let cut = 0; cut <= text.length; cut++) {
+                 const got = [];
+                 const p = new SseParser((e) => got.push([e.event, e.data, e.id]));
+                 p.push(text.slice(0, cut));
+                 p.push(text.slice(cut));
+                 out.push(JSON.stringify(got));
+               }
+               return out;"#,
+            vec![],
+        )
+        .await
+        .unwrap();
+    let parsed: Vec<String> = serde_json::from_value(parsed).unwrap();
+    let want = r#"[["message","{\"a\":\n1}","7"],["reset","",null],["message","x","9"]]"#;
+    for (cut, got) in parsed.iter().enumerate() {
+        assert_eq!(got, want, "SSE parser, input cut at {cut}");
+    }
+
     // --- kill replica 1: timed in the page, from just before the kill ---
     let victim = rows
         .iter()
