@@ -2,6 +2,7 @@
 //! WebDriver, Prometheus): found where `./test.sh` installs them, started on a free
 //! loopback port, killed with the test.
 
+use crate::harness::{http_service, Api, DevCluster};
 use anyhow::{Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -62,5 +63,63 @@ impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// The first line `program --version` prints (empty if it prints nothing).
+pub fn program_version(program: &Path) -> String {
+    Command::new(program)
+        .arg("--version")
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .trim()
+                .to_owned()
+        })
+        .unwrap_or_default()
+}
+
+/// What the outside watchers (a browser, Prometheus) look at: a 3-host dev cluster on
+/// `tokens`, with `web` (team-a, 3 replicas, submitted with `owner_a`, `web_extra` appended
+/// to its profile) and `api` (team-b, 1 replica, submitted with `owner_b`), all ready.
+pub struct TwoTenants {
+    pub cluster: DevCluster,
+    pub a: Api,
+    pub b: Api,
+    /// `api`'s one endpoint.
+    pub b_endpoint: String,
+    _dir: tempfile::TempDir,
+}
+
+impl TwoTenants {
+    pub async fn start(tokens: &str, owner_a: &str, owner_b: &str, web_extra: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let tokens_file = dir.path().join("tokens.toml");
+        std::fs::write(&tokens_file, tokens).unwrap();
+        let cluster =
+            DevCluster::start_with(3, false, &["--tokens", tokens_file.to_str().unwrap()])
+                .expect("dev cluster");
+        let a = cluster.api.with_token(owner_a);
+        let b = cluster.api.with_token(owner_b);
+        let web = http_service("web", 3).project("team-a").interval("200ms");
+        let (st, body) = a
+            .submit_toml(&format!("{}{web_extra}", web.toml()))
+            .await
+            .unwrap();
+        assert_eq!(st, 201, "{body}");
+        let api = http_service("api", 1).project("team-b").interval("200ms");
+        assert_eq!(b.submit_toml(&api.toml()).await.unwrap().0, 201);
+        a.wait_ready("web", 3).await;
+        let b_endpoint = b.wait_ready("api", 1).await.remove(0);
+        Self {
+            cluster,
+            a,
+            b,
+            b_endpoint,
+            _dir: dir,
+        }
     }
 }

@@ -4,7 +4,7 @@
 //! own API (`/api/v1/targets`): the 3 replicas with their labels, a token's view only, a
 //! killed replica's target dropped and its replacement picked up.
 
-use crate::external::{find_program, skipped, Daemon};
+use crate::external::{find_program, program_version, skipped, Daemon, TwoTenants};
 use crate::harness::*;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -95,31 +95,10 @@ async fn a_real_prometheus_discovers_the_replicas_and_follows_a_kill() {
         skipped("prometheus (real Prometheus SD test)", "prometheus");
         return;
     };
-    let version = Command::new(&prometheus)
-        .arg("--version")
-        .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout)
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .to_owned()
-        })
-        .unwrap_or_default();
+    let version = program_version(&prometheus);
+    let t = TwoTenants::start(&tokens(), OWNER, OTHER, "").await;
+    let (c, alice, hidden) = (&t.cluster, &t.a, &t.b_endpoint);
     let dir = tempfile::tempdir().unwrap();
-    let tokens_file = dir.path().join("tokens.toml");
-    std::fs::write(&tokens_file, tokens()).unwrap();
-    let c = DevCluster::start_with(3, false, &["--tokens", tokens_file.to_str().unwrap()])
-        .expect("dev cluster");
-    let alice = c.api.with_token(OWNER);
-    let bob = c.api.with_token(OTHER);
-    let web = http_service("web", 3).project("team-a").interval("200ms");
-    assert_eq!(alice.submit_toml(&web.toml()).await.unwrap().0, 201);
-    let api = http_service("api", 1).project("team-b").interval("200ms");
-    assert_eq!(bob.submit_toml(&api.toml()).await.unwrap().0, 201);
-    alice.wait_ready("web", 3).await;
-    let hidden = bob.wait_ready("api", 1).await;
-
     let cfg_path = dir.path().join("prometheus.yml");
     let cfg = readme_config(&c.api.base, VIEWER).unwrap();
     // The README's warning, checked: the same job without `type: Bearer` is refused.
@@ -179,7 +158,7 @@ async fn a_real_prometheus_discovers_the_replicas_and_follows_a_kill() {
         assert_eq!(labels["host"], discovered["__meta_xce_host"], "{labels}");
     }
     assert!(
-        !found.contains_key(&hidden[0]),
+        !found.contains_key(hidden),
         "team-b's replica discovered with a team-a token: {found:?}"
     );
 

@@ -10,7 +10,7 @@
 //! With `XCE_UI_SCREENSHOT=path.png` it also saves a screenshot of the page showing `web`
 //! (the README's picture is taken this way).
 
-use crate::external::{find_program, skipped, Daemon};
+use crate::external::{find_program, program_version, skipped, Daemon, TwoTenants};
 use crate::harness::*;
 use anyhow::{bail, Context, Result};
 use fantoccini::{Client, ClientBuilder};
@@ -56,11 +56,7 @@ impl Browser {
         ) else {
             return Ok(None);
         };
-        let version = Command::new(&chromium)
-            .arg("--version")
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-            .unwrap_or_default();
+        let version = program_version(&chromium);
         let profile = tempfile::tempdir()?;
         let port = free_port();
         let driver = Daemon::spawn(
@@ -103,6 +99,14 @@ impl Browser {
             _driver: driver,
             version,
         }))
+    }
+
+    /// Opens the web view of `base` with `token` in the URL fragment.
+    async fn open(&self, base: &str, token: &str) {
+        self.c()
+            .goto(&format!("{base}/ui#token={token}"))
+            .await
+            .unwrap();
     }
 
     fn c(&self) -> &Client {
@@ -175,26 +179,11 @@ async fn the_web_view_follows_a_killed_replica_and_shows_a_tenant_only_its_own()
         skipped("ui (browser test)", "chromium or chromium-driver");
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let tokens_file = dir.path().join("tokens.toml");
-    std::fs::write(&tokens_file, tokens()).unwrap();
-    let c = DevCluster::start_with(3, false, &["--tokens", tokens_file.to_str().unwrap()])
-        .expect("dev cluster");
-    let alice = c.api.with_token(ALICE);
-    let bob = c.api.with_token(BOB);
-    let web = http_service("web", 3).project("team-a").interval("200ms");
-    assert_eq!(alice.submit_toml(&web.toml()).await.unwrap().0, 201);
-    let api = http_service("api", 1).project("team-b").interval("200ms");
-    assert_eq!(bob.submit_toml(&api.toml()).await.unwrap().0, 201);
-    alice.wait_ready("web", 3).await;
-    bob.wait_ready("api", 1).await;
+    let t = TwoTenants::start(&tokens(), ALICE, BOB, "").await;
+    let (c, alice, bob) = (&t.cluster, &t.a, &t.b);
 
     // --- alice: web with 3 endpoints, the token taken out of the address bar ---
-    browser
-        .c()
-        .goto(&format!("{}/ui#token={ALICE}", c.api.base))
-        .await
-        .unwrap();
+    browser.open(&c.api.base, ALICE).await;
     let rows = page_shows_endpoints(&browser, 3).await;
     let services = browser.rows("services").await.unwrap();
     assert_eq!(services.len(), 1, "{services:?}");
@@ -294,11 +283,7 @@ async fn the_web_view_follows_a_killed_replica_and_shows_a_tenant_only_its_own()
     );
 
     // --- a refused token: a clear state, nothing shown ---
-    browser
-        .c()
-        .goto(&format!("{}/ui#token=not-a-token", c.api.base))
-        .await
-        .unwrap();
+    browser.open(&c.api.base, "not-a-token").await;
     eventually("the page says the token is refused", || async {
         let refused = browser.conn_state().await? == "refused";
         let text = browser
@@ -310,20 +295,15 @@ async fn the_web_view_follows_a_killed_replica_and_shows_a_tenant_only_its_own()
     .await;
 
     // --- bob, in the same tab: only team-b, also while team-a changes ---
-    browser
-        .c()
-        .goto(&format!("{}/ui#token={BOB}", c.api.base))
-        .await
-        .unwrap();
+    browser.open(&c.api.base, BOB).await;
     let bob_rows = page_shows_endpoints(&browser, 1).await;
     let services = browser.rows("services").await.unwrap();
     assert_eq!(services.len(), 1, "{services:?}");
     assert_eq!((&*services[0][0], &*services[0][1]), ("api", "team-b"));
-    let api_addr = bob.plain("api").await.unwrap();
-    assert_eq!(bob_rows[0][3], api_addr[0]);
+    assert_eq!(bob_rows[0][3], t.b_endpoint);
 
     // What bob's token gets from the stream the page reads, across a change of team-a.
-    let mut stream = sse_open(&bob, "/v1/endpoints/stream", None)
+    let mut stream = sse_open(bob, "/v1/endpoints/stream", None)
         .await
         .unwrap()
         .bytes_stream();
