@@ -417,16 +417,22 @@ function start() {
   $("forget").addEventListener("click", () => useToken(""));
   state.selected = sessionStorage.getItem(SELECTED_KEY) || "";
 
-  // /ui#token=T: take it, keep it for this tab, and take it out of the address bar (and so
-  // out of the history and of anything copied from there).
-  const hash = new URLSearchParams(location.hash.slice(1));
-  let token = hash.get("token");
-  if (token !== null) {
-    history.replaceState(null, "", location.pathname + location.search);
-  } else {
-    token = sessionStorage.getItem(TOKEN_KEY) || "";
-  }
-  useToken(token.trim());
+  const token = tokenFromHash();
+  useToken(token !== null ? token : sessionStorage.getItem(TOKEN_KEY) || "");
+  // A /ui#token=… link opened in a tab that shows the page already.
+  window.addEventListener("hashchange", () => {
+    const token = tokenFromHash();
+    if (token !== null) useToken(token);
+  });
+}
+
+// /ui#token=T: takes it and removes it from the address bar (and so from the history and
+// from anything copied from there). Null when the fragment has no token.
+function tokenFromHash() {
+  const token = new URLSearchParams(location.hash.slice(1)).get("token");
+  if (token === null) return null;
+  history.replaceState(null, "", location.pathname + location.search);
+  return token.trim();
 }
 
 document.addEventListener("DOMContentLoaded", start);

@@ -327,6 +327,8 @@ async fn the_web_view_follows_a_killed_replica_and_shows_a_tenant_only_its_own()
     })
     .await;
     web_addrs.extend(web_now.iter().map(|e| e.2.clone()));
+    web_addrs.sort();
+    web_addrs.dedup();
     assert!(page_while.contains("team-b"), "bob's page shows team-b");
     let page = browser.whole_page().await.unwrap();
     check_no_team_a(&page, &web_addrs).unwrap();
