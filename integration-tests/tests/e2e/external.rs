@@ -123,3 +123,21 @@ impl TwoTenants {
         }
     }
 }
+
+/// One `[[token]]` of a tokens file: `secret` for `principal`, with each
+/// `(permission, project)` grant.
+pub fn token(secret: &str, principal: &str, grants: &[(&str, &str)]) -> String {
+    let grants: Vec<String> = grants
+        .iter()
+        .map(|(p, project)| format!("{{ permission = \"{p}\", projects = [\"{project}\"] }}"))
+        .collect();
+    format!(
+        "[[token]]\nsecret = \"{secret}\"\nprincipal = \"{principal}\"\ngrants = [ {} ]\n\n",
+        grants.join(", ")
+    )
+}
+
+/// View and submit on `project`.
+pub fn own(project: &str) -> [(&'static str, &str); 2] {
+    [("job.view", project), ("job.submit", project)]
+}

@@ -4,7 +4,7 @@
 //! own API (`/api/v1/targets`): the 3 replicas with their labels, a token's view only, a
 //! killed replica's target dropped and its replacement picked up.
 
-use crate::external::{find_program, program_version, skipped, Daemon, TwoTenants};
+use crate::external::{find_program, own, program_version, skipped, token, Daemon, TwoTenants};
 use crate::harness::*;
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -17,24 +17,9 @@ const OWNER: &str = "prom-owner-9b3d6e0a4c1f2857";
 const OTHER: &str = "prom-other-1e7f4a9c0b6d3825";
 
 fn tokens() -> String {
-    format!(
-        r#"
-[[token]]
-secret = "{VIEWER}"
-principal = "prometheus"
-grants = [ {{ permission = "job.view", projects = ["team-a"] }} ]
-
-[[token]]
-secret = "{OWNER}"
-principal = "alice"
-grants = [ {{ permission = "job.view", projects = ["team-a"] }}, {{ permission = "job.submit", projects = ["team-a"] }} ]
-
-[[token]]
-secret = "{OTHER}"
-principal = "bob"
-grants = [ {{ permission = "job.view", projects = ["team-b"] }}, {{ permission = "job.submit", projects = ["team-b"] }} ]
-"#
-    )
+    token(VIEWER, "prometheus", &[("job.view", "team-a")])
+        + &token(OWNER, "alice", &own("team-a"))
+        + &token(OTHER, "bob", &own("team-b"))
 }
 
 /// The README's `prometheus.yml`, for this cluster: its address and token, and 1 s

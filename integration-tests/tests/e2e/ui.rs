@@ -10,7 +10,7 @@
 //! With `XCE_UI_SCREENSHOT=path.png` it also saves a screenshot of the page showing `web`
 //! (the README's picture is taken this way).
 
-use crate::external::{find_program, program_version, skipped, Daemon, TwoTenants};
+use crate::external::{find_program, own, program_version, skipped, token, Daemon, TwoTenants};
 use crate::harness::*;
 use anyhow::{bail, Context, Result};
 use fantoccini::{Client, ClientBuilder};
@@ -24,19 +24,7 @@ const ALICE: &str = "ui-alice-7d41c2e98b3f5a06";
 const BOB: &str = "ui-bob-2a9e6f13c85d0b74";
 
 fn tokens() -> String {
-    format!(
-        r#"
-[[token]]
-secret = "{ALICE}"
-principal = "alice"
-grants = [ {{ permission = "job.view", projects = ["team-a"] }}, {{ permission = "job.submit", projects = ["team-a"] }} ]
-
-[[token]]
-secret = "{BOB}"
-principal = "bob"
-grants = [ {{ permission = "job.view", projects = ["team-b"] }}, {{ permission = "job.submit", projects = ["team-b"] }} ]
-"#
-    )
+    token(ALICE, "alice", &own("team-a")) + &token(BOB, "bob", &own("team-b"))
 }
 
 /// Headless Chromium under chromedriver, both ended with the test.
