@@ -83,8 +83,9 @@ pub fn program_version(program: &Path) -> String {
 }
 
 /// What the outside watchers (a browser, Prometheus) look at: a 3-host dev cluster on
-/// `tokens`, with `web` (team-a, 3 replicas, submitted with `owner_a`, `web_extra` appended
-/// to its profile) and `api` (team-b, 1 replica, submitted with `owner_b`), all ready.
+/// `tokens`, with `web` (team-a, 3 replicas, submitted with `owner_a`) and `api` (team-b, 1
+/// replica, submitted with `owner_b`), all ready; `extra.0` and `extra.1` are appended to
+/// their profiles (e.g. `[service.meta]`).
 pub struct TwoTenants {
     pub cluster: DevCluster,
     pub a: Api,
@@ -95,7 +96,7 @@ pub struct TwoTenants {
 }
 
 impl TwoTenants {
-    pub async fn start(tokens: &str, owner_a: &str, owner_b: &str, web_extra: &str) -> Self {
+    pub async fn start(tokens: &str, owner_a: &str, owner_b: &str, extra: (&str, &str)) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let tokens_file = dir.path().join("tokens.toml");
         std::fs::write(&tokens_file, tokens).unwrap();
@@ -106,12 +107,16 @@ impl TwoTenants {
         let b = cluster.api.with_token(owner_b);
         let web = http_service("web", 3).project("team-a").interval("200ms");
         let (st, body) = a
-            .submit_toml(&format!("{}{web_extra}", web.toml()))
+            .submit_toml(&format!("{}{}", web.toml(), extra.0))
             .await
             .unwrap();
         assert_eq!(st, 201, "{body}");
         let api = http_service("api", 1).project("team-b").interval("200ms");
-        assert_eq!(b.submit_toml(&api.toml()).await.unwrap().0, 201);
+        let (st, body) = b
+            .submit_toml(&format!("{}{}", api.toml(), extra.1))
+            .await
+            .unwrap();
+        assert_eq!(st, 201, "{body}");
         a.wait_ready("web", 3).await;
         let b_endpoint = b.wait_ready("api", 1).await.remove(0);
         Self {

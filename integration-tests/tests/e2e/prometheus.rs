@@ -81,7 +81,13 @@ async fn a_real_prometheus_discovers_the_replicas_and_follows_a_kill() {
         return;
     };
     let version = program_version(&prometheus);
-    let t = TwoTenants::start(&tokens(), OWNER, OTHER, "").await;
+    let t = TwoTenants::start(
+        &tokens(),
+        OWNER,
+        OTHER,
+        ("[service.meta]\nteam = \"payments\"\n", ""),
+    )
+    .await;
     let (c, alice, hidden) = (&t.cluster, &t.a, &t.b_endpoint);
     let dir = tempfile::tempdir().unwrap();
     let cfg_path = dir.path().join("prometheus.yml");
@@ -127,6 +133,7 @@ async fn a_real_prometheus_discovers_the_replicas_and_follows_a_kill() {
             ("__meta_xce_job", job.clone()),
             ("__meta_xce_port", "http".to_owned()),
             ("__meta_xce_generation", "1".to_owned()),
+            ("__meta_xce_meta_team", "payments".to_owned()),
         ] {
             assert_eq!(discovered[k], v, "{k} of {addr}: {discovered}");
         }
@@ -141,6 +148,8 @@ async fn a_real_prometheus_discovers_the_replicas_and_follows_a_kill() {
         assert_eq!(labels["project"], "team-a", "{labels}");
         assert_eq!(labels["replica"], replica.to_string(), "{labels}");
         assert_eq!(labels["host"], discovered["__meta_xce_host"], "{labels}");
+        // `labelmap`: the meta label under its own name.
+        assert_eq!(labels["team"], "payments", "{labels}");
     }
     assert!(
         !found.contains_key(hidden),

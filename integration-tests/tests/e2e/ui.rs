@@ -20,6 +20,11 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+/// `web`'s labels: one plain, one that would be an image with a script if it became markup.
+const WEB_META: &str = "[service.meta]\nteam = \"payments\"\ntier = \"frontend\"\n";
+/// `api`'s label is markup: the page must show it as text and run nothing.
+const API_META: &str = "[service.meta]\nnote = \"<img src=x onerror=\\\"window.__xss=1\\\">\"\n";
+
 const ALICE: &str = "ui-alice-7d41c2e98b3f5a06";
 const BOB: &str = "ui-bob-2a9e6f13c85d0b74";
 
@@ -167,7 +172,7 @@ async fn the_web_view_follows_a_killed_replica_and_shows_a_tenant_only_its_own()
         skipped("ui (browser test)", "chromium or chromium-driver");
         return;
     };
-    let t = TwoTenants::start(&tokens(), ALICE, BOB, "").await;
+    let t = TwoTenants::start(&tokens(), ALICE, BOB, (WEB_META, API_META)).await;
     let (c, alice, bob) = (&t.cluster, &t.a, &t.b);
 
     // --- alice: web with 3 endpoints, the token taken out of the address bar ---
@@ -178,6 +183,10 @@ async fn the_web_view_follows_a_killed_replica_and_shows_a_tenant_only_its_own()
     assert_eq!(services[0][0], "web");
     assert_eq!(services[0][1], "team-a");
     assert_eq!(services[0][2], "3/3");
+    assert_eq!(
+        meta_chips(&browser).await["chips"],
+        json!(["team=payments", "tier=frontend"])
+    );
     let url = browser.c().current_url().await.unwrap();
     assert!(
         !url.as_str().contains(ALICE),
@@ -289,6 +298,14 @@ async fn the_web_view_follows_a_killed_replica_and_shows_a_tenant_only_its_own()
     assert_eq!(services.len(), 1, "{services:?}");
     assert_eq!((&*services[0][0], &*services[0][1]), ("api", "team-b"));
     assert_eq!(bob_rows[0][3], t.b_endpoint);
+    let meta = meta_chips(&browser).await;
+    assert_eq!(
+        meta["chips"],
+        json!(["note=<img src=x onerror=\"window.__xss=1\">"]),
+        "{meta}"
+    );
+    assert_eq!(meta["imgs"], 0, "a meta value became markup: {meta}");
+    assert_eq!(meta["xss"], Value::Null, "a meta value ran: {meta}");
 
     // What bob's token gets from the stream the page reads, across a change of team-a.
     let mut stream = sse_open(bob, "/v1/endpoints/stream", None)
@@ -364,6 +381,19 @@ async fn the_web_view_follows_a_killed_replica_and_shows_a_tenant_only_its_own()
         web_addrs.len()
     );
     browser.close().await;
+}
+
+/// The meta labels the page shows (text of each), how many images the page holds, and
+/// whether the markup-looking label ran (`window.__xss`).
+async fn meta_chips(b: &Browser) -> Value {
+    b.js(
+        "return { chips: Array.from(document.querySelectorAll('#ep-meta li')).map(li => li.textContent), \
+                  imgs: document.querySelectorAll('img').length, \
+                  xss: window.__xss === undefined ? null : window.__xss };",
+        vec![],
+    )
+    .await
+    .unwrap()
 }
 
 /// Fails if `text` names team-a or any of web's endpoints.
