@@ -279,6 +279,44 @@ async fn the_web_view_follows_a_killed_replica_and_shows_a_tenant_only_its_own()
         "the killed replica's address is still listed: {rows_after:?}"
     );
 
+    // --- the stream drops (as when an apiserver restarts): the page reconnects with
+    // Last-Event-ID and follows the next change ---
+    let last_id = browser
+        .js(
+            "window.__dropped = state.abort; state.abort.abort(); return state.lastEventId;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(
+        last_id.as_str().is_some_and(|id| !id.is_empty()),
+        "an event id to resume from: {last_id}"
+    );
+    eventually("the page reconnects its stream", || async {
+        let v = browser
+            .js("return state.abort !== window.__dropped;", vec![])
+            .await?;
+        Ok((v == true && browser.conn_state().await? == "live").then_some(()))
+    })
+    .await;
+    let victim0 = rows_after.iter().find(|r| r[0] == "0").unwrap()[3].clone();
+    kill_replica_listening_on(&victim0).unwrap();
+    let reconnected = eventually(
+        "the reconnected page follows replica 0's replacement",
+        || async {
+            let rows = browser.rows("endpoints").await?;
+            let mut shown: Vec<String> = rows.iter().map(|r| r[3].clone()).collect();
+            let mut ready = alice.plain("web").await?;
+            shown.sort();
+            ready.sort();
+            Ok((rows.len() == 3 && !shown.contains(&victim0) && shown == ready).then_some(shown))
+        },
+    )
+    .await;
+    println!(
+        "FIGURE ui reconnect: the dropped stream reconnected with Last-Event-ID {last_id}, then the page showed replica 0's replacement: {reconnected:?}"
+    );
+
     // --- a refused token: a clear state, nothing shown ---
     browser.open(&c.api.base, "not-a-token").await;
     eventually("the page says the token is refused", || async {
