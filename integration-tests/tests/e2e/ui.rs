@@ -208,6 +208,28 @@ async fn the_web_view_follows_a_killed_replica_and_shows_a_tenant_only_its_own()
         println!("FIGURE ui screenshot: {} bytes in {path:?}", png.len());
     }
 
+    // A narrow window (a phone, a side panel): the page itself never scrolls sideways (wide
+    // tables scroll inside their box), and the endpoints are still there.
+    let wide = browser.c().get_window_size().await.unwrap();
+    browser.c().set_window_size(420, 900).await.unwrap();
+    let fits = browser
+        .js(
+            "return [document.documentElement.scrollWidth, document.documentElement.clientWidth];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(
+        fits[0].as_u64().unwrap() <= fits[1].as_u64().unwrap(),
+        "the page is wider than a narrow window (scrollWidth, clientWidth): {fits}"
+    );
+    assert_eq!(browser.rows("endpoints").await.unwrap().len(), 3);
+    browser
+        .c()
+        .set_window_size(wide.0 as u32, wide.1 as u32)
+        .await
+        .unwrap();
+
     // The page's SSE parser, fed a stream cut at every possible place: CRLF, CR and LF line
     // ends, a comment, a multi-line data field, an event without data (`reset` may be one).
     let parsed = browser
