@@ -219,7 +219,10 @@ async fn the_web_view_follows_a_killed_replica_and_shows_a_tenant_only_its_own()
         )
         .await
         .unwrap();
-    assert!(fits[1].as_u64().unwrap() <= 420, "the window did not narrow: {fits}");
+    assert!(
+        fits[1].as_u64().unwrap() <= 420,
+        "the window did not narrow: {fits}"
+    );
     assert!(
         fits[0].as_u64().unwrap() <= fits[1].as_u64().unwrap(),
         "the page is wider than a narrow window (scrollWidth, clientWidth): {fits}"
