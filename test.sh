@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command of README.md: installs what a fresh machine with only Rust lacks
-# (python3 for the test replicas, a C compiler, etcd for the etcd store's tests; Debian
+# (python3 for the test replicas, a C compiler, etcd for the etcd store's tests, Chromium
+# and chromedriver for the web view's browser test, Prometheus for the SD test; Debian
 # packages through apt-get, with sudo when not root), then builds the binaries the
 # end-to-end tests run and runs every test. Extra arguments go to `cargo test`.
 set -euo pipefail
@@ -10,6 +11,11 @@ need_apt=()
 command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
 command -v etcd >/dev/null 2>&1 || [ -x /usr/bin/etcd ] || need_apt+=(etcd-server)
+# The web view's browser test (headless Chromium through WebDriver) and the real
+# Prometheus service-discovery test.
+command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || need_apt+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || [ -x /usr/bin/chromedriver ] || need_apt+=(chromium-driver)
+command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || need_apt+=(prometheus)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "test.sh: installing ${need_apt[*]} (apt-get)" >&2
   sudo=()
@@ -25,7 +31,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     exit 1
   }
   export DEBIAN_FRONTEND=noninteractive
-  # etcd-server's package would start a system etcd: deny service starts during the
+  # etcd-server's and prometheus' packages would start system daemons: deny service starts during the
   # install (policy-rc.d exit 101, Debian's standard switch) unless a policy exists.
   if [ ! -e /usr/sbin/policy-rc.d ]; then
     printf '#!/bin/sh\nexit 101\n' | "${sudo[@]}" tee /usr/sbin/policy-rc.d >/dev/null
@@ -37,6 +43,9 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   # And none at boot either (systemd hosts): the tests run etcds of their own.
   if [[ " ${need_apt[*]} " == *" etcd-server "* ]] && [ -d /run/systemd/system ]; then
     "${sudo[@]}" systemctl disable --now etcd >/dev/null 2>&1 || true
+  fi
+  if [[ " ${need_apt[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
+    "${sudo[@]}" systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
   fi
 fi
 command -v cargo >/dev/null 2>&1 || { echo "test.sh: cargo is missing: install the Rust toolchain (rustup)" >&2; exit 1; }

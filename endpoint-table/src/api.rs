@@ -101,7 +101,9 @@ impl EndpointApi {
 impl ApiExtension for EndpointApi {
     fn router(&self, cx: ApiContext) -> axum::Router {
         self.start_pump();
-        crate::routes::router(self.shared.clone(), cx)
+        // The web view rides along: every apiserver that serves the endpoints serves the
+        // page that shows them.
+        crate::routes::router(self.shared.clone(), cx).merge(crate::ui::router())
     }
 
     fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {

@@ -10,6 +10,7 @@ use std::time::Duration;
 /// max_watchers = 20000
 /// max_watchers_per_principal = 2000
 /// stream_buffer = 64
+/// all_stream_buffer = 4096
 /// default_wait = "5m"
 /// max_wait = "10m"
 /// ```
@@ -23,6 +24,11 @@ pub struct TableConfig {
     /// How many changes of its service a stream client may fall behind (changes not yet
     /// written to it) before it is disconnected; it resumes with `Last-Event-ID`.
     pub stream_buffer: u64,
+    /// How many changes (of all the services it follows) an all-services stream
+    /// (`GET /v1/endpoints/stream`) may fall behind before it is disconnected. The
+    /// apiserver remembers twice as many changes, which is how far back `Last-Event-ID`
+    /// resumes without a reset.
+    pub all_stream_buffer: u64,
     /// How long a blocking query waits when it names no `wait`.
     #[serde(with = "humantime_serde")]
     pub default_wait: Duration,
@@ -37,6 +43,7 @@ impl Default for TableConfig {
             max_watchers: 20_000,
             max_watchers_per_principal: 2_000,
             stream_buffer: 64,
+            all_stream_buffer: 4096,
             default_wait: Duration::from_secs(5 * 60),
             max_wait: Duration::from_secs(10 * 60),
         }
@@ -76,6 +83,7 @@ impl TableConfig {
                 self.max_watchers_per_principal as u64,
             ),
             ("stream_buffer", self.stream_buffer),
+            ("all_stream_buffer", self.all_stream_buffer),
         ] {
             if value == 0 {
                 return Err(ConfigError::Zero(name));
@@ -105,15 +113,11 @@ mod tests {
     fn config() {
         check(
             "",
-            expect![[
-                r#"TableConfig { max_watchers: 20000, max_watchers_per_principal: 2000, stream_buffer: 64, default_wait: 300s, max_wait: 600s }"#
-            ]],
+            expect!["TableConfig { max_watchers: 20000, max_watchers_per_principal: 2000, stream_buffer: 64, all_stream_buffer: 4096, default_wait: 300s, max_wait: 600s }"],
         );
         check(
             "max_watchers = 5\ndefault_wait = \"30s\"\nmax_wait = \"1m\"",
-            expect![[
-                r#"TableConfig { max_watchers: 5, max_watchers_per_principal: 2000, stream_buffer: 64, default_wait: 30s, max_wait: 60s }"#
-            ]],
+            expect!["TableConfig { max_watchers: 5, max_watchers_per_principal: 2000, stream_buffer: 64, all_stream_buffer: 4096, default_wait: 30s, max_wait: 60s }"],
         );
         check(
             "default_wait = \"20m\"",
@@ -129,9 +133,7 @@ mod tests {
         );
         check(
             "maxwait = \"1m\"",
-            expect![[
-                r#"parse error: unknown field `maxwait`, expected one of `max_watchers`, `max_watchers_per_principal`, `stream_buffer`, `default_wait`, `max_wait`"#
-            ]],
+            expect!["parse error: unknown field `maxwait`, expected one of `max_watchers`, `max_watchers_per_principal`, `stream_buffer`, `all_stream_buffer`, `default_wait`, `max_wait`"],
         );
     }
 }

@@ -21,6 +21,10 @@ pub struct Entry {
     pub ports: Vec<DeclaredPort>,
     /// Every live (not ended) job of the service, ordered by replica index then job id.
     pub replicas: Vec<Replica>,
+    /// The service's `[service.meta]` labels (validated by the host: keys `[a-z0-9_]`,
+    /// 1-63 characters, at most 32 pairs, values at most 256 bytes).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub meta: BTreeMap<String, String>,
     /// The default JSON answer, rendered at most once per version of the entry (an entry
     /// is immutable once published; a change publishes a new one). Not part of the value.
     #[serde(skip)]
@@ -120,6 +124,7 @@ impl Entry {
         self.service == other.service
             && self.project == other.project
             && self.ports == other.ports
+            && self.meta == other.meta
             && self.replicas == other.replicas
     }
 }

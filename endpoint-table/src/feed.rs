@@ -40,7 +40,9 @@ impl TableFeed {
                     rev,
                     "endpoint entry changed"
                 ),
-                Change::Removed { service, project } => {
+                Change::Removed {
+                    service, project, ..
+                } => {
                     tracing::debug!(%service, %project, rev, "endpoint entry removed")
                 }
             }
@@ -54,7 +56,8 @@ impl ClusterListener for TableFeed {
         let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         let changes = table.resync(snapshot);
         self.record(&changes, snapshot.rev);
-        self.queue.push_resync(table.entries().cloned(), at);
+        self.queue
+            .push_resync(table.entries().cloned(), snapshot.rev, at);
         tracing::info!(
             rev = snapshot.rev,
             services = snapshot.services.len(),

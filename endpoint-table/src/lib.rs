@@ -17,11 +17,14 @@
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+mod allstream;
 mod api;
 mod config;
 mod delivery;
 mod entry;
 mod feed;
+mod journal;
+mod lag;
 mod metrics;
 mod query;
 mod queue;
@@ -29,6 +32,7 @@ mod routes;
 mod shared;
 mod stream;
 mod table;
+mod ui;
 pub mod wire;
 
 #[cfg(test)]

@@ -177,6 +177,19 @@ pub(crate) fn plain_port<'a>(entry: &'a Entry, port: Option<&'a str>) -> Result<
     }
 }
 
+/// The `Last-Event-ID` header of a stream request, if any; a value that is not an event
+/// id of ours is a 400.
+pub(crate) fn last_event_id(headers: &HeaderMap) -> Result<Option<u64>, ApiError> {
+    let Some(v) = headers.get("last-event-id") else {
+        return Ok(None);
+    };
+    v.to_str()
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Some)
+        .ok_or_else(|| ApiError::bad_param("Last-Event-ID", "expected a non-negative integer"))
+}
+
 pub(crate) fn with_index(resp: &mut Response, index: u64) {
     resp.headers_mut()
         .insert(INDEX_HEADER, HeaderValue::from(index));

@@ -25,6 +25,10 @@ pub enum Update {
     Resync {
         /// Every entry.
         entries: Vec<Arc<Entry>>,
+        /// The cluster revision the entries are at (0 from a source that predates it: the
+        /// highest entry index is taken then).
+        #[serde(default)]
+        rev: u64,
     },
     /// One service changed.
     Change {
@@ -36,8 +40,9 @@ pub enum Update {
 /// The pending updates, newest entry per service.
 #[derive(Debug, Default)]
 struct Pending {
-    /// A resync not taken yet, with the changes since applied on top, and when it came.
-    resync: Option<(BTreeMap<ServiceKey, Arc<Entry>>, Instant)>,
+    /// A resync not taken yet, with the changes since applied on top, its revision (raised
+    /// by those changes), and when it came.
+    resync: Option<(BTreeMap<ServiceKey, Arc<Entry>>, u64, Instant)>,
     /// Changes not taken yet, by service, with when the oldest of them came.
     changes: BTreeMap<ServiceKey, (Change, Instant)>,
     /// How many pushes there were, ever.
@@ -70,10 +75,15 @@ impl Queue {
     }
 
     /// Queues a full resync; pending changes are superseded by it.
-    pub(crate) fn push_resync(&self, entries: impl IntoIterator<Item = Arc<Entry>>, at: Instant) {
+    pub(crate) fn push_resync(
+        &self,
+        entries: impl IntoIterator<Item = Arc<Entry>>,
+        rev: u64,
+        at: Instant,
+    ) {
         let mut pending = self.lock();
         let entries = entries.into_iter().map(|e| (e.key(), e)).collect();
-        pending.resync = Some((entries, at));
+        pending.resync = Some((entries, rev, at));
         pending.changes.clear();
         pending.generation += 1;
         drop(pending);
@@ -90,7 +100,8 @@ impl Queue {
         let pending = &mut *pending;
         for change in changes {
             let service = change.key();
-            if let Some((entries, _)) = &mut pending.resync {
+            if let Some((entries, rev, _)) = &mut pending.resync {
+                *rev = (*rev).max(change.index());
                 match change {
                     Change::Upsert { entry } => entries.insert(service, entry),
                     Change::Removed { .. } => entries.remove(&service),
@@ -128,14 +139,17 @@ impl Queue {
             return None;
         }
         let mut updates = Vec::with_capacity(pending.changes.len() + 1);
-        if let Some((entries, at)) = pending.resync.take() {
+        if let Some((entries, rev, at)) = pending.resync.take() {
             let entries = entries.into_values().collect();
-            updates.push((Update::Resync { entries }, at));
+            updates.push((Update::Resync { entries, rev }, at));
         }
-        let changes = std::mem::take(&mut pending.changes);
+        // In revision order (the map is by service): a consumer that numbers what it
+        // applies (the all-services stream) sees the revisions only grow.
+        let mut changes: Vec<_> = std::mem::take(&mut pending.changes).into_values().collect();
+        changes.sort_by_key(|(change, _)| change.index());
         updates.extend(
             changes
-                .into_values()
+                .into_iter()
                 .map(|(change, at)| (Update::Change { change }, at)),
         );
         Some(Drained {
@@ -179,6 +193,7 @@ mod tests {
             index,
             ports: vec![],
             replicas: vec![],
+            meta: Default::default(),
             rendered: Default::default(),
         })
     }
@@ -189,11 +204,12 @@ mod tests {
         }
     }
 
-    fn removed(service: &str) -> Change {
+    fn removed(service: &str, index: u64) -> Change {
         let (project, name) = service.split_once('/').unwrap_or(("p", service));
         Change::Removed {
             service: name.into(),
             project: project.into(),
+            index,
         }
     }
 
@@ -208,7 +224,7 @@ mod tests {
         let mut out = String::new();
         for op in ops {
             match op {
-                Op::Resync(entries) => queue.push_resync(entries, Instant::now()),
+                Op::Resync(entries) => queue.push_resync(entries, 0, Instant::now()),
                 Op::Changes(changes) => queue.push_changes(changes, Instant::now()),
                 Op::Drain => {
                     let Some(drained) = queue.drain() else {
@@ -219,7 +235,7 @@ mod tests {
                         .updates
                         .iter()
                         .map(|(u, _)| match u {
-                            Update::Resync { entries } => {
+                            Update::Resync { entries, .. } => {
                                 let e: Vec<_> = entries
                                     .iter()
                                     .map(|e| format!("{}#{}", e.key(), e.index))
@@ -254,18 +270,18 @@ mod tests {
                 // Replaces p/a#1 only: q/a is another service.
                 Op::Changes(vec![upsert("a", 3)]),
                 Op::Changes(vec![]),
-                Op::Changes(vec![removed("b")]),
+                Op::Changes(vec![removed("b", 4)]),
                 Op::Drain,
                 Op::Drain,
                 Op::Changes(vec![upsert("a", 4)]),
                 Op::Resync(vec![entry("a", 5), entry("c", 5), entry("q/c", 5)]),
                 // Removes p/c only.
-                Op::Changes(vec![upsert("d", 6), removed("c")]),
+                Op::Changes(vec![upsert("d", 6), removed("c", 7)]),
                 Op::Drain,
             ],
             expect![[r#"
                 drain: nothing
-                drain gen 3: p/a#3, -p/b, q/a#2
+                drain gen 3: q/a#2, p/a#3, -p/b
                 drain: nothing
                 drain gen 6: resync[p/a#5 p/d#6 q/c#5]
             "#]],

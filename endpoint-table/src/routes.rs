@@ -4,6 +4,7 @@
 
 use crate::delivery::Recipient;
 use crate::entry::Entry;
+use crate::metrics::Kind;
 use crate::query::{params, plain_port, with_index, Blocking, Params, View};
 use crate::shared::{Shared, Slot};
 use crate::stream::stream;
@@ -18,7 +19,8 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 /// Builds the routes. Paths: `/v1/services/{name}/endpoints`,
-/// `/v1/services/{name}/endpoints/stream`, `/v1/sd/prometheus`, `/v1/endpoints`.
+/// `/v1/services/{name}/endpoints/stream`, `/v1/sd/prometheus`, `/v1/endpoints`,
+/// `/v1/endpoints/stream`.
 ///
 /// A service is identified by (project, name): `{name}` and `?service=` resolve among the
 /// projects the caller may view, `?project=` picking one (see `Shared::visible`).
@@ -28,6 +30,7 @@ pub(crate) fn router(shared: Arc<Shared>, cx: ApiContext) -> Router {
         .route("/v1/services/{name}/endpoints/stream", get(stream))
         .route("/v1/sd/prometheus", get(prometheus_sd))
         .route("/v1/endpoints", get(list))
+        .route("/v1/endpoints/stream", get(crate::allstream::all_stream))
         .with_state(shared)
         // The host installs the context too; installing it here keeps the routes
         // self-contained (and testable without the host).
@@ -66,7 +69,7 @@ async fn entry(
     view.check(&entry)?;
     if let Some(blocking) = blocking {
         if entry.index <= blocking.index && !blocking.wait.is_zero() {
-            let _watcher = shared.watcher(&principal)?;
+            let _watcher = shared.watcher(&principal, Kind::Blocking)?;
             // Parked: one of the watchers the delivery histogram waits for.
             let mut recipient = shared.recipient(&rx);
             let (waited, seq) = wait_for_change(
@@ -106,13 +109,13 @@ async fn wait_for_change(
 ) -> (Result<Arc<Entry>, ApiError>, u64) {
     let deadline = blocking.deadline();
     // The host stops serving: answer with what there is (at once if it already does).
-    let mut draining = shared.draining.subscribe();
+    let mut ending = shared.ending(principal);
     // Nothing taken yet: a seq no change has, so nothing is settled by it.
     let mut seq = 0;
     loop {
         let changed = tokio::select! {
             r = tokio::time::timeout_at(deadline, rx.changed()) => r,
-            _ = draining.wait_for(|d| *d) => return (Ok(entry), seq),
+            _ = ending.wait() => return (Ok(entry), seq),
             // Its token was revoked (or lost the view) by a reload of the host's tokens.
             () = principal.credential.lost(Permission::JobView, &entry.project) => {
                 return (Err(principal.credential.lost_answer(name)), seq)
@@ -152,9 +155,9 @@ async fn wait_for_service(
     project: Option<&str>,
     blocking: Blocking,
 ) -> Result<Arc<Entry>, ApiError> {
-    let _watcher = shared.watcher(principal)?;
+    let _watcher = shared.watcher(principal, Kind::Blocking)?;
     let deadline = blocking.deadline();
-    let mut draining = shared.draining.subscribe();
+    let mut ending = shared.ending(principal);
     // Subscribed before looking: an appearance after the look below raises it.
     let mut appeared = shared.appeared.subscribe();
     loop {
@@ -164,7 +167,7 @@ async fn wait_for_service(
         }
         let woken = tokio::select! {
             r = tokio::time::timeout_at(deadline, appeared.changed()) => matches!(r, Ok(Ok(()))),
-            _ = draining.wait_for(|d| *d) => false,
+            _ = ending.wait() => false,
             // Its token was removed by a reload of the host's tokens.
             () = principal.credential.removed() => {
                 return Err(ApiError::unauthenticated(AuthError::Revoked))

@@ -7,7 +7,8 @@
 use crate::config::TableConfig;
 use crate::delivery::{Recipient, Tracker};
 use crate::entry::Entry;
-use crate::metrics::Metrics;
+use crate::journal::Journal;
+use crate::metrics::{Kind, Metrics};
 use crate::queue::{Queue, Update};
 use crate::table::Change;
 use axum::http::StatusCode;
@@ -43,8 +44,10 @@ pub(crate) struct Shared {
     catching_up: Mutex<()>,
     queue: Option<Arc<Queue>>,
     /// Turns true when the host drains ([`plugin_api::ApiExtension::drain`]): blocking
-    /// queries answer and streams end.
+    /// queries answer and streams end. Watchers wait on it through [`Shared::ending`].
     pub(crate) draining: watch::Sender<bool>,
+    /// Every change applied, numbered by cluster revision, for the all-services stream.
+    pub(crate) journal: Journal,
     /// Raised after an update made at least one service appear (a slot was inserted):
     /// wakes the blocking queries parked on a name no visible service has yet, which
     /// then look again. Raised after the insert, so one that subscribes before it looks
@@ -73,6 +76,16 @@ struct WatcherCounts {
 pub(crate) struct WatcherGuard {
     shared: Arc<Shared>,
     principal: String,
+    kind: Kind,
+}
+
+/// What ends a watcher from outside, whatever its kind (blocking query, per-service
+/// stream, all-services stream): today the host's drain. Every watcher waits on this one
+/// thing, so a new reason to end watchers (e.g. a revoked token, by principal) is added
+/// here once and ends every kind.
+#[derive(Debug)]
+pub(crate) struct Ending {
+    draining: watch::Receiver<bool>,
 }
 
 // === impl Shared ===
@@ -82,7 +95,6 @@ impl Shared {
         let mut cfg = cfg;
         cfg.default_wait = cfg.default_wait.min(cfg.max_wait);
         Self {
-            cfg,
             metrics,
             state: RwLock::default(),
             watchers: Mutex::default(),
@@ -91,6 +103,16 @@ impl Shared {
             queue,
             draining: watch::Sender::new(false),
             appeared: watch::Sender::new(0),
+            journal: Journal::new(cfg_journal(&cfg)),
+            cfg,
+        }
+    }
+
+    /// What ends a watcher of `principal` from outside (see [`Ending`]).
+    pub(crate) fn ending(&self, principal: &Principal) -> Ending {
+        let _ = principal;
+        Ending {
+            draining: self.draining.subscribe(),
         }
     }
 
@@ -127,21 +149,33 @@ impl Shared {
             .unwrap_or_else(PoisonError::into_inner);
         if let Some(drained) = queue.drain() {
             for (update, at) in drained.updates {
-                self.apply(update, Some(at));
+                self.apply_one(update, Some(at));
             }
+            // One batch holds every change of the revisions in it: published whole, so an
+            // all-services stream never sees half of a revision.
+            self.journal.publish();
             self.applied.send_replace(drained.generation);
         }
     }
 
-    /// Applies one update; `received`: when it reached the in-process feed.
+    /// Applies one update and publishes it to the all-services streams; `received`: when
+    /// it reached the in-process feed.
     pub(crate) fn apply(&self, update: Update, received: Option<Instant>) {
+        self.apply_one(update, received);
+        self.journal.publish();
+    }
+
+    /// Applies one update (recorded in the journal, not yet published).
+    fn apply_one(&self, update: Update, received: Option<Instant>) {
         // When the change reached the table feed; from another source, when it reached us.
         let at = received.unwrap_or_else(Instant::now);
         let delivery = &self.metrics.delivery;
         let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
+        // Under the state lock: the journal's order is the order the slots changed in.
+        self.journal.record(&update);
         let mut inserted = false;
         match update {
-            Update::Resync { entries } => {
+            Update::Resync { entries, .. } => {
                 state.synced = true;
                 let mut entries: HashMap<ServiceKey, Arc<Entry>> =
                     entries.into_iter().map(|e| (e.key(), e)).collect();
@@ -175,7 +209,9 @@ impl Shared {
                 }
             },
             Update::Change {
-                change: Change::Removed { service, project },
+                change: Change::Removed {
+                    service, project, ..
+                },
             } => {
                 if let Some(tx) = state.remove(&project, &service) {
                     set(&tx, None, at);
@@ -280,10 +316,12 @@ impl Shared {
         entries
     }
 
-    /// Counts one more watcher for `principal`, or 429 past a cap.
+    /// Counts one more watcher of `kind` for `principal`, or 429 past a cap (the caps
+    /// count every kind together).
     pub(crate) fn watcher(
         self: &Arc<Self>,
         principal: &Principal,
+        kind: Kind,
     ) -> Result<WatcherGuard, ApiError> {
         let mut counts = self.watchers.lock().unwrap_or_else(PoisonError::into_inner);
         let mine = counts
@@ -302,7 +340,7 @@ impl Shared {
             None
         };
         if let Some(message) = refused {
-            self.metrics.watchers_rejected.inc();
+            self.metrics.rejected(kind);
             tracing::debug!(principal = %principal.name, "watcher refused");
             return Err(ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -315,10 +353,11 @@ impl Shared {
             .per_principal
             .entry(principal.name.clone())
             .or_default() += 1;
-        self.metrics.watchers.inc();
+        self.metrics.watching(kind, 1);
         Ok(WatcherGuard {
             shared: self.clone(),
             principal: principal.name.clone(),
+            kind,
         })
     }
 }
@@ -401,6 +440,34 @@ impl Drop for WatcherGuard {
                 counts.per_principal.remove(&self.principal);
             }
         }
-        self.shared.metrics.watchers.dec();
+        self.shared.metrics.watching(self.kind, -1);
     }
+}
+
+// === impl WatcherGuard ===
+
+impl WatcherGuard {
+    pub(crate) fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    pub(crate) fn principal(&self) -> &str {
+        &self.principal
+    }
+}
+
+// === impl Ending ===
+
+impl Ending {
+    /// Resolves once the watcher must end (at once if it already must).
+    pub(crate) async fn wait(&mut self) {
+        // The sender lives in `Shared`, which the watcher holds: it cannot close first.
+        let _ = self.draining.wait_for(|d| *d).await;
+    }
+}
+
+/// How many changes the journal keeps: twice what an all-services stream may fall behind,
+/// so a client cut off for lagging can still resume without a reset.
+fn cfg_journal(cfg: &TableConfig) -> usize {
+    usize::try_from(cfg.all_stream_buffer.saturating_mul(2)).unwrap_or(usize::MAX)
 }

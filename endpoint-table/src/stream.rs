@@ -1,9 +1,10 @@
 //! `GET /v1/services/{name}/endpoints/stream`: the SSE stream of one service's entry, with
 //! no queue of its own, and the watchdog that cuts off a client that falls behind.
 
-use crate::delivery::Recipient;
-use crate::query::{params, with_index, Params, View};
-use crate::shared::{Shared, Slot, WatcherGuard};
+use crate::lag::{watchdog, Lag, Place};
+use crate::metrics::Kind;
+use crate::query::{last_event_id, params, with_index, Params, View};
+use crate::shared::{Ending, Shared, Slot};
 use crate::wire::EndpointsAnswer;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
@@ -11,8 +12,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use plugin_api::{ApiError, ErrorBody, Permission, Principal, ServiceKey};
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use tokio::sync::{oneshot, watch};
 
 /// `GET /v1/services/{name}/endpoints/stream`
@@ -30,38 +30,26 @@ pub(crate) async fn stream(
     if view.plain {
         return Err(ApiError::bad_param("format", "the stream sends json only"));
     }
-    let last_event_id = match headers.get("last-event-id") {
-        None => None,
-        Some(v) => Some(
-            v.to_str()
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .ok_or_else(|| {
-                    ApiError::bad_param("Last-Event-ID", "expected a non-negative integer")
-                })?,
-        ),
-    };
+    let last_event_id = last_event_id(&headers)?;
     let (rx, entry) = shared.visible(&principal, &name, p.project.as_deref())?;
     view.check(&entry)?;
     let place = Place {
-        _counted: shared.watcher(&principal)?,
-        recipient: shared.recipient(&rx),
+        counted: shared.watcher(&principal, Kind::Stream)?,
+        recipient: Some(shared.recipient(&rx)),
     };
     let key = entry.key();
     tracing::debug!(service = %key, index = entry.index, last_event_id, "stream opened");
-    let lag = Arc::new(Lag {
-        taken: AtomicU64::new(rx.borrow().seq),
-        place: Mutex::new(Some(place)),
-    });
+    let seq = rx.borrow().seq;
+    let lag = Lag::new(seq, place, shared.cfg.stream_buffer, key.to_string());
     let (stop, stopped) = oneshot::channel();
     tokio::spawn(watchdog(
         rx.clone(),
+        |slot: &Slot| slot.seq,
         lag.clone(),
         stopped,
         shared.clone(),
-        key.clone(),
-        principal.name.clone(),
     ));
+    let ending = shared.ending(&principal);
     let events = EventStream {
         rx,
         first: true,
@@ -71,9 +59,9 @@ pub(crate) async fn stream(
         key,
         principal,
         view,
+        ending,
         shared: shared.clone(),
         lag,
-        draining: shared.draining.subscribe(),
         _stop: stop,
     };
     let stream = futures_util::stream::unfold(events, |mut s| async move {
@@ -94,9 +82,7 @@ pub(crate) async fn stream(
 /// memory does not grow. A client that falls more than `stream_buffer` changes behind is
 /// disconnected instead (it resumes with `Last-Event-ID` and gets the current entry).
 ///
-/// The stream runs only when hyper polls it, and hyper polls it only when it can write,
-/// i.e. when the client reads; so the lag is also watched by a [`watchdog`] task that
-/// follows the service's changes on its own and cuts a client off even if it never reads.
+/// A [`watchdog`] task cuts a client off even if it never reads (see `crate::lag`).
 struct EventStream {
     rx: watch::Receiver<Slot>,
     first: bool,
@@ -105,37 +91,17 @@ struct EventStream {
     sent: Option<u64>,
     /// The name in the path (the 404 at the end names it, as the 404 of a request does).
     name: String,
-    /// The service followed.
+    /// The service it follows (its project decides whether a reload of the tokens took
+    /// away the view).
     key: ServiceKey,
     principal: Principal,
     view: View,
     shared: Arc<Shared>,
     lag: Arc<Lag>,
-    /// The host's drain (see [`Shared::draining`]).
-    draining: watch::Receiver<bool>,
+    /// What ends every watcher from outside (see [`Shared::ending`]).
+    ending: Ending,
     /// Dropped with the stream: tells its watchdog to end.
     _stop: oneshot::Sender<()>,
-}
-
-/// What a stream shares with its watchdog.
-#[derive(Debug)]
-struct Lag {
-    /// The seq of the last slot the stream took (the slot's seq when it opened, until it
-    /// took one): the client is behind by the slot's seq minus this.
-    taken: AtomicU64,
-    /// The stream's place among the watchers; taken away when the client is cut off (or
-    /// the stream is dropped), so a cut-off client stops counting against the caps, and
-    /// stops holding up the delivery histogram, at once, even though its connection lives
-    /// until hyper polls the stream again.
-    place: Mutex<Option<Place>>,
-}
-
-/// What an open stream holds: its count against the caps, and its registration as a
-/// recipient of its service's changes.
-#[derive(Debug)]
-struct Place {
-    _counted: WatcherGuard,
-    recipient: Recipient,
 }
 
 // === impl EventStream ===
@@ -151,7 +117,7 @@ impl EventStream {
                     r = self.rx.changed() => Some(r),
                     // The host stops serving: end the stream (the client resumes
                     // elsewhere with Last-Event-ID).
-                    _ = self.draining.wait_for(|d| *d) => {
+                    _ = self.ending.wait() => {
                         self.done = true;
                         return None;
                     }
@@ -184,16 +150,11 @@ impl EventStream {
                 return None;
             }
             let slot = self.rx.borrow_and_update().clone();
-            let behind = slot
-                .seq
-                .saturating_sub(self.lag.taken.load(Ordering::Acquire));
-            if behind > self.shared.cfg.stream_buffer {
-                self.lag
-                    .cut_off(&self.shared, &self.key, &self.principal.name, behind);
+            if self.lag.check(&self.shared, slot.seq) {
                 self.done = true;
                 return None;
             }
-            self.lag.taken.store(slot.seq, Ordering::Release);
+            self.lag.take(slot.seq);
             let entry = match slot.entry {
                 Some(e) if self.principal.may(Permission::JobView, &e.project) => e,
                 _ => {
@@ -234,79 +195,5 @@ impl Drop for EventStream {
     fn drop(&mut self) {
         // Frees the place now, not when the watchdog has noticed the stop.
         self.lag.release();
-    }
-}
-
-// === impl Lag ===
-
-impl Lag {
-    fn place(&self) -> std::sync::MutexGuard<'_, Option<Place>> {
-        self.place.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn is_cut(&self) -> bool {
-        self.place().is_none()
-    }
-
-    fn release(&self) -> Option<Place> {
-        self.place().take()
-    }
-
-    /// The stream took slot seq `seq`: it is sending it now (`sent`), or will not.
-    fn settle(&self, seq: u64, sent: bool) {
-        if let Some(place) = self.place().as_mut() {
-            if sent {
-                place.recipient.handed(seq);
-            } else {
-                place.recipient.skipped(seq);
-            }
-        }
-    }
-
-    /// Cuts the client off (once: the stream and its watchdog may both see the lag).
-    fn cut_off(&self, shared: &Shared, service: &ServiceKey, principal: &str, behind: u64) {
-        if self.release().is_none() {
-            return;
-        }
-        shared.metrics.streams_lagged.inc();
-        tracing::info!(
-            %service,
-            principal,
-            behind,
-            "stream client fell behind, disconnecting it"
-        );
-    }
-}
-
-/// Follows a stream's service and cuts the client off as soon as it is more than
-/// `stream_buffer` changes behind, whether or not hyper polls the stream. It wakes only on
-/// the service's changes (no timer) and ends with the stream (`stopped`), when the service
-/// goes away, or once it has cut the client off.
-async fn watchdog(
-    mut rx: watch::Receiver<Slot>,
-    lag: Arc<Lag>,
-    mut stopped: oneshot::Receiver<()>,
-    shared: Arc<Shared>,
-    service: ServiceKey,
-    principal: String,
-) {
-    loop {
-        tokio::select! {
-            _ = &mut stopped => return,
-            changed = rx.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-            }
-        }
-        let seq = rx.borrow_and_update().seq;
-        let behind = seq.saturating_sub(lag.taken.load(Ordering::Acquire));
-        if behind > shared.cfg.stream_buffer {
-            lag.cut_off(&shared, &service, &principal, behind);
-            return;
-        }
-        if lag.is_cut() {
-            return;
-        }
     }
 }

@@ -26,6 +26,9 @@ pub enum Change {
         service: String,
         /// Its project.
         project: String,
+        /// The cluster revision of the removal (of the resync that found it gone).
+        #[serde(default)]
+        index: u64,
     },
 }
 
@@ -34,7 +37,17 @@ impl Change {
     pub fn key(&self) -> ServiceKey {
         match self {
             Change::Upsert { entry } => entry.key(),
-            Change::Removed { service, project } => ServiceKey::new(project, service),
+            Change::Removed {
+                service, project, ..
+            } => ServiceKey::new(project, service),
+        }
+    }
+
+    /// The cluster revision of the change: the entry's index, or the removal's revision.
+    pub fn index(&self) -> u64 {
+        match self {
+            Change::Upsert { entry } => entry.index,
+            Change::Removed { index, .. } => *index,
         }
     }
 }
@@ -43,6 +56,7 @@ impl Change {
 #[derive(Debug, Clone)]
 struct ServiceRec {
     ports: Vec<DeclaredPort>,
+    meta: BTreeMap<String, String>,
 }
 
 /// What the table keeps of a live job.
@@ -117,6 +131,7 @@ impl Table {
                     changes.push(Change::Removed {
                         service: key.name,
                         project: key.project,
+                        index: rev,
                     });
                 }
             }
@@ -179,6 +194,7 @@ impl Table {
                 Change::Removed {
                     service: key.name,
                     project: key.project,
+                    index: snapshot.rev,
                 }
             })
             .collect();
@@ -232,6 +248,7 @@ impl Table {
             project: service.project.clone(),
             index: 0,
             ports: rec.ports.clone(),
+            meta: rec.meta.clone(),
             replicas,
             rendered: Default::default(),
         })
@@ -240,6 +257,7 @@ impl Table {
     fn put_service(&mut self, service: &ServiceInfo) {
         let rec = ServiceRec {
             ports: declared_ports(service),
+            meta: meta_labels(service),
         };
         self.services.insert(service.key(), rec);
     }
@@ -303,6 +321,17 @@ fn declared_ports(service: &ServiceInfo) -> Vec<DeclaredPort> {
             };
             Some(DeclaredPort { name, protocol })
         })
+        .collect()
+}
+
+/// The `[service.meta]` labels of a service: the table at `profile["meta"]`, validated by
+/// the host before the service was accepted; a value that is not a string is skipped.
+fn meta_labels(service: &ServiceInfo) -> BTreeMap<String, String> {
+    let Some(meta) = service.profile.get("meta").and_then(|m| m.as_object()) else {
+        return BTreeMap::new();
+    };
+    meta.iter()
+        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
         .collect()
 }
 

@@ -23,6 +23,9 @@ pub struct EndpointsAnswer {
     pub project: String,
     /// The service's index.
     pub index: u64,
+    /// The service's `[service.meta]` labels (absent when it has none).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub meta: BTreeMap<String, String>,
     /// Ready replicas (all live ones with `?include=all`), by replica index; with `?port=P`
     /// only those that have port P.
     pub endpoints: Vec<EndpointAnswer>,
@@ -65,12 +68,32 @@ pub struct EndpointsList {
     pub services: Vec<EndpointsAnswer>,
 }
 
+/// The event of `GET /v1/endpoints/stream` for a service that is gone:
+/// `{"service":"web","project":"default","deleted":true,"index":57}` (every other event of
+/// that stream is an [`EndpointsAnswer`]). `index` is the cluster revision of the removal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeletedAnswer {
+    /// Service name.
+    pub service: String,
+    /// The service's project.
+    pub project: String,
+    /// Always true.
+    pub deleted: bool,
+    /// The cluster revision of the removal.
+    pub index: u64,
+}
+
+/// The event type of the all-services stream's `event: reset`: what the client holds may
+/// have a gap; drop it, a full snapshot follows.
+pub const RESET_EVENT: &str = "reset";
+
 /// One target group of Prometheus' HTTP service discovery (`GET /v1/sd/prometheus`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SdTargetGroup {
     /// `address:port` of one ready replica.
     pub targets: Vec<String>,
-    /// `__meta_xce_{service,project,replica,host,job,generation,port}`.
+    /// `__meta_xce_{service,project,replica,host,job,generation,port}`, and
+    /// `__meta_xce_meta_<key>` for each of the service's `meta` labels.
     pub labels: BTreeMap<String, String>,
 }
 
@@ -92,6 +115,7 @@ impl EndpointsAnswer {
             service: entry.service.clone(),
             project: entry.project.clone(),
             index: entry.index,
+            meta: entry.meta.clone(),
             endpoints,
         }
     }
@@ -145,6 +169,12 @@ pub fn prometheus_sd(entry: &Entry, port: &str) -> Vec<SdTargetGroup> {
             ]
             .into_iter()
             .map(|(k, v)| (format!("__meta_xce_{k}"), v))
+            .chain(
+                entry
+                    .meta
+                    .iter()
+                    .map(|(k, v)| (format!("__meta_xce_meta_{k}"), v.clone())),
+            )
             .collect();
             Some(SdTargetGroup {
                 targets: vec![addr.to_string()],

@@ -71,6 +71,8 @@ pub struct Profile {
     pub drain: Duration,
     /// How a changed profile rolls out (`[service.update]`).
     pub update: UpdatePolicy,
+    /// `[service.meta]`: free string labels (validated by `meta`).
+    pub meta: std::collections::BTreeMap<String, String>,
     /// What one replica takes of the plugins' resources (for quotas), by name.
     pub quantities: std::collections::BTreeMap<String, u64>,
     /// The whole `[service]` table as JSON (plugin sections included), as stored.
@@ -120,11 +122,16 @@ const HOST_KEYS: &[&str] = &[
     "readiness",
     "drain",
     "update",
+    "meta",
 ];
 
 /// The parts of a profile that do not change what a replica runs: a change of only these
-/// makes no new generation (a scale, or new rollout settings, applies in place).
-pub const NOT_TEMPLATE_KEYS: &[&str] = &["replicas", "drain", "update"];
+/// makes no new generation (a scale, new rollout settings, or new `meta` labels apply in
+/// place). `meta` is here because a replica never sees its labels (they are not in its
+/// environment): they label the endpoint entry and the Prometheus targets, which change at
+/// once. Restarting every replica to relabel it would be a rollout for nothing — Nomad
+/// also updates `meta` in place.
+pub const NOT_TEMPLATE_KEYS: &[&str] = &["replicas", "drain", "update", "meta"];
 
 /// Parses a TOML profile into its JSON form (`{"service": {...}}`).
 pub fn toml_to_json(text: &str) -> Result<Value, FieldError> {
@@ -298,6 +305,8 @@ pub fn validate(doc: &Value, plugins: &[&dyn ResourcePlugin]) -> Result<Profile,
         }
     };
 
+    let meta = meta::parse(svc.get("meta"), &mut errs);
+
     if errs.is_empty() {
         Ok(Profile {
             name,
@@ -307,6 +316,7 @@ pub fn validate(doc: &Value, plugins: &[&dyn ResourcePlugin]) -> Result<Profile,
             readiness,
             drain,
             update,
+            meta,
             quantities,
             raw: Value::Object(svc.clone()),
         })
@@ -565,6 +575,9 @@ pub fn check_service_name(s: &str) -> Result<(), String> {
     }
     Ok(())
 }
+
+mod meta;
+pub use meta::{MAX_KEY_LEN, MAX_LABELS, MAX_VALUE_BYTES};
 
 #[cfg(test)]
 mod tests;

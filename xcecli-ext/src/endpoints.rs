@@ -413,6 +413,7 @@ impl Run<'_> {
             service: self.args.name.clone(),
             project: self.project.clone().unwrap_or_default(),
             index: last_index.unwrap_or(0),
+            meta: Default::default(),
             endpoints: Vec::new(),
         };
         let output = match format {

@@ -132,6 +132,12 @@ fn endpoints_table(view: EndpointsView<'_>, entry: &EndpointEntry) -> String {
     if view.all {
         headers.extend(["READY", "STATE"]);
     }
+    // The service's `[service.meta]` labels, `k=v,k=v`, on every row: a column only when
+    // it has some.
+    let meta: Vec<String> = entry.meta.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    if !meta.is_empty() {
+        headers.push("META");
+    }
     let lines = rows
         .iter()
         .map(|e| {
@@ -149,6 +155,9 @@ fn endpoints_table(view: EndpointsView<'_>, entry: &EndpointEntry) -> String {
             if view.all {
                 row.push(if model::is_ready(e) { "yes" } else { "no" }.to_owned());
                 row.push(e.state.map_or_else(|| "-".to_owned(), job_state));
+            }
+            if !meta.is_empty() {
+                row.push(meta.join(","));
             }
             Line::Row(row)
         })

@@ -50,7 +50,9 @@ fn render_changes(changes: &[Change]) -> String {
         .iter()
         .map(|c| match c {
             Change::Upsert { entry } => render_entry(entry),
-            Change::Removed { service, project } => format!("{project}/{service} removed"),
+            Change::Removed {
+                service, project, ..
+            } => format!("{project}/{service} removed"),
         })
         .collect();
     lines.join("\n    ")
@@ -461,6 +463,7 @@ mod prop {
                     index: 0,
                     ports,
                     replicas,
+                    meta: Default::default(),
                     rendered: Default::default(),
                 };
                 out.insert(ServiceKey::new(&s.project, &s.name), entry);

@@ -2,6 +2,7 @@
 #![allow(unreachable_pub, missing_docs)]
 
 mod daemons;
+mod external;
 mod harness;
 
 mod address;
@@ -15,6 +16,7 @@ mod ha;
 mod identity;
 mod leadership;
 mod pause;
+mod prometheus;
 mod reliability;
 mod reliability_flood;
 mod reliability_input;
@@ -25,3 +27,4 @@ mod rollout;
 mod rotation;
 mod scale;
 mod shutdown;
+mod ui;

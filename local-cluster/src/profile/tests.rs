@@ -174,3 +174,41 @@ mod nesting {
         }
     }
 }
+
+#[test]
+fn meta_labels() {
+    let with = |meta: Value| json!({"service": {"name": "web", "command": ["x"], "meta": meta}});
+    let p = validate(&with(json!({"team": "payments", "tier_1": ""})), &[]).unwrap();
+    assert_eq!(
+        format!("{:?}", p.meta),
+        r#"{"team": "payments", "tier_1": ""}"#
+    );
+    let many: serde_json::Map<String, Value> =
+        (0..33).map(|i| (format!("k{i}"), json!("v"))).collect();
+    check(
+        with(Value::Object(many)),
+        expect_test::expect!["service.meta: at most 32 labels (got 33)"],
+    );
+    // Every problem, each with its field path, together with the profile's others.
+    let mut doc = with(json!({
+        "Team": "a", "cost-center": "b", "": "c", "ok": 1,
+        "big": "x".repeat(257), "just_fits": "x".repeat(256),
+        "a_very_long_label_name_that_is_longer_than_sixty_three_characters": "d",
+    }));
+    doc["service"]["replicas"] = json!(0);
+    check(
+        doc,
+        expect_test::expect![[r#"
+            service.replicas: must be between 1 and 1000
+            service.meta.: label names must be 1-63 characters
+            service.meta.Team: label names may contain only a-z, 0-9 and '_' (they become Prometheus label names)
+            service.meta.a_very_long_label_name_that_is_longer_than_sixty_three_characters: label names must be 1-63 characters
+            service.meta.big: value must be at most 256 bytes (got 257)
+            service.meta.cost-center: label names may contain only a-z, 0-9 and '_' (they become Prometheus label names)
+            service.meta.ok: value must be a string"#]],
+    );
+    check(
+        with(json!("team=a")),
+        expect_test::expect!["service.meta: must be a table of string labels"],
+    );
+}

@@ -84,6 +84,27 @@ fn table() {
             2        exec-03  fd00::3     http=20001  no     running
         "#]],
     );
+    // A service with `[service.meta]` labels: a META column; JSON carries them as sent.
+    let labelled = WEB.replace(
+        r#""index":42,"#,
+        r#""index":42,"meta":{"team":"payments","tier":"1"},"#,
+    );
+    check(
+        &labelled,
+        "table port=http",
+        expect![[r#"
+        REPLICA  HOST     ADDRESS     PORTS       META
+        0        exec-01  127.0.0.11  http=20417  team=payments,tier=1
+        1        exec-02  127.0.0.12  http=20533  team=payments,tier=1
+    "#]],
+    );
+    check(
+        r#"{"service":"web","index":7,"meta":{"team":"a"},"endpoints":[]}"#,
+        "json",
+        expect![[r#"
+            {"service":"web","index":7,"meta":{"team":"a"},"endpoints":[]}
+        "#]],
+    );
     check(
         r#"{"service":"web","index":7,"endpoints":[]}"#,
         "table",

@@ -42,7 +42,7 @@ async fn serve() -> (Arc<EndpointApi>, String) {
 /// Serves the real routes with `entries`, alice viewing `projects`.
 async fn serve_with(entries: Vec<Arc<Entry>>, projects: &[&str]) -> (Arc<EndpointApi>, String) {
     let api = Arc::new(EndpointApi::standalone(TableConfig::default()));
-    api.apply(Update::Resync { entries });
+    api.apply(Update::Resync { entries, rev: 0 });
     let alice = Principal {
         credential: Default::default(),
         name: "alice".into(),
@@ -286,6 +286,7 @@ async fn a_watch_waits_for_its_service_and_survives_its_removal() {
             change: endpoint_table::Change::Removed {
                 service: "web".into(),
                 project: "team-a".into(),
+                index: 6,
             },
         });
         watch.stdout.wait_for(|t| t.lines().count() == 4).await;

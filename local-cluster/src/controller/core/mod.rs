@@ -488,6 +488,7 @@ fn fallback_profile(s: &ServiceInfo, raw: &Value) -> Profile {
         readiness: None,
         drain: profile::DEFAULT_DRAIN,
         update: profile::UpdatePolicy::default(),
+        meta: Default::default(),
         quantities: Default::default(),
         raw: raw.clone(),
     }

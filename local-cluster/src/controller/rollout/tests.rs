@@ -282,10 +282,10 @@ fn a_crashing_new_replica_never_costs_an_old_one() {
 }
 
 #[test]
-fn templates_ignore_replicas_drain_and_update() {
+fn templates_ignore_replicas_drain_update_and_meta() {
     let a = serde_json::json!({"name": "web", "replicas": 3, "command": ["a"]});
     let b = serde_json::json!({"name": "web", "replicas": 5, "command": ["a"], "drain": "1s",
-                               "update": {"max_surge": 2}});
+                               "update": {"max_surge": 2}, "meta": {"team": "b"}});
     let c = serde_json::json!({"name": "web", "replicas": 3, "command": ["b"]});
     assert!(same_template(&a, &b));
     assert!(!same_template(&a, &c));

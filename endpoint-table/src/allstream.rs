@@ -1,0 +1,341 @@
+//! `GET /v1/endpoints/stream[?service=a,b][&project=p][&include=all]` (DESIGN §5a): one SSE
+//! stream of every entry the caller may view, fed by the journal (`crate::journal`).
+//!
+//! Wire format: first a snapshot, one event per visible entry (the entry as
+//! `GET /v1/services/{name}/endpoints` answers it, with `service`, `project` and `meta`),
+//! then one event per change; `{"service","project","deleted":true,"index"}` for a service
+//! that is gone. Event ids are cluster revisions and only grow; events of one revision
+//! (a host event can change several services) carry the id on the last of them only, and a
+//! snapshot's only on its last event (the revision the snapshot is at), so a client's
+//! `Last-Event-ID` always means "everything up to here". Resuming from it sends exactly
+//! the changes since (each service's newest state, removals included); where the
+//! apiserver cannot rule out a gap (the id is older than what it remembers, newer than
+//! what it has, or inside a resync that skipped revisions) it sends `event: reset` and a
+//! full snapshot instead.
+//!
+//! RBAC is per entry and re-checked on every event: the caller's token is authenticated
+//! again each time the stream wakes, so changed grants apply to the next event (a changed
+//! set of grants restarts the stream with `event: reset` and a snapshot of what is now
+//! visible), and a token that no longer authenticates ends it. A service the caller
+//! cannot view never appears, not even as a deletion. Unknown or invisible names in
+//! `?service=` are simply never matched.
+
+use crate::journal::Item;
+use crate::lag::{watchdog, Lag, Place};
+use crate::metrics::Kind;
+use crate::query::{last_event_id, params, Params, RawParams};
+use crate::shared::{Ending, Shared};
+use crate::wire::{DeletedAnswer, EndpointsAnswer, RESET_EVENT};
+use axum::extract::State;
+use axum::http::{header, HeaderMap};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use plugin_api::{ApiContext, ApiError, Permission, Principal};
+use std::collections::{HashSet, VecDeque};
+use std::convert::Infallible;
+use std::sync::Arc;
+use tokio::sync::{oneshot, watch};
+
+/// The most names `?service=` may list.
+pub(crate) const MAX_SERVICES: usize = 1000;
+
+/// How many journal records a stream takes at once (whole revisions: a few more when the
+/// last revision has more).
+const CHUNK: usize = 256;
+
+/// `GET /v1/endpoints/stream`
+pub(crate) async fn all_stream(
+    State(shared): State<Arc<Shared>>,
+    principal: Principal,
+    Extension(cx): Extension<ApiContext>,
+    headers: HeaderMap,
+    query: Params,
+) -> Result<Response, ApiError> {
+    shared.ensure_synced()?;
+    let p = params(query)?;
+    let filter = Filter::parse(&p)?;
+    let last_event_id = last_event_id(&headers)?;
+    let place = Place {
+        counted: shared.watcher(&principal, Kind::AllServices)?,
+        recipient: None,
+    };
+    // Subscribed before the start is taken: a publish in between wakes the stream, which
+    // then finds nothing new rather than missing something.
+    let published = shared.journal.subscribe();
+    let start = shared.journal.start(last_event_id);
+    tracing::debug!(
+        principal = %principal.name,
+        last_event_id,
+        reset = start.reset,
+        services = start.items.len(),
+        "all-services stream opened"
+    );
+    let lag = Lag::new(
+        start.position,
+        place,
+        shared.cfg.all_stream_buffer,
+        "all services".to_owned(),
+    );
+    let (stop, stopped) = oneshot::channel();
+    tokio::spawn(watchdog(
+        published.clone(),
+        |p: &u64| *p,
+        lag.clone(),
+        stopped,
+        shared.clone(),
+    ));
+    let events = AllStream {
+        pending: start.items.into(),
+        reset: start.reset,
+        position: start.position,
+        done: false,
+        published,
+        token: bearer(&headers),
+        cx,
+        ending: shared.ending(&principal),
+        principal,
+        filter,
+        shared,
+        lag,
+        _stop: stop,
+    };
+    let stream = futures_util::stream::unfold(events, |mut s| async move {
+        let event = s.next().await?;
+        Some((Ok::<_, Infallible>(event), s))
+    });
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::default())
+        .into_response())
+}
+
+/// What a stream is restricted to, besides RBAC.
+#[derive(Debug)]
+struct Filter {
+    /// `?service=`: these names only (in any project the caller may view).
+    services: Option<HashSet<String>>,
+    /// `?project=`: this project only.
+    project: Option<String>,
+    /// `?include=all`: non-ready replicas too.
+    all: bool,
+}
+
+/// One client's all-services stream.
+///
+/// It holds no copy of the entries: the journal keeps the newest state of each service,
+/// and the stream only the records it has taken and not yet sent (at most a chunk, or
+/// the snapshot it starts with). A client more than `all_stream_buffer` changes behind
+/// is cut off by its watchdog (see `crate::lag`) and resumes with `Last-Event-ID`.
+struct AllStream {
+    /// Taken, not sent yet, by id.
+    pending: VecDeque<Item>,
+    /// An `event: reset` is owed before `pending`.
+    reset: bool,
+    /// The journal position after the last record taken.
+    position: u64,
+    done: bool,
+    published: watch::Receiver<u64>,
+    /// The bearer token the stream was opened with, authenticated again on every wake.
+    token: Option<String>,
+    cx: ApiContext,
+    ending: Ending,
+    principal: Principal,
+    filter: Filter,
+    shared: Arc<Shared>,
+    lag: Arc<Lag>,
+    /// Dropped with the stream: tells its watchdog to end.
+    _stop: oneshot::Sender<()>,
+}
+
+// === impl Filter ===
+
+impl Filter {
+    fn parse(p: &RawParams) -> Result<Self, ApiError> {
+        for (name, given) in [
+            ("port", p.port.is_some()),
+            ("format", p.format.is_some()),
+            ("index", p.index.is_some()),
+            ("wait", p.wait.is_some()),
+        ] {
+            if given {
+                return Err(ApiError::bad_param(
+                    name,
+                    "not supported by /v1/endpoints/stream (it sends whole entries as json)",
+                ));
+            }
+        }
+        let all = match p.include.as_deref() {
+            None => false,
+            Some("all") => true,
+            Some(_) => return Err(ApiError::bad_param("include", "expected \"all\"")),
+        };
+        let services = match p.service.as_deref() {
+            None => None,
+            Some(list) => {
+                let names: Vec<&str> = list.split(',').map(str::trim).collect();
+                if names.iter().any(|n| n.is_empty()) {
+                    return Err(ApiError::bad_param(
+                        "service",
+                        "expected service names separated by commas, without empty ones",
+                    ));
+                }
+                if names.len() > MAX_SERVICES {
+                    return Err(ApiError::bad_param(
+                        "service",
+                        format!(
+                            "at most {MAX_SERVICES} names (got {}); leave it out to follow every service",
+                            names.len()
+                        ),
+                    ));
+                }
+                Some(names.into_iter().map(str::to_owned).collect())
+            }
+        };
+        Ok(Self {
+            services,
+            project: p.project.clone(),
+            all,
+        })
+    }
+
+    fn matches(&self, item: &Item) -> bool {
+        self.project.as_ref().is_none_or(|p| *p == item.key.project)
+            && self
+                .services
+                .as_ref()
+                .is_none_or(|s| s.contains(&item.key.name))
+    }
+}
+
+// === impl AllStream ===
+
+impl AllStream {
+    async fn next(&mut self) -> Option<Event> {
+        loop {
+            if self.done || self.lag.is_cut() {
+                return None;
+            }
+            if std::mem::take(&mut self.reset) {
+                return Some(
+                    Event::default()
+                        .event(RESET_EVENT)
+                        .data(r#"{"reason":"a gap cannot be ruled out: drop what you have, a full snapshot follows"}"#),
+                );
+            }
+            while let Some(item) = self.pending.pop_front() {
+                if !self.visible(&item) {
+                    continue;
+                }
+                // The id goes on the last event of its revision this client gets: until
+                // then, a resume must send the revision's other changes again.
+                let last = !self
+                    .pending
+                    .iter()
+                    .take_while(|i| i.id == item.id)
+                    .any(|i| self.visible(i));
+                if self.pending.is_empty() {
+                    self.lag.take(self.position);
+                }
+                return Some(self.event(&item, last));
+            }
+            self.lag.take(self.position);
+            let changed = tokio::select! {
+                r = self.published.changed() => r,
+                // The host stops serving: end the stream (the client resumes elsewhere
+                // with Last-Event-ID).
+                _ = self.ending.wait() => {
+                    self.done = true;
+                    return None;
+                }
+            };
+            if changed.is_err() {
+                self.done = true;
+                return None;
+            }
+            let end = *self.published.borrow_and_update();
+            if self.lag.check(&self.shared, end) {
+                self.done = true;
+                return None;
+            }
+            if !self.authenticate() {
+                self.done = true;
+                return None;
+            }
+            if self.reset {
+                continue;
+            }
+            let taken = self.shared.journal.take(self.position, CHUNK);
+            if taken.lost {
+                // Only past the cut-off: the watchdog ends it first.
+                self.lag.check(&self.shared, u64::MAX);
+                self.done = true;
+                return None;
+            }
+            self.position = taken.position;
+            self.pending = taken.items.into();
+        }
+    }
+
+    /// Authenticates the stream's token again: false if it no longer authenticates (the
+    /// stream ends); with changed grants, the stream starts over with a reset and a
+    /// snapshot of what the caller may view now.
+    fn authenticate(&mut self) -> bool {
+        let principal = match self.cx.auth.authenticate(self.token.as_deref()) {
+            Ok(p) => p,
+            Err(error) => {
+                tracing::info!(principal = %self.principal.name, %error, "all-services stream ended: its token no longer authenticates");
+                return false;
+            }
+        };
+        if principal.grants != self.principal.grants {
+            tracing::info!(principal = %principal.name, "grants changed: all-services stream starts over");
+            self.principal = principal;
+            let (items, position) = self.shared.journal.snapshot();
+            self.pending = items.into();
+            self.position = position;
+            self.reset = true;
+        }
+        true
+    }
+
+    fn visible(&self, item: &Item) -> bool {
+        self.filter.matches(item) && self.principal.may(Permission::JobView, &item.key.project)
+    }
+
+    fn event(&self, item: &Item, with_id: bool) -> Event {
+        let data = match &item.entry {
+            Some(entry) => {
+                serde_json::to_string(&EndpointsAnswer::new(entry, None, self.filter.all))
+            }
+            None => serde_json::to_string(&DeletedAnswer {
+                service: item.key.name.clone(),
+                project: item.key.project.clone(),
+                deleted: true,
+                index: item.id,
+            }),
+        }
+        .expect("an answer always serializes");
+        let event = Event::default().data(data);
+        if with_id {
+            event.id(item.id.to_string())
+        } else {
+            event
+        }
+    }
+}
+
+impl Drop for AllStream {
+    fn drop(&mut self) {
+        // Frees the place now, not when the watchdog has noticed the stop.
+        self.lag.release();
+    }
+}
+
+/// The bearer token of a request the `Principal` extractor accepted.
+fn bearer(headers: &HeaderMap) -> Option<String> {
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let token = v
+        .strip_prefix("Bearer ")
+        .or_else(|| v.strip_prefix("bearer "))?;
+    Some(token.trim().to_owned())
+}

@@ -1,0 +1,145 @@
+//! What every SSE stream shares with its watchdog: how far behind its client is, its place
+//! among the watchers, and the cut-off of a client that falls too far behind. Used by the
+//! per-service stream (`crate::stream`, behind its service's watch channel) and the
+//! all-services stream (`crate::allstream`, behind the journal), so both cut off slow
+//! readers the same way and free their places the same way.
+
+use crate::delivery::Recipient;
+use crate::metrics::Kind;
+use crate::shared::{Shared, WatcherGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use tokio::sync::{oneshot, watch};
+
+/// What a stream shares with its watchdog.
+#[derive(Debug)]
+pub(crate) struct Lag {
+    /// The position of the last change the stream took (its source's position when it
+    /// opened, until it took one): the client is behind by the source's position minus
+    /// this.
+    taken: AtomicU64,
+    /// The stream's place among the watchers; taken away when the client is cut off (or
+    /// the stream is dropped), so a cut-off client stops counting against the caps, and
+    /// stops holding up the delivery histogram, at once, even though its connection lives
+    /// until hyper polls the stream again.
+    place: Mutex<Option<Place>>,
+    /// How far behind the client may fall.
+    limit: u64,
+    kind: Kind,
+    /// What the stream follows, for the log line of a cut-off.
+    what: String,
+    principal: String,
+}
+
+/// What an open stream holds: its count against the caps, and (a per-service stream) its
+/// registration as a recipient of its service's changes.
+#[derive(Debug)]
+pub(crate) struct Place {
+    pub(crate) counted: WatcherGuard,
+    pub(crate) recipient: Option<Recipient>,
+}
+
+// === impl Lag ===
+
+impl Lag {
+    /// A stream at position `taken`, holding `place`, cut off past `limit` behind.
+    pub(crate) fn new(taken: u64, place: Place, limit: u64, what: String) -> Arc<Self> {
+        Arc::new(Self {
+            taken: AtomicU64::new(taken),
+            kind: place.counted.kind(),
+            principal: place.counted.principal().to_owned(),
+            place: Mutex::new(Some(place)),
+            limit,
+            what,
+        })
+    }
+
+    fn place(&self) -> std::sync::MutexGuard<'_, Option<Place>> {
+        self.place.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn is_cut(&self) -> bool {
+        self.place().is_none()
+    }
+
+    pub(crate) fn release(&self) -> Option<Place> {
+        self.place().take()
+    }
+
+    /// The position of the last change taken.
+    pub(crate) fn taken(&self) -> u64 {
+        self.taken.load(Ordering::Acquire)
+    }
+
+    /// The stream took the changes up to `position`.
+    pub(crate) fn take(&self, position: u64) {
+        self.taken.store(position, Ordering::Release);
+    }
+
+    /// Whether a source at `position` is more than the limit ahead of the stream; if so
+    /// the client is cut off.
+    pub(crate) fn check(&self, shared: &Shared, position: u64) -> bool {
+        let behind = position.saturating_sub(self.taken());
+        if behind <= self.limit {
+            return false;
+        }
+        self.cut_off(shared, behind);
+        true
+    }
+
+    /// The stream took slot seq `seq`: it is sending it now (`sent`), or will not.
+    pub(crate) fn settle(&self, seq: u64, sent: bool) {
+        if let Some(recipient) = self.place().as_mut().and_then(|p| p.recipient.as_mut()) {
+            if sent {
+                recipient.handed(seq);
+            } else {
+                recipient.skipped(seq);
+            }
+        }
+    }
+
+    /// Cuts the client off (once: the stream and its watchdog may both see the lag).
+    fn cut_off(&self, shared: &Shared, behind: u64) {
+        if self.release().is_none() {
+            return;
+        }
+        shared.metrics.lagged(self.kind);
+        tracing::info!(
+            stream = %self.what,
+            principal = %self.principal,
+            behind,
+            "stream client fell behind, disconnecting it"
+        );
+    }
+}
+
+/// Follows a stream's source (`rx`, whose position is `position(&value)`) and cuts the
+/// client off as soon as it is more than its limit behind, whether or not hyper polls the
+/// stream. It wakes only on the source's changes (no timer) and ends with the stream
+/// (`stopped`), when the source goes away, or once it has cut the client off.
+///
+/// The stream runs only when hyper polls it, and hyper polls it only when it can write,
+/// i.e. when the client reads; so without this task a client that never reads would
+/// never be found behind.
+pub(crate) async fn watchdog<T>(
+    mut rx: watch::Receiver<T>,
+    position: fn(&T) -> u64,
+    lag: Arc<Lag>,
+    mut stopped: oneshot::Receiver<()>,
+    shared: Arc<Shared>,
+) {
+    loop {
+        tokio::select! {
+            _ = &mut stopped => return,
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+            }
+        }
+        let at = position(&rx.borrow_and_update());
+        if lag.check(&shared, at) || lag.is_cut() {
+            return;
+        }
+    }
+}
