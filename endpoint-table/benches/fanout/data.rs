@@ -4,7 +4,14 @@ use super::*;
 
 // === the data ===
 
-pub(crate) fn job(id: usize, service: &str, replica: u32, host: usize, ready: bool, port: u16) -> JobInfo {
+pub(crate) fn job(
+    id: usize,
+    service: &str,
+    replica: u32,
+    host: usize,
+    ready: bool,
+    port: u16,
+) -> JobInfo {
     let grant = serde_json::json!({"ports": [{"name": "http", "protocol": "tcp", "port": port}]});
     JobInfo {
         job: format!("j-{id}"),
@@ -107,4 +114,3 @@ pub(crate) fn table_rates() {
         events.len()
     );
 }
-

@@ -59,4 +59,3 @@ impl Drop for Etcd {
         forget_child(self.pid);
     }
 }
-

@@ -107,7 +107,11 @@ pub(crate) async fn grpc_watch_stream(
     let mut buf = Vec::new();
     let mut reported = 0;
     while reported < watches * (changes + 1) {
-        let chunk = body.next().await.expect("the watch stream goes on").unwrap();
+        let chunk = body
+            .next()
+            .await
+            .expect("the watch stream goes on")
+            .unwrap();
         buf.extend_from_slice(&chunk);
         while let Some(msg) = grpc_message(&mut buf) {
             let now = Instant::now();

@@ -133,8 +133,8 @@ fn fd_limit() -> u64 {
 mod data;
 mod etcd;
 mod h2;
-mod runs;
 mod reads;
+mod runs;
 mod server;
 
 use data::*;

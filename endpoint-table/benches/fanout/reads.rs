@@ -19,7 +19,12 @@ pub(crate) struct Load {
 /// request was due: tokio's timer is late by up to a millisecond, which is the client's,
 /// and at this rate a connection is rarely still waiting when its next request is due);
 /// requests sent within the measured window count.
-pub(crate) async fn load(addr: SocketAddr, pid: u32, request: &str, period: Option<Duration>) -> Load {
+pub(crate) async fn load(
+    addr: SocketAddr,
+    pid: u32,
+    request: &str,
+    period: Option<Duration>,
+) -> Load {
     let cpu0 = cpu_us(pid);
     let request = Arc::new(request.as_bytes().to_vec());
     let start = Instant::now() + READ_WARMUP;
@@ -250,4 +255,3 @@ pub(crate) async fn reads_all(etcd_found: bool) {
     drop(etcd);
     drop(server);
 }
-

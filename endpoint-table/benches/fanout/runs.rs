@@ -106,7 +106,12 @@ pub(crate) fn take_markers(buf: &mut Vec<u8>, markers: &[String], next: &mut usi
 
 /// A blocking-query watcher: `?index=N&wait=60s`, re-issued with the answer's index after
 /// each answer, for `changes` changes.
-pub(crate) async fn blocking_watcher(addr: SocketAddr, changes: usize, connects: Arc<Semaphore>, seen: Seen) {
+pub(crate) async fn blocking_watcher(
+    addr: SocketAddr,
+    changes: usize,
+    connects: Arc<Semaphore>,
+    seen: Seen,
+) {
     let permit = connects.acquire().await.unwrap();
     let mut conn = Conn::connect(addr).await.unwrap();
     drop(permit);
@@ -312,8 +317,15 @@ pub(crate) async fn fanout_all(etcd: bool) -> (usize, Memory) {
     );
     println!(
         "{:<16} {:>6} {:>6} {:>8} {:>13} {:>13} {:>13} {:>13} {:>12}",
-        "system", "W", "conns", "changes", "p50 first ms", "p50 last ms", "p99 last ms",
-        "spread ms", "RSS/watcher"
+        "system",
+        "W",
+        "conns",
+        "changes",
+        "p50 first ms",
+        "p50 last ms",
+        "p99 last ms",
+        "spread ms",
+        "RSS/watcher"
     );
     let mut memory = (0, Memory::new());
     let limit = fd_limit();
@@ -497,4 +509,3 @@ pub(crate) async fn memory_summary((watchers, memory): &(usize, Memory)) {
         );
     }
 }
-

@@ -246,7 +246,6 @@ impl Drop for Server {
     }
 }
 
-
 /// Serves `app` on `listener` as the apiserver does: HTTP/1.1, or HTTP/2 with prior
 /// knowledge when a connection starts with its preface, with the apiserver's HTTP/2
 /// settings (`plugin_api::http2`), so the per-watcher figures are the product's. (The
