@@ -150,3 +150,44 @@ async fn watcher_limits_count_streams_not_connections() {
     drop((alice, dana, again));
     c.watchers_reach(0).await;
 }
+
+#[tokio::test]
+async fn a_stream_that_is_not_read_is_cut_off_and_its_connection_carries_on() {
+    let c = Cluster::new(small(|c| c.stream_buffer = 2)).await;
+    let addr = serve(c.router.clone()).await;
+    // A client whose streams get 1 KiB of window: an unread stream stalls after a few
+    // events, as a reader that stopped reading does.
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (send, conn) = http2::Builder::new(TokioExecutor::new())
+        .initial_stream_window_size(1024)
+        .handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let stream = "alice /v1/services/web/endpoints/stream";
+    let unread = h2_get(&send, stream).await;
+    assert_eq!(unread.status(), 200);
+    let mut reader = Events::new(h2_get(&send, stream).await);
+    assert!(reader.next().await.unwrap().starts_with("id: 10\n"));
+    c.watchers_reach(2).await;
+    // Each change is an event of about 400 bytes; the reader reads every one.
+    let mut j3 = web_job("j-3", 2, "exec-01", 20419);
+    let mut rev = 10;
+    while c.api.shared().watcher_count() == 2 {
+        assert!(rev < 100, "the unread stream was never cut off");
+        rev += 1;
+        j3.ready = !j3.ready;
+        c.event(ev_job(rev, j3.clone())).await;
+        let event = reader.next().await.unwrap();
+        assert!(event.starts_with(&format!("id: {rev}\n")), "{event}");
+    }
+    // The unread stream was cut off; the reader on the same connection goes on.
+    c.watchers_reach(1).await;
+    assert!(c.metrics().contains("xce_endpoint_streams_lagged_total 1"));
+    rev += 1;
+    j3.ready = !j3.ready;
+    c.event(ev_job(rev, j3)).await;
+    let event = reader.next().await.unwrap();
+    assert!(event.starts_with(&format!("id: {rev}\n")), "{event}");
+    drop(unread);
+}
