@@ -15,6 +15,13 @@
 //!   connections cannot lock real clients out); when there is none, the new connection is
 //!   closed at once. Either is logged, at most once a second with a count.
 //!
+//! Every connection speaks HTTP/1.1 or HTTP/2 with prior knowledge (h2c), told apart by
+//! the client's first bytes; the HTTP/2 settings are `plugin_api::http2`'s. The limits
+//! above hold for both: under HTTP/2 a request in flight is any open stream, a connection
+//! that sends the preface but no request is closed after `header_timeout`, and a closing
+//! connection whose peer does not finish the shutdown (HTTP/2 waits for a ping's answer)
+//! is dropped after `header_timeout` more.
+//!
 //! Stopping (a SIGTERM) is graceful within a deadline: the listener closes, every
 //! connection finishes the requests in flight (the hosts make blocking queries answer and
 //! streams end at once) and closes; connections still open after `drain_timeout` are
@@ -451,11 +458,12 @@ async fn connection(
         };
         let deadline = match closing {
             None => idle.then_some(idle_since + timeout),
-            // Closing with nothing in flight: the peer gets `header_timeout` to let the
-            // shutdown finish, then the socket is dropped. HTTP/2's graceful shutdown
-            // waits for the answer to a ping after its GOAWAY, which a client that sent
-            // only the preface never gives.
-            Some(since) => idle.then_some(since + limits.header_timeout),
+            // Closing with nothing in flight: the peer gets `header_timeout` (from the
+            // later of the shutdown and the last answer, whose bytes may still be on their
+            // way out) to let the shutdown finish, then the socket is dropped. HTTP/2's
+            // graceful shutdown waits for the answer to a ping after its GOAWAY, which a
+            // client that sent only the preface never gives.
+            Some(since) => idle.then_some(since.max(idle_since) + limits.header_timeout),
         };
         tokio::select! {
             r = c.as_mut() => {
