@@ -1,15 +1,18 @@
-//! Benchmarks of the endpoint table (issue 5), against etcd 3.4 through its HTTP/JSON
-//! gateway when `etcd` is on PATH (Debian: `apt-get install etcd-server`):
+//! Benchmarks of the endpoint table (issues 5 and 15), against etcd 3.4 through its
+//! HTTP/JSON gateway and its native gRPC watch when `etcd` is on PATH (Debian: `apt-get
+//! install etcd-server`):
 //!
 //! 1. the pure table: resync and event apply rates (in process);
-//! 2. fan-out: one readiness change, the time until the last of W watchers (one connection
-//!    each) has it — our SSE stream and our blocking query against etcd watches;
+//! 2. fan-out: one readiness change, the time until the last of W watchers has it — our
+//!    SSE stream and our blocking query, over HTTP/1.1 (one connection each) and HTTP/2
+//!    (100 per connection), against etcd watches through the gateway (one connection each)
+//!    and over gRPC (100 per stream); module `runs`, HTTP/2 clients in `h2`;
 //! 3. memory: server VmRSS per idle watcher at the largest W;
 //! 4. reads: requests/s and latency of the endpoint entry of a 3- and a 100-replica
 //!    service over 50 keep-alive connections — ours under RBAC against an etcd range read
 //!    of the same bytes.
 //!
-//! The servers (our router served by axum, and etcd) run in processes of their own, apart
+//! The servers (our router, HTTP/1.1 and h2c, and etcd) run in processes of their own, apart
 //! from the clients: 10,000 client sockets and 10,000 server sockets do not fit under one
 //! process's fd limit. This binary re-executes itself with `--serve` for our side. Every
 //! server is fresh per run, so a memory delta is not hidden by memory freed by an earlier
