@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs the endpoint-table benchmarks (README "Benchmarks"): about 3 minutes on 2 cores.
+# Runs the endpoint-table benchmarks (README "Benchmarks"): about 4-6 minutes on 2 cores.
 #
 # etcd: the comparison needs Debian's `etcd-server` (etcd 3.4). When `etcd` is missing and
 # this runs as root with apt-get, it is installed; otherwise the bench prints that it skips

@@ -15,6 +15,13 @@
 //!   connections cannot lock real clients out); when there is none, the new connection is
 //!   closed at once. Either is logged, at most once a second with a count.
 //!
+//! Every connection speaks HTTP/1.1 or HTTP/2 with prior knowledge (h2c), told apart by
+//! the client's first bytes; the HTTP/2 settings are `plugin_api::http2`'s. The limits
+//! above hold for both: under HTTP/2 a request in flight is any open stream, a connection
+//! that sends the preface but no request is closed after `header_timeout`, and a closing
+//! connection whose peer does not finish the shutdown (HTTP/2 waits for a ping's answer)
+//! is dropped after `header_timeout` more.
+//!
 //! Stopping (a SIGTERM) is graceful within a deadline: the listener closes, every
 //! connection finishes the requests in flight (the hosts make blocking queries answer and
 //! streams end at once) and closes; connections still open after `drain_timeout` are
@@ -31,7 +38,8 @@ pub(crate) use responses::{json_errors, metrics_response};
 use anyhow::Context as _;
 use axum::body::Body;
 use http::{Request, Response};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::{IpAddr, SocketAddr};
@@ -388,6 +396,7 @@ async fn connection(
                 conn.evicted.load(Ordering::SeqCst)
             };
             let mut app = app.clone();
+            let version = req.version();
             let mut req = req;
             req.extensions_mut().insert(Peer(ip));
             async move {
@@ -398,10 +407,14 @@ async fn connection(
                         "too many connections; try again",
                     );
                     let mut resp = axum::response::IntoResponse::into_response(resp);
-                    resp.headers_mut().insert(
-                        http::header::CONNECTION,
-                        http::HeaderValue::from_static("close"),
-                    );
+                    // HTTP/2 has no `Connection` header (it is a protocol error there):
+                    // its connection is closed by the GOAWAY of the shutdown below.
+                    if version < http::Version::HTTP_2 {
+                        resp.headers_mut().insert(
+                            http::header::CONNECTION,
+                            http::HeaderValue::from_static("close"),
+                        );
+                    }
                     return Ok(resp.map(|b| {
                         Body::new(Guarded {
                             inner: b,
@@ -422,18 +435,20 @@ async fn connection(
             }
         })
     };
-    let mut builder = hyper::server::conn::http1::Builder::new();
+    // HTTP/1.1 or HTTP/2 with prior knowledge (h2c), told apart by the client's first
+    // bytes (the HTTP/2 preface). Every limit here holds for both: the timers below watch
+    // requests in flight, which under HTTP/2 are the connection's open streams.
+    let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
+        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
+    plugin_api::http2::configure(&mut builder.http2());
     // Boxed so it can be dropped (its socket closed) before the accounting below.
-    let mut c = Box::pin(
-        builder
-            .serve_connection(TokioIo::new(stream), svc)
-            .with_upgrades(),
-    );
+    let mut c = Box::pin(builder.serve_connection_with_upgrades(TokioIo::new(stream), svc));
     let mut idle_since = Instant::now();
-    let mut closing = false;
+    // When a graceful shutdown began.
+    let mut closing: Option<Instant> = None;
     loop {
         let idle = conn.in_flight.load(Ordering::SeqCst) == 0;
         let timeout = if conn.served.load(Ordering::SeqCst) {
@@ -441,7 +456,15 @@ async fn connection(
         } else {
             limits.header_timeout
         };
-        let deadline = idle.then_some(idle_since + timeout);
+        let deadline = match closing {
+            None => idle.then_some(idle_since + timeout),
+            // Closing with nothing in flight: the peer gets `header_timeout` (from the
+            // later of the shutdown and the last answer, whose bytes may still be on their
+            // way out) to let the shutdown finish, then the socket is dropped. HTTP/2's
+            // graceful shutdown waits for the answer to a ping after its GOAWAY, which a
+            // client that sent only the preface never gives.
+            Some(since) => idle.then_some(since.max(idle_since) + limits.header_timeout),
+        };
         tokio::select! {
             r = c.as_mut() => {
                 if let Err(e) = r {
@@ -451,23 +474,27 @@ async fn connection(
             }
             () = conn.wake.notified() => {
                 idle_since = Instant::now();
-                if conn.evicted.load(Ordering::SeqCst) && !closing {
+                if conn.evicted.load(Ordering::SeqCst) && closing.is_none() {
                     if !conn.served.load(Ordering::SeqCst) {
                         break; // never used: close the socket now
                     }
-                    closing = true;
+                    closing = Some(Instant::now());
                     c.as_mut().graceful_shutdown();
                 }
             }
-            () = sleep_until(deadline), if !closing => {
+            () = sleep_until(deadline) => {
                 if conn.in_flight.load(Ordering::SeqCst) == 0 {
+                    if closing.is_some() {
+                        debug!(client = %ip, "connection did not finish closing: dropped");
+                        break;
+                    }
                     debug!(client = %ip, "idle connection closed");
-                    closing = true;
+                    closing = Some(Instant::now());
                     c.as_mut().graceful_shutdown();
                 }
             }
-            _ = stop.wait_for(|s| *s), if !closing => {
-                closing = true;
+            _ = stop.wait_for(|s| *s), if closing.is_none() => {
+                closing = Some(Instant::now());
                 c.as_mut().graceful_shutdown();
             }
         }
@@ -540,3 +567,5 @@ fn _assert_types(_: Response<Body>) {}
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_h2;

@@ -21,6 +21,7 @@ mod auth;
 mod error_body;
 mod events;
 mod facts;
+pub mod http2;
 mod launch;
 mod resource;
 

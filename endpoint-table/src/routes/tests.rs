@@ -1,4 +1,7 @@
-//! Router tests without sockets: every format, parameter and error of the endpoint routes.
+//! Router tests without sockets: every format, parameter and error of the endpoint routes
+//! (and, in `h2`, the routes over HTTP/2 on a real socket).
+
+mod h2;
 
 use crate::testutil::*;
 use crate::{endpoint_table, EndpointApi, TableConfig, TableFeed};

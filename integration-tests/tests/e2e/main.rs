@@ -13,6 +13,7 @@ mod failover;
 mod faults_rollout;
 mod fulldisk;
 mod ha;
+mod http2;
 mod identity;
 mod leadership;
 mod pause;

@@ -14,7 +14,7 @@ async fn server(limits: ConnLimits) -> (SocketAddr, watch::Sender<bool>, watch::
 }
 
 /// [`server`], and a channel that gets one message per `/hold` request the app sees.
-async fn server_counting(
+pub(super) async fn server_counting(
     limits: ConnLimits,
 ) -> (
     SocketAddr,
@@ -42,7 +42,7 @@ async fn server_counting(
     (addr, stop_tx, release_tx, held)
 }
 
-fn limits(max_total: usize, max_per_client: usize) -> ConnLimits {
+pub(super) fn limits(max_total: usize, max_per_client: usize) -> ConnLimits {
     ConnLimits {
         max_total,
         max_per_client,
@@ -53,7 +53,7 @@ fn limits(max_total: usize, max_per_client: usize) -> ConnLimits {
 }
 
 /// Reads until the peer closes (true) or `within` runs out (false).
-async fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+pub(super) async fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
     let mut buf = [0u8; 1024];
     let read_to_eof = async {
         loop {
@@ -91,7 +91,7 @@ async fn request(s: &mut TcpStream, path: &str) -> String {
     }
 }
 
-const LONG: Duration = Duration::from_secs(10);
+pub(super) const LONG: Duration = Duration::from_secs(10);
 
 #[tokio::test]
 async fn a_client_that_never_finishes_its_headers_is_closed() {

@@ -1,0 +1,177 @@
+//! The accept loop's limits under HTTP/2 with prior knowledge (h2c), on real sockets with
+//! a real HTTP/2 client (hyper's): one connection carries many requests, and the cut-offs
+//! and caps that hold for HTTP/1.1 hold for it too.
+
+use super::tests::{closed_within, limits, server_counting, LONG};
+use super::*;
+use axum::body::Body;
+use hyper::client::conn::http2;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// The HTTP/2 connection preface and an empty SETTINGS frame: what a client sends before
+/// its first request.
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0";
+
+/// One HTTP/2 connection: the request sender, and the connection's task, which ends when
+/// the server closes the connection.
+async fn h2(addr: SocketAddr) -> (http2::SendRequest<Body>, JoinHandle<()>) {
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let (send, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+        .await
+        .unwrap();
+    let task = tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    (send, task)
+}
+
+/// `GET path` on the connection; the answer's status and body.
+async fn get(send: &mut http2::SendRequest<Body>, path: &str) -> Result<(u16, String), String> {
+    let req = Request::get(format!("http://x{path}"))
+        .body(Body::empty())
+        .unwrap();
+    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    let status = resp.status().as_u16();
+    let body = axum::body::to_bytes(Body::new(resp.into_body()), 1 << 20)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+#[tokio::test]
+async fn one_connection_carries_many_watches_and_reads_at_once() {
+    // One connection per client: a second one would be refused, so everything below
+    // shares the first.
+    let (addr, _stop, release, mut held) = server_counting(ConnLimits {
+        header_timeout: LONG * 6,
+        idle_timeout: LONG * 6,
+        ..limits(100, 1)
+    })
+    .await;
+    let (send, _conn) = h2(addr).await;
+    let watches: Vec<_> = (0..100)
+        .map(|_| {
+            let mut send = send.clone();
+            tokio::spawn(async move { get(&mut send, "/hold").await })
+        })
+        .collect();
+    for _ in 0..100 {
+        tokio::time::timeout(LONG, held.recv())
+            .await
+            .expect("the app has all 100 watches")
+            .unwrap();
+    }
+    // Reads are answered while the 100 watches wait on the same connection.
+    for _ in 0..20 {
+        assert_eq!(get(&mut send.clone(), "/").await, Ok((200, "ok".into())));
+    }
+    release.send(true).unwrap();
+    for w in watches {
+        let answer = tokio::time::timeout(LONG, w).await.unwrap().unwrap();
+        assert_eq!(answer, Ok((200, "released".into())));
+    }
+}
+
+#[tokio::test]
+async fn a_preface_without_a_request_is_closed() {
+    // It sends the preface and its settings, then nothing; it never answers a ping either,
+    // so a graceful shutdown that waited for the ping's answer would keep it open.
+    let (addr, _stop, _release, _held) = server_counting(limits(100, 100)).await;
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    silent.write_all(PREFACE).await.unwrap();
+    assert!(
+        closed_within(&mut silent, LONG).await,
+        "an HTTP/2 connection without a request stayed open"
+    );
+}
+
+#[tokio::test]
+async fn an_idle_h2_connection_is_closed_but_one_carrying_a_watch_never_is() {
+    let (addr, _stop, release, mut held) = server_counting(limits(100, 100)).await;
+    let (mut idle, idle_conn) = h2(addr).await;
+    assert_eq!(get(&mut idle, "/").await, Ok((200, "ok".into())));
+    let (mut watching, watching_conn) = h2(addr).await;
+    let watch = tokio::spawn(async move { get(&mut watching, "/hold").await });
+    tokio::time::timeout(LONG, held.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    tokio::time::timeout(LONG, idle_conn)
+        .await
+        .expect("an idle HTTP/2 connection stayed open")
+        .unwrap();
+    // The idle timeout has passed for the watching connection too: it is still open.
+    assert!(!watching_conn.is_finished(), "a watch was cut");
+    release.send(true).unwrap();
+    let answer = tokio::time::timeout(LONG, watch).await.unwrap().unwrap();
+    assert_eq!(answer, Ok((200, "released".into())));
+    // Now it is idle, and closed like any other.
+    tokio::time::timeout(LONG, watching_conn)
+        .await
+        .expect("the connection, idle after its watch, stayed open")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn at_the_per_client_cap_never_used_h2_connections_make_room() {
+    let (addr, _stop, _release, _held) = server_counting(ConnLimits {
+        header_timeout: LONG * 6,
+        idle_timeout: LONG * 6,
+        ..limits(100, 3)
+    })
+    .await;
+    let (mut used, _used_conn) = h2(addr).await;
+    assert_eq!(get(&mut used, "/").await, Ok((200, "ok".into())));
+    let mut flood = Vec::new();
+    for _ in 0..10 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(PREFACE).await.unwrap();
+        flood.push(s);
+    }
+    let mut closed = 0;
+    // Room for 3: the used one and the newest 2 of the flood.
+    for s in &mut flood[..8] {
+        closed += usize::from(closed_within(s, LONG).await);
+    }
+    assert_eq!(
+        closed, 8,
+        "all but the newest 2 unused connections were closed"
+    );
+    assert_eq!(get(&mut used, "/").await, Ok((200, "ok".into())));
+    let (mut newcomer, _newcomer_conn) = h2(addr).await;
+    assert_eq!(get(&mut newcomer, "/").await, Ok((200, "ok".into())));
+}
+
+#[tokio::test]
+async fn stopping_ends_the_connection_after_its_streams_finish_and_refuses_new_ones() {
+    let (addr, stop, release, mut held) = server_counting(limits(100, 100)).await;
+    let (send, conn) = h2(addr).await;
+    let watch = {
+        let mut send = send.clone();
+        tokio::spawn(async move { get(&mut send, "/hold").await })
+    };
+    tokio::time::timeout(LONG, held.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    stop.send(true).unwrap();
+    // The GOAWAY reaches the client: a new stream is refused rather than served.
+    let deadline = Instant::now() + LONG;
+    loop {
+        match get(&mut send.clone(), "/").await {
+            Err(_) => break,
+            Ok(_) => assert!(Instant::now() < deadline, "new streams kept being served"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(!watch.is_finished(), "the stream in flight was cut");
+    release.send(true).unwrap();
+    let answer = tokio::time::timeout(LONG, watch).await.unwrap().unwrap();
+    assert_eq!(answer, Ok((200, "released".into())));
+    tokio::time::timeout(LONG, conn)
+        .await
+        .expect("the connection ended once its stream did")
+        .unwrap();
+}
