@@ -5,6 +5,7 @@ mod daemons;
 mod harness;
 
 mod address;
+mod allstream;
 mod causes;
 mod cliwatch;
 mod dev;
