@@ -31,7 +31,7 @@ use axum::http::{header, HeaderMap};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
-use plugin_api::{ApiContext, ApiError, Permission, Principal};
+use plugin_api::{ApiContext, ApiError, AuthError, Permission, Principal};
 use std::collections::{HashSet, VecDeque};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -247,6 +247,14 @@ impl AllStream {
                     self.done = true;
                     return None;
                 }
+                // Its token was removed by a reload of the host's tokens: end now, not at
+                // the next change (grants that merely changed are re-checked before
+                // anything is sent, in `authenticate`).
+                () = self.principal.credential.removed() => {
+                    tracing::info!(principal = %self.principal.name, "all-services stream ended: its token was revoked");
+                    self.done = true;
+                    return Some(revoked_event());
+                }
             };
             if changed.is_err() {
                 self.done = true;
@@ -338,4 +346,12 @@ fn bearer(headers: &HeaderMap) -> Option<String> {
         .strip_prefix("Bearer ")
         .or_else(|| v.strip_prefix("bearer "))?;
     Some(token.trim().to_owned())
+}
+
+/// The last event of a stream whose token was revoked: the 401 body its next request would
+/// get, as the per-service stream ends (so a client tells "revoked" from "server went away").
+fn revoked_event() -> Event {
+    let body = plugin_api::ErrorBody::from(ApiError::unauthenticated(AuthError::Revoked));
+    let body = serde_json::to_string(&body).expect("an error body always serializes");
+    Event::default().event("error").data(body)
 }

@@ -56,13 +56,15 @@ struct Inner {
     /// The position of `log[0]`.
     first: u64,
     log: VecDeque<Record>,
-    latest: HashMap<ServiceKey, Latest>,
+    /// Keys are shared with the records and the items handed out (a stream's snapshot of
+    /// a thousand services holds a thousand reference counts, not a thousand copies).
+    latest: HashMap<Arc<ServiceKey>, Latest>,
 }
 
 #[derive(Debug, Clone)]
 struct Record {
     id: u64,
-    key: ServiceKey,
+    key: Arc<ServiceKey>,
 }
 
 #[derive(Debug, Clone)]
@@ -76,7 +78,7 @@ struct Latest {
 #[derive(Debug, Clone)]
 pub(crate) struct Item {
     pub(crate) id: u64,
-    pub(crate) key: ServiceKey,
+    pub(crate) key: Arc<ServiceKey>,
     pub(crate) entry: Option<Arc<Entry>>,
 }
 
@@ -243,7 +245,7 @@ impl Inner {
                         id: e.index.min(rev),
                         entry: Some(e.clone()),
                     };
-                    (e.key(), latest)
+                    (Arc::new(e.key()), latest)
                 })
                 .collect();
             return;
@@ -265,8 +267,8 @@ impl Inner {
         for (key, latest) in &self.latest {
             match (now.remove(key), &latest.entry) {
                 (Some(new), Some(old)) if new == old => {}
-                (Some(new), _) => changed.push((key.clone(), Some(new.clone()))),
-                (None, Some(_)) => changed.push((key.clone(), None)),
+                (Some(new), _) => changed.push((ServiceKey::clone(key), Some(new.clone()))),
+                (None, Some(_)) => changed.push((ServiceKey::clone(key), None)),
                 (None, None) => {}
             }
         }
@@ -280,6 +282,10 @@ impl Inner {
 
     fn push(&mut self, id: u64, key: ServiceKey, entry: Option<Arc<Entry>>) {
         self.rev = self.rev.max(id);
+        let key = match self.latest.get_key_value(&key) {
+            Some((shared, _)) => shared.clone(),
+            None => Arc::new(key),
+        };
         self.latest.insert(key.clone(), Latest { id, entry });
         self.log.push_back(Record { id, key });
         while self.log.len() > self.capacity {

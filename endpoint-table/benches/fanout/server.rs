@@ -160,10 +160,12 @@ pub(crate) fn serve() {
                     async move {
                         let mut text = String::new();
                         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+                        // Every kind of watcher (`{kind="..."}`), summed.
                         text.lines()
-                            .find_map(|l| l.strip_prefix("xce_endpoint_watchers "))
-                            .unwrap_or("-1")
-                            .to_owned()
+                            .filter(|l| l.starts_with("xce_endpoint_watchers{"))
+                            .filter_map(|l| l.rsplit(' ').next()?.parse::<i64>().ok())
+                            .sum::<i64>()
+                            .to_string()
                     }
                 }),
             );

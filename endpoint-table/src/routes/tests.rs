@@ -1835,9 +1835,11 @@ async fn revoked_credentials_end_their_watchers_only() {
         let call = c.router.clone().oneshot(Cluster::request(line));
         tokio::spawn(async move { render(call.await.unwrap()).await })
     };
+    let mut all = Events::new(c.get("alice /v1/endpoints/stream?service=web").await);
+    let _ = writeln!(out, "alice all: {:?}", first_line(all.next().await));
     let blocking = parked("alice /v1/services/web/endpoints?index=10&wait=60s");
     let absent = parked("alice /v1/services/nope/endpoints?index=0&wait=60s");
-    c.watchers_reach(5).await;
+    c.watchers_reach(6).await;
 
     // dana may no longer view team-a; alice is removed.
     tokens.0[1].1.send_replace(view(&["team-b"]));
@@ -1846,6 +1848,9 @@ async fn revoked_credentials_end_their_watchers_only() {
     let _ = writeln!(out, "dana then: {:?}", dana.next().await);
     let _ = writeln!(out, "alice: {:?}", alice.next().await);
     let _ = writeln!(out, "alice then: {:?}", alice.next().await);
+    // The all-services stream ends at once too, though nothing changed in the table.
+    let _ = writeln!(out, "alice all: {:?}", all.next().await);
+    let _ = writeln!(out, "alice all then: {:?}", all.next().await);
     let _ = writeln!(out, "blocking: {}", blocking.await.unwrap());
     let _ = writeln!(out, "absent: {}", absent.await.unwrap());
     c.watchers_reach(1).await;
@@ -1858,10 +1863,13 @@ async fn revoked_credentials_end_their_watchers_only() {
         alice: Some("id: 10")
         dana: Some("id: 10")
         bob: Some("id: 9")
+        alice all: Some("data: {\"service\":\"web\",\"project\":\"team-a\",\"index\":10,\"endpoints\":[{\"replica\":0,\"job\":\"j-1\",\"host\":\"exec-01\",\"generation\":1,\"address\":\"127.0.0.11\",\"ports\":{\"http\":20417}},{\"replica\":1,\"job\":\"j-2\",\"host\":\"exec-02\",\"generation\":1,\"address\":\"fd00::2\",\"ports\":{\"http\":20418}}]}")
         dana: Some("event: error\ndata: {\"error\":{\"code\":\"not_found\",\"details\":[],\"message\":\"service \\\"web\\\" not found\"}}")
         dana then: None
         alice: Some("event: error\ndata: {\"error\":{\"code\":\"unauthenticated\",\"details\":[],\"message\":\"bearer token revoked\"}}")
         alice then: None
+        alice all: Some("event: error\ndata: {\"error\":{\"code\":\"unauthenticated\",\"details\":[],\"message\":\"bearer token revoked\"}}")
+        alice all then: None
         blocking: 401 content-type=application/json www-authenticate=Bearer
         {"error":{"code":"unauthenticated","details":[],"message":"bearer token revoked"}}
         absent: 401 content-type=application/json www-authenticate=Bearer

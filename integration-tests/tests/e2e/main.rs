@@ -6,6 +6,7 @@ mod external;
 mod harness;
 
 mod address;
+mod allstream;
 mod causes;
 mod cliwatch;
 mod dev;
