@@ -183,7 +183,9 @@ async fn a_stream_that_is_not_read_is_cut_off_and_its_connection_carries_on() {
     }
     // The unread stream was cut off; the reader on the same connection goes on.
     c.watchers_reach(1).await;
-    assert!(c.metrics().contains("xce_endpoint_streams_lagged_total 1"));
+    assert!(c
+        .metrics()
+        .contains("xce_endpoint_streams_lagged_total{kind=\"stream\"} 1\n"));
     rev += 1;
     j3.ready = !j3.ready;
     c.event(ev_job(rev, j3)).await;
