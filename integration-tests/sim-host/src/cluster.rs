@@ -63,7 +63,7 @@ pub struct Phases {
     pub pick: Duration,
     /// Every plugin's `reserve` (and `release` when a later one refuses).
     pub reserve: Duration,
-    /// Building and committing store batches.
+    /// Encoding job records and committing store batches.
     pub commit: Duration,
     /// Announcing events to the listeners (the endpoint table's feed).
     pub announce: Duration,
@@ -289,8 +289,13 @@ impl Cluster {
         profile: serde_json::Value,
     ) -> Result<(), String> {
         for p in &self.plugins {
-            p.validate(profile.get(p.name()))
-                .map_err(|errors| errors.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))?;
+            p.validate(profile.get(p.name())).map_err(|errors| {
+                errors
+                    .iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })?;
         }
         let info = ServiceInfo {
             name: key.name.clone(),
@@ -341,7 +346,8 @@ impl Cluster {
             svc.slots.resize(replicas as usize, Vec::new());
         }
         self.service_changed(key);
-        self.pending.extend((old..replicas).map(|s| (key.clone(), s)));
+        self.pending
+            .extend((old..replicas).map(|s| (key.clone(), s)));
     }
 
     /// Removes a service whose jobs have all ended.
@@ -410,7 +416,10 @@ impl Cluster {
             let (plugins, hosts) = (&self.plugins, &self.hosts);
             let picked = self.sched.pick(|h| {
                 let id = &hosts[h as usize].info.id;
-                plugins.iter().zip(&reqs).all(|(p, r)| p.fits(id, r).is_ok())
+                plugins
+                    .iter()
+                    .zip(&reqs)
+                    .all(|(p, r)| p.fits(id, r).is_ok())
             });
             self.phases.pick += at.elapsed();
             let grants = picked.and_then(|h| {
@@ -473,13 +482,18 @@ impl Cluster {
     /// Fault injection: gives the new job a port another live job on the host holds.
     fn corrupt_grant(&self, h: u32, grants: &mut BTreeMap<String, Grant>) -> bool {
         let ports = port_resource::PLUGIN_NAME;
-        let Some(mine) = grants.get(ports).and_then(|g| port_resource::PortGrant::from_value(g).ok())
+        let Some(mine) = grants
+            .get(ports)
+            .and_then(|g| port_resource::PortGrant::from_value(g).ok())
         else {
             return false;
         };
         for n in &self.hosts[h as usize].jobs {
             let other = &self.jobs[n].info;
-            let Some(theirs) = other.grants.get(ports).and_then(|g| port_resource::PortGrant::from_value(g).ok())
+            let Some(theirs) = other
+                .grants
+                .get(ports)
+                .and_then(|g| port_resource::PortGrant::from_value(g).ok())
             else {
                 continue;
             };
@@ -488,7 +502,11 @@ impl Cluster {
                     let mut bad = mine.clone();
                     bad.ports[0].port = b.port;
                     grants.insert(ports.to_owned(), bad.to_value());
-                    tracing::warn!(host = h, port = b.port, "fault injected: a port handed out twice");
+                    tracing::warn!(
+                        host = h,
+                        port = b.port,
+                        "fault injected: a port handed out twice"
+                    );
                     return true;
                 }
             }
@@ -527,7 +545,13 @@ impl Cluster {
                 if let Some(p) = self.plugins.iter_mut().find(|p| p.name() == refusal.plugin) {
                     p.launch_refused(&cx.host, &cx.job, &refusal.detail);
                 }
-                self.end(n, EndReason::Refused { reason: refusal.reason }, true)
+                self.end(
+                    n,
+                    EndReason::Refused {
+                        reason: refusal.reason,
+                    },
+                    true,
+                )
             }
         }
     }
@@ -636,6 +660,7 @@ impl Cluster {
 
     fn commit_and_announce(&mut self, batch: Batch, events: Vec<ClusterEvent>) {
         let at = Instant::now();
+        self.phases.commit += batch.encoding;
         self.store.commit(batch);
         self.phases.commit += at.elapsed();
         let at = Instant::now();

@@ -119,22 +119,34 @@ impl Model {
         host: u32,
         grants: &BTreeMap<String, Grant>,
     ) {
-        let grant = match grants.get(port_resource::PLUGIN_NAME).map(PortGrant::from_value) {
+        let grant = match grants
+            .get(port_resource::PLUGIN_NAME)
+            .map(PortGrant::from_value)
+        {
             Some(Ok(g)) => g,
             Some(Err(e)) => return self.violation(format!("job {job}: unreadable grant: {e}")),
             None => PortGrant::default(),
         };
-        let decls = self.services.get(key).map(|s| s.decls.clone()).unwrap_or_default();
+        let decls = self
+            .services
+            .get(key)
+            .map(|s| s.decls.clone())
+            .unwrap_or_default();
         let names: Vec<&str> = grant.ports.iter().map(|p| p.name.as_str()).collect();
         let want: Vec<&str> = decls.iter().map(|d| d.name.as_str()).collect();
         if names != want {
-            self.violation(format!("job {job}: granted ports {names:?}, declared {want:?}"));
+            self.violation(format!(
+                "job {job}: granted ports {names:?}, declared {want:?}"
+            ));
         }
         let mut ports = BTreeMap::new();
         for (p, d) in grant.ports.iter().zip(&decls) {
             let udp = p.protocol == Protocol::Udp;
             if udp != d.udp {
-                self.violation(format!("job {job}: port {} granted as {}", p.name, p.protocol));
+                self.violation(format!(
+                    "job {job}: port {} granted as {}",
+                    p.name, p.protocol
+                ));
             }
             match d.fixed {
                 Some(f) if f != p.port => {
@@ -280,7 +292,12 @@ impl Model {
                 up.then(|| {
                     let ports = j.ports.iter().map(|(n, (_, p))| (n.clone(), *p)).collect();
                     let h = j.host as usize;
-                    (id.clone(), self.host_names[h].clone(), Some(self.host_ips[h]), ports)
+                    (
+                        id.clone(),
+                        self.host_names[h].clone(),
+                        Some(self.host_ips[h]),
+                        ports,
+                    )
                 })
             })
             .collect();
@@ -324,8 +341,16 @@ impl Model {
     fn compare(&mut self, key: &ServiceKey, index: u64, got: Vec<Endpoint>, what: &str) {
         let want = self.endpoints(key);
         if got != want {
-            let missing: Vec<_> = want.iter().filter(|e| !got.contains(e)).map(|e| &e.0).collect();
-            let extra: Vec<_> = got.iter().filter(|e| !want.contains(e)).map(|e| &e.0).collect();
+            let missing: Vec<_> = want
+                .iter()
+                .filter(|e| !got.contains(e))
+                .map(|e| &e.0)
+                .collect();
+            let extra: Vec<_> = got
+                .iter()
+                .filter(|e| !want.contains(e))
+                .map(|e| &e.0)
+                .collect();
             self.violation(format!(
                 "service {key}: {what} at index {index} differs from the ready set: \
                  missing {missing:?}, extra {extra:?}"
@@ -334,9 +359,13 @@ impl Model {
         let last = self.services.get_mut(key).and_then(|s| s.last.take());
         if let Some((last_index, last_got)) = &last {
             if index < *last_index {
-                self.violation(format!("service {key}: index went back {last_index} -> {index}"));
+                self.violation(format!(
+                    "service {key}: index went back {last_index} -> {index}"
+                ));
             } else if index == *last_index && *last_got != got {
-                self.violation(format!("service {key}: content changed at the same index {index}"));
+                self.violation(format!(
+                    "service {key}: content changed at the same index {index}"
+                ));
             }
         }
         let keep = match last {
@@ -361,7 +390,9 @@ impl Model {
         };
         let held = self.held_per_host[host as usize];
         if used != held {
-            self.violation(format!("host {name}: pool says {used} ports used, jobs hold {held}"));
+            self.violation(format!(
+                "host {name}: pool says {used} ports used, jobs hold {held}"
+            ));
         }
         match self.capacity[host as usize] {
             None => self.capacity[host as usize] = Some(capacity),
@@ -376,7 +407,12 @@ impl Model {
     pub(crate) fn service_jobs(&self, key: &ServiceKey) -> Vec<(String, u32)> {
         self.services
             .get(key)
-            .map(|s| s.jobs.iter().map(|j| (j.clone(), self.jobs[j].slot)).collect())
+            .map(|s| {
+                s.jobs
+                    .iter()
+                    .map(|j| (j.clone(), self.jobs[j].slot))
+                    .collect()
+            })
             .unwrap_or_default()
     }
 

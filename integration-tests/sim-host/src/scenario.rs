@@ -45,14 +45,20 @@ pub struct Report {
     pub left_pending: usize,
     /// Jobs live at the end.
     pub left_jobs: usize,
+    /// Registering every host (worker facts, policy check, every plugin's `host_up`).
+    pub setup: Duration,
     /// Time in the placement passes of the load phase (pick, reserve, commit, announce).
     pub load_place: Duration,
     /// The whole load phase (placement, launch, readiness, checks).
     pub load_total: Duration,
     /// The churn phase.
     pub churn_total: Duration,
+    /// The teardown (every service deleted, every pool checked).
+    pub teardown_total: Duration,
     /// Time spent checking (flushing the API side, comparing, HTTP reads).
     pub check_total: Duration,
+    /// The host's time per phase in the load phase.
+    pub load_phases: Phases,
     /// The host's time per phase, over the run.
     pub phases: Phases,
 }
@@ -61,6 +67,14 @@ impl Report {
     /// Placements per second of the load phase's placement passes.
     pub fn placements_per_s(&self) -> f64 {
         self.replicas as f64 / self.load_place.as_secs_f64().max(1e-9)
+    }
+
+    /// Placements per second of the load phase counting the host's own work only
+    /// (scheduler, plugins' `fits`/`reserve`, store commits), not the listeners'.
+    pub fn placements_per_s_without_listeners(&self) -> f64 {
+        let p = &self.load_phases;
+        let own = (p.pick + p.reserve + p.commit).as_secs_f64();
+        self.replicas as f64 / own.max(1e-9)
     }
 }
 
@@ -94,7 +108,9 @@ struct Sim<'a> {
 
 /// Runs the scenario of `cfg`.
 pub fn run(cfg: &SimConfig) -> Result<Report, SimError> {
+    let at = Instant::now();
     let mut sim = Sim::new(cfg)?;
+    sim.report.setup = at.elapsed();
     let at = Instant::now();
     sim.load()?;
     sim.report.load_total = at.elapsed();
@@ -108,7 +124,9 @@ pub fn run(cfg: &SimConfig) -> Result<Report, SimError> {
     }
     sim.report.churn_total = at.elapsed();
     sim.full_check();
+    let at = Instant::now();
     sim.teardown();
+    sim.report.teardown_total = at.elapsed();
     Ok(sim.finish())
 }
 
@@ -117,7 +135,7 @@ impl<'a> Sim<'a> {
         let workers = Workers::new(cfg.hosts, &cfg.workers)?;
         let policy = AddressPolicy::new(PolicyConfig {
             // Every simulated host advertises a loopback address (see `host_ip`).
-            allow_loopback_hosts: (0..cfg.hosts).map(host_id).collect(),
+            allow_loopback_hosts: vec!["*".into()],
             ..Default::default()
         });
         let (feed, api) = endpoint_table(TableConfig::default());
@@ -169,13 +187,19 @@ impl<'a> Sim<'a> {
     // --- load ---
 
     fn load(&mut self) -> Result<(), SimError> {
-        let sizes = split(&mut self.rng, self.cfg.replicas, self.cfg.services, self.cfg.hosts);
+        let sizes = split(
+            &mut self.rng,
+            self.cfg.replicas,
+            self.cfg.services,
+            self.cfg.hosts,
+        );
         self.loading = true;
         for size in sizes {
             self.new_service(size)?;
             self.check();
         }
         self.loading = false;
+        self.report.load_phases = self.cluster.phases.clone();
         self.report.replicas = self.cluster.placements;
         Ok(())
     }
@@ -360,7 +384,11 @@ impl<'a> Sim<'a> {
         let step = (now / 4).max(1);
         let up = self.rng.bool();
         let cap = self.cfg.hosts / 2;
-        let to = if up { (now + step).min(cap.max(now)) } else { now.saturating_sub(step).max(1) };
+        let to = if up {
+            (now + step).min(cap.max(now))
+        } else {
+            now.saturating_sub(step).max(1)
+        };
         self.cluster.scale(&key, to);
         for (job, slot) in self.model.service_jobs(&key) {
             if slot >= to {
@@ -528,7 +556,10 @@ impl<'a> Sim<'a> {
             self.report.http_reads += 1;
             match self.server.read(key) {
                 Ok(answer) => self.model.check_answer(key, &answer),
-                Err(e) => self.model.violations.push(format!("http read of {key}: {e}")),
+                Err(e) => self
+                    .model
+                    .violations
+                    .push(format!("http read of {key}: {e}")),
             }
         }
         self.report.check_total += at.elapsed();
@@ -555,9 +586,16 @@ impl<'a> Sim<'a> {
 fn usable(w: &crate::WorkerSettings) -> Result<((u16, u16), Vec<u16>), SimError> {
     let bad = || SimError::Config(format!("range {:?} is not lo-hi", w.range));
     let (lo, hi) = w.range.split_once('-').ok_or_else(bad)?;
-    let (lo, mut hi): (u16, u16) = (lo.trim().parse().map_err(|_| bad())?, hi.trim().parse().map_err(|_| bad())?);
+    let (lo, mut hi): (u16, u16) = (
+        lo.trim().parse().map_err(|_| bad())?,
+        hi.trim().parse().map_err(|_| bad())?,
+    );
     if let Ok(text) = std::fs::read_to_string(&w.ephemeral_range_file) {
-        if let Some(e_lo) = text.split_whitespace().next().and_then(|t| t.parse::<u16>().ok()) {
+        if let Some(e_lo) = text
+            .split_whitespace()
+            .next()
+            .and_then(|t| t.parse::<u16>().ok())
+        {
             if e_lo <= hi {
                 hi = e_lo.saturating_sub(1);
             }

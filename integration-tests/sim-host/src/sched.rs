@@ -50,7 +50,9 @@ impl Scheduler {
             self.remove(host);
         }
         let l = &mut self.load[host as usize];
-        *l = l.checked_add_signed(delta).expect("a host's load never goes below 0");
+        *l = l
+            .checked_add_signed(delta)
+            .expect("a host's load never goes below 0");
         if enabled {
             self.insert(host);
         }
@@ -141,7 +143,13 @@ mod tests {
         assert_eq!(s.pick(|h| h < 2), None);
         // Every host of a bucket is tried exactly once.
         let mut tried = Vec::new();
-        assert_eq!(s.pick(|h| { tried.push(h); false }), None);
+        assert_eq!(
+            s.pick(|h| {
+                tried.push(h);
+                false
+            }),
+            None
+        );
         tried.sort_unstable();
         assert_eq!(tried, vec![2, 3]);
     }
@@ -151,7 +159,13 @@ mod tests {
         let picks = |seed| {
             let mut s = Scheduler::new(50, seed);
             (0..50).for_each(|h| s.enable(h));
-            (0..10).map(|_| { let h = s.pick(|_| true).unwrap(); s.add(h, 1); h }).collect::<Vec<_>>()
+            (0..10)
+                .map(|_| {
+                    let h = s.pick(|_| true).unwrap();
+                    s.add(h, 1);
+                    h
+                })
+                .collect::<Vec<_>>()
         };
         assert_eq!(picks(1), picks(1));
         assert_ne!(picks(1), picks(2));

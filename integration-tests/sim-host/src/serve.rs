@@ -90,7 +90,10 @@ impl Server {
             let status = resp.status();
             let body = resp.bytes().await.map_err(|e| format!("GET {url}: {e}"))?;
             if !status.is_success() {
-                return Err(format!("GET {url}: {status}: {}", String::from_utf8_lossy(&body)));
+                return Err(format!(
+                    "GET {url}: {status}: {}",
+                    String::from_utf8_lossy(&body)
+                ));
             }
             serde_json::from_slice(&body).map_err(|e| format!("GET {url}: {e}"))
         })

@@ -25,12 +25,16 @@ pub(crate) struct Store {
 #[derive(Debug, Default)]
 pub(crate) struct Batch {
     pub(crate) ops: Vec<Op>,
+    /// Time spent encoding the records, counted with the commit.
+    pub(crate) encoding: std::time::Duration,
 }
 
 impl Batch {
     pub(crate) fn job(&mut self, job: &JobInfo) {
+        let at = std::time::Instant::now();
         let bytes = serde_json::to_vec(job).expect("a job always serializes");
         self.ops.push(Op::Put(job_key(&job.job), bytes));
+        self.encoding += at.elapsed();
     }
 
     pub(crate) fn job_gone(&mut self, job: &str) {
@@ -39,7 +43,8 @@ impl Batch {
 
     pub(crate) fn service(&mut self, service: &ServiceInfo) {
         let bytes = serde_json::to_vec(service).expect("a service always serializes");
-        self.ops.push(Op::Put(service_key(&service.project, &service.name), bytes));
+        self.ops
+            .push(Op::Put(service_key(&service.project, &service.name), bytes));
     }
 
     pub(crate) fn service_gone(&mut self, project: &str, name: &str) {

@@ -4,8 +4,7 @@
 
 use host_address::{AddressConfig, AddressProvider, Advertise};
 use plugin_api::{
-    FactsError, HostFacts, HostFactsProvider, LaunchContext, LaunchHook, LaunchPlan,
-    LaunchRefusal,
+    FactsError, HostFacts, HostFactsProvider, LaunchContext, LaunchHook, LaunchPlan, LaunchRefusal,
 };
 use port_resource::{PortFactsProvider, PortsLaunchHook, WorkerPortsConfig};
 use std::net::{IpAddr, Ipv4Addr};

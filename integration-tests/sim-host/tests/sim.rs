@@ -44,8 +44,15 @@ fn print(r: &Report) {
     println!(
         "PHASES load={:?} (placing {:?}) churn={:?} checks={:?} | pick={:?} reserve={:?} \
          commit={:?} announce={:?} launch={:?}",
-        r.load_total, r.load_place, r.churn_total, r.check_total, p.pick, p.reserve, p.commit,
-        p.announce, p.launch
+        r.load_total,
+        r.load_place,
+        r.churn_total,
+        r.check_total,
+        p.pick,
+        p.reserve,
+        p.commit,
+        p.announce,
+        p.launch
     );
 }
 
@@ -57,12 +64,27 @@ fn small_cluster_churns_without_violations() {
     let cfg = SimConfig::small(seed, workers(&dir));
     let r = run(&cfg).unwrap();
     print(&r);
-    assert!(r.violations.is_empty(), "SIM_SEED={seed}: {:#?}", &r.violations[..r.violations.len().min(20)]);
-    assert_eq!(r.replicas, u64::from(cfg.replicas), "every replica of the load placed");
+    assert!(
+        r.violations.is_empty(),
+        "SIM_SEED={seed}: {:#?}",
+        &r.violations[..r.violations.len().min(20)]
+    );
+    assert_eq!(
+        r.replicas,
+        u64::from(cfg.replicas),
+        "every replica of the load placed"
+    );
     assert!(r.placements > r.replicas, "the churn placed replicas too");
-    assert!(r.env_checked + r.refused >= r.placements, "every placement was launched");
+    assert!(
+        r.env_checked + r.refused >= r.placements,
+        "every placement was launched"
+    );
     assert!(r.http_reads > 0 && r.events > u64::from(cfg.churn));
-    assert_eq!((r.left_jobs, r.left_pending), (0, 0), "the teardown ended everything");
+    assert_eq!(
+        (r.left_jobs, r.left_pending),
+        (0, 0),
+        "the teardown ended everything"
+    );
 }
 
 /// A small configuration for the runs that only need a few events.
@@ -99,7 +121,11 @@ fn with_fault(fault: Fault) -> Report {
         ..tiny(seed, &dir)
     })
     .unwrap();
-    println!("{fault:?}: {} violations, first: {:?}", r.violations.len(), r.violations.first());
+    println!(
+        "{fault:?}: {} violations, first: {:?}",
+        r.violations.len(),
+        r.violations.first()
+    );
     r
 }
 
@@ -117,7 +143,9 @@ fn a_port_handed_out_twice_is_caught() {
 fn an_endpoint_never_announced_is_caught() {
     let r = with_fault(Fault::DropEndpoint);
     assert!(
-        r.violations.iter().any(|v| v.contains("differs from the ready set")),
+        r.violations
+            .iter()
+            .any(|v| v.contains("differs from the ready set")),
         "{:?}",
         r.violations
     );
@@ -127,7 +155,9 @@ fn an_endpoint_never_announced_is_caught() {
 fn a_port_never_released_is_caught() {
     let r = with_fault(Fault::LeakPort);
     assert!(
-        r.violations.iter().any(|v| v.contains("ports used, jobs hold")),
+        r.violations
+            .iter()
+            .any(|v| v.contains("ports used, jobs hold")),
         "{:?}",
         r.violations
     );
