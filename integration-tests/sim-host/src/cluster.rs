@@ -435,7 +435,12 @@ impl Cluster {
                 continue;
             };
             if let Some(Fault::DuplicatePort) = self.fault {
-                if self.corrupt_grant(h, &mut grants) {
+                let others = self.hosts[h as usize]
+                    .jobs
+                    .iter()
+                    .map(|n| &self.jobs[n].info);
+                if crate::fault::duplicate_port(&mut grants, others) {
+                    tracing::warn!(host = h, "fault injected: a port handed out twice");
                     self.fault = None;
                 }
             }
@@ -477,41 +482,6 @@ impl Cluster {
 
     pub(crate) fn pending(&self) -> usize {
         self.pending.len()
-    }
-
-    /// Fault injection: gives the new job a port another live job on the host holds.
-    fn corrupt_grant(&self, h: u32, grants: &mut BTreeMap<String, Grant>) -> bool {
-        let ports = port_resource::PLUGIN_NAME;
-        let Some(mine) = grants
-            .get(ports)
-            .and_then(|g| port_resource::PortGrant::from_value(g).ok())
-        else {
-            return false;
-        };
-        for n in &self.hosts[h as usize].jobs {
-            let other = &self.jobs[n].info;
-            let Some(theirs) = other
-                .grants
-                .get(ports)
-                .and_then(|g| port_resource::PortGrant::from_value(g).ok())
-            else {
-                continue;
-            };
-            if let (Some(a), Some(b)) = (mine.ports.first(), theirs.ports.first()) {
-                if a.protocol == b.protocol {
-                    let mut bad = mine.clone();
-                    bad.ports[0].port = b.port;
-                    grants.insert(ports.to_owned(), bad.to_value());
-                    tracing::warn!(
-                        host = h,
-                        port = b.port,
-                        "fault injected: a port handed out twice"
-                    );
-                    return true;
-                }
-            }
-        }
-        false
     }
 
     /// The worker starts a placed job: the launch hooks run; a refusal ends the job (the

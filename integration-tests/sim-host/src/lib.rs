@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 mod cluster;
+mod fault;
 mod model;
 mod scenario;
 mod sched;

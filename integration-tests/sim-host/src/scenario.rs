@@ -520,7 +520,11 @@ impl<'a> Sim<'a> {
     /// Counts an event and checks what it touched (and everything, now and then).
     fn check(&mut self) {
         self.report.events += 1;
-        if self.report.events % u64::from(self.cfg.full_check_every.max(1)) == 0 {
+        if self
+            .report
+            .events
+            .is_multiple_of(u64::from(self.cfg.full_check_every.max(1)))
+        {
             self.full_check();
         } else {
             self.check_touched();
@@ -550,7 +554,10 @@ impl<'a> Sim<'a> {
             self.model
                 .check_pool(h, summary.get(port_resource::PLUGIN_NAME));
         }
-        let http = self.report.events % u64::from(self.cfg.http_every.max(1)) == 0;
+        let http = self
+            .report
+            .events
+            .is_multiple_of(u64::from(self.cfg.http_every.max(1)));
         let readable = touched.iter().find(|k| self.cluster.service(k).is_some());
         if let Some(key) = readable.filter(|_| http) {
             self.report.http_reads += 1;
