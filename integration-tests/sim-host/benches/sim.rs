@@ -50,7 +50,7 @@ fn main() {
     );
     println!(
         "FIGURE sim events={} placements={} commits={} checks={} http_reads={} envs={} \
-         refused={} unplaced={} left_jobs={} left_pending={}",
+         refused={} unplaced={} restarts={} left_jobs={} left_pending={}",
         r.events,
         r.placements,
         r.commits,
@@ -59,6 +59,7 @@ fn main() {
         r.env_checked,
         r.refused,
         r.unplaced,
+        r.restarts,
         r.left_jobs,
         r.left_pending,
     );

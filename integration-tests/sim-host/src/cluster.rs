@@ -71,8 +71,12 @@ pub struct Phases {
     pub launch: Duration,
 }
 
+/// Builds the resource plugins of a (re)started controller.
+pub(crate) type Plugins = Box<dyn Fn() -> Vec<Box<dyn ResourcePlugin>>>;
+
 /// The controller of the simulated cluster.
 pub(crate) struct Cluster {
+    make_plugins: Plugins,
     plugins: Vec<Box<dyn ResourcePlugin>>,
     policy: Box<dyn HostFactsPolicy>,
     listeners: Vec<Box<dyn ClusterListener>>,
@@ -110,7 +114,7 @@ pub(crate) fn host_id(i: u32) -> HostId {
 
 impl Cluster {
     pub(crate) fn new(
-        plugins: Vec<Box<dyn ResourcePlugin>>,
+        make_plugins: Plugins,
         policy: Box<dyn HostFactsPolicy>,
         listeners: Vec<Box<dyn ClusterListener>>,
         workers: Workers,
@@ -119,7 +123,8 @@ impl Cluster {
         fault: Option<Fault>,
     ) -> Self {
         let cluster = Self {
-            plugins,
+            plugins: make_plugins(),
+            make_plugins,
             policy,
             listeners,
             workers,
@@ -160,6 +165,30 @@ impl Cluster {
         for l in &self.listeners {
             l.resync(&snapshot);
         }
+    }
+
+    /// A controller restart: fresh plugins learn every known host (`host_up`) and then
+    /// every live job's grant as the store holds it (`restore`, from bytes), before any new
+    /// placement; the listeners are resynced from the store.
+    pub(crate) fn restart(&mut self) -> Result<(), String> {
+        let mut plugins = (self.make_plugins)();
+        for host in self.store.hosts() {
+            for p in &mut plugins {
+                p.host_up(&host.id, &host.facts)
+                    .map_err(|e| format!("host {}: {}: {e}", host.id, p.name()))?;
+            }
+        }
+        for job in self.store.jobs() {
+            for p in &mut plugins {
+                if let Some(grant) = job.grants.get(p.name()) {
+                    p.restore(&job.host, &job.job, grant)
+                        .map_err(|e| format!("{}: {e}", p.name()))?;
+                }
+            }
+        }
+        self.plugins = plugins;
+        self.resync();
+        Ok(())
     }
 
     pub(crate) fn commits(&self) -> u64 {
@@ -263,16 +292,17 @@ impl Cluster {
             .collect();
         services.sort();
         services.dedup();
+        let mut batch = Batch::default();
         for key in &services {
             if let Some(s) = self.services.get_mut(key) {
                 s.info.rev = rev;
+                batch.service(&s.info);
             }
         }
-        let mut batch = Batch::default();
-        batch.host(&host.info);
+        batch.host(&self.hosts[i as usize].info);
         let event = ClusterEvent::Host {
             rev,
-            host: host.info.clone(),
+            host: self.hosts[i as usize].info.clone(),
             services,
         };
         self.commit_and_announce(batch, vec![event]);
@@ -595,8 +625,11 @@ impl Cluster {
             }
         }
         let rev = self.store.next_rev();
+        let mut batch = Batch::default();
         if let Some(svc) = self.services.get_mut(&key) {
+            // The service's revision is persisted with every change that touches it.
             svc.info.rev = rev;
+            batch.service(&svc.info);
         }
         let mut job = rec.info;
         job.state = match reason {
@@ -604,7 +637,6 @@ impl Cluster {
             _ => JobState::Exited,
         };
         job.ready = false;
-        let mut batch = Batch::default();
         batch.job_gone(&job.job);
         let id = job.job.clone();
         self.commit_and_announce(batch, vec![ClusterEvent::JobEnded { rev, job, reason }]);
@@ -612,18 +644,24 @@ impl Cluster {
     }
 
     /// Commits `batch` and announces a `Job` event per listed job, in order.
-    fn commit_jobs(&mut self, batch: Batch, jobs: &[u64]) {
+    fn commit_jobs(&mut self, mut batch: Batch, jobs: &[u64]) {
         let mut events = Vec::with_capacity(jobs.len());
+        let mut touched = BTreeSet::new();
         for n in jobs {
             let rev = self.store.next_rev();
             let info = &self.jobs[n].info;
             if let Some(s) = self.services.get_mut(&info.service_key()) {
                 s.info.rev = rev;
+                touched.insert(info.service_key());
             }
             events.push(ClusterEvent::Job {
                 rev,
                 job: info.clone(),
             });
+        }
+        // The services' revisions are persisted with the batch that raised them.
+        for key in &touched {
+            batch.service(&self.services[key].info);
         }
         self.commit_and_announce(batch, events);
     }

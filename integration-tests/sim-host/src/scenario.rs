@@ -40,6 +40,8 @@ pub struct Report {
     pub unplaced: u64,
     /// Store commits.
     pub commits: u64,
+    /// Controller restarts (plugins restored from the store, listeners resynced).
+    pub restarts: u64,
     /// Slots still waiting for a placement at the end, and jobs still live (both 0 after
     /// the teardown unless something leaked).
     pub left_pending: usize,
@@ -116,7 +118,10 @@ pub fn run(cfg: &SimConfig) -> Result<Report, SimError> {
     sim.report.load_total = at.elapsed();
     sim.full_check();
     let at = Instant::now();
-    for _ in 0..cfg.churn {
+    for i in 0..cfg.churn {
+        if i == cfg.churn / 2 {
+            sim.restart()?;
+        }
         sim.churn_event()?;
     }
     while !sim.down.is_empty() {
@@ -141,10 +146,10 @@ impl<'a> Sim<'a> {
         let (feed, api) = endpoint_table(TableConfig::default());
         let api = std::sync::Arc::new(api);
         let server = Server::start(api.as_ref())?;
-        let plugins: Vec<Box<dyn ResourcePlugin>> = vec![Box::new(PortsPlugin::new())];
+        let plugins = || vec![Box::new(PortsPlugin::new()) as Box<dyn ResourcePlugin>];
         let listeners: Vec<Box<dyn ClusterListener>> = vec![Box::new(feed)];
         let cluster = Cluster::new(
-            plugins,
+            Box::new(plugins),
             Box::new(policy),
             listeners,
             workers,
@@ -305,6 +310,7 @@ impl<'a> Sim<'a> {
             50..=59 => self.scale(),
             60..=69 => self.roll(),
             70..=74 => self.replace()?,
+            75 if self.rng.u32(..5) == 0 => self.restart()?,
             _ => {
                 if self.lost_budget > 0 && self.rng.bool() {
                     self.lose_host();
@@ -457,6 +463,17 @@ impl<'a> Sim<'a> {
         self.cluster.remove(key);
         self.model.service_removed(key);
         self.touched.insert(key.clone());
+    }
+
+    /// The controller restarts: its plugins are rebuilt from the store, its listeners
+    /// resynced; then everything is checked (pools as before, no index back).
+    fn restart(&mut self) -> Result<(), SimError> {
+        self.report.restarts += 1;
+        self.cluster
+            .restart()
+            .map_err(|reason| SimError::Restart { reason })?;
+        self.full_check();
+        Ok(())
     }
 
     /// A host stops heartbeating (later: lost, then back).

@@ -80,6 +80,7 @@ fn small_cluster_churns_without_violations() {
         "every placement was launched"
     );
     assert!(r.http_reads > 0 && r.events > u64::from(cfg.churn));
+    assert!(r.restarts >= 1, "the controller restarted midway");
     assert_eq!(
         (r.left_jobs, r.left_pending),
         (0, 0),
