@@ -63,6 +63,8 @@ fn main() {
         r.left_jobs,
         r.left_pending,
     );
+    let churn: Vec<String> = r.churn.iter().map(|(k, n)| format!("{k}={n}")).collect();
+    println!("FIGURE sim_churn {}", churn.join(" "));
     for (name, p, total) in [
         ("load", &r.load_phases, r.load_total),
         (

@@ -42,6 +42,9 @@ pub struct Report {
     pub commits: u64,
     /// Controller restarts (plugins restored from the store, listeners resynced).
     pub restarts: u64,
+    /// Churn events by kind (`flap`, `exit`, `scale`, `roll`, `replace`, `restart`,
+    /// `unreachable`, `lost`, `back`).
+    pub churn: std::collections::BTreeMap<&'static str, u64>,
     /// Slots still waiting for a placement at the end, and jobs still live (both 0 after
     /// the teardown unless something leaked).
     pub left_pending: usize,
@@ -120,12 +123,14 @@ pub fn run(cfg: &SimConfig) -> Result<Report, SimError> {
     let at = Instant::now();
     for i in 0..cfg.churn {
         if i == cfg.churn / 2 {
-            sim.restart()?;
+            let kind = sim.restart()?;
+            *sim.report.churn.entry(kind).or_default() += 1;
         }
         sim.churn_event()?;
     }
     while !sim.down.is_empty() {
-        sim.host_step()?;
+        let kind = sim.host_step()?;
+        *sim.report.churn.entry(kind).or_default() += 1;
     }
     sim.report.churn_total = at.elapsed();
     sim.full_check();
@@ -304,7 +309,7 @@ impl<'a> Sim<'a> {
 
     fn churn_event(&mut self) -> Result<(), SimError> {
         let roll = self.rng.u32(..100);
-        match roll {
+        let kind = match roll {
             0..=34 => self.flap(),
             35..=49 => self.exit(),
             50..=59 => self.scale(),
@@ -313,14 +318,15 @@ impl<'a> Sim<'a> {
             75 if self.rng.u32(..5) == 0 => self.restart()?,
             _ => {
                 if self.lost_budget > 0 && self.rng.bool() {
-                    self.lose_host();
+                    self.lose_host()
                 } else if !self.down.is_empty() {
-                    self.host_step()?;
+                    self.host_step()?
                 } else {
-                    self.flap();
+                    self.flap()
                 }
             }
-        }
+        };
+        *self.report.churn.entry(kind).or_default() += 1;
         self.check();
         Ok(())
     }
@@ -346,21 +352,23 @@ impl<'a> Sim<'a> {
     }
 
     /// A running replica's readiness probe changes its outcome.
-    fn flap(&mut self) {
+    fn flap(&mut self) -> &'static str {
         if let Some((key, job, ready)) = self.random_job(JobState::Running) {
             self.cluster.set_ready(&job, !ready);
             self.model.ready(&job, !ready);
             self.touched.insert(key);
         }
+        "flap"
     }
 
     /// A running replica exits by itself; its slot gets a new job.
-    fn exit(&mut self) {
+    fn exit(&mut self) -> &'static str {
         if let Some((key, job, _)) = self.random_job(JobState::Running) {
             self.ended(&job, EndReason::Exited { code: Some(1) }, true);
             self.touched.insert(key);
             self.settle();
         }
+        "exit"
     }
 
     fn ended(&mut self, job: &str, reason: EndReason, replace: bool) {
@@ -381,10 +389,10 @@ impl<'a> Sim<'a> {
     }
 
     /// A service scaled up or down by up to a quarter.
-    fn scale(&mut self) {
+    fn scale(&mut self) -> &'static str {
         let key = self.random_service();
         let Some(info) = self.cluster.service(&key) else {
-            return;
+            return "scale";
         };
         let now = info.replicas;
         let step = (now / 4).max(1);
@@ -403,15 +411,16 @@ impl<'a> Sim<'a> {
         }
         self.touched.insert(key);
         self.settle();
+        "scale"
     }
 
     /// A rolling replacement: a new generation, then per batch of a quarter of the slots
     /// a surge (new jobs placed, started, ready) and a drain of the old ones; checked after
     /// every batch.
-    fn roll(&mut self) {
+    fn roll(&mut self) -> &'static str {
         let key = self.random_service();
         let Some(info) = self.cluster.service(&key) else {
-            return;
+            return "roll";
         };
         let replicas = info.replicas;
         let generation = self.cluster.new_generation(&key);
@@ -440,18 +449,19 @@ impl<'a> Sim<'a> {
             self.check();
             slot = batch.end;
         }
+        "roll"
     }
 
     /// A service ends (every job stopped, its ports back in the pools) and a new one of the
     /// same size takes its place.
-    fn replace(&mut self) -> Result<(), SimError> {
+    fn replace(&mut self) -> Result<&'static str, SimError> {
         let at = self.rng.usize(..self.keys.len());
         let key = self.keys.swap_remove(at);
         let replicas = self.cluster.service(&key).map_or(1, |s| s.replicas);
         self.delete(&key);
         self.check();
         self.new_service(replicas)?;
-        Ok(())
+        Ok("replace")
     }
 
     fn delete(&mut self, key: &ServiceKey) {
@@ -467,31 +477,32 @@ impl<'a> Sim<'a> {
 
     /// The controller restarts: its plugins are rebuilt from the store, its listeners
     /// resynced; then everything is checked (pools as before, no index back).
-    fn restart(&mut self) -> Result<(), SimError> {
+    fn restart(&mut self) -> Result<&'static str, SimError> {
         self.report.restarts += 1;
         self.cluster
             .restart()
             .map_err(|reason| SimError::Restart { reason })?;
         self.full_check();
-        Ok(())
+        Ok("restart")
     }
 
     /// A host stops heartbeating (later: lost, then back).
-    fn lose_host(&mut self) {
+    fn lose_host(&mut self) -> &'static str {
         let h = self.rng.u32(..self.cfg.hosts);
         if self.down.iter().any(|(d, _)| *d == h) {
-            return;
+            return "unreachable";
         }
         self.lost_budget -= 1;
         self.down.push((h, false));
         self.cluster.unreachable(h);
         self.model.unreachable(h);
         self.touch_host_services(h);
+        "unreachable"
     }
 
     /// The oldest down host moves on: unreachable → lost (its replicas placed elsewhere),
     /// lost → registered again.
-    fn host_step(&mut self) -> Result<(), SimError> {
+    fn host_step(&mut self) -> Result<&'static str, SimError> {
         let (h, lost) = self.down.remove(0);
         self.touch_host_services(h);
         self.touched_hosts.insert(h);
@@ -503,13 +514,14 @@ impl<'a> Sim<'a> {
             }
             self.settle();
             self.down.push((h, true));
+            Ok("lost")
         } else {
             self.cluster.register(h).map_err(|reason| SimError::Host {
                 host: host_id(h),
                 reason,
             })?;
+            Ok("back")
         }
-        Ok(())
     }
 
     fn touch_host_services(&mut self, h: u32) {

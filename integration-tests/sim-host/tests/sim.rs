@@ -81,6 +81,23 @@ fn small_cluster_churns_without_violations() {
     );
     assert!(r.http_reads > 0 && r.events > u64::from(cfg.churn));
     assert!(r.restarts >= 1, "the controller restarted midway");
+    println!("churn {:?}", r.churn);
+    for kind in [
+        "flap",
+        "exit",
+        "scale",
+        "roll",
+        "replace",
+        "unreachable",
+        "lost",
+        "back",
+    ] {
+        assert!(
+            r.churn.get(kind).copied().unwrap_or(0) > 0,
+            "no {kind} in {:?}",
+            r.churn
+        );
+    }
     assert_eq!(
         (r.left_jobs, r.left_pending),
         (0, 0),
