@@ -169,26 +169,32 @@ impl Cluster {
 
     /// A controller restart: fresh plugins learn every known host (`host_up`) and then
     /// every live job's grant as the store holds it (`restore`, from bytes), before any new
-    /// placement; the listeners are resynced from the store.
-    pub(crate) fn restart(&mut self) -> Result<(), String> {
+    /// placement; the listeners are resynced from the store. Returns what the plugins
+    /// refused (a grant that conflicts with another is a corrupted store: reported, the
+    /// rest restored).
+    pub(crate) fn restart(&mut self) -> Vec<String> {
+        let mut refused = Vec::new();
         let mut plugins = (self.make_plugins)();
         for host in self.store.hosts() {
             for p in &mut plugins {
-                p.host_up(&host.id, &host.facts)
-                    .map_err(|e| format!("host {}: {}: {e}", host.id, p.name()))?;
+                if let Err(e) = p.host_up(&host.id, &host.facts) {
+                    refused.push(format!("host {}: {}: {e}", host.id, p.name()));
+                }
             }
         }
         for job in self.store.jobs() {
             for p in &mut plugins {
                 if let Some(grant) = job.grants.get(p.name()) {
-                    p.restore(&job.host, &job.job, grant)
-                        .map_err(|e| format!("{}: {e}", p.name()))?;
+                    if let Err(e) = p.restore(&job.host, &job.job, grant) {
+                        tracing::error!(job = %job.job, plugin = p.name(), error = %e, "restore refused");
+                        refused.push(format!("restore by {}: {e}", p.name()));
+                    }
                 }
             }
         }
         self.plugins = plugins;
         self.resync();
-        Ok(())
+        refused
     }
 
     pub(crate) fn commits(&self) -> u64 {

@@ -114,12 +114,6 @@ pub enum SimError {
         /// Why.
         reason: String,
     },
-    /// A restarted controller could not restore its plugins from the store.
-    #[error("restart: {reason}")]
-    Restart {
-        /// Why.
-        reason: String,
-    },
     /// A service the scenario generated was refused.
     #[error("service {service}: {reason}")]
     Service {
