@@ -1,0 +1,723 @@
+//! The sim host's controller: hosts, services, jobs, the scheduler, the store, and the
+//! plugins it loads through `plugin-api` only. Synchronous and single-threaded, like a
+//! controller's state task; every change is committed to the store in one batch and then
+//! announced to the listeners, each event with the next revision.
+
+use crate::sched::Scheduler;
+use crate::store::{Batch, Store};
+use crate::worker::Workers;
+use crate::Fault;
+use plugin_api::{
+    ClusterEvent, ClusterListener, ClusterSnapshot, EndReason, Grant, HostFactsPolicy, HostId,
+    HostInfo, HostState, JobInfo, JobState, LaunchContext, PlacementRequest, ResourcePlugin,
+    ServiceInfo, ServiceKey,
+};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+/// What the host did, reported to the scenario (and from there to the model).
+#[derive(Debug, Clone)]
+pub(crate) enum Outcome {
+    /// A job was placed and its grants committed.
+    Placed {
+        job: String,
+        service: ServiceKey,
+        slot: u32,
+        host: u32,
+        grants: BTreeMap<String, Grant>,
+    },
+    /// A worker ran the launch hooks and would have spawned the replica with `env`.
+    Started {
+        job: String,
+        env: BTreeMap<String, String>,
+    },
+    /// The job ended (exited, stopped, refused, or its host lost); its grants released.
+    Ended { job: String },
+}
+
+#[derive(Debug)]
+struct JobRec {
+    info: JobInfo,
+    host: u32,
+}
+
+#[derive(Debug)]
+struct ServiceRec {
+    info: ServiceInfo,
+    /// Each plugin's section of the profile, in plugin order.
+    sections: Vec<Option<serde_json::Value>>,
+    /// Live jobs per slot (old and new generation side by side during a roll).
+    slots: Vec<Vec<u64>>,
+}
+
+#[derive(Debug)]
+struct HostRec {
+    info: HostInfo,
+    jobs: BTreeSet<u64>,
+}
+
+/// Time spent per phase, measured around each one.
+#[derive(Debug, Clone, Default)]
+pub struct Phases {
+    /// Choosing hosts: the scheduler and every plugin's `fits`.
+    pub pick: Duration,
+    /// Every plugin's `reserve` (and `release` when a later one refuses).
+    pub reserve: Duration,
+    /// Encoding job records and committing store batches.
+    pub commit: Duration,
+    /// Announcing events to the listeners (the endpoint table's feed).
+    pub announce: Duration,
+    /// Workers: the launch hooks (with their real bind checks).
+    pub launch: Duration,
+}
+
+/// Builds the resource plugins of a (re)started controller.
+pub(crate) type Plugins = Box<dyn Fn() -> Vec<Box<dyn ResourcePlugin>>>;
+
+/// The controller of the simulated cluster.
+pub(crate) struct Cluster {
+    make_plugins: Plugins,
+    plugins: Vec<Box<dyn ResourcePlugin>>,
+    policy: Box<dyn HostFactsPolicy>,
+    listeners: Vec<Box<dyn ClusterListener>>,
+    pub(crate) workers: Workers,
+    store: Store,
+    sched: Scheduler,
+    hosts: Vec<HostRec>,
+    services: BTreeMap<ServiceKey, ServiceRec>,
+    jobs: HashMap<u64, JobRec>,
+    next_job: u64,
+    /// Slots waiting for a placement: (service, slot).
+    pending: Vec<(ServiceKey, u32)>,
+    fault: Option<Fault>,
+    pub(crate) phases: Phases,
+    pub(crate) placements: u64,
+    pub(crate) unplaced: u64,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("hosts", &self.hosts.len())
+            .field("services", &self.services.len())
+            .field("jobs", &self.jobs.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A host's id: `h-00042`.
+pub(crate) fn host_id(i: u32) -> HostId {
+    format!("h-{i:05}")
+}
+
+// === impl Cluster ===
+
+impl Cluster {
+    pub(crate) fn new(
+        make_plugins: Plugins,
+        policy: Box<dyn HostFactsPolicy>,
+        listeners: Vec<Box<dyn ClusterListener>>,
+        workers: Workers,
+        hosts: u32,
+        seed: u64,
+        fault: Option<Fault>,
+    ) -> Self {
+        let cluster = Self {
+            plugins: make_plugins(),
+            make_plugins,
+            policy,
+            listeners,
+            workers,
+            store: Store::default(),
+            sched: Scheduler::new(hosts as usize, seed),
+            hosts: (0..hosts)
+                .map(|i| HostRec {
+                    info: HostInfo {
+                        id: host_id(i),
+                        state: HostState::Lost,
+                        facts: Default::default(),
+                    },
+                    jobs: BTreeSet::new(),
+                })
+                .collect(),
+            services: BTreeMap::new(),
+            jobs: HashMap::new(),
+            next_job: 1,
+            pending: Vec::new(),
+            fault,
+            phases: Phases::default(),
+            placements: 0,
+            unplaced: 0,
+        };
+        // The listeners start from the (empty) state, as after a controller start.
+        cluster.resync();
+        cluster
+    }
+
+    /// Hands every listener the whole state from the store.
+    pub(crate) fn resync(&self) {
+        let snapshot = ClusterSnapshot {
+            rev: self.store.rev(),
+            services: self.store.services(),
+            jobs: self.store.jobs(),
+            hosts: self.store.hosts(),
+        };
+        for l in &self.listeners {
+            l.resync(&snapshot);
+        }
+    }
+
+    /// A controller restart: fresh plugins learn every known host (`host_up`) and then
+    /// every live job's grant as the store holds it (`restore`, from bytes), before any new
+    /// placement; the listeners are resynced from the store. Returns what the plugins
+    /// refused (a grant that conflicts with another is a corrupted store: reported, the
+    /// rest restored).
+    pub(crate) fn restart(&mut self) -> Vec<String> {
+        let mut refused = Vec::new();
+        let mut plugins = (self.make_plugins)();
+        for host in self.store.hosts() {
+            for p in &mut plugins {
+                if let Err(e) = p.host_up(&host.id, &host.facts) {
+                    refused.push(format!("host {}: {}: {e}", host.id, p.name()));
+                }
+            }
+        }
+        for job in self.store.jobs() {
+            for p in &mut plugins {
+                if let Some(grant) = job.grants.get(p.name()) {
+                    if let Err(e) = p.restore(&job.host, &job.job, grant) {
+                        tracing::error!(job = %job.job, plugin = p.name(), error = %e, "restore refused");
+                        refused.push(format!("restore by {}: {e}", p.name()));
+                    }
+                }
+            }
+        }
+        self.plugins = plugins;
+        self.resync();
+        refused
+    }
+
+    pub(crate) fn commits(&self) -> u64 {
+        self.store.commits()
+    }
+
+    pub(crate) fn live_jobs(&self) -> usize {
+        self.jobs.len()
+    }
+
+    /// Every plugin's view of host `i` (pool usage), by plugin name.
+    pub(crate) fn host_summary(&self, i: u32) -> BTreeMap<&'static str, serde_json::Value> {
+        let id = &self.hosts[i as usize].info.id;
+        self.plugins
+            .iter()
+            .filter_map(|p| Some((p.name(), p.host_summary(id)?)))
+            .collect()
+    }
+
+    /// The live jobs of a service: (job id, slot, generation, state, ready, host).
+    pub(crate) fn service_jobs(&self, key: &ServiceKey) -> Vec<(String, u32, u64, JobState, bool)> {
+        let Some(svc) = self.services.get(key) else {
+            return Vec::new();
+        };
+        svc.slots
+            .iter()
+            .flatten()
+            .map(|n| {
+                let j = &self.jobs[n].info;
+                (j.job.clone(), j.replica, j.generation, j.state, j.ready)
+            })
+            .collect()
+    }
+
+    pub(crate) fn service(&self, key: &ServiceKey) -> Option<&ServiceInfo> {
+        self.services.get(key).map(|s| &s.info)
+    }
+
+    // --- hosts ---
+
+    /// A worker registers (or comes back): it collects its facts with its providers, the
+    /// policy checks them, every plugin learns the host.
+    pub(crate) fn register(&mut self, i: u32) -> Result<(), String> {
+        let facts = self.workers.collect(i).map_err(|e| e.to_string())?;
+        let id = host_id(i);
+        self.policy.check(&id, &facts).map_err(|errors| {
+            let all: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+            all.join("; ")
+        })?;
+        for p in &mut self.plugins {
+            p.host_up(&id, &facts)
+                .map_err(|e| format!("{}: {e}", p.name()))?;
+        }
+        let host = &mut self.hosts[i as usize];
+        host.info.facts = facts;
+        host.info.state = HostState::Ready;
+        self.sched.enable(i);
+        self.host_changed(i);
+        Ok(())
+    }
+
+    /// The host stops heartbeating: its jobs are kept as `unknown` (still endpoints when
+    /// ready), nothing new goes there.
+    pub(crate) fn unreachable(&mut self, i: u32) {
+        self.sched.disable(i);
+        self.hosts[i as usize].info.state = HostState::Unreachable;
+        let mut events = Vec::new();
+        let mut batch = Batch::default();
+        for n in self.hosts[i as usize].jobs.clone() {
+            let job = self.jobs.get_mut(&n).expect("a host's jobs are live");
+            job.info.state = JobState::Unknown;
+            batch.job(&job.info);
+            events.push(n);
+        }
+        self.host_changed(i);
+        self.commit_jobs(batch, &events);
+    }
+
+    /// The host stays silent past the grace period: its jobs end, their grants are
+    /// released, their slots wait for a placement elsewhere.
+    pub(crate) fn lost(&mut self, i: u32) -> Vec<Outcome> {
+        self.sched.disable(i);
+        self.hosts[i as usize].info.state = HostState::Lost;
+        self.host_changed(i);
+        let jobs: Vec<u64> = self.hosts[i as usize].jobs.iter().copied().collect();
+        let mut out = Vec::new();
+        for n in jobs {
+            out.push(self.end(n, EndReason::HostLost, true));
+        }
+        out
+    }
+
+    /// Commits and announces a host's state and facts.
+    fn host_changed(&mut self, i: u32) -> u64 {
+        let rev = self.store.next_rev();
+        let host = &self.hosts[i as usize];
+        let mut services: Vec<ServiceKey> = host
+            .jobs
+            .iter()
+            .map(|n| self.jobs[n].info.service_key())
+            .collect();
+        services.sort();
+        services.dedup();
+        let mut batch = Batch::default();
+        for key in &services {
+            if let Some(s) = self.services.get_mut(key) {
+                s.info.rev = rev;
+                batch.service(&s.info);
+            }
+        }
+        batch.host(&self.hosts[i as usize].info);
+        let event = ClusterEvent::Host {
+            rev,
+            host: self.hosts[i as usize].info.clone(),
+            services,
+        };
+        self.commit_and_announce(batch, vec![event]);
+        rev
+    }
+
+    // --- services ---
+
+    /// Validates and creates a service; its slots wait for [`schedule`](Self::schedule).
+    pub(crate) fn create(
+        &mut self,
+        key: &ServiceKey,
+        replicas: u32,
+        profile: serde_json::Value,
+    ) -> Result<(), String> {
+        for p in &self.plugins {
+            p.validate(profile.get(p.name())).map_err(|errors| {
+                errors
+                    .iter()
+                    .map(|e| e.to_string())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            })?;
+        }
+        let info = ServiceInfo {
+            name: key.name.clone(),
+            project: key.project.clone(),
+            replicas,
+            profile,
+            rev: 0,
+            generation: 1,
+        };
+        self.services.insert(
+            key.clone(),
+            ServiceRec {
+                sections: self
+                    .plugins
+                    .iter()
+                    .map(|p| info.profile.get(p.name()).cloned())
+                    .collect(),
+                info,
+                slots: vec![Vec::new(); replicas as usize],
+            },
+        );
+        self.service_changed(key);
+        self.pending.extend((0..replicas).map(|s| (key.clone(), s)));
+        Ok(())
+    }
+
+    /// A new generation of the same profile (a restart/roll): announced, no job touched.
+    pub(crate) fn new_generation(&mut self, key: &ServiceKey) -> u64 {
+        let svc = self.services.get_mut(key).expect("rolling a known service");
+        svc.info.generation += 1;
+        let g = svc.info.generation;
+        self.service_changed(key);
+        g
+    }
+
+    /// Asks for one more job in `slot` of the current generation (a surge, or a new slot).
+    pub(crate) fn want(&mut self, key: &ServiceKey, slot: u32) {
+        self.pending.push((key.clone(), slot));
+    }
+
+    /// Sets the desired replica count; new slots wait for a placement. Scaling down is
+    /// the caller's: it drains and stops the jobs of the slots that go.
+    pub(crate) fn scale(&mut self, key: &ServiceKey, replicas: u32) {
+        let svc = self.services.get_mut(key).expect("scaling a known service");
+        let old = svc.info.replicas;
+        svc.info.replicas = replicas;
+        if svc.slots.len() < replicas as usize {
+            svc.slots.resize(replicas as usize, Vec::new());
+        }
+        self.service_changed(key);
+        self.pending
+            .extend((old..replicas).map(|s| (key.clone(), s)));
+    }
+
+    /// Removes a service whose jobs have all ended.
+    pub(crate) fn remove(&mut self, key: &ServiceKey) {
+        let svc = self.services.remove(key).expect("removing a known service");
+        assert!(
+            svc.slots.iter().all(|s| s.is_empty()),
+            "a service is removed after its jobs ended"
+        );
+        self.pending.retain(|(k, _)| k != key);
+        let rev = self.store.next_rev();
+        let mut batch = Batch::default();
+        batch.service_gone(&key.project, &key.name);
+        let event = ClusterEvent::ServiceRemoved {
+            rev,
+            name: key.name.clone(),
+            project: key.project.clone(),
+        };
+        self.commit_and_announce(batch, vec![event]);
+    }
+
+    fn service_changed(&mut self, key: &ServiceKey) {
+        let rev = self.store.next_rev();
+        let svc = self.services.get_mut(key).expect("a known service");
+        svc.info.rev = rev;
+        let mut batch = Batch::default();
+        batch.service(&svc.info);
+        let event = ClusterEvent::Service {
+            rev,
+            service: svc.info.clone(),
+        };
+        self.commit_and_announce(batch, vec![event]);
+    }
+
+    // --- jobs ---
+
+    /// Places every pending slot, all placements in one batch; a slot that fits nowhere
+    /// stays pending. Returns what was placed.
+    pub(crate) fn schedule(&mut self) -> Vec<Outcome> {
+        let pending = std::mem::take(&mut self.pending);
+        let mut out = Vec::new();
+        let mut batch = Batch::default();
+        let mut events = Vec::new();
+        for (key, slot) in pending {
+            let Some(svc) = self.services.get(&key) else {
+                continue;
+            };
+            if slot >= svc.info.replicas {
+                continue;
+            }
+            let n = self.next_job;
+            let job = format!("j-{n}");
+            let generation = svc.info.generation;
+            let reqs: Vec<PlacementRequest<'_>> = svc
+                .sections
+                .iter()
+                .map(|section| PlacementRequest {
+                    service: &key.name,
+                    project: &key.project,
+                    replica: slot,
+                    job: &job,
+                    section: section.as_ref(),
+                })
+                .collect();
+            let at = Instant::now();
+            let (plugins, hosts) = (&self.plugins, &self.hosts);
+            let picked = self.sched.pick(|h| {
+                let id = &hosts[h as usize].info.id;
+                plugins
+                    .iter()
+                    .zip(&reqs)
+                    .all(|(p, r)| p.fits(id, r).is_ok())
+            });
+            self.phases.pick += at.elapsed();
+            let grants = picked.and_then(|h| {
+                let at = Instant::now();
+                let grants = reserve_all(&mut self.plugins, &self.hosts[h as usize].info.id, &reqs);
+                self.phases.reserve += at.elapsed();
+                Some((h, grants?))
+            });
+            drop(reqs);
+            let Some((h, mut grants)) = grants else {
+                self.unplaced += 1;
+                self.pending_again(key, slot);
+                continue;
+            };
+            if let Some(Fault::DuplicatePort) = self.fault {
+                let others = self.hosts[h as usize]
+                    .jobs
+                    .iter()
+                    .map(|n| &self.jobs[n].info);
+                if crate::fault::duplicate_port(&mut grants, others) {
+                    tracing::warn!(host = h, "fault injected: a port handed out twice");
+                    self.fault = None;
+                }
+            }
+            self.next_job += 1;
+            self.placements += 1;
+            let info = JobInfo {
+                job: job.clone(),
+                service: key.name.clone(),
+                project: key.project.clone(),
+                replica: slot,
+                host: self.hosts[h as usize].info.id.clone(),
+                state: JobState::Placed,
+                ready: false,
+                grants: grants.clone(),
+                generation,
+            };
+            batch.job(&info);
+            self.jobs.insert(n, JobRec { info, host: h });
+            self.hosts[h as usize].jobs.insert(n);
+            self.sched.add(h, 1);
+            let svc = self.services.get_mut(&key).expect("checked above");
+            svc.slots[slot as usize].push(n);
+            events.push(n);
+            out.push(Outcome::Placed {
+                job,
+                service: key,
+                slot,
+                host: h,
+                grants,
+            });
+        }
+        self.commit_jobs(batch, &events);
+        out
+    }
+
+    fn pending_again(&mut self, key: ServiceKey, slot: u32) {
+        self.pending.push((key, slot));
+    }
+
+    pub(crate) fn pending(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// The worker starts a placed job: the launch hooks run; a refusal ends the job (the
+    /// plugin hears why) and its slot waits for another placement.
+    pub(crate) fn start(&mut self, job: &str) -> Outcome {
+        let n = job_number(job);
+        let rec = &self.jobs[&n];
+        let host = &self.hosts[rec.host as usize];
+        let cx = LaunchContext {
+            job: rec.info.job.clone(),
+            service: rec.info.service.clone(),
+            project: rec.info.project.clone(),
+            replica: rec.info.replica,
+            host: host.info.id.clone(),
+            host_ip: host.info.facts.ip_addr,
+            grants: rec.info.grants.clone(),
+        };
+        let at = Instant::now();
+        let launched = self.workers.launch(&cx);
+        self.phases.launch += at.elapsed();
+        match launched {
+            Ok(plan) => {
+                self.set_state(n, JobState::Running, None);
+                Outcome::Started {
+                    job: job.to_owned(),
+                    env: plan.env,
+                }
+            }
+            Err(refusal) => {
+                tracing::warn!(%job, reason = %refusal.reason, "launch refused");
+                if let Some(p) = self.plugins.iter_mut().find(|p| p.name() == refusal.plugin) {
+                    p.launch_refused(&cx.host, &cx.job, &refusal.detail);
+                }
+                self.end(
+                    n,
+                    EndReason::Refused {
+                        reason: refusal.reason,
+                    },
+                    true,
+                )
+            }
+        }
+    }
+
+    /// The worker reports a readiness transition.
+    pub(crate) fn set_ready(&mut self, job: &str, ready: bool) {
+        let n = job_number(job);
+        let state = self.jobs[&n].info.state;
+        let drop_it = ready && matches!(self.fault, Some(Fault::DropEndpoint));
+        if drop_it {
+            // Fault injection: committed, but the listeners never hear of it.
+            self.fault = None;
+            let rec = self.jobs.get_mut(&n).expect("live job");
+            rec.info.ready = true;
+            let mut batch = Batch::default();
+            batch.job(&rec.info);
+            self.store.commit(batch);
+            tracing::warn!(%job, "fault injected: a readiness transition not announced");
+            return;
+        }
+        self.set_state(n, state, Some(ready));
+    }
+
+    /// The job leaves every endpoint and keeps running (drain).
+    pub(crate) fn drain(&mut self, job: &str) {
+        self.set_state(job_number(job), JobState::Draining, Some(false));
+    }
+
+    /// The job is asked to stop (SIGTERM).
+    pub(crate) fn stop(&mut self, job: &str) {
+        self.set_state(job_number(job), JobState::Stopping, Some(false));
+    }
+
+    /// The process is gone: the job ends, its grants are released; with `replace`, its
+    /// slot waits for a new job.
+    pub(crate) fn exited(&mut self, job: &str, reason: EndReason, replace: bool) -> Outcome {
+        self.end(job_number(job), reason, replace)
+    }
+
+    fn set_state(&mut self, n: u64, state: JobState, ready: Option<bool>) {
+        let rec = self.jobs.get_mut(&n).expect("live job");
+        rec.info.state = state;
+        if let Some(r) = ready {
+            rec.info.ready = r;
+        }
+        let mut batch = Batch::default();
+        batch.job(&rec.info);
+        self.commit_jobs(batch, &[n]);
+    }
+
+    fn end(&mut self, n: u64, reason: EndReason, replace: bool) -> Outcome {
+        let rec = self.jobs.remove(&n).expect("ending a live job");
+        let host = &mut self.hosts[rec.host as usize];
+        host.jobs.remove(&n);
+        self.sched.add(rec.host, -1);
+        let leak = matches!(self.fault, Some(Fault::LeakPort)) && !rec.info.grants.is_empty();
+        if leak {
+            self.fault = None;
+            tracing::warn!(job = %rec.info.job, "fault injected: grants never released");
+        } else {
+            for p in &mut self.plugins {
+                p.release(&host.info.id, &rec.info.job);
+            }
+        }
+        let key = rec.info.service_key();
+        let slot = rec.info.replica;
+        if let Some(svc) = self.services.get_mut(&key) {
+            svc.slots[slot as usize].retain(|&j| j != n);
+            if replace && slot < svc.info.replicas && svc.slots[slot as usize].is_empty() {
+                self.pending.push((key.clone(), slot));
+            }
+        }
+        let rev = self.store.next_rev();
+        let mut batch = Batch::default();
+        if let Some(svc) = self.services.get_mut(&key) {
+            // The service's revision is persisted with every change that touches it.
+            svc.info.rev = rev;
+            batch.service(&svc.info);
+        }
+        let mut job = rec.info;
+        job.state = match reason {
+            EndReason::HostLost => JobState::Lost,
+            _ => JobState::Exited,
+        };
+        job.ready = false;
+        batch.job_gone(&job.job);
+        let id = job.job.clone();
+        self.commit_and_announce(batch, vec![ClusterEvent::JobEnded { rev, job, reason }]);
+        Outcome::Ended { job: id }
+    }
+
+    /// Commits `batch` and announces a `Job` event per listed job, in order.
+    fn commit_jobs(&mut self, mut batch: Batch, jobs: &[u64]) {
+        let mut events = Vec::with_capacity(jobs.len());
+        let mut touched = BTreeSet::new();
+        for n in jobs {
+            let rev = self.store.next_rev();
+            let info = &self.jobs[n].info;
+            if let Some(s) = self.services.get_mut(&info.service_key()) {
+                s.info.rev = rev;
+                touched.insert(info.service_key());
+            }
+            events.push(ClusterEvent::Job {
+                rev,
+                job: info.clone(),
+            });
+        }
+        // The services' revisions are persisted with the batch that raised them.
+        for key in &touched {
+            batch.service(&self.services[key].info);
+        }
+        self.commit_and_announce(batch, events);
+    }
+
+    fn commit_and_announce(&mut self, batch: Batch, events: Vec<ClusterEvent>) {
+        let at = Instant::now();
+        self.phases.commit += batch.encoding;
+        self.store.commit(batch);
+        self.phases.commit += at.elapsed();
+        let at = Instant::now();
+        for e in &events {
+            for l in &self.listeners {
+                l.on_event(e);
+            }
+        }
+        self.phases.announce += at.elapsed();
+    }
+}
+
+/// Reserves on `host` with every plugin (`reqs[i]` is plugin `i`'s request), all or
+/// nothing: a refusal releases what the plugins before it reserved.
+fn reserve_all(
+    plugins: &mut [Box<dyn ResourcePlugin>],
+    host: &HostId,
+    reqs: &[PlacementRequest<'_>],
+) -> Option<BTreeMap<String, Grant>> {
+    let mut grants = BTreeMap::new();
+    for i in 0..plugins.len() {
+        let r = &reqs[i];
+        match plugins[i].reserve(host, r) {
+            Ok(g) => {
+                grants.insert(plugins[i].name().to_owned(), g);
+            }
+            Err(unfit) => {
+                // fits said yes a moment ago: the plugin's two answers disagree.
+                tracing::warn!(%host, job = r.job, %unfit, "reserve refused after fits");
+                let job = r.job.to_owned();
+                for p in &mut plugins[..i] {
+                    p.release(host, &job);
+                }
+                return None;
+            }
+        }
+    }
+    Some(grants)
+}
+
+/// The number in a job id `j-17`.
+fn job_number(job: &str) -> u64 {
+    job.strip_prefix("j-")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("not a sim job id: {job}"))
+}
