@@ -57,10 +57,16 @@ fn rustls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a Rust
     if let Some(r) = e.downcast_ref::<RustlsError>() {
         return Some(r);
     }
-    // tokio-rustls hands rustls errors on inside an io::Error.
-    e.downcast_ref::<std::io::Error>()
-        .and_then(|io| io.get_ref())
-        .and_then(|inner| inner.downcast_ref::<RustlsError>())
+    // tokio-rustls hands rustls errors on inside an io::Error, which the connector may wrap
+    // in another; an io::Error's `source()` skips the error it wraps, so look inside.
+    let mut io = e.downcast_ref::<std::io::Error>();
+    while let Some(inner) = io.and_then(|io| io.get_ref()) {
+        if let Some(r) = inner.downcast_ref::<RustlsError>() {
+            return Some(r);
+        }
+        io = inner.downcast_ref::<std::io::Error>();
+    }
+    None
 }
 
 fn describe(e: &RustlsError, ca_hint: &str) -> String {

@@ -33,6 +33,15 @@ impl std::fmt::Debug for ServerTls {
     }
 }
 
+/// Equal when loaded from the same files (for comparing configs).
+impl PartialEq for ServerTls {
+    fn eq(&self, other: &Self) -> bool {
+        self.files == other.files
+    }
+}
+
+impl Eq for ServerTls {}
+
 impl ServerTls {
     /// Loads the files; `alpn` lists the protocols offered, most preferred first.
     pub fn load(files: TlsFiles, alpn: &[&[u8]]) -> Result<Self, TlsError> {

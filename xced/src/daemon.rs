@@ -14,8 +14,9 @@ pub(crate) fn load_tokens(path: &std::path::Path) -> Result<local_cluster::auth:
 }
 
 /// The line tests and scripts read to find the apiserver (also when listening on port 0).
-pub(crate) fn announce(addr: SocketAddr) {
-    println!("xced: apiserver listening on http://{addr}");
+pub(crate) fn announce(addr: SocketAddr, tls: bool) {
+    let scheme = if tls { "https" } else { "http" };
+    println!("xced: apiserver listening on {scheme}://{addr}");
 }
 
 /// SIGTERM or SIGINT (ctrl-c): `xced dev` and the worker stop on either.

@@ -8,6 +8,7 @@ mod config;
 mod daemon;
 mod dev;
 mod plugins;
+mod tls;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -208,10 +209,19 @@ async fn run_apiserver(
         etcd,
         prefix: DEFAULT_PREFIX.to_owned(),
         connections: cfg.connections,
+        tls: tls::serve_tls(config::tls_files(
+            &path,
+            "apiserver",
+            &cfg.tls_cert,
+            &cfg.tls_key,
+        )?)?,
+        ca_file: cfg.ca_file.clone(),
+        leader_tls: cfg.leader_tls,
     };
     let mut signals = Signals::new()?;
+    let tls = acfg.tls.is_some();
     let running = local_cluster::apiserver::start(acfg, tokens, plugins).await?;
-    daemon::announce(running.addr);
+    daemon::announce(running.addr, tls);
     let signal = signals.next().await;
     tracing::info!(
         signal,
@@ -240,6 +250,12 @@ async fn run_controller(
         disruption_threshold: cfg.threshold()?,
         body_limit: cfg.body_limit,
         connections: cfg.connections,
+        tls: tls::serve_tls(config::tls_files(
+            &path,
+            "controller",
+            &cfg.tls_cert,
+            &cfg.tls_key,
+        )?)?,
         quotas: config::quotas(&cfg)?,
     };
     let endpoints = match store_flag.or(cfg.store.clone()) {
@@ -257,8 +273,9 @@ async fn run_controller(
         .with_context(|| format!("opening the store in {}", cfg.data_dir.display()))?;
     tracing::info!(data_dir = %cfg.data_dir.display(), "store: embedded redb");
     let plugins = plugins::controller_plugins(cfg.address.clone(), cfg.endpoints.clone());
+    let tls = ccfg.tls.is_some();
     let running = controller::start(ccfg, tokens, plugins, Arc::new(store)).await?;
-    daemon::announce(running.addr);
+    daemon::announce(running.addr, tls);
     let failed = tokio::select! {
         signal = signals.next() => {
             tracing::info!(
@@ -324,7 +341,13 @@ async fn run_elected(
         // A standby serves /healthz and /metrics only, on the address it will serve the
         // API on; it gives the address up when elected.
         let (following, leader_id) = tokio::sync::watch::channel(None);
-        let standby = controller::standby::serve(cfg.listen, cfg.connections, leader_id, &role)?;
+        let standby = controller::standby::serve(
+            cfg.listen,
+            cfg.connections,
+            ccfg.tls.clone(),
+            leader_id,
+            &role,
+        )?;
         tracing::info!(addr = %standby.addr, "standby: serving /healthz and /metrics only");
         let elected = campaign(election.clone(), following, signals).await;
         standby.stop().await;
@@ -368,7 +391,7 @@ async fn run_elected(
             }
         };
         role.elected();
-        daemon::announce(running.addr);
+        daemon::announce(running.addr, ccfg.tls.is_some());
         let end = tokio::select! {
             signal = signals.next() => TermEnd::Signal(signal),
             lost = lost_rx => TermEnd::Lost(match lost {
@@ -531,6 +554,7 @@ async fn run_worker(path: PathBuf) -> Result<()> {
         host: cfg.host.clone(),
         controller: cfg.controller.clone(),
         credential: cfg.credential()?,
+        ca_file: cfg.ca_file.clone(),
         data_dir: cfg.data_dir.clone(),
         stop_timeout: cfg.stop_timeout,
         facts_interval: cfg.facts_interval,

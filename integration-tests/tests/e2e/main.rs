@@ -24,3 +24,4 @@ mod restart;
 mod rollout;
 mod scale;
 mod shutdown;
+mod tls;
