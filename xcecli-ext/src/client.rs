@@ -153,22 +153,26 @@ impl Client {
                 Some(v)
             }
         };
-        let tls = control_tls::client::client_config(config.ca_file.as_deref()).map_err(|e| {
-            CliError::new(ErrorKind::Config, e.to_string())
-                .with_hint("check --ca-file, XCE_CA_FILE or the config file's ca_file")
-        })?;
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder()
             // The library never reads the environment: no proxy from HTTP_PROXY & co.
             .no_proxy()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .tls_backend_preconfigured(tls)
-            .build()
-            .map_err(|e| {
-                CliError::new(
-                    ErrorKind::Internal,
-                    format!("cannot build the http client: {e}"),
-                )
-            })?;
+            .connect_timeout(CONNECT_TIMEOUT);
+        // Trust is set up only when it is needed: reading the system's roots costs a
+        // one-shot command more than its request to a plain http:// apiserver.
+        if config.ca_file.is_some() || bases.iter().any(|b| b.scheme() == "https") {
+            let tls =
+                control_tls::client::client_config(config.ca_file.as_deref()).map_err(|e| {
+                    CliError::new(ErrorKind::Config, e.to_string())
+                        .with_hint("check --ca-file, XCE_CA_FILE or the config file's ca_file")
+                })?;
+            http = http.tls_backend_preconfigured(tls);
+        }
+        let http = http.build().map_err(|e| {
+            CliError::new(
+                ErrorKind::Internal,
+                format!("cannot build the http client: {e}"),
+            )
+        })?;
         let project = config
             .project
             .map(|p| p.trim().to_owned())
