@@ -45,3 +45,46 @@ fn reload_on_sighup(tls: ServerTls) -> Result<()> {
     });
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    #[test]
+    fn tls_cert_and_tls_key_go_together() {
+        let file = Path::new("controller.toml");
+        let some = |p: &str| Some(std::path::PathBuf::from(p));
+        let err = crate::config::tls_files(file, "controller", &some("c.pem"), &None)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(err, "invalid controller config controller.toml: tls_cert is set but tls_key is not (set both, or neither for plain HTTP)");
+        let err = crate::config::tls_files(file, "apiserver", &None, &some("k.pem"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("tls_key is set but tls_cert is not"), "{err}");
+        assert!(crate::config::tls_files(file, "x", &None, &None)
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn a_certificate_that_does_not_load_stops_the_start_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let cert = dir.path().join("server.pem");
+        std::fs::write(&cert, "not pem\n").unwrap();
+        let files = TlsFiles {
+            cert: cert.clone(),
+            key: dir.path().join("missing.key"),
+        };
+        let err = format!("{:#}", serve_tls(Some(files)).unwrap_err());
+        assert!(err.starts_with("cannot serve TLS with tls_cert "), "{err}");
+        assert!(
+            err.ends_with(&format!(
+                "tls_cert {}: no CERTIFICATE block in it",
+                cert.display()
+            )),
+            "{err}"
+        );
+    }
+}
