@@ -15,6 +15,10 @@ pub struct ClientFile {
     /// Bearer token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
+    /// The CA certificate(s) (PEM) that an `https://` apiserver's certificate is signed
+    /// by; the system's roots without.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
     /// The project service commands name when neither `--project` nor `XCE_PROJECT` is
     /// given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -26,6 +30,7 @@ impl std::fmt::Debug for ClientFile {
         f.debug_struct("ClientFile")
             .field("api", &self.api)
             .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("ca_file", &self.ca_file)
             .field("project", &self.project)
             .finish()
     }
@@ -75,6 +80,7 @@ mod tests {
         let f = ClientFile {
             api: None,
             token: Some("sekrit".into()),
+            ca_file: None,
             project: None,
         };
         assert!(!format!("{f:?}").contains("sekrit"));

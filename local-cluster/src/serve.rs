@@ -27,13 +27,27 @@
 //! streams end at once) and closes; connections still open after `drain_timeout` are
 //! dropped, so a stop never waits on a client.
 //!
+//! With TLS (a [`ServerTls`]), the accepted stream is wrapped before HTTP sees it
+//! (`tls.rs`): the handshake must complete within `header_timeout` like the headers (a
+//! slow client holds no slot for longer), a client speaking plain HTTP gets a 400 saying
+//! the port speaks TLS and the socket closes at once, and failed handshakes are counted.
+//!
 //! It is the one home of what every HTTP server here shares (the controller, a standby,
 //! a separate apiserver): this accept loop, and the shared answers of `responses.rs`
 //! (error answers in the JSON shape, `/metrics`).
 
 mod responses;
+mod tls;
 
+pub use control_tls::server::{ServerTls, TlsFiles};
 pub(crate) use responses::{json_errors, metrics_response};
+pub(crate) use tls::register_metrics as register_tls_metrics;
+
+/// Loads a serving certificate for these listeners (offering the ALPN protocols their
+/// connection builder speaks).
+pub fn load_tls(files: TlsFiles) -> Result<ServerTls, control_tls::TlsError> {
+    ServerTls::load(files, tls::ALPN)
+}
 
 use anyhow::Context as _;
 use axum::body::Body;
@@ -144,14 +158,15 @@ pub(crate) fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListene
     socket.listen(BACKLOG)
 }
 
-/// Binds `addr` (see [`listen`]) and serves `app` on it within `limits` until `stop`
-/// turns true; then the listener closes and every connection shuts down gracefully
+/// Binds `addr` (see [`listen`]) and serves `app` on it within `limits`, over TLS when
+/// `tls` is given, until `stop` turns true; then the listener closes and every connection shuts down gracefully
 /// (in-flight requests finish), for at most `limits.drain_timeout`: the connections
 /// still open then are dropped. The task ends when every connection has.
 pub(crate) fn serve(
     addr: SocketAddr,
     app: axum::Router,
     limits: ConnLimits,
+    tls: Option<ServerTls>,
     stop: watch::Receiver<bool>,
 ) -> anyhow::Result<(SocketAddr, JoinHandle<std::io::Result<()>>)> {
     let listener = listen(addr).with_context(|| format!("cannot listen on {addr}"))?;
@@ -163,8 +178,8 @@ pub(crate) fn serve(
     };
     info!(%addr, max_connections = limits.max_total, max_per_client = limits.max_per_client,
           header_timeout = ?limits.header_timeout, idle_timeout = ?limits.idle_timeout,
-          "apiserver listening");
-    let server = tokio::spawn(accept_loop(listener, app, limits, stop));
+          tls = tls.is_some(), "apiserver listening");
+    let server = tokio::spawn(accept_loop(listener, app, limits, tls, stop));
     Ok((addr, server))
 }
 
@@ -289,6 +304,7 @@ async fn accept_loop(
     listener: tokio::net::TcpListener,
     app: axum::Router,
     limits: ConnLimits,
+    tls: Option<ServerTls>,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let registry = Arc::new(Mutex::new(Registry::default()));
@@ -341,7 +357,7 @@ async fn accept_loop(
         };
         let _ = stream.set_nodelay(true);
         tasks.spawn(connection(
-            stream,
+            (stream, peer, tls.clone()),
             app.clone(),
             limits,
             conn,
@@ -375,7 +391,7 @@ pub(crate) struct Peer(pub(crate) IpAddr);
 
 #[allow(clippy::too_many_arguments)]
 async fn connection(
-    stream: tokio::net::TcpStream,
+    (stream, peer, tls): (tokio::net::TcpStream, SocketAddr, Option<ServerTls>),
     app: axum::Router,
     limits: ConnLimits,
     conn: Arc<Conn>,
@@ -383,6 +399,18 @@ async fn connection(
     (registry, closed): (Arc<Mutex<Registry>>, Arc<Notify>),
     mut stop: watch::Receiver<bool>,
 ) {
+    // TLS first: the handshake is bounded by the header timeout, and given up when the
+    // connection is closed to make room or the server stops.
+    let handshake = tls::handshake(tls.as_ref(), stream, peer, limits.header_timeout);
+    let stream = tokio::select! {
+        r = handshake => r.ok(),
+        () = evicted(&conn) => None,
+        _ = stop.wait_for(|s| *s) => None,
+    };
+    let Some(stream) = stream else {
+        account_closed(&conn, (id, ip), &registry, &closed);
+        return;
+    };
     let svc = {
         let conn = conn.clone();
         let registry = registry.clone();
@@ -500,6 +528,27 @@ async fn connection(
         }
     }
     drop(c);
+    account_closed(&conn, (id, ip), &registry, &closed);
+}
+
+/// Resolves once the registry has closed the connection to make room.
+async fn evicted(conn: &Conn) {
+    loop {
+        let woken = conn.wake.notified();
+        if conn.evicted.load(Ordering::SeqCst) {
+            return;
+        }
+        woken.await;
+    }
+}
+
+/// Tells the registry a connection's socket is closed.
+fn account_closed(
+    conn: &Conn,
+    (id, ip): (u64, IpAddr),
+    registry: &Mutex<Registry>,
+    closed: &Notify,
+) {
     let mut r = registry.lock().unwrap();
     if conn.evicted.load(Ordering::SeqCst) {
         r.closing -= 1;

@@ -37,6 +37,7 @@ fn main() {
     );
     let config = xcecli_ext::ClientConfig {
         api: cli.api,
+        ca_file: None,
         token: cli.token,
         // The real binary fills this from XCE_PROJECT or the config file.
         project: None,

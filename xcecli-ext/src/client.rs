@@ -25,10 +25,13 @@ const INDEX_HEADER: &str = "x-xce-index";
 /// from flags, `XCE_API`/`XCE_TOKEN` and the config file; this crate reads none of them.
 #[derive(Clone, PartialEq, Eq)]
 pub struct ClientConfig {
-    /// Base URL, e.g. `http://127.0.0.1:7480`, or several, comma-separated (apiservers of
-    /// one cluster: a request that cannot connect to one goes to the next). Only `http`
-    /// (no TLS in v1).
+    /// Base URL, e.g. `http://127.0.0.1:7480` or `https://api.example:7480`, or several,
+    /// comma-separated (apiservers of one cluster: a request that cannot connect to one
+    /// goes to the next).
     pub api: String,
+    /// The CA certificate(s) (PEM) an `https://` apiserver's certificate must be signed
+    /// by; the system's roots when `None`.
+    pub ca_file: Option<std::path::PathBuf>,
     /// The bearer token, if any.
     pub token: Option<String>,
     /// The project of the services the commands name when no `--project` is given (the
@@ -123,8 +126,8 @@ pub(crate) enum Put {
 impl Client {
     /// Checks the config and builds the client.
     ///
-    /// Errors ([`ErrorKind::Config`]): the URL does not parse, is not `http`, or the token
-    /// cannot travel in an HTTP header.
+    /// Errors ([`ErrorKind::Config`]): the URL does not parse, is not `http` or `https`,
+    /// the token cannot travel in an HTTP header, or the CA file is unusable.
     pub fn new(config: ClientConfig) -> Result<Client, CliError> {
         let config_err = |msg: String| {
             CliError::new(ErrorKind::Config, msg).with_hint(
@@ -150,17 +153,26 @@ impl Client {
                 Some(v)
             }
         };
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder()
             // The library never reads the environment: no proxy from HTTP_PROXY & co.
             .no_proxy()
-            .connect_timeout(CONNECT_TIMEOUT)
-            .build()
-            .map_err(|e| {
-                CliError::new(
-                    ErrorKind::Internal,
-                    format!("cannot build the http client: {e}"),
-                )
-            })?;
+            .connect_timeout(CONNECT_TIMEOUT);
+        // Trust is set up only when it is needed: reading the system's roots costs a
+        // one-shot command more than its request to a plain http:// apiserver.
+        if config.ca_file.is_some() || bases.iter().any(|b| b.scheme() == "https") {
+            let tls =
+                control_tls::client::client_config(config.ca_file.as_deref()).map_err(|e| {
+                    CliError::new(ErrorKind::Config, e.to_string())
+                        .with_hint("check --ca-file, XCE_CA_FILE or the config file's ca_file")
+                })?;
+            http = http.tls_backend_preconfigured(tls);
+        }
+        let http = http.build().map_err(|e| {
+            CliError::new(
+                ErrorKind::Internal,
+                format!("cannot build the http client: {e}"),
+            )
+        })?;
         let project = config
             .project
             .map(|p| p.trim().to_owned())
@@ -536,7 +548,7 @@ impl Client {
     }
 }
 
-/// One apiserver URL of `--api`: `http://HOST[:PORT][/PATH]`.
+/// One apiserver URL of `--api`: `http[s]://HOST[:PORT][/PATH]`.
 /// A standby controller's `503` (it marks it with `X-Xce-Standby`, so no body is read).
 fn is_standby(resp: &reqwest::Response) -> bool {
     resp.status() == StatusCode::SERVICE_UNAVAILABLE && resp.headers().contains_key("x-xce-standby")
@@ -550,15 +562,10 @@ fn check_base(api: &str) -> Result<Url, String> {
     }
     let base = Url::parse(api).map_err(|e| format!("invalid apiserver url {api:?}: {e}"))?;
     match base.scheme() {
-        "http" => {}
-        "https" => {
-            return Err(format!(
-                "cannot use {api}: https is not supported (no tls in v1)"
-            ))
-        }
+        "http" | "https" => {}
         s => {
             return Err(format!(
-                "invalid apiserver url {api:?}: scheme {s:?} is not http"
+                "invalid apiserver url {api:?}: scheme {s:?} is not http or https"
             ))
         }
     }

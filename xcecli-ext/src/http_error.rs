@@ -29,6 +29,13 @@ pub(crate) fn transport_error(url: &Url, err: &reqwest::Error, skipped: &[String
         cause = next;
     }
     let url = without_query(url);
+    if let Some(tls) = control_tls::client::explain(err, "--ca-file") {
+        return CliError::new(
+            ErrorKind::Unreachable,
+            format!("cannot reach the apiserver at {url}: {tls}"),
+        )
+        .with_hint("the CA comes from --ca-file, XCE_CA_FILE or the config file's ca_file");
+    }
     let message = if err.is_timeout() {
         format!("no answer from the apiserver at {url} in time")
     } else if err.is_connect() {

@@ -19,6 +19,7 @@
 //! let cli = Cli::parse();
 //! let config = xcecli_ext::ClientConfig {
 //!     api: "http://127.0.0.1:7480".into(),
+//!     ca_file: None,
 //!     token: None,
 //!     project: None,
 //! };

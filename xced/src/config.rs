@@ -71,6 +71,11 @@ pub(crate) struct ControllerFile {
     /// The pause between lease renewals (a fifth of `renew_deadline` unless set).
     #[serde(default, with = "humantime_serde")]
     pub(crate) retry_period: Option<Duration>,
+    /// Serve TLS with this certificate chain (PEM), and `tls_key`: both or neither.
+    #[serde(default)]
+    pub(crate) tls_cert: Option<PathBuf>,
+    #[serde(default)]
+    pub(crate) tls_key: Option<PathBuf>,
 }
 
 fn d_leader_ttl() -> Duration {
@@ -135,6 +140,17 @@ pub(crate) struct ApiserverFile {
     /// The controller's store, `etcd://HOST:PORT[,HOST:PORT...]`; `--store` overrides it.
     #[serde(default, deserialize_with = "store_spec")]
     pub(crate) store: Option<local_cluster::store::StoreSpec>,
+    /// Serve TLS with this certificate chain (PEM), and `tls_key`: both or neither.
+    #[serde(default)]
+    pub(crate) tls_cert: Option<PathBuf>,
+    #[serde(default)]
+    pub(crate) tls_key: Option<PathBuf>,
+    /// The controllers serve TLS: forward to the leader over `https://`.
+    #[serde(default)]
+    pub(crate) leader_tls: bool,
+    /// The CA (PEM) that signed the controllers' certificates; the system's roots without.
+    #[serde(default)]
+    pub(crate) ca_file: Option<PathBuf>,
 }
 
 /// `xced worker --config FILE`.
@@ -160,6 +176,10 @@ pub(crate) struct WorkerFile {
     pub(crate) address: host_address::AddressConfig,
     #[serde(default)]
     pub(crate) ports: port_resource::WorkerPortsConfig,
+    /// The CA (PEM) that signed the controllers' certificates, for `https://`
+    /// controllers; the system's roots without.
+    #[serde(default)]
+    pub(crate) ca_file: Option<PathBuf>,
 }
 
 fn default_controller() -> String {
@@ -185,8 +205,19 @@ const CONTROLLER_ENV: &[&str] = &[
     "leader_ttl",
     "renew_deadline",
     "retry_period",
+    "tls_cert",
+    "tls_key",
 ];
-const APISERVER_ENV: &[&str] = &["listen", "tokens", "body_limit", "store"];
+const APISERVER_ENV: &[&str] = &[
+    "listen",
+    "tokens",
+    "body_limit",
+    "store",
+    "tls_cert",
+    "tls_key",
+    "leader_tls",
+    "ca_file",
+];
 const WORKER_ENV: &[&str] = &[
     "host",
     "controller",
@@ -195,6 +226,7 @@ const WORKER_ENV: &[&str] = &[
     "data_dir",
     "stop_timeout",
     "facts_interval",
+    "ca_file",
 ];
 
 fn figment(path: &Path, env_keys: &[&str]) -> Result<Figment> {
@@ -388,6 +420,30 @@ fn check_connections(path: &Path, what: &str, c: &local_cluster::serve::ConnLimi
     Ok(())
 }
 
+/// `tls_cert` and `tls_key`: both (TLS) or neither (plain HTTP).
+pub(crate) fn tls_files(
+    path: &Path,
+    what: &str,
+    cert: &Option<PathBuf>,
+    key: &Option<PathBuf>,
+) -> Result<Option<local_cluster::serve::TlsFiles>> {
+    match (cert, key) {
+        (Some(cert), Some(key)) => Ok(Some(local_cluster::serve::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+        })),
+        (None, None) => Ok(None),
+        (Some(_), None) => bail!(
+            "invalid {what} config {}: tls_cert is set but tls_key is not (set both, or neither for plain HTTP)",
+            path.display()
+        ),
+        (None, Some(_)) => bail!(
+            "invalid {what} config {}: tls_key is set but tls_cert is not (set both, or neither for plain HTTP)",
+            path.display()
+        ),
+    }
+}
+
 pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
     let cfg: ControllerFile = extract(figment(path, CONTROLLER_ENV)?, "controller", path)?;
     // The top-level settings' problems, all of them at once, one line each.
@@ -409,6 +465,7 @@ pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
         .check()
         .with_context(|| format!("invalid controller config {}: [endpoints]", path.display()))?;
     check_connections(path, "controller", &cfg.connections)?;
+    tls_files(path, "controller", &cfg.tls_cert, &cfg.tls_key)?;
     quotas(&cfg).with_context(|| format!("invalid controller config {}", path.display()))?;
     Ok(cfg)
 }
@@ -419,6 +476,7 @@ pub(crate) fn load_apiserver(path: &Path) -> Result<ApiserverFile> {
         .check()
         .with_context(|| format!("invalid apiserver config {}: [endpoints]", path.display()))?;
     check_connections(path, "apiserver", &cfg.connections)?;
+    tls_files(path, "apiserver", &cfg.tls_cert, &cfg.tls_key)?;
     Ok(cfg)
 }
 

@@ -59,8 +59,9 @@ pub(crate) fn reload_tokens_on_sighup(
 }
 
 /// The line tests and scripts read to find the apiserver (also when listening on port 0).
-pub(crate) fn announce(addr: SocketAddr) {
-    println!("xced: apiserver listening on http://{addr}");
+pub(crate) fn announce(addr: SocketAddr, tls: bool) {
+    let scheme = if tls { "https" } else { "http" };
+    println!("xced: apiserver listening on {scheme}://{addr}");
 }
 
 /// SIGTERM or SIGINT (ctrl-c): `xced dev` and the worker stop on either.

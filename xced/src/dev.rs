@@ -46,6 +46,20 @@ pub(crate) struct DevArgs {
     /// Where to write the client config (default: $XCE_CONFIG or ~/.config/xce/xcecli.toml).
     #[arg(long, hide = true)]
     client_config: Option<PathBuf>,
+    /// Serve HTTPS with a CA and a certificate generated into DATA_DIR/tls (for 127.0.0.1,
+    /// the dev hosts' addresses and localhost); the client config names the CA.
+    #[arg(long, conflicts_with_all = ["tls_cert", "tls_key"])]
+    tls: bool,
+    /// Serve HTTPS with this certificate chain (PEM); with --tls-key.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// The CA (PEM) that signed --tls-cert, for the dev workers and the client config
+    /// [default: the system's roots].
+    #[arg(long, requires = "tls_cert")]
+    ca_file: Option<PathBuf>,
 }
 
 impl DevArgs {
@@ -140,16 +154,20 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
         allow_loopback_hosts: vec!["*".into()],
         ..Default::default()
     };
+    let (tls_files, ca_file) = dev_tls(&args)?;
     let ccfg = ControllerConfig {
         listen: args.listen,
         data_dir: args.data_dir.clone(),
         grace_period: args.grace_period,
+        tls: crate::tls::serve_tls(tls_files)?,
         ..ControllerConfig::default()
     };
+    let scheme = if ccfg.tls.is_some() { "https" } else { "http" };
     let plugins =
         crate::plugins::controller_plugins(address_policy, endpoint_table::TableConfig::default());
     let running = controller::start(ccfg, keyring, plugins, Arc::new(store)).await?;
-    let api = format!("http://{}", running.addr);
+    let api = format!("{scheme}://{}", running.addr);
+    let http = http_client(ca_file.as_deref())?;
 
     if args.tokens.is_none() {
         let path = match &args.client_config {
@@ -161,7 +179,7 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
             )
             .context("cannot tell where to write the client config: set XCE_CONFIG or HOME")?,
         };
-        write_client_config(&path, &api, &admin)?;
+        write_client_config(&path, &api, &admin, ca_file.as_deref())?;
         println!(
             "xced: client config for xcecli written to {}",
             path.display()
@@ -187,6 +205,7 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
             host: host.clone(),
             controller: api.clone(),
             credential: cred,
+            ca_file: ca_file.clone(),
             data_dir: args.data_dir.join("workers").join(host),
             stop_timeout: Duration::from_secs(5),
             facts_interval: Duration::from_secs(30),
@@ -212,8 +231,8 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
 
     // Announce once every dev host has registered: a script (or test) that reads the
     // announce line finds all hosts, and the demo's replicas spread over all of them.
-    wait_for_hosts(&api, &admin, hosts.len()).await?;
-    crate::daemon::announce(running.addr);
+    wait_for_hosts(&http, &api, &admin, hosts.len()).await?;
+    crate::daemon::announce(running.addr, scheme == "https");
     println!("xced: {} hosts: {}", hosts.len(), hosts.join(", "));
     if std::env::var_os("XCE_LOG").is_none() && std::env::var_os("RUST_LOG").is_none() {
         println!(
@@ -222,7 +241,7 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
         );
     }
     if args.demo {
-        submit_demo(&api, &admin).await?;
+        submit_demo(&http, &api, &admin).await?;
         println!("xced: submitted service `web` (examples/web.toml)");
         println!("xced: try `xcecli service endpoints web` or `xcecli host list` in another shell");
     }
@@ -263,13 +282,77 @@ fn merged(
     Ok(Tokens::new(users, workers)?)
 }
 
-fn write_client_config(path: &std::path::Path, api: &str, token: &str) -> Result<()> {
+/// The certificate to serve and the CA the dev clients trust: generated (`--tls`), given
+/// (`--tls-cert`, `--tls-key`, `--ca-file`), or none (plain HTTP).
+fn dev_tls(args: &DevArgs) -> Result<(Option<local_cluster::serve::TlsFiles>, Option<PathBuf>)> {
+    if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
+        let files = local_cluster::serve::TlsFiles {
+            cert: cert.clone(),
+            key: key.clone(),
+        };
+        let ca = args
+            .ca_file
+            .as_deref()
+            .map(std::path::absolute)
+            .transpose()?;
+        return Ok((Some(files), ca));
+    }
+    if !args.tls {
+        return Ok((None, None));
+    }
+    // Valid for every address a dev client may use: the listen address, loopback, and the
+    // dev hosts' own addresses.
+    let mut ips: Vec<IpAddr> = vec![
+        Ipv4Addr::LOCALHOST.into(),
+        std::net::Ipv6Addr::LOCALHOST.into(),
+    ];
+    if !args.listen.ip().is_unspecified() && !ips.contains(&args.listen.ip()) {
+        ips.push(args.listen.ip());
+    }
+    for i in 0..args.hosts {
+        ips.push(IpAddr::V4(host_ip(args.first_host_ip, i)?));
+    }
+    let dir = std::path::absolute(args.data_dir.join("tls"))?;
+    let spec = control_tls::dev::DevCertSpec {
+        ips,
+        dns: vec!["localhost".to_owned()],
+        valid_years: 2020..2100,
+    };
+    let certs = control_tls::dev::generate(&dir, &spec)?;
+    println!(
+        "xced: TLS certificate generated in {} (clients trust {})",
+        dir.display(),
+        certs.ca.display()
+    );
+    let files = local_cluster::serve::TlsFiles {
+        cert: certs.cert,
+        key: certs.key,
+    };
+    Ok((Some(files), Some(certs.ca)))
+}
+
+/// The dev process's own client (waiting for hosts, the demo), trusting `ca_file`.
+fn http_client(ca_file: Option<&std::path::Path>) -> Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .no_proxy()
+        .tls_backend_preconfigured(control_tls::client::client_config(ca_file)?)
+        .build()
+        .context("building the http client")
+}
+
+fn write_client_config(
+    path: &std::path::Path,
+    api: &str,
+    token: &str,
+    ca_file: Option<&std::path::Path>,
+) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let file = ClientFile {
         api: Some(api.to_owned()),
         token: Some(token.to_owned()),
+        ca_file: ca_file.map(std::path::Path::to_owned),
         project: None,
     };
     let text = toml::to_string(&file).context("encoding the client config")?;
@@ -281,8 +364,7 @@ fn write_client_config(path: &std::path::Path, api: &str, token: &str) -> Result
 
 /// Waits (bounded) until `n` hosts are ready. A one-off startup wait on our own workers,
 /// which register within milliseconds; there is no host-registered feed to subscribe to.
-async fn wait_for_hosts(api: &str, token: &str, n: usize) -> Result<()> {
-    let client = reqwest::Client::new();
+async fn wait_for_hosts(client: &reqwest::Client, api: &str, token: &str, n: usize) -> Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let ready = async {
@@ -313,8 +395,7 @@ async fn wait_for_hosts(api: &str, token: &str, n: usize) -> Result<()> {
 
 /// Submits the demo profile unless the service already exists (a restarted dev cluster
 /// keeps its services in the store).
-async fn submit_demo(api: &str, token: &str) -> Result<()> {
-    let client = reqwest::Client::new();
+async fn submit_demo(client: &reqwest::Client, api: &str, token: &str) -> Result<()> {
     let resp = client
         .post(format!("{api}/v1/services"))
         .bearer_auth(token)

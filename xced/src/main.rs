@@ -8,6 +8,7 @@ mod config;
 mod daemon;
 mod dev;
 mod plugins;
+mod tls;
 mod token;
 
 use anyhow::{Context, Result};
@@ -226,10 +227,19 @@ async fn run_apiserver(
         etcd,
         prefix: DEFAULT_PREFIX.to_owned(),
         connections: cfg.connections,
+        tls: tls::serve_tls(config::tls_files(
+            &path,
+            "apiserver",
+            &cfg.tls_cert,
+            &cfg.tls_key,
+        )?)?,
+        ca_file: cfg.ca_file.clone(),
+        leader_tls: cfg.leader_tls,
     };
     let mut signals = Signals::new()?;
+    let tls = acfg.tls.is_some();
     let running = local_cluster::apiserver::start(acfg, tokens, plugins).await?;
-    daemon::announce(running.addr);
+    daemon::announce(running.addr, tls);
     let signal = signals.next().await;
     tracing::info!(
         signal,
@@ -258,6 +268,12 @@ async fn run_controller(
         disruption_threshold: cfg.threshold()?,
         body_limit: cfg.body_limit,
         connections: cfg.connections,
+        tls: tls::serve_tls(config::tls_files(
+            &path,
+            "controller",
+            &cfg.tls_cert,
+            &cfg.tls_key,
+        )?)?,
         quotas: config::quotas(&cfg)?,
     };
     let endpoints = match store_flag.or(cfg.store.clone()) {
@@ -275,8 +291,9 @@ async fn run_controller(
         .with_context(|| format!("opening the store in {}", cfg.data_dir.display()))?;
     tracing::info!(data_dir = %cfg.data_dir.display(), "store: embedded redb");
     let plugins = plugins::controller_plugins(cfg.address.clone(), cfg.endpoints.clone());
+    let tls = ccfg.tls.is_some();
     let running = controller::start(ccfg, tokens, plugins, Arc::new(store)).await?;
-    daemon::announce(running.addr);
+    daemon::announce(running.addr, tls);
     let failed = tokio::select! {
         signal = signals.next() => {
             tracing::info!(
@@ -342,7 +359,13 @@ async fn run_elected(
         // A standby serves /healthz and /metrics only, on the address it will serve the
         // API on; it gives the address up when elected.
         let (following, leader_id) = tokio::sync::watch::channel(None);
-        let standby = controller::standby::serve(cfg.listen, cfg.connections, leader_id, &role)?;
+        let standby = controller::standby::serve(
+            cfg.listen,
+            cfg.connections,
+            ccfg.tls.clone(),
+            leader_id,
+            &role,
+        )?;
         tracing::info!(addr = %standby.addr, "standby: serving /healthz and /metrics only");
         let elected = campaign(election.clone(), following, signals).await;
         standby.stop().await;
@@ -386,7 +409,7 @@ async fn run_elected(
             }
         };
         role.elected();
-        daemon::announce(running.addr);
+        daemon::announce(running.addr, ccfg.tls.is_some());
         let end = tokio::select! {
             signal = signals.next() => TermEnd::Signal(signal),
             lost = lost_rx => TermEnd::Lost(match lost {
@@ -549,6 +572,7 @@ async fn run_worker(path: PathBuf) -> Result<()> {
         host: cfg.host.clone(),
         controller: cfg.controller.clone(),
         credential: cfg.credential()?,
+        ca_file: cfg.ca_file.clone(),
         data_dir: cfg.data_dir.clone(),
         stop_timeout: cfg.stop_timeout,
         facts_interval: cfg.facts_interval,

@@ -24,6 +24,10 @@ struct Cli {
     /// skipped for the next) [default: the config file's `api`, else http://127.0.0.1:7480].
     #[arg(long, global = true, env = "XCE_API")]
     api: Option<String>,
+    /// CA certificate(s) (PEM) that an https:// apiserver's certificate must be signed by
+    /// [default: the config file's `ca_file`, else the system's roots].
+    #[arg(long, global = true, env = "XCE_CA_FILE")]
+    ca_file: Option<PathBuf>,
     /// Bearer token [default: the config file's `token`].
     #[arg(long, global = true, env = "XCE_TOKEN", hide_env_values = true)]
     token: Option<String>,
@@ -66,7 +70,7 @@ fn main() -> ExitCode {
         &cmd,
         xcecli_ext::Command::Service(xcecli_ext::ServiceCommand::Endpoints(a)) if a.watch
     );
-    let result = settings(cli.api, cli.token, cli.config).and_then(|cfg| {
+    let result = settings(cli.api, cli.token, cli.ca_file, cli.config).and_then(|cfg| {
         let client = Client::new(cfg)?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -122,6 +126,7 @@ fn writeln_err(io: &mut Io, e: &CliError) -> std::io::Result<()> {
 fn settings(
     api: Option<String>,
     token: Option<String>,
+    ca_file: Option<PathBuf>,
     config: Option<PathBuf>,
 ) -> Result<ClientConfig, CliError> {
     let explicit =
@@ -171,6 +176,14 @@ fn settings(
     Ok(ClientConfig {
         api: api.or(file.api).unwrap_or_else(|| DEFAULT_API.to_owned()),
         token: token.or(file.token),
+        // A relative `ca_file` in the file is relative to the file.
+        ca_file: ca_file.or_else(|| {
+            let f = file.ca_file?;
+            Some(match path.as_deref().and_then(std::path::Path::parent) {
+                Some(dir) if f.is_relative() => dir.join(f),
+                _ => f,
+            })
+        }),
         project,
     })
 }

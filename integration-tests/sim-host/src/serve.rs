@@ -31,6 +31,7 @@ impl Server {
         let cx = ApiContext::for_test(vec![(
             TOKEN.to_owned(),
             Principal {
+                credential: Default::default(),
                 name: "sim".into(),
                 kind: PrincipalKind::User,
                 grants: vec![(Permission::JobView, vec!["*".into()])],

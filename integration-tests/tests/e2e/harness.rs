@@ -137,10 +137,16 @@ pub struct Api {
 
 impl Api {
     pub fn new(base: &str, token: &str) -> Self {
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(20))
-            .build()
-            .unwrap();
+        Self::with_ca(base, token, None)
+    }
+    /// An `https://` apiserver whose certificate `ca_file` (PEM) signed.
+    pub fn with_ca(base: &str, token: &str, ca_file: Option<&Path>) -> Self {
+        let mut http = reqwest::Client::builder().timeout(Duration::from_secs(20));
+        if let Some(ca) = ca_file {
+            let tls = control_tls::client::client_config(Some(ca)).expect("a usable ca file");
+            http = http.tls_backend_preconfigured(tls);
+        }
+        let http = http.build().unwrap();
         Self {
             base: base.to_owned(),
             token: token.to_owned(),
@@ -327,16 +333,23 @@ impl DevCluster {
             .trim()
             .to_owned();
         // With --tokens, xced dev writes no client config: tests pick their tokens.
-        let token = match std::fs::read_to_string(&client_config) {
+        let (token, ca_file) = match std::fs::read_to_string(&client_config) {
             Ok(text) => {
                 let cfg: toml::Table = toml::from_str(&text)?;
-                cfg["token"]
+                let token = cfg["token"]
                     .as_str()
                     .context("token in client config")?
-                    .to_owned()
+                    .to_owned();
+                (
+                    token,
+                    cfg.get("ca_file")
+                        .and_then(|c| c.as_str())
+                        .map(PathBuf::from),
+                )
             }
-            Err(_) => String::new(),
+            Err(_) => (String::new(), None),
         };
+        let api = Api::with_ca(&base, &token, ca_file.as_deref());
         if demo {
             wait_for_line(&lines, "xced: submitted service")?;
         }
@@ -344,11 +357,11 @@ impl DevCluster {
         // starts once every host is there (with --tokens the test's own tokens decide
         // what it may see, so only without them).
         if !token.is_empty() {
-            wait_for_hosts(&base, &token, hosts as usize)?;
+            wait_for_hosts_of(&api, hosts as usize)?;
         }
         Ok(Self {
             child,
-            api: Api::new(&base, &token),
+            api,
             first_ip,
             client_config,
             dir,
@@ -389,7 +402,12 @@ impl Drop for DevCluster {
 /// Waits until `/v1/hosts` lists `n` ready hosts (in a thread of its own: the callers are
 /// synchronous, often inside an async test).
 fn wait_for_hosts(base: &str, token: &str, n: usize) -> Result<()> {
-    let api = Api::new(base, token);
+    wait_for_hosts_of(&Api::new(base, token), n)
+}
+
+/// [`wait_for_hosts`] through `api` (an https one, say).
+pub fn wait_for_hosts_of(api: &Api, n: usize) -> Result<()> {
+    let api = api.clone();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

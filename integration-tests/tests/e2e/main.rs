@@ -29,4 +29,5 @@ mod rollout;
 mod rotation;
 mod scale;
 mod shutdown;
+mod tls;
 mod ui;

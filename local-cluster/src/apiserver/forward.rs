@@ -26,6 +26,8 @@ pub(super) struct Forwarder {
     pub(super) recheck: Arc<tokio::sync::Mutex<Option<LeaderSeen>>>,
     pub(super) metrics: Metrics,
     pub(super) body_limit: usize,
+    /// `https` when the controllers serve TLS, else `http`.
+    pub(super) scheme: &'static str,
     /// The cluster id, as the store said at start (shown by `/healthz`).
     pub(super) cluster_id: Option<Arc<str>>,
 }
@@ -81,7 +83,7 @@ impl Forwarder {
             .map_err(|e| unavailable(format!("looking up the leader failed: {e}")))?
             .map_err(|e| unavailable(format!("cannot reach etcd to find the leader: {e}")))?
             .ok_or_else(|| unavailable("no controller leads now".into()))?;
-        let url = leader_url(&id).ok_or_else(|| {
+        let url = leader_url(self.scheme, &id).ok_or_else(|| {
             unavailable(format!("the leader key holds {id:?}, not HOST/PID@ADDR"))
         })?;
         *self.lock() = Some(url.clone());
@@ -102,7 +104,7 @@ impl Forwarder {
             .await
             .map_err(|e| unavailable(format!("looking up the leader failed: {e}")))?
             .map_err(|e| unavailable(format!("cannot reach etcd to find the leader: {e}")))?;
-        let url = id.as_deref().and_then(leader_url);
+        let url = id.as_deref().and_then(|id| leader_url(self.scheme, id));
         *last = Some((tokio::time::Instant::now(), url.clone()));
         Ok(url)
     }
@@ -129,16 +131,16 @@ impl Forwarder {
     }
 }
 
-/// `http://ADDR` of a leader id `HOST/PID@ADDR`; an unspecified listen address (all
+/// `SCHEME://ADDR` of a leader id `HOST/PID@ADDR`; an unspecified listen address (all
 /// interfaces) is reached through the leader's host name.
-pub(super) fn leader_url(id: &str) -> Option<String> {
+pub(super) fn leader_url(scheme: &str, id: &str) -> Option<String> {
     let (who, addr) = id.rsplit_once('@')?;
     let addr: SocketAddr = addr.parse().ok()?;
     if addr.ip().is_unspecified() {
         let host = who.split_once('/')?.0;
-        return Some(format!("http://{host}:{}", addr.port()));
+        return Some(format!("{scheme}://{host}:{}", addr.port()));
     }
-    Some(format!("http://{addr}"))
+    Some(format!("{scheme}://{addr}"))
 }
 
 fn unavailable(msg: String) -> ApiError {

@@ -46,6 +46,14 @@ pub struct ApiserverConfig {
     pub prefix: String,
     /// What clients may hold of the API port (connection caps and timeouts).
     pub connections: crate::serve::ConnLimits,
+    /// Serve over TLS with this certificate (`tls_cert`, `tls_key`); plain HTTP without.
+    pub tls: Option<crate::serve::ServerTls>,
+    /// The CA that signed the controllers' certificates, for forwarding to an `https://`
+    /// leader (`ca_file`); the system's roots without.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// Whether the controllers serve TLS (`leader_tls`): requests are forwarded to
+    /// `https://` then.
+    pub leader_tls: bool,
 }
 
 /// The plugins an apiserver hosts: listeners fed from the store's history, and the route
@@ -109,6 +117,7 @@ pub async fn start(
     metrics.register(&mut registry);
     let keyring: Keyring = tokens.into();
     keyring.register(&mut registry);
+    crate::serve::register_tls_metrics(&mut registry);
     for e in &plugins.extensions {
         e.register_metrics(&mut registry);
     }
@@ -122,6 +131,10 @@ pub async fn start(
     let state = Forwarder {
         http: reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(2))
+            .tls_backend_preconfigured(
+                control_tls::client::client_config(cfg.ca_file.as_deref())
+                    .context("cannot set up TLS for forwarding to the leader")?,
+            )
             .build()
             .context("building the HTTP client")?,
         election,
@@ -129,6 +142,7 @@ pub async fn start(
         recheck: Arc::new(tokio::sync::Mutex::new(None)),
         metrics,
         body_limit: cfg.body_limit,
+        scheme: if cfg.leader_tls { "https" } else { "http" },
         cluster_id,
     };
     let ctx = ApiContext {
@@ -142,7 +156,7 @@ pub async fn start(
         cfg.body_limit,
     );
     let (shutdown, stop) = watch::channel(false);
-    let (addr, server) = crate::serve::serve(cfg.listen, app, cfg.connections, stop)?;
+    let (addr, server) = crate::serve::serve(cfg.listen, app, cfg.connections, cfg.tls, stop)?;
     Ok(RunningApiserver {
         addr,
         shutdown,
@@ -290,6 +304,9 @@ mod tests {
             etcd: vec![etcd.endpoint.clone()],
             prefix: "/xce/".into(),
             connections: Default::default(),
+            tls: None,
+            ca_file: None,
+            leader_tls: false,
         };
         let plugins = ApiserverPlugins {
             listeners: vec![],
@@ -523,18 +540,22 @@ mod tests {
     #[test]
     fn leader_ids_become_urls() {
         assert_eq!(
-            forward::leader_url("node-1/42@127.0.0.1:7480").as_deref(),
+            forward::leader_url("http", "node-1/42@127.0.0.1:7480").as_deref(),
             Some("http://127.0.0.1:7480")
         );
         assert_eq!(
-            forward::leader_url("node-1/42@[::1]:7480").as_deref(),
+            forward::leader_url("http", "node-1/42@[::1]:7480").as_deref(),
             Some("http://[::1]:7480")
         );
         assert_eq!(
-            forward::leader_url("node-1/42@0.0.0.0:7480").as_deref(),
+            forward::leader_url("http", "node-1/42@0.0.0.0:7480").as_deref(),
             Some("http://node-1:7480")
         );
-        assert_eq!(forward::leader_url("garbage"), None);
-        assert_eq!(forward::leader_url("h/1@not-an-addr"), None);
+        assert_eq!(
+            forward::leader_url("https", "node-1/42@127.0.0.1:7480").as_deref(),
+            Some("https://127.0.0.1:7480")
+        );
+        assert_eq!(forward::leader_url("http", "garbage"), None);
+        assert_eq!(forward::leader_url("http", "h/1@not-an-addr"), None);
     }
 }

@@ -28,6 +28,9 @@ pub struct ControllerConfig {
     pub body_limit: usize,
     /// What clients may hold of the API port (connection caps and timeouts).
     pub connections: crate::serve::ConnLimits,
+    /// Serve the API over TLS with this certificate (`tls_cert`, `tls_key`); plain HTTP
+    /// without.
+    pub tls: Option<crate::serve::ServerTls>,
     /// Per-project limits on what services declare (`[quotas.*]`).
     pub quotas: quota::Quotas,
 }
@@ -43,6 +46,7 @@ impl Default for ControllerConfig {
             disruption_threshold: DisruptionThreshold::DEFAULT,
             body_limit: 1024 * 1024,
             connections: crate::serve::ConnLimits::default(),
+            tls: None,
             quotas: quota::Quotas::default(),
         }
     }

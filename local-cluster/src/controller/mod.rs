@@ -133,6 +133,7 @@ impl Controller {
             e.register_metrics(&mut registry);
         }
         role.register(&mut registry);
+        crate::serve::register_tls_metrics(&mut registry);
         let timing = core::Timing {
             heartbeat_interval: cfg.heartbeat_interval,
             unreachable_after: cfg.unreachable_after,
@@ -265,6 +266,7 @@ fn serving(cfg: ControllerConfig, controller: Controller) -> anyhow::Result<Runn
         cfg.listen,
         controller.router(),
         cfg.connections,
+        cfg.tls,
         controller.shutdown.subscribe(),
     )?;
     Ok(RunningController {

@@ -89,15 +89,22 @@ pub struct StandbyServer {
 pub fn serve(
     listen: SocketAddr,
     limits: ConnLimits,
+    tls: Option<crate::serve::ServerTls>,
     leader: watch::Receiver<Option<String>>,
     role: &Role,
 ) -> anyhow::Result<StandbyServer> {
     let mut registry = Registry::default();
     role.standby();
     role.register(&mut registry);
+    crate::serve::register_tls_metrics(&mut registry);
     let (stop, stopped) = watch::channel(false);
-    let (addr, server) =
-        crate::serve::serve(listen, router(leader, Arc::new(registry)), limits, stopped)?;
+    let (addr, server) = crate::serve::serve(
+        listen,
+        router(leader, Arc::new(registry)),
+        limits,
+        tls,
+        stopped,
+    )?;
     Ok(StandbyServer { addr, stop, server })
 }
 

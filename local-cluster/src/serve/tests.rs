@@ -38,7 +38,7 @@ pub(super) async fn server_counting(
             }),
         );
     let (stop_tx, stop) = watch::channel(false);
-    let (addr, _task) = serve("127.0.0.1:0".parse().unwrap(), app, limits, stop).unwrap();
+    let (addr, _task) = serve("127.0.0.1:0".parse().unwrap(), app, limits, None, stop).unwrap();
     (addr, stop_tx, release_tx, held)
 }
 
@@ -227,6 +227,7 @@ async fn stopping_lets_requests_finish_within_the_drain_deadline_then_drops_the_
             drain_timeout: drain,
             ..limits(100, 100)
         },
+        None,
         stop,
     )
     .unwrap();
@@ -288,4 +289,90 @@ fn the_budget_leaves_room_for_everything_else() {
             "connections.header_timeout must be longer than 0s".to_owned()
         ]
     );
+}
+
+/// A TLS listener with the short limits, serving `/` ("ok"); and the CA file to trust.
+async fn tls_server(
+    dir: &std::path::Path,
+) -> (SocketAddr, std::path::PathBuf, watch::Sender<bool>) {
+    let certs = control_tls::dev::generate(
+        dir,
+        &control_tls::dev::DevCertSpec {
+            ips: vec!["127.0.0.1".parse().unwrap()],
+            dns: vec![],
+            valid_years: 2020..2100,
+        },
+    )
+    .unwrap();
+    let tls = load_tls(TlsFiles {
+        cert: certs.cert,
+        key: certs.key,
+    })
+    .unwrap();
+    let app = axum::Router::new().route("/", get(|| async { "ok" }));
+    let (stop_tx, stop) = watch::channel(false);
+    let (addr, _task) = serve(
+        "127.0.0.1:0".parse().unwrap(),
+        app,
+        limits(100, 100),
+        Some(tls),
+        stop,
+    )
+    .unwrap();
+    (addr, certs.ca, stop_tx)
+}
+
+#[tokio::test]
+async fn a_tls_port_serves_tls_and_tells_a_plain_http_client_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, ca, _stop) = tls_server(dir.path()).await;
+
+    // Over TLS: served.
+    let config = control_tls::client::client_config(Some(&ca)).unwrap();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let mut tls = connector.connect(name, tcp).await.unwrap();
+    tls.write_all(b"GET / HTTP/1.1\r\nhost: a\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    tls.read_to_string(&mut answer).await.unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok"),
+        "{answer}"
+    );
+
+    // Plain HTTP: a 400 in the API's error shape, then the socket closes (no hang).
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut answer))
+        .await
+        .expect("answered and closed")
+        .unwrap();
+    let answer = String::from_utf8(answer).unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 400 Bad Request\r\n"),
+        "{answer}"
+    );
+    assert!(
+        answer.ends_with(r#"{"error":{"code":"tls_required","details":[],"message":"this port speaks TLS: use https://"}}"#),
+        "{answer}"
+    );
+}
+
+#[tokio::test]
+async fn a_stalled_handshake_is_cut_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, _ca, _stop) = tls_server(dir.path()).await;
+    // Nothing at all, and the first byte of a ClientHello then nothing: both closed by the
+    // header timeout (300 ms here; the bound below only keeps the test from hanging).
+    let mut silent = TcpStream::connect(addr).await.unwrap();
+    let mut started = TcpStream::connect(addr).await.unwrap();
+    started.write_all(&[0x16, 0x03, 0x01]).await.unwrap();
+    assert!(closed_within(&mut silent, Duration::from_secs(10)).await);
+    assert!(closed_within(&mut started, Duration::from_secs(10)).await);
 }

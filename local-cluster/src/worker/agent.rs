@@ -139,11 +139,12 @@ impl Agent {
             cluster = %identity.cluster().as_deref().unwrap_or("none yet (joins the first controller it registers with)"),
             "worker identity"
         );
-        let client = Client::new(
+        let client = Client::with_ca_file(
             &cfg.controller,
             &cfg.host,
             &cfg.credential,
             identity.clone(),
+            cfg.ca_file.as_deref(),
         )?;
         let jobs_path = cfg.data_dir.join("jobs.json");
         let records = state::load(&jobs_path)?;

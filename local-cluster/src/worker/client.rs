@@ -67,6 +67,8 @@ fn unreachable(e: &reqwest::Error) -> String {
         .unwrap_or_default();
     if e.is_timeout() {
         format!("no answer from the controller{at} in time")
+    } else if let Some(tls) = control_tls::client::explain(e, "ca_file") {
+        format!("controller unreachable{at}: {tls}")
     } else {
         format!(
             "controller unreachable{at}: {}",
@@ -160,15 +162,31 @@ pub(crate) enum ClientError {
     BadUrl { url: String, reason: String },
     #[error("building the http client: {0}")]
     Build(reqwest::Error),
+    #[error(transparent)]
+    Tls(#[from] control_tls::TlsError),
 }
 
 impl Client {
-    /// `controller`: one base URL, or several separated by commas (tried in order).
+    /// `controller`: one base URL, or several separated by commas (tried in order); an
+    /// `https://` one trusts the system's roots.
+    #[cfg(test)]
     pub(crate) fn new(
         controller: &str,
         host: &str,
         credential: &str,
         identity: Arc<Identity>,
+    ) -> Result<Self, ClientError> {
+        Self::with_ca_file(controller, host, credential, identity, None)
+    }
+
+    /// Like `new`; `https://` controllers must have a certificate signed by a CA in
+    /// `ca_file` (PEM), or by one of the system's roots without it.
+    pub(crate) fn with_ca_file(
+        controller: &str,
+        host: &str,
+        credential: &str,
+        identity: Arc<Identity>,
+        ca_file: Option<&std::path::Path>,
     ) -> Result<Self, ClientError> {
         let mut host_bases = Vec::new();
         for base in controller.split(',') {
@@ -185,15 +203,8 @@ impl Client {
             }
             let mut url = Url::parse(base).map_err(|e| bad(e.to_string()))?;
             match url.scheme() {
-                "http" => {}
-                // The HTTP client is built without TLS: refuse now, not at the first call.
-                "https" => {
-                    return Err(bad(
-                        "https is not supported yet (no TLS on the control plane): use http://"
-                            .into(),
-                    ))
-                }
-                _ => return Err(bad("must be an http:// url".into())),
+                "http" | "https" => {}
+                _ => return Err(bad("must be an http:// or https:// url".into())),
             }
             url.path_segments_mut()
                 .map_err(|()| bad("cannot be a base url".into()))?
@@ -206,6 +217,7 @@ impl Client {
             // must not reroute it.
             .no_proxy()
             .connect_timeout(CALL_TIMEOUT)
+            .tls_backend_preconfigured(control_tls::client::client_config(ca_file)?)
             .build()
             .map_err(ClientError::Build)?;
         Ok(Self {

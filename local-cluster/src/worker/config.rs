@@ -23,6 +23,9 @@ pub struct WorkerConfig {
     pub controller: String,
     /// The worker's bearer credential. Never logged (`Debug` redacts it).
     pub credential: String,
+    /// The CA (PEM) that signed the controllers' certificates, for `https://`
+    /// controllers (`ca_file`); the system's roots without.
+    pub ca_file: Option<PathBuf>,
     /// Where `jobs.json` and `logs/` live. One directory per worker.
     pub data_dir: PathBuf,
     /// Grace between SIGTERM and SIGKILL when stopping a replica.
@@ -43,6 +46,7 @@ impl WorkerConfig {
             host: host.into(),
             controller: controller.into(),
             credential: credential.into(),
+            ca_file: None,
             data_dir: data_dir.into(),
             stop_timeout: DEFAULT_STOP_TIMEOUT,
             facts_interval: DEFAULT_FACTS_INTERVAL,
@@ -56,6 +60,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("host", &self.host)
             .field("controller", &self.controller)
             .field("credential", &"<redacted>")
+            .field("ca_file", &self.ca_file)
             .field("data_dir", &self.data_dir)
             .field("stop_timeout", &self.stop_timeout)
             .field("facts_interval", &self.facts_interval)

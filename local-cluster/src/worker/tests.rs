@@ -992,6 +992,6 @@ fn config_debug_redacts_the_credential() {
     let cfg = WorkerConfig::new(HOST, "http://127.0.0.1:7480", "s3cret", "/var/lib/xce");
     let shown = format!("{cfg:?}");
     assert!(!shown.contains("s3cret"), "{shown}");
-    expect_test::expect![[r#"WorkerConfig { host: "exec-01", controller: "http://127.0.0.1:7480", credential: "<redacted>", data_dir: "/var/lib/xce", stop_timeout: 10s, facts_interval: 30s }"#]]
+    expect_test::expect![[r#"WorkerConfig { host: "exec-01", controller: "http://127.0.0.1:7480", credential: "<redacted>", ca_file: None, data_dir: "/var/lib/xce", stop_timeout: 10s, facts_interval: 30s }"#]]
         .assert_eq(&shown);
 }

@@ -7,6 +7,7 @@ fn check_config(api: &str, token: Option<&str>, expect: Expect) {
     let actual = match Client::new(ClientConfig {
         api: api.to_owned(),
         token: token.map(str::to_owned),
+        ca_file: None,
         project: None,
     }) {
         Ok(c) => format!(
@@ -24,6 +25,7 @@ fn several_apiservers_share_one_path() {
     let c = Client::new(ClientConfig {
         api: "http://a:1/x, http://b:2/y/,http://c:3".into(),
         token: None,
+        ca_file: None,
         project: None,
     })
     .unwrap();
@@ -62,9 +64,7 @@ fn config() {
     check_config(
         "https://h",
         None,
-        expect![[r#"
-            exit 1: error: cannot use https://h: https is not supported (no tls in v1)
-            hint: pass --api http://HOST:PORT or set XCE_API (default http://127.0.0.1:7480)"#]],
+        expect!["ok https://h/v1/services/a%20b%2Fc/endpoints auth=false"],
     );
     check_config(
         "127.0.0.1:7480",
@@ -87,6 +87,7 @@ fn project_in_the_query() {
     let c = Client::new(ClientConfig {
         api: "http://h:1".into(),
         token: None,
+        ca_file: None,
         project: Some("  ".into()),
     })
     .unwrap();

@@ -119,6 +119,7 @@ fn spawn(setup: Setup, args: Vec<String>) -> Running {
             Ok(cli) => {
                 let config = ClientConfig {
                     api: setup.api,
+                    ca_file: None,
                     token: setup.token,
                     project: setup.project,
                 };
@@ -378,14 +379,16 @@ async fn error_kinds_and_exit_codes() {
             "#]],
         )
         .await;
+        // https:// to a server that speaks plain HTTP: said so, exit 1.
+        let tls_url = u.replacen("http://", "https://", 1);
         check(
             u,
-            "@api=https://127.0.0.1:7480 service list",
+            &format!("@api={tls_url} service list"),
             expect![[r#"
             exit 1
             --- stderr
-            error: cannot use https://127.0.0.1:7480: https is not supported (no tls in v1)
-            hint: pass --api http://HOST:PORT or set XCE_API (default http://127.0.0.1:7480)
+            error: cannot reach the apiserver at https://API/v1/services: the server does not speak TLS (use http:// for it?)
+            hint: the CA comes from --ca-file, XCE_CA_FILE or the config file's ca_file
         "#]],
         )
         .await;

@@ -44,13 +44,12 @@ fn builds_host_urls() {
     );
     check(
         "http://127.0.0.1:7480,ftp://x",
-        expect_test::expect![[r#"controller url "ftp://x": must be an http:// url"#]],
+        expect_test::expect![[r#"controller url "ftp://x": must be an http:// or https:// url"#]],
     );
     check(
         "https://10.0.0.1:7480",
-        expect_test::expect![[
-            r#"controller url "https://10.0.0.1:7480": https is not supported yet (no TLS on the control plane): use http://"#
-        ]],
+        expect_test::expect![[r#"
+            https://10.0.0.1:7480/internal/v1/hosts/exec-01/register https://10.0.0.1:7480/internal/v1/hosts/exec-01/assignments"#]],
     );
 }
 
