@@ -10,7 +10,6 @@
 pub mod apiserver;
 pub mod atomic_file;
 pub mod auth;
-mod backoff;
 pub mod clientconf;
 pub mod controller;
 pub mod limits;

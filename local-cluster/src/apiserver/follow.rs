@@ -12,11 +12,11 @@
 //! with a full reload and resync, never with a guess.
 
 use super::metrics::Metrics;
-use crate::backoff::Backoff;
 use crate::controller::model::{decode_events, events_key, Cluster};
 use crate::store::etcd::gateway::int;
 use crate::store::{EtcdStore, Key, StoreError};
 use plugin_api::{ClusterEvent, ClusterListener};
+use retry_backoff::Backoff;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
@@ -117,7 +117,7 @@ impl Follower {
 
     /// Follows the store until the task is dropped.
     pub(crate) async fn run(mut self) {
-        let mut backoff = Backoff::new(Duration::from_millis(100), MAX_RETRY);
+        let mut backoff = Backoff::jittered(Duration::from_millis(100), MAX_RETRY);
         loop {
             let end = self.watch().await;
             // A watch that was established restarts the back-off.
