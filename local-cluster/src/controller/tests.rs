@@ -366,6 +366,21 @@ impl Sim {
         self.register_as(&worker(host), host, slots, running);
     }
 
+    /// Registers every host with `slots` free and nothing running.
+    fn register_all<H: AsRef<str>>(&mut self, hosts: &[H], slots: u64) {
+        for h in hosts {
+            self.register(h.as_ref(), slots, &[]);
+        }
+    }
+
+    /// Each `(host, job)`: the host reports the job started, then ready.
+    fn start_ready<H: AsRef<str>, J: AsRef<str>>(&mut self, placed: &[(H, J)]) {
+        for (h, j) in placed {
+            let j = j.as_ref();
+            self.events(h.as_ref(), vec![started(j), ready(j, true)]);
+        }
+    }
+
     /// A registration by the worker instance `caller`.
     fn register_as(&mut self, caller: &Caller, host: &str, slots: u64, running: &[&str]) {
         let req = RegisterRequest {
@@ -782,13 +797,9 @@ fn a_controller_restart_during_a_drain_drains_in_full_again() {
 fn a_controller_paused_past_the_grace_period_stops_nothing() {
     let mut sim = Sim::new();
     let hosts = ["exec-01", "exec-02", "exec-03"];
-    for h in hosts {
-        sim.register(h, 3, &[]);
-    }
+    sim.register_all(&hosts, 3);
     sim.put(versioned(3, "v1"));
-    for (h, j) in hosts.iter().zip(["j-1", "j-2", "j-3"]) {
-        sim.events(h, vec![started(j), ready(j, true)]);
-    }
+    sim.start_ready(&[(hosts[0], "j-1"), (hosts[1], "j-2"), (hosts[2], "j-3")]);
     sim.run_for(1, &hosts);
     // SIGSTOP for twice the grace period: the timer armed for `unreachable_after` from
     // now fires 60 s late, before any heartbeat queued meanwhile is handled.
@@ -844,13 +855,9 @@ fn a_controller_paused_past_the_grace_period_stops_nothing() {
 fn most_hosts_silent_at_once_lose_nothing_until_fewer_are() {
     let mut sim = Sim::new();
     let hosts = ["exec-01", "exec-02", "exec-03"];
-    for h in hosts {
-        sim.register(h, 3, &[]);
-    }
+    sim.register_all(&hosts, 3);
     sim.submit(web("web", "default", 3));
-    for (h, j) in hosts.iter().zip(["j-1", "j-2", "j-3"]) {
-        sim.events(h, vec![started(j), ready(j, true)]);
-    }
+    sim.start_ready(&[(hosts[0], "j-1"), (hosts[1], "j-2"), (hosts[2], "j-3")]);
     sim.run_for(35, &["exec-01"]);
     let m = sim.metrics.full_disruption.get();
     sim.note(format!("xce_full_disruption {m}"));
@@ -929,13 +936,14 @@ fn most_hosts_silent_at_once_lose_nothing_until_fewer_are() {
 fn a_host_back_during_a_full_disruption_serves_again_as_it_was() {
     let mut sim = Sim::new();
     let hosts = ["exec-01", "exec-02", "exec-03", "exec-04"];
-    for h in hosts {
-        sim.register(h, 3, &[]);
-    }
+    sim.register_all(&hosts, 3);
     sim.submit(web("web", "default", 4));
-    for (h, j) in hosts.iter().zip(["j-1", "j-2", "j-3", "j-4"]) {
-        sim.events(h, vec![started(j), ready(j, true)]);
-    }
+    sim.start_ready(&[
+        (hosts[0], "j-1"),
+        (hosts[1], "j-2"),
+        (hosts[2], "j-3"),
+        (hosts[3], "j-4"),
+    ]);
     sim.run_for(31, &["exec-01"]);
     // exec-04's replica turned unready while its host was out: that is what it returns to.
     sim.events("exec-04", vec![ready("j-4", false)]);
@@ -1029,9 +1037,7 @@ fn the_full_disruption_rule_through_the_core() {
             };
             let mut sim = Sim::load_with(timing, Arc::new(MemStore::new()), Instant::now());
             let names: Vec<String> = (1..=n).map(|i| format!("exec-{i:02}")).collect();
-            for h in &names {
-                sim.register(h, 3, &[]);
-            }
+            sim.register_all(&names, 3);
             sim.submit(web("web", "default", n as u32));
             let jobs: Vec<(String, String)> = sim
                 .core
@@ -1042,9 +1048,7 @@ fn the_full_disruption_rule_through_the_core() {
                 .iter()
                 .map(|j| (j.info.host.clone(), j.info.job.clone()))
                 .collect();
-            for (h, j) in &jobs {
-                sim.events(h, vec![started(j), ready(j, true)]);
-            }
+            sim.start_ready(&jobs);
             let talking: Vec<&str> = names[silent..].iter().map(String::as_str).collect();
             sim.raw.take();
             sim.run_for(TIMING.grace_period.as_secs() + 5, &talking);
@@ -2879,9 +2883,7 @@ proptest::proptest! {
         let key = ServiceKey::new("default", "web");
         let mut sim = Sim::new();
         let hosts = ["exec-01", "exec-02", "exec-03"];
-        for h in hosts {
-            sim.register(h, 6, &[]);
-        }
+        sim.register_all(&hosts, 6);
         sim.put(versioned(3, "v0"));
         let mut ran: BTreeSet<JobId> = BTreeSet::new();
         let mut draining_since: BTreeMap<JobId, Instant> = BTreeMap::new();
