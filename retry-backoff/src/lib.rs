@@ -50,7 +50,7 @@ impl Backoff {
     }
 
     /// The pause before the next retry; the one after it is twice as long (up to the cap).
-    pub fn next(&mut self) -> Duration {
+    pub fn next_pause(&mut self) -> Duration {
         let d = self.step;
         self.step = (self.step * 2).min(self.cap);
         if self.jitter > 0.0 {
@@ -79,7 +79,7 @@ mod tests {
         (0..n)
             .map(|_| {
                 let expected = b.step;
-                let d = b.next();
+                let d = b.next_pause();
                 assert!(
                     d >= expected && d <= expected.mul_f64(1.0 + b.jitter),
                     "{d:?} for step {expected:?}"
@@ -98,7 +98,7 @@ mod tests {
     #[test]
     fn without_jitter_the_pauses_are_exact() {
         let mut b = Backoff::new(ms(200), ms(1000));
-        let pauses: Vec<u64> = (0..5).map(|_| b.next().as_millis() as u64).collect();
+        let pauses: Vec<u64> = (0..5).map(|_| b.next_pause().as_millis() as u64).collect();
         assert_eq!(pauses, [200, 400, 800, 1000, 1000]);
     }
 
@@ -119,7 +119,7 @@ mod tests {
     #[test]
     fn jitter_spreads_the_pauses() {
         let pauses: std::collections::BTreeSet<Duration> = (0..20)
-            .map(|_| Backoff::jittered(ms(1000), ms(1000)).next())
+            .map(|_| Backoff::jittered(ms(1000), ms(1000)).next_pause())
             .collect();
         assert!(pauses.len() > 1, "{pauses:?}");
     }

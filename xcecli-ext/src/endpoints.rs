@@ -182,7 +182,7 @@ impl Run<'_> {
                         return Ok(());
                     }
                     if cannot_wait {
-                        let pause = absent_backoff.next();
+                        let pause = absent_backoff.next_pause();
                         if until(deadline, tokio::time::sleep(pause)).await.is_none() {
                             return self.timed_out();
                         }
@@ -196,7 +196,7 @@ impl Run<'_> {
                         Some(i) => format!(" (resuming from index {i})"),
                         None => String::new(),
                     };
-                    let pause = backoff.next();
+                    let pause = backoff.next_pause();
                     warn(
                         io,
                         &format!(

@@ -92,7 +92,7 @@ pub(crate) async fn follow(
             Err(e) if e.kind == ErrorKind::NotFound => return Err(gone(name, query.project)),
             // The apiserver restarting or failing over: keep the index and ask again.
             Err(e) if matches!(e.kind, ErrorKind::Server | ErrorKind::Unreachable) => {
-                let pause = backoff.next();
+                let pause = backoff.next_pause();
                 warn(
                     io,
                     &format!(

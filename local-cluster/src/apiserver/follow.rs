@@ -129,14 +129,14 @@ impl Follower {
                 End::Broken(why) => {
                     // The next endpoint: the one we watched may be the one that died.
                     self.endpoint = (self.endpoint + 1) % self.store.endpoints().len();
-                    let pause = backoff.next();
+                    let pause = backoff.next_pause();
                     tracing::warn!(reason = %why, etcd_revision = self.etcd_rev, retry_in = ?pause, "follower: watch broken, watching again");
                     tokio::time::sleep(pause).await;
                 }
                 End::Reload(why) => {
                     tracing::warn!(reason = %why, "follower: reloading the whole state");
                     while let Err(e) = self.load().await {
-                        let pause = backoff.next();
+                        let pause = backoff.next_pause();
                         tracing::warn!(error = %e, retry_in = ?pause, "follower: cannot load the state");
                         tokio::time::sleep(pause).await;
                     }

@@ -272,7 +272,7 @@ impl Election {
                 Err(ElectionError::Etcd(e)) => e,
                 Err(e) => return Err(e),
             };
-            let pause = backoff.next();
+            let pause = backoff.next_pause();
             tracing::warn!(error = %failed, retry_in = ?pause, "election: etcd did not answer");
             std::thread::sleep(pause);
         }

@@ -61,7 +61,7 @@ pub(super) async fn register(
                 return Duration::from_millis(resp.heartbeat_ms).max(MIN_HEARTBEAT);
             }
             Err(e) if e.refused() => {
-                let wait = refused.next();
+                let wait = refused.next_pause();
                 tracing::error!(
                     problem = %e,
                     fix = refusal_fix(&e),
@@ -72,7 +72,7 @@ pub(super) async fn register(
             }
             Err(e) => {
                 refused.reset();
-                let wait = backoff.next();
+                let wait = backoff.next_pause();
                 match e.status().map(|s| s.as_u16()) {
                     _ if matches!(e, CallError::WrongCluster { .. }) => {
                         tracing::error!(error = %e, retry_in = ?wait, "registration refused: the controller belongs to another cluster; the replicas keep running untouched")
@@ -261,7 +261,7 @@ pub(super) async fn assignments_loop(client: Client, owner: mpsc::Sender<Msg>) {
                 }
             }
             Err(e) => {
-                let wait = backoff.next();
+                let wait = backoff.next_pause();
                 if e.refused() {
                     // The registration loop the heartbeats fall back to says why.
                     tracing::debug!(error = %e, retry_in = ?wait, "assignments query refused");

@@ -184,7 +184,7 @@ impl Outbox {
                 }
                 Err(e) => {
                     self.queue.lock().unwrap().nack();
-                    let wait = backoff.next();
+                    let wait = backoff.next_pause();
                     if e.refused() {
                         // The registration loop the heartbeats fall back to says why.
                         tracing::debug!(error = %e, retry_in = ?wait, "sending events refused");

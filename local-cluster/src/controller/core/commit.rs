@@ -137,7 +137,7 @@ impl Core {
                             Some(b) if !ran_long => b.pauses,
                             _ => retry_backoff::Backoff::new(BACKOFF_MIN, BACKOFF_MAX),
                         };
-                        let delay = pauses.next();
+                        let delay = pauses.next_pause();
                         info!(service = %job.service, replica = job.replica, delay = ?delay, "replica exited; restarting after backoff");
                         self.backoff.insert(
                             key,

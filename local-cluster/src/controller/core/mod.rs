@@ -84,7 +84,7 @@ pub(crate) enum CoreError {
 /// The restart delay of one replica slot.
 #[derive(Debug, Clone, Copy)]
 struct RestartBackoff {
-    /// The delays: the next exit waits `pauses.next()` (exact, no jitter: one controller).
+    /// The delays: the next exit waits `pauses.next_pause()` (exact, no jitter: one controller).
     pauses: retry_backoff::Backoff,
     not_before: Instant,
     /// A scheduling pass has seen the backoff over (and placed the replica, or said why
