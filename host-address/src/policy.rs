@@ -1,7 +1,7 @@
 //! The controller side: the check of a worker's reported addresses.
 
+use crate::config::Cidr;
 use crate::kind::AddressKind;
-use crate::Cidr;
 use plugin_api::{FieldError, HostFacts, HostFactsPolicy, HostId};
 use std::net::IpAddr;
 

@@ -560,6 +560,8 @@ impl Cluster {
     }
 
     /// Starts `n` fresh apiservers and waits until each serves the controller's index.
+    /// Every watcher of the bench connects from 127.0.0.1: the per-client connection cap
+    /// (2,048 by default, for a fleet of many addresses) is raised above W.
     async fn start_apiservers(&mut self, n: usize) -> Result<()> {
         let tokens = self.dir.path().join("tokens.toml");
         for _ in 0..n {
@@ -570,7 +572,8 @@ impl Cluster {
                 &config,
                 format!(
                     "listen = \"127.0.0.1:0\"\ntokens = \"{}\"\nstore = \"etcd://{}\"\n\n\
-                     [endpoints]\nmax_watchers = 50000\nmax_watchers_per_principal = 50000\n",
+                     [endpoints]\nmax_watchers = 50000\nmax_watchers_per_principal = 50000\n\n\
+                     [connections]\nmax_per_client = 20000\n",
                     tokens.display(),
                     self.etcd_endpoint
                 ),

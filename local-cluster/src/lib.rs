@@ -11,7 +11,6 @@ pub mod apiserver;
 pub mod atomic_file;
 mod audit;
 pub mod auth;
-mod backoff;
 pub mod clientconf;
 pub mod controller;
 pub mod keyring;

@@ -178,10 +178,10 @@ pub fn validate(doc: &Value, plugins: &[&dyn ResourcePlugin]) -> Result<Profile,
     }
 
     let name = match svc.get("name") {
-        Some(Value::String(s)) => match check_service_name(s) {
+        Some(Value::String(s)) => match plugin_api::check_name(s) {
             Ok(()) => s.clone(),
             Err(reason) => {
-                errs.push(FieldError::new("service.name", reason));
+                errs.push(FieldError::new("service.name", reason.to_string()));
                 String::new()
             }
         },
@@ -198,10 +198,10 @@ pub fn validate(doc: &Value, plugins: &[&dyn ResourcePlugin]) -> Result<Profile,
     };
     let project = match svc.get("project") {
         None => "default".to_owned(),
-        Some(Value::String(s)) => match check_service_name(s) {
+        Some(Value::String(s)) => match plugin_api::check_name(s) {
             Ok(()) => s.clone(),
             Err(reason) => {
-                errs.push(FieldError::new("service.project", reason));
+                errs.push(FieldError::new("service.project", reason.to_string()));
                 String::new()
             }
         },
@@ -554,26 +554,6 @@ fn parse_update(u: &Map<String, Value>, errs: &mut Vec<FieldError>) -> UpdatePol
         deadline,
         auto_revert,
     }
-}
-
-/// DESIGN §3: 1-63 chars, `[a-z0-9-]`, starts with a letter, ends alphanumeric.
-pub fn check_service_name(s: &str) -> Result<(), String> {
-    if s.is_empty() || s.len() > 63 {
-        return Err("must be 1-63 characters".into());
-    }
-    if !s
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    {
-        return Err("may contain only a-z, 0-9 and '-'".into());
-    }
-    if !s.as_bytes()[0].is_ascii_lowercase() {
-        return Err("must start with a letter".into());
-    }
-    if s.ends_with('-') {
-        return Err("must end with a letter or digit".into());
-    }
-    Ok(())
 }
 
 mod meta;

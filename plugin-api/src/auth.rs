@@ -246,7 +246,7 @@ pub trait ApiExtension: Send + Sync + 'static {
     fn drain(&self) {}
 }
 
-/// The error every REST answer uses, sent as an [`ErrorBody`](crate::ErrorBody):
+/// The error every REST answer uses, sent as an [`ErrorBody`](crate::error_body::ErrorBody):
 /// `{"error": {"code": "...", "details": [...], "message": "..."}}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
@@ -257,7 +257,7 @@ pub struct ApiError {
     /// Human message, lowercase.
     pub message: String,
     /// Per-field problems, when any.
-    pub details: Vec<crate::FieldError>,
+    pub details: Vec<crate::vocab::FieldError>,
 }
 
 impl ApiError {
@@ -285,7 +285,7 @@ impl ApiError {
         Self {
             details: projects
                 .iter()
-                .map(|p| crate::FieldError::new("project", format!("{p:?} has a service {name:?}")))
+                .map(|p| crate::vocab::FieldError::new("project", format!("{p:?} has a service {name:?}")))
                 .collect(),
             ..Self::new(
                 StatusCode::CONFLICT,
@@ -306,7 +306,7 @@ impl ApiError {
         Self::new(StatusCode::FORBIDDEN, "forbidden", message)
     }
     /// 400 with every field problem.
-    pub fn invalid(message: impl Into<String>, details: Vec<crate::FieldError>) -> Self {
+    pub fn invalid(message: impl Into<String>, details: Vec<crate::vocab::FieldError>) -> Self {
         Self {
             details,
             ..Self::new(StatusCode::BAD_REQUEST, "invalid", message)
@@ -317,15 +317,29 @@ impl ApiError {
         let reason = reason.into();
         Self::invalid(
             format!("{field}: {reason}"),
-            vec![crate::FieldError::new(field, reason)],
+            vec![crate::vocab::FieldError::new(field, reason)],
         )
+    }
+}
+
+// Here, not in `error_body`: the body is the lower layer, the error is written into it.
+impl From<ApiError> for crate::error_body::ErrorBody {
+    fn from(e: ApiError) -> Self {
+        Self {
+            error: crate::error_body::ErrorInfo {
+                code: e.code.to_owned(),
+                details: e.details,
+                message: e.message,
+            },
+        }
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status;
-        let mut resp = (status, axum::Json(crate::ErrorBody::from(self))).into_response();
+        let mut resp =
+            (status, axum::Json(crate::error_body::ErrorBody::from(self))).into_response();
         if status == StatusCode::UNAUTHORIZED {
             resp.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,

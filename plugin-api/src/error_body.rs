@@ -1,8 +1,8 @@
 //! The JSON body of every REST error, as one serde type: the apiserver writes it from an
-//! [`ApiError`](crate::ApiError), and clients (the CLI, the worker) read it back with it,
+//! [`ApiError`](crate::auth::ApiError), and clients (the CLI, the worker) read it back with it,
 //! so the shape is written down once.
 
-use crate::FieldError;
+use crate::vocab::FieldError;
 use serde::{Deserialize, Serialize};
 
 /// `{"error": {"code", "details", "message"}}`: the body of every REST error answer.
@@ -40,22 +40,10 @@ impl ErrorBody {
     }
 }
 
-impl From<crate::ApiError> for ErrorBody {
-    fn from(e: crate::ApiError) -> Self {
-        Self {
-            error: ErrorInfo {
-                code: e.code.to_owned(),
-                details: e.details,
-                message: e.message,
-            },
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ApiError;
+    use crate::auth::ApiError;
 
     #[test]
     fn written_and_read_back() {

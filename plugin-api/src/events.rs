@@ -1,6 +1,7 @@
 //! The controller's change feed: job lifecycle, readiness transitions, host changes.
 
-use crate::{Grant, HostFacts, HostId, JobId};
+use crate::facts::HostFacts;
+use crate::vocab::{Grant, HostId, JobId};
 use std::collections::BTreeMap;
 
 /// What identifies a service: its project and its name. Two projects may each have a

@@ -1,6 +1,6 @@
 //! What a worker reports about its host, and the controller's check of it.
 
-use crate::{FieldError, HostId};
+use crate::vocab::{FieldError, HostId};
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::net::IpAddr;

@@ -1,6 +1,6 @@
 //! The worker's launch extension point.
 
-use crate::{Grant, HostId, JobId};
+use crate::vocab::{Grant, HostId, JobId};
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};

@@ -1,6 +1,7 @@
 //! The scheduler's consumable-resource extension point.
 
-use crate::{FieldError, Grant, HostFacts, HostId, JobId};
+use crate::facts::HostFacts;
+use crate::vocab::{FieldError, Grant, HostId, JobId};
 use std::fmt;
 
 /// What a plugin learned from validating its section of a service profile.

@@ -1,8 +1,8 @@
 //! What a worker reports about its ports: the `ports` section of its host facts, the
 //! worker's config for it, and the [`HostFactsProvider`] that fills it in.
 
+use crate::grant::PLUGIN_NAME;
 use crate::range::{InvalidRange, PortRange};
-use crate::PLUGIN_NAME;
 use async_trait::async_trait;
 use plugin_api::{FactsError, FieldError, HostFacts, HostFactsProvider};
 use serde::{Deserialize, Serialize};

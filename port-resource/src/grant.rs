@@ -4,6 +4,11 @@
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+/// The plugin's name: its profile section (`service.ports`), host-facts section and grant
+/// key. Here (not in `lib.rs`) so that the modules import it from the module that defines
+/// it and `lib.rs` only re-exports.
+pub const PLUGIN_NAME: &str = "ports";
+
 /// Transport protocol of a port. tcp/80 and udp/80 are different ports.
 #[derive(
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, Default,

@@ -1,9 +1,9 @@
 //! The worker's launch hook: the replica's environment (DESIGN §4) and the check that its
 //! ports can be bound. This is the one place that knows the `XCE_*` variable names.
 
+use crate::grant::PLUGIN_NAME;
 use crate::grant::{PortGrant, Protocol};
 use crate::name::PortName;
-use crate::PLUGIN_NAME;
 use async_trait::async_trait;
 use plugin_api::{LaunchContext, LaunchHook, LaunchPlan, LaunchRefusal};
 use serde::{Deserialize, Serialize};

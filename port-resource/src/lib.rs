@@ -20,10 +20,7 @@ mod proto_pool;
 pub mod range;
 
 pub use facts::{HostPortsFacts, PortFactsProvider, PortsConfigError, WorkerPortsConfig};
-pub use grant::{GrantedPort, PortGrant, Protocol};
+pub use grant::{GrantedPort, PortGrant, Protocol, PLUGIN_NAME};
 pub use hook::PortsLaunchHook;
 pub use plugin::PortsPlugin;
 pub use range::{InvalidRange, PortRange};
-
-/// The plugin's name: its profile section (`service.ports`), host-facts section and grant key.
-pub const PLUGIN_NAME: &str = "ports";

@@ -1,11 +1,11 @@
 //! The scheduler's consumable-resource plugin for named ports.
 
 use crate::facts::HostPortsFacts;
+use crate::grant::PLUGIN_NAME;
 use crate::grant::{GrantedPort, PortGrant, Protocol};
 use crate::hook::RefusalDetail;
 use crate::pool::{HostPool, PortRequest, Shortfall};
 use crate::profile::{self, PortsSection, SECTION_PATH};
-use crate::PLUGIN_NAME;
 use plugin_api::{
     FieldError, Grant, HostFacts, HostId, JobId, PlacementRequest, ResourcePlugin, SectionInfo,
     Unfit,

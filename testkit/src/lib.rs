@@ -7,6 +7,7 @@
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
+pub mod circles;
 pub mod etcd;
 pub mod http;
 pub mod small_fs;

@@ -33,6 +33,7 @@ use crate::error::{CliError, ErrorKind};
 use crate::format::{self, EndpointsView};
 use crate::io::{warn, write_out, Io};
 use crate::model::{self, EndpointEntry};
+use retry_backoff::Backoff;
 use std::collections::BTreeSet;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -137,13 +138,13 @@ impl Run<'_> {
     async fn main_loop(&mut self, io: &mut Io, deadline: Option<Instant>) -> Result<(), CliError> {
         let args = self.args;
         let mut last_index: Option<u64> = None;
-        let mut backoff = BACKOFF_START;
+        let mut backoff = Backoff::new(BACKOFF_START, BACKOFF_MAX);
         let mut failing = false;
         // The apiserver answered at least once (a 404 counts).
         let mut answered = false;
         // The service was absent at the last answer (watch only).
         let mut absent = false;
-        let mut absent_backoff = ABSENT_BACKOFF_START;
+        let mut absent_backoff = Backoff::new(ABSENT_BACKOFF_START, ABSENT_BACKOFF_MAX);
         loop {
             // Absent is index 0 to a blocking query: from 0 it waits for the service to
             // appear (a service's index is at least 1).
@@ -173,7 +174,7 @@ impl Run<'_> {
                     let cannot_wait = absent && sent.elapsed() < MIN_UNCHANGED_INTERVAL;
                     if failing {
                         failing = false;
-                        backoff = BACKOFF_START;
+                        backoff.reset();
                     }
                     absent = true;
                     if !self.gone(io, last_index).await? {
@@ -181,13 +182,10 @@ impl Run<'_> {
                         return Ok(());
                     }
                     if cannot_wait {
-                        if until(deadline, tokio::time::sleep(absent_backoff))
-                            .await
-                            .is_none()
-                        {
+                        let pause = absent_backoff.next_pause();
+                        if until(deadline, tokio::time::sleep(pause)).await.is_none() {
                             return self.timed_out();
                         }
-                        absent_backoff = (absent_backoff * 2).min(ABSENT_BACKOFF_MAX);
                     }
                     continue;
                 }
@@ -198,26 +196,26 @@ impl Run<'_> {
                         Some(i) => format!(" (resuming from index {i})"),
                         None => String::new(),
                     };
+                    let pause = backoff.next_pause();
                     warn(
                         io,
                         &format!(
                             "{}; retrying in {}{resume}",
                             e.message,
-                            humantime::format_duration(backoff)
+                            humantime::format_duration(pause)
                         ),
                     )?;
                     failing = true;
-                    if until(deadline, tokio::time::sleep(backoff)).await.is_none() {
+                    if until(deadline, tokio::time::sleep(pause)).await.is_none() {
                         return self.timed_out();
                     }
-                    backoff = (backoff * 2).min(BACKOFF_MAX);
                     continue;
                 }
                 Err(e) => return Err(e),
             };
             if failing {
                 failing = false;
-                backoff = BACKOFF_START;
+                backoff.reset();
                 warn(
                     io,
                     &format!(
@@ -229,7 +227,7 @@ impl Run<'_> {
             }
             answered = true;
             if std::mem::take(&mut absent) {
-                absent_backoff = ABSENT_BACKOFF_START;
+                absent_backoff.reset();
             }
             if self.project.is_none() && !answer.value.project.is_empty() {
                 self.project = Some(answer.value.project.clone());

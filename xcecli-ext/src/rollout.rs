@@ -18,6 +18,7 @@ use crate::error::{CliError, ErrorKind};
 use crate::format;
 use crate::io::{warn, write_out, Io};
 use crate::model::{Rollout, RolloutState, ServiceDetail};
+use retry_backoff::Backoff;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -62,7 +63,7 @@ pub(crate) async fn follow(
     let mut index = first.index.unwrap_or(first.value.index);
     let mut detail = first.value;
     let mut last_line = String::new();
-    let mut backoff = BACKOFF_START;
+    let mut backoff = Backoff::new(BACKOFF_START, BACKOFF_MAX);
     let mut failing = false;
     loop {
         let rollout = rollout_of(&detail)?;
@@ -91,29 +92,29 @@ pub(crate) async fn follow(
             Err(e) if e.kind == ErrorKind::NotFound => return Err(gone(name, query.project)),
             // The apiserver restarting or failing over: keep the index and ask again.
             Err(e) if matches!(e.kind, ErrorKind::Server | ErrorKind::Unreachable) => {
+                let pause = backoff.next_pause();
                 warn(
                     io,
                     &format!(
                         "{}; retrying in {} (resuming from index {index})",
                         e.message,
-                        humantime::format_duration(backoff)
+                        humantime::format_duration(pause)
                     ),
                 )?;
                 failing = true;
-                if until(Some(deadline), tokio::time::sleep(backoff))
+                if until(Some(deadline), tokio::time::sleep(pause))
                     .await
                     .is_none()
                 {
                     return Err(timed_out(&detail, timeout, svc.project));
                 }
-                backoff = (backoff * 2).min(BACKOFF_MAX);
                 continue;
             }
             Err(e) => return Err(e),
         };
         if failing {
             failing = false;
-            backoff = BACKOFF_START;
+            backoff.reset();
             warn(
                 io,
                 &format!(

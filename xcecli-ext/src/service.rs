@@ -39,7 +39,7 @@ pub(crate) async fn submit(
     // The `?project=`: the project the file names (unless it cannot be one: the server
     // says so); else `--project`, which the check above found to agree with the file.
     let named_project = match &target.project {
-        FileProject::Named(p) => is_name(p).then_some(p.as_str()),
+        FileProject::Named(p) => plugin_api::check_name(p).is_ok().then_some(p.as_str()),
         FileProject::Absent | FileProject::Unreadable => project,
     };
     let result = match &target.name {
@@ -181,7 +181,8 @@ async fn then_wait(
 /// What `submit` reads of a profile: the name for the path, and the project.
 #[derive(Debug, PartialEq, Eq)]
 struct Target {
-    /// `[service].name`, if usable in a path ([`is_name`]).
+    /// `[service].name`, if usable in a path (a name the server could accept,
+    /// [`plugin_api::check_name`]).
     name: Option<String>,
     project: FileProject,
 }
@@ -213,7 +214,7 @@ fn profile_target(toml_text: &str) -> Target {
     let name = service
         .get("name")
         .and_then(|n| n.as_str())
-        .filter(|n| is_name(n))
+        .filter(|n| plugin_api::check_name(n).is_ok())
         .map(str::to_owned);
     let project = match service.get("project") {
         None => FileProject::Absent,
@@ -221,18 +222,6 @@ fn profile_target(toml_text: &str) -> Target {
         Some(_) => FileProject::Unreadable,
     };
     Target { name, project }
-}
-
-/// A name the server could accept for a service or a project (DESIGN §3: 1-63 chars of
-/// `[a-z0-9-]`, starting with a letter, ending alphanumeric), so that it can go in a URL.
-fn is_name(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    (1..=63).contains(&bytes.len())
-        && bytes[0].is_ascii_lowercase()
-        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
 }
 
 #[cfg(test)]

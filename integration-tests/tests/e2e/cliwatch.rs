@@ -23,14 +23,7 @@ impl Watch {
     /// Starts `xcecli ARGS` against `api` (admin token), hermetically.
     fn start(api: &Api, dir: &Path, name: &str, args: &[&str]) -> Result<Self> {
         let stderr = dir.join(format!("{name}.stderr"));
-        let mut child = Command::new(bin("xcecli"))
-            .env_clear()
-            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-            .env("HOME", dir)
-            .env("XCE_API", &api.base)
-            .env("XCE_TOKEN", &api.token)
-            .args(args)
-            .stdin(Stdio::null())
+        let mut child = xcecli_command(api, dir, args)
             .stdout(Stdio::piped())
             .stderr(Stdio::from(std::fs::File::create(&stderr)?))
             .spawn()
@@ -118,30 +111,31 @@ impl Drop for Watch {
     }
 }
 
-/// `xcecli ARGS` to completion against `api` (admin token).
-fn xcecli_run(api: &Api, dir: &Path, args: &[&str]) -> std::process::Output {
-    Command::new(bin("xcecli"))
-        .env_clear()
+/// `xcecli ARGS` against `api` (admin token), hermetically: only PATH, HOME (`dir`),
+/// `XCE_API` and `XCE_TOKEN` in its environment, no stdin.
+fn xcecli_command(api: &Api, dir: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(bin("xcecli"));
+    cmd.env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("HOME", dir)
         .env("XCE_API", &api.base)
         .env("XCE_TOKEN", &api.token)
         .args(args)
-        .stdin(Stdio::null())
+        .stdin(Stdio::null());
+    cmd
+}
+
+/// `xcecli ARGS` to completion against `api` (admin token).
+fn xcecli_run(api: &Api, dir: &Path, args: &[&str]) -> std::process::Output {
+    xcecli_command(api, dir, args)
         .output()
         .expect("running xcecli")
 }
 
 async fn scale(api: &Api, service: &str, n: u32) -> Result<()> {
-    let r = api
-        .http
-        .post(format!("{}/v1/services/{service}/scale", api.base))
-        .bearer_auth(&api.token)
-        .json(&serde_json::json!({ "replicas": n }))
-        .send()
-        .await?;
-    if !r.status().is_success() {
-        bail!("scale {service}: HTTP {}", r.status());
+    let (status, body) = api.scale(service, n).await?;
+    if !(200..300).contains(&status) {
+        bail!("scale {service}: HTTP {status}: {body}");
     }
     Ok(())
 }

@@ -223,6 +223,17 @@ impl Api {
         let status = r.status().as_u16();
         Ok((status, r.json().await.unwrap_or(Value::Null)))
     }
+    /// `POST /v1/services/{service}/scale`: the status and the body.
+    pub async fn scale(&self, service: &str, replicas: u32) -> Result<(u16, String)> {
+        let r = self
+            .http
+            .post(format!("{}/v1/services/{service}/scale", self.base))
+            .bearer_auth(&self.token)
+            .json(&serde_json::json!({ "replicas": replicas }))
+            .send()
+            .await?;
+        Ok((r.status().as_u16(), r.text().await?))
+    }
     pub async fn delete(&self, path: &str) -> Result<u16> {
         let r = self
             .http

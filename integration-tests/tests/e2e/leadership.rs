@@ -304,15 +304,8 @@ fn longest_renewal(log: &Path) -> String {
 
 /// Scales `web` through `api`.
 async fn scale(api: &Api, replicas: u32) {
-    let r = api
-        .http
-        .post(format!("{}/v1/services/web/scale", api.base))
-        .bearer_auth(&api.token)
-        .json(&serde_json::json!({ "replicas": replicas }))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200, "{}", r.text().await.unwrap());
+    let (status, body) = api.scale("web", replicas).await.unwrap();
+    assert_eq!(status, 200, "{body}");
 }
 
 async fn ports(api: &Api) -> Result<BTreeSet<u64>> {

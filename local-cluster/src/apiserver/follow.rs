@@ -12,11 +12,11 @@
 //! with a full reload and resync, never with a guess.
 
 use super::metrics::Metrics;
-use crate::backoff::Backoff;
 use crate::controller::model::{decode_events, events_key, Cluster};
 use crate::store::etcd::gateway::int;
 use crate::store::{EtcdStore, Key, StoreError};
 use plugin_api::{ClusterEvent, ClusterListener};
+use retry_backoff::Backoff;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
@@ -117,7 +117,7 @@ impl Follower {
 
     /// Follows the store until the task is dropped.
     pub(crate) async fn run(mut self) {
-        let mut backoff = Backoff::new(Duration::from_millis(100), MAX_RETRY);
+        let mut backoff = Backoff::jittered(Duration::from_millis(100), MAX_RETRY);
         loop {
             let end = self.watch().await;
             // A watch that was established restarts the back-off.
@@ -129,14 +129,14 @@ impl Follower {
                 End::Broken(why) => {
                     // The next endpoint: the one we watched may be the one that died.
                     self.endpoint = (self.endpoint + 1) % self.store.endpoints().len();
-                    let pause = backoff.next();
+                    let pause = backoff.next_pause();
                     tracing::warn!(reason = %why, etcd_revision = self.etcd_rev, retry_in = ?pause, "follower: watch broken, watching again");
                     tokio::time::sleep(pause).await;
                 }
                 End::Reload(why) => {
                     tracing::warn!(reason = %why, "follower: reloading the whole state");
                     while let Err(e) = self.load().await {
-                        let pause = backoff.next();
+                        let pause = backoff.next_pause();
                         tracing::warn!(error = %e, retry_in = ?pause, "follower: cannot load the state");
                         tokio::time::sleep(pause).await;
                     }

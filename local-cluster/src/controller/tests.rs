@@ -368,6 +368,21 @@ impl Sim {
         self.register_as(&worker(host), host, slots, running);
     }
 
+    /// Registers every host with `slots` free and nothing running.
+    fn register_all<H: AsRef<str>>(&mut self, hosts: &[H], slots: u64) {
+        for h in hosts {
+            self.register(h.as_ref(), slots, &[]);
+        }
+    }
+
+    /// Each `(host, job)`: the host reports the job started, then ready.
+    fn start_ready<H: AsRef<str>, J: AsRef<str>>(&mut self, placed: &[(H, J)]) {
+        for (h, j) in placed {
+            let j = j.as_ref();
+            self.events(h.as_ref(), vec![started(j), ready(j, true)]);
+        }
+    }
+
     /// A registration by the worker instance `caller`.
     fn register_as(&mut self, caller: &Caller, host: &str, slots: u64, running: &[&str]) {
         let req = RegisterRequest {
@@ -784,13 +799,9 @@ fn a_controller_restart_during_a_drain_drains_in_full_again() {
 fn a_controller_paused_past_the_grace_period_stops_nothing() {
     let mut sim = Sim::new();
     let hosts = ["exec-01", "exec-02", "exec-03"];
-    for h in hosts {
-        sim.register(h, 3, &[]);
-    }
+    sim.register_all(&hosts, 3);
     sim.put(versioned(3, "v1"));
-    for (h, j) in hosts.iter().zip(["j-1", "j-2", "j-3"]) {
-        sim.events(h, vec![started(j), ready(j, true)]);
-    }
+    sim.start_ready(&[(hosts[0], "j-1"), (hosts[1], "j-2"), (hosts[2], "j-3")]);
     sim.run_for(1, &hosts);
     // SIGSTOP for twice the grace period: the timer armed for `unreachable_after` from
     // now fires 60 s late, before any heartbeat queued meanwhile is handled.
@@ -846,13 +857,9 @@ fn a_controller_paused_past_the_grace_period_stops_nothing() {
 fn most_hosts_silent_at_once_lose_nothing_until_fewer_are() {
     let mut sim = Sim::new();
     let hosts = ["exec-01", "exec-02", "exec-03"];
-    for h in hosts {
-        sim.register(h, 3, &[]);
-    }
+    sim.register_all(&hosts, 3);
     sim.submit(web("web", "default", 3));
-    for (h, j) in hosts.iter().zip(["j-1", "j-2", "j-3"]) {
-        sim.events(h, vec![started(j), ready(j, true)]);
-    }
+    sim.start_ready(&[(hosts[0], "j-1"), (hosts[1], "j-2"), (hosts[2], "j-3")]);
     sim.run_for(35, &["exec-01"]);
     let m = sim.metrics.full_disruption.get();
     sim.note(format!("xce_full_disruption {m}"));
@@ -931,13 +938,14 @@ fn most_hosts_silent_at_once_lose_nothing_until_fewer_are() {
 fn a_host_back_during_a_full_disruption_serves_again_as_it_was() {
     let mut sim = Sim::new();
     let hosts = ["exec-01", "exec-02", "exec-03", "exec-04"];
-    for h in hosts {
-        sim.register(h, 3, &[]);
-    }
+    sim.register_all(&hosts, 3);
     sim.submit(web("web", "default", 4));
-    for (h, j) in hosts.iter().zip(["j-1", "j-2", "j-3", "j-4"]) {
-        sim.events(h, vec![started(j), ready(j, true)]);
-    }
+    sim.start_ready(&[
+        (hosts[0], "j-1"),
+        (hosts[1], "j-2"),
+        (hosts[2], "j-3"),
+        (hosts[3], "j-4"),
+    ]);
     sim.run_for(31, &["exec-01"]);
     // exec-04's replica turned unready while its host was out: that is what it returns to.
     sim.events("exec-04", vec![ready("j-4", false)]);
@@ -1031,9 +1039,7 @@ fn the_full_disruption_rule_through_the_core() {
             };
             let mut sim = Sim::load_with(timing, Arc::new(MemStore::new()), Instant::now());
             let names: Vec<String> = (1..=n).map(|i| format!("exec-{i:02}")).collect();
-            for h in &names {
-                sim.register(h, 3, &[]);
-            }
+            sim.register_all(&names, 3);
             sim.submit(web("web", "default", n as u32));
             let jobs: Vec<(String, String)> = sim
                 .core
@@ -1044,9 +1050,7 @@ fn the_full_disruption_rule_through_the_core() {
                 .iter()
                 .map(|j| (j.info.host.clone(), j.info.job.clone()))
                 .collect();
-            for (h, j) in &jobs {
-                sim.events(h, vec![started(j), ready(j, true)]);
-            }
+            sim.start_ready(&jobs);
             let talking: Vec<&str> = names[silent..].iter().map(String::as_str).collect();
             sim.raw.take();
             sim.run_for(TIMING.grace_period.as_secs() + 5, &talking);
@@ -3043,9 +3047,7 @@ proptest::proptest! {
         let key = ServiceKey::new("default", "web");
         let mut sim = Sim::new();
         let hosts = ["exec-01", "exec-02", "exec-03"];
-        for h in hosts {
-            sim.register(h, 6, &[]);
-        }
+        sim.register_all(&hosts, 6);
         sim.put(versioned(3, "v0"));
         let mut ran: BTreeSet<JobId> = BTreeSet::new();
         let mut draining_since: BTreeMap<JobId, Instant> = BTreeMap::new();
@@ -3332,4 +3334,143 @@ fn a_worker_of_another_cluster_is_refused() {
           = the foreign worker's calls: ["this controller serves cluster <cluster>, the worker belongs to cluster 0123456789abcdef"]
         > load
           resync rev=1 services=0 jobs=[] hosts=1"#]].assert_eq(&s.out.join("\n").replace(&ours, "<cluster>"));
+}
+
+// === the controller README's "Numbers" ===
+
+/// A store that counts the batches committed to it.
+struct Counting {
+    inner: Arc<dyn Store>,
+    commits: std::sync::atomic::AtomicUsize,
+}
+
+impl Store for Counting {
+    fn load_all(&self) -> Result<Vec<(Key, Vec<u8>)>, StoreError> {
+        self.inner.load_all()
+    }
+    fn commit(&self, batch: Batch) -> Result<(), StoreError> {
+        self.commits
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.commit(batch)
+    }
+    fn put_if_absent(&self, key: Key, value: Vec<u8>) -> Result<Vec<u8>, StoreError> {
+        self.inner.put_if_absent(key, value)
+    }
+}
+
+/// A 1000-replica service on 10 hosts is placed by one scheduling pass that commits one
+/// batch, not one per placement; then 10 worker event batches of 100 `Started` each are
+/// settled. On both stores. The times it prints are the controller README's "Numbers"
+/// (run in a release build: `cargo test --release -p local-cluster --lib
+/// numbers_ -- --nocapture`); only the counts are asserted.
+#[test]
+fn numbers_a_thousand_replicas_are_placed_with_one_batch_per_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let stores: [(&str, Arc<dyn Store>); 2] = [
+        ("MemStore", Arc::new(MemStore::new())),
+        (
+            "RedbStore",
+            Arc::new(crate::store::RedbStore::open(dir.path().join("n.redb")).unwrap()),
+        ),
+    ];
+    let hosts: Vec<String> = (1..=10).map(|i| format!("exec-{i:02}")).collect();
+    for (name, inner) in stores {
+        let store = Arc::new(Counting {
+            inner,
+            commits: 0.into(),
+        });
+        let wiring = Wiring {
+            resources: vec![Box::new(SharedSlots::new())],
+            policies: vec![Arc::new(Policy)],
+            listeners: vec![],
+        };
+        let now = Instant::now();
+        let mut core = Core::load(TIMING, store.clone(), wiring, Metrics::default(), now).unwrap();
+        for h in &hosts {
+            let req = RegisterRequest {
+                facts: facts_of(h, 100),
+                running: vec![],
+            };
+            core.register(h, &worker(h), req, now).unwrap();
+            core.settle(now);
+        }
+        let commits = || store.commits.load(std::sync::atomic::Ordering::SeqCst);
+        let before = commits();
+        let t = std::time::Instant::now();
+        core.submit(web("web", "default", 1000), None, &admin(), now)
+            .unwrap();
+        core.settle(now);
+        let placed_in = t.elapsed();
+        let placed_commits = commits() - before;
+        let jobs: Vec<(String, String)> = core.view().borrow().services
+            [&ServiceKey::new("default", "web")]
+            .jobs
+            .iter()
+            .map(|j| (j.info.host.clone(), j.info.job.clone()))
+            .collect();
+        assert_eq!(jobs.len(), 1000, "{name}: every replica placed");
+        assert!(
+            placed_commits <= 2,
+            "{name}: the submit and one pass, not a batch per placement: {placed_commits}"
+        );
+
+        let t = std::time::Instant::now();
+        let mut batches = 0;
+        for h in &hosts {
+            let events = jobs
+                .iter()
+                .filter(|(host, _)| host == h)
+                .map(|(_, j)| started(j))
+                .collect();
+            core.events(h, &worker(h), events, now).unwrap();
+            core.settle(now);
+            batches += 1;
+        }
+        let events_in = t.elapsed();
+        let running = core.view().borrow().services[&ServiceKey::new("default", "web")]
+            .jobs
+            .iter()
+            .filter(|j| j.info.state == JobState::Running)
+            .count();
+        assert_eq!(running, 1000, "{name}: every Started applied");
+        println!(
+            "FIGURE {name}: {} replicas on {} hosts placed in {:.1} ms ({placed_commits} \
+             commits); {batches} event batches of {} Started settled in {:.1} ms",
+            jobs.len(),
+            hosts.len(),
+            placed_in.as_secs_f64() * 1e3,
+            jobs.len() / batches,
+            events_in.as_secs_f64() * 1e3,
+        );
+    }
+
+    // Why one batch per pass: the same 1000 placements as 1000 redb commits, side by side
+    // with one commit of all of them.
+    let redb = crate::store::RedbStore::open(dir.path().join("ratio.redb")).unwrap();
+    let key = |i: usize| Key {
+        ns: "job".into(),
+        key: format!("j-{i}"),
+    };
+    let value = vec![b'x'; 200];
+    let t = std::time::Instant::now();
+    for i in 0..1000 {
+        let mut b = Batch::default();
+        b.put(key(i), value.clone());
+        redb.commit(b).unwrap();
+    }
+    let one_each = t.elapsed();
+    let t = std::time::Instant::now();
+    let mut b = Batch::default();
+    for i in 1000..2000 {
+        b.put(key(i), value.clone());
+    }
+    redb.commit(b).unwrap();
+    let one_batch = t.elapsed();
+    assert_eq!(redb.load_all().unwrap().len(), 2000);
+    println!(
+        "FIGURE redb: 1000 puts as 1000 commits {:.1} ms, as one commit {:.1} ms (x{:.0})",
+        one_each.as_secs_f64() * 1e3,
+        one_batch.as_secs_f64() * 1e3,
+        one_each.as_secs_f64() / one_batch.as_secs_f64()
+    );
 }

@@ -50,16 +50,6 @@ fn readiness_must_name_a_declared_socket() {
 }
 
 #[test]
-fn service_names() {
-    for ok in ["a", "web", "web-1", "a1"] {
-        assert_eq!(check_service_name(ok), Ok(()), "{ok}");
-    }
-    for bad in ["", "1a", "-a", "a-", "A", "a_b", &"a".repeat(64)] {
-        assert!(check_service_name(bad).is_err(), "{bad}");
-    }
-}
-
-#[test]
 fn toml_errors_name_the_profile() {
     let e = toml_to_json("[service\nname=").unwrap_err();
     assert_eq!(e.field, "profile");
@@ -117,7 +107,7 @@ mod fuzz {
         fn any_document_is_answered_with_named_problems(doc in any_json()) {
             match validate(&doc, &[]) {
                 Ok(p) => {
-                    prop_assert!(check_service_name(&p.name).is_ok());
+                    prop_assert!(plugin_api::check_name(&p.name).is_ok());
                     prop_assert!(!p.command.is_empty());
                     prop_assert!((1..=MAX_REPLICAS as u32).contains(&p.replicas));
                 }
@@ -137,8 +127,8 @@ mod fuzz {
             let mut doc = json!({"service": {"name": "web", "replicas": 2, "command": ["true"]}});
             doc["service"][key] = v;
             if let Ok(p) = validate(&doc, &[]) {
-                prop_assert!(check_service_name(&p.name).is_ok());
-                prop_assert!(check_service_name(&p.project).is_ok());
+                prop_assert!(plugin_api::check_name(&p.name).is_ok());
+                prop_assert!(plugin_api::check_name(&p.project).is_ok());
             }
         }
 

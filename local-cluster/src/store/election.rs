@@ -26,7 +26,7 @@
 //! makes every commit conditional on the leader key being the one this leader created.
 
 use super::etcd::gateway::{self, b64, check_endpoint, int, Gateway, Limits};
-use crate::backoff::Backoff;
+use retry_backoff::Backoff;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -253,7 +253,8 @@ impl Election {
     /// the campaign with an error.
     pub fn campaign(&self, mut standby: impl FnMut(&str)) -> Result<Leadership, ElectionError> {
         let mut named: Option<String> = None;
-        let mut backoff = Backoff::new(Duration::from_millis(100), self.inner.timings.retry_period);
+        let mut backoff =
+            Backoff::jittered(Duration::from_millis(100), self.inner.timings.retry_period);
         loop {
             let failed = match self.attempt() {
                 Ok(Attempt::Won(l)) => return Ok(l),
@@ -271,7 +272,7 @@ impl Election {
                 Err(ElectionError::Etcd(e)) => e,
                 Err(e) => return Err(e),
             };
-            let pause = backoff.next();
+            let pause = backoff.next_pause();
             tracing::warn!(error = %failed, retry_in = ?pause, "election: etcd did not answer");
             std::thread::sleep(pause);
         }

@@ -24,7 +24,7 @@
 
 pub(crate) mod gateway;
 
-use super::{Batch, Key, Op, Store, StoreError};
+use super::contract::{Batch, Key, Op, Store, StoreError};
 use gateway::{b64, int, Gateway, Limits};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;

@@ -11,8 +11,8 @@ use super::client::{heartbeat_timeout, sleep_or_answer, CallError, Client};
 use super::config::{collect_facts, WorkerPlugins};
 use super::identity::Identity;
 use super::msg::Msg;
-use crate::backoff::Backoff;
 use crate::proto::{RegisterRequest, RunningJob};
+use retry_backoff::Backoff;
 
 /// The smallest heartbeat period the worker accepts from the controller.
 const MIN_HEARTBEAT: Duration = Duration::from_millis(100);
@@ -29,9 +29,9 @@ pub(super) async fn register(
     facts: &watch::Sender<HostFacts>,
     running: &watch::Sender<Vec<RunningJob>>,
 ) -> Duration {
-    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    let mut backoff = Backoff::jittered(Duration::from_millis(200), Duration::from_secs(10));
     // A refused credential needs an operator: retried slower, up to twice a minute.
-    let mut refused = Backoff::new(REFUSED_BACKOFF_START, REFUSED_BACKOFF_MAX);
+    let mut refused = Backoff::jittered(REFUSED_BACKOFF_START, REFUSED_BACKOFF_MAX);
     loop {
         let req = RegisterRequest {
             facts: facts.borrow().clone(),
@@ -61,7 +61,7 @@ pub(super) async fn register(
                 return Duration::from_millis(resp.heartbeat_ms).max(MIN_HEARTBEAT);
             }
             Err(e) if e.refused() => {
-                let wait = refused.next();
+                let wait = refused.next_pause();
                 tracing::error!(
                     problem = %e,
                     fix = refusal_fix(&e),
@@ -72,7 +72,7 @@ pub(super) async fn register(
             }
             Err(e) => {
                 refused.reset();
-                let wait = backoff.next();
+                let wait = backoff.next_pause();
                 match e.status().map(|s| s.as_u16()) {
                     _ if matches!(e, CallError::WrongCluster { .. }) => {
                         tracing::error!(error = %e, retry_in = ?wait, "registration refused: the controller belongs to another cluster; the replicas keep running untouched")
@@ -245,7 +245,7 @@ fn problems(body: &str) -> Vec<String> {
 /// leader), so it does not lag a takeover by a whole backoff.
 pub(super) async fn assignments_loop(client: Client, owner: mpsc::Sender<Msg>) {
     let mut index = 0;
-    let mut backoff = Backoff::new(Duration::from_millis(200), Duration::from_secs(10));
+    let mut backoff = Backoff::jittered(Duration::from_millis(200), Duration::from_secs(10));
     let mut answers = client.answers();
     loop {
         answers.borrow_and_update();
@@ -261,7 +261,7 @@ pub(super) async fn assignments_loop(client: Client, owner: mpsc::Sender<Msg>) {
                 }
             }
             Err(e) => {
-                let wait = backoff.next();
+                let wait = backoff.next_pause();
                 if e.refused() {
                     // The registration loop the heartbeats fall back to says why.
                     tracing::debug!(error = %e, retry_in = ?wait, "assignments query refused");

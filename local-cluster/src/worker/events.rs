@@ -14,8 +14,8 @@ use tokio::sync::{mpsc, watch, Notify};
 
 use super::client::{sleep_or_answer, CallError, Client};
 use super::msg::Msg;
-use crate::backoff::Backoff;
 use crate::proto::WorkerEvent;
+use retry_backoff::Backoff;
 
 /// The most events sent in one request.
 const MAX_BATCH: usize = 256;
@@ -125,7 +125,7 @@ impl Outbox {
     /// Sends queued events until the task is aborted. Acknowledged `Exited` events are
     /// passed on to the state task (it keeps the exit on disk until then).
     pub(crate) async fn send_loop(self: Arc<Self>, client: Client, owner: mpsc::Sender<Msg>) {
-        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        let mut backoff = Backoff::jittered(Duration::from_millis(100), Duration::from_secs(5));
         // Shrinks when the controller finds a batch too large; back to full on success.
         let mut max = MAX_BATCH;
         let mut answers = client.answers();
@@ -184,7 +184,7 @@ impl Outbox {
                 }
                 Err(e) => {
                     self.queue.lock().unwrap().nack();
-                    let wait = backoff.next();
+                    let wait = backoff.next_pause();
                     if e.refused() {
                         // The registration loop the heartbeats fall back to says why.
                         tracing::debug!(error = %e, retry_in = ?wait, "sending events refused");

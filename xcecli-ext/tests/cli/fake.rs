@@ -349,6 +349,22 @@ impl Fake {
         }
     }
 
+    /// Waits until the client asks for index `index` (it has seen everything before it and
+    /// is parked in the blocking query), on `path`, or on any path.
+    pub(crate) async fn wait_index(&self, path: Option<&str>, index: u64) -> Logged {
+        let index = index.to_string();
+        self.wait_request(|l| {
+            path.is_none_or(|p| l.path == p) && l.query.get("index") == Some(&index)
+        })
+        .await
+    }
+
+    /// Waits until the client is parked in a blocking query on `path` for the current
+    /// index of `service` (`name` or `project/name`).
+    pub(crate) async fn parked(&self, service: &str, path: &str) -> Logged {
+        self.wait_index(Some(path), self.index(service)).await
+    }
+
     /// Waits until `n` requests are logged (bounded by the test's timeout).
     pub(crate) async fn wait_log_len(&self, n: usize) {
         let mut rx = self.shared.logged.subscribe();

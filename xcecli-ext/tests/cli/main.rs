@@ -134,6 +134,12 @@ fn spawn(setup: Setup, args: Vec<String>) -> Running {
     }
 }
 
+/// Starts `line` (prefixes as [`setup`] reads them) against the fake.
+fn start(fake: &Fake, line: &str) -> Running {
+    let (setup, args) = setup(&fake.url(), line);
+    spawn(setup, args)
+}
+
 /// Parses `@tty`, `@tty-err`, `@notoken`, `@badtoken`, `@api=URL`, `@XCE_PROJECT=P`
 /// prefixes, then the args.
 fn setup(fake_url: &str, line: &str) -> (Setup, Vec<String>) {
@@ -499,15 +505,13 @@ async fn wait_ready_times_out_with_exit_3() {
 async fn wait_ready_prints_once_enough_are_ready() {
     bounded(async {
         let fake = Fake::start().await;
-        let (setup, args) = setup(&fake.url(), "@tty-err service endpoints web --wait-ready 3");
-        let run = spawn(setup, args);
+        let run = start(&fake, "@tty-err service endpoints web --wait-ready 3");
         // The progress line shows 2 of 3, and the client is now in a blocking query.
         run.stderr
             .wait_for(|t| t.contains("2/3 replicas ready"))
             .await;
         let before = fake.index("web");
-        fake.wait_request(|l| l.query.get("index") == Some(&before.to_string()))
-            .await;
+        fake.wait_index(None, before).await;
         assert_eq!(run.stdout.text(), "", "nothing printed before 3 are ready");
         fake.set_ready("web", 2, true);
         let (code, out, err) = run.finish().await;
@@ -555,16 +559,13 @@ async fn wait_ready_retries_a_warming_apiserver() {
 async fn watch_prints_only_changes() {
     bounded(async {
         let fake = Fake::start().await;
-        let (setup, args) = setup(&fake.url(), "service endpoints web -o plain --watch");
-        let run = spawn(setup, args);
+        let run = start(&fake, "service endpoints web -o plain --watch");
         run.stdout.wait_for(|t| t.lines().count() == 3).await;
         let first = fake.index("web");
-        fake.wait_request(|l| l.query.get("index") == Some(&first.to_string()))
-            .await;
+        fake.wait_index(None, first).await;
         let touched = fake.touch("web");
         // The client got the new index (it now blocks on it) and printed nothing.
-        fake.wait_request(|l| l.query.get("index") == Some(&touched.to_string()))
-            .await;
+        fake.wait_index(None, touched).await;
         fake.set_ready("web", 1, false);
         let out = run.stdout.wait_for(|t| t.lines().count() == 5).await;
         run.task.abort();
@@ -610,8 +611,7 @@ async fn watch_survives_the_removal_of_its_service() {
         let (setup, args) = setup(&fake.url(), &line);
         let run = spawn(setup, args);
         let first = fake.index("web");
-        fake.wait_request(|l| l.query.get("index") == Some(&first.to_string()))
-            .await;
+        fake.wait_index(None, first).await;
         let before = fake.log().len();
         let removed = std::time::Instant::now();
         fake.remove("web");
@@ -658,12 +658,10 @@ async fn watch_survives_the_removal_of_its_service() {
 async fn watch_env_clears_the_ports_of_a_removed_service() {
     bounded(async {
         let fake = Fake::start().await;
-        let (setup, args) = setup(&fake.url(), "service endpoints web -o env --watch");
-        let run = spawn(setup, args);
+        let run = start(&fake, "service endpoints web -o env --watch");
         run.stdout.wait_for(|t| t.lines().count() == 1).await;
         let first = fake.index("web");
-        fake.wait_request(|l| l.query.get("index") == Some(&first.to_string()))
-            .await;
+        fake.wait_index(None, first).await;
         fake.remove("web");
         let out = run.stdout.wait_for(|t| t.lines().count() == 2).await;
         run.task.abort();
@@ -681,12 +679,10 @@ async fn watch_env_clears_the_ports_of_a_removed_service() {
 async fn watch_tables_on_a_terminal() {
     bounded(async {
         let fake = Fake::start().await;
-        let (setup, args) = setup(&fake.url(), "@tty service endpoints web --watch");
-        let run = spawn(setup, args);
+        let run = start(&fake, "@tty service endpoints web --watch");
         run.stdout.wait_for(|t| t.lines().count() == 3).await;
         let first = fake.index("web");
-        fake.wait_request(|l| l.query.get("index") == Some(&first.to_string()))
-            .await;
+        fake.wait_index(None, first).await;
         fake.set_ready("web", 2, true);
         let out = run.stdout.wait_for(|t| t.lines().count() == 8).await;
         run.task.abort();
@@ -728,20 +724,17 @@ async fn watch_ends_with_exit_0_after_timeout() {
 async fn watch_follows_changes_and_survives_a_restart() {
     bounded(async {
         let mut fake = Fake::start().await;
-        let (setup, args) = setup(&fake.url(), "service endpoints web -o plain --watch");
-        let run = spawn(setup, args);
+        let run = start(&fake, "service endpoints web -o plain --watch");
         run.stdout.wait_for(|t| t.lines().count() == 3).await;
 
         // A change while watching.
         let first = fake.index("web");
-        fake.wait_request(|l| l.query.get("index") == Some(&first.to_string()))
-            .await;
+        fake.wait_index(None, first).await;
         let second = fake.set_ready("web", 0, false);
         run.stdout.wait_for(|t| t.lines().count() == 5).await;
 
         // The apiserver goes away; the replica becomes ready meanwhile.
-        fake.wait_request(|l| l.query.get("index") == Some(&second.to_string()))
-            .await;
+        fake.wait_index(None, second).await;
         fake.stop().await;
         fake.set_ready("web", 2, true);
         run.stderr.wait_for(|t| t.contains("retrying")).await;
@@ -797,14 +790,12 @@ async fn watch_exec_runs_the_hook_on_each_change() {
         // Make the hook fail from now on, then change the service.
         std::fs::write(format!("{}.fail", file.display()), "").unwrap();
         let first = fake.index("web");
-        fake.wait_request(|l| l.query.get("index") == Some(&first.to_string()))
-            .await;
+        fake.wait_index(None, first).await;
         let second = fake.set_ready("web", 2, true);
         run.stderr.wait_for(|t| t.contains("failed")).await;
 
         // The watch goes on: the next change runs the hook again.
-        fake.wait_request(|l| l.query.get("index") == Some(&second.to_string()))
-            .await;
+        fake.wait_index(None, second).await;
         fake.set_ready("web", 0, false);
         run.stdout.wait_for(|t| t.lines().count() == 3).await;
         let err = run

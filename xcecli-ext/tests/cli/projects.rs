@@ -4,9 +4,9 @@
 //! `ambiguous` is a final error that names the projects and `--project`; `submit` checks
 //! `--project` against the file, which decides.
 
-use crate::fake::{Fake, Logged, WEB_TOML};
+use crate::fake::{Fake, WEB_TOML};
 use crate::service::{check_in, finish, requests, rollout, write};
-use crate::{bounded, check, setup, spawn};
+use crate::{bounded, check, start};
 use expect_test::expect;
 use std::path::Path;
 
@@ -24,14 +24,6 @@ fn web_toml(project: &str) -> String {
         "name = \"web\"\n",
         &format!("name = \"web\"\nproject = \"{project}\"\n"),
     )
-}
-
-/// Waits until the client is parked in a blocking query on `path` for the current index
-/// of `service` (`project/name`).
-async fn parked(fake: &Fake, service: &str, path: &str) -> Logged {
-    let index = fake.index(service).to_string();
-    fake.wait_request(|l| l.path == path && l.query.get("index") == Some(&index))
-        .await
 }
 
 #[tokio::test]
@@ -88,8 +80,7 @@ async fn an_ambiguous_name_is_a_final_error() {
         let first = fake.log().len();
         for line in same {
             let before = fake.log().len();
-            let (s, args) = setup(&fake.url(), line);
-            let (code, out, err) = spawn(s, args).finish().await;
+            let (code, out, err) = start(&fake, line).finish().await;
             assert_eq!((code, out.as_str()), (1, ""), "{line}: {err}");
             assert_eq!(
                 err,
@@ -260,10 +251,9 @@ async fn project_goes_with_every_request() {
 async fn wait_follows_the_project_it_named() {
     bounded(async {
         let fake = two_webs().await;
-        let (s, args) = setup(&fake.url(), "service restart web --project team-b --wait");
-        let run = spawn(s, args);
+        let run = start(&fake, "service restart web --project team-b --wait");
         run.stdout.wait_for(|t| !t.is_empty()).await;
-        parked(&fake, "team-b/web", "/v1/services/web").await;
+        fake.parked("team-b/web", "/v1/services/web").await;
         fake.rollout("team-b/web", rollout(2, "complete", (3, 3, 0), None));
         expect![[r#"
             exit 0
@@ -291,15 +281,14 @@ async fn wait_follows_the_project_it_named() {
 async fn watch_stays_on_its_project() {
     bounded(async {
         let fake = Fake::start().await;
-        let (s, args) = setup(&fake.url(), "service endpoints web -o plain --watch");
-        let run = spawn(s, args);
+        let run = start(&fake, "service endpoints web -o plain --watch");
         run.stdout.wait_for(|t| t.lines().count() == 3).await;
         let path = "/v1/services/web/endpoints";
-        parked(&fake, "web", path).await;
+        fake.parked("web", path).await;
         fake.add_copy("web", "team-b");
         fake.set_ready("default/web", 2, true);
         let out = run.stdout.wait_for(|t| t.lines().count() == 7).await;
-        parked(&fake, "default/web", path).await;
+        fake.parked("default/web", path).await;
         run.task.abort();
         expect![[r#"
             127.0.0.11:20417
@@ -377,13 +366,9 @@ async fn submit_checks_project_against_the_file() {
             "web-b.toml",
             &web_toml("team-b").replace("exec server", "exec server --v2"),
         );
-        let (s, args) = setup(
-            &fake.url(),
-            &format!("service submit {v2} --project team-b --wait"),
-        );
-        let run = spawn(s, args);
+        let run = start(&fake, &format!("service submit {v2} --project team-b --wait"));
         run.stdout.wait_for(|t| !t.is_empty()).await;
-        parked(&fake, "team-b/web", "/v1/services/web").await;
+        fake.parked("team-b/web", "/v1/services/web").await;
         fake.rollout("team-b/web", rollout(2, "complete", (3, 3, 0), None));
         expect![[r#"
             exit 0

@@ -6,7 +6,7 @@
 //! nothing depends on timing.
 
 use crate::fake::{Fake, Logged, Rollout, WEB_TOML};
-use crate::{bounded, check, setup, spawn, Running};
+use crate::{bounded, check, start, Running};
 use expect_test::{expect, Expect};
 use std::path::Path;
 
@@ -20,8 +20,7 @@ pub(crate) fn write(dir: &Path, name: &str, text: &str) -> String {
 /// Runs `line` to completion and snapshots exit code, stdout and stderr, with the fake's
 /// address as `API` and `dir` as `DIR`.
 pub(crate) async fn check_in(fake: &Fake, dir: &Path, line: &str, expect: Expect) {
-    let (setup, args) = setup(&fake.url(), line);
-    let (code, out, err) = spawn(setup, args).finish().await;
+    let (code, out, err) = start(fake, line).finish().await;
     let actual = format!("exit {code}\n{out}--- stderr\n{err}");
     expect.assert_eq(&normalize(fake, dir, &actual));
 }
@@ -46,9 +45,7 @@ pub(crate) fn requests(fake: &Fake, skip: usize) -> Vec<String> {
 /// Waits until the client asks for the detail of `service` past its current index: it
 /// has seen everything up to now and is parked in the blocking query.
 async fn wait_for_block(fake: &Fake, service: &str) -> Logged {
-    let index = fake.index(service).to_string();
-    let path = format!("/v1/services/{service}");
-    fake.wait_request(|l| l.path == path && l.query.get("index") == Some(&index))
+    fake.parked(service, &format!("/v1/services/{service}"))
         .await
 }
 
@@ -246,8 +243,7 @@ async fn submit_wait_follows_the_rollout_until_complete() {
             "web.toml",
             &WEB_TOML.replace("exec server", "exec server --v2"),
         );
-        let (s, args) = setup(&fake.url(), &format!("service submit {file} --wait"));
-        let run = spawn(s, args);
+        let run = start(&fake, &format!("service submit {file} --wait"));
         run.stdout.wait_for(|t| !t.is_empty()).await;
 
         wait_for_block(&fake, "web").await;
@@ -298,8 +294,7 @@ async fn submit_wait_follows_the_rollout_until_complete() {
 async fn restart_wait_exits_6_when_reverted() {
     bounded(async {
         let fake = Fake::start().await;
-        let (s, args) = setup(&fake.url(), "service restart web --wait");
-        let run = spawn(s, args);
+        let run = start(&fake, "service restart web --wait");
         // The command's own answer is in: the fake's index is the one it starts from.
         run.stdout.wait_for(|t| !t.is_empty()).await;
         wait_for_block(&fake, "web").await;
@@ -330,8 +325,7 @@ async fn restart_wait_exits_6_when_reverted() {
 async fn scale_wait_exits_6_when_failed() {
     bounded(async {
         let fake = Fake::start().await;
-        let (s, args) = setup(&fake.url(), "service scale web 5 --wait");
-        let run = spawn(s, args);
+        let run = start(&fake, "service scale web 5 --wait");
         // The command's own answer is in: the fake's index is the one it starts from.
         run.stdout.wait_for(|t| !t.is_empty()).await;
         wait_for_block(&fake, "web").await;
@@ -409,8 +403,7 @@ async fn wait_times_out_with_exit_3() {
 async fn wait_exits_4_when_the_service_is_gone() {
     bounded(async {
         let fake = Fake::start().await;
-        let (s, args) = setup(&fake.url(), "service restart api --wait");
-        let run = spawn(s, args);
+        let run = start(&fake, "service restart api --wait");
         // The command's own answer is in: the fake's index is the one it starts from.
         run.stdout.wait_for(|t| !t.is_empty()).await;
         wait_for_block(&fake, "api").await;
@@ -433,8 +426,7 @@ async fn wait_exits_4_when_the_service_is_gone() {
 async fn wait_resumes_after_an_apiserver_restart() {
     bounded(async {
         let mut fake = Fake::start().await;
-        let (s, args) = setup(&fake.url(), "service restart web --wait");
-        let run = spawn(s, args);
+        let run = start(&fake, "service restart web --wait");
         run.stdout.wait_for(|t| !t.is_empty()).await;
         let parked = wait_for_block(&fake, "web").await;
         fake.stop().await;

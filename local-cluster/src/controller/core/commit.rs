@@ -2,7 +2,7 @@
 //! memory, its events noted (the in-memory timers and backoffs they start) and queued for
 //! the listeners, then the plugin calls it made due (releases, launch refusals).
 
-use super::{blocking, Backoff, Core, CoreError};
+use super::{blocking, Core, CoreError, RestartBackoff};
 use crate::controller::model::{After, ServiceState, Txn};
 use crate::profile::{self};
 use crate::store::StoreError;
@@ -133,15 +133,16 @@ impl Core {
                         let key = (job.service_key(), job.replica);
                         let ran_long =
                             since.is_some_and(|t| now.duration_since(t) >= BACKOFF_RESET);
-                        let delay = match self.backoff.get(&key) {
-                            Some(b) if !ran_long => (b.delay * 2).min(BACKOFF_MAX),
-                            _ => BACKOFF_MIN,
+                        let mut pauses = match self.backoff.get(&key) {
+                            Some(b) if !ran_long => b.pauses,
+                            _ => retry_backoff::Backoff::new(BACKOFF_MIN, BACKOFF_MAX),
                         };
+                        let delay = pauses.next_pause();
                         info!(service = %job.service, replica = job.replica, delay = ?delay, "replica exited; restarting after backoff");
                         self.backoff.insert(
                             key,
-                            Backoff {
-                                delay,
+                            RestartBackoff {
+                                pauses,
                                 not_before: now + delay,
                                 over: false,
                             },

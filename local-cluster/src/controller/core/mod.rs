@@ -81,9 +81,11 @@ pub(crate) enum CoreError {
     Store(#[from] StoreError),
 }
 
+/// The restart delay of one replica slot.
 #[derive(Debug, Clone, Copy)]
-struct Backoff {
-    delay: Duration,
+struct RestartBackoff {
+    /// The delays: the next exit waits `pauses.next_pause()` (exact, no jitter: one controller).
+    pauses: retry_backoff::Backoff,
     not_before: Instant,
     /// A scheduling pass has seen the backoff over (and placed the replica, or said why
     /// not, or found it not wanted any more). Until then the backoff keeps a timer armed,
@@ -180,7 +182,7 @@ pub(crate) struct Core {
     withheld: BTreeSet<HostId>,
     /// When each running job started running (for the backoff reset).
     running_since: HashMap<JobId, Instant>,
-    backoff: HashMap<(ServiceKey, u32), Backoff>,
+    backoff: HashMap<(ServiceKey, u32), RestartBackoff>,
     pending: BTreeMap<ServiceKey, BTreeMap<u32, String>>,
     assign: HashMap<HostId, watch::Sender<Arc<Assignments>>>,
     view: watch::Sender<Arc<View>>,
