@@ -3,10 +3,10 @@
 //! controller's state task; every change is committed to the store in one batch and then
 //! announced to the listeners, each event with the next revision.
 
+use crate::config::Fault;
 use crate::sched::Scheduler;
 use crate::store::{Batch, Store};
 use crate::worker::Workers;
-use crate::Fault;
 use plugin_api::{
     ClusterEvent, ClusterListener, ClusterSnapshot, EndReason, Grant, HostFactsPolicy, HostId,
     HostInfo, HostState, JobInfo, JobState, LaunchContext, PlacementRequest, ResourcePlugin,

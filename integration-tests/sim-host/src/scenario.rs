@@ -2,10 +2,11 @@
 //! against the model after every event.
 
 use crate::cluster::{host_id, Cluster, Outcome, Phases};
+use crate::config::SimConfig;
+use crate::error::SimError;
 use crate::model::{Decl, Model};
 use crate::serve::Server;
 use crate::worker::{host_ip, Workers};
-use crate::{SimConfig, SimError};
 use endpoint_table::{endpoint_table, EndpointApi, TableConfig};
 use host_address::{AddressPolicy, PolicyConfig};
 use plugin_api::{ClusterListener, EndReason, JobState, ResourcePlugin, ServiceKey};
@@ -621,7 +622,7 @@ impl<'a> Sim<'a> {
 /// The ports "any free" may come from, as the model sees the workers' settings: the range
 /// below the ephemeral range, and the reserved list. Read here, independently of the
 /// plugin's own parsing.
-fn usable(w: &crate::WorkerSettings) -> Result<((u16, u16), Vec<u16>), SimError> {
+fn usable(w: &crate::worker::WorkerSettings) -> Result<((u16, u16), Vec<u16>), SimError> {
     let bad = || SimError::Config(format!("range {:?} is not lo-hi", w.range));
     let (lo, hi) = w.range.split_once('-').ok_or_else(bad)?;
     let (lo, mut hi): (u16, u16) = (

@@ -21,8 +21,8 @@ pub(crate) struct Server {
 impl Server {
     /// Binds `127.0.0.1:0` and serves `ext`'s routes on a runtime of its own (the
     /// extension's own tasks, e.g. the endpoint table's feed pump, run there too).
-    pub(crate) fn start(ext: &dyn ApiExtension) -> Result<Self, crate::SimError> {
-        let io = |e: std::io::Error| crate::SimError::Serve(e.to_string());
+    pub(crate) fn start(ext: &dyn ApiExtension) -> Result<Self, crate::error::SimError> {
+        let io = |e: std::io::Error| crate::error::SimError::Serve(e.to_string());
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -59,7 +59,7 @@ impl Server {
         let client = reqwest::Client::builder()
             .timeout(std::time::Duration::from_secs(10))
             .build()
-            .map_err(|e| crate::SimError::Serve(e.to_string()))?;
+            .map_err(|e| crate::error::SimError::Serve(e.to_string()))?;
         tracing::info!(%addr, "sim apiserver listening");
         Ok(Self {
             addr,

@@ -51,7 +51,10 @@ pub struct WorkerSettings {
 // === impl Workers ===
 
 impl Workers {
-    pub(crate) fn new(hosts: u32, settings: &WorkerSettings) -> Result<Self, crate::SimError> {
+    pub(crate) fn new(
+        hosts: u32,
+        settings: &WorkerSettings,
+    ) -> Result<Self, crate::error::SimError> {
         let ports = WorkerPortsConfig {
             range: settings.range.clone(),
             reserved: settings.reserved.clone(),
@@ -64,9 +67,9 @@ impl Workers {
                 prefer: Default::default(),
                 allow_loopback: true,
             })
-            .map_err(|e| crate::SimError::Config(format!("address: {e}")))?;
+            .map_err(|e| crate::error::SimError::Config(format!("address: {e}")))?;
             let ports = PortFactsProvider::new(&ports)
-                .map_err(|e| crate::SimError::Config(format!("ports: {e}")))?;
+                .map_err(|e| crate::error::SimError::Config(format!("ports: {e}")))?;
             providers.push(vec![
                 Box::new(address) as Box<dyn HostFactsProvider>,
                 Box::new(ports),
@@ -75,7 +78,7 @@ impl Workers {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|e| crate::SimError::Config(format!("workers' runtime: {e}")))?;
+            .map_err(|e| crate::error::SimError::Config(format!("workers' runtime: {e}")))?;
         Ok(Self {
             providers,
             hooks: vec![Box::new(PortsLaunchHook::new())],
