@@ -40,6 +40,10 @@ use tokio::sync::{oneshot, watch};
 /// The most names `?service=` may list.
 pub(crate) const MAX_SERVICES: usize = 1000;
 
+/// How long a resume waits for this host to reach a `Last-Event-ID` it has not applied yet
+/// (a client that moved from a host ahead of this one) before it resets instead.
+const CATCH_UP: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// How many journal records a stream takes at once (whole revisions: a few more when the
 /// last revision has more).
 const CHUNK: usize = 256;
@@ -60,6 +64,9 @@ pub(crate) async fn all_stream(
         counted: shared.watcher(&principal, Kind::AllServices)?,
         recipient: None,
     };
+    if let Some(n) = last_event_id {
+        shared.journal.reached(n, CATCH_UP).await;
+    }
     // Subscribed before the start is taken: a publish in between wakes the stream, which
     // then finds nothing new rather than missing something.
     let published = shared.journal.subscribe();

@@ -146,6 +146,27 @@ impl Journal {
         }
     }
 
+    /// Waits, at most `within`, until revision `rev` is published here. A resume id from a
+    /// host ahead of this one (the controller, or an apiserver that heard from etcd first)
+    /// is usually reached in milliseconds, and resuming then beats a needless reset; an id
+    /// this host never reaches (another cluster) still gets its reset after `within`.
+    pub(crate) async fn reached(&self, rev: u64, within: std::time::Duration) {
+        // Subscribed before the first check: a publish in between is not missed.
+        let mut published = self.published.subscribe();
+        let done = || {
+            let inner = self.lock();
+            inner.rev >= rev && *self.published.borrow() == inner.first + inner.log.len() as u64
+        };
+        let _ = tokio::time::timeout(within, async {
+            while !done() {
+                if published.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+    }
+
     /// Makes every record so far readable and wakes the streams.
     pub(crate) fn publish(&self) {
         let end = {

@@ -157,8 +157,8 @@ async fn one_stream_of_every_visible_service_with_resume() {
     std::fs::write(&tokens, TWO_TENANTS).unwrap();
     let c = DevCluster::start_with(2, false, &["--tokens", tokens.to_str().unwrap()])
         .expect("dev cluster");
-    let alice = c.api.with_token("alice-secret");
-    let bob = c.api.with_token("bob-secret");
+    let alice = c.api.with_token("alice-example-secret");
+    let bob = c.api.with_token("bob-example-secret");
 
     // Bad meta: 400 naming every field, nothing placed.
     let bad = labelled("web", "team-a", 3)

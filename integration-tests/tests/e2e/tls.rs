@@ -173,7 +173,7 @@ impl TlsCluster {
         std::fs::write(
             d.join("worker.toml"),
             format!(
-                "host = \"exec-01\"\ncontroller = \"{base}\"\ncredential = \"worker-0-secret\"\nca_file = \"{}\"\ndata_dir = \"{}\"\nstop_timeout = \"3s\"\n\n[address]\nadvertise = \"{ip}\"\nallow_loopback = true\n",
+                "host = \"exec-01\"\ncontroller = \"{base}\"\ncredential = \"worker-0-example-secret\"\nca_file = \"{}\"\ndata_dir = \"{}\"\nstop_timeout = \"3s\"\n\n[address]\nadvertise = \"{ip}\"\nallow_loopback = true\n",
                 worker_ca.display(),
                 d.join("worker").display(),
             ),

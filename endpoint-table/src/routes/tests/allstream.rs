@@ -190,6 +190,20 @@ async fn snapshot_changes_deletions_and_resume() {
         alice.table,
         visible(&c, &user("alice", &[(Permission::JobView, "team-a")]))
     );
+    // One revision ahead of this host (a client that moved from a host ahead of it): the
+    // resume waits for this host to reach 18, then goes on from there without a reset.
+    let (ahead, ()) = tokio::join!(
+        c.get("alice /v1/endpoints/stream?service=web | last-event-id: 18"),
+        c.event(ev_job(18, web_job("j-9", 3, "exec-01", 20430))),
+    );
+    let mut ahead = Sub::new(ahead);
+    c.event(ev_ended(19, web_job("j-9", 3, "exec-01", 20430)))
+        .await;
+    let _ = writeln!(
+        out,
+        "resumed from 18 before it was here:\n{}",
+        ahead.lines(1).await
+    );
     expect![[r#"
         snapshot:
         - team-a/multi#8 endpoints=1 meta={}
@@ -227,6 +241,9 @@ async fn snapshot_changes_deletions_and_resume() {
 
         alice, still open:
         17 team-a/web#17 endpoints=2 meta={}
+
+        resumed from 18 before it was here:
+        19 team-a/web#19 endpoints=2 meta={}
 
     "#]]
     .assert_eq(&out);
