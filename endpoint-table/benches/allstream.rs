@@ -274,6 +274,7 @@ fn serve() {
             }],
         });
         let viewer = Principal {
+            credential: Default::default(),
             name: "bench".into(),
             kind: PrincipalKind::User,
             grants: vec![(Permission::JobView, vec!["*".into()])],
