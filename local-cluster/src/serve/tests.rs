@@ -292,7 +292,7 @@ fn the_budget_leaves_room_for_everything_else() {
 }
 
 /// A TLS listener with the short limits, serving `/` ("ok"); and the CA file to trust.
-async fn tls_server(
+pub(super) async fn tls_server(
     dir: &std::path::Path,
 ) -> (SocketAddr, std::path::PathBuf, watch::Sender<bool>) {
     let certs = control_tls::dev::generate(

@@ -175,3 +175,59 @@ async fn stopping_ends_the_connection_after_its_streams_finish_and_refuses_new_o
         .expect("the connection ended once its stream did")
         .unwrap();
 }
+
+/// Under TLS the protocol is chosen by ALPN: a client offering `h2` gets HTTP/2 on the
+/// same port where one offering only `http/1.1` gets HTTP/1.1.
+#[tokio::test]
+async fn alpn_picks_h2_under_tls_and_http1_still_works() {
+    use tokio_rustls::TlsConnector;
+    let dir = tempfile::tempdir().unwrap();
+    let (addr, ca, _stop) = super::tests::tls_server(dir.path()).await;
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    for (offer, want) in [
+        (vec![b"h2".to_vec(), b"http/1.1".to_vec()], &b"h2"[..]),
+        (vec![b"http/1.1".to_vec()], &b"http/1.1"[..]),
+    ] {
+        let mut config = control_tls::client::client_config(Some(&ca)).unwrap();
+        config.alpn_protocols = offer;
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let tls = TlsConnector::from(Arc::new(config))
+            .connect(name.clone(), tcp)
+            .await
+            .unwrap();
+        assert_eq!(tls.get_ref().1.alpn_protocol(), Some(want));
+        let io = TokioIo::new(tls);
+        let (status, version, body) = if want == b"h2" {
+            let (mut send, conn) = http2::handshake(TokioExecutor::new(), io).await.unwrap();
+            tokio::spawn(conn);
+            let resp = send
+                .send_request(Request::get("https://x/").body(Body::empty()).unwrap())
+                .await
+                .unwrap();
+            (resp.status(), resp.version(), resp.into_body())
+        } else {
+            let (mut send, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+            tokio::spawn(conn);
+            let resp = send
+                .send_request(
+                    Request::get("/")
+                        .header("host", "x")
+                        .body(Body::empty())
+                        .unwrap(),
+                )
+                .await
+                .unwrap();
+            (resp.status(), resp.version(), resp.into_body())
+        };
+        let body = axum::body::to_bytes(Body::new(body), 1 << 20)
+            .await
+            .unwrap();
+        assert_eq!((status.as_u16(), &body[..]), (200, &b"ok"[..]));
+        let expected = if want == b"h2" {
+            http::Version::HTTP_2
+        } else {
+            http::Version::HTTP_11
+        };
+        assert_eq!(version, expected);
+    }
+}
