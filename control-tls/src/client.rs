@@ -39,6 +39,17 @@ pub fn client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, Tls
     Ok(config)
 }
 
+/// A client config that trusts nothing, for a client that only ever speaks plain
+/// `http://`: handing it to reqwest keeps reqwest from building its default TLS set-up, which
+/// reads and parses every system root certificate (about 4 ms of a one-shot `xcecli` call
+/// that never uses them). An `https://` request through it fails as "not trusted".
+pub fn trust_nothing() -> Result<rustls::ClientConfig, TlsError> {
+    Ok(rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth())
+}
+
 /// One sentence for a TLS failure somewhere in `err`'s source chain, or `None` when the
 /// chain holds no TLS error. `ca_hint` names where the trusted CA is set (`--ca-file`,
 /// `ca_file`), for the "not trusted" case.

@@ -166,6 +166,11 @@ impl Client {
                         .with_hint("check --ca-file, XCE_CA_FILE or the config file's ca_file")
                 })?;
             http = http.tls_backend_preconfigured(tls);
+        } else {
+            // Plain http:// only: a TLS set-up that reads no files (see `trust_nothing`).
+            let tls = control_tls::client::trust_nothing()
+                .map_err(|e| CliError::new(ErrorKind::Internal, e.to_string()))?;
+            http = http.tls_backend_preconfigured(tls);
         }
         let http = http.build().map_err(|e| {
             CliError::new(
