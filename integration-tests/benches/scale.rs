@@ -34,7 +34,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc as std_mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -216,24 +216,7 @@ fn listen_overflows() -> Option<u64> {
 }
 
 fn xced() -> PathBuf {
-    if let Some(p) = std::env::var_os("XCED") {
-        return PathBuf::from(p);
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .parent()
-                .unwrap()
-                .join("target")
-        });
-    let p = target.join("release").join("xced");
-    assert!(
-        p.exists(),
-        "{} is missing: run `cargo build --release --bin xced` (bench-scale.sh does)",
-        p.display()
-    );
-    p
+    testkit::release_xced("run `cargo build --release --bin xced` (bench-scale.sh does)")
 }
 
 /// A child process, killed (and reaped) when dropped.

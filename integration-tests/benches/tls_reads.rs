@@ -27,24 +27,7 @@ const ROUNDS: usize = 3;
 const GOAL: f64 = 0.8;
 
 fn xced() -> PathBuf {
-    if let Some(p) = std::env::var_os("XCED") {
-        return PathBuf::from(p);
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .parent()
-                .unwrap()
-                .join("target")
-        });
-    let p = target.join("release").join("xced");
-    assert!(
-        p.exists(),
-        "{} is missing: run `cargo build --release --bin xced` first",
-        p.display()
-    );
-    p
+    testkit::release_xced("run `cargo build --release --bin xced` first")
 }
 
 /// One `xced dev` process; killed on drop.

@@ -86,6 +86,26 @@ pub fn seeded_rng(what: &str) -> fastrand::Rng {
     fastrand::Rng::with_seed(seed)
 }
 
+/// The release `xced` a bench runs (`$XCED` if set, else `target/release/xced` of the
+/// workspace, honouring `CARGO_TARGET_DIR`); panics with how to build it when it is missing,
+/// since a bench against a stale or debug binary would measure the wrong thing.
+pub fn release_xced(how_to_build: &str) -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os("XCED") {
+        return p.into();
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .expect("testkit lives in the workspace")
+                .join("target")
+        });
+    let p = target.join("release").join("xced");
+    assert!(p.exists(), "{} is missing: {how_to_build}", p.display());
+    p
+}
+
 #[cfg(test)]
 mod tests {
     /// The kit stays out of every library and binary: in each crate's `Cargo.toml` of the

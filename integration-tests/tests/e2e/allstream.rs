@@ -152,11 +152,7 @@ fn labelled(name: &str, project: &str, replicas: u32) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_stream_of_every_visible_service_with_resume() {
-    let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens.toml");
-    std::fs::write(&tokens, TWO_TENANTS).unwrap();
-    let c = DevCluster::start_with(2, false, &["--tokens", tokens.to_str().unwrap()])
-        .expect("dev cluster");
+    let (_tokens, c) = DevCluster::two_tenants(2);
     let alice = c.api.with_token("alice-example-secret");
     let bob = c.api.with_token("bob-example-secret");
 

@@ -293,11 +293,7 @@ port = 70000
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenants_see_only_their_projects() {
-    let dir = tempfile::tempdir().unwrap();
-    let tokens = dir.path().join("tokens.toml");
-    std::fs::write(&tokens, TWO_TENANTS).unwrap();
-    let c = DevCluster::start_with(2, false, &["--tokens", tokens.to_str().unwrap()])
-        .expect("dev cluster");
+    let (_tokens, c) = DevCluster::two_tenants(2);
     let alice = c.api.with_token("alice-example-secret");
     let bob = c.api.with_token("bob-example-secret");
     let svc = |name: &str, project: &str| http_service(name, 1).project(project).toml();

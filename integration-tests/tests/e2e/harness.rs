@@ -284,6 +284,17 @@ impl DevCluster {
 
     /// [`DevCluster::start`] with the daemon's open-file limit set to `(soft, hard)` before
     /// it starts (xced raises its soft limit to the hard one itself).
+    /// A dev cluster with the [`TWO_TENANTS`] tokens file (alice on `team-a`, bob on
+    /// `team-b`); the returned directory holds the file and must outlive the cluster.
+    pub fn two_tenants(hosts: u16) -> (tempfile::TempDir, Self) {
+        let dir = tempfile::tempdir().expect("tokens dir");
+        let tokens = dir.path().join("tokens.toml");
+        std::fs::write(&tokens, TWO_TENANTS).expect("tokens file");
+        let c = Self::start_with(hosts, false, &["--tokens", tokens.to_str().unwrap()])
+            .expect("dev cluster");
+        (dir, c)
+    }
+
     pub fn start_with_nofile(hosts: u16, soft: u64, hard: u64) -> Result<Self> {
         Self::start_inner(hosts, false, &[], Some((soft, hard)))
     }

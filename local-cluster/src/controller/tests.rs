@@ -1702,6 +1702,11 @@ impl App {
         (s, serde_json::from_str(&b).unwrap_or(Value::String(b)))
     }
 
+    /// `POST /v1/services` with `profile` (JSON) as `who`.
+    async fn submit(&self, who: &str, profile: Value) -> (StatusCode, Value) {
+        self.json("POST", "/v1/services", who, Some(profile)).await
+    }
+
     async fn register(&self, host: &str, secret: &str, slots: u64) {
         let req = RegisterRequest {
             facts: facts_of(host, slots),
@@ -1757,21 +1762,11 @@ async fn rbac_matrix_across_two_projects() {
         )
         .await;
     let (s, _) = app
-        .json(
-            "POST",
-            "/v1/services",
-            "alice-example-secret",
-            Some(web("web-a", "team-a", 1)),
-        )
+        .submit("alice-example-secret", web("web-a", "team-a", 1))
         .await;
     assert_eq!(s, StatusCode::CREATED);
     let (s, _) = app
-        .json(
-            "POST",
-            "/v1/services",
-            "bob-example-secret",
-            Some(web("web-b", "team-b", 1)),
-        )
+        .submit("bob-example-secret", web("web-b", "team-b", 1))
         .await;
     assert_eq!(s, StatusCode::CREATED);
     // Invisible and unknown answer byte-identically.
@@ -2203,12 +2198,7 @@ async fn service_and_host_answers_have_the_rest_shapes() {
     app.register("exec-01", "w1-example-secret", 2).await;
     app.register("exec-02", "w2-example-secret", 1).await;
     let (s, created) = app
-        .json(
-            "POST",
-            "/v1/services",
-            "admin-example-secret",
-            Some(web("web", "default", 4)),
-        )
+        .submit("admin-example-secret", web("web", "default", 4))
         .await;
     assert_eq!(s, StatusCode::CREATED);
     let body = json!([{"event": "started", "job": "j-1", "pid": 9}, {"event": "readiness", "job": "j-1", "ready": true}]);
@@ -2416,12 +2406,7 @@ async fn restart_on_redb_hands_nothing_out_twice() {
     let app = app_with(ControllerConfig::default(), store, slots.clone()).await;
     app.register("exec-01", "w1-example-secret", 3).await;
     let (_, a) = app
-        .json(
-            "POST",
-            "/v1/services",
-            "admin-example-secret",
-            Some(web("web", "default", 2)),
-        )
+        .submit("admin-example-secret", web("web", "default", 2))
         .await;
     let App {
         ctl, app: router, ..
@@ -2435,12 +2420,7 @@ async fn restart_on_redb_hands_nothing_out_twice() {
     let app = app_with(ControllerConfig::default(), store, slots2.clone()).await;
     let restored = slots2.take_log();
     let (_, b) = app
-        .json(
-            "POST",
-            "/v1/services",
-            "admin-example-secret",
-            Some(web("api", "default", 1)),
-        )
+        .submit("admin-example-secret", web("api", "default", 1))
         .await;
     let (_, w) = app
         .json("GET", "/v1/services/web", "admin-example-secret", None)
@@ -2708,12 +2688,7 @@ async fn revoked_credentials_end_their_blocking_queries() {
     let app = app().await;
     app.register("exec-01", "w1-example-secret", 4).await;
     let (s, _) = app
-        .json(
-            "POST",
-            "/v1/services",
-            "alice-example-secret",
-            Some(web("web", "team-a", 1)),
-        )
+        .submit("alice-example-secret", web("web", "team-a", 1))
         .await;
     assert_eq!(s, StatusCode::CREATED);
     let (_, a) = app
@@ -2933,12 +2908,7 @@ async fn a_stale_store_stops_the_controller() {
     app.register("exec-01", "w1-example-secret", 2).await;
     store.stale.store(true, std::sync::atomic::Ordering::SeqCst);
     let (s, _) = app
-        .json(
-            "POST",
-            "/v1/services",
-            "admin-example-secret",
-            Some(web("web", "default", 1)),
-        )
+        .submit("admin-example-secret", web("web", "default", 1))
         .await;
     assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR, "not persisted");
     let reason = tokio::time::timeout(testkit::patience(), app.ctl.failed())
@@ -2975,12 +2945,7 @@ async fn a_full_disk_answers_507_and_stops_the_controller() {
         message: "No space left on device (os error 28)".into(),
     });
     let (s, v) = app
-        .json(
-            "POST",
-            "/v1/services",
-            "admin-example-secret",
-            Some(web("web", "default", 1)),
-        )
+        .submit("admin-example-secret", web("web", "default", 1))
         .await;
     assert_eq!(s, StatusCode::INSUFFICIENT_STORAGE, "{v}");
     assert_eq!(v["error"]["code"], "insufficient_storage");
