@@ -24,7 +24,7 @@ use crate::journal::Item;
 use crate::lag::{watchdog, Lag, Place};
 use crate::metrics::Kind;
 use crate::query::{last_event_id, params, Params, RawParams};
-use crate::shared::{Ending, Shared};
+use crate::shared::{Ended, Ending, Shared};
 use crate::wire::{DeletedAnswer, EndpointsAnswer, RESET_EVENT};
 use axum::extract::State;
 use axum::http::{header, HeaderMap};
@@ -100,7 +100,8 @@ pub(crate) async fn all_stream(
         published,
         token: bearer(&headers),
         cx,
-        ending: shared.ending(&principal),
+        // Visibility is checked per entry: only the token's removal ends it from outside.
+        ending: shared.ending(&principal, None),
         principal,
         filter,
         shared,
@@ -250,17 +251,20 @@ impl AllStream {
                 r = self.published.changed() => r,
                 // The host stops serving: end the stream (the client resumes elsewhere
                 // with Last-Event-ID).
-                _ = self.ending.wait() => {
+                ended = self.ending.wait() => {
                     self.done = true;
-                    return None;
-                }
-                // Its token was removed by a reload of the host's tokens: end now, not at
-                // the next change (grants that merely changed are re-checked before
-                // anything is sent, in `authenticate`).
-                () = self.principal.credential.removed() => {
-                    tracing::info!(principal = %self.principal.name, "all-services stream ended: its token was revoked");
-                    self.done = true;
-                    return Some(revoked_event());
+                    return match ended {
+                        // The host stops serving: end the stream (the client resumes
+                        // elsewhere with Last-Event-ID).
+                        Ended::Draining => None,
+                        // Its token was removed by a reload of the host's tokens: end now,
+                        // not at the next change (grants that merely changed are checked
+                        // again before anything is sent, in `authenticate`).
+                        Ended::Revoked => {
+                            tracing::info!(principal = %self.principal.name, "all-services stream ended: its token was revoked");
+                            Some(revoked_event())
+                        }
+                    };
                 }
             };
             if changed.is_err() {

@@ -6,7 +6,7 @@ use crate::delivery::Recipient;
 use crate::entry::Entry;
 use crate::metrics::Kind;
 use crate::query::{params, plain_port, with_index, Blocking, Params, View};
-use crate::shared::{Shared, Slot};
+use crate::shared::{Ended, Shared, Slot};
 use crate::stream::stream;
 use crate::wire::{self, EndpointsAnswer, EndpointsList};
 use axum::extract::{Path, State};
@@ -14,7 +14,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Json, Router};
-use plugin_api::{ApiContext, ApiError, AuthError, Permission, Principal};
+use plugin_api::{ApiContext, ApiError, Permission, Principal};
 use std::sync::Arc;
 use tokio::sync::watch;
 
@@ -108,18 +108,19 @@ async fn wait_for_change(
     recipient: &mut Recipient,
 ) -> (Result<Arc<Entry>, ApiError>, u64) {
     let deadline = blocking.deadline();
-    // The host stops serving: answer with what there is (at once if it already does).
-    let mut ending = shared.ending(principal);
+    let mut ending = shared.ending(principal, Some(&entry.project));
     // Nothing taken yet: a seq no change has, so nothing is settled by it.
     let mut seq = 0;
     loop {
         let changed = tokio::select! {
             r = tokio::time::timeout_at(deadline, rx.changed()) => r,
-            _ = ending.wait() => return (Ok(entry), seq),
-            // Its token was revoked (or lost the view) by a reload of the host's tokens.
-            () = principal.credential.lost(Permission::JobView, &entry.project) => {
-                return (Err(principal.credential.lost_answer(name)), seq)
-            }
+            ended = ending.wait() => return match ended {
+                // The host stops serving: answer with what there is.
+                Ended::Draining => (Ok(entry), seq),
+                // Its token was revoked (or lost the view) by a reload of the host's
+                // tokens: what its next request would get.
+                Ended::Revoked => (Err(principal.credential.lost_answer(name)), seq),
+            },
         };
         match changed {
             Err(_elapsed) => return (Ok(entry), seq),
@@ -157,7 +158,8 @@ async fn wait_for_service(
 ) -> Result<Arc<Entry>, ApiError> {
     let _watcher = shared.watcher(principal, Kind::Blocking)?;
     let deadline = blocking.deadline();
-    let mut ending = shared.ending(principal);
+    // No project yet (nothing visible has the name): only the token's removal ends it.
+    let mut ending = shared.ending(principal, None);
     // Subscribed before looking: an appearance after the look below raises it.
     let mut appeared = shared.appeared.subscribe();
     loop {
@@ -167,11 +169,11 @@ async fn wait_for_service(
         }
         let woken = tokio::select! {
             r = tokio::time::timeout_at(deadline, appeared.changed()) => matches!(r, Ok(Ok(()))),
-            _ = ending.wait() => false,
-            // Its token was removed by a reload of the host's tokens.
-            () = principal.credential.removed() => {
-                return Err(ApiError::unauthenticated(AuthError::Revoked))
-            }
+            ended = ending.wait() => match ended {
+                Ended::Draining => false,
+                // Its token was removed by a reload of the host's tokens.
+                Ended::Revoked => return Err(principal.credential.lost_answer(name)),
+            },
         };
         if !woken {
             return Err(ApiError::service_not_found(name));

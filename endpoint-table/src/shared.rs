@@ -12,7 +12,9 @@ use crate::metrics::{Kind, Metrics};
 use crate::queue::{Queue, Update};
 use crate::table::Change;
 use axum::http::StatusCode;
-use plugin_api::{resolve_service, ApiError, Permission, Principal, Resolved, ServiceKey};
+use plugin_api::{
+    resolve_service, ApiError, Credential, Permission, Principal, Resolved, ServiceKey,
+};
 use prometheus_client::metrics::histogram::Histogram;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
@@ -80,12 +82,28 @@ pub(crate) struct WatcherGuard {
 }
 
 /// What ends a watcher from outside, whatever its kind (blocking query, per-service
-/// stream, all-services stream): today the host's drain. Every watcher waits on this one
-/// thing, so a new reason to end watchers (e.g. a revoked token, by principal) is added
-/// here once and ends every kind.
+/// stream, all-services stream): the host's drain, or a reload of the host's tokens that
+/// removed the watcher's token (or, for a watcher of one project, took away its view of
+/// it). Every watcher waits on this one thing, so each kind ends the same way.
 #[derive(Debug)]
 pub(crate) struct Ending {
     draining: watch::Receiver<bool>,
+    credential: Credential,
+    /// The project whose view the watcher needs; `None`: only the token's removal ends it
+    /// (a watcher that checks visibility per entry itself, or waits for a service to
+    /// appear).
+    project: Option<String>,
+}
+
+/// Why a watcher must end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// The host stops serving: answer with what there is, end streams (clients resume
+    /// elsewhere).
+    Draining,
+    /// Its token was removed or lost the view: answer what its next request would get
+    /// ([`Credential::lost_answer`]).
+    Revoked,
 }
 
 // === impl Shared ===
@@ -108,11 +126,13 @@ impl Shared {
         }
     }
 
-    /// What ends a watcher of `principal` from outside (see [`Ending`]).
-    pub(crate) fn ending(&self, principal: &Principal) -> Ending {
-        let _ = principal;
+    /// What ends a watcher of `principal` from outside (see [`Ending`]); `project`: the
+    /// project it needs the view of, if one.
+    pub(crate) fn ending(&self, principal: &Principal, project: Option<&str>) -> Ending {
         Ending {
             draining: self.draining.subscribe(),
+            credential: principal.credential.clone(),
+            project: project.map(str::to_owned),
         }
     }
 
@@ -459,10 +479,24 @@ impl WatcherGuard {
 // === impl Ending ===
 
 impl Ending {
-    /// Resolves once the watcher must end (at once if it already must).
-    pub(crate) async fn wait(&mut self) {
-        // The sender lives in `Shared`, which the watcher holds: it cannot close first.
-        let _ = self.draining.wait_for(|d| *d).await;
+    /// Resolves once the watcher must end (at once if it already must), saying why.
+    pub(crate) async fn wait(&mut self) -> Ended {
+        let Self {
+            draining,
+            credential,
+            project,
+        } = self;
+        let revoked = async {
+            match project {
+                Some(project) => credential.lost(Permission::JobView, project).await,
+                None => credential.removed().await,
+            }
+        };
+        tokio::select! {
+            // The sender lives in `Shared`, which the watcher holds: it cannot close first.
+            _ = draining.wait_for(|d| *d) => Ended::Draining,
+            () = revoked => Ended::Revoked,
+        }
     }
 }
 

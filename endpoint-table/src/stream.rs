@@ -4,7 +4,7 @@
 use crate::lag::{watchdog, Lag, Place};
 use crate::metrics::Kind;
 use crate::query::{last_event_id, params, with_index, Params, View};
-use crate::shared::{Ending, Shared, Slot};
+use crate::shared::{Ended, Ending, Shared, Slot};
 use crate::wire::EndpointsAnswer;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
@@ -49,7 +49,7 @@ pub(crate) async fn stream(
         stopped,
         shared.clone(),
     ));
-    let ending = shared.ending(&principal);
+    let ending = shared.ending(&principal, Some(&key.project));
     let events = EventStream {
         rx,
         first: true,
@@ -115,15 +115,17 @@ impl EventStream {
             if !self.first {
                 let changed = tokio::select! {
                     r = self.rx.changed() => Some(r),
-                    // The host stops serving: end the stream (the client resumes
-                    // elsewhere with Last-Event-ID).
-                    _ = self.ending.wait() => {
-                        self.done = true;
-                        return None;
-                    }
-                    // The token was removed (or may no longer view the service) when
-                    // the host re-read its tokens.
-                    () = self.principal.credential.lost(Permission::JobView, &self.key.project) => None,
+                    ended = self.ending.wait() => match ended {
+                        // The host stops serving: end the stream (the client resumes
+                        // elsewhere with Last-Event-ID).
+                        Ended::Draining => {
+                            self.done = true;
+                            return None;
+                        }
+                        // The token was removed (or may no longer view the service) when
+                        // the host re-read its tokens.
+                        Ended::Revoked => None,
+                    },
                 };
                 let Some(changed) = changed else {
                     tracing::info!(
