@@ -30,6 +30,8 @@ const state = {
   entries: new Map(), // "project/service" -> entry, from the stream
   selected: "",      // "project/service"
   lastEventId: "",
+  resets: 0,         // `event: reset`s this token's stream got (each a full resync)
+  resetAt: null,     // when the last one came
   abort: null,       // AbortController of the running stream
   epoch: 0,          // bumps when the token changes: stale loops stop
   listsTimer: 0,
@@ -70,6 +72,13 @@ function setConn(kind, text) {
   const c = $("conn");
   c.className = "conn conn-" + kind;
   c.dataset.state = kind;
+  c.dataset.resets = String(state.resets);
+  // After a gap (an apiserver that restarted and lost its journal, a page that was away
+  // too long) what was shown was rebuilt from a snapshot: say so, and when.
+  c.title = state.resets
+    ? "rebuilt from a full snapshot " + state.resets + (state.resets === 1 ? " time" : " times") +
+      ", last at " + state.resetAt.toLocaleTimeString()
+    : "";
   $("conn-text").textContent = text;
 }
 
@@ -207,8 +216,12 @@ function onStreamEvent(ev, epoch) {
   if (epoch !== state.epoch) return;
   if (ev.id !== null && ev.id !== "") state.lastEventId = ev.id;
   if (ev.event === "reset") {
-    // A gap could not be ruled out: what we hold may be stale; a full snapshot follows.
+    // A gap could not be ruled out: what we hold may be stale (a service deleted in the
+    // gap would never get its deletion event); a full snapshot follows.
     state.entries.clear();
+    state.resets++;
+    state.resetAt = new Date();
+    setConn("live", "live (resynced " + state.resetAt.toLocaleTimeString() + ")");
     render();
     return;
   }
@@ -256,6 +269,8 @@ function useToken(token) {
   state.hosts = [];
   state.entries.clear();
   state.lastEventId = "";
+  state.resets = 0;
+  state.resetAt = null;
   notice("");
   if (!token) {
     sessionStorage.removeItem(TOKEN_KEY);
@@ -323,7 +338,11 @@ function renderEndpoints(changed) {
   const svc = state.services.find((s) => keyOf(s.project, s.name) === key);
   const entry = state.entries.get(key);
   if (!state.token || (!svc && !entry)) {
+    // Hidden and emptied: rows of a service that is gone (or of the last token) must not
+    // linger in the page, not even out of sight.
     section.hidden = true;
+    clear($("endpoints").tBodies[0]);
+    clear($("ep-meta"));
     return;
   }
   section.hidden = false;

@@ -10,6 +10,7 @@
 //! With `XCE_UI_SCREENSHOT=path.png` it also saves a screenshot of the page showing `web`
 //! (the README's picture is taken this way).
 
+use crate::daemons::{EtcdCluster, Fleet};
 use crate::external::{find_program, own, program_version, skipped, token, Daemon, TwoTenants};
 use crate::harness::*;
 use anyhow::{bail, Context, Result};
@@ -132,6 +133,37 @@ impl Browser {
         Ok(v.as_str().unwrap_or_default().to_owned())
     }
 
+    /// Clicks service `key` (`project/name`) in the services table and waits until the
+    /// endpoints section shows it.
+    async fn select(&self, key: &str) {
+        eventually(&format!("the page shows the endpoints of {key}"), || async {
+            let v = self
+                .js(
+                    "const tr = document.querySelector('#services tbody tr[data-key=\"' + arguments[0] + '\"]');\
+                     if (tr) tr.click();\
+                     return !!tr && document.getElementById('ep-title').textContent === arguments[0];",
+                    vec![json!(key)],
+                )
+                .await?;
+            Ok((v == true).then_some(()))
+        })
+        .await
+    }
+
+    /// What the page's stream holds: the `project/service` keys of its entries, the last
+    /// event id it would resume from, and how many `event: reset`s it took (the counter
+    /// the page shows in its connection indicator).
+    async fn stream_state(&self) -> Result<(Vec<String>, String, u64)> {
+        let v = self
+            .js(
+                "return [Array.from(state.entries.keys()).sort(), state.lastEventId,\
+                         Number(document.getElementById('conn').dataset.resets)];",
+                vec![],
+            )
+            .await?;
+        Ok(serde_json::from_value(v)?)
+    }
+
     /// Everything in the page: markup, attributes and text, hidden parts included.
     async fn whole_page(&self) -> Result<String> {
         let v = self
@@ -164,6 +196,62 @@ async fn page_shows_endpoints(b: &Browser, n: usize) -> Vec<Vec<String>> {
         Ok((rows.len() == n && live).then_some(rows))
     })
     .await
+}
+
+/// Kills the replica shown in the row of `replica` (of `rows`, the page's endpoints) and
+/// times in the page, with a `MutationObserver` set up just before the kill, how long its
+/// row takes to leave and to come back. Fails past 2 s to leave, or if the killed address
+/// is still listed once the page shows as many endpoints again. Returns the rows then and
+/// the two times in ms.
+async fn kill_replica_timed_in_page(
+    b: &Browser,
+    rows: &[Vec<String>],
+    replica: &str,
+) -> (Vec<Vec<String>>, f64, f64) {
+    let victim = rows
+        .iter()
+        .find(|r| r[0] == replica)
+        .unwrap_or_else(|| panic!("replica {replica} shown: {rows:?}"))[3]
+        .clone();
+    let t0 = b
+        .js(
+            r#"const target = arguments[0];
+               const has = () => !!document.querySelector('#endpoints tbody tr[data-replica="' + target + '"]');
+               window.__ui = { gone: null, back: null, t0: performance.now() };
+               new MutationObserver(() => {
+                 const now = performance.now();
+                 if (window.__ui.gone === null) { if (!has()) window.__ui.gone = now; }
+                 else if (window.__ui.back === null && has()) window.__ui.back = now;
+               }).observe(document.getElementById('endpoints'), { childList: true, subtree: true });
+               return window.__ui.t0;"#,
+            vec![json!(replica)],
+        )
+        .await
+        .unwrap();
+    assert!(t0.is_number());
+    kill_replica_listening_on(&victim).unwrap();
+    let (gone_ms, back_ms) = eventually(
+        &format!("the page shows replica {replica} gone and back"),
+        || async {
+            let v = b.js("return window.__ui;", vec![]).await?;
+            let t0 = v["t0"].as_f64().context("t0")?;
+            Ok(match (v["gone"].as_f64(), v["back"].as_f64()) {
+                (Some(g), Some(b)) => Some((g - t0, b - t0)),
+                _ => None,
+            })
+        },
+    )
+    .await;
+    let rows_after = page_shows_endpoints(b, rows.len()).await;
+    assert!(
+        gone_ms <= 2000.0,
+        "the page still showed the killed replica after {gone_ms:.0} ms"
+    );
+    assert!(
+        rows_after.iter().all(|r| r[3] != victim),
+        "the killed replica's address is still listed: {rows_after:?}"
+    );
+    (rows_after, gone_ms, back_ms)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -260,49 +348,10 @@ async fn the_web_view_follows_a_killed_replica_and_shows_a_tenant_only_its_own()
     }
 
     // --- kill replica 1: timed in the page, from just before the kill ---
-    let victim = rows
-        .iter()
-        .find(|r| r[0] == "1")
-        .expect("replica 1 shown")
-        .clone();
-    let t0 = browser
-        .js(
-            r#"const target = arguments[0];
-               const has = () => !!document.querySelector('#endpoints tbody tr[data-replica="' + target + '"]');
-               window.__ui = { gone: null, back: null, t0: performance.now() };
-               new MutationObserver(() => {
-                 const now = performance.now();
-                 if (window.__ui.gone === null) { if (!has()) window.__ui.gone = now; }
-                 else if (window.__ui.back === null && has()) window.__ui.back = now;
-               }).observe(document.getElementById('endpoints'), { childList: true, subtree: true });
-               return window.__ui.t0;"#,
-            vec![json!("1")],
-        )
-        .await
-        .unwrap();
-    assert!(t0.is_number());
-    kill_replica_listening_on(&victim[3]).unwrap();
-    let (gone_ms, back_ms) = eventually("the page shows replica 1 gone and back", || async {
-        let v = browser.js("return window.__ui;", vec![]).await?;
-        let t0 = v["t0"].as_f64().context("t0")?;
-        Ok(match (v["gone"].as_f64(), v["back"].as_f64()) {
-            (Some(g), Some(b)) => Some((g - t0, b - t0)),
-            _ => None,
-        })
-    })
-    .await;
-    let rows_after = page_shows_endpoints(&browser, 3).await;
+    let (rows_after, gone_ms, back_ms) = kill_replica_timed_in_page(&browser, &rows, "1").await;
     println!(
         "SUMMARY ui killed replica's endpoint: gone from the page after {gone_ms:.0} ms (limit 2000), back after {back_ms:.0} ms; {}",
         browser.version
-    );
-    assert!(
-        gone_ms <= 2000.0,
-        "the page still showed the killed replica after {gone_ms:.0} ms"
-    );
-    assert!(
-        rows_after.iter().all(|r| r[3] != victim[3]),
-        "the killed replica's address is still listed: {rows_after:?}"
     );
 
     // --- the stream drops (as when an apiserver restarts): the page reconnects with
@@ -443,6 +492,180 @@ async fn the_web_view_follows_a_killed_replica_and_shows_a_tenant_only_its_own()
     println!(
         "FIGURE ui tenant check: bob's page polled while team-a's web replaced a replica; {} team-a addresses never appeared in the page, /v1/services, /v1/hosts or the stream",
         web_addrs.len()
+    );
+    browser.close().await;
+}
+
+/// The same page served by a separate `xced apiserver` following a controller on etcd.
+///
+/// It shows `web`'s endpoints and follows a killed replica, as on the dev cluster. Then the
+/// page is made to resume from a revision the server cannot bridge: the apiserver is
+/// killed, the cluster changes while it is down (a replica of `web` replaced, service `old`
+/// deleted; the workers report through the other apiserver), and it is started again with an empty journal, whose first
+/// revision is past the page's `Last-Event-ID`. The page reconnects on its own; the server
+/// must answer `event: reset` and a snapshot, and the page must end up with exactly what
+/// exists: no entry of `old` (its deletion fell in the gap, so only the reset can clear
+/// it), `web`'s current endpoints once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_an_etcd_apiserver_the_web_view_follows_a_killed_replica_and_rebuilds_after_a_reset() {
+    let Some(browser) = Browser::start().await.expect("starting chromedriver") else {
+        skipped("ui on etcd (browser test)", "chromium or chromium-driver");
+        return;
+    };
+    let etcd = EtcdCluster::start(1).await.expect("etcd");
+    // Two apiservers: the workers reach the controller through either, so they keep
+    // reporting while the page's one (0) is down.
+    let mut fleet = Fleet::new(etcd, 2, 2).expect("fleet dir");
+    fleet.start_controller(0).unwrap();
+    eventually("the controller serves", || async {
+        Ok(fleet.controllers[0]
+            .as_ref()
+            .is_some_and(|d| d.announced())
+            .then_some(()))
+    })
+    .await;
+    fleet.start_apiserver(0).unwrap();
+    fleet.start_apiserver(1).unwrap();
+    fleet.start_workers(2).unwrap();
+    let (api, controller) = (fleet.apiserver(0), fleet.controller_api(0));
+    eventually("2 ready hosts through the apiserver", || async {
+        let h = api.get_json("/v1/hosts").await?;
+        let ready = h["hosts"]
+            .as_array()
+            .map_or(0, |a| a.iter().filter(|h| h["state"] == "ready").count());
+        Ok((ready == 2).then_some(()))
+    })
+    .await;
+    for (name, n) in [("web", 3), ("old", 1)] {
+        let toml = http_service(name, n).interval("500ms").toml();
+        assert_eq!(api.submit_toml(&toml).await.unwrap().0, 201, "{name}");
+        api.wait_ready(name, n as usize).await;
+    }
+
+    // --- web's endpoints, from the apiserver, and a killed replica followed ---
+    browser.open(&api.base, ADMIN).await;
+    browser.select("default/web").await;
+    let rows = page_shows_endpoints(&browser, 3).await;
+    let mut shown: Vec<String> = rows.iter().map(|r| r[3].clone()).collect();
+    let mut listed = api.plain("web").await.unwrap();
+    shown.sort();
+    listed.sort();
+    assert_eq!(shown, listed, "page rows {rows:?}");
+    let services: Vec<String> = browser
+        .rows("services")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r[0].clone())
+        .collect();
+    assert_eq!(services, ["old", "web"]);
+    assert_eq!(browser.rows("hosts").await.unwrap().len(), 2);
+    let (rows, gone_ms, back_ms) = kill_replica_timed_in_page(&browser, &rows, "1").await;
+    println!(
+        "SUMMARY ui on a separate apiserver on etcd, killed replica's endpoint: gone from the page after {gone_ms:.0} ms (limit 2000), back after {back_ms:.0} ms"
+    );
+
+    // --- a gap: the apiserver restarts with an empty journal while the cluster changes ---
+    browser.select("default/old").await;
+    page_shows_endpoints(&browser, 1).await;
+    let (_, resume_from, resets) = browser.stream_state().await.unwrap();
+    assert_eq!(resets, 0, "no reset before the gap");
+    let resume_from: u64 = resume_from.parse().expect("the page holds an event id");
+    fleet.kill_9_apiserver(0);
+    eventually("the page says its stream is down", || async {
+        Ok((browser.conn_state().await? != "live").then_some(()))
+    })
+    .await;
+    let victim = rows.iter().find(|r| r[0] == "0").expect("replica 0")[3].clone();
+    kill_replica_listening_on(&victim).unwrap();
+    assert_eq!(
+        controller
+            .delete("/v1/services/old?now=true")
+            .await
+            .unwrap(),
+        202
+    );
+    eventually(
+        "on the controller: old gone, web's replica 0 replaced",
+        || async {
+            let (old, _, _) = controller.get("/v1/services/old/endpoints").await?;
+            let web = controller.plain("web").await?;
+            Ok((old == 404 && web.len() == 3 && !web.contains(&victim)).then_some(()))
+        },
+    )
+    .await;
+    let restarted = std::time::Instant::now();
+    fleet.start_apiserver(0).unwrap();
+    // Its page reconnects by itself (its backoff grew while the apiserver was away).
+    let (entries, resumed_at, resets) = eventually(
+        "the page took a reset and rebuilt from the snapshot",
+        || async {
+            let (entries, last, resets) = browser.stream_state().await?;
+            let live = browser.conn_state().await? == "live";
+            let services = browser.rows("services").await?;
+            let services: Vec<&str> = services.iter().map(|r| r[0].as_str()).collect();
+            if !(live && resets > 0 && entries == ["default/web"] && services == ["web"]) {
+                // The failure message shows where the page stood.
+                bail!("live {live}, resets {resets}, entries {entries:?}, services {services:?}");
+            }
+            Ok(Some((entries, last, resets)))
+        },
+    )
+    .await;
+    let rebuilt = restarted.elapsed();
+    assert_eq!(resets, 1, "one reset for one gap");
+    assert_eq!(entries, ["default/web"]);
+    let resumed_at: u64 = resumed_at.parse().unwrap();
+    assert!(
+        resumed_at > resume_from,
+        "the snapshot's id {resumed_at} is past the page's {resume_from}"
+    );
+    // The service that was shown is gone: its rows too, also from the hidden markup.
+    assert_eq!(
+        browser.rows("endpoints").await.unwrap(),
+        Vec::<Vec<String>>::new()
+    );
+    let hidden = browser
+        .js(
+            "return document.getElementById('endpoints-section').hidden;",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        hidden, true,
+        "the endpoints of a deleted service still shown"
+    );
+    let conn = browser
+        .js(
+            "const c = document.getElementById('conn'); return [c.innerText, c.title];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(
+        conn[0].as_str().unwrap().contains("resynced")
+            && conn[1].as_str().unwrap().contains("1 time"),
+        "the page says it was rebuilt from a snapshot: {conn}"
+    );
+    // web: exactly the endpoints there are now, each once.
+    browser.select("default/web").await;
+    let now = eventually("the page shows web as the apiserver lists it", || async {
+        let rows = browser.rows("endpoints").await?;
+        let mut shown: Vec<String> = rows.iter().map(|r| r[3].clone()).collect();
+        let mut listed = api.plain("web").await?;
+        shown.sort();
+        listed.sort();
+        Ok((shown == listed).then_some(shown))
+    })
+    .await;
+    let mut once = now.clone();
+    once.dedup();
+    assert_eq!((now.len(), once.len()), (3, 3), "{now:?}");
+    assert!(!now.contains(&victim), "{now:?}");
+    println!(
+        "FIGURE ui reset: the page resumed from id {resume_from} on an apiserver restarted at a later revision; it took 1 reset and a snapshot (now at id {resumed_at}) and showed only web's 3 current endpoints, {:.1} s after the restart (its reconnect backoff included)",
+        rebuilt.as_secs_f64()
     );
     browser.close().await;
 }
