@@ -366,13 +366,19 @@ function renderEndpoints(changed) {
   for (const p of ports) head.append(el("th", {}, p));
   head.append(el("th", {}, "Generation"));
 
+  // An endpoint on a host that stopped reporting is kept until the host's grace period
+  // ends (its replica may well still serve): flag it with the host's state.
+  const hostState = new Map(state.hosts.map((h) => [h.id, h.state]));
   const body = $("endpoints").tBodies[0];
   clear(body);
   for (const e of eps) {
+    const hs = hostState.get(e.host);
     const tr = el("tr", { "data-replica": String(e.replica) },
       el("td", { class: "num" }, e.replica),
       el("td", {}, e.ready === false ? pill(e.state === "draining" ? "draining" : "starting", e.state || "starting") : pill("ready", "ready")),
-      el("td", {}, e.host));
+      hs && hs !== "ready"
+        ? el("td", {}, e.host, " ", pill(hostKind(hs), "host " + hs))
+        : el("td", {}, e.host));
     for (const p of ports) {
       const port = e.ports ? e.ports[p] : undefined;
       tr.append(el("td", { class: "mono" }, port === undefined ? "–" : hostPort(e.address, port)));
@@ -388,11 +394,16 @@ function hostPort(address, port) {
   return (String(address).includes(":") ? "[" + address + "]" : address) + ":" + port;
 }
 
+// Green ready, amber unreachable (its jobs are kept for the grace period), red lost.
+function hostKind(state) {
+  return state === "ready" ? "ready" : state === "unreachable" ? "starting" : "failed";
+}
+
 function renderHosts() {
   const body = $("hosts").tBodies[0];
   clear(body);
   for (const h of state.hosts) {
-    const kind = h.state === "ready" ? "ready" : h.state === "unreachable" ? "starting" : "failed";
+    const kind = hostKind(h.state);
     const addrs = el("td", { class: "addrs mono" });
     for (const a of h.addresses || []) {
       addrs.append(el("span", { title: a.interface || "" }, a.ip));

@@ -7,6 +7,11 @@
 //! shows team-a's service: not in the page (its whole markup, polled while team-a changes)
 //! and not in what the page's requests answer to that token.
 //!
+//! A second test serves the page from a separate `xced apiserver` on etcd: it follows a
+//! killed replica there too, takes a real `event: reset` (its apiserver restarted with an
+//! empty journal while the cluster changed) and rebuilds exactly what exists, and shows a
+//! killed worker's host unreachable, then lost.
+//!
 //! With `XCE_UI_SCREENSHOT=path.png` it also saves a screenshot of the page showing `web`
 //! (the README's picture is taken this way).
 
@@ -499,15 +504,17 @@ async fn the_web_view_follows_a_killed_replica_and_shows_a_tenant_only_its_own()
 /// The same page served by a separate `xced apiserver` following a controller on etcd.
 ///
 /// It shows `web`'s endpoints and follows a killed replica, as on the dev cluster. Then the
-/// page is made to resume from a revision the server cannot bridge: the apiserver is
+/// page is made to resume from a revision the server cannot bridge: its apiserver is
 /// killed, the cluster changes while it is down (a replica of `web` replaced, service `old`
-/// deleted; the workers report through the other apiserver), and it is started again with an empty journal, whose first
-/// revision is past the page's `Last-Event-ID`. The page reconnects on its own; the server
-/// must answer `event: reset` and a snapshot, and the page must end up with exactly what
-/// exists: no entry of `old` (its deletion fell in the gap, so only the reset can clear
-/// it), `web`'s current endpoints once each.
+/// deleted; the workers report through the other apiserver), and it is started again with
+/// an empty journal, whose first revision is past the page's `Last-Event-ID`. The page
+/// reconnects on its own; the server must answer `event: reset` and a snapshot, and the
+/// page must end up with exactly what exists: no entry of `old` (its deletion fell in the
+/// gap, so only the reset can clear it), `web`'s current endpoints once each. Last, a
+/// worker is killed: the page shows its host unreachable with the endpoints on it flagged
+/// (they are kept for the grace period), then lost, with `web`'s endpoints all elsewhere.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_an_etcd_apiserver_the_web_view_follows_a_killed_replica_and_rebuilds_after_a_reset() {
+async fn on_an_etcd_apiserver_the_web_view_follows_a_killed_replica_a_reset_and_a_lost_host() {
     let Some(browser) = Browser::start().await.expect("starting chromedriver") else {
         skipped("ui on etcd (browser test)", "chromium or chromium-driver");
         return;
@@ -516,6 +523,17 @@ async fn on_an_etcd_apiserver_the_web_view_follows_a_killed_replica_and_rebuilds
     // Two apiservers: the workers reach the controller through either, so they keep
     // reporting while the page's one (0) is down.
     let mut fleet = Fleet::new(etcd, 2, 2).expect("fleet dir");
+    // A lost host's replicas are replaced after the grace period: short enough to watch.
+    let config = fleet.dir.path().join("controller-0.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace(
+            "grace_period = \"30s\"",
+            &format!("grace_period = \"{GRACE_S}s\""),
+        ),
+    )
+    .unwrap();
     fleet.start_controller(0).unwrap();
     eventually("the controller serves", || async {
         Ok(fleet.controllers[0]
@@ -667,8 +685,84 @@ async fn on_an_etcd_apiserver_the_web_view_follows_a_killed_replica_and_rebuilds
         "FIGURE ui reset: the page resumed from id {resume_from} on an apiserver restarted at a later revision; it took 1 reset and a snapshot (now at id {resumed_at}) and showed only web's 3 current endpoints, {:.1} s after the restart (its reconnect backoff included)",
         rebuilt.as_secs_f64()
     );
+
+    // --- a host lost: the hosts view says so at once, the endpoints on it are flagged
+    // while they are kept (grace period), then they move ---
+    eventually("both hosts ready again", || async {
+        let hosts = browser.rows("hosts").await?;
+        Ok((hosts.len() == 2 && hosts.iter().all(|h| h[1] == "ready")).then_some(()))
+    })
+    .await;
+    let on_lost: Vec<String> = browser
+        .rows("endpoints")
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|r| r[2] == "exec-02")
+        .map(|r| r[3].clone())
+        .collect();
+    assert!(!on_lost.is_empty(), "web has endpoints on exec-02");
+    let killed = std::time::Instant::now();
+    signal(fleet.workers[1].id(), libc::SIGKILL);
+    let flagged = eventually(
+        "the page shows exec-02 unreachable and flags its endpoints",
+        || async {
+            let hosts = browser.rows("hosts").await?;
+            let rows = browser.rows("endpoints").await?;
+            let lost = hosts
+                .iter()
+                .find(|h| h[0] == "exec-02")
+                .context("exec-02 listed")?;
+            let flagged: Vec<&str> = rows
+                .iter()
+                .filter(|r| r[2] == "exec-02 host unreachable")
+                .map(|r| r[3].as_str())
+                .collect();
+            if lost[1] != "unreachable" || flagged.len() != on_lost.len() {
+                bail!("exec-02 {:?}, endpoints {rows:?}", lost[1]);
+            }
+            Ok(Some(killed.elapsed()))
+        },
+    )
+    .await;
+    let moved = eventually(
+        "the page shows exec-02 lost and web's 3 endpoints elsewhere",
+        || async {
+            let hosts = browser.rows("hosts").await?;
+            let lost = hosts
+                .iter()
+                .find(|h| h[0] == "exec-02")
+                .context("exec-02 listed")?;
+            let rows = browser.rows("endpoints").await?;
+            let mut shown: Vec<String> = rows.iter().map(|r| r[3].clone()).collect();
+            let mut listed = api.plain("web").await?;
+            shown.sort();
+            listed.sort();
+            if lost[1] != "lost"
+                || rows.len() != 3
+                || rows.iter().any(|r| r[2] != "exec-01")
+                || shown != listed
+            {
+                bail!(
+                    "exec-02 {:?}, endpoints {rows:?}, listed {listed:?}",
+                    lost[1]
+                );
+            }
+            Ok(Some(killed.elapsed()))
+        },
+    )
+    .await;
+    println!(
+        "FIGURE ui host loss (unreachable_after 3 s, grace_period {GRACE_S} s): after the worker's SIGKILL the page showed exec-02 unreachable with its {} endpoint(s) flagged after {:.1} s, and exec-02 lost with web's 3 endpoints on exec-01 after {:.1} s",
+        on_lost.len(),
+        flagged.as_secs_f64(),
+        moved.as_secs_f64()
+    );
     browser.close().await;
 }
+
+/// The grace period of the etcd test's controller: how long a lost host's replicas stay.
+const GRACE_S: u64 = 10;
 
 /// The meta labels the page shows (text of each), how many images the page holds, and
 /// whether the markup-looking label ran (`window.__xss`).
