@@ -546,14 +546,7 @@ async fn on_an_etcd_apiserver_the_web_view_follows_a_killed_replica_a_reset_and_
     fleet.start_apiserver(1).unwrap();
     fleet.start_workers(2).unwrap();
     let (api, controller) = (fleet.apiserver(0), fleet.controller_api(0));
-    eventually("2 ready hosts through the apiserver", || async {
-        let h = api.get_json("/v1/hosts").await?;
-        let ready = h["hosts"]
-            .as_array()
-            .map_or(0, |a| a.iter().filter(|h| h["state"] == "ready").count());
-        Ok((ready == 2).then_some(()))
-    })
-    .await;
+    wait_for_hosts_of(&api, 2).expect("2 ready hosts through the apiserver");
     for (name, n) in [("web", 3), ("old", 1)] {
         let toml = http_service(name, n).interval("500ms").toml();
         assert_eq!(api.submit_toml(&toml).await.unwrap().0, 201, "{name}");
