@@ -686,46 +686,50 @@ async fn on_an_etcd_apiserver_the_web_view_follows_a_killed_replica_a_reset_and_
         Ok((hosts.len() == 2 && hosts.iter().all(|h| h[1] == "ready")).then_some(()))
     })
     .await;
-    let on_lost: Vec<String> = browser
-        .rows("endpoints")
-        .await
-        .unwrap()
-        .into_iter()
-        .filter(|r| r[2] == "exec-02")
-        .map(|r| r[3].clone())
+    // The host of web's first endpoint is lost (worker `exec-0N` is worker N-1).
+    let rows = browser.rows("endpoints").await.unwrap();
+    let (lost_host, w) = match rows[0][2].as_str() {
+        "exec-01" => ("exec-01", 0),
+        "exec-02" => ("exec-02", 1),
+        other => panic!("web on an unknown host {other}: {rows:?}"),
+    };
+    let other_host = ["exec-01", "exec-02"][1 - w];
+    let on_lost: Vec<&str> = rows
+        .iter()
+        .filter(|r| r[2] == lost_host)
+        .map(|r| r[3].as_str())
         .collect();
-    assert!(!on_lost.is_empty(), "web has endpoints on exec-02");
     let killed = std::time::Instant::now();
-    signal(fleet.workers[1].id(), libc::SIGKILL);
+    signal(fleet.workers[w].id(), libc::SIGKILL);
     let flagged = eventually(
-        "the page shows exec-02 unreachable and flags its endpoints",
+        &format!("the page shows {lost_host} unreachable and flags its endpoints"),
         || async {
             let hosts = browser.rows("hosts").await?;
             let rows = browser.rows("endpoints").await?;
             let lost = hosts
                 .iter()
-                .find(|h| h[0] == "exec-02")
-                .context("exec-02 listed")?;
+                .find(|h| h[0] == lost_host)
+                .context("the lost host listed")?;
             let flagged: Vec<&str> = rows
                 .iter()
-                .filter(|r| r[2] == "exec-02 host unreachable")
+                .filter(|r| r[2] == format!("{lost_host} host unreachable"))
                 .map(|r| r[3].as_str())
                 .collect();
-            if lost[1] != "unreachable" || flagged.len() != on_lost.len() {
-                bail!("exec-02 {:?}, endpoints {rows:?}", lost[1]);
+            if lost[1] != "unreachable" || flagged != on_lost {
+                bail!("{lost_host} {:?}, endpoints {rows:?}", lost[1]);
             }
             Ok(Some(killed.elapsed()))
         },
     )
     .await;
     let moved = eventually(
-        "the page shows exec-02 lost and web's 3 endpoints elsewhere",
+        &format!("the page shows {lost_host} lost and web's 3 endpoints on {other_host}"),
         || async {
             let hosts = browser.rows("hosts").await?;
             let lost = hosts
                 .iter()
-                .find(|h| h[0] == "exec-02")
-                .context("exec-02 listed")?;
+                .find(|h| h[0] == lost_host)
+                .context("the lost host listed")?;
             let rows = browser.rows("endpoints").await?;
             let mut shown: Vec<String> = rows.iter().map(|r| r[3].clone()).collect();
             let mut listed = api.plain("web").await?;
@@ -733,11 +737,11 @@ async fn on_an_etcd_apiserver_the_web_view_follows_a_killed_replica_a_reset_and_
             listed.sort();
             if lost[1] != "lost"
                 || rows.len() != 3
-                || rows.iter().any(|r| r[2] != "exec-01")
+                || rows.iter().any(|r| r[2] != other_host)
                 || shown != listed
             {
                 bail!(
-                    "exec-02 {:?}, endpoints {rows:?}, listed {listed:?}",
+                    "{lost_host} {:?}, endpoints {rows:?}, listed {listed:?}",
                     lost[1]
                 );
             }
@@ -746,7 +750,7 @@ async fn on_an_etcd_apiserver_the_web_view_follows_a_killed_replica_a_reset_and_
     )
     .await;
     println!(
-        "FIGURE ui host loss (unreachable_after 3 s, grace_period {GRACE_S} s): after the worker's SIGKILL the page showed exec-02 unreachable with its {} endpoint(s) flagged after {:.1} s, and exec-02 lost with web's 3 endpoints on exec-01 after {:.1} s",
+        "FIGURE ui host loss (unreachable_after 3 s, grace_period {GRACE_S} s): after the worker's SIGKILL the page showed {lost_host} unreachable with its {} endpoint(s) flagged after {:.1} s, and {lost_host} lost with web's 3 endpoints on {other_host} after {:.1} s",
         on_lost.len(),
         flagged.as_secs_f64(),
         moved.as_secs_f64()
