@@ -71,7 +71,7 @@ async fn entry(
         if entry.index <= blocking.index && !blocking.wait.is_zero() {
             let _watcher = shared.watcher(&principal, Kind::Blocking)?;
             // Parked: one of the watchers the delivery histogram waits for.
-            let mut recipient = shared.recipient(&rx);
+            let mut recipient = shared.recipient(&rx, Kind::Blocking);
             let (waited, seq) = wait_for_change(
                 &shared,
                 &mut rx,
