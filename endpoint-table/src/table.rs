@@ -2,9 +2,7 @@
 //! [`Change`] per service whose entry really changed.
 
 use crate::entry::{DeclaredPort, Entry, Replica};
-use plugin_api::{
-    ClusterEvent, ClusterSnapshot, HostInfo, JobInfo, JobState, ServiceInfo, ServiceKey,
-};
+use plugin_api::{ClusterEvent, ClusterSnapshot, HostInfo, JobInfo, ServiceInfo, ServiceKey};
 use port_resource::grant::{PortGrant, Protocol};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -146,6 +144,8 @@ pub struct Table {
     jobs: BTreeMap<String, JobRec>,
     by_host: BTreeMap<String, BTreeSet<String>>,
     hosts: BTreeMap<String, Option<IpAddr>>,
+    /// Port names, shared by every replica's [`PortMap`](crate::PortMap) (a cluster uses a handful).
+    port_names: BTreeSet<Arc<str>>,
 }
 
 // === impl Table ===
@@ -383,13 +383,17 @@ impl Table {
     }
 
     /// The replica `job` is, as its entry shows it.
-    fn replica_of(&self, job: &JobInfo) -> Replica {
+    fn replica_of(&mut self, job: &JobInfo) -> Replica {
+        let ports = granted_ports(job)
+            .into_iter()
+            .map(|(name, port)| (intern(&mut self.port_names, name), port))
+            .collect();
         Replica {
             replica: job.replica,
             job: job.job.clone(),
             host: job.host.clone(),
             address: self.hosts.get(&job.host).copied().flatten(),
-            ports: granted_ports(job),
+            ports,
             generation: job.generation,
             state: job.state,
             ready: job.ready,
@@ -480,6 +484,16 @@ impl Table {
             self.services.remove(&rec.service);
         }
     }
+}
+
+/// The shared copy of `name`.
+fn intern(names: &mut BTreeSet<Arc<str>>, name: String) -> Arc<str> {
+    if let Some(shared) = names.get(name.as_str()) {
+        return shared.clone();
+    }
+    let name: Arc<str> = name.into();
+    names.insert(name.clone());
+    name
 }
 
 /// An entry to patch: copied if it is shared (published: readers keep the old one), its

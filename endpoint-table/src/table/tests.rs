@@ -1,7 +1,7 @@
 use super::*;
 use crate::testutil::*;
 use expect_test::{expect, Expect};
-use plugin_api::{ClusterSnapshot, ServiceKey};
+use plugin_api::{ClusterSnapshot, JobState, ServiceKey};
 use std::fmt::Write;
 
 enum Step {
