@@ -54,6 +54,8 @@ impl Change {
 /// does not know (yet, or any more), and its replica waits here until the service exists.
 #[derive(Debug)]
 struct Svc {
+    /// Its key, shared with its jobs' records.
+    key: Arc<ServiceKey>,
     /// Whether the service exists, so its entry is served.
     known: bool,
     /// The entry, patched in place by each event (copied first if it was published and is
@@ -62,12 +64,13 @@ struct Svc {
     entry: Arc<Entry>,
 }
 
-/// What the table keeps of a live job besides its replica in the entry: where to find it.
+/// What the table keeps of a live job besides its replica in the entry: where to find it
+/// (the key and the host id shared, not copied: this is per endpoint).
 #[derive(Debug, Clone)]
 struct JobRec {
-    service: ServiceKey,
+    service: Arc<ServiceKey>,
     replica: u32,
-    host: String,
+    host: Arc<str>,
 }
 
 /// What a batch of events did to one service.
@@ -142,8 +145,10 @@ impl Touches {
 pub struct Table {
     services: BTreeMap<ServiceKey, Svc>,
     jobs: BTreeMap<String, JobRec>,
-    by_host: BTreeMap<String, BTreeSet<String>>,
+    by_host: BTreeMap<Arc<str>, BTreeSet<String>>,
     hosts: BTreeMap<String, Option<IpAddr>>,
+    /// Host ids, shared by the job records.
+    host_ids: BTreeSet<Arc<str>>,
     /// Port names, shared by every replica's [`PortMap`](crate::PortMap) (a cluster uses a handful).
     port_names: BTreeSet<Arc<str>>,
 }
@@ -278,16 +283,16 @@ impl Table {
             entry.meta = meta_labels(service);
             built.insert(service.key(), (true, entry));
         }
-        for job in snapshot.jobs.iter().filter(|j| !j.state.is_ended()) {
-            if let Some(prev) = self.jobs.remove(&job.job) {
-                // The same job twice: the later one wins.
-                if let Some((_, e)) = built.get_mut(&prev.service) {
-                    e.replicas.retain(|r| r.job != job.job);
-                }
-            }
+        // The same job twice: the later one wins.
+        let live: BTreeMap<&str, &JobInfo> = snapshot
+            .jobs
+            .iter()
+            .filter(|j| !j.state.is_ended())
+            .map(|j| (j.job.as_str(), j))
+            .collect();
+        for job in live.values() {
             let key = job.service_key();
             let replica = self.replica_of(job);
-            self.index_job(job, &key);
             built
                 .entry(key.clone())
                 .or_insert_with(|| (false, empty_entry(&key)))
@@ -321,7 +326,17 @@ impl Table {
                     Arc::new(entry)
                 }
             };
-            self.services.insert(key, Svc { known, entry });
+            let key = Arc::new(key);
+            let svc = Svc {
+                key: key.clone(),
+                known,
+                entry,
+            };
+            self.services.insert(ServiceKey::clone(&key), svc);
+        }
+        for job in live.values() {
+            let key = self.services[&job.service_key()].key.clone();
+            self.index_job(job, key);
         }
         // In snapshot order, as the services were listed.
         for service in &snapshot.services {
@@ -341,10 +356,10 @@ impl Table {
         t.touch(&self.services, &key, rev);
         let ports = declared_ports(service);
         let meta = meta_labels(service);
-        let svc = self.services.entry(key.clone()).or_insert_with(|| Svc {
-            known: false,
-            entry: Arc::new(empty_entry(&key)),
-        });
+        let svc = self
+            .services
+            .entry(key.clone())
+            .or_insert_with(|| new_svc(&key));
         if svc.known && svc.entry.ports == ports && svc.entry.meta == meta {
             return;
         }
@@ -359,7 +374,7 @@ impl Table {
     fn put_host(&mut self, host: &HostInfo, rev: u64, t: &mut Touches) {
         let address = host.facts.ip_addr;
         let moved = self.hosts.insert(host.id.clone(), address) != Some(address);
-        let Some(jobs) = self.by_host.get(&host.id) else {
+        let Some(jobs) = self.by_host.get(host.id.as_str()) else {
             return;
         };
         for job in jobs {
@@ -386,7 +401,7 @@ impl Table {
     fn replica_of(&mut self, job: &JobInfo) -> Replica {
         let ports = granted_ports(job)
             .into_iter()
-            .map(|(name, port)| (intern(&mut self.port_names, name), port))
+            .map(|(name, port)| (intern(&mut self.port_names, &name), port))
             .collect();
         Replica {
             replica: job.replica,
@@ -400,11 +415,11 @@ impl Table {
         }
     }
 
-    fn index_job(&mut self, job: &JobInfo, key: &ServiceKey) {
+    fn index_job(&mut self, job: &JobInfo, service: Arc<ServiceKey>) {
         let rec = JobRec {
-            service: key.clone(),
+            service,
             replica: job.replica,
-            host: job.host.clone(),
+            host: intern(&mut self.host_ids, &job.host),
         };
         self.by_host
             .entry(rec.host.clone())
@@ -419,7 +434,7 @@ impl Table {
         let replica = self.replica_of(job);
         match self.jobs.get(&job.job) {
             // The same slot: replaced in place, if it says anything new.
-            Some(old) if old.service == key && old.replica == job.replica => {
+            Some(old) if *old.service == key && old.replica == job.replica => {
                 let old_host = old.host.clone();
                 t.touch(&self.services, &key, rev);
                 let svc = self.services.get_mut(&key).expect("a job's service");
@@ -429,9 +444,10 @@ impl Table {
                 }
                 entry_mut(&mut svc.entry).replicas[pos] = replica;
                 t.changed(&key);
-                if old_host != job.host {
+                if *old_host != *job.host {
                     remove_from(&mut self.by_host, &old_host, &job.job);
-                    self.index_job(job, &key);
+                    let key = svc.key.clone();
+                    self.index_job(job, key);
                 }
             }
             // Moved to another service or replica index (not what a controller does, but
@@ -453,16 +469,17 @@ impl Table {
         t: &mut Touches,
     ) {
         t.touch(&self.services, &key, rev);
-        self.index_job(job, &key);
-        let svc = self.services.entry(key.clone()).or_insert_with(|| Svc {
-            known: false,
-            entry: Arc::new(empty_entry(&key)),
-        });
+        let svc = self
+            .services
+            .entry(key.clone())
+            .or_insert_with(|| new_svc(&key));
+        let shared_key = svc.key.clone();
         let entry = entry_mut(&mut svc.entry);
         match entry.replicas.binary_search_by(|r| order(r, &replica)) {
             Ok(pos) => entry.replicas[pos] = replica,
             Err(pos) => entry.replicas.insert(pos, replica),
         }
+        self.index_job(job, shared_key);
         t.changed(&key);
     }
 
@@ -474,26 +491,35 @@ impl Table {
         t.touch(&self.services, &rec.service, rev);
         let svc = self
             .services
-            .get_mut(&rec.service)
+            .get_mut(&*rec.service)
             .expect("a job's service");
         if let Some(pos) = position(&svc.entry, rec.replica, job) {
             entry_mut(&mut svc.entry).replicas.remove(pos);
             t.changed(&rec.service);
         }
         if !svc.known && svc.entry.replicas.is_empty() {
-            self.services.remove(&rec.service);
+            self.services.remove(&*rec.service);
         }
     }
 }
 
 /// The shared copy of `name`.
-fn intern(names: &mut BTreeSet<Arc<str>>, name: String) -> Arc<str> {
-    if let Some(shared) = names.get(name.as_str()) {
+fn intern(names: &mut BTreeSet<Arc<str>>, name: &str) -> Arc<str> {
+    if let Some(shared) = names.get(name) {
         return shared.clone();
     }
     let name: Arc<str> = name.into();
     names.insert(name.clone());
     name
+}
+
+/// A service the table has not seen yet: unknown, no replicas.
+fn new_svc(key: &ServiceKey) -> Svc {
+    Svc {
+        key: Arc::new(key.clone()),
+        known: false,
+        entry: Arc::new(empty_entry(key)),
+    }
 }
 
 /// An entry to patch: copied if it is shared (published: readers keep the old one), its
@@ -530,7 +556,7 @@ fn empty_entry(key: &ServiceKey) -> Entry {
     }
 }
 
-fn remove_from<K: Ord>(index: &mut BTreeMap<K, BTreeSet<String>>, key: &K, job: &str) {
+fn remove_from(index: &mut BTreeMap<Arc<str>, BTreeSet<String>>, key: &str, job: &str) {
     if let Some(set) = index.get_mut(key) {
         set.remove(job);
         if set.is_empty() {
