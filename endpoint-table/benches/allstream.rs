@@ -8,11 +8,16 @@
 //! Memory: the server's VmRSS once every stream has its first event(s), minus before
 //! any stream opened. Latency: [`CHANGES`] changes, each of a service picked at random
 //! (seeded), posted to the server's control route; the clock runs from just before the
-//! POST until the client reads that service's event. Printed: one `SUMMARY allstream` line.
+//! POST until the client reads that service's event. Where that time goes is read from the
+//! server's own histograms after the changes: `xce_endpoint_propagation_seconds` (the feed
+//! receiving the event → the apiserver side having applied it) and
+//! `xce_endpoint_delivery_seconds{kind}` (the feed → the stream's event yielded to hyper),
+//! their means; the rest of the client's time is the control POST before the feed and the
+//! socket and client after the yield. Printed: one `SUMMARY allstream` line.
 //!
 //! Run: `cargo bench -p endpoint-table --bench allstream`.
 
-use axum::routing::post;
+use axum::routing::{get, post};
 use endpoint_table::{endpoint_table, TableConfig};
 use plugin_api::{
     ApiContext, ApiExtension, ClusterEvent, ClusterListener, ClusterSnapshot, HostFacts, HostInfo,
@@ -48,11 +53,15 @@ fn main() {
         let ratio = all.rss_bytes as f64 / per.rss_bytes.max(1) as f64 * 100.0;
         let (per50, per99) = (pct(&per.latency, 50), pct(&per.latency, 99));
         let (all50, all99) = (pct(&all.latency, 50), pct(&all.latency, 99));
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
         println!(
             "SUMMARY allstream services={SERVICES}: server RSS for the streams one={}KiB \
              per-service x{SERVICES}={}KiB ({ratio:.2}% of it, goal <= 1%: {}); change to \
              event p50 one={all50:.2}ms per-service={per50:.2}ms, p99 one={all99:.2}ms \
-             per-service={per99:.2}ms over {CHANGES} changes ({})",
+             per-service={per99:.2}ms over {CHANGES} changes ({}); means: change to event \
+             one={:.3}ms per-service={:.3}ms, of which in the server feed to applied \
+             one={:.3}ms per-service={:.3}ms, feed to event yielded one={:.3}ms \
+             per-service={:.3}ms ({} and {} observed)",
             all.rss_bytes / 1024,
             per.rss_bytes / 1024,
             if ratio <= 1.0 { "met" } else { "missed" },
@@ -61,6 +70,14 @@ fn main() {
             } else {
                 "latency worse"
             },
+            mean(&all.latency),
+            mean(&per.latency),
+            all.server.applied_ms,
+            per.server.applied_ms,
+            all.server.yielded_ms,
+            per.server.yielded_ms,
+            all.server.observed,
+            per.server.observed,
         );
     });
 }
@@ -68,6 +85,42 @@ fn main() {
 struct Run {
     rss_bytes: u64,
     latency: Vec<f64>,
+    server: Inside,
+}
+
+/// The server's own timing of the changes, from its histograms (means).
+struct Inside {
+    /// The feed receiving the event → the apiserver side having applied it.
+    applied_ms: f64,
+    /// The feed receiving the event → the stream's event yielded.
+    yielded_ms: f64,
+    /// How many deliveries the server observed (one per change it was expected to).
+    observed: u64,
+}
+
+impl Inside {
+    /// From the server's metrics text before and after the changes (the differences: the
+    /// startup's resync is not one of the changes); `kind`: the watchers of the run.
+    fn parse(before: &str, after: &str, kind: &str) -> Self {
+        let read = |text: &str, name: &str| -> f64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("{name} in the server's metrics"))
+        };
+        let value = |name: &str| read(after, name) - read(before, name);
+        let delivery = |part: &str| {
+            value(&format!(
+                "xce_endpoint_delivery_seconds_{part}{{kind=\"{kind}\"}}"
+            ))
+        };
+        let applied = value("xce_endpoint_propagation_seconds_sum")
+            / value("xce_endpoint_propagation_seconds_count").max(1.0);
+        Self {
+            applied_ms: applied * 1000.0,
+            yielded_ms: delivery("sum") / delivery("count").max(1.0) * 1000.0,
+            observed: delivery("count") as u64,
+        }
+    }
 }
 
 /// One side: a fresh server, the streams, memory, then the changes.
@@ -95,6 +148,7 @@ async fn run(all: bool) -> Run {
             .unwrap();
     }
     let after = testkit::rss_kib(server.pid()) * 1024;
+    let metrics_before = fetch(server.addr, "/bench/metrics").await;
     let mut rng = testkit::seeded_rng("allstream bench");
     let mut latency = Vec::new();
     for _ in 0..CHANGES {
@@ -112,10 +166,16 @@ async fn run(all: bool) -> Run {
             }
         }
     }
+    let metrics = fetch(server.addr, "/bench/metrics").await;
     server.stop();
     Run {
         rss_bytes: after.saturating_sub(before),
         latency,
+        server: Inside::parse(
+            &metrics_before,
+            &metrics,
+            if all { "all_services" } else { "stream" },
+        ),
     }
 }
 
@@ -166,6 +226,19 @@ async fn control(addr: SocketAddr, path: &str) {
         "{}",
         String::from_utf8_lossy(&out)
     );
+}
+
+/// The body of `GET path`.
+async fn fetch(addr: SocketAddr, path: &str) -> String {
+    let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let req = format!("GET {path} HTTP/1.1\r\nhost: bench\r\nconnection: close\r\n\r\n");
+    conn.write_all(req.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    conn.read_to_end(&mut out).await.unwrap();
+    let out = String::from_utf8(out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    body.to_owned()
 }
 
 fn pct(v: &[f64], p: usize) -> f64 {
@@ -280,24 +353,40 @@ fn serve() {
             grants: vec![(Permission::JobView, vec!["*".into()])],
         };
         let routes = api.router(ApiContext::for_test(vec![(TOKEN.into(), viewer)]));
+        // The table's own histograms, for where the time goes.
+        let mut registry = prometheus_client::registry::Registry::default();
+        api.register_metrics(&mut registry);
+        let registry = Arc::new(registry);
         api.flushed().await;
         let state = Arc::new(Mutex::new((feed, 1u64, vec![true; SERVICES])));
-        let control = axum::Router::new().route(
-            "/bench/flip/{i}",
-            post(move |axum::extract::Path(i): axum::extract::Path<usize>| {
-                let state = state.clone();
-                async move {
-                    let mut s = state.lock().unwrap();
-                    let (feed, rev, ready) = &mut *s;
-                    *rev += 1;
-                    ready[i] = !ready[i];
-                    let mut j = job(i);
-                    j.ready = ready[i];
-                    feed.on_event(&ClusterEvent::Job { rev: *rev, job: j });
-                    rev.to_string()
-                }
-            }),
-        );
+        let control = axum::Router::new()
+            .route(
+                "/bench/flip/{i}",
+                post(move |axum::extract::Path(i): axum::extract::Path<usize>| {
+                    let state = state.clone();
+                    async move {
+                        let mut s = state.lock().unwrap();
+                        let (feed, rev, ready) = &mut *s;
+                        *rev += 1;
+                        ready[i] = !ready[i];
+                        let mut j = job(i);
+                        j.ready = ready[i];
+                        feed.on_event(&ClusterEvent::Job { rev: *rev, job: j });
+                        rev.to_string()
+                    }
+                }),
+            )
+            .route(
+                "/bench/metrics",
+                get(move || {
+                    let registry = registry.clone();
+                    async move {
+                        let mut text = String::new();
+                        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+                        text
+                    }
+                }),
+            );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         println!("ready {}", listener.local_addr().unwrap());
         std::io::stdout().flush().unwrap();

@@ -62,7 +62,8 @@ pub(crate) async fn all_stream(
     let last_event_id = last_event_id(&headers)?;
     let place = Place {
         counted: shared.watcher(&principal, Kind::AllServices)?,
-        recipient: None,
+        // Registered before the start is taken: it owes what it may be handed.
+        recipient: Some(shared.all_recipient()),
     };
     if let Some(n) = last_event_id {
         shared.journal.reached(n, CATCH_UP).await;
@@ -96,6 +97,7 @@ pub(crate) async fn all_stream(
         pending: start.items.into(),
         reset: start.reset,
         position: start.position,
+        taken_id: 0,
         done: false,
         published,
         token: bearer(&headers),
@@ -141,6 +143,9 @@ struct AllStream {
     reset: bool,
     /// The journal position after the last record taken.
     position: u64,
+    /// The highest revision taken from the journal (what the delivery histogram is
+    /// settled up to once the items taken are sent).
+    taken_id: u64,
     done: bool,
     published: watch::Receiver<u64>,
     /// The bearer token the stream was opened with, authenticated again on every wake.
@@ -244,8 +249,14 @@ impl AllStream {
                 if self.pending.is_empty() {
                     self.lag.take(self.position);
                 }
-                return Some(self.event(&item, last));
+                let event = self.event(&item, last);
+                // Handed now (`xce_endpoint_delivery_seconds{kind="all_services"}`); the
+                // earlier revisions it was not handed were not for this client.
+                self.lag.settle(item.id.saturating_sub(1), false);
+                self.lag.settle(item.id, true);
+                return Some(event);
             }
+            self.lag.settle(self.taken_id, false);
             self.lag.take(self.position);
             let changed = tokio::select! {
                 r = self.published.changed() => r,
@@ -291,6 +302,9 @@ impl AllStream {
                 return None;
             }
             self.position = taken.position;
+            if let Some(last) = taken.items.last() {
+                self.taken_id = self.taken_id.max(last.id);
+            }
             self.pending = taken.items.into();
         }
     }

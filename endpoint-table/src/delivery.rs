@@ -95,8 +95,13 @@ impl Tracker {
     /// handed seq `seq` before it was noted would never settle it. A watcher that registers
     /// afterwards holds an entry of at most `seq` and owes nothing up to it; one that
     /// registered before is woken by the change and settles it.
+    /// A `seq` not above the last one noted is ignored: the all-services streams' tracker
+    /// counts revisions, and one revision may change several services.
     pub(crate) fn changed(&self, seq: u64, at: Instant) {
         let mut state = self.lock();
+        if seq <= state.seq {
+            return;
+        }
         state.seq = seq;
         if state.recipients > 0 {
             let owed = state.recipients;

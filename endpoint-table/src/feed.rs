@@ -67,11 +67,20 @@ impl ClusterListener for TableFeed {
     }
 
     fn on_event(&self, event: &ClusterEvent) {
+        self.on_events(std::slice::from_ref(event));
+    }
+
+    /// One new entry per touched service for the whole batch (not one per event), and one
+    /// push to the queue.
+    fn on_events(&self, events: &[ClusterEvent]) {
+        let Some(last) = events.last() else {
+            return;
+        };
         let at = Instant::now();
         let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
-        let changes = table.apply(event);
+        let changes = table.apply_batch(events);
         drop(table);
-        self.record(&changes, event.rev());
+        self.record(&changes, last.rev());
         self.queue.push_changes(changes, at);
     }
 }

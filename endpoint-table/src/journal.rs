@@ -130,11 +130,15 @@ impl Journal {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Records one update (not readable until [`publish`](Self::publish)).
-    pub(crate) fn record(&self, update: &Update) {
+    /// Records one update (not readable until [`publish`](Self::publish)); the id of
+    /// a change's record.
+    pub(crate) fn record(&self, update: &Update) -> Option<u64> {
         let mut inner = self.lock();
         match update {
-            Update::Resync { entries, rev } => inner.resync(entries, *rev),
+            Update::Resync { entries, rev } => {
+                inner.resync(entries, *rev);
+                None
+            }
             Update::Change { change } => {
                 let id = change.index().max(inner.rev);
                 let entry = match change {
@@ -142,6 +146,7 @@ impl Journal {
                     Change::Removed { .. } => None,
                 };
                 inner.push(id, change.key(), entry);
+                Some(id)
             }
         }
     }

@@ -40,7 +40,7 @@ mod testutil;
 
 pub use api::EndpointApi;
 pub use config::{ConfigError, TableConfig};
-pub use entry::{DeclaredPort, Entry, Replica};
+pub use entry::{DeclaredPort, Entry, PortMap, Replica};
 pub use feed::TableFeed;
 pub use queue::Update;
 pub use table::{Change, Table};

@@ -21,8 +21,9 @@ pub(crate) struct Metrics {
     /// From the feed receiving an event to the API side having applied its change.
     pub(crate) propagation: Histogram,
     /// From a change of a service's entry reaching the feed to the last watcher of the
-    /// service connected then having been handed it (see `crate::delivery`).
-    pub(crate) delivery: Histogram,
+    /// service connected then having been handed it, by kind of watcher (see
+    /// `crate::delivery`).
+    pub(crate) delivery: Family<KindLabel, Histogram, fn() -> Histogram>,
 }
 
 /// What kind of watcher: the `kind` label of the watcher metrics.
@@ -68,13 +69,14 @@ impl Metrics {
             streams_lagged: Family::default(),
             // 50µs .. ~13s
             propagation: Histogram::new(exponential_buckets(0.000_05, 4.0, 10)),
-            delivery: Histogram::new(DELIVERY_BUCKETS),
+            delivery: Family::new_with_constructor(|| Histogram::new(DELIVERY_BUCKETS)),
         };
         // Every kind shows from the start, at 0.
         for kind in [Kind::Blocking, Kind::Stream, Kind::AllServices] {
             let label = KindLabel { kind };
             let _ = metrics.watchers.get_or_create(&label);
             let _ = metrics.watchers_rejected.get_or_create(&label);
+            let _ = metrics.delivery.get_or_create(&label);
             if kind != Kind::Blocking {
                 let _ = metrics.streams_lagged.get_or_create(&label);
             }
@@ -87,6 +89,11 @@ impl Metrics {
         self.watchers
             .get_or_create(&KindLabel { kind })
             .inc_by(delta);
+    }
+
+    /// The delivery histogram of watchers of `kind`.
+    pub(crate) fn delivery(&self, kind: Kind) -> Histogram {
+        self.delivery.get_or_create(&KindLabel { kind }).clone()
     }
 
     /// A watcher of `kind` refused past a cap.
@@ -130,8 +137,9 @@ impl Metrics {
         registry.register(
             "xce_endpoint_delivery_seconds",
             "Time from an endpoint change reaching this process's table feed to the last \
-             watcher of the service connected then having been sent it (blocking answer \
-             built, stream event yielded); changes no watcher was sent are not observed",
+             watcher of its kind following the service then having been sent it (blocking \
+             answer built, stream event yielded), by kind of watcher; changes no watcher of \
+             the kind was sent are not observed",
             self.delivery.clone(),
         );
     }

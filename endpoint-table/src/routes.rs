@@ -71,7 +71,7 @@ async fn entry(
         if entry.index <= blocking.index && !blocking.wait.is_zero() {
             let _watcher = shared.watcher(&principal, Kind::Blocking)?;
             // Parked: one of the watchers the delivery histogram waits for.
-            let mut recipient = shared.recipient(&rx);
+            let mut recipient = shared.recipient(&rx, Kind::Blocking);
             let (waited, seq) = wait_for_change(
                 &shared,
                 &mut rx,
@@ -195,7 +195,7 @@ async fn prometheus_sd(
         // scrape job covers the cluster and relabeling picks (DESIGN §5).
         let mut groups = Vec::new();
         for entry in shared.visible_entries(&principal, p.project.as_deref()) {
-            let ports: std::collections::BTreeSet<&String> = entry
+            let ports: std::collections::BTreeSet<&str> = entry
                 .endpoints()
                 .flat_map(|r| r.ports.keys())
                 .filter(|name| p.port.as_ref().is_none_or(|want| *name == want))

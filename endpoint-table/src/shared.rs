@@ -15,7 +15,6 @@ use axum::http::StatusCode;
 use plugin_api::{
     resolve_service, ApiError, Credential, Permission, Principal, Resolved, ServiceKey,
 };
-use prometheus_client::metrics::histogram::Histogram;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, Weak};
 use std::time::Instant;
@@ -28,8 +27,11 @@ pub(crate) struct Slot {
     pub(crate) seq: u64,
     /// The entry; `None` once the service is gone.
     pub(crate) entry: Option<Arc<Entry>>,
-    /// The deliveries of the slot's changes to its watchers (the same for the slot's life).
-    pub(crate) delivery: Arc<Tracker>,
+    /// The deliveries of the slot's changes to its blocking queries (the same for the
+    /// slot's life).
+    pub(crate) blocking: Arc<Tracker>,
+    /// The same, to its per-service streams.
+    pub(crate) streams: Arc<Tracker>,
 }
 
 /// State shared by the routes and the pump.
@@ -55,6 +57,8 @@ pub(crate) struct Shared {
     /// then look again. Raised after the insert, so one that subscribes before it looks
     /// misses no appearance.
     pub(crate) appeared: watch::Sender<u64>,
+    /// The deliveries of every change (by revision) to the all-services streams.
+    all_delivery: Arc<Tracker>,
 }
 
 #[derive(Debug, Default)]
@@ -112,6 +116,7 @@ impl Shared {
     pub(crate) fn new(cfg: TableConfig, metrics: Arc<Metrics>, queue: Option<Arc<Queue>>) -> Self {
         let mut cfg = cfg;
         cfg.default_wait = cfg.default_wait.min(cfg.max_wait);
+        let all_delivery = Arc::new(Tracker::new(metrics.delivery(Kind::AllServices), 0));
         Self {
             metrics,
             state: RwLock::default(),
@@ -122,6 +127,7 @@ impl Shared {
             draining: watch::Sender::new(false),
             appeared: watch::Sender::new(0),
             journal: Journal::new(cfg_journal(&cfg)),
+            all_delivery,
             cfg,
         }
     }
@@ -189,10 +195,13 @@ impl Shared {
     fn apply_one(&self, update: Update, received: Option<Instant>) {
         // When the change reached the table feed; from another source, when it reached us.
         let at = received.unwrap_or_else(Instant::now);
-        let delivery = &self.metrics.delivery;
+        let metrics = &*self.metrics;
         let mut state = self.state.write().unwrap_or_else(PoisonError::into_inner);
         // Under the state lock: the journal's order is the order the slots changed in.
-        self.journal.record(&update);
+        if let Some(id) = self.journal.record(&update) {
+            // Noted before the record is published (so before any stream can take it).
+            self.all_delivery.changed(id, at);
+        }
         let mut inserted = false;
         match update {
             Update::Resync { entries, .. } => {
@@ -215,7 +224,7 @@ impl Shared {
                 }
                 state.slots.retain(|_, projects| !projects.is_empty());
                 for (key, entry) in entries {
-                    state.insert(key, new_slot(entry, delivery));
+                    state.insert(key, new_slot(entry, metrics));
                     inserted = true;
                 }
             }
@@ -224,7 +233,7 @@ impl Shared {
             } => match state.slot(&entry.project, &entry.service) {
                 Some(tx) => set(tx, Some(entry), at),
                 None => {
-                    state.insert(entry.key(), new_slot(entry, delivery));
+                    state.insert(entry.key(), new_slot(entry, metrics));
                     inserted = true;
                 }
             },
@@ -309,11 +318,22 @@ impl Shared {
         Ok((rx, entry))
     }
 
-    /// Registers a watcher of `rx`'s service as a recipient of its changes (see
-    /// `crate::delivery`): it owes every change from now on.
-    pub(crate) fn recipient(&self, rx: &watch::Receiver<Slot>) -> Recipient {
-        let tracker = rx.borrow().delivery.clone();
+    /// Registers a watcher of `rx`'s service, of `kind`, as a recipient of its changes
+    /// (see `crate::delivery`): it owes every change from now on.
+    pub(crate) fn recipient(&self, rx: &watch::Receiver<Slot>, kind: Kind) -> Recipient {
+        let slot = rx.borrow();
+        let tracker = match kind {
+            Kind::Blocking => slot.blocking.clone(),
+            Kind::Stream | Kind::AllServices => slot.streams.clone(),
+        };
+        drop(slot);
         tracker.register()
+    }
+
+    /// Registers an all-services stream as a recipient of every change (by revision): it
+    /// owes every change from now on.
+    pub(crate) fn all_recipient(&self) -> Recipient {
+        self.all_delivery.register()
     }
 
     /// Every entry `principal` may view (only those of `project` when given), by service
@@ -422,11 +442,12 @@ impl ApiState {
     }
 }
 
-fn new_slot(entry: Arc<Entry>, delivery: &Histogram) -> watch::Sender<Slot> {
+fn new_slot(entry: Arc<Entry>, metrics: &Metrics) -> watch::Sender<Slot> {
     watch::Sender::new(Slot {
         seq: 1,
         entry: Some(entry),
-        delivery: Arc::new(Tracker::new(delivery.clone(), 1)),
+        blocking: Arc::new(Tracker::new(metrics.delivery(Kind::Blocking), 1)),
+        streams: Arc::new(Tracker::new(metrics.delivery(Kind::Stream), 1)),
     })
 }
 
@@ -441,7 +462,8 @@ fn set(tx: &watch::Sender<Slot>, entry: Option<Arc<Entry>>, at: Instant) {
         slot.entry = entry;
         // Noted before any watcher can see the new seq (this runs under the channel's
         // write lock): a watcher handed it must find it owed.
-        slot.delivery.changed(slot.seq, at);
+        slot.blocking.changed(slot.seq, at);
+        slot.streams.changed(slot.seq, at);
         true
     });
 }

@@ -35,7 +35,7 @@ pub(crate) async fn stream(
     view.check(&entry)?;
     let place = Place {
         counted: shared.watcher(&principal, Kind::Stream)?,
-        recipient: Some(shared.recipient(&rx)),
+        recipient: Some(shared.recipient(&rx, Kind::Stream)),
     };
     let key = entry.key();
     tracing::debug!(service = %key, index = entry.index, last_event_id, "stream opened");

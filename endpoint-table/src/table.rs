@@ -2,9 +2,7 @@
 //! [`Change`] per service whose entry really changed.
 
 use crate::entry::{DeclaredPort, Entry, Replica};
-use plugin_api::{
-    ClusterEvent, ClusterSnapshot, HostInfo, JobInfo, JobState, ServiceInfo, ServiceKey,
-};
+use plugin_api::{ClusterEvent, ClusterSnapshot, HostInfo, JobInfo, ServiceInfo, ServiceKey};
 use port_resource::grant::{PortGrant, Protocol};
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -52,23 +50,72 @@ impl Change {
     }
 }
 
-/// What the table keeps of a service.
-#[derive(Debug, Clone)]
-struct ServiceRec {
-    ports: Vec<DeclaredPort>,
-    meta: BTreeMap<String, String>,
+/// What the table keeps of a service, known or not: a job may name a service the table
+/// does not know (yet, or any more), and its replica waits here until the service exists.
+#[derive(Debug)]
+struct Svc {
+    /// Its key, shared with its jobs' records.
+    key: Arc<ServiceKey>,
+    /// Whether the service exists, so its entry is served.
+    known: bool,
+    /// The entry, patched in place by each event (copied first if it was published and is
+    /// still shared: an entry is immutable once published). While the service is unknown
+    /// only its replicas mean anything.
+    entry: Arc<Entry>,
 }
 
-/// What the table keeps of a live job.
+/// What the table keeps of a live job besides its replica in the entry: where to find it
+/// (the key and the host id shared, not copied: this is per endpoint).
 #[derive(Debug, Clone)]
 struct JobRec {
-    service: ServiceKey,
+    service: Arc<ServiceKey>,
     replica: u32,
-    host: String,
-    state: JobState,
-    ready: bool,
-    generation: u64,
-    ports: BTreeMap<String, u16>,
+    host: Arc<str>,
+}
+
+/// What a batch of events did to one service.
+#[derive(Debug)]
+struct Touch {
+    /// The revision of the last event of the batch that touched it.
+    rev: u64,
+    /// Whether its entry's content changed (an index alone is not content).
+    changed: bool,
+    /// Whether it was served when the batch began, and with which index.
+    was_known: bool,
+    start_index: u64,
+    /// The revision of its (last) removal in the batch.
+    removed_at: u64,
+}
+
+/// The services a batch touched, by key.
+#[derive(Debug, Default)]
+struct Touches(BTreeMap<ServiceKey, Touch>);
+
+impl Touches {
+    /// Notes that the event at `rev` touched `key`; the first touch of the batch records
+    /// the state the service was in before it.
+    fn touch(&mut self, services: &BTreeMap<ServiceKey, Svc>, key: &ServiceKey, rev: u64) {
+        if let Some(t) = self.0.get_mut(key) {
+            t.rev = rev;
+            return;
+        }
+        let svc = services.get(key);
+        let touch = Touch {
+            rev,
+            changed: false,
+            was_known: svc.is_some_and(|s| s.known),
+            start_index: svc.map_or(0, |s| s.entry.index),
+            removed_at: 0,
+        };
+        self.0.insert(key.clone(), touch);
+    }
+
+    /// Notes that `key`'s content changed (it must have been touched).
+    fn changed(&mut self, key: &ServiceKey) {
+        if let Some(t) = self.0.get_mut(key) {
+            t.changed = true;
+        }
+    }
 }
 
 /// The endpoint table: services, their live jobs, host addresses, and the entries derived
@@ -78,22 +125,32 @@ struct JobRec {
 /// have a service of the same name, and they are two services with two entries. A job
 /// belongs to [`JobInfo::service_key`].
 ///
-/// Invariants: an entry exists exactly for every known service; its index is at least 1,
-/// never lowered (resyncs included), and is the revision of the last event that touched
-/// the service (its profile, one of its jobs, a host with one of its jobs): exactly the
-/// revision the controller stores with the service. So every table that follows the same
-/// history — the controller's, a separate apiserver's that resynced from the store midway,
-/// the next leader's — serves the same index for the same entry. An event that touches a
-/// service without changing what its entry says (rare: a host state change, a job field
-/// the entry does not show) still raises the index; a steady cluster sends no events.
+/// Invariants: an entry exists exactly for every known service; its replicas are ordered
+/// by replica index, then job id; its index is at least 1, never lowered (resyncs
+/// included), and is the revision of the last event that touched the service (its
+/// profile, one of its jobs, a host with one of its jobs): exactly the revision the
+/// controller stores with the service. So every table that follows the same history — the
+/// controller's, a separate apiserver's that resynced from the store midway, the next
+/// leader's — serves the same index for the same entry. An event that touches a service
+/// without changing what its entry says (rare: a host state change, a job field the entry
+/// does not show) still raises the index; a steady cluster sends no events.
+///
+/// An event costs O(log) lookups plus, when it changes a published entry, one copy of that
+/// entry (the published one stays immutable for its readers); [`apply_batch`] copies each
+/// touched entry once per batch, so placing a service of n replicas in one batch is O(n),
+/// not O(n²).
+///
+/// [`apply_batch`]: Table::apply_batch
 #[derive(Debug, Default)]
 pub struct Table {
-    services: BTreeMap<ServiceKey, ServiceRec>,
+    services: BTreeMap<ServiceKey, Svc>,
     jobs: BTreeMap<String, JobRec>,
-    by_service: BTreeMap<ServiceKey, BTreeSet<String>>,
-    by_host: BTreeMap<String, BTreeSet<String>>,
+    by_host: BTreeMap<Arc<str>, BTreeSet<String>>,
     hosts: BTreeMap<String, Option<IpAddr>>,
-    entries: BTreeMap<ServiceKey, Arc<Entry>>,
+    /// Host ids, shared by the job records.
+    host_ids: BTreeSet<Arc<str>>,
+    /// Port names, shared by every replica's [`PortMap`](crate::PortMap) (a cluster uses a handful).
+    port_names: BTreeSet<Arc<str>>,
 }
 
 // === impl Table ===
@@ -106,193 +163,400 @@ impl Table {
 
     /// The entry of service `key`, if the table knows the service.
     pub fn entry(&self, key: &ServiceKey) -> Option<&Arc<Entry>> {
-        self.entries.get(key)
+        self.services.get(key).filter(|s| s.known).map(|s| &s.entry)
     }
 
     /// Every entry, by project, then service name.
     pub fn entries(&self) -> impl Iterator<Item = &Arc<Entry>> {
-        self.entries.values()
+        self.services.values().filter(|s| s.known).map(|s| &s.entry)
     }
 
     /// Applies one controller event; returns the changes it caused (at most one per service).
     pub fn apply(&mut self, event: &ClusterEvent) -> Vec<Change> {
+        self.apply_batch(std::slice::from_ref(event))
+    }
+
+    /// Applies controller events in order; returns the changes they caused together, at
+    /// most one per service (its entry after the last of them, indexed by the revision of
+    /// the last event that touched it; exactly what applying them one by one leaves in the
+    /// table, without the intermediate entries).
+    pub fn apply_batch(&mut self, events: &[ClusterEvent]) -> Vec<Change> {
+        let mut touches = Touches::default();
+        for event in events {
+            self.apply_one(event, &mut touches);
+        }
+        self.publish(touches)
+    }
+
+    fn apply_one(&mut self, event: &ClusterEvent, t: &mut Touches) {
         let rev = event.rev();
-        let mut touched = BTreeSet::new();
-        let mut changes = Vec::new();
         match event {
-            ClusterEvent::Service { service, .. } => {
-                self.put_service(service);
-                touched.insert(service.key());
-            }
+            ClusterEvent::Service { service, .. } => self.put_service(service, rev, t),
             ClusterEvent::ServiceRemoved { name, project, .. } => {
                 let key = ServiceKey::new(project, name);
-                self.services.remove(&key);
-                if self.entries.remove(&key).is_some() {
-                    changes.push(Change::Removed {
-                        service: key.name,
-                        project: key.project,
-                        index: rev,
-                    });
+                if !self.services.get(&key).is_some_and(|s| s.known) {
+                    return;
+                }
+                t.touch(&self.services, &key, rev);
+                let svc = self.services.get_mut(&key).expect("known");
+                svc.known = false;
+                if svc.entry.replicas.is_empty() {
+                    self.services.remove(&key);
+                }
+                t.changed(&key);
+                if let Some(touch) = t.0.get_mut(&key) {
+                    touch.removed_at = rev;
                 }
             }
             ClusterEvent::Job { job, .. } => {
-                if let Some(old) = self.jobs.get(&job.job) {
-                    touched.insert(old.service.clone());
-                }
                 if job.state.is_ended() {
-                    self.remove_job(&job.job);
+                    self.remove_job(&job.job, rev, t);
                 } else {
-                    self.put_job(job);
+                    self.put_job(job, rev, t);
                 }
-                touched.insert(job.service_key());
+                t.touch(&self.services, &job.service_key(), rev);
             }
             ClusterEvent::JobEnded { job, .. } => {
-                if let Some(old) = self.remove_job(&job.job) {
-                    touched.insert(old.service);
-                }
-                touched.insert(job.service_key());
+                self.remove_job(&job.job, rev, t);
+                t.touch(&self.services, &job.service_key(), rev);
             }
             ClusterEvent::Host { host, services, .. } => {
-                self.put_host(host);
-                touched.extend(services.iter().cloned());
-                if let Some(jobs) = self.by_host.get(&host.id) {
-                    touched.extend(jobs.iter().map(|j| self.jobs[j].service.clone()));
+                for key in services {
+                    t.touch(&self.services, key, rev);
                 }
+                self.put_host(host, rev, t);
             }
         }
-        changes.extend(touched.iter().filter_map(|s| self.refresh(s, rev)));
+    }
+
+    /// The changes of a batch, from what it touched; raises the touched entries' indexes.
+    fn publish(&mut self, touches: Touches) -> Vec<Change> {
+        let mut changes = Vec::new();
+        for (key, t) in touches.0 {
+            match self.services.get_mut(&key) {
+                Some(svc) if svc.known => {
+                    // Nothing new: a repeated event.
+                    if t.was_known && !t.changed && t.rev <= t.start_index {
+                        continue;
+                    }
+                    // Raised to the revision, never lowered: revisions only grow, but a
+                    // source that repeats one must still not make two different entries
+                    // share an index.
+                    let index = if t.was_known {
+                        t.rev.max(t.start_index + 1)
+                    } else {
+                        t.rev.max(1)
+                    };
+                    if svc.entry.index != index {
+                        entry_mut(&mut svc.entry).index = index;
+                    }
+                    changes.push(Change::Upsert {
+                        entry: svc.entry.clone(),
+                    });
+                }
+                _ if t.was_known => changes.push(Change::Removed {
+                    service: key.name,
+                    project: key.project,
+                    index: t.removed_at,
+                }),
+                _ => {}
+            }
+        }
         changes
     }
 
     /// Replaces everything with `snapshot`; returns the changes against what the table held
     /// before (none for a service whose entry is the same).
     pub fn resync(&mut self, snapshot: &ClusterSnapshot) -> Vec<Change> {
-        self.services.clear();
+        let old = std::mem::take(&mut self.services);
         self.jobs.clear();
-        self.by_service.clear();
         self.by_host.clear();
         self.hosts.clear();
         for host in &snapshot.hosts {
-            self.put_host(host);
+            self.hosts.insert(host.id.clone(), host.facts.ip_addr);
         }
+        // Built from scratch as owned entries, then compared with the old ones.
+        let mut built: BTreeMap<ServiceKey, (bool, Entry)> = BTreeMap::new();
         for service in &snapshot.services {
-            self.put_service(service);
+            let mut entry = empty_entry(&service.key());
+            entry.ports = declared_ports(service);
+            entry.meta = meta_labels(service);
+            built.insert(service.key(), (true, entry));
         }
-        for job in snapshot.jobs.iter().filter(|j| !j.state.is_ended()) {
-            self.put_job(job);
-        }
-        let gone: Vec<ServiceKey> = self
-            .entries
-            .keys()
-            .filter(|k| !self.services.contains_key(*k))
-            .cloned()
+        // The same job twice: the later one wins.
+        let live: BTreeMap<&str, &JobInfo> = snapshot
+            .jobs
+            .iter()
+            .filter(|j| !j.state.is_ended())
+            .map(|j| (j.job.as_str(), j))
             .collect();
-        let mut changes: Vec<Change> = gone
-            .into_iter()
-            .map(|key| {
-                self.entries.remove(&key);
-                Change::Removed {
-                    service: key.name,
-                    project: key.project,
-                    index: snapshot.rev,
-                }
+        for job in live.values() {
+            let key = job.service_key();
+            let replica = self.replica_of(job);
+            built
+                .entry(key.clone())
+                .or_insert_with(|| (false, empty_entry(&key)))
+                .1
+                .replicas
+                .push(replica);
+        }
+        let mut changes: Vec<Change> = old
+            .iter()
+            .filter(|(k, s)| s.known && !built.get(*k).is_some_and(|(known, _)| *known))
+            .map(|(key, _)| Change::Removed {
+                service: key.name.clone(),
+                project: key.project.clone(),
+                index: snapshot.rev,
             })
             .collect();
+        let revs: BTreeMap<ServiceKey, u64> =
+            snapshot.services.iter().map(|s| (s.key(), s.rev)).collect();
+        for (key, (known, mut entry)) in built {
+            entry.replicas.sort_by(order);
+            let old = old.get(&key).filter(|s| s.known).map(|s| &s.entry);
+            let entry = match (known, old) {
+                (false, _) => Arc::new(entry),
+                // Nothing new: a resync of what the table holds.
+                (true, Some(old)) if old.same_content(&entry) && revs[&key] <= old.index => {
+                    old.clone()
+                }
+                (true, old) => {
+                    let rev = revs[&key];
+                    entry.index = old.map_or(rev.max(1), |o| rev.max(o.index + 1));
+                    Arc::new(entry)
+                }
+            };
+            let key = Arc::new(key);
+            let svc = Svc {
+                key: key.clone(),
+                known,
+                entry,
+            };
+            self.services.insert(ServiceKey::clone(&key), svc);
+        }
+        for job in live.values() {
+            let key = self.services[&job.service_key()].key.clone();
+            self.index_job(job, key);
+        }
+        // In snapshot order, as the services were listed.
         for service in &snapshot.services {
-            changes.extend(self.refresh(&service.key(), service.rev));
+            let entry = &self.services[&service.key()].entry;
+            let old = old.get(&service.key()).filter(|s| s.known);
+            if !old.is_some_and(|o| Arc::ptr_eq(&o.entry, entry)) {
+                changes.push(Change::Upsert {
+                    entry: entry.clone(),
+                });
+            }
         }
         changes
     }
 
-    /// Recomputes the entry of `service` after an event at revision `rev` touched it.
-    fn refresh(&mut self, service: &ServiceKey, rev: u64) -> Option<Change> {
-        let mut entry = self.compute(service)?;
-        match self.entries.get(service) {
-            // Nothing new: a resync of what the table holds, or a repeated event.
-            Some(old) if old.same_content(&entry) && rev <= old.index => return None,
-            // Raised to the revision, never lowered: revisions only grow, but a source
-            // that repeats one must still not make two different entries share an index.
-            Some(old) => entry.index = rev.max(old.index + 1),
-            None => entry.index = rev.max(1),
+    fn put_service(&mut self, service: &ServiceInfo, rev: u64, t: &mut Touches) {
+        let key = service.key();
+        t.touch(&self.services, &key, rev);
+        let ports = declared_ports(service);
+        let meta = meta_labels(service);
+        let svc = self
+            .services
+            .entry(key.clone())
+            .or_insert_with(|| new_svc(&key));
+        if svc.known && svc.entry.ports == ports && svc.entry.meta == meta {
+            return;
         }
-        let entry = Arc::new(entry);
-        self.entries.insert(service.clone(), entry.clone());
-        Some(Change::Upsert { entry })
+        svc.known = true;
+        let entry = entry_mut(&mut svc.entry);
+        entry.ports = ports;
+        entry.meta = meta;
+        t.changed(&key);
     }
 
-    /// The entry of `service` from scratch, index 0.
-    fn compute(&self, service: &ServiceKey) -> Option<Entry> {
-        let rec = self.services.get(service)?;
-        let mut replicas: Vec<Replica> = self
-            .by_service
-            .get(service)
-            .into_iter()
-            .flatten()
-            .map(|id| {
-                let job = &self.jobs[id];
-                Replica {
-                    replica: job.replica,
-                    job: id.clone(),
-                    host: job.host.clone(),
-                    address: self.hosts.get(&job.host).copied().flatten(),
-                    ports: job.ports.clone(),
-                    generation: job.generation,
-                    state: job.state,
-                    ready: job.ready,
-                }
-            })
-            .collect();
-        replicas.sort_by(|a, b| (a.replica, &a.job).cmp(&(b.replica, &b.job)));
-        Some(Entry {
-            service: service.name.clone(),
-            project: service.project.clone(),
-            index: 0,
-            ports: rec.ports.clone(),
-            meta: rec.meta.clone(),
-            replicas,
-            rendered: Default::default(),
-        })
-    }
-
-    fn put_service(&mut self, service: &ServiceInfo) {
-        let rec = ServiceRec {
-            ports: declared_ports(service),
-            meta: meta_labels(service),
+    /// A new address for `host`: every replica on it gets it, and its services are touched.
+    fn put_host(&mut self, host: &HostInfo, rev: u64, t: &mut Touches) {
+        let address = host.facts.ip_addr;
+        let moved = self.hosts.insert(host.id.clone(), address) != Some(address);
+        let Some(jobs) = self.by_host.get(host.id.as_str()) else {
+            return;
         };
-        self.services.insert(service.key(), rec);
+        for job in jobs {
+            let rec = &self.jobs[job];
+            t.touch(&self.services, &rec.service, rev);
+            if !moved {
+                continue;
+            }
+            let svc = self
+                .services
+                .get_mut(&rec.service)
+                .expect("a job's service");
+            let Some(pos) = position(&svc.entry, rec.replica, job) else {
+                continue;
+            };
+            if svc.entry.replicas[pos].address != address {
+                entry_mut(&mut svc.entry).replicas[pos].address = address;
+                t.changed(&rec.service);
+            }
+        }
     }
 
-    fn put_host(&mut self, host: &HostInfo) {
-        self.hosts.insert(host.id.clone(), host.facts.ip_addr);
-    }
-
-    fn put_job(&mut self, job: &JobInfo) {
-        self.remove_job(&job.job);
-        let rec = JobRec {
-            service: job.service_key(),
+    /// The replica `job` is, as its entry shows it.
+    fn replica_of(&mut self, job: &JobInfo) -> Replica {
+        let ports = granted_ports(job)
+            .into_iter()
+            .map(|(name, port)| (intern(&mut self.port_names, &name), port))
+            .collect();
+        Replica {
             replica: job.replica,
+            job: job.job.clone(),
             host: job.host.clone(),
+            address: self.hosts.get(&job.host).copied().flatten(),
+            ports,
+            generation: job.generation,
             state: job.state,
             ready: job.ready,
-            generation: job.generation,
-            ports: granted_ports(job),
+        }
+    }
+
+    fn index_job(&mut self, job: &JobInfo, service: Arc<ServiceKey>) {
+        let rec = JobRec {
+            service,
+            replica: job.replica,
+            host: intern(&mut self.host_ids, &job.host),
         };
-        let by_service = self.by_service.entry(rec.service.clone()).or_default();
-        by_service.insert(job.job.clone());
-        let by_host = self.by_host.entry(rec.host.clone()).or_default();
-        by_host.insert(job.job.clone());
+        self.by_host
+            .entry(rec.host.clone())
+            .or_default()
+            .insert(job.job.clone());
         self.jobs.insert(job.job.clone(), rec);
     }
 
-    fn remove_job(&mut self, job: &str) -> Option<JobRec> {
-        let rec = self.jobs.remove(job)?;
-        remove_from(&mut self.by_service, &rec.service, job);
+    /// A live job, new or changed: patches its replica in its service's entry.
+    fn put_job(&mut self, job: &JobInfo, rev: u64, t: &mut Touches) {
+        let key = job.service_key();
+        let replica = self.replica_of(job);
+        match self.jobs.get(&job.job) {
+            // The same slot: replaced in place, if it says anything new.
+            Some(old) if *old.service == key && old.replica == job.replica => {
+                let old_host = old.host.clone();
+                t.touch(&self.services, &key, rev);
+                let svc = self.services.get_mut(&key).expect("a job's service");
+                let pos = position(&svc.entry, job.replica, &job.job).expect("a job's replica");
+                if svc.entry.replicas[pos] == replica {
+                    return;
+                }
+                entry_mut(&mut svc.entry).replicas[pos] = replica;
+                t.changed(&key);
+                if *old_host != *job.host {
+                    remove_from(&mut self.by_host, &old_host, &job.job);
+                    let key = svc.key.clone();
+                    self.index_job(job, key);
+                }
+            }
+            // Moved to another service or replica index (not what a controller does, but
+            // the table must follow any history): out of the old slot, into the new one.
+            Some(_) => {
+                self.remove_job(&job.job, rev, t);
+                self.insert_job(job, key, replica, rev, t);
+            }
+            None => self.insert_job(job, key, replica, rev, t),
+        }
+    }
+
+    fn insert_job(
+        &mut self,
+        job: &JobInfo,
+        key: ServiceKey,
+        replica: Replica,
+        rev: u64,
+        t: &mut Touches,
+    ) {
+        t.touch(&self.services, &key, rev);
+        let svc = self
+            .services
+            .entry(key.clone())
+            .or_insert_with(|| new_svc(&key));
+        let shared_key = svc.key.clone();
+        let entry = entry_mut(&mut svc.entry);
+        match entry.replicas.binary_search_by(|r| order(r, &replica)) {
+            Ok(pos) => entry.replicas[pos] = replica,
+            Err(pos) => entry.replicas.insert(pos, replica),
+        }
+        self.index_job(job, shared_key);
+        t.changed(&key);
+    }
+
+    fn remove_job(&mut self, job: &str, rev: u64, t: &mut Touches) {
+        let Some(rec) = self.jobs.remove(job) else {
+            return;
+        };
         remove_from(&mut self.by_host, &rec.host, job);
-        Some(rec)
+        t.touch(&self.services, &rec.service, rev);
+        let svc = self
+            .services
+            .get_mut(&*rec.service)
+            .expect("a job's service");
+        if let Some(pos) = position(&svc.entry, rec.replica, job) {
+            entry_mut(&mut svc.entry).replicas.remove(pos);
+            t.changed(&rec.service);
+        }
+        if !svc.known && svc.entry.replicas.is_empty() {
+            self.services.remove(&*rec.service);
+        }
     }
 }
 
-fn remove_from<K: Ord>(index: &mut BTreeMap<K, BTreeSet<String>>, key: &K, job: &str) {
+/// The shared copy of `name`.
+fn intern(names: &mut BTreeSet<Arc<str>>, name: &str) -> Arc<str> {
+    if let Some(shared) = names.get(name) {
+        return shared.clone();
+    }
+    let name: Arc<str> = name.into();
+    names.insert(name.clone());
+    name
+}
+
+/// A service the table has not seen yet: unknown, no replicas.
+fn new_svc(key: &ServiceKey) -> Svc {
+    Svc {
+        key: Arc::new(key.clone()),
+        known: false,
+        entry: Arc::new(empty_entry(key)),
+    }
+}
+
+/// An entry to patch: copied if it is shared (published: readers keep the old one), its
+/// cached rendering dropped (the content is about to change).
+fn entry_mut(entry: &mut Arc<Entry>) -> &mut Entry {
+    let entry = Arc::make_mut(entry);
+    entry.rendered = Default::default();
+    entry
+}
+
+/// The order of an entry's replicas: by replica index, then job id.
+fn order(a: &Replica, b: &Replica) -> std::cmp::Ordering {
+    (a.replica, &a.job).cmp(&(b.replica, &b.job))
+}
+
+/// Where replica `replica` of job `job` is in `entry`.
+fn position(entry: &Entry, replica: u32, job: &str) -> Option<usize> {
+    entry
+        .replicas
+        .binary_search_by(|r| (r.replica, r.job.as_str()).cmp(&(replica, job)))
+        .ok()
+}
+
+/// A service's entry with nothing in it yet, index 0.
+fn empty_entry(key: &ServiceKey) -> Entry {
+    Entry {
+        service: key.name.clone(),
+        project: key.project.clone(),
+        index: 0,
+        ports: Vec::new(),
+        meta: BTreeMap::new(),
+        replicas: Vec::new(),
+        rendered: Default::default(),
+    }
+}
+
+fn remove_from(index: &mut BTreeMap<Arc<str>, BTreeSet<String>>, key: &str, job: &str) {
     if let Some(set) = index.get_mut(key) {
         set.remove(job);
         if set.is_empty() {

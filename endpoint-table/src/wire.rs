@@ -126,8 +126,8 @@ impl EndpointAnswer {
         let ports = r
             .ports
             .iter()
-            .filter(|(name, _)| port.is_none_or(|p| p == name.as_str()))
-            .map(|(name, port)| (name.clone(), *port))
+            .filter(|(name, _)| port.is_none_or(|p| p == *name))
+            .map(|(name, port)| (name.to_owned(), *port))
             .collect();
         Self {
             replica: r.replica,

@@ -334,6 +334,15 @@ pub trait ClusterListener: Send + Sync + 'static {
     fn resync(&self, snapshot: &ClusterSnapshot);
     /// Applies one change.
     fn on_event(&self, event: &ClusterEvent);
+    /// Applies changes in order, as the host committed them together (one store batch).
+    /// The default applies them one by one; a listener whose per-event work is large
+    /// (the endpoint table: a new entry per touched service) overrides it to do that work
+    /// once per batch. A host may call either; it must not call both for one event.
+    fn on_events(&self, events: &[ClusterEvent]) {
+        for event in events {
+            self.on_event(event);
+        }
+    }
 }
 
 impl<T: ClusterListener + ?Sized> ClusterListener for std::sync::Arc<T> {
@@ -342,6 +351,9 @@ impl<T: ClusterListener + ?Sized> ClusterListener for std::sync::Arc<T> {
     }
     fn on_event(&self, event: &ClusterEvent) {
         (**self).on_event(event)
+    }
+    fn on_events(&self, events: &[ClusterEvent]) {
+        (**self).on_events(events)
     }
 }
 

@@ -1390,7 +1390,9 @@ async fn stream_client_falling_behind_is_disconnected() {
         2 behind: id: 12
         data: {"service":"web","project":"team-a","index":12,"endpoints":[{"replica":0,"job":"j-1","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20417}},{"replica":1,"job":"j-2","host":"exec-02","generation":1,"address":"fd00::2","ports":{"http":20418}},{"replica":2,"job":"j-3","host":"exec-01","generation":1,"address":"127.0.0.11","ports":{"http":20419}}]}
         3 behind: None
-        xce_endpoint_delivery_seconds_count 2
+        xce_endpoint_delivery_seconds_count{kind="all_services"} 0
+        xce_endpoint_delivery_seconds_count{kind="blocking"} 0
+        xce_endpoint_delivery_seconds_count{kind="stream"} 2
         xce_endpoint_propagation_seconds_count 6
         xce_endpoint_streams_lagged_total{kind="all_services"} 0
         xce_endpoint_streams_lagged_total{kind="stream"} 1
@@ -1447,7 +1449,9 @@ async fn stream_client_that_never_reads_is_cut_off() {
         change 1: reader Some("id: 11")
         change 2: reader Some("id: 12")
         change 3: reader Some("id: 13")
-        xce_endpoint_delivery_seconds_count 3
+        xce_endpoint_delivery_seconds_count{kind="all_services"} 0
+        xce_endpoint_delivery_seconds_count{kind="blocking"} 0
+        xce_endpoint_delivery_seconds_count{kind="stream"} 3
         xce_endpoint_propagation_seconds_count 4
         xce_endpoint_streams_lagged_total{kind="all_services"} 0
         xce_endpoint_streams_lagged_total{kind="stream"} 1
@@ -1480,7 +1484,7 @@ async fn delivery_histogram_waits_for_the_last_watcher() {
         let metrics = c.metrics();
         let count = metrics
             .lines()
-            .find_map(|l| l.strip_prefix("xce_endpoint_delivery_seconds_count "))
+            .find_map(|l| l.strip_prefix("xce_endpoint_delivery_seconds_count{kind=\"stream\"} "))
             .unwrap()
             .to_owned();
         let pending = c
@@ -1489,7 +1493,7 @@ async fn delivery_histogram_waits_for_the_last_watcher() {
             .subscribe(&key("team-a", "web"))
             .unwrap()
             .borrow()
-            .delivery
+            .streams
             .pending();
         format!("observed {count}, pending {pending}")
     };
@@ -1648,7 +1652,9 @@ async fn watcher_caps() {
     let root = c.get(&format!("root {stream}")).await;
     assert_eq!(root.status(), 200);
     expect![[r#"
-        xce_endpoint_delivery_seconds_count 0
+        xce_endpoint_delivery_seconds_count{kind="all_services"} 0
+        xce_endpoint_delivery_seconds_count{kind="blocking"} 0
+        xce_endpoint_delivery_seconds_count{kind="stream"} 0
         xce_endpoint_propagation_seconds_count 1
         xce_endpoint_streams_lagged_total{kind="all_services"} 0
         xce_endpoint_streams_lagged_total{kind="stream"} 0

@@ -1,7 +1,7 @@
 use super::*;
 use crate::testutil::*;
 use expect_test::{expect, Expect};
-use plugin_api::{ClusterSnapshot, ServiceKey};
+use plugin_api::{ClusterSnapshot, JobState, ServiceKey};
 use std::fmt::Write;
 
 enum Step {
@@ -632,6 +632,72 @@ mod prop {
             for (name, entry) in &expected {
                 prop_assert_eq!(&**fresh.entry(name).unwrap(), entry);
             }
+        }
+    }
+
+    proptest! {
+        /// The incremental table, fed in batches of any size, ends exactly where feeding it
+        /// one event at a time ends, and where a from-scratch rebuild (a fresh table
+        /// resynced to the final state) ends, indexes included; and a reader of the
+        /// batches' changes holds the same entries, each published with a higher index.
+        #[test]
+        fn batches_equal_one_by_one_and_a_rebuild(
+            ops in proptest::collection::vec(op(), 1..80),
+            cuts in proptest::collection::vec(1..7usize, 1..30),
+        ) {
+            let mut model = Model::default();
+            let mut events = Vec::new();
+            for (n, op) in ops.iter().enumerate() {
+                events.push(model.event(n as u64 + 1, op));
+            }
+            let mut single = Table::new();
+            for event in &events {
+                single.apply(event);
+            }
+            let mut batched = Table::new();
+            let mut served: BTreeMap<ServiceKey, Arc<Entry>> = BTreeMap::new();
+            let mut rest = &events[..];
+            let mut cuts = cuts.iter().cycle();
+            while !rest.is_empty() {
+                let n = (*cuts.next().unwrap()).min(rest.len());
+                let (batch, tail) = rest.split_at(n);
+                rest = tail;
+                for change in batched.apply_batch(batch) {
+                    match change {
+                        Change::Upsert { entry } => {
+                            if let Some(old) = served.get(&entry.key()) {
+                                prop_assert!(entry.index > old.index, "index not raised");
+                            }
+                            served.insert(entry.key(), entry);
+                        }
+                        Change::Removed { .. } => {
+                            prop_assert!(served.remove(&change.key()).is_some(), "removed unseen");
+                        }
+                    }
+                }
+            }
+            let all = |t: &Table| -> Vec<Entry> { t.entries().map(|e| (**e).clone()).collect() };
+            prop_assert_eq!(all(&batched), all(&single));
+            let served: Vec<Entry> = served.values().map(|e| (**e).clone()).collect();
+            prop_assert_eq!(&served, &all(&batched));
+
+            let snapshot = ClusterSnapshot {
+                rev: events.len() as u64,
+                services: model
+                    .services
+                    .values()
+                    .map(|s| {
+                        let index = batched.entry(&key(&s.project, &s.name)).unwrap().index;
+                        ServiceInfo { rev: index, ..s.clone() }
+                    })
+                    .collect(),
+                jobs: model.jobs.values().cloned().collect(),
+                hosts: model.hosts.values().cloned().collect(),
+            };
+            let mut fresh = Table::new();
+            fresh.resync(&snapshot);
+            prop_assert_eq!(all(&fresh), all(&batched));
+            prop_assert_eq!(batched.resync(&snapshot), vec![]);
         }
     }
 }

@@ -678,10 +678,9 @@ impl Cluster {
         self.store.commit(batch);
         self.phases.commit += at.elapsed();
         let at = Instant::now();
-        for e in &events {
-            for l in &self.listeners {
-                l.on_event(e);
-            }
+        // One call per committed batch: the endpoint table does its per-service work once.
+        for l in &self.listeners {
+            l.on_events(&events);
         }
         self.phases.announce += at.elapsed();
     }

@@ -320,7 +320,10 @@ impl Model {
         }
         let mut got: Vec<Endpoint> = entry
             .endpoints()
-            .map(|r| (r.job.clone(), r.host.clone(), r.address, r.ports.clone()))
+            .map(|r| {
+                let ports = r.ports.iter().map(|(n, p)| (n.to_owned(), *p)).collect();
+                (r.job.clone(), r.host.clone(), r.address, ports)
+            })
             .collect();
         got.sort();
         self.compare(key, entry.index, got, "entry");

@@ -645,3 +645,48 @@ proptest! {
         rt.block_on(run(ops, grants));
     }
 }
+
+/// `xce_endpoint_delivery_seconds{kind="all_services"}`: a change an all-services stream
+/// was sent is observed once; one it may not view (team-b's) is settled as not sent and not
+/// observed. Events are produced only when read, which orders the steps; no timing is
+/// asserted.
+#[tokio::test]
+async fn deliveries_are_observed_under_their_kind() {
+    let c = Cluster::new(TableConfig::default()).await;
+    let mut alice = Sub::new(c.get("alice /v1/endpoints/stream").await);
+    alice.lines(3).await;
+    let observed = |c: &Cluster| {
+        c.metrics()
+            .lines()
+            .filter(|l| l.starts_with("xce_endpoint_delivery_seconds_count"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let mut out = format!("after the snapshot:\n{}\n", observed(&c));
+    c.event(ev_job(11, web_job("j-3", 2, "exec-01", 20419)))
+        .await;
+    alice.lines(1).await;
+    c.event(ev_job(
+        12,
+        job("j-6", "secret", "team-b", 0, "exec-02", &[("http", 22001)]),
+    ))
+    .await;
+    c.event(ev_removed(14, "noports", "team-a")).await;
+    alice.lines(1).await;
+    let _ = writeln!(
+        out,
+        "after 11 (sent), 12 (invisible), 14 (sent):\n{}",
+        observed(&c)
+    );
+    expect![[r#"
+        after the snapshot:
+        xce_endpoint_delivery_seconds_count{kind="all_services"} 0
+        xce_endpoint_delivery_seconds_count{kind="blocking"} 0
+        xce_endpoint_delivery_seconds_count{kind="stream"} 0
+        after 11 (sent), 12 (invisible), 14 (sent):
+        xce_endpoint_delivery_seconds_count{kind="all_services"} 2
+        xce_endpoint_delivery_seconds_count{kind="blocking"} 0
+        xce_endpoint_delivery_seconds_count{kind="stream"} 0
+    "#]]
+    .assert_eq(&out);
+}

@@ -182,10 +182,8 @@ impl Core {
         m.revision.set(c.rev as i64);
         // Announce last: the readers' view above already includes these changes.
         let events = std::mem::take(&mut self.outbox);
-        for e in &events {
-            for l in &self.listeners {
-                l.on_event(e);
-            }
+        for l in &self.listeners {
+            l.on_events(&events);
         }
     }
 

@@ -1,0 +1,169 @@
+//! The endpoint table's memory per endpoint (issue 14: goal ≤ 500 bytes), in process.
+//!
+//! One [`endpoint_table`] (the controller side's `TableFeed` and the apiserver side that
+//! serves it, with its journal) is loaded the way a controller feeds it: per service a
+//! `Service` event, then its jobs placed, then each one running and ready, in store
+//! batches of [`BATCH`] events (`ClusterListener::on_events`). [`ENDPOINTS`] endpoints in
+//! all, across services of [`REPLICAS`] replicas and one of [`BIG`], on [`HOSTS`] hosts
+//! with addresses, two named ports each. Measured: this process's VmRSS once the apiserver
+//! side applied everything, minus before the first service (the runtime, the empty table
+//! and the hosts already there), divided by the endpoints it serves (counted, not assumed).
+//! The entries' cached JSON answers (filled on a service's first read) are not included:
+//! nothing reads here.
+//!
+//! Run: `cargo bench -p endpoint-table --bench rss`. Prints one `SUMMARY scale` line.
+
+use endpoint_table::{endpoint_table, TableConfig};
+use plugin_api::{
+    ApiContext, ApiExtension, ClusterEvent, ClusterListener, ClusterSnapshot, HostFacts, HostInfo,
+    HostState, JobInfo, JobState, ServiceInfo, ServiceKey,
+};
+use port_resource::grant::{GrantedPort, PortGrant, Protocol};
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+const ENDPOINTS: usize = 50_000;
+/// The one large service.
+const BIG: usize = 10_000;
+/// Every other service's replicas.
+const REPLICAS: usize = 100;
+const HOSTS: usize = 1_000;
+/// Events per store batch.
+const BATCH: usize = 500;
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (feed, api) = endpoint_table(TableConfig::default());
+        // Starts the pump that carries the feed's changes to the apiserver side.
+        let _routes = api.router(ApiContext::for_test(vec![]));
+        let mut rev = 1;
+        feed.resync(&ClusterSnapshot {
+            rev,
+            services: vec![],
+            jobs: vec![],
+            hosts: (0..HOSTS).map(host).collect(),
+        });
+        api.flushed().await;
+        let pid = std::process::id();
+        let before = testkit::rss_kib(pid);
+        let at = Instant::now();
+
+        let mut sizes = vec![BIG];
+        sizes.extend(std::iter::repeat_n(REPLICAS, (ENDPOINTS - BIG) / REPLICAS));
+        let mut next_job = 0;
+        let mut events = 0;
+        for (s, &size) in sizes.iter().enumerate() {
+            rev += 1;
+            feed.on_event(&ClusterEvent::Service {
+                rev,
+                service: service(s, size),
+            });
+            let jobs: Vec<JobInfo> = (0..size)
+                .map(|r| job(s, r, next_job + r, JobState::Placed, false))
+                .collect();
+            next_job += size;
+            // Placed, then running and ready: two events per job, as a controller sends.
+            for (state, ready) in [(JobState::Placed, false), (JobState::Running, true)] {
+                for chunk in jobs.chunks(BATCH) {
+                    let batch: Vec<ClusterEvent> = chunk
+                        .iter()
+                        .map(|j| {
+                            rev += 1;
+                            let job = JobInfo {
+                                state,
+                                ready,
+                                ..j.clone()
+                            };
+                            ClusterEvent::Job { rev, job }
+                        })
+                        .collect();
+                    events += batch.len();
+                    feed.on_events(&batch);
+                }
+            }
+        }
+        api.flushed().await;
+        let took = at.elapsed();
+        let after = testkit::rss_kib(pid);
+
+        let served: usize = (0..sizes.len())
+            .map(|s| {
+                let entry = api.entry(&key(s)).expect("every service is served");
+                entry.endpoints().count()
+            })
+            .sum();
+        assert_eq!(served, ENDPOINTS, "every replica is an endpoint");
+        let bytes = (after.saturating_sub(before) * 1024) as f64 / served as f64;
+        println!(
+            "SUMMARY scale table_rss_per_endpoint_bytes={bytes:.0} endpoints={served} \
+             services={} largest={BIG} hosts={HOSTS} rss_before_kib={before} \
+             rss_after_kib={after} events={events} load_s={:.2} goal_bytes=500 ({})",
+            sizes.len(),
+            took.as_secs_f64(),
+            if bytes <= 500.0 { "met" } else { "missed" },
+        );
+        drop(feed);
+    });
+}
+
+fn key(s: usize) -> ServiceKey {
+    ServiceKey::new("default", format!("svc-{s}"))
+}
+
+fn service(s: usize, replicas: usize) -> ServiceInfo {
+    ServiceInfo {
+        name: format!("svc-{s}"),
+        project: "default".into(),
+        replicas: replicas as u32,
+        profile: serde_json::json!({"ports": [
+            {"name": "http", "protocol": "tcp"},
+            {"name": "metrics", "protocol": "tcp"},
+        ]}),
+        rev: 0,
+        generation: 1,
+    }
+}
+
+fn host(h: usize) -> HostInfo {
+    HostInfo {
+        id: format!("host-{h:05}"),
+        state: HostState::Ready,
+        facts: HostFacts {
+            ip_addr: Some(std::net::IpAddr::from([
+                10,
+                1,
+                (h / 256) as u8,
+                (h % 256) as u8,
+            ])),
+            ..HostFacts::default()
+        },
+    }
+}
+
+/// Replica `r` of service `s`, job number `n`, on a host picked by its number.
+fn job(s: usize, r: usize, n: usize, state: JobState, ready: bool) -> JobInfo {
+    let port = |i: usize| GrantedPort {
+        name: ["http", "metrics"][i].into(),
+        protocol: Protocol::Tcp,
+        port: 20_000 + ((n * 2 + i) % 30_000) as u16,
+    };
+    let grant = PortGrant {
+        ports: vec![port(0), port(1)],
+    };
+    JobInfo {
+        job: format!("j-{n}"),
+        service: format!("svc-{s}"),
+        project: "default".into(),
+        replica: r as u32,
+        host: format!("host-{:05}", n % HOSTS),
+        state,
+        ready,
+        grants: BTreeMap::from([(port_resource::PLUGIN_NAME.to_owned(), grant.to_value())]),
+        generation: 1,
+    }
+}
