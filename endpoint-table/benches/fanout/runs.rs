@@ -192,17 +192,19 @@ pub(crate) async fn fanout(kind: Kind, watchers: usize, changes: usize) -> Optio
             .collect(),
         _ => Vec::new(),
     });
-    let mut h2 = Vec::new();
-    if matches!(kind, Kind::H2Sse | Kind::H2Blocking | Kind::EtcdGrpc) {
-        for _ in 0..kind.connections(watchers) {
-            h2.push(h2_connect(addr).await);
+    let (mut h2, mut raw_h2) = (Vec::new(), Vec::new());
+    for _ in 0..kind.connections(watchers) {
+        match kind {
+            Kind::H2Sse | Kind::EtcdGrpc => h2.push(h2_connect(addr).await),
+            Kind::H2Blocking => raw_h2.push(raw_h2_connect(addr).await),
+            _ => break,
         }
     }
     let tasks: Vec<_> = (0..watchers)
         .filter(|i| kind != Kind::EtcdGrpc || i % GRPC_PER_STREAM == 0)
         .map(|i| match kind {
             Kind::H2Blocking => tokio::spawn(h2_blocking_watcher(
-                h2[i / H2_PER_CONN].clone(),
+                raw_h2[i / H2_PER_CONN].clone(),
                 changes,
                 tx.clone(),
             )),

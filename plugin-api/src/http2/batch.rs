@@ -65,6 +65,15 @@ impl<T> BatchedWrites<T> {
         }
     }
 
+    /// Wraps the stream of a client that speaks HTTP/2 with prior knowledge (it writes the
+    /// preface, so there is none to read): its requests are batched from the start.
+    pub fn http2(inner: T) -> Self {
+        Self {
+            mode: Mode::Http2,
+            ..Self::new(inner)
+        }
+    }
+
     /// Whether the connection turned out to be HTTP/2 (its preface was read).
     pub fn is_http2(&self) -> bool {
         self.mode == Mode::Http2

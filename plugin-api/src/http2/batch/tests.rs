@@ -151,6 +151,19 @@ fn http2_writes_wait_for_the_second_flush_and_go_out_in_one() {
 }
 
 #[test]
+fn a_client_batches_from_the_start() {
+    let mut io = BatchedWrites::http2(Mock::default());
+    assert!(io.is_http2());
+    let waker = Waker::from(Arc::new(Count::default()));
+    let cx = &mut Context::from_waker(&waker);
+    assert!(Pin::new(&mut io).poll_write(cx, PREFACE).is_ready());
+    assert!(io.inner.writes.is_empty());
+    assert!(Pin::new(&mut io).poll_flush(cx).is_pending());
+    assert!(Pin::new(&mut io).poll_flush(cx).is_ready());
+    assert_eq!(io.inner.writes, [PREFACE.to_vec()]);
+}
+
+#[test]
 fn a_full_batch_is_written_before_more_is_taken() {
     let mut h = Harness::new(&[PREFACE]);
     let big = vec![7u8; BATCH_BYTES + 10];
