@@ -473,7 +473,10 @@ async fn connection(
         .header_read_timeout(limits.header_timeout);
     plugin_api::http2::configure(&mut builder.http2());
     // Boxed so it can be dropped (its socket closed) before the accounting below.
-    let mut c = Box::pin(builder.serve_connection_with_upgrades(TokioIo::new(stream), svc));
+    // HTTP/2 writes batched across streams (`BatchedWrites`: a fan-out's answers share
+    // system calls); HTTP/1.1 passes through.
+    let io = TokioIo::new(plugin_api::http2::BatchedWrites::new(stream));
+    let mut c = Box::pin(builder.serve_connection_with_upgrades(io, svc));
     let mut idle_since = Instant::now();
     // When a graceful shutdown began.
     let mut closing: Option<Instant> = None;

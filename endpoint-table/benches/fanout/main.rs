@@ -20,7 +20,8 @@
 //! our server also exits when its stdin (a pipe from this process) closes.
 //!
 //! Run: `cargo bench -p endpoint-table --bench fanout` (or `endpoint-table/bench.sh`);
-//! `$ETCD` names another etcd binary.
+//! `$ETCD` names another etcd binary. `$FANOUT_KINDS` and `$FANOUT_W` run only some of the
+//! fan-out runs (to profile one; see `runs::Only`) and nothing else.
 
 use endpoint_table::{endpoint_table, Table, TableConfig};
 use plugin_api::{
@@ -79,7 +80,13 @@ fn main() {
         std::process::exit(2);
     });
 
-    table_rates();
+    // `$FANOUT_KINDS` / `$FANOUT_W` pick fan-out runs to profile: nothing else runs then.
+    let fanout_only = ["FANOUT_KINDS", "FANOUT_W"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some());
+    if !fanout_only {
+        table_rates();
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -99,8 +106,10 @@ fn main() {
     }
     rt.block_on(async {
         let memory = fanout_all(etcd_found).await;
-        memory_summary(&memory).await;
-        reads_all(etcd_found).await;
+        if !fanout_only {
+            memory_summary(&memory).await;
+            reads_all(etcd_found).await;
+        }
     });
     kill_children();
 }

@@ -129,11 +129,28 @@ pub(crate) async fn blocking_watcher(
     }
 }
 
-/// One fan-out run: what it measured, and the server's RSS before and after the watchers
-/// connected (KiB).
+/// One fan-out run: what it measured, the server's RSS before and after the watchers
+/// connected (KiB), and the CPU time (µs) the server and this process (the clients) used
+/// from each change to its last delivery, summed over the changes.
 pub(crate) struct Run {
     samples: Samples,
     rss: (u64, u64),
+    cpu: (f64, f64),
+    /// Read and write system calls (`/proc/<pid>/io`) of the server and the clients over
+    /// the same windows as `cpu`: how well answers and requests are batched.
+    io: ((u64, u64), (u64, u64)),
+}
+
+/// `(read, write)` system calls of a process so far; zeros when they cannot be read.
+fn syscalls(pid: u32) -> (u64, u64) {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
+    let field = |name: &str| {
+        io.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (field("syscr:"), field("syscw:"))
 }
 
 /// Connects `watchers` watchers of `kind`, then makes `changes` changes one at a time,
@@ -175,17 +192,19 @@ pub(crate) async fn fanout(kind: Kind, watchers: usize, changes: usize) -> Optio
             .collect(),
         _ => Vec::new(),
     });
-    let mut h2 = Vec::new();
-    if matches!(kind, Kind::H2Sse | Kind::H2Blocking | Kind::EtcdGrpc) {
-        for _ in 0..kind.connections(watchers) {
-            h2.push(h2_connect(addr).await);
+    let (mut h2, mut raw_h2) = (Vec::new(), Vec::new());
+    for _ in 0..kind.connections(watchers) {
+        match kind {
+            Kind::H2Sse | Kind::EtcdGrpc => h2.push(h2_connect(addr).await),
+            Kind::H2Blocking => raw_h2.push(raw_h2_connect(addr).await),
+            _ => break,
         }
     }
     let tasks: Vec<_> = (0..watchers)
         .filter(|i| kind != Kind::EtcdGrpc || i % GRPC_PER_STREAM == 0)
         .map(|i| match kind {
             Kind::H2Blocking => tokio::spawn(h2_blocking_watcher(
-                h2[i / H2_PER_CONN].clone(),
+                raw_h2[i / H2_PER_CONN].clone(),
                 changes,
                 tx.clone(),
             )),
@@ -229,6 +248,9 @@ pub(crate) async fn fanout(kind: Kind, watchers: usize, changes: usize) -> Optio
     let rss_after = rss_kib(pid);
 
     let mut samples = Vec::new();
+    let mut cpu = (0.0, 0.0);
+    let mut io = ((0, 0), (0, 0));
+    let me = std::process::id();
     for k in 1..=changes {
         if let Some(server) = &server {
             // Blocking queries re-issue after each answer: change again once all wait.
@@ -242,6 +264,8 @@ pub(crate) async fn fanout(kind: Kind, watchers: usize, changes: usize) -> Optio
         } else {
             post("/bench/flip", "")
         };
+        let cpu0 = (cpu_us(pid), cpu_us(me));
+        let io0 = (syscalls(pid), syscalls(me));
         let t0 = Instant::now();
         fire(addr, change).await;
         let mut seen = Vec::with_capacity(watchers);
@@ -253,6 +277,13 @@ pub(crate) async fn fanout(kind: Kind, watchers: usize, changes: usize) -> Optio
             assert_eq!(got, k);
             seen.push(at);
         }
+        cpu.0 += cpu_us(pid) - cpu0.0;
+        cpu.1 += cpu_us(me) - cpu0.1;
+        let io1 = (syscalls(pid), syscalls(me));
+        for (sum, (a, b)) in [(&mut io.0, (io0.0, io1.0)), (&mut io.1, (io0.1, io1.1))] {
+            sum.0 += b.0 - a.0;
+            sum.1 += b.1 - a.1;
+        }
         samples.push((t0, seen));
     }
     for t in tasks {
@@ -261,6 +292,8 @@ pub(crate) async fn fanout(kind: Kind, watchers: usize, changes: usize) -> Optio
     Some(Run {
         samples,
         rss: (rss_before, rss_after),
+        cpu,
+        io,
     })
 }
 
@@ -316,7 +349,7 @@ pub(crate) async fn fanout_all(etcd: bool) -> (usize, Memory) {
          {GRPC_STREAMS_PER_CONN} streams per connection)"
     );
     println!(
-        "{:<16} {:>6} {:>6} {:>8} {:>13} {:>13} {:>13} {:>13} {:>12}",
+        "{:<16} {:>6} {:>6} {:>8} {:>13} {:>13} {:>13} {:>13} {:>12} {:>9} {:>9} {:>11} {:>11}",
         "system",
         "W",
         "conns",
@@ -325,17 +358,25 @@ pub(crate) async fn fanout_all(etcd: bool) -> (usize, Memory) {
         "p50 last ms",
         "p99 last ms",
         "spread ms",
-        "RSS/watcher"
+        "RSS/watcher",
+        "srv µs/w",
+        "cli µs/w",
+        "srv rd/wr",
+        "cli rd/wr"
     );
     let mut memory = (0, Memory::new());
     let limit = fd_limit();
+    let only = Only::from_env();
     for (watchers, changes) in FANOUT {
+        if !only.watchers(watchers) {
+            continue;
+        }
         if watchers > memory.0 {
             memory = (watchers, Memory::new());
         }
         let mut results: Vec<(Kind, Stats, f64)> = Vec::new();
         for kind in Kind::ALL {
-            if kind.etcd() && !etcd {
+            if (kind.etcd() && !etcd) || !only.kind(kind) {
                 continue;
             }
             let conns = kind.connections(watchers);
@@ -353,9 +394,14 @@ pub(crate) async fn fanout_all(etcd: bool) -> (usize, Memory) {
             };
             let s = fanout_stats(&run.samples);
             let per = (run.rss.1 as f64 - run.rss.0 as f64) * 1024.0 / watchers as f64;
+            // CPU per delivery (change x watcher), between a change and its last delivery.
+            let deliveries = (watchers * changes) as f64;
             println!(
-                "{:<16} {watchers:>6} {conns:>6} {changes:>8} {:>13.3} {:>13.3} {:>13.3} {:>13.3} {per:>10.0} B",
-                kind.name(), s.first, s.last, s.p99, s.spread
+                "{:<16} {watchers:>6} {conns:>6} {changes:>8} {:>13.3} {:>13.3} {:>13.3} {:>13.3} {per:>10.0} B {:>9.1} {:>9.1} {:>11} {:>11}",
+                kind.name(), s.first, s.last, s.p99, s.spread,
+                run.cpu.0 / deliveries, run.cpu.1 / deliveries,
+                format!("{:.2}/{:.2}", run.io.0 .0 as f64 / deliveries, run.io.0 .1 as f64 / deliveries),
+                format!("{:.2}/{:.2}", run.io.1 .0 as f64 / deliveries, run.io.1 .1 as f64 / deliveries),
             );
             results.push((kind, s, per));
             if watchers == memory.0 {
@@ -365,6 +411,52 @@ pub(crate) async fn fanout_all(etcd: bool) -> (usize, Memory) {
         summaries(watchers, limit, &results);
     }
     memory
+}
+
+/// A part of the fan-out runs, chosen for profiling one of them: `$FANOUT_KINDS` (names as
+/// in the table, comma-separated, e.g. `xce blocking,xce blocking h2`) and `$FANOUT_W`
+/// (e.g. `10000`). Unset: everything.
+struct Only {
+    kinds: Option<Vec<String>>,
+    watchers: Option<usize>,
+}
+
+impl Only {
+    fn from_env() -> Self {
+        let kinds = std::env::var("FANOUT_KINDS").ok().map(|v| {
+            v.split(',')
+                .map(|k| k.trim().to_owned())
+                .collect::<Vec<_>>()
+        });
+        if let Some(kinds) = &kinds {
+            for k in kinds {
+                assert!(
+                    Kind::ALL.iter().any(|kind| kind.name() == k),
+                    "$FANOUT_KINDS: no kind {k:?} (kinds: {:?})",
+                    Kind::ALL.map(Kind::name)
+                );
+            }
+        }
+        let watchers = std::env::var("FANOUT_W").ok().map(|w| {
+            w.parse()
+                .ok()
+                .filter(|w| FANOUT.iter().any(|(n, _)| n == w))
+                .unwrap_or_else(|| {
+                    panic!("$FANOUT_W: {w:?} is not one of the watcher counts {FANOUT:?}")
+                })
+        });
+        Self { kinds, watchers }
+    }
+
+    fn kind(&self, kind: Kind) -> bool {
+        self.kinds
+            .as_ref()
+            .is_none_or(|ks| ks.iter().any(|k| k == kind.name()))
+    }
+
+    fn watchers(&self, watchers: usize) -> bool {
+        self.watchers.is_none_or(|w| w == watchers)
+    }
 }
 
 /// The `SUMMARY` lines of one watcher count: ours against etcd's gateway (HTTP/1.1),

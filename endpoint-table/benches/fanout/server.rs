@@ -253,7 +253,8 @@ impl Drop for Server {
 
 /// Serves `app` on `listener` as the apiserver does: HTTP/1.1, or HTTP/2 with prior
 /// knowledge when a connection starts with its preface, with the apiserver's HTTP/2
-/// settings (`plugin_api::http2`), so the per-watcher figures are the product's. (The
+/// settings and write batching (`plugin_api::http2`), so the per-watcher figures are the
+/// product's. (The
 /// apiserver's connection limits are left out: the bench stays far below them.)
 async fn http_serve(listener: tokio::net::TcpListener, app: axum::Router) {
     loop {
@@ -269,7 +270,8 @@ async fn http_serve(listener: tokio::net::TcpListener, app: axum::Router) {
                 use tower::Service as _;
                 app.clone().call(req.map(axum::body::Body::new))
             });
-            let _ = builder.serve_connection(TokioIo::new(tcp), svc).await;
+            let io = TokioIo::new(plugin_api::http2::BatchedWrites::new(tcp));
+            let _ = builder.serve_connection(io, svc).await;
         });
     }
 }
