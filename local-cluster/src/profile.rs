@@ -112,7 +112,7 @@ pub const DEFAULT_DRAIN: Duration = Duration::from_secs(5);
 const MAX_ROLLOUT_DURATION: Duration = Duration::from_secs(3600);
 
 /// The most replicas one service may ask for.
-pub const MAX_REPLICAS: u64 = 1000;
+pub const MAX_REPLICAS: u64 = 10_000;
 
 const HOST_KEYS: &[&str] = &[
     "name",
@@ -142,6 +142,30 @@ pub fn toml_to_json(text: &str) -> Result<Value, FieldError> {
         )
     })?;
     serde_json::to_value(v).map_err(|e| FieldError::new("profile", e.to_string()))
+}
+
+/// Asks every plugin whether `replicas` replicas of the service whose `[service]` table
+/// is `raw` could ever be held by the cluster at once
+/// ([`ResourcePlugin::check_replicas`]): a submit or a scale asking for more than every
+/// host together offers is refused, with each plugin's problems. Not part of
+/// [`validate`], which also reads stored profiles back: a stored service stays loadable
+/// after hosts leave.
+pub fn check_replicas(
+    raw: &Value,
+    replicas: u32,
+    plugins: &[&dyn ResourcePlugin],
+) -> Result<(), Vec<FieldError>> {
+    let mut errs = Vec::new();
+    for p in plugins {
+        if let Err(mut e) = p.check_replicas(raw.get(p.name()), replicas) {
+            errs.append(&mut e);
+        }
+    }
+    if errs.is_empty() {
+        Ok(())
+    } else {
+        Err(errs)
+    }
 }
 
 /// Validates a whole profile (`{"service": {...}}`) with the host's rules and every

@@ -16,7 +16,7 @@ mod contract;
 mod election;
 pub(crate) mod etcd;
 
-pub use contract::{Batch, Key, Op, Store, StoreError};
+pub use contract::{Batch, BatchLimit, Key, Op, Store, StoreError};
 
 pub use election::{
     Election, ElectionError, Leadership, LeaseTimings, Maintained, DEFAULT_LEADER_TTL,

@@ -74,6 +74,22 @@ pub trait ResourcePlugin: Send + Sync + 'static {
     fn validate(&self, section: Option<&serde_json::Value>)
         -> Result<SectionInfo, Vec<FieldError>>;
 
+    /// Says whether `replicas` replicas of a service with this (validated) section could
+    /// ever be held together by the hosts the plugin knows, were they all empty: the
+    /// host calls it when a service is submitted or scaled (not when a stored service is
+    /// loaded), and refuses the change with these problems (field paths from the profile
+    /// root). Only input the user can fix belongs here (more than the whole cluster
+    /// offers); what merely does not fit *now* stays pending with a reason. Pure; the
+    /// default accepts everything.
+    fn check_replicas(
+        &self,
+        section: Option<&serde_json::Value>,
+        replicas: u32,
+    ) -> Result<(), Vec<FieldError>> {
+        let _ = (section, replicas);
+        Ok(())
+    }
+
     /// Learns or updates a host's capacity from its facts (registration or a re-report).
     /// May repeat for the same host; existing reservations on the host stay. An `Err`
     /// means the facts are unusable for this plugin (the host then gets no placements
@@ -136,6 +152,13 @@ impl<T: ResourcePlugin + ?Sized> ResourcePlugin for Box<T> {
         section: Option<&serde_json::Value>,
     ) -> Result<SectionInfo, Vec<FieldError>> {
         (**self).validate(section)
+    }
+    fn check_replicas(
+        &self,
+        section: Option<&serde_json::Value>,
+        replicas: u32,
+    ) -> Result<(), Vec<FieldError>> {
+        (**self).check_replicas(section, replicas)
     }
     fn host_up(&mut self, host: &HostId, facts: &HostFacts) -> Result<(), FieldError> {
         (**self).host_up(host, facts)

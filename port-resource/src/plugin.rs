@@ -242,6 +242,60 @@ impl ResourcePlugin for PortsPlugin {
         })
     }
 
+    /// Refuses `replicas` × the "any free" ports of one protocol above what the dynamic
+    /// ranges of every host with usable facts hold together: no placement could ever
+    /// give them all (the user lowers `replicas`, or the operator widens ranges or adds
+    /// hosts). Fixed ports are left to the placement: more replicas than hosts that can
+    /// give a fixed port stay pending with a reason, since hosts may come. Checked only
+    /// once some host is known, like [`validate`](ResourcePlugin::validate)'s checks.
+    fn check_replicas(
+        &self,
+        section: Option<&serde_json::Value>,
+        replicas: u32,
+    ) -> Result<(), Vec<FieldError>> {
+        let Ok(section) = PortsSection::parse(section) else {
+            // `validate` reports a bad section.
+            return Ok(());
+        };
+        let pools: Vec<&HostPool> = self
+            .hosts
+            .values()
+            .filter_map(|h| h.pool.as_ref())
+            .collect();
+        if pools.is_empty() {
+            return Ok(());
+        }
+        // Both protocols' dynamic sets have the same size on a host.
+        let total: u64 = pools.iter().map(|p| u64::from(p.capacity())).sum();
+        let mut errors = Vec::new();
+        for proto in [Protocol::Tcp, Protocol::Udp] {
+            let any = section
+                .ports
+                .iter()
+                .filter(|d| d.protocol == proto && d.port.is_none())
+                .count() as u64;
+            let need = any * u64::from(replicas);
+            if need > total {
+                errors.push(FieldError::new(
+                    SECTION_PATH,
+                    format!(
+                        "{replicas} replicas × {any} \"any free\" {proto} port{} need {need} \
+                         ports, more than the dynamic ranges of all {} registered hosts \
+                         hold together ({total}): lower replicas, or widen the hosts' \
+                         port ranges",
+                        if any == 1 { "" } else { "s" },
+                        pools.len()
+                    ),
+                ));
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(errors)
+        }
+    }
+
     fn host_up(&mut self, host: &HostId, facts: &HostFacts) -> Result<(), FieldError> {
         let entry = self.hosts.entry(host.clone()).or_default();
         let parsed = match HostPortsFacts::from_facts(facts) {

@@ -352,6 +352,7 @@ mod tests {
             rollout: Default::default(),
             older: Default::default(),
             slots: Default::default(),
+            stop_now: false,
         }
     }
 

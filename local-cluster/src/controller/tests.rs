@@ -1964,7 +1964,7 @@ async fn submit_errors_list_every_problem() {
         ));
     }
     expect![[r#"
-        400 {"code":"invalid","details":[{"field":"service.what","reason":"unknown field"},{"field":"service.name","reason":"may contain only a-z, 0-9 and '-'"},{"field":"service.replicas","reason":"must be between 1 and 1000"},{"field":"service.command","reason":"must not be empty"},{"field":"service.slots","reason":"must be a table"}],"message":"invalid profile"}
+        400 {"code":"invalid","details":[{"field":"service.what","reason":"unknown field"},{"field":"service.name","reason":"may contain only a-z, 0-9 and '-'"},{"field":"service.replicas","reason":"must be between 1 and 10000"},{"field":"service.command","reason":"must not be empty"},{"field":"service.slots","reason":"must be a table"}],"message":"invalid profile"}
         400 {"code":"invalid","details":[{"field":"profile","reason":"not valid JSON: key must be a string at line 1 column 2"}],"message":"invalid profile"}
         400 {"code":"invalid","details":[{"field":"profile","reason":"not valid TOML: unclosed table, expected `]`"}],"message":"invalid profile"}
         415 {"code":"unsupported_media_type","details":[],"message":"content type \"text/plain\" is not supported; send application/json or application/toml"}
@@ -1996,7 +1996,7 @@ async fn put_scale_restart_and_stop_answer_and_refuse_bad_input_whole() {
         (
             "POST",
             "/v1/services/web/scale",
-            Some(json!({"replicas": 1001})),
+            Some(json!({"replicas": 10001})),
         ),
         (
             "POST",
@@ -2029,9 +2029,9 @@ async fn put_scale_restart_and_stop_answer_and_refuse_bad_input_whole() {
         PUT /v1/services/web -> 200 generation=1 replicas=2 rollout="progressing"
         PUT /v1/services/web -> 200 generation=2 replicas=2 rollout="progressing"
         PUT /v1/services/web -> 400 {"code":"invalid","details":[{"field":"service.name","reason":"is \"other\", but the request is for service \"web\""},{"field":"service.drain","reason":"must not be negative"},{"field":"service.update.surge","reason":"unknown field"},{"field":"service.update","reason":"max_surge and max_unavailable must not both be 0 (a rollout could never replace a replica)"},{"field":"service.update.min_ready","reason":"must be between 0s and 1h"},{"field":"service.update.deadline","reason":"must be between 1s and 1h"},{"field":"service.update.auto_revert","reason":"must be true or false"}],"message":"invalid profile"}
-        POST /v1/services/web/scale -> 400 {"code":"invalid","details":[{"field":"replicas","reason":"must be between 1 and 1000 (to stop the service, delete it)"}],"message":"invalid scale request"}
-        POST /v1/services/web/scale -> 400 {"code":"invalid","details":[{"field":"replicas","reason":"must be between 1 and 1000 (to stop the service, delete it)"}],"message":"invalid scale request"}
-        POST /v1/services/web/scale -> 400 {"code":"invalid","details":[{"field":"replicas","reason":"send {\"replicas\": N} with N between 1 and 1000 (invalid type: string \"three\", expected i64 at line 1 column 19)"}],"message":"invalid scale request"}
+        POST /v1/services/web/scale -> 400 {"code":"invalid","details":[{"field":"replicas","reason":"must be between 1 and 10000 (to stop the service, delete it)"}],"message":"invalid scale request"}
+        POST /v1/services/web/scale -> 400 {"code":"invalid","details":[{"field":"replicas","reason":"must be between 1 and 10000 (to stop the service, delete it)"}],"message":"invalid scale request"}
+        POST /v1/services/web/scale -> 400 {"code":"invalid","details":[{"field":"replicas","reason":"send {\"replicas\": N} with N between 1 and 10000 (invalid type: string \"three\", expected i64 at line 1 column 19)"}],"message":"invalid scale request"}
         POST /v1/services/web/scale -> 200 generation=2 replicas=3 rollout="progressing"
         POST /v1/services/web/restart -> 200 generation=3 replicas=3 rollout="progressing"
         POST /v1/services/nope/restart -> 404 {"code":"not_found","details":[],"message":"service \"nope\" not found"}
@@ -3439,3 +3439,5 @@ fn numbers_a_thousand_replicas_are_placed_with_one_batch_per_pass() {
         one_each.as_secs_f64() / one_batch.as_secs_f64()
     );
 }
+
+mod scale;

@@ -34,7 +34,7 @@ fn every_problem_is_listed() {
             svc: unknown field
             service.extra: unknown field
             service.name: may contain only a-z, 0-9 and '-'
-            service.replicas: must be between 1 and 1000
+            service.replicas: must be between 1 and 10000
             service.command: must not be empty"#]],
     );
 }
@@ -189,7 +189,7 @@ fn meta_labels() {
     check(
         doc,
         expect_test::expect![[r#"
-            service.replicas: must be between 1 and 1000
+            service.replicas: must be between 1 and 10000
             service.meta.: label names must be 1-63 characters
             service.meta.Team: label names may contain only a-z, 0-9 and '_' (they become Prometheus label names)
             service.meta.a_very_long_label_name_that_is_longer_than_sixty_three_characters: label names must be 1-63 characters

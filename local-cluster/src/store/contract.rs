@@ -59,6 +59,43 @@ impl Batch {
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty()
     }
+    /// Key and value bytes of the batch (what bounds the size of its request).
+    pub fn bytes(&self) -> usize {
+        self.ops
+            .iter()
+            .map(|op| match op {
+                Op::Put(k, v) => k.ns.len() + 1 + k.key.len() + v.len(),
+                Op::Delete(k) => k.ns.len() + 1 + k.key.len(),
+            })
+            .sum()
+    }
+}
+
+/// The most one [`Batch`] should hold for the store to commit it in one step (for etcd:
+/// one transaction, without the journal). The controller cuts big changes (placing,
+/// draining or stopping thousands of replicas) into batches within it, each one atomic;
+/// a bigger batch still commits (see [`Store::commit`]), just less cheaply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchLimit {
+    /// Operations (distinct keys) per batch.
+    pub ops: usize,
+    /// Key and value bytes per batch.
+    pub bytes: usize,
+}
+
+impl BatchLimit {
+    /// The embedded stores' limit: big enough that a pass is few disk syncs (a redb
+    /// commit is one), small enough that one pass keeps the state task busy for
+    /// milliseconds, not seconds.
+    pub const EMBEDDED: BatchLimit = BatchLimit {
+        ops: 4096,
+        bytes: 4 << 20,
+    };
+
+    /// Whether `batch` is within the limit.
+    pub fn admits(&self, batch: &Batch) -> bool {
+        batch.ops.len() <= self.ops && batch.bytes() <= self.bytes
+    }
 }
 
 /// Why the store failed.
@@ -114,4 +151,8 @@ pub trait Store: Send + Sync + 'static {
     /// sequence (it never makes a caller's view stale). For values written once and never
     /// changed, such as the cluster id.
     fn put_if_absent(&self, key: Key, value: Vec<u8>) -> Result<Vec<u8>, StoreError>;
+    /// How big a batch the store commits in one step (see [`BatchLimit`]).
+    fn batch_limit(&self) -> BatchLimit {
+        BatchLimit::EMBEDDED
+    }
 }

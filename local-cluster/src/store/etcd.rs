@@ -23,14 +23,16 @@
 //! finishes writing it out first: all or nothing still holds.
 
 pub(crate) mod gateway;
+mod wire;
 
-use super::contract::{Batch, Key, Op, Store, StoreError};
+use super::contract::{Batch, BatchLimit, Key, Op, Store, StoreError};
 use gateway::{b64, int, Gateway, Limits};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Mutex;
 use std::time::Duration;
+use wire::{journal_of, op_bytes, parse_journal, txn_ops, EtcdOp};
 
 /// The key prefix unless told otherwise.
 pub const DEFAULT_PREFIX: &str = "/xce/";
@@ -377,56 +379,11 @@ impl EtcdStore {
     }
 }
 
-/// A put (`Some` bytes) or delete (`None`) of an etcd key.
-type EtcdOp = (String, Option<Vec<u8>>);
-
 /// A commit whose answer was lost.
 #[derive(Debug, Clone)]
 struct Unresolved {
     token: String,
     replay_safe: bool,
-}
-
-/// Key and value bytes of the ops (what bounds the size of their request).
-fn op_bytes(ops: &[EtcdOp]) -> usize {
-    ops.iter()
-        .map(|(k, v)| k.len() + v.as_ref().map_or(0, Vec::len))
-        .sum()
-}
-
-/// The transaction ops of puts and deletes.
-fn txn_ops(ops: &[EtcdOp]) -> Vec<Value> {
-    ops.iter()
-        .map(|(k, v)| match v {
-            Some(v) => json!({ "request_put": { "key": b64(k.as_bytes()), "value": b64(v) } }),
-            None => json!({ "request_delete_range": { "key": b64(k.as_bytes()) } }),
-        })
-        .collect()
-}
-
-/// The journal's value: `[[key, base64 value or null], …]`.
-fn journal_of(ops: &[EtcdOp]) -> Vec<u8> {
-    let list: Vec<Value> = ops
-        .iter()
-        .map(|(k, v)| json!([k, v.as_deref().map(b64)]))
-        .collect();
-    Value::Array(list).to_string().into_bytes()
-}
-
-fn parse_journal(bytes: &[u8]) -> Result<Vec<EtcdOp>, StoreError> {
-    let bad = || StoreError::Backend("the etcd store's journal is unreadable".into());
-    let list: Vec<(String, Value)> = serde_json::from_slice(bytes).map_err(|_| bad())?;
-    list.into_iter()
-        .map(|(k, v)| {
-            Ok((
-                k,
-                match v {
-                    Value::Null => None,
-                    v => Some(unb64(&v)?),
-                },
-            ))
-        })
-        .collect()
 }
 
 fn another_writer(now: i64, expected: Option<i64>) -> StoreError {
@@ -623,9 +580,20 @@ impl Store for EtcdStore {
             return self.guarded_txn(&mut st, txn_ops(&ops), false);
         }
         // Too big for one transaction: commit it as one journal record, then write it out.
+        // The record is one request too: refuse what etcd would refuse, saying why.
+        let record = journal_of(&ops);
+        if record.len() > CHUNK_BYTES {
+            return Err(StoreError::Backend(format!(
+                "a batch of {} operations is {} bytes as a journal record, more than one \
+                 etcd request holds ({CHUNK_BYTES}); the controller cuts its batches to \
+                 the store's batch limit, so this is a bug",
+                ops.len(),
+                record.len()
+            )));
+        }
         let journal = json!({ "request_put": {
             "key": b64(self.journal_key().as_bytes()),
-            "value": b64(&journal_of(&ops)),
+            "value": b64(&record),
         } });
         self.guarded_txn(&mut st, vec![journal], false)?;
         // Committed: `load_all` sees the journal from here on.
@@ -634,6 +602,16 @@ impl Store for EtcdStore {
             st.pending = Some(ops);
         }
         Ok(())
+    }
+
+    /// One transaction: fewer ops than `--max-txn-ops` with the fence, and key and value
+    /// bytes (keys with the prefix) within one request.
+    fn batch_limit(&self) -> BatchLimit {
+        let ops = self.max_ops - 1;
+        BatchLimit {
+            ops,
+            bytes: CHUNK_BYTES - ops * self.prefix.len(),
+        }
     }
 
     /// One transaction "create the key unless it exists, else read it" (`create_revision

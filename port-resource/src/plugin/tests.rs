@@ -44,7 +44,7 @@ fn request<'a>(job: &'a str, section: Option<&'a serde_json::Value>) -> Placemen
 
 /// Runs a script against one plugin, printing each answer. Lines:
 /// `host H lo-hi [reserved=a,b] [eph=lo-hi]`, `host H none`, `validate SPEC`,
-/// `fits H SPEC`, `reserve H JOB SPEC`, `release H JOB`, `restore H JOB JSON`,
+/// `replicas N SPEC`, `fits H SPEC`, `reserve H JOB SPEC`, `release H JOB`, `restore H JOB JSON`,
 /// `refuse H JOB JSON`, `summary H`, `removed H`.
 fn check(script: &str, expect: Expect) {
     let mut plugin = PortsPlugin::new();
@@ -82,6 +82,18 @@ fn check(script: &str, expect: Expect) {
                 let s = section(rest);
                 match plugin.validate(Some(&s)) {
                     Ok(info) => format!("ok {:?}", info.socket_names),
+                    Err(errs) => errs
+                        .iter()
+                        .map(|e| e.to_string())
+                        .collect::<Vec<_>>()
+                        .join("; "),
+                }
+            }
+            "replicas" => {
+                let s = section(&tail(1));
+                let n: u32 = arg(0).parse().unwrap();
+                match plugin.check_replicas(Some(&s), n) {
+                    Ok(()) => "ok".into(),
                     Err(errs) => errs
                         .iter()
                         .map(|e| e.to_string())
@@ -227,6 +239,49 @@ fn validation_against_hosts() {
               ok ["a", "b", "u", "v"]
             validate BAD:* a:22 b:1 c:1
               service.ports[0].name: "BAD" is not a valid port name: may contain only lowercase letters, digits and '-'; service.ports[3].port: port tcp/1 is already fixed by service.ports[2]; service.ports[1].port: port 22 is reserved on every host
+        "#]],
+    );
+}
+
+/// `replicas` × "any free" ports per protocol against the dynamic ranges of every host
+/// together (reserved ports and the ephemeral overlap are not in them); fixed ports are
+/// the placement's business.
+#[test]
+fn replicas_beyond_every_hosts_range_together_are_refused() {
+    check(
+        r#"
+        replicas 10000 a:* b:udp/*
+        host exec-01 20000-20999 reserved=20000
+        host exec-02 20000-20999 eph=20500-30000
+        replicas 1499 a:*
+        replicas 1500 a:*
+        replicas 750 a:* b:*
+        replicas 751 a:* b:* u:udp/*
+        replicas 10000 m:9100 d:udp/53
+        host exec-03 none
+        replicas 1500 a:*
+        "#,
+        expect![[r#"
+            replicas 10000 a:* b:udp/*
+              ok
+            host exec-01 20000-20999 reserved=20000
+              Ok(())
+            host exec-02 20000-20999 eph=20500-30000
+              Ok(())
+            replicas 1499 a:*
+              ok
+            replicas 1500 a:*
+              service.ports: 1500 replicas × 1 "any free" tcp port need 1500 ports, more than the dynamic ranges of all 2 registered hosts hold together (1499): lower replicas, or widen the hosts' port ranges
+            replicas 750 a:* b:*
+              service.ports: 750 replicas × 2 "any free" tcp ports need 1500 ports, more than the dynamic ranges of all 2 registered hosts hold together (1499): lower replicas, or widen the hosts' port ranges
+            replicas 751 a:* b:* u:udp/*
+              service.ports: 751 replicas × 2 "any free" tcp ports need 1502 ports, more than the dynamic ranges of all 2 registered hosts hold together (1499): lower replicas, or widen the hosts' port ranges
+            replicas 10000 m:9100 d:udp/53
+              ok
+            host exec-03 none
+              Err("sections.ports: missing: the worker reports no ports")
+            replicas 1500 a:*
+              service.ports: 1500 replicas × 1 "any free" tcp port need 1500 ports, more than the dynamic ranges of all 2 registered hosts hold together (1499): lower replicas, or widen the hosts' port ranges
         "#]],
     );
 }

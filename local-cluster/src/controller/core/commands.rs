@@ -111,7 +111,11 @@ impl Core {
                 }
             }
             match profile::validate(&doc, &refs) {
-                Ok(p) if errs.is_empty() => p,
+                Ok(p) if errs.is_empty() => {
+                    profile::check_replicas(&p.raw, p.replicas, &refs)
+                        .map_err(CoreError::Invalid)?;
+                    p
+                }
                 Ok(_) => return Err(CoreError::Invalid(errs)),
                 Err(mut e) => {
                     errs.append(&mut e);
@@ -143,6 +147,7 @@ impl Core {
                 rollout,
                 older: BTreeMap::new(),
                 slots: BTreeMap::new(),
+                stop_now: false,
             });
             self.profiles.insert(key.clone(), profile);
             if let Err(e) = self.commit(txn, now) {
@@ -294,6 +299,18 @@ impl Core {
             )]));
         }
         let replicas = replicas as u32;
+        {
+            let refs: Vec<&dyn ResourcePlugin> = self.plugins.iter().map(|p| &**p as _).collect();
+            profile::check_replicas(&svc.info.profile, replicas, &refs).map_err(|errs| {
+                // The request names only `replicas`: say which part of the profile it
+                // cannot fit.
+                CoreError::Invalid(
+                    errs.into_iter()
+                        .map(|e| FieldError::new("replicas", format!("{}: {}", e.field, e.reason)))
+                        .collect(),
+                )
+            })?;
+        }
         if svc.state == ServiceState::Stopping {
             return Err(CoreError::Refused(format!("service {name:?} is stopping")));
         }
@@ -352,25 +369,26 @@ impl Core {
         let name = &key.name;
         let jobs: Vec<JobRec> = self.cluster.jobs_of(key).cloned().collect();
         let mut txn = Txn::new(&self.cluster);
-        if svc.state != ServiceState::Stopping {
+        if svc.state != ServiceState::Stopping || (now_please && !svc.stop_now) {
             txn.put_service(ServiceRec {
                 state: ServiceState::Stopping,
+                stop_now: svc.stop_now || now_please,
                 ..svc.clone()
             });
         }
         let drain = if now_please {
             Duration::ZERO
         } else {
-            self.profiles
-                .get(key)
-                .map_or(profile::DEFAULT_DRAIN, |p| p.drain)
+            self.stop_drain(key)
         };
-        for j in &jobs {
-            // `--now` also cuts short the drains already running.
-            if j.effective_state() != JobState::Draining || now_please {
-                self.leave(&mut txn, j.clone(), drain);
-            }
-        }
+        // `--now` also cuts short the drains already running. As many as one batch
+        // holds; the scheduling passes move the rest out (see `stop_leftovers`).
+        let leaving: Vec<JobRec> = jobs
+            .iter()
+            .filter(|j| j.effective_state() != JobState::Draining || now_please)
+            .cloned()
+            .collect();
+        self.leave_within(&mut txn, leaving, drain);
         if jobs.is_empty() {
             let s = txn.service(&self.cluster, key).expect("service in txn");
             txn.remove_service(&s);
@@ -378,6 +396,17 @@ impl Core {
         self.commit(txn, now)?;
         info!(service = %name, project = %key.project, principal = %who.name, jobs = jobs.len(), drain = ?drain, "service stopping");
         Ok(jobs.len())
+    }
+
+    /// The drain of a stopping service's jobs: none after a `?now=true` stop, else its
+    /// profile's.
+    pub(super) fn stop_drain(&self, key: &ServiceKey) -> Duration {
+        if self.cluster.services.get(key).is_some_and(|s| s.stop_now) {
+            return Duration::ZERO;
+        }
+        self.profiles
+            .get(key)
+            .map_or(profile::DEFAULT_DRAIN, |p| p.drain)
     }
 
     /// Puts a job on its way out: a running one drains first (it leaves the endpoint

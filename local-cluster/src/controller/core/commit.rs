@@ -5,11 +5,11 @@
 use super::{blocking, Core, CoreError, RestartBackoff};
 use crate::controller::model::{After, ServiceState, Txn};
 use crate::profile::{self};
-use crate::store::StoreError;
+use crate::store::{BatchLimit, StoreError};
 use plugin_api::{ClusterEvent, EndReason, JobState, ResourcePlugin, ServiceKey};
 use std::time::Duration;
 use tokio::time::Instant;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 /// First restart delay of a crash-looping replica; doubled per exit up to the cap.
 const BACKOFF_MIN: Duration = Duration::from_secs(1);
@@ -22,6 +22,61 @@ const BACKOFF_RESET: Duration = Duration::from_secs(60);
 /// How long timers wait after a failed commit before trying again.
 const STORE_RETRY: Duration = Duration::from_secs(1);
 
+/// What is left of the store's [`BatchLimit`] while a transaction is built: big changes
+/// (placing, draining or stopping thousands of replicas) are cut into batches within it,
+/// each committed on its own (atomic), the next one continuing where it stopped.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Budget {
+    limit: BatchLimit,
+    /// Estimated key and value bytes so far (records and their events).
+    bytes: usize,
+}
+
+/// Room kept for what a batch adds besides its jobs: `meta/rev`, `meta/next_job`,
+/// `meta/events` and a service record, and their bytes' share not counted per job.
+const RESERVE_OPS: usize = 4;
+const RESERVE_BYTES: usize = 4096;
+
+impl Budget {
+    pub(super) fn new(limit: BatchLimit) -> Self {
+        Budget { limit, bytes: 0 }
+    }
+
+    /// Counts a record of `bytes` written by the transaction: its value, and its event
+    /// in `meta/events`, about as big.
+    pub(super) fn add(&mut self, bytes: usize) {
+        self.bytes += 2 * bytes + 32;
+    }
+
+    /// Takes back an [`add`](Self::add) of a record the transaction did not write after all.
+    pub(super) fn remove(&mut self, bytes: usize) {
+        self.bytes = self.bytes.saturating_sub(2 * bytes + 32);
+    }
+
+    /// Whether `txn` may take one more record of about `next` bytes.
+    pub(super) fn room(&self, txn: &Txn, next: usize) -> bool {
+        txn.ops() + 1 + RESERVE_OPS <= self.limit.ops
+            && self.bytes + 2 * next + 32 + RESERVE_BYTES <= self.limit.bytes
+    }
+}
+
+/// The length of `v` as JSON, without building it.
+pub(super) fn encoded_len<T: serde::Serialize>(v: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    serde_json::to_writer(&mut c, v).expect("records serialize to JSON");
+    c.0
+}
+
 impl Core {
     /// Persists, applies, announces, then makes the plugin calls due.
     pub(super) fn commit(&mut self, txn: Txn, now: Instant) -> Result<(), CoreError> {
@@ -29,6 +84,18 @@ impl Core {
             return Ok(());
         }
         let batch = txn.batch();
+        let limit = self.store.batch_limit();
+        if !limit.admits(&batch) {
+            // Only changes the controller does not cut (a worker's report, a host lost)
+            // get here; the store still commits them (etcd: as a journal).
+            warn!(
+                ops = batch.ops.len(),
+                bytes = batch.bytes(),
+                limit_ops = limit.ops,
+                limit_bytes = limit.bytes,
+                "a store batch is above the store's batch limit"
+            );
+        }
         if let Err(e) = blocking(|| self.store.commit(batch)) {
             error!(error = %e, "store commit failed; change not applied");
             // A stale view, or a store that cannot write (a full disk: redb then refuses

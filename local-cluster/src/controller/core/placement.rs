@@ -2,10 +2,11 @@
 //! places the replicas each service's rollout asks for, drains the jobs it lets go, and
 //! moves rollouts on (complete, failed, rolled back). One store batch per pass.
 
+use super::commit::{encoded_len, Budget};
 use super::{round_up_secs, stored_profile, Core, CoreError};
 use crate::controller::model::{JobRec, ServiceRec, ServiceState, Txn};
 use crate::controller::rollout::{self, Phase, RolloutState, Stable};
-use crate::controller::scheduler::{self, Candidate, Request};
+use crate::controller::scheduler::{self, Request};
 use crate::proto::ExitCause;
 use plugin_api::{HostId, HostState, JobId, JobInfo, JobState, ResourcePlugin, ServiceKey};
 use std::collections::{BTreeSet, HashMap};
@@ -13,12 +14,32 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+/// What one scheduling pass did.
+#[derive(Debug, Default)]
+struct Pass {
+    /// It drained a replica (a further round may place a surge replica).
+    drained: bool,
+    /// The store's batch limit cut it short at this service: the next pass continues
+    /// there.
+    cut: Option<ServiceKey>,
+    /// Its commit failed: nothing it did was applied.
+    failed: bool,
+    /// It committed a batch.
+    committed: bool,
+}
+
 impl Core {
-    /// Removes stopped services, places missing replicas, and publishes the result.
+    /// Removes stopped services, moves stopping services' jobs out, places missing
+    /// replicas, and publishes the result.
+    ///
+    /// Big changes are cut into passes within the store's batch limit (see
+    /// [`Budget`]), each one batch, committed before the next pass starts: the next pass
+    /// runs at once (no timer) and continues with the service the last one stopped at.
     pub(crate) fn settle(&mut self, now: Instant) {
         if !self.dirty {
             return;
         }
+        self.stop_leftovers(now);
         let done: Vec<ServiceRec> = self
             .cluster
             .services
@@ -32,10 +53,25 @@ impl Core {
             txn.remove_service(&s);
             let _ = self.commit(txn, now);
         }
-        // A pass that drained a replica may have made room for a surge replica: place it
-        // now rather than at the next wake-up (bounded: each extra pass needs a drain).
+        // A round that drained a replica may have made room for a surge replica: place it
+        // now rather than at the next wake-up (bounded: each extra round needs a drain).
         for _ in 0..4 {
-            if !self.schedule(now) {
+            let mut from: Option<ServiceKey> = None;
+            let mut drained = false;
+            let failed = loop {
+                let pass = self.schedule(now, from.as_ref());
+                drained |= pass.drained;
+                if pass.failed {
+                    break true;
+                }
+                match pass.cut {
+                    // A cut pass committed something (it is cut only once its batch
+                    // holds a change), so each pass makes progress.
+                    Some(key) if pass.committed => from = Some(key),
+                    _ => break false,
+                }
+            };
+            if failed || !drained {
                 break;
             }
         }
@@ -43,27 +79,82 @@ impl Core {
         self.dirty = false;
     }
 
-    /// One scheduling pass over every active service: places the replicas its rollout
-    /// asks for, drains the jobs it lets go, and moves the rollout on (complete, failed,
-    /// a rollback). One store batch for all of it; on failure nothing is applied and every
+    /// Puts the jobs of stopping services that are not on their way out yet on their way
+    /// (a stop of more jobs than one batch holds left them to the passes), in batches
+    /// within the store's limit.
+    fn stop_leftovers(&mut self, now: Instant) {
+        let stopping: Vec<ServiceKey> = self
+            .cluster
+            .services
+            .values()
+            .filter(|s| s.state == ServiceState::Stopping)
+            .map(|s| s.info.key())
+            .collect();
+        for key in stopping {
+            loop {
+                let drain = self.stop_drain(&key);
+                let left: Vec<JobRec> = self
+                    .cluster
+                    .jobs_of(&key)
+                    .filter(|j| stays(j, drain))
+                    .cloned()
+                    .collect();
+                if left.is_empty() {
+                    break;
+                }
+                let mut txn = Txn::new(&self.cluster);
+                self.leave_within(&mut txn, left, drain);
+                if self.commit(txn, now).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Puts `jobs` on their way out (see `leave`) as far as the store's batch limit
+    /// allows; returns how many.
+    pub(super) fn leave_within(&self, txn: &mut Txn, jobs: Vec<JobRec>, drain: Duration) -> usize {
+        let mut budget = Budget::new(self.store.batch_limit());
+        let mut size = 0;
+        let mut n = 0;
+        for j in jobs {
+            if size == 0 {
+                size = encoded_len(&j);
+            }
+            if n > 0 && !budget.room(txn, size) {
+                break;
+            }
+            self.leave(txn, j, drain);
+            budget.add(size);
+            n += 1;
+        }
+        n
+    }
+
+    /// One scheduling pass over the active services from `from` on (all when `None`):
+    /// places the replicas each service's rollout asks for, drains the jobs it lets go,
+    /// and moves the rollout on (complete, failed, a rollback). One store batch for all of
+    /// it, within the store's batch limit; on failure nothing is applied and every
     /// reservation is released.
-    /// Returns whether it drained a replica (a further pass may place one).
-    fn schedule(&mut self, now: Instant) -> bool {
+    fn schedule(&mut self, now: Instant, from: Option<&ServiceKey>) -> Pass {
         self.last_pass = Some(now);
-        self.pending.clear();
+        if from.is_none() {
+            self.pending.clear();
+        }
         // This pass sees these backoffs over: no timer for them any more (see `over`).
         for b in self.backoff.values_mut() {
             b.over |= b.not_before <= now;
         }
-        let services: Vec<ServiceRec> = self
-            .cluster
-            .services
-            .values()
-            .filter(|s| s.state == ServiceState::Active)
-            .cloned()
-            .collect();
-        // Hosts that may take placements, and their load: computed once per pass and kept
-        // current as replicas are placed.
+        let services: Vec<ServiceRec> = match from {
+            Some(k) => self.cluster.services.range(k.clone()..),
+            None => self.cluster.services.range(..),
+        }
+        .map(|(_, s)| s)
+        .filter(|s| s.state == ServiceState::Active)
+        .cloned()
+        .collect();
+        // Hosts that may take placements (by id), and their load: computed once per pass
+        // and kept current as replicas are placed.
         let ready: Vec<HostId> = self
             .cluster
             .hosts
@@ -71,23 +162,14 @@ impl Core {
             .filter(|h| h.info.state == HostState::Ready && h.orphans.is_empty())
             .map(|h| h.info.id.clone())
             .collect();
-        let mut total: HashMap<HostId, usize> = HashMap::new();
-        let mut per_service: HashMap<(HostId, ServiceKey), usize> = HashMap::new();
-        let mut by_service: HashMap<ServiceKey, Vec<JobRec>> = HashMap::new();
-        for j in self.cluster.jobs.values() {
-            *total.entry(j.info.host.clone()).or_default() += 1;
-            *per_service
-                .entry((j.info.host.clone(), j.info.service_key()))
-                .or_default() += 1;
-            by_service
-                .entry(j.info.service_key())
-                .or_default()
-                .push(j.clone());
-        }
+        let index: HashMap<&HostId, usize> =
+            ready.iter().enumerate().map(|(i, h)| (h, i)).collect();
+        let mut total: Vec<usize> = ready.iter().map(|h| self.cluster.count_on(h)).collect();
+        let mut budget = Budget::new(self.store.batch_limit());
         let mut txn = Txn::new(&self.cluster);
         let mut placed: Vec<(HostId, JobId, ServiceKey, u32)> = Vec::new();
         let mut reverts: Vec<(ServiceKey, String)> = Vec::new();
-        let mut drained = false;
+        let mut pass = Pass::default();
         for s in services {
             let name = &s.info.name;
             let key = s.info.key();
@@ -95,7 +177,16 @@ impl Core {
                 continue;
             };
             let (policy, drain) = (profile.update, profile.drain);
-            let mut jobs = by_service.remove(&key).unwrap_or_default();
+            // The service's record may change in this batch (its rev, its rollout): room
+            // for it first, counted until the service turns out untouched.
+            let record = encoded_len(&s);
+            if !txn.is_empty() && !budget.room(&txn, record) {
+                pass.cut = Some(key);
+                break;
+            }
+            budget.add(record);
+            self.pending.remove(&key);
+            let mut jobs: Vec<JobRec> = self.cluster.jobs_of(&key).cloned().collect();
             let facts = self.job_facts(&s.info, &jobs, now);
             let view = rollout::Service {
                 replicas: s.info.replicas,
@@ -110,6 +201,11 @@ impl Core {
                 .collect();
             // Why a surge replica (one beside an old job) could not be placed.
             let mut blocked: Option<String> = None;
+            // The ready hosts in spread order for this service (fewest of its jobs, then
+            // fewest jobs, then id), kept sorted as it places: built at its first
+            // placement, so a service with nothing to place costs nothing here.
+            let mut order: Option<(Vec<usize>, BTreeSet<(usize, usize, usize)>)> = None;
+            let mut size = 0;
             for replica in rollout::to_place(&view) {
                 if let Some(b) = self.backoff.get(&(key.clone(), replica)) {
                     if b.not_before > now {
@@ -125,17 +221,20 @@ impl Core {
                         continue;
                     }
                 }
-                let candidates: Vec<Candidate> = ready
-                    .iter()
-                    .map(|h| Candidate {
-                        id: h.clone(),
-                        service_jobs: per_service
-                            .get(&(h.clone(), key.clone()))
-                            .copied()
-                            .unwrap_or(0),
-                        total_jobs: total.get(h).copied().unwrap_or(0),
-                    })
-                    .collect();
+                if size > 0 && !budget.room(&txn, size) {
+                    pass.cut = Some(key.clone());
+                    break;
+                }
+                let (mine, sorted) = order.get_or_insert_with(|| {
+                    let mut mine = vec![0; ready.len()];
+                    for j in &jobs {
+                        if let Some(i) = index.get(&j.info.host) {
+                            mine[*i] += 1;
+                        }
+                    }
+                    let sorted = (0..ready.len()).map(|i| (mine[i], total[i], i)).collect();
+                    (mine, sorted)
+                });
                 let job = txn.peek_job_id(&self.cluster);
                 let req = Request {
                     service: name,
@@ -144,14 +243,16 @@ impl Core {
                     job: &job,
                     profile: &s.info.profile,
                 };
-                match scheduler::place(&mut self.plugins, &candidates, &req) {
+                let hosts = sorted.iter().map(|&(_, _, i)| &ready[i]);
+                match scheduler::place_ordered(&mut self.plugins, hosts, ready.len(), &req) {
                     Ok(p) => {
                         let taken = txn.new_job_id(&self.cluster);
                         debug_assert_eq!(taken, job);
-                        *total.entry(p.host.clone()).or_default() += 1;
-                        *per_service
-                            .entry((p.host.clone(), key.clone()))
-                            .or_default() += 1;
+                        let i = index[&p.host];
+                        sorted.remove(&(mine[i], total[i], i));
+                        mine[i] += 1;
+                        total[i] += 1;
+                        sorted.insert((mine[i], total[i], i));
                         placed.push((p.host.clone(), job.clone(), key.clone(), replica));
                         let rec = JobRec {
                             info: JobInfo {
@@ -169,6 +270,12 @@ impl Core {
                             held_ready: None,
                             log: None,
                         };
+                        if size == 0 {
+                            // A service's job records differ little in size (the same
+                            // grants, ids a digit longer): measured once.
+                            size = encoded_len(&rec) + 16;
+                        }
+                        budget.add(size);
                         txn.put_job(&self.cluster, rec.clone());
                         jobs.push(rec);
                     }
@@ -185,17 +292,25 @@ impl Core {
                     }
                 }
             }
-            // Drains, seeing this pass's placements.
+            // Drains, seeing this pass's placements, as far as the batch has room.
             let facts = self.job_facts(&s.info, &jobs, now);
             let view = rollout::Service {
                 jobs: &facts,
                 ..view
             };
-            let leaving = rollout::to_drain(&view);
-            drained |= !leaving.is_empty();
+            let leaving: BTreeSet<JobId> = rollout::to_drain(&view).into_iter().collect();
             for j in jobs.iter_mut().filter(|j| leaving.contains(&j.info.job)) {
+                if size == 0 {
+                    size = encoded_len(&*j) + 16;
+                }
+                if !txn.is_empty() && !budget.room(&txn, size) {
+                    pass.cut = Some(key.clone());
+                    break;
+                }
                 debug!(service = %name, job = %j.info.job, replica = j.info.replica, generation = j.info.generation, "replica leaves (rollout or scale-down)");
                 self.leave(&mut txn, j.clone(), drain);
+                budget.add(size);
+                pass.drained = true;
                 if let Some(now_rec) = txn.job(&self.cluster, &j.info.job) {
                     *j = now_rec;
                 }
@@ -219,6 +334,12 @@ impl Core {
                     txn.put_service_quiet(rec);
                 }
             }
+            if !txn.has_service(&key) {
+                budget.remove(record);
+            }
+            if pass.cut.is_some() {
+                break;
+            }
         }
         if !txn.is_empty() {
             if self.commit(txn, now).is_err() {
@@ -231,16 +352,33 @@ impl Core {
                         .or_default()
                         .insert(replica, "the controller's store failed".into());
                 }
-                return false;
+                // The slots the cut-short service did not get to wait for the same
+                // retry: say so rather than nothing.
+                if let Some(key) = &pass.cut {
+                    if let Some(svc) = self.cluster.services.get(key) {
+                        let taken: BTreeSet<u32> =
+                            self.cluster.jobs_of(key).map(|j| j.info.replica).collect();
+                        let pending = self.pending.entry(key.clone()).or_default();
+                        for r in (0..svc.info.replicas).filter(|r| !taken.contains(r)) {
+                            pending
+                                .entry(r)
+                                .or_insert_with(|| "the controller's store failed".into());
+                        }
+                    }
+                }
+                pass.failed = true;
+                pass.drained = false;
+                return pass;
             }
             self.metrics.placements.inc_by(placed.len() as u64);
+            pass.committed = true;
         }
         for (name, why) in reverts {
             if let Err(e) = self.revert(&name, &why, now) {
                 warn!(service = %name, error = %e, "rollback could not be committed; trying again on the next pass");
             }
         }
-        drained
+        pass
     }
 
     /// Moves a running rollout on: complete when every slot runs the current generation,
@@ -415,5 +553,15 @@ fn restart_reason(cause: Option<&ExitCause>, wait: Duration) -> String {
         },
         (None, None, Some(code)) => format!("restarting after exit {code} in {wait}"),
         (None, None, None) => format!("restarting after exit in {wait}"),
+    }
+}
+
+/// Whether a stopping service's job is still to be put on its way out (with `drain`: a
+/// `?now=true` stop also cuts running drains short).
+fn stays(j: &JobRec, drain: Duration) -> bool {
+    match j.effective_state() {
+        JobState::Placed | JobState::Running => true,
+        JobState::Draining => drain.is_zero(),
+        JobState::Unknown | JobState::Stopping | JobState::Exited | JobState::Lost => false,
     }
 }

@@ -6,9 +6,9 @@ use super::{Core, HostView, JobView, ServiceView, View};
 use crate::controller::model::JobRec;
 use crate::controller::rollout::{self};
 use crate::proto::{Assignment, Assignments, Desired};
-use plugin_api::{HostId, HostState, JobInfo, JobState, ResourcePlugin, ServiceKey};
+use plugin_api::{HostId, HostState, JobInfo, JobState, ResourcePlugin};
 use serde_json::Value;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -82,16 +82,9 @@ impl Core {
         }
         let c = &self.cluster;
         let mut services = BTreeMap::new();
-        let mut by_service: HashMap<ServiceKey, Vec<JobRec>> = HashMap::new();
-        for j in c.jobs.values() {
-            by_service
-                .entry(j.info.service_key())
-                .or_default()
-                .push(j.clone());
-        }
         for s in c.services.values() {
             let key = s.info.key();
-            let recs = by_service.remove(&key).unwrap_or_default();
+            let recs: Vec<JobRec> = c.jobs_of(&key).cloned().collect();
             let mut jobs: Vec<JobView> = recs
                 .iter()
                 .map(|j| JobView {
@@ -138,7 +131,7 @@ impl Core {
             .values()
             .map(|h| HostView {
                 info: h.info.clone(),
-                jobs: c.jobs_on(&h.info.id).count(),
+                jobs: c.count_on(&h.info.id),
                 summaries: self
                     .plugins
                     .iter()

@@ -3,6 +3,7 @@
 //! unreachable and then lost, and the full-disruption rule keeps hosts from being
 //! declared lost when most of them fall silent at once.
 
+use super::commit::{encoded_len, Budget};
 use super::{round_up_secs, Core};
 use crate::controller::model::Txn;
 use plugin_api::{EndReason, HostId, HostState, JobId, JobState};
@@ -78,34 +79,47 @@ impl Core {
         (self.timing.heartbeat_interval * 2).max(Duration::from_secs(1))
     }
 
-    /// Ends the drains that are over: those jobs get SIGTERM now (`Stopping`).
+    /// Ends the drains that are over: those jobs get SIGTERM now (`Stopping`), in batches
+    /// within the store's limit (a 10,000-replica stop ends 10,000 drains at once).
     fn end_drains(&mut self, now: Instant) {
-        let over: Vec<JobId> = self
+        let mut over: Vec<JobId> = self
             .drain_until
             .iter()
             .filter(|(_, t)| **t <= now)
             .map(|(j, _)| j.clone())
             .collect();
-        if over.is_empty() {
-            return;
-        }
-        let mut txn = Txn::new(&self.cluster);
-        for id in &over {
-            let Some(mut j) = self.cluster.jobs.get(id).cloned() else {
-                continue;
-            };
-            if j.effective_state() != JobState::Draining {
-                continue;
+        over.sort();
+        for chunk in over.chunks(self.store.batch_limit().ops.saturating_sub(8).max(1)) {
+            let mut txn = Txn::new(&self.cluster);
+            let mut budget = Budget::new(self.store.batch_limit());
+            let mut done = Vec::new();
+            for id in chunk {
+                let Some(mut j) = self.cluster.jobs.get(id).cloned() else {
+                    done.push(id.clone());
+                    continue;
+                };
+                if j.effective_state() != JobState::Draining {
+                    done.push(id.clone());
+                    continue;
+                }
+                let size = encoded_len(&j);
+                if !done.is_empty() && !budget.room(&txn, size) {
+                    // The next tick (due at once: the drain is over) takes the rest.
+                    break;
+                }
+                if j.info.state == JobState::Unknown {
+                    j.held = Some(JobState::Stopping);
+                } else {
+                    j.info.state = JobState::Stopping;
+                }
+                budget.add(size);
+                txn.put_job(&self.cluster, j);
+                done.push(id.clone());
             }
-            if j.info.state == JobState::Unknown {
-                j.held = Some(JobState::Stopping);
-            } else {
-                j.info.state = JobState::Stopping;
+            if self.commit(txn, now).is_err() {
+                return;
             }
-            txn.put_job(&self.cluster, j);
-        }
-        if self.commit(txn, now).is_ok() {
-            for id in over {
+            for id in done {
                 self.drain_until.remove(&id);
             }
         }
