@@ -1059,7 +1059,9 @@ where
         }
         let job = cx
             .event_scope(event)
-            .and_then(|mut scope| scope.find_map(|s| s.extensions().get::<JobOf>().map(|j| j.0.clone())))
+            .and_then(|mut scope| {
+                scope.find_map(|s| s.extensions().get::<JobOf>().map(|j| j.0.clone()))
+            })
             .unwrap_or_else(|| "?".into());
         self.0.lock().unwrap().push(job);
     }
@@ -1169,12 +1171,19 @@ fn stopping_many_replicas_at_once_under_load_warns_only_of_the_one_that_ignores_
             })
             .collect();
         assert_eq!(signals.len(), N + 1, "one exit each");
-        assert_eq!(signals["stubborn"], Some(9), "the stubborn one was SIGKILLed");
+        assert_eq!(
+            signals["stubborn"],
+            Some(9),
+            "the stubborn one was SIGKILLed"
+        );
         let not_term: Vec<_> = signals
             .iter()
             .filter(|(j, s)| *j != "stubborn" && **s != Some(15))
             .collect();
-        assert!(not_term.is_empty(), "ended otherwise than by SIGTERM: {not_term:?}");
+        assert!(
+            not_term.is_empty(),
+            "ended otherwise than by SIGTERM: {not_term:?}"
+        );
         worker.shutdown(ShutdownMode::Detach).await;
         took
     }));
