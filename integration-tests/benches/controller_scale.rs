@@ -39,9 +39,7 @@ mod common;
 
 use anyhow::{bail, Context, Result};
 use common::fake_worker::{spawn_fleet, FleetStats, HostId};
-use common::procs::{
-    install_guards, keep_child, kill_children, raise_nofile, wait_announce, xced, Proc, ROOT,
-};
+use common::procs::{install_guards, keep_child, raise_nofile, wait_announce, xced, Proc, ROOT};
 use futures_util::StreamExt as _;
 use serde_json::Value;
 use std::process::Command;
@@ -133,14 +131,7 @@ fn main() {
         );
         std::process::exit(1);
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(run(cfg));
-    drop(rt);
-    kill_children();
+    common::procs::run_to_end(run(cfg));
 }
 
 async fn run(cfg: Config) {
@@ -383,7 +374,7 @@ async fn bench_store(cfg: &Config, store: &str, services: &[(String, usize)]) ->
             c.stats.last_error.lock().unwrap_or_else(|e| e.into_inner())
         );
     }
-    c.log_problems();
+    common::procs::log_problems(c.dir.path());
     Ok(f)
 }
 
@@ -816,33 +807,5 @@ impl Cluster {
             .iter()
             .map(|h| h["ports"]["used"].as_u64().unwrap_or(0) as usize)
             .sum())
-    }
-
-    /// Prints the warnings and errors the daemons logged.
-    fn log_problems(&self) {
-        let mut logs: Vec<std::path::PathBuf> = std::fs::read_dir(self.dir.path())
-            .map(|d| d.flatten().map(|e| e.path()).collect())
-            .unwrap_or_default();
-        logs.retain(|p| p.extension().is_some_and(|e| e == "log"));
-        logs.sort();
-        for log in logs {
-            let name = log
-                .file_stem()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned();
-            if name.starts_with("etcd") {
-                continue;
-            }
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            let bad: Vec<&str> = text
-                .lines()
-                .filter(|l| l.contains("WARN") || l.contains("ERROR"))
-                .collect();
-            println!("  daemon log {name}: {} WARN/ERROR lines", bad.len());
-            for l in bad.iter().take(3) {
-                println!("      {l}");
-            }
-        }
     }
 }

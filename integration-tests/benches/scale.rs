@@ -35,12 +35,10 @@ mod common;
 use anyhow::{anyhow, bail, Context, Result};
 use common::fake_worker::{FakeWorker, HostId};
 use common::procs::{
-    forget_child, install_guards, keep_child, kill_children, raise_nofile, wait_announce, xced,
-    Proc, ROOT,
+    forget_child, install_guards, keep_child, raise_nofile, wait_announce, xced, Proc, ROOT,
 };
 use serde_json::{json, Value};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -93,14 +91,7 @@ fn main() {
         );
         std::process::exit(1);
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(run(watchers));
-    drop(rt);
-    kill_children();
+    common::procs::run_to_end(run(watchers));
 }
 
 async fn run(watchers: usize) {
@@ -141,7 +132,7 @@ async fn run(watchers: usize) {
         read_three.add(reads(&cluster, 3).await);
     }
     let elapsed = started.elapsed();
-    cluster.log_problems();
+    common::procs::log_problems(cluster.dir.path());
     drop(cluster);
 
     report(watchers, &one, &three, &read_one, &read_three);
@@ -422,39 +413,6 @@ impl Cluster {
 
     fn stop_apiservers(&mut self) {
         self.apiservers.clear();
-    }
-
-    /// Prints the warnings and errors the daemons logged (the bench's answers are checked;
-    /// this shows what else went wrong, if anything).
-    fn log_problems(&self) {
-        let mut logs: Vec<PathBuf> = std::fs::read_dir(self.dir.path())
-            .map(|d| d.flatten().map(|e| e.path()).collect())
-            .unwrap_or_default();
-        logs.retain(|p| p.extension().is_some_and(|e| e == "log"));
-        logs.sort();
-        println!();
-        for log in logs {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            let name = log.file_stem().unwrap_or_default().to_string_lossy();
-            if name.starts_with("etcd") {
-                // etcd logs its own warnings (slow fdatasync and the like) in JSON or
-                // capnslog lines; count them only.
-                let bad: Vec<&str> = text.lines().filter(|l| l.contains(" W | ")).collect();
-                println!("daemon logs: etcd: {} warning lines", bad.len());
-                for l in bad.iter().take(3) {
-                    println!("    {l}");
-                }
-                continue;
-            }
-            let bad: Vec<&str> = text
-                .lines()
-                .filter(|l| l.contains("WARN") || l.contains("ERROR"))
-                .collect();
-            println!("daemon logs: {name}: {} WARN/ERROR lines", bad.len());
-            for l in bad.iter().take(5) {
-                println!("    {l}");
-            }
-        }
     }
 }
 

@@ -195,3 +195,48 @@ pub(crate) fn wait_announce(proc_: &mut Proc, lines: &Lines) -> Result<SocketAdd
         }
     }
 }
+
+/// Runs the bench on a 2-thread runtime, then kills whatever child is left.
+pub(crate) fn run_to_end(bench: impl std::future::Future<Output = ()>) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(bench);
+    drop(rt);
+    kill_children();
+}
+
+/// Prints the warnings and errors the daemons logged into `dir/*.log` (a bench's answers
+/// are checked; this shows what else went wrong, if anything).
+pub(crate) fn log_problems(dir: &std::path::Path) {
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    logs.retain(|p| p.extension().is_some_and(|e| e == "log"));
+    logs.sort();
+    println!();
+    for log in logs {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let name = log.file_stem().unwrap_or_default().to_string_lossy();
+        if name.starts_with("etcd") {
+            // etcd logs its own warnings (slow fdatasync and the like) in JSON or
+            // capnslog lines; count them only.
+            let bad: Vec<&str> = text.lines().filter(|l| l.contains(" W | ")).collect();
+            println!("daemon logs: etcd: {} warning lines", bad.len());
+            for l in bad.iter().take(3) {
+                println!("    {l}");
+            }
+            continue;
+        }
+        let bad: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+            .collect();
+        println!("daemon logs: {name}: {} WARN/ERROR lines", bad.len());
+        for l in bad.iter().take(5) {
+            println!("    {l}");
+        }
+    }
+}
