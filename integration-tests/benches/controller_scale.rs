@@ -722,29 +722,9 @@ impl Cluster {
     }
 
     async fn submit(&self, name: &str, replicas: usize) -> Result<()> {
-        let profile = format!(
-            "[service]\nname = \"{name}\"\nreplicas = {replicas}\n\
-             command = [\"sleep\", \"infinity\"]\n\
-             [[service.ports]]\nname = \"http\"\n\
-             [service.readiness]\ntcp = \"http\"\n"
-        );
-        let r = self
-            .http
-            .post(format!("{}/v1/services", self.base))
-            .bearer_auth(ADMIN)
-            .header("content-type", "application/toml")
-            .body(profile)
-            .send()
-            .await?;
-        if r.status() != 201 {
-            let st = r.status();
-            bail!(
-                "submitting {name} ({replicas} replicas): HTTP {st}: {} (XCE_SCALE_BIG / \
-                 XCE_SCALE_EACH must be within the controller's per-service limit)",
-                r.text().await?
-            );
-        }
-        Ok(())
+        common::api::submit_sleeper(&self.http, &self.base, ADMIN, name, replicas)
+            .await
+            .context("XCE_SCALE_BIG and XCE_SCALE_EACH must be within the controller's per-service limit")
     }
 
     async fn delete(&self, name: &str) -> Result<()> {

@@ -269,24 +269,7 @@ impl Cluster {
 
     /// Submits `web`, takes its assignments and reports every replica started and ready.
     async fn submit_web(&mut self) -> Result<()> {
-        let profile = format!(
-            "[service]\nname = \"web\"\nreplicas = {REPLICAS}\n\
-             command = [\"sleep\", \"infinity\"]\n\
-             [[service.ports]]\nname = \"http\"\n\
-             [service.readiness]\ntcp = \"http\"\n"
-        );
-        let r = self
-            .http
-            .post(format!("{}/v1/services", self.controller))
-            .bearer_auth(ADMIN)
-            .header("content-type", "application/toml")
-            .body(profile)
-            .send()
-            .await?;
-        if r.status() != 201 {
-            let st = r.status();
-            bail!("submitting web: HTTP {st}: {}", r.text().await?);
-        }
+        common::api::submit_sleeper(&self.http, &self.controller, ADMIN, "web", REPLICAS).await?;
         let deadline = Instant::now() + Duration::from_secs(30);
         let jobs = loop {
             let a = self.worker.assignments().await?;

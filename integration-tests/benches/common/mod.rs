@@ -2,5 +2,6 @@
 //! Each bench uses part of it.
 #![allow(dead_code)]
 
+pub(crate) mod api;
 pub(crate) mod fake_worker;
 pub(crate) mod procs;
