@@ -4,10 +4,14 @@
 # change, apiserver memory and CPU per watcher, read requests/s. About 1-2 minutes on 2
 # cores, plus the release build.
 #
+# `sh bench-scale.sh controller_scale` runs the other real-process bench instead (README
+# "The real controller at scale"): 1,000 fake workers, 50,000 replicas, redb and etcd.
+#
 # etcd: needs Debian's `etcd-server` (etcd 3.4). When `etcd` is missing and this runs as
 # root with apt-get, it is installed (with service starts denied, so no system etcd runs);
 # otherwise the bench fails to start etcd and says so. `$ETCD` names another binary.
 set -eu
+BENCH="${1:-scale}"
 cd "$(dirname "$0")/.."
 if ! command -v etcd >/dev/null 2>&1 && [ -z "${ETCD:-}" ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
@@ -34,5 +38,5 @@ fi
 ulimit -n 65536 2>/dev/null || ulimit -n 20000
 cargo build --release --bin xced
 echo "load before: $(uptime)"
-cargo bench -p integration-tests --bench scale
+cargo bench -p integration-tests --bench "$BENCH"
 echo "load after: $(uptime)"

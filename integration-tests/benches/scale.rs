@@ -30,13 +30,17 @@
 //! `sh integration-tests/bench-scale.sh`. Children are killed when dropped, on a panic, and
 //! by a watchdog past [`DEADLINE`].
 
+mod common;
+
 use anyhow::{anyhow, bail, Context, Result};
+use common::fake_worker::{FakeWorker, HostId};
+use common::procs::{
+    forget_child, install_guards, keep_child, raise_nofile, wait_announce, xced, Proc, ROOT,
+};
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::{mpsc as std_mpsc, Arc, Mutex};
+use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use testkit::http::Conn;
 use testkit::{cpu_us, free_port, rss_kib};
@@ -72,25 +76,8 @@ const HOST_SECRET: &str = "4e6a8c0e2b4d6f8a1c3e5b7d9f0a2c4e6b8d0f2a4c6e8b0d2f4a6
 /// The fake host's advertised address.
 const HOST_IP: &str = "127.0.61.11";
 
-/// Child processes to kill whatever happens, and the temp dir to remove.
-static CHILDREN: Mutex<Vec<u32>> = Mutex::new(Vec::new());
-static ROOT: Mutex<Option<PathBuf>> = Mutex::new(None);
-
 fn main() {
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        hook(info);
-        kill_children();
-    }));
-    std::thread::spawn(|| {
-        std::thread::sleep(DEADLINE);
-        eprintln!("bench: past its {DEADLINE:?} deadline, killing it");
-        kill_children();
-        if let Some(root) = ROOT.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = std::fs::remove_dir_all(root);
-        }
-        std::process::exit(2);
-    });
+    install_guards(DEADLINE);
     let watchers = std::env::var("XCE_BENCH_WATCHERS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -104,14 +91,7 @@ fn main() {
         );
         std::process::exit(1);
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(run(watchers));
-    drop(rt);
-    kill_children();
+    common::procs::run_to_end(run(watchers));
 }
 
 async fn run(watchers: usize) {
@@ -152,7 +132,7 @@ async fn run(watchers: usize) {
         read_three.add(reads(&cluster, 3).await);
     }
     let elapsed = started.elapsed();
-    cluster.log_problems();
+    common::procs::log_problems(cluster.dir.path());
     drop(cluster);
 
     report(watchers, &one, &three, &read_one, &read_three);
@@ -160,49 +140,6 @@ async fn run(watchers: usize) {
 }
 
 // === processes ===
-
-fn kill_children() {
-    let pids = std::mem::take(&mut *CHILDREN.lock().unwrap_or_else(|e| e.into_inner()));
-    for pid in pids {
-        signal(pid, libc::SIGKILL);
-    }
-}
-
-fn forget_child(pid: u32) {
-    CHILDREN
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .retain(|p| *p != pid);
-}
-
-fn signal(pid: u32, sig: i32) {
-    let pid = i32::try_from(pid)
-        .ok()
-        .and_then(rustix::process::Pid::from_raw);
-    let sig = rustix::process::Signal::from_named_raw(sig);
-    if let (Some(pid), Some(sig)) = (pid, sig) {
-        let _ = rustix::process::kill_process(pid, sig);
-    }
-}
-
-/// Raises the soft open-file limit to the hard one (children inherit it); returns it.
-fn raise_nofile() -> u64 {
-    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
-    let r = getrlimit(Resource::Nofile);
-    let soft = r.current.unwrap_or(u64::MAX);
-    let want = r.maximum.unwrap_or(u64::MAX).min(1 << 20);
-    if soft < want {
-        let raised = Rlimit {
-            current: Some(want),
-            maximum: r.maximum,
-        };
-        if setrlimit(Resource::Nofile, raised).is_ok() {
-            return want;
-        }
-    }
-    soft
-}
-
 /// The kernel's count of connections dropped because a listen queue was full (all
 /// sockets of the machine), from `/proc/net/netstat`.
 fn listen_overflows() -> Option<u64> {
@@ -213,124 +150,6 @@ fn listen_overflows() -> Option<u64> {
         .split_whitespace()
         .position(|n| n == "ListenOverflows")?;
     values.split_whitespace().nth(at)?.parse().ok()
-}
-
-fn xced() -> PathBuf {
-    testkit::release_xced("run `cargo build --release --bin xced` (bench-scale.sh does)")
-}
-
-/// A child process, killed (and reaped) when dropped.
-struct Proc {
-    name: String,
-    child: Child,
-    log: PathBuf,
-}
-
-impl Proc {
-    fn spawn(name: &str, mut cmd: Command, log: PathBuf) -> Result<(Self, Lines)> {
-        let err = std::fs::File::create(&log)?;
-        let mut child = cmd
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::from(err))
-            .spawn()
-            .with_context(|| format!("starting {name}"))?;
-        CHILDREN
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(child.id());
-        let stdout = child.stdout.take().context("piped stdout")?;
-        let (tx, rx) = std_mpsc::channel();
-        std::thread::spawn(move || {
-            // Keep draining so the child never blocks on a full pipe.
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        Ok((
-            Self {
-                name: name.to_owned(),
-                child,
-                log,
-            },
-            rx,
-        ))
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// The last lines of its stderr log.
-    fn log_tail(&self, n: usize) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
-    }
-}
-
-type Lines = std_mpsc::Receiver<String>;
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "----- {} ({}), last lines -----\n{}",
-                self.name,
-                self.log.display(),
-                self.log_tail(40)
-            );
-        }
-        if let Ok(None) = self.child.try_wait() {
-            signal(self.child.id(), libc::SIGTERM);
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = self.child.try_wait() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-        forget_child(self.child.id());
-    }
-}
-
-/// Waits for the `xced: apiserver listening on http://ADDR` line; returns ADDR.
-fn wait_announce(proc_: &mut Proc, lines: &Lines) -> Result<SocketAddr> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match lines.recv_timeout(left.min(Duration::from_millis(200))) {
-            Ok(line) => {
-                if let Some(addr) = line.split("listening on http://").nth(1) {
-                    return addr
-                        .trim()
-                        .parse()
-                        .with_context(|| format!("address in {line:?}"));
-                }
-            }
-            Err(std_mpsc::RecvTimeoutError::Timeout) => {}
-            Err(std_mpsc::RecvTimeoutError::Disconnected) => {
-                bail!(
-                    "{} exited before announcing its listener:\n{}",
-                    proc_.name,
-                    proc_.log_tail(20)
-                )
-            }
-        }
-        if let Ok(Some(st)) = proc_.child.try_wait() {
-            bail!("{} exited ({st}):\n{}", proc_.name, proc_.log_tail(20));
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "{} did not announce its listener in 60s:\n{}",
-                proc_.name,
-                proc_.log_tail(20)
-            );
-        }
-    }
 }
 
 // === the cluster ===
@@ -390,10 +209,7 @@ impl Cluster {
             tokio::task::spawn_blocking(move || testkit::etcd::Etcd::start_in(&etcd_dir, 1, &[]))
                 .await??;
         let etcd_pid = etcd.pid(0).context("etcd runs")?;
-        CHILDREN
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(etcd_pid);
+        keep_child(etcd_pid);
         let etcd_endpoint = etcd.endpoint().to_owned();
 
         // tokens, controller
@@ -430,7 +246,12 @@ impl Cluster {
         let addr = wait_announce(&mut controller_proc, &lines)?;
         let controller = format!("http://{addr}");
 
-        let worker = FakeWorker::start(http.clone(), &controller).await?;
+        let host = HostId {
+            host: HOST.into(),
+            secret: HOST_SECRET.into(),
+            ip: HOST_IP.into(),
+        };
+        let worker = FakeWorker::start(http.clone(), &controller, &host).await?;
         let mut cluster = Self {
             apiservers: Vec::new(),
             worker,
@@ -448,24 +269,7 @@ impl Cluster {
 
     /// Submits `web`, takes its assignments and reports every replica started and ready.
     async fn submit_web(&mut self) -> Result<()> {
-        let profile = format!(
-            "[service]\nname = \"web\"\nreplicas = {REPLICAS}\n\
-             command = [\"sleep\", \"infinity\"]\n\
-             [[service.ports]]\nname = \"http\"\n\
-             [service.readiness]\ntcp = \"http\"\n"
-        );
-        let r = self
-            .http
-            .post(format!("{}/v1/services", self.controller))
-            .bearer_auth(ADMIN)
-            .header("content-type", "application/toml")
-            .body(profile)
-            .send()
-            .await?;
-        if r.status() != 201 {
-            let st = r.status();
-            bail!("submitting web: HTTP {st}: {}", r.text().await?);
-        }
+        common::api::submit_sleeper(&self.http, &self.controller, ADMIN, "web", REPLICAS).await?;
         let deadline = Instant::now() + Duration::from_secs(30);
         let jobs = loop {
             let a = self.worker.assignments().await?;
@@ -592,150 +396,6 @@ impl Cluster {
 
     fn stop_apiservers(&mut self) {
         self.apiservers.clear();
-    }
-
-    /// Prints the warnings and errors the daemons logged (the bench's answers are checked;
-    /// this shows what else went wrong, if anything).
-    fn log_problems(&self) {
-        let mut logs: Vec<PathBuf> = std::fs::read_dir(self.dir.path())
-            .map(|d| d.flatten().map(|e| e.path()).collect())
-            .unwrap_or_default();
-        logs.retain(|p| p.extension().is_some_and(|e| e == "log"));
-        logs.sort();
-        println!();
-        for log in logs {
-            let text = std::fs::read_to_string(&log).unwrap_or_default();
-            let name = log.file_stem().unwrap_or_default().to_string_lossy();
-            if name.starts_with("etcd") {
-                // etcd logs its own warnings (slow fdatasync and the like) in JSON or
-                // capnslog lines; count them only.
-                let bad: Vec<&str> = text.lines().filter(|l| l.contains(" W | ")).collect();
-                println!("daemon logs: etcd: {} warning lines", bad.len());
-                for l in bad.iter().take(3) {
-                    println!("    {l}");
-                }
-                continue;
-            }
-            let bad: Vec<&str> = text
-                .lines()
-                .filter(|l| l.contains("WARN") || l.contains("ERROR"))
-                .collect();
-            println!("daemon logs: {name}: {} WARN/ERROR lines", bad.len());
-            for l in bad.iter().take(5) {
-                println!("    {l}");
-            }
-        }
-    }
-}
-
-// === the fake worker ===
-
-/// Speaks the worker side of `/internal/v1` for host [`HOST`], with the facts a real
-/// worker's `address` and `ports` providers report.
-struct FakeWorker {
-    http: reqwest::Client,
-    /// `<controller>/internal/v1/hosts/<host>/`
-    base: String,
-    jobs: Vec<String>,
-    heartbeats: tokio::task::JoinHandle<()>,
-}
-
-fn facts() -> Value {
-    json!({
-        "ip_addr": HOST_IP,
-        "addresses": [ { "ip": HOST_IP, "interface": "lo" } ],
-        "sections": {
-            "ports": { "range": [20000, 32000], "reserved": [22, 80], "ephemeral": null }
-        }
-    })
-}
-
-async fn register(http: &reqwest::Client, base: &str) -> Result<u64> {
-    let r = http
-        .post(format!("{base}register"))
-        .bearer_auth(HOST_SECRET)
-        .json(&json!({ "facts": facts(), "running": [] }))
-        .send()
-        .await?;
-    if !r.status().is_success() {
-        let st = r.status();
-        bail!("register: HTTP {st}: {}", r.text().await?);
-    }
-    let v: Value = r.json().await?;
-    v["heartbeat_ms"]
-        .as_u64()
-        .with_context(|| format!("register answer {v}"))
-}
-
-impl FakeWorker {
-    async fn start(http: reqwest::Client, controller: &str) -> Result<Self> {
-        let base = format!("{controller}/internal/v1/hosts/{HOST}/");
-        let every = Duration::from_millis(register(&http, &base).await?.max(100));
-        let heartbeats = tokio::spawn({
-            let (http, base) = (http.clone(), base.clone());
-            async move {
-                loop {
-                    tokio::time::sleep(every).await;
-                    let r = http
-                        .post(format!("{base}heartbeat"))
-                        .bearer_auth(HOST_SECRET)
-                        .send()
-                        .await;
-                    match r {
-                        Ok(r) if r.status() == 404 => {
-                            eprintln!("fake worker: heartbeat 404, registering again");
-                            let _ = register(&http, &base).await;
-                        }
-                        Ok(r) if !r.status().is_success() => {
-                            eprintln!("fake worker: heartbeat HTTP {}", r.status());
-                        }
-                        Ok(_) => {}
-                        Err(e) => eprintln!("fake worker: heartbeat: {e}"),
-                    }
-                }
-            }
-        });
-        Ok(Self {
-            http,
-            base,
-            jobs: Vec::new(),
-            heartbeats,
-        })
-    }
-
-    async fn assignments(&self) -> Result<Value> {
-        let r = self
-            .http
-            .get(format!("{}assignments?index=0&wait=1s", self.base))
-            .bearer_auth(HOST_SECRET)
-            .send()
-            .await?;
-        if r.status() != 200 {
-            let st = r.status();
-            bail!("assignments: HTTP {st}: {}", r.text().await?);
-        }
-        Ok(r.json().await?)
-    }
-
-    async fn events(&self, events: &[Value]) -> Result<()> {
-        let r = self
-            .http
-            .post(format!("{}events", self.base))
-            .bearer_auth(HOST_SECRET)
-            .json(events)
-            .send()
-            .await?;
-        if !r.status().is_success() {
-            let st = r.status();
-            bail!("events: HTTP {st}: {}", r.text().await?);
-        }
-        Ok(())
-    }
-
-    /// The readiness change: job 0 becomes `ready`.
-    async fn flip(&self, ready: bool) -> Result<()> {
-        self.events(&[json!({"event": "readiness", "job": self.jobs[0], "ready": ready})])
-            .await
     }
 }
 

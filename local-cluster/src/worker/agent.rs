@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tracing::Instrument;
 
@@ -27,6 +27,9 @@ use crate::proto::{Assignment, ExitCause, RunningJob, WorkerEvent};
 
 /// How long a shutdown waits for queued events to be acknowledged.
 const FLUSH_PATIENCE: Duration = Duration::from_secs(3);
+/// The most queued messages the state task takes in one go (it answers nothing else
+/// meanwhile, so a flood of exits is recorded in bounded runs).
+const MAX_BURST: usize = 1024;
 
 /// A job whose process runs (or is being stopped).
 #[derive(Debug)]
@@ -36,7 +39,8 @@ struct Job {
     state: RunState,
     watcher: JoinHandle<()>,
     prober: Option<JoinHandle<()>>,
-    killer: Option<JoinHandle<()>>,
+    /// Hands the stop order to the watcher, which enforces the grace.
+    stop: Option<oneshot::Sender<process::StopOrder>>,
 }
 
 impl Job {
@@ -44,9 +48,6 @@ impl Job {
         self.watcher.abort();
         if let Some(p) = self.prober.take() {
             p.abort();
-        }
-        if let Some(k) = self.killer.take() {
-            k.abort();
         }
     }
 }
@@ -186,7 +187,7 @@ impl Agent {
                 tracing::info!(ready = rec.ready, "re-adopted running replica");
                 let pidfd = Arc::new(fd);
                 let ready = rec.ready;
-                let watcher = self.spawn_watcher(&rec, pidfd.clone(), None);
+                let (watcher, stop) = self.spawn_watcher(&rec, pidfd.clone(), None);
                 let prober = self.spawn_prober(&rec, ready);
                 self.jobs.insert(
                     rec.job.clone(),
@@ -196,7 +197,7 @@ impl Agent {
                         state: RunState::Running,
                         watcher,
                         prober,
-                        killer: None,
+                        stop: Some(stop),
                     },
                 );
                 return;
@@ -230,7 +231,7 @@ impl Agent {
             tokio::select! {
                 mode = &mut shutdown => return self.shutdown(mode).await,
                 msg = self.rx.recv() => match msg {
-                    Some(msg) => self.handle(msg).await?,
+                    Some(msg) => self.handle_burst(msg).await?,
                     None => anyhow::bail!("worker state channel closed"),
                 },
             }
@@ -269,6 +270,30 @@ impl Agent {
         );
     }
 
+    /// Handles `first` and every message already queued behind it (at most
+    /// [`MAX_BURST`]), recording runs of exits together: one `jobs.json` write for a
+    /// run instead of one per exit, so stopping hundreds of replicas at once costs a few
+    /// writes, not hundreds of whole-file writes (each with two fsyncs) in a row.
+    async fn handle_burst(&mut self, first: Msg) -> anyhow::Result<()> {
+        let mut exits = Vec::new();
+        let mut next = Some(first);
+        let mut taken = 1;
+        while let Some(msg) = next.take() {
+            match msg {
+                Msg::Exited { job, pid, cause } => exits.push((job, pid, cause)),
+                other => {
+                    self.on_exits(std::mem::take(&mut exits))?;
+                    self.handle(other).await?;
+                }
+            }
+            if taken < MAX_BURST {
+                next = self.rx.try_recv().ok();
+                taken += 1;
+            }
+        }
+        self.on_exits(exits)
+    }
+
     async fn handle(&mut self, msg: Msg) -> anyhow::Result<()> {
         match msg {
             Msg::Assignments(a) => {
@@ -276,7 +301,7 @@ impl Agent {
                 self.desired = a.jobs;
                 self.reconcile().await?;
             }
-            Msg::Exited { job, pid, cause } => self.on_exit(job, pid, cause)?,
+            Msg::Exited { job, pid, cause } => self.on_exits(vec![(job, pid, cause)])?,
             Msg::Ready { job, pid, ready } => {
                 let Some(j) = self.jobs.get_mut(&job) else {
                     return Ok(());
@@ -393,7 +418,7 @@ impl Agent {
             exited: None,
         };
         let pidfd = Arc::new(spawned.pidfd);
-        let watcher = self.spawn_watcher(&record, pidfd.clone(), Some(spawned.child));
+        let (watcher, stop) = self.spawn_watcher(&record, pidfd.clone(), Some(spawned.child));
         let prober = self.spawn_prober(&record, false);
         let job = record.job.clone();
         let pid = record.pid;
@@ -405,7 +430,7 @@ impl Agent {
                 state: RunState::Running,
                 watcher,
                 prober,
-                killer: None,
+                stop: Some(stop),
             },
         );
         // On disk before the controller hears of it: a worker restart re-adopts it.
@@ -445,12 +470,21 @@ impl Agent {
         rec: &JobRecord,
         pidfd: Arc<PidFd>,
         child: Option<std::process::Child>,
-    ) -> JoinHandle<()> {
+    ) -> (JoinHandle<()>, oneshot::Sender<process::StopOrder>) {
         let span = self.job_span(&rec.job, Some(rec.pid));
-        tokio::spawn(
-            process::watch(rec.job.clone(), rec.pid, pidfd, child, self.tx.clone())
-                .instrument(span),
-        )
+        let (stop, orders) = oneshot::channel();
+        let watcher = tokio::spawn(
+            process::watch(
+                rec.job.clone(),
+                rec.pid,
+                pidfd,
+                child,
+                self.tx.clone(),
+                orders,
+            )
+            .instrument(span),
+        );
+        (watcher, stop)
     }
 
     fn spawn_prober(&self, rec: &JobRecord, last: bool) -> Option<JoinHandle<()>> {
@@ -469,8 +503,8 @@ impl Agent {
         ))
     }
 
-    /// SIGTERM to the job's group now, SIGKILL after the grace; the watcher reports the
-    /// exit.
+    /// SIGTERM to the job's group now; its watcher SIGKILLs the group if it is still there
+    /// the grace after this SIGTERM, and reports the exit.
     fn stop(&mut self, job: &JobId) {
         let Some(j) = self.jobs.get_mut(job) else {
             return;
@@ -483,32 +517,44 @@ impl Agent {
         tracing::info!(grace = ?self.cfg.stop_timeout, "stopping replica");
         j.state = RunState::Stopping;
         process::signal(&j.pidfd, j.record.pid, Signal::Term);
-        let pidfd = j.pidfd.clone();
-        let pid = j.record.pid;
-        let grace = self.cfg.stop_timeout;
-        j.killer = Some(tokio::spawn(
-            async move {
-                tokio::time::sleep(grace).await;
-                tracing::warn!("replica did not stop within the grace; killing it");
-                process::signal(&pidfd, pid, Signal::Kill);
-            }
-            .instrument(span.clone()),
-        ));
+        // The grace runs from this replica's own SIGTERM, just sent.
+        let order = process::StopOrder {
+            sent: tokio::time::Instant::now(),
+            grace: self.cfg.stop_timeout,
+        };
+        if let Some(stop) = j.stop.take() {
+            // Fails only when the watcher has ended: the exit is on its way already.
+            let _ = stop.send(order);
+        }
     }
 
-    fn on_exit(&mut self, job: JobId, pid: u32, cause: ExitCause) -> anyhow::Result<()> {
-        match self.jobs.get(&job) {
-            Some(j) if j.record.pid == pid => {}
-            _ => return Ok(()),
+    /// Records exits (stale ones, of a job's earlier process, are ignored), on disk
+    /// before any of them is queued for the controller.
+    fn on_exits(&mut self, exits: Vec<(JobId, u32, ExitCause)>) -> anyhow::Result<()> {
+        let mut recorded = Vec::with_capacity(exits.len());
+        for (job, pid, cause) in exits {
+            match self.jobs.get(&job) {
+                Some(j) if j.record.pid == pid => {}
+                _ => continue,
+            }
+            let mut j = self.jobs.remove(&job).expect("checked above");
+            j.abort_tasks();
+            j.record.exited = Some(ExitRecord::of(&cause));
+            self.exits.insert(job.clone(), j.record);
+            self.ended.insert(job.clone());
+            recorded.push((job, cause));
         }
-        let mut j = self.jobs.remove(&job).expect("checked above");
-        j.abort_tasks();
-        j.record.exited = Some(ExitRecord::of(&cause));
-        self.exits.insert(job.clone(), j.record);
-        self.ended.insert(job.clone());
+        if recorded.is_empty() {
+            return Ok(());
+        }
         self.persist()?;
-        let log = self.log_of(&job);
-        self.outbox.push(WorkerEvent::exited(job, cause, Some(log)));
+        if recorded.len() > 1 {
+            tracing::debug!(exits = recorded.len(), "recorded exits together");
+        }
+        for (job, cause) in recorded {
+            let log = self.log_of(&job);
+            self.outbox.push(WorkerEvent::exited(job, cause, Some(log)));
+        }
         self.publish_running();
         Ok(())
     }

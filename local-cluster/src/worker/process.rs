@@ -10,7 +10,8 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use tokio::sync::mpsc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
 
 use super::msg::Msg;
 use super::procfs;
@@ -181,22 +182,33 @@ pub(crate) fn signal(pidfd: &PidFd, pid: u32, sig: Signal) {
     }
 }
 
+/// A stop order for a job's watcher: SIGTERM went to the group at `sent`; SIGKILL follows
+/// `grace` later unless the process has exited by then.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StopOrder {
+    pub(crate) sent: tokio::time::Instant,
+    pub(crate) grace: Duration,
+}
+
 /// Waits for the process to exit and tells the state task. For a child of ours, kills
 /// what is left of its group (before reaping, while the group id cannot be recycled) and
 /// reports the exit code or signal; for an adopted process the cause is unknown.
+///
+/// Once `stop` delivers an order, this task also enforces the grace: it is the one that
+/// sees the exit (on the pidfd, the moment it happens), so it alone judges whether the
+/// process stopped in time, measured from its own SIGTERM. The state task's backlog
+/// (hundreds of exits being recorded one after another) cannot make a replica that
+/// exited in time look like one that did not.
 pub(crate) async fn watch(
     job: JobId,
     pid: u32,
     pidfd: Arc<PidFd>,
     child: Option<Child>,
     owner: mpsc::Sender<Msg>,
+    stop: oneshot::Receiver<StopOrder>,
 ) {
-    match sys::async_pidfd(pidfd) {
-        Ok(afd) => {
-            if let Err(e) = afd.readable().await {
-                tracing::error!(error = %e, "watching the process failed; assuming it exited");
-            }
-        }
+    match sys::async_pidfd(pidfd.clone()) {
+        Ok(afd) => wait_exit(&afd, &pidfd, pid, stop).await,
         Err(e) => {
             tracing::error!(error = %e, "cannot watch the process; assuming it exited");
         }
@@ -220,6 +232,75 @@ pub(crate) async fn watch(
     };
     tracing::info!(cause = %cause, "process exited");
     let _ = owner.send(Msg::Exited { job, pid, cause }).await;
+}
+
+/// What woke [`wait_exit`].
+enum Woke {
+    Exited(io::Result<()>),
+    Order(Option<StopOrder>),
+    GraceOver,
+}
+
+/// Returns once the pidfd says the process exited; SIGKILLs its group if a stop order
+/// came and the process is still there `grace` after that order's SIGTERM.
+async fn wait_exit(
+    afd: &tokio::io::unix::AsyncFd<Arc<PidFd>>,
+    pidfd: &PidFd,
+    pid: u32,
+    stop: oneshot::Receiver<StopOrder>,
+) {
+    let mut orders = Some(stop);
+    let mut order: Option<StopOrder> = None;
+    // Whether the grace has been judged (ran out: the exit was there, or SIGKILL went).
+    let mut judged = false;
+    loop {
+        let next_order = async {
+            match orders.as_mut() {
+                Some(rx) => rx.await.ok(),
+                None => std::future::pending().await,
+            }
+        };
+        let grace_over = async {
+            match order {
+                Some(o) if !judged => tokio::time::sleep_until(o.sent + o.grace).await,
+                _ => std::future::pending().await,
+            }
+        };
+        // The exit first: a process that exited and a grace that ran out in the same
+        // turn of the runtime stopped in time.
+        let woke = tokio::select! {
+            biased;
+            r = afd.readable() => Woke::Exited(r.map(drop)),
+            o = next_order => Woke::Order(o),
+            () = grace_over => Woke::GraceOver,
+        };
+        match woke {
+            Woke::Exited(r) => {
+                if let Err(e) = r {
+                    tracing::error!(error = %e, "watching the process failed; assuming it exited");
+                }
+                if let (Some(o), false) = (order, judged) {
+                    tracing::debug!(after = ?o.sent.elapsed(), "replica stopped within the grace");
+                }
+                return;
+            }
+            Woke::Order(o) => {
+                // A dropped sender (never stopped) leaves only the exit to wait for.
+                orders = None;
+                order = o;
+            }
+            Woke::GraceOver => {
+                judged = true;
+                // The reactor may not have handed the exit over yet: ask the kernel.
+                if sys::pidfd_exited(pidfd) {
+                    continue;
+                }
+                let grace = order.map(|o| o.grace).unwrap_or_default();
+                tracing::warn!(?grace, "replica did not stop within the grace; killing it");
+                signal(pidfd, pid, Signal::Kill);
+            }
+        }
+    }
 }
 
 #[cfg(test)]
