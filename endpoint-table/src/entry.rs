@@ -75,10 +75,10 @@ pub struct DeclaredPort {
 pub struct Replica {
     /// Replica index, 0-based.
     pub replica: u32,
-    /// Job id.
-    pub job: String,
-    /// The host the job is on.
-    pub host: String,
+    /// Job id (shared with the table's own records of the job).
+    pub job: Arc<str>,
+    /// The host the job is on (one copy per host, shared by its replicas).
+    pub host: Arc<str>,
     /// The host's advertised address, when it reported one.
     pub address: Option<IpAddr>,
     /// Granted ports by name. During a rollout that adds or removes a port, replicas of

@@ -144,8 +144,9 @@ impl Touches {
 #[derive(Debug, Default)]
 pub struct Table {
     services: BTreeMap<ServiceKey, Svc>,
-    jobs: BTreeMap<String, JobRec>,
-    by_host: BTreeMap<Arc<str>, BTreeSet<String>>,
+    /// Keyed by the job id its replica holds (shared, not copied: this is per endpoint).
+    jobs: BTreeMap<Arc<str>, JobRec>,
+    by_host: BTreeMap<Arc<str>, BTreeSet<Arc<str>>>,
     hosts: BTreeMap<String, Option<IpAddr>>,
     /// Host ids, shared by the job records.
     host_ids: BTreeSet<Arc<str>>,
@@ -334,9 +335,14 @@ impl Table {
             };
             self.services.insert(ServiceKey::clone(&key), svc);
         }
-        for job in live.values() {
-            let key = self.services[&job.service_key()].key.clone();
-            self.index_job(job, key);
+        let mut records = Vec::new();
+        for svc in self.services.values() {
+            for r in &svc.entry.replicas {
+                records.push((r.job.clone(), r.replica, r.host.clone(), svc.key.clone()));
+            }
+        }
+        for (id, replica, host, key) in records {
+            self.index_job(id, replica, host, key);
         }
         // In snapshot order, as the services were listed.
         for service in &snapshot.services {
@@ -397,16 +403,21 @@ impl Table {
         }
     }
 
-    /// The replica `job` is, as its entry shows it.
+    /// The replica `job` is, as its entry shows it (its job id the one the table holds
+    /// already, if it does; its host id the shared one).
     fn replica_of(&mut self, job: &JobInfo) -> Replica {
         let ports = granted_ports(job)
             .into_iter()
             .map(|(name, port)| (intern(&mut self.port_names, &name), port))
             .collect();
+        let id = match self.jobs.get_key_value(job.job.as_str()) {
+            Some((id, _)) => id.clone(),
+            None => job.job.as_str().into(),
+        };
         Replica {
             replica: job.replica,
-            job: job.job.clone(),
-            host: job.host.clone(),
+            job: id,
+            host: intern(&mut self.host_ids, &job.host),
             address: self.hosts.get(&job.host).copied().flatten(),
             ports,
             generation: job.generation,
@@ -415,24 +426,24 @@ impl Table {
         }
     }
 
-    fn index_job(&mut self, job: &JobInfo, service: Arc<ServiceKey>) {
+    fn index_job(&mut self, id: Arc<str>, replica: u32, host: Arc<str>, service: Arc<ServiceKey>) {
+        self.by_host
+            .entry(host.clone())
+            .or_default()
+            .insert(id.clone());
         let rec = JobRec {
             service,
-            replica: job.replica,
-            host: intern(&mut self.host_ids, &job.host),
+            replica,
+            host,
         };
-        self.by_host
-            .entry(rec.host.clone())
-            .or_default()
-            .insert(job.job.clone());
-        self.jobs.insert(job.job.clone(), rec);
+        self.jobs.insert(id, rec);
     }
 
     /// A live job, new or changed: patches its replica in its service's entry.
     fn put_job(&mut self, job: &JobInfo, rev: u64, t: &mut Touches) {
         let key = job.service_key();
         let replica = self.replica_of(job);
-        match self.jobs.get(&job.job) {
+        match self.jobs.get(job.job.as_str()) {
             // The same slot: replaced in place, if it says anything new.
             Some(old) if *old.service == key && old.replica == job.replica => {
                 let old_host = old.host.clone();
@@ -442,44 +453,46 @@ impl Table {
                 if svc.entry.replicas[pos] == replica {
                     return;
                 }
+                let moved = (old_host != replica.host).then(|| {
+                    let r = &replica;
+                    (r.job.clone(), r.replica, r.host.clone(), svc.key.clone())
+                });
                 entry_mut(&mut svc.entry).replicas[pos] = replica;
                 t.changed(&key);
-                if *old_host != *job.host {
+                if let Some((id, replica, host, key)) = moved {
                     remove_from(&mut self.by_host, &old_host, &job.job);
-                    let key = svc.key.clone();
-                    self.index_job(job, key);
+                    self.index_job(id, replica, host, key);
                 }
             }
             // Moved to another service or replica index (not what a controller does, but
             // the table must follow any history): out of the old slot, into the new one.
             Some(_) => {
                 self.remove_job(&job.job, rev, t);
-                self.insert_job(job, key, replica, rev, t);
+                self.insert_job(key, replica, rev, t);
             }
-            None => self.insert_job(job, key, replica, rev, t),
+            None => self.insert_job(key, replica, rev, t),
         }
     }
 
-    fn insert_job(
-        &mut self,
-        job: &JobInfo,
-        key: ServiceKey,
-        replica: Replica,
-        rev: u64,
-        t: &mut Touches,
-    ) {
+    fn insert_job(&mut self, key: ServiceKey, replica: Replica, rev: u64, t: &mut Touches) {
         t.touch(&self.services, &key, rev);
         let svc = self
             .services
             .entry(key.clone())
             .or_insert_with(|| new_svc(&key));
-        let shared_key = svc.key.clone();
+        let record = (
+            replica.job.clone(),
+            replica.replica,
+            replica.host.clone(),
+            svc.key.clone(),
+        );
         let entry = entry_mut(&mut svc.entry);
         match entry.replicas.binary_search_by(|r| order(r, &replica)) {
             Ok(pos) => entry.replicas[pos] = replica,
             Err(pos) => entry.replicas.insert(pos, replica),
         }
-        self.index_job(job, shared_key);
+        let (id, replica, host, service) = record;
+        self.index_job(id, replica, host, service);
         t.changed(&key);
     }
 
@@ -539,7 +552,7 @@ fn order(a: &Replica, b: &Replica) -> std::cmp::Ordering {
 fn position(entry: &Entry, replica: u32, job: &str) -> Option<usize> {
     entry
         .replicas
-        .binary_search_by(|r| (r.replica, r.job.as_str()).cmp(&(replica, job)))
+        .binary_search_by(|r| (r.replica, &*r.job).cmp(&(replica, job)))
         .ok()
 }
 
@@ -556,7 +569,7 @@ fn empty_entry(key: &ServiceKey) -> Entry {
     }
 }
 
-fn remove_from(index: &mut BTreeMap<Arc<str>, BTreeSet<String>>, key: &str, job: &str) {
+fn remove_from(index: &mut BTreeMap<Arc<str>, BTreeSet<Arc<str>>>, key: &str, job: &str) {
     if let Some(set) = index.get_mut(key) {
         set.remove(job);
         if set.is_empty() {

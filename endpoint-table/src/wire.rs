@@ -131,8 +131,8 @@ impl EndpointAnswer {
             .collect();
         Self {
             replica: r.replica,
-            job: r.job.clone(),
-            host: r.host.clone(),
+            job: r.job.to_string(),
+            host: r.host.to_string(),
             generation: r.generation,
             address: r.address,
             ports,
@@ -162,8 +162,8 @@ pub fn prometheus_sd(entry: &Entry, port: &str) -> Vec<SdTargetGroup> {
                 ("service", entry.service.clone()),
                 ("project", entry.project.clone()),
                 ("replica", r.replica.to_string()),
-                ("host", r.host.clone()),
-                ("job", r.job.clone()),
+                ("host", r.host.to_string()),
+                ("job", r.job.to_string()),
                 ("generation", r.generation.to_string()),
                 ("port", port.to_owned()),
             ]

@@ -442,8 +442,8 @@ mod prop {
                     .filter(|j| j.service == s.name && j.project == s.project)
                     .map(|j| Replica {
                         replica: j.replica,
-                        job: j.job.clone(),
-                        host: j.host.clone(),
+                        job: j.job.as_str().into(),
+                        host: j.host.as_str().into(),
                         address: self.hosts.get(&j.host).and_then(|h| h.facts.ip_addr),
                         ports: PortGrant::from_value(&j.grants["ports"])
                             .unwrap()

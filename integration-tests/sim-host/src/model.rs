@@ -322,7 +322,7 @@ impl Model {
             .endpoints()
             .map(|r| {
                 let ports = r.ports.iter().map(|(n, p)| (n.to_owned(), *p)).collect();
-                (r.job.clone(), r.host.clone(), r.address, ports)
+                (r.job.to_string(), r.host.to_string(), r.address, ports)
             })
             .collect();
         got.sort();
