@@ -2,7 +2,7 @@
 //! of a list of them, and the journal record (one value holding a whole batch).
 
 use super::gateway::{self, b64};
-use crate::store::StoreError;
+use crate::store::contract::StoreError;
 use serde_json::{json, Value};
 
 /// A put (`Some` bytes) or delete (`None`) of an etcd key.
