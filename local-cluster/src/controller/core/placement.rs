@@ -145,13 +145,13 @@ impl Core {
         for b in self.backoff.values_mut() {
             b.over |= b.not_before <= now;
         }
-        let services: Vec<ServiceRec> = match from {
+        // Keys only: a cut pass stops early, and the next one clones from where it was.
+        let services: Vec<ServiceKey> = match from {
             Some(k) => self.cluster.services.range(k.clone()..),
             None => self.cluster.services.range(..),
         }
-        .map(|(_, s)| s)
-        .filter(|s| s.state == ServiceState::Active)
-        .cloned()
+        .filter(|(_, s)| s.state == ServiceState::Active)
+        .map(|(k, _)| k.clone())
         .collect();
         // Hosts that may take placements (by id), and their load: computed once per pass
         // and kept current as replicas are placed.
@@ -170,9 +170,9 @@ impl Core {
         let mut placed: Vec<(HostId, JobId, ServiceKey, u32)> = Vec::new();
         let mut reverts: Vec<(ServiceKey, String)> = Vec::new();
         let mut pass = Pass::default();
-        for s in services {
+        for key in services {
+            let s = self.cluster.services[&key].clone();
             let name = &s.info.name;
-            let key = s.info.key();
             let Some(profile) = self.profiles.get(&key) else {
                 continue;
             };
