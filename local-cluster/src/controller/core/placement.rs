@@ -14,6 +14,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+/// Ready hosts in spread order, as `(the service's jobs, all jobs, host index)`.
+type SpreadOrder = BTreeSet<(usize, usize, usize)>;
+
 /// What one scheduling pass did.
 #[derive(Debug, Default)]
 struct Pass {
@@ -204,7 +207,7 @@ impl Core {
             // The ready hosts in spread order for this service (fewest of its jobs, then
             // fewest jobs, then id), kept sorted as it places: built at its first
             // placement, so a service with nothing to place costs nothing here.
-            let mut order: Option<(Vec<usize>, BTreeSet<(usize, usize, usize)>)> = None;
+            let mut order: Option<(Vec<usize>, SpreadOrder)> = None;
             let mut size = 0;
             for replica in rollout::to_place(&view) {
                 if let Some(b) = self.backoff.get(&(key.clone(), replica)) {
