@@ -263,7 +263,12 @@ pub(crate) mod tests {
         }
         fn host_summary(&self, host: &HostId) -> Option<serde_json::Value> {
             let cap = self.capacity.get(host)?;
-            let used = self.used.keys().filter(|(h, _)| h == host).count();
+            // A range, not a scan of every host's slots: the controller asks for every
+            // host's summary at each publish.
+            let used = self
+                .used
+                .range((host.clone(), 0)..=(host.clone(), u64::MAX))
+                .count();
             Some(json!({"capacity": cap, "used": used}))
         }
     }

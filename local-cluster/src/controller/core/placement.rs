@@ -14,6 +14,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+/// Ready hosts in spread order, as `(the service's jobs, all jobs, host index)`.
+type SpreadOrder = BTreeSet<(usize, usize, usize)>;
+
 /// What one scheduling pass did.
 #[derive(Debug, Default)]
 struct Pass {
@@ -145,13 +148,13 @@ impl Core {
         for b in self.backoff.values_mut() {
             b.over |= b.not_before <= now;
         }
-        let services: Vec<ServiceRec> = match from {
+        // Keys only: a cut pass stops early, and the next one clones from where it was.
+        let services: Vec<ServiceKey> = match from {
             Some(k) => self.cluster.services.range(k.clone()..),
             None => self.cluster.services.range(..),
         }
-        .map(|(_, s)| s)
-        .filter(|s| s.state == ServiceState::Active)
-        .cloned()
+        .filter(|(_, s)| s.state == ServiceState::Active)
+        .map(|(k, _)| k.clone())
         .collect();
         // Hosts that may take placements (by id), and their load: computed once per pass
         // and kept current as replicas are placed.
@@ -170,9 +173,9 @@ impl Core {
         let mut placed: Vec<(HostId, JobId, ServiceKey, u32)> = Vec::new();
         let mut reverts: Vec<(ServiceKey, String)> = Vec::new();
         let mut pass = Pass::default();
-        for s in services {
+        for key in services {
+            let s = self.cluster.services[&key].clone();
             let name = &s.info.name;
-            let key = s.info.key();
             let Some(profile) = self.profiles.get(&key) else {
                 continue;
             };
@@ -204,7 +207,7 @@ impl Core {
             // The ready hosts in spread order for this service (fewest of its jobs, then
             // fewest jobs, then id), kept sorted as it places: built at its first
             // placement, so a service with nothing to place costs nothing here.
-            let mut order: Option<(Vec<usize>, BTreeSet<(usize, usize, usize)>)> = None;
+            let mut order: Option<(Vec<usize>, SpreadOrder)> = None;
             let mut size = 0;
             for replica in rollout::to_place(&view) {
                 if let Some(b) = self.backoff.get(&(key.clone(), replica)) {

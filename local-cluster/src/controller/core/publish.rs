@@ -6,9 +6,9 @@ use super::{Core, HostView, JobView, ServiceView, View};
 use crate::controller::model::JobRec;
 use crate::controller::rollout::{self};
 use crate::proto::{Assignment, Assignments, Desired};
-use plugin_api::{HostId, HostState, JobInfo, JobState, ResourcePlugin};
+use plugin_api::{ClusterEvent, HostId, HostState, JobInfo, JobState, ResourcePlugin};
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -76,9 +76,32 @@ impl Core {
 
     /// Publishes the assignments, the readers' view and the metrics.
     pub(super) fn publish(&mut self) {
-        let hosts: Vec<HostId> = self.cluster.hosts.keys().cloned().collect();
+        // A host's desired set changes only with its jobs (each change is an event on
+        // the outbox) or its own record: rebuild those hosts' sets, and those of hosts
+        // without one yet, rather than every host's (at 1,000 hosts, 50 times the work
+        // for a worker's report of its own jobs).
+        let mut hosts: BTreeSet<HostId> = self
+            .cluster
+            .hosts
+            .keys()
+            .filter(|h| !self.assign.contains_key(*h))
+            .cloned()
+            .collect();
+        for e in &self.outbox {
+            match e {
+                ClusterEvent::Job { job, .. } | ClusterEvent::JobEnded { job, .. } => {
+                    hosts.insert(job.host.clone());
+                }
+                ClusterEvent::Host { host, .. } => {
+                    hosts.insert(host.id.clone());
+                }
+                ClusterEvent::Service { .. } | ClusterEvent::ServiceRemoved { .. } => {}
+            }
+        }
         for h in &hosts {
-            self.publish_host(h);
+            if self.cluster.hosts.contains_key(h) {
+                self.publish_host(h);
+            }
         }
         let c = &self.cluster;
         let mut services = BTreeMap::new();
