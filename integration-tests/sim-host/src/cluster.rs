@@ -4,6 +4,8 @@
 //! announced to the listeners, each event with the next revision.
 
 use crate::config::Fault;
+use crate::phases::Phases;
+use crate::reserve::reserve_all;
 use crate::sched::Scheduler;
 use crate::store::{Batch, Store};
 use crate::worker::Workers;
@@ -13,7 +15,7 @@ use plugin_api::{
     ServiceInfo, ServiceKey,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// What the host did, reported to the scenario (and from there to the model).
 #[derive(Debug, Clone)]
@@ -54,21 +56,6 @@ struct ServiceRec {
 struct HostRec {
     info: HostInfo,
     jobs: BTreeSet<u64>,
-}
-
-/// Time spent per phase, measured around each one.
-#[derive(Debug, Clone, Default)]
-pub struct Phases {
-    /// Choosing hosts: the scheduler and every plugin's `fits`.
-    pub pick: Duration,
-    /// Every plugin's `reserve` (and `release` when a later one refuses).
-    pub reserve: Duration,
-    /// Encoding job records and committing store batches.
-    pub commit: Duration,
-    /// Announcing events to the listeners (the endpoint table's feed).
-    pub announce: Duration,
-    /// Workers: the launch hooks (with their real bind checks).
-    pub launch: Duration,
 }
 
 /// Builds the resource plugins of a (re)started controller.
@@ -684,34 +671,6 @@ impl Cluster {
         }
         self.phases.announce += at.elapsed();
     }
-}
-
-/// Reserves on `host` with every plugin (`reqs[i]` is plugin `i`'s request), all or
-/// nothing: a refusal releases what the plugins before it reserved.
-fn reserve_all(
-    plugins: &mut [Box<dyn ResourcePlugin>],
-    host: &HostId,
-    reqs: &[PlacementRequest<'_>],
-) -> Option<BTreeMap<String, Grant>> {
-    let mut grants = BTreeMap::new();
-    for i in 0..plugins.len() {
-        let r = &reqs[i];
-        match plugins[i].reserve(host, r) {
-            Ok(g) => {
-                grants.insert(plugins[i].name().to_owned(), g);
-            }
-            Err(unfit) => {
-                // fits said yes a moment ago: the plugin's two answers disagree.
-                tracing::warn!(%host, job = r.job, %unfit, "reserve refused after fits");
-                let job = r.job.to_owned();
-                for p in &mut plugins[..i] {
-                    p.release(host, &job);
-                }
-                return None;
-            }
-        }
-    }
-    Some(grants)
 }
 
 /// The number in a job id `j-17`.

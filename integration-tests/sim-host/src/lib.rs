@@ -16,14 +16,16 @@ mod config;
 mod error;
 mod fault;
 mod model;
+mod phases;
+mod reserve;
 mod scenario;
 mod sched;
 mod serve;
 mod store;
 mod worker;
 
-pub use cluster::Phases;
 pub use config::{Fault, SimConfig};
 pub use error::SimError;
+pub use phases::Phases;
 pub use scenario::{run, Report};
 pub use worker::{host_ip, WorkerSettings};

@@ -1,10 +1,11 @@
 //! The scenario: load a cluster, churn it, tear it down, checking the plugins' outputs
 //! against the model after every event.
 
-use crate::cluster::{host_id, Cluster, Outcome, Phases};
+use crate::cluster::{host_id, Cluster, Outcome};
 use crate::config::SimConfig;
 use crate::error::SimError;
 use crate::model::{Decl, Model};
+use crate::phases::Phases;
 use crate::serve::Server;
 use crate::worker::{host_ip, Workers};
 use endpoint_table::{endpoint_table, EndpointApi, TableConfig};

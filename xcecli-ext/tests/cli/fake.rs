@@ -804,7 +804,7 @@ async fn scale(
             StatusCode::BAD_REQUEST,
             "invalid",
             "invalid scale request",
-            json!([{"field": "replicas", "reason": "must be 1-1000"}]),
+            json!([{"field": "replicas", "reason": "must be between 1 and 10000"}]),
         );
     };
     let mut inner = state.shared.inner.lock().unwrap();

@@ -523,7 +523,7 @@ async fn scale_restart_and_stop() {
             exit 1
             --- stderr
             error: invalid scale request
-              replicas: must be 1-1000
+              replicas: must be between 1 and 10000
         "#]],
         )
         .await;

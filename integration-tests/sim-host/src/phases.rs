@@ -1,0 +1,18 @@
+//! Where the sim host's time goes, per phase.
+
+use std::time::Duration;
+
+/// Time spent per phase, measured around each one.
+#[derive(Debug, Clone, Default)]
+pub struct Phases {
+    /// Choosing hosts: the scheduler and every plugin's `fits`.
+    pub pick: Duration,
+    /// Every plugin's `reserve` (and `release` when a later one refuses).
+    pub reserve: Duration,
+    /// Encoding job records and committing store batches.
+    pub commit: Duration,
+    /// Announcing events to the listeners (the endpoint table's feed).
+    pub announce: Duration,
+    /// Workers: the launch hooks (with their real bind checks).
+    pub launch: Duration,
+}
