@@ -27,6 +27,9 @@ pub(crate) struct Metrics {
     pub(crate) full_disruption: Gauge,
     /// Replica jobs that ended by themselves and were replaced, by project and service.
     pub(crate) restarts: Family<Labels, Counter>,
+    /// Settles that did work (placement passes, then publishing the view): one answers a
+    /// burst of up to 256 queued commands.
+    pub(crate) settles: Counter,
 }
 
 impl Metrics {
@@ -37,6 +40,11 @@ impl Metrics {
             "xce_pending_replicas",
             "Replicas of active services without a live job",
             self.pending.clone(),
+        );
+        r.register(
+            "xce_controller_settles",
+            "Settles of the controller's state (placement passes, then the readers' view and the workers' assignments); one answers a burst of up to 256 queued commands",
+            self.settles.clone(),
         );
         r.register(
             "xce_placements",

@@ -14,6 +14,13 @@ type Reply<T> = oneshot::Sender<Result<T, CoreError>>;
 
 /// At most this many queued commands are handled before due timers.
 const QUEUED_BEFORE_TIMERS: usize = 1024;
+/// At most this many queued commands are applied before one settle answers them all.
+/// A settle (placement passes, then publishing the readers' view and the assignments)
+/// costs about as much as the state is large, whatever one command changed: with a
+/// thousand workers reporting at once, settling after each report made placing n
+/// replicas O(n²) and queued heartbeats behind the rebuilds. Bounded, so the first
+/// command of a burst waits for at most this many others.
+pub(super) const COMMANDS_PER_SETTLE: usize = 256;
 
 /// A request to the state task.
 #[derive(Debug)]
@@ -98,19 +105,33 @@ pub(crate) async fn run(
         };
         tokio::select! {
             cmd = rx.recv() => match cmd {
-                Some(cmd) => handle(&mut core, cmd),
+                Some(cmd) => {
+                    let mut answers = vec![handle(&mut core, cmd)];
+                    while answers.len() < COMMANDS_PER_SETTLE && core.fatal().is_none() {
+                        match rx.try_recv() {
+                            Ok(cmd) => answers.push(handle(&mut core, cmd)),
+                            Err(_) => break,
+                        }
+                    }
+                    settle_and_answer(&mut core, answers);
+                }
                 None => break,
             },
             () = timer => {
                 // Worker messages queued while the loop was busy (or paused) come before
                 // the timers that would judge their hosts; bounded, so a steady stream of
                 // messages cannot starve the timers.
+                let mut answers = Vec::new();
                 for _ in 0..QUEUED_BEFORE_TIMERS {
                     match rx.try_recv() {
-                        Ok(cmd) => handle(&mut core, cmd),
+                        Ok(cmd) => answers.push(handle(&mut core, cmd)),
                         Err(_) => break,
                     }
+                    if answers.len() == COMMANDS_PER_SETTLE {
+                        settle_and_answer(&mut core, std::mem::take(&mut answers));
+                    }
                 }
+                settle_and_answer(&mut core, answers);
                 let now = Instant::now();
                 core.tick(now, deadline);
                 core.mark_dirty();
@@ -122,13 +143,28 @@ pub(crate) async fn run(
     tracing::info!("controller state task stopped");
 }
 
-fn handle(core: &mut Core, cmd: Command) {
+/// A command's answer, sent once the state it led to is settled.
+type Answer = Box<dyn FnOnce() + Send>;
+
+/// Settles, then answers: every answer (and the view its handler reads next) includes
+/// the placements its command made possible.
+fn settle_and_answer(core: &mut Core, answers: Vec<Answer>) {
+    if answers.is_empty() {
+        return;
+    }
+    core.settle(Instant::now());
+    for answer in answers {
+        answer();
+    }
+}
+
+/// Applies one command to the core; its answer waits for the next settle.
+fn handle(core: &mut Core, cmd: Command) -> Answer {
     let now = Instant::now();
-    // Settle before answering, so the answer (and the view the handler reads next)
-    // includes the placements the command made possible.
-    fn done<T>(core: &mut Core, now: Instant, reply: Reply<T>, r: Result<T, CoreError>) {
-        core.settle(now);
-        let _ = reply.send(r);
+    fn done<T: Send + 'static>(reply: Reply<T>, r: Result<T, CoreError>) -> Answer {
+        Box::new(move || {
+            let _ = reply.send(r);
+        })
     }
     match cmd {
         Command::Submit {
@@ -138,7 +174,7 @@ fn handle(core: &mut Core, cmd: Command) {
             reply,
         } => {
             let r = core.submit(doc, path.as_deref(), &who, now);
-            done(core, now, reply, r)
+            done(reply, r)
         }
         Command::Scale {
             key,
@@ -147,11 +183,11 @@ fn handle(core: &mut Core, cmd: Command) {
             reply,
         } => {
             let r = core.scale(&key, replicas, &who, now);
-            done(core, now, reply, r)
+            done(reply, r)
         }
         Command::Restart { key, who, reply } => {
             let r = core.restart(&key, &who, now);
-            done(core, now, reply, r)
+            done(reply, r)
         }
         Command::Delete {
             key,
@@ -160,7 +196,7 @@ fn handle(core: &mut Core, cmd: Command) {
             reply,
         } => {
             let r = core.delete(&key, now_please, &who, now);
-            done(core, now, reply, r)
+            done(reply, r)
         }
         Command::Register {
             host,
@@ -169,7 +205,7 @@ fn handle(core: &mut Core, cmd: Command) {
             reply,
         } => {
             let r = core.register(&host, &caller, req, now);
-            done(core, now, reply, r)
+            done(reply, r)
         }
         Command::Heartbeat {
             host,
@@ -177,7 +213,7 @@ fn handle(core: &mut Core, cmd: Command) {
             reply,
         } => {
             let r = core.heartbeat(&host, &caller, now);
-            done(core, now, reply, r)
+            done(reply, r)
         }
         Command::Facts {
             host,
@@ -186,7 +222,7 @@ fn handle(core: &mut Core, cmd: Command) {
             reply,
         } => {
             let r = core.facts(&host, &caller, facts, now);
-            done(core, now, reply, r)
+            done(reply, r)
         }
         Command::Events {
             host,
@@ -195,14 +231,15 @@ fn handle(core: &mut Core, cmd: Command) {
             reply,
         } => {
             let r = core.events(&host, &caller, events, now);
-            done(core, now, reply, r)
+            done(reply, r)
         }
         Command::Assignments {
             host,
             caller,
             reply,
         } => {
-            let _ = reply.send(core.assignments(&host, &caller));
+            let r = core.assignments(&host, &caller);
+            done(reply, r)
         }
     }
 }

@@ -3441,3 +3441,52 @@ fn numbers_a_thousand_replicas_are_placed_with_one_batch_per_pass() {
 }
 
 mod scale;
+
+/// Commands queued together are applied first and answered after one settle (per
+/// `COMMANDS_PER_SETTLE`): with a settle after each, placing n replicas reported by many
+/// workers at once costs O(n²) and heartbeats queue behind the rebuilds.
+#[tokio::test]
+async fn a_burst_of_queued_commands_is_answered_after_one_settle_per_batch() {
+    use super::task::{self, Command, COMMANDS_PER_SETTLE};
+    use tokio::sync::{mpsc, oneshot, watch};
+    const BURST: usize = 300;
+    let mut sim = Sim::new();
+    sim.register("h1", BURST as u64, &[]);
+    let metrics = sim.metrics.clone();
+    let before = metrics.settles.get();
+    let placed = metrics.placements.get();
+    let (tx, rx) = mpsc::channel(BURST);
+    let mut replies = Vec::new();
+    for i in 0..BURST {
+        let (reply, answer) = oneshot::channel();
+        tx.send(Command::Submit {
+            doc: web(&format!("s{i}"), "default", 1),
+            path: None,
+            who: admin(),
+            reply,
+        })
+        .await
+        .unwrap();
+        replies.push(answer);
+    }
+    let (stop, stopped) = watch::channel(false);
+    let (fatal, _) = watch::channel(None);
+    let state = tokio::spawn(task::run(sim.core, rx, stopped, fatal));
+    for (i, answer) in replies.into_iter().enumerate() {
+        let (key, _) = answer
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("submit {i}: {e}"));
+        assert_eq!(key.to_string(), format!("default/s{i}"));
+    }
+    let settles = metrics.settles.get() - before;
+    assert_eq!(
+        settles,
+        BURST.div_ceil(COMMANDS_PER_SETTLE) as u64,
+        "{BURST} queued submits settled {settles} times"
+    );
+    // Every answer came after its service was placed: the last settle placed them all.
+    assert_eq!((metrics.placements.get() - placed) as usize, BURST);
+    stop.send(true).unwrap();
+    state.await.unwrap();
+}

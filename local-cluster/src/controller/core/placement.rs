@@ -42,6 +42,7 @@ impl Core {
         if !self.dirty {
             return;
         }
+        self.metrics.settles.inc();
         self.stop_leftovers(now);
         let done: Vec<ServiceRec> = self
             .cluster
