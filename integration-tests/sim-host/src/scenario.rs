@@ -22,7 +22,7 @@ pub struct Report {
     pub seed: u64,
     /// Hosts.
     pub hosts: u32,
-    /// Replicas placed in the load phase.
+    /// Replicas placed in the load phase (a slot placed again after a refused launch counts once).
     pub replicas: u64,
     /// Placements in all (load, replacements, surges, scale-ups).
     pub placements: u64,
@@ -212,7 +212,10 @@ impl<'a> Sim<'a> {
         }
         self.loading = false;
         self.report.load_phases = self.cluster.phases.clone();
-        self.report.replicas = self.cluster.placements;
+        // A launch a hook refused (a granted port found in use on this machine, by a
+        // process outside the sim) ends its job, and the slot is placed again: that is one
+        // replica placed twice, not two replicas.
+        self.report.replicas = self.cluster.placements - self.report.refused;
         Ok(())
     }
 
