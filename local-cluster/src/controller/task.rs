@@ -107,7 +107,12 @@ pub(crate) async fn run(
             cmd = rx.recv() => match cmd {
                 Some(cmd) => {
                     let mut answers = vec![handle(&mut core, cmd)];
-                    while answers.len() < COMMANDS_PER_SETTLE && core.fatal().is_none() {
+                    // A deadline already past means the timer branch is due too: leave the
+                    // queue to it. It takes queued worker messages before judging hosts and
+                    // notices a pause (its lag behind the deadline it was armed with), which
+                    // draining every queued heartbeat here would hide.
+                    let due = deadline.is_some_and(|d| Instant::now() >= d);
+                    while !due && answers.len() < COMMANDS_PER_SETTLE && core.fatal().is_none() {
                         match rx.try_recv() {
                             Ok(cmd) => answers.push(handle(&mut core, cmd)),
                             Err(_) => break,
