@@ -177,31 +177,7 @@ fn a_ten_thousand_replica_service_is_placed_in_passes_within_the_batch_limit() {
     ];
     for (name, inner, limit) in stores {
         let store = Recording::new(inner, limit);
-        let now = Instant::now();
-        let (mut core, plugin) = cluster(store.clone(), 100, 101, now);
-        store.take();
-        core.submit(web("big", "default", BIG), None, &admin(), now)
-            .unwrap();
-        core.settle(now);
-        let batches = store.assert_within(name);
-        let jobs = placed(&core);
-        assert_eq!(jobs.len(), BIG as usize, "{name}: every replica placed");
-        // The submit and the passes: at least as many as the limit needs.
-        let least = (BIG as usize).div_ceil(limit.ops) + 1;
-        assert!(
-            batches >= least,
-            "{name}: {batches} batches, at least {least}"
-        );
-        assert_eq!(
-            stored(&*store),
-            jobs,
-            "{name}: the store has what the view shows"
-        );
-        assert_eq!(
-            reserved(&plugin),
-            jobs_of(&jobs),
-            "{name}: one grant per job"
-        );
+        let (core, _) = place_big(name, store.clone(), 101, &*store);
         let view = core.view();
         let svc = &view.borrow().services[&ServiceKey::new("default", "big")];
         assert!(svc.pending.is_empty(), "{name}: {:?}", svc.pending.first());
@@ -444,22 +420,48 @@ fn a_ten_thousand_replica_service_is_placed_on_etcd_in_transactions_without_the_
     let inner = Arc::new(etcd.store("/xce/"));
     let limit = inner.batch_limit();
     let store = Recording::new(inner, limit);
+    // Within the limit, every batch is one etcd transaction: the journal is never used;
+    // and a fresh reader of the store sees every replica.
+    place_big("etcd", store, 100, &etcd.store("/xce/"));
+}
+
+/// Places a service of [`BIG`] replicas on 100 hosts of `slots` in one settle and checks
+/// what every store must show: every batch within `store`'s limit, at least as many
+/// batches as the limit needs, every replica placed, `reader` (the store, or a fresh
+/// reader of it) holding exactly the placed jobs, and one grant per job.
+fn place_big(
+    name: &str,
+    store: Arc<Recording>,
+    slots: u64,
+    reader: &dyn Store,
+) -> (Core, SharedSlots) {
     let now = Instant::now();
-    let (mut core, plugin) = cluster(store.clone(), 100, 100, now);
+    let limit = store.batch_limit();
+    let (mut core, plugin) = cluster(store.clone(), 100, slots, now);
     store.take();
     core.submit(web("big", "default", BIG), None, &admin(), now)
         .unwrap();
     core.settle(now);
-    // Within the limit, every batch is one etcd transaction: the journal is never used.
-    store.assert_within("etcd");
+    let batches = store.assert_within(name);
     let jobs = placed(&core);
-    assert_eq!(jobs.len(), BIG as usize);
-    assert_eq!(
-        stored(&etcd.store("/xce/")),
-        jobs,
-        "a fresh reader sees them all"
+    assert_eq!(jobs.len(), BIG as usize, "{name}: every replica placed");
+    // The submit and the passes: at least as many as the limit needs.
+    let least = (BIG as usize).div_ceil(limit.ops) + 1;
+    assert!(
+        batches >= least,
+        "{name}: {batches} batches, at least {least}"
     );
-    assert_eq!(reserved(&plugin), jobs_of(&jobs));
+    assert_eq!(
+        stored(reader),
+        jobs,
+        "{name}: the store has what the view shows"
+    );
+    assert_eq!(
+        reserved(&plugin),
+        jobs_of(&jobs),
+        "{name}: one grant per job"
+    );
+    (core, plugin)
 }
 
 /// The controller README's scale numbers, in-process (`cargo test --release -p
