@@ -50,15 +50,7 @@ pub(crate) fn forget_child(pid: u32) {
         .retain(|p| *p != pid);
 }
 
-pub(crate) fn signal(pid: u32, sig: i32) {
-    let pid = i32::try_from(pid)
-        .ok()
-        .and_then(rustix::process::Pid::from_raw);
-    let sig = rustix::process::Signal::from_named_raw(sig);
-    if let (Some(pid), Some(sig)) = (pid, sig) {
-        let _ = rustix::process::kill_process(pid, sig);
-    }
-}
+pub(crate) use integration_tests::signal;
 
 /// Raises the soft open-file limit to the hard one (children inherit it); returns it.
 pub(crate) fn raise_nofile() -> u64 {

@@ -117,15 +117,7 @@ pub fn terminate(child: &mut Child) {
     let _ = child.wait();
 }
 
-pub fn signal(pid: u32, sig: i32) {
-    let pid = i32::try_from(pid)
-        .ok()
-        .and_then(rustix::process::Pid::from_raw);
-    let sig = rustix::process::Signal::from_named_raw(sig);
-    if let (Some(pid), Some(sig)) = (pid, sig) {
-        let _ = rustix::process::kill_process(pid, sig);
-    }
-}
+pub use integration_tests::signal;
 
 /// An HTTP client for the apiserver.
 #[derive(Clone)]
