@@ -402,6 +402,16 @@ impl DevCluster {
 impl Drop for DevCluster {
     fn drop(&mut self) {
         terminate(&mut self.child);
+        // A failing test shows what the daemon said last: the only record CI keeps of it.
+        if std::thread::panicking() {
+            let log = self.log();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(80)..].join("\n");
+            eprintln!(
+                "--- last {} lines of xced.log ---\n{tail}",
+                lines.len().min(80)
+            );
+        }
         let o = self.first_ip.octets();
         let ips: Vec<String> = (0..=200u8)
             .map_while(|i| {

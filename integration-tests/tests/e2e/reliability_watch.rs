@@ -262,6 +262,23 @@ fn spawn_watcher(
     })
 }
 
+/// Turns the calm replica's readiness to the opposite of what the endpoint table shows.
+///
+/// Not a blind alternation: under load a probe can time out, so the replica may flip by
+/// itself, and a write equal to its state would change nothing and leave the watchers
+/// waiting for an event that never comes. Writing the opposite of the table always yields
+/// an event: either this write changes the state, or a change the table has not shown yet
+/// is on its way.
+async fn flip_calm(api: &Api, ctl: &std::path::Path) {
+    let (st, _, body) = api
+        .get("/v1/services/calm/endpoints?format=plain")
+        .await
+        .expect("calm endpoints");
+    assert_eq!(st, 200, "calm endpoints: {body}");
+    let ready = body.lines().count() > 0;
+    set_mode(ctl, "calm", 0, if ready { "down" } else { "up" });
+}
+
 /// Waits until every one of `n` watchers has seen an index above `above`; returns the
 /// highest such index and each watcher's latency from `since`.
 async fn all_saw(
@@ -356,13 +373,11 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
         set_mode(&rd.ctl, "churn", r, "toggle");
     }
 
-    let mut up = true;
     // Phase A: churn running, no slow client.
     let mut lat_a = Vec::new();
     let mut spread_a = Vec::new();
     for _ in 0..TOGGLES {
-        up = !up;
-        set_mode(&rd.ctl, "calm", 0, if up { "up" } else { "down" });
+        flip_calm(&api, &rd.ctl).await;
         let (i, lat, spread) = all_saw(&mut rx, &mut last, index, Instant::now()).await;
         index = i;
         lat_a.extend(lat);
@@ -401,8 +416,7 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
     let mut lat_b = Vec::new();
     let mut spread_b = Vec::new();
     for _ in 0..TOGGLES {
-        up = !up;
-        set_mode(&rd.ctl, "calm", 0, if up { "up" } else { "down" });
+        flip_calm(&api, &rd.ctl).await;
         let (i, lat, spread) = all_saw(&mut rx, &mut last, index, Instant::now()).await;
         index = i;
         lat_b.extend(lat);
@@ -463,8 +477,7 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
             Instant::now() < churn_deadline,
             "churn stopped at index {ci}"
         );
-        up = !up;
-        set_mode(&rd.ctl, "calm", 0, if up { "up" } else { "down" });
+        flip_calm(&api, &rd.ctl).await;
         let (i, lat, spread) = all_saw(&mut rx, &mut last, index, Instant::now()).await;
         index = i;
         lat_b2.extend(lat);
@@ -580,8 +593,7 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
     let mut lat_c = Vec::new();
     let mut spread_c = Vec::new();
     for _ in 0..TOGGLES {
-        up = !up;
-        set_mode(&rd.ctl, "calm", 0, if up { "up" } else { "down" });
+        flip_calm(&api, &rd.ctl).await;
         let (i, lat, spread) = all_saw(&mut rx, &mut last, index, Instant::now()).await;
         index = i;
         lat_c.extend(lat);
@@ -592,8 +604,7 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
     }
 
     // Nobody else was cut off: all 1,000 watchers are still there and get the next change.
-    up = !up;
-    set_mode(&rd.ctl, "calm", 0, if up { "up" } else { "down" });
+    flip_calm(&api, &rd.ctl).await;
     let (_final_index, _, _) = all_saw(&mut rx, &mut last, index, Instant::now()).await;
     let lagged = metric(&api, "xce_endpoint_streams_lagged").await.unwrap() - lagged_before;
     assert!(lagged <= 1.0, "only the slow client may have been cut off");
