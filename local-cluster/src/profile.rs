@@ -20,7 +20,22 @@ pub struct Readiness {
     /// Time one probe may take.
     #[serde(with = "millis")]
     pub timeout: Duration,
+    /// Failed probes in a row that make a ready replica unready (one slow answer of a
+    /// loaded replica need not take it out of its endpoint).
+    #[serde(default = "one")]
+    pub failure_threshold: u32,
+    /// Successful probes in a row that make an unready replica ready.
+    #[serde(default = "one")]
+    pub success_threshold: u32,
 }
+
+/// Records stored before the thresholds existed meant one probe either way.
+fn one() -> u32 {
+    1
+}
+
+/// The largest `failure_threshold` / `success_threshold`.
+pub const MAX_PROBE_THRESHOLD: u32 = 100;
 
 /// A readiness probe. Socket names are the names a resource plugin declared.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -356,7 +371,16 @@ fn parse_readiness(
 ) -> Option<Readiness> {
     let before = errs.len();
     for k in r.keys() {
-        if !["tcp", "http", "interval", "timeout"].contains(&k.as_str()) {
+        if ![
+            "tcp",
+            "http",
+            "interval",
+            "timeout",
+            "failure_threshold",
+            "success_threshold",
+        ]
+        .contains(&k.as_str())
+        {
             errs.push(FieldError::new(
                 format!("service.readiness.{k}"),
                 "unknown field",
@@ -447,6 +471,21 @@ fn parse_readiness(
         probe_range,
         errs,
     );
+    let threshold = |key: &str, errs: &mut Vec<FieldError>| match r.get(key) {
+        None => 1,
+        Some(v) => match v.as_u64() {
+            Some(n) if (1..=u64::from(MAX_PROBE_THRESHOLD)).contains(&n) => n as u32,
+            _ => {
+                errs.push(FieldError::new(
+                    format!("service.readiness.{key}"),
+                    format!("must be an integer between 1 and {MAX_PROBE_THRESHOLD}"),
+                ));
+                1
+            }
+        },
+    };
+    let failure_threshold = threshold("failure_threshold", errs);
+    let success_threshold = threshold("success_threshold", errs);
     if errs.len() > before {
         return None;
     }
@@ -454,6 +493,8 @@ fn parse_readiness(
         probe,
         interval,
         timeout,
+        failure_threshold,
+        success_threshold,
     })
 }
 

@@ -673,3 +673,108 @@ fn tx_queue(server_port: u16, client_port: u16) -> Option<u64> {
     }
     None
 }
+
+/// Probe thresholds: a replica whose probe answers 200 and 503 by turns stays in its
+/// endpoint with `failure_threshold = 3` (never three failures in a row), and never enters
+/// it with `success_threshold = 2` (never two successes in a row). With the default of
+/// one probe, the same replica would flip at every probe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_thresholds_keep_a_flickering_replica_steady_or_out() {
+    const ANSWERS: usize = 24;
+    let rd = ReplicaDir::new();
+    // Toggling from the first probe on.
+    set_mode(&rd.ctl, "steady", 0, "toggle");
+    set_mode(&rd.ctl, "shy", 0, "toggle");
+    let c = DevCluster::start(1, false).expect("dev cluster");
+    let api = c.api.clone();
+    // A generous timeout: only the replica's answers count, not a loaded machine's delays.
+    let steady =
+        rd.profile("steady", 1, "0", "100ms", 0) + "timeout = \"3s\"\nfailure_threshold = 3\n";
+    let shy = rd.profile("shy", 1, "0", "100ms", 0) + "timeout = \"3s\"\nsuccess_threshold = 2\n";
+    assert_eq!(api.submit_toml(&steady).await.unwrap().0, 201);
+    assert_eq!(api.submit_toml(&shy).await.unwrap().0, 201);
+    api.wait_ready("steady", 1).await;
+
+    // From here on, every change of steady's entry is on this stream.
+    let events = Arc::new(Mutex::new(Vec::<(u64, usize)>::new()));
+    let stream = {
+        let (api, events) = (api.clone(), events.clone());
+        let resp = sse_open(&api, "/v1/services/steady/endpoints/stream", None)
+            .await
+            .unwrap();
+        tokio::spawn(async move {
+            let mut body = resp.bytes_stream();
+            let mut parser = SseParser::default();
+            while let Some(Ok(chunk)) = body.next().await {
+                for (id, data) in parser.push(&chunk) {
+                    let entry: Value = serde_json::from_str(&data).unwrap_or_default();
+                    events
+                        .lock()
+                        .unwrap()
+                        .push((id, entry_endpoints(&entry).len()));
+                }
+            }
+        })
+    };
+    // The replicas' own logs: both answered ANSWERS probes since, half of them 503.
+    let answers = |svc: &str| -> Vec<u64> {
+        let job = std::fs::read_dir(&rd.ctl)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .find_map(|f| {
+                f.strip_prefix(&format!("{svc}-"))?
+                    .strip_suffix(".log")
+                    .map(str::to_owned)
+            })
+            .unwrap_or_default();
+        replica_log(&rd.ctl, svc, &job)
+            .into_iter()
+            .filter(|l| l.0 == "probe")
+            .filter_map(|l| l.2.first().copied())
+            .collect()
+    };
+    let steady_before = answers("steady").len();
+    let shy_before = answers("shy").len();
+    eventually("both replicas answered enough probes", || async {
+        let s = answers("steady").len() - steady_before;
+        let h = answers("shy").len() - shy_before;
+        Ok((s >= ANSWERS && h >= ANSWERS).then_some(()))
+    })
+    .await;
+    let steady_answers = &answers("steady")[steady_before..];
+    let shy_answers = answers("shy");
+    let steady_503 = steady_answers.iter().filter(|&&a| a == 503).count();
+    let shy_200 = shy_answers.iter().filter(|&&a| a == 200).count();
+    // The replicas did flicker: what follows is the thresholds' doing.
+    assert!(
+        steady_503 >= ANSWERS / 2 - 1,
+        "steady answered {steady_answers:?}"
+    );
+    assert!(shy_200 >= ANSWERS / 2 - 1, "shy answered {shy_answers:?}");
+
+    // steady never left its endpoint.
+    let (st, _, body) = api
+        .get("/v1/services/steady/endpoints?format=plain")
+        .await
+        .unwrap();
+    assert_eq!((st, body.lines().count()), (200, 1), "steady: {body}");
+    stream.abort();
+    let events = events.lock().unwrap().clone();
+    assert!(!events.is_empty(), "the stream's snapshot arrived");
+    assert!(
+        events.iter().all(|e| e.1 == 1),
+        "steady left its endpoint: {events:?}"
+    );
+    // shy never entered its endpoint.
+    let shy_entry = api.get_json("/v1/services/shy/endpoints").await.unwrap();
+    assert!(
+        entry_endpoints(&shy_entry).is_empty(),
+        "shy is ready: {shy_entry}"
+    );
+    println!(
+        "FIGURE probe thresholds: steady (failure_threshold=3) answered {} probes, {steady_503} of them 503, and stayed in its endpoint ({} stream events, all with it); shy (success_threshold=2) answered {} probes, {shy_200} of them 200, and never entered",
+        steady_answers.len(),
+        events.len(),
+        shy_answers.len(),
+    );
+}

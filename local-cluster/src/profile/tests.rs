@@ -50,6 +50,43 @@ fn readiness_must_name_a_declared_socket() {
 }
 
 #[test]
+fn probe_thresholds_default_to_one_and_are_bounded() {
+    let parse = |r: Value| {
+        let mut errs = Vec::new();
+        let r = parse_readiness(r.as_object().unwrap(), &["http".to_owned()], &mut errs);
+        match r {
+            Some(r) => format!("ok {} {}", r.failure_threshold, r.success_threshold),
+            None => errs
+                .iter()
+                .map(|e| e.to_string())
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    };
+    assert_eq!(parse(json!({"tcp": "http"})), "ok 1 1");
+    assert_eq!(
+        parse(json!({"tcp": "http", "failure_threshold": 3, "success_threshold": 100})),
+        "ok 3 100"
+    );
+    expect_test::expect![[r#"
+        service.readiness.failure_threshold: must be an integer between 1 and 100
+        service.readiness.success_threshold: must be an integer between 1 and 100"#]]
+    .assert_eq(&parse(
+        json!({"tcp": "http", "failure_threshold": 0, "success_threshold": "3"}),
+    ));
+    expect_test::expect![
+        "service.readiness.failure_threshold: must be an integer between 1 and 100"
+    ]
+    .assert_eq(&parse(json!({"tcp": "http", "failure_threshold": 101})));
+    // A record stored before the thresholds existed reads as one probe either way.
+    let old: Readiness = serde_json::from_value(
+        json!({"probe": {"tcp": {"socket": "http"}}, "interval": 1000, "timeout": 500}),
+    )
+    .unwrap();
+    assert_eq!((old.failure_threshold, old.success_threshold), (1, 1));
+}
+
+#[test]
 fn toml_errors_name_the_profile() {
     let e = toml_to_json("[service\nname=").unwrap_err();
     assert_eq!(e.field, "profile");
@@ -85,6 +122,8 @@ mod fuzz {
                         "http",
                         "interval",
                         "timeout",
+                        "failure_threshold",
+                        "success_threshold",
                         "port",
                         "path",
                         "extra",

@@ -11,23 +11,41 @@ use super::msg::Msg;
 use super::procfs;
 use crate::profile::{Probe, Readiness};
 
-/// Turns probe outcomes into transitions: `Some(ready)` only when the outcome differs
-/// from the last one reported.
+/// Turns probe outcomes into transitions: `Some(ready)` only when the last
+/// `threshold` outcomes in a row differ from the last one reported (the failure threshold
+/// for a ready job, the success threshold for an unready one).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Transitions {
     last: bool,
+    /// Outcomes in a row that differed from `last`.
+    streak: u32,
+    failures: u32,
+    successes: u32,
 }
 
 impl Transitions {
-    /// Starts from the last reported outcome (`false` for a new job).
-    pub(crate) fn new(last: bool) -> Self {
-        Self { last }
+    /// Starts from the last reported outcome (`false` for a new job), with the
+    /// profile's thresholds (each at least 1).
+    pub(crate) fn new(last: bool, failures: u32, successes: u32) -> Self {
+        Self {
+            last,
+            streak: 0,
+            failures: failures.max(1),
+            successes: successes.max(1),
+        }
     }
 
     /// Feeds one outcome; returns the transition to report, if any.
     pub(crate) fn observe(&mut self, ready: bool) -> Option<bool> {
-        (ready != self.last).then(|| {
+        if ready == self.last {
+            self.streak = 0;
+            return None;
+        }
+        self.streak += 1;
+        let needed = if ready { self.successes } else { self.failures };
+        (self.streak >= needed).then(|| {
             self.last = ready;
+            self.streak = 0;
             ready
         })
     }
@@ -117,7 +135,11 @@ pub(crate) async fn run(pj: ProbeJob, http: reqwest::Client, owner: mpsc::Sender
         );
         return;
     };
-    let mut filter = Transitions::new(pj.last);
+    let mut filter = Transitions::new(
+        pj.last,
+        pj.readiness.failure_threshold,
+        pj.readiness.success_threshold,
+    );
     let mut tick = tokio::time::interval(pj.readiness.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -132,7 +154,12 @@ pub(crate) async fn run(pj: ProbeJob, http: reqwest::Client, owner: mpsc::Sender
             return;
         }
         if let Some(ready) = filter.observe(ready) {
-            tracing::info!(ready, "readiness changed");
+            // The last failure says why a replica left its endpoint (a timeout under
+            // load reads differently from a refused connection).
+            match &outcome {
+                Err(e) => tracing::info!(ready, last_probe = %e, "readiness changed"),
+                Ok(()) => tracing::info!(ready, "readiness changed"),
+            }
             let msg = Msg::Ready {
                 job: pj.job.clone(),
                 pid: pj.pid,
@@ -150,7 +177,17 @@ mod tests {
     use super::*;
 
     fn check(start: bool, outcomes: &str, expect: expect_test::Expect) {
-        let mut t = Transitions::new(start);
+        check_with(start, 1, 1, outcomes, expect);
+    }
+
+    fn check_with(
+        start: bool,
+        failures: u32,
+        successes: u32,
+        outcomes: &str,
+        expect: expect_test::Expect,
+    ) {
+        let mut t = Transitions::new(start, failures, successes);
         let out: Vec<String> = outcomes
             .chars()
             .map(|c| match t.observe(c == '1') {
@@ -171,5 +208,50 @@ mod tests {
     fn an_adopted_ready_job_reports_nothing_while_it_stays_ready() {
         check(true, "111", expect_test::expect!["- - -"]);
         check(true, "10", expect_test::expect!["- down"]);
+    }
+
+    #[test]
+    fn thresholds_need_that_many_outcomes_in_a_row() {
+        // Failure threshold 3: two failures and a success keep the replica ready.
+        check_with(
+            true,
+            3,
+            1,
+            "1001000",
+            expect_test::expect!["- - - - - - down"],
+        );
+        // Success threshold 2: an alternating probe never makes it ready.
+        check_with(false, 1, 2, "101010", expect_test::expect!["- - - - - -"]);
+        check_with(false, 1, 2, "0110", expect_test::expect!["- - up down"]);
+    }
+
+    proptest::proptest! {
+        /// Against a model that reads the whole history: a transition is reported exactly
+        /// when the last `threshold` outcomes all differ from the state reported before.
+        #[test]
+        fn reports_exactly_what_the_history_says(
+            start: bool,
+            failures in 1u32..5,
+            successes in 1u32..5,
+            outcomes in proptest::collection::vec(proptest::bool::ANY, 0..60),
+        ) {
+            let mut t = Transitions::new(start, failures, successes);
+            let mut state = start;
+            // Outcomes since the state was last reported (or since the start).
+            let mut since = 0usize;
+            for (i, &o) in outcomes.iter().enumerate() {
+                let got = t.observe(o);
+                since += 1;
+                let needed = if state { failures } else { successes } as usize;
+                let window = &outcomes[i + 1 - since.min(needed)..=i];
+                let expected = (window.len() == needed && window.iter().all(|&w| w != state))
+                    .then_some(!state);
+                proptest::prop_assert_eq!(got, expected, "outcome {} of {:?}", i, outcomes);
+                if let Some(s) = got {
+                    state = s;
+                    since = 0;
+                }
+            }
+        }
     }
 }

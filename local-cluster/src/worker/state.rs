@@ -161,6 +161,8 @@ mod tests {
                     },
                     interval: Duration::from_secs(1),
                     timeout: Duration::from_millis(500),
+                    failure_threshold: 1,
+                    success_threshold: 1,
                 }),
                 grants: [("ports".to_owned(), serde_json::json!({"http": 20417}))].into(),
                 desired: Desired::Run,
@@ -217,7 +219,9 @@ mod tests {
                             }
                           },
                           "interval": 1000,
-                          "timeout": 500
+                          "timeout": 500,
+                          "failure_threshold": 1,
+                          "success_threshold": 1
                         },
                         "grants": {
                           "ports": {
@@ -252,7 +256,9 @@ mod tests {
                             }
                           },
                           "interval": 1000,
-                          "timeout": 500
+                          "timeout": 500,
+                          "failure_threshold": 1,
+                          "success_threshold": 1
                         },
                         "grants": {
                           "ports": {

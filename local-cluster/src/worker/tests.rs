@@ -447,6 +447,8 @@ fn http_probe() -> Option<Readiness> {
         },
         interval: Duration::from_millis(100),
         timeout: Duration::from_secs(1),
+        failure_threshold: 1,
+        success_threshold: 1,
     })
 }
 
@@ -671,6 +673,8 @@ async fn tcp_readiness_refusals_unknown_stops_and_bad_commands() {
                 },
                 interval: Duration::from_millis(50),
                 timeout: Duration::from_secs(1),
+                failure_threshold: 1,
+                success_threshold: 1,
             })
         };
         let grant = serde_json::json!({"port": port});
