@@ -407,6 +407,36 @@ fn metrics_are_exposed() {
         xce_port_pool_unavailable{host="exec-01"} 0
         xce_port_pool_used{host="exec-01"} 2"##]]
     .assert_eq(&text);
+
+    // The gauges follow a release, the host's removal (its series go) and its return.
+    let pool_lines = |registry: &prometheus_client::registry::Registry| {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+        let mut lines: Vec<String> = text
+            .lines()
+            .filter(|l| l.starts_with("xce_port_pool_"))
+            .map(str::to_owned)
+            .collect();
+        lines.sort_unstable();
+        lines.join(" ")
+    };
+    plugin.release(&"exec-01".into(), &"j-1".into());
+    assert_eq!(
+        pool_lines(&registry),
+        r#"xce_port_pool_capacity{host="exec-01"} 10 xce_port_pool_unavailable{host="exec-01"} 0 xce_port_pool_used{host="exec-01"} 0"#
+    );
+    plugin.host_removed(&"exec-01".into());
+    assert_eq!(pool_lines(&registry), "");
+    plugin
+        .host_up(&"exec-01".into(), &facts((20000, 20004), &[], None))
+        .unwrap();
+    plugin
+        .reserve(&"exec-01".into(), &request("j-3", Some(&s)))
+        .unwrap();
+    assert_eq!(
+        pool_lines(&registry),
+        r#"xce_port_pool_capacity{host="exec-01"} 5 xce_port_pool_unavailable{host="exec-01"} 0 xce_port_pool_used{host="exec-01"} 2"#
+    );
 }
 
 // === property tests ===
