@@ -280,25 +280,32 @@ impl<'a> Sim<'a> {
             if placed.is_empty() {
                 return;
             }
+            let mut jobs = Vec::with_capacity(placed.len());
             for o in placed {
                 let Outcome::Placed {
                     job,
                     service,
                     slot,
                     host,
-                    grants,
                 } = o
                 else {
                     continue;
                 };
-                self.model.placed(&job, &service, slot, host, &grants);
+                let empty = Default::default();
+                let grants = self.cluster.grants(&job).unwrap_or(&empty);
+                self.model.placed(&job, &service, slot, host, grants);
                 self.touched.insert(service);
                 self.touched_hosts.insert(host);
-                match self.cluster.start(&job) {
+                jobs.push(job);
+            }
+            // The workers' next tick: every new job started (one batch), then the tick
+            // after it: every started job ready (one batch).
+            let mut started = Vec::with_capacity(jobs.len());
+            for o in self.cluster.start_all(&jobs) {
+                match o {
                     Outcome::Started { job, env } => {
                         self.model.started(&job, &env);
-                        self.cluster.set_ready(&job, true);
-                        self.model.ready(&job, true);
+                        started.push(job);
                     }
                     Outcome::Ended { job } => {
                         self.report.refused += 1;
@@ -306,6 +313,10 @@ impl<'a> Sim<'a> {
                     }
                     Outcome::Placed { .. } => unreachable!("start never places"),
                 }
+            }
+            self.cluster.set_ready_all(&started, true);
+            for job in &started {
+                self.model.ready(job, true);
             }
         }
     }
@@ -384,13 +395,28 @@ impl<'a> Sim<'a> {
         }
     }
 
-    /// Drain, stop, gone: how every stop path ends a job.
-    fn stop_job(&mut self, job: &str) {
-        self.cluster.drain(job);
-        self.model.draining(job);
-        self.cluster.stop(job);
-        self.model.stopping(job);
-        self.ended(job, EndReason::Stopped, false);
+    /// Drain, stop, gone: how every stop path ends a job. The jobs stopped together are
+    /// drained in one worker tick, stopped in the next, and gone in the one after.
+    fn stop_jobs(&mut self, jobs: &[String]) {
+        if jobs.is_empty() {
+            return;
+        }
+        self.cluster.drain_all(jobs);
+        for job in jobs {
+            self.model.draining(job);
+        }
+        self.cluster.stop_all(jobs);
+        for job in jobs {
+            self.model.stopping(job);
+        }
+        for job in jobs {
+            self.touched_hosts.extend(self.model.hosts_of_job(job));
+        }
+        for o in self.cluster.exited_all(jobs, &EndReason::Stopped) {
+            if let Outcome::Ended { job } = o {
+                self.model.ended(&job);
+            }
+        }
     }
 
     /// A service scaled up or down by up to a quarter.
@@ -409,11 +435,11 @@ impl<'a> Sim<'a> {
             now.saturating_sub(step).max(1)
         };
         self.cluster.scale(&key, to);
-        for (job, slot) in self.model.service_jobs(&key) {
-            if slot >= to {
-                self.stop_job(&job);
-            }
-        }
+        let gone: Vec<String> = (self.model.service_jobs(&key).into_iter())
+            .filter(|(_, slot)| *slot >= to)
+            .map(|(job, _)| job)
+            .collect();
+        self.stop_jobs(&gone);
         self.touched.insert(key);
         self.settle();
         "scale"
@@ -439,6 +465,7 @@ impl<'a> Sim<'a> {
             }
             self.settle();
             let jobs = self.cluster.service_jobs(&key);
+            let mut old = Vec::new();
             for s in batch.clone() {
                 let new_ready = jobs
                     .iter()
@@ -446,10 +473,13 @@ impl<'a> Sim<'a> {
                 if !new_ready {
                     continue; // the old job stays until a new one runs
                 }
-                for old in jobs.iter().filter(|j| j.1 == s && j.2 < generation) {
-                    self.stop_job(&old.0);
-                }
+                old.extend(
+                    (jobs.iter())
+                        .filter(|j| j.1 == s && j.2 < generation)
+                        .map(|j| j.0.clone()),
+                );
             }
+            self.stop_jobs(&old);
             self.touched.insert(key.clone());
             self.check();
             slot = batch.end;
@@ -472,9 +502,10 @@ impl<'a> Sim<'a> {
     fn delete(&mut self, key: &ServiceKey) {
         self.touched_hosts.extend(self.model.hosts_of(key));
         self.cluster.scale(key, 0);
-        for (job, _) in self.model.service_jobs(key) {
-            self.stop_job(&job);
-        }
+        let jobs: Vec<String> = (self.model.service_jobs(key).into_iter())
+            .map(|(job, _)| job)
+            .collect();
+        self.stop_jobs(&jobs);
         self.cluster.remove(key);
         self.model.service_removed(key);
         self.touched.insert(key.clone());
