@@ -15,6 +15,8 @@ use port_resource::PortsPlugin;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+mod checks;
+
 /// What a run did and found. Every figure is counted or timed during the run.
 #[derive(Debug, Clone, Default)]
 pub struct Report {
@@ -298,6 +300,7 @@ impl<'a> Sim<'a> {
                 self.touched_hosts.insert(host);
                 jobs.push(job);
             }
+            self.check_batch();
             // The workers' next tick: every new job started (one batch), then the tick
             // after it: every started job ready (one batch).
             let mut started = Vec::with_capacity(jobs.len());
@@ -314,6 +317,7 @@ impl<'a> Sim<'a> {
                     Outcome::Placed { .. } => unreachable!("start never places"),
                 }
             }
+            self.check_batch();
             self.cluster.set_ready_all(&started, true);
             for job in &started {
                 self.model.ready(job, true);
@@ -405,10 +409,12 @@ impl<'a> Sim<'a> {
         for job in jobs {
             self.model.draining(job);
         }
+        self.check_batch();
         self.cluster.stop_all(jobs);
         for job in jobs {
             self.model.stopping(job);
         }
+        self.check_batch();
         for job in jobs {
             self.touched_hosts.extend(self.model.hosts_of_job(job));
         }
@@ -582,61 +588,6 @@ impl<'a> Sim<'a> {
             self.touched_hosts.insert(h);
         }
         self.check();
-    }
-
-    /// Counts an event and checks what it touched (and everything, now and then).
-    fn check(&mut self) {
-        self.report.events += 1;
-        if self
-            .report
-            .events
-            .is_multiple_of(u64::from(self.cfg.full_check_every.max(1)))
-        {
-            self.full_check();
-        } else {
-            self.check_touched();
-        }
-    }
-
-    /// Checks every service and every host.
-    fn full_check(&mut self) {
-        self.touched.extend(self.keys.iter().cloned());
-        self.touched_hosts.extend(0..self.cfg.hosts);
-        self.check_touched();
-    }
-
-    /// Compares the entries of the touched services (as the API side serves them, once
-    /// everything announced has reached it) and the pools of the touched hosts with the
-    /// model; now and then reads one entry over HTTP too.
-    fn check_touched(&mut self) {
-        let at = Instant::now();
-        self.server.block_on(self.api.flushed());
-        let touched = std::mem::take(&mut self.touched);
-        for key in &touched {
-            let served = self.api.entry(key);
-            self.model.check_entry(key, served.as_deref());
-        }
-        for h in std::mem::take(&mut self.touched_hosts) {
-            let summary = self.cluster.host_summary(h);
-            self.model
-                .check_pool(h, summary.get(port_resource::PLUGIN_NAME));
-        }
-        let http = self
-            .report
-            .events
-            .is_multiple_of(u64::from(self.cfg.http_every.max(1)));
-        let readable = touched.iter().find(|k| self.cluster.service(k).is_some());
-        if let Some(key) = readable.filter(|_| http) {
-            self.report.http_reads += 1;
-            match self.server.read(key) {
-                Ok(answer) => self.model.check_answer(key, &answer),
-                Err(e) => self
-                    .model
-                    .violations
-                    .push(format!("http read of {key}: {e}")),
-            }
-        }
-        self.report.check_total += at.elapsed();
     }
 
     fn finish(mut self) -> Report {
