@@ -227,6 +227,11 @@ impl Cluster {
     }
 
     pub(super) fn commit_and_announce(&mut self, batch: Batch, events: Vec<ClusterEvent>) {
+        self.publish(batch, &events);
+    }
+
+    /// Commits `batch`, then announces `events` to every listener in one call.
+    pub(super) fn publish(&mut self, batch: Batch, events: &[ClusterEvent]) {
         let at = Instant::now();
         self.phases.commit += batch.encoding;
         self.store.commit(batch);
@@ -234,7 +239,7 @@ impl Cluster {
         let at = Instant::now();
         // One call per committed batch: the endpoint table does its per-service work once.
         for l in &self.listeners {
-            l.on_events(&events);
+            l.on_events(events);
         }
         self.phases.announce += at.elapsed();
     }
