@@ -66,6 +66,7 @@ fn main() {
     let churn: Vec<String> = r.churn.iter().map(|(k, n)| format!("{k}={n}")).collect();
     println!("FIGURE sim_churn {}", churn.join(" "));
     for (name, p, total) in [
+        ("placing", &r.place_phases, r.load_place),
         ("load", &r.load_phases, r.load_total),
         (
             "run",

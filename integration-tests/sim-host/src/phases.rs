@@ -16,3 +16,25 @@ pub struct Phases {
     /// Workers: the launch hooks (with their real bind checks).
     pub launch: Duration,
 }
+
+impl Phases {
+    /// The time spent since `before` (an earlier copy of the same counters).
+    pub(crate) fn since(&self, before: &Phases) -> Phases {
+        Phases {
+            pick: self.pick - before.pick,
+            reserve: self.reserve - before.reserve,
+            commit: self.commit - before.commit,
+            announce: self.announce - before.announce,
+            launch: self.launch - before.launch,
+        }
+    }
+
+    /// Adds `other`'s times to these.
+    pub(crate) fn add(&mut self, other: &Phases) {
+        self.pick += other.pick;
+        self.reserve += other.reserve;
+        self.commit += other.commit;
+        self.announce += other.announce;
+        self.launch += other.launch;
+    }
+}
