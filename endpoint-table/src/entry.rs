@@ -372,6 +372,14 @@ mod tests {
         assert_eq!(serde_json::from_str::<PortMap>(&json).unwrap(), map);
     }
 
+    /// The table holds one `Replica` per live job in its entry's list: its size is most of
+    /// the table's memory per endpoint (see the README's breakdown).
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn a_replica_is_80_bytes() {
+        assert_eq!(std::mem::size_of::<Replica>(), 80);
+    }
+
     #[test]
     fn a_port_map_is_small_and_shares_its_names() {
         assert_eq!(std::mem::size_of::<PortMap>(), 16);
@@ -380,7 +388,10 @@ mod tests {
         let b = shapes.map([("http".to_owned(), 3), ("metrics".to_owned(), 4)]);
         let (sa, sb) = (a.shape.as_ref().unwrap(), b.shape.as_ref().unwrap());
         assert!(Arc::ptr_eq(sa, sb), "one shape for one set of names");
-        assert_eq!(a.iter().collect::<Vec<_>>(), [("http", &1), ("metrics", &2)]);
+        assert_eq!(
+            a.iter().collect::<Vec<_>>(),
+            [("http", &1), ("metrics", &2)]
+        );
         assert_ne!(a, b);
         assert_eq!(b, [("metrics", 4), ("http", 3)].into_iter().collect());
         assert!(shapes.map([]).is_empty());
@@ -393,8 +404,14 @@ mod tests {
         let mut shapes = PortShapes::default();
         for map in [shapes.map(pairs()), pairs().collect::<PortMap>()] {
             assert_eq!(map.len(), 6);
-            assert_eq!(map.values().copied().collect::<Vec<_>>(), [1, 2, 3, 4, 5, 6]);
-            assert_eq!((map.get("a"), map.get("f"), map.get("g")), (Some(&1), Some(&6), None));
+            assert_eq!(
+                map.values().copied().collect::<Vec<_>>(),
+                [1, 2, 3, 4, 5, 6]
+            );
+            assert_eq!(
+                (map.get("a"), map.get("f"), map.get("g")),
+                (Some(&1), Some(&6), None)
+            );
             let json = serde_json::to_string(&map).unwrap();
             assert_eq!(serde_json::from_str::<PortMap>(&json).unwrap(), map);
         }
