@@ -147,7 +147,7 @@ pub struct Table {
     jobs: BTreeMap<Arc<str>, JobRec>,
     by_host: BTreeMap<Arc<str>, BTreeSet<Arc<str>>>,
     hosts: BTreeMap<String, Option<IpAddr>>,
-    /// Host ids, shared by the job records.
+    /// Host ids, shared by the replicas and the per-host index.
     host_ids: BTreeSet<Arc<str>>,
     /// Port names and shapes, shared by the replicas' [`PortMap`](crate::PortMap)s (a
     /// cluster uses a handful).
@@ -319,6 +319,8 @@ impl Table {
             snapshot.services.iter().map(|s| (s.key(), s.rev)).collect();
         for (key, (known, mut entry)) in built {
             entry.replicas.sort_by(order);
+            // Built by pushing: without the growth slack, kept as long as the entry.
+            entry.replicas.shrink_to_fit();
             let old = old.get(&key).filter(|s| s.known).map(|s| &s.entry);
             let entry = match (known, old) {
                 (false, _) => Arc::new(entry),
