@@ -397,6 +397,35 @@ mod tests {
         assert!(shapes.map([]).is_empty());
     }
 
+    proptest::proptest! {
+        /// Whichever way it is built (shared shapes or its own), with or past the inline
+        /// ports, a port map answers as the `BTreeMap` it replaced (the last of two ports
+        /// with one name wins) and serializes the same.
+        #[test]
+        fn a_port_map_is_the_map_it_replaced(
+            ports in proptest::collection::vec((0..7usize, proptest::num::u16::ANY), 0..10),
+        ) {
+            const NAMES: [&str; 7] = ["a", "b", "c", "d", "e", "f", "http"];
+            let pairs = || ports.iter().map(|&(n, p)| (NAMES[n].to_owned(), p));
+            let map: BTreeMap<String, u16> = pairs().collect();
+            let mut shapes = PortShapes::default();
+            // Twice from one table: the second shares the first's shape.
+            let shared = [shapes.map(pairs()), shapes.map(pairs())];
+            for built in shared.into_iter().chain([pairs().collect::<PortMap>()]) {
+                proptest::prop_assert!(built.iter().eq(map.iter().map(|(n, p)| (n.as_str(), p))));
+                proptest::prop_assert_eq!(built.len(), map.len());
+                for name in NAMES {
+                    proptest::prop_assert_eq!(built.get(name), map.get(name));
+                }
+                proptest::prop_assert_eq!(
+                    serde_json::to_string(&built).unwrap(),
+                    serde_json::to_string(&map).unwrap()
+                );
+                proptest::prop_assert_eq!(&built, &PortMap::from(map.clone()));
+            }
+        }
+    }
+
     #[test]
     fn a_port_map_past_the_inline_ports_keeps_them_all() {
         let names = ["a", "b", "c", "d", "e", "f"];
