@@ -148,18 +148,131 @@ impl Replica {
     }
 }
 
-/// A replica's granted ports by name, in name order: a boxed slice of `(name, port)`,
-/// the names shared between replicas. A `BTreeMap<String, u16>` spent a 300-byte B-tree
-/// node on a replica's one to three ports, plus a copy of each name: most of the table's
-/// memory per endpoint (issue 14's goal: at most 500 bytes). Serialized as a JSON object.
-#[derive(Clone, Default, PartialEq, Eq, Hash)]
-pub struct PortMap(Box<[(Arc<str>, u16)]>);
+/// A replica's granted ports by name, in name order. Serialized as a JSON object.
+///
+/// 16 bytes and, for up to [`INLINE_PORTS`] ports, no allocation of its own: the names
+/// live in a [`PortShape`] that the table shares between every replica granted the same
+/// names (a service's replicas, mostly), and the port numbers inline. A
+/// `BTreeMap<String, u16>` spent a 300-byte B-tree node on a replica's one to three ports
+/// plus a copy of each name, and a boxed slice of `(shared name, port)` still 48 bytes in
+/// an allocation of its own per replica: most of the table's memory per endpoint (issue
+/// 14's goal: at most 500 bytes). A map with more ports keeps the rest in its own shape.
+#[derive(Clone, Default)]
+pub struct PortMap {
+    /// `None`: no ports.
+    shape: Option<Arc<PortShape>>,
+    /// The first [`INLINE_PORTS`] ports, in name order (unused slots 0).
+    inline: [u16; INLINE_PORTS],
+}
+
+/// How many ports a [`PortMap`] holds without an allocation of its own.
+const INLINE_PORTS: usize = 4;
+
+/// The names of a [`PortMap`], in order, and its ports past the inline ones.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct PortShape {
+    names: Box<[Arc<str>]>,
+    /// Empty unless there are more than [`INLINE_PORTS`] names (then the shape is the
+    /// map's own, not shared).
+    more: Box<[u16]>,
+}
+
+/// The [`PortShape`]s of a table, one per set of names, so replicas share them.
+#[derive(Debug, Default)]
+pub(crate) struct PortShapes {
+    /// Port names, one copy each (a cluster uses a handful).
+    names: std::collections::BTreeSet<Arc<str>>,
+    shapes: BTreeMap<Vec<Arc<str>>, Arc<PortShape>>,
+}
+
+impl PortShapes {
+    /// The port map of `ports` (in any order; of two with one name, the last wins), its
+    /// shape shared with every other map of the same names.
+    pub(crate) fn map(&mut self, ports: impl IntoIterator<Item = (String, u16)>) -> PortMap {
+        let ports: Vec<(Arc<str>, u16)> = sorted(ports.into_iter().map(|(name, port)| {
+            let name = match self.names.get(name.as_str()) {
+                Some(shared) => shared.clone(),
+                None => {
+                    let name: Arc<str> = name.into();
+                    self.names.insert(name.clone());
+                    name
+                }
+            };
+            (name, port)
+        }));
+        if ports.len() > INLINE_PORTS {
+            return PortMap::own(ports);
+        }
+        let names: Vec<Arc<str>> = ports.iter().map(|(n, _)| n.clone()).collect();
+        let shape = match self.shapes.get(names.as_slice()) {
+            Some(shape) => shape.clone(),
+            None if names.is_empty() => return PortMap::default(),
+            None => {
+                let shape = Arc::new(PortShape {
+                    names: names.clone().into_boxed_slice(),
+                    more: Box::default(),
+                });
+                self.shapes.insert(names, shape.clone());
+                shape
+            }
+        };
+        PortMap::with_shape(shape, ports.iter().map(|(_, p)| *p))
+    }
+}
+
+/// `(name, port)` pairs in name order; of two with one name, the last kept (as a map
+/// insert would).
+fn sorted<N: Ord>(ports: impl Iterator<Item = (N, u16)>) -> Vec<(N, u16)> {
+    let mut ports: Vec<(N, u16)> = ports.collect();
+    // Stable: equal names keep their order, so the last one is kept below.
+    ports.sort_by(|a, b| a.0.cmp(&b.0));
+    ports.reverse();
+    ports.dedup_by(|a, b| a.0 == b.0);
+    ports.reverse();
+    ports
+}
 
 impl PortMap {
+    /// A map over `shape`'s names with these ports (as many, in name order), the first
+    /// [`INLINE_PORTS`] inline.
+    fn with_shape(shape: Arc<PortShape>, ports: impl Iterator<Item = u16>) -> Self {
+        let mut inline = [0; INLINE_PORTS];
+        for (slot, port) in inline.iter_mut().zip(ports) {
+            *slot = port;
+        }
+        Self {
+            shape: Some(shape),
+            inline,
+        }
+    }
+
+    /// A map with a shape of its own (not shared), from sorted, distinct names.
+    fn own(ports: Vec<(Arc<str>, u16)>) -> Self {
+        if ports.is_empty() {
+            return Self::default();
+        }
+        let more = ports.iter().skip(INLINE_PORTS).map(|(_, p)| *p).collect();
+        let names = ports.iter().map(|(n, _)| n.clone()).collect();
+        let shape = Arc::new(PortShape { names, more });
+        Self::with_shape(shape, ports.into_iter().map(|(_, p)| p))
+    }
+
+    fn names(&self) -> &[Arc<str>] {
+        self.shape.as_deref().map_or(&[], |s| &s.names)
+    }
+
+    /// The `i`-th port, in name order (`i` < [`len`](Self::len)).
+    fn port(&self, i: usize) -> &u16 {
+        match self.inline.get(i) {
+            Some(port) => port,
+            None => &self.shape.as_deref().expect("a map with ports").more[i - INLINE_PORTS],
+        }
+    }
+
     /// The port named `name`.
     pub fn get(&self, name: &str) -> Option<&u16> {
-        let i = self.0.binary_search_by(|(n, _)| (**n).cmp(name)).ok()?;
-        Some(&self.0[i].1)
+        let i = self.names().binary_search_by(|n| (**n).cmp(name)).ok()?;
+        Some(self.port(i))
     }
 
     /// Whether a port named `name` is granted.
@@ -169,42 +282,52 @@ impl PortMap {
 
     /// The names, in order.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
-        self.0.iter().map(|(n, _)| &**n)
+        self.names().iter().map(|n| &**n)
     }
 
     /// The ports, in name order.
     pub fn values(&self) -> impl Iterator<Item = &u16> {
-        self.0.iter().map(|(_, p)| p)
+        (0..self.len()).map(|i| self.port(i))
     }
 
     /// `(name, port)`, in name order.
     pub fn iter(&self) -> impl Iterator<Item = (&str, &u16)> {
-        self.0.iter().map(|(n, p)| (&**n, p))
+        self.keys().zip(self.values())
     }
 
     /// How many ports.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.names().len()
     }
 
     /// Whether there is none.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.names().is_empty()
+    }
+}
+
+impl PartialEq for PortMap {
+    fn eq(&self, other: &Self) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+impl Eq for PortMap {}
+
+impl std::hash::Hash for PortMap {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        state.write_usize(self.len());
+        for (name, port) in self.iter() {
+            name.hash(state);
+            port.hash(state);
+        }
     }
 }
 
 /// From `(name, port)` pairs in any order; of two with one name, the last wins (as a map
-/// insert would).
+/// insert would). The shape is the map's own; the table shares shapes ([`PortShapes`]).
 impl<N: Into<Arc<str>>> FromIterator<(N, u16)> for PortMap {
     fn from_iter<I: IntoIterator<Item = (N, u16)>>(iter: I) -> Self {
-        let mut ports: Vec<(Arc<str>, u16)> =
-            iter.into_iter().map(|(n, p)| (n.into(), p)).collect();
-        // Stable: equal names keep their order, so the last one is kept below.
-        ports.sort_by(|a, b| a.0.cmp(&b.0));
-        ports.reverse();
-        ports.dedup_by(|a, b| a.0 == b.0);
-        ports.reverse();
-        Self(ports.into_boxed_slice())
+        Self::own(sorted(iter.into_iter().map(|(n, p)| (n.into(), p))))
     }
 }
 
@@ -247,5 +370,79 @@ mod tests {
         let json = serde_json::to_string(&map).unwrap();
         assert_eq!(json, r#"{"http":1,"metrics":3}"#);
         assert_eq!(serde_json::from_str::<PortMap>(&json).unwrap(), map);
+    }
+
+    /// The table holds one `Replica` per live job in its entry's list: its size is most of
+    /// the table's memory per endpoint (see the README's breakdown).
+    #[test]
+    #[cfg(target_pointer_width = "64")]
+    fn a_replica_is_80_bytes() {
+        assert_eq!(std::mem::size_of::<Replica>(), 80);
+    }
+
+    #[test]
+    fn a_port_map_is_small_and_shares_its_names() {
+        assert_eq!(std::mem::size_of::<PortMap>(), 16);
+        let mut shapes = PortShapes::default();
+        let a = shapes.map([("metrics".to_owned(), 2), ("http".to_owned(), 1)]);
+        let b = shapes.map([("http".to_owned(), 3), ("metrics".to_owned(), 4)]);
+        let (sa, sb) = (a.shape.as_ref().unwrap(), b.shape.as_ref().unwrap());
+        assert!(Arc::ptr_eq(sa, sb), "one shape for one set of names");
+        assert_eq!(
+            a.iter().collect::<Vec<_>>(),
+            [("http", &1), ("metrics", &2)]
+        );
+        assert_ne!(a, b);
+        assert_eq!(b, [("metrics", 4), ("http", 3)].into_iter().collect());
+        assert!(shapes.map([]).is_empty());
+    }
+
+    proptest::proptest! {
+        /// Whichever way it is built (shared shapes or its own), with or past the inline
+        /// ports, a port map answers as the `BTreeMap` it replaced (the last of two ports
+        /// with one name wins) and serializes the same.
+        #[test]
+        fn a_port_map_is_the_map_it_replaced(
+            ports in proptest::collection::vec((0..7usize, proptest::num::u16::ANY), 0..10),
+        ) {
+            const NAMES: [&str; 7] = ["a", "b", "c", "d", "e", "f", "http"];
+            let pairs = || ports.iter().map(|&(n, p)| (NAMES[n].to_owned(), p));
+            let map: BTreeMap<String, u16> = pairs().collect();
+            let mut shapes = PortShapes::default();
+            // Twice from one table: the second shares the first's shape.
+            let shared = [shapes.map(pairs()), shapes.map(pairs())];
+            for built in shared.into_iter().chain([pairs().collect::<PortMap>()]) {
+                proptest::prop_assert!(built.iter().eq(map.iter().map(|(n, p)| (n.as_str(), p))));
+                proptest::prop_assert_eq!(built.len(), map.len());
+                for name in NAMES {
+                    proptest::prop_assert_eq!(built.get(name), map.get(name));
+                }
+                proptest::prop_assert_eq!(
+                    serde_json::to_string(&built).unwrap(),
+                    serde_json::to_string(&map).unwrap()
+                );
+                proptest::prop_assert_eq!(&built, &PortMap::from(map.clone()));
+            }
+        }
+    }
+
+    #[test]
+    fn a_port_map_past_the_inline_ports_keeps_them_all() {
+        let names = ["a", "b", "c", "d", "e", "f"];
+        let pairs = || names.iter().zip(1..).map(|(n, p)| (n.to_string(), p));
+        let mut shapes = PortShapes::default();
+        for map in [shapes.map(pairs()), pairs().collect::<PortMap>()] {
+            assert_eq!(map.len(), 6);
+            assert_eq!(
+                map.values().copied().collect::<Vec<_>>(),
+                [1, 2, 3, 4, 5, 6]
+            );
+            assert_eq!(
+                (map.get("a"), map.get("f"), map.get("g")),
+                (Some(&1), Some(&6), None)
+            );
+            let json = serde_json::to_string(&map).unwrap();
+            assert_eq!(serde_json::from_str::<PortMap>(&json).unwrap(), map);
+        }
     }
 }

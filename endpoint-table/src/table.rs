@@ -1,7 +1,7 @@
 //! The pure core: the endpoint table, fed by the controller's events, producing one
 //! [`Change`] per service whose entry really changed.
 
-use crate::entry::{DeclaredPort, Entry, Replica};
+use crate::entry::{DeclaredPort, Entry, PortShapes, Replica};
 use plugin_api::{ClusterEvent, ClusterSnapshot, HostInfo, JobInfo, ServiceInfo, ServiceKey};
 use port_resource::grant::{PortGrant, Protocol};
 use std::collections::{BTreeMap, BTreeSet};
@@ -65,12 +65,11 @@ struct Svc {
 }
 
 /// What the table keeps of a live job besides its replica in the entry: where to find it
-/// (the key and the host id shared, not copied: this is per endpoint).
+/// (the key shared, not copied: this is per endpoint; the host is the replica's own).
 #[derive(Debug, Clone)]
 struct JobRec {
     service: Arc<ServiceKey>,
     replica: u32,
-    host: Arc<str>,
 }
 
 /// What a batch of events did to one service.
@@ -148,10 +147,11 @@ pub struct Table {
     jobs: BTreeMap<Arc<str>, JobRec>,
     by_host: BTreeMap<Arc<str>, BTreeSet<Arc<str>>>,
     hosts: BTreeMap<String, Option<IpAddr>>,
-    /// Host ids, shared by the job records.
+    /// Host ids, shared by the replicas and the per-host index.
     host_ids: BTreeSet<Arc<str>>,
-    /// Port names, shared by every replica's [`PortMap`](crate::PortMap) (a cluster uses a handful).
-    port_names: BTreeSet<Arc<str>>,
+    /// Port names and shapes, shared by the replicas' [`PortMap`](crate::PortMap)s (a
+    /// cluster uses a handful).
+    port_shapes: PortShapes,
 }
 
 // === impl Table ===
@@ -251,6 +251,11 @@ impl Table {
                     if svc.entry.index != index {
                         entry_mut(&mut svc.entry).index = index;
                     }
+                    // Patched during the batch, so not shared: give back what inserting
+                    // replicas over-allocated (a placement grows the list by doubling).
+                    if let Some(entry) = Arc::get_mut(&mut svc.entry) {
+                        entry.replicas.shrink_to_fit();
+                    }
                     changes.push(Change::Upsert {
                         entry: svc.entry.clone(),
                     });
@@ -314,6 +319,8 @@ impl Table {
             snapshot.services.iter().map(|s| (s.key(), s.rev)).collect();
         for (key, (known, mut entry)) in built {
             entry.replicas.sort_by(order);
+            // Built by pushing: without the growth slack, kept as long as the entry.
+            entry.replicas.shrink_to_fit();
             let old = old.get(&key).filter(|s| s.known).map(|s| &s.entry);
             let entry = match (known, old) {
                 (false, _) => Arc::new(entry),
@@ -406,10 +413,7 @@ impl Table {
     /// The replica `job` is, as its entry shows it (its job id the one the table holds
     /// already, if it does; its host id the shared one).
     fn replica_of(&mut self, job: &JobInfo) -> Replica {
-        let ports = granted_ports(job)
-            .into_iter()
-            .map(|(name, port)| (intern(&mut self.port_names, &name), port))
-            .collect();
+        let ports = self.port_shapes.map(granted_ports(job));
         let id = match self.jobs.get_key_value(job.job.as_str()) {
             Some((id, _)) => id.clone(),
             None => job.job.as_str().into(),
@@ -431,11 +435,7 @@ impl Table {
             .entry(host.clone())
             .or_default()
             .insert(id.clone());
-        let rec = JobRec {
-            service,
-            replica,
-            host,
-        };
+        let rec = JobRec { service, replica };
         self.jobs.insert(id, rec);
     }
 
@@ -446,13 +446,14 @@ impl Table {
         match self.jobs.get(job.job.as_str()) {
             // The same slot: replaced in place, if it says anything new.
             Some(old) if *old.service == key && old.replica == job.replica => {
-                let old_host = old.host.clone();
                 t.touch(&self.services, &key, rev);
                 let svc = self.services.get_mut(&key).expect("a job's service");
                 let pos = position(&svc.entry, job.replica, &job.job).expect("a job's replica");
-                if svc.entry.replicas[pos] == replica {
+                let current = &svc.entry.replicas[pos];
+                if *current == replica {
                     return;
                 }
+                let old_host = current.host.clone();
                 let moved = (old_host != replica.host).then(|| {
                     let r = &replica;
                     (r.job.clone(), r.replica, r.host.clone(), svc.key.clone())
@@ -500,14 +501,15 @@ impl Table {
         let Some(rec) = self.jobs.remove(job) else {
             return;
         };
-        remove_from(&mut self.by_host, &rec.host, job);
         t.touch(&self.services, &rec.service, rev);
         let svc = self
             .services
             .get_mut(&*rec.service)
             .expect("a job's service");
+        // A live job's replica is always in its service's entry.
         if let Some(pos) = position(&svc.entry, rec.replica, job) {
-            entry_mut(&mut svc.entry).replicas.remove(pos);
+            let gone = entry_mut(&mut svc.entry).replicas.remove(pos);
+            remove_from(&mut self.by_host, &gone.host, job);
             t.changed(&rec.service);
         }
         if !svc.known && svc.entry.replicas.is_empty() {
