@@ -4,7 +4,7 @@
 use crate::entry::{DeclaredPort, Entry, PortShapes, Replica};
 use plugin_api::{ClusterEvent, ClusterSnapshot, HostInfo, JobInfo, ServiceInfo, ServiceKey};
 use port_resource::grant::{PortGrant, Protocol};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -144,11 +144,13 @@ impl Touches {
 pub struct Table {
     services: BTreeMap<ServiceKey, Svc>,
     /// Keyed by the job id its replica holds (shared, not copied: this is per endpoint).
-    jobs: BTreeMap<Arc<str>, JobRec>,
+    /// Hashed, not ordered: nothing walks it in order, and every event about a job looks
+    /// its id up (in a tree, a dozen string compares each).
+    jobs: HashMap<Arc<str>, JobRec>,
     by_host: BTreeMap<Arc<str>, BTreeSet<Arc<str>>>,
-    hosts: BTreeMap<String, Option<IpAddr>>,
+    hosts: HashMap<String, Option<IpAddr>>,
     /// Host ids, shared by the replicas and the per-host index.
-    host_ids: BTreeSet<Arc<str>>,
+    host_ids: HashSet<Arc<str>>,
     /// Port names and shapes, shared by the replicas' [`PortMap`](crate::PortMap)s (a
     /// cluster uses a handful).
     port_shapes: PortShapes,
@@ -519,7 +521,7 @@ impl Table {
 }
 
 /// The shared copy of `name`.
-fn intern(names: &mut BTreeSet<Arc<str>>, name: &str) -> Arc<str> {
+fn intern(names: &mut HashSet<Arc<str>>, name: &str) -> Arc<str> {
     if let Some(shared) = names.get(name) {
         return shared.clone();
     }
