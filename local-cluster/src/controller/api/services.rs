@@ -391,7 +391,7 @@ async fn list_services(
         .services
         .values()
         .filter(|s| who.may(Permission::JobView, &s.info.project))
-        .map(service_summary)
+        .map(|s| service_summary(s))
         .collect();
     Ok(Json(json!({ "services": services })))
 }
@@ -494,6 +494,6 @@ async fn list_hosts(State(st): State<ApiState>, who: Principal) -> Result<Json<V
     let view = st.view()?;
     Ok(Json(json!({
         "cluster": &*st.cluster_id,
-        "hosts": view.hosts.iter().map(host_json).collect::<Vec<_>>(),
+        "hosts": view.hosts.iter().map(|h| host_json(h)).collect::<Vec<_>>(),
     })))
 }

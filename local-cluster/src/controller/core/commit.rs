@@ -109,6 +109,7 @@ impl Core {
             return Err(e.into());
         }
         self.store_retry = None;
+        self.parts.touch(&txn, &self.cluster);
         let (events, after) = txn.apply(&mut self.cluster);
         self.dirty = true;
         for e in &events {

@@ -16,6 +16,7 @@ mod commit;
 mod placement;
 mod publish;
 mod timers;
+mod view;
 mod worker;
 
 use super::config::DisruptionThreshold;
@@ -95,14 +96,15 @@ struct RestartBackoff {
     over: bool,
 }
 
-/// What readers see: a consistent snapshot after a command.
+/// What readers see: a consistent snapshot after a command. Its parts are shared with
+/// the views before and after it: a settle rebuilds only what changed (see `view.rs`).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct View {
-    pub(crate) services: BTreeMap<ServiceKey, ServiceView>,
-    pub(crate) hosts: Vec<HostView>,
+    pub(crate) services: BTreeMap<ServiceKey, Arc<ServiceView>>,
+    pub(crate) hosts: Vec<Arc<HostView>>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ServiceView {
     pub(crate) info: ServiceInfo,
     pub(crate) state: ServiceState,
@@ -124,7 +126,7 @@ pub(crate) enum Applied {
     Unchanged,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct JobView {
     pub(crate) info: JobInfo,
     /// Plugin grant summaries by plugin name.
@@ -133,7 +135,7 @@ pub(crate) struct JobView {
     pub(crate) log: Option<String>,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct HostView {
     pub(crate) info: HostInfo,
     pub(crate) jobs: usize,
@@ -186,6 +188,8 @@ pub(crate) struct Core {
     pending: BTreeMap<ServiceKey, BTreeMap<u32, String>>,
     assign: HashMap<HostId, watch::Sender<Arc<Assignments>>>,
     view: watch::Sender<Arc<View>>,
+    /// The parts of the last published view, and which of them a commit changed since.
+    parts: view::Parts,
     /// Something changed since the last [`Core::settle`].
     dirty: bool,
     /// Committed events not yet announced: listeners hear of a change only after the
@@ -339,6 +343,7 @@ impl Core {
             pending: BTreeMap::new(),
             assign: HashMap::new(),
             view,
+            parts: view::Parts::default(),
             dirty: true,
             store_retry: None,
             fatal: None,
@@ -357,6 +362,8 @@ impl Core {
                 }
             }
         }
+        // The first view is built whole.
+        core.parts.touch_all(&core.cluster);
         core.publish();
         Ok(core)
     }
@@ -388,12 +395,17 @@ impl Core {
     }
 
     /// What the rollout logic sees of `jobs` (a service's jobs) at `now`.
-    fn job_facts(&self, s: &ServiceInfo, jobs: &[JobRec], now: Instant) -> Vec<JobFacts> {
+    fn job_facts<'a>(
+        &self,
+        s: &ServiceInfo,
+        jobs: impl IntoIterator<Item = &'a JobRec>,
+        now: Instant,
+    ) -> Vec<JobFacts> {
         let min_ready = self
             .profiles
             .get(&s.key())
             .map_or(Duration::ZERO, |p| p.update.min_ready);
-        jobs.iter()
+        jobs.into_iter()
             .filter_map(|j| {
                 let phase = match j.effective_state() {
                     JobState::Placed => Phase::Placed,

@@ -2,13 +2,10 @@
 //! workers' assignments), the readers' [`View`](super::View), the metrics, and last the
 //! committed events for the `ClusterListener`s (so no listener is ahead of the view).
 
-use super::{Core, HostView, JobView, ServiceView, View};
-use crate::controller::model::JobRec;
-use crate::controller::rollout::{self};
+use super::{Core, View};
 use crate::proto::{Assignment, Assignments, Desired};
-use plugin_api::{ClusterEvent, HostId, HostState, JobInfo, JobState, ResourcePlugin};
-use serde_json::Value;
-use std::collections::{BTreeMap, BTreeSet};
+use plugin_api::{ClusterEvent, HostId, HostState, JobState};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -103,85 +100,35 @@ impl Core {
                 self.publish_host(h);
             }
         }
+        let now = Instant::now();
+        let view = self.build_view(&hosts, now);
+        #[cfg(test)]
+        self.check_view(&view, now);
+        self.view.send_replace(Arc::new(view));
         let c = &self.cluster;
-        let mut services = BTreeMap::new();
-        for s in c.services.values() {
-            let key = s.info.key();
-            let recs: Vec<JobRec> = c.jobs_of(&key).cloned().collect();
-            let mut jobs: Vec<JobView> = recs
-                .iter()
-                .map(|j| JobView {
-                    info: j.info.clone(),
-                    summaries: self.grant_summaries(&j.info),
-                    log: j.log.clone(),
-                })
-                .collect();
-            jobs.sort_by(|a, b| {
-                (a.info.replica, job_num(&a.info.job)).cmp(&(b.info.replica, job_num(&b.info.job)))
-            });
-            let pending = self
-                .pending
-                .get(&key)
-                .map(|m| m.iter().map(|(r, why)| (*r, why.clone())).collect())
-                .unwrap_or_default();
-            let facts = self.job_facts(&s.info, &recs, Instant::now());
-            let counts = rollout::Service {
-                replicas: s.info.replicas,
-                generation: s.info.generation,
-                policy: self
-                    .profiles
-                    .get(&key)
-                    .map(|p| p.update)
-                    .unwrap_or_default(),
-                jobs: &facts,
-            }
-            .counts();
-            services.insert(
-                key,
-                ServiceView {
-                    info: s.info.clone(),
-                    state: s.state,
-                    jobs,
-                    pending,
-                    rollout: s.rollout.clone(),
-                    counts,
-                    slots: s.slots.clone(),
-                },
-            );
-        }
-        let hosts = c
-            .hosts
-            .values()
-            .map(|h| HostView {
-                info: h.info.clone(),
-                jobs: c.count_on(&h.info.id),
-                summaries: self
-                    .plugins
-                    .iter()
-                    .filter_map(|p| p.host_summary(&h.info.id).map(|v| (p.name().to_owned(), v)))
-                    .collect(),
-            })
-            .collect();
-        self.view.send_replace(Arc::new(View { services, hosts }));
 
         let m = &self.metrics;
-        m.draining.set(
-            c.jobs
-                .values()
-                .filter(|j| j.effective_state() == JobState::Draining)
-                .count() as i64,
-        );
-        for (state, name) in [
+        // One pass over the jobs for every state's count.
+        let mut draining = 0;
+        let mut by_state = [0usize; 5];
+        const STATES: [(JobState, &str); 5] = [
             (JobState::Placed, "placed"),
             (JobState::Running, "running"),
             (JobState::Draining, "draining"),
             (JobState::Stopping, "stopping"),
             (JobState::Unknown, "unknown"),
-        ] {
-            m.set_jobs(
-                name,
-                c.jobs.values().filter(|j| j.info.state == state).count(),
-            );
+        ];
+        for j in c.jobs.values() {
+            if j.effective_state() == JobState::Draining {
+                draining += 1;
+            }
+            if let Some(i) = STATES.iter().position(|(s, _)| *s == j.info.state) {
+                by_state[i] += 1;
+            }
+        }
+        m.draining.set(draining);
+        for ((_, name), n) in STATES.iter().zip(by_state) {
+            m.set_jobs(name, n);
         }
         for (state, name) in [
             (HostState::Ready, "ready"),
@@ -202,21 +149,4 @@ impl Core {
             l.on_events(&events);
         }
     }
-
-    fn grant_summaries(&self, job: &JobInfo) -> BTreeMap<String, Value> {
-        self.plugins
-            .iter()
-            .filter_map(|p| {
-                let g = job.grants.get(p.name())?;
-                p.grant_summary(g).map(|v| (p.name().to_owned(), v))
-            })
-            .collect()
-    }
-}
-
-/// Job ids are `j-<n>`: sort numerically.
-fn job_num(id: &str) -> u64 {
-    id.strip_prefix("j-")
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(u64::MAX)
 }
