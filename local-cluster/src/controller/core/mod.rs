@@ -96,6 +96,18 @@ struct RestartBackoff {
     over: bool,
 }
 
+/// The last published parts of the [`View`] and what must be rebuilt of them (kept and
+/// used by `view.rs`; declared here so that the core names no file that names it back).
+#[derive(Debug, Default)]
+pub(super) struct Parts {
+    services: BTreeMap<ServiceKey, Arc<ServiceView>>,
+    hosts: BTreeMap<HostId, Arc<HostView>>,
+    /// Services whose records a commit changed since the last publish.
+    dirty: BTreeSet<ServiceKey>,
+    /// Services whose rollout counts change with time alone, and when next.
+    timed: BTreeMap<ServiceKey, Instant>,
+}
+
 /// What readers see: a consistent snapshot after a command. Its parts are shared with
 /// the views before and after it: a settle rebuilds only what changed (see `view.rs`).
 #[derive(Debug, Clone, Default)]
@@ -189,7 +201,7 @@ pub(crate) struct Core {
     assign: HashMap<HostId, watch::Sender<Arc<Assignments>>>,
     view: watch::Sender<Arc<View>>,
     /// The parts of the last published view, and which of them a commit changed since.
-    parts: view::Parts,
+    parts: Parts,
     /// Something changed since the last [`Core::settle`].
     dirty: bool,
     /// Committed events not yet announced: listeners hear of a change only after the
@@ -343,7 +355,7 @@ impl Core {
             pending: BTreeMap::new(),
             assign: HashMap::new(),
             view,
-            parts: view::Parts::default(),
+            parts: Parts::default(),
             dirty: true,
             store_retry: None,
             fatal: None,

@@ -11,7 +11,7 @@
 //! instant is kept, the part rebuilt once it passes). A host's part changes with its
 //! record and its jobs, both announced by events ([`Core::publish`] collects the hosts).
 
-use super::{Core, HostView, JobView, ServiceView, View};
+use super::{Core, HostView, JobView, Parts, ServiceView, View};
 use crate::controller::model::{Cluster, JobRec, ServiceRec, Txn};
 use crate::controller::rollout;
 use plugin_api::{HostId, JobInfo, ServiceKey};
@@ -19,17 +19,6 @@ use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use tokio::time::Instant;
-
-/// The last published parts of the [`View`] and what must be rebuilt of them.
-#[derive(Debug, Default)]
-pub(super) struct Parts {
-    services: BTreeMap<ServiceKey, Arc<ServiceView>>,
-    hosts: BTreeMap<HostId, Arc<HostView>>,
-    /// Services whose records a commit changed since the last publish.
-    dirty: BTreeSet<ServiceKey>,
-    /// Services whose rollout counts change with time alone, and when next.
-    timed: BTreeMap<ServiceKey, Instant>,
-}
 
 impl Parts {
     /// Notes the services `txn` writes (before it is applied: a job it ends is still in
