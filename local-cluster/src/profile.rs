@@ -7,6 +7,7 @@
 use plugin_api::{FieldError, ResourcePlugin};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// How the worker probes a replica's readiness.
@@ -78,10 +79,11 @@ pub struct Profile {
     pub project: String,
     /// Replica count.
     pub replicas: u32,
-    /// argv.
-    pub command: Vec<String>,
-    /// Readiness probe, if any.
-    pub readiness: Option<Readiness>,
+    /// argv. An `Arc`: every assignment of the generation shares it (thousands of
+    /// replicas, one copy).
+    pub command: Arc<Vec<String>>,
+    /// Readiness probe, if any; shared like `command`.
+    pub readiness: Option<Arc<Readiness>>,
     /// Time between a replica leaving the endpoint and its SIGTERM (`service.drain`).
     pub drain: Duration,
     /// How a changed profile rolls out (`[service.update]`).
@@ -351,8 +353,8 @@ pub fn validate(doc: &Value, plugins: &[&dyn ResourcePlugin]) -> Result<Profile,
             name,
             project,
             replicas,
-            command,
-            readiness,
+            command: Arc::new(command),
+            readiness: readiness.map(Arc::new),
             drain,
             update,
             meta,

@@ -38,6 +38,7 @@
 use plugin_api::{Grant, HostFacts, JobId, LaunchRefusal};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::profile::Readiness;
 
@@ -136,10 +137,12 @@ pub struct Assignment {
     pub project: String,
     /// Replica index.
     pub replica: u32,
-    /// argv of the replica process.
-    pub command: Vec<String>,
-    /// How to probe readiness; `None`: ready as soon as the process runs.
-    pub readiness: Option<Readiness>,
+    /// argv of the replica process. Shared by every assignment of the service's
+    /// generation (its [`Profile`](crate::profile::Profile)'s); on the wire a plain array.
+    pub command: Arc<Vec<String>>,
+    /// How to probe readiness; `None`: ready as soon as the process runs. Shared like
+    /// `command`.
+    pub readiness: Option<Arc<Readiness>>,
     /// Resource grants by plugin name (for the launch hooks).
     pub grants: BTreeMap<String, Grant>,
     /// Run or stop.

@@ -11,6 +11,7 @@ use plugin_api::{
 };
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 const NS_META: &str = "meta";
 const NS_SERVICE: &str = "service";
@@ -181,8 +182,10 @@ pub(crate) struct Cluster {
     /// (written before services were keyed by project): the next commit moves them.
     pub(crate) legacy_keys: Vec<(String, ServiceKey)>,
     /// Live jobs. Changed only through [`Cluster::insert_job`] and
-    /// [`Cluster::remove_job`], which keep the indexes below.
-    pub(crate) jobs: BTreeMap<JobId, JobRec>,
+    /// [`Cluster::remove_job`], which keep the indexes below. Each record is shared
+    /// with the readers' view (`core/view.rs` keeps the same `Arc`): one copy per job,
+    /// not one in the model and one in the view; a change replaces the `Arc`.
+    pub(crate) jobs: BTreeMap<JobId, Arc<JobRec>>,
     pub(crate) hosts: BTreeMap<HostId, HostRec>,
     /// The ids of `jobs` by host and by service: `jobs_on` and `jobs_of` read a host's or a
     /// service's jobs without a scan of every job (at 50,000 jobs on 1,000 hosts a scan
@@ -237,7 +240,10 @@ impl Cluster {
                     }
                     c.services.insert(k, rec);
                 }
-                (NS_JOB, _) => c.insert_job(de!()),
+                (NS_JOB, _) => {
+                    let j: JobRec = de!();
+                    c.insert_job(j);
+                }
                 (NS_HOST, id) => {
                     c.hosts.insert(id.to_owned(), de!());
                 }
@@ -258,6 +264,14 @@ impl Cluster {
 
     /// The live jobs on `host`, by job id.
     pub(crate) fn jobs_on<'a>(&'a self, host: &'a str) -> impl Iterator<Item = &'a JobRec> + 'a {
+        self.indexed(self.by_host.get(host)).map(|j| &**j)
+    }
+
+    /// The live jobs on `host` as the shared records (for the assignments).
+    pub(crate) fn shared_jobs_on<'a>(
+        &'a self,
+        host: &'a str,
+    ) -> impl Iterator<Item = &'a Arc<JobRec>> + 'a {
         self.indexed(self.by_host.get(host))
     }
 
@@ -271,18 +285,27 @@ impl Cluster {
         &'a self,
         service: &'a ServiceKey,
     ) -> impl Iterator<Item = &'a JobRec> + 'a {
+        self.indexed(self.by_service.get(service)).map(|j| &**j)
+    }
+
+    /// The live jobs of `service` as the shared records (for the readers' view).
+    pub(crate) fn shared_jobs_of<'a>(
+        &'a self,
+        service: &'a ServiceKey,
+    ) -> impl Iterator<Item = &'a Arc<JobRec>> + 'a {
         self.indexed(self.by_service.get(service))
     }
 
     fn indexed<'a>(
         &'a self,
         ids: Option<&'a BTreeSet<JobId>>,
-    ) -> impl Iterator<Item = &'a JobRec> + 'a {
+    ) -> impl Iterator<Item = &'a Arc<JobRec>> + 'a {
         ids.into_iter().flatten().map(|id| &self.jobs[id])
     }
 
     /// Adds or replaces a job (its host and service never change).
-    pub(crate) fn insert_job(&mut self, j: JobRec) {
+    pub(crate) fn insert_job(&mut self, j: impl Into<Arc<JobRec>>) {
+        let j = j.into();
         let id = j.info.job.clone();
         if !self.jobs.contains_key(&id) {
             self.by_host
@@ -408,7 +431,7 @@ impl Txn {
     pub(crate) fn job(&self, c: &Cluster, id: &str) -> Option<JobRec> {
         match self.jobs.get(id) {
             Some(j) => j.clone(),
-            None => c.jobs.get(id).cloned(),
+            None => c.jobs.get(id).map(|j| JobRec::clone(j)),
         }
     }
 
@@ -436,7 +459,7 @@ impl Txn {
         // thousands of one service's jobs, mostly in a row).
         let mut last: Option<&JobInfo> = None;
         for (id, j) in &self.jobs {
-            let Some(rec) = j.as_ref().or_else(|| c.jobs.get(id)) else {
+            let Some(rec) = j.as_ref().or_else(|| c.jobs.get(id).map(|j| &**j)) else {
                 continue;
             };
             let same = last

@@ -2,8 +2,8 @@
 //! applies them to the [`Core`], settles (removes stopped services, places replicas,
 //! publishes) and answers. Timers are one `sleep_until` on the next deadline.
 
-use super::core::{Applied, Core, CoreError};
-use crate::proto::{Assignments, Caller, RegisterRequest, RegisterResponse, WorkerEvent};
+use super::core::{Applied, Core, CoreError, HostAssignments};
+use crate::proto::{Caller, RegisterRequest, RegisterResponse, WorkerEvent};
 use plugin_api::{HostFacts, HostId, Principal, ServiceKey};
 use serde_json::Value;
 use std::sync::Arc;
@@ -75,7 +75,7 @@ pub(crate) enum Command {
     Assignments {
         host: HostId,
         caller: Caller,
-        reply: Reply<watch::Receiver<Arc<Assignments>>>,
+        reply: Reply<watch::Receiver<Arc<HostAssignments>>>,
     },
 }
 

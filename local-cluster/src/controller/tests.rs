@@ -455,12 +455,12 @@ impl Sim {
     }
 
     fn assignments(&mut self, host: &str) -> String {
-        let a: Arc<Assignments> = self
+        let a: Assignments = self
             .core
             .assignments(&host.to_owned(), &worker(host))
             .unwrap()
             .borrow()
-            .clone();
+            .to_wire();
         let jobs: Vec<String> = a
             .jobs
             .iter()
@@ -2518,7 +2518,7 @@ async fn fake_worker_over_http_sees_assignments_and_replacements() {
         .map(|j| (j.job.as_str(), j.replica, j.desired))
         .collect();
     assert_eq!(jobs, vec![("j-1", 0, crate::proto::Desired::Run)]);
-    assert_eq!(a.jobs[0].command, vec!["sleep", "100"]);
+    assert_eq!(*a.jobs[0].command, vec!["sleep", "100"]);
     assert_eq!(a.jobs[0].grants["slots"], json!(0));
 
     let events = vec![started("j-1"), ready("j-1", true)];

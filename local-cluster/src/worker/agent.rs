@@ -488,7 +488,7 @@ impl Agent {
     }
 
     fn spawn_prober(&self, rec: &JobRecord, last: bool) -> Option<JoinHandle<()>> {
-        let readiness = rec.assignment.readiness.clone()?;
+        let readiness = rec.assignment.readiness.as_deref().cloned()?;
         let span = self.job_span(&rec.job, Some(rec.pid));
         let pj = probe::ProbeJob {
             job: rec.job.clone(),

@@ -72,7 +72,7 @@ mod tests {
             service: "web".into(),
             project: "default".into(),
             replica: 0,
-            command: vec!["true".into()],
+            command: vec!["true".into()].into(),
             readiness: None,
             grants: BTreeMap::new(),
             desired,

@@ -153,8 +153,8 @@ mod tests {
                 service: "web".into(),
                 project: "default".into(),
                 replica: 0,
-                command: vec!["sleep".into(), "1000".into()],
-                readiness: Some(Readiness {
+                command: vec!["sleep".into(), "1000".into()].into(),
+                readiness: Some(std::sync::Arc::new(Readiness {
                     probe: Probe::Http {
                         socket: "http".into(),
                         path: "/healthz".into(),
@@ -163,7 +163,7 @@ mod tests {
                     timeout: Duration::from_millis(500),
                     failure_threshold: 1,
                     success_threshold: 1,
-                }),
+                })),
                 grants: [("ports".to_owned(), serde_json::json!({"http": 20417}))].into(),
                 desired: Desired::Run,
             },

@@ -420,8 +420,8 @@ fn assignment(
         service: "web".into(),
         project: "default".into(),
         replica: 0,
-        command,
-        readiness,
+        command: command.into(),
+        readiness: readiness.map(Into::into),
         grants: BTreeMap::from([("fake".to_owned(), grant)]),
         desired,
     }

@@ -57,15 +57,20 @@ fn service_state(s: ServiceState) -> &'static str {
 
 fn job_json(j: &JobView) -> Value {
     let mut m = Map::new();
-    m.insert("job".into(), json!(j.info.job));
-    m.insert("replica".into(), json!(j.info.replica));
-    m.insert("host".into(), json!(j.info.host));
-    m.insert("state".into(), json!(j.info.state.to_string()));
-    m.insert("ready".into(), json!(j.info.ready));
-    m.insert("generation".into(), json!(j.info.generation));
-    m.insert("log".into(), json!(j.log));
-    for (plugin, v) in &j.summaries {
-        m.entry(plugin.clone()).or_insert_with(|| v.clone());
+    m.insert("job".into(), json!(j.rec.info.job));
+    m.insert("replica".into(), json!(j.rec.info.replica));
+    m.insert("host".into(), json!(j.rec.info.host));
+    m.insert("state".into(), json!(j.rec.info.state.to_string()));
+    m.insert("ready".into(), json!(j.rec.info.ready));
+    m.insert("generation".into(), json!(j.rec.info.generation));
+    m.insert("log".into(), json!(j.rec.log));
+    if let Some(text) = &j.summaries {
+        // The view keeps the summaries as the text of a JSON object it wrote itself.
+        if let Ok(Value::Object(summaries)) = serde_json::from_str::<Value>(text) {
+            for (plugin, v) in summaries {
+                m.entry(plugin).or_insert(v);
+            }
+        }
     }
     Value::Object(m)
 }
@@ -96,9 +101,9 @@ pub(crate) fn replica_json(s: &ServiceView, replica: u32) -> Value {
     let live = s
         .jobs
         .iter()
-        .rfind(|j| j.info.replica == replica && j.log.is_some());
+        .rfind(|j| j.rec.info.replica == replica && j.rec.log.is_some());
     let (log, host) = match live {
-        Some(j) => (j.log.clone(), Some(j.info.host.clone())),
+        Some(j) => (j.rec.log.clone(), Some(j.rec.info.host.clone())),
         None => (
             slot.and_then(|s| s.log.clone()),
             slot.and_then(|s| s.log_host.clone()),
@@ -141,8 +146,8 @@ fn service_summary(s: &ServiceView) -> Value {
         "name": s.info.name,
         "project": s.info.project,
         "replicas": s.info.replicas,
-        "running": s.jobs.iter().filter(|j| j.info.state == JobState::Running).count(),
-        "ready": s.jobs.iter().filter(|j| j.info.ready).count(),
+        "running": s.jobs.iter().filter(|j| j.rec.info.state == JobState::Running).count(),
+        "ready": s.jobs.iter().filter(|j| j.rec.info.ready).count(),
         "pending": s.pending.len(),
         "pending_reason": s.pending.first().map(|(_, why)| why),
         "state": service_state(s.state),

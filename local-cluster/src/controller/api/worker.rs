@@ -3,10 +3,9 @@
 //! cluster.
 
 use super::state::{blocking_query, from_core, unavailable, ApiState};
+use crate::controller::core::HostAssignments;
 use crate::controller::task::Command;
-use crate::proto::{
-    Assignments, Caller, RegisterRequest, WorkerEvent, CLUSTER_HEADER, INSTANCE_HEADER,
-};
+use crate::proto::{Caller, RegisterRequest, WorkerEvent, CLUSTER_HEADER, INSTANCE_HEADER};
 use axum::body::Bytes;
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
@@ -255,7 +254,9 @@ async fn assignments(
             }
         }
     }
-    let a: Arc<Assignments> = rx.borrow().clone();
+    // Written out from the shared records (`core/assign.rs`): the same bytes as
+    // `Assignments`.
+    let a: Arc<HostAssignments> = rx.borrow().clone();
     let mut resp = Json(&*a).into_response();
     if let Ok(v) = HeaderValue::from_str(&a.index.to_string()) {
         resp.headers_mut().insert("x-xce-index", v);

@@ -2,8 +2,9 @@
 //! workers' assignments), the readers' [`View`](super::View), the metrics, and last the
 //! committed events for the `ClusterListener`s (so no listener is ahead of the view).
 
+use super::assign::{HostAssignments, JobAssignment};
 use super::{Core, View};
-use crate::proto::{Assignment, Assignments, Desired};
+use crate::proto::Desired;
 use plugin_api::{ClusterEvent, HostId, HostState, JobState};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -15,9 +16,9 @@ impl Core {
         self.view.subscribe()
     }
 
-    fn desired(&self, host: &str) -> Vec<Assignment> {
+    fn desired(&self, host: &str) -> Vec<JobAssignment> {
         let mut out = Vec::new();
-        for j in self.cluster.jobs_on(host) {
+        for j in self.cluster.shared_jobs_on(host) {
             // A job runs its own generation's command and probe: during a rollout the
             // older replicas keep theirs (a restarted worker must not start an old job
             // with the new command).
@@ -33,14 +34,12 @@ impl Core {
             let Some(p) = p else {
                 continue;
             };
-            out.push(Assignment {
-                job: j.info.job.clone(),
-                service: j.info.service.clone(),
-                project: j.info.project.clone(),
-                replica: j.info.replica,
+            // Shared, not copied: the record is the model's, command and probe the
+            // generation's.
+            out.push(JobAssignment {
+                rec: j.clone(),
                 command: p.command.clone(),
                 readiness: p.readiness.clone(),
-                grants: j.info.grants.clone(),
                 desired: if j.effective_state() == JobState::Stopping {
                     Desired::Stop
                 } else {
@@ -57,15 +56,15 @@ impl Core {
         match self.assign.get(host) {
             Some(tx) => {
                 tx.send_if_modified(|cur| {
-                    if cur.jobs == jobs {
+                    if cur.same_jobs(&jobs) {
                         return false;
                     }
-                    *cur = Arc::new(Assignments { index, jobs });
+                    *cur = Arc::new(HostAssignments { index, jobs });
                     true
                 });
             }
             None => {
-                let (tx, _) = watch::channel(Arc::new(Assignments { index, jobs }));
+                let (tx, _) = watch::channel(Arc::new(HostAssignments { index, jobs }));
                 self.assign.insert(host.to_owned(), tx);
             }
         }

@@ -5,7 +5,7 @@
 
 use super::commit::{encoded_len, Budget};
 use super::{round_up_secs, Core};
-use crate::controller::model::Txn;
+use crate::controller::model::{JobRec, Txn};
 use plugin_api::{EndReason, HostId, HostState, JobId, JobState};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -94,7 +94,7 @@ impl Core {
             let mut budget = Budget::new(self.store.batch_limit());
             let mut done = Vec::new();
             for id in chunk {
-                let Some(mut j) = self.cluster.jobs.get(id).cloned() else {
+                let Some(mut j) = self.cluster.jobs.get(id).map(|j| JobRec::clone(j)) else {
                     done.push(id.clone());
                     continue;
                 };

@@ -51,7 +51,7 @@ impl Core {
         for key in &dirty {
             match self.cluster.services.get(key) {
                 Some(rec) => {
-                    let (v, next) = self.service_view(rec, now);
+                    let (v, next) = self.service_view(rec, services.get(key), now);
                     services.insert(key.clone(), Arc::new(v));
                     self.set_timed(key, next);
                 }
@@ -112,20 +112,28 @@ impl Core {
     }
 
     /// The view of one service at `now`, and when its counts will change with time alone.
-    fn service_view(&self, s: &ServiceRec, now: Instant) -> (ServiceView, Option<Instant>) {
+    /// `last` is the service's previous part: the grant summaries of jobs whose grants
+    /// did not change are taken from it rather than asked of the plugins again.
+    fn service_view(
+        &self,
+        s: &ServiceRec,
+        last: Option<&Arc<ServiceView>>,
+        now: Instant,
+    ) -> (ServiceView, Option<Instant>) {
         let key = s.info.key();
         let recs: Vec<&JobRec> = self.cluster.jobs_of(&key).collect();
-        let mut jobs: Vec<JobView> = recs
-            .iter()
+        let mut jobs: Vec<JobView> = self
+            .cluster
+            .shared_jobs_of(&key)
             .map(|j| JobView {
-                info: j.info.clone(),
-                summaries: self.grant_summaries(&j.info),
-                log: j.log.clone(),
+                rec: j.clone(),
+                summaries: match last.and_then(|l| same_grants(&l.jobs, j)) {
+                    Some(known) => known.clone(),
+                    None => self.grant_summaries(&j.info),
+                },
             })
             .collect();
-        jobs.sort_by(|a, b| {
-            (a.info.replica, job_num(&a.info.job)).cmp(&(b.info.replica, job_num(&b.info.job)))
-        });
+        jobs.sort_by_key(|j| order(j.info()));
         let pending = self.pending.get(&key).map(pending_of).unwrap_or_default();
         let policy = self
             .profiles
@@ -173,14 +181,18 @@ impl Core {
         }
     }
 
-    fn grant_summaries(&self, job: &JobInfo) -> BTreeMap<String, Value> {
-        self.plugins
+    /// The plugins' summaries of the job's grants, as the text of one JSON object by
+    /// plugin name (`None`: none has one).
+    fn grant_summaries(&self, job: &JobInfo) -> Option<Box<str>> {
+        let m: serde_json::Map<String, Value> = self
+            .plugins
             .iter()
             .filter_map(|p| {
                 let g = job.grants.get(p.name())?;
                 p.grant_summary(g).map(|v| (p.name().to_owned(), v))
             })
-            .collect()
+            .collect();
+        (!m.is_empty()).then(|| Value::Object(m).to_string().into_boxed_str())
     }
 
     /// The safety net of the incremental view (tests only): `view` equals a view built
@@ -191,7 +203,7 @@ impl Core {
             .cluster
             .services
             .values()
-            .map(|s| (s.info.key(), self.service_view(s, now).0))
+            .map(|s| (s.info.key(), self.service_view(s, None, now).0))
             .collect();
         assert_eq!(
             view.services.keys().collect::<Vec<_>>(),
@@ -223,6 +235,24 @@ impl Core {
 
 fn pending_of(m: &BTreeMap<u32, String>) -> Vec<(u32, String)> {
     m.iter().map(|(r, why)| (*r, why.clone())).collect()
+}
+
+/// The order of a service's jobs in its view: by replica, then by job number.
+fn order(j: &JobInfo) -> (u32, u64) {
+    (j.replica, job_num(&j.job))
+}
+
+/// The summaries `jobs` (a service's last view, in [`order`]) has for `j`, if it has the
+/// job with the same grants (a job's grants are set when it is placed; a change of its
+/// state or readiness leaves them).
+fn same_grants<'a>(jobs: &'a [JobView], j: &Arc<JobRec>) -> Option<&'a Option<Box<str>>> {
+    let at = jobs
+        .binary_search_by_key(&order(&j.info), |v| order(v.info()))
+        .ok()?;
+    let old = &jobs[at];
+    let same = Arc::ptr_eq(&old.rec, j)
+        || (old.rec.info.job == j.info.job && old.rec.info.grants == j.info.grants);
+    same.then_some(&old.summaries)
 }
 
 /// Job ids are `j-<n>`: sort numerically.

@@ -3,11 +3,9 @@
 //! holds a host is heard for it (`check_holder`); a registration reconciles what the
 //! worker runs with what the controller stored.
 
-use super::{Core, CoreError};
+use super::{Core, CoreError, HostAssignments};
 use crate::controller::model::{After, HostRec, JobRec, LastExit, ServiceState, Txn};
-use crate::proto::{
-    Assignments, Caller, ExitCause, RegisterRequest, RegisterResponse, WorkerEvent,
-};
+use crate::proto::{Caller, ExitCause, RegisterRequest, RegisterResponse, WorkerEvent};
 use plugin_api::{
     EndReason, HostFacts, HostId, HostInfo, HostState, JobId, JobState, ResourcePlugin,
 };
@@ -23,7 +21,7 @@ impl Core {
         &mut self,
         host: &HostId,
         caller: &Caller,
-    ) -> Result<watch::Receiver<Arc<Assignments>>, CoreError> {
+    ) -> Result<watch::Receiver<Arc<HostAssignments>>, CoreError> {
         self.check_holder(host, caller, "assignments query")?;
         self.publish_host(host);
         self.assign

@@ -134,8 +134,8 @@ fn stored(store: &dyn Store) -> BTreeSet<(String, String, String)> {
         .into_values()
         .map(|j| {
             (
-                j.info.job,
-                j.info.host,
+                j.info.job.clone(),
+                j.info.host.clone(),
                 serde_json::to_string(&j.info.grants).unwrap(),
             )
         })
