@@ -149,8 +149,9 @@ pub(crate) struct JobView {
     /// Plugin grant summaries by plugin name, as one JSON object's text (`None`: no
     /// plugin has one). Text, not a `serde_json::Value` map: the maps cost 1.3 KB a job
     /// in B-tree nodes (a heap profile), the text a few dozen bytes; an answer parses it
-    /// back.
-    pub(crate) summaries: Option<Box<str>>,
+    /// back. An `Arc`: a rebuilt part reuses the last one's text for a job whose grants
+    /// did not change, without copying it.
+    pub(crate) summaries: Option<Arc<str>>,
 }
 
 impl JobView {

@@ -183,7 +183,7 @@ impl Core {
 
     /// The plugins' summaries of the job's grants, as the text of one JSON object by
     /// plugin name (`None`: none has one).
-    fn grant_summaries(&self, job: &JobInfo) -> Option<Box<str>> {
+    fn grant_summaries(&self, job: &JobInfo) -> Option<Arc<str>> {
         let m: serde_json::Map<String, Value> = self
             .plugins
             .iter()
@@ -192,7 +192,7 @@ impl Core {
                 p.grant_summary(g).map(|v| (p.name().to_owned(), v))
             })
             .collect();
-        (!m.is_empty()).then(|| Value::Object(m).to_string().into_boxed_str())
+        (!m.is_empty()).then(|| Value::Object(m).to_string().into())
     }
 
     /// The safety net of the incremental view (tests only): `view` equals a view built
@@ -245,7 +245,7 @@ fn order(j: &JobInfo) -> (u32, u64) {
 /// The summaries `jobs` (a service's last view, in [`order`]) has for `j`, if it has the
 /// job with the same grants (a job's grants are set when it is placed; a change of its
 /// state or readiness leaves them).
-fn same_grants<'a>(jobs: &'a [JobView], j: &Arc<JobRec>) -> Option<&'a Option<Box<str>>> {
+fn same_grants<'a>(jobs: &'a [JobView], j: &Arc<JobRec>) -> Option<&'a Option<Arc<str>>> {
     let at = jobs
         .binary_search_by_key(&order(&j.info), |v| order(v.info()))
         .ok()?;
