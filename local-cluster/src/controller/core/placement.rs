@@ -146,9 +146,9 @@ impl Core {
     fn schedule(&mut self, now: Instant, from: Option<&ServiceKey>) -> Pass {
         // Only the services something happened to (see `sched.rs`); keys only: a cut
         // pass stops early, and the next one clones from where it was.
-        let services = self.to_visit(now, from);
+        let services = self.visit_list(now, from);
         // This pass sees these backoffs over: no timer for them any more (see `over`);
-        // `to_visit` took their services.
+        // `visit_list` took their services.
         for b in self.backoff.values_mut() {
             b.over |= b.not_before <= now;
         }

@@ -172,7 +172,11 @@ impl Core {
     /// continuing one the store's batch limit cut short). Forgets what it keeps of
     /// services that are no longer active (a stopping service places nothing, so it has
     /// no pending replicas either).
-    pub(super) fn to_visit(&mut self, now: Instant, from: Option<&ServiceKey>) -> Vec<ServiceKey> {
+    pub(super) fn visit_list(
+        &mut self,
+        now: Instant,
+        from: Option<&ServiceKey>,
+    ) -> Vec<ServiceKey> {
         let services = &self.cluster.services;
         let active = |k: &ServiceKey| {
             services
