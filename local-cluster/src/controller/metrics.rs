@@ -30,6 +30,8 @@ pub(crate) struct Metrics {
     /// Settles that did work (placement passes, then publishing the view): one answers a
     /// burst of up to 256 queued commands.
     pub(crate) settles: Counter,
+    /// Services the scheduling passes visited (one nothing happened to is left out).
+    pub(crate) pass_visits: Counter,
 }
 
 impl Metrics {
@@ -45,6 +47,11 @@ impl Metrics {
             "xce_controller_settles",
             "Settles of the controller's state (placement passes, then the readers' view and the workers' assignments); one answers a burst of up to 256 queued commands",
             self.settles.clone(),
+        );
+        r.register(
+            "xce_controller_pass_visits",
+            "Services visited by the scheduling passes: a service is visited only when a change was committed to it, replicas of it wait for room, or time alone changes its rollout (a deadline, min_ready, a restart backoff)",
+            self.pass_visits.clone(),
         );
         r.register(
             "xce_placements",

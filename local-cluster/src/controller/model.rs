@@ -453,6 +453,19 @@ impl Txn {
 
     /// Adds the services whose records or jobs this transaction writes (`c` before it is
     /// applied: a job it removes is still there).
+    /// The services this transaction writes: each one's new record, `None` when removed
+    /// (a job write also rewrites its service's record, with the new `rev`).
+    pub(crate) fn services_written(
+        &self,
+    ) -> impl Iterator<Item = (&ServiceKey, Option<&ServiceRec>)> + '_ {
+        self.services.iter().map(|(k, s)| (k, s.as_ref()))
+    }
+
+    /// The jobs this transaction writes: each one's new record, `None` when it ends.
+    pub(crate) fn jobs_written(&self) -> impl Iterator<Item = (&JobId, Option<&JobRec>)> + '_ {
+        self.jobs.iter().map(|(id, j)| (id, j.as_ref()))
+    }
+
     pub(crate) fn touched_services(&self, c: &Cluster, out: &mut BTreeSet<ServiceKey>) {
         out.extend(self.services.keys().cloned());
         // A key built once per run of one service's jobs, not per job (a pass writes

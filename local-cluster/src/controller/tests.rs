@@ -3490,3 +3490,100 @@ async fn a_burst_of_queued_commands_is_answered_after_one_settle_per_batch() {
     stop.send(true).unwrap();
     state.await.unwrap();
 }
+
+/// A scheduling pass visits only the services something happened to (`core/sched.rs`):
+/// a commit changed their shape, replicas of theirs wait for room, their last replica
+/// became available, or time alone changes them. That nothing is missed is checked at
+/// every settle of every test here: under `cfg(test)`, `Core::check_skipped` asserts that
+/// no service a pass leaves out has a replica to place, a job to drain or a rollout to
+/// complete.
+#[test]
+fn a_pass_visits_only_the_services_something_happened_to() {
+    let visits = |s: &Sim| s.metrics.pass_visits.get();
+    let mut s = Sim::new();
+    s.register("exec-01", 8, &[]);
+    s.submit(web("a", "default", 2));
+    s.submit(web("b", "default", 2));
+    s.start_ready(&[
+        ("exec-01", "j-1"),
+        ("exec-01", "j-2"),
+        ("exec-01", "j-3"),
+        ("exec-01", "j-4"),
+    ]);
+    assert!(
+        s.rollout("a").contains("rollout=complete"),
+        "{}",
+        s.rollout("a")
+    );
+    assert!(
+        s.rollout("b").contains("rollout=complete"),
+        "{}",
+        s.rollout("b")
+    );
+
+    // A readiness report for a complete service: nothing to do, nothing visited.
+    let v = visits(&s);
+    s.events("exec-01", vec![ready("j-1", false)]);
+    assert_eq!(
+        visits(&s) - v,
+        0,
+        "a is complete: its readiness changes nothing"
+    );
+
+    // A timer with nothing due: nothing is visited.
+    let v = visits(&s);
+    s.core.mark_dirty();
+    s.settle("timer", Ok(()));
+    assert_eq!(visits(&s) - v, 0, "nothing happened to any service");
+
+    // c does not fit whole (4 of 8 slots are taken): two of its replicas wait, and
+    // every pass visits it until they are placed.
+    s.submit(web("c", "default", 6));
+    assert_eq!(
+        s.metrics.pending.get(),
+        2,
+        "two of c's replicas wait for room"
+    );
+    let v = visits(&s);
+    s.events("exec-01", vec![ready("j-1", true)]);
+    assert_eq!(visits(&s) - v, 1, "c, waiting for room");
+
+    // Room appears on a new host: c places the rest, and waits no more.
+    s.register("exec-02", 8, &[]);
+    assert_eq!(s.metrics.pending.get(), 0);
+
+    // c's six replicas start and become ready one report at a time: c is visited once,
+    // when the last one is ready (its rollout completes then, not before).
+    let v = visits(&s);
+    s.start_ready(&[("exec-01", "j-5"), ("exec-01", "j-6"), ("exec-01", "j-7")]);
+    assert!(
+        s.rollout("c").contains("rollout=progressing"),
+        "{}",
+        s.rollout("c")
+    );
+    s.start_ready(&[("exec-01", "j-8"), ("exec-02", "j-9"), ("exec-02", "j-10")]);
+    assert!(
+        s.rollout("c").contains("rollout=complete"),
+        "{}",
+        s.rollout("c")
+    );
+    assert_eq!(visits(&s) - v, 1, "c, once its last replica is ready");
+
+    // A replica of b exits: b is visited and, once its backoff is over, replaced.
+    let v = visits(&s);
+    s.events("exec-01", vec![exited("j-3")]);
+    assert_eq!(visits(&s) - v, 1, "only b");
+    assert_eq!(
+        s.metrics.pending.get(),
+        1,
+        "b's replica waits for its backoff"
+    );
+    let placed = s.metrics.placements.get();
+    s.run_for(2, &["exec-01", "exec-02"]);
+    assert_eq!(
+        s.metrics.placements.get() - placed,
+        1,
+        "b's replica replaced"
+    );
+    assert_eq!(s.metrics.pending.get(), 0);
+}

@@ -16,6 +16,7 @@ mod commands;
 mod commit;
 mod placement;
 mod publish;
+mod sched;
 mod timers;
 mod view;
 mod worker;
@@ -107,6 +108,27 @@ pub(super) struct Parts {
     dirty: BTreeSet<ServiceKey>,
     /// Services whose rollout counts change with time alone, and when next.
     timed: BTreeMap<ServiceKey, Instant>,
+}
+
+/// Which active services the next scheduling pass visits (kept by `sched.rs`; declared
+/// here for the same reason as [`Parts`]). A service nothing happened to since its last
+/// visit is not visited: its outcome would be the same.
+#[derive(Debug, Default)]
+pub(super) struct Sched {
+    /// Written by a commit (or loaded, or due by time) since a pass last visited them.
+    marked: BTreeSet<ServiceKey>,
+    /// Left with replicas that did not fit (pending, a blocked surge): visited by every
+    /// pass, since room may appear on any host (a job ended, a host registered).
+    waiting: BTreeSet<ServiceKey>,
+    /// When a service's outcome changes with time alone (its rollout's deadline, a
+    /// replica reaching `min_ready`), if it does.
+    timed: BTreeMap<ServiceKey, Instant>,
+    /// Services whose last visit left them in a shape a readiness change cannot alter
+    /// (every slot one live current-generation job, nothing else live, `min_ready` 0):
+    /// how many of their replicas are not available yet. A commit that only starts jobs
+    /// or changes their readiness visits such a service only when that count reaches 0
+    /// (its rollout completes), and keeps its progress deadline current meanwhile.
+    quiet: HashMap<ServiceKey, u32>,
 }
 
 /// What readers see: a consistent snapshot after a command. Its parts are shared with
@@ -223,6 +245,8 @@ pub(crate) struct Core {
     view: watch::Sender<Arc<View>>,
     /// The parts of the last published view, and which of them a commit changed since.
     parts: Parts,
+    /// Which services the next scheduling pass visits.
+    sched: Sched,
     /// Something changed since the last [`Core::settle`].
     dirty: bool,
     /// Committed events not yet announced: listeners hear of a change only after the
@@ -231,8 +255,6 @@ pub(crate) struct Core {
     outbox: Vec<ClusterEvent>,
     /// Per-project limits on what services declare.
     quotas: Quotas,
-    /// The `now` of the last scheduling pass (see [`Core::next_deadline`]).
-    last_pass: Option<Instant>,
     /// After a failed commit in a timer: do not retry before this (no busy loop while the
     /// store is down).
     store_retry: Option<Instant>,
@@ -366,7 +388,6 @@ impl Core {
             ready_since,
             drain_until,
             progress: HashMap::new(),
-            last_pass: None,
             quotas: Quotas::default(),
             heard,
             disrupted: false,
@@ -377,6 +398,7 @@ impl Core {
             assign: HashMap::new(),
             view,
             parts: Parts::default(),
+            sched: Sched::default(),
             dirty: true,
             store_retry: None,
             fatal: None,
@@ -395,8 +417,9 @@ impl Core {
                 }
             }
         }
-        // The first view is built whole.
+        // The first view is built whole, and the first pass visits every service.
         core.parts.touch_all(&core.cluster);
+        core.sched.mark_all(&core.cluster);
         core.publish();
         Ok(core)
     }

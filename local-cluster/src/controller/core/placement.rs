@@ -80,6 +80,8 @@ impl Core {
                 break;
             }
         }
+        #[cfg(test)]
+        self.check_skipped(now);
         self.publish();
         self.dirty = false;
     }
@@ -142,22 +144,18 @@ impl Core {
     /// it, within the store's batch limit; on failure nothing is applied and every
     /// reservation is released.
     fn schedule(&mut self, now: Instant, from: Option<&ServiceKey>) -> Pass {
-        self.last_pass = Some(now);
-        if from.is_none() {
-            self.pending.clear();
-        }
-        // This pass sees these backoffs over: no timer for them any more (see `over`).
+        // Only the services something happened to (see `sched.rs`); keys only: a cut
+        // pass stops early, and the next one clones from where it was.
+        let services = self.visit_list(now, from);
+        // This pass sees these backoffs over: no timer for them any more (see `over`);
+        // `visit_list` took their services.
         for b in self.backoff.values_mut() {
             b.over |= b.not_before <= now;
         }
-        // Keys only: a cut pass stops early, and the next one clones from where it was.
-        let services: Vec<ServiceKey> = match from {
-            Some(k) => self.cluster.services.range(k.clone()..),
-            None => self.cluster.services.range(..),
+        let mut pass = Pass::default();
+        if services.is_empty() {
+            return pass;
         }
-        .filter(|(_, s)| s.state == ServiceState::Active)
-        .map(|(k, _)| k.clone())
-        .collect();
         // Hosts that may take placements (by id), and their load: computed once per pass
         // and kept current as replicas are placed.
         let ready: Vec<HostId> = self
@@ -174,11 +172,14 @@ impl Core {
         let mut txn = Txn::new(&self.cluster);
         let mut placed: Vec<(HostId, JobId, ServiceKey, u32)> = Vec::new();
         let mut reverts: Vec<(ServiceKey, String)> = Vec::new();
-        let mut pass = Pass::default();
+        // The services visited in full, and whether each drained (see below).
+        let mut visited: Vec<(ServiceKey, bool)> = Vec::new();
         for key in services {
             let s = self.cluster.services[&key].clone();
             let name = &s.info.name;
             let Some(profile) = self.profiles.get(&key) else {
+                // Nothing to act on without a profile; visited again when written.
+                self.sched.marked.remove(&key);
                 continue;
             };
             let (policy, drain) = (profile.update, profile.drain);
@@ -196,11 +197,16 @@ impl Core {
             let mut jobs: Vec<Cow<'_, JobRec>> =
                 self.cluster.jobs_of(&key).map(Cow::Borrowed).collect();
             let facts = self.job_facts(&s.info, jobs.iter().map(|j| &**j), now);
-            let view = rollout::Service {
+            // Without its jobs: each view below borrows the facts of its moment.
+            let base = rollout::Service {
                 replicas: s.info.replicas,
                 generation: s.info.generation,
                 policy,
+                jobs: &[],
+            };
+            let view = rollout::Service {
                 jobs: &facts,
+                ..base
             };
             let occupied: BTreeSet<u32> = facts
                 .iter()
@@ -214,6 +220,9 @@ impl Core {
             // placement, so a service with nothing to place costs nothing here.
             let mut order: Option<(Vec<usize>, SpreadOrder)> = None;
             let mut size = 0;
+            // Placed here (the facts change), and whether a replica did not fit.
+            let mut placed_here = false;
+            let mut waiting = false;
             for replica in rollout::to_place(&view) {
                 if let Some(b) = self.backoff.get(&(key.clone(), replica)) {
                     if b.not_before > now {
@@ -286,9 +295,11 @@ impl Core {
                         budget.add(size);
                         txn.put_job(&self.cluster, rec.clone());
                         jobs.push(Cow::Owned(rec));
+                        placed_here = true;
                     }
                     Err(reason) => {
                         debug!(service = %name, replica, reason = %reason, "replica pending");
+                        waiting = true;
                         if occupied.contains(&replica) {
                             blocked.get_or_insert_with(|| reason.clone());
                         } else {
@@ -300,13 +311,19 @@ impl Core {
                     }
                 }
             }
-            // Drains, seeing this pass's placements, as far as the batch has room.
-            let facts = self.job_facts(&s.info, jobs.iter().map(|j| &**j), now);
+            // Drains, seeing this pass's placements, as far as the batch has room (the
+            // facts are built again only when they changed).
+            let facts = if placed_here {
+                self.job_facts(&s.info, jobs.iter().map(|j| &**j), now)
+            } else {
+                facts
+            };
             let view = rollout::Service {
                 jobs: &facts,
-                ..view
+                ..base
             };
             let leaving: BTreeSet<JobId> = rollout::to_drain(&view).into_iter().collect();
+            let mut drained_here = false;
             for j in jobs.iter_mut().filter(|j| leaving.contains(&j.info.job)) {
                 if size == 0 {
                     size = encoded_len(&*j) + 16;
@@ -319,17 +336,22 @@ impl Core {
                 self.leave(&mut txn, JobRec::clone(j), drain);
                 budget.add(size);
                 pass.drained = true;
+                drained_here = true;
                 if let Some(now_rec) = txn.job(&self.cluster, &j.info.job) {
                     *j = Cow::Owned(now_rec);
                 }
             }
-            let facts = self.job_facts(&s.info, jobs.iter().map(|j| &**j), now);
+            let facts = if drained_here {
+                self.job_facts(&s.info, jobs.iter().map(|j| &**j), now)
+            } else {
+                facts
+            };
             // Older generations' profiles are kept while any of their jobs is left.
             let gens: BTreeSet<u64> = jobs.iter().map(|j| j.info.generation).collect();
             drop(jobs);
             let view = rollout::Service {
                 jobs: &facts,
-                ..view
+                ..base
             };
             if let Some(why) = self.advance_rollout(&mut txn, &s, &view, blocked, now) {
                 reverts.push((key.clone(), why));
@@ -347,11 +369,24 @@ impl Core {
                 budget.remove(record);
             }
             if pass.cut.is_some() {
+                // Not visited in full: it stays marked (or waiting) for the next pass.
                 break;
             }
+            self.visited(
+                &key,
+                (s.info.replicas, s.info.generation),
+                &facts,
+                (waiting, drained_here),
+                now,
+            );
+            visited.push((key, drained_here));
         }
         if !txn.is_empty() {
             if self.commit(txn, now).is_err() {
+                // Nothing of it applied: every service it visited is visited again.
+                for (key, _) in visited {
+                    self.sched.mark(key);
+                }
                 for (host, job, service, replica) in placed {
                     for pl in &mut self.plugins {
                         pl.release(&host, &job);
@@ -381,9 +416,18 @@ impl Core {
             }
             self.metrics.placements.inc_by(placed.len() as u64);
             pass.committed = true;
+            // The commit marked the services it wrote, but this pass saw its own changes:
+            // a visit again would find nothing, except after a drain (the slot it freed
+            // may take a surge replica: the next round).
+            for (key, drained) in visited {
+                if !drained {
+                    self.sched.marked.remove(&key);
+                }
+            }
         }
         for (name, why) in reverts {
             if let Err(e) = self.revert(&name, &why, now) {
+                self.sched.mark(name.clone());
                 warn!(service = %name, error = %e, "rollback could not be committed; trying again on the next pass");
             }
         }

@@ -40,26 +40,11 @@ impl Core {
             .filter(|b| !b.over)
             .map(|b| b.not_before);
         let drains = self.drain_until.values().copied();
-        // Rollout timers are due while the last pass has not seen them over (a pass whose
-        // `now` was taken before a slow commit may not have): a past one fires at once.
-        let seen = self.last_pass;
-        let mut rollouts: Vec<Instant> = Vec::new();
-        for (name, (_, since)) in &self.progress {
-            if let Some(p) = self.profiles.get(name) {
-                rollouts.push(*since + p.update.deadline);
-                if !p.update.min_ready.is_zero() {
-                    let generation = self.cluster.services.get(name).map(|s| s.info.generation);
-                    for j in self.cluster.jobs_of(name) {
-                        if j.info.ready && Some(j.info.generation) == generation {
-                            if let Some(t) = self.ready_since.get(&j.info.job) {
-                                rollouts.push(*t + p.update.min_ready);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-        let rollouts = rollouts.into_iter().filter(|t| seen.is_none_or(|s| *t > s));
+        // Rollout deadlines and replicas reaching `min_ready`: kept per service by the
+        // pass that visited it last (`sched.rs`), always after that pass's `now`. (Walking
+        // every rolling-out service's jobs here, at every turn of the state task, cost as
+        // much as the jobs.)
+        let rollouts = self.sched.next_timed();
         let next = hosts
             .chain(disruption)
             .chain(backoffs)
