@@ -621,7 +621,7 @@ fn granted_ports(job: &JobInfo) -> BTreeMap<String, u16> {
     let Some(grant) = job.grants.get(port_resource::PLUGIN_NAME) else {
         return BTreeMap::new();
     };
-    match PortGrant::from_value(grant) {
+    match PortGrant::from_grant(grant) {
         Ok(grant) => grant.ports.into_iter().map(|p| (p.name, p.port)).collect(),
         Err(error) => {
             tracing::warn!(job = %job.job, service = %job.service_key(), %error, "ignoring port grant");

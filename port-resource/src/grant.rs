@@ -1,6 +1,7 @@
 //! The grant format: what the scheduler reserved for one job. Persisted with the job,
 //! handed to the worker's launch hook and to cluster listeners (the endpoint table).
 
+use plugin_api::Grant;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -34,13 +35,15 @@ impl fmt::Display for Protocol {
 /// One granted port.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+// Fields in key order: the encoded text is then byte for byte what the hosts stored when
+// grants were `serde_json::Value`s (sorted keys), so equal grants compare as equal text.
 pub struct GrantedPort {
     /// The declared name.
     pub name: String,
-    /// Its protocol.
-    pub protocol: Protocol,
     /// The port number granted on the host.
     pub port: u16,
+    /// Its protocol.
+    pub protocol: Protocol,
 }
 
 /// All ports granted to one job, in declaration order.
@@ -55,20 +58,17 @@ pub struct PortGrant {
 #[derive(Debug, thiserror::Error)]
 // The cause is in the message and deliberately not a `source` (chains would repeat it).
 #[error("malformed port grant: {0}")]
-pub struct MalformedGrant(serde_json::Error);
+pub struct MalformedGrant(plugin_api::GrantError);
 
 impl PortGrant {
-    /// Decodes a grant as stored by the host.
-    pub fn from_value(value: &serde_json::Value) -> Result<Self, MalformedGrant> {
-        // Straight from the borrowed tree: `serde_json::from_value` would want it owned,
-        // and cloning the whole grant first was most of the cost (the endpoint table
-        // decodes the grant of every job it is told of).
-        <Self as serde::Deserialize>::deserialize(value).map_err(MalformedGrant)
+    /// Decodes a grant as stored by the host, straight from its text (no JSON tree).
+    pub fn from_grant(grant: &Grant) -> Result<Self, MalformedGrant> {
+        grant.decode().map_err(MalformedGrant)
     }
 
-    /// Encodes for the host to persist.
-    pub fn to_value(&self) -> serde_json::Value {
-        serde_json::to_value(self).expect("a port grant always serializes")
+    /// Encodes for the host to persist, straight to text (no JSON tree).
+    pub fn to_grant(&self) -> Grant {
+        Grant::encode(self).expect("a port grant always serializes")
     }
 
     /// The port granted under `name`, if any.
