@@ -3,7 +3,8 @@
 
 use crate::entry::{DeclaredPort, Entry, PortShapes, Replica};
 use plugin_api::{ClusterEvent, ClusterSnapshot, HostInfo, JobInfo, ServiceInfo, ServiceKey};
-use port_resource::grant::{PortGrant, Protocol};
+use port_resource::grant::{PortGrantRef, Protocol};
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -616,16 +617,16 @@ fn meta_labels(service: &ServiceInfo) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// The ports granted to a job by the port plugin, by name.
-fn granted_ports(job: &JobInfo) -> BTreeMap<String, u16> {
+/// The ports granted to a job by the port plugin, names borrowed from its grant.
+fn granted_ports(job: &JobInfo) -> Vec<(Cow<'_, str>, u16)> {
     let Some(grant) = job.grants.get(port_resource::PLUGIN_NAME) else {
-        return BTreeMap::new();
+        return Vec::new();
     };
-    match PortGrant::from_grant(grant) {
+    match PortGrantRef::from_grant(grant) {
         Ok(grant) => grant.ports.into_iter().map(|p| (p.name, p.port)).collect(),
         Err(error) => {
             tracing::warn!(job = %job.job, service = %job.service_key(), %error, "ignoring port grant");
-            BTreeMap::new()
+            Vec::new()
         }
     }
 }

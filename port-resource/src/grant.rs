@@ -76,3 +76,93 @@ impl PortGrant {
         self.ports.iter().find(|p| p.name == name)
     }
 }
+
+/// One granted port read in place from a grant's text (see [`PortGrantRef`]).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrantedPortRef<'a> {
+    /// The declared name, borrowed from the grant unless it holds escapes.
+    #[serde(borrow)]
+    pub name: std::borrow::Cow<'a, str>,
+    /// The port number granted on the host.
+    pub port: u16,
+    /// Its protocol.
+    pub protocol: Protocol,
+}
+
+/// A port grant read in place: the same format as [`PortGrant`], its names borrowed from
+/// the grant's text, for readers that only look (the endpoint table decodes the grant of
+/// every job it is told of; owned names were an allocation per port).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortGrantRef<'a> {
+    /// The ports, in declaration order.
+    #[serde(borrow)]
+    pub ports: Vec<GrantedPortRef<'a>>,
+}
+
+impl<'a> PortGrantRef<'a> {
+    /// Reads a grant as stored by the host.
+    pub fn from_grant(grant: &'a Grant) -> Result<Self, MalformedGrant> {
+        grant.decode().map_err(MalformedGrant)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_grant_reads_back_owned_and_in_place_and_its_text_is_the_old_one() {
+        let g = PortGrant {
+            ports: vec![
+                GrantedPort {
+                    name: "http".into(),
+                    port: 20417,
+                    protocol: Protocol::Tcp,
+                },
+                GrantedPort {
+                    name: "dns".into(),
+                    port: 53,
+                    protocol: Protocol::Udp,
+                },
+            ],
+        };
+        let grant = g.to_grant();
+        // What a host whose grants were `Value`s (sorted keys) stored, byte for byte.
+        assert_eq!(
+            grant.as_str(),
+            serde_json::to_value(&g).unwrap().to_string()
+        );
+        assert_eq!(PortGrant::from_grant(&grant).unwrap(), g);
+        let view = PortGrantRef::from_grant(&grant).unwrap();
+        assert!(matches!(
+            view.ports[0].name,
+            std::borrow::Cow::Borrowed("http")
+        ));
+        assert_eq!(
+            view.ports
+                .iter()
+                .map(|p| (&*p.name, p.port, p.protocol))
+                .collect::<Vec<_>>(),
+            [("http", 20417, Protocol::Tcp), ("dns", 53, Protocol::Udp)]
+        );
+        // A name with an escape cannot be borrowed: read owned, not refused.
+        let escaped =
+            Grant::from_json(r#"{"ports":[{"name":"a\"b","port":1,"protocol":"tcp"}]}"#).unwrap();
+        assert_eq!(
+            PortGrantRef::from_grant(&escaped).unwrap().ports[0].name,
+            "a\"b"
+        );
+        // The same checks as the owned form.
+        for bad in [
+            r#"{"ports":[{"name":"a","port":1,"protocol":"tcp","x":1}]}"#,
+            r#"{"ports":[{"name":"a","port":70000,"protocol":"tcp"}]}"#,
+            r#"{"ports":3}"#,
+        ] {
+            let bad = Grant::from_json(bad).unwrap();
+            assert!(PortGrantRef::from_grant(&bad).is_err(), "{bad}");
+            assert!(PortGrant::from_grant(&bad).is_err(), "{bad}");
+        }
+    }
+}

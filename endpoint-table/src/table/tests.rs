@@ -446,7 +446,7 @@ mod prop {
                         job: j.job.as_str().into(),
                         host: j.host.as_str().into(),
                         address: self.hosts.get(&j.host).and_then(|h| h.facts.ip_addr),
-                        ports: PortGrant::from_grant(&j.grants["ports"])
+                        ports: port_resource::PortGrant::from_grant(&j.grants["ports"])
                             .unwrap()
                             .ports
                             .into_iter()
