@@ -5,7 +5,7 @@ use crate::entry::{DeclaredPort, Entry, PortShapes, Replica};
 use plugin_api::{ClusterEvent, ClusterSnapshot, HostInfo, JobInfo, ServiceInfo, ServiceKey};
 use port_resource::grant::{PortGrantRef, Protocol};
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -148,7 +148,11 @@ pub struct Table {
     /// Hashed, not ordered: nothing walks it in order, and every event about a job looks
     /// its id up (in a tree, a dozen string compares each).
     jobs: HashMap<Arc<str>, JobRec>,
-    by_host: BTreeMap<Arc<str>, BTreeSet<Arc<str>>>,
+    /// The live jobs on each host. Hashed, not ordered: only a host event walks a host's
+    /// jobs, and what it does to each (touch its service, patch its address) does not
+    /// depend on the order; as trees, the string compares of indexing every placed job
+    /// were the largest cost of announcing a placement (the sim host's profile).
+    by_host: HashMap<Arc<str>, HashSet<Arc<str>>>,
     hosts: HashMap<String, Option<IpAddr>>,
     /// Host ids, shared by the replicas and the per-host index.
     host_ids: HashSet<Arc<str>>,
@@ -574,7 +578,7 @@ fn empty_entry(key: &ServiceKey) -> Entry {
     }
 }
 
-fn remove_from(index: &mut BTreeMap<Arc<str>, BTreeSet<Arc<str>>>, key: &str, job: &str) {
+fn remove_from(index: &mut HashMap<Arc<str>, HashSet<Arc<str>>>, key: &str, job: &str) {
     if let Some(set) = index.get_mut(key) {
         set.remove(job);
         if set.is_empty() {

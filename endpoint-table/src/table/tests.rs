@@ -2,6 +2,7 @@ use super::*;
 use crate::testutil::*;
 use expect_test::{expect, Expect};
 use plugin_api::{ClusterSnapshot, JobState, ServiceKey};
+use std::collections::BTreeSet;
 use std::fmt::Write;
 
 enum Step {
