@@ -4,8 +4,9 @@
 use crate::entry::{DeclaredPort, Entry, PortShapes, Replica};
 use plugin_api::{ClusterEvent, ClusterSnapshot, HostInfo, JobInfo, ServiceInfo, ServiceKey};
 use port_resource::grant::{PortGrantRef, Protocol};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::borrow::Cow;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -144,6 +145,9 @@ impl Touches {
 #[derive(Debug, Default)]
 pub struct Table {
     services: BTreeMap<ServiceKey, Svc>,
+    // The hash maps hash with FxHash, not SipHash: their keys (job and host ids) come from
+    // the controller, not from clients, and hashing (and rehashing as they grow) the ids
+    // of every placed job was a large part of announcing a placement.
     /// Keyed by the job id its replica holds (shared, not copied: this is per endpoint).
     /// Hashed, not ordered: nothing walks it in order, and every event about a job looks
     /// its id up (in a tree, a dozen string compares each).

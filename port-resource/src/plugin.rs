@@ -406,9 +406,11 @@ impl ResourcePlugin for PortsPlugin {
             ports = ?grant.ports.iter().map(|p| (p.name.as_str(), p.port)).collect::<Vec<_>>(),
             "ports reserved"
         );
-        entry.jobs.insert(request.job.to_owned(), grant.clone());
+        // Encoded before the record moves into the map: no copy of it.
+        let encoded = grant.to_grant();
+        entry.jobs.insert(request.job.to_owned(), grant);
         self.metrics.update(host, entry.pool.as_ref());
-        Ok(grant.to_grant())
+        Ok(encoded)
     }
 
     fn release(&mut self, host: &HostId, job: &JobId) {
