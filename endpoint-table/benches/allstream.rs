@@ -304,7 +304,7 @@ fn job(i: usize) -> JobInfo {
         host: "h-0".into(),
         state: JobState::Running,
         ready: true,
-        grants: BTreeMap::from([(port_resource::PLUGIN_NAME.to_owned(), grant.to_value())]),
+        grants: BTreeMap::from([(port_resource::PLUGIN_NAME.to_owned(), grant.to_grant())]),
         generation: 1,
     }
 }

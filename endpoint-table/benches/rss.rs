@@ -203,7 +203,7 @@ fn job(s: usize, r: usize, n: usize, state: JobState, ready: bool) -> JobInfo {
         host: format!("host-{:05}", n % HOSTS),
         state,
         ready,
-        grants: BTreeMap::from([(port_resource::PLUGIN_NAME.to_owned(), grant.to_value())]),
+        grants: BTreeMap::from([(port_resource::PLUGIN_NAME.to_owned(), grant.to_grant())]),
         generation: 1,
     }
 }

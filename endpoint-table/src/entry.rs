@@ -188,12 +188,15 @@ pub(crate) struct PortShapes {
 impl PortShapes {
     /// The port map of `ports` (in any order; of two with one name, the last wins), its
     /// shape shared with every other map of the same names.
-    pub(crate) fn map(&mut self, ports: impl IntoIterator<Item = (String, u16)>) -> PortMap {
+    pub(crate) fn map<N: AsRef<str>>(
+        &mut self,
+        ports: impl IntoIterator<Item = (N, u16)>,
+    ) -> PortMap {
         let ports: Vec<(Arc<str>, u16)> = sorted(ports.into_iter().map(|(name, port)| {
-            let name = match self.names.get(name.as_str()) {
+            let name = match self.names.get(name.as_ref()) {
                 Some(shared) => shared.clone(),
                 None => {
-                    let name: Arc<str> = name.into();
+                    let name: Arc<str> = name.as_ref().into();
                     self.names.insert(name.clone());
                     name
                 }
@@ -394,7 +397,7 @@ mod tests {
         );
         assert_ne!(a, b);
         assert_eq!(b, [("metrics", 4), ("http", 3)].into_iter().collect());
-        assert!(shapes.map([]).is_empty());
+        assert!(shapes.map::<&str>([]).is_empty());
     }
 
     proptest::proptest! {

@@ -3,8 +3,10 @@
 
 use crate::entry::{DeclaredPort, Entry, PortShapes, Replica};
 use plugin_api::{ClusterEvent, ClusterSnapshot, HostInfo, JobInfo, ServiceInfo, ServiceKey};
-use port_resource::grant::{PortGrant, Protocol};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use port_resource::grant::{PortGrantRef, Protocol};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -143,11 +145,18 @@ impl Touches {
 #[derive(Debug, Default)]
 pub struct Table {
     services: BTreeMap<ServiceKey, Svc>,
+    // The hash maps hash with FxHash, not SipHash: their keys (job and host ids) come from
+    // the controller, not from clients, and hashing (and rehashing as they grow) the ids
+    // of every placed job was a large part of announcing a placement.
     /// Keyed by the job id its replica holds (shared, not copied: this is per endpoint).
     /// Hashed, not ordered: nothing walks it in order, and every event about a job looks
     /// its id up (in a tree, a dozen string compares each).
     jobs: HashMap<Arc<str>, JobRec>,
-    by_host: BTreeMap<Arc<str>, BTreeSet<Arc<str>>>,
+    /// The live jobs on each host. Hashed, not ordered: only a host event walks a host's
+    /// jobs, and what it does to each (touch its service, patch its address) does not
+    /// depend on the order; as trees, the string compares of indexing every placed job
+    /// were the largest cost of announcing a placement (the sim host's profile).
+    by_host: HashMap<Arc<str>, HashSet<Arc<str>>>,
     hosts: HashMap<String, Option<IpAddr>>,
     /// Host ids, shared by the replicas and the per-host index.
     host_ids: HashSet<Arc<str>>,
@@ -573,7 +582,7 @@ fn empty_entry(key: &ServiceKey) -> Entry {
     }
 }
 
-fn remove_from(index: &mut BTreeMap<Arc<str>, BTreeSet<Arc<str>>>, key: &str, job: &str) {
+fn remove_from(index: &mut HashMap<Arc<str>, HashSet<Arc<str>>>, key: &str, job: &str) {
     if let Some(set) = index.get_mut(key) {
         set.remove(job);
         if set.is_empty() {
@@ -616,16 +625,16 @@ fn meta_labels(service: &ServiceInfo) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// The ports granted to a job by the port plugin, by name.
-fn granted_ports(job: &JobInfo) -> BTreeMap<String, u16> {
+/// The ports granted to a job by the port plugin, names borrowed from its grant.
+fn granted_ports(job: &JobInfo) -> Vec<(Cow<'_, str>, u16)> {
     let Some(grant) = job.grants.get(port_resource::PLUGIN_NAME) else {
-        return BTreeMap::new();
+        return Vec::new();
     };
-    match PortGrant::from_value(grant) {
+    match PortGrantRef::from_grant(grant) {
         Ok(grant) => grant.ports.into_iter().map(|p| (p.name, p.port)).collect(),
         Err(error) => {
             tracing::warn!(job = %job.job, service = %job.service_key(), %error, "ignoring port grant");
-            BTreeMap::new()
+            Vec::new()
         }
     }
 }

@@ -50,7 +50,7 @@ pub(crate) fn job(
         host: host.into(),
         state: JobState::Running,
         ready: true,
-        grants: BTreeMap::from([(port_resource::PLUGIN_NAME.to_owned(), grant.to_value())]),
+        grants: BTreeMap::from([(port_resource::PLUGIN_NAME.to_owned(), grant.to_grant())]),
         generation: 1,
     }
 }

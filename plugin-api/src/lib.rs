@@ -21,6 +21,7 @@ mod auth;
 mod error_body;
 mod events;
 mod facts;
+mod grant;
 pub mod http2;
 mod launch;
 mod name;
@@ -40,4 +41,4 @@ pub use facts::{FactsError, HostAddress, HostFacts, HostFactsPolicy, HostFactsPr
 pub use launch::{LaunchContext, LaunchHook, LaunchPlan, LaunchRefusal};
 pub use name::{check_name, InvalidName, MAX_NAME_LEN};
 pub use resource::{PlacementRequest, ResourcePlugin, SectionInfo, Unfit};
-pub use vocab::{FieldError, Grant, HostId, JobId};
+pub use vocab::{FieldError, Grant, GrantError, HostId, JobId};

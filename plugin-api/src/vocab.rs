@@ -9,10 +9,7 @@ pub type HostId = String;
 /// The id of a job (one run of one replica), e.g. `j-17`.
 pub type JobId = String;
 
-/// A plugin's opaque, persisted record of what it granted one job (e.g. the ports it
-/// reserved). The host stores it atomically with the placement, hands it to the worker's
-/// launch hooks, to listeners, and back to the plugin on restore.
-pub type Grant = serde_json::Value;
+pub use crate::grant::{Grant, GrantError};
 
 /// One problem with a piece of input: where it is and why it is wrong.
 ///

@@ -108,7 +108,7 @@ impl LaunchHook for PortsLaunchHook {
         plan: &mut LaunchPlan,
     ) -> Result<(), LaunchRefusal> {
         let grant = match cx.grants.get(PLUGIN_NAME) {
-            Some(v) => PortGrant::from_value(v).map_err(|e| refusal(e.to_string(), vec![]))?,
+            Some(v) => PortGrant::from_grant(v).map_err(|e| refusal(e.to_string(), vec![]))?,
             None => PortGrant::default(),
         };
         let ip = host_ip(cx);
@@ -150,6 +150,7 @@ mod tests {
     use super::*;
     use crate::grant::GrantedPort;
     use expect_test::{expect, Expect};
+    use plugin_api::Grant;
     use std::collections::BTreeMap;
 
     fn cx(host_ip: Option<&str>, grant: Option<PortGrant>) -> LaunchContext {
@@ -161,7 +162,7 @@ mod tests {
             host: "exec-01".into(),
             host_ip: host_ip.map(|s| s.parse().unwrap()),
             grants: grant
-                .map(|g| BTreeMap::from([(PLUGIN_NAME.to_owned(), g.to_value())]))
+                .map(|g| BTreeMap::from([(PLUGIN_NAME.to_owned(), g.to_grant())]))
                 .unwrap_or_default(),
         }
     }
@@ -299,12 +300,14 @@ mod tests {
     #[test]
     fn malformed_grant_is_refused() {
         let mut c = cx(Some("127.0.0.1"), None);
-        c.grants
-            .insert(PLUGIN_NAME.into(), serde_json::json!({"ports": 3}));
+        c.grants.insert(
+            PLUGIN_NAME.into(),
+            Grant::from_value(&serde_json::json!({"ports": 3})),
+        );
         check(
             c,
             expect![[r#"
-                refused by ports: malformed port grant: invalid type: integer `3`, expected a sequence
+                refused by ports: malformed port grant: invalid type: integer `3`, expected a sequence at line 1 column 10
                 {"ports":[]}"#]],
         );
     }

@@ -20,7 +20,7 @@ mod proto_pool;
 pub mod range;
 
 pub use facts::{HostPortsFacts, PortFactsProvider, PortsConfigError, WorkerPortsConfig};
-pub use grant::{GrantedPort, PortGrant, Protocol, PLUGIN_NAME};
+pub use grant::{GrantedPort, GrantedPortRef, PortGrant, PortGrantRef, Protocol, PLUGIN_NAME};
 pub use hook::PortsLaunchHook;
 pub use plugin::PortsPlugin;
 pub use range::{InvalidRange, PortRange};

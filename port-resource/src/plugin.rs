@@ -375,10 +375,10 @@ impl ResourcePlugin for PortsPlugin {
         let section = &prepared.section;
         if let Some(existing) = self.hosts.get(host).and_then(|h| h.jobs.get(request.job)) {
             // Reserving twice for one job is idempotent.
-            return Ok(existing.to_value());
+            return Ok(existing.to_grant());
         }
         if section.ports.is_empty() {
-            return Ok(PortGrant::default().to_value());
+            return Ok(PortGrant::default().to_grant());
         }
         let Some(entry) = self.hosts.get_mut(host).filter(|h| h.pool.is_some()) else {
             return Err(self.unreported());
@@ -406,9 +406,11 @@ impl ResourcePlugin for PortsPlugin {
             ports = ?grant.ports.iter().map(|p| (p.name.as_str(), p.port)).collect::<Vec<_>>(),
             "ports reserved"
         );
-        entry.jobs.insert(request.job.to_owned(), grant.clone());
+        // Encoded before the record moves into the map: no copy of it.
+        let encoded = grant.to_grant();
+        entry.jobs.insert(request.job.to_owned(), grant);
         self.metrics.update(host, entry.pool.as_ref());
-        Ok(grant.to_value())
+        Ok(encoded)
     }
 
     fn release(&mut self, host: &HostId, job: &JobId) {
@@ -427,7 +429,7 @@ impl ResourcePlugin for PortsPlugin {
     }
 
     fn restore(&mut self, host: &HostId, job: &JobId, grant: &Grant) -> Result<(), String> {
-        let grant = PortGrant::from_value(grant).map_err(|e| e.to_string())?;
+        let grant = PortGrant::from_grant(grant).map_err(|e| e.to_string())?;
         let entry = self.hosts.entry(host.clone()).or_default();
         if let Some(existing) = entry.jobs.get(job) {
             return if *existing == grant {
@@ -526,7 +528,7 @@ impl ResourcePlugin for PortsPlugin {
     }
 
     fn grant_summary(&self, grant: &Grant) -> Option<serde_json::Value> {
-        let grant = PortGrant::from_value(grant).ok()?;
+        let grant = PortGrant::from_grant(grant).ok()?;
         Some(serde_json::Value::Object(
             grant
                 .ports

@@ -2,6 +2,7 @@ use super::*;
 use crate::testutil::*;
 use expect_test::{expect, Expect};
 use plugin_api::{ClusterSnapshot, JobState, ServiceKey};
+use std::collections::BTreeSet;
 use std::fmt::Write;
 
 enum Step {
@@ -229,9 +230,10 @@ fn resync_takes_the_stored_revisions_and_never_lowers_an_index() {
     let api = service("api", "team-b", &[]);
     let j1 = job("j-1", "web", "team-a", 0, "exec-01", &[("http", 20001)]);
     let mut malformed = job("j-2", "web", "team-a", 1, "exec-01", &[]);
-    malformed
-        .grants
-        .insert("ports".into(), serde_json::json!({"ports": "nope"}));
+    malformed.grants.insert(
+        "ports".into(),
+        plugin_api::Grant::from_value(&serde_json::json!({"ports": "nope"})),
+    );
     let snapshot = |rev, services: Vec<ServiceInfo>, jobs| ClusterSnapshot {
         rev,
         services: services
@@ -445,7 +447,7 @@ mod prop {
                         job: j.job.as_str().into(),
                         host: j.host.as_str().into(),
                         address: self.hosts.get(&j.host).and_then(|h| h.facts.ip_addr),
-                        ports: PortGrant::from_value(&j.grants["ports"])
+                        ports: port_resource::PortGrant::from_grant(&j.grants["ports"])
                             .unwrap()
                             .ports
                             .into_iter()

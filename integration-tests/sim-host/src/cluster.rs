@@ -504,18 +504,30 @@ impl Cluster {
         let mut touched = BTreeSet::new();
         let mut events = Vec::with_capacity(placed.len());
         let mut homes = Vec::with_capacity(placed.len());
+        // A pass places runs of one service's replicas: the key (two strings) is built and
+        // looked up once per run, not per job (per job it was a tenth of a pass).
+        let mut last: Option<ServiceKey> = None;
         for (n, h, info) in placed {
             let rev = self.store.next_rev();
-            let key = info.service_key();
-            if let Some(s) = self.services.get_mut(&key) {
+            let same = last
+                .as_ref()
+                .is_some_and(|k| k.name == info.service && k.project == info.project);
+            if !same {
+                if let Some(k) = last.take() {
+                    touched.insert(k);
+                }
+                last = Some(info.service_key());
+            }
+            let key = last.as_ref().expect("set above");
+            if let Some(s) = self.services.get_mut(key) {
                 s.info.rev = rev;
-                touched.insert(key);
             }
             homes.push((n, h));
             events.push(ClusterEvent::Job { rev, job: info });
         }
+        touched.extend(last);
         // The services' revisions are persisted with the batch that raised them.
-        for key in &touched {
+        for key in touched.iter().filter(|k| self.services.contains_key(*k)) {
             batch.service(&self.services[key].info);
         }
         self.publish(batch, &events);

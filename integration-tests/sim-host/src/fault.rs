@@ -12,7 +12,7 @@ pub(crate) fn duplicate_port<'a>(
     grants: &mut BTreeMap<String, Grant>,
     others: impl Iterator<Item = &'a JobInfo>,
 ) -> bool {
-    let read = |g: Option<&Grant>| g.and_then(|g| PortGrant::from_value(g).ok());
+    let read = |g: Option<&Grant>| g.and_then(|g| PortGrant::from_grant(g).ok());
     let Some(mut mine) = read(grants.get(PLUGIN_NAME)) else {
         return false;
     };
@@ -23,7 +23,7 @@ pub(crate) fn duplicate_port<'a>(
         if let (Some(a), Some(b)) = (mine.ports.first_mut(), theirs.ports.first()) {
             if a.protocol == b.protocol {
                 a.port = b.port;
-                grants.insert(PLUGIN_NAME.to_owned(), mine.to_value());
+                grants.insert(PLUGIN_NAME.to_owned(), mine.to_grant());
                 return true;
             }
         }

@@ -121,7 +121,7 @@ impl Model {
     ) {
         let grant = match grants
             .get(port_resource::PLUGIN_NAME)
-            .map(PortGrant::from_value)
+            .map(PortGrant::from_grant)
         {
             Some(Ok(g)) => g,
             Some(Err(e)) => return self.violation(format!("job {job}: unreadable grant: {e}")),

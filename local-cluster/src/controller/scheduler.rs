@@ -241,7 +241,7 @@ pub(crate) mod tests {
             let n = self.want(host, req)?;
             self.used.insert((host.clone(), n), req.job.to_owned());
             self.log.push(format!("reserve {host} {} {n}", req.job));
-            Ok(json!(n))
+            Ok(Grant::from(json!(n)))
         }
         fn release(&mut self, host: &HostId, job: &JobId) {
             let before = self.used.len();
@@ -251,7 +251,7 @@ pub(crate) mod tests {
             }
         }
         fn restore(&mut self, host: &HostId, job: &JobId, grant: &Grant) -> Result<(), String> {
-            let n = grant.as_u64().ok_or("bad grant")?;
+            let n: u64 = grant.decode().map_err(|_| "bad grant")?;
             if let Some(other) = self.used.insert((host.clone(), n), job.clone()) {
                 return Err(format!("slot {n} on {host} already held by {other}"));
             }
@@ -259,7 +259,7 @@ pub(crate) mod tests {
             Ok(())
         }
         fn grant_summary(&self, grant: &Grant) -> Option<serde_json::Value> {
-            Some(grant.clone())
+            Some(grant.to_value())
         }
         fn host_summary(&self, host: &HostId) -> Option<serde_json::Value> {
             let cap = self.capacity.get(host)?;
@@ -299,7 +299,7 @@ pub(crate) mod tests {
                     why: "failed at reserve".into(),
                 })
             } else {
-                Ok(json!("ok"))
+                Ok(Grant::from(json!("ok")))
             }
         }
         fn release(&mut self, _: &HostId, _: &JobId) {}

@@ -164,7 +164,11 @@ mod tests {
                     failure_threshold: 1,
                     success_threshold: 1,
                 })),
-                grants: [("ports".to_owned(), serde_json::json!({"http": 20417}))].into(),
+                grants: [(
+                    "ports".to_owned(),
+                    serde_json::json!({"http": 20417}).into(),
+                )]
+                .into(),
                 desired: Desired::Run,
             },
             sockets: [("http".to_owned(), "127.0.0.11:20417".parse().unwrap())].into(),
@@ -224,9 +228,7 @@ mod tests {
                           "success_threshold": 1
                         },
                         "grants": {
-                          "ports": {
-                            "http": 20417
-                          }
+                          "ports": {"http":20417}
                         },
                         "desired": "run"
                       },
@@ -261,9 +263,7 @@ mod tests {
                           "success_threshold": 1
                         },
                         "grants": {
-                          "ports": {
-                            "http": 20417
-                          }
+                          "ports": {"http":20417}
                         },
                         "desired": "run"
                       },

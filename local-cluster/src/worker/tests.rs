@@ -274,7 +274,7 @@ impl LaunchHook for FakeHook {
         cx: &LaunchContext,
         plan: &mut LaunchPlan,
     ) -> Result<(), LaunchRefusal> {
-        let grant = &cx.grants["fake"];
+        let grant = &cx.grants["fake"].to_value();
         if grant["refuse"] == serde_json::json!(true) {
             return Err(LaunchRefusal {
                 plugin: "fake".into(),
@@ -422,7 +422,7 @@ fn assignment(
         replica: 0,
         command: command.into(),
         readiness: readiness.map(Into::into),
-        grants: BTreeMap::from([("fake".to_owned(), grant)]),
+        grants: BTreeMap::from([("fake".to_owned(), grant.into())]),
         desired,
     }
 }

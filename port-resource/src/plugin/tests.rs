@@ -122,7 +122,7 @@ fn check(script: &str, expect: Expect) {
                 "ok".into()
             }
             "restore" => {
-                let g: serde_json::Value = serde_json::from_str(&tail(2)).unwrap();
+                let g = plugin_api::Grant::from_json(&tail(2)).unwrap();
                 format!("{:?}", plugin.restore(&arg(0), &arg(1), &g))
             }
             "refuse" => {
@@ -356,7 +356,7 @@ fn refusal_restore_and_changed_facts() {
             restore exec-01 j-5 {"ports":[{"name":"x","protocol":"udp","port":20001}]}
               Ok(())
             restore exec-01 j-6 {"ports":3}
-              Err("malformed port grant: invalid type: integer `3`, expected a sequence")
+              Err("malformed port grant: invalid type: integer `3`, expected a sequence at line 1 column 10")
             restore exec-09 j-7 {"ports":[{"name":"x","protocol":"tcp","port":20001}]}
               Ok(())
             restore exec-09 j-8 {"ports":[{"name":"x","protocol":"tcp","port":20001}]}
@@ -559,7 +559,7 @@ fn restart(model: &Model) -> PortsPlugin {
     }
     for (h, job, g) in &model.live {
         plugin
-            .restore(&model.hosts[*h].0, job, &g.to_value())
+            .restore(&model.hosts[*h].0, job, &g.to_grant())
             .unwrap();
     }
     plugin
@@ -612,7 +612,7 @@ proptest! {
                         Ok(g) => {
                             prop_assert!(fits.is_ok());
                             prop_assert!(model.fits(h, &req), "granted what does not fit: {req:?}");
-                            let g = PortGrant::from_value(&g).unwrap();
+                            let g = PortGrant::from_grant(&g).unwrap();
                             for (p, &(proto, fixed)) in g.ports.iter().zip(&req) {
                                 prop_assert_eq!(p.protocol, proto);
                                 prop_assert!(!model.held(h, proto, p.port), "{host} {proto}/{} held twice", p.port);
