@@ -17,7 +17,10 @@ use plugin_api::{
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
 
+mod host_jobs;
 mod jobs;
+
+use host_jobs::HostJobs;
 
 /// What the host did, reported to the scenario (and from there to the model).
 #[derive(Debug, Clone)]
@@ -57,7 +60,7 @@ struct ServiceRec {
 #[derive(Debug)]
 struct HostRec {
     info: HostInfo,
-    jobs: BTreeSet<u64>,
+    jobs: HostJobs,
 }
 
 /// Builds the resource plugins of a (re)started controller.
@@ -126,7 +129,7 @@ impl Cluster {
                         state: HostState::Lost,
                         facts: Default::default(),
                     },
-                    jobs: BTreeSet::new(),
+                    jobs: HostJobs::default(),
                 })
                 .collect(),
             services: BTreeMap::new(),
@@ -188,6 +191,13 @@ impl Cluster {
 
     pub(crate) fn commits(&self) -> u64 {
         self.store.commits()
+    }
+
+    /// Makes room for `jobs` live jobs at once (the run's size is known): grown one
+    /// placement at a time, the job table rehashed and moved every record each time it
+    /// doubled, inside the placement passes.
+    pub(crate) fn expect_jobs(&mut self, jobs: usize) {
+        self.jobs.reserve(jobs.saturating_sub(self.jobs.len()));
     }
 
     pub(crate) fn live_jobs(&self) -> usize {
@@ -257,7 +267,8 @@ impl Cluster {
         self.hosts[i as usize].info.state = HostState::Unreachable;
         let mut events = Vec::new();
         let mut batch = Batch::default();
-        for n in self.hosts[i as usize].jobs.clone() {
+        let jobs: Vec<u64> = self.hosts[i as usize].jobs.iter().copied().collect();
+        for n in jobs {
             let job = self.jobs.get_mut(&n).expect("a host's jobs are live");
             job.info.state = JobState::Unknown;
             batch.job(&job.info);
@@ -531,12 +542,20 @@ impl Cluster {
             batch.service(&self.services[key].info);
         }
         self.publish(batch, &events);
+        // Runs of one service again: its record is looked up once per run, not per job.
+        let mut svc: Option<&mut ServiceRec> = None;
         for (event, (n, h)) in events.into_iter().zip(homes) {
             let ClusterEvent::Job { job: info, .. } = event else {
                 unreachable!("a pass announces job events only")
             };
-            let svc = self.services.get_mut(&info.service_key());
-            svc.expect("placed for a known service").slots[info.replica as usize].push(n);
+            let same = svc
+                .as_ref()
+                .is_some_and(|s| s.info.name == info.service && s.info.project == info.project);
+            if !same {
+                svc = self.services.get_mut(&info.service_key());
+            }
+            let s = svc.as_mut().expect("placed for a known service");
+            s.slots[info.replica as usize].push(n);
             self.hosts[h as usize].jobs.insert(n);
             self.jobs.insert(n, JobRec { info, host: h });
         }

@@ -160,7 +160,7 @@ impl<'a> Sim<'a> {
         let server = Server::start(api.as_ref())?;
         let plugins = || vec![Box::new(PortsPlugin::new()) as Box<dyn ResourcePlugin>];
         let listeners: Vec<Box<dyn ClusterListener>> = vec![Box::new(feed)];
-        let cluster = Cluster::new(
+        let mut cluster = Cluster::new(
             Box::new(plugins),
             Box::new(policy),
             listeners,
@@ -169,6 +169,7 @@ impl<'a> Sim<'a> {
             cfg.seed ^ 0x5c4e_d01e,
             cfg.fault,
         );
+        cluster.expect_jobs(cfg.replicas as usize);
         let (dynamic, reserved) = usable(&cfg.workers)?;
         let mut sim = Sim {
             cfg,

@@ -159,7 +159,7 @@ impl Cluster {
         for &n in ns {
             let rec = self.jobs.remove(&n).expect("ending a live job");
             let host = &mut self.hosts[rec.host as usize];
-            host.jobs.remove(&n);
+            host.jobs.remove(n);
             self.sched.add(rec.host, -1);
             let leak = matches!(self.fault, Some(Fault::LeakPort)) && !rec.info.grants.is_empty();
             if leak {
