@@ -697,6 +697,16 @@ proptest! {
                     plugin = restart(&model);
                 }
             }
+            // The gauges follow every operation (a reservation and a release set only
+            // the `used` one: the other two must not have changed).
+            for (host, entry) in &plugin.hosts {
+                let pool = entry.pool.as_ref().expect("every host reported usable facts");
+                let [capacity, used, unavailable] = &plugin.metrics.handles[host];
+                prop_assert_eq!(
+                    (capacity.get(), used.get(), unavailable.get()),
+                    (i64::from(pool.capacity()), i64::from(pool.held()), i64::from(pool.unavailable()))
+                );
+            }
         }
         // Every port comes back when all jobs end.
         for (h, job, _) in std::mem::take(&mut model.live) {
