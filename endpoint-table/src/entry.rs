@@ -183,6 +183,12 @@ pub(crate) struct PortShapes {
     /// Port names, one copy each (a cluster uses a handful).
     names: std::collections::BTreeSet<Arc<str>>,
     shapes: BTreeMap<Vec<Arc<str>>, Arc<PortShape>>,
+    /// The shape the last shared map got. Maps come in runs of one service's replicas
+    /// (a placement pass, a tick of starts), mostly of one shape: comparing the names
+    /// with it first spares interning each name and looking the shape up in `shapes`
+    /// (string compares in two trees and a vector per map, a fifth of indexing a placed
+    /// job in the sim host's profile).
+    last: Option<Arc<PortShape>>,
 }
 
 impl PortShapes {
@@ -192,17 +198,28 @@ impl PortShapes {
         &mut self,
         ports: impl IntoIterator<Item = (N, u16)>,
     ) -> PortMap {
-        let ports: Vec<(Arc<str>, u16)> = sorted(ports.into_iter().map(|(name, port)| {
-            let name = match self.names.get(name.as_ref()) {
-                Some(shared) => shared.clone(),
-                None => {
-                    let name: Arc<str> = name.as_ref().into();
-                    self.names.insert(name.clone());
-                    name
-                }
-            };
-            (name, port)
-        }));
+        let ports = sorted(ports.into_iter());
+        if let Some(last) = &self.last {
+            let same = last.names.len() == ports.len()
+                && (last.names.iter().zip(&ports)).all(|(a, (b, _))| **a == *b.as_ref());
+            if same {
+                return PortMap::with_shape(last.clone(), ports.iter().map(|(_, p)| *p));
+            }
+        }
+        let ports: Vec<(Arc<str>, u16)> = ports
+            .into_iter()
+            .map(|(name, port)| {
+                let name = match self.names.get(name.as_ref()) {
+                    Some(shared) => shared.clone(),
+                    None => {
+                        let name: Arc<str> = name.as_ref().into();
+                        self.names.insert(name.clone());
+                        name
+                    }
+                };
+                (name, port)
+            })
+            .collect();
         if ports.len() > INLINE_PORTS {
             return PortMap::own(ports);
         }
@@ -219,18 +236,19 @@ impl PortShapes {
                 shape
             }
         };
+        self.last = Some(shape.clone());
         PortMap::with_shape(shape, ports.iter().map(|(_, p)| *p))
     }
 }
 
 /// `(name, port)` pairs in name order; of two with one name, the last kept (as a map
 /// insert would).
-fn sorted<N: Ord>(ports: impl Iterator<Item = (N, u16)>) -> Vec<(N, u16)> {
+fn sorted<N: AsRef<str>>(ports: impl Iterator<Item = (N, u16)>) -> Vec<(N, u16)> {
     let mut ports: Vec<(N, u16)> = ports.collect();
     // Stable: equal names keep their order, so the last one is kept below.
-    ports.sort_by(|a, b| a.0.cmp(&b.0));
+    ports.sort_by(|a, b| a.0.as_ref().cmp(b.0.as_ref()));
     ports.reverse();
-    ports.dedup_by(|a, b| a.0 == b.0);
+    ports.dedup_by(|a, b| a.0.as_ref() == b.0.as_ref());
     ports.reverse();
     ports
 }
@@ -398,6 +416,15 @@ mod tests {
         assert_ne!(a, b);
         assert_eq!(b, [("metrics", 4), ("http", 3)].into_iter().collect());
         assert!(shapes.map::<&str>([]).is_empty());
+        // Another shape in between (the last shape is remembered): each set of names
+        // still gets its one shape, and a map never takes the shape of other names.
+        let c = shapes.map([("grpc", 5)]);
+        let d = shapes.map([("http", 6), ("metrics", 7)]);
+        let e = shapes.map([("grpc", 8), ("http", 9)]);
+        assert!(Arc::ptr_eq(sa, d.shape.as_ref().unwrap()));
+        assert!(!Arc::ptr_eq(c.shape.as_ref().unwrap(), sa));
+        assert_eq!(e.iter().collect::<Vec<_>>(), [("grpc", &8), ("http", &9)]);
+        assert_eq!(c.iter().collect::<Vec<_>>(), [("grpc", &5)]);
     }
 
     proptest::proptest! {
