@@ -221,12 +221,16 @@ impl Table {
                 }
             }
             ClusterEvent::Job { job, .. } => {
+                // The key is built once per event and moved into the table if the service
+                // is new (built three times, its two strings were a tenth of indexing a
+                // placed job). Touched first: a touch records the state before the event.
+                let key = job.service_key();
+                t.touch(&self.services, &key, rev);
                 if job.state.is_ended() {
                     self.remove_job(&job.job, rev, t);
                 } else {
-                    self.put_job(job, rev, t);
+                    self.put_job(job, key, rev, t);
                 }
-                t.touch(&self.services, &job.service_key(), rev);
             }
             ClusterEvent::JobEnded { job, .. } => {
                 self.remove_job(&job.job, rev, t);
@@ -451,8 +455,7 @@ impl Table {
     }
 
     /// A live job, new or changed: patches its replica in its service's entry.
-    fn put_job(&mut self, job: &JobInfo, rev: u64, t: &mut Touches) {
-        let key = job.service_key();
+    fn put_job(&mut self, job: &JobInfo, key: ServiceKey, rev: u64, t: &mut Touches) {
         let replica = self.replica_of(job);
         match self.jobs.get(job.job.as_str()) {
             // The same slot: replaced in place, if it says anything new.
@@ -488,10 +491,8 @@ impl Table {
 
     fn insert_job(&mut self, key: ServiceKey, replica: Replica, rev: u64, t: &mut Touches) {
         t.touch(&self.services, &key, rev);
-        let svc = self
-            .services
-            .entry(key.clone())
-            .or_insert_with(|| new_svc(&key));
+        let svc = self.services.entry(key).or_insert_with_key(new_svc);
+        let key = svc.key.clone();
         let record = (
             replica.job.clone(),
             replica.replica,
