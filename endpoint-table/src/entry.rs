@@ -186,8 +186,9 @@ pub(crate) struct PortShapes {
     /// The shape the last shared map got. Maps come in runs of one service's replicas
     /// (a placement pass, a tick of starts), mostly of one shape: comparing the names
     /// with it first spares interning each name and looking the shape up in `shapes`
-    /// (string compares in two trees and a vector per map, a fifth of indexing a placed
-    /// job in the sim host's profile).
+    /// (string compares in two trees and a vector per map: the string compares under
+    /// `Table::replica_of` were a fifth of indexing a placed job in the sim host's
+    /// profile, and this took about half of them away).
     last: Option<Arc<PortShape>>,
 }
 

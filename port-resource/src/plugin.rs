@@ -15,8 +15,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 // FxHash, not SipHash: the keys are host and job ids the controller hands in (not
-// client input), and hashing them (and rehashing a host's jobs as they grow) on every
-// `fits` and `reserve` was a fifth of a reservation (the sim host's profile).
+// client input), and hashing them with SipHash on every `fits` and `reserve` was a sixth
+// of a reservation in the sim host's profile, and more when a host's jobs were rehashed.
 use rustc_hash::FxHashMap as HashMap;
 use std::sync::{Arc, Mutex};
 

@@ -4,8 +4,8 @@
 /// events the host's jobs cause come in the same order as before).
 ///
 /// Why not a `BTreeSet`: every placement inserts into the set of a host picked at random
-/// among 5,000, and a tree's insert (nodes of their own, searched and split) was 7 % of a
-/// placement pass in the sim host's profile. Job numbers only grow, so an insert is a
+/// among 5,000, and a tree's insert (nodes of their own, searched and split) was 4-7 % of
+/// a placement pass in the sim host's profiles. Job numbers only grow, so an insert is a
 /// push at the end; a host holds tens of jobs, so a removal's shift is short.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct HostJobs(Vec<u64>);
