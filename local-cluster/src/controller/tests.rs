@@ -3587,3 +3587,41 @@ fn a_pass_visits_only_the_services_something_happened_to() {
     );
     assert_eq!(s.metrics.pending.get(), 0);
 }
+
+#[test]
+fn a_job_id_is_one_allocation_shared_by_the_model_and_its_indexes() {
+    use super::model::{Cluster, JobRec};
+    let rec = |state, ready| JobRec {
+        info: plugin_api::JobInfo {
+            job: "j-7".into(),
+            service: "web".into(),
+            project: "default".into(),
+            replica: 0,
+            host: "exec-01".into(),
+            state,
+            ready,
+            grants: BTreeMap::new(),
+            generation: 1,
+        },
+        held: None,
+        held_ready: None,
+        log: None,
+    };
+    let mut c = Cluster::default();
+    c.insert_job(rec(JobState::Placed, false));
+    let key = c.job_key("j-7").expect("inserted").clone();
+    // The job map's key, the host index and the service index (and this test's clone).
+    assert_eq!(Arc::strong_count(&key), 4);
+    // A change replaces the record, not the key.
+    c.insert_job(rec(JobState::Running, true));
+    assert!(Arc::ptr_eq(&key, c.job_key("j-7").expect("still live")));
+    assert_eq!(Arc::strong_count(&key), 4);
+    assert_eq!(c.jobs_on("exec-01").count(), 1);
+    c.remove_job("j-7");
+    assert!(c.job_key("j-7").is_none());
+    assert_eq!(
+        Arc::strong_count(&key),
+        1,
+        "no index keeps an ended job's id"
+    );
+}
