@@ -3625,3 +3625,24 @@ fn a_job_id_is_one_allocation_shared_by_the_model_and_its_indexes() {
         "no index keeps an ended job's id"
     );
 }
+
+/// The service detail is written straight into the answer (no `Value` tree of every
+/// job): the text is the one the tree gives, key order included, with jobs, a pending
+/// replica and a slot's last exit in it.
+#[test]
+fn the_service_detail_written_directly_is_the_text_of_its_tree() {
+    let mut s = Sim::new();
+    s.register("exec-01", 2, &[]);
+    s.submit(web("web", "default", 3));
+    s.events("exec-01", vec![started("j-1"), exited("j-2")]);
+    let v = s.core.view();
+    let v = v.borrow();
+    let svc = &v.services[&ServiceKey::new("default", "web")];
+    assert!(!svc.jobs.is_empty() && !svc.pending.is_empty() && !svc.slots.is_empty());
+    let detail = api::services::service_detail(svc);
+    let direct = serde_json::to_string(&detail).unwrap();
+    let tree = serde_json::to_value(&detail).unwrap();
+    assert_eq!(direct, tree.to_string());
+    assert_eq!(tree["jobs"].as_array().map(Vec::len), Some(svc.jobs.len()));
+    assert_eq!(tree["replica_status"].as_array().map(Vec::len), Some(3));
+}
