@@ -3491,6 +3491,64 @@ async fn a_burst_of_queued_commands_is_answered_after_one_settle_per_batch() {
     state.await.unwrap();
 }
 
+/// A burst of queued worker reports also ends its batch once `EVENTS_PER_SETTLE` events
+/// wait for the settle that announces them (each holds a copy of a job's record): 17
+/// reports of 256 events settle twice, not once.
+#[tokio::test]
+async fn queued_reports_settle_once_their_events_reach_the_bound() {
+    use super::task::{self, Command, EVENTS_PER_SETTLE};
+    use tokio::sync::{mpsc, oneshot, watch};
+    const PER_REPORT: usize = 128; // jobs: a start and a readiness each
+    let jobs = EVENTS_PER_SETTLE / 2 + PER_REPORT / 2;
+    let mut sim = Sim::new();
+    sim.register("h1", jobs as u64, &[]);
+    sim.submit(web("web", "default", jobs as u32));
+    let ids: Vec<String> = sim.core.view().borrow().services[&ServiceKey::new("default", "web")]
+        .jobs
+        .iter()
+        .map(|j| j.info().job.clone())
+        .collect();
+    assert_eq!(ids.len(), jobs);
+    let metrics = sim.metrics.clone();
+    let before = metrics.settles.get();
+    let reports = ids.chunks(PER_REPORT).count();
+    let (tx, rx) = mpsc::channel(reports);
+    let mut replies = Vec::new();
+    for chunk in ids.chunks(PER_REPORT) {
+        let (reply, answer) = oneshot::channel();
+        let events = chunk
+            .iter()
+            .flat_map(|j| [started(j), ready(j, true)])
+            .collect();
+        tx.send(Command::Events {
+            host: "h1".into(),
+            caller: worker("h1"),
+            events,
+            reply,
+        })
+        .await
+        .unwrap();
+        replies.push(answer);
+    }
+    assert_eq!(reports, EVENTS_PER_SETTLE / (2 * PER_REPORT) + 1);
+    let (stop, stopped) = watch::channel(false);
+    let (fatal, _) = watch::channel(None);
+    let state = tokio::spawn(task::run(sim.core, rx, stopped, fatal));
+    for (i, answer) in replies.into_iter().enumerate() {
+        answer
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("report {i}: {e}"));
+    }
+    let settles = metrics.settles.get() - before;
+    assert_eq!(
+        settles, 2,
+        "{reports} queued reports settled {settles} times"
+    );
+    stop.send(true).unwrap();
+    state.await.unwrap();
+}
+
 /// A scheduling pass visits only the services something happened to (`core/sched.rs`):
 /// a commit changed their shape, replicas of theirs wait for room, their last replica
 /// became available, or time alone changes them. That nothing is missed is checked at

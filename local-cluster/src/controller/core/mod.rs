@@ -278,6 +278,11 @@ impl std::fmt::Debug for Core {
 // === impl Core ===
 
 impl Core {
+    /// How many committed events wait for the next settle to announce them.
+    pub(crate) fn unannounced(&self) -> usize {
+        self.outbox.len()
+    }
+
     /// Loads the stored state and brings the plugins and listeners up to it: `host_up`
     /// for every known host, `restore` for every live job's grants, then `resync` — all
     /// before the first placement and before anything is served.
