@@ -20,6 +20,7 @@
 pub(crate) mod api;
 mod config;
 mod core;
+mod job_key;
 mod metrics;
 pub(crate) mod model;
 pub mod quota;

@@ -2,6 +2,7 @@
 //! transaction that changes both: a [`Txn`] collects new record values and the events
 //! they cause, is committed to the store as one batch, and only then applied in memory.
 
+use super::job_key::JobKey;
 use super::rollout::Rollout;
 use crate::proto::ExitCause;
 use crate::store::{Batch, Key, Store, StoreError};
@@ -185,13 +186,13 @@ pub(crate) struct Cluster {
     /// [`Cluster::remove_job`], which keep the indexes below. Each record is shared
     /// with the readers' view (`core/view.rs` keeps the same `Arc`): one copy per job,
     /// not one in the model and one in the view; a change replaces the `Arc`.
-    pub(crate) jobs: BTreeMap<JobId, Arc<JobRec>>,
+    pub(crate) jobs: BTreeMap<JobKey, Arc<JobRec>>,
     pub(crate) hosts: BTreeMap<HostId, HostRec>,
     /// The ids of `jobs` by host and by service: `jobs_on` and `jobs_of` read a host's or a
     /// service's jobs without a scan of every job (at 50,000 jobs on 1,000 hosts a scan
     /// per host made each publish 50 million steps).
-    by_host: HashMap<HostId, BTreeSet<JobId>>,
-    by_service: HashMap<ServiceKey, BTreeSet<JobId>>,
+    by_host: HashMap<HostId, BTreeSet<JobKey>>,
+    by_service: HashMap<ServiceKey, BTreeSet<JobKey>>,
 }
 
 /// Why the stored state could not be loaded.
@@ -298,25 +299,32 @@ impl Cluster {
 
     fn indexed<'a>(
         &'a self,
-        ids: Option<&'a BTreeSet<JobId>>,
+        ids: Option<&'a BTreeSet<JobKey>>,
     ) -> impl Iterator<Item = &'a Arc<JobRec>> + 'a {
-        ids.into_iter().flatten().map(|id| &self.jobs[id])
+        ids.into_iter().flatten().map(|id| &self.jobs[&**id])
+    }
+
+    /// The shared id of a live job (see [`JobKey`]).
+    pub(crate) fn job_key(&self, id: &str) -> Option<&JobKey> {
+        self.jobs.get_key_value(id).map(|(k, _)| k)
     }
 
     /// Adds or replaces a job (its host and service never change).
     pub(crate) fn insert_job(&mut self, j: impl Into<Arc<JobRec>>) {
         let j = j.into();
-        let id = j.info.job.clone();
-        if !self.jobs.contains_key(&id) {
-            self.by_host
-                .entry(j.info.host.clone())
-                .or_default()
-                .insert(id.clone());
-            self.by_service
-                .entry(j.info.service_key())
-                .or_default()
-                .insert(id.clone());
+        if let Some(rec) = self.jobs.get_mut(j.info.job.as_str()) {
+            *rec = j;
+            return;
         }
+        let id = JobKey::from(j.info.job.as_str());
+        self.by_host
+            .entry(j.info.host.clone())
+            .or_default()
+            .insert(id.clone());
+        self.by_service
+            .entry(j.info.service_key())
+            .or_default()
+            .insert(id.clone());
         self.jobs.insert(id, j);
     }
 
@@ -472,7 +480,7 @@ impl Txn {
         // thousands of one service's jobs, mostly in a row).
         let mut last: Option<&JobInfo> = None;
         for (id, j) in &self.jobs {
-            let Some(rec) = j.as_ref().or_else(|| c.jobs.get(id).map(|j| &**j)) else {
+            let Some(rec) = j.as_ref().or_else(|| c.jobs.get(id.as_str()).map(|j| &**j)) else {
                 continue;
             };
             let same = last

@@ -3491,6 +3491,64 @@ async fn a_burst_of_queued_commands_is_answered_after_one_settle_per_batch() {
     state.await.unwrap();
 }
 
+/// A burst of queued worker reports also ends its batch once `EVENTS_PER_SETTLE` events
+/// wait for the settle that announces them (each holds a copy of a job's record): 17
+/// reports of 256 events settle twice, not once.
+#[tokio::test]
+async fn queued_reports_settle_once_their_events_reach_the_bound() {
+    use super::task::{self, Command, EVENTS_PER_SETTLE};
+    use tokio::sync::{mpsc, oneshot, watch};
+    const PER_REPORT: usize = 128; // jobs: a start and a readiness each
+    let jobs = EVENTS_PER_SETTLE / 2 + PER_REPORT / 2;
+    let mut sim = Sim::new();
+    sim.register("h1", jobs as u64, &[]);
+    sim.submit(web("web", "default", jobs as u32));
+    let ids: Vec<String> = sim.core.view().borrow().services[&ServiceKey::new("default", "web")]
+        .jobs
+        .iter()
+        .map(|j| j.info().job.clone())
+        .collect();
+    assert_eq!(ids.len(), jobs);
+    let metrics = sim.metrics.clone();
+    let before = metrics.settles.get();
+    let reports = ids.chunks(PER_REPORT).count();
+    let (tx, rx) = mpsc::channel(reports);
+    let mut replies = Vec::new();
+    for chunk in ids.chunks(PER_REPORT) {
+        let (reply, answer) = oneshot::channel();
+        let events = chunk
+            .iter()
+            .flat_map(|j| [started(j), ready(j, true)])
+            .collect();
+        tx.send(Command::Events {
+            host: "h1".into(),
+            caller: worker("h1"),
+            events,
+            reply,
+        })
+        .await
+        .unwrap();
+        replies.push(answer);
+    }
+    assert_eq!(reports, EVENTS_PER_SETTLE / (2 * PER_REPORT) + 1);
+    let (stop, stopped) = watch::channel(false);
+    let (fatal, _) = watch::channel(None);
+    let state = tokio::spawn(task::run(sim.core, rx, stopped, fatal));
+    for (i, answer) in replies.into_iter().enumerate() {
+        answer
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("report {i}: {e}"));
+    }
+    let settles = metrics.settles.get() - before;
+    assert_eq!(
+        settles, 2,
+        "{reports} queued reports settled {settles} times"
+    );
+    stop.send(true).unwrap();
+    state.await.unwrap();
+}
+
 /// A scheduling pass visits only the services something happened to (`core/sched.rs`):
 /// a commit changed their shape, replicas of theirs wait for room, their last replica
 /// became available, or time alone changes them. That nothing is missed is checked at
@@ -3586,4 +3644,63 @@ fn a_pass_visits_only_the_services_something_happened_to() {
         "b's replica replaced"
     );
     assert_eq!(s.metrics.pending.get(), 0);
+}
+
+#[test]
+fn a_job_id_is_one_allocation_shared_by_the_model_and_its_indexes() {
+    use super::model::{Cluster, JobRec};
+    let rec = |state, ready| JobRec {
+        info: plugin_api::JobInfo {
+            job: "j-7".into(),
+            service: "web".into(),
+            project: "default".into(),
+            replica: 0,
+            host: "exec-01".into(),
+            state,
+            ready,
+            grants: BTreeMap::new(),
+            generation: 1,
+        },
+        held: None,
+        held_ready: None,
+        log: None,
+    };
+    let mut c = Cluster::default();
+    c.insert_job(rec(JobState::Placed, false));
+    let key = c.job_key("j-7").expect("inserted").clone();
+    // The job map's key, the host index and the service index (and this test's clone).
+    assert_eq!(Arc::strong_count(&key), 4);
+    // A change replaces the record, not the key.
+    c.insert_job(rec(JobState::Running, true));
+    assert!(Arc::ptr_eq(&key, c.job_key("j-7").expect("still live")));
+    assert_eq!(Arc::strong_count(&key), 4);
+    assert_eq!(c.jobs_on("exec-01").count(), 1);
+    c.remove_job("j-7");
+    assert!(c.job_key("j-7").is_none());
+    assert_eq!(
+        Arc::strong_count(&key),
+        1,
+        "no index keeps an ended job's id"
+    );
+}
+
+/// The service detail is written straight into the answer (no `Value` tree of every
+/// job): the text is the one the tree gives, key order included, with jobs, a pending
+/// replica and a slot's last exit in it.
+#[test]
+fn the_service_detail_written_directly_is_the_text_of_its_tree() {
+    let mut s = Sim::new();
+    s.register("exec-01", 2, &[]);
+    s.submit(web("web", "default", 3));
+    s.events("exec-01", vec![started("j-1"), exited("j-2")]);
+    let v = s.core.view();
+    let v = v.borrow();
+    let svc = &v.services[&ServiceKey::new("default", "web")];
+    assert!(!svc.jobs.is_empty() && !svc.pending.is_empty() && !svc.slots.is_empty());
+    let detail = api::services::service_detail(svc);
+    let direct = serde_json::to_string(&detail).unwrap();
+    let tree = serde_json::to_value(&detail).unwrap();
+    assert_eq!(direct, tree.to_string());
+    assert_eq!(tree["jobs"].as_array().map(Vec::len), Some(svc.jobs.len()));
+    assert_eq!(tree["replica_status"].as_array().map(Vec::len), Some(3));
 }

@@ -7,7 +7,8 @@
 //! commands for changes. Errors are [`ApiError`] JSON; client mistakes are logged at debug
 //! level only.
 
-// Visible to the controller: its tests render replica slots with `replica_json`.
+// Visible to the controller: its tests render replica slots with `replica_json` and
+// compare `service_detail` written directly with its tree.
 pub(super) mod services;
 mod state;
 mod worker;

@@ -157,18 +157,20 @@ impl Core {
             }
             ClusterEvent::Job { rev, job } => {
                 info!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, state = %job.state, ready = job.ready, rev, "job changed");
-                if job.state == JobState::Running {
-                    self.running_since.entry(job.job.clone()).or_insert(now);
+                // Keyed by the model's own id (a job ended later in the same batch is
+                // gone from it, and its `JobEnded` clears the rest).
+                let id = self.cluster.job_key(&job.job);
+                if let (JobState::Running, Some(id)) = (job.state, id) {
+                    self.running_since.keep_first(id, now);
                 }
-                if job.ready {
-                    self.ready_since.entry(job.job.clone()).or_insert(now);
-                } else {
-                    self.ready_since.remove(&job.job);
+                match id {
+                    Some(id) if job.ready => self.ready_since.keep_first(id, now),
+                    _ => _ = self.ready_since.remove(&job.job),
                 }
                 let draining = self
                     .cluster
                     .jobs
-                    .get(&job.job)
+                    .get(job.job.as_str())
                     .is_some_and(|j| j.effective_state() == JobState::Draining);
                 if draining {
                     let drain = self

@@ -22,6 +22,7 @@ mod view;
 mod worker;
 
 use super::config::DisruptionThreshold;
+use super::job_key::JobMap;
 use super::metrics::Metrics;
 use super::model::{Cluster, JobRec, LoadError, Released, ServiceState, SlotRec, Txn};
 use super::quota::{self, Quotas};
@@ -221,7 +222,7 @@ pub(crate) struct Core {
     /// Parsed profiles of older generations that still have jobs, by (service, generation).
     older: HashMap<(ServiceKey, u64), Profile>,
     /// When each ready job became ready (not persisted: a restart waits `min_ready` again).
-    ready_since: HashMap<JobId, Instant>,
+    ready_since: JobMap<Instant>,
     /// When each draining job's drain ends (not persisted: a restart drains in full again,
     /// so a restart never shortens a drain).
     drain_until: HashMap<JobId, Instant>,
@@ -238,7 +239,7 @@ pub(crate) struct Core {
     /// [`Core::withhold`]); they arm no timer until heard, lost, or the disruption ends.
     withheld: BTreeSet<HostId>,
     /// When each running job started running (for the backoff reset).
-    running_since: HashMap<JobId, Instant>,
+    running_since: JobMap<Instant>,
     backoff: HashMap<(ServiceKey, u32), RestartBackoff>,
     pending: BTreeMap<ServiceKey, BTreeMap<u32, String>>,
     assign: HashMap<HostId, watch::Sender<Arc<HostAssignments>>>,
@@ -277,6 +278,11 @@ impl std::fmt::Debug for Core {
 // === impl Core ===
 
 impl Core {
+    /// How many committed events wait for the next settle to announce them.
+    pub(crate) fn unannounced(&self) -> usize {
+        self.outbox.len()
+    }
+
     /// Loads the stored state and brings the plugins and listeners up to it: `host_up`
     /// for every known host, `restore` for every live job's grants, then `resync` — all
     /// before the first placement and before anything is served.
@@ -301,7 +307,7 @@ impl Core {
                 }
             }
         }
-        let mut running_since = HashMap::new();
+        let mut running_since = JobMap::default();
         // Live grants first, then the recently ended jobs' grants again, restored and
         // released in the order they ended: the plugins' free order (a just-released port
         // is handed out last) survives a restart or a takeover. A grant now held by a live
@@ -312,7 +318,7 @@ impl Core {
                 replay.push((h.info.id.clone(), r.clone()));
             }
         }
-        for j in cluster.jobs.values() {
+        for (id, j) in &cluster.jobs {
             for p in &mut plugins {
                 if let Some(g) = j.info.grants.get(p.name()) {
                     if let Err(e) = p.restore(&j.info.host, &j.info.job, g) {
@@ -321,7 +327,7 @@ impl Core {
                 }
             }
             if j.effective_state() == JobState::Running {
-                running_since.insert(j.info.job.clone(), now);
+                running_since.insert(id.clone(), now);
             }
         }
         for (host, r) in &replay {
@@ -347,11 +353,11 @@ impl Core {
                 );
             }
         }
-        let mut ready_since = HashMap::new();
+        let mut ready_since = JobMap::default();
         let mut drain_until = HashMap::new();
-        for j in cluster.jobs.values() {
+        for (id, j) in &cluster.jobs {
             if j.info.ready {
-                ready_since.insert(j.info.job.clone(), now);
+                ready_since.insert(id.clone(), now);
             }
             if j.effective_state() == JobState::Draining {
                 let drain = profiles

@@ -114,7 +114,7 @@ impl Core {
         // Readiness moves of the rest, per service: (became ready, no longer ready).
         let mut moved: HashMap<ServiceKey, (u32, u32)> = HashMap::new();
         for (id, new) in txn.jobs_written() {
-            let old = self.cluster.jobs.get(id).map(|j| &**j);
+            let old = self.cluster.jobs.get(id.as_str()).map(|j| &**j);
             let key = match (old, new) {
                 (Some(o), Some(n)) if progress_only(o, n) => {
                     let m = moved.entry(n.info.service_key()).or_default();

@@ -79,7 +79,8 @@ impl Core {
             let mut budget = Budget::new(self.store.batch_limit());
             let mut done = Vec::new();
             for id in chunk {
-                let Some(mut j) = self.cluster.jobs.get(id).map(|j| JobRec::clone(j)) else {
+                let Some(mut j) = self.cluster.jobs.get(id.as_str()).map(|j| JobRec::clone(j))
+                else {
                     done.push(id.clone());
                     continue;
                 };

@@ -204,7 +204,7 @@ impl Core {
             .filter(|r| {
                 self.cluster
                     .jobs
-                    .get(&r.job)
+                    .get(r.job.as_str())
                     .is_none_or(|j| j.info.host != *host)
             })
             .map(|r| r.job.clone())
