@@ -272,3 +272,6 @@ fn join_small(chunks: &mut Vec<Arc<[JobView]>>) {
         i = j;
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -418,7 +418,7 @@ impl Core {
         // The first view is built whole, and the first pass visits every service.
         core.parts.touch_all(&core.cluster);
         core.sched.mark_all(&core.cluster);
-        core.publish();
+        core.publish(now);
         Ok(core)
     }
 

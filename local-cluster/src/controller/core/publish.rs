@@ -71,8 +71,9 @@ impl Core {
         }
     }
 
-    /// Publishes the assignments, the readers' view and the metrics.
-    pub(super) fn publish(&mut self) {
+    /// Publishes the assignments, the readers' view (its rollout counts at `now`, the
+    /// time the core runs on, as the scheduling pass's) and the metrics.
+    pub(super) fn publish(&mut self, now: Instant) {
         // A host's desired set changes only with its jobs (each change is an event on
         // the outbox) or its own record: rebuild those hosts' sets, and those of hosts
         // without one yet, rather than every host's (at 1,000 hosts, 50 times the work
@@ -100,7 +101,6 @@ impl Core {
                 self.publish_host(h);
             }
         }
-        let now = Instant::now();
         let view = self.build_view(&hosts, now);
         #[cfg(test)]
         self.check_view(&view, now);
