@@ -459,8 +459,6 @@ impl Txn {
         stored.chain(ours).map(|j| j.info.service_key()).collect()
     }
 
-    /// Adds the services whose records or jobs this transaction writes (`c` before it is
-    /// applied: a job it removes is still there).
     /// The services this transaction writes: each one's new record, `None` when removed
     /// (a job write also rewrites its service's record, with the new `rev`).
     pub(crate) fn services_written(
@@ -472,24 +470,6 @@ impl Txn {
     /// The jobs this transaction writes: each one's new record, `None` when it ends.
     pub(crate) fn jobs_written(&self) -> impl Iterator<Item = (&JobId, Option<&JobRec>)> + '_ {
         self.jobs.iter().map(|(id, j)| (id, j.as_ref()))
-    }
-
-    pub(crate) fn touched_services(&self, c: &Cluster, out: &mut BTreeSet<ServiceKey>) {
-        out.extend(self.services.keys().cloned());
-        // A key built once per run of one service's jobs, not per job (a pass writes
-        // thousands of one service's jobs, mostly in a row).
-        let mut last: Option<&JobInfo> = None;
-        for (id, j) in &self.jobs {
-            let Some(rec) = j.as_ref().or_else(|| c.jobs.get(id.as_str()).map(|j| &**j)) else {
-                continue;
-            };
-            let same = last
-                .is_some_and(|l| l.service == rec.info.service && l.project == rec.info.project);
-            if !same {
-                out.insert(rec.info.service_key());
-                last = Some(&rec.info);
-            }
-        }
     }
 
     /// The id [`new_job_id`](Self::new_job_id) would take next.

@@ -551,6 +551,37 @@ fn versioned(replicas: u32, command: &str) -> Value {
                        "drain": "2s", "update": {"max_surge": 1, "max_unavailable": 0}}})
 }
 
+/// The readers' rollout counts follow `min_ready` with time alone: a ready replica of the
+/// current generation counts as available once it has been ready that long, with no event
+/// (the service's part is patched then; every publish is compared with a full rebuild).
+#[test]
+fn a_replica_counts_as_available_once_ready_for_min_ready() {
+    let mut sim = Sim::new();
+    sim.register("exec-01", 10, &[]);
+    let mut doc = versioned(2, "v1");
+    doc["service"]["update"]["min_ready"] = json!("3s");
+    sim.put(doc);
+    let counts = |sim: &Sim| {
+        let v = sim.core.view();
+        let v = v.borrow();
+        let s = &v.services[&ServiceKey::new("default", "web")];
+        (s.counts.ready, s.counts.available)
+    };
+    assert_eq!(counts(&sim), (0, 0));
+    sim.events("exec-01", vec![started("j-1"), ready("j-1", true)]);
+    sim.run_for(1, &["exec-01"]);
+    sim.events("exec-01", vec![started("j-2"), ready("j-2", true)]);
+    assert_eq!(counts(&sim), (2, 0), "ready, not for min_ready yet");
+    sim.run_for(2, &["exec-01"]);
+    assert_eq!(counts(&sim), (2, 1), "j-1 ready for 3s, j-2 for 2s");
+    sim.run_for(1, &["exec-01"]);
+    assert_eq!(counts(&sim), (2, 2), "both ready for 3s");
+    sim.events("exec-01", vec![ready("j-1", false)]);
+    assert_eq!(counts(&sim), (1, 1), "j-1 no longer ready");
+    sim.events("exec-01", vec![ready("j-1", true)]);
+    assert_eq!(counts(&sim), (2, 1), "j-1 waits for min_ready again");
+}
+
 #[test]
 fn a_rolling_update_drains_before_stop_and_a_broken_one_is_rolled_back() {
     let mut sim = Sim::new();

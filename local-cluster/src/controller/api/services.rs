@@ -137,10 +137,7 @@ pub(crate) fn replica_json(s: &ServiceView, replica: u32) -> Value {
     let slot = s.slots.get(&replica);
     // The newest live job of the slot that has a log (jobs are sorted by replica, then
     // job number).
-    let live = s
-        .jobs
-        .iter()
-        .rfind(|j| j.rec.info.replica == replica && j.rec.log.is_some());
+    let live = s.jobs.of_replica(replica).rfind(|j| j.rec.log.is_some());
     let (log, host) = match live {
         Some(j) => (j.rec.log.clone(), Some(j.rec.info.host.clone())),
         None => (

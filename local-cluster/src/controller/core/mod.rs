@@ -14,6 +14,7 @@
 mod assign;
 mod commands;
 mod commit;
+mod jobs;
 mod placement;
 mod publish;
 mod sched;
@@ -30,9 +31,10 @@ use super::rollout::{self, Counts, JobFacts, Phase, Rollout};
 use crate::profile::{self, Profile};
 use crate::store::{Store, StoreError};
 pub(crate) use assign::HostAssignments;
+pub(crate) use jobs::{JobView, Jobs};
 use plugin_api::{
-    ClusterEvent, ClusterListener, FieldError, HostFactsPolicy, HostId, HostInfo, JobId, JobInfo,
-    JobState, ResourcePlugin, ServiceInfo, ServiceKey,
+    ClusterEvent, ClusterListener, FieldError, HostFactsPolicy, HostId, HostInfo, JobId, JobState,
+    ResourcePlugin, ServiceInfo, ServiceKey,
 };
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -105,10 +107,34 @@ struct RestartBackoff {
 pub(super) struct Parts {
     services: BTreeMap<ServiceKey, Arc<ServiceView>>,
     hosts: BTreeMap<HostId, Arc<HostView>>,
-    /// Services whose records a commit changed since the last publish.
-    dirty: BTreeSet<ServiceKey>,
+    /// Services whose records a commit changed since the last publish, with the jobs
+    /// (replica, id) it wrote: a publish patches those jobs into the service's part.
+    dirty: BTreeMap<ServiceKey, Vec<(u32, JobId)>>,
     /// Services whose rollout counts change with time alone, and when next.
     timed: BTreeMap<ServiceKey, Instant>,
+    /// What each service's counts were computed with, for a patch to update them.
+    books: HashMap<ServiceKey, Book>,
+    /// The job gauges, kept from each commit's writes rather than counted at every
+    /// publish (kept by `publish.rs`).
+    tally: Tally,
+}
+
+/// What a service's part counted its rollout counts with: a patch updates the counts
+/// from the jobs that changed if these are the same, else rebuilds them.
+#[derive(Debug, Clone, PartialEq, Default)]
+struct Book {
+    min_ready: Duration,
+    /// Live ready current-generation jobs not available yet (`min_ready` not over, or
+    /// no `ready_since`): the only jobs whose counts time alone changes.
+    waiting: BTreeSet<JobId>,
+}
+
+/// The jobs by state, for the gauges: `by_state` in the order of `publish.rs`'s
+/// `STATES`, `draining` by effective state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Tally {
+    draining: i64,
+    by_state: [i64; 5],
 }
 
 /// Which active services the next scheduling pass visits (kept by `sched.rs`; declared
@@ -144,7 +170,8 @@ pub(crate) struct View {
 pub(crate) struct ServiceView {
     pub(crate) info: ServiceInfo,
     pub(crate) state: ServiceState,
-    pub(crate) jobs: Vec<JobView>,
+    /// In replica, then job number order (see `jobs.rs`).
+    pub(crate) jobs: Jobs,
     /// `(replica, reason)` of replicas without a live job.
     pub(crate) pending: Vec<(u32, String)>,
     pub(crate) rollout: Rollout,
@@ -160,35 +187,6 @@ pub(crate) enum Applied {
     /// A new generation (a rollout started), or new settings or replica count in place.
     Updated,
     Unchanged,
-}
-
-/// One job as readers see it: the model's own record (shared, not copied) and its
-/// plugins' grant summaries.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct JobView {
-    /// The job's record, the same `Arc` as the model's (`JobRec::log`: its log file on
-    /// its host, once the worker reported the start).
-    pub(crate) rec: Arc<JobRec>,
-    /// Plugin grant summaries by plugin name, as one JSON object's text (`None`: no
-    /// plugin has one). Text, not a `serde_json::Value` map: the maps cost 1.3 KB a job
-    /// in B-tree nodes (a heap profile), the text a few dozen bytes; an answer parses it
-    /// back. An `Arc`: a rebuilt part reuses the last one's text for a job whose grants
-    /// did not change, without copying it.
-    pub(crate) summaries: Option<Arc<str>>,
-}
-
-impl JobView {
-    pub(crate) fn info(&self) -> &JobInfo {
-        &self.rec.info
-    }
-}
-
-/// A job's view reads as its record (`view.info`, `view.log`).
-impl std::ops::Deref for JobView {
-    type Target = JobRec;
-    fn deref(&self) -> &JobRec {
-        &self.rec
-    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -426,7 +424,7 @@ impl Core {
         // The first view is built whole, and the first pass visits every service.
         core.parts.touch_all(&core.cluster);
         core.sched.mark_all(&core.cluster);
-        core.publish();
+        core.publish(now);
         Ok(core)
     }
 

@@ -82,7 +82,7 @@ impl Core {
         }
         #[cfg(test)]
         self.check_skipped(now);
-        self.publish();
+        self.publish(now);
         self.dirty = false;
     }
 

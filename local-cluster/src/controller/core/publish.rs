@@ -3,7 +3,8 @@
 //! committed events for the `ClusterListener`s (so no listener is ahead of the view).
 
 use super::assign::{HostAssignments, JobAssignment};
-use super::{Core, View};
+use super::{Core, Tally, View};
+use crate::controller::model::{Cluster, JobRec};
 use crate::proto::Desired;
 use plugin_api::{ClusterEvent, HostId, HostState, JobState};
 use std::collections::BTreeSet;
@@ -70,8 +71,9 @@ impl Core {
         }
     }
 
-    /// Publishes the assignments, the readers' view and the metrics.
-    pub(super) fn publish(&mut self) {
+    /// Publishes the assignments, the readers' view (its rollout counts at `now`, the
+    /// time the core runs on, as the scheduling pass's) and the metrics.
+    pub(super) fn publish(&mut self, now: Instant) {
         // A host's desired set changes only with its jobs (each change is an event on
         // the outbox) or its own record: rebuild those hosts' sets, and those of hosts
         // without one yet, rather than every host's (at 1,000 hosts, 50 times the work
@@ -99,7 +101,6 @@ impl Core {
                 self.publish_host(h);
             }
         }
-        let now = Instant::now();
         let view = self.build_view(&hosts, now);
         #[cfg(test)]
         self.check_view(&view, now);
@@ -107,27 +108,18 @@ impl Core {
         let c = &self.cluster;
 
         let m = &self.metrics;
-        // One pass over the jobs for every state's count.
-        let mut draining = 0;
-        let mut by_state = [0usize; 5];
-        const STATES: [(JobState, &str); 5] = [
-            (JobState::Placed, "placed"),
-            (JobState::Running, "running"),
-            (JobState::Draining, "draining"),
-            (JobState::Stopping, "stopping"),
-            (JobState::Unknown, "unknown"),
-        ];
-        for j in c.jobs.values() {
-            if j.effective_state() == JobState::Draining {
-                draining += 1;
-            }
-            if let Some(i) = STATES.iter().position(|(s, _)| *s == j.info.state) {
-                by_state[i] += 1;
-            }
-        }
-        m.draining.set(draining);
-        for ((_, name), n) in STATES.iter().zip(by_state) {
-            m.set_jobs(name, n);
+        // The job gauges are kept by each commit (`Parts::touch`), not counted here: a
+        // count of every job at every publish was O(jobs) per settle.
+        #[cfg(test)]
+        assert_eq!(
+            self.parts.tally,
+            Tally::of(c),
+            "the job gauges kept by the commits differ from a count"
+        );
+        let tally = self.parts.tally;
+        m.draining.set(tally.draining);
+        for ((_, name), n) in STATES.iter().zip(tally.by_state) {
+            m.set_jobs(name, usize::try_from(n).unwrap_or(0));
         }
         for (state, name) in [
             (HostState::Ready, "ready"),
@@ -146,6 +138,39 @@ impl Core {
         let events = std::mem::take(&mut self.outbox);
         for l in &self.listeners {
             l.on_events(&events);
+        }
+    }
+}
+
+/// The states the `xce_jobs` gauge counts, in [`Tally::by_state`]'s order.
+const STATES: [(JobState, &str); 5] = [
+    (JobState::Placed, "placed"),
+    (JobState::Running, "running"),
+    (JobState::Draining, "draining"),
+    (JobState::Stopping, "stopping"),
+    (JobState::Unknown, "unknown"),
+];
+
+impl Tally {
+    /// Every job of `c` counted.
+    pub(super) fn of(c: &Cluster) -> Tally {
+        let mut t = Tally::default();
+        for j in c.jobs.values() {
+            t.count(Some(j), 1);
+        }
+        t
+    }
+
+    /// Counts `j` (if any) `by` times: 1 for a job's new record, -1 for its old one.
+    pub(super) fn count(&mut self, j: Option<&JobRec>, by: i64) {
+        let Some(j) = j else {
+            return;
+        };
+        if j.effective_state() == JobState::Draining {
+            self.draining += by;
+        }
+        if let Some(i) = STATES.iter().position(|(s, _)| *s == j.info.state) {
+            self.by_state[i] += by;
         }
     }
 }
