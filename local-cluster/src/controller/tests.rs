@@ -3475,8 +3475,9 @@ mod scale;
 
 /// Commands queued together are applied first and answered after one settle (per
 /// `COMMANDS_PER_SETTLE`): with a settle after each, placing n replicas reported by many
-/// workers at once costs O(n²) and heartbeats queue behind the rebuilds.
-#[tokio::test]
+/// workers at once costs O(n²) and heartbeats queue behind the rebuilds. On a paused
+/// clock, as the next test.
+#[tokio::test(start_paused = true)]
 async fn a_burst_of_queued_commands_is_answered_after_one_settle_per_batch() {
     use super::task::{self, Command, COMMANDS_PER_SETTLE};
     use tokio::sync::{mpsc, oneshot, watch};
@@ -3524,8 +3525,9 @@ async fn a_burst_of_queued_commands_is_answered_after_one_settle_per_batch() {
 
 /// A burst of queued worker reports also ends its batch once `EVENTS_PER_SETTLE` events
 /// wait for the settle that announces them (each holds a copy of a job's record): 17
-/// reports of 256 events settle twice, not once.
-#[tokio::test]
+/// reports of 256 events settle twice, not once. On a paused clock: the hosts'
+/// heartbeat deadlines must not come due while a slow (debug, loaded) run works.
+#[tokio::test(start_paused = true)]
 async fn queued_reports_settle_once_their_events_reach_the_bound() {
     use super::task::{self, Command, EVENTS_PER_SETTLE};
     use tokio::sync::{mpsc, oneshot, watch};

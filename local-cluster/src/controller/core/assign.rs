@@ -86,7 +86,7 @@ impl JobAssignment {
 
     /// Whether both say the same to a worker (a job's state or readiness changing
     /// alone does not change what its worker is told).
-    fn same(&self, o: &JobAssignment) -> bool {
+    pub(crate) fn same(&self, o: &JobAssignment) -> bool {
         let (a, b) = (&self.rec.info, &o.rec.info);
         a.job == b.job
             && a.service == b.service

@@ -110,6 +110,7 @@ impl Core {
         }
         self.store_retry = None;
         self.parts.touch(&txn, &self.cluster);
+        self.note_assign(&txn);
         self.touch_sched(&txn, now);
         let (events, after) = txn.apply(&mut self.cluster);
         self.dirty = true;

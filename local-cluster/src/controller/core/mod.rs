@@ -241,6 +241,9 @@ pub(crate) struct Core {
     backoff: HashMap<(ServiceKey, u32), RestartBackoff>,
     pending: BTreeMap<ServiceKey, BTreeMap<u32, String>>,
     assign: HashMap<HostId, watch::Sender<Arc<HostAssignments>>>,
+    /// The jobs each commit wrote since the last publish, by host (see
+    /// [`Core::note_assign`]).
+    assign_touched: HashMap<HostId, Vec<JobId>>,
     view: watch::Sender<Arc<View>>,
     /// The parts of the last published view, and which of them a commit changed since.
     parts: Parts,
@@ -400,6 +403,7 @@ impl Core {
             backoff: HashMap::new(),
             pending: BTreeMap::new(),
             assign: HashMap::new(),
+            assign_touched: HashMap::new(),
             view,
             parts: Parts::default(),
             sched: Sched::default(),

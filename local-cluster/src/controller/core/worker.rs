@@ -23,7 +23,11 @@ impl Core {
         caller: &Caller,
     ) -> Result<watch::Receiver<Arc<HostAssignments>>, CoreError> {
         self.check_holder(host, caller, "assignments query")?;
-        self.publish_host(host);
+        // Every publish keeps the set current; a host gets its first at the publish
+        // after its registration.
+        if !self.assign.contains_key(host) {
+            self.publish_host(host);
+        }
         self.assign
             .get(host)
             .map(|tx| tx.subscribe())
