@@ -19,7 +19,7 @@ const NS_SERVICE: &str = "service";
 const NS_JOB: &str = "job";
 const NS_HOST: &str = "host";
 /// `meta/events`: the events of the last committed batch, rewritten by every batch that
-/// has any. Nobody reads it back at start; a follower of the store's change history (a
+/// has any, in a store that others follow (etcd; see `Store::journals_events`). Nobody reads it back at start; a follower of the store's change history (a
 /// separate apiserver watching etcd) reads every version of it, in order, to learn the
 /// events without a controller to push them.
 const EVENTS: &str = "events";
@@ -599,7 +599,16 @@ impl Txn {
         self.hosts.insert(h.info.id.clone(), Some(h));
     }
 
+    /// The store batch, with `meta/events` (what followers of the store read; tests that
+    /// write a followed store as the controller does).
+    #[cfg(test)]
     pub(crate) fn batch(&self) -> Batch {
+        self.batch_for(true)
+    }
+
+    /// The store batch; with `meta/events` when `events` (see
+    /// [`Store::journals_events`](crate::store::Store::journals_events)).
+    pub(crate) fn batch_for(&self, events: bool) -> Batch {
         fn enc<T: Serialize>(v: &T) -> Vec<u8> {
             serde_json::to_vec(v).expect("records serialize to JSON")
         }
@@ -624,7 +633,7 @@ impl Txn {
             section(NS_META, "next_job", Some(enc(&n)));
         }
         section(NS_META, "rev", Some(enc(&self.rev)));
-        if !self.events.is_empty() {
+        if events && !self.events.is_empty() {
             section(NS_META, EVENTS, Some(enc(&self.events)));
         }
         b

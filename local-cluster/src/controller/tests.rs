@@ -3338,6 +3338,8 @@ fn a_worker_of_another_cluster_is_refused() {
 struct Counting {
     inner: Arc<dyn Store>,
     commits: std::sync::atomic::AtomicUsize,
+    /// What it answers to `journals_events` (as etcd when true).
+    journals: bool,
 }
 
 impl Store for Counting {
@@ -3351,6 +3353,56 @@ impl Store for Counting {
     }
     fn put_if_absent(&self, key: Key, value: Vec<u8>) -> Result<Vec<u8>, StoreError> {
         self.inner.put_if_absent(key, value)
+    }
+    fn journals_events(&self) -> bool {
+        self.journals
+    }
+}
+
+/// Each batch carries its events (`meta/events`) only to a store others follow: an
+/// embedded store has no reader for them. In the followed one they are the last batch's.
+#[test]
+fn only_a_followed_store_gets_the_batches_events() {
+    for journals in [false, true] {
+        let inner = Arc::new(MemStore::new());
+        let store = Arc::new(Counting {
+            inner: inner.clone(),
+            commits: 0.into(),
+            journals,
+        });
+        let wiring = Wiring {
+            resources: vec![Box::new(SharedSlots::new())],
+            policies: vec![Arc::new(Policy)],
+            listeners: vec![],
+        };
+        let now = Instant::now();
+        let mut core = Core::load(TIMING, store.clone(), wiring, Metrics::default(), now).unwrap();
+        let req = RegisterRequest {
+            facts: facts_of("exec-01", 10),
+            running: vec![],
+        };
+        core.register(&"exec-01".into(), &worker("exec-01"), req, now)
+            .unwrap();
+        core.submit(web("web", "default", 3), None, &admin(), now)
+            .unwrap();
+        core.settle(now);
+        let stored = inner.load_all().unwrap();
+        let events = stored
+            .iter()
+            .find(|(k, _)| *k == crate::controller::model::events_key());
+        match (journals, events) {
+            (false, None) => {}
+            (true, Some((_, bytes))) => {
+                let last = crate::controller::model::decode_events(bytes).unwrap();
+                let placed = last
+                    .iter()
+                    .filter(|e| matches!(e, ClusterEvent::Job { .. }))
+                    .count();
+                assert_eq!(placed, 3, "the placing batch's events: {last:?}");
+            }
+            (j, e) => panic!("journals_events={j}: meta/events stored: {}", e.is_some()),
+        }
+        assert!(store.commits.load(std::sync::atomic::Ordering::SeqCst) >= 2);
     }
 }
 
@@ -3374,6 +3426,7 @@ fn numbers_a_thousand_replicas_are_placed_with_one_batch_per_pass() {
         let store = Arc::new(Counting {
             inner,
             commits: 0.into(),
+            journals: false,
         });
         let wiring = Wiring {
             resources: vec![Box::new(SharedSlots::new())],

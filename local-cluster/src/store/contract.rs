@@ -155,4 +155,11 @@ pub trait Store: Send + Sync + 'static {
     fn batch_limit(&self) -> BatchLimit {
         BatchLimit::EMBEDDED
     }
+    /// Whether each batch must also carry its events (the controller's `meta/events`):
+    /// true for a store that others follow by watching it (etcd: `xced apiserver`). An
+    /// embedded store has no followers, and writing the events there doubled every
+    /// batch's encoding for nobody.
+    fn journals_events(&self) -> bool {
+        false
+    }
 }

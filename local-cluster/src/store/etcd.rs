@@ -606,6 +606,11 @@ impl Store for EtcdStore {
 
     /// One transaction: fewer ops than `--max-txn-ops` with the fence, and key and value
     /// bytes (keys with the prefix) within one request.
+    /// Apiservers follow etcd through `meta/events`.
+    fn journals_events(&self) -> bool {
+        true
+    }
+
     fn batch_limit(&self) -> BatchLimit {
         let ops = self.max_ops - 1;
         BatchLimit {

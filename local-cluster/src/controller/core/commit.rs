@@ -83,7 +83,7 @@ impl Core {
         if txn.is_empty() {
             return Ok(());
         }
-        let batch = txn.batch();
+        let batch = txn.batch_for(self.store.journals_events());
         let limit = self.store.batch_limit();
         if !limit.admits(&batch) {
             // Only changes the controller does not cut (a worker's report, a host lost)

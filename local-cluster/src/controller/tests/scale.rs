@@ -82,6 +82,10 @@ impl Store for Recording {
     fn batch_limit(&self) -> BatchLimit {
         self.limit
     }
+    /// As etcd, whose limits these tests hold the batches to.
+    fn journals_events(&self) -> bool {
+        true
+    }
 }
 
 /// A core on `store` with `hosts` hosts of `slots` slots each.
