@@ -3342,6 +3342,24 @@ struct Counting {
     journals: bool,
 }
 
+impl Counting {
+    /// A core with one slots plugin on a counting `inner`.
+    fn core(inner: Arc<dyn Store>, journals: bool, now: Instant) -> (Arc<Counting>, Core) {
+        let store = Arc::new(Counting {
+            inner,
+            commits: 0.into(),
+            journals,
+        });
+        let wiring = Wiring {
+            resources: vec![Box::new(SharedSlots::new())],
+            policies: vec![Arc::new(Policy)],
+            listeners: vec![],
+        };
+        let core = Core::load(TIMING, store.clone(), wiring, Metrics::default(), now).unwrap();
+        (store, core)
+    }
+}
+
 impl Store for Counting {
     fn load_all(&self) -> Result<Vec<(Key, Vec<u8>)>, StoreError> {
         self.inner.load_all()
@@ -3365,18 +3383,8 @@ impl Store for Counting {
 fn only_a_followed_store_gets_the_batches_events() {
     for journals in [false, true] {
         let inner = Arc::new(MemStore::new());
-        let store = Arc::new(Counting {
-            inner: inner.clone(),
-            commits: 0.into(),
-            journals,
-        });
-        let wiring = Wiring {
-            resources: vec![Box::new(SharedSlots::new())],
-            policies: vec![Arc::new(Policy)],
-            listeners: vec![],
-        };
         let now = Instant::now();
-        let mut core = Core::load(TIMING, store.clone(), wiring, Metrics::default(), now).unwrap();
+        let (store, mut core) = Counting::core(inner.clone(), journals, now);
         let req = RegisterRequest {
             facts: facts_of("exec-01", 10),
             running: vec![],
@@ -3423,18 +3431,8 @@ fn numbers_a_thousand_replicas_are_placed_with_one_batch_per_pass() {
     ];
     let hosts: Vec<String> = (1..=10).map(|i| format!("exec-{i:02}")).collect();
     for (name, inner) in stores {
-        let store = Arc::new(Counting {
-            inner,
-            commits: 0.into(),
-            journals: false,
-        });
-        let wiring = Wiring {
-            resources: vec![Box::new(SharedSlots::new())],
-            policies: vec![Arc::new(Policy)],
-            listeners: vec![],
-        };
         let now = Instant::now();
-        let mut core = Core::load(TIMING, store.clone(), wiring, Metrics::default(), now).unwrap();
+        let (store, mut core) = Counting::core(inner, false, now);
         for h in &hosts {
             let req = RegisterRequest {
                 facts: facts_of(h, 100),
