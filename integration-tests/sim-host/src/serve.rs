@@ -109,12 +109,13 @@ impl Server {
 /// Why: in a cluster the apiserver side runs apart from the controller; here it shares 2
 /// cores with the placing thread, and the batch a placement pass announces wakes its feed
 /// pump at the pass's end. On a busy machine the woken pump preempted the placing thread
-/// there, nearly once per announced batch (10,000–12,000 involuntary switches of the
-/// placing thread while announcing, in the load phase at load 7–9; about 2,000 with the
-/// pump under `SCHED_BATCH`), and its time queued for a core again counted in the pass
-/// (a third to a half of the passes' wall time). Under `SCHED_BATCH` the pump runs when
-/// the placing thread waits for it (the checks wait for it to catch up): the same work, the
-/// same entries checked.
+/// there, nearly once per announced batch (8,800–12,000 involuntary switches of the
+/// placing thread while announcing in the load phase at load 7–9, also with the pump at
+/// nice 19; 1,500–2,100 with it under `SCHED_BATCH`), and its time queued for a core again
+/// counted in the pass (a third to a half of the passes' wall time). Under `SCHED_BATCH`
+/// the pump runs when the placing thread waits for it (the checks wait for it to catch
+/// up): the same work, the same entries checked. The price, on a busy machine only: a
+/// check waits longer for the pump, which no longer preempts anything to run.
 ///
 /// `chrt` (util-linux) sets it: the workspace forbids the `unsafe` of a direct
 /// `sched_setscheduler` call, and no safe wrapper of it is in the dependencies. Without
