@@ -40,13 +40,14 @@ fn main() {
     }
     println!(
         "SUMMARY sim hosts={} replicas={} violations={} placements_per_s={:.0} \
-         placements_per_s_without_listeners={:.0} seed={}",
+         placements_per_s_without_listeners={:.0} seed={} placements_per_cpu_s={:.0}",
         r.hosts,
         r.replicas,
         r.violations.len(),
         r.placements_per_s(),
         r.placements_per_s_without_listeners(),
         r.seed,
+        r.placements_per_cpu_s(),
     );
     println!(
         "FIGURE sim events={} placements={} commits={} checks={} http_reads={} envs={} \
@@ -85,6 +86,13 @@ fn main() {
             p.launch.as_secs_f64(),
         );
     }
+    // The placing thread's CPU time in the passes beside their wall time: the difference is
+    // time it waited for a core (other processes, or the apiserver side's thread).
+    println!(
+        "PHASES placing_cpu total={:.2}s wall={:.2}s",
+        r.load_place_cpu.as_secs_f64(),
+        r.load_place.as_secs_f64(),
+    );
     println!(
         "PHASES setup={:.2}s load_placing={:.2}s churn={:.2}s teardown={:.2}s checks={:.2}s",
         r.setup.as_secs_f64(),

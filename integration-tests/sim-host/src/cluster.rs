@@ -14,13 +14,15 @@ use plugin_api::{
     HostInfo, HostState, JobInfo, JobState, PlacementRequest, ResourcePlugin, ServiceInfo,
     ServiceKey,
 };
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 mod host_jobs;
+mod job_table;
 mod jobs;
 
 use host_jobs::HostJobs;
+use job_table::JobTable;
 
 /// What the host did, reported to the scenario (and from there to the model).
 #[derive(Debug, Clone)]
@@ -77,7 +79,7 @@ pub(crate) struct Cluster {
     sched: Scheduler,
     hosts: Vec<HostRec>,
     services: BTreeMap<ServiceKey, ServiceRec>,
-    jobs: HashMap<u64, JobRec>,
+    jobs: JobTable<JobRec>,
     next_job: u64,
     /// Slots waiting for a placement: (service, slot).
     pending: Vec<(ServiceKey, u32)>,
@@ -133,7 +135,7 @@ impl Cluster {
                 })
                 .collect(),
             services: BTreeMap::new(),
-            jobs: HashMap::new(),
+            jobs: JobTable::default(),
             next_job: 1,
             pending: Vec::new(),
             fault,
@@ -193,11 +195,11 @@ impl Cluster {
         self.store.commits()
     }
 
-    /// Makes room for `jobs` live jobs at once (the run's size is known): grown one
-    /// placement at a time, the job table rehashed and moved every record each time it
-    /// doubled, inside the placement passes.
+    /// Makes room for `jobs` more jobs at once (the run's size is known): grown one
+    /// placement at a time, the job table moved every record each time it doubled,
+    /// inside the placement passes.
     pub(crate) fn expect_jobs(&mut self, jobs: usize) {
-        self.jobs.reserve(jobs.saturating_sub(self.jobs.len()));
+        self.jobs.reserve(jobs);
     }
 
     pub(crate) fn live_jobs(&self) -> usize {
