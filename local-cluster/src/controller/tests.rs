@@ -3689,7 +3689,7 @@ fn a_job_id_is_one_allocation_shared_by_the_model_and_its_indexes() {
             host: "exec-01".into(),
             state,
             ready,
-            grants: BTreeMap::new(),
+            grants: plugin_api::Grants::new(),
             generation: 1,
         },
         held: None,
