@@ -24,7 +24,6 @@ use plugin_api::{
     HostState, JobInfo, JobState, Permission, Principal, PrincipalKind, ServiceInfo,
 };
 use port_resource::grant::{GrantedPort, PortGrant, Protocol};
-use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
@@ -304,7 +303,7 @@ fn job(i: usize) -> JobInfo {
         host: "h-0".into(),
         state: JobState::Running,
         ready: true,
-        grants: BTreeMap::from([(port_resource::PLUGIN_NAME.to_owned(), grant.to_grant())]),
+        grants: plugin_api::Grants::from([(port_resource::PLUGIN_NAME, grant.to_grant())]),
         generation: 1,
     }
 }

@@ -25,7 +25,6 @@ use plugin_api::{
     HostState, JobInfo, JobState, Permission, Principal, PrincipalKind, ServiceInfo, ServiceKey,
 };
 use port_resource::grant::{GrantedPort, PortGrant, Protocol};
-use std::collections::BTreeMap;
 use std::time::Instant;
 use tower::ServiceExt;
 
@@ -203,7 +202,7 @@ fn job(s: usize, r: usize, n: usize, state: JobState, ready: bool) -> JobInfo {
         host: format!("host-{:05}", n % HOSTS),
         state,
         ready,
-        grants: BTreeMap::from([(port_resource::PLUGIN_NAME.to_owned(), grant.to_grant())]),
+        grants: plugin_api::Grants::from([(port_resource::PLUGIN_NAME, grant.to_grant())]),
         generation: 1,
     }
 }

@@ -5,7 +5,6 @@ use plugin_api::{
     ServiceKey,
 };
 use port_resource::grant::{GrantedPort, PortGrant, Protocol};
-use std::collections::BTreeMap;
 
 /// A service declaring `ports` (all tcp).
 pub(crate) fn service(name: &str, project: &str, ports: &[&str]) -> ServiceInfo {
@@ -50,7 +49,7 @@ pub(crate) fn job(
         host: host.into(),
         state: JobState::Running,
         ready: true,
-        grants: BTreeMap::from([(port_resource::PLUGIN_NAME.to_owned(), grant.to_grant())]),
+        grants: plugin_api::Grants::from([(port_resource::PLUGIN_NAME, grant.to_grant())]),
         generation: 1,
     }
 }

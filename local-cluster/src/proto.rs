@@ -35,9 +35,8 @@
 //! Change-driven: assignments are a blocking query (the worker wakes only when its host's
 //! desired set changed); readiness is reported as transitions only.
 
-use plugin_api::{Grant, HostFacts, JobId, LaunchRefusal};
+use plugin_api::{Grants, HostFacts, JobId, LaunchRefusal};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::profile::Readiness;
@@ -144,7 +143,7 @@ pub struct Assignment {
     /// `command`.
     pub readiness: Option<Arc<Readiness>>,
     /// Resource grants by plugin name (for the launch hooks).
-    pub grants: BTreeMap<String, Grant>,
+    pub grants: Grants,
     /// Run or stop.
     pub desired: Desired,
 }

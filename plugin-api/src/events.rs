@@ -1,8 +1,7 @@
 //! The controller's change feed: job lifecycle, readiness transitions, host changes.
 
 use crate::facts::HostFacts;
-use crate::vocab::{Grant, HostId, JobId};
-use std::collections::BTreeMap;
+use crate::vocab::{Grants, HostId, JobId};
 
 /// What identifies a service: its project and its name. Two projects may each have a
 /// service of the same name; nothing else tells them apart.
@@ -162,7 +161,7 @@ pub struct JobInfo {
     /// `Unknown` within the grace period).
     pub ready: bool,
     /// Resource grants, keyed by plugin name.
-    pub grants: BTreeMap<String, Grant>,
+    pub grants: Grants,
     /// The generation of the service profile this job runs (see
     /// [`ServiceInfo::generation`]).
     #[serde(default = "first_generation")]

@@ -1,6 +1,6 @@
 //! The worker's launch extension point.
 
-use crate::vocab::{Grant, HostId, JobId};
+use crate::vocab::{Grants, HostId, JobId};
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -21,7 +21,7 @@ pub struct LaunchContext {
     /// The host's advertised address as last reported.
     pub host_ip: Option<IpAddr>,
     /// The grants of every resource plugin, keyed by plugin name.
-    pub grants: BTreeMap<String, Grant>,
+    pub grants: Grants,
 }
 
 /// What the worker will start: filled in by the launch hooks, in order.

@@ -22,6 +22,7 @@ mod error_body;
 mod events;
 mod facts;
 mod grant;
+mod grants;
 pub mod http2;
 mod launch;
 mod name;
@@ -41,4 +42,4 @@ pub use facts::{FactsError, HostAddress, HostFacts, HostFactsPolicy, HostFactsPr
 pub use launch::{LaunchContext, LaunchHook, LaunchPlan, LaunchRefusal};
 pub use name::{check_name, InvalidName, MAX_NAME_LEN};
 pub use resource::{PlacementRequest, ResourcePlugin, SectionInfo, Unfit};
-pub use vocab::{FieldError, Grant, GrantError, HostId, JobId};
+pub use vocab::{FieldError, Grant, GrantError, Grants, HostId, JobId};

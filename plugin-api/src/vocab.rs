@@ -10,6 +10,7 @@ pub type HostId = String;
 pub type JobId = String;
 
 pub use crate::grant::{Grant, GrantError};
+pub use crate::grants::Grants;
 
 /// One problem with a piece of input: where it is and why it is wrong.
 ///

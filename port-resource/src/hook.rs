@@ -150,8 +150,7 @@ mod tests {
     use super::*;
     use crate::grant::GrantedPort;
     use expect_test::{expect, Expect};
-    use plugin_api::Grant;
-    use std::collections::BTreeMap;
+    use plugin_api::{Grant, Grants};
 
     fn cx(host_ip: Option<&str>, grant: Option<PortGrant>) -> LaunchContext {
         LaunchContext {
@@ -162,7 +161,7 @@ mod tests {
             host: "exec-01".into(),
             host_ip: host_ip.map(|s| s.parse().unwrap()),
             grants: grant
-                .map(|g| BTreeMap::from([(PLUGIN_NAME.to_owned(), g.to_grant())]))
+                .map(|g| Grants::from([(PLUGIN_NAME, g.to_grant())]))
                 .unwrap_or_default(),
         }
     }
@@ -301,7 +300,7 @@ mod tests {
     fn malformed_grant_is_refused() {
         let mut c = cx(Some("127.0.0.1"), None);
         c.grants.insert(
-            PLUGIN_NAME.into(),
+            PLUGIN_NAME,
             Grant::from_value(&serde_json::json!({"ports": 3})),
         );
         check(

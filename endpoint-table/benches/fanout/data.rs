@@ -21,7 +21,7 @@ pub(crate) fn job(
         host: format!("exec-{host:02}"),
         state: JobState::Running,
         ready,
-        grants: BTreeMap::from([(port_resource::PLUGIN_NAME.to_owned(), grant.into())]),
+        grants: plugin_api::Grants::from([(port_resource::PLUGIN_NAME, grant.into())]),
         generation: 1,
     }
 }

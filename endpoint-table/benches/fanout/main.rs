@@ -29,7 +29,6 @@ use plugin_api::{
     ClusterSnapshot, HostFacts, HostInfo, HostState, JobInfo, JobState, Permission, Principal,
     PrincipalKind, ServiceInfo,
 };
-use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::io::{BufRead, Read, Write};
 use std::net::SocketAddr;

@@ -231,7 +231,7 @@ fn resync_takes_the_stored_revisions_and_never_lowers_an_index() {
     let j1 = job("j-1", "web", "team-a", 0, "exec-01", &[("http", 20001)]);
     let mut malformed = job("j-2", "web", "team-a", 1, "exec-01", &[]);
     malformed.grants.insert(
-        "ports".into(),
+        "ports",
         plugin_api::Grant::from_value(&serde_json::json!({"ports": "nope"})),
     );
     let snapshot = |rev, services: Vec<ServiceInfo>, jobs| ClusterSnapshot {

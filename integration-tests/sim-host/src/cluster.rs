@@ -10,7 +10,7 @@ use crate::sched::Scheduler;
 use crate::store::{Batch, Store};
 use crate::worker::Workers;
 use plugin_api::{
-    ClusterEvent, ClusterListener, ClusterSnapshot, EndReason, Grant, HostFactsPolicy, HostId,
+    ClusterEvent, ClusterListener, ClusterSnapshot, EndReason, Grants, HostFactsPolicy, HostId,
     HostInfo, HostState, JobInfo, JobState, PlacementRequest, ResourcePlugin, ServiceInfo,
     ServiceKey,
 };
@@ -231,7 +231,7 @@ impl Cluster {
     }
 
     /// The grants of a live job, as committed.
-    pub(crate) fn grants(&self, job: &str) -> Option<&BTreeMap<String, Grant>> {
+    pub(crate) fn grants(&self, job: &str) -> Option<&Grants> {
         self.jobs.get(&job_number(job)).map(|r| &r.info.grants)
     }
 

@@ -2,14 +2,13 @@
 //! others are the host skipping a step). Kept out of the host's code, which knows the
 //! plugins only through `plugin-api`.
 
-use plugin_api::{Grant, JobInfo};
+use plugin_api::{Grant, Grants, JobInfo};
 use port_resource::{PortGrant, PLUGIN_NAME};
-use std::collections::BTreeMap;
 
 /// Rewrites the first port of `grants` to a port one of `others` (live jobs on the same
 /// host) holds with the same protocol. Whether it found one.
 pub(crate) fn duplicate_port<'a>(
-    grants: &mut BTreeMap<String, Grant>,
+    grants: &mut Grants,
     others: impl Iterator<Item = &'a JobInfo>,
 ) -> bool {
     let read = |g: Option<&Grant>| g.and_then(|g| PortGrant::from_grant(g).ok());
@@ -23,7 +22,7 @@ pub(crate) fn duplicate_port<'a>(
         if let (Some(a), Some(b)) = (mine.ports.first_mut(), theirs.ports.first()) {
             if a.protocol == b.protocol {
                 a.port = b.port;
-                grants.insert(PLUGIN_NAME.to_owned(), mine.to_grant());
+                grants.insert(PLUGIN_NAME, mine.to_grant());
                 return true;
             }
         }

@@ -5,7 +5,7 @@
 
 use endpoint_table::wire::EndpointsAnswer;
 use endpoint_table::Entry;
-use plugin_api::{Grant, ServiceKey};
+use plugin_api::{Grants, ServiceKey};
 use port_resource::{PortGrant, Protocol};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
@@ -117,7 +117,7 @@ impl Model {
         key: &ServiceKey,
         slot: u32,
         host: u32,
-        grants: &BTreeMap<String, Grant>,
+        grants: &Grants,
     ) {
         let grant = match grants
             .get(port_resource::PLUGIN_NAME)

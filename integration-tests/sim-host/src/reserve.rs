@@ -1,7 +1,6 @@
 //! All-or-nothing reservation over the loaded resource plugins.
 
-use plugin_api::{Grant, HostId, PlacementRequest, ResourcePlugin};
-use std::collections::BTreeMap;
+use plugin_api::{Grants, HostId, PlacementRequest, ResourcePlugin};
 
 /// Reserves on `host` with every plugin (`reqs[i]` is plugin `i`'s request), all or
 /// nothing: a refusal releases what the plugins before it reserved.
@@ -9,13 +8,13 @@ pub(crate) fn reserve_all(
     plugins: &mut [Box<dyn ResourcePlugin>],
     host: &HostId,
     reqs: &[PlacementRequest<'_>],
-) -> Option<BTreeMap<String, Grant>> {
-    let mut grants = BTreeMap::new();
+) -> Option<Grants> {
+    let mut grants = Vec::with_capacity(plugins.len());
     for i in 0..plugins.len() {
         let r = &reqs[i];
         match plugins[i].reserve(host, r) {
             Ok(g) => {
-                grants.insert(plugins[i].name().to_owned(), g);
+                grants.push((plugins[i].name(), g));
             }
             Err(unfit) => {
                 // fits said yes a moment ago: the plugin's two answers disagree.
@@ -28,5 +27,5 @@ pub(crate) fn reserve_all(
             }
         }
     }
-    Some(grants)
+    Some(grants.into_iter().collect())
 }

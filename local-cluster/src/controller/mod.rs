@@ -159,7 +159,7 @@ impl Controller {
         let (tx, rx) = mpsc::channel(256);
         let (shutdown, shutdown_rx) = watch::channel(false);
         let (fatal_tx, fatal) = watch::channel(None);
-        let task = tokio::spawn(task::run(core, rx, shutdown_rx.clone(), fatal_tx));
+        let task = task::spawn(task::run(core, rx, shutdown_rx.clone(), fatal_tx));
         let api = api::ApiState {
             tx,
             view,

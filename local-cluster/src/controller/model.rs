@@ -167,7 +167,7 @@ pub(crate) const RELEASE_HISTORY: usize = 64;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct Released {
     pub(crate) job: JobId,
-    pub(crate) grants: BTreeMap<String, plugin_api::Grant>,
+    pub(crate) grants: plugin_api::Grants,
 }
 
 /// Everything the controller knows, as loaded from the store.

@@ -4,8 +4,7 @@
 //! this service, then fewest jobs overall, then host id), and reserved with every plugin
 //! all or nothing. A replica that fits nowhere gets a reason aggregated over the hosts.
 
-use plugin_api::{Grant, HostId, PlacementRequest, ResourcePlugin, Unfit};
-use std::collections::BTreeMap;
+use plugin_api::{Grants, HostId, PlacementRequest, ResourcePlugin, Unfit};
 
 /// A host that may take placements, with its current load (the scheduling pass keeps
 /// these as indexes instead; the tests state them directly).
@@ -46,7 +45,7 @@ impl<'a> Request<'a> {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Placement {
     pub(crate) host: HostId,
-    pub(crate) grants: BTreeMap<String, Grant>,
+    pub(crate) grants: Grants,
 }
 
 /// Places `req` on the best candidate, reserving with every plugin; or says why it fits
@@ -110,13 +109,13 @@ fn reserve_all(
     plugins: &mut [Box<dyn ResourcePlugin>],
     host: &HostId,
     req: &Request<'_>,
-) -> Result<BTreeMap<String, Grant>, Unfit> {
-    let mut grants = BTreeMap::new();
+) -> Result<Grants, Unfit> {
+    let mut grants = Vec::with_capacity(plugins.len());
     for i in 0..plugins.len() {
         let preq = req.for_plugin(&*plugins[i]);
         match plugins[i].reserve(host, &preq) {
             Ok(g) => {
-                grants.insert(plugins[i].name().to_owned(), g);
+                grants.push((plugins[i].name(), g));
             }
             Err(u) => {
                 let job = req.job.to_owned();
@@ -127,7 +126,8 @@ fn reserve_all(
             }
         }
     }
-    Ok(grants)
+    // One allocation, shared by every copy of the job's record.
+    Ok(grants.into_iter().collect())
 }
 
 /// Up to this many hosts are named in "... on all N hosts (a, b, c)".
@@ -165,9 +165,9 @@ pub(crate) fn aggregate(total_hosts: usize, mut unfit: Vec<(HostId, Unfit)>) -> 
 pub(crate) mod tests {
     use super::*;
     use expect_test::{expect, Expect};
-    use plugin_api::{FieldError, HostFacts, JobId, SectionInfo};
+    use plugin_api::{FieldError, Grant, HostFacts, JobId, SectionInfo};
     use serde_json::json;
-    use std::collections::BTreeSet;
+    use std::collections::{BTreeMap, BTreeSet};
 
     /// A tiny slot resource: each host has `capacity` slots; a profile section
     /// `{"fixed": n}` asks for slot number n, otherwise any free slot. Records what it

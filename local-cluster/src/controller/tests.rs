@@ -2223,9 +2223,9 @@ async fn oversized_bodies_answer_413_in_the_error_shape() {
     app.ctl.shutdown().await;
 }
 
-#[tokio::test]
-async fn service_and_host_answers_have_the_rest_shapes() {
-    let app = app().await;
+/// Two hosts (2 and 1 slots), `web` of 4 replicas submitted (3 placed), and `j-1`
+/// reported started and ready. Returns the submit's answer.
+async fn web_of_4_on_2_hosts_one_ready(app: &App) -> Value {
     app.register("exec-01", "w1-example-secret", 2).await;
     app.register("exec-02", "w2-example-secret", 1).await;
     let (s, created) = app
@@ -2242,6 +2242,13 @@ async fn service_and_host_answers_have_the_rest_shapes() {
         )
         .await;
     assert_eq!(s, StatusCode::NO_CONTENT);
+    created
+}
+
+#[tokio::test]
+async fn service_and_host_answers_have_the_rest_shapes() {
+    let app = app().await;
+    let created = web_of_4_on_2_hosts_one_ready(&app).await;
     let (_, detail) = app
         .json("GET", "/v1/services/web", "admin-example-secret", None)
         .await;
@@ -3742,7 +3749,7 @@ fn a_job_id_is_one_allocation_shared_by_the_model_and_its_indexes() {
             host: "exec-01".into(),
             state,
             ready,
-            grants: BTreeMap::new(),
+            grants: plugin_api::Grants::new(),
             generation: 1,
         },
         held: None,
@@ -3787,4 +3794,45 @@ fn the_service_detail_written_directly_is_the_text_of_its_tree() {
     assert_eq!(direct, tree.to_string());
     assert_eq!(tree["jobs"].as_array().map(Vec::len), Some(svc.jobs.len()));
     assert_eq!(tree["replica_status"].as_array().map(Vec::len), Some(3));
+}
+
+/// On a multi-threaded runtime the state task runs on a blocking-pool thread of its own
+/// (`task::spawn`: one malloc arena for the model): it answers, places and applies worker
+/// reports there, on the runtime's timers, stops on `shutdown`, and the runtime then drops
+/// (a state task still running would hold the runtime's drop, which waits for its
+/// blocking threads).
+#[test]
+fn on_a_multi_threaded_runtime_the_state_task_serves_from_its_own_thread_and_stops() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let app = app().await;
+        web_of_4_on_2_hosts_one_ready(&app).await;
+        let (_, detail) = app
+            .json("GET", "/v1/services/web", "admin-example-secret", None)
+            .await;
+        let jobs: Vec<(&str, &str, bool)> = detail["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| {
+                let s = |k: &str| j[k].as_str().unwrap();
+                (s("job"), s("state"), j["ready"].as_bool().unwrap())
+            })
+            .collect();
+        assert_eq!(
+            jobs,
+            [
+                ("j-1", "running", true),
+                ("j-2", "placed", false),
+                ("j-3", "placed", false)
+            ],
+            "{detail}"
+        );
+        app.ctl.shutdown().await;
+    });
+    drop(rt);
 }

@@ -74,7 +74,7 @@ mod tests {
             replica: 0,
             command: vec!["true".into()].into(),
             readiness: None,
-            grants: BTreeMap::new(),
+            grants: plugin_api::Grants::new(),
             desired,
         }
     }

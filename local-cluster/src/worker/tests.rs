@@ -422,7 +422,7 @@ fn assignment(
         replica: 0,
         command: command.into(),
         readiness: readiness.map(Into::into),
-        grants: BTreeMap::from([("fake".to_owned(), grant.into())]),
+        grants: plugin_api::Grants::from([("fake", grant.into())]),
         desired,
     }
 }

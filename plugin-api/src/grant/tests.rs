@@ -3,10 +3,9 @@
 //! from trees), and equal JSON gives equal grants.
 
 use super::*;
-use crate::{ClusterEvent, JobInfo, JobState};
+use crate::{ClusterEvent, Grants, JobInfo, JobState};
 use proptest::prelude::*;
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
 
 #[derive(Debug, PartialEq, Serialize, Deserialize)]
 struct Port<'a> {
@@ -29,7 +28,7 @@ fn job(grant: Grant) -> JobInfo {
         host: "exec-01".into(),
         state: JobState::Running,
         ready: true,
-        grants: BTreeMap::from([("ports".to_owned(), grant)]),
+        grants: Grants::from([("ports", grant)]),
         generation: 1,
     }
 }
@@ -133,7 +132,7 @@ fn bad_text_is_refused() {
     for bad in ["", "{", r#"{"a":1} x"#, "[1,]", "nul"] {
         assert!(Grant::from_json(bad).is_err(), "{bad:?} accepted");
     }
-    let e = Grant::encode(&BTreeMap::from([((1, 2), 3)])).unwrap_err();
+    let e = Grant::encode(&std::collections::BTreeMap::from([((1, 2), 3)])).unwrap_err();
     assert!(e.to_string().contains("key must be a string"), "{e}");
 }
 

@@ -9,9 +9,8 @@ use crate::profile::Readiness;
 use crate::proto::Desired;
 #[cfg(test)]
 use crate::proto::{Assignment, Assignments};
-use plugin_api::Grant;
+use plugin_api::Grants;
 use serde::{Serialize, Serializer};
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// A host's desired set and its index: serializes exactly as [`Assignments`].
@@ -45,7 +44,7 @@ struct Wire<'a> {
     replica: u32,
     command: &'a [String],
     readiness: Option<&'a Readiness>,
-    grants: &'a BTreeMap<String, Grant>,
+    grants: &'a Grants,
     desired: Desired,
 }
 

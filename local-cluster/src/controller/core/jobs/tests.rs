@@ -14,7 +14,7 @@ fn view(replica: u32, id: &str, tag: bool) -> JobView {
                 host: "h".into(),
                 state: JobState::Running,
                 ready: tag,
-                grants: BTreeMap::new(),
+                grants: plugin_api::Grants::new(),
                 generation: 1,
             },
             held: None,
