@@ -4,7 +4,8 @@
 //! worker runs with what the controller stored.
 
 use super::{Core, CoreError, HostAssignments};
-use crate::controller::model::{After, HostRec, JobRec, LastExit, ServiceState, Txn};
+use crate::controller::model::{After, HostRec, JobRec, ServiceState, Txn};
+use crate::controller::slots::LastExit;
 use crate::proto::{Caller, ExitCause, RegisterRequest, RegisterResponse, WorkerEvent};
 use plugin_api::{
     EndReason, HostFacts, HostId, HostInfo, HostState, JobId, JobState, ResourcePlugin,
@@ -348,7 +349,7 @@ impl Core {
                         // Out of the endpoints until its host is heard again.
                         if j.held_ready != Some(ready) {
                             j.held_ready = Some(ready);
-                            txn.put_job_quiet(j);
+                            txn.put_job_quiet(&self.cluster, j);
                         }
                     } else if eff == JobState::Running && j.info.ready != ready {
                         j.info.ready = ready;
