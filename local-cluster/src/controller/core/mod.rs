@@ -44,6 +44,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
+pub(crate) use worker::Report;
 
 /// Timing of host liveness.
 #[derive(Debug, Clone, Copy)]

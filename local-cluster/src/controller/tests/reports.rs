@@ -1,8 +1,11 @@
-//! What the controller writes per placement: a job write moves its service's `rev`
-//! without rewriting the service's record, yet a reload finds the same `rev`.
+//! What the controller writes per placement: worker reports queued together share store
+//! batches (within the store's limit, each report whole), and a job write moves its
+//! service's `rev` without rewriting the service's record, yet a reload finds the same
+//! `rev`.
 
 use super::scale::Recording;
 use super::*;
+use crate::controller::core::Report;
 use crate::controller::model::Cluster;
 
 /// A core on `store` with `hosts` registered (10 slots each) and a service of `replicas`
@@ -46,6 +49,69 @@ fn reports_of(core: &Core, hosts: &[String]) -> Vec<(String, Caller, Vec<WorkerE
             (h.clone(), worker(h), events)
         })
         .collect()
+}
+
+#[test]
+fn reports_queued_together_share_batches_and_change_nothing_else() {
+    let hosts: Vec<String> = (1..=30).map(|i| format!("exec-{i:02}")).collect();
+    // The same start twice: the reports one commit each, then queued together.
+    let one = Recording::new(Arc::new(MemStore::new()), super::scale::etcd_like());
+    let (mut a, raw_a) = placed(one.clone(), &hosts, 150);
+    let together = Arc::new(MemStore::new());
+    let rec = Recording::new(together.clone(), super::scale::etcd_like());
+    let (mut b, raw_b) = placed(rec.clone(), &hosts, 150);
+    one.take();
+    rec.take();
+    let now = Instant::now();
+
+    // The same reports to both, and one from a worker that does not hold its host (it
+    // is refused alone).
+    let mut reports = reports_of(&a, &hosts);
+    let mut intruder = reports[0].clone();
+    intruder.1 = worker("someone-else");
+    reports.insert(7, intruder);
+    let mut alone = Vec::new();
+    for (host, caller, events) in reports.clone() {
+        alone.push(a.events(&host, &caller, events, now).is_ok());
+    }
+    let reports = reports
+        .into_iter()
+        .map(|(host, caller, events)| Report {
+            host,
+            caller,
+            events,
+        })
+        .collect();
+    let grouped: Vec<bool> = b.reports(reports, now).iter().map(Result::is_ok).collect();
+    assert_eq!(grouped, alone, "the same answers, in order");
+    assert_eq!(grouped.iter().filter(|ok| !**ok).count(), 1);
+
+    // 30 reports of 5 jobs each: 30 commits alone, a few within the limit together.
+    let (n_alone, n_together) = (one.assert_within("alone"), rec.assert_within("together"));
+    assert_eq!(n_alone, 30);
+    assert!(
+        (2..=5).contains(&n_together),
+        "150 job records in batches of at most {} ops: {n_together} commits",
+        super::scale::etcd_like().ops
+    );
+    // The same events (revisions included) and the same stored state.
+    a.settle(now);
+    b.settle(now);
+    assert_eq!(raw_a.take(), raw_b.take());
+    // Every record but the cluster's id (each store its own) and the last batch's events
+    // (more of them when the batch is shared).
+    let state = |store: &dyn Store| -> Vec<(Key, Vec<u8>)> {
+        let mut all = store.load_all().unwrap();
+        all.retain(|(k, _)| k.ns != "meta" || k.key == "rev" || k.key == "next_job");
+        all
+    };
+    assert_eq!(state(&*one), state(&*together));
+    let running = b.view().borrow().services[&ServiceKey::new("default", "web")]
+        .jobs
+        .iter()
+        .filter(|j| j.info.state == JobState::Running && j.info.ready)
+        .count();
+    assert_eq!(running, 150);
 }
 
 #[test]
