@@ -21,11 +21,13 @@ pub(crate) mod api;
 mod config;
 mod core;
 mod job_key;
+mod job_rev;
 mod metrics;
 pub(crate) mod model;
 pub mod quota;
 pub(crate) mod rollout;
 mod scheduler;
+mod slots;
 pub mod standby;
 mod task;
 #[cfg(test)]

@@ -3,8 +3,9 @@
 //! they cause, is committed to the store as one batch, and only then applied in memory.
 
 use super::job_key::JobKey;
+use super::job_rev::{StoredJob, StoredRev};
 use super::rollout::Rollout;
-use crate::proto::ExitCause;
+use super::slots::SlotRec;
 use crate::store::{Batch, Key, Store, StoreError};
 use plugin_api::{
     ClusterEvent, ClusterSnapshot, EndReason, HostId, HostInfo, JobId, JobInfo, JobState,
@@ -76,39 +77,6 @@ pub(crate) struct ServiceRec {
     /// them out later).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) stop_now: bool,
-}
-
-/// The history of one replica slot (`XCE_REPLICA`), kept across the jobs that fill it.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct SlotRec {
-    /// How many of its jobs ended by themselves (an exit, a signal, a start error, a
-    /// refused launch, a worker that lost the process) while the service was active:
-    /// each one made the controller place a replacement.
-    #[serde(default)]
-    pub(crate) restarts: u64,
-    /// The last such end.
-    #[serde(default)]
-    pub(crate) last_exit: Option<LastExit>,
-    /// The log file of the slot's last ended job, on `log_host`.
-    #[serde(default)]
-    pub(crate) log: Option<String>,
-    /// The host `log` is on.
-    #[serde(default)]
-    pub(crate) log_host: Option<HostId>,
-}
-
-/// A job's end by itself, as its worker reported it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct LastExit {
-    /// The job that ended.
-    pub(crate) job: JobId,
-    /// The host it ran on.
-    pub(crate) host: HostId,
-    /// When the controller learnt of it: wall clock, RFC 3339 UTC.
-    pub(crate) at: String,
-    /// The exit code, signal or start error (all `None`: unknown).
-    #[serde(default)]
-    pub(crate) cause: ExitCause,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -219,6 +187,8 @@ impl Cluster {
             next_job: 1,
             ..Cluster::default()
         };
+        // The newest job `rev` per service (see [`StoredJob`]).
+        let mut revs: HashMap<ServiceKey, u64> = HashMap::new();
         for (key, bytes) in records {
             macro_rules! de {
                 () => {
@@ -243,12 +213,25 @@ impl Cluster {
                 }
                 (NS_JOB, _) => {
                     let j: JobRec = de!();
+                    let StoredRev { rev } = de!();
+                    if rev > 0 {
+                        let newest = revs.entry(j.info.service_key()).or_insert(0);
+                        *newest = (*newest).max(rev);
+                    }
                     c.insert_job(j);
                 }
                 (NS_HOST, id) => {
                     c.hosts.insert(id.to_owned(), de!());
                 }
                 _ => return Err(LoadError::Unknown(key)),
+            }
+        }
+        // A service's `rev` is the revision of the last event that touched it: a job
+        // write keeps it in the job's record only (`Txn::put_job`), everything else (the
+        // service itself, a job's end, a host change, a quiet job write) in the service's.
+        for (key, rev) in revs {
+            if let Some(s) = c.services.get_mut(&key) {
+                s.info.rev = s.info.rev.max(rev);
             }
         }
         Ok(c)
@@ -372,9 +355,15 @@ pub(crate) struct Txn {
     rev: u64,
     next_job: Option<u64>,
     services: BTreeMap<ServiceKey, Option<ServiceRec>>,
+    /// Services whose `rev` moves without their record being written: a job write
+    /// keeps the new `rev` in the job's record (see [`JobRec::rev`]).
+    bumped: BTreeMap<ServiceKey, u64>,
     /// Stored keys to delete (see [`Cluster::legacy_keys`]).
     legacy: Vec<String>,
     jobs: BTreeMap<JobId, Option<JobRec>>,
+    /// The `rev` each job's record is written with: its last event's (see [`StoredJob`]);
+    /// none for a quiet write.
+    job_revs: BTreeMap<JobId, u64>,
     hosts: BTreeMap<HostId, Option<HostRec>>,
     pub(crate) events: Vec<ClusterEvent>,
     pub(crate) after: Vec<After>,
@@ -409,6 +398,7 @@ impl Txn {
     pub(crate) fn is_empty(&self) -> bool {
         self.next_job.is_none()
             && self.services.is_empty()
+            && self.bumped.is_empty()
             && self.legacy.is_empty()
             && self.jobs.is_empty()
             && self.hosts.is_empty()
@@ -422,7 +412,13 @@ impl Txn {
     pub(crate) fn service(&self, c: &Cluster, key: &ServiceKey) -> Option<ServiceRec> {
         match self.services.get(key) {
             Some(s) => s.clone(),
-            None => c.services.get(key).cloned(),
+            None => {
+                let mut s = c.services.get(key).cloned()?;
+                if let Some(rev) = self.bumped.get(key) {
+                    s.info.rev = *rev;
+                }
+                Some(s)
+            }
         }
     }
 
@@ -460,11 +456,17 @@ impl Txn {
     }
 
     /// The services this transaction writes: each one's new record, `None` when removed
-    /// (a job write also rewrites its service's record, with the new `rev`).
+    /// (a job's end or a host change also rewrites its service's record, with the new
+    /// `rev`; a job write only moves it, see [`services_bumped`](Self::services_bumped)).
     pub(crate) fn services_written(
         &self,
     ) -> impl Iterator<Item = (&ServiceKey, Option<&ServiceRec>)> + '_ {
         self.services.iter().map(|(k, s)| (k, s.as_ref()))
+    }
+
+    /// The services whose `rev` this transaction moves without writing their record.
+    pub(crate) fn services_bumped(&self) -> impl Iterator<Item = &ServiceKey> + '_ {
+        self.bumped.keys()
     }
 
     /// The jobs this transaction writes: each one's new record, `None` when it ends.
@@ -484,7 +486,10 @@ impl Txn {
         format!("j-{n}")
     }
 
-    fn touch_service(&mut self, c: &Cluster, key: &ServiceKey, rev: u64) {
+    /// Gives the service `rev`. `write`: its record is written with it; otherwise (a job
+    /// write, whose record keeps the `rev`) it moves in memory only, unless the record is
+    /// written anyway.
+    fn touch_service(&mut self, c: &Cluster, key: &ServiceKey, rev: u64, write: bool) {
         // Already in the transaction: bump it there (a pass placing thousands of a
         // service's replicas must not clone its record, profile and all, for each).
         if let Some(entry) = self.services.get_mut(key) {
@@ -493,8 +498,16 @@ impl Txn {
             }
             return;
         }
+        if !c.services.contains_key(key) {
+            return;
+        }
+        if !write {
+            self.bumped.insert(key.clone(), rev);
+            return;
+        }
         if let Some(mut s) = self.service(c, key) {
             s.info.rev = rev;
+            self.bumped.remove(key);
             self.services.insert(key.clone(), Some(s));
         }
     }
@@ -503,6 +516,7 @@ impl Txn {
     pub(crate) fn put_service(&mut self, mut s: ServiceRec) {
         let rev = self.next_rev();
         s.info.rev = rev;
+        self.bumped.remove(&s.info.key());
         self.events.push(ClusterEvent::Service {
             rev,
             service: s.info.clone(),
@@ -512,8 +526,12 @@ impl Txn {
 
     /// A service record change that readers of the event feed do not need (its rollout
     /// bookkeeping); the service's `rev` is left alone.
-    pub(crate) fn put_service_quiet(&mut self, s: ServiceRec) {
-        self.services.insert(s.info.key(), Some(s));
+    pub(crate) fn put_service_quiet(&mut self, mut s: ServiceRec) {
+        let key = s.info.key();
+        if let Some(rev) = self.bumped.remove(&key) {
+            s.info.rev = s.info.rev.max(rev);
+        }
+        self.services.insert(key, Some(s));
     }
 
     /// A service is gone.
@@ -524,13 +542,15 @@ impl Txn {
             name: s.info.name.clone(),
             project: s.info.project.clone(),
         });
+        self.bumped.remove(&s.info.key());
         self.services.insert(s.info.key(), None);
     }
 
     /// A job was placed or changed.
     pub(crate) fn put_job(&mut self, c: &Cluster, j: JobRec) {
         let rev = self.next_rev();
-        self.touch_service(c, &j.info.service_key(), rev);
+        self.touch_service(c, &j.info.service_key(), rev, false);
+        self.job_revs.insert(j.info.job.clone(), rev);
         self.events.push(ClusterEvent::Job {
             rev,
             job: j.info.clone(),
@@ -540,7 +560,16 @@ impl Txn {
 
     /// A job record change nobody listens to (a readiness kept aside while the job is out
     /// of the endpoints, see [`JobRec::held_ready`]).
-    pub(crate) fn put_job_quiet(&mut self, j: JobRec) {
+    pub(crate) fn put_job_quiet(&mut self, c: &Cluster, j: JobRec) {
+        // The record is written without the `rev` of the job's last event (unknown here,
+        // unless this transaction made it): the service's record keeps it instead.
+        if !self.job_revs.contains_key(&j.info.job) {
+            let key = j.info.service_key();
+            let rev = self.service(c, &key).map(|s| s.info.rev);
+            if let Some(rev) = rev {
+                self.touch_service(c, &key, rev, true);
+            }
+        }
         self.jobs.insert(j.info.job.clone(), Some(j));
     }
 
@@ -548,7 +577,8 @@ impl Txn {
     /// It ends `Lost` when its host was lost, `Exited` for every other `reason`.
     pub(crate) fn end_job(&mut self, c: &Cluster, mut j: JobRec, reason: EndReason) {
         let rev = self.next_rev();
-        self.touch_service(c, &j.info.service_key(), rev);
+        // Written: the job's record, which may hold the service's newest `rev`, goes.
+        self.touch_service(c, &j.info.service_key(), rev, true);
         j.info.state = match reason {
             EndReason::HostLost => JobState::Lost,
             EndReason::Exited { .. } | EndReason::Stopped | EndReason::Refused { .. } => {
@@ -571,6 +601,7 @@ impl Txn {
             self.hosts.insert(h.info.id.clone(), Some(h));
         }
         self.jobs.insert(j.info.job.clone(), None);
+        self.job_revs.remove(&j.info.job);
         self.events.push(ClusterEvent::JobEnded {
             rev,
             job: j.info,
@@ -584,7 +615,7 @@ impl Txn {
         let rev = self.next_rev();
         let services = self.services_on(c, &h.info.id);
         for s in &services {
-            self.touch_service(c, s, rev);
+            self.touch_service(c, s, rev, true);
         }
         self.events.push(ClusterEvent::Host {
             rev,
@@ -624,7 +655,12 @@ impl Txn {
             section(NS_SERVICE, &service_key_str(k), v.as_ref().map(enc));
         }
         for (k, v) in &self.jobs {
-            section(NS_JOB, k, v.as_ref().map(enc));
+            let rev = self.job_revs.get(k).copied().unwrap_or(0);
+            section(
+                NS_JOB,
+                k,
+                v.as_ref().map(|rec| enc(&StoredJob { rec, rev })),
+            );
         }
         for (k, v) in &self.hosts {
             section(NS_HOST, k, v.as_ref().map(enc));
@@ -653,6 +689,11 @@ impl Txn {
                 Some(v) => c.services.insert(k, v),
                 None => c.services.remove(&k),
             };
+        }
+        for (k, rev) in self.bumped {
+            if let Some(s) = c.services.get_mut(&k) {
+                s.info.rev = rev;
+            }
         }
         for (k, v) in self.jobs {
             match v {

@@ -2,7 +2,7 @@
 //! applies them to the [`Core`], settles (removes stopped services, places replicas,
 //! publishes) and answers. Timers are one `sleep_until` on the next deadline.
 
-use super::core::{Applied, Core, CoreError, HostAssignments};
+use super::core::{Applied, Core, CoreError, HostAssignments, Report};
 use crate::proto::{Caller, RegisterRequest, RegisterResponse, WorkerEvent};
 use plugin_api::{HostFacts, HostId, Principal, ServiceKey};
 use serde_json::Value;
@@ -136,23 +136,20 @@ pub(crate) async fn run(
         tokio::select! {
             cmd = rx.recv() => match cmd {
                 Some(cmd) => {
-                    let mut answers = vec![handle(&mut core, cmd)];
+                    let mut burst = Burst::default();
+                    burst.take(&mut core, cmd);
                     // A deadline already past means the timer branch is due too: leave the
                     // queue to it. It takes queued worker messages before judging hosts and
                     // notices a pause (its lag behind the deadline it was armed with), which
                     // draining every queued heartbeat here would hide.
                     let due = deadline.is_some_and(|d| Instant::now() >= d);
-                    while !due
-                        && answers.len() < COMMANDS_PER_SETTLE
-                        && core.unannounced() < EVENTS_PER_SETTLE
-                        && core.fatal().is_none()
-                    {
+                    while !due && burst.room(&core) && core.fatal().is_none() {
                         match rx.try_recv() {
-                            Ok(cmd) => answers.push(handle(&mut core, cmd)),
+                            Ok(cmd) => burst.take(&mut core, cmd),
                             Err(_) => break,
                         }
                     }
-                    settle_and_answer(&mut core, answers);
+                    burst.settle_and_answer(&mut core);
                 }
                 None => break,
             },
@@ -160,19 +157,17 @@ pub(crate) async fn run(
                 // Worker messages queued while the loop was busy (or paused) come before
                 // the timers that would judge their hosts; bounded, so a steady stream of
                 // messages cannot starve the timers.
-                let mut answers = Vec::new();
+                let mut burst = Burst::default();
                 for _ in 0..QUEUED_BEFORE_TIMERS {
                     match rx.try_recv() {
-                        Ok(cmd) => answers.push(handle(&mut core, cmd)),
+                        Ok(cmd) => burst.take(&mut core, cmd),
                         Err(_) => break,
                     }
-                    if answers.len() == COMMANDS_PER_SETTLE
-                        || core.unannounced() >= EVENTS_PER_SETTLE
-                    {
-                        settle_and_answer(&mut core, std::mem::take(&mut answers));
+                    if !burst.room(&core) {
+                        std::mem::take(&mut burst).settle_and_answer(&mut core);
                     }
                 }
-                settle_and_answer(&mut core, answers);
+                burst.settle_and_answer(&mut core);
                 let now = Instant::now();
                 core.tick(now, deadline);
                 core.mark_dirty();
@@ -187,26 +182,95 @@ pub(crate) async fn run(
 /// A command's answer, sent once the state it led to is settled.
 type Answer = Box<dyn FnOnce() + Send>;
 
-/// Settles, then answers: every answer (and the view its handler reads next) includes
-/// the placements its command made possible.
-fn settle_and_answer(core: &mut Core, answers: Vec<Answer>) {
-    if answers.is_empty() {
-        return;
+/// The commands of one batch: applied, answered after one settle. Worker reports wait
+/// in `reports` and are applied together ([`Core::reports`]: a few store commits for
+/// the lot) before the next command that may read or write what they change, or the
+/// settle, so every such command still sees the ones before it, in order. Heartbeats of
+/// ready hosts and assignments queries (a thousand workers send a heartbeat a second
+/// each, and a query after each change) do not end the run.
+#[derive(Default)]
+struct Burst {
+    answers: Vec<Answer>,
+    reports: Vec<(Report, Reply<()>)>,
+    /// The worker events in `reports`.
+    events: usize,
+}
+
+impl Burst {
+    /// Applies `cmd`, or queues it with the reports before it.
+    fn take(&mut self, core: &mut Core, cmd: Command) {
+        match cmd {
+            Command::Events {
+                host,
+                caller,
+                events,
+                reply,
+            } => {
+                self.events += events.len();
+                let report = Report {
+                    host,
+                    caller,
+                    events,
+                };
+                self.reports.push((report, reply));
+            }
+            // Neither reads nor writes what a report changes (a heartbeat of a ready host
+            // commits nothing, an assignments query is answered after the settle): it
+            // leaves the reports queued, so a burst's reports still share batches.
+            Command::Heartbeat { ref host, .. } if !core.heartbeat_writes(host) => {
+                self.answers.push(handle(core, cmd));
+            }
+            cmd @ Command::Assignments { .. } => self.answers.push(handle(core, cmd)),
+            cmd => {
+                self.apply_reports(core);
+                self.answers.push(handle(core, cmd));
+            }
+        }
     }
-    core.settle(Instant::now());
-    for answer in answers {
-        answer();
+
+    /// Whether another command may join: at most [`COMMANDS_PER_SETTLE`] commands and
+    /// about [`EVENTS_PER_SETTLE`] events waiting for the settle.
+    fn room(&self, core: &Core) -> bool {
+        self.answers.len() + self.reports.len() < COMMANDS_PER_SETTLE
+            && core.unannounced() + self.events < EVENTS_PER_SETTLE
     }
+
+    fn apply_reports(&mut self, core: &mut Core) {
+        if self.reports.is_empty() {
+            return;
+        }
+        let (reports, replies): (Vec<Report>, Vec<Reply<()>>) =
+            std::mem::take(&mut self.reports).into_iter().unzip();
+        self.events = 0;
+        let results = core.reports(reports, Instant::now());
+        for (reply, r) in replies.into_iter().zip(results) {
+            self.answers.push(done(reply, r));
+        }
+    }
+
+    /// Applies the reports still queued, settles, then answers: every answer (and the
+    /// view its handler reads next) includes the placements its command made possible.
+    fn settle_and_answer(mut self, core: &mut Core) {
+        self.apply_reports(core);
+        if self.answers.is_empty() {
+            return;
+        }
+        core.settle(Instant::now());
+        for answer in self.answers {
+            answer();
+        }
+    }
+}
+
+fn done<T: Send + 'static>(reply: Reply<T>, r: Result<T, CoreError>) -> Answer {
+    Box::new(move || {
+        let _ = reply.send(r);
+    })
 }
 
 /// Applies one command to the core; its answer waits for the next settle.
 fn handle(core: &mut Core, cmd: Command) -> Answer {
     let now = Instant::now();
-    fn done<T: Send + 'static>(reply: Reply<T>, r: Result<T, CoreError>) -> Answer {
-        Box::new(move || {
-            let _ = reply.send(r);
-        })
-    }
     match cmd {
         Command::Submit {
             doc,

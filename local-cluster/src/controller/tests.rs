@@ -446,6 +446,18 @@ impl Sim {
 
     /// A controller restart `secs` later on the same store; the log goes on.
     fn restart(mut self, secs: u64) -> Sim {
+        // What was acknowledged is what a reload finds: the services' revs too (a job
+        // write keeps its service's newest rev in the job's record only).
+        let stored = super::model::Cluster::load(&*self.store).unwrap();
+        let stored: Vec<(&ServiceKey, u64)> = stored
+            .services
+            .iter()
+            .map(|(k, s)| (k, s.info.rev))
+            .collect();
+        let view = self.core.view().borrow().clone();
+        let live: Vec<(&ServiceKey, u64)> =
+            view.services.iter().map(|(k, s)| (k, s.info.rev)).collect();
+        assert_eq!(stored, live, "the services' revs a reload finds");
         let out = std::mem::take(&mut self.out);
         let (store, now) = (self.store.clone(), self.now + Duration::from_secs(secs));
         drop(self);
@@ -3529,6 +3541,7 @@ fn numbers_a_thousand_replicas_are_placed_with_one_batch_per_pass() {
     );
 }
 
+mod reports;
 mod scale;
 
 /// Commands queued together are applied first and answered after one settle (per

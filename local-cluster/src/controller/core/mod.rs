@@ -25,9 +25,10 @@ mod worker;
 use super::config::DisruptionThreshold;
 use super::job_key::JobMap;
 use super::metrics::Metrics;
-use super::model::{Cluster, JobRec, LoadError, Released, ServiceState, SlotRec, Txn};
+use super::model::{Cluster, JobRec, LoadError, Released, ServiceState, Txn};
 use super::quota::{self, Quotas};
 use super::rollout::{self, Counts, JobFacts, Phase, Rollout};
+use super::slots::SlotRec;
 use crate::profile::{self, Profile};
 use crate::store::{Store, StoreError};
 pub(crate) use assign::HostAssignments;
@@ -43,6 +44,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
+pub(crate) use worker::Report;
 
 /// Timing of host liveness.
 #[derive(Debug, Clone, Copy)]

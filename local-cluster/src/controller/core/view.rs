@@ -37,7 +37,8 @@ impl Parts {
     /// still in `c`, so its service and replica are known), and counts its jobs' new
     /// states for the gauges.
     pub(super) fn touch(&mut self, txn: &Txn, c: &Cluster) {
-        for (key, _) in txn.services_written() {
+        let written = txn.services_written().map(|(key, _)| key);
+        for key in written.chain(txn.services_bumped()) {
             self.dirty.entry(key.clone()).or_default();
         }
         // A key built once per run of one service's jobs, not per job (a pass writes

@@ -4,7 +4,8 @@
 //! worker runs with what the controller stored.
 
 use super::{Core, CoreError, HostAssignments};
-use crate::controller::model::{After, HostRec, JobRec, LastExit, ServiceState, Txn};
+use crate::controller::model::{After, HostRec, JobRec, ServiceState, Txn};
+use crate::controller::slots::LastExit;
 use crate::proto::{Caller, ExitCause, RegisterRequest, RegisterResponse, WorkerEvent};
 use plugin_api::{
     EndReason, HostFacts, HostId, HostInfo, HostState, JobId, JobState, ResourcePlugin,
@@ -14,6 +15,14 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
+
+/// One worker's events report (`POST /internal/v1/hosts/{host}/events`).
+#[derive(Debug)]
+pub(crate) struct Report {
+    pub(crate) host: HostId,
+    pub(crate) caller: Caller,
+    pub(crate) events: Vec<WorkerEvent>,
+}
 
 impl Core {
     /// The host's desired-set watch, for the worker instance that holds the host.
@@ -243,6 +252,15 @@ impl Core {
         })
     }
 
+    /// Whether a heartbeat from `host` would commit (it brings an unreachable host back);
+    /// otherwise it only notes that the host was heard.
+    pub(crate) fn heartbeat_writes(&self, host: &HostId) -> bool {
+        self.cluster
+            .hosts
+            .get(host)
+            .is_some_and(|h| h.info.state == HostState::Unreachable)
+    }
+
     pub(crate) fn heartbeat(
         &mut self,
         host: &HostId,
@@ -311,11 +329,110 @@ impl Core {
         events: Vec<WorkerEvent>,
         now: Instant,
     ) -> Result<(), CoreError> {
-        self.check_holder(host, caller, "events report")?;
+        let report = Report {
+            host: host.clone(),
+            caller: caller.clone(),
+            events,
+        };
+        let mut results = self.reports(vec![report], now);
+        results.pop().expect("one result per report")
+    }
+
+    /// Worker reports queued together, applied in order in as few store batches as the
+    /// store's batch limit allows (each report whole in one): a burst of reports is a
+    /// few commits, not one each (on etcd each commit is a round trip and a raft write,
+    /// and every report was its own). Nothing is applied before its batch is committed;
+    /// a failed commit fails every report in it (each is retried by its worker; events
+    /// are idempotent). One result per report, in order.
+    pub(crate) fn reports(
+        &mut self,
+        reports: Vec<Report>,
+        now: Instant,
+    ) -> Vec<Result<(), CoreError>> {
+        let limit = self.store.batch_limit().ops;
+        let mut results: Vec<Option<Result<(), CoreError>>> = Vec::new();
+        let mut txn = Txn::new(&self.cluster);
+        // The reports in `txn` (their index in `results`).
+        let mut members: Vec<usize> = Vec::new();
+        for r in reports {
+            results.push(None);
+            if let Err(e) = self.check_holder(&r.host, &r.caller, "events report") {
+                *results.last_mut().expect("pushed") = Some(Err(e));
+                continue;
+            }
+            let ops = self.report_ops(&r.host, &r.events);
+            if !members.is_empty() && txn.ops() + ops > limit {
+                let full = std::mem::take(&mut txn);
+                self.commit_reports(full, &mut members, &mut results, now);
+                // Read again: the commit moved the state on.
+                txn = Txn::new(&self.cluster);
+            }
+            self.report_into(&mut txn, &r.host, r.events);
+            members.push(results.len() - 1);
+        }
+        self.commit_reports(txn, &mut members, &mut results, now);
+        results
+            .into_iter()
+            .map(|r| r.expect("every report answered"))
+            .collect()
+    }
+
+    /// Commits the reports `members` of `results` share in `txn`, and answers them.
+    fn commit_reports(
+        &mut self,
+        txn: Txn,
+        members: &mut Vec<usize>,
+        results: &mut [Option<Result<(), CoreError>>],
+        now: Instant,
+    ) {
+        if members.is_empty() {
+            return;
+        }
+        let failed = match self.commit(txn, now) {
+            Ok(()) => None,
+            Err(CoreError::Store(e)) => Some(e),
+            Err(e) => Some(crate::store::StoreError::Backend(e.to_string())),
+        };
+        for i in members.drain(..) {
+            results[i] = Some(match &failed {
+                None => Ok(()),
+                Some(e) => Err(CoreError::Store(e.clone())),
+            });
+        }
+    }
+
+    /// At most how many records a report writes (an estimate only: a batch above the
+    /// store's limit is still committed whole, on etcd through its journal): its jobs;
+    /// the services of the jobs that end or whose readiness is held out of the endpoints
+    /// (a quiet write), since a job write only moves its service's `rev`; the host's
+    /// record when something ends (its released grants, its orphans).
+    fn report_ops(&self, host: &HostId, events: &[WorkerEvent]) -> usize {
+        let withheld = self.withheld.contains(host);
+        let mut jobs = BTreeSet::new();
+        let mut services = BTreeSet::new();
+        let mut ends = false;
+        for e in events {
+            jobs.insert(e.job().as_str());
+            let end = matches!(e, WorkerEvent::Exited { .. } | WorkerEvent::Refused { .. });
+            ends |= end;
+            let Some(j) = self.cluster.jobs.get(e.job().as_str()) else {
+                continue;
+            };
+            let quiet =
+                matches!(e, WorkerEvent::Readiness { .. }) && (withheld || j.held_ready.is_some());
+            if j.info.host == *host && (end || quiet) {
+                services.insert((j.info.project.as_str(), j.info.service.as_str()));
+            }
+        }
+        jobs.len() + services.len() + usize::from(ends)
+    }
+
+    /// One report's events into `txn` (which may hold earlier reports: it is read
+    /// through, so each sees the ones before it).
+    fn report_into(&self, txn: &mut Txn, host: &HostId, events: Vec<WorkerEvent>) {
         // A job whose host a full disruption took out of the endpoints stays out until the
         // host is heard (a heartbeat), whatever readiness it reports meanwhile.
         let withheld = self.withheld.contains(host);
-        let mut txn = Txn::new(&self.cluster);
         for ev in events {
             let id = ev.job().clone();
             let Some(mut j) = txn.job(&self.cluster, &id).filter(|j| j.info.host == *host) else {
@@ -352,7 +469,7 @@ impl Core {
                         // Out of the endpoints until its host is heard again.
                         if j.held_ready != Some(ready) {
                             j.held_ready = Some(ready);
-                            txn.put_job_quiet(j);
+                            txn.put_job_quiet(&self.cluster, j);
                         }
                     } else if eff == JobState::Running && j.info.ready != ready {
                         j.info.ready = ready;
@@ -375,7 +492,7 @@ impl Core {
                             signal,
                             error,
                         };
-                        self.record_end(&mut txn, &j, cause, log);
+                        self.record_end(txn, &j, cause, log);
                         EndReason::Exited { code }
                     };
                     let (service, generation) = (j.info.service_key(), j.info.generation);
@@ -402,7 +519,7 @@ impl Core {
                         )),
                         ..ExitCause::default()
                     };
-                    self.record_end(&mut txn, &j, cause, None);
+                    self.record_end(txn, &j, cause, None);
                     txn.after.push(After::Refused {
                         host: host.clone(),
                         job: id.clone(),
@@ -419,7 +536,6 @@ impl Core {
                 }
             }
         }
-        self.commit(txn, now)
     }
 
     /// Records in its slot (in the same batch as the end itself) that job `j` ended by

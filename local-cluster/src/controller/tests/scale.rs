@@ -11,7 +11,7 @@ use crate::store::{BatchLimit, RedbStore};
 /// What the etcd store allows with etcd's defaults (`--max-txn-ops=128` with the fence,
 /// about 1 MiB of keys and values), for the embedded stores to cut their passes as
 /// small as etcd does.
-fn etcd_like() -> BatchLimit {
+pub(super) fn etcd_like() -> BatchLimit {
     crate::store::EtcdStore::new(vec!["127.0.0.1:1".into()])
         .unwrap()
         .batch_limit()
@@ -19,7 +19,7 @@ fn etcd_like() -> BatchLimit {
 
 /// A store that records the size of every batch it is asked to commit, claims a batch
 /// limit, and can fail one commit.
-struct Recording {
+pub(super) struct Recording {
     inner: Arc<dyn Store>,
     limit: BatchLimit,
     /// `(ops, bytes)` of every batch, failed ones too.
@@ -29,7 +29,7 @@ struct Recording {
 }
 
 impl Recording {
-    fn new(inner: Arc<dyn Store>, limit: BatchLimit) -> Arc<Self> {
+    pub(super) fn new(inner: Arc<dyn Store>, limit: BatchLimit) -> Arc<Self> {
         Arc::new(Recording {
             inner,
             limit,
@@ -38,12 +38,12 @@ impl Recording {
         })
     }
 
-    fn take(&self) -> Vec<(usize, usize)> {
+    pub(super) fn take(&self) -> Vec<(usize, usize)> {
         std::mem::take(&mut self.batches.lock().unwrap())
     }
 
     /// Asserts that no batch so far was above the limit; returns how many there were.
-    fn assert_within(&self, what: &str) -> usize {
+    pub(super) fn assert_within(&self, what: &str) -> usize {
         let batches = self.take();
         for (i, (ops, bytes)) in batches.iter().enumerate() {
             assert!(
