@@ -422,6 +422,43 @@ mod tests {
         task.abort();
     }
 
+    /// A backlog bigger than one watch message (etcd sends up to 1,000 revisions in one
+    /// catch-up answer): the follower asks for fragments, so it reads the backlog instead
+    /// of refusing the oversized message and asking for the same revisions again, for
+    /// ever (seen in the controller bench: an apiserver behind during a placement).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_backlog_larger_than_one_watch_message_is_read() {
+        let etcd = TestEtcd::start();
+        let writer = etcd.store("/xce/");
+        let mut c = Cluster::load(&writer).unwrap();
+        commit(&writer, &mut c, &["a"]);
+        let rec = Arc::new(Recorder::default());
+        let mut f = Follower::new(
+            Arc::new(etcd.store("/xce/")),
+            vec![rec.clone()],
+            Metrics::default(),
+        );
+        f.load().await.unwrap();
+        assert_eq!(rec.take(), ["resync@1(a)"]);
+        // Batches of ~300 KB on the wire each (the record and its event, base64), more
+        // than the largest watch message the follower accepts in all.
+        let pad = "x".repeat(100 << 10);
+        let batches = crate::store::etcd::gateway::MAX_MESSAGE / (200 << 10) + 10;
+        for i in 0..batches {
+            let mut txn = Txn::new(&c);
+            let mut s = service(&format!("big-{i}"));
+            s.info.profile = serde_json::json!({ "pad": pad });
+            txn.put_service(s);
+            writer.commit(txn.batch()).unwrap();
+            txn.apply(&mut c);
+        }
+        let task = tokio::spawn(f.run());
+        let got = until(&rec, batches).await;
+        let want: Vec<String> = (0..batches).map(|i| format!("event@{}", i + 2)).collect();
+        assert_eq!(got, want);
+        task.abort();
+    }
+
     /// History the follower still needs was compacted away while it was not watching: it
     /// reloads the whole state instead of missing the batches in between.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -493,10 +493,16 @@ impl EtcdStore {
     /// The body of etcd's `POST /v3/watch` that follows every key of this store from
     /// etcd revision `start` on.
     pub fn watch_request(&self, start: i64) -> Value {
+        // `fragment`: etcd splits an answer bigger than its request limit into several
+        // messages. A catch-up answer holds up to 1,000 revisions; whole, one of a
+        // follower behind a placement burst was over the largest message the gateway
+        // client takes, which it refused and then asked for again, for ever. The
+        // follower handles each event on its own, so a split answer reads the same.
         json!({ "create_request": {
             "key": b64(self.prefix.as_bytes()),
             "range_end": b64(&prefix_end(self.prefix.as_bytes())),
             "start_revision": start.to_string(),
+            "fragment": true,
         }})
     }
 

@@ -47,7 +47,7 @@ const NO_LEADER: &str = "etcdserver: no leader";
 /// The largest unary answer accepted (a range page of big values stays far below).
 const MAX_ANSWER: usize = 256 << 20;
 /// The largest watch message (one line) accepted.
-const MAX_MESSAGE: usize = 16 << 20;
+pub(crate) const MAX_MESSAGE: usize = 16 << 20;
 
 /// Parses `etcd://HOST:PORT[,HOST:PORT…]` into its endpoints (`HOST:PORT` each).
 pub(crate) fn parse_url(url: &str) -> Result<Vec<String>, String> {
