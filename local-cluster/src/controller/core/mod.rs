@@ -17,6 +17,7 @@ mod commit;
 mod jobs;
 mod placement;
 mod publish;
+mod report;
 mod sched;
 mod timers;
 mod view;
@@ -37,6 +38,7 @@ use plugin_api::{
     ClusterEvent, ClusterListener, FieldError, HostFactsPolicy, HostId, HostInfo, JobId, JobState,
     ResourcePlugin, ServiceInfo, ServiceKey,
 };
+pub(crate) use report::Report;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -44,7 +46,6 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
-pub(crate) use worker::Report;
 
 /// Timing of host liveness.
 #[derive(Debug, Clone, Copy)]

@@ -3,6 +3,7 @@
 //! holds a host is heard for it (`check_holder`); a registration reconciles what the
 //! worker runs with what the controller stored.
 
+use super::report::Report;
 use super::{Core, CoreError, HostAssignments};
 use crate::controller::model::{After, HostRec, JobRec, ServiceState, Txn};
 use crate::controller::slots::LastExit;
@@ -15,14 +16,6 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
-
-/// One worker's events report (`POST /internal/v1/hosts/{host}/events`).
-#[derive(Debug)]
-pub(crate) struct Report {
-    pub(crate) host: HostId,
-    pub(crate) caller: Caller,
-    pub(crate) events: Vec<WorkerEvent>,
-}
 
 impl Core {
     /// The host's desired-set watch, for the worker instance that holds the host.
