@@ -366,6 +366,22 @@ mod tests {
         txn.apply(c);
     }
 
+    /// Service `a` committed through `writer`, then a follower of the same prefix loaded
+    /// (resynced at rev 1): the writer's cluster, the recorder, the follower.
+    async fn loaded_after_a(
+        etcd: &TestEtcd,
+        writer: &dyn Store,
+        metrics: Metrics,
+    ) -> (Cluster, Arc<Recorder>, Follower) {
+        let mut c = Cluster::load(writer).unwrap();
+        commit(writer, &mut c, &["a"]);
+        let rec = Arc::new(Recorder::default());
+        let mut f = Follower::new(Arc::new(etcd.store("/xce/")), vec![rec.clone()], metrics);
+        f.load().await.unwrap();
+        assert_eq!(rec.take(), ["resync@1(a)"]);
+        (c, rec, f)
+    }
+
     async fn until(rec: &Recorder, want: usize) -> Vec<String> {
         let mut got = Vec::new();
         // Bounded: the watch delivers within milliseconds on loopback.
@@ -384,17 +400,7 @@ mod tests {
         let etcd = TestEtcd::start();
         // Small transactions: a batch of 3 services goes through the journal.
         let writer = etcd.store("/xce/").with_max_txn_ops(4);
-        let mut c = Cluster::load(&writer).unwrap();
-        commit(&writer, &mut c, &["a"]);
-
-        let rec = Arc::new(Recorder::default());
-        let mut f = Follower::new(
-            Arc::new(etcd.store("/xce/")),
-            vec![rec.clone()],
-            Metrics::default(),
-        );
-        f.load().await.unwrap();
-        assert_eq!(rec.take(), ["resync@1(a)"]);
+        let (mut c, rec, f) = loaded_after_a(&etcd, &writer, Metrics::default()).await;
         let task = tokio::spawn(f.run());
 
         // Plain batches, then a journaled one: every event once, in order.
@@ -430,16 +436,7 @@ mod tests {
     async fn a_backlog_larger_than_one_watch_message_is_read() {
         let etcd = TestEtcd::start();
         let writer = etcd.store("/xce/");
-        let mut c = Cluster::load(&writer).unwrap();
-        commit(&writer, &mut c, &["a"]);
-        let rec = Arc::new(Recorder::default());
-        let mut f = Follower::new(
-            Arc::new(etcd.store("/xce/")),
-            vec![rec.clone()],
-            Metrics::default(),
-        );
-        f.load().await.unwrap();
-        assert_eq!(rec.take(), ["resync@1(a)"]);
+        let (mut c, rec, f) = loaded_after_a(&etcd, &writer, Metrics::default()).await;
         // Batches of ~300 KB on the wire each (the record and its event, base64), more
         // than the largest watch message the follower accepts in all.
         let pad = "x".repeat(100 << 10);
@@ -465,17 +462,8 @@ mod tests {
     async fn a_compacted_history_means_a_full_reload() {
         let etcd = TestEtcd::start();
         let writer = etcd.store("/xce/");
-        let mut c = Cluster::load(&writer).unwrap();
-        commit(&writer, &mut c, &["a"]);
-        let rec = Arc::new(Recorder::default());
         let metrics = Metrics::default();
-        let mut f = Follower::new(
-            Arc::new(etcd.store("/xce/")),
-            vec![rec.clone()],
-            metrics.clone(),
-        );
-        f.load().await.unwrap();
-        assert_eq!(rec.take(), ["resync@1(a)"]);
+        let (mut c, rec, f) = loaded_after_a(&etcd, &writer, metrics.clone()).await;
         // Two batches it has not seen, then etcd forgets everything before the last.
         commit(&writer, &mut c, &["b"]);
         commit(&writer, &mut c, &["c"]);
