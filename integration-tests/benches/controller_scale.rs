@@ -245,6 +245,12 @@ impl Figures {
     }
 }
 
+/// How many files (sockets included) process `pid` has open: the connections the fakes
+/// keep to the controller are a per-host cost, not a per-replica one.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |d| d.count())
+}
+
 // === one store ===
 
 async fn bench_store(cfg: &Config, store: &str, services: &[(String, usize)]) -> Result<Figures> {
@@ -268,6 +274,7 @@ async fn bench_store(cfg: &Config, store: &str, services: &[(String, usize)]) ->
         c.start_apiserver().await?;
     }
     let rss_ctl0 = rss_kib(c.controller_pid());
+    let fds_ctl0 = open_fds(c.controller_pid());
     let rss_api0 = c.apiserver.as_ref().map(|(p, _)| rss_kib(p.pid()));
     let me = std::process::id();
     let cpu0 = (
@@ -318,6 +325,7 @@ async fn bench_store(cfg: &Config, store: &str, services: &[(String, usize)]) ->
 
     // 2., 3. memory
     let rss_ctl1 = rss_kib(c.controller_pid());
+    let fds_ctl1 = open_fds(c.controller_pid());
     f.rss_per_replica_b = (rss_ctl1 as f64 - rss_ctl0 as f64) * 1024.0 / placements;
     if let Some(before) = rss_api0 {
         c.poll("the apiserver serving every endpoint", |c| async move {
@@ -334,7 +342,7 @@ async fn bench_store(cfg: &Config, store: &str, services: &[(String, usize)]) ->
         );
     }
     println!(
-        "  controller RSS {:.1} -> {:.1} MB",
+        "  controller RSS {:.1} -> {:.1} MB, open files {fds_ctl0} -> {fds_ctl1}",
         rss_ctl0 as f64 / 1024.0,
         rss_ctl1 as f64 / 1024.0
     );
@@ -548,7 +556,13 @@ impl Cluster {
             stats: FleetStats::new(),
         };
         c.spawn_controller()?;
-        c.fleet = spawn_fleet(c.http.clone(), &c.base, hosts, GRACE, c.stats.clone());
+        c.fleet = spawn_fleet(
+            c.http.clone(),
+            &c.base,
+            hosts.clone(),
+            GRACE,
+            c.stats.clone(),
+        );
         c.stats
             .wait_until("every host registered", PHASE_LIMIT, |s| {
                 FleetStats::get(&s.registered) >= cfg.hosts
@@ -562,6 +576,7 @@ impl Cluster {
             Ok(ready >= cfg.hosts)
         })
         .await?;
+        common::fake_worker::open_second_connections(&c.http, &c.base, &hosts).await?;
         Ok(c)
     }
 
