@@ -190,6 +190,9 @@ struct Figures {
     late_stops: usize,
     slowest_stop_s: f64,
     controller_cpu_us_per_placement: f64,
+    /// The controller's settles (each one answers a burst of up to 256 queued commands)
+    /// while placing: how far its batching kept up.
+    settles: f64,
     etcd_cpu_us_per_placement: Option<f64>,
     fakes_cpu_us_per_placement: f64,
     fake_posts: usize,
@@ -233,14 +236,16 @@ impl Figures {
         );
         println!(
             "SUMMARY scale store={s} controller_cpu_us_per_placement={:.1}{} \
-             fakes_cpu_us_per_placement={:.1} fake_event_posts={} fake_failed_calls={}",
+             fakes_cpu_us_per_placement={:.1} fake_event_posts={} fake_failed_calls={} \
+             settles_while_placing={:.0}",
             self.controller_cpu_us_per_placement,
             self.etcd_cpu_us_per_placement
                 .map(|c| format!(" etcd_cpu_us_per_placement={c:.1}"))
                 .unwrap_or_default(),
             self.fakes_cpu_us_per_placement,
             self.fake_posts,
-            self.fake_errors
+            self.fake_errors,
+            self.settles
         );
     }
 }
@@ -284,6 +289,7 @@ async fn bench_store(cfg: &Config, store: &str, services: &[(String, usize)]) ->
     );
 
     // 1. placements
+    let settles0 = c.counter("xce_controller_settles").await?;
     let profile = perf_record(c.controller_pid(), store)?;
     let t0 = Instant::now();
     futures_util::stream::iter(services.iter().map(|(name, n)| c.submit(name, *n)))
@@ -312,6 +318,7 @@ async fn bench_store(cfg: &Config, store: &str, services: &[(String, usize)]) ->
         p.finish();
     }
     let placements = cfg.replicas as f64;
+    f.settles = c.counter("xce_controller_settles").await? - settles0;
     f.controller_cpu_us_per_placement = (cpu_us(c.controller_pid()) - cpu0.0) / placements;
     f.fakes_cpu_us_per_placement = (cpu_us(me) - cpu0.1) / placements;
     f.etcd_cpu_us_per_placement = c
@@ -754,6 +761,24 @@ impl Cluster {
             bail!("DELETE {name}: HTTP {st}: {}", r.text().await?);
         }
         Ok(())
+    }
+
+    /// A counter of the controller's `/metrics` (`name` without `_total`), summed over
+    /// its label sets.
+    async fn counter(&self, name: &str) -> Result<f64> {
+        let text = self
+            .http
+            .get(format!("{}/metrics", self.base))
+            .send()
+            .await?
+            .text()
+            .await?;
+        let prefix = format!("{name}_total");
+        Ok(text
+            .lines()
+            .filter(|l| l.starts_with(&prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum())
     }
 
     /// Jobs the controller counts `placed` or `running` (`xce_jobs` on `/metrics`).
