@@ -295,9 +295,11 @@ impl JobsChanged {
         names.join(" ")
     }
 
+    /// `counts="placed=3 ready=0" services="team-a/web team-a/api"`: quoted (`Debug`), so
+    /// the spaces inside stay inside one field.
     fn log(&self, rev: u64) {
         if self.jobs > 0 {
-            info!(rev, jobs = self.jobs, counts = %self.counts(), services = %self.service_list(), "jobs changed");
+            info!(rev, jobs = self.jobs, counts = ?self.counts(), services = ?self.service_list(), "jobs changed");
         }
     }
 }
