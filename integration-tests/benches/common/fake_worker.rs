@@ -13,6 +13,7 @@
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -394,9 +395,9 @@ async fn host_loop(
 }
 
 /// What the fleet reads of an assignments answer: a fake host needs only the ids and
-/// what is desired of them. Borrowed from the body (job ids need no unescaping), so a
-/// host's whole set is read without building a JSON tree: the fakes stand in for 1,000
-/// machines and share this one's cores with the controller they measure.
+/// what is desired of them. Borrowed from the body (copied only when a string has
+/// escapes), so a host's whole set is read without building a JSON tree: the fakes stand
+/// in for 1,000 machines and share this one's cores with the controller they measure.
 #[derive(serde::Deserialize)]
 struct Answer<'a> {
     index: u64,
@@ -406,8 +407,10 @@ struct Answer<'a> {
 
 #[derive(serde::Deserialize)]
 struct Listed<'a> {
-    job: &'a str,
-    desired: &'a str,
+    #[serde(borrow)]
+    job: Cow<'a, str>,
+    #[serde(borrow)]
+    desired: Cow<'a, str>,
 }
 
 /// One event of a fleet host, serialized as the worker protocol's `WorkerEvent`.
@@ -441,7 +444,7 @@ fn changes(
     let mut events = Vec::new();
     let mut listed: HashMap<&str, bool> = HashMap::with_capacity(a.jobs.len());
     for j in &a.jobs {
-        let job = j.job;
+        let job: &str = &j.job;
         let run = j.desired == "run";
         listed.insert(job, run);
         if running.contains(job) || ended.contains(job) {
