@@ -60,6 +60,11 @@ pub(crate) struct ControllerFile {
     /// `redb` (default) or `etcd://HOST:PORT[,HOST:PORT...]`; `--store` overrides it.
     #[serde(default, deserialize_with = "store_spec")]
     pub(crate) store: Option<local_cluster::store::StoreSpec>,
+    /// With the etcd store: the most operations the controller puts in one etcd
+    /// transaction. Must not exceed etcd's `--max-txn-ops` (128 by default), which etcd
+    /// refuses above; raised with it, a big change takes fewer transactions.
+    #[serde(default = "d_max_txn_ops")]
+    pub(crate) etcd_max_txn_ops: usize,
     /// With the etcd store: the lease TTL of the leader election (a standby takes over
     /// within about this long after the leader dies).
     #[serde(default = "d_leader_ttl", with = "humantime_serde")]
@@ -76,6 +81,10 @@ pub(crate) struct ControllerFile {
     pub(crate) tls_cert: Option<PathBuf>,
     #[serde(default)]
     pub(crate) tls_key: Option<PathBuf>,
+}
+
+fn d_max_txn_ops() -> usize {
+    local_cluster::store::DEFAULT_MAX_TXN_OPS
 }
 
 fn d_leader_ttl() -> Duration {
@@ -454,6 +463,13 @@ pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
     if let Err(e) = cfg.threshold() {
         problems.push(e.to_string());
     }
+    if cfg.etcd_max_txn_ops < 2 {
+        problems.push(format!(
+            "etcd_max_txn_ops ({}) must be at least 2 (a change and its fence); etcd's \
+             --max-txn-ops is 128 by default",
+            cfg.etcd_max_txn_ops
+        ));
+    }
     if !problems.is_empty() {
         bail!(
             "invalid controller config {}:\n  {}",
@@ -617,7 +633,8 @@ mod tests {
         let path = dir.path().join("controller.toml");
         std::fs::write(
             &path,
-            "grace_period = \"2s\"\nunreachable_after = \"3s\"\ndisruption_threshold = 1.5\n",
+            "grace_period = \"2s\"\nunreachable_after = \"3s\"\ndisruption_threshold = 1.5\n\
+             etcd_max_txn_ops = 1\n",
         )
         .unwrap();
         let err = load_controller(&path).unwrap_err().to_string();
@@ -626,7 +643,8 @@ mod tests {
             lines,
             [
                 "grace_period must be longer than unreachable_after",
-                "disruption_threshold (1.5) must be more than 0 and at most 1 (1 turns the full-disruption rule off)"
+                "disruption_threshold (1.5) must be more than 0 and at most 1 (1 turns the full-disruption rule off)",
+                "etcd_max_txn_ops (1) must be at least 2 (a change and its fence); etcd's --max-txn-ops is 128 by default",
             ],
             "{err}"
         );
@@ -637,5 +655,8 @@ mod tests {
         std::fs::write(&path, "").unwrap();
         let cfg = load_controller(&path).unwrap();
         assert_eq!(cfg.threshold().unwrap().get(), 0.55);
+        assert_eq!(cfg.etcd_max_txn_ops, 128, "etcd's own default");
+        std::fs::write(&path, "etcd_max_txn_ops = 1024\n").unwrap();
+        assert_eq!(load_controller(&path).unwrap().etcd_max_txn_ops, 1024);
     }
 }

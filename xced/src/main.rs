@@ -347,6 +347,7 @@ async fn run_elected(
         leader_ttl = ?timings.ttl,
         renew_deadline = ?timings.renew_deadline,
         retry_period = ?timings.retry_period,
+        max_txn_ops = cfg.etcd_max_txn_ops,
         "store: etcd, with leader election"
     );
     // Checked once here: a term that cannot start is retried, a bad config must not be.
@@ -375,6 +376,7 @@ async fn run_elected(
         };
         let store = EtcdStore::new(endpoints.clone())
             .context("invalid etcd store")?
+            .with_max_txn_ops(cfg.etcd_max_txn_ops)
             .with_leader_guard(leader.key(), leader.create_revision());
         let (lost_tx, lost_rx) = tokio::sync::oneshot::channel();
         let leadership = leader.maintain(move |e| {

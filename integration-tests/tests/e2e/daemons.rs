@@ -20,8 +20,19 @@ pub struct EtcdCluster {
 
 impl EtcdCluster {
     pub async fn start(n: usize) -> Result<Self> {
+        Self::start_with(n, &[]).await
+    }
+
+    /// As [`start`](Self::start), with `extra` flags for every member
+    /// (`--max-txn-ops=8`).
+    pub async fn start_with(n: usize, extra: &[&str]) -> Result<Self> {
+        let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
         // The kit waits for the members with blocking calls: off the runtime's threads.
-        let etcd = tokio::task::spawn_blocking(move || testkit::etcd::Etcd::start(n)).await??;
+        let etcd = tokio::task::spawn_blocking(move || {
+            let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+            testkit::etcd::Etcd::start_with(n, &extra)
+        })
+        .await??;
         let clients = etcd.endpoints().to_vec();
         Ok(Self { etcd, clients })
     }
@@ -307,18 +318,24 @@ impl Fleet {
         Ok(())
     }
 
-    /// Starts controller 0 and waits until it serves, then controller 1 and waits until
-    /// it logs that it waits as a standby.
-    pub async fn start_leader_and_standby(&mut self) {
-        self.start_controller(0).unwrap();
-        eventually("controller 0 serves", || async {
-            Ok(self.controllers[0]
+    /// Starts controller `c` and waits until it serves (the first controller on an etcd
+    /// leads).
+    pub async fn start_leader(&mut self, c: usize) {
+        self.start_controller(c).unwrap();
+        eventually(&format!("controller {c} serves"), || async {
+            Ok(self.controllers[c]
                 .as_ref()
                 .unwrap()
                 .announced()
                 .then_some(()))
         })
         .await;
+    }
+
+    /// Starts controller 0 and waits until it serves, then controller 1 and waits until
+    /// it logs that it waits as a standby.
+    pub async fn start_leader_and_standby(&mut self) {
+        self.start_leader(0).await;
         self.start_controller(1).unwrap();
         let standby_log = self.log("controller-1");
         eventually("controller 1 waits as a standby", || async {

@@ -10,6 +10,7 @@ mod allstream;
 mod causes;
 mod cliwatch;
 mod dev;
+mod etcd_txn;
 mod failover;
 mod faults_rollout;
 mod fulldisk;

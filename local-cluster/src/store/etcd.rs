@@ -323,7 +323,7 @@ impl EtcdStore {
             }
             Err(e) => {
                 let hint = if e.message.contains("too many operations") {
-                    " (raise etcd's --max-txn-ops, or lower the store's max_txn_ops to match)"
+                    " (raise etcd's --max-txn-ops, or lower the controller's etcd_max_txn_ops to match)"
                 } else if e.message.contains("too large") {
                     " (a batch is one etcd request: raise etcd's --max-request-bytes)"
                 } else {

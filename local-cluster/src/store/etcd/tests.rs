@@ -83,7 +83,7 @@ fn a_refused_transaction_changes_nothing() {
         big.put(Key::new("port", format!("p-{i}")), b"j-2".to_vec());
     }
     let err = s.commit(big).unwrap_err().to_string();
-    check(&err.replace(&etcd.endpoint, "EP"), expect!["store backend: etcd /v3/kv/txn: EP: http 400: etcdserver: too many operations in txn request (raise etcd's --max-txn-ops, or lower the store's max_txn_ops to match)"]);
+    check(&err.replace(&etcd.endpoint, "EP"), expect!["store backend: etcd /v3/kv/txn: EP: http 400: etcdserver: too many operations in txn request (raise etcd's --max-txn-ops, or lower the controller's etcd_max_txn_ops to match)"]);
     check(&dump(&s), expect!["job/j-1=a port/p-1=j-1"]);
     // The store still works, and a new instance sees the same.
     s.commit(batch(&[("job", "j-2", Some("b"))])).unwrap();
