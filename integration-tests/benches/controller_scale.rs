@@ -31,7 +31,8 @@
 //! Knobs: `XCE_SCALE_HOSTS` (1,000), `XCE_SCALE_REPLICAS` (50,000 in all),
 //! `XCE_SCALE_BIG` (10,000: the big service; the controller's per-service limit must
 //! allow it), `XCE_SCALE_EACH` (500: the size of the other services),
-//! `XCE_SCALE_STORES` (`redb,etcd`). Needs `target/release/xced` (or `$XCED`) and `etcd`
+//! `XCE_SCALE_STORES` (`redb,etcd`), `XCE_SCALE_ETCD_TXN_OPS` (128: etcd's
+//! `--max-txn-ops` and the controller's `etcd_max_txn_ops`, both). Needs `target/release/xced` (or `$XCED`) and `etcd`
 //! (or `$ETCD`). Run: `sh integration-tests/bench-scale.sh controller_scale`. Children are
 //! killed when dropped, on a panic and by a watchdog past [`DEADLINE`].
 
@@ -68,6 +69,8 @@ struct Config {
     big: usize,
     each: usize,
     stores: Vec<String>,
+    /// etcd's `--max-txn-ops` and the controller's `etcd_max_txn_ops` (etcd's default).
+    etcd_txn_ops: usize,
 }
 
 fn knob(name: &str, default: usize) -> usize {
@@ -89,6 +92,7 @@ impl Config {
             big: knob("XCE_SCALE_BIG", 10_000),
             each: knob("XCE_SCALE_EACH", 500),
             stores: stores.split(',').map(|s| s.trim().to_owned()).collect(),
+            etcd_txn_ops: knob("XCE_SCALE_ETCD_TXN_OPS", 128),
         };
         if let Some(bad) = cfg
             .stores
@@ -96,6 +100,10 @@ impl Config {
             .find(|s| !matches!(s.as_str(), "redb" | "etcd"))
         {
             eprintln!("bench: XCE_SCALE_STORES: unknown store {bad:?} (redb, etcd)");
+            std::process::exit(1);
+        }
+        if cfg.etcd_txn_ops < 2 {
+            eprintln!("bench: XCE_SCALE_ETCD_TXN_OPS must be at least 2");
             std::process::exit(1);
         }
         if cfg.big > cfg.replicas || cfg.each == 0 || cfg.hosts == 0 {
@@ -276,6 +284,10 @@ async fn bench_store(cfg: &Config, store: &str, services: &[(String, usize)]) ->
         ..Figures::default()
     };
     if store == "etcd" {
+        println!(
+            "  etcd --max-txn-ops={0}, the controller's etcd_max_txn_ops = {0}",
+            cfg.etcd_txn_ops
+        );
         c.start_apiserver().await?;
     }
     let rss_ctl0 = rss_kib(c.controller_pid());
@@ -508,8 +520,9 @@ impl Cluster {
             .build()?;
         let (etcd, etcd_endpoint) = if store == "etcd" {
             let etcd_dir = dir.path().to_owned();
+            let limit = format!("--max-txn-ops={}", cfg.etcd_txn_ops);
             let etcd = tokio::task::spawn_blocking(move || {
-                testkit::etcd::Etcd::start_in(&etcd_dir, 1, &[])
+                testkit::etcd::Etcd::start_in(&etcd_dir, 1, &[&limit])
             })
             .await??;
             keep_child(etcd.pid(0).context("etcd runs")?);
@@ -546,7 +559,10 @@ impl Cluster {
                 dir.path().join("tokens.toml").display(),
                 etcd_endpoint
                     .as_ref()
-                    .map(|e| format!("store = \"etcd://{e}\"\nleader_ttl = \"3s\"\n"))
+                    .map(|e| format!(
+                        "store = \"etcd://{e}\"\nleader_ttl = \"3s\"\netcd_max_txn_ops = {}\n",
+                        cfg.etcd_txn_ops
+                    ))
                     .unwrap_or_default(),
             ),
         )?;
