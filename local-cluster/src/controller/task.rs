@@ -3,7 +3,7 @@
 //! publishes) and answers. Timers are one `sleep_until` on the next deadline.
 
 use super::core::{Applied, Core, CoreError, HostAssignments, Report};
-use crate::proto::{Caller, RegisterRequest, RegisterResponse, WorkerEvent};
+use crate::proto::{Caller, RegisterRequest, RegisterResponse};
 use plugin_api::{HostFacts, HostId, Principal, ServiceKey};
 use serde_json::Value;
 use std::sync::Arc;
@@ -72,12 +72,8 @@ pub(crate) enum Command {
         facts: HostFacts,
         reply: Reply<()>,
     },
-    Events {
-        host: HostId,
-        caller: Caller,
-        events: Vec<WorkerEvent>,
-        reply: Reply<()>,
-    },
+    /// A worker's events report (queued with the others of its burst, see [`Burst`]).
+    Events { report: Report, reply: Reply<()> },
     Assignments {
         host: HostId,
         caller: Caller,
@@ -200,18 +196,8 @@ impl Burst {
     /// Applies `cmd`, or queues it with the reports before it.
     fn take(&mut self, core: &mut Core, cmd: Command) {
         match cmd {
-            Command::Events {
-                host,
-                caller,
-                events,
-                reply,
-            } => {
-                self.events += events.len();
-                let report = Report {
-                    host,
-                    caller,
-                    events,
-                };
+            Command::Events { report, reply } => {
+                self.events += report.events.len();
                 self.reports.push((report, reply));
             }
             // Neither reads nor writes what a report changes (a heartbeat of a ready host
@@ -329,14 +315,10 @@ fn handle(core: &mut Core, cmd: Command) -> Answer {
             let r = core.facts(&host, &caller, facts, now);
             done(reply, r)
         }
-        Command::Events {
-            host,
-            caller,
-            events,
-            reply,
-        } => {
-            let r = core.events(&host, &caller, events, now);
-            done(reply, r)
+        // A burst queues reports (`Burst::take`); one alone is the same path.
+        Command::Events { report, reply } => {
+            let r = core.reports(vec![report], now).pop();
+            done(reply, r.expect("one result per report"))
         }
         Command::Assignments {
             host,

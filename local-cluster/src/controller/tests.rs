@@ -3625,9 +3625,11 @@ async fn queued_reports_settle_once_their_events_reach_the_bound() {
             .flat_map(|j| [started(j), ready(j, true)])
             .collect();
         tx.send(Command::Events {
-            host: "h1".into(),
-            caller: worker("h1"),
-            events,
+            report: crate::controller::core::Report {
+                host: "h1".into(),
+                caller: worker("h1"),
+                events,
+            },
             reply,
         })
         .await

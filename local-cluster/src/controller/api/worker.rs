@@ -3,7 +3,7 @@
 //! cluster.
 
 use super::state::{blocking_query, from_core, unavailable, ApiState};
-use crate::controller::core::HostAssignments;
+use crate::controller::core::{HostAssignments, Report};
 use crate::controller::task::Command;
 use crate::proto::{Caller, RegisterRequest, WorkerEvent, CLUSTER_HEADER, INSTANCE_HEADER};
 use axum::body::Bytes;
@@ -208,9 +208,11 @@ async fn events(
 ) -> Result<StatusCode, ApiError> {
     let events: Vec<WorkerEvent> = json_body(&body)?;
     st.call(|reply| Command::Events {
-        host,
-        caller,
-        events,
+        report: Report {
+            host,
+            caller,
+            events,
+        },
         reply,
     })
     .await?;

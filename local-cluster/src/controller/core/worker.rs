@@ -315,6 +315,9 @@ impl Core {
         self.commit(txn, now)
     }
 
+    /// One worker report alone (the tests' way in; the state task queues reports and
+    /// applies them with [`reports`](Self::reports)).
+    #[cfg(test)]
     pub(crate) fn events(
         &mut self,
         host: &HostId,
