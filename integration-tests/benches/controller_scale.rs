@@ -779,9 +779,9 @@ impl Cluster {
         Ok(())
     }
 
-    /// A counter of the controller's `/metrics` (`name` without `_total`), summed over
-    /// its label sets.
-    async fn counter(&self, name: &str) -> Result<f64> {
+    /// The value of every sample of the controller's `/metrics` named `name` (with any
+    /// labels) whose line `keep` accepts, summed.
+    async fn metric_sum(&self, name: &str, keep: impl Fn(&str) -> bool) -> Result<f64> {
         let text = self
             .http
             .get(format!("{}/metrics", self.base))
@@ -789,33 +789,30 @@ impl Cluster {
             .await?
             .text()
             .await?;
-        let prefix = format!("{name}_total");
         Ok(text
             .lines()
-            .filter(|l| l.starts_with(&prefix))
+            .filter(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with(['{', ' ']))
+            })
+            .filter(|l| keep(l))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum())
     }
 
+    /// A counter of the controller's `/metrics` (`name` without `_total`), summed over
+    /// its label sets.
+    async fn counter(&self, name: &str) -> Result<f64> {
+        self.metric_sum(&format!("{name}_total"), |_| true).await
+    }
+
     /// Jobs the controller counts `placed` or `running` (`xce_jobs` on `/metrics`).
     async fn live_jobs(&self) -> Result<usize> {
-        let text = self
-            .http
-            .get(format!("{}/metrics", self.base))
-            .send()
-            .await?
-            .text()
+        let n = self
+            .metric_sum("xce_jobs", |l| {
+                l.contains("state=\"placed\"") || l.contains("state=\"running\"")
+            })
             .await?;
-        let mut n = 0.0;
-        for l in text.lines().filter(|l| l.starts_with("xce_jobs{")) {
-            if l.contains("state=\"placed\"") || l.contains("state=\"running\"") {
-                n += l
-                    .rsplit(' ')
-                    .next()
-                    .and_then(|v| v.parse::<f64>().ok())
-                    .unwrap_or(0.0);
-            }
-        }
         Ok(n as usize)
     }
 

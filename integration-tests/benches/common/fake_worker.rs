@@ -81,6 +81,8 @@ async fn heartbeat(http: &reqwest::Client, base: &str, secret: &str) -> Result<b
     }
 }
 
+/// An assignments answer as a JSON tree (the bench-driven [`FakeWorker`]; the fleet reads
+/// only what it needs, see [`Answer`]).
 async fn assignments(
     http: &reqwest::Client,
     base: &str,
@@ -88,16 +90,8 @@ async fn assignments(
     index: u64,
     wait: &str,
 ) -> Result<Value> {
-    let r = http
-        .get(format!("{base}assignments?index={index}&wait={wait}"))
-        .bearer_auth(secret)
-        .send()
-        .await?;
-    if r.status() != 200 {
-        let st = r.status();
-        bail!("assignments: HTTP {st}: {}", r.text().await?);
-    }
-    Ok(r.json().await?)
+    let body = assignments_body(http, base, secret, index, wait).await?;
+    Ok(serde_json::from_slice(body.as_ref())?)
 }
 
 /// An assignments answer's body, unparsed.
