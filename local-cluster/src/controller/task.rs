@@ -132,13 +132,18 @@ pub(crate) async fn run(
         tokio::select! {
             cmd = rx.recv() => match cmd {
                 Some(cmd) => {
+                    // Woken past the deadline (both branches were ready; this one was
+                    // picked): a pause is judged before this command, whose heartbeat
+                    // would move the deadline on and hide it from the timer branch.
+                    let due = deadline.is_some_and(|d| Instant::now() >= d);
+                    if due {
+                        core.notice_pause(Instant::now(), deadline);
+                    }
                     let mut burst = Burst::default();
                     burst.take(&mut core, cmd);
                     // A deadline already past means the timer branch is due too: leave the
-                    // queue to it. It takes queued worker messages before judging hosts and
-                    // notices a pause (its lag behind the deadline it was armed with), which
-                    // draining every queued heartbeat here would hide.
-                    let due = deadline.is_some_and(|d| Instant::now() >= d);
+                    // queue to it. It takes queued worker messages before judging hosts,
+                    // which draining every queued heartbeat here would delay.
                     while !due && burst.room(&core) && core.fatal().is_none() {
                         match rx.try_recv() {
                             Ok(cmd) => burst.take(&mut core, cmd),

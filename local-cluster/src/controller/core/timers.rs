@@ -64,6 +64,21 @@ impl Core {
         (self.timing.heartbeat_interval * 2).max(Duration::from_secs(1))
     }
 
+    /// Whether the loop woke `now` far past the deadline it was `armed` with: then the
+    /// controller itself did not run (paused, suspended), and every host gets a fresh
+    /// window before it is judged. Called by [`tick`](Self::tick), and by the state task
+    /// before it applies a command that woke it past a due deadline: a queued heartbeat
+    /// applied first would move the deadline on and hide the pause.
+    pub(crate) fn notice_pause(&mut self, now: Instant, armed: Option<Instant>) {
+        let lag = armed.map_or(Duration::ZERO, |d| now.saturating_duration_since(d));
+        if lag > self.lag_tolerance() {
+            warn!(lag = %humantime::format_duration(round_up_secs(lag)), "the controller was not running for a while; every host gets a fresh window before it is judged");
+            for t in self.heard.values_mut() {
+                *t = (*t).max(now);
+            }
+        }
+    }
+
     /// Ends the drains that are over: those jobs get SIGTERM now (`Stopping`), in batches
     /// within the store's limit (a 10,000-replica stop ends 10,000 drains at once).
     fn end_drains(&mut self, now: Instant) {
@@ -124,13 +139,7 @@ impl Core {
     /// unreachable with its jobs kept (grants held, nothing placed elsewhere) but out of
     /// the endpoints.
     pub(crate) fn tick(&mut self, now: Instant, armed: Option<Instant>) {
-        let lag = armed.map_or(Duration::ZERO, |d| now.saturating_duration_since(d));
-        if lag > self.lag_tolerance() {
-            warn!(lag = %humantime::format_duration(round_up_secs(lag)), "the controller was not running for a while; every host gets a fresh window before it is judged");
-            for t in self.heard.values_mut() {
-                *t = (*t).max(now);
-            }
-        }
+        self.notice_pause(now, armed);
         self.end_drains(now);
         let ids: Vec<HostId> = self.cluster.hosts.keys().cloned().collect();
         for id in &ids {
