@@ -1,10 +1,7 @@
 //! The apiserver's extension points: routes, and the authentication and authorization
 //! that extensions call. Also the one error shape every REST answer uses.
 
-use axum::extract::FromRequestParts;
-use axum::http::request::Parts;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use http::StatusCode;
 use std::sync::Arc;
 use tokio::sync::watch;
 
@@ -222,30 +219,6 @@ impl ApiContext {
     }
 }
 
-/// Adds routes to the apiserver.
-///
-/// **Who calls it**: the host, once at apiserver start; the returned router is merged into
-/// the host's (its paths must not clash with the host's or other extensions'). Handlers
-/// authenticate with the [`Principal`] extractor and authorize with [`Principal::may`] on
-/// the object's own project; they answer errors with [`ApiError`].
-pub trait ApiExtension: Send + Sync + 'static {
-    /// Builds the extension's routes.
-    fn router(&self, cx: ApiContext) -> axum::Router;
-
-    /// Registers the extension's metrics in the host's registry (served on `/metrics`).
-    /// Called once, before [`router`](Self::router).
-    fn register_metrics(&self, registry: &mut prometheus_client::registry::Registry) {
-        let _ = registry;
-    }
-
-    /// Called by the host when it stops serving (a SIGTERM), after it stopped accepting
-    /// connections and before it waits for the requests in flight, which it cuts off after
-    /// a deadline: the extension ends its long requests now — a blocking query answers
-    /// with the current state, a stream ends — and answers later ones without waiting.
-    /// May be called more than once; the default does nothing.
-    fn drain(&self) {}
-}
-
 /// The error every REST answer uses, sent as an [`ErrorBody`](crate::error_body::ErrorBody):
 /// `{"error": {"code": "...", "details": [...], "message": "..."}}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -332,56 +305,5 @@ impl From<ApiError> for crate::error_body::ErrorBody {
                 message: e.message,
             },
         }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let status = self.status;
-        let mut resp =
-            (status, axum::Json(crate::error_body::ErrorBody::from(self))).into_response();
-        if status == StatusCode::UNAUTHORIZED {
-            resp.headers_mut().insert(
-                axum::http::header::WWW_AUTHENTICATE,
-                axum::http::HeaderValue::from_static("Bearer"),
-            );
-        }
-        resp
-    }
-}
-
-impl<S: Send + Sync> FromRequestParts<S> for Principal {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
-        let auth = parts
-            .extensions
-            .get::<ApiContext>()
-            .cloned()
-            .ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "internal",
-                    "authenticator not installed",
-                )
-            })?;
-        let token = match parts.headers.get(axum::http::header::AUTHORIZATION) {
-            None => None,
-            Some(v) => {
-                let v = v
-                    .to_str()
-                    .map_err(|_| ApiError::unauthenticated(AuthError::Invalid))?;
-                match v
-                    .strip_prefix("Bearer ")
-                    .or_else(|| v.strip_prefix("bearer "))
-                {
-                    Some(t) => Some(t.trim()),
-                    None => return Err(ApiError::unauthenticated(AuthError::Invalid)),
-                }
-            }
-        };
-        auth.auth
-            .authenticate(token)
-            .map_err(ApiError::unauthenticated)
     }
 }

@@ -13,7 +13,7 @@
 //! | controller | [`HostFactsPolicy`]    | `host-address`                  |
 //! | controller | [`ClusterListener`]    | `endpoint-table`                |
 //! | apiserver  | [`ApiExtension`]       | `endpoint-table`                |
-//! | apiserver  | [`Authenticator`]      | the host (`local-cluster`)      |
+//! | apiserver  | [`Authenticator`]      | the host (`xce-serve`)          |
 #![warn(missing_docs, unreachable_pub)]
 #![forbid(unsafe_code)]
 
@@ -23,15 +23,16 @@ mod events;
 mod facts;
 mod grant;
 mod grants;
-pub mod http2;
 mod launch;
 mod name;
 mod resource;
+#[cfg(feature = "server")]
+mod server;
 mod vocab;
 
 pub use auth::{
-    ApiContext, ApiError, ApiExtension, AuthError, Authenticator, Credential, LiveGrants,
-    Permission, Principal, PrincipalKind,
+    ApiContext, ApiError, AuthError, Authenticator, Credential, LiveGrants, Permission, Principal,
+    PrincipalKind,
 };
 pub use error_body::{ErrorBody, ErrorInfo};
 pub use events::{
@@ -42,4 +43,6 @@ pub use facts::{FactsError, HostAddress, HostFacts, HostFactsPolicy, HostFactsPr
 pub use launch::{LaunchContext, LaunchHook, LaunchPlan, LaunchRefusal};
 pub use name::{check_name, InvalidName, MAX_NAME_LEN};
 pub use resource::{PlacementRequest, ResourcePlugin, SectionInfo, Unfit};
+#[cfg(feature = "server")]
+pub use server::ApiExtension;
 pub use vocab::{FieldError, Grant, GrantError, Grants, HostId, JobId};

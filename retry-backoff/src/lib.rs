@@ -4,7 +4,7 @@
 //! controller's per-replica restart delay, and the CLI's watch retries (without jitter:
 //! their delays are asserted exactly and printed to the user).
 //!
-//! A crate of its own (not `plugin-api`, not `local-cluster`): the CLI library
+//! A crate of its own (not `plugin-api`, not the host's crates): the CLI library
 //! (`xcecli-ext`) may not depend on the host, and a retry pause is no part of the plugin
 //! contract; one tiny crate with one dependency (`fastrand`, for the jitter) is what both
 //! sides can share.

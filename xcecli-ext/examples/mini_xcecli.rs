@@ -1,4 +1,4 @@
-//! The smallest host of `xcecli-ext`: what the real `xcecli` binary (in `local-cluster`)
+//! The smallest host of `xcecli-ext`: what the real `xcecli` binary (in the `xced` crate)
 //! does around it, minus the config file. Used to measure the client's own cost:
 //!
 //! ```text

@@ -2,8 +2,8 @@
 //! submit|scale|restart|status|list|stop|endpoints` and `host list` (DESIGN §7): the REST
 //! client, the output formats, `--wait` (rollouts), `--watch` and `--wait-ready`.
 //!
-//! The binary (in `local-cluster`) parses its global flags, the config file and the
-//! environment, then hands this crate everything it needs: a [`ClientConfig`] (api URL,
+//! The binary (`xcecli`, in the `xced` crate) parses its global flags, the config file
+//! (whose shape and default path are [`clientconf`]'s) and the environment, then hands this crate everything it needs: a [`ClientConfig`] (api URL,
 //! token, default project) and an [`Io`] (writers, whether they are terminals). This crate
 //! never reads the environment, the terminal state, config files or the home directory
 //! itself.
@@ -34,6 +34,7 @@
 
 mod cli;
 mod client;
+pub mod clientconf;
 mod endpoints;
 mod error;
 mod format;

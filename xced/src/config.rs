@@ -3,7 +3,7 @@
 //!
 //! The plugins' config sections (`[address]`, `[ports]`, `[endpoints]`) are the plugin
 //! crates' own config types: the files are parsed here, in the wiring, because
-//! `local-cluster` does not know the plugins.
+//! the host's crates (`local-cluster/*`) do not know the plugins.
 
 use anyhow::{bail, Context, Result};
 use figment::providers::{Env, Format, Toml};
@@ -40,7 +40,7 @@ pub(crate) struct ControllerFile {
     pub(crate) unreachable_after: Duration,
     #[serde(default = "d_grace", with = "humantime_serde")]
     pub(crate) grace_period: Duration,
-    /// The full-disruption rule: see `local_cluster::controller::DisruptionThreshold`
+    /// The full-disruption rule: see `xce_controller::DisruptionThreshold`
     /// (checked in [`load_controller`]).
     #[serde(default = "d_disruption_threshold")]
     pub(crate) disruption_threshold: f64,
@@ -50,16 +50,16 @@ pub(crate) struct ControllerFile {
     pub(crate) address: host_address::PolicyConfig,
     #[serde(default)]
     pub(crate) endpoints: endpoint_table::TableConfig,
-    /// `[connections]`: caps and timeouts of the API port (see `local_cluster::serve`).
+    /// `[connections]`: caps and timeouts of the API port (see `xce_serve`).
     #[serde(default)]
-    pub(crate) connections: local_cluster::serve::ConnLimits,
+    pub(crate) connections: xce_serve::ConnLimits,
     /// `[quotas.default]`, `[quotas."team-a"]`: read raw, then checked whole (see
     /// [`quotas`]).
     #[serde(default)]
     pub(crate) quotas: Option<serde_json::Value>,
     /// `redb` (default) or `etcd://HOST:PORT[,HOST:PORT...]`; `--store` overrides it.
     #[serde(default, deserialize_with = "store_spec")]
-    pub(crate) store: Option<local_cluster::store::StoreSpec>,
+    pub(crate) store: Option<xce_store::StoreSpec>,
     /// With the etcd store: the most operations the controller puts in one etcd
     /// transaction. Must not exceed etcd's `--max-txn-ops` (128 by default), which etcd
     /// refuses above; raised with it, a big change takes fewer transactions.
@@ -84,22 +84,22 @@ pub(crate) struct ControllerFile {
 }
 
 fn d_max_txn_ops() -> usize {
-    local_cluster::store::DEFAULT_MAX_TXN_OPS
+    xce_store::DEFAULT_MAX_TXN_OPS
 }
 
 fn d_leader_ttl() -> Duration {
-    local_cluster::store::DEFAULT_LEADER_TTL
+    xce_store::DEFAULT_LEADER_TTL
 }
 
 impl ControllerFile {
     /// The leader election's timings: what is set, the rest derived (see
-    /// [`LeaseTimings::from_ttl`](local_cluster::store::LeaseTimings::from_ttl)): only
+    /// [`LeaseTimings::from_ttl`](xce_store::LeaseTimings::from_ttl)): only
     /// `leader_ttl = "3s"` gives a 2 s renew deadline and 400 ms retries; nothing set
     /// gives Kubernetes' 15 s, 10 s and 2 s.
-    pub(crate) fn lease_timings(&self) -> local_cluster::store::LeaseTimings {
-        let derived = local_cluster::store::LeaseTimings::from_ttl(self.leader_ttl);
+    pub(crate) fn lease_timings(&self) -> xce_store::LeaseTimings {
+        let derived = xce_store::LeaseTimings::from_ttl(self.leader_ttl);
         let renew_deadline = self.renew_deadline.unwrap_or(derived.renew_deadline);
-        local_cluster::store::LeaseTimings {
+        xce_store::LeaseTimings {
             ttl: self.leader_ttl,
             renew_deadline,
             retry_period: self.retry_period.unwrap_or(renew_deadline / 5),
@@ -107,9 +107,7 @@ impl ControllerFile {
     }
 }
 
-fn store_spec<'de, D: Deserializer<'de>>(
-    d: D,
-) -> Result<Option<local_cluster::store::StoreSpec>, D::Error> {
+fn store_spec<'de, D: Deserializer<'de>>(d: D) -> Result<Option<xce_store::StoreSpec>, D::Error> {
     let s = String::deserialize(d)?;
     s.parse().map(Some).map_err(serde::de::Error::custom)
 }
@@ -124,7 +122,7 @@ fn d_grace() -> Duration {
     secs(30)
 }
 fn d_disruption_threshold() -> f64 {
-    local_cluster::controller::DisruptionThreshold::DEFAULT.get()
+    xce_controller::DisruptionThreshold::DEFAULT.get()
 }
 fn d_body_limit() -> usize {
     1 << 20
@@ -143,12 +141,12 @@ pub(crate) struct ApiserverFile {
     pub(crate) body_limit: usize,
     #[serde(default)]
     pub(crate) endpoints: endpoint_table::TableConfig,
-    /// `[connections]`: caps and timeouts of the API port (see `local_cluster::serve`).
+    /// `[connections]`: caps and timeouts of the API port (see `xce_serve`).
     #[serde(default)]
-    pub(crate) connections: local_cluster::serve::ConnLimits,
+    pub(crate) connections: xce_serve::ConnLimits,
     /// The controller's store, `etcd://HOST:PORT[,HOST:PORT...]`; `--store` overrides it.
     #[serde(default, deserialize_with = "store_spec")]
-    pub(crate) store: Option<local_cluster::store::StoreSpec>,
+    pub(crate) store: Option<xce_store::StoreSpec>,
     /// Serve TLS with this certificate chain (PEM), and `tls_key`: both or neither.
     #[serde(default)]
     pub(crate) tls_cert: Option<PathBuf>,
@@ -406,18 +404,18 @@ fn remove_key(v: &mut figment::value::Value, key: &[String]) -> bool {
 
 /// The controller's `[quotas]`, every problem listed. The known quota names are the
 /// host's (`services`, `replicas`) and the plugins' quantities (`ports`).
-pub(crate) fn quotas(cfg: &ControllerFile) -> Result<local_cluster::controller::quota::Quotas> {
+pub(crate) fn quotas(cfg: &ControllerFile) -> Result<xce_controller::quota::Quotas> {
     let Some(v) = &cfg.quotas else {
         return Ok(Default::default());
     };
-    local_cluster::controller::quota::Quotas::parse(v, &["ports"]).map_err(|errs| {
+    xce_controller::quota::Quotas::parse(v, &["ports"]).map_err(|errs| {
         let list: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
         anyhow::anyhow!("{}", list.join("; "))
     })
 }
 
 /// `[connections]` as a whole: every problem in one error.
-fn check_connections(path: &Path, what: &str, c: &local_cluster::serve::ConnLimits) -> Result<()> {
+fn check_connections(path: &Path, what: &str, c: &xce_serve::ConnLimits) -> Result<()> {
     let problems = c.problems();
     if !problems.is_empty() {
         bail!(
@@ -435,9 +433,9 @@ pub(crate) fn tls_files(
     what: &str,
     cert: &Option<PathBuf>,
     key: &Option<PathBuf>,
-) -> Result<Option<local_cluster::serve::TlsFiles>> {
+) -> Result<Option<xce_serve::TlsFiles>> {
     match (cert, key) {
-        (Some(cert), Some(key)) => Ok(Some(local_cluster::serve::TlsFiles {
+        (Some(cert), Some(key)) => Ok(Some(xce_serve::TlsFiles {
             cert: cert.clone(),
             key: key.clone(),
         })),
@@ -511,11 +509,8 @@ impl ControllerFile {
     /// `disruption_threshold` as the controller takes it.
     pub(crate) fn threshold(
         &self,
-    ) -> Result<
-        local_cluster::controller::DisruptionThreshold,
-        local_cluster::controller::ConfigError,
-    > {
-        local_cluster::controller::DisruptionThreshold::try_new(self.disruption_threshold)
+    ) -> Result<xce_controller::DisruptionThreshold, xce_controller::ConfigError> {
+        xce_controller::DisruptionThreshold::try_new(self.disruption_threshold)
     }
 }
 

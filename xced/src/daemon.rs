@@ -3,10 +3,10 @@
 //! from `main.rs` (no import circle between the two).
 
 use anyhow::{Context, Result};
-use local_cluster::auth::Tokens;
-use local_cluster::keyring::Keyring;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use xce_serve::auth::Tokens;
+use xce_serve::keyring::Keyring;
 
 /// Reads and validates a tokens file.
 pub(crate) fn load_tokens(path: &std::path::Path) -> Result<Tokens> {

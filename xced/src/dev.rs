@@ -3,15 +3,15 @@
 //! address; `--demo` submits `examples/web.toml`.
 
 use anyhow::{bail, Context, Result};
-use local_cluster::auth::{Tokens, UserToken, WorkerCredential};
-use local_cluster::clientconf::{self, ClientFile};
-use local_cluster::controller::{self, ControllerConfig};
-use local_cluster::keyring::Keyring;
-use local_cluster::worker::{self, ShutdownMode, WorkerConfig};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use xce_controller::ControllerConfig;
+use xce_serve::auth::{Tokens, UserToken, WorkerCredential};
+use xce_serve::keyring::Keyring;
+use xce_worker::{ShutdownMode, WorkerConfig};
+use xcecli_ext::clientconf::{self, ClientFile};
 
 /// The demo profile, built into the binary so `--demo` works from any directory.
 const DEMO_PROFILE: &str = include_str!("../../examples/web.toml");
@@ -147,7 +147,7 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
         })?;
     }
 
-    let store = local_cluster::store::RedbStore::open(args.data_dir.join("controller.redb"))
+    let store = xce_store::RedbStore::open(args.data_dir.join("controller.redb"))
         .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
     // Every dev host advertises a loopback address.
     let address_policy = host_address::PolicyConfig {
@@ -165,7 +165,7 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
     let scheme = if ccfg.tls.is_some() { "https" } else { "http" };
     let plugins =
         crate::plugins::controller_plugins(address_policy, endpoint_table::TableConfig::default());
-    let running = controller::start(ccfg, keyring, plugins, Arc::new(store)).await?;
+    let running = xce_controller::start(ccfg, keyring, plugins, Arc::new(store)).await?;
     let api = format!("{scheme}://{}", running.addr);
     let http = http_client(ca_file.as_deref())?;
 
@@ -223,7 +223,7 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
                     }
                 }
             };
-            if let Err(e) = worker::run(wcfg, plugins, shutdown).await {
+            if let Err(e) = xce_worker::run(wcfg, plugins, shutdown).await {
                 tracing::error!(%host, "worker failed: {e:#}");
             }
         });
@@ -284,9 +284,9 @@ fn merged(
 
 /// The certificate to serve and the CA the dev clients trust: generated (`--tls`), given
 /// (`--tls-cert`, `--tls-key`, `--ca-file`), or none (plain HTTP).
-fn dev_tls(args: &DevArgs) -> Result<(Option<local_cluster::serve::TlsFiles>, Option<PathBuf>)> {
+fn dev_tls(args: &DevArgs) -> Result<(Option<xce_serve::TlsFiles>, Option<PathBuf>)> {
     if let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) {
-        let files = local_cluster::serve::TlsFiles {
+        let files = xce_serve::TlsFiles {
             cert: cert.clone(),
             key: key.clone(),
         };
@@ -324,7 +324,7 @@ fn dev_tls(args: &DevArgs) -> Result<(Option<local_cluster::serve::TlsFiles>, Op
         dir.display(),
         certs.ca.display()
     );
-    let files = local_cluster::serve::TlsFiles {
+    let files = xce_serve::TlsFiles {
         cert: certs.cert,
         key: certs.key,
     };
@@ -357,7 +357,7 @@ fn write_client_config(
     };
     let text = toml::to_string(&file).context("encoding the client config")?;
     // The file holds a secret: readable by its owner only.
-    local_cluster::atomic_file::write_atomic_private(path, text.as_bytes())
+    xce_stdx::atomic_file::write_atomic_private(path, text.as_bytes())
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }

@@ -2,7 +2,7 @@
 //! apiservers on etcd, worker agent, and an all-in-one `dev` mode. This crate is the
 //! wiring: it decides which plugins each component loads (`plugins.rs`; the plugins'
 //! config types are read in `config.rs`, the dev cluster's in `dev.rs`), so that
-//! `local-cluster` itself can depend on `plugin-api` only.
+//! the host's crates (`local-cluster/*`) depend on `plugin-api` only.
 
 mod config;
 mod daemon;
@@ -13,15 +13,15 @@ mod token;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
-use local_cluster::controller::{self, ControllerConfig};
-use local_cluster::keyring::Keyring;
-use local_cluster::store::{
-    Election, EtcdStore, Leadership, Maintained, RedbStore, StoreSpec, DEFAULT_PREFIX,
-};
-use local_cluster::worker::{self, ShutdownMode, WorkerConfig};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use xce_controller::ControllerConfig;
+use xce_serve::keyring::Keyring;
+use xce_store::{
+    Election, EtcdStore, Leadership, Maintained, RedbStore, StoreSpec, DEFAULT_PREFIX,
+};
+use xce_worker::{ShutdownMode, WorkerConfig};
 
 /// Run the xce daemons.
 #[derive(Debug, Parser)]
@@ -103,7 +103,7 @@ fn main() -> std::process::ExitCode {
     init_tracing(dev_log.as_deref());
     // Every daemon may hold thousands of connections and (in `dev`) replicas' descriptors:
     // take the whole hard limit, and say so.
-    match local_cluster::limits::raise_nofile() {
+    match xce_serve::limits::raise_nofile() {
         Ok((before, after)) if before != after => {
             tracing::info!(before, after, "open-file limit raised to the hard limit")
         }
@@ -139,8 +139,8 @@ fn init_tracing(dev_log: Option<&std::path::Path>) {
     // Field values escaped and bounded (text from clients and workers cannot forge log
     // lines); colour only on a terminal without NO_COLOR.
     let console = tracing_subscriber::fmt::layer()
-        .fmt_fields(local_cluster::logging::fields())
-        .with_ansi(local_cluster::logging::use_ansi())
+        .fmt_fields(xce_stdx::logging::fields())
+        .with_ansi(xce_stdx::logging::use_ansi())
         .with_writer(std::io::stderr);
     let file = match (dev_log, &asked) {
         (Some(path), Err(_)) => match open_log(path) {
@@ -158,7 +158,7 @@ fn init_tracing(dev_log: Option<&std::path::Path>) {
     match file {
         Some(f) => {
             let to_file = tracing_subscriber::fmt::layer()
-                .fmt_fields(local_cluster::logging::fields())
+                .fmt_fields(xce_stdx::logging::fields())
                 .with_ansi(false)
                 .with_writer(std::sync::Mutex::new(f))
                 .with_filter(EnvFilter::new("info"));
@@ -221,7 +221,7 @@ async fn run_apiserver(
         "apiserver: following the controller's etcd"
     );
     let plugins = plugins::apiserver_plugins(cfg.endpoints);
-    let acfg = local_cluster::apiserver::ApiserverConfig {
+    let acfg = xce_apiserver::ApiserverConfig {
         listen: cfg.listen,
         body_limit: cfg.body_limit,
         etcd,
@@ -238,7 +238,7 @@ async fn run_apiserver(
     };
     let mut signals = Signals::new()?;
     let tls = acfg.tls.is_some();
-    let running = local_cluster::apiserver::start(acfg, tokens, plugins).await?;
+    let running = xce_apiserver::start(acfg, tokens, plugins).await?;
     daemon::announce(running.addr, tls);
     let signal = signals.next().await;
     tracing::info!(
@@ -292,7 +292,7 @@ async fn run_controller(
     tracing::info!(data_dir = %cfg.data_dir.display(), "store: embedded redb");
     let plugins = plugins::controller_plugins(cfg.address.clone(), cfg.endpoints.clone());
     let tls = ccfg.tls.is_some();
-    let running = controller::start(ccfg, tokens, plugins, Arc::new(store)).await?;
+    let running = xce_controller::start(ccfg, tokens, plugins, Arc::new(store)).await?;
     daemon::announce(running.addr, tls);
     let failed = tokio::select! {
         signal = signals.next() => {
@@ -355,12 +355,12 @@ async fn run_elected(
     let id = controller_id(cfg.listen);
     let election = Election::with_timings(endpoints.clone(), DEFAULT_PREFIX, &id, timings)
         .context("invalid leader election")?;
-    let role = controller::standby::Role::default();
+    let role = xce_controller::standby::Role::default();
     loop {
         // A standby serves /healthz and /metrics only, on the address it will serve the
         // API on; it gives the address up when elected.
         let (following, leader_id) = tokio::sync::watch::channel(None);
-        let standby = controller::standby::serve(
+        let standby = xce_controller::standby::serve(
             cfg.listen,
             cfg.connections,
             ccfg.tls.clone(),
@@ -384,7 +384,7 @@ async fn run_elected(
             let _ = lost_tx.send(e);
         });
         let plugins = plugins::controller_plugins(cfg.address.clone(), cfg.endpoints.clone());
-        let running = match controller::start_with_role(
+        let running = match xce_controller::start_with_role(
             ccfg.clone(),
             tokens.clone(),
             plugins,
@@ -469,7 +469,7 @@ async fn run_elected(
 async fn stop_leading(
     signals: &mut Signals,
     leadership: Maintained,
-    running: controller::RunningController,
+    running: xce_controller::RunningController,
 ) {
     signals
         .or_exit_at_once(async {
@@ -581,7 +581,7 @@ async fn run_worker(path: PathBuf) -> Result<()> {
     };
     let plugins = plugins::worker_plugins(cfg.address, cfg.ports)?;
     // A worker that stops leaves its replicas running: a restarted worker re-adopts them.
-    worker::run(wcfg, plugins, async {
+    xce_worker::run(wcfg, plugins, async {
         daemon::shutdown_signal().await;
         ShutdownMode::Detach
     })

@@ -1,13 +1,13 @@
 //! Which plugins each component loads: the one file of the workspace that constructs the
-//! plugins of the controller, the separate apiserver and the worker. `local-cluster` takes them as `plugin-api` trait objects
+//! plugins of the controller, the separate apiserver and the worker. the host's crates (`local-cluster/*`) take them as `plugin-api` trait objects
 //! and knows none of them; `xced controller`, `xced worker` and `xced dev` all call here,
 //! so the three modes cannot load different sets.
 
 use anyhow::{Context, Result};
-use local_cluster::apiserver::ApiserverPlugins;
-use local_cluster::controller::ControllerPlugins;
-use local_cluster::worker::WorkerPlugins;
 use std::sync::Arc;
+use xce_apiserver::ApiserverPlugins;
+use xce_controller::ControllerPlugins;
+use xce_worker::WorkerPlugins;
 
 /// The controller's plugins: ports as a resource, the address policy, the endpoint table.
 pub(crate) fn controller_plugins(

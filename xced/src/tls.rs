@@ -2,7 +2,7 @@
 //! with the file and the reason), and re-read on every SIGHUP.
 
 use anyhow::{Context as _, Result};
-use local_cluster::serve::{ServerTls, TlsFiles};
+use xce_serve::{ServerTls, TlsFiles};
 
 /// Loads the serving certificate, when TLS is configured, and re-reads it on SIGHUP for as
 /// long as the process runs.
@@ -10,7 +10,7 @@ pub(crate) fn serve_tls(files: Option<TlsFiles>) -> Result<Option<ServerTls>> {
     let Some(files) = files else {
         return Ok(None);
     };
-    let tls = local_cluster::serve::load_tls(files.clone()).with_context(|| {
+    let tls = xce_serve::load_tls(files.clone()).with_context(|| {
         format!(
             "cannot serve TLS with tls_cert {} and tls_key {}",
             files.cert.display(),

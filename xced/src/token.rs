@@ -1,8 +1,8 @@
 //! `xced token new`: a fresh token for the tokens file (DESIGN §6).
 
 use anyhow::{Context, Result};
-use local_cluster::auth::{random_secret, Grant, Key, Tokens, UserToken};
 use plugin_api::Permission;
+use xce_serve::auth::{random_secret, Grant, Key, Tokens, UserToken};
 
 /// `xced token ...`
 #[derive(Debug, clap::Subcommand)]
@@ -117,7 +117,7 @@ mod tests {
     #[test]
     fn the_printed_entry_loads_as_the_token() {
         let entry = UserToken {
-            key: Key::Sha256(local_cluster::auth::Digest::of("carol-example-secret")),
+            key: Key::Sha256(xce_serve::auth::Digest::of("carol-example-secret")),
             principal: "carol \"c\"".into(),
             grants: grants(&["job.view:team-a".into(), "admin:*".into()]).unwrap(),
         };

@@ -4,10 +4,10 @@
 //! which owns the client, the formats and the exit codes.
 
 use clap::{CommandFactory, Parser, Subcommand};
-use local_cluster::clientconf::{self, ClientFile};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use xcecli_ext::clientconf::{self, ClientFile};
 use xcecli_ext::{CliError, Client, ClientConfig, ErrorKind, Io};
 
 const DEFAULT_API: &str = "http://127.0.0.1:7480";

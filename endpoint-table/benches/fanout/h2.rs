@@ -65,7 +65,7 @@ pub(crate) async fn raw_h2_connect(addr: SocketAddr) -> RawH2 {
         .initial_connection_window_size(16 << 20)
         // Requests batched as the server batches its answers: the watchers that had an
         // answer together ask again together.
-        .handshake(plugin_api::http2::BatchedWrites::http2(tcp))
+        .handshake(xce_serve::http2::BatchedWrites::http2(tcp))
         .await
         .unwrap();
     tokio::spawn(async move {

@@ -253,7 +253,7 @@ impl Drop for Server {
 
 /// Serves `app` on `listener` as the apiserver does: HTTP/1.1, or HTTP/2 with prior
 /// knowledge when a connection starts with its preface, with the apiserver's HTTP/2
-/// settings and write batching (`plugin_api::http2`), so the per-watcher figures are the
+/// settings and write batching (`xce_serve::http2`), so the per-watcher figures are the
 /// product's. (The
 /// apiserver's connection limits are left out: the bench stays far below them.)
 async fn http_serve(listener: tokio::net::TcpListener, app: axum::Router) {
@@ -265,12 +265,12 @@ async fn http_serve(listener: tokio::net::TcpListener, app: axum::Router) {
         let app = app.clone();
         tokio::spawn(async move {
             let mut builder = auto::Builder::new(TokioExecutor::new());
-            plugin_api::http2::configure(&mut builder.http2());
+            xce_serve::http2::configure(&mut builder.http2());
             let svc = hyper::service::service_fn(move |req: axum::http::Request<Incoming>| {
                 use tower::Service as _;
                 app.clone().call(req.map(axum::body::Body::new))
             });
-            let io = TokioIo::new(plugin_api::http2::BatchedWrites::new(tcp));
+            let io = TokioIo::new(xce_serve::http2::BatchedWrites::new(tcp));
             let _ = builder.serve_connection(io, svc).await;
         });
     }

@@ -1092,7 +1092,7 @@ async fn two_projects_each_have_a_web_and_see_only_their_own() {
 // === scenario 16: log injection ===
 
 /// What a forged line would start with: a timestamp no real line has.
-const FORGED_PREFIX: &str = "1999-12-31T23:59:59.999999Z  INFO local_cluster::auth:";
+const FORGED_PREFIX: &str = "1999-12-31T23:59:59.999999Z  INFO xce_serve::auth:";
 
 /// The text injected into field `tag`: the tag's marker, a newline, a forged log line
 /// naming the tag, an escape sequence (clear screen).
@@ -1223,7 +1223,7 @@ impl Drop for FakeWorker {
 async fn a_worker_cannot_forge_a_controller_log_line() {
     let cfg = ClusterConfig {
         controller_log: Some(
-            "info,xced=debug,local_cluster=debug,port_resource=debug,host_address=debug,endpoint_table=debug"
+            "info,xced=debug,xce_controller=debug,xce_apiserver=debug,xce_worker=debug,xce_serve=debug,port_resource=debug,host_address=debug,endpoint_table=debug"
                 .to_owned(),
         ),
         ..ClusterConfig::default()

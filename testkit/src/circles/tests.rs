@@ -97,16 +97,7 @@ fn a_missing_module_file_is_an_error_naming_both_places_looked() {
 #[test]
 fn no_crate_of_the_workspace_has_an_import_circle() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let manifest = std::fs::read_to_string(root.join("Cargo.toml")).unwrap();
-    let members: Vec<&str> = manifest
-        .split("members")
-        .nth(1)
-        .and_then(|rest| rest.split(']').next())
-        .unwrap()
-        .split('"')
-        .skip(1)
-        .step_by(2)
-        .collect();
+    let members = crate::layers::workspace_members(&root);
     assert!(
         members.len() >= 3,
         "found the workspace's members: {members:?}"

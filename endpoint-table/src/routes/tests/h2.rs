@@ -1,5 +1,5 @@
 //! The endpoint routes over HTTP/2 with prior knowledge, on a real socket, served with the
-//! apiserver's HTTP/2 settings (`plugin_api::http2`) and read by a real HTTP/2 client
+//! apiserver's HTTP/2 settings (`xce_serve::http2`) and read by a real HTTP/2 client
 //! (hyper's): reads, blocking queries and SSE streams share one connection, many at once;
 //! every change reaches them all at once (an event is not held back until a frame fills);
 //! and the watcher limits count requests (streams), not connections.
@@ -20,7 +20,7 @@ async fn serve(router: Router) -> SocketAddr {
             let router = router.clone();
             tokio::spawn(async move {
                 let mut builder = auto::Builder::new(TokioExecutor::new());
-                plugin_api::http2::configure(&mut builder.http2());
+                xce_serve::http2::configure(&mut builder.http2());
                 let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
                     router.clone().oneshot(req.map(Body::new))
                 });

@@ -1,0 +1,551 @@
+//! The follower: keeps the apiserver's listeners (the endpoint table's feed) in step with
+//! the controller through etcd alone.
+//!
+//! It loads the whole store once (one consistent etcd revision) and resyncs the listeners
+//! from it, then watches every key of the store from the next revision on. Every batch the
+//! controller commits rewrites `meta/events` with the batch's events (see
+//! `controller::model::events_key`), so the watch delivers each batch's events, in commit
+//! order, exactly as the leader's own listeners got them: the follower hands them to its
+//! listeners and the tables agree, indexes included. The global revision makes gaps
+//! visible: events must follow the last applied one without a hole (a batch's events are
+//! consecutive revisions); anything else — and a watch that etcd compacted away — is met
+//! with a full reload and resync, never with a guess.
+
+use super::metrics::Metrics;
+use plugin_api::{ClusterEvent, ClusterListener};
+use retry_backoff::Backoff;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+use xce_model::{decode_events, events_key, Cluster};
+use xce_store::etcd::gateway::int;
+use xce_store::{EtcdStore, Key, StoreError};
+
+/// The longest pause between two attempts to reach etcd.
+const MAX_RETRY: Duration = Duration::from_secs(2);
+/// How long a watch may stay silent before the follower asks another member whether the
+/// store moved on meanwhile (a member cut off from the others keeps the stream open and
+/// quiet: without this check the apiserver would serve a stale table indefinitely).
+const QUIET_CHECK: Duration = Duration::from_secs(10);
+
+/// Why a watch stopped.
+#[derive(Debug)]
+enum End {
+    /// The stream broke or etcd went away: watch again from where we are.
+    Broken(String),
+    /// The history we need is gone, or it does not add up: reload everything.
+    Reload(String),
+}
+
+/// Follows one etcd store (see the module documentation).
+pub(crate) struct Follower {
+    store: Arc<EtcdStore>,
+    listeners: Vec<Arc<dyn ClusterListener>>,
+    metrics: Metrics,
+    /// The controller's revision the listeners are at.
+    applied: u64,
+    /// The etcd revision everything up to which has been applied.
+    etcd_rev: i64,
+    /// The etcd endpoint to watch next (rotates on failures).
+    endpoint: usize,
+    /// See [`QUIET_CHECK`] (shorter in tests).
+    quiet_check: Duration,
+    /// The cluster id as of the last load (written once with the store, never changed).
+    cluster_id: Option<String>,
+}
+
+impl std::fmt::Debug for Follower {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Follower")
+            .field("applied", &self.applied)
+            .field("etcd_rev", &self.etcd_rev)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Follower {
+    pub(crate) fn new(
+        store: Arc<EtcdStore>,
+        listeners: Vec<Arc<dyn ClusterListener>>,
+        metrics: Metrics,
+    ) -> Self {
+        Self {
+            store,
+            listeners,
+            metrics,
+            applied: 0,
+            etcd_rev: 0,
+            endpoint: 0,
+            quiet_check: QUIET_CHECK,
+            cluster_id: None,
+        }
+    }
+
+    /// The cluster id the last load found (`None`: no controller has opened the store
+    /// since cluster ids exist).
+    pub(crate) fn cluster_id(&self) -> Option<&str> {
+        self.cluster_id.as_deref()
+    }
+
+    /// Loads the whole store and resyncs every listener from it.
+    pub(crate) async fn load(&mut self) -> Result<(), StoreError> {
+        let store = self.store.clone();
+        let (records, etcd_rev) = tokio::task::spawn_blocking(move || store.load_all_at())
+            .await
+            .map_err(|e| StoreError::Backend(format!("the load task failed: {e}")))??;
+        let cluster = Cluster::from_records(records)
+            .map_err(|e| StoreError::Backend(format!("the stored state is unreadable: {e}")))?;
+        let snapshot = cluster.snapshot();
+        for l in &self.listeners {
+            l.resync(&snapshot);
+        }
+        self.applied = cluster.rev;
+        self.etcd_rev = etcd_rev;
+        self.cluster_id = cluster.cluster_id;
+        self.metrics.resyncs.inc();
+        self.metrics.applied.set(self.applied as i64);
+        tracing::info!(
+            rev = cluster.rev,
+            etcd_revision = etcd_rev,
+            services = snapshot.services.len(),
+            jobs = snapshot.jobs.len(),
+            hosts = snapshot.hosts.len(),
+            "follower: loaded the state from etcd"
+        );
+        Ok(())
+    }
+
+    /// Follows the store until the task is dropped.
+    pub(crate) async fn run(mut self) {
+        let mut backoff = Backoff::jittered(Duration::from_millis(100), MAX_RETRY);
+        loop {
+            let end = self.watch().await;
+            // A watch that was established restarts the back-off.
+            if self.metrics.watching.get() > 0 {
+                backoff.reset();
+            }
+            self.metrics.watching.set(0);
+            match end {
+                End::Broken(why) => {
+                    // The next endpoint: the one we watched may be the one that died.
+                    self.endpoint = (self.endpoint + 1) % self.store.endpoints().len();
+                    let pause = backoff.next_pause();
+                    tracing::warn!(reason = %why, etcd_revision = self.etcd_rev, retry_in = ?pause, "follower: watch broken, watching again");
+                    tokio::time::sleep(pause).await;
+                }
+                End::Reload(why) => {
+                    tracing::warn!(reason = %why, "follower: reloading the whole state");
+                    while let Err(e) = self.load().await {
+                        let pause = backoff.next_pause();
+                        tracing::warn!(error = %e, retry_in = ?pause, "follower: cannot load the state");
+                        tokio::time::sleep(pause).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// One watch stream, from the revision after the last applied one, until it ends.
+    async fn watch(&mut self) -> End {
+        let store = self.store.clone();
+        let body = store.watch_request(self.etcd_rev + 1);
+        let sent = tokio::time::timeout(
+            self.quiet_check,
+            store.gateway().watch(self.endpoint, &body),
+        );
+        let mut watch = match sent.await {
+            Ok(Ok(w)) => w,
+            Ok(Err(e)) => return End::Broken(e),
+            Err(_) => {
+                let endpoint = &store.endpoints()[self.endpoint];
+                return End::Broken(format!(
+                    "{endpoint}: watch: no answer within {:?}",
+                    self.quiet_check
+                ));
+            }
+        };
+        // The newest revision another member reported while this stream was quiet.
+        let mut behind: Option<i64> = None;
+        loop {
+            let msg = match tokio::time::timeout(self.quiet_check, watch.next()).await {
+                Ok(Ok(Some(msg))) => msg,
+                Ok(Ok(None)) => {
+                    return End::Broken(format!("{}: the watch stream ended", watch.endpoint()))
+                }
+                Ok(Err(e)) => return End::Broken(e),
+                Err(_quiet) => {
+                    // Behind twice in a row (a change may just be on its way the first
+                    // time): this stream is stuck.
+                    match (self.newest_elsewhere().await, behind) {
+                        (Some(newest), Some(before))
+                            if newest > self.etcd_rev && before > self.etcd_rev =>
+                        {
+                            return End::Broken(format!(
+                                "{}: the watch stayed quiet while the store moved on to \
+                                 revision {newest} (this apiserver is at {})",
+                                watch.endpoint(),
+                                self.etcd_rev
+                            ));
+                        }
+                        (newest, _) => behind = newest,
+                    }
+                    continue;
+                }
+            };
+            behind = None;
+            if let Some(end) = self.on_answer(&msg) {
+                return end;
+            }
+        }
+    }
+
+    /// The newest modification revision under the store's prefix, as another member (the
+    /// next endpoint) sees it; `None` when it cannot tell (single endpoint, no answer).
+    async fn newest_elsewhere(&self) -> Option<i64> {
+        let other = (self.endpoint + 1) % self.store.endpoints().len();
+        let v = self
+            .store
+            .gateway()
+            .call_one(
+                other,
+                "/v3/kv/range",
+                &self.store.newest_request(),
+                Duration::from_secs(2),
+            )
+            .await
+            .ok()?;
+        Some(int(&v["kvs"][0]["mod_revision"]))
+    }
+
+    /// Handles one watch answer; `Some` ends the watch.
+    fn on_answer(&mut self, msg: &Value) -> Option<End> {
+        if let Some(err) = msg.get("error") {
+            return Some(End::Broken(format!("etcd: {err}")));
+        }
+        let r = &msg["result"];
+        let compacted = int(&r["compact_revision"]);
+        if compacted > 0 {
+            return Some(End::Reload(format!(
+                "etcd compacted its history up to revision {compacted}, past {}",
+                self.etcd_rev
+            )));
+        }
+        if r["canceled"].as_bool() == Some(true) {
+            return Some(End::Broken(format!(
+                "etcd canceled the watch: {}",
+                r["cancel_reason"]
+            )));
+        }
+        if r["created"].as_bool() == Some(true) {
+            self.metrics.watching.set(1);
+            tracing::info!(
+                etcd_revision = self.etcd_rev,
+                "follower: watching the store"
+            );
+        }
+        for ev in r["events"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+        {
+            let records = match self.store.records_of(ev) {
+                Ok(r) => r,
+                Err(e) => return Some(End::Reload(format!("unreadable watch event: {e}"))),
+            };
+            for (key, value) in records {
+                if let Some(end) = self.on_record(&key, value.as_deref()) {
+                    return Some(end);
+                }
+            }
+            self.etcd_rev = self.etcd_rev.max(int(&ev["kv"]["mod_revision"]));
+        }
+        None
+    }
+
+    /// One record change: only the events record matters (the state itself is only read
+    /// whole, at a load).
+    fn on_record(&mut self, key: &Key, value: Option<&[u8]>) -> Option<End> {
+        let (true, Some(bytes)) = (*key == events_key(), value) else {
+            return None;
+        };
+        let events = match decode_events(bytes) {
+            Ok(e) => e,
+            Err(e) => return Some(End::Reload(format!("unreadable events record: {e}"))),
+        };
+        for event in &events {
+            if let Err(end) = self.apply(event) {
+                return Some(end);
+            }
+        }
+        None
+    }
+
+    fn apply(&mut self, event: &ClusterEvent) -> Result<(), End> {
+        let rev = event.rev();
+        if rev <= self.applied {
+            // Already in: a journaled batch is seen twice (the journal, then its writes),
+            // and a load may have read a batch its watch then delivers.
+            return Ok(());
+        }
+        if rev != self.applied + 1 {
+            return Err(End::Reload(format!(
+                "event revision {rev} does not follow {}",
+                self.applied
+            )));
+        }
+        for l in &self.listeners {
+            l.on_event(event);
+        }
+        self.applied = rev;
+        self.metrics.applied.set(rev as i64);
+        self.metrics.events.inc();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod bench;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plugin_api::{ClusterSnapshot, ServiceInfo};
+    use std::sync::Mutex;
+    use xce_model::Txn;
+    use xce_store::testing::TestEtcd;
+    use xce_store::{Batch, Store};
+
+    /// What a listener was told: `resync@REV(services)` and `event@REV`.
+    #[derive(Default)]
+    struct Recorder(Mutex<Vec<String>>);
+
+    impl ClusterListener for Recorder {
+        fn resync(&self, s: &ClusterSnapshot) {
+            let names: Vec<&str> = s.services.iter().map(|s| s.name.as_str()).collect();
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("resync@{}({})", s.rev, names.join(",")));
+        }
+        fn on_event(&self, e: &ClusterEvent) {
+            self.0.lock().unwrap().push(format!("event@{}", e.rev()));
+        }
+    }
+
+    impl Recorder {
+        fn take(&self) -> Vec<String> {
+            std::mem::take(&mut *self.0.lock().unwrap())
+        }
+    }
+
+    pub(super) fn service(name: &str) -> xce_model::ServiceRec {
+        xce_model::ServiceRec {
+            info: ServiceInfo {
+                name: name.into(),
+                project: "p".into(),
+                replicas: 1,
+                profile: serde_json::json!({}),
+                rev: 0,
+                generation: 1,
+            },
+            state: xce_model::ServiceState::Active,
+            rollout: Default::default(),
+            older: Default::default(),
+            slots: Default::default(),
+            stop_now: false,
+        }
+    }
+
+    /// Commits `names` as one controller batch (one event each), as the controller does.
+    fn commit(store: &dyn Store, c: &mut Cluster, names: &[&str]) {
+        let mut txn = Txn::new(c);
+        for n in names {
+            txn.put_service(service(n));
+        }
+        store.commit(txn.batch()).unwrap();
+        txn.apply(c);
+    }
+
+    /// Service `a` committed through `writer`, then a follower of the same prefix loaded
+    /// (resynced at rev 1): the writer's cluster, the recorder, the follower.
+    async fn loaded_after_a(
+        etcd: &TestEtcd,
+        writer: &dyn Store,
+        metrics: Metrics,
+    ) -> (Cluster, Arc<Recorder>, Follower) {
+        let mut c = Cluster::load(writer).unwrap();
+        commit(writer, &mut c, &["a"]);
+        let rec = Arc::new(Recorder::default());
+        let mut f = Follower::new(Arc::new(etcd.store("/xce/")), vec![rec.clone()], metrics);
+        f.load().await.unwrap();
+        assert_eq!(rec.take(), ["resync@1(a)"]);
+        (c, rec, f)
+    }
+
+    async fn until(rec: &Recorder, want: usize) -> Vec<String> {
+        let mut got = Vec::new();
+        // Bounded: the watch delivers within milliseconds on loopback.
+        for _ in 0..500 {
+            got.extend(rec.take());
+            if got.len() >= want {
+                return got;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("expected {want} notifications, got {got:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn follows_batches_in_order_reads_journals_once_and_reloads_on_a_gap() {
+        let etcd = TestEtcd::start();
+        // Small transactions: a batch of 3 services goes through the journal.
+        let writer = etcd.store("/xce/").with_max_txn_ops(4);
+        let (mut c, rec, f) = loaded_after_a(&etcd, &writer, Metrics::default()).await;
+        let task = tokio::spawn(f.run());
+
+        // Plain batches, then a journaled one: every event once, in order.
+        commit(&writer, &mut c, &["b"]);
+        commit(&writer, &mut c, &["c", "d", "e"]);
+        assert_eq!(
+            until(&rec, 4).await,
+            ["event@2", "event@3", "event@4", "event@5"]
+        );
+
+        // A batch whose events skip a revision (no controller writes that): the follower
+        // does not guess, it reloads the whole state.
+        c.rev += 1;
+        commit(&writer, &mut c, &["f"]);
+        assert_eq!(until(&rec, 1).await, ["resync@7(a,b,c,d,e,f)"]);
+        commit(&writer, &mut c, &["g"]);
+        assert_eq!(until(&rec, 1).await, ["event@8"]);
+
+        // A batch without events (a quiet record change) tells the listeners nothing.
+        let mut quiet = Batch::default();
+        quiet.put(xce_store::Key::new("host", "h1"), b"{}".to_vec());
+        writer.commit(quiet).unwrap();
+        commit(&writer, &mut c, &["h"]);
+        assert_eq!(until(&rec, 1).await, ["event@9"]);
+        task.abort();
+    }
+
+    /// A backlog bigger than one watch message (etcd sends up to 1,000 revisions in one
+    /// catch-up answer): the follower asks for fragments, so it reads the backlog instead
+    /// of refusing the oversized message and asking for the same revisions again, for
+    /// ever (seen in the controller bench: an apiserver behind during a placement).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_backlog_larger_than_one_watch_message_is_read() {
+        let etcd = TestEtcd::start();
+        let writer = etcd.store("/xce/");
+        let (mut c, rec, f) = loaded_after_a(&etcd, &writer, Metrics::default()).await;
+        // Batches of ~300 KB on the wire each (the record and its event, base64), more
+        // than the largest watch message the follower accepts in all.
+        let pad = "x".repeat(100 << 10);
+        let batches = xce_store::etcd::gateway::MAX_MESSAGE / (200 << 10) + 10;
+        for i in 0..batches {
+            let mut txn = Txn::new(&c);
+            let mut s = service(&format!("big-{i}"));
+            s.info.profile = serde_json::json!({ "pad": pad });
+            txn.put_service(s);
+            writer.commit(txn.batch()).unwrap();
+            txn.apply(&mut c);
+        }
+        let task = tokio::spawn(f.run());
+        let got = until(&rec, batches).await;
+        let want: Vec<String> = (0..batches).map(|i| format!("event@{}", i + 2)).collect();
+        assert_eq!(got, want);
+        task.abort();
+    }
+
+    /// History the follower still needs was compacted away while it was not watching: it
+    /// reloads the whole state instead of missing the batches in between.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_compacted_history_means_a_full_reload() {
+        let etcd = TestEtcd::start();
+        let writer = etcd.store("/xce/");
+        let metrics = Metrics::default();
+        let (mut c, rec, f) = loaded_after_a(&etcd, &writer, metrics.clone()).await;
+        // Two batches it has not seen, then etcd forgets everything before the last.
+        commit(&writer, &mut c, &["b"]);
+        commit(&writer, &mut c, &["c"]);
+        let http = reqwest::Client::new();
+        let head: Value = http
+            .post(format!("http://{}/v3/kv/range", etcd.endpoint))
+            .body(r#"{"key":"AA=="}"#)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let now = int(&head["header"]["revision"]);
+        let compacted = http
+            .post(format!("http://{}/v3/kv/compaction", etcd.endpoint))
+            .body(format!(r#"{{"revision":"{now}","physical":true}}"#))
+            .send()
+            .await
+            .unwrap();
+        assert!(compacted.status().is_success());
+        let task = tokio::spawn(f.run());
+        assert_eq!(until(&rec, 1).await, ["resync@3(a,b,c)"]);
+        assert_eq!(metrics.resyncs.get(), 2);
+        // And it follows on from there.
+        commit(&writer, &mut c, &["d"]);
+        assert_eq!(until(&rec, 1).await, ["event@4"]);
+        task.abort();
+    }
+
+    /// A member that creates the watch and then sends nothing (cut off from the others):
+    /// the follower notices that another member has moved on and watches elsewhere.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_watch_that_stays_quiet_while_the_store_moves_on_is_abandoned() {
+        use std::io::{Read, Write};
+        let etcd = TestEtcd::start();
+        // A "member" that answers the watch request with "created", then goes quiet.
+        let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mute_addr = mute.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for mut conn in mute.incoming().flatten() {
+                let mut req = [0u8; 4096];
+                let _ = conn.read(&mut req);
+                let created = "{\"result\":{\"header\":{},\"created\":true}}\n";
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{created}\r\n",
+                    created.len()
+                );
+                held.push(conn);
+            }
+        });
+        let writer = etcd.store("/xce/");
+        let mut c = Cluster::load(&writer).unwrap();
+        let rec = Arc::new(Recorder::default());
+        let store = xce_store::EtcdStore::new(vec![etcd.endpoint.clone(), mute_addr])
+            .unwrap()
+            .with_prefix("/xce/")
+            .unwrap();
+        let metrics = Metrics::default();
+        let mut f = Follower::new(Arc::new(store), vec![rec.clone()], metrics.clone());
+        f.load().await.unwrap();
+        assert_eq!(rec.take(), ["resync@0()"]);
+        // Watch the mute one first; check quickly.
+        f.endpoint = 1;
+        f.quiet_check = Duration::from_millis(200);
+        let task = tokio::spawn(f.run());
+        // Created on the mute member: the follower believes it watches.
+        for _ in 0..500 {
+            if metrics.watching.get() == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            metrics.watching.get(),
+            1,
+            "the mute member's watch was created"
+        );
+        commit(&writer, &mut c, &["a"]);
+        assert_eq!(until(&rec, 1).await, ["event@1"]);
+        task.abort();
+    }
+}

@@ -1,0 +1,561 @@
+//! A separate apiserver (`xced apiserver`): more replicas of the read side, sharing the
+//! controller's etcd.
+//!
+//! It serves `/healthz`, `/metrics` and every extension's routes (the endpoint table's
+//! reads, blocking queries and streams) from its own copy of the cluster, fed by an etcd
+//! watch on the controller's store ([`follow`]): the pushed state, with no request to the
+//! controller per read or per watcher. Every other route — changes, the controller's own
+//! views, the workers' `/internal/v1` protocol — is forwarded to the leader controller,
+//! found in etcd's leader key; so clients and workers may be pointed at any apiserver.
+//!
+//! Like the controller, it names no plugin: the wiring (the `xced` crate) hands it the
+//! listeners that feed its extensions.
+
+mod follow;
+mod forward;
+mod metrics;
+
+use anyhow::Context;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Extension, Router};
+use forward::{forward, Forwarder};
+use plugin_api::{ApiContext, ApiError, ApiExtension, ClusterListener};
+use prometheus_client::registry::Registry;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use xce_serve::keyring::Keyring;
+use xce_serve::{json_errors, metrics_response};
+use xce_store::{Election, EtcdStore};
+
+/// What an apiserver needs to know.
+#[derive(Debug, Clone)]
+pub struct ApiserverConfig {
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// The largest request body accepted (413 beyond), forwarded ones included.
+    pub body_limit: usize,
+    /// The controller's etcd (`HOST:PORT` each).
+    pub etcd: Vec<String>,
+    /// The controller's key prefix in etcd.
+    pub prefix: String,
+    /// What clients may hold of the API port (connection caps and timeouts).
+    pub connections: xce_serve::ConnLimits,
+    /// Serve over TLS with this certificate (`tls_cert`, `tls_key`); plain HTTP without.
+    pub tls: Option<xce_serve::ServerTls>,
+    /// The CA that signed the controllers' certificates, for forwarding to an `https://`
+    /// leader (`ca_file`); the system's roots without.
+    pub ca_file: Option<std::path::PathBuf>,
+    /// Whether the controllers serve TLS (`leader_tls`): requests are forwarded to
+    /// `https://` then.
+    pub leader_tls: bool,
+}
+
+/// The plugins an apiserver hosts: listeners fed from the store's history, and the route
+/// extensions they feed.
+pub struct ApiserverPlugins {
+    /// Fed with a resync from the store, then every committed event, in order.
+    pub listeners: Vec<Arc<dyn ClusterListener>>,
+    /// Their routes, served here.
+    pub extensions: Vec<Arc<dyn ApiExtension>>,
+}
+
+impl std::fmt::Debug for ApiserverPlugins {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiserverPlugins")
+            .field("listeners", &self.listeners.len())
+            .field("extensions", &self.extensions.len())
+            .finish()
+    }
+}
+
+/// An apiserver serving on a socket.
+pub struct RunningApiserver {
+    /// The bound address (useful with port 0).
+    pub addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    server: JoinHandle<std::io::Result<()>>,
+    follower: JoinHandle<()>,
+    extensions: Vec<Arc<dyn ApiExtension>>,
+}
+
+impl std::fmt::Debug for RunningApiserver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningApiserver")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Loads the state from etcd into the listeners, starts following it, binds and serves.
+/// Returns once it serves: the extensions never answer from an empty copy.
+pub async fn start(
+    cfg: ApiserverConfig,
+    tokens: impl Into<Keyring>,
+    plugins: ApiserverPlugins,
+) -> anyhow::Result<RunningApiserver> {
+    let store = Arc::new(
+        EtcdStore::new(cfg.etcd.clone())
+            .and_then(|s| s.with_prefix(&cfg.prefix))
+            .context("invalid etcd store")?,
+    );
+    // Reads the leader key only; never campaigns (the id and TTL are unused).
+    let election = Election::new(
+        cfg.etcd.clone(),
+        &cfg.prefix,
+        "apiserver",
+        Duration::from_secs(3),
+    )
+    .context("invalid etcd endpoints")?;
+    let mut registry = Registry::default();
+    let metrics = metrics::Metrics::default();
+    metrics.register(&mut registry);
+    let keyring: Keyring = tokens.into();
+    keyring.register(&mut registry);
+    xce_serve::register_tls_metrics(&mut registry);
+    for e in &plugins.extensions {
+        e.register_metrics(&mut registry);
+    }
+    let mut follower = follow::Follower::new(store, plugins.listeners, metrics.clone());
+    follower
+        .load()
+        .await
+        .context("cannot load the state from etcd")?;
+    let cluster_id = follower.cluster_id().map(Arc::from);
+    let follower = tokio::spawn(follower.run());
+    let state = Forwarder {
+        http: reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(2))
+            .tls_backend_preconfigured(
+                control_tls::client::client_config(cfg.ca_file.as_deref())
+                    .context("cannot set up TLS for forwarding to the leader")?,
+            )
+            .build()
+            .context("building the HTTP client")?,
+        election,
+        leader: Arc::new(Mutex::new(None)),
+        recheck: Arc::new(tokio::sync::Mutex::new(None)),
+        metrics,
+        body_limit: cfg.body_limit,
+        scheme: if cfg.leader_tls { "https" } else { "http" },
+        cluster_id,
+    };
+    let ctx = ApiContext {
+        auth: Arc::new(keyring),
+    };
+    let app = router(
+        state,
+        Arc::new(registry),
+        &plugins.extensions,
+        ctx,
+        cfg.body_limit,
+    );
+    let (shutdown, stop) = watch::channel(false);
+    let (addr, server) = xce_serve::serve(cfg.listen, app, cfg.connections, cfg.tls, stop)?;
+    Ok(RunningApiserver {
+        addr,
+        shutdown,
+        server,
+        follower,
+        extensions: plugins.extensions,
+    })
+}
+
+impl RunningApiserver {
+    /// Stops serving and following the store: the listener closes, blocking queries
+    /// answer at once with the current state, streams end, other requests in flight
+    /// (forwarded ones) get up to `connections.drain_timeout` before their connections are
+    /// dropped.
+    pub async fn shutdown(self) {
+        let _ = self.shutdown.send(true);
+        for e in &self.extensions {
+            e.drain();
+        }
+        let _ = self.server.await;
+        self.follower.abort();
+    }
+}
+
+/// The routes: health, metrics, the extensions, and everything else forwarded.
+fn router(
+    fwd: Forwarder,
+    registry: Arc<Registry>,
+    extensions: &[Arc<dyn ApiExtension>],
+    ctx: ApiContext,
+    limit: usize,
+) -> Router {
+    let mut app = Router::new()
+        .route("/healthz", get(healthz))
+        .route(
+            "/metrics",
+            get(move || async move { metrics_response(&registry) }),
+        )
+        .fallback(forward)
+        .with_state(fwd);
+    for ext in extensions {
+        // Audited here: what this apiserver answers itself. What it forwards is audited by
+        // the leader, which answers it.
+        let audited = axum::middleware::from_fn_with_state(ctx.clone(), xce_serve::audit::layer);
+        app = app.merge(ext.router(ctx.clone()).layer(audited));
+    }
+    app.layer(axum::middleware::map_response(
+        move |r: Response| async move { json_errors(r, limit) },
+    ))
+    .layer(DefaultBodyLimit::max(limit))
+    .layer(Extension(ctx))
+}
+
+/// `/healthz`: 200 (`ok`, then `cluster: <id>`) while the etcd watch that feeds this
+/// apiserver is established, 503
+/// while it is not, so that a load balancer sends readers elsewhere meanwhile (what this
+/// apiserver serves may be falling behind; a watch being re-established shows as a blip).
+async fn healthz(State(fwd): State<Forwarder>) -> Response {
+    if fwd.metrics.watching.get() > 0 {
+        // Like the controller's: `ok`, then the cluster it serves.
+        match &fwd.cluster_id {
+            Some(id) => (
+                [(xce_proto::worker::CLUSTER_HEADER, id.to_string())],
+                format!("ok\ncluster: {id}\n"),
+            )
+                .into_response(),
+            None => "ok".into_response(),
+        }
+    } else {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_following",
+            "the etcd watch that feeds this apiserver is down: its answers may be behind",
+        )
+        .into_response()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Bytes;
+    use axum::http::HeaderMap;
+    use axum::routing::post;
+    use xce_serve::auth::Tokens;
+    use xce_store::testing::TestEtcd;
+
+    /// A stand-in for a controller: answers every forwarded route with what it got, and
+    /// says who it is.
+    async fn fake_controller(name: &'static str) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+        let app = Router::new().route(
+            "/v1/services",
+            post(move |headers: HeaderMap, body: Bytes| async move {
+                let header = |n: &str| {
+                    headers
+                        .get(n)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_owned()
+                };
+                let (auth, instance) = (header("authorization"), header("x-xce-worker-instance"));
+                (
+                    StatusCode::CREATED,
+                    [
+                        ("x-xce-index", "7"),
+                        ("x-xce-cluster", "c-1"),
+                        ("content-type", "application/json"),
+                    ],
+                    format!(
+                        r#"{{"by":"{name}","auth":"{auth}","instance":"{instance}","body":{:?}}}"#,
+                        String::from_utf8_lossy(&body)
+                    ),
+                )
+            }),
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            axum::serve(l, app).await.unwrap();
+        });
+        (addr, task)
+    }
+
+    /// Puts the leader key as a controller `HOST/PID@ADDR` would.
+    async fn set_leader(etcd: &TestEtcd, id: &str) {
+        let b64 = |s: &str| xce_store::etcd::gateway::b64(s.as_bytes());
+        let r = reqwest::Client::new()
+            .post(format!("http://{}/v3/kv/put", etcd.endpoint))
+            .body(format!(
+                r#"{{"key":"{}","value":"{}"}}"#,
+                b64("/xce/.leader"),
+                b64(id)
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success());
+    }
+
+    /// An apiserver without plugins on `etcd`, on a free port, with a 64-byte body limit.
+    async fn start_on(etcd: &TestEtcd, tokens: Tokens) -> RunningApiserver {
+        let cfg = ApiserverConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            body_limit: 64,
+            etcd: vec![etcd.endpoint.clone()],
+            prefix: "/xce/".into(),
+            connections: Default::default(),
+            tls: None,
+            ca_file: None,
+            leader_tls: false,
+        };
+        let plugins = ApiserverPlugins {
+            listeners: vec![],
+            extensions: vec![],
+        };
+        start(cfg, tokens, plugins).await.unwrap()
+    }
+
+    /// Polls `url` until it answers `status` (bounded).
+    async fn until_status(url: &str, status: u16) {
+        for _ in 0..500 {
+            if let Ok(r) = reqwest::get(url).await {
+                if r.status() == status {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("{url} never answered {status}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn healthz_says_whether_it_follows_etcd() {
+        let etcd = TestEtcd::start();
+        // The id a controller creates with the store.
+        use xce_store::Store as _;
+        etcd.store("/xce/")
+            .put_if_absent(
+                xce_model::cluster_id_key(),
+                b"\"0123456789abcdef\"".to_vec(),
+            )
+            .unwrap();
+        let running = start_on(&etcd, Tokens::parse("").unwrap()).await;
+        let url = format!("http://{}/healthz", running.addr);
+        until_status(&url, 200).await;
+        let r = reqwest::get(&url).await.unwrap();
+        assert_eq!(r.headers()["x-xce-cluster"], "0123456789abcdef");
+        assert_eq!(r.text().await.unwrap(), "ok\ncluster: 0123456789abcdef\n");
+        drop(etcd);
+        until_status(&url, 503).await;
+        let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
+        assert!(text.contains(r#""code":"not_following""#), "{text}");
+        running.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn forwards_to_the_leader_and_follows_it_when_it_moves() {
+        let etcd = TestEtcd::start();
+        let tokens = Tokens::parse(
+            "[[token]]\nsecret = \"s3cret-admin-example\"\nprincipal = \"admin\"\ngrants = [ { permission = \"admin\", projects = [\"*\"] } ]\n",
+        )
+        .unwrap();
+        let running = start_on(&etcd, tokens).await;
+        let base = format!("http://{}", running.addr);
+        let http = reqwest::Client::new();
+        // The identity headers of the worker protocol pass both ways too.
+        let submit = |body: &'static str| {
+            http.post(format!("{base}/v1/services"))
+                .bearer_auth("s3cret-admin-example")
+                .header("x-xce-worker-instance", "i-1")
+                .body(body)
+                .send()
+        };
+
+        // Nobody leads yet.
+        let r = submit("{}").await.unwrap();
+        assert_eq!(r.status(), 503);
+        let text = r.text().await.unwrap();
+        assert!(text.contains(r#""code":"no_leader""#), "{text}");
+
+        // A leader: the request goes there as it is, and its answer comes back as it is.
+        let (a, a_task) = fake_controller("a").await;
+        set_leader(&etcd, &format!("node-a/1@{a}")).await;
+        let r = submit("one").await.unwrap();
+        assert_eq!(r.status(), 201);
+        assert_eq!(r.headers()["x-xce-index"], "7");
+        assert_eq!(r.headers()["x-xce-cluster"], "c-1");
+        assert_eq!(
+            r.text().await.unwrap(),
+            r#"{"by":"a","auth":"Bearer s3cret-admin-example","instance":"i-1","body":"one"}"#
+        );
+
+        // The leader dies and another takes over: the next request finds the new one.
+        a_task.abort();
+        let _ = a_task.await;
+        let (b, _b_task) = fake_controller("b").await;
+        set_leader(&etcd, &format!("node-b/2@{b}")).await;
+        let r = submit("two").await.unwrap();
+        assert_eq!(r.status(), 201);
+        assert!(r.text().await.unwrap().starts_with(r#"{"by":"b""#));
+
+        // The body limit holds for forwarded requests too.
+        let r = http
+            .post(format!("{base}/v1/services"))
+            .body(vec![b'x'; 65])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 413);
+        let text = r.text().await.unwrap();
+        assert!(
+            text.contains(r#""code":"too_large""#) && text.contains("64 bytes"),
+            "{text}"
+        );
+        running.shutdown().await;
+    }
+
+    /// A standby on the address etcd still names (a restarted process on the dead
+    /// leader's port, before the old lease ran out) answers 503 `standby`: the apiserver
+    /// does not relay that as the answer, it looks the leader up again until one answers.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_standby_on_the_leaders_address_is_not_taken_for_the_leader() {
+        use super::forward::STANDBY_HEADER;
+        let etcd = TestEtcd::start();
+        let running = start_on(&etcd, Tokens::parse("").unwrap()).await;
+        let base = format!("http://{}", running.addr);
+        let hit = Arc::new(tokio::sync::Notify::new());
+        let standby = axum::Router::new().fallback({
+            let hit = hit.clone();
+            move || async move {
+                hit.notify_one();
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [(STANDBY_HEADER, "1")],
+                    r#"{"error":{"code":"standby","message":"a standby","details":[]}}"#,
+                )
+            }
+        });
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let s = l.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(l, standby).await.unwrap() });
+        set_leader(&etcd, &format!("node-s/1@{s}")).await;
+        // The request waits; meanwhile the real leader is elected.
+        let (a, _a_task) = fake_controller("a").await;
+        let req = tokio::spawn({
+            let url = format!("{base}/v1/services");
+            async move {
+                reqwest::Client::new()
+                    .post(url)
+                    .header("x-xce-worker-instance", "i-1")
+                    .body("{}")
+                    .send()
+                    .await
+                    .unwrap()
+            }
+        });
+        // The standby got the request; now the real leader is elected.
+        hit.notified().await;
+        set_leader(&etcd, &format!("node-a/2@{a}")).await;
+        let r = req.await.unwrap();
+        assert_eq!(r.status(), 201);
+        assert!(r.text().await.unwrap().starts_with(r#"{"by":"a""#));
+        running.shutdown().await;
+    }
+
+    /// Asserts a 503 `no_leader` with `Retry-After`; returns its message.
+    async fn assert_no_leader(r: reqwest::Response) -> String {
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()["retry-after"], "1");
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "no_leader", "{v}");
+        v["error"]["message"].as_str().unwrap().to_owned()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_or_frozen_leader_is_a_503_no_leader_with_retry_after_never_a_502() {
+        let etcd = TestEtcd::start();
+        let running = start_on(&etcd, Tokens::parse("").unwrap()).await;
+        let base = format!("http://{}", running.addr);
+        let http = reqwest::Client::new();
+        let mut log = Vec::new();
+
+        // Killed: its key lives on until its lease runs out, nothing listens.
+        let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dead_addr = dead.local_addr().unwrap();
+        drop(dead);
+        set_leader(&etcd, &format!("node-a/1@{dead_addr}")).await;
+        let r = http.get(format!("{base}/v1/hosts")).send().await.unwrap();
+        let msg = assert_no_leader(r).await;
+        log.push(format!(
+            "killed: {}",
+            msg.replace(&dead_addr.to_string(), "ADDR")
+        ));
+
+        // Frozen (SIGSTOP): takes the connection, never answers; then another leads.
+        let frozen = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let frozen_addr = frozen.local_addr().unwrap();
+        set_leader(&etcd, &format!("node-a/1@{frozen_addr}")).await;
+        let waiting = tokio::spawn({
+            let (http, base) = (http.clone(), base.clone());
+            async move {
+                let t = std::time::Instant::now();
+                let r = http
+                    .post(format!("{base}/v1/services"))
+                    .body("x")
+                    .send()
+                    .await;
+                (r, t.elapsed())
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let (b, _b_task) = fake_controller("b").await;
+        set_leader(&etcd, &format!("node-b/2@{b}")).await;
+        let (r, took) = tokio::time::timeout(Duration::from_secs(8), waiting)
+            .await
+            .expect("a frozen leader must not hold the request")
+            .unwrap();
+        let msg = assert_no_leader(r.unwrap()).await;
+        log.push(format!(
+            "frozen, then replaced: {} (answered within 4s: {})",
+            msg.replace(&frozen_addr.to_string(), "ADDR"),
+            took < Duration::from_secs(4)
+        ));
+        // The next request goes to the new leader.
+        let r = http
+            .post(format!("{base}/v1/services"))
+            .body("y")
+            .send()
+            .await
+            .unwrap();
+        log.push(format!("then: {}", r.status()));
+        drop(frozen);
+        expect_test::expect![[r#"
+            killed: the leader controller at http://ADDR cannot be reached (Connection refused (os error 111)); a takeover may be under way
+            frozen, then replaced: the leader controller at http://ADDR stopped answering and no longer leads (the change may or may not have been applied: check before repeating it) (answered within 4s: true)
+            then: 201 Created"#]]
+        .assert_eq(&log.join("\n"));
+        running.shutdown().await;
+    }
+
+    #[test]
+    fn leader_ids_become_urls() {
+        assert_eq!(
+            forward::leader_url("http", "node-1/42@127.0.0.1:7480").as_deref(),
+            Some("http://127.0.0.1:7480")
+        );
+        assert_eq!(
+            forward::leader_url("http", "node-1/42@[::1]:7480").as_deref(),
+            Some("http://[::1]:7480")
+        );
+        assert_eq!(
+            forward::leader_url("http", "node-1/42@0.0.0.0:7480").as_deref(),
+            Some("http://node-1:7480")
+        );
+        assert_eq!(
+            forward::leader_url("https", "node-1/42@127.0.0.1:7480").as_deref(),
+            Some("https://127.0.0.1:7480")
+        );
+        assert_eq!(forward::leader_url("http", "garbage"), None);
+        assert_eq!(forward::leader_url("http", "h/1@not-an-addr"), None);
+    }
+}

@@ -1,0 +1,576 @@
+//! The controller's state machine: owns the cluster, the resource plugins and the store,
+//! and applies one command at a time. Synchronous; the state task (`task.rs`) drives it
+//! and passes the current time in.
+//!
+//! Every mutation is built as a [`Txn`], persisted, and only then applied in memory,
+//! announced to listeners and answered. Plugin releases happen after the commit.
+//!
+//! This file holds the state and its loading; each concern is an `impl Core` of its own:
+//! `commands.rs` (user commands, RBAC and quotas), `worker.rs` (the worker protocol),
+//! `timers.rs` (deadlines, host liveness, drains), `placement.rs` (the scheduling pass
+//! and rollouts), `publish.rs` (assignments, the readers' view, metrics, listeners) and
+//! `commit.rs` (a `Txn` persisted, applied and noted).
+
+mod assign;
+mod commands;
+mod commit;
+mod jobs;
+mod placement;
+mod publish;
+mod report;
+mod sched;
+mod timers;
+mod view;
+mod worker;
+
+use super::config::DisruptionThreshold;
+use super::metrics::Metrics;
+use super::quota::{self, Quotas};
+pub(crate) use assign::HostAssignments;
+pub(crate) use jobs::{JobView, Jobs};
+use plugin_api::{
+    ClusterEvent, ClusterListener, FieldError, HostFactsPolicy, HostId, HostInfo, JobId, JobState,
+    ResourcePlugin, ServiceInfo, ServiceKey,
+};
+pub(crate) use report::Report;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{error, info, warn};
+use xce_model::job_key::JobMap;
+use xce_model::rollout::{self, Counts, JobFacts, Phase, Rollout};
+use xce_model::slots::SlotRec;
+use xce_model::{Cluster, JobRec, LoadError, Released, ServiceState, Txn};
+use xce_proto::profile::{self, Profile};
+use xce_store::{Store, StoreError};
+
+/// Timing of host liveness.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timing {
+    pub(crate) heartbeat_interval: Duration,
+    pub(crate) unreachable_after: Duration,
+    pub(crate) grace_period: Duration,
+    /// See [`DisruptionThreshold`].
+    pub(crate) disruption_threshold: DisruptionThreshold,
+}
+
+/// Why a command failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CoreError {
+    /// Unknown service, or one the caller may not view.
+    #[error("service {0:?} not found")]
+    ServiceNotFound(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("service {0:?} already exists")]
+    Conflict(String),
+    /// A change the service's state does not allow (e.g. updating a stopping service).
+    #[error("{0}")]
+    Refused(String),
+    #[error("invalid profile")]
+    Invalid(Vec<FieldError>),
+    #[error("{0}")]
+    Quota(quota::Exceeded),
+    #[error("host facts refused")]
+    FactsRefused(Vec<FieldError>),
+    #[error("address {ip} is advertised by live host {other}")]
+    AddressTaken { ip: String, other: HostId },
+    #[error("host {0:?} is not registered")]
+    UnknownHost(HostId),
+    /// Another worker instance holds the host (a second worker with the same host id).
+    #[error("host {host} is held by another live worker (instance {holder}); check for a second worker with the same host id")]
+    HostTaken { host: HostId, holder: String },
+    /// The worker joined another cluster (it was pointed at the wrong controller).
+    #[error("this controller serves cluster {ours}, the worker belongs to cluster {theirs}")]
+    WrongCluster { ours: String, theirs: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The restart delay of one replica slot.
+#[derive(Debug, Clone, Copy)]
+struct RestartBackoff {
+    /// The delays: the next exit waits `pauses.next_pause()` (exact, no jitter: one controller).
+    pauses: retry_backoff::Backoff,
+    not_before: Instant,
+    /// A scheduling pass has seen the backoff over (and placed the replica, or said why
+    /// not, or found it not wanted any more). Until then the backoff keeps a timer armed,
+    /// even once its instant is past:
+    /// a pass that ran with a `now` taken before a slow store commit may have seen it
+    /// still running, and nothing else would wake the controller for it.
+    over: bool,
+}
+
+/// The last published parts of the [`View`] and what must be rebuilt of them (kept and
+/// used by `view.rs`; declared here so that the core names no file that names it back).
+#[derive(Debug, Default)]
+pub(super) struct Parts {
+    services: BTreeMap<ServiceKey, Arc<ServiceView>>,
+    hosts: BTreeMap<HostId, Arc<HostView>>,
+    /// Services whose records a commit changed since the last publish, with the jobs
+    /// (replica, id) it wrote: a publish patches those jobs into the service's part.
+    dirty: BTreeMap<ServiceKey, Vec<(u32, JobId)>>,
+    /// Services whose rollout counts change with time alone, and when next.
+    timed: BTreeMap<ServiceKey, Instant>,
+    /// What each service's counts were computed with, for a patch to update them.
+    books: HashMap<ServiceKey, Book>,
+    /// The job gauges, kept from each commit's writes rather than counted at every
+    /// publish (kept by `publish.rs`).
+    tally: Tally,
+}
+
+/// What a service's part counted its rollout counts with: a patch updates the counts
+/// from the jobs that changed if these are the same, else rebuilds them.
+#[derive(Debug, Clone, PartialEq, Default)]
+struct Book {
+    min_ready: Duration,
+    /// Live ready current-generation jobs not available yet (`min_ready` not over, or
+    /// no `ready_since`): the only jobs whose counts time alone changes.
+    waiting: BTreeSet<JobId>,
+}
+
+/// The jobs by state, for the gauges: `by_state` in the order of `publish.rs`'s
+/// `STATES`, `draining` by effective state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(super) struct Tally {
+    draining: i64,
+    by_state: [i64; 5],
+}
+
+/// Which active services the next scheduling pass visits (kept by `sched.rs`; declared
+/// here for the same reason as [`Parts`]). A service nothing happened to since its last
+/// visit is not visited: its outcome would be the same.
+#[derive(Debug, Default)]
+pub(super) struct Sched {
+    /// Written by a commit (or loaded, or due by time) since a pass last visited them.
+    marked: BTreeSet<ServiceKey>,
+    /// Left with replicas that did not fit (pending, a blocked surge): visited by every
+    /// pass, since room may appear on any host (a job ended, a host registered).
+    waiting: BTreeSet<ServiceKey>,
+    /// When a service's outcome changes with time alone (its rollout's deadline, a
+    /// replica reaching `min_ready`), if it does.
+    timed: BTreeMap<ServiceKey, Instant>,
+    /// Services whose last visit left them in a shape a readiness change cannot alter
+    /// (every slot one live current-generation job, nothing else live, `min_ready` 0):
+    /// how many of their replicas are not available yet. A commit that only starts jobs
+    /// or changes their readiness visits such a service only when that count reaches 0
+    /// (its rollout completes), and keeps its progress deadline current meanwhile.
+    quiet: HashMap<ServiceKey, u32>,
+}
+
+/// What readers see: a consistent snapshot after a command. Its parts are shared with
+/// the views before and after it: a settle rebuilds only what changed (see `view.rs`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct View {
+    pub(crate) services: BTreeMap<ServiceKey, Arc<ServiceView>>,
+    pub(crate) hosts: Vec<Arc<HostView>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ServiceView {
+    pub(crate) info: ServiceInfo,
+    pub(crate) state: ServiceState,
+    /// In replica, then job number order (see `jobs.rs`).
+    pub(crate) jobs: Jobs,
+    /// `(replica, reason)` of replicas without a live job.
+    pub(crate) pending: Vec<(u32, String)>,
+    pub(crate) rollout: Rollout,
+    pub(crate) counts: Counts,
+    /// The history of each replica slot that has one (restarts, last exit, last log).
+    pub(crate) slots: BTreeMap<u32, SlotRec>,
+}
+
+/// What a create-or-update did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Applied {
+    Created,
+    /// A new generation (a rollout started), or new settings or replica count in place.
+    Updated,
+    Unchanged,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct HostView {
+    pub(crate) info: HostInfo,
+    pub(crate) jobs: usize,
+    /// Plugin host summaries by plugin name.
+    pub(crate) summaries: BTreeMap<String, Value>,
+}
+
+/// The plugins and listeners the core drives.
+pub(crate) struct Wiring {
+    pub(crate) resources: Vec<Box<dyn ResourcePlugin>>,
+    pub(crate) policies: Vec<Arc<dyn HostFactsPolicy>>,
+    pub(crate) listeners: Vec<Arc<dyn ClusterListener>>,
+}
+
+pub(crate) struct Core {
+    timing: Timing,
+    /// The cluster's identity, from the store (created with it).
+    cluster_id: String,
+    cluster: Cluster,
+    plugins: Vec<Box<dyn ResourcePlugin>>,
+    policies: Vec<Arc<dyn HostFactsPolicy>>,
+    listeners: Vec<Arc<dyn ClusterListener>>,
+    store: Arc<dyn Store>,
+    metrics: Metrics,
+    /// Parsed profiles of the services' current generations (command, readiness, drain,
+    /// update policy).
+    profiles: HashMap<ServiceKey, Profile>,
+    /// Parsed profiles of older generations that still have jobs, by (service, generation).
+    older: HashMap<(ServiceKey, u64), Profile>,
+    /// When each ready job became ready (not persisted: a restart waits `min_ready` again).
+    ready_since: JobMap<Instant>,
+    /// When each draining job's drain ends (not persisted: a restart drains in full again,
+    /// so a restart never shortens a drain).
+    drain_until: HashMap<JobId, Instant>,
+    /// Each running rollout's last progress (see [`rollout::progress_mark`]) and when it
+    /// changed (not persisted: a restart gives a rollout a fresh `deadline`).
+    progress: HashMap<ServiceKey, (rollout::Mark, Instant)>,
+    /// When each host was last heard from (not persisted: a restart hears from all).
+    heard: HashMap<HostId, Instant>,
+    /// A full disruption is on: so many hosts are unreachable at once that this controller
+    /// suspects itself or its network, and declares no host lost (see [`Core::tick`]).
+    /// Not persisted: a restart gives every host a fresh window anyway.
+    disrupted: bool,
+    /// Hosts whose jobs a full disruption took out of the endpoints (see
+    /// [`Core::withhold`]); they arm no timer until heard, lost, or the disruption ends.
+    withheld: BTreeSet<HostId>,
+    /// When each running job started running (for the backoff reset).
+    running_since: JobMap<Instant>,
+    backoff: HashMap<(ServiceKey, u32), RestartBackoff>,
+    pending: BTreeMap<ServiceKey, BTreeMap<u32, String>>,
+    assign: HashMap<HostId, watch::Sender<Arc<HostAssignments>>>,
+    /// The jobs each commit wrote since the last publish, by host (see
+    /// [`Core::note_assign`]).
+    assign_touched: HashMap<HostId, Vec<JobId>>,
+    view: watch::Sender<Arc<View>>,
+    /// The parts of the last published view, and which of them a commit changed since.
+    parts: Parts,
+    /// Which services the next scheduling pass visits.
+    sched: Sched,
+    /// Something changed since the last [`Core::settle`].
+    dirty: bool,
+    /// Committed events not yet announced: listeners hear of a change only after the
+    /// readers' view includes it (see [`Core::publish`]), so no read path is ahead of
+    /// the controller's own (`/v1/hosts` never behind the endpoints).
+    outbox: Vec<ClusterEvent>,
+    /// Per-project limits on what services declare.
+    quotas: Quotas,
+    /// After a failed commit in a timer: do not retry before this (no busy loop while the
+    /// store is down).
+    store_retry: Option<Instant>,
+    /// Why the store refuses every commit until this controller reloads (see
+    /// [`StoreError::Stale`]): it must stop rather than run on a view it cannot change.
+    fatal: Option<String>,
+    /// The wall clock, for the times operators read (a replica's last exit); everything
+    /// the controller decides runs on the monotonic `now` it is given instead.
+    wall: fn() -> SystemTime,
+}
+
+impl std::fmt::Debug for Core {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Core")
+            .field("rev", &self.cluster.rev)
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl Core ===
+
+impl Core {
+    /// How many committed events wait for the next settle to announce them.
+    pub(crate) fn unannounced(&self) -> usize {
+        self.outbox.len()
+    }
+
+    /// Loads the stored state and brings the plugins and listeners up to it: `host_up`
+    /// for every known host, `restore` for every live job's grants, then `resync` — all
+    /// before the first placement and before anything is served.
+    pub(crate) fn load(
+        timing: Timing,
+        store: Arc<dyn Store>,
+        wiring: Wiring,
+        metrics: Metrics,
+        now: Instant,
+    ) -> Result<Self, LoadError> {
+        let cluster_id = ensure_cluster_id(&*store)?;
+        let cluster = Cluster::load(&*store)?;
+        let Wiring {
+            resources: mut plugins,
+            policies,
+            listeners,
+        } = wiring;
+        for h in cluster.hosts.values() {
+            for p in &mut plugins {
+                if let Err(e) = p.host_up(&h.info.id, &h.info.facts) {
+                    warn!(host = %h.info.id, plugin = p.name(), reason = %e, "plugin refused stored host facts");
+                }
+            }
+        }
+        let mut running_since = JobMap::default();
+        // Live grants first, then the recently ended jobs' grants again, restored and
+        // released in the order they ended: the plugins' free order (a just-released port
+        // is handed out last) survives a restart or a takeover. A grant now held by a live
+        // job is refused by `restore` and skipped.
+        let mut replay: Vec<(HostId, Released)> = Vec::new();
+        for h in cluster.hosts.values() {
+            for r in &h.released {
+                replay.push((h.info.id.clone(), r.clone()));
+            }
+        }
+        for (id, j) in &cluster.jobs {
+            for p in &mut plugins {
+                if let Some(g) = j.info.grants.get(p.name()) {
+                    if let Err(e) = p.restore(&j.info.host, &j.info.job, g) {
+                        error!(job = %j.info.job, host = %j.info.host, plugin = p.name(), reason = %e, "stored grant conflicts with another; the store may be corrupt");
+                    }
+                }
+            }
+            if j.effective_state() == JobState::Running {
+                running_since.insert(id.clone(), now);
+            }
+        }
+        for (host, r) in &replay {
+            for p in &mut plugins {
+                if let Some(g) = r.grants.get(p.name()) {
+                    if p.restore(host, &r.job, g).is_ok() {
+                        p.release(host, &r.job);
+                    }
+                }
+            }
+        }
+        let mut profiles = HashMap::new();
+        let mut older = HashMap::new();
+        for svc in cluster.services.values() {
+            profiles.insert(
+                svc.info.key(),
+                stored_profile(&plugins, &svc.info, &svc.info.profile),
+            );
+            for (g, raw) in &svc.older {
+                older.insert(
+                    (svc.info.key(), *g),
+                    stored_profile(&plugins, &svc.info, raw),
+                );
+            }
+        }
+        let mut ready_since = JobMap::default();
+        let mut drain_until = HashMap::new();
+        for (id, j) in &cluster.jobs {
+            if j.info.ready {
+                ready_since.insert(id.clone(), now);
+            }
+            if j.effective_state() == JobState::Draining {
+                let drain = profiles
+                    .get(&j.info.service_key())
+                    .map_or(profile::DEFAULT_DRAIN, |p| p.drain);
+                drain_until.insert(j.info.job.clone(), now + drain);
+            }
+        }
+        let snapshot = cluster.snapshot();
+        for l in &listeners {
+            l.resync(&snapshot);
+        }
+        let heard = cluster.hosts.keys().map(|h| (h.clone(), now)).collect();
+        info!(
+            cluster = %cluster_id,
+            rev = cluster.rev,
+            services = cluster.services.len(),
+            jobs = cluster.jobs.len(),
+            hosts = cluster.hosts.len(),
+            "controller state loaded"
+        );
+        let (view, _) = watch::channel(Arc::new(View::default()));
+        let mut core = Core {
+            timing,
+            cluster_id,
+            cluster,
+            plugins,
+            policies,
+            listeners,
+            store,
+            metrics,
+            profiles,
+            older,
+            ready_since,
+            drain_until,
+            progress: HashMap::new(),
+            quotas: Quotas::default(),
+            heard,
+            disrupted: false,
+            withheld: BTreeSet::new(),
+            running_since,
+            backoff: HashMap::new(),
+            pending: BTreeMap::new(),
+            assign: HashMap::new(),
+            assign_touched: HashMap::new(),
+            view,
+            parts: Parts::default(),
+            sched: Sched::default(),
+            dirty: true,
+            store_retry: None,
+            fatal: None,
+            outbox: Vec::new(),
+            wall: SystemTime::now,
+        };
+        if !core.cluster.legacy_keys.is_empty() {
+            // Records written before services were keyed by project move to their
+            // canonical keys (`project/name`) once, in one batch.
+            let mut txn = Txn::new(&core.cluster);
+            txn.migrate_keys(&core.cluster);
+            match core.commit(txn, now) {
+                Ok(()) => info!("service records moved to their project-scoped keys"),
+                Err(e) => {
+                    warn!(error = %e, "moving service records to project-scoped keys failed; trying again at the next start")
+                }
+            }
+        }
+        // The first view is built whole, and the first pass visits every service.
+        core.parts.touch_all(&core.cluster);
+        core.sched.mark_all(&core.cluster);
+        core.publish(now);
+        Ok(core)
+    }
+
+    /// The cluster's identity.
+    pub(crate) fn cluster_id(&self) -> &str {
+        &self.cluster_id
+    }
+
+    /// Replaces the wall clock (tests pin it, so answers that show times are stable).
+    #[cfg(test)]
+    pub(crate) fn set_wall_clock(&mut self, wall: fn() -> SystemTime) {
+        self.wall = wall;
+    }
+
+    /// Sets the per-project quotas (checked on every create, update and scale).
+    pub(crate) fn set_quotas(&mut self, quotas: Quotas) {
+        self.quotas = quotas;
+    }
+
+    /// Why this controller must stop, once the store has said its view is stale.
+    pub(crate) fn fatal(&self) -> Option<&str> {
+        self.fatal.as_deref()
+    }
+
+    /// Makes the next [`settle`](Self::settle) run (a timer fired: a backoff may be over).
+    pub(crate) fn mark_dirty(&mut self) {
+        self.dirty = true;
+    }
+
+    /// What the rollout logic sees of `jobs` (a service's jobs) at `now`.
+    fn job_facts<'a>(
+        &self,
+        s: &ServiceInfo,
+        jobs: impl IntoIterator<Item = &'a JobRec>,
+        now: Instant,
+    ) -> Vec<JobFacts> {
+        let min_ready = self
+            .profiles
+            .get(&s.key())
+            .map_or(Duration::ZERO, |p| p.update.min_ready);
+        jobs.into_iter()
+            .filter_map(|j| {
+                let phase = match j.effective_state() {
+                    JobState::Placed => Phase::Placed,
+                    JobState::Running => Phase::Running,
+                    JobState::Draining | JobState::Stopping => Phase::Leaving,
+                    JobState::Unknown | JobState::Exited | JobState::Lost => return None,
+                };
+                // A job a full disruption took out of the endpoints counts as it was: the
+                // rollout does not act on a readiness nobody reported.
+                let ready = j.held_ready.unwrap_or(j.info.ready) && phase == Phase::Running;
+                let available = ready
+                    && (j.info.generation < s.generation
+                        || self
+                            .ready_since
+                            .get(&j.info.job)
+                            .is_some_and(|t| now.saturating_duration_since(*t) >= min_ready));
+                Some(JobFacts {
+                    job: j.info.job.clone(),
+                    replica: j.info.replica,
+                    generation: j.info.generation,
+                    phase,
+                    ready,
+                    available,
+                })
+            })
+            .collect()
+    }
+}
+
+/// The store's cluster id: created (at random) by the first controller that opens the
+/// store, the same for every later one.
+fn ensure_cluster_id(store: &dyn Store) -> Result<String, LoadError> {
+    let fresh = xce_proto::worker::random_id();
+    let key = xce_model::cluster_id_key();
+    let stored = blocking(|| {
+        store.put_if_absent(
+            key.clone(),
+            serde_json::to_vec(&fresh).expect("a string serializes"),
+        )
+    })?;
+    let id: String =
+        serde_json::from_slice(&stored).map_err(|err| LoadError::Decode { key, err })?;
+    if id == fresh {
+        info!(cluster = %id, "cluster id created");
+    }
+    Ok(id)
+}
+
+/// Runs a blocking store call; on a multi-threaded runtime it tells tokio first, so the
+/// worker thread's other tasks move elsewhere during a disk sync.
+fn blocking<R>(f: impl FnOnce() -> R) -> R {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
+    }
+}
+
+fn round_up_secs(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs() + u64::from(d.subsec_nanos() > 0))
+}
+
+/// The parsed form of a stored profile (`raw`, the `[service]` table of `s`).
+fn stored_profile(plugins: &[Box<dyn ResourcePlugin>], s: &ServiceInfo, raw: &Value) -> Profile {
+    let refs: Vec<&dyn ResourcePlugin> = plugins.iter().map(|p| &**p as _).collect();
+    let doc = serde_json::json!({ "service": raw });
+    match profile::validate(&doc, &refs) {
+        Ok(p) => p,
+        Err(errs) => {
+            error!(service = %s.name, problems = ?errs, "stored profile no longer validates; running it without readiness");
+            fallback_profile(s, raw)
+        }
+    }
+}
+
+/// A profile from the stored JSON when it no longer validates (plugins reconfigured):
+/// keep running the command, without readiness.
+fn fallback_profile(s: &ServiceInfo, raw: &Value) -> Profile {
+    let command = raw
+        .get("command")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default();
+    Profile {
+        name: s.name.clone(),
+        project: s.project.clone(),
+        replicas: s.replicas,
+        command: Arc::new(command),
+        readiness: None,
+        drain: profile::DEFAULT_DRAIN,
+        update: profile::UpdatePolicy::default(),
+        meta: Default::default(),
+        quantities: Default::default(),
+        raw: raw.clone(),
+    }
+}

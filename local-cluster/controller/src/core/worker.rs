@@ -1,0 +1,565 @@
+//! The worker protocol (`/internal/v1`, `xce_proto::worker`): registration, heartbeats, host
+//! facts, job events and the assignments watch. Only this cluster's worker instance that
+//! holds a host is heard for it (`check_holder`); a registration reconciles what the
+//! worker runs with what the controller stored.
+
+use super::report::Report;
+use super::{Core, CoreError, HostAssignments};
+use plugin_api::{
+    EndReason, HostFacts, HostId, HostInfo, HostState, JobId, JobState, ResourcePlugin,
+};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+use xce_model::slots::LastExit;
+use xce_model::{After, HostRec, JobRec, ServiceState, Txn};
+use xce_proto::worker::{Caller, ExitCause, RegisterRequest, RegisterResponse, WorkerEvent};
+
+impl Core {
+    /// The host's desired-set watch, for the worker instance that holds the host.
+    pub(crate) fn assignments(
+        &mut self,
+        host: &HostId,
+        caller: &Caller,
+    ) -> Result<watch::Receiver<Arc<HostAssignments>>, CoreError> {
+        self.check_holder(host, caller, "assignments query")?;
+        // Every publish keeps the set current; a host gets its first at the publish
+        // after its registration.
+        if !self.assign.contains_key(host) {
+            self.publish_host(host);
+        }
+        self.assign
+            .get(host)
+            .map(|tx| tx.subscribe())
+            .ok_or_else(|| CoreError::UnknownHost(host.clone()))
+    }
+
+    fn check_facts(&self, host: &HostId, facts: &HostFacts) -> Result<(), CoreError> {
+        // One live host per advertised address: a worker credential must not be able to
+        // send another host's endpoint traffic to itself (or anyone's to it).
+        if let Some(ip) = facts.ip_addr {
+            let other = self.cluster.hosts.values().find(|h| {
+                h.info.id != *host
+                    && h.info.state != HostState::Lost
+                    && h.info.facts.ip_addr == Some(ip)
+            });
+            if let Some(other) = other {
+                warn!(host = %host, ip_addr = %ip, advertised_by = %other.info.id, "host facts refused: the address is another live host's");
+                return Err(CoreError::AddressTaken {
+                    ip: ip.to_string(),
+                    other: other.info.id.clone(),
+                });
+            }
+        }
+        let mut problems = Vec::new();
+        for p in &self.policies {
+            if let Err(mut e) = p.check(host, facts) {
+                problems.append(&mut e);
+            }
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            let list: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+            warn!(host = %host, problems = %list.join("; "), "host facts refused");
+            Err(CoreError::FactsRefused(problems))
+        }
+    }
+
+    fn host_up(&mut self, host: &HostId, facts: &HostFacts) {
+        for p in &mut self.plugins {
+            if let Err(e) = p.host_up(host, facts) {
+                warn!(host = %host, plugin = p.name(), reason = %e, "plugin cannot use the host's facts");
+            }
+        }
+    }
+
+    /// A worker of another cluster is refused before anything else.
+    fn check_cluster(&self, host: &HostId, caller: &Caller, what: &str) -> Result<(), CoreError> {
+        match &caller.cluster {
+            Some(theirs) if *theirs != self.cluster_id => {
+                warn!(host = %host, cluster = %self.cluster_id, worker_cluster = %theirs, instance = %caller.instance_or_none(), peer = %caller.peer.as_deref().unwrap_or("unknown"), "{what} refused: the worker belongs to another cluster (pointed at the wrong controller?)");
+                Err(CoreError::WrongCluster {
+                    ours: self.cluster_id.clone(),
+                    theirs: theirs.clone(),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Heartbeats, facts, events and assignment queries: only from this cluster's worker
+    /// instance that holds the host (a second worker with the same host id neither
+    /// reports nor takes orders). A host held by no known instance (a record from before
+    /// instance ids) accepts any.
+    fn check_holder(&self, host: &HostId, caller: &Caller, what: &str) -> Result<(), CoreError> {
+        self.check_cluster(host, caller, what)?;
+        let Some(h) = self.cluster.hosts.get(host) else {
+            return Err(CoreError::UnknownHost(host.clone()));
+        };
+        match &h.instance {
+            Some(holder) if caller.instance.as_ref() != Some(holder) => {
+                // Debug only: a refused duplicate repeats these every second; its
+                // registration attempts are the warnings.
+                debug!(host = %host, holder = %holder, instance = %caller.instance_or_none(), peer = %caller.peer.as_deref().unwrap_or("unknown"), "{what} refused: another worker instance holds the host");
+                Err(CoreError::HostTaken {
+                    host: host.clone(),
+                    holder: holder.clone(),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether the host's holder is live: `ready` and heard from within
+    /// `unreachable_after` (every host gets a fresh window when the controller loads).
+    fn holder_live(&self, h: &HostRec, now: Instant) -> bool {
+        h.info.state == HostState::Ready
+            && self
+                .heard
+                .get(&h.info.id)
+                .is_some_and(|t| now.saturating_duration_since(*t) < self.timing.unreachable_after)
+    }
+
+    /// A worker (re)registers: the instance that holds the host, or a new one once the
+    /// holder is gone (unreachable or lost). A registration from another instance while
+    /// the holder is live is refused before anything is applied: no facts, no plugin
+    /// call, nothing committed.
+    pub(crate) fn register(
+        &mut self,
+        host: &HostId,
+        caller: &Caller,
+        req: RegisterRequest,
+        now: Instant,
+    ) -> Result<RegisterResponse, CoreError> {
+        if let Err(e) = self.check_cluster(host, caller, "registration") {
+            self.metrics.registration_refused("wrong_cluster");
+            return Err(e);
+        }
+        let holder = self.cluster.hosts.get(host).and_then(|h| {
+            h.instance
+                .clone()
+                .filter(|i| caller.instance.as_ref() != Some(i))
+                .map(|i| (i, self.holder_live(h, now)))
+        });
+        match &holder {
+            Some((holder, true)) => {
+                warn!(host = %host, holder = %holder, instance = %caller.instance_or_none(), peer = %caller.peer.as_deref().unwrap_or("unknown"), "registration refused: another live worker instance holds the host (a second worker with the same host id?)");
+                self.metrics.registration_refused("host_taken");
+                return Err(CoreError::HostTaken {
+                    host: host.clone(),
+                    holder: holder.clone(),
+                });
+            }
+            Some((holder, false)) => {
+                warn!(host = %host, previous = %holder, instance = %caller.instance_or_none(), peer = %caller.peer.as_deref().unwrap_or("unknown"), "a new worker instance takes the host over (its previous worker is gone)");
+            }
+            None => {}
+        }
+        self.check_facts(host, &req.facts)?;
+        self.host_up(host, &req.facts);
+        let mut txn = Txn::new(&self.cluster);
+        let running: BTreeMap<&JobId, bool> =
+            req.running.iter().map(|r| (&r.job, r.ready)).collect();
+        let mine: Vec<JobRec> = self.cluster.jobs_on(host).cloned().collect();
+        for mut j in mine {
+            let eff = j.effective_state();
+            match running.get(&j.info.job) {
+                Some(&ready) => {
+                    let before = j.clone();
+                    j.held = None;
+                    j.held_ready = None;
+                    j.info.state = match eff {
+                        JobState::Placed => JobState::Running,
+                        s => s,
+                    };
+                    if j.info.state == JobState::Running {
+                        j.info.ready = ready;
+                    }
+                    if j != before {
+                        txn.put_job(&self.cluster, j);
+                    }
+                }
+                None => match eff {
+                    JobState::Running => {
+                        // The worker no longer has it (its own data dir was lost, or it
+                        // ended while no worker watched): how it ended is unknown.
+                        self.record_end(&mut txn, &j, ExitCause::default(), None);
+                        txn.end_job(&self.cluster, j, EndReason::Exited { code: None })
+                    }
+                    JobState::Stopping | JobState::Draining => {
+                        txn.end_job(&self.cluster, j, EndReason::Stopped)
+                    }
+                    _ => {
+                        // Placed: not started yet; the worker starts it from its assignments.
+                        if j.info.state == JobState::Unknown {
+                            j.info.state = eff;
+                            j.held = None;
+                            j.held_ready = None;
+                            txn.put_job(&self.cluster, j);
+                        }
+                    }
+                },
+            }
+        }
+        let orphans: BTreeSet<JobId> = req
+            .running
+            .iter()
+            .filter(|r| {
+                self.cluster
+                    .jobs
+                    .get(r.job.as_str())
+                    .is_none_or(|j| j.info.host != *host)
+            })
+            .map(|r| r.job.clone())
+            .collect();
+        if !orphans.is_empty() {
+            warn!(host = %host, orphans = ?orphans, "worker runs jobs the controller does not know; no placements there until they exited");
+        }
+        let released = txn
+            .host(&self.cluster, host)
+            .map(|h| h.released)
+            .unwrap_or_default();
+        txn.put_host(
+            &self.cluster,
+            HostRec {
+                info: HostInfo {
+                    id: host.clone(),
+                    state: HostState::Ready,
+                    facts: req.facts,
+                },
+                orphans,
+                released,
+                instance: caller.instance.clone(),
+            },
+        );
+        self.commit(txn, now)?;
+        self.heard.insert(host.clone(), now);
+        self.withheld.remove(host);
+        info!(host = %host, instance = %caller.instance_or_none(), "host registered");
+        Ok(RegisterResponse {
+            heartbeat_ms: self.timing.heartbeat_interval.as_millis() as u64,
+            cluster: Some(self.cluster_id.clone()),
+        })
+    }
+
+    /// Whether a heartbeat from `host` would commit (it brings an unreachable host back);
+    /// otherwise it only notes that the host was heard.
+    pub(crate) fn heartbeat_writes(&self, host: &HostId) -> bool {
+        self.cluster
+            .hosts
+            .get(host)
+            .is_some_and(|h| h.info.state == HostState::Unreachable)
+    }
+
+    pub(crate) fn heartbeat(
+        &mut self,
+        host: &HostId,
+        caller: &Caller,
+        now: Instant,
+    ) -> Result<(), CoreError> {
+        self.check_holder(host, caller, "heartbeat")?;
+        let Some(h) = self.cluster.hosts.get(host).cloned() else {
+            return Err(CoreError::UnknownHost(host.clone()));
+        };
+        match h.info.state {
+            // A lost host's jobs are gone: it must register again to report what runs.
+            HostState::Lost => return Err(CoreError::UnknownHost(host.clone())),
+            HostState::Ready => {}
+            HostState::Unreachable => {
+                let mut txn = Txn::new(&self.cluster);
+                for mut j in self.cluster.jobs_on(host).cloned().collect::<Vec<_>>() {
+                    if j.info.state == JobState::Unknown {
+                        j.info.state = j.effective_state();
+                        j.held = None;
+                        // Back in the endpoints if a full disruption took it out.
+                        if let Some(ready) = j.held_ready.take() {
+                            j.info.ready = ready;
+                        }
+                        txn.put_job(&self.cluster, j);
+                    }
+                }
+                let mut h = h;
+                h.info.state = HostState::Ready;
+                txn.put_host(&self.cluster, h);
+                self.commit(txn, now)?;
+                self.withheld.remove(host);
+                info!(host = %host, "host reachable again");
+            }
+        }
+        self.heard.insert(host.clone(), now);
+        Ok(())
+    }
+
+    pub(crate) fn facts(
+        &mut self,
+        host: &HostId,
+        caller: &Caller,
+        facts: HostFacts,
+        now: Instant,
+    ) -> Result<(), CoreError> {
+        self.check_holder(host, caller, "facts report")?;
+        let Some(mut h) = self.cluster.hosts.get(host).cloned() else {
+            return Err(CoreError::UnknownHost(host.clone()));
+        };
+        self.check_facts(host, &facts)?;
+        if h.info.facts == facts {
+            return Ok(());
+        }
+        self.host_up(host, &facts);
+        h.info.facts = facts;
+        let mut txn = Txn::new(&self.cluster);
+        txn.put_host(&self.cluster, h);
+        self.commit(txn, now)
+    }
+
+    /// One worker report alone (the tests' way in; the state task queues reports and
+    /// applies them with [`reports`](Self::reports)).
+    #[cfg(test)]
+    pub(crate) fn events(
+        &mut self,
+        host: &HostId,
+        caller: &Caller,
+        events: Vec<WorkerEvent>,
+        now: Instant,
+    ) -> Result<(), CoreError> {
+        let report = Report {
+            host: host.clone(),
+            caller: caller.clone(),
+            events,
+        };
+        let mut results = self.reports(vec![report], now);
+        results.pop().expect("one result per report")
+    }
+
+    /// Worker reports queued together, applied in order in as few store batches as the
+    /// store's batch limit allows (each report whole in one): a burst of reports is a
+    /// few commits, not one each (on etcd each commit is a round trip and a raft write,
+    /// and every report was its own). Nothing is applied before its batch is committed;
+    /// a failed commit fails every report in it (each is retried by its worker; events
+    /// are idempotent). One result per report, in order.
+    pub(crate) fn reports(
+        &mut self,
+        reports: Vec<Report>,
+        now: Instant,
+    ) -> Vec<Result<(), CoreError>> {
+        let limit = self.store.batch_limit().ops;
+        let mut results: Vec<Option<Result<(), CoreError>>> = Vec::new();
+        let mut txn = Txn::new(&self.cluster);
+        // The reports in `txn` (their index in `results`).
+        let mut members: Vec<usize> = Vec::new();
+        for r in reports {
+            results.push(None);
+            if let Err(e) = self.check_holder(&r.host, &r.caller, "events report") {
+                *results.last_mut().expect("pushed") = Some(Err(e));
+                continue;
+            }
+            let ops = self.report_ops(&r.host, &r.events);
+            if !members.is_empty() && txn.ops() + ops > limit {
+                let full = std::mem::take(&mut txn);
+                self.commit_reports(full, &mut members, &mut results, now);
+                // Read again: the commit moved the state on.
+                txn = Txn::new(&self.cluster);
+            }
+            self.report_into(&mut txn, &r.host, r.events);
+            members.push(results.len() - 1);
+        }
+        self.commit_reports(txn, &mut members, &mut results, now);
+        results
+            .into_iter()
+            .map(|r| r.expect("every report answered"))
+            .collect()
+    }
+
+    /// Commits the reports `members` of `results` share in `txn`, and answers them.
+    fn commit_reports(
+        &mut self,
+        txn: Txn,
+        members: &mut Vec<usize>,
+        results: &mut [Option<Result<(), CoreError>>],
+        now: Instant,
+    ) {
+        if members.is_empty() {
+            return;
+        }
+        let failed = match self.commit(txn, now) {
+            Ok(()) => None,
+            Err(CoreError::Store(e)) => Some(e),
+            Err(e) => Some(xce_store::StoreError::Backend(e.to_string())),
+        };
+        for i in members.drain(..) {
+            results[i] = Some(match &failed {
+                None => Ok(()),
+                Some(e) => Err(CoreError::Store(e.clone())),
+            });
+        }
+    }
+
+    /// At most how many records a report writes (an estimate only: a batch above the
+    /// store's limit is still committed whole, on etcd through its journal): its jobs;
+    /// the services of the jobs that end or whose readiness is held out of the endpoints
+    /// (a quiet write), since a job write only moves its service's `rev`; the host's
+    /// record when something ends (its released grants, its orphans).
+    fn report_ops(&self, host: &HostId, events: &[WorkerEvent]) -> usize {
+        let withheld = self.withheld.contains(host);
+        let mut jobs = BTreeSet::new();
+        let mut services = BTreeSet::new();
+        let mut ends = false;
+        for e in events {
+            jobs.insert(e.job().as_str());
+            let end = matches!(e, WorkerEvent::Exited { .. } | WorkerEvent::Refused { .. });
+            ends |= end;
+            let Some(j) = self.cluster.jobs.get(e.job().as_str()) else {
+                continue;
+            };
+            let quiet =
+                matches!(e, WorkerEvent::Readiness { .. }) && (withheld || j.held_ready.is_some());
+            if j.info.host == *host && (end || quiet) {
+                services.insert((j.info.project.as_str(), j.info.service.as_str()));
+            }
+        }
+        jobs.len() + services.len() + usize::from(ends)
+    }
+
+    /// One report's events into `txn` (which may hold earlier reports: it is read
+    /// through, so each sees the ones before it).
+    fn report_into(&self, txn: &mut Txn, host: &HostId, events: Vec<WorkerEvent>) {
+        // A job whose host a full disruption took out of the endpoints stays out until the
+        // host is heard (a heartbeat), whatever readiness it reports meanwhile.
+        let withheld = self.withheld.contains(host);
+        for ev in events {
+            let id = ev.job().clone();
+            let Some(mut j) = txn.job(&self.cluster, &id).filter(|j| j.info.host == *host) else {
+                if let WorkerEvent::Exited { .. } = ev {
+                    if let Some(mut h) = txn.host(&self.cluster, host) {
+                        if h.orphans.remove(&id) {
+                            info!(host = %host, job = %id, "orphaned job exited");
+                            txn.put_host_quiet(h);
+                            continue;
+                        }
+                    }
+                }
+                // Repeats for ended jobs land here: events are idempotent.
+                debug!(host = %host, job = %id, event = ?ev, "event for no live job on the host ignored");
+                continue;
+            };
+            let eff = j.effective_state();
+            match ev {
+                WorkerEvent::Started { log, .. } => {
+                    if eff == JobState::Placed {
+                        if j.info.state == JobState::Unknown {
+                            j.held = Some(JobState::Running);
+                        } else {
+                            j.info.state = JobState::Running;
+                        }
+                        j.log = log.or(j.log);
+                        txn.put_job(&self.cluster, j);
+                    }
+                }
+                WorkerEvent::Readiness { ready, .. } => {
+                    let held =
+                        j.held_ready.is_some() || (withheld && j.info.state == JobState::Unknown);
+                    if eff == JobState::Running && held {
+                        // Out of the endpoints until its host is heard again.
+                        if j.held_ready != Some(ready) {
+                            j.held_ready = Some(ready);
+                            txn.put_job_quiet(&self.cluster, j);
+                        }
+                    } else if eff == JobState::Running && j.info.ready != ready {
+                        j.info.ready = ready;
+                        txn.put_job(&self.cluster, j);
+                    }
+                }
+                WorkerEvent::Exited {
+                    code,
+                    signal,
+                    error,
+                    log,
+                    ..
+                } => {
+                    let leaving = matches!(eff, JobState::Stopping | JobState::Draining);
+                    let reason = if leaving {
+                        EndReason::Stopped
+                    } else {
+                        let cause = ExitCause {
+                            code,
+                            signal,
+                            error,
+                        };
+                        self.record_end(txn, &j, cause, log);
+                        EndReason::Exited { code }
+                    };
+                    let (service, generation) = (j.info.service_key(), j.info.generation);
+                    txn.end_job(&self.cluster, j, reason);
+                    // A replica of the generation being rolled out that dies counts
+                    // against the rollout (persisted with the exit itself).
+                    if let Some(mut s) = txn.service(&self.cluster, &service) {
+                        if !leaving
+                            && s.state == ServiceState::Active
+                            && s.info.generation == generation
+                            && s.rollout.is_running(generation)
+                        {
+                            s.rollout.exits += 1;
+                            txn.put_service_quiet(s);
+                        }
+                    }
+                }
+                WorkerEvent::Refused { refusal, .. } => {
+                    warn!(host = %host, job = %id, plugin = %refusal.plugin, reason = %refusal.reason, "launch refused; placing the replica again");
+                    let cause = ExitCause {
+                        error: Some(format!(
+                            "launch refused by {}: {}",
+                            refusal.plugin, refusal.reason
+                        )),
+                        ..ExitCause::default()
+                    };
+                    self.record_end(txn, &j, cause, None);
+                    txn.after.push(After::Refused {
+                        host: host.clone(),
+                        job: id.clone(),
+                        plugin: refusal.plugin.clone(),
+                        detail: refusal.detail.clone(),
+                    });
+                    txn.end_job(
+                        &self.cluster,
+                        j,
+                        EndReason::Refused {
+                            reason: refusal.reason,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    /// Records in its slot (in the same batch as the end itself) that job `j` ended by
+    /// itself as `cause` says, its output in `log`: one more restart, the last exit, the
+    /// last log. Only for an active service: a stopping one places no replacement.
+    fn record_end(&self, txn: &mut Txn, j: &JobRec, cause: ExitCause, log: Option<String>) {
+        let key = j.info.service_key();
+        let Some(mut s) = txn.service(&self.cluster, &key) else {
+            return;
+        };
+        if s.state != ServiceState::Active {
+            return;
+        }
+        let at = humantime::format_rfc3339_millis((self.wall)()).to_string();
+        let log = log.or_else(|| j.log.clone());
+        let slot = s.slots.entry(j.info.replica).or_default();
+        slot.restarts += 1;
+        slot.last_exit = Some(LastExit {
+            job: j.info.job.clone(),
+            host: j.info.host.clone(),
+            at,
+            cause: cause.clone(),
+        });
+        if log.is_some() {
+            slot.log = log;
+            slot.log_host = Some(j.info.host.clone());
+        }
+        warn!(service = %key.name, project = %key.project, replica = j.info.replica, job = %j.info.job, host = %j.info.host, cause = %cause, restarts = slot.restarts, log = slot.log.as_deref().unwrap_or("unknown"), "replica ended by itself; a replacement follows");
+        txn.put_service_quiet(s);
+    }
+}

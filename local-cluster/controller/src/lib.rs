@@ -1,0 +1,299 @@
+//! The controller: cluster state, the scheduler, and the apiserver's host routes.
+//!
+//! ```text
+//!  HTTP ──► api/ handlers ──Command──► task.rs (one task) ──► core/ (sync state machine)
+//!             ▲                                                 │ model.rs Txn → Store
+//!             └──── watch<View> / watch<Assignments> ◄──────────┘ scheduler.rs (pure)
+//! ```
+//!
+//! Invariants:
+//! - One task owns the mutable state; handlers send commands and read snapshots.
+//! - Every mutation is persisted as one atomic batch before it is applied in memory,
+//!   announced to listeners or answered; plugin releases follow the commit.
+//! - Grants are released exactly when a job ends: reported exited (also when stopping),
+//!   launch refused, or its host lost past the grace period.
+//! - The global revision strictly increases, is persisted, and continues after a restart.
+//! - Change-driven: the scheduler runs after a change, timers sleep until the next
+//!   deadline; nothing polls.
+#![warn(missing_docs)]
+
+pub(crate) mod api;
+mod config;
+mod core;
+mod metrics;
+pub mod quota;
+mod scheduler;
+pub mod standby;
+mod task;
+#[cfg(test)]
+mod tests;
+
+pub use config::{ConfigError, ControllerConfig, DisruptionThreshold};
+
+use anyhow::Context as _;
+use plugin_api::{ApiContext, ApiExtension, ClusterListener, HostFactsPolicy, ResourcePlugin};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use xce_serve::keyring::Keyring;
+use xce_serve::serve;
+use xce_store::Store;
+
+/// Creates `cfg.data_dir` if needed and opens the embedded store in it.
+pub fn open_store(cfg: &ControllerConfig) -> anyhow::Result<Arc<dyn Store>> {
+    std::fs::create_dir_all(&cfg.data_dir)
+        .with_context(|| format!("cannot create data dir {}", cfg.data_dir.display()))?;
+    let path = cfg.store_path();
+    let store = xce_store::RedbStore::open(&path)
+        .with_context(|| format!("cannot open the controller store {}", path.display()))?;
+    Ok(Arc::new(store))
+}
+
+/// The plugins the integrator wires in (through the `plugin-api` traits only).
+#[derive(Default)]
+pub struct ControllerPlugins {
+    /// Consumable resources the scheduler allocates (e.g. ports).
+    pub resources: Vec<Box<dyn ResourcePlugin>>,
+    /// Checks of worker-reported host facts.
+    pub facts_policies: Vec<Arc<dyn HostFactsPolicy>>,
+    /// Receivers of the change feed.
+    pub listeners: Vec<Arc<dyn ClusterListener>>,
+    /// Extra apiserver routes.
+    pub extensions: Vec<Arc<dyn ApiExtension>>,
+}
+
+impl std::fmt::Debug for ControllerPlugins {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControllerPlugins")
+            .field(
+                "resources",
+                &self.resources.iter().map(|p| p.name()).collect::<Vec<_>>(),
+            )
+            .field("facts_policies", &self.facts_policies.len())
+            .field("listeners", &self.listeners.len())
+            .field("extensions", &self.extensions.len())
+            .finish()
+    }
+}
+
+/// A controller whose state task runs, without a socket: serve [`Controller::router`]
+/// yourself (tests use `tower::ServiceExt::oneshot`), or use [`start`].
+#[derive(Debug)]
+pub struct Controller {
+    api: api::ApiState,
+    shutdown: watch::Sender<bool>,
+    task: JoinHandle<()>,
+    /// Set when the state task stopped itself (see [`Controller::failed`]).
+    fatal: watch::Receiver<Option<String>>,
+}
+
+impl Controller {
+    /// Loads the state from `store`, brings the plugins up to it (`host_up` for every
+    /// known host, `restore` for every live job), resyncs the listeners, registers every
+    /// metric, and spawns the state task. Must run inside a tokio runtime.
+    pub async fn new(
+        cfg: &ControllerConfig,
+        tokens: impl Into<Keyring>,
+        plugins: ControllerPlugins,
+        store: Arc<dyn Store>,
+    ) -> anyhow::Result<Self> {
+        let role = standby::Role::default();
+        role.serving();
+        Self::with_role(cfg, tokens, plugins, store, &role).await
+    }
+
+    /// [`new`](Self::new) for an elected controller: `role` (the process's, shared with
+    /// its standby listener) goes on `/metrics` as it is.
+    pub async fn with_role(
+        cfg: &ControllerConfig,
+        tokens: impl Into<Keyring>,
+        plugins: ControllerPlugins,
+        store: Arc<dyn Store>,
+        role: &standby::Role,
+    ) -> anyhow::Result<Self> {
+        let keyring = tokens.into();
+        cfg.validate().context("invalid controller config")?;
+        let ControllerPlugins {
+            resources,
+            facts_policies,
+            listeners,
+            extensions,
+        } = plugins;
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = metrics::Metrics::default();
+        metrics.register(&mut registry);
+        keyring.register(&mut registry);
+        for p in &resources {
+            p.register_metrics(&mut registry);
+        }
+        for e in &extensions {
+            e.register_metrics(&mut registry);
+        }
+        role.register(&mut registry);
+        xce_serve::register_tls_metrics(&mut registry);
+        let timing = core::Timing {
+            heartbeat_interval: cfg.heartbeat_interval,
+            unreachable_after: cfg.unreachable_after,
+            grace_period: cfg.grace_period,
+            disruption_threshold: cfg.disruption_threshold,
+        };
+        let mut core = core::Core::load(
+            timing,
+            store,
+            core::Wiring {
+                resources,
+                policies: facts_policies,
+                listeners,
+            },
+            metrics,
+            tokio::time::Instant::now(),
+        )
+        .context("cannot load the controller state from the store")?;
+        core.set_quotas(cfg.quotas.clone());
+        let view = core.view();
+        let cluster_id: Arc<str> = core.cluster_id().into();
+        let (tx, rx) = mpsc::channel(256);
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let (fatal_tx, fatal) = watch::channel(None);
+        let task = task::spawn(task::run(core, rx, shutdown_rx.clone(), fatal_tx));
+        let api = api::ApiState {
+            tx,
+            view,
+            ctx: ApiContext {
+                auth: Arc::new(keyring.clone()),
+            },
+            keyring,
+            registry: Arc::new(registry),
+            extensions,
+            body_limit: cfg.body_limit,
+            shutdown: shutdown_rx,
+            cluster_id,
+        };
+        Ok(Self {
+            api,
+            shutdown,
+            task,
+            fatal,
+        })
+    }
+
+    /// Resolves, with the reason, when the controller stopped itself because the store
+    /// said its view is stale ([`xce_store::StoreError::Stale`]: another writer, a lost
+    /// leadership, a commit reported failed that landed after all). Every change would fail
+    /// from then on, so its state task has ended; the caller should exit (a standby, or a
+    /// restart, reloads from the store). Never resolves otherwise.
+    pub async fn failed(&self) -> String {
+        let mut fatal = self.fatal.clone();
+        let reason = match fatal.wait_for(Option::is_some).await {
+            Ok(reason) => reason.clone(),
+            // The task ended for another reason (shutdown): nothing to report, ever.
+            Err(_) => None,
+        };
+        match reason {
+            Some(reason) => reason,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// The apiserver's routes (see [`router`]).
+    pub fn router(&self) -> axum::Router {
+        router(self)
+    }
+
+    /// Stops the state task (pending blocking queries answer at once, the extensions'
+    /// watches end: see [`ApiExtension::drain`]) and waits for it. The store is released
+    /// when this returns, unless a router still holds a handle.
+    pub async fn shutdown(self) {
+        self.drain();
+        let _ = self.task.await;
+    }
+
+    /// Tells the state task, the server and the extensions to stop: blocking queries
+    /// answer with the current state, streams end, the listener closes.
+    fn drain(&self) {
+        let _ = self.shutdown.send(true);
+        for e in &self.api.extensions {
+            e.drain();
+        }
+    }
+}
+
+/// The whole apiserver: `/healthz`, `/metrics`, `/v1` services and hosts, the
+/// `/internal/v1` worker routes, and every extension's routes, with the [`ApiContext`]
+/// installed as a request extension (so `plugin_api::Principal` works everywhere) and the
+/// body limit answering 413 in the JSON error shape.
+pub fn router(controller: &Controller) -> axum::Router {
+    api::build(controller.api.clone())
+}
+
+/// A controller serving on a socket.
+#[derive(Debug)]
+pub struct RunningController {
+    /// The bound address (useful with port 0).
+    pub addr: SocketAddr,
+    controller: Controller,
+    server: JoinHandle<std::io::Result<()>>,
+}
+
+/// Builds the controller (see [`Controller::new`]), binds `cfg.listen` and serves.
+pub async fn start(
+    cfg: ControllerConfig,
+    tokens: impl Into<Keyring>,
+    plugins: ControllerPlugins,
+    store: Arc<dyn Store>,
+) -> anyhow::Result<RunningController> {
+    let controller = Controller::new(&cfg, tokens, plugins, store).await?;
+    serving(cfg, controller)
+}
+
+/// [`start`] for an elected controller (see [`Controller::with_role`]).
+pub async fn start_with_role(
+    cfg: ControllerConfig,
+    tokens: impl Into<Keyring>,
+    plugins: ControllerPlugins,
+    store: Arc<dyn Store>,
+    role: &standby::Role,
+) -> anyhow::Result<RunningController> {
+    let controller = Controller::with_role(&cfg, tokens, plugins, store, role).await?;
+    serving(cfg, controller)
+}
+
+fn serving(cfg: ControllerConfig, controller: Controller) -> anyhow::Result<RunningController> {
+    let (addr, server) = serve(
+        cfg.listen,
+        controller.router(),
+        cfg.connections,
+        cfg.tls,
+        controller.shutdown.subscribe(),
+    )?;
+    Ok(RunningController {
+        addr,
+        controller,
+        server,
+    })
+}
+
+impl RunningController {
+    /// See [`Controller::failed`].
+    pub async fn failed(&self) -> String {
+        self.controller.failed().await
+    }
+
+    /// Stops serving and stops the state task: the listener closes, blocking queries
+    /// answer at once with the current state, streams end, other requests in flight get
+    /// up to `connections.drain_timeout` to finish before their connections are dropped.
+    pub async fn shutdown(self) {
+        self.controller.drain();
+        let _ = self.server.await;
+        self.controller.shutdown().await;
+    }
+
+    /// Serves until the server fails (it does not stop by itself otherwise).
+    pub async fn wait(self) -> anyhow::Result<()> {
+        let r = self.server.await;
+        self.controller.shutdown().await;
+        r.context("apiserver task panicked")?
+            .context("apiserver failed")
+    }
+}

@@ -1,0 +1,361 @@
+//! Changing a running service without an outage (DESIGN §8a): which replica slots get a
+//! job of the current generation, which jobs drain, and where the rollout stands.
+//!
+//! Pure and synchronous: no store, no clock, no plugins. The core describes a service's
+//! jobs as [`JobFacts`] (it knows the time, so it says which new replicas have been ready
+//! for `min_ready`), asks [`to_place`] and [`to_drain`], makes the placements and drains
+//! as store batches, and asks again after every change. The same functions serve a
+//! rolling update, a restart, a scale and a rollback; a service at rest gets nothing from
+//! them but the replacement of a replica that ended.
+//!
+//! A service has `replicas` **slots** (the replica indexes `0..replicas`, what a replica
+//! sees as `XCE_REPLICA`). During a rollout a slot may hold an old-generation job and a
+//! new one side by side (a surge); otherwise one job.
+
+use plugin_api::JobId;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+use xce_proto::profile::UpdatePolicy;
+
+/// Exits of current-generation replicas during one rollout that fail it ("new replicas
+/// keep exiting"), all slots together: a command that dies at once fails its rollout
+/// within the restart backoff of a few exits (about 1 s when several new replicas start
+/// at once, up to about 7 s for one replica: 1 s, 2 s, 4 s).
+pub const MAX_NEW_EXITS: u32 = 3;
+
+/// Where a service's latest change stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RolloutState {
+    /// Replacing, adding or removing replicas.
+    Progressing,
+    /// Every slot runs the current generation, ready; no older replica is live.
+    Complete,
+    /// No progress for `deadline`, or new replicas kept exiting; not rolled back.
+    Failed,
+    /// The rollout failed and the service rolled back to the last complete generation's
+    /// profile, as a new generation (which may itself still be rolling out).
+    Reverted,
+}
+
+impl RolloutState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RolloutState::Progressing => "progressing",
+            RolloutState::Complete => "complete",
+            RolloutState::Failed => "failed",
+            RolloutState::Reverted => "reverted",
+        }
+    }
+}
+
+/// A generation that completed, and the profile it ran: what a failed rollout reverts to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Stable {
+    pub generation: u64,
+    pub profile: Value,
+}
+
+/// The persisted rollout record of a service (part of its service record, so it changes
+/// in the same store batches as the jobs it drives).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Rollout {
+    pub state: RolloutState,
+    /// Why it waits, why it failed, what was reverted.
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// The last generation that completed.
+    #[serde(default)]
+    pub stable: Option<Stable>,
+    /// Exits of current-generation replicas since this rollout began.
+    #[serde(default)]
+    pub exits: u32,
+    /// The current generation is a rollback: when it fails too, nothing is reverted.
+    #[serde(default)]
+    pub revert: bool,
+}
+
+impl Default for Rollout {
+    /// Services stored before rollouts existed: complete (the next pass records their
+    /// generation as the stable one).
+    fn default() -> Self {
+        Rollout {
+            state: RolloutState::Complete,
+            reason: None,
+            stable: None,
+            exits: 0,
+            revert: false,
+        }
+    }
+}
+
+impl Rollout {
+    /// A new rollout (a changed profile, a restart or a scale) begins.
+    pub fn begin(&mut self) {
+        self.state = RolloutState::Progressing;
+        self.reason = None;
+        self.exits = 0;
+        self.revert = false;
+    }
+
+    /// Whether the rollout still acts: it may complete, fail or wait.
+    pub fn is_running(&self, generation: u64) -> bool {
+        match self.state {
+            RolloutState::Progressing => true,
+            RolloutState::Reverted => {
+                self.stable.as_ref().map(|s| s.generation) != Some(generation)
+            }
+            RolloutState::Complete | RolloutState::Failed => false,
+        }
+    }
+}
+
+/// Where a job is, as far as the rollout cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Placed, not started yet (never an endpoint).
+    Placed,
+    /// Running (ready or not).
+    Running,
+    /// Draining or stopping: on its way out, counts for nothing.
+    Leaving,
+}
+
+/// One live job of a service, as the rollout sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JobFacts {
+    pub job: JobId,
+    pub replica: u32,
+    pub generation: u64,
+    pub phase: Phase,
+    /// Passes its readiness probe (an endpoint).
+    pub ready: bool,
+    /// Counts as available: an older-generation job when ready; a current-generation one
+    /// when it has been ready for `min_ready`.
+    pub available: bool,
+}
+
+/// A service as the rollout sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct Service<'a> {
+    pub replicas: u32,
+    pub generation: u64,
+    pub policy: UpdatePolicy,
+    pub jobs: &'a [JobFacts],
+}
+
+/// What `xcecli service status` shows of a rollout.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Live (not leaving) jobs of the current generation in the service's slots.
+    pub updated: u32,
+    /// Ready jobs of any generation.
+    pub ready: u32,
+    /// Live jobs of an older generation.
+    pub outdated: u32,
+    /// Current-generation jobs that are available.
+    pub available: u32,
+    /// Live jobs in slots the service no longer has (a scale-down not yet drained).
+    pub excess: u32,
+}
+
+impl Service<'_> {
+    fn live(&self) -> impl Iterator<Item = &JobFacts> + '_ {
+        self.jobs.iter().filter(|j| j.phase != Phase::Leaving)
+    }
+
+    fn in_slots(&self) -> impl Iterator<Item = &JobFacts> + '_ {
+        self.live().filter(|j| j.replica < self.replicas)
+    }
+
+    fn is_new(&self, j: &JobFacts) -> bool {
+        j.generation >= self.generation
+    }
+
+    pub fn counts(&self) -> Counts {
+        let mut c = Counts::default();
+        for j in self.live() {
+            c.ready += u32::from(j.ready);
+            if j.replica >= self.replicas {
+                c.excess += 1;
+            } else if self.is_new(j) {
+                c.updated += 1;
+                c.available += u32::from(j.available);
+            } else {
+                c.outdated += 1;
+            }
+        }
+        c
+    }
+
+    /// Every slot runs an available current-generation job, and nothing else is live.
+    pub fn is_complete(&self) -> bool {
+        let c = self.counts();
+        c.outdated == 0
+            && c.excess == 0
+            && c.updated == self.replicas
+            && c.available == self.replicas
+    }
+
+    /// Available jobs in the service's slots (what clients can use, and what the rollout
+    /// must keep at `replicas - max_unavailable`).
+    fn available(&self) -> u32 {
+        self.in_slots().filter(|j| j.available).count() as u32
+    }
+}
+
+/// The slots that should get a current-generation job now, best first: empty slots (they
+/// restore capacity), then slots that hold only an older job (a surge), lowest first.
+/// Never more live jobs in the service's slots than `replicas + max_surge`.
+///
+/// The caller drops slots whose restart backoff runs and slots no host can take.
+pub fn to_place(s: &Service) -> Vec<u32> {
+    let mut any = BTreeSet::new();
+    let mut new = BTreeSet::new();
+    let mut total = 0u32;
+    for j in s.in_slots() {
+        total += 1;
+        any.insert(j.replica);
+        if s.is_new(j) {
+            new.insert(j.replica);
+        }
+    }
+    let budget = (s.replicas + s.policy.max_surge).saturating_sub(total) as usize;
+    let empty = (0..s.replicas).filter(|r| !any.contains(r));
+    let surge = (0..s.replicas).filter(|r| any.contains(r) && !new.contains(r));
+    empty.chain(surge).take(budget).collect()
+}
+
+/// The jobs to drain now, in order:
+/// 1. jobs in slots the service no longer has (scale-down: the highest-numbered go);
+/// 2. a second current-generation job in one slot (never made here, but a restore may
+///    find one): the one that is not available; likewise several older jobs in one slot
+///    (rollouts in quick succession) keep the best one, within the floor of 3.;
+/// 3. an older job whose slot has an available current-generation job, while the
+///    available count stays at `replicas - max_unavailable` or above;
+/// 4. an older job that is not ready, in a slot that has a current-generation job (it
+///    serves nobody, and the new one takes its place);
+/// 5. with `max_unavailable > 0`: further older jobs (not ready first, then the highest
+///    slots), within the same floor, so a rollout can proceed where no surge fits.
+pub fn to_drain(s: &Service) -> Vec<JobId> {
+    let floor = s.replicas.saturating_sub(s.policy.max_unavailable);
+    let mut available = s.available();
+    let mut out: Vec<JobId> = Vec::new();
+    let mut gone = BTreeSet::new();
+    let drain = |j: &JobFacts, out: &mut Vec<JobId>, gone: &mut BTreeSet<JobId>| {
+        out.push(j.job.clone());
+        gone.insert(j.job.clone());
+    };
+    // 1.
+    let mut excess: Vec<&JobFacts> = s.live().filter(|j| j.replica >= s.replicas).collect();
+    excess.sort_by_key(|j| std::cmp::Reverse(j.replica));
+    for j in excess {
+        drain(j, &mut out, &mut gone);
+    }
+    // The jobs of each slot, once (a scan per slot made a 10,000-replica service's pass
+    // quadratic), split into current and older generations.
+    let mut new_of: BTreeMap<u32, Vec<&JobFacts>> = BTreeMap::new();
+    let mut old_of: BTreeMap<u32, Vec<&JobFacts>> = BTreeMap::new();
+    for j in s.in_slots() {
+        let slots = if s.is_new(j) {
+            &mut new_of
+        } else {
+            &mut old_of
+        };
+        slots.entry(j.replica).or_default().push(j);
+    }
+    // 2.
+    for mine in new_of.values() {
+        let mut mine = mine.clone();
+        if mine.len() > 1 {
+            mine.sort_by_key(|j| std::cmp::Reverse((j.available, j.ready)));
+            for j in &mine[1..] {
+                available -= u32::from(j.available);
+                drain(j, &mut out, &mut gone);
+            }
+        }
+    }
+    // 2b. Several older jobs in one slot (rollouts in quick succession): the slot keeps
+    //     the best one (available, then the newest generation); the others drain, within
+    //     the floor. Without this a full surge budget could wait forever.
+    for mine in old_of.values() {
+        let mut mine = mine.clone();
+        if mine.len() > 1 {
+            mine.sort_by_key(|j| std::cmp::Reverse((j.available, j.ready, j.generation)));
+            for j in &mine[1..] {
+                if !j.available || available > floor {
+                    available -= u32::from(j.available);
+                    drain(j, &mut out, &mut gone);
+                }
+            }
+        }
+    }
+    let new_in = |r: u32, need_available: bool| {
+        new_of
+            .get(&r)
+            .is_some_and(|js| js.iter().any(|j| j.available || !need_available))
+    };
+    let old: Vec<&JobFacts> = s
+        .in_slots()
+        .filter(|j| !s.is_new(j) && !gone.contains(&j.job))
+        .collect();
+    // 3. and 4.
+    for j in &old {
+        let replaced = new_in(j.replica, true);
+        let idle = !j.ready && new_in(j.replica, false);
+        if replaced && (!j.available || available > floor) || idle {
+            available -= u32::from(j.available);
+            drain(j, &mut out, &mut gone);
+        }
+    }
+    // 5.
+    if s.policy.max_unavailable > 0 {
+        let mut rest: Vec<&&JobFacts> = old.iter().filter(|j| !gone.contains(&j.job)).collect();
+        rest.sort_by_key(|j| (j.ready, std::cmp::Reverse(j.replica)));
+        for j in rest {
+            if !j.available || available > floor {
+                available -= u32::from(j.available);
+                drain(j, &mut out, &mut gone);
+            }
+        }
+    }
+    out
+}
+
+/// A progress signature (available, updated, outdated, excess): the deadline counts from
+/// the last time it changed.
+pub type Mark = (u32, u32, u32, u32);
+
+/// The [`Mark`] of `c`.
+pub fn progress_mark(c: &Counts) -> Mark {
+    (c.available, c.updated, c.outdated, c.excess)
+}
+
+/// The profile a rollback runs: the stable profile with the current replica count (a
+/// scale made since is kept).
+pub fn revert_profile(stable: &Stable, replicas: u32) -> Value {
+    let mut p = stable.profile.clone();
+    if let Some(m) = p.as_object_mut() {
+        m.insert("replicas".into(), Value::from(replicas));
+    }
+    p
+}
+
+/// Whether two profiles run the same thing: equal but for the keys that do not change
+/// a replica (`replicas`, `drain`, `update`).
+pub fn same_template(a: &Value, b: &Value) -> bool {
+    let strip = |v: &Value| {
+        let mut v = v.clone();
+        if let Some(m) = v.as_object_mut() {
+            for k in xce_proto::profile::NOT_TEMPLATE_KEYS {
+                m.remove(*k);
+            }
+        }
+        v
+    };
+    strip(a) == strip(b)
+}
+
+#[cfg(test)]
+mod tests;

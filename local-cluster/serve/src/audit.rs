@@ -1,0 +1,166 @@
+//! The audit log: one structured line under the tracing target `xce::audit` for every
+//! write (submit, update, scale, restart, stop) and every refused request (401, 403, and
+//! the 404 a service out of the caller's sight answers), with who (the principal, never
+//! the secret), what (the action), on what (project, service or host), how it ended
+//! (status, error code) and from where (the peer's address).
+//!
+//! An operator routes it apart with the target: `RUST_LOG=info,xce::audit=info` keeps it
+//! with the rest, `RUST_LOG=warn,xce::audit=info` keeps it nearly alone, and since every
+//! line starts with its level and target (`INFO xce::audit: ...`) a `grep xce::audit`
+//! of the log (or of `xced dev`'s log file) separates it.
+//!
+//! It is a middleware, so it sees the answers the extractors give too (a 401 never reaches
+//! a handler). It authenticates the request's token again only for the requests it logs
+//! (writes and refusals, never the reads that make up nearly all traffic).
+
+use crate::Peer;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::Response;
+use plugin_api::ApiContext;
+
+/// The largest answer read to name the object of a write (a service's detail).
+const BODY_MAX: usize = 1 << 20;
+
+/// The middleware: `axum::middleware::from_fn_with_state(ctx, audit::layer)`.
+pub async fn layer(State(ctx): State<ApiContext>, req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_owned();
+    let project = req.uri().query().and_then(|q| {
+        q.split('&')
+            .find_map(|kv| kv.strip_prefix("project="))
+            .map(str::to_owned)
+    });
+    let token = req
+        .headers()
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
+        .map(|t| t.trim().to_owned());
+    let peer = req.extensions().get::<Peer>().map(|p| p.0);
+    let resp = next.run(req).await;
+
+    let status = resp.status();
+    let action = action(&method, &path);
+    let write = !matches!(method, Method::GET | Method::HEAD) && path.starts_with("/v1/");
+    let refused = status == StatusCode::UNAUTHORIZED
+        || status == StatusCode::FORBIDDEN
+        || (status == StatusCode::NOT_FOUND && path.starts_with("/v1/services/"));
+    if !write && !refused {
+        return resp;
+    }
+    let principal = match ctx.auth.authenticate(token.as_deref()) {
+        Ok(p) => p.name,
+        Err(e) => format!("-({e})"),
+    };
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let mut object = Object {
+        project,
+        service: match segments.as_slice() {
+            ["v1", "services", name, ..] => Some((*name).to_owned()),
+            _ => None,
+        },
+        host: match segments.as_slice() {
+            ["internal", "v1", "hosts", host, ..] | ["v1", "hosts", host, ..] => {
+                Some((*host).to_owned())
+            }
+            _ => None,
+        },
+    };
+    // The answer names what a write changed (a submit's project and name are in the
+    // profile, not the path), or why the request was refused (its error code).
+    let mut code = String::new();
+    let (parts, body) = resp.into_parts();
+    let resp = match axum::body::to_bytes(body, BODY_MAX).await {
+        Ok(bytes) => {
+            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+                let field = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);
+                if status.is_success() {
+                    object.project = field("project").or(object.project);
+                    object.service = field("name").or(object.service);
+                } else if let Some(c) = v.pointer("/error/code").and_then(|c| c.as_str()) {
+                    c.clone_into(&mut code);
+                }
+            }
+            Response::from_parts(parts, Body::from(bytes))
+        }
+        Err(_) => Response::from_parts(parts, Body::empty()),
+    };
+    let outcome = if status.is_success() {
+        "ok"
+    } else if refused {
+        "refused"
+    } else {
+        "failed"
+    };
+    tracing::info!(
+        target: "xce::audit",
+        principal,
+        action,
+        project = object.project.as_deref().unwrap_or("-"),
+        service = object.service.as_deref().unwrap_or("-"),
+        host = object.host.as_deref().unwrap_or("-"),
+        outcome,
+        status = status.as_u16(),
+        code,
+        peer = %peer.map_or_else(|| "-".to_owned(), |p| p.to_string()),
+        method = %method,
+        path,
+        "audit"
+    );
+    resp
+}
+
+/// What a request is on.
+struct Object {
+    project: Option<String>,
+    service: Option<String>,
+    host: Option<String>,
+}
+
+/// The action a request is, as the audit log names it.
+fn action(method: &Method, path: &str) -> String {
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let named = match (method, segments.as_slice()) {
+        (&Method::POST, ["v1", "services"]) => "submit",
+        (&Method::PUT, ["v1", "services", _]) => "update",
+        (&Method::POST, ["v1", "services", _, "scale"]) => "scale",
+        (&Method::POST, ["v1", "services", _, "restart"]) => "restart",
+        (&Method::DELETE, ["v1", "services", _]) => "stop",
+        (_, ["internal", "v1", "hosts", _, call]) => return format!("worker.{call}"),
+        (&Method::GET | &Method::HEAD, _) => "read",
+        _ => return method.as_str().to_lowercase(),
+    };
+    named.to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actions_are_named_from_method_and_path() {
+        let cases = [
+            (Method::POST, "/v1/services", "submit"),
+            (Method::PUT, "/v1/services/web", "update"),
+            (Method::POST, "/v1/services/web/scale", "scale"),
+            (Method::POST, "/v1/services/web/restart", "restart"),
+            (Method::DELETE, "/v1/services/web", "stop"),
+            (
+                Method::POST,
+                "/internal/v1/hosts/exec-01/register",
+                "worker.register",
+            ),
+            (Method::GET, "/v1/services/web/endpoints/stream", "read"),
+            (Method::PATCH, "/v1/hosts/exec-01", "patch"),
+        ];
+        for (m, path, want) in cases {
+            assert_eq!(action(&m, path), want, "{m} {path}");
+        }
+    }
+}

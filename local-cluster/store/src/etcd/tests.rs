@@ -1,0 +1,389 @@
+//! [`EtcdStore`] against a real etcd of its own per test (loopback, random ports, data in a
+//! temporary dir, killed when the test ends, also on failure). Without an `etcd` binary
+//! these tests fail and say what to install.
+
+use super::*;
+use crate::testing::TestEtcd;
+use crate::tests::{batch, dump, suite};
+use crate::StoreSpec;
+use expect_test::{expect, Expect};
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use testkit::free_port;
+
+// === the shared suite ===
+
+#[test]
+fn etcd_store_passes_the_suite() {
+    let etcd = TestEtcd::start();
+    let ep = etcd.endpoint.clone();
+    // A page of 2 keys makes every load paginate.
+    suite(Box::new(etcd.store("/xce/").with_page(2)), move |s| {
+        drop(s);
+        Box::new(
+            EtcdStore::new(vec![ep])
+                .unwrap()
+                .with_prefix("/xce/")
+                .unwrap(),
+        )
+    });
+    // Another prefix on the same etcd is another store.
+    assert_eq!(dump(&etcd.store("/other/")), "");
+}
+
+#[test]
+fn a_refused_transaction_changes_nothing() {
+    let etcd = TestEtcd::start_with(&["--max-txn-ops=128"]);
+    // The store believes etcd takes 1000 operations at once; etcd takes 128.
+    let s = etcd.store("/xce/").with_max_txn_ops(1000);
+    s.load_all().unwrap();
+    s.commit(batch(&[
+        ("job", "j-1", Some("a")),
+        ("port", "p-1", Some("j-1")),
+    ]))
+    .unwrap();
+    // A placement and its reservations: etcd refuses the transaction as a whole.
+    let mut big = batch(&[("job", "j-1", None), ("job", "j-2", Some("b"))]);
+    for i in 0..200 {
+        big.put(Key::new("port", format!("p-{i}")), b"j-2".to_vec());
+    }
+    let err = s.commit(big).unwrap_err().to_string();
+    check(&err.replace(&etcd.endpoint, "EP"), expect!["store backend: etcd /v3/kv/txn: EP: http 400: etcdserver: too many operations in txn request (raise etcd's --max-txn-ops, or lower the controller's etcd_max_txn_ops to match)"]);
+    check(&dump(&s), expect!["job/j-1=a port/p-1=j-1"]);
+    // The store still works, and a new instance sees the same.
+    s.commit(batch(&[("job", "j-2", Some("b"))])).unwrap();
+    check(
+        &dump(&etcd.store("/xce/")),
+        expect!["job/j-1=a job/j-2=b port/p-1=j-1"],
+    );
+}
+
+/// `n` port reservations of `job`, plus the job itself.
+fn placement(job: &str, ports: std::ops::Range<usize>) -> Batch {
+    let mut b = batch(&[("job", job, Some("placed"))]);
+    for i in ports {
+        b.put(
+            Key::new("port", format!("p-{i:03}")),
+            job.as_bytes().to_vec(),
+        );
+    }
+    b
+}
+
+fn summary(s: &dyn Store) -> String {
+    let all = s.load_all().unwrap();
+    let mut counts = BTreeMap::new();
+    for (k, v) in &all {
+        let what = match k.ns.as_str() {
+            "job" => k.to_string(),
+            ns => format!("{ns}={}", String::from_utf8_lossy(v)),
+        };
+        *counts.entry(what).or_insert(0) += 1;
+    }
+    format!("{counts:?}")
+}
+
+#[test]
+fn a_batch_bigger_than_a_transaction_goes_through_a_journal() {
+    let etcd = TestEtcd::start_with(&["--max-txn-ops=8"]);
+    let s = etcd.store("/xce/").with_max_txn_ops(8);
+    s.load_all().unwrap();
+    s.commit(placement("j-1", 0..30)).unwrap();
+    check(&summary(&s), expect![[r#"{"job/j-1": 1, "port=j-1": 30}"#]]);
+    s.commit(placement("j-2", 20..25)).unwrap();
+    check(
+        &summary(&etcd.store("/xce/")),
+        expect![[r#"{"job/j-1": 1, "job/j-2": 1, "port=j-1": 25, "port=j-2": 5}"#]],
+    );
+
+    // The journal is committed but not written out (the controller died in between):
+    // a reload sees it all, and the next commit writes it out before its own ops.
+    let mut st = s.state.lock().unwrap();
+    let mut ops: BTreeMap<String, Option<Vec<u8>>> = BTreeMap::new();
+    for op in placement("j-3", 0..12).ops {
+        if let Op::Put(k, v) = op {
+            ops.insert(s.etcd_key(&k).unwrap(), Some(v));
+        }
+    }
+    ops.insert("/xce/job/j-1".into(), None);
+    let ops: Vec<_> = ops.into_iter().collect();
+    let journal = json!({ "request_put": {
+        "key": b64(s.journal_key().as_bytes()),
+        "value": b64(&journal_of(&ops)),
+    } });
+    s.guarded_txn(&mut st, vec![journal], false).unwrap();
+    drop(st);
+    let restarted = etcd.store("/xce/").with_max_txn_ops(8);
+    check(
+        &summary(&restarted),
+        expect![[r#"{"job/j-2": 1, "job/j-3": 1, "port=j-1": 13, "port=j-2": 5, "port=j-3": 12}"#]],
+    );
+    restarted
+        .commit(batch(&[("port", "p-000", Some("j-4"))]))
+        .unwrap();
+    check(
+        &summary(&etcd.store("/xce/")),
+        expect![[
+            r#"{"job/j-2": 1, "job/j-3": 1, "port=j-1": 13, "port=j-2": 5, "port=j-3": 11, "port=j-4": 1}"#
+        ]],
+    );
+    // Written out: the journal is gone.
+    let mut st = restarted.state.lock().unwrap();
+    assert!(st.pending.is_none());
+    let key = json!({ "key": b64(restarted.journal_key().as_bytes()) });
+    let r = restarted.call(&mut st, "/v3/kv/range", &key).unwrap();
+    assert_eq!(r["kvs"], Value::Null, "{r}");
+}
+
+#[test]
+fn a_second_writer_fences_out_the_first() {
+    let etcd = TestEtcd::start();
+    let a = etcd.store("/xce/");
+    let b = etcd.store("/xce/");
+    a.load_all().unwrap();
+    a.commit(batch(&[("job", "j-1", Some("a"))])).unwrap();
+    b.load_all().unwrap();
+    b.commit(batch(&[("job", "j-2", Some("b"))])).unwrap();
+    let err = a.commit(batch(&[("job", "j-2", Some("a"))])).unwrap_err();
+    check(
+        err.to_string().split(" (").next().unwrap(),
+        expect![
+            "the store changed under this controller: another writer changed the etcd store since this controller loaded it"
+        ],
+    );
+    check(&dump(&b), expect!["job/j-1=a job/j-2=b"]);
+    // Reloading takes the store over.
+    a.load_all().unwrap();
+    a.commit(batch(&[("job", "j-3", Some("a"))])).unwrap();
+    assert!(b.commit(batch(&[("job", "j-4", Some("b"))])).is_err());
+    check(&dump(&a), expect!["job/j-1=a job/j-2=b job/j-3=a"]);
+}
+
+/// Forwards each request to `to` and drops the answer: the request is applied, the
+/// client never learns it.
+fn answer_losing_proxy(to: String) -> String {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut c) = conn else { return };
+            let mut req = Vec::new();
+            let mut buf = [0u8; 4096];
+            c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            // Read the whole request (header, then content-length bytes).
+            while let Ok(n) = c.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                req.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&req).into_owned();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let len: usize = text[..end]
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length: "))
+                        .and_then(|n| n.trim().parse().ok())
+                        .unwrap_or(0);
+                    if req.len() >= end + 4 + len {
+                        break;
+                    }
+                }
+            }
+            // One exchange per connection upstream, so that its answer ends.
+            let Some(end) = req.windows(4).position(|w| w == b"\r\n\r\n") else {
+                continue;
+            };
+            req.splice(end..end, *b"\r\nconnection: close");
+            let Ok(mut up) = TcpStream::connect(&to) else {
+                return;
+            };
+            up.write_all(&req).unwrap();
+            let mut answer = Vec::new();
+            let _ = up.read_to_end(&mut answer);
+            drop(c);
+        }
+    });
+    addr
+}
+
+/// A member without a raft leader: answers every request the way etcd answers one that
+/// requires a leader (`hasleader`), and records whether the request did require one.
+fn leaderless_member() -> (String, std::sync::mpsc::Receiver<bool>) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut c) = conn else { return };
+            let mut buf = [0u8; 8192];
+            let n = c.read(&mut buf).unwrap_or(0);
+            let head = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
+            let _ = tx.send(head.contains("grpc-metadata-hasleader: true"));
+            let body =
+                r#"{"error":"etcdserver: no leader","message":"etcdserver: no leader","code":14}"#;
+            let _ = write!(
+                c,
+                "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (addr, rx)
+}
+
+/// A member without a leader refuses before proposing anything: the next member is asked,
+/// and the commit goes through there (it used to fail as an unknown outcome).
+#[test]
+fn a_member_without_a_leader_is_skipped() {
+    let etcd = TestEtcd::start();
+    let (leaderless, asked) = leaderless_member();
+    let s = EtcdStore::new(vec![leaderless, etcd.endpoint.clone()]).unwrap();
+    s.load_all().unwrap();
+    s.gateway.set_current(0);
+    s.commit(batch(&[("job", "j-1", Some("a"))])).unwrap();
+    let asked: Vec<bool> = asked.try_iter().collect();
+    assert!(
+        !asked.is_empty() && asked.iter().all(|r| *r),
+        "requests require a leader: {asked:?}"
+    );
+    assert_eq!(dump(&etcd.store("/xce/")), "job/j-1=a");
+}
+
+#[test]
+fn endpoints_are_tried_in_turn_and_a_lost_answer_commits_once() {
+    let etcd = TestEtcd::start();
+    let closed = free_port();
+    let proxy = answer_losing_proxy(etcd.endpoint.clone());
+    let s = EtcdStore::new(vec![
+        format!("127.0.0.1:{closed}"),
+        proxy.clone(),
+        etcd.endpoint.clone(),
+    ])
+    .unwrap();
+    // The closed port is skipped, the proxy loses the answer, etcd answers.
+    s.load_all().unwrap();
+    // Sticks to etcd now: start over at the proxy for the commit.
+    s.gateway.set_current(1);
+    s.commit(batch(&[("job", "j-1", Some("a"))])).unwrap();
+    s.commit(batch(&[("job", "j-2", Some("b"))])).unwrap();
+    check(&dump(&etcd.store("/xce/")), expect!["job/j-1=a job/j-2=b"]);
+
+    // Only the proxy: the outcome is unknown, and no commit passes until it is settled.
+    let mut lost = EtcdStore::new(vec![proxy.clone()]).unwrap();
+    lost.state.lock().unwrap().fence_rev = s.state.lock().unwrap().fence_rev;
+    let err = lost
+        .commit(batch(&[("job", "j-3", Some("c"))]))
+        .unwrap_err();
+    check(
+        &err.to_string().replace(&proxy, "PROXY"),
+        expect!["store backend: etcd /v3/kv/txn: no endpoint answered: PROXY: connection closed before message completed (the commit may or may not have been applied; no commit goes through until that is known)"],
+    );
+    let err = lost
+        .commit(batch(&[("job", "j-4", Some("d"))]))
+        .unwrap_err();
+    check(
+        &err.to_string().replace(&proxy, "PROXY"),
+        expect!["store backend: etcd /v3/kv/range: no endpoint answered: PROXY: connection closed before message completed"],
+    );
+    check(
+        &dump(&etcd.store("/xce/")),
+        expect!["job/j-1=a job/j-2=b job/j-3=c"],
+    );
+    // Once etcd answers again, the lost commit turns out applied: the caller believed it
+    // failed, so nothing passes until a reload.
+    lost.gateway = gateway::Gateway::new(vec![etcd.endpoint.clone()], DEFAULT_TIMEOUT);
+    let err = lost
+        .commit(batch(&[("job", "j-4", Some("d"))]))
+        .unwrap_err();
+    check(&err.to_string(), expect!["the store changed under this controller: an earlier commit reported as failed was applied in etcd after all; restart the controller so it reloads its state"]);
+    check(&dump(&lost), expect!["job/j-1=a job/j-2=b job/j-3=c"]);
+    lost.commit(batch(&[("job", "j-4", Some("d"))])).unwrap();
+    check(
+        &dump(&lost),
+        expect!["job/j-1=a job/j-2=b job/j-3=c job/j-4=d"],
+    );
+
+    // A listener that never answers: the deadline ends the wait.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap().to_string();
+    let s = EtcdStore::new(vec![addr.clone()])
+        .unwrap()
+        .with_timeout(Duration::from_millis(300));
+    check(
+        &s.load_all().unwrap_err().to_string().replace(&addr, "SILENT"),
+        expect!["store backend: etcd /v3/kv/range: no endpoint answered: SILENT: no answer within 300ms"],
+    );
+
+    // Nothing answers: the error names every endpoint.
+    let dead = EtcdStore::new(vec![
+        format!("127.0.0.1:{closed}"),
+        format!("localhost:{closed}"),
+    ])
+    .unwrap()
+    .with_timeout(Duration::from_secs(2));
+    check(
+        &dead.load_all().unwrap_err().to_string().replace(&closed.to_string(), "PORT"),
+        expect!["store backend: etcd /v3/kv/range: no endpoint answered: 127.0.0.1:PORT: cannot connect: Connection refused (os error 111); localhost:PORT: cannot connect: Connection refused (os error 111)"],
+    );
+}
+
+// === small parts ===
+
+#[test]
+fn urls_parse_or_say_why_not() {
+    let cases = [
+        "etcd://127.0.0.1:2379",
+        "etcd://h1:2379, h2:2379,[::1]:2379",
+        "redb",
+        "etcd://",
+        "etcd://h1",
+        "etcd://h1:0",
+        "etcd://h1:2379,,h2:2379",
+        "etcd://user@h1:2379",
+        "http://h1:2379",
+    ];
+    let out: Vec<String> = cases
+        .iter()
+        .map(|c| match c.parse::<StoreSpec>() {
+            Ok(s) => format!("{c} -> {s:?}"),
+            Err(e) => format!("{c} -> {e}"),
+        })
+        .collect();
+    check(
+        &out.join("\n"),
+        expect![[r#"
+            etcd://127.0.0.1:2379 -> Etcd(["127.0.0.1:2379"])
+            etcd://h1:2379, h2:2379,[::1]:2379 -> Etcd(["h1:2379", "h2:2379", "[::1]:2379"])
+            redb -> Redb
+            etcd:// -> invalid store configuration: store url "etcd://": an endpoint is empty
+            etcd://h1 -> invalid store configuration: store url "etcd://h1": endpoint "h1" has no :PORT
+            etcd://h1:0 -> invalid store configuration: store url "etcd://h1:0": endpoint "h1:0" has an invalid port "0"
+            etcd://h1:2379,,h2:2379 -> invalid store configuration: store url "etcd://h1:2379,,h2:2379": an endpoint is empty
+            etcd://user@h1:2379 -> invalid store configuration: store url "etcd://user@h1:2379": endpoint "user@h1:2379" has an invalid host "user@h1"
+            http://h1:2379 -> invalid store configuration: store "http://h1:2379" is neither `redb` nor etcd://HOST:PORT[,HOST:PORT...]"#]],
+    );
+}
+
+#[test]
+fn base64_round_trips() {
+    for n in 0..40usize {
+        let data: Vec<u8> = (0..n).map(|i| (i * 37 + n) as u8).collect();
+        assert_eq!(
+            unb64(&Value::String(b64(&data))).unwrap(),
+            data,
+            "{n} bytes"
+        );
+    }
+    check(
+        &format!(
+            "{:?} {:?}",
+            String::from_utf8(prefix_end(b"/xce/")),
+            unb64(&json!("a$==")).map_err(|e| e.to_string())
+        ),
+        expect![[r#"Ok("/xce0") Err("store backend: etcd sent invalid base64")"#]],
+    );
+}
+
+fn check(actual: &str, expect: Expect) {
+    expect.assert_eq(actual);
+}

@@ -1,0 +1,634 @@
+//! The state task: one task owns the jobs, reconciles the desired set, and is told about
+//! exits, readiness transitions and acknowledged events over a channel ([`Msg`]). Around
+//! it: the registration, heartbeat, facts and assignments tasks (`control.rs`) and the
+//! event sender (`events.rs`), which it starts and which never call back into it.
+
+use plugin_api::{HostFacts, JobId, LaunchContext, LaunchPlan};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::task::{JoinHandle, JoinSet};
+use tracing::Instrument;
+
+use super::client::Client;
+use super::config::{collect_facts, ShutdownMode, WorkerConfig, WorkerPlugins};
+use super::control::{assignments_loop, facts_loop, heartbeat_loop, register};
+use super::events::Outbox;
+use super::identity::Identity;
+use super::msg::Msg;
+use super::probe;
+use super::process;
+use super::reconcile::{self, Action, RunState};
+use super::state::{self, ExitRecord, JobRecord};
+use super::sys::{PidFd, Signal};
+use xce_proto::worker::{Assignment, ExitCause, RunningJob, WorkerEvent};
+
+/// How long a shutdown waits for queued events to be acknowledged.
+const FLUSH_PATIENCE: Duration = Duration::from_secs(3);
+/// The most queued messages the state task takes in one go (it answers nothing else
+/// meanwhile, so a flood of exits is recorded in bounded runs).
+const MAX_BURST: usize = 1024;
+
+/// A job whose process runs (or is being stopped).
+#[derive(Debug)]
+struct Job {
+    record: JobRecord,
+    pidfd: Arc<PidFd>,
+    state: RunState,
+    watcher: JoinHandle<()>,
+    prober: Option<JoinHandle<()>>,
+    /// Hands the stop order to the watcher, which enforces the grace.
+    stop: Option<oneshot::Sender<process::StopOrder>>,
+}
+
+impl Job {
+    fn abort_tasks(&mut self) {
+        self.watcher.abort();
+        if let Some(p) = self.prober.take() {
+            p.abort();
+        }
+    }
+}
+
+pub(crate) struct Agent {
+    cfg: WorkerConfig,
+    plugins: WorkerPlugins,
+    client: Client,
+    jobs_path: PathBuf,
+    logs: PathBuf,
+    jobs: BTreeMap<JobId, Job>,
+    /// Exits not acknowledged yet (kept on disk until they are).
+    exits: BTreeMap<JobId, JobRecord>,
+    /// Jobs that ended on this worker (exited, refused, reported gone): never relaunched.
+    ended: BTreeSet<JobId>,
+    desired: Vec<Assignment>,
+    outbox: Arc<Outbox>,
+    tx: mpsc::Sender<Msg>,
+    rx: mpsc::Receiver<Msg>,
+    /// The facts the controller last accepted.
+    facts: watch::Sender<HostFacts>,
+    /// What runs, for re-registration.
+    running: watch::Sender<Vec<RunningJob>>,
+    probe_http: reqwest::Client,
+    tasks: JoinSet<()>,
+    /// The worker's span (with the host): the parent of every job span, so spans of
+    /// tasks spawned while a job span is entered do not nest.
+    span: tracing::Span,
+    /// Held (flock) for the agent's life.
+    _lock: std::fs::File,
+    /// The worker instance and the cluster it serves.
+    identity: Arc<Identity>,
+}
+
+impl std::fmt::Debug for Agent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Agent")
+            .field("host", &self.cfg.host)
+            .field("jobs", &self.jobs.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
+// === impl Agent ===
+
+impl Agent {
+    /// Prepares the worker: first facts, the controller client, and the jobs of a
+    /// previous worker (adopted if still running, reported exited otherwise).
+    pub(crate) async fn start(cfg: WorkerConfig, plugins: WorkerPlugins) -> anyhow::Result<Self> {
+        use anyhow::Context as _;
+        let facts = collect_facts(&plugins)
+            .await
+            .context("collecting host facts")?;
+        // What this worker will do, in one line: an operator checks it first.
+        let sections: Vec<String> = facts
+            .sections
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        tracing::info!(
+            controller = %cfg.controller,
+            ip_addr = %facts.ip_addr.map_or_else(|| "none".to_owned(), |ip| ip.to_string()),
+            facts = %sections.join(" "),
+            data_dir = %cfg.data_dir.display(),
+            stop_timeout = %humantime::format_duration(cfg.stop_timeout),
+            "worker starting"
+        );
+        let logs = cfg.data_dir.join("logs");
+        std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+        // Absolute: the path is reported to the controller and shown to operators, who
+        // do not know the worker's working directory.
+        let logs = std::fs::canonicalize(&logs)
+            .with_context(|| format!("resolving {}", logs.display()))?;
+        // Two workers on one data dir would each adopt (and stop) the other's replicas.
+        let lock_path = cfg.data_dir.join("worker.lock");
+        let lock = std::fs::File::create(&lock_path)
+            .with_context(|| format!("creating {}", lock_path.display()))?;
+        if !super::sys::try_lock(&lock)
+            .with_context(|| format!("locking {}", lock_path.display()))?
+        {
+            anyhow::bail!(
+                "data dir {} is in use by another worker",
+                cfg.data_dir.display()
+            );
+        }
+        // Under the lock: no other worker process reads or writes the identity files.
+        let identity = Arc::new(Identity::load(&cfg.data_dir)?);
+        tracing::info!(
+            instance = %identity.instance(),
+            cluster = %identity.cluster().as_deref().unwrap_or("none yet (joins the first controller it registers with)"),
+            "worker identity"
+        );
+        let client = Client::with_ca_file(
+            &cfg.controller,
+            &cfg.host,
+            &cfg.credential,
+            identity.clone(),
+            cfg.ca_file.as_deref(),
+        )?;
+        let jobs_path = cfg.data_dir.join("jobs.json");
+        let records = state::load(&jobs_path)?;
+        let (tx, rx) = mpsc::channel(256);
+        let mut agent = Agent {
+            client,
+            jobs_path,
+            logs,
+            jobs: BTreeMap::new(),
+            exits: BTreeMap::new(),
+            ended: BTreeSet::new(),
+            desired: Vec::new(),
+            outbox: Outbox::new(),
+            tx,
+            rx,
+            facts: watch::Sender::new(facts),
+            running: watch::Sender::new(Vec::new()),
+            probe_http: probe::http_client(),
+            tasks: JoinSet::new(),
+            span: tracing::Span::current(),
+            _lock: lock,
+            identity,
+            cfg,
+            plugins,
+        };
+        for rec in records {
+            agent.readopt(rec);
+        }
+        agent.persist()?;
+        agent.publish_running();
+        Ok(agent)
+    }
+
+    fn readopt(&mut self, mut rec: JobRecord) {
+        let span = self.job_span(&rec.job, Some(rec.pid));
+        let _e = span.enter();
+        if rec.exited.is_none() {
+            if let Some(fd) = process::adopt(rec.pid, rec.start_time) {
+                tracing::info!(ready = rec.ready, "re-adopted running replica");
+                let pidfd = Arc::new(fd);
+                let ready = rec.ready;
+                let (watcher, stop) = self.spawn_watcher(&rec, pidfd.clone(), None);
+                let prober = self.spawn_prober(&rec, ready);
+                self.jobs.insert(
+                    rec.job.clone(),
+                    Job {
+                        record: rec,
+                        pidfd,
+                        state: RunState::Running,
+                        watcher,
+                        prober,
+                        stop: Some(stop),
+                    },
+                );
+                return;
+            }
+            tracing::info!("replica of a previous worker is gone");
+            rec.exited = Some(ExitRecord::of(&ExitCause::default()));
+        }
+        let cause = rec.exited.map(ExitRecord::cause).unwrap_or_default();
+        self.outbox.push(WorkerEvent::exited(
+            rec.job.clone(),
+            cause,
+            Some(self.log_of(&rec.job)),
+        ));
+        self.ended.insert(rec.job.clone());
+        self.exits.insert(rec.job.clone(), rec);
+    }
+
+    /// Registers (retrying while the controller is unreachable), then runs until
+    /// `shutdown` resolves.
+    pub(crate) async fn run<F>(mut self, shutdown: F) -> anyhow::Result<()>
+    where
+        F: std::future::Future<Output = ShutdownMode>,
+    {
+        let mut shutdown = std::pin::pin!(shutdown);
+        let heartbeat = tokio::select! {
+            mode = &mut shutdown => return self.shutdown(mode).await,
+            hb = register(&self.client, &self.identity, &self.plugins, &self.facts, &self.running) => hb,
+        };
+        self.spawn_background(heartbeat);
+        loop {
+            tokio::select! {
+                mode = &mut shutdown => return self.shutdown(mode).await,
+                msg = self.rx.recv() => match msg {
+                    Some(msg) => self.handle_burst(msg).await?,
+                    None => anyhow::bail!("worker state channel closed"),
+                },
+            }
+        }
+    }
+
+    fn spawn_background(&mut self, heartbeat: Duration) {
+        let span = self.span.clone();
+        self.tasks.spawn(
+            heartbeat_loop(
+                self.client.clone(),
+                self.identity.clone(),
+                self.plugins.clone(),
+                heartbeat,
+                self.facts.clone(),
+                self.running.clone(),
+            )
+            .instrument(span.clone()),
+        );
+        self.tasks.spawn(
+            facts_loop(
+                self.client.clone(),
+                self.plugins.clone(),
+                self.cfg.facts_interval,
+                self.facts.clone(),
+            )
+            .instrument(span.clone()),
+        );
+        self.tasks
+            .spawn(assignments_loop(self.client.clone(), self.tx.clone()).instrument(span.clone()));
+        self.tasks.spawn(
+            self.outbox
+                .clone()
+                .send_loop(self.client.clone(), self.tx.clone())
+                .instrument(span),
+        );
+    }
+
+    /// Handles `first` and every message already queued behind it (at most
+    /// [`MAX_BURST`]), recording runs of exits together: one `jobs.json` write for a
+    /// run instead of one per exit, so stopping hundreds of replicas at once costs a few
+    /// writes, not hundreds of whole-file writes (each with two fsyncs) in a row.
+    async fn handle_burst(&mut self, first: Msg) -> anyhow::Result<()> {
+        let mut exits = Vec::new();
+        let mut next = Some(first);
+        let mut taken = 1;
+        while let Some(msg) = next.take() {
+            match msg {
+                Msg::Exited { job, pid, cause } => exits.push((job, pid, cause)),
+                other => {
+                    self.on_exits(std::mem::take(&mut exits))?;
+                    self.handle(other).await?;
+                }
+            }
+            if taken < MAX_BURST {
+                next = self.rx.try_recv().ok();
+                taken += 1;
+            }
+        }
+        self.on_exits(exits)
+    }
+
+    async fn handle(&mut self, msg: Msg) -> anyhow::Result<()> {
+        match msg {
+            Msg::Assignments(a) => {
+                tracing::info!(index = a.index, jobs = a.jobs.len(), "assignments changed");
+                self.desired = a.jobs;
+                self.reconcile().await?;
+            }
+            Msg::Exited { job, pid, cause } => self.on_exits(vec![(job, pid, cause)])?,
+            Msg::Ready { job, pid, ready } => {
+                let Some(j) = self.jobs.get_mut(&job) else {
+                    return Ok(());
+                };
+                if j.record.pid != pid || (!ready && super::sys::pidfd_exited(&j.pidfd)) {
+                    // Stale, or the process just died: its exit is the news.
+                    return Ok(());
+                }
+                j.record.ready = ready;
+                self.persist()?;
+                self.outbox.push(WorkerEvent::Readiness { job, ready });
+                self.publish_running();
+            }
+            Msg::Acked(jobs) => {
+                let before = self.exits.len();
+                for j in &jobs {
+                    self.exits.remove(j);
+                }
+                if self.exits.len() != before {
+                    self.persist()?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn reconcile(&mut self) -> anyhow::Result<()> {
+        let running: BTreeMap<JobId, RunState> = self
+            .jobs
+            .iter()
+            .map(|(k, j)| (k.clone(), j.state))
+            .collect();
+        let actions = reconcile::reconcile(&self.desired, &running, &self.ended);
+        for action in actions {
+            match action {
+                Action::Launch(job) => {
+                    let Some(a) = self.desired.iter().find(|a| a.job == job).cloned() else {
+                        continue;
+                    };
+                    let span = self.job_span(&job, None);
+                    self.launch(a).instrument(span).await?;
+                }
+                Action::Stop(job) => self.stop(&job),
+                Action::ReportGone(job) => {
+                    tracing::info!(job = %job, "asked to stop a job that does not run; reporting it exited");
+                    self.outbox
+                        .push(WorkerEvent::exited(job.clone(), ExitCause::default(), None));
+                    self.ended.insert(job);
+                }
+            }
+        }
+        // Forget ended jobs the controller no longer lists (it never lists them again),
+        // keeping those whose exit it has not acknowledged.
+        let listed: BTreeSet<&JobId> = self.desired.iter().map(|a| &a.job).collect();
+        let exits = &self.exits;
+        self.ended
+            .retain(|j| listed.contains(j) || exits.contains_key(j));
+        Ok(())
+    }
+
+    async fn launch(&mut self, a: Assignment) -> anyhow::Result<()> {
+        let cx = LaunchContext {
+            job: a.job.clone(),
+            service: a.service.clone(),
+            project: a.project.clone(),
+            replica: a.replica,
+            host: self.cfg.host.clone(),
+            host_ip: self.facts.borrow().ip_addr,
+            grants: a.grants.clone(),
+        };
+        let mut plan = LaunchPlan::default();
+        for hook in &self.plugins.hooks {
+            if let Err(refusal) = hook.prepare(&cx, &mut plan).await {
+                tracing::warn!(hook = hook.name(), reason = %refusal.reason, "launch refused");
+                self.outbox.push(WorkerEvent::Refused {
+                    job: a.job.clone(),
+                    refusal,
+                });
+                self.ended.insert(a.job);
+                return Ok(());
+            }
+        }
+        let log = process::log_path(&self.logs, &a.job);
+        let spawned = match process::spawn(&a.command, &plan.env, &log) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(command = ?a.command, error = %e, log = %log.display(), "cannot start replica");
+                let cause = ExitCause {
+                    // Like a shell: 127 when the program is not there, 126 otherwise
+                    // (what a controller that predates `error` shows).
+                    code: Some(e.code()),
+                    signal: None,
+                    error: Some(e.to_string()),
+                };
+                self.outbox.push(WorkerEvent::exited(
+                    a.job.clone(),
+                    cause,
+                    Some(log.display().to_string()),
+                ));
+                self.ended.insert(a.job);
+                return Ok(());
+            }
+        };
+        tracing::Span::current().record("pid", spawned.pid);
+        // Without a probe the replica is ready as soon as it runs.
+        let ready = a.readiness.is_none();
+        let record = JobRecord {
+            job: a.job.clone(),
+            pid: spawned.pid,
+            start_time: spawned.start_time,
+            assignment: a,
+            sockets: plan.sockets,
+            ready,
+            exited: None,
+        };
+        let pidfd = Arc::new(spawned.pidfd);
+        let (watcher, stop) = self.spawn_watcher(&record, pidfd.clone(), Some(spawned.child));
+        let prober = self.spawn_prober(&record, false);
+        let job = record.job.clone();
+        let pid = record.pid;
+        self.jobs.insert(
+            job.clone(),
+            Job {
+                record,
+                pidfd,
+                state: RunState::Running,
+                watcher,
+                prober,
+                stop: Some(stop),
+            },
+        );
+        // On disk before the controller hears of it: a worker restart re-adopts it.
+        if let Err(e) = self.persist() {
+            // Unrecorded, the replica would outlive this worker unsupervised.
+            if let Some(mut j) = self.jobs.remove(&job) {
+                j.abort_tasks();
+                process::signal(&j.pidfd, pid, Signal::Kill);
+            }
+            return Err(e.into());
+        }
+        tracing::info!(log = %log.display(), "replica started");
+        self.outbox.push(WorkerEvent::Started {
+            job: job.clone(),
+            pid,
+            log: Some(log.display().to_string()),
+        });
+        if ready {
+            self.outbox
+                .push(WorkerEvent::Readiness { job, ready: true });
+        }
+        self.publish_running();
+        Ok(())
+    }
+
+    /// The job's log file, as reported to the controller.
+    fn log_of(&self, job: &str) -> String {
+        process::log_path(&self.logs, job).display().to_string()
+    }
+
+    fn job_span(&self, job: &str, pid: Option<u32>) -> tracing::Span {
+        tracing::info_span!(parent: &self.span, "job", job = %job, pid)
+    }
+
+    fn spawn_watcher(
+        &self,
+        rec: &JobRecord,
+        pidfd: Arc<PidFd>,
+        child: Option<std::process::Child>,
+    ) -> (JoinHandle<()>, oneshot::Sender<process::StopOrder>) {
+        let span = self.job_span(&rec.job, Some(rec.pid));
+        let (stop, orders) = oneshot::channel();
+        let watcher = tokio::spawn(
+            process::watch(
+                rec.job.clone(),
+                rec.pid,
+                pidfd,
+                child,
+                self.tx.clone(),
+                orders,
+            )
+            .instrument(span),
+        );
+        (watcher, stop)
+    }
+
+    fn spawn_prober(&self, rec: &JobRecord, last: bool) -> Option<JoinHandle<()>> {
+        let readiness = rec.assignment.readiness.as_deref().cloned()?;
+        let span = self.job_span(&rec.job, Some(rec.pid));
+        let pj = probe::ProbeJob {
+            job: rec.job.clone(),
+            pid: rec.pid,
+            start_time: rec.start_time,
+            readiness,
+            sockets: rec.sockets.clone(),
+            last,
+        };
+        Some(tokio::spawn(
+            probe::run(pj, self.probe_http.clone(), self.tx.clone()).instrument(span),
+        ))
+    }
+
+    /// SIGTERM to the job's group now; its watcher SIGKILLs the group if it is still there
+    /// the grace after this SIGTERM, and reports the exit.
+    fn stop(&mut self, job: &JobId) {
+        let Some(j) = self.jobs.get_mut(job) else {
+            return;
+        };
+        if j.state == RunState::Stopping {
+            return;
+        }
+        let span = tracing::info_span!(parent: &self.span, "job", job = %job, pid = j.record.pid);
+        let _e = span.enter();
+        tracing::info!(grace = ?self.cfg.stop_timeout, "stopping replica");
+        j.state = RunState::Stopping;
+        process::signal(&j.pidfd, j.record.pid, Signal::Term);
+        // The grace runs from this replica's own SIGTERM, just sent.
+        let order = process::StopOrder {
+            sent: tokio::time::Instant::now(),
+            grace: self.cfg.stop_timeout,
+        };
+        if let Some(stop) = j.stop.take() {
+            // Fails only when the watcher has ended: the exit is on its way already.
+            let _ = stop.send(order);
+        }
+    }
+
+    /// Records exits (stale ones, of a job's earlier process, are ignored), on disk
+    /// before any of them is queued for the controller.
+    fn on_exits(&mut self, exits: Vec<(JobId, u32, ExitCause)>) -> anyhow::Result<()> {
+        let mut recorded = Vec::with_capacity(exits.len());
+        for (job, pid, cause) in exits {
+            match self.jobs.get(&job) {
+                Some(j) if j.record.pid == pid => {}
+                _ => continue,
+            }
+            let mut j = self.jobs.remove(&job).expect("checked above");
+            j.abort_tasks();
+            j.record.exited = Some(ExitRecord::of(&cause));
+            self.exits.insert(job.clone(), j.record);
+            self.ended.insert(job.clone());
+            recorded.push((job, cause));
+        }
+        if recorded.is_empty() {
+            return Ok(());
+        }
+        self.persist()?;
+        if recorded.len() > 1 {
+            tracing::debug!(exits = recorded.len(), "recorded exits together");
+        }
+        for (job, cause) in recorded {
+            let log = self.log_of(&job);
+            self.outbox.push(WorkerEvent::exited(job, cause, Some(log)));
+        }
+        self.publish_running();
+        Ok(())
+    }
+
+    fn persist(&self) -> Result<(), state::StateError> {
+        let records: Vec<JobRecord> = self
+            .jobs
+            .values()
+            .map(|j| j.record.clone())
+            .chain(self.exits.values().cloned())
+            .collect();
+        state::save(&self.jobs_path, &records)
+    }
+
+    fn publish_running(&self) {
+        let running = self
+            .jobs
+            .values()
+            .map(|j| RunningJob {
+                job: j.record.job.clone(),
+                pid: j.record.pid,
+                ready: j.record.ready,
+            })
+            .collect();
+        self.running.send_replace(running);
+    }
+
+    async fn shutdown(mut self, mode: ShutdownMode) -> anyhow::Result<()> {
+        tracing::info!(?mode, jobs = self.jobs.len(), "worker shutting down");
+        if mode == ShutdownMode::StopReplicas {
+            let jobs: Vec<JobId> = self.jobs.keys().cloned().collect();
+            for job in &jobs {
+                self.stop(job);
+            }
+            // Bounded: every replica is SIGKILLed after the grace.
+            let patience = self.cfg.stop_timeout + Duration::from_secs(5);
+            let deadline = tokio::time::Instant::now() + patience;
+            while !self.jobs.is_empty() {
+                let msg = tokio::time::timeout_at(deadline, self.rx.recv()).await;
+                match msg {
+                    Ok(Some(m @ Msg::Exited { .. })) | Ok(Some(m @ Msg::Acked(_))) => {
+                        self.handle(m).await?
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) | Err(_) => {
+                        tracing::error!(left = self.jobs.len(), "replicas did not exit in time");
+                        break;
+                    }
+                }
+            }
+        }
+        // Assignments and heartbeats end now; the sender keeps going for the flush.
+        // Before registration there is no sender to wait for.
+        let patience = if self.tasks.is_empty() {
+            Duration::ZERO
+        } else {
+            FLUSH_PATIENCE
+        };
+        let left = self.outbox.flush(patience).await;
+        if left > 0 {
+            tracing::warn!(events = left, "events not delivered before shutdown");
+        }
+        self.tasks.abort_all();
+        // Late acknowledgements: drop their exit records.
+        while let Ok(msg) = self.rx.try_recv() {
+            if let m @ Msg::Acked(_) = msg {
+                self.handle(m).await?;
+            }
+        }
+        for j in self.jobs.values_mut() {
+            // Detach: the processes keep running; only our watchers end.
+            j.abort_tasks();
+        }
+        self.persist()?;
+        Ok(())
+    }
+}

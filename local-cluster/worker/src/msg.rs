@@ -1,0 +1,24 @@
+//! What the other tasks tell the state task (`agent.rs`): the one type the exit
+//! watchers, probes, the event sender and the assignments loop share with it, so they
+//! depend on this module and never on the agent.
+
+use plugin_api::JobId;
+
+use xce_proto::worker::{Assignments, ExitCause};
+
+/// What the other tasks tell the state task.
+#[derive(Debug)]
+pub(crate) enum Msg {
+    /// The desired set changed.
+    Assignments(Assignments),
+    /// A job's process exited.
+    Exited {
+        job: JobId,
+        pid: u32,
+        cause: ExitCause,
+    },
+    /// A job's readiness changed.
+    Ready { job: JobId, pid: u32, ready: bool },
+    /// The controller acknowledged the `Exited` events of these jobs.
+    Acked(Vec<JobId>),
+}
