@@ -1,5 +1,5 @@
 //! The HTTP/2 settings of every listener that serves [`ApiExtension`](crate::ApiExtension)
-//! routers (DESIGN §5a: many blocking queries and streams share one connection).
+//! routers (docs/api.md, HTTP/2: many blocking queries and streams share one connection).
 //!
 //! One place, so the host's accept loop (`local-cluster`) and the endpoint table's bench
 //! serve with the same settings, and the bench's per-watcher figures are the product's.

@@ -1,4 +1,4 @@
-//! `xced token new`: a fresh token for the tokens file (DESIGN §6).
+//! `xced token new`: a fresh token for the tokens file (docs/rbac.md).
 
 use anyhow::{Context, Result};
 use local_cluster::auth::{random_secret, Grant, Key, Tokens, UserToken};
