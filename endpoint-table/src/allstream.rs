@@ -1,4 +1,4 @@
-//! `GET /v1/endpoints/stream[?service=a,b][&project=p][&include=all]` (DESIGN §5a): one SSE
+//! `GET /v1/endpoints/stream[?service=a,b][&project=p][&include=all]` (docs/api.md): one SSE
 //! stream of every entry the caller may view, fed by the journal (`crate::journal`).
 //!
 //! Wire format: first a snapshot, one event per visible entry (the entry as

@@ -1,5 +1,5 @@
 //! The endpoint table: a service's name resolves to the `host:port` of its ready replicas,
-//! change-driven, under RBAC (DESIGN §5, §6, §8). A service is identified by its project
+//! change-driven, under RBAC (docs/api.md, rbac.md, design.md). A service is identified by its project
 //! and name ([`plugin_api::ServiceKey`]); a name resolves among the caller's projects.
 //!
 //! Two halves, joined by a stream of [`Update`]s:

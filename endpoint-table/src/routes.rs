@@ -1,4 +1,4 @@
-//! The endpoint routes (DESIGN §5): the router, and the handlers of the entry (JSON, plain
+//! The endpoint routes (docs/api.md): the router, and the handlers of the entry (JSON, plain
 //! text, blocking queries), Prometheus service discovery and the filtered list. The SSE
 //! stream is `crate::stream`; request parsing and rendering, `crate::query`.
 
@@ -192,7 +192,7 @@ async fn prometheus_sd(
     let Some(service) = p.service.as_deref() else {
         // Without `service=`: every service the caller may view (of `project=`), one
         // target group per ready replica and port (`port=` keeps that port only); one
-        // scrape job covers the cluster and relabeling picks (DESIGN §5).
+        // scrape job covers the cluster and relabeling picks (docs/api.md).
         let mut groups = Vec::new();
         for entry in shared.visible_entries(&principal, p.project.as_deref()) {
             let ports: std::collections::BTreeSet<&str> = entry

@@ -285,7 +285,7 @@ impl Shared {
     }
 
     /// The watch channel and current entry of the service a path's `name` (and
-    /// `?project=`) resolves to for `principal` (DESIGN §5): among the projects it may
+    /// `?project=`) resolves to for `principal` (docs/api.md): among the projects it may
     /// view that have a service `name`, exactly `project` when given. None: the one 404,
     /// the same bytes whether the name is unknown, only in projects the caller cannot
     /// view, or `project` is one it cannot view. Several (no `project`): 409 listing only

@@ -1,4 +1,4 @@
-//! `GET /ui`: the live web view (DESIGN §5a), three static files compiled into the binary
+//! `GET /ui`: the live web view (README.md), three static files compiled into the binary
 //! (no build step, no external assets, works offline).
 //!
 //! The files hold no data, so they are served without a token; the page then calls the

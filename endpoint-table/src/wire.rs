@@ -1,4 +1,4 @@
-//! The wire formats of the endpoint routes (DESIGN §5). This crate owns them; clients
+//! The wire formats of the endpoint routes (docs/api.md). This crate owns them; clients
 //! (`xcecli-ext`) may deserialize answers with these types.
 
 use crate::entry::{Entry, Replica};

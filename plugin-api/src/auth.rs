@@ -5,7 +5,7 @@ use http::StatusCode;
 use std::sync::Arc;
 use tokio::sync::watch;
 
-/// A permission of DESIGN §6.
+/// A permission a token may be granted (docs/rbac.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Permission {
     /// See a project's services, jobs and endpoints.

@@ -31,7 +31,7 @@ impl std::fmt::Display for ServiceKey {
     }
 }
 
-/// How a path's service name is resolved for a caller (DESIGN §5): among the projects the
+/// How a path's service name is resolved for a caller (docs/api.md): among the projects the
 /// caller may view, or exactly `project` when given.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Resolved {

@@ -1,4 +1,4 @@
-//! The rule for service and project names (DESIGN §3), written once: the controller
+//! The rule for service and project names (docs/profile.md), written once: the controller
 //! validates profiles with it and the CLI decides with it whether a name can go in a URL
 //! path. Port names have their own, stricter rule in `port-resource` (`name::PortName`).
 

@@ -1,4 +1,4 @@
-//! The worker's launch hook: the replica's environment (DESIGN §4) and the check that its
+//! The worker's launch hook: the replica's environment (docs/profile.md) and the check that its
 //! ports can be bound. This is the one place that knows the `XCE_*` variable names.
 
 use crate::grant::PLUGIN_NAME;

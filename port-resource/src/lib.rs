@@ -1,4 +1,4 @@
-//! Named ports as a per-host consumable resource (DESIGN §3, §4).
+//! Named ports as a per-host consumable resource (docs/profile.md).
 //!
 //! Owns the `service.ports` profile section ([`profile`]), the per-host port pools
 //! ([`pool`]), the scheduler's [`plugin_api::ResourcePlugin`] ([`PortsPlugin`]), the

@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 /// every declared port, dynamic and fixed together.
 pub(crate) const QUOTA_PORTS: &str = "ports";
 
-/// Allocates named ports per host (DESIGN §4).
+/// Allocates named ports per host (docs/profile.md#port-allocation).
 ///
 /// Unavailable ports (reported by the launch hook through
 /// [`ResourcePlugin::launch_refused`]) stay out of the pool of that host until the next

@@ -1,4 +1,4 @@
-//! The `service.ports` profile section (DESIGN §3): parsing and the checks that need no
+//! The `service.ports` profile section (docs/profile.md): parsing and the checks that need no
 //! knowledge of the cluster. Host-dependent checks live in the plugin.
 
 use crate::grant::Protocol;
@@ -10,7 +10,7 @@ use serde_json::Value;
 /// The field path of the section from the profile root.
 pub const SECTION_PATH: &str = "service.ports";
 
-/// The most ports one service may declare (DESIGN §8b): a profile cannot ask one host
+/// The most ports one service may declare (docs/profile.md): a profile cannot ask one host
 /// for thousands of ports per replica.
 pub const MAX_PORTS: usize = 64;
 

@@ -35,7 +35,7 @@ pub enum InvalidRange {
 // === impl PortRange ===
 
 impl PortRange {
-    /// The default dynamic range of DESIGN §4.
+    /// The default dynamic range (docs/profile.md#port-allocation).
     pub const DEFAULT: PortRange = PortRange {
         lo: 20000,
         hi: 32000,

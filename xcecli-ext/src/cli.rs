@@ -1,4 +1,4 @@
-//! The command line of `xcecli service …` and `xcecli host …` (DESIGN §7), as clap types
+//! The command line of `xcecli service …` and `xcecli host …` (docs/cli.md), as clap types
 //! the binary embeds. Global flags (`--api`, `--token`, the config file) are the binary's,
 //! and so is the default of `--project` (`XCE_PROJECT`, the config file's `project`), which
 //! it passes in as [`ClientConfig::project`](crate::ClientConfig::project).

@@ -19,7 +19,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How much longer than its `wait` a blocking query may take before the connection is
 /// considered dead (the server answers at `wait` at the latest).
 const BLOCKING_SLACK: Duration = Duration::from_secs(30);
-/// The header carrying the service's change index on every answer (DESIGN §5).
+/// The header carrying the service's change index on every answer (docs/api.md).
 const INDEX_HEADER: &str = "x-xce-index";
 /// What the host passes in: where the apiserver is and who we are. The host resolves these
 /// from flags, `XCE_API`/`XCE_TOKEN` and the config file; this crate reads none of them.

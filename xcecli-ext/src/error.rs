@@ -1,5 +1,5 @@
 //! The one error type of the client: every failure is sorted into a [`ErrorKind`] at the
-//! edge, and the kind alone decides the exit code (DESIGN §7).
+//! edge, and the kind alone decides the exit code (docs/cli.md#exit-codes).
 
 use std::fmt;
 
@@ -66,7 +66,7 @@ pub struct CliError {
 // === impl ErrorKind ===
 
 impl ErrorKind {
-    /// The process exit code of DESIGN §7 for this kind.
+    /// The process exit code (docs/cli.md#exit-codes) for this kind.
     pub fn exit_code(self) -> i32 {
         match self {
             ErrorKind::Usage => 2,

@@ -1,5 +1,5 @@
 //! `xcecli-ext`: the client side of `xcecli` — `service
-//! submit|scale|restart|status|list|stop|endpoints` and `host list` (DESIGN §7): the REST
+//! submit|scale|restart|status|list|stop|endpoints` and `host list` (docs/cli.md): the REST
 //! client, the output formats, `--wait` (rollouts), `--watch` and `--wait-ready`.
 //!
 //! The binary (`xcecli`, in the `xced` crate) parses its global flags, the config file
@@ -116,7 +116,7 @@ pub async fn run(cmd: Command, client: &Client, io: &mut Io) -> Result<(), CliEr
 }
 
 /// Builds the client, runs `cmd`, prints any error on `io.stderr`, and returns the exit
-/// code of DESIGN §7 (0 on success).
+/// code listed in docs/cli.md (0 on success).
 pub async fn execute(cmd: Command, config: ClientConfig, io: &mut Io) -> i32 {
     let result = match Client::new(config) {
         Ok(client) => run(cmd, &client, io).await,

@@ -1,4 +1,4 @@
-//! The REST answers this client reads (DESIGN §5, the apiserver's shapes), as lenient serde
+//! The REST answers this client reads (docs/api.md, the apiserver's shapes), as lenient serde
 //! types: unknown fields are ignored so a newer server does not break an older client.
 //!
 //! Endpoint entries are checked once after parsing ([`EndpointEntry::check`]), because the
@@ -115,7 +115,7 @@ pub(crate) struct LastExit {
     pub(crate) summary: String,
 }
 
-/// Where the service's latest change stands (DESIGN §5, §8a).
+/// Where the service's latest change stands (docs/api.md, docs/design.md).
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct Rollout {
     /// The generation this rollout brings the service to.
@@ -267,7 +267,7 @@ pub(crate) fn socket(e: &Endpoint, port: u16) -> Option<String> {
         .map(|ip| std::net::SocketAddr::new(ip, port).to_string())
 }
 
-/// A valid port name (DESIGN §3), by `port-resource`'s rule, the one the server checked
+/// A valid port name (docs/profile.md), by `port-resource`'s rule, the one the server checked
 /// the profile with: past it, a name needs no quoting and its `XCE_*` form is unique.
 pub(crate) fn is_port_name(s: &str) -> bool {
     PortName::new(s).is_ok()

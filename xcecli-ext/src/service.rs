@@ -103,7 +103,7 @@ fn check_project(file: &Path, flag: &str, target: &Target) -> Result<(), CliErro
     }
 }
 
-/// The project of a profile that names none (DESIGN §3).
+/// The project of a profile that names none (docs/profile.md#service).
 const DEFAULT_PROJECT: &str = "default";
 
 /// `service scale NAME N`.

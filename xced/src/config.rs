@@ -31,7 +31,7 @@ pub(crate) struct ControllerFile {
     pub(crate) listen: SocketAddr,
     #[serde(default = "default_data_dir")]
     pub(crate) data_dir: PathBuf,
-    /// The tokens file (DESIGN §6); `--tokens` overrides it.
+    /// The tokens file (docs/rbac.md); `--tokens` overrides it.
     #[serde(default)]
     pub(crate) tokens: Option<PathBuf>,
     #[serde(default = "d_heartbeat", with = "humantime_serde")]
@@ -134,7 +134,7 @@ fn d_body_limit() -> usize {
 pub(crate) struct ApiserverFile {
     #[serde(default = "default_listen")]
     pub(crate) listen: SocketAddr,
-    /// The tokens file (DESIGN §6); `--tokens` overrides it.
+    /// The tokens file (docs/rbac.md); `--tokens` overrides it.
     #[serde(default)]
     pub(crate) tokens: Option<PathBuf>,
     #[serde(default = "d_body_limit")]

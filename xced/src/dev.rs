@@ -30,7 +30,7 @@ pub(crate) struct DevArgs {
     /// Apiserver listen address (port 0 picks a free port; the chosen one is printed).
     #[arg(long, default_value = "127.0.0.1:7480")]
     listen: SocketAddr,
-    /// Tokens file (DESIGN §6). Without it an admin token is generated and a client
+    /// Tokens file (see docs/rbac.md). Without it an admin token is generated and a client
     /// config that `xcecli` finds is written.
     #[arg(long)]
     tokens: Option<PathBuf>,

@@ -44,7 +44,7 @@ enum Cmd {
         /// Controller config file (TOML).
         #[arg(long)]
         config: PathBuf,
-        /// Tokens file (DESIGN §6); overrides `tokens` in the config file.
+        /// Tokens file (see docs/rbac.md); overrides `tokens` in the config file.
         #[arg(long)]
         tokens: Option<PathBuf>,
         /// Where the state lives: `redb` (the embedded file `<data_dir>/controller.redb`,
@@ -61,7 +61,7 @@ enum Cmd {
         /// Apiserver config file (TOML).
         #[arg(long)]
         config: PathBuf,
-        /// Tokens file (DESIGN §6); overrides `tokens` in the config file.
+        /// Tokens file (see docs/rbac.md); overrides `tokens` in the config file.
         #[arg(long)]
         tokens: Option<PathBuf>,
         /// The controller's store, `etcd://HOST:PORT[,HOST:PORT...]`; overrides `store`

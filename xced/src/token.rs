@@ -1,4 +1,4 @@
-//! `xced token new`: a fresh token for the tokens file (DESIGN §6).
+//! `xced token new`: a fresh token for the tokens file (docs/rbac.md).
 
 use anyhow::{Context, Result};
 use plugin_api::Permission;

@@ -190,7 +190,7 @@ impl Model {
         );
     }
 
-    /// The environment the launch hooks gave the replica (DESIGN §4), checked against
+    /// The environment the launch hooks gave the replica (docs/profile.md), checked against
     /// what the model knows of the job.
     pub(crate) fn started(&mut self, job: &str, env: &BTreeMap<String, String>) {
         let Some(j) = self.jobs.get_mut(job) else {

@@ -188,7 +188,7 @@ interval = "500ms"
         stdout(&out)
     );
 
-    // Each replica's environment is exactly DESIGN §4.
+    // Each replica's environment is exactly docs/profile.md#environment-of-a-replica.
     for j in svc["jobs"].as_array().unwrap() {
         let replica = j["replica"].as_u64().unwrap();
         let text = std::fs::read_to_string(envdir.join(format!("env-{replica}"))).unwrap();

@@ -1,4 +1,4 @@
-//! Faults during a rollout (issue 11, DESIGN §8a "persistence"): the controller is killed
+//! Faults during a rollout (issue 11, docs/design.md "Persistence"): the controller is killed
 //! with SIGKILL in the middle of a rolling update — the redb controller restarted on its
 //! data dir, the etcd leader replaced by its standby — and the rollout must carry on to
 //! completion with no duplicate replica, no port held twice, no index going back, and no

@@ -1,4 +1,4 @@
-//! `xced dev` speaks HTTP/2 with prior knowledge (h2c) as well as HTTP/1.1 (DESIGN §5a):
+//! `xced dev` speaks HTTP/2 with prior knowledge (h2c) as well as HTTP/1.1 (docs/api.md):
 //! a real HTTP/2 client (reqwest, `http2_prior_knowledge`) reads, runs blocking queries and
 //! follows SSE streams over one connection, and a killed replica reaches them all.
 

@@ -332,7 +332,7 @@ fn table() -> Vec<Bad> {
             400,
             "service.project",
         ),
-        // Names (DESIGN §3 service name table).
+        // Names (the service name rule of docs/profile.md).
         bad(
             "empty name",
             "POST",
@@ -441,7 +441,7 @@ fn table() -> Vec<Bad> {
             400,
             "service.name",
         ),
-        // Ports (DESIGN §3 port table).
+        // Ports (the port rules of docs/profile.md).
         bad(
             "duplicate port names",
             "POST",
@@ -958,7 +958,7 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
     println!("FIGURE scenario 7 bad input: leaked_ports={leaked}");
 }
 
-/// DESIGN §3 service name rule, as the reference the server is checked against.
+/// The service name rule of docs/profile.md, as the reference the server is checked against.
 fn valid_service_name(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
@@ -969,7 +969,7 @@ fn valid_service_name(s: &str) -> bool {
         && b[b.len() - 1].is_ascii_alphanumeric()
 }
 
-/// DESIGN §3 port name rule.
+/// The port name rule of docs/profile.md.
 fn valid_port_name(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
@@ -983,7 +983,7 @@ fn valid_port_name(s: &str) -> bool {
 }
 
 /// Scenario 7, property fuzzing: random service and port names and random profile values
-/// against the REST endpoint (the server must agree with the DESIGN rules and never 5xx),
+/// against the REST endpoint (the server must agree with the documented rules and never 5xx),
 /// and random values of every endpoint query parameter.
 #[test]
 fn fuzzed_profiles_and_query_parameters_never_break_the_server() {
@@ -1136,7 +1136,7 @@ fn fuzzed_profiles_and_query_parameters_never_break_the_server() {
         )
         .unwrap();
     // xcecli with arbitrary argument lists (read-only commands; no --watch, which never
-    // ends by design): an exit code of DESIGN §7, a message when it fails, no panic.
+    // ends by design): an exit code of docs/cli.md, a message when it fails, no panic.
     let word = prop_oneof![
         4 => prop::sample::select(vec![
             "service", "endpoints", "list", "host", "keep", "nosuch", "-o", "json", "plain",
@@ -1217,7 +1217,7 @@ fn fuzzed_profiles_and_query_parameters_never_break_the_server() {
     let panics = c.log().matches("panicked").count();
     let leaked = rt.block_on(stop_all_and_count_leaks(&api));
     println!(
-        "FIGURE scenario 7 property fuzzing: profiles={} (accepted={accepted} rejected={rejected}, all agreeing with the DESIGN name/port rules) query_params={query_params} statuses={statuses:?} cli_arg_lists={cli_arg_lists} exit_codes={cli_codes:?} 5xx={server_errors} panics={panics} leaked_ports={leaked}",
+        "FIGURE scenario 7 property fuzzing: profiles={} (accepted={accepted} rejected={rejected}, all agreeing with the documented name/port rules) query_params={query_params} statuses={statuses:?} cli_arg_lists={cli_arg_lists} exit_codes={cli_codes:?} 5xx={server_errors} panics={panics} leaked_ports={leaked}",
         accepted + rejected
     );
 }

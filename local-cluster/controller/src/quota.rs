@@ -1,4 +1,4 @@
-//! Per-project quotas (DESIGN §8b): how many services, replicas and plugin quantities
+//! Per-project quotas (docs/design.md#isolation): how many services, replicas and plugin quantities
 //! (e.g. ports) one project may declare, so one tenant cannot use up every host.
 //!
 //! Pure: the core computes a project's use before and after a change and asks [`check`].

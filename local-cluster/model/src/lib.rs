@@ -123,7 +123,7 @@ pub struct HostRec {
     /// [`RELEASE_HISTORY`]). A controller that loads the store (a restart, a new leader)
     /// replays them into the plugins after restoring the live grants, so a plugin's
     /// release order survives: a port freed just before a failover is not the first one
-    /// handed out after it (DESIGN §4).
+    /// handed out after it (docs/profile.md#port-allocation).
     #[serde(default)]
     pub released: std::collections::VecDeque<Released>,
     /// The worker instance that holds the host (its last accepted registration); `None`

@@ -1,4 +1,4 @@
-//! Changing a running service without an outage (DESIGN §8a): which replica slots get a
+//! Changing a running service without an outage (docs/design.md): which replica slots get a
 //! job of the current generation, which jobs drain, and where the rollout stands.
 //!
 //! Pure and synchronous: no store, no clock, no plugins. The core describes a service's

@@ -1,4 +1,4 @@
-//! The host's part of a service profile (DESIGN §3): name, project, replicas, command,
+//! The host's part of a service profile (docs/profile.md): name, project, replicas, command,
 //! readiness. Sections owned by resource plugins (e.g. `ports`) are validated by the
 //! plugins; this module only routes them and rejects keys nobody owns.
 //!
@@ -96,7 +96,7 @@ pub struct Profile {
     pub raw: Value,
 }
 
-/// `[service.update]`: how a changed profile replaces the running replicas (DESIGN §8a).
+/// `[service.update]`: how a changed profile replaces the running replicas (docs/profile.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UpdatePolicy {
     /// Replicas above `replicas` a rollout may place.

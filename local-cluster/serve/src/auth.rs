@@ -1,4 +1,4 @@
-//! Tokens file and bearer authentication (DESIGN §6).
+//! Tokens file and bearer authentication (docs/rbac.md).
 //!
 //! ```toml
 //! [[token]]

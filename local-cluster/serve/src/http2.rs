@@ -1,7 +1,7 @@
 //! The HTTP/2 settings of every listener that serves [`ApiExtension`](plugin_api::ApiExtension)
-//! routers (DESIGN §5a: many blocking queries and streams share one connection).
+//! routers (docs/api.md, HTTP/2: many blocking queries and streams share one connection).
 //!
-//! One place, so the host's accept loop (`local-cluster`) and the endpoint table's bench
+//! One place, so the host's accept loop (`lib.rs`) and the endpoint table's bench
 //! serve with the same settings, and the bench's per-watcher figures are the product's.
 //! Each value is chosen, not left to hyper's default, for the reason given at it.
 

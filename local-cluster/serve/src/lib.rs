@@ -1,4 +1,4 @@
-//! Serving HTTP so that nobody who can reach the port can take it down (DESIGN §8b).
+//! Serving HTTP so that nobody who can reach the port can take it down (docs/design.md#isolation).
 //!
 //! `axum::serve` keeps every accepted connection for as long as the peer likes: 20,000
 //! connections that never send a byte used up the process's file descriptors, and then

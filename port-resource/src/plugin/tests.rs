@@ -522,7 +522,7 @@ impl Model {
             .filter(|&p| !self.held(h, proto, p) && !unavailable.contains(&p))
             .collect()
     }
-    /// Whether the request fits, by the rules of DESIGN §4 (independent of the pool code).
+    /// Whether the request fits, by the rules of docs/profile.md (independent of the pool code).
     fn fits(&self, h: usize, req: &[(Protocol, Option<u16>)]) -> bool {
         let f = &self.hosts[h].1;
         let mut need: BTreeMap<Protocol, usize> = BTreeMap::new();

@@ -1,8 +1,8 @@
-//! A fake apiserver on loopback: the REST shapes of DESIGN §5 with canned but realistic
+//! A fake apiserver on loopback: the REST shapes of docs/api.md with canned but realistic
 //! data, real blocking queries on the endpoints and service detail routes, and a restart
 //! that keeps its state (as the real one keeps its indexes).
 //!
-//! Services are identified by (project, name), as on the real apiserver (DESIGN §5): a
+//! Services are identified by (project, name), as on the real apiserver (docs/api.md): a
 //! path's name resolves among the projects (the one token sees them all), `?project=`
 //! picks one, and a name in several projects without one answers 409 `ambiguous`. The
 //! canned services have distinct names; [`Fake::add_copy`] gives a second project the

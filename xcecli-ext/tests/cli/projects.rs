@@ -1,4 +1,4 @@
-//! Two projects with a service of the same name (DESIGN §5, §7): `--project` and the
+//! Two projects with a service of the same name (docs/api.md, docs/cli.md): `--project` and the
 //! host's default project (what the binary takes from `XCE_PROJECT` or the config file)
 //! add `?project=` to every request about the service; without one, the apiserver's 409
 //! `ambiguous` is a final error that names the projects and `--project`; `submit` checks

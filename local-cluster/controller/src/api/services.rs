@@ -375,7 +375,7 @@ fn with_index(mut resp: Response, index: u64) -> Response {
     resp
 }
 
-/// Resolves a path's service name for `who` (DESIGN §5): among the projects the caller
+/// Resolves a path's service name for `who` (docs/api.md): among the projects the caller
 /// may view, `?project=` picking one. Unknown and invisible answer the same 404; a name
 /// in several of the caller's projects answers 409 listing those (and only those).
 fn resolve(

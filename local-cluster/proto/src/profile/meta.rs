@@ -1,4 +1,4 @@
-//! `[service.meta]` (DESIGN §3): free string labels, copied into endpoint entries and
+//! `[service.meta]` (docs/profile.md): free string labels, copied into endpoint entries and
 //! Prometheus SD labels (`__meta_xce_meta_<key>`), so keys must be valid label-name parts.
 
 use plugin_api::FieldError;
