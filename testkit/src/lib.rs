@@ -11,6 +11,7 @@ pub mod circles;
 pub mod etcd;
 pub mod http;
 pub mod layers;
+pub mod named;
 pub mod small_fs;
 
 use std::time::Duration;
