@@ -307,17 +307,26 @@ pub fn validate(doc: &Value, plugins: &[&dyn ResourcePlugin]) -> Result<Profile,
     };
 
     // Plugins validate their own sections and tell us which socket names exist.
-    let mut sockets: Vec<String> = Vec::new();
+    let mut sockets = DeclaredSockets::default();
     let mut quantities = std::collections::BTreeMap::new();
     for p in plugins {
         match p.validate(svc.get(p.name())) {
             Ok(info) => {
-                sockets.extend(info.socket_names);
+                sockets.names.extend(info.socket_names);
                 for (k, n) in info.quantities {
                     *quantities.entry(k).or_insert(0) += n;
                 }
             }
-            Err(mut e) => errs.append(&mut e),
+            Err(mut e) => {
+                errs.append(&mut e);
+                // A refused section (say, more ports than a host holds) still declares its
+                // names when they can be read: without them a correct probe reference
+                // would be reported as a second, false problem.
+                match p.socket_names(svc.get(p.name())) {
+                    Some(names) => sockets.names.extend(names),
+                    None => sockets.complete = false,
+                }
+            }
         }
     }
 
@@ -366,9 +375,27 @@ pub fn validate(doc: &Value, plugins: &[&dyn ResourcePlugin]) -> Result<Profile,
     }
 }
 
+/// The socket names the plugins declared, which readiness probes may reference.
+#[derive(Debug)]
+struct DeclaredSockets {
+    names: Vec<String>,
+    /// False when some plugin refused its section without telling its names: a name
+    /// missing from `names` may then be declared there, so it is no problem of its own.
+    complete: bool,
+}
+
+impl Default for DeclaredSockets {
+    fn default() -> Self {
+        DeclaredSockets {
+            names: Vec::new(),
+            complete: true,
+        }
+    }
+}
+
 fn parse_readiness(
     r: &Map<String, Value>,
-    sockets: &[String],
+    sockets: &DeclaredSockets,
     errs: &mut Vec<FieldError>,
 ) -> Option<Readiness> {
     let before = errs.len();
@@ -391,7 +418,9 @@ fn parse_readiness(
     }
     let check_socket = |field: &str, v: Option<&Value>, errs: &mut Vec<FieldError>| -> String {
         match v.and_then(Value::as_str) {
-            Some(s) if sockets.iter().any(|n| n == s) => s.to_owned(),
+            Some(s) if sockets.names.iter().any(|n| n == s) => s.to_owned(),
+            // The profile is refused for its plugin section anyway.
+            Some(s) if !sockets.complete => s.to_owned(),
             Some(s) => {
                 errs.push(FieldError::new(
                     field,

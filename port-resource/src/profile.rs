@@ -199,6 +199,22 @@ pub(crate) fn draft(section: Option<&Value>) -> (Vec<Draft>, Vec<FieldError>) {
     (drafts, errors)
 }
 
+/// The names the section declares, when every entry's name can be read whatever else is
+/// wrong with the section; `None` when the section is no array or some entry is no table
+/// or has no valid name (a probe may then reference the one that could not be read).
+pub(crate) fn declared_names(section: Option<&Value>) -> Option<Vec<PortName>> {
+    let entries = match section {
+        None => 0,
+        Some(s) => s.as_array()?.len(),
+    };
+    let (drafts, _) = draft(section);
+    // `draft` skips an entry that is no table.
+    if drafts.len() != entries {
+        return None;
+    }
+    drafts.into_iter().map(|d| d.name).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,6 +270,27 @@ mod tests {
                 dns-tcp tcp Some(53)"#]],
         );
         check("[service]\nname = \"x\"", expect![""]);
+    }
+
+    #[test]
+    fn names_are_declared_when_every_entry_has_a_readable_one() {
+        let names = |profile: &str| {
+            let value: Value = toml::from_str::<toml::Table>(profile)
+                .map(|t| serde_json::to_value(t).unwrap())
+                .unwrap();
+            let names = declared_names(value.pointer("/service/ports"))
+                .map(|n| n.iter().map(|n| n.as_str().to_owned()).collect::<Vec<_>>());
+            format!("{names:?}")
+        };
+        // Other problems aside (an unknown protocol, a duplicate name).
+        expect![[r#"Some(["http", "http"])"#]].assert_eq(&names(
+            "[[service.ports]]\nname = \"http\"\nprotocol = \"sctp\"\n[[service.ports]]\nname = \"http\"",
+        ));
+        expect![[r#"Some([])"#]].assert_eq(&names("[service]\nname = \"x\""));
+        expect!["None"].assert_eq(&names(&names_table(&["http", "HTTP"])));
+        expect!["None"].assert_eq(&names("[[service.ports]]\nport = 9"));
+        expect!["None"].assert_eq(&names("[service]\nports = [1]"));
+        expect!["None"].assert_eq(&names("[service]\nports = 3"));
     }
 
     #[test]
