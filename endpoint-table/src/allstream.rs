@@ -130,6 +130,14 @@ struct Filter {
     all: bool,
 }
 
+/// What woke a stream that had handed everything it had taken.
+enum Wake {
+    /// The journal has more, or the stream starts over: go on.
+    More,
+    /// The stream ends, with this last event if any.
+    End(Option<Event>),
+}
+
 /// One client's all-services stream.
 ///
 /// It holds no copy of the entries: the journal keeps the newest state of each service,
@@ -229,84 +237,100 @@ impl AllStream {
                 return None;
             }
             if std::mem::take(&mut self.reset) {
-                return Some(
-                    Event::default()
-                        .event(RESET_EVENT)
-                        .data(r#"{"reason":"a gap cannot be ruled out: drop what you have, a full snapshot follows"}"#),
-                );
+                return Some(reset_event());
             }
-            while let Some(item) = self.pending.pop_front() {
-                if !self.visible(&item) {
-                    continue;
-                }
-                // The id goes on the last event of its revision this client gets: until
-                // then, a resume must send the revision's other changes again.
-                let last = !self
-                    .pending
-                    .iter()
-                    .take_while(|i| i.id == item.id)
-                    .any(|i| self.visible(i));
-                if self.pending.is_empty() {
-                    self.lag.take(self.position);
-                }
-                let event = self.event(&item, last);
-                // Handed now (`xce_endpoint_delivery_seconds{kind="all_services"}`); the
-                // earlier revisions it was not handed were not for this client.
-                self.lag.settle(item.id.saturating_sub(1), false);
-                self.lag.settle(item.id, true);
+            if let Some(event) = self.next_pending() {
                 return Some(event);
             }
+            // Everything taken was handed (or was not for this client): wait for more.
             self.lag.settle(self.taken_id, false);
             self.lag.take(self.position);
-            let changed = tokio::select! {
-                r = self.published.changed() => r,
-                // The host stops serving: end the stream (the client resumes elsewhere
-                // with Last-Event-ID).
-                ended = self.ending.wait() => {
-                    self.done = true;
-                    return match ended {
-                        // The host stops serving: end the stream (the client resumes
-                        // elsewhere with Last-Event-ID).
-                        Ended::Draining => None,
-                        // Its token was removed by a reload of the host's tokens: end now,
-                        // not at the next change (grants that merely changed are checked
-                        // again before anything is sent, in `authenticate`).
-                        Ended::Revoked => {
-                            tracing::info!(principal = %self.principal.name, "all-services stream ended: its token was revoked");
-                            Some(revoked_event())
-                        }
-                    };
-                }
-            };
-            if changed.is_err() {
+            if let Wake::End(event) = self.wake().await {
                 self.done = true;
-                return None;
+                return event;
             }
-            let end = *self.published.borrow_and_update();
-            if self.lag.check(&self.shared, end) {
-                self.done = true;
-                return None;
-            }
-            if !self.authenticate() {
-                self.done = true;
-                return None;
-            }
+            // Changed grants start over with a reset and a snapshot, not a chunk.
             if self.reset {
                 continue;
             }
-            let taken = self.shared.journal.take(self.position, CHUNK);
-            if taken.lost {
-                // Only past the cut-off: the watchdog ends it first.
-                self.lag.check(&self.shared, u64::MAX);
+            if !self.take_chunk() {
                 self.done = true;
                 return None;
             }
-            self.position = taken.position;
-            if let Some(last) = taken.items.last() {
-                self.taken_id = self.taken_id.max(last.id);
-            }
-            self.pending = taken.items.into();
         }
+    }
+
+    /// The event of the next pending record this client may view, if any.
+    fn next_pending(&mut self) -> Option<Event> {
+        while let Some(item) = self.pending.pop_front() {
+            if !self.visible(&item) {
+                continue;
+            }
+            // The id goes on the last event of its revision this client gets: until
+            // then, a resume must send the revision's other changes again.
+            let last = !self
+                .pending
+                .iter()
+                .take_while(|i| i.id == item.id)
+                .any(|i| self.visible(i));
+            if self.pending.is_empty() {
+                self.lag.take(self.position);
+            }
+            let event = self.event(&item, last);
+            // Handed now (`xce_endpoint_delivery_seconds{kind="all_services"}`); the
+            // earlier revisions it was not handed were not for this client.
+            self.lag.settle(item.id.saturating_sub(1), false);
+            self.lag.settle(item.id, true);
+            return Some(event);
+        }
+        None
+    }
+
+    /// Waits for the journal to publish more, or for the stream to end; a wake-up also
+    /// checks the stream's lag and authenticates its token again.
+    async fn wake(&mut self) -> Wake {
+        let changed = tokio::select! {
+            r = self.published.changed() => r,
+            ended = self.ending.wait() => {
+                return Wake::End(match ended {
+                    // The host stops serving: end the stream (the client resumes
+                    // elsewhere with Last-Event-ID).
+                    Ended::Draining => None,
+                    // Its token was removed by a reload of the host's tokens: end now,
+                    // not at the next change (grants that merely changed are checked
+                    // again before anything is sent, in `authenticate`).
+                    Ended::Revoked => {
+                        tracing::info!(principal = %self.principal.name, "all-services stream ended: its token was revoked");
+                        Some(revoked_event())
+                    }
+                });
+            }
+        };
+        if changed.is_err() {
+            return Wake::End(None);
+        }
+        let end = *self.published.borrow_and_update();
+        if self.lag.check(&self.shared, end) || !self.authenticate() {
+            return Wake::End(None);
+        }
+        Wake::More
+    }
+
+    /// Takes the next chunk of the journal into `pending`; false when the journal no
+    /// longer has the records after the stream's position (the stream ends).
+    fn take_chunk(&mut self) -> bool {
+        let taken = self.shared.journal.take(self.position, CHUNK);
+        if taken.lost {
+            // Only past the cut-off: the watchdog ends it first.
+            self.lag.check(&self.shared, u64::MAX);
+            return false;
+        }
+        self.position = taken.position;
+        if let Some(last) = taken.items.last() {
+            self.taken_id = self.taken_id.max(last.id);
+        }
+        self.pending = taken.items.into();
+        true
     }
 
     /// Authenticates the stream's token again: false if it no longer authenticates (the
@@ -371,6 +395,13 @@ fn bearer(headers: &HeaderMap) -> Option<String> {
         .strip_prefix("Bearer ")
         .or_else(|| v.strip_prefix("bearer "))?;
     Some(token.trim().to_owned())
+}
+
+/// `event: reset`: the client drops what it has; a full snapshot follows.
+fn reset_event() -> Event {
+    Event::default().event(RESET_EVENT).data(
+        r#"{"reason":"a gap cannot be ruled out: drop what you have, a full snapshot follows"}"#,
+    )
 }
 
 /// The last event of a stream whose token was revoked: the 401 body its next request would

@@ -296,13 +296,51 @@ impl Table {
         for host in &snapshot.hosts {
             self.hosts.insert(host.id.clone(), host.facts.ip_addr);
         }
-        // Built from scratch as owned entries, then compared with the old ones.
-        let mut built: BTreeMap<ServiceKey, (bool, Entry)> = BTreeMap::new();
+        let built = self.build_entries(snapshot);
+        let mut changes = removals(&old, &built, snapshot.rev);
+        let revs: BTreeMap<ServiceKey, u64> =
+            snapshot.services.iter().map(|s| (s.key(), s.rev)).collect();
+        for (key, Built { known, mut entry }) in built {
+            entry.replicas.sort_by(order);
+            // Built by pushing: without the growth slack, kept as long as the entry.
+            entry.replicas.shrink_to_fit();
+            let old = old.get(&key).filter(|s| s.known).map(|s| &s.entry);
+            let entry = if known {
+                resynced_entry(entry, old, revs[&key])
+            } else {
+                Arc::new(entry)
+            };
+            let key = Arc::new(key);
+            let svc = Svc {
+                key: key.clone(),
+                known,
+                entry,
+            };
+            self.services.insert(ServiceKey::clone(&key), svc);
+        }
+        self.index_all_jobs();
+        // In snapshot order, as the services were listed.
+        for service in &snapshot.services {
+            let entry = &self.services[&service.key()].entry;
+            let old = old.get(&service.key()).filter(|s| s.known);
+            if !old.is_some_and(|o| Arc::ptr_eq(&o.entry, entry)) {
+                changes.push(Change::Upsert {
+                    entry: entry.clone(),
+                });
+            }
+        }
+        changes
+    }
+
+    /// Every service's entry built from scratch as an owned one (to be compared with the
+    /// table's old ones): the snapshot's services, and the services its live jobs name.
+    fn build_entries(&mut self, snapshot: &ClusterSnapshot) -> BTreeMap<ServiceKey, Built> {
+        let mut built = BTreeMap::new();
         for service in &snapshot.services {
             let mut entry = empty_entry(&service.key());
             entry.ports = declared_ports(service);
             entry.meta = meta_labels(service);
-            built.insert(service.key(), (true, entry));
+            built.insert(service.key(), Built { known: true, entry });
         }
         // The same job twice: the later one wins.
         let live: BTreeMap<&str, &JobInfo> = snapshot
@@ -316,47 +354,19 @@ impl Table {
             let replica = self.replica_of(job);
             built
                 .entry(key.clone())
-                .or_insert_with(|| (false, empty_entry(&key)))
-                .1
+                .or_insert_with(|| Built {
+                    known: false,
+                    entry: empty_entry(&key),
+                })
+                .entry
                 .replicas
                 .push(replica);
         }
-        let mut changes: Vec<Change> = old
-            .iter()
-            .filter(|(k, s)| s.known && !built.get(*k).is_some_and(|(known, _)| *known))
-            .map(|(key, _)| Change::Removed {
-                service: key.name.clone(),
-                project: key.project.clone(),
-                index: snapshot.rev,
-            })
-            .collect();
-        let revs: BTreeMap<ServiceKey, u64> =
-            snapshot.services.iter().map(|s| (s.key(), s.rev)).collect();
-        for (key, (known, mut entry)) in built {
-            entry.replicas.sort_by(order);
-            // Built by pushing: without the growth slack, kept as long as the entry.
-            entry.replicas.shrink_to_fit();
-            let old = old.get(&key).filter(|s| s.known).map(|s| &s.entry);
-            let entry = match (known, old) {
-                (false, _) => Arc::new(entry),
-                // Nothing new: a resync of what the table holds.
-                (true, Some(old)) if old.same_content(&entry) && revs[&key] <= old.index => {
-                    old.clone()
-                }
-                (true, old) => {
-                    let rev = revs[&key];
-                    entry.index = old.map_or(rev.max(1), |o| rev.max(o.index + 1));
-                    Arc::new(entry)
-                }
-            };
-            let key = Arc::new(key);
-            let svc = Svc {
-                key: key.clone(),
-                known,
-                entry,
-            };
-            self.services.insert(ServiceKey::clone(&key), svc);
-        }
+        built
+    }
+
+    /// Indexes the job of every replica in the table (by id and by host).
+    fn index_all_jobs(&mut self) {
         let mut records = Vec::new();
         for svc in self.services.values() {
             for r in &svc.entry.replicas {
@@ -366,17 +376,6 @@ impl Table {
         for (id, replica, host, key) in records {
             self.index_job(id, replica, host, key);
         }
-        // In snapshot order, as the services were listed.
-        for service in &snapshot.services {
-            let entry = &self.services[&service.key()].entry;
-            let old = old.get(&service.key()).filter(|s| s.known);
-            if !old.is_some_and(|o| Arc::ptr_eq(&o.entry, entry)) {
-                changes.push(Change::Upsert {
-                    entry: entry.clone(),
-                });
-            }
-        }
-        changes
     }
 
     fn put_service(&mut self, service: &ServiceInfo, rev: u64, t: &mut Touches) {
@@ -538,6 +537,44 @@ fn intern(names: &mut HashSet<Arc<str>>, name: &str) -> Arc<str> {
     let name: Arc<str> = name.into();
     names.insert(name.clone());
     name
+}
+
+/// A service's entry as a resync builds it.
+#[derive(Debug)]
+struct Built {
+    /// Whether the snapshot lists the service (else only its jobs name it).
+    known: bool,
+    entry: Entry,
+}
+
+/// The removals a resync finds: services the table served that the snapshot (at `rev`)
+/// does not list.
+fn removals(
+    old: &BTreeMap<ServiceKey, Svc>,
+    built: &BTreeMap<ServiceKey, Built>,
+    rev: u64,
+) -> Vec<Change> {
+    old.iter()
+        .filter(|(k, s)| s.known && !built.get(*k).is_some_and(|b| b.known))
+        .map(|(key, _)| Change::Removed {
+            service: key.name.clone(),
+            project: key.project.clone(),
+            index: rev,
+        })
+        .collect()
+}
+
+/// The entry a resync serves for a listed service at revision `rev`: the `old` one when
+/// nothing is new (so no change is published), else the built one, its index raised past
+/// the old one's (an index is never lowered).
+fn resynced_entry(mut entry: Entry, old: Option<&Arc<Entry>>, rev: u64) -> Arc<Entry> {
+    match old {
+        Some(old) if old.same_content(&entry) && rev <= old.index => old.clone(),
+        old => {
+            entry.index = old.map_or(rev.max(1), |o| rev.max(o.index + 1));
+            Arc::new(entry)
+        }
+    }
 }
 
 /// A service the table has not seen yet: unknown, no replicas.

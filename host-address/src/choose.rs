@@ -194,6 +194,82 @@ impl Candidate<'_> {
     }
 }
 
+/// Every address of the host, sorted into usable and left out (in interface order).
+struct Sorted<'a> {
+    usable: Vec<Candidate<'a>>,
+    skipped: Vec<Skipped>,
+}
+
+impl<'a> Sorted<'a> {
+    fn new(interfaces: &'a [Interface], allow_loopback: bool) -> Self {
+        let mut usable = Vec::new();
+        let mut skipped = Vec::new();
+        for iface in interfaces {
+            for addr in &iface.addrs {
+                match skip_reason(iface, addr.ip, allow_loopback) {
+                    None => usable.push(Candidate { iface, ip: addr.ip }),
+                    Some(reason) => skipped.push(Skipped {
+                        interface: iface.name.clone(),
+                        ip: addr.ip,
+                        reason,
+                    }),
+                }
+            }
+        }
+        Sorted { usable, skipped }
+    }
+
+    /// The best usable address that `pick` accepts, ranked by: not loopback, not on a
+    /// loopback interface (a VIP on `lo`), of the `prefer`red family, interface order.
+    fn best(&self, prefer: Family, pick: impl Fn(&Candidate<'_>) -> bool) -> Option<HostAddress> {
+        self.usable
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| pick(c))
+            .min_by_key(|(pos, c)| {
+                (
+                    AddressKind::of(c.ip) == AddressKind::Loopback,
+                    c.iface.loopback,
+                    Family::of(c.ip) != prefer,
+                    *pos,
+                )
+            })
+            .map(|(_, c)| c.host_address())
+    }
+
+    /// The addresses left out that `pick` accepts, for an error.
+    fn skipped_where(&self, pick: impl Fn(&Skipped) -> bool) -> Vec<Skipped> {
+        self.skipped.iter().filter(|s| pick(s)).cloned().collect()
+    }
+
+    /// The choice of `advertised`: it first, then the other usable addresses.
+    fn choice(&self, advertised: HostAddress) -> Choice {
+        let mut addresses = vec![advertised.clone()];
+        addresses.extend(
+            self.usable
+                .iter()
+                .map(Candidate::host_address)
+                .filter(|a| *a != advertised),
+        );
+        Choice {
+            ip_addr: advertised.ip,
+            addresses,
+        }
+    }
+}
+
+/// Why the address `ip` of `iface` is not usable, if it is not.
+fn skip_reason(iface: &Interface, ip: IpAddr, allow_loopback: bool) -> Option<SkipReason> {
+    if !iface.up {
+        return Some(SkipReason::InterfaceDown);
+    }
+    match AddressKind::of(ip) {
+        AddressKind::Routable => None,
+        AddressKind::Loopback if allow_loopback => None,
+        kind => Some(SkipReason::Kind(kind)),
+    }
+}
+
 /// Chooses the advertised address and the reported list from `interfaces` (in the
 /// kernel's order) under `config`.
 ///
@@ -205,94 +281,51 @@ impl Candidate<'_> {
 /// of `127.0.0.0/8` to `lo`); any other configured IP must be.
 pub fn choose(interfaces: &[Interface], config: &AddressConfig) -> Result<Choice, ChooseError> {
     config.validate()?;
-    let mut usable = Vec::new();
-    let mut skipped = Vec::new();
-    for iface in interfaces {
-        for addr in &iface.addrs {
-            let reason = if !iface.up {
-                Some(SkipReason::InterfaceDown)
-            } else {
-                match AddressKind::of(addr.ip) {
-                    AddressKind::Routable => None,
-                    AddressKind::Loopback if config.allow_loopback => None,
-                    kind => Some(SkipReason::Kind(kind)),
+    let sorted = Sorted::new(interfaces, config.allow_loopback);
+    let advertised =
+        match &config.advertise {
+            None => sorted.best(config.prefer, |_| true).ok_or_else(|| {
+                ChooseError::NoUsableAddress {
+                    skipped: sorted.skipped.clone(),
                 }
-            };
-            match reason {
-                None => usable.push(Candidate { iface, ip: addr.ip }),
-                Some(reason) => skipped.push(Skipped {
-                    interface: iface.name.clone(),
-                    ip: addr.ip,
-                    reason,
-                }),
-            }
-        }
+            })?,
+            Some(Advertise::Interface(name)) => on_interface(interfaces, name, &sorted, config)?,
+            Some(Advertise::Cidr(cidr)) => sorted
+                .best(config.prefer, |c| cidr.contains(c.ip))
+                .ok_or_else(|| ChooseError::NoneInCidr {
+                    cidr: *cidr,
+                    usable: sorted.usable.iter().map(Candidate::host_address).collect(),
+                    skipped: sorted.skipped_where(|s| cidr.contains(s.ip)),
+                })?,
+            Some(Advertise::Ip(ip)) => locate(interfaces, *ip)?,
+        };
+    Ok(sorted.choice(advertised))
+}
+
+/// The best usable address of the interface `advertise` names.
+fn on_interface(
+    interfaces: &[Interface],
+    name: &str,
+    sorted: &Sorted<'_>,
+    config: &AddressConfig,
+) -> Result<HostAddress, ChooseError> {
+    let Some(iface) = interfaces.iter().find(|i| i.name == name) else {
+        return Err(ChooseError::NoSuchInterface {
+            name: name.to_owned(),
+            available: interfaces.iter().map(|i| i.name.clone()).collect(),
+        });
+    };
+    if !iface.up {
+        return Err(ChooseError::InterfaceDown {
+            name: name.to_owned(),
+        });
     }
-
-    let best = |pick: &dyn Fn(&Candidate<'_>) -> bool| -> Option<HostAddress> {
-        usable
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| pick(c))
-            .min_by_key(|(pos, c)| {
-                (
-                    AddressKind::of(c.ip) == AddressKind::Loopback,
-                    c.iface.loopback,
-                    Family::of(c.ip) != config.prefer,
-                    *pos,
-                )
-            })
-            .map(|(_, c)| c.host_address())
-    };
-
-    let advertised = match &config.advertise {
-        None => best(&|_| true).ok_or_else(|| ChooseError::NoUsableAddress {
-            skipped: skipped.clone(),
-        })?,
-        Some(Advertise::Interface(name)) => {
-            let Some(iface) = interfaces.iter().find(|i| &i.name == name) else {
-                return Err(ChooseError::NoSuchInterface {
-                    name: name.clone(),
-                    available: interfaces.iter().map(|i| i.name.clone()).collect(),
-                });
-            };
-            if !iface.up {
-                return Err(ChooseError::InterfaceDown { name: name.clone() });
-            }
-            best(&|c| &c.iface.name == name).ok_or_else(|| ChooseError::NoUsableOnInterface {
-                name: name.clone(),
-                skipped: skipped
-                    .iter()
-                    .filter(|s| &s.interface == name)
-                    .cloned()
-                    .collect(),
-            })?
-        }
-        Some(Advertise::Cidr(cidr)) => {
-            best(&|c| cidr.contains(c.ip)).ok_or_else(|| ChooseError::NoneInCidr {
-                cidr: *cidr,
-                usable: usable.iter().map(Candidate::host_address).collect(),
-                skipped: skipped
-                    .iter()
-                    .filter(|s| cidr.contains(s.ip))
-                    .cloned()
-                    .collect(),
-            })?
-        }
-        Some(Advertise::Ip(ip)) => locate(interfaces, *ip)?,
-    };
-
-    let mut addresses = vec![advertised.clone()];
-    addresses.extend(
-        usable
-            .iter()
-            .map(Candidate::host_address)
-            .filter(|a| *a != advertised),
-    );
-    Ok(Choice {
-        ip_addr: advertised.ip,
-        addresses,
-    })
+    sorted
+        .best(config.prefer, |c| c.iface.name == name)
+        .ok_or_else(|| ChooseError::NoUsableOnInterface {
+            name: name.to_owned(),
+            skipped: sorted.skipped_where(|s| s.interface == name),
+        })
 }
 
 /// Finds the interface of a configured IP (already validated by [`AddressConfig::validate`]).

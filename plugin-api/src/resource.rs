@@ -74,6 +74,18 @@ pub trait ResourcePlugin: Send + Sync + 'static {
     fn validate(&self, section: Option<&serde_json::Value>)
         -> Result<SectionInfo, Vec<FieldError>>;
 
+    /// The socket names the section declares, when they can be told although
+    /// [`validate`](Self::validate) refused the section (e.g. it asks for more ports than
+    /// any host holds): the host checks a readiness probe's socket name against them, so
+    /// a refused section does not also make a correct probe reference look wrong. `None`
+    /// when the names cannot be told (the section is unreadable); the host then leaves
+    /// probe references unchecked, the section's own problems being reported anyway.
+    /// Called only after `validate` refused. Pure; the default says `None`.
+    fn socket_names(&self, section: Option<&serde_json::Value>) -> Option<Vec<String>> {
+        let _ = section;
+        None
+    }
+
     /// Says whether `replicas` replicas of a service with this (validated) section could
     /// ever be held together by the hosts the plugin knows, were they all empty: the
     /// host calls it when a service is submitted or scaled (not when a stored service is
@@ -152,6 +164,9 @@ impl<T: ResourcePlugin + ?Sized> ResourcePlugin for Box<T> {
         section: Option<&serde_json::Value>,
     ) -> Result<SectionInfo, Vec<FieldError>> {
         (**self).validate(section)
+    }
+    fn socket_names(&self, section: Option<&serde_json::Value>) -> Option<Vec<String>> {
+        (**self).socket_names(section)
     }
     fn check_replicas(
         &self,

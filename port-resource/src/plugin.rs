@@ -275,6 +275,13 @@ impl ResourcePlugin for PortsPlugin {
         })
     }
 
+    /// The names of a refused section, when every entry's name can be read: a section
+    /// refused for asking more than any host holds still declares its ports.
+    fn socket_names(&self, section: Option<&serde_json::Value>) -> Option<Vec<String>> {
+        let names = profile::declared_names(section)?;
+        Some(names.iter().map(|n| n.as_str().to_owned()).collect())
+    }
+
     /// Refuses `replicas` × the "any free" ports of one protocol above what the dynamic
     /// ranges of every host with usable facts hold together: no placement could ever
     /// give them all (the user lowers `replicas`, or the operator widens ranges or adds

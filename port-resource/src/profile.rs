@@ -5,7 +5,7 @@ use crate::grant::Protocol;
 use crate::name::PortName;
 use crate::pool::PortRequest;
 use plugin_api::FieldError;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// The field path of the section from the profile root.
 pub const SECTION_PATH: &str = "service.ports";
@@ -98,79 +98,95 @@ pub(crate) fn draft(section: Option<&Value>) -> (Vec<Draft>, Vec<FieldError>) {
     }
     let mut drafts = Vec::with_capacity(items.len());
     for (index, item) in items.iter().enumerate() {
-        let at = format!("{SECTION_PATH}[{index}]");
         let Some(table) = item.as_object() else {
-            errors.push(FieldError::new(at, "expected a table"));
+            errors.push(FieldError::new(
+                format!("{SECTION_PATH}[{index}]"),
+                "expected a table",
+            ));
             continue;
         };
-        let mut d = Draft {
+        drafts.push(Draft::read(index, table, &mut errors));
+    }
+    cross_entry_checks(&drafts, &mut errors);
+    (drafts, errors)
+}
+
+// === impl Draft ===
+
+impl Draft {
+    /// Reads entry `index` of the section, every field it can.
+    fn read(index: usize, table: &Map<String, Value>, errors: &mut Vec<FieldError>) -> Self {
+        let at = format!("{SECTION_PATH}[{index}]");
+        let d = Draft {
             index,
-            name: None,
-            protocol: Some(Protocol::Tcp),
-            port: Some(None),
+            name: read_name(&at, table.get("name"), errors),
+            protocol: read_protocol(&at, table.get("protocol"), errors),
+            port: read_port(&at, table.get("port"), errors),
         };
-        match table.get("name") {
-            None => errors.push(FieldError::new(format!("{at}.name"), "missing field")),
-            Some(Value::String(s)) => match PortName::new(s) {
-                Ok(n) => d.name = Some(n),
-                Err(e) => errors.push(FieldError::new(
-                    format!("{at}.name"),
-                    format!("{s:?} is not a valid port name: {e}"),
-                )),
-            },
-            Some(_) => errors.push(FieldError::new(format!("{at}.name"), "expected a string")),
-        }
-        match table.get("protocol") {
-            None => {}
-            Some(Value::String(s)) if s == "tcp" => d.protocol = Some(Protocol::Tcp),
-            Some(Value::String(s)) if s == "udp" => d.protocol = Some(Protocol::Udp),
-            Some(_) => {
-                d.protocol = None;
-                errors.push(FieldError::new(
-                    format!("{at}.protocol"),
-                    "expected \"tcp\" or \"udp\"",
-                ));
-            }
-        }
-        match table.get("port") {
-            None => {}
-            Some(Value::Number(n)) => match (n.as_i64(), n.as_u64()) {
-                (Some(p), _) if (1..=65535).contains(&p) => d.port = Some(Some(p as u16)),
-                (Some(p), _) => {
-                    d.port = None;
-                    errors.push(FieldError::new(
-                        format!("{at}.port"),
-                        format!("port {p} is not between 1 and 65535"),
-                    ));
-                }
-                (None, Some(p)) => {
-                    d.port = None;
-                    errors.push(FieldError::new(
-                        format!("{at}.port"),
-                        format!("port {p} is not between 1 and 65535"),
-                    ));
-                }
-                (None, None) => {
-                    d.port = None;
-                    errors.push(FieldError::new(format!("{at}.port"), "expected an integer"));
-                }
-            },
-            Some(_) => {
-                d.port = None;
-                errors.push(FieldError::new(format!("{at}.port"), "expected an integer"));
-            }
-        }
         for key in table.keys() {
             if !matches!(key.as_str(), "name" | "protocol" | "port") {
                 errors.push(FieldError::new(format!("{at}.{key}"), "unknown field"));
             }
         }
-        drafts.push(d);
+        d
     }
-    // Cross-entry checks on what could be read.
+}
+
+/// The `name` of the entry at `at` (required).
+fn read_name(at: &str, v: Option<&Value>, errors: &mut Vec<FieldError>) -> Option<PortName> {
+    let problem = match v {
+        None => "missing field".to_owned(),
+        Some(Value::String(s)) => match PortName::new(s) {
+            Ok(n) => return Some(n),
+            Err(e) => format!("{s:?} is not a valid port name: {e}"),
+        },
+        Some(_) => "expected a string".to_owned(),
+    };
+    errors.push(FieldError::new(format!("{at}.name"), problem));
+    None
+}
+
+/// The `protocol` of the entry at `at`; tcp when absent.
+fn read_protocol(at: &str, v: Option<&Value>, errors: &mut Vec<FieldError>) -> Option<Protocol> {
+    match v {
+        None => Some(Protocol::Tcp),
+        Some(Value::String(s)) if s == "tcp" => Some(Protocol::Tcp),
+        Some(Value::String(s)) if s == "udp" => Some(Protocol::Udp),
+        Some(_) => {
+            errors.push(FieldError::new(
+                format!("{at}.protocol"),
+                "expected \"tcp\" or \"udp\"",
+            ));
+            None
+        }
+    }
+}
+
+/// The `port` of the entry at `at`: `Some(None)` ("any free") when absent, `None` when
+/// invalid.
+fn read_port(at: &str, v: Option<&Value>, errors: &mut Vec<FieldError>) -> Option<Option<u16>> {
+    let problem = match v {
+        None => return Some(None),
+        // Negative and huge numbers are out of range, not "no integer".
+        Some(Value::Number(n)) => match (n.as_i64(), n.as_u64()) {
+            (Some(p), _) if (1..=65535).contains(&p) => return Some(Some(p as u16)),
+            (Some(p), _) => format!("port {p} is not between 1 and 65535"),
+            (None, Some(p)) => format!("port {p} is not between 1 and 65535"),
+            (None, None) => "expected an integer".to_owned(),
+        },
+        Some(_) => "expected an integer".to_owned(),
+    };
+    errors.push(FieldError::new(format!("{at}.port"), problem));
+    None
+}
+
+/// Checks across entries, on what could be read: names are unique, and no fixed port is
+/// fixed twice for one protocol. Each problem names the later entry and the first one.
+fn cross_entry_checks(drafts: &[Draft], errors: &mut Vec<FieldError>) {
     for (i, d) in drafts.iter().enumerate() {
+        let earlier = &drafts[..i];
         if let Some(name) = &d.name {
-            if let Some(first) = drafts[..i].iter().find(|o| o.name.as_ref() == Some(name)) {
+            if let Some(first) = earlier.iter().find(|o| o.name.as_ref() == Some(name)) {
                 errors.push(FieldError::new(
                     format!("{SECTION_PATH}[{}].name", d.index),
                     format!(
@@ -182,7 +198,7 @@ pub(crate) fn draft(section: Option<&Value>) -> (Vec<Draft>, Vec<FieldError>) {
             }
         }
         if let (Some(Some(port)), Some(proto)) = (d.port, d.protocol) {
-            if let Some(first) = drafts[..i]
+            if let Some(first) = earlier
                 .iter()
                 .find(|o| o.port == Some(Some(port)) && o.protocol == Some(proto))
             {
@@ -196,7 +212,22 @@ pub(crate) fn draft(section: Option<&Value>) -> (Vec<Draft>, Vec<FieldError>) {
             }
         }
     }
-    (drafts, errors)
+}
+
+/// The names the section declares, when every entry's name can be read whatever else is
+/// wrong with the section; `None` when the section is no array or some entry is no table
+/// or has no valid name (a probe may then reference the one that could not be read).
+pub(crate) fn declared_names(section: Option<&Value>) -> Option<Vec<PortName>> {
+    let entries = match section {
+        None => 0,
+        Some(s) => s.as_array()?.len(),
+    };
+    let (drafts, _) = draft(section);
+    // `draft` skips an entry that is no table.
+    if drafts.len() != entries {
+        return None;
+    }
+    drafts.into_iter().map(|d| d.name).collect()
 }
 
 #[cfg(test)]
@@ -254,6 +285,27 @@ mod tests {
                 dns-tcp tcp Some(53)"#]],
         );
         check("[service]\nname = \"x\"", expect![""]);
+    }
+
+    #[test]
+    fn names_are_declared_when_every_entry_has_a_readable_one() {
+        let names = |profile: &str| {
+            let value: Value = toml::from_str::<toml::Table>(profile)
+                .map(|t| serde_json::to_value(t).unwrap())
+                .unwrap();
+            let names = declared_names(value.pointer("/service/ports"))
+                .map(|n| n.iter().map(|n| n.as_str().to_owned()).collect::<Vec<_>>());
+            format!("{names:?}")
+        };
+        // Other problems aside (an unknown protocol, a duplicate name).
+        expect![[r#"Some(["http", "http"])"#]].assert_eq(&names(
+            "[[service.ports]]\nname = \"http\"\nprotocol = \"sctp\"\n[[service.ports]]\nname = \"http\"",
+        ));
+        expect![[r#"Some([])"#]].assert_eq(&names("[service]\nname = \"x\""));
+        expect!["None"].assert_eq(&names(&names_table(&["http", "HTTP"])));
+        expect!["None"].assert_eq(&names("[[service.ports]]\nport = 9"));
+        expect!["None"].assert_eq(&names("[service]\nports = [1]"));
+        expect!["None"].assert_eq(&names("[service]\nports = 3"));
     }
 
     #[test]

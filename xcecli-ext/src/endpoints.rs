@@ -136,113 +136,146 @@ impl Run<'_> {
     }
 
     async fn main_loop(&mut self, io: &mut Io, deadline: Option<Instant>) -> Result<(), CliError> {
-        let args = self.args;
-        let mut last_index: Option<u64> = None;
-        let mut backoff = Backoff::new(BACKOFF_START, BACKOFF_MAX);
-        let mut failing = false;
-        // The apiserver answered at least once (a 404 counts).
-        let mut answered = false;
-        // The service was absent at the last answer (watch only).
-        let mut absent = false;
-        let mut absent_backoff = Backoff::new(ABSENT_BACKOFF_START, ABSENT_BACKOFF_MAX);
+        let mut cursor = Cursor::new();
         loop {
-            // Absent is index 0 to a blocking query: from 0 it waits for the service to
-            // appear (a service's index is at least 1).
-            let block = match (absent, last_index) {
-                (true, _) => Some((0, BLOCK_WAIT)),
-                (false, i) => i.map(|i| (i, BLOCK_WAIT)),
-            };
-            let query = EndpointsQuery {
-                port: args.port.as_deref(),
-                all: args.all,
-                block,
-            };
             let sent = Instant::now();
-            let read = crate::client::read(io, Client::read_patience(), || {
-                self.client.endpoints(self.svc(), &query)
-            });
-            let result = match until(deadline, read).await {
-                Some(r) => r,
-                None => return self.timed_out(),
+            let Some(result) = until(deadline, self.query(io, cursor.block())).await else {
+                return self.timed_out();
             };
-            let answer = match result {
-                Ok(a) => a,
-                Err(e) if e.kind == ErrorKind::NotFound && args.watch => {
-                    answered = true;
-                    // A blocking query that came back with a 404 at once: this apiserver
-                    // cannot wait for an absent service. Look again later, not at once.
-                    let cannot_wait = absent && sent.elapsed() < MIN_UNCHANGED_INTERVAL;
-                    if failing {
-                        failing = false;
-                        backoff.reset();
-                    }
-                    absent = true;
-                    if !self.gone(io, last_index).await? {
-                        // The reader of stdout went away: the watch ends quietly.
-                        return Ok(());
-                    }
-                    if cannot_wait {
-                        let pause = absent_backoff.next_pause();
-                        if until(deadline, tokio::time::sleep(pause)).await.is_none() {
-                            return self.timed_out();
-                        }
-                    }
-                    continue;
+            let flow = match result {
+                Ok(answer) => {
+                    self.on_answer(io, &mut cursor, answer, sent, deadline)
+                        .await?
                 }
-                Err(e) if self.retries(&e, answered) => {
-                    // Keep the last index: the next query resumes where we were.
-                    self.clear_progress(io);
-                    let resume = match last_index {
-                        Some(i) => format!(" (resuming from index {i})"),
-                        None => String::new(),
-                    };
-                    let pause = backoff.next_pause();
-                    warn(
-                        io,
-                        &format!(
-                            "{}; retrying in {}{resume}",
-                            e.message,
-                            humantime::format_duration(pause)
-                        ),
-                    )?;
-                    failing = true;
-                    if until(deadline, tokio::time::sleep(pause)).await.is_none() {
-                        return self.timed_out();
-                    }
-                    continue;
+                Err(e) if e.kind == ErrorKind::NotFound && self.args.watch => {
+                    self.on_absent(io, &mut cursor, sent, deadline).await?
+                }
+                Err(e) if self.retries(&e, cursor.answered) => {
+                    self.on_failure(io, &mut cursor, e, deadline).await?
                 }
                 Err(e) => return Err(e),
             };
-            if failing {
-                failing = false;
-                backoff.reset();
-                warn(
-                    io,
-                    &format!(
-                        "the apiserver at {} answers again (index {})",
-                        self.client.api().as_str().trim_end_matches('/'),
-                        answer.value.index
-                    ),
-                )?;
-            }
-            answered = true;
-            if std::mem::take(&mut absent) {
-                absent_backoff.reset();
-            }
-            if self.project.is_none() && !answer.value.project.is_empty() {
-                self.project = Some(answer.value.project.clone());
-            }
-            let unchanged = last_index == Some(answer.value.index);
-            last_index = Some(answer.value.index);
-            if self.handle(io, answer).await? == Flow::Done {
+            if flow == Flow::Done {
                 return Ok(());
             }
-            if unchanged && sent.elapsed() < MIN_UNCHANGED_INTERVAL {
-                let pause = MIN_UNCHANGED_INTERVAL - sent.elapsed();
-                if until(deadline, tokio::time::sleep(pause)).await.is_none() {
-                    return self.timed_out();
-                }
-            }
+        }
+    }
+
+    /// One read of the service's endpoints, a blocking query when `block` is set.
+    async fn query(
+        &self,
+        io: &mut Io,
+        block: Option<(u64, Duration)>,
+    ) -> Result<Answer<EndpointEntry>, CliError> {
+        let query = EndpointsQuery {
+            port: self.args.port.as_deref(),
+            all: self.args.all,
+            block,
+        };
+        crate::client::read(io, Client::read_patience(), || {
+            self.client.endpoints(self.svc(), &query)
+        })
+        .await
+    }
+
+    /// An answer: a failure streak ends, the service's project is learned, the answer is
+    /// handled, and a server that ignored `wait` is not asked again at once.
+    async fn on_answer(
+        &mut self,
+        io: &mut Io,
+        cursor: &mut Cursor,
+        answer: Answer<EndpointEntry>,
+        sent: Instant,
+        deadline: Option<Instant>,
+    ) -> Result<Flow, CliError> {
+        if cursor.recover() {
+            warn(
+                io,
+                &format!(
+                    "the apiserver at {} answers again (index {})",
+                    self.client.api().as_str().trim_end_matches('/'),
+                    answer.value.index
+                ),
+            )?;
+        }
+        cursor.answered = true;
+        if std::mem::take(&mut cursor.absent) {
+            cursor.absent_backoff.reset();
+        }
+        if self.project.is_none() && !answer.value.project.is_empty() {
+            self.project = Some(answer.value.project.clone());
+        }
+        let unchanged = cursor.last_index == Some(answer.value.index);
+        cursor.last_index = Some(answer.value.index);
+        if self.handle(io, answer).await? == Flow::Done {
+            return Ok(Flow::Done);
+        }
+        let elapsed = sent.elapsed();
+        if unchanged && elapsed < MIN_UNCHANGED_INTERVAL {
+            return self.pause(deadline, MIN_UNCHANGED_INTERVAL - elapsed).await;
+        }
+        Ok(Flow::More)
+    }
+
+    /// A 404 while watching: the service is absent (or went away), which is reported
+    /// ([`gone`](Self::gone)) and then waited for.
+    async fn on_absent(
+        &mut self,
+        io: &mut Io,
+        cursor: &mut Cursor,
+        sent: Instant,
+        deadline: Option<Instant>,
+    ) -> Result<Flow, CliError> {
+        cursor.answered = true;
+        // A blocking query that came back with a 404 at once: this apiserver cannot wait
+        // for an absent service. Look again later, not at once.
+        let cannot_wait = cursor.absent && sent.elapsed() < MIN_UNCHANGED_INTERVAL;
+        cursor.recover();
+        cursor.absent = true;
+        if !self.gone(io, cursor.last_index).await? {
+            // The reader of stdout went away: the watch ends quietly.
+            return Ok(Flow::Done);
+        }
+        if cannot_wait {
+            let pause = cursor.absent_backoff.next_pause();
+            return self.pause(deadline, pause).await;
+        }
+        Ok(Flow::More)
+    }
+
+    /// A failed query that is retried: said on stderr, then the backoff is waited out.
+    async fn on_failure(
+        &mut self,
+        io: &mut Io,
+        cursor: &mut Cursor,
+        e: CliError,
+        deadline: Option<Instant>,
+    ) -> Result<Flow, CliError> {
+        // Keep the last index: the next query resumes where we were.
+        self.clear_progress(io);
+        let resume = match cursor.last_index {
+            Some(i) => format!(" (resuming from index {i})"),
+            None => String::new(),
+        };
+        let pause = cursor.backoff.next_pause();
+        warn(
+            io,
+            &format!(
+                "{}; retrying in {}{resume}",
+                e.message,
+                humantime::format_duration(pause)
+            ),
+        )?;
+        cursor.failing = true;
+        self.pause(deadline, pause).await
+    }
+
+    /// Sleeps `pause`, unless `deadline` comes first: then the run ends as
+    /// [`timed_out`](Self::timed_out) says.
+    async fn pause(&self, deadline: Option<Instant>, pause: Duration) -> Result<Flow, CliError> {
+        match until(deadline, tokio::time::sleep(pause)).await {
+            Some(()) => Ok(Flow::More),
+            None => self.timed_out().map(|()| Flow::Done),
         }
     }
 
@@ -535,6 +568,56 @@ async fn check_wait_ready(
         "wait for at most {} ready replicas, or scale the service first (xcecli service scale {} {want})",
         detail.replicas, detail.name
     )))
+}
+
+/// Where the main loop is between two queries.
+struct Cursor {
+    /// The index of the last answer: the next blocking query resumes from it.
+    last_index: Option<u64>,
+    /// Retry delays while the apiserver is away or failing.
+    backoff: Backoff,
+    /// The last query failed and is being retried.
+    failing: bool,
+    /// The apiserver answered at least once (a 404 counts).
+    answered: bool,
+    /// The service was absent at the last answer (watch only).
+    absent: bool,
+    /// Delays between looks for an absent service when the apiserver cannot wait for it.
+    absent_backoff: Backoff,
+}
+
+// === impl Cursor ===
+
+impl Cursor {
+    fn new() -> Self {
+        Cursor {
+            last_index: None,
+            backoff: Backoff::new(BACKOFF_START, BACKOFF_MAX),
+            failing: false,
+            answered: false,
+            absent: false,
+            absent_backoff: Backoff::new(ABSENT_BACKOFF_START, ABSENT_BACKOFF_MAX),
+        }
+    }
+
+    /// The blocking part of the next query: none for the first one. Absent is index 0 to
+    /// a blocking query: from 0 it waits for the service to appear (a service's index is
+    /// at least 1).
+    fn block(&self) -> Option<(u64, Duration)> {
+        match (self.absent, self.last_index) {
+            (true, _) => Some((0, BLOCK_WAIT)),
+            (false, i) => i.map(|i| (i, BLOCK_WAIT)),
+        }
+    }
+
+    /// Ends a failure streak (the retry delays start over); `true` when there was one.
+    fn recover(&mut self) -> bool {
+        let was = std::mem::take(&mut self.failing);
+        if was {
+            self.backoff.reset();
+        }
+        was
+    }
 }
 
 /// Whether the main loop goes on.

@@ -58,101 +58,130 @@ pub(crate) fn transport_error(url: &Url, err: &reqwest::Error, skipped: &[String
 
 /// A non-2xx answer.
 pub(crate) fn status_error(url: &Url, status: StatusCode, body: &str) -> CliError {
-    let parsed = ErrorBody::parse(body.as_bytes()).map(|b| b.error);
-    let server_message = parsed
-        .as_ref()
-        .map(|e| e.message.clone())
-        .filter(|m| !m.is_empty())
-        .unwrap_or_else(|| {
-            status
-                .canonical_reason()
-                .unwrap_or("unknown status")
-                .to_lowercase()
-        });
-    let details: Vec<String> = parsed
-        .as_ref()
-        .map(|e| {
-            e.details
-                .iter()
-                .map(|d| match (d.field.is_empty(), d.reason.is_empty()) {
-                    (false, _) => format!("{}: {}", d.field, d.reason),
-                    (true, _) => d.reason.clone(),
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    // A one-problem error often repeats its only detail as its message.
-    let details: Vec<String> = details
-        .into_iter()
-        .filter(|d| *d != server_message)
-        .collect();
-    let code = parsed.as_ref().map(|e| e.code.as_str()).unwrap_or("");
+    let answer = ErrorAnswer::read(status, body);
     match status {
         StatusCode::UNAUTHORIZED => CliError::new(
             ErrorKind::Auth,
-            format!("not authenticated: {server_message}"),
+            format!("not authenticated: {}", answer.message),
         )
         .with_hint("set XCE_TOKEN, pass --token, or run `xced dev` which writes the client config"),
-        StatusCode::FORBIDDEN => {
-            CliError::new(ErrorKind::Forbidden, format!("forbidden: {server_message}")).with_hint(
-                "your token lacks the permission on this project (e.g. job.submit); ask an admin",
-            )
-        }
-        StatusCode::NOT_FOUND => {
-            let hint = match query_project(url) {
-                Some(p) => format!(
-                    "looked in project {p} only; `xcecli service list` shows the services you may view and their projects"
-                ),
-                None => "`xcecli service list` shows the services you may view".to_owned(),
-            };
-            CliError::new(ErrorKind::NotFound, server_message).with_hint(hint)
-        }
-        StatusCode::CONFLICT if code == "ambiguous" => ambiguous(
-            &server_message,
-            parsed.map(|e| e.details).unwrap_or_default(),
+        StatusCode::FORBIDDEN => CliError::new(
+            ErrorKind::Forbidden,
+            format!("forbidden: {}", answer.message),
+        )
+        .with_hint(
+            "your token lacks the permission on this project (e.g. job.submit); ask an admin",
         ),
+        StatusCode::NOT_FOUND => not_found(url, answer.message),
+        StatusCode::CONFLICT if answer.code == "ambiguous" => {
+            ambiguous(&answer.message, answer.fields)
+        }
         StatusCode::BAD_REQUEST
         | StatusCode::CONFLICT
         | StatusCode::PAYLOAD_TOO_LARGE
-        | StatusCode::UNPROCESSABLE_ENTITY => {
-            let err = CliError::new(ErrorKind::Invalid, server_message).with_details(details);
-            match (status, code) {
-                (StatusCode::CONFLICT, _) => err.with_hint(
-                    "a service with this name exists: stop it first or choose another name",
-                ),
-                (StatusCode::PAYLOAD_TOO_LARGE, _) => {
-                    err.with_hint("the request is larger than the apiserver accepts")
-                }
-                _ => err,
-            }
-        }
-        StatusCode::SERVICE_UNAVAILABLE if code == "no_leader" => {
+        | StatusCode::UNPROCESSABLE_ENTITY => invalid(status, answer),
+        StatusCode::SERVICE_UNAVAILABLE if answer.code == "no_leader" => {
             let mut e = CliError::new(
                 ErrorKind::Server,
-                format!("no leader controller answers: {server_message}"),
+                format!("no leader controller answers: {}", answer.message),
             )
             .with_hint("a controller takeover is under way, or no controller runs");
             e.no_leader = Some(NO_LEADER_RETRY);
             e
         }
-        s if s.is_server_error() => CliError::new(
-            ErrorKind::Server,
-            format!(
-                "the apiserver failed ({}) on {}: {server_message}",
-                s.as_u16(),
-                without_query(url)
-            ),
-        )
-        .with_details(details),
-        s => CliError::new(
-            ErrorKind::Server,
-            format!(
-                "unexpected answer {} from {}: {server_message}",
-                s.as_u16(),
-                without_query(url)
-            ),
-        )
-        .with_details(details),
+        s => {
+            let message = if s.is_server_error() {
+                format!(
+                    "the apiserver failed ({}) on {}",
+                    s.as_u16(),
+                    without_query(url)
+                )
+            } else {
+                format!(
+                    "unexpected answer {} from {}",
+                    s.as_u16(),
+                    without_query(url)
+                )
+            };
+            let details = answer.detail_lines();
+            CliError::new(ErrorKind::Server, format!("{message}: {}", answer.message))
+                .with_details(details)
+        }
+    }
+}
+
+/// What an error answer said, read from the apiserver's error body when it has one.
+struct ErrorAnswer {
+    /// The server's message, else the status's reason (lowercase).
+    message: String,
+    /// The stable code; empty without an error body.
+    code: String,
+    /// The per-field problems.
+    fields: Vec<FieldError>,
+}
+
+// === impl ErrorAnswer ===
+
+impl ErrorAnswer {
+    fn read(status: StatusCode, body: &str) -> Self {
+        let parsed = ErrorBody::parse(body.as_bytes()).map(|b| b.error);
+        let (message, code, fields) = match parsed {
+            Some(e) => (e.message, e.code, e.details),
+            None => (String::new(), String::new(), Vec::new()),
+        };
+        let message = Some(message).filter(|m| !m.is_empty()).unwrap_or_else(|| {
+            status
+                .canonical_reason()
+                .unwrap_or("unknown status")
+                .to_lowercase()
+        });
+        ErrorAnswer {
+            message,
+            code,
+            fields,
+        }
+    }
+
+    /// The problems as lines (`field: reason`, or the reason alone), without the one the
+    /// message repeats: a one-problem error often repeats its only detail as its message.
+    fn detail_lines(&self) -> Vec<String> {
+        self.fields
+            .iter()
+            .map(|d| {
+                if d.field.is_empty() {
+                    d.reason.clone()
+                } else {
+                    format!("{}: {}", d.field, d.reason)
+                }
+            })
+            .filter(|d| *d != self.message)
+            .collect()
+    }
+}
+
+/// 404: the hint says where we looked.
+fn not_found(url: &Url, message: String) -> CliError {
+    let hint = match query_project(url) {
+        Some(p) => format!(
+            "looked in project {p} only; `xcecli service list` shows the services you may view and their projects"
+        ),
+        None => "`xcecli service list` shows the services you may view".to_owned(),
+    };
+    CliError::new(ErrorKind::NotFound, message).with_hint(hint)
+}
+
+/// A request the apiserver refused as it is (400, 409, 413, 422), with its problems.
+fn invalid(status: StatusCode, answer: ErrorAnswer) -> CliError {
+    let details = answer.detail_lines();
+    let err = CliError::new(ErrorKind::Invalid, answer.message).with_details(details);
+    match status {
+        StatusCode::CONFLICT => {
+            err.with_hint("a service with this name exists: stop it first or choose another name")
+        }
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            err.with_hint("the request is larger than the apiserver accepts")
+        }
+        _ => err,
     }
 }
 

@@ -52,91 +52,154 @@ pub(crate) async fn follow(
     first: Answer<ServiceDetail>,
     timeout: Duration,
 ) -> Result<(), CliError> {
-    let name = svc.name;
-    let reported = Some(first.value.project.clone()).filter(|p| !p.is_empty());
-    let query = ServiceRef {
-        name,
-        project: svc.project.or(reported.as_deref()),
-    };
-    let deadline = Instant::now() + timeout;
-    let since = first.value.generation;
-    let mut index = first.index.unwrap_or(first.value.index);
-    let mut detail = first.value;
-    let mut last_line = String::new();
-    let mut backoff = Backoff::new(BACKOFF_START, BACKOFF_MAX);
-    let mut failing = false;
-    loop {
-        let rollout = rollout_of(&detail)?;
-        let line = format::progress(&detail, rollout);
-        if line != last_line {
+    let mut follower = Follower::new(client, svc, first, timeout);
+    while !follower.judge(io)? {
+        follower.next(io).await?;
+    }
+    Ok(())
+}
+
+/// A rollout being followed: what the queries name, and the last answer.
+struct Follower<'a> {
+    client: &'a Client,
+    /// The service's name.
+    name: &'a str,
+    /// The project the command picked: hints name `--project` only then.
+    picked: Option<&'a str>,
+    /// The project every query names.
+    project: Option<String>,
+    deadline: Instant,
+    timeout: Duration,
+    /// The generation of the command's own answer: an older rollout does not count.
+    since: u64,
+    /// The index of the last answer; the next blocking query waits for a change from it.
+    index: u64,
+    /// The last answer.
+    detail: ServiceDetail,
+    /// The last progress line written (one is written only when it changes).
+    last_line: String,
+    /// Retry delays while the apiserver is away or failing.
+    backoff: Backoff,
+    /// The last query failed and is being retried.
+    failing: bool,
+}
+
+// === impl Follower ===
+
+impl<'a> Follower<'a> {
+    fn new(
+        client: &'a Client,
+        svc: ServiceRef<'a>,
+        first: Answer<ServiceDetail>,
+        timeout: Duration,
+    ) -> Self {
+        let reported = Some(first.value.project.clone()).filter(|p| !p.is_empty());
+        Follower {
+            client,
+            name: svc.name,
+            picked: svc.project,
+            project: svc.project.map(str::to_owned).or(reported),
+            deadline: Instant::now() + timeout,
+            timeout,
+            since: first.value.generation,
+            index: first.index.unwrap_or(first.value.index),
+            detail: first.value,
+            last_line: String::new(),
+            backoff: Backoff::new(BACKOFF_START, BACKOFF_MAX),
+            failing: false,
+        }
+    }
+
+    /// Shows the progress of the last answer and judges it: `true` when the rollout is
+    /// complete (said on stdout), an error when it failed.
+    fn judge(&mut self, io: &mut Io) -> Result<bool, CliError> {
+        let rollout = rollout_of(&self.detail)?;
+        let line = format::progress(&self.detail, rollout);
+        if line != self.last_line {
             io.stderr.write_all(line.as_bytes()).map_err(CliError::io)?;
             io.stderr.flush().map_err(CliError::io)?;
-            last_line = line;
+            self.last_line = line;
         }
-        match verdict(&detail, rollout, since, svc.project) {
+        match verdict(&self.detail, rollout, self.since, self.picked) {
             Verdict::Complete => {
-                return write_out(io, &format::complete(&detail, rollout)).map(drop);
+                write_out(io, &format::complete(&self.detail, rollout)).map(|_| true)
             }
-            Verdict::Failed(e) => return Err(e),
-            Verdict::Moving => {}
+            Verdict::Failed(e) => Err(e),
+            Verdict::Moving => Ok(false),
         }
+    }
 
-        let wait = BLOCK_WAIT.min(deadline.saturating_duration_since(Instant::now()));
+    /// One blocking query for a newer answer. A failing apiserver is retried after a
+    /// pause (the answer stays the last one).
+    async fn next(&mut self, io: &mut Io) -> Result<(), CliError> {
+        let wait = BLOCK_WAIT.min(self.deadline.saturating_duration_since(Instant::now()));
         let sent = Instant::now();
-        let Some(result) = until(Some(deadline), client.service(query, Some((index, wait)))).await
-        else {
-            return Err(timed_out(&detail, timeout, svc.project));
+        let query = ServiceRef {
+            name: self.name,
+            project: self.project.as_deref(),
+        };
+        let read = self.client.service(query, Some((self.index, wait)));
+        let Some(result) = until(Some(self.deadline), read).await else {
+            return Err(self.timed_out());
         };
         let answer = match result {
             Ok(a) => a,
-            Err(e) if e.kind == ErrorKind::NotFound => return Err(gone(name, query.project)),
+            Err(e) if e.kind == ErrorKind::NotFound => {
+                return Err(gone(self.name, self.project.as_deref()))
+            }
             // The apiserver restarting or failing over: keep the index and ask again.
             Err(e) if matches!(e.kind, ErrorKind::Server | ErrorKind::Unreachable) => {
-                let pause = backoff.next_pause();
-                warn(
-                    io,
-                    &format!(
-                        "{}; retrying in {} (resuming from index {index})",
-                        e.message,
-                        humantime::format_duration(pause)
-                    ),
-                )?;
-                failing = true;
-                if until(Some(deadline), tokio::time::sleep(pause))
-                    .await
-                    .is_none()
-                {
-                    return Err(timed_out(&detail, timeout, svc.project));
-                }
-                continue;
+                return self.retry_later(io, e).await;
             }
             Err(e) => return Err(e),
         };
-        if failing {
-            failing = false;
-            backoff.reset();
+        if std::mem::take(&mut self.failing) {
+            self.backoff.reset();
             warn(
                 io,
                 &format!(
                     "the apiserver at {} answers again",
-                    client.api().as_str().trim_end_matches('/')
+                    self.client.api().as_str().trim_end_matches('/')
                 ),
             )?;
         }
         let next = answer.index.unwrap_or(answer.value.index);
-        let unchanged = next == index;
-        index = next;
-        detail = answer.value;
+        let unchanged = next == self.index;
+        self.index = next;
+        self.detail = answer.value;
         // A server that ignores `wait` must not make us spin.
-        if unchanged && sent.elapsed() < MIN_UNCHANGED_INTERVAL {
-            let pause = MIN_UNCHANGED_INTERVAL - sent.elapsed();
-            if until(Some(deadline), tokio::time::sleep(pause))
-                .await
-                .is_none()
-            {
-                return Err(timed_out(&detail, timeout, svc.project));
-            }
+        let elapsed = sent.elapsed();
+        if unchanged && elapsed < MIN_UNCHANGED_INTERVAL {
+            self.sleep(MIN_UNCHANGED_INTERVAL - elapsed).await?;
         }
+        Ok(())
+    }
+
+    /// A failed query that is retried: said on stderr, then the backoff is waited out.
+    async fn retry_later(&mut self, io: &mut Io, e: CliError) -> Result<(), CliError> {
+        let pause = self.backoff.next_pause();
+        warn(
+            io,
+            &format!(
+                "{}; retrying in {} (resuming from index {})",
+                e.message,
+                humantime::format_duration(pause),
+                self.index
+            ),
+        )?;
+        self.failing = true;
+        self.sleep(pause).await
+    }
+
+    /// Sleeps `pause`, unless the deadline comes first.
+    async fn sleep(&self, pause: Duration) -> Result<(), CliError> {
+        until(Some(self.deadline), tokio::time::sleep(pause))
+            .await
+            .ok_or_else(|| self.timed_out())
+    }
+
+    fn timed_out(&self) -> CliError {
+        timed_out(&self.detail, self.timeout, self.picked)
     }
 }
 

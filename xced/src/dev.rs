@@ -412,3 +412,41 @@ async fn submit_demo(client: &reqwest::Client, api: &str, token: &str) -> Result
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::DEMO_PROFILE;
+    use plugin_api::{HostFacts, ResourcePlugin};
+
+    /// `--demo` on hosts whose `--port-range` lies inside the kernel's ephemeral range
+    /// (none of which is handed out) is refused for its ports alone: the demo's readiness
+    /// probe names the port it declares, so that is no second problem.
+    #[test]
+    fn demo_on_a_range_inside_the_ephemeral_range_is_refused_for_the_ports_alone() {
+        let mut plugins =
+            crate::plugins::controller_plugins(Default::default(), Default::default());
+        let mut facts = HostFacts::default();
+        facts.sections.insert(
+            port_resource::PLUGIN_NAME.into(),
+            port_resource::HostPortsFacts {
+                range: port_resource::PortRange::try_new(40000, 40999).unwrap(),
+                reserved: Vec::new(),
+                ephemeral: Some(port_resource::PortRange::try_new(32768, 60999).unwrap()),
+            }
+            .to_value(),
+        );
+        for p in &mut plugins.resources {
+            p.host_up(&"exec-01".to_owned(), &facts).unwrap();
+        }
+        let refs: Vec<&dyn ResourcePlugin> = plugins.resources.iter().map(|p| &**p as _).collect();
+        let doc = local_cluster::profile::toml_to_json(DEMO_PROFILE).unwrap();
+        let errs = local_cluster::profile::validate(&doc, &refs).unwrap_err();
+        let errs: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+        expect_test::expect![[r#"
+            [
+                "service.ports: 1 \"any free\" tcp ports are more than any host's range can hold (at most 0)",
+            ]
+        "#]]
+        .assert_debug_eq(&errs);
+    }
+}

@@ -195,80 +195,161 @@ pub fn validate(doc: &Value, plugins: &[&dyn ResourcePlugin]) -> Result<Profile,
             "must be a table/object with a [service] table",
         )]);
     };
+    // A missing or malformed [service] reads as an empty one, so that every other
+    // problem is still listed.
+    let empty = Map::new();
+    let svc = service_table(top, &mut errs).unwrap_or(&empty);
+    unknown_service_keys(svc, plugins, &mut errs);
+
+    let name = service_name(svc.get("name"), top.contains_key("service"), &mut errs);
+    let project = match svc.get("project") {
+        None => "default".to_owned(),
+        Some(v) => checked_name("service.project", v, &mut errs),
+    };
+    let replicas = parse_replicas(svc.get("replicas"), &mut errs);
+    let command = parse_command(svc.get("command"), &mut errs);
+
+    // Plugins validate their own sections and tell us which socket names exist.
+    let sections = plugin_sections(svc, plugins, &mut errs);
+
+    let readiness = match svc.get("readiness") {
+        None => None,
+        Some(Value::Object(r)) => parse_readiness(r, &sections.sockets, &mut errs),
+        Some(_) => {
+            errs.push(FieldError::new("service.readiness", "must be a table"));
+            None
+        }
+    };
+
+    let drain = duration(
+        "service.drain",
+        svc.get("drain"),
+        DEFAULT_DRAIN,
+        (Duration::ZERO, MAX_ROLLOUT_DURATION),
+        &mut errs,
+    );
+    let update = match svc.get("update") {
+        None => UpdatePolicy::default(),
+        Some(Value::Object(u)) => parse_update(u, &mut errs),
+        Some(_) => {
+            errs.push(FieldError::new("service.update", "must be a table"));
+            UpdatePolicy::default()
+        }
+    };
+
+    let meta = meta::parse(svc.get("meta"), &mut errs);
+
+    if errs.is_empty() {
+        Ok(Profile {
+            name,
+            project,
+            replicas,
+            command: Arc::new(command),
+            readiness: readiness.map(Arc::new),
+            drain,
+            update,
+            meta,
+            quantities: sections.quantities,
+            raw: Value::Object(svc.clone()),
+        })
+    } else {
+        Err(errs)
+    }
+}
+
+/// The `[service]` table of the document, `None` when it is missing or no table; lists
+/// the document's other (unknown) keys.
+fn service_table<'a>(
+    top: &'a Map<String, Value>,
+    errs: &mut Vec<FieldError>,
+) -> Option<&'a Map<String, Value>> {
     for k in top.keys() {
         if k != "service" {
             errs.push(FieldError::new(k.clone(), "unknown field"));
         }
     }
-    let empty = Map::new();
-    let svc = match top.get("service") {
-        Some(Value::Object(m)) => m,
+    match top.get("service") {
+        Some(Value::Object(m)) => Some(m),
         Some(_) => {
             errs.push(FieldError::new("service", "must be a table"));
-            &empty
+            None
         }
         None => {
             errs.push(FieldError::new("service", "missing"));
-            &empty
+            None
         }
-    };
+    }
+}
+
+/// Lists the keys of `[service]` that neither the host nor a plugin owns.
+fn unknown_service_keys(
+    svc: &Map<String, Value>,
+    plugins: &[&dyn ResourcePlugin],
+    errs: &mut Vec<FieldError>,
+) {
     for k in svc.keys() {
         if !HOST_KEYS.contains(&k.as_str()) && !plugins.iter().any(|p| p.name() == k) {
             errs.push(FieldError::new(format!("service.{k}"), "unknown field"));
         }
     }
+}
 
-    let name = match svc.get("name") {
-        Some(Value::String(s)) => match plugin_api::check_name(s) {
-            Ok(()) => s.clone(),
-            Err(reason) => {
-                errs.push(FieldError::new("service.name", reason.to_string()));
-                String::new()
-            }
-        },
-        Some(_) => {
-            errs.push(FieldError::new("service.name", "must be a string"));
-            String::new()
-        }
+/// `service.name`, required; its absence is a problem of its own only when `[service]`
+/// was given (else "service: missing" says it all).
+fn service_name(v: Option<&Value>, service_given: bool, errs: &mut Vec<FieldError>) -> String {
+    match v {
+        Some(v) => checked_name("service.name", v, errs),
         None => {
-            if !svc.is_empty() || top.contains_key("service") {
+            if service_given {
                 errs.push(FieldError::new("service.name", "missing"));
             }
             String::new()
         }
-    };
-    let project = match svc.get("project") {
-        None => "default".to_owned(),
-        Some(Value::String(s)) => match plugin_api::check_name(s) {
+    }
+}
+
+/// A service or project name (`field` says which); empty when it is no valid name.
+fn checked_name(field: &str, v: &Value, errs: &mut Vec<FieldError>) -> String {
+    match v {
+        Value::String(s) => match plugin_api::check_name(s) {
             Ok(()) => s.clone(),
             Err(reason) => {
-                errs.push(FieldError::new("service.project", reason.to_string()));
+                errs.push(FieldError::new(field, reason.to_string()));
                 String::new()
             }
         },
-        Some(_) => {
-            errs.push(FieldError::new("service.project", "must be a string"));
+        _ => {
+            errs.push(FieldError::new(field, "must be a string"));
             String::new()
         }
+    }
+}
+
+/// `service.replicas`: 1 when absent, 0 when invalid.
+fn parse_replicas(v: Option<&Value>, errs: &mut Vec<FieldError>) -> u32 {
+    let Some(v) = v else {
+        return 1;
     };
-    let replicas = match svc.get("replicas") {
-        None => 1,
-        Some(v) => match v.as_u64() {
-            Some(n) if (1..=MAX_REPLICAS).contains(&n) => n as u32,
-            Some(_) | None if v.is_i64() || v.is_u64() => {
-                errs.push(FieldError::new(
-                    "service.replicas",
-                    format!("must be between 1 and {MAX_REPLICAS}"),
-                ));
-                0
-            }
-            _ => {
-                errs.push(FieldError::new("service.replicas", "must be an integer"));
-                0
-            }
-        },
-    };
-    let command = match svc.get("command") {
+    match v.as_u64() {
+        Some(n) if (1..=MAX_REPLICAS).contains(&n) => n as u32,
+        // An integer out of range (negative ones included) is told apart from no integer.
+        Some(_) | None if v.is_i64() || v.is_u64() => {
+            errs.push(FieldError::new(
+                "service.replicas",
+                format!("must be between 1 and {MAX_REPLICAS}"),
+            ));
+            0
+        }
+        _ => {
+            errs.push(FieldError::new("service.replicas", "must be an integer"));
+            0
+        }
+    }
+}
+
+/// `service.command`: the argv, each bad item listed (the good ones are kept).
+fn parse_command(v: Option<&Value>, errs: &mut Vec<FieldError>) -> Vec<String> {
+    match v {
         Some(Value::Array(items)) if !items.is_empty() => {
             let mut out = Vec::new();
             for (i, it) in items.iter().enumerate() {
@@ -304,94 +385,77 @@ pub fn validate(doc: &Value, plugins: &[&dyn ResourcePlugin]) -> Result<Profile,
             errs.push(FieldError::new("service.command", "missing"));
             Vec::new()
         }
-    };
+    }
+}
 
-    // Plugins validate their own sections and tell us which socket names exist.
-    let mut sockets: Vec<String> = Vec::new();
+/// What the plugins said of their sections of a profile.
+struct PluginSections {
+    /// The socket names they declare.
+    sockets: DeclaredSockets,
+    /// What one replica takes of their resources, summed by name.
+    quantities: std::collections::BTreeMap<String, u64>,
+}
+
+/// Has every plugin validate its section, listing their problems.
+fn plugin_sections(
+    svc: &Map<String, Value>,
+    plugins: &[&dyn ResourcePlugin],
+    errs: &mut Vec<FieldError>,
+) -> PluginSections {
+    let mut sockets = DeclaredSockets::default();
     let mut quantities = std::collections::BTreeMap::new();
     for p in plugins {
         match p.validate(svc.get(p.name())) {
             Ok(info) => {
-                sockets.extend(info.socket_names);
+                sockets.names.extend(info.socket_names);
                 for (k, n) in info.quantities {
                     *quantities.entry(k).or_insert(0) += n;
                 }
             }
-            Err(mut e) => errs.append(&mut e),
+            Err(mut e) => {
+                errs.append(&mut e);
+                // A refused section (say, more ports than a host holds) still declares its
+                // names when they can be read: without them a correct probe reference
+                // would be reported as a second, false problem.
+                match p.socket_names(svc.get(p.name())) {
+                    Some(names) => sockets.names.extend(names),
+                    None => sockets.complete = false,
+                }
+            }
         }
     }
-
-    let readiness = match svc.get("readiness") {
-        None => None,
-        Some(Value::Object(r)) => parse_readiness(r, &sockets, &mut errs),
-        Some(_) => {
-            errs.push(FieldError::new("service.readiness", "must be a table"));
-            None
-        }
-    };
-
-    let drain = duration(
-        "service.drain",
-        svc.get("drain"),
-        DEFAULT_DRAIN,
-        (Duration::ZERO, MAX_ROLLOUT_DURATION),
-        &mut errs,
-    );
-    let update = match svc.get("update") {
-        None => UpdatePolicy::default(),
-        Some(Value::Object(u)) => parse_update(u, &mut errs),
-        Some(_) => {
-            errs.push(FieldError::new("service.update", "must be a table"));
-            UpdatePolicy::default()
-        }
-    };
-
-    let meta = meta::parse(svc.get("meta"), &mut errs);
-
-    if errs.is_empty() {
-        Ok(Profile {
-            name,
-            project,
-            replicas,
-            command: Arc::new(command),
-            readiness: readiness.map(Arc::new),
-            drain,
-            update,
-            meta,
-            quantities,
-            raw: Value::Object(svc.clone()),
-        })
-    } else {
-        Err(errs)
+    PluginSections {
+        sockets,
+        quantities,
     }
 }
 
-fn parse_readiness(
-    r: &Map<String, Value>,
-    sockets: &[String],
-    errs: &mut Vec<FieldError>,
-) -> Option<Readiness> {
-    let before = errs.len();
-    for k in r.keys() {
-        if ![
-            "tcp",
-            "http",
-            "interval",
-            "timeout",
-            "failure_threshold",
-            "success_threshold",
-        ]
-        .contains(&k.as_str())
-        {
-            errs.push(FieldError::new(
-                format!("service.readiness.{k}"),
-                "unknown field",
-            ));
+/// The socket names the plugins declared, which readiness probes may reference.
+#[derive(Debug)]
+struct DeclaredSockets {
+    names: Vec<String>,
+    /// False when some plugin refused its section without telling its names: a name
+    /// missing from `names` may then be declared there, so it is no problem of its own.
+    complete: bool,
+}
+
+impl Default for DeclaredSockets {
+    fn default() -> Self {
+        DeclaredSockets {
+            names: Vec::new(),
+            complete: true,
         }
     }
-    let check_socket = |field: &str, v: Option<&Value>, errs: &mut Vec<FieldError>| -> String {
+}
+
+impl DeclaredSockets {
+    /// The socket a probe field (`field`) names; a problem is listed unless it is a
+    /// declared one.
+    fn check(&self, field: &str, v: Option<&Value>, errs: &mut Vec<FieldError>) -> String {
         match v.and_then(Value::as_str) {
-            Some(s) if sockets.iter().any(|n| n == s) => s.to_owned(),
+            Some(s) if self.names.iter().any(|n| n == s) => s.to_owned(),
+            // The profile is refused for its plugin section anyway.
+            Some(s) if !self.complete => s.to_owned(),
             Some(s) => {
                 errs.push(FieldError::new(
                     field,
@@ -407,38 +471,83 @@ fn parse_readiness(
                 String::new()
             }
         }
-    };
-    let probe = match (r.get("tcp"), r.get("http")) {
-        (Some(t), None) => Some(Probe::Tcp {
-            socket: check_socket("service.readiness.tcp", Some(t), errs),
-        }),
-        (None, Some(Value::Object(h))) => {
-            for k in h.keys() {
-                if k != "port" && k != "path" {
-                    errs.push(FieldError::new(
-                        format!("service.readiness.http.{k}"),
-                        "unknown field",
-                    ));
-                }
-            }
-            let socket = check_socket("service.readiness.http.port", h.get("port"), errs);
-            let path = match h.get("path") {
-                None => "/".to_owned(),
-                Some(Value::String(p))
-                    if p.starts_with('/') && !p.chars().any(char::is_control) =>
-                {
-                    p.clone()
-                }
-                Some(_) => {
-                    errs.push(FieldError::new(
-                        "service.readiness.http.path",
-                        "must be a path starting with '/'",
-                    ));
-                    String::new()
-                }
-            };
-            Some(Probe::Http { socket, path })
+    }
+}
+
+/// The keys `[service.readiness]` may have.
+const READINESS_KEYS: &[&str] = &[
+    "tcp",
+    "http",
+    "interval",
+    "timeout",
+    "failure_threshold",
+    "success_threshold",
+];
+
+/// `[service.readiness]`; `None` when it has any problem (each listed).
+fn parse_readiness(
+    r: &Map<String, Value>,
+    sockets: &DeclaredSockets,
+    errs: &mut Vec<FieldError>,
+) -> Option<Readiness> {
+    let before = errs.len();
+    unknown_fields(r, READINESS_KEYS, "service.readiness", errs);
+    let probe = parse_probe(r, sockets, errs);
+    let probe_range = (Duration::from_millis(100), Duration::from_secs(3600));
+    let interval = duration(
+        "service.readiness.interval",
+        r.get("interval"),
+        Duration::from_secs(1),
+        probe_range,
+        errs,
+    );
+    // A probe may not outlast its interval, nor a second by default.
+    let timeout = duration(
+        "service.readiness.timeout",
+        r.get("timeout"),
+        interval.min(Duration::from_secs(1)),
+        probe_range,
+        errs,
+    );
+    let failure_threshold = probe_threshold(r, "failure_threshold", errs);
+    let success_threshold = probe_threshold(r, "success_threshold", errs);
+    if errs.len() > before {
+        return None;
+    }
+    probe.map(|probe| Readiness {
+        probe,
+        interval,
+        timeout,
+        failure_threshold,
+        success_threshold,
+    })
+}
+
+/// Lists the keys of `table` (at `path`) not in `known`.
+fn unknown_fields(
+    table: &Map<String, Value>,
+    known: &[&str],
+    path: &str,
+    errs: &mut Vec<FieldError>,
+) {
+    for k in table.keys() {
+        if !known.contains(&k.as_str()) {
+            errs.push(FieldError::new(format!("{path}.{k}"), "unknown field"));
         }
+    }
+}
+
+/// The probe of `[service.readiness]`: exactly one of `tcp` and `http`.
+fn parse_probe(
+    r: &Map<String, Value>,
+    sockets: &DeclaredSockets,
+    errs: &mut Vec<FieldError>,
+) -> Option<Probe> {
+    match (r.get("tcp"), r.get("http")) {
+        (Some(t), None) => Some(Probe::Tcp {
+            socket: sockets.check("service.readiness.tcp", Some(t), errs),
+        }),
+        (None, Some(Value::Object(h))) => Some(parse_http_probe(h, sockets, errs)),
         (None, Some(_)) => {
             errs.push(FieldError::new(
                 "service.readiness.http",
@@ -457,23 +566,37 @@ fn parse_readiness(
             errs.push(FieldError::new("service.readiness", "needs tcp or http"));
             None
         }
+    }
+}
+
+/// `service.readiness.http = { port, path }`; the path defaults to `/`.
+fn parse_http_probe(
+    h: &Map<String, Value>,
+    sockets: &DeclaredSockets,
+    errs: &mut Vec<FieldError>,
+) -> Probe {
+    unknown_fields(h, &["port", "path"], "service.readiness.http", errs);
+    let socket = sockets.check("service.readiness.http.port", h.get("port"), errs);
+    let path = match h.get("path") {
+        None => "/".to_owned(),
+        // No control characters: the path goes into the request line as it is.
+        Some(Value::String(p)) if p.starts_with('/') && !p.chars().any(char::is_control) => {
+            p.clone()
+        }
+        Some(_) => {
+            errs.push(FieldError::new(
+                "service.readiness.http.path",
+                "must be a path starting with '/'",
+            ));
+            String::new()
+        }
     };
-    let probe_range = (Duration::from_millis(100), Duration::from_secs(3600));
-    let interval = duration(
-        "service.readiness.interval",
-        r.get("interval"),
-        Duration::from_secs(1),
-        probe_range,
-        errs,
-    );
-    let timeout = duration(
-        "service.readiness.timeout",
-        r.get("timeout"),
-        interval.min(Duration::from_secs(1)),
-        probe_range,
-        errs,
-    );
-    let threshold = |key: &str, errs: &mut Vec<FieldError>| match r.get(key) {
+    Probe::Http { socket, path }
+}
+
+/// `service.readiness.<key>`, a probe count in `1..=MAX_PROBE_THRESHOLD`; 1 when absent.
+fn probe_threshold(r: &Map<String, Value>, key: &str, errs: &mut Vec<FieldError>) -> u32 {
+    match r.get(key) {
         None => 1,
         Some(v) => match v.as_u64() {
             Some(n) if (1..=u64::from(MAX_PROBE_THRESHOLD)).contains(&n) => n as u32,
@@ -485,19 +608,7 @@ fn parse_readiness(
                 1
             }
         },
-    };
-    let failure_threshold = threshold("failure_threshold", errs);
-    let success_threshold = threshold("success_threshold", errs);
-    if errs.len() > before {
-        return None;
     }
-    probe.map(|probe| Readiness {
-        probe,
-        interval,
-        timeout,
-        failure_threshold,
-        success_threshold,
-    })
 }
 
 /// A duration string within `[min, max]`, or `default` when absent; a problem is listed

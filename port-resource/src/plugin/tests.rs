@@ -43,7 +43,7 @@ fn request<'a>(job: &'a str, section: Option<&'a serde_json::Value>) -> Placemen
 }
 
 /// Runs a script against one plugin, printing each answer. Lines:
-/// `host H lo-hi [reserved=a,b] [eph=lo-hi]`, `host H none`, `validate SPEC`,
+/// `host H lo-hi [reserved=a,b] [eph=lo-hi]`, `host H none`, `validate SPEC`, `names SPEC`,
 /// `replicas N SPEC`, `fits H SPEC`, `reserve H JOB SPEC`, `release H JOB`, `restore H JOB JSON`,
 /// `refuse H JOB JSON`, `summary H`, `removed H`.
 fn check(script: &str, expect: Expect) {
@@ -88,6 +88,10 @@ fn check(script: &str, expect: Expect) {
                         .collect::<Vec<_>>()
                         .join("; "),
                 }
+            }
+            "names" => {
+                let s = section(rest);
+                format!("{:?}", plugin.socket_names(Some(&s)))
             }
             "replicas" => {
                 let s = section(&tail(1));
@@ -239,6 +243,34 @@ fn validation_against_hosts() {
               ok ["a", "b", "u", "v"]
             validate BAD:* a:22 b:1 c:1
               service.ports[0].name: "BAD" is not a valid port name: may contain only lowercase letters, digits and '-'; service.ports[3].port: port tcp/1 is already fixed by service.ports[2]; service.ports[1].port: port 22 is reserved on every host
+        "#]],
+    );
+}
+
+/// A section refused for what the hosts hold (here a dynamic range inside the kernel's
+/// ephemeral range, which holds nothing) still declares its names, for the host's check
+/// of readiness probes; a section with an unreadable name does not.
+#[test]
+fn a_refused_section_still_declares_its_names() {
+    check(
+        r#"
+        host exec-01 40000-40999 eph=32768-60999
+        validate http:*
+        names http:*
+        validate BAD:*
+        names BAD:* a:*
+        "#,
+        expect![[r#"
+            host exec-01 40000-40999 eph=32768-60999
+              Ok(())
+            validate http:*
+              service.ports: 1 "any free" tcp ports are more than any host's range can hold (at most 0)
+            names http:*
+              Some(["http"])
+            validate BAD:*
+              service.ports[0].name: "BAD" is not a valid port name: may contain only lowercase letters, digits and '-'; service.ports: 1 "any free" tcp ports are more than any host's range can hold (at most 0)
+            names BAD:* a:*
+              None
         "#]],
     );
 }

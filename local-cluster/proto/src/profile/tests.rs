@@ -1,10 +1,16 @@
 //! Profile validation, checked through one `check(input, expect)` helper.
 
 use super::*;
+use plugin_api::{Grant, HostFacts, HostId, JobId, PlacementRequest, SectionInfo, Unfit};
 use serde_json::json;
 
 fn check(doc: Value, expect: expect_test::Expect) {
-    let out = match validate(&doc, &[]) {
+    check_with(doc, &[], expect)
+}
+
+/// [`check`] with resource plugins.
+fn check_with(doc: Value, plugins: &[&dyn ResourcePlugin], expect: expect_test::Expect) {
+    let out = match validate(&doc, plugins) {
         Ok(p) => format!(
             "ok {} {} {} {:?}",
             p.name, p.project, p.replicas, p.readiness
@@ -49,11 +55,117 @@ fn readiness_must_name_a_declared_socket() {
     );
 }
 
+/// A stand-in for the ports plugin, for validation only: `service.ports` is an array of
+/// port names, all "any free", and every host holds `holds` of them.
+struct Ports {
+    holds: usize,
+}
+
+impl ResourcePlugin for Ports {
+    fn name(&self) -> &'static str {
+        "ports"
+    }
+    fn validate(&self, s: Option<&Value>) -> Result<SectionInfo, Vec<FieldError>> {
+        let names = self.socket_names(s).ok_or_else(|| {
+            vec![FieldError::new(
+                "service.ports",
+                "expected an array of names",
+            )]
+        })?;
+        if names.len() > self.holds {
+            return Err(vec![FieldError::new(
+                "service.ports",
+                format!(
+                    "{} \"any free\" tcp ports are more than any host's range can hold (at most {})",
+                    names.len(),
+                    self.holds
+                ),
+            )]);
+        }
+        Ok(SectionInfo {
+            socket_names: names,
+            quantities: Default::default(),
+        })
+    }
+    fn socket_names(&self, s: Option<&Value>) -> Option<Vec<String>> {
+        match s {
+            None => Some(Vec::new()),
+            Some(v) => v
+                .as_array()?
+                .iter()
+                .map(|n| n.as_str().map(str::to_owned))
+                .collect(),
+        }
+    }
+    fn host_up(&mut self, _: &HostId, _: &HostFacts) -> Result<(), FieldError> {
+        unreachable!("validation only")
+    }
+    fn host_removed(&mut self, _: &HostId) {
+        unreachable!("validation only")
+    }
+    fn fits(&self, _: &HostId, _: &PlacementRequest<'_>) -> Result<(), Unfit> {
+        unreachable!("validation only")
+    }
+    fn reserve(&mut self, _: &HostId, _: &PlacementRequest<'_>) -> Result<Grant, Unfit> {
+        unreachable!("validation only")
+    }
+    fn release(&mut self, _: &HostId, _: &JobId) {
+        unreachable!("validation only")
+    }
+    fn restore(&mut self, _: &HostId, _: &JobId, _: &Grant) -> Result<(), String> {
+        unreachable!("validation only")
+    }
+}
+
+/// A plugin that refuses its section does not make the probe's reference to a port it
+/// declares a second problem; a reference to a port it does not declare still is one,
+/// and when the section is unreadable no reference is judged.
+#[test]
+fn a_refused_ports_section_still_declares_its_names() {
+    let ports = Ports { holds: 3 };
+    let with = |ports: Value, port: &str| {
+        json!({"service": {
+            "name": "web", "command": ["x"], "ports": ports,
+            "readiness": {"http": {"port": port}},
+        }})
+    };
+    let four = json!(["http", "a", "b", "c"]);
+    check_with(
+        with(four.clone(), "http"),
+        &[&ports],
+        expect_test::expect![[
+            r#"service.ports: 4 "any free" tcp ports are more than any host's range can hold (at most 3)"#
+        ]],
+    );
+    check_with(
+        with(four, "web"),
+        &[&ports],
+        expect_test::expect![[r#"
+            service.ports: 4 "any free" tcp ports are more than any host's range can hold (at most 3)
+            service.readiness.http.port: names no declared port: "web""#]],
+    );
+    check_with(
+        with(json!("http"), "http"),
+        &[&ports],
+        expect_test::expect!["service.ports: expected an array of names"],
+    );
+    // Accepted sections are checked as before.
+    check_with(
+        with(json!(["http"]), "web"),
+        &[&ports],
+        expect_test::expect![[r#"service.readiness.http.port: names no declared port: "web""#]],
+    );
+}
+
 #[test]
 fn probe_thresholds_default_to_one_and_are_bounded() {
     let parse = |r: Value| {
         let mut errs = Vec::new();
-        let r = parse_readiness(r.as_object().unwrap(), &["http".to_owned()], &mut errs);
+        let sockets = DeclaredSockets {
+            names: vec!["http".to_owned()],
+            complete: true,
+        };
+        let r = parse_readiness(r.as_object().unwrap(), &sockets, &mut errs);
         match r {
             Some(r) => format!("ok {} {}", r.failure_threshold, r.success_threshold),
             None => errs
