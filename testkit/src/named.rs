@@ -126,8 +126,7 @@ impl Tree {
                 let shown = rel.to_string_lossy().replace('\\', "/");
                 if entry.file_type()?.is_dir() {
                     stack.push(rel);
-                } else if EXTENSIONS.iter().any(|e| name.ends_with(e)) && !name.ends_with(".md")
-                {
+                } else if EXTENSIONS.iter().any(|e| name.ends_with(e)) && !name.ends_with(".md") {
                     let text = std::fs::read_to_string(root.join(&rel)).unwrap_or_default();
                     tree.add_words(&text);
                 }
@@ -150,9 +149,7 @@ impl Tree {
     /// a longer path.
     pub fn has_path(&self, path: &str) -> bool {
         let tail = format!("/{path}");
-        self.paths
-            .iter()
-            .any(|p| p == path || p.ends_with(&tail))
+        self.paths.iter().any(|p| p == path || p.ends_with(&tail))
     }
 }
 

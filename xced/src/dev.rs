@@ -439,8 +439,8 @@ mod tests {
             p.host_up(&"exec-01".to_owned(), &facts).unwrap();
         }
         let refs: Vec<&dyn ResourcePlugin> = plugins.resources.iter().map(|p| &**p as _).collect();
-        let doc = local_cluster::profile::toml_to_json(DEMO_PROFILE).unwrap();
-        let errs = local_cluster::profile::validate(&doc, &refs).unwrap_err();
+        let doc = xce_proto::profile::toml_to_json(DEMO_PROFILE).unwrap();
+        let errs = xce_proto::profile::validate(&doc, &refs).unwrap_err();
         let errs: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
         expect_test::expect![[r#"
             [

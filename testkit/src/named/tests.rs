@@ -2,7 +2,11 @@ use super::*;
 
 fn tree() -> Tree {
     let mut tree = Tree::default();
-    for p in ["local-cluster/controller/src/core/timers.rs", "docs/api.md", "docs"] {
+    for p in [
+        "local-cluster/controller/src/core/timers.rs",
+        "docs/api.md",
+        "docs",
+    ] {
         tree.paths.insert(p.to_owned());
     }
     tree.add_words("pub struct Store; fn batch_limit() {} mod xce_store;");
