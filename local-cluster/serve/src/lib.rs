@@ -167,7 +167,7 @@ pub(crate) fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListene
     socket.listen(BACKLOG)
 }
 
-/// Binds `addr` (see [`listen`]) and serves `app` on it within `limits`, over TLS when
+/// Binds `addr` (see `listen`) and serves `app` on it within `limits`, over TLS when
 /// `tls` is given, until `stop` turns true; then the listener closes and every connection shuts down gracefully
 /// (in-flight requests finish), for at most `limits.drain_timeout`: the connections
 /// still open then are dropped. The task ends when every connection has.
