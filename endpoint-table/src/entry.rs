@@ -150,8 +150,8 @@ impl Replica {
 
 /// A replica's granted ports by name, in name order. Serialized as a JSON object.
 ///
-/// 16 bytes and, for up to [`INLINE_PORTS`] ports, no allocation of its own: the names
-/// live in a [`PortShape`] that the table shares between every replica granted the same
+/// 16 bytes and, for up to `INLINE_PORTS` ports, no allocation of its own: the names
+/// live in a `PortShape` that the table shares between every replica granted the same
 /// names (a service's replicas, mostly), and the port numbers inline. A
 /// `BTreeMap<String, u16>` spent a 300-byte B-tree node on a replica's one to three ports
 /// plus a copy of each name, and a boxed slice of `(shared name, port)` still 48 bytes in
@@ -346,7 +346,7 @@ impl std::hash::Hash for PortMap {
 }
 
 /// From `(name, port)` pairs in any order; of two with one name, the last wins (as a map
-/// insert would). The shape is the map's own; the table shares shapes ([`PortShapes`]).
+/// insert would). The shape is the map's own; the table shares shapes (`PortShapes`).
 impl<N: Into<Arc<str>>> FromIterator<(N, u16)> for PortMap {
     fn from_iter<I: IntoIterator<Item = (N, u16)>>(iter: I) -> Self {
         Self::own(sorted(iter.into_iter().map(|(n, p)| (n.into(), p))))

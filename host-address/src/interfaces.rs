@@ -1,6 +1,6 @@
 //! The host's network interfaces, as plain data.
 //!
-//! [`choose`](crate::choose) works on a slice of [`Interface`] so tests can describe any
+//! [`choose`](crate::choose()) works on a slice of [`Interface`] so tests can describe any
 //! host; [`read_interfaces`] fills it from the real machine.
 
 use nix::net::if_::InterfaceFlags;

@@ -1,7 +1,7 @@
 //! Host addresses for xce: workers choose and report them, the controller checks them.
 //!
 //! - Worker: [`AddressProvider`] (a [`plugin_api::HostFactsProvider`] named `address`)
-//!   reads the interfaces on every `collect`, runs [`choose`] under [`AddressConfig`],
+//!   reads the interfaces on every `collect`, runs [`choose()`] under [`AddressConfig`],
 //!   and fills in `ip_addr` and `addresses`.
 //! - Controller: [`AddressPolicy`] (a [`plugin_api::HostFactsPolicy`]) refuses reports
 //!   with addresses no other host could reach, under [`PolicyConfig`].

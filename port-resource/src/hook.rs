@@ -1,5 +1,9 @@
 //! The worker's launch hook: the replica's environment (docs/profile.md) and the check that its
-//! ports can be bound. This is the one place that knows the `XCE_*` variable names.
+//! ports can be bound. This is the one place that names the `XCE_*` variables a replica
+//! gets; a port's part of `XCE_PORT_<NAME>` and `XCE_ADDR_<NAME>` is its name's
+//! environment form, [`PortName::env_suffix`], which `xcecli-ext` also uses for its
+//! `XCE_ENDPOINTS_<NAME>` lines. The `XCE_*` variables the daemons and the CLI read
+//! (`XCE_API`, `XCE_TOKEN`, …) are theirs.
 
 use crate::grant::PLUGIN_NAME;
 use crate::grant::{PortGrant, Protocol};

@@ -1,8 +1,10 @@
 //! The one retry pause of the workspace: capped exponential backoff. Used by every loop
 //! that retries or delays something: the worker's registration, assignments and events,
-//! the apiserver's follower, the controller's election campaign (all with jitter), the
-//! controller's per-replica restart delay, and the CLI's watch retries (without jitter:
-//! their delays are asserted exactly and printed to the user).
+//! the apiserver's follower and leader watch, the controller's election campaign and an
+//! elected controller that could not load its term (all with jitter), the controller's
+//! per-replica restart delay, a failed `accept`, `xced dev`'s wait for its hosts, and the
+//! CLI's watch retries (without jitter: one process, or delays asserted exactly and
+//! printed to the user).
 //!
 //! A crate of its own (not `plugin-api`, not the host's crates): the CLI library
 //! (`xcecli-ext`) may not depend on the host, and a retry pause is no part of the plugin

@@ -173,7 +173,7 @@ pub enum EndpointFormat {
     Json,
     /// One address:port line per ready replica, for one port
     Plain,
-    /// XCE_ENDPOINTS_<PORT>=addr:port,... lines for eval
+    /// `XCE_ENDPOINTS_<PORT>=addr:port,...` lines for eval
     Env,
 }
 

@@ -402,7 +402,7 @@ impl Client {
     }
 
     /// `GET /v1/services/{name}/endpoints`, blocking when `q.block` is set. The entry is
-    /// checked ([`EndpointEntry::check`]) before it is returned.
+    /// checked ([`check`](crate::model::check)) before it is returned.
     pub(crate) async fn endpoints(
         &self,
         svc: ServiceRef<'_>,

@@ -1,7 +1,7 @@
 //! The REST answers this client reads (docs/api.md, the apiserver's shapes), as lenient serde
 //! types: unknown fields are ignored so a newer server does not break an older client.
 //!
-//! Endpoint entries are checked once after parsing ([`EndpointEntry::check`]), because the
+//! Endpoint entries are checked once after parsing ([`check`]), because the
 //! `plain` and `env` outputs end up in shell `eval`s and config files: past the check an
 //! address and a port name are known to need no quoting.
 

@@ -3,10 +3,12 @@
 //! address; `--demo` submits `examples/web.toml`.
 
 use anyhow::{bail, Context, Result};
+use retry_backoff::Backoff;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 use xce_controller::ControllerConfig;
 use xce_serve::auth::{Tokens, UserToken, WorkerCredential};
 use xce_serve::keyring::Keyring;
@@ -84,155 +86,42 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
     let hosts: Vec<String> = (1..=args.hosts).map(|i| format!("exec-{i:02}")).collect();
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating --data-dir {}", args.data_dir.display()))?;
-
-    // Credentials: the given tokens file, or a generated admin token. Dev workers run in
-    // this process; any worker credential missing from the file is generated.
-    let (generated, admin) = Tokens::generate_dev(&hosts)
-        .map_err(|e| anyhow::anyhow!("generating dev credentials: {e}"))?;
-    let tokens = match &args.tokens {
-        Some(path) => {
-            let given = crate::daemon::load_tokens(path)?;
-            // The dev hosts' credentials: the file's, else generated; fixed from now on
-            // (the workers are started with them).
-            let mut dev_workers = Vec::new();
-            for h in &hosts {
-                let w = match given.worker(h) {
-                    Some(w) if w.key.secret().is_none() => bail!(
-                        "invalid tokens file {}: [[worker]] host {h:?}: xced dev runs this \
-                         host's worker itself and needs its `secret`, not a `secret_sha256` \
-                         (or leave the entry out: one is generated)",
-                        path.display()
-                    ),
-                    Some(w) => w,
-                    None => generated.worker(h).context("generated worker credential")?,
-                };
-                dev_workers.push(w.clone());
-            }
-            // The dev process itself keeps the generated admin token (principal
-            // `xced-dev`, a random secret that exists only in this process's memory) to
-            // wait for its hosts and submit the demo, whatever the file grants.
-            let mut dev_admin = generated.users()[0].clone();
-            dev_admin.principal = "xced-dev".into();
-            Some((path.clone(), given, dev_workers, dev_admin))
-        }
-        None => None,
-    };
-    let (tokens, reload) = match tokens {
-        Some((path, given, dev_workers, dev_admin)) => {
-            let tokens = merged(given, &dev_workers, &dev_admin)
-                .with_context(|| format!("invalid tokens file {}", path.display()))?;
-            (tokens, Some((path, dev_workers, dev_admin)))
-        }
-        None => (generated, None),
-    };
-    // In-process use only; written to the client config only when it is the sole admin.
-    let admin = admin.expose().to_owned();
-    let creds: Vec<String> = hosts
-        .iter()
-        .map(|h| {
-            tokens
-                .worker(h)
-                .and_then(|w| w.key.secret())
-                .map(|s| s.expose().to_owned())
-                .context("worker credential")
-        })
-        .collect::<Result<_>>()?;
+    let DevCredentials {
+        tokens,
+        admin,
+        workers: worker_secrets,
+        completion,
+    } = DevCredentials::new(&args, &hosts)?;
     let keyring = Keyring::new(tokens);
-    if let Some((path, dev_workers, dev_admin)) = reload {
+    if let Some(completion) = completion {
         // A reload completes the file as at start: the dev workers keep the credentials
         // they run with, the process its admin token.
-        crate::daemon::reload_tokens_on_sighup(keyring.clone(), path.clone(), move || {
-            merged(crate::daemon::load_tokens(&path)?, &dev_workers, &dev_admin)
-                .with_context(|| format!("invalid tokens file {}", path.display()))
+        let path = completion.path.clone();
+        crate::daemon::reload_tokens_on_sighup(keyring.clone(), path, move || {
+            completion.complete(crate::daemon::load_tokens(&completion.path)?)
         })?;
     }
-
     let store = xce_store::RedbStore::open(args.data_dir.join("controller.redb"))
         .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
-    // Every dev host advertises a loopback address.
-    let address_policy = host_address::PolicyConfig {
-        allow_loopback_hosts: vec!["*".into()],
-        ..Default::default()
-    };
     let (tls_files, ca_file) = dev_tls(&args)?;
-    let ccfg = ControllerConfig {
-        listen: args.listen,
-        data_dir: args.data_dir.clone(),
-        grace_period: args.grace_period,
-        tls: crate::tls::serve_tls(tls_files)?,
-        ..ControllerConfig::default()
-    };
-    let scheme = if ccfg.tls.is_some() { "https" } else { "http" };
-    let plugins =
-        crate::plugins::controller_plugins(address_policy, endpoint_table::TableConfig::default());
-    let running = xce_controller::start(ccfg, keyring, plugins, Arc::new(store)).await?;
-    let api = format!("{scheme}://{}", running.addr);
+    // Served over TLS exactly when there is a certificate to serve.
+    let tls = tls_files.is_some();
+    let running = start_controller(&args, keyring, store, tls_files).await?;
+    let api = format!("{}://{}", if tls { "https" } else { "http" }, running.addr);
     let http = http_client(ca_file.as_deref())?;
-
     if args.tokens.is_none() {
-        let path = match &args.client_config {
-            Some(p) => p.clone(),
-            None => clientconf::default_path(
-                std::env::var_os("XCE_CONFIG"),
-                std::env::var_os("XDG_CONFIG_HOME"),
-                std::env::var_os("HOME"),
-            )
-            .context("cannot tell where to write the client config: set XCE_CONFIG or HOME")?,
-        };
+        let path = client_config_path(&args)?;
         write_client_config(&path, &api, &admin, ca_file.as_deref())?;
         println!(
             "xced: client config for xcecli written to {}",
             path.display()
         );
     }
-
-    // Workers: each in its own task, sharing one shutdown signal.
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(None::<ShutdownMode>);
-    let mut workers = tokio::task::JoinSet::new();
-    for (i, (host, cred)) in hosts.iter().zip(creds).enumerate() {
-        let ip = host_ip(args.first_host_ip, i as u16)?;
-        let address = host_address::AddressConfig {
-            advertise: Some(host_address::Advertise::Ip(IpAddr::V4(ip))),
-            allow_loopback: true,
-            ..Default::default()
-        };
-        let ports = port_resource::WorkerPortsConfig {
-            range: args.port_range.clone(),
-            ..Default::default()
-        };
-        let plugins = crate::plugins::worker_plugins(address, ports)?;
-        let wcfg = WorkerConfig {
-            host: host.clone(),
-            controller: api.clone(),
-            credential: cred,
-            ca_file: ca_file.clone(),
-            data_dir: args.data_dir.join("workers").join(host),
-            stop_timeout: Duration::from_secs(5),
-            facts_interval: Duration::from_secs(30),
-        };
-        let mut rx = stop_rx.clone();
-        let host = host.clone();
-        workers.spawn(async move {
-            let shutdown = async move {
-                loop {
-                    if let Some(mode) = *rx.borrow_and_update() {
-                        return mode;
-                    }
-                    if rx.changed().await.is_err() {
-                        return ShutdownMode::StopReplicas;
-                    }
-                }
-            };
-            if let Err(e) = xce_worker::run(wcfg, plugins, shutdown).await {
-                tracing::error!(%host, "worker failed: {e:#}");
-            }
-        });
-    }
-
+    let workers = DevWorkers::spawn(&args, &hosts, &worker_secrets, &api, ca_file.as_deref())?;
     // Announce once every dev host has registered: a script (or test) that reads the
     // announce line finds all hosts, and the demo's replicas spread over all of them.
     wait_for_hosts(&http, &api, &admin, hosts.len()).await?;
-    crate::daemon::announce(running.addr, scheme == "https");
+    crate::daemon::announce(running.addr, tls);
     println!("xced: {} hosts: {}", hosts.len(), hosts.join(", "));
     if std::env::var_os("XCE_LOG").is_none() && std::env::var_os("RUST_LOG").is_none() {
         println!(
@@ -245,13 +134,214 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
         println!("xced: submitted service `web` (examples/web.toml)");
         println!("xced: try `xcecli service endpoints web` or `xcecli host list` in another shell");
     }
-
     crate::daemon::shutdown_signal().await;
     tracing::info!("stopping replicas and shutting down");
-    let _ = stop_tx.send(Some(ShutdownMode::StopReplicas));
-    while workers.join_next().await.is_some() {}
+    workers.stop().await;
     running.shutdown().await;
     Ok(())
+}
+
+/// The credentials of a dev cluster: the given tokens file, or a generated admin token.
+/// Dev workers run in this process; any worker credential missing from the file is
+/// generated.
+struct DevCredentials {
+    /// The tokens in force.
+    tokens: Tokens,
+    /// The admin token this process uses itself; written to the client config only when
+    /// it is the sole admin (no `--tokens`).
+    admin: String,
+    /// Each dev host's worker secret, in the order of the hosts.
+    workers: Vec<String>,
+    /// With `--tokens`: what the file is completed with, at start and at every reload.
+    completion: Option<Completion>,
+}
+
+impl DevCredentials {
+    fn new(args: &DevArgs, hosts: &[String]) -> Result<Self> {
+        let (generated, admin) = Tokens::generate_dev(hosts)
+            .map_err(|e| anyhow::anyhow!("generating dev credentials: {e}"))?;
+        let (tokens, completion) = match &args.tokens {
+            Some(path) => {
+                let given = crate::daemon::load_tokens(path)?;
+                let completion = Completion::new(path, &given, &generated, hosts)?;
+                (completion.complete(given)?, Some(completion))
+            }
+            None => (generated, None),
+        };
+        let workers = hosts
+            .iter()
+            .map(|h| {
+                tokens
+                    .worker(h)
+                    .and_then(|w| w.key.secret())
+                    .map(|s| s.expose().to_owned())
+                    .context("worker credential")
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            tokens,
+            admin: admin.expose().to_owned(),
+            workers,
+            completion,
+        })
+    }
+}
+
+/// What a tokens file given to `xced dev` is completed with: the dev hosts' worker
+/// credentials and the process's own admin token, fixed at start (the workers run with
+/// them).
+struct Completion {
+    path: PathBuf,
+    dev_workers: Vec<WorkerCredential>,
+    dev_admin: UserToken,
+}
+
+impl Completion {
+    /// The dev hosts' credentials: the file's (`given`), else the `generated` ones.
+    fn new(path: &Path, given: &Tokens, generated: &Tokens, hosts: &[String]) -> Result<Self> {
+        let mut dev_workers = Vec::new();
+        for h in hosts {
+            let w = match given.worker(h) {
+                Some(w) if w.key.secret().is_none() => bail!(
+                    "invalid tokens file {}: [[worker]] host {h:?}: xced dev runs this \
+                     host's worker itself and needs its `secret`, not a `secret_sha256` \
+                     (or leave the entry out: one is generated)",
+                    path.display()
+                ),
+                Some(w) => w,
+                None => generated.worker(h).context("generated worker credential")?,
+            };
+            dev_workers.push(w.clone());
+        }
+        // The dev process itself keeps the generated admin token (principal `xced-dev`,
+        // a random secret that exists only in this process's memory) to wait for its
+        // hosts and submit the demo, whatever the file grants.
+        let mut dev_admin = generated.users()[0].clone();
+        dev_admin.principal = "xced-dev".into();
+        Ok(Self {
+            path: path.to_owned(),
+            dev_workers,
+            dev_admin,
+        })
+    }
+
+    /// `given` (the file as read) completed.
+    fn complete(&self, given: Tokens) -> Result<Tokens> {
+        merged(given, &self.dev_workers, &self.dev_admin)
+            .with_context(|| format!("invalid tokens file {}", self.path.display()))
+    }
+}
+
+/// Starts the dev cluster's controller (which serves the API itself) on `--listen`; every
+/// dev host advertises a loopback address.
+async fn start_controller(
+    args: &DevArgs,
+    keyring: Keyring,
+    store: xce_store::RedbStore,
+    tls_files: Option<xce_serve::TlsFiles>,
+) -> Result<xce_controller::RunningController> {
+    let address_policy = host_address::PolicyConfig {
+        allow_loopback_hosts: vec!["*".into()],
+        ..Default::default()
+    };
+    let ccfg = ControllerConfig {
+        listen: args.listen,
+        data_dir: args.data_dir.clone(),
+        grace_period: args.grace_period,
+        tls: crate::tls::serve_tls(tls_files)?,
+        ..ControllerConfig::default()
+    };
+    let plugins =
+        crate::plugins::controller_plugins(address_policy, endpoint_table::TableConfig::default());
+    xce_controller::start(ccfg, keyring, plugins, Arc::new(store)).await
+}
+
+/// Where the client config goes: `--client-config`, else `$XCE_CONFIG` or
+/// `~/.config/xce/xcecli.toml`.
+fn client_config_path(args: &DevArgs) -> Result<PathBuf> {
+    match &args.client_config {
+        Some(p) => Ok(p.clone()),
+        None => clientconf::default_path(
+            std::env::var_os("XCE_CONFIG"),
+            std::env::var_os("XDG_CONFIG_HOME"),
+            std::env::var_os("HOME"),
+        )
+        .context("cannot tell where to write the client config: set XCE_CONFIG or HOME"),
+    }
+}
+
+/// The dev workers, each in a task of its own, sharing one shutdown signal.
+struct DevWorkers {
+    stop: watch::Sender<Option<ShutdownMode>>,
+    tasks: tokio::task::JoinSet<()>,
+}
+
+impl DevWorkers {
+    /// Starts a worker for each of `hosts`, with the credential of the same position in
+    /// `creds`, on the controller at `api` (trusting `ca_file`).
+    fn spawn(
+        args: &DevArgs,
+        hosts: &[String],
+        creds: &[String],
+        api: &str,
+        ca_file: Option<&Path>,
+    ) -> Result<Self> {
+        let (stop, stopped) = watch::channel(None::<ShutdownMode>);
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, (host, cred)) in hosts.iter().zip(creds).enumerate() {
+            let ip = host_ip(args.first_host_ip, i as u16)?;
+            let address = host_address::AddressConfig {
+                advertise: Some(host_address::Advertise::Ip(IpAddr::V4(ip))),
+                allow_loopback: true,
+                ..Default::default()
+            };
+            let ports = port_resource::WorkerPortsConfig {
+                range: args.port_range.clone(),
+                ..Default::default()
+            };
+            let plugins = crate::plugins::worker_plugins(address, ports)?;
+            let wcfg = WorkerConfig {
+                host: host.clone(),
+                controller: api.to_owned(),
+                credential: cred.clone(),
+                ca_file: ca_file.map(Path::to_owned),
+                data_dir: args.data_dir.join("workers").join(host),
+                stop_timeout: Duration::from_secs(5),
+                facts_interval: Duration::from_secs(30),
+            };
+            tasks.spawn(run_worker(wcfg, plugins, stopped.clone()));
+        }
+        Ok(Self { stop, tasks })
+    }
+
+    /// Stops every worker, each stopping its replicas, and waits for them.
+    async fn stop(mut self) {
+        let _ = self.stop.send(Some(ShutdownMode::StopReplicas));
+        while self.tasks.join_next().await.is_some() {}
+    }
+}
+
+/// Runs one dev worker until `stop` says how to shut down (stopping the replicas when
+/// the sender is gone).
+async fn run_worker(
+    cfg: WorkerConfig,
+    plugins: xce_worker::WorkerPlugins,
+    mut stop: watch::Receiver<Option<ShutdownMode>>,
+) {
+    let host = cfg.host.clone();
+    let shutdown = async move {
+        loop {
+            if let Some(mode) = *stop.borrow_and_update() {
+                return mode;
+            }
+            if stop.changed().await.is_err() {
+                return ShutdownMode::StopReplicas;
+            }
+        }
+    };
+    if let Err(e) = xce_worker::run(cfg, plugins, shutdown).await {
+        tracing::error!(%host, "worker failed: {e:#}");
+    }
 }
 
 /// The given tokens file completed for `xced dev`: its users and the other hosts' worker
@@ -364,8 +454,10 @@ fn write_client_config(
 
 /// Waits (bounded) until `n` hosts are ready. A one-off startup wait on our own workers,
 /// which register within milliseconds; there is no host-registered feed to subscribe to.
+/// The pause between looks grows (`Backoff`) while the hosts take longer.
 async fn wait_for_hosts(client: &reqwest::Client, api: &str, token: &str, n: usize) -> Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let mut pauses = Backoff::new(Duration::from_millis(50), Duration::from_millis(500));
     loop {
         let ready = async {
             let v: serde_json::Value = client
@@ -389,7 +481,7 @@ async fn wait_for_hosts(client: &reqwest::Client, api: &str, token: &str, n: usi
         if tokio::time::Instant::now() > deadline {
             bail!("only {ready} of {n} dev hosts registered within 30s");
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(pauses.next_pause()).await;
     }
 }
 

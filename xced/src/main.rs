@@ -13,6 +13,7 @@ mod token;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use retry_backoff::Backoff;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -341,6 +342,73 @@ async fn run_elected(
     signals: &mut Signals,
 ) -> Result<()> {
     let timings = cfg.lease_timings();
+    log_election(cfg, &endpoints);
+    // Checked once here: a term that cannot start is retried, a bad config must not be.
+    ccfg.validate().context("invalid controller config")?;
+    let id = controller_id(cfg.listen);
+    let election = Election::with_timings(endpoints.clone(), DEFAULT_PREFIX, &id, timings)
+        .context("invalid leader election")?;
+    let candidate = Candidate {
+        cfg,
+        ccfg,
+        tokens,
+        endpoints,
+        election,
+        role: xce_controller::standby::Role::default(),
+    };
+    // Between terms that could not start: from the retry period, growing up to the
+    // lease's TTL while etcd keeps failing the load.
+    let mut failed_starts = Backoff::jittered(timings.retry_period, timings.ttl);
+    loop {
+        let Some(leader) = candidate.stand_by(signals).await? else {
+            tracing::info!("shutting down (standby)");
+            return Ok(());
+        };
+        let store = candidate.fenced_store(&leader)?;
+        let mut term = match candidate.start_term(leader, store).await {
+            Ok(term) => term,
+            Err(e) => {
+                let pause = failed_starts.next_pause();
+                tracing::error!(error = %format!("{e:#}"), retry_in = ?pause, "elected, but cannot load the state from etcd: stepping aside, campaigning again");
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => continue,
+                    signal = signals.next() => {
+                        tracing::info!(signal, "shutting down (standby)");
+                        return Ok(());
+                    }
+                }
+            }
+        };
+        failed_starts.reset();
+        match term.end(signals).await {
+            TermEnd::Signal(signal) => {
+                tracing::info!(
+                    signal,
+                    drain_timeout = ?cfg.connections.drain_timeout,
+                    "shutting down: resigning first, then watches end and requests in flight get the drain deadline"
+                );
+                stop_leading(signals, term.leadership, term.running).await;
+                tracing::info!("stopped");
+                return Ok(());
+            }
+            TermEnd::Failed(reason) => {
+                stop_leading(signals, term.leadership, term.running).await;
+                tracing::info!("stopped");
+                anyhow::bail!("{reason}: this controller stops");
+            }
+            TermEnd::Lost(reason) => {
+                candidate.role.lost();
+                tracing::warn!(%reason, "leadership lost: dropping this term's state and going back to standby");
+                term.step_down(signals).await;
+                tracing::info!("back to standby: campaigning again");
+            }
+        }
+    }
+}
+
+/// What an elected controller runs with, in one line.
+fn log_election(cfg: &config::ControllerFile, endpoints: &[String]) {
+    let timings = cfg.lease_timings();
     tracing::info!(
         ?endpoints,
         prefix = DEFAULT_PREFIX,
@@ -350,49 +418,66 @@ async fn run_elected(
         max_txn_ops = cfg.etcd_max_txn_ops,
         "store: etcd, with leader election"
     );
-    // Checked once here: a term that cannot start is retried, a bad config must not be.
-    ccfg.validate().context("invalid controller config")?;
-    let id = controller_id(cfg.listen);
-    let election = Election::with_timings(endpoints.clone(), DEFAULT_PREFIX, &id, timings)
-        .context("invalid leader election")?;
-    let role = xce_controller::standby::Role::default();
-    loop {
-        // A standby serves /healthz and /metrics only, on the address it will serve the
-        // API on; it gives the address up when elected.
+}
+
+/// What every term of an elected controller starts from.
+struct Candidate<'a> {
+    cfg: &'a config::ControllerFile,
+    ccfg: ControllerConfig,
+    tokens: Keyring,
+    endpoints: Vec<String>,
+    election: Election,
+    /// What the standby and the leader's routes say this controller is.
+    role: xce_controller::standby::Role,
+}
+
+impl Candidate<'_> {
+    /// Campaigns while serving as a standby: `/healthz` and `/metrics` only, on the
+    /// address it will serve the API on, given up when elected. `None`: told to stop.
+    async fn stand_by(&self, signals: &mut Signals) -> Result<Option<Leadership>> {
         let (following, leader_id) = tokio::sync::watch::channel(None);
         let standby = xce_controller::standby::serve(
-            cfg.listen,
-            cfg.connections,
-            ccfg.tls.clone(),
+            self.cfg.listen,
+            self.cfg.connections,
+            self.ccfg.tls.clone(),
             leader_id,
-            &role,
+            &self.role,
         )?;
         tracing::info!(addr = %standby.addr, "standby: serving /healthz and /metrics only");
-        let elected = campaign(election.clone(), following, signals).await;
+        let elected = campaign(self.election.clone(), following, signals).await;
         standby.stop().await;
-        let Some(leader) = elected? else {
-            tracing::info!("shutting down (standby)");
-            return Ok(());
-        };
-        let store = EtcdStore::new(endpoints.clone())
+        elected
+    }
+
+    /// The store of `leader`'s term: every commit requires the leader key to be the one
+    /// this leader created.
+    fn fenced_store(&self, leader: &Leadership) -> Result<EtcdStore> {
+        Ok(EtcdStore::new(self.endpoints.clone())
             .context("invalid etcd store")?
-            .with_max_txn_ops(cfg.etcd_max_txn_ops)
-            .with_leader_guard(leader.key(), leader.create_revision());
-        let (lost_tx, lost_rx) = tokio::sync::oneshot::channel();
+            .with_max_txn_ops(self.cfg.etcd_max_txn_ops)
+            .with_leader_guard(leader.key(), leader.create_revision()))
+    }
+
+    /// Starts a term: the lease renewed on a thread of its own, the controller loaded
+    /// from etcd and serving. A controller that cannot start steps aside (it resigns) and
+    /// says why.
+    async fn start_term(&self, leader: Leadership, store: EtcdStore) -> Result<Term> {
+        let (lost_tx, lost) = tokio::sync::oneshot::channel();
         let leadership = leader.maintain(move |e| {
             tracing::error!(error = %e, "leadership lost: this term ends now");
             let _ = lost_tx.send(e);
         });
-        let plugins = plugins::controller_plugins(cfg.address.clone(), cfg.endpoints.clone());
-        let running = match xce_controller::start_with_role(
-            ccfg.clone(),
-            tokens.clone(),
+        let plugins =
+            plugins::controller_plugins(self.cfg.address.clone(), self.cfg.endpoints.clone());
+        let started = xce_controller::start_with_role(
+            self.ccfg.clone(),
+            self.tokens.clone(),
             plugins,
             Arc::new(store),
-            &role,
+            &self.role,
         )
-        .await
-        {
+        .await;
+        let running = match started {
             Ok(r) => r,
             Err(e) => {
                 // Not fail-stop: etcd may fail a read right after an outage, and an exit
@@ -400,25 +485,37 @@ async fn run_elected(
                 // This one steps aside (the other controller may load it) and campaigns
                 // again, logging each failure.
                 resign(Some(leadership)).await;
-                tracing::error!(error = %format!("{e:#}"), retry_in = ?timings.retry_period, "elected, but cannot load the state from etcd: stepping aside, campaigning again");
-                tokio::select! {
-                    () = tokio::time::sleep(timings.retry_period) => continue,
-                    signal = signals.next() => {
-                        tracing::info!(signal, "shutting down (standby)");
-                        return Ok(());
-                    }
-                }
+                return Err(e);
             }
         };
-        role.elected();
-        daemon::announce(running.addr, ccfg.tls.is_some());
-        let end = tokio::select! {
+        self.role.elected();
+        daemon::announce(running.addr, self.ccfg.tls.is_some());
+        Ok(Term {
+            running,
+            leadership,
+            lost,
+        })
+    }
+}
+
+/// One term as the leader.
+struct Term {
+    running: xce_controller::RunningController,
+    leadership: Maintained,
+    /// Told once, by the lease thread, when the leadership is gone.
+    lost: tokio::sync::oneshot::Receiver<xce_store::ElectionError>,
+}
+
+impl Term {
+    /// Waits for what ends the term.
+    async fn end(&mut self, signals: &mut Signals) -> TermEnd {
+        tokio::select! {
             signal = signals.next() => TermEnd::Signal(signal),
-            lost = lost_rx => TermEnd::Lost(match lost {
+            lost = &mut self.lost => TermEnd::Lost(match lost {
                 Ok(e) => e.to_string(),
                 Err(_) => "the lease thread ended without a reason".into(),
             }),
-            reason = running.failed() => match holds_key(&leadership).await {
+            reason = self.running.failed() => match holds_key(&self.leadership).await {
                 // The store's leader guard refused the commit: the leadership is gone
                 // (the lease thread may not have noticed yet).
                 Some(false) => TermEnd::Lost(reason),
@@ -429,38 +526,19 @@ async fn run_elected(
                 // controller takes over meanwhile.
                 Some(true) | None => TermEnd::Failed(reason),
             },
-        };
-        match end {
-            TermEnd::Signal(signal) => {
-                tracing::info!(
-                    signal,
-                    drain_timeout = ?cfg.connections.drain_timeout,
-                    "shutting down: resigning first, then watches end and requests in flight get the drain deadline"
-                );
-                stop_leading(signals, leadership, running).await;
-                tracing::info!("stopped");
-                return Ok(());
-            }
-            TermEnd::Failed(reason) => {
-                stop_leading(signals, leadership, running).await;
-                tracing::info!("stopped");
-                anyhow::bail!("{reason}: this controller stops");
-            }
-            TermEnd::Lost(reason) => {
-                role.lost();
-                tracing::warn!(%reason, "leadership lost: dropping this term's state and going back to standby");
-                // The term ends like a graceful stop: the listener closes, blocking
-                // queries answer and streams end (clients resume on the new leader), the
-                // state task stops (its commits are refused by the leader guard anyway).
-                signals.or_exit_at_once(running.shutdown()).await;
-                // If the lease still lives (etcd unreachable so far), revoking it lets a
-                // standby take over at once when etcd answers again. Not waited for: the
-                // standby listener comes back now, and a late revocation only ends this
-                // term's lease, never the next one's.
-                tokio::spawn(revoke_lost(leadership));
-                tracing::info!("back to standby: campaigning again");
-            }
         }
+    }
+
+    /// Ends a term whose leadership is lost, like a graceful stop: the listener closes,
+    /// blocking queries answer and streams end (clients resume on the new leader), the
+    /// state task stops (its commits are refused by the leader guard anyway).
+    async fn step_down(self, signals: &mut Signals) {
+        signals.or_exit_at_once(self.running.shutdown()).await;
+        // If the lease still lives (etcd unreachable so far), revoking it lets a standby
+        // take over at once when etcd answers again. Not waited for: the standby listener
+        // comes back now, and a late revocation only ends this term's lease, never the
+        // next one's.
+        tokio::spawn(revoke_lost(self.leadership));
     }
 }
 

@@ -1,7 +1,10 @@
 //! Forwarding to the leader controller: every route the apiserver does not serve from its
-//! own copy goes to the controller the etcd leader key names, looked up again when that
-//! one moves or stops answering.
+//! own copy goes to the controller the etcd leader key names. Which one that is comes
+//! from the leader watch (`leader.rs`: an etcd watch on the key, not a read per request),
+//! and a request that waits for a leader's answer is told as soon as the key names
+//! another leader, or none.
 
+use super::leader::Seen;
 use super::metrics::Metrics;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
@@ -9,21 +12,16 @@ use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use plugin_api::ApiError;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
-use xce_store::Election;
+use tokio::sync::watch;
 
 /// Forwards requests to the leader controller.
 #[derive(Clone)]
 pub(super) struct Forwarder {
     pub(super) http: reqwest::Client,
-    pub(super) election: Election,
-    /// The leader's base URL as last found (`None`: look it up).
-    pub(super) leader: Arc<Mutex<Option<String>>>,
-    /// The last look at the leader key made while requests waited for an answer, and
-    /// what it named: shared, so waiting requests cost etcd one read per
-    /// [`LEADER_RECHECK`] however many they are.
-    pub(super) recheck: Arc<tokio::sync::Mutex<Option<LeaderSeen>>>,
+    /// The leader key, as the leader watch last learned it.
+    pub(super) leader: watch::Receiver<Seen>,
     pub(super) metrics: Metrics,
     pub(super) body_limit: usize,
     /// `https` when the controllers serve TLS, else `http`.
@@ -32,8 +30,22 @@ pub(super) struct Forwarder {
     pub(super) cluster_id: Option<Arc<str>>,
 }
 
-/// When the leader key was read, and the leader's base URL it named (`None`: nobody).
-type LeaderSeen = (tokio::time::Instant, Option<String>);
+/// A leader, as the leader key names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Target {
+    /// `HOST/PID@ADDR`: a new process on the old leader's address is another leader.
+    id: String,
+    /// Its base URL.
+    url: String,
+}
+
+/// One request to forward: its head and body (read whole, so that it can be sent again),
+/// and when to stop waiting for an answer.
+struct Call {
+    parts: http::request::Parts,
+    body: Bytes,
+    deadline: tokio::time::Instant,
+}
 
 /// Headers that belong to one connection, not to the request (RFC 9110 §7.6.1), and the
 /// ones the client library sets itself.
@@ -46,11 +58,6 @@ const HOP_BY_HOP: [&str; 7] = [
     "host",
     "content-length",
 ];
-
-/// How often a request that waits for the leader's answer checks the leader is still
-/// the one it was sent to (a frozen leader keeps its connections open and its key until
-/// its lease runs out; then another one takes over).
-const LEADER_RECHECK: Duration = Duration::from_secs(1);
 
 /// The header a standby controller marks its 503s with (see `controller::standby`).
 pub(super) const STANDBY_HEADER: &str = "x-xce-standby";
@@ -70,47 +77,20 @@ fn end_to_end(headers: &HeaderMap) -> impl Iterator<Item = (&HeaderName, &http::
 }
 
 impl Forwarder {
-    /// The leader's base URL: cached, or read from etcd.
-    async fn leader(&self, fresh: bool) -> Result<String, ApiError> {
-        if !fresh {
-            if let Some(url) = self.lock().clone() {
-                return Ok(url);
-            }
+    /// The leader the key names now, marked seen on `leader` (so that its next change
+    /// wakes the waits below); the reason for a 503 when there is none to send to.
+    fn target(&self, leader: &mut watch::Receiver<Seen>) -> Result<Target, String> {
+        match &*leader.borrow_and_update() {
+            Seen::Unknown(why) => Err(format!("cannot reach etcd to find the leader: {why}")),
+            Seen::Known(None) => Err("no controller leads now".into()),
+            Seen::Known(Some(id)) => match leader_url(self.scheme, id) {
+                Some(url) => Ok(Target {
+                    id: id.clone(),
+                    url,
+                }),
+                None => Err(format!("the leader key holds {id:?}, not HOST/PID@ADDR")),
+            },
         }
-        let election = self.election.clone();
-        let id = tokio::task::spawn_blocking(move || election.leader())
-            .await
-            .map_err(|e| unavailable(format!("looking up the leader failed: {e}")))?
-            .map_err(|e| unavailable(format!("cannot reach etcd to find the leader: {e}")))?
-            .ok_or_else(|| unavailable("no controller leads now".into()))?;
-        let url = leader_url(self.scheme, &id).ok_or_else(|| {
-            unavailable(format!("the leader key holds {id:?}, not HOST/PID@ADDR"))
-        })?;
-        *self.lock() = Some(url.clone());
-        Ok(url)
-    }
-
-    /// The leader's base URL as etcd names it now, read at most once per
-    /// [`LEADER_RECHECK`] for all waiting requests together (`None`: nobody leads).
-    async fn recheck(&self) -> Result<Option<String>, ApiError> {
-        let mut last = self.recheck.lock().await;
-        if let Some((at, leader)) = &*last {
-            if at.elapsed() < LEADER_RECHECK {
-                return Ok(leader.clone());
-            }
-        }
-        let election = self.election.clone();
-        let id = tokio::task::spawn_blocking(move || election.leader())
-            .await
-            .map_err(|e| unavailable(format!("looking up the leader failed: {e}")))?
-            .map_err(|e| unavailable(format!("cannot reach etcd to find the leader: {e}")))?;
-        let url = id.as_deref().and_then(|id| leader_url(self.scheme, id));
-        *last = Some((tokio::time::Instant::now(), url.clone()));
-        Ok(url)
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<String>> {
-        self.leader.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     async fn send(
@@ -180,12 +160,12 @@ fn outcome_note(method: &http::Method) -> &'static str {
 }
 
 /// The fallback: forwards the request to the leader as it is, and its answer back. A
-/// leader that cannot be connected to (it died; the next one is not known here yet) is
-/// looked up again in etcd and tried once more: nothing was sent to it, so nothing
-/// repeats. A leader that takes the request but does not answer — frozen, or gone in the
-/// middle — is checked against etcd every [`LEADER_RECHECK`]: when another one (or none)
-/// leads, or after [`answer_timeout`], the answer is 503 `no_leader` with `Retry-After`,
-/// never a transport error.
+/// leader that cannot be connected to (it died; the key names it until its lease runs
+/// out) is tried once more, as the key names it by then: nothing was sent to it, so
+/// nothing repeats. A leader that takes the request but does not answer — frozen, or gone
+/// in the middle — is given up on as soon as the leader watch learns that another one (or
+/// none) leads, or after [`answer_timeout`]: the answer is 503 `no_leader` with
+/// `Retry-After` then, never a transport error.
 pub(super) async fn forward(State(fwd): State<Forwarder>, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let Ok(body) = axum::body::to_bytes(body, fwd.body_limit).await else {
@@ -193,70 +173,111 @@ pub(super) async fn forward(State(fwd): State<Forwarder>, req: Request) -> Respo
         return StatusCode::PAYLOAD_TOO_LARGE.into_response();
     };
     let deadline = tokio::time::Instant::now() + answer_timeout(&parts);
-    let mut fresh = false;
-    let (base, answer) = loop {
-        let base = match fwd.leader(fresh).await {
-            Ok(b) => b,
-            Err(e) => {
-                fwd.metrics.forwarded("no_leader");
-                let mut resp = e.into_response();
-                resp.headers_mut().insert(
-                    http::header::RETRY_AFTER,
-                    http::HeaderValue::from(RETRY_AFTER_SECS),
-                );
-                return resp;
-            }
-        };
-        match fwd.wait_answer(&base, &parts, &body, deadline).await {
-            // A standby on the address etcd still names (the leader died, and a new
-            // process took its port before the old lease ran out). Its answer is a valid
-            // 503 that did nothing: relaying it would keep this apiserver pinned to a
-            // standby for good. Look the leader up again (at most once a LEADER_RECHECK)
-            // until the deadline.
-            Ok(r) if r.headers().contains_key(STANDBY_HEADER) => {
-                *fwd.lock() = None;
-                fresh = true;
-                if tokio::time::Instant::now() + LEADER_RECHECK >= deadline {
-                    fwd.metrics.forwarded("no_leader");
-                    return no_leader(format!(
-                        "the controller at {base} is a standby, not the leader; a takeover is under way"
-                    ));
-                }
-                tokio::time::sleep(LEADER_RECHECK).await;
-            }
-            Ok(r) => break (base, r),
-            Err(Silent::Failed(e)) if e.is_connect() && !fresh => {
-                tracing::info!(leader = %base, error = %e, "leader unreachable: looking it up again");
-                fresh = true;
-            }
-            Err(why) => {
-                fwd.metrics.forwarded("unreachable");
-                // A new leader may be on its way: look it up afresh next time.
-                *fwd.lock() = None;
-                let msg = match why {
-                    Silent::Failed(e) if e.is_connect() => {
-                        format!("the leader controller at {base} cannot be reached ({}); a takeover may be under way", root_cause(&e))
+    let call = Call {
+        parts,
+        body,
+        deadline,
+    };
+    match fwd.deliver(&call).await {
+        Ok((target, answer)) => {
+            fwd.metrics.forwarded("ok");
+            relay(&target.url, answer, &call.parts.method).await
+        }
+        Err(refusal) => refusal,
+    }
+}
+
+impl Forwarder {
+    /// Sends `call` to the leader until one answers it: the leader and its answer's head,
+    /// or the 503 to answer instead (counted).
+    async fn deliver(&self, call: &Call) -> Result<(Target, reqwest::Response), Response> {
+        let mut leader = self.leader.clone();
+        let mut retried = false;
+        loop {
+            let target = self.target(&mut leader).map_err(|msg| {
+                self.metrics.forwarded("no_leader");
+                no_leader(msg)
+            })?;
+            match self.wait_answer(&target, call, &mut leader).await {
+                // A standby on the address etcd still names (the leader died, and a new
+                // process took its port before the old lease ran out). Its answer is a
+                // valid 503 that did nothing: relaying it would keep clients on a
+                // standby. Wait for the key to name another leader, until the deadline.
+                Ok(r) if r.headers().contains_key(STANDBY_HEADER) => {
+                    let next = other_leader(&mut leader, &target.id);
+                    if tokio::time::timeout_at(call.deadline, next).await.is_err() {
+                        self.metrics.forwarded("no_leader");
+                        return Err(no_leader(format!(
+                            "the controller at {} is a standby, not the leader; a takeover is under way",
+                            target.url
+                        )));
                     }
-                    Silent::Failed(e) => format!(
-                        "the leader controller at {base} did not answer ({}){}",
-                        root_cause(&e),
-                        outcome_note(&parts.method)
-                    ),
-                    Silent::Replaced => format!(
-                        "the leader controller at {base} stopped answering and no longer leads{}",
-                        outcome_note(&parts.method)
-                    ),
-                    Silent::TooLong => format!(
-                        "the leader controller at {base} did not answer in time{}",
-                        outcome_note(&parts.method)
-                    ),
-                };
-                tracing::warn!(uri = %parts.uri, "{msg}");
-                return no_leader(msg);
+                }
+                Ok(r) => return Ok((target, r)),
+                Err(Silent::Failed(e)) if e.is_connect() && !retried => {
+                    tracing::info!(leader = %target.url, error = %e, "leader unreachable: trying once more");
+                    retried = true;
+                }
+                Err(why) => {
+                    self.metrics.forwarded("unreachable");
+                    let msg = why.explain(&target.url, &call.parts.method);
+                    tracing::warn!(uri = %call.parts.uri, "{msg}");
+                    return Err(no_leader(msg));
+                }
             }
         }
-    };
-    fwd.metrics.forwarded("ok");
+    }
+
+    /// Sends `call` to `target` and waits for the answer's head until the deadline, or
+    /// until `leader` names another leader (or none).
+    async fn wait_answer(
+        &self,
+        target: &Target,
+        call: &Call,
+        leader: &mut watch::Receiver<Seen>,
+    ) -> Result<reqwest::Response, Silent> {
+        tokio::select! {
+            r = self.send(&target.url, &call.parts, &call.body) => r.map_err(Silent::Failed),
+            () = tokio::time::sleep_until(call.deadline) => Err(Silent::TooLong),
+            () = replaced(leader, &target.id) => Err(Silent::Replaced),
+        }
+    }
+}
+
+/// Resolves once the key names a leader other than `id`, or none. Never while etcd has
+/// not been read at all: nothing is known to have changed then.
+async fn replaced(leader: &mut watch::Receiver<Seen>, id: &str) {
+    loop {
+        if let Seen::Known(now) = &*leader.borrow_and_update() {
+            if now.as_deref() != Some(id) {
+                return;
+            }
+        }
+        if leader.changed().await.is_err() {
+            // The watcher is gone (the apiserver stops): nothing changes any more.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Resolves once the key names a leader other than `id` (none is not enough: a takeover
+/// is under way then).
+async fn other_leader(leader: &mut watch::Receiver<Seen>, id: &str) {
+    loop {
+        if let Seen::Known(Some(now)) = &*leader.borrow_and_update() {
+            if now != id {
+                return;
+            }
+        }
+        if leader.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// The leader's answer as it is (status, end-to-end headers, body); one whose body breaks
+/// off is a 503 `no_leader`.
+async fn relay(base: &str, answer: reqwest::Response, method: &http::Method) -> Response {
     let mut resp = Response::builder().status(answer.status());
     for (name, value) in end_to_end(answer.headers()) {
         resp = resp.header(name, value);
@@ -264,12 +285,11 @@ pub(super) async fn forward(State(fwd): State<Forwarder>, req: Request) -> Respo
     let bytes = match answer.bytes().await {
         Ok(b) => b,
         Err(e) => {
-            *fwd.lock() = None;
             return no_leader(format!(
                 "the answer of the leader controller at {base} broke off ({}){}",
                 root_cause(&e),
-                outcome_note(&parts.method)
-            ));
+                outcome_note(method)
+            ))
         }
     };
     resp.body(Body::from(bytes))
@@ -286,34 +306,28 @@ enum Silent {
     TooLong,
 }
 
-impl Forwarder {
-    /// Sends the request to `base` and waits for the answer's head until `deadline`,
-    /// checking every [`LEADER_RECHECK`] that `base` still leads.
-    async fn wait_answer(
-        &self,
-        base: &str,
-        parts: &http::request::Parts,
-        body: &Bytes,
-        deadline: tokio::time::Instant,
-    ) -> Result<reqwest::Response, Silent> {
-        let sent = self.send(base, parts, body);
-        tokio::pin!(sent);
-        loop {
-            let next = (tokio::time::Instant::now() + LEADER_RECHECK).min(deadline);
-            tokio::select! {
-                r = &mut sent => return r.map_err(Silent::Failed),
-                () = tokio::time::sleep_until(next) => {
-                    if tokio::time::Instant::now() >= deadline {
-                        return Err(Silent::TooLong);
-                    }
-                    match self.recheck().await {
-                        Ok(Some(now)) if now == base => {}
-                        Ok(_) => return Err(Silent::Replaced),
-                        // etcd unreachable: keep waiting for the leader until the deadline.
-                        Err(_) => {}
-                    }
-                }
-            }
+impl Silent {
+    /// What the 503 says of the leader at `base`, and of whether a change may have been
+    /// applied.
+    fn explain(self, base: &str, method: &http::Method) -> String {
+        match self {
+            Silent::Failed(e) if e.is_connect() => format!(
+                "the leader controller at {base} cannot be reached ({}); a takeover may be under way",
+                root_cause(&e)
+            ),
+            Silent::Failed(e) => format!(
+                "the leader controller at {base} did not answer ({}){}",
+                root_cause(&e),
+                outcome_note(method)
+            ),
+            Silent::Replaced => format!(
+                "the leader controller at {base} stopped answering and no longer leads{}",
+                outcome_note(method)
+            ),
+            Silent::TooLong => format!(
+                "the leader controller at {base} did not answer in time{}",
+                outcome_note(method)
+            ),
         }
     }
 }

@@ -3,16 +3,18 @@
 //!
 //! It serves `/healthz`, `/metrics` and every extension's routes (the endpoint table's
 //! reads, blocking queries and streams) from its own copy of the cluster, fed by an etcd
-//! watch on the controller's store ([`follow`]): the pushed state, with no request to the
-//! controller per read or per watcher. Every other route — changes, the controller's own
-//! views, the workers' `/internal/v1` protocol — is forwarded to the leader controller,
-//! found in etcd's leader key; so clients and workers may be pointed at any apiserver.
+//! watch on the controller's store (`follow.rs`): the pushed state, with no request to
+//! the controller per read or per watcher. Every other route — changes, the controller's
+//! own views, the workers' `/internal/v1` protocol — is forwarded to the leader
+//! controller (`forward.rs`), which an etcd watch on the election's leader key names
+//! (`leader.rs`); so clients and workers may be pointed at any apiserver.
 //!
 //! Like the controller, it names no plugin: the wiring (the `xced` crate) hands it the
 //! listeners that feed its extensions.
 
 mod follow;
 mod forward;
+mod leader;
 mod metrics;
 
 use anyhow::Context;
@@ -25,7 +27,7 @@ use forward::{forward, Forwarder};
 use plugin_api::{ApiContext, ApiError, ApiExtension, ClusterListener};
 use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -81,6 +83,7 @@ pub struct RunningApiserver {
     shutdown: watch::Sender<bool>,
     server: JoinHandle<std::io::Result<()>>,
     follower: JoinHandle<()>,
+    leader: JoinHandle<()>,
     extensions: Vec<Arc<dyn ApiExtension>>,
 }
 
@@ -104,23 +107,11 @@ pub async fn start(
             .and_then(|s| s.with_prefix(&cfg.prefix))
             .context("invalid etcd store")?,
     );
-    // Reads the leader key only; never campaigns (the id and TTL are unused).
-    let election = Election::new(
-        cfg.etcd.clone(),
-        &cfg.prefix,
-        "apiserver",
-        Duration::from_secs(3),
-    )
-    .context("invalid etcd endpoints")?;
-    let mut registry = Registry::default();
     let metrics = metrics::Metrics::default();
-    metrics.register(&mut registry);
     let keyring: Keyring = tokens.into();
-    keyring.register(&mut registry);
-    xce_serve::register_tls_metrics(&mut registry);
-    for e in &plugins.extensions {
-        e.register_metrics(&mut registry);
-    }
+    let registry = registry(&metrics, &keyring, &plugins.extensions);
+    let (leader_watch, leader) =
+        leader::LeaderWatch::new(store.clone(), &leader_key(&cfg)?, metrics.clone());
     let mut follower = follow::Follower::new(store, plugins.listeners, metrics.clone());
     follower
         .load()
@@ -129,17 +120,8 @@ pub async fn start(
     let cluster_id = follower.cluster_id().map(Arc::from);
     let follower = tokio::spawn(follower.run());
     let state = Forwarder {
-        http: reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(2))
-            .tls_backend_preconfigured(
-                control_tls::client::client_config(cfg.ca_file.as_deref())
-                    .context("cannot set up TLS for forwarding to the leader")?,
-            )
-            .build()
-            .context("building the HTTP client")?,
-        election,
-        leader: Arc::new(Mutex::new(None)),
-        recheck: Arc::new(tokio::sync::Mutex::new(None)),
+        http: forwarding_client(&cfg)?,
+        leader,
         metrics,
         body_limit: cfg.body_limit,
         scheme: if cfg.leader_tls { "https" } else { "http" },
@@ -155,15 +137,79 @@ pub async fn start(
         ctx,
         cfg.body_limit,
     );
+    let leader = follow_leader(leader_watch).await;
     let (shutdown, stop) = watch::channel(false);
-    let (addr, server) = xce_serve::serve(cfg.listen, app, cfg.connections, cfg.tls, stop)?;
+    let served = xce_serve::serve(cfg.listen, app, cfg.connections, cfg.tls, stop);
+    let (addr, server) = match served {
+        Ok(s) => s,
+        Err(e) => {
+            // Not left running behind an apiserver that never served.
+            follower.abort();
+            leader.abort();
+            return Err(e);
+        }
+    };
     Ok(RunningApiserver {
         addr,
         shutdown,
         server,
         follower,
+        leader,
         extensions: plugins.extensions,
     })
+}
+
+/// The election's leader key under the store's prefix (`<prefix>.leader`), named by the
+/// election itself: this apiserver never campaigns (the id and TTL are unused).
+fn leader_key(cfg: &ApiserverConfig) -> anyhow::Result<String> {
+    let election = Election::new(
+        cfg.etcd.clone(),
+        &cfg.prefix,
+        "apiserver",
+        Duration::from_secs(3),
+    )
+    .context("invalid etcd endpoints")?;
+    Ok(election.key().to_owned())
+}
+
+/// The metrics of `/metrics`: this apiserver's own, the tokens', TLS handshakes' and the
+/// extensions'.
+fn registry(
+    metrics: &metrics::Metrics,
+    keyring: &Keyring,
+    extensions: &[Arc<dyn ApiExtension>],
+) -> Registry {
+    let mut registry = Registry::default();
+    metrics.register(&mut registry);
+    keyring.register(&mut registry);
+    xce_serve::register_tls_metrics(&mut registry);
+    for e in extensions {
+        e.register_metrics(&mut registry);
+    }
+    registry
+}
+
+/// The client requests are forwarded to the leader with (over TLS, trusting `ca_file`,
+/// when the controllers serve it).
+fn forwarding_client(cfg: &ApiserverConfig) -> anyhow::Result<reqwest::Client> {
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(2))
+        .tls_backend_preconfigured(
+            control_tls::client::client_config(cfg.ca_file.as_deref())
+                .context("cannot set up TLS for forwarding to the leader")?,
+        )
+        .build()
+        .context("building the HTTP client")
+}
+
+/// Reads the leader key once, so the first request finds the leader known, then follows
+/// it with a watch on a task of its own.
+async fn follow_leader(watch: leader::LeaderWatch) -> JoinHandle<()> {
+    let read = watch.read().await;
+    if let Err(e) = &read {
+        tracing::warn!(error = %e, "cannot read the leader key yet: forwarded requests answer 503 until it is read");
+    }
+    tokio::spawn(watch.run(read.ok()))
 }
 
 impl RunningApiserver {
@@ -178,6 +224,7 @@ impl RunningApiserver {
         }
         let _ = self.server.await;
         self.follower.abort();
+        self.leader.abort();
     }
 }
 
@@ -280,8 +327,12 @@ mod tests {
         (addr, task)
     }
 
-    /// Puts the leader key as a controller `HOST/PID@ADDR` would.
-    async fn set_leader(etcd: &TestEtcd, id: &str) {
+    /// Puts the leader key as a controller `HOST/PID@ADDR` would, and waits (bounded)
+    /// until the apiserver at `base` has learned it from its leader watch: the watch
+    /// delivers the change a moment after etcd answers the put.
+    async fn set_leader(etcd: &TestEtcd, base: &str, id: &str) {
+        let changes = |line: String| -> u64 { line.rsplit(' ').next().unwrap().parse().unwrap() };
+        let before = changes(metric(base, "xce_apiserver_leader_changes_total").await);
         let b64 = |s: &str| xce_store::etcd::gateway::b64(s.as_bytes());
         let r = reqwest::Client::new()
             .post(format!("http://{}/v3/kv/put", etcd.endpoint))
@@ -294,6 +345,13 @@ mod tests {
             .await
             .unwrap();
         assert!(r.status().is_success());
+        for _ in 0..500 {
+            if changes(metric(base, "xce_apiserver_leader_changes_total").await) > before {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the apiserver at {base} never learned that {id} leads");
     }
 
     /// An apiserver without plugins on `etcd`, on a free port, with a 64-byte body limit.
@@ -379,7 +437,7 @@ mod tests {
 
         // A leader: the request goes there as it is, and its answer comes back as it is.
         let (a, a_task) = fake_controller("a").await;
-        set_leader(&etcd, &format!("node-a/1@{a}")).await;
+        set_leader(&etcd, &base, &format!("node-a/1@{a}")).await;
         let r = submit("one").await.unwrap();
         assert_eq!(r.status(), 201);
         assert_eq!(r.headers()["x-xce-index"], "7");
@@ -393,7 +451,7 @@ mod tests {
         a_task.abort();
         let _ = a_task.await;
         let (b, _b_task) = fake_controller("b").await;
-        set_leader(&etcd, &format!("node-b/2@{b}")).await;
+        set_leader(&etcd, &base, &format!("node-b/2@{b}")).await;
         let r = submit("two").await.unwrap();
         assert_eq!(r.status(), 201);
         assert!(r.text().await.unwrap().starts_with(r#"{"by":"b""#));
@@ -438,7 +496,7 @@ mod tests {
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let s = l.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(l, standby).await.unwrap() });
-        set_leader(&etcd, &format!("node-s/1@{s}")).await;
+        set_leader(&etcd, &base, &format!("node-s/1@{s}")).await;
         // The request waits; meanwhile the real leader is elected.
         let (a, _a_task) = fake_controller("a").await;
         let req = tokio::spawn({
@@ -455,7 +513,7 @@ mod tests {
         });
         // The standby got the request; now the real leader is elected.
         hit.notified().await;
-        set_leader(&etcd, &format!("node-a/2@{a}")).await;
+        set_leader(&etcd, &base, &format!("node-a/2@{a}")).await;
         let r = req.await.unwrap();
         assert_eq!(r.status(), 201);
         assert!(r.text().await.unwrap().starts_with(r#"{"by":"a""#));
@@ -483,7 +541,7 @@ mod tests {
         let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let dead_addr = dead.local_addr().unwrap();
         drop(dead);
-        set_leader(&etcd, &format!("node-a/1@{dead_addr}")).await;
+        set_leader(&etcd, &base, &format!("node-a/1@{dead_addr}")).await;
         let r = http.get(format!("{base}/v1/hosts")).send().await.unwrap();
         let msg = assert_no_leader(r).await;
         log.push(format!(
@@ -494,7 +552,7 @@ mod tests {
         // Frozen (SIGSTOP): takes the connection, never answers; then another leads.
         let frozen = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let frozen_addr = frozen.local_addr().unwrap();
-        set_leader(&etcd, &format!("node-a/1@{frozen_addr}")).await;
+        set_leader(&etcd, &base, &format!("node-a/1@{frozen_addr}")).await;
         let waiting = tokio::spawn({
             let (http, base) = (http.clone(), base.clone());
             async move {
@@ -509,7 +567,7 @@ mod tests {
         });
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let (b, _b_task) = fake_controller("b").await;
-        set_leader(&etcd, &format!("node-b/2@{b}")).await;
+        set_leader(&etcd, &base, &format!("node-b/2@{b}")).await;
         let (r, took) = tokio::time::timeout(Duration::from_secs(8), waiting)
             .await
             .expect("a frozen leader must not hold the request")
@@ -529,12 +587,30 @@ mod tests {
             .unwrap();
         log.push(format!("then: {}", r.status()));
         drop(frozen);
+        // The waiting request learned of the takeover from the leader watch: the key was
+        // read once, at start, however long the request waited.
+        log.push(metric(&base, "xce_apiserver_leader_reads_total").await);
         expect_test::expect![[r#"
             killed: the leader controller at http://ADDR cannot be reached (Connection refused (os error 111)); a takeover may be under way
             frozen, then replaced: the leader controller at http://ADDR stopped answering and no longer leads (the change may or may not have been applied: check before repeating it) (answered within 4s: true)
-            then: 201 Created"#]]
+            then: 201 Created
+            xce_apiserver_leader_reads_total 1"#]]
         .assert_eq(&log.join("\n"));
         running.shutdown().await;
+    }
+
+    /// The line of `/metrics` that starts with `name`.
+    async fn metric(base: &str, name: &str) -> String {
+        let text = reqwest::get(format!("{base}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find(|l| l.starts_with(name))
+            .unwrap_or_else(|| panic!("no {name} in {text}"))
+            .to_owned()
     }
 
     #[test]

@@ -18,6 +18,10 @@ pub(crate) struct Metrics {
     pub(crate) resyncs: Counter,
     /// Requests forwarded to the leader, by outcome (`ok`, `no_leader`, `unreachable`).
     pub(crate) forwarded: Family<Vec<(String, String)>, Counter>,
+    /// Reads of the leader key: the first, and one after each broken or silent watch.
+    pub(crate) leader_reads: Counter,
+    /// Changes of the leader key's holder learned (from the watch, or a read).
+    pub(crate) leader_changes: Counter,
 }
 
 impl Metrics {
@@ -46,6 +50,16 @@ impl Metrics {
             "xce_apiserver_forwarded",
             "Requests forwarded to the leader controller, by outcome",
             self.forwarded.clone(),
+        );
+        r.register(
+            "xce_apiserver_leader_reads",
+            "Reads of the leader key: the first, then one after each broken or silent watch of it",
+            self.leader_reads.clone(),
+        );
+        r.register(
+            "xce_apiserver_leader_changes",
+            "Changes of the leader (or to none) learned from the leader key",
+            self.leader_changes.clone(),
         );
     }
 

@@ -1,7 +1,7 @@
 //! Per-project quotas (docs/design.md#isolation): how many services, replicas and plugin quantities
 //! (e.g. ports) one project may declare, so one tenant cannot use up every host.
 //!
-//! Pure: the core computes a project's use before and after a change and asks [`check`].
+//! Pure: the core computes a project's use before and after a change and asks `check`.
 //! Use is what the profiles declare (`replicas` × what one replica takes), not what runs
 //! at the moment: a rollout's surge replicas and draining ones do not count, so a rollout
 //! never fails on a quota its service already fits.

@@ -71,7 +71,7 @@ pub(crate) fn place(
     )
 }
 
-/// [`place`] over the `hosts` ready hosts already in spread order (`order`): the
+/// `place` over the `hosts` ready hosts already in spread order (`order`): the
 /// scheduling pass keeps them sorted as it places, instead of sorting every host again
 /// for every replica.
 pub(crate) fn place_ordered<'h>(

@@ -33,12 +33,12 @@ const EVENTS: &str = "events";
 /// [`Store::put_if_absent`]) and never changed; not part of any batch.
 const CLUSTER_ID: &str = "cluster_id";
 
-/// The key of the cluster id (see [`CLUSTER_ID`]).
+/// The key of the cluster id (see `CLUSTER_ID`).
 pub fn cluster_id_key() -> Key {
     Key::new(NS_META, CLUSTER_ID)
 }
 
-/// The key of the last batch's events (see [`EVENTS`]).
+/// The key of the last batch's events (see `EVENTS`).
 pub fn events_key() -> Key {
     Key::new(NS_META, EVENTS)
 }
@@ -358,7 +358,7 @@ pub struct Txn {
     next_job: Option<u64>,
     services: BTreeMap<ServiceKey, Option<ServiceRec>>,
     /// Services whose `rev` moves without their record being written: a job write
-    /// keeps the new `rev` in the job's record (see [`JobRec::rev`]).
+    /// keeps the new `rev` in the job's record (see [`StoredJob::rev`]).
     bumped: BTreeMap<ServiceKey, u64>,
     /// Stored keys to delete (see [`Cluster::legacy_keys`]).
     legacy: Vec<String>,
@@ -640,7 +640,7 @@ impl Txn {
     }
 
     /// The store batch; with `meta/events` when `events` (see
-    /// [`Store::journals_events`](xce_store::Store::journals_events)).
+    /// [`Store::journals_events`]).
     pub fn batch_for(&self, events: bool) -> Batch {
         fn enc<T: Serialize>(v: &T) -> Vec<u8> {
             serde_json::to_vec(v).expect("records serialize to JSON")

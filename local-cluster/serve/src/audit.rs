@@ -20,60 +20,129 @@ use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
 use plugin_api::ApiContext;
+use std::net::IpAddr;
 
 /// The largest answer read to name the object of a write (a service's detail).
 const BODY_MAX: usize = 1 << 20;
 
 /// The middleware: `axum::middleware::from_fn_with_state(ctx, audit::layer)`.
 pub async fn layer(State(ctx): State<ApiContext>, req: Request, next: Next) -> Response {
-    let method = req.method().clone();
-    let path = req.uri().path().to_owned();
-    let project = req.uri().query().and_then(|q| {
-        q.split('&')
-            .find_map(|kv| kv.strip_prefix("project="))
-            .map(str::to_owned)
-    });
-    let token = req
-        .headers()
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-        })
-        .map(|t| t.trim().to_owned());
-    let peer = req.extensions().get::<Peer>().map(|p| p.0);
+    let asked = Asked::of(&req);
     let resp = next.run(req).await;
-
     let status = resp.status();
-    let action = action(&method, &path);
-    let write = !matches!(method, Method::GET | Method::HEAD) && path.starts_with("/v1/");
-    let refused = status == StatusCode::UNAUTHORIZED
-        || status == StatusCode::FORBIDDEN
-        || (status == StatusCode::NOT_FOUND && path.starts_with("/v1/services/"));
-    if !write && !refused {
+    let refused = asked.refused(status);
+    if !asked.is_write() && !refused {
         return resp;
     }
-    let principal = match ctx.auth.authenticate(token.as_deref()) {
+    // Authenticated again only now: the reads that make up nearly all traffic never pay
+    // for it.
+    let principal = match ctx.auth.authenticate(asked.token.as_deref()) {
         Ok(p) => p.name,
         Err(e) => format!("-({e})"),
     };
-    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    let mut object = Object {
-        project,
-        service: match segments.as_slice() {
-            ["v1", "services", name, ..] => Some((*name).to_owned()),
-            _ => None,
-        },
-        host: match segments.as_slice() {
-            ["internal", "v1", "hosts", host, ..] | ["v1", "hosts", host, ..] => {
-                Some((*host).to_owned())
-            }
-            _ => None,
-        },
+    let mut object = Object::named_by(&asked.path, asked.project.clone());
+    let (resp, code) = read_answer(resp, &mut object).await;
+    let outcome = if status.is_success() {
+        "ok"
+    } else if refused {
+        "refused"
+    } else {
+        "failed"
     };
-    // The answer names what a write changed (a submit's project and name are in the
-    // profile, not the path), or why the request was refused (its error code).
+    Line {
+        asked: &asked,
+        principal,
+        object,
+        status,
+        code,
+        outcome,
+    }
+    .emit();
+    resp
+}
+
+/// What the log keeps of a request, taken before the request is handed on.
+struct Asked {
+    method: Method,
+    path: String,
+    /// The query's `project=`.
+    project: Option<String>,
+    /// The bearer token, to name the principal with (never logged).
+    token: Option<String>,
+    peer: Option<IpAddr>,
+}
+
+impl Asked {
+    fn of(req: &Request) -> Self {
+        let project = req.uri().query().and_then(|q| {
+            q.split('&')
+                .find_map(|kv| kv.strip_prefix("project="))
+                .map(str::to_owned)
+        });
+        let token = req
+            .headers()
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                v.strip_prefix("Bearer ")
+                    .or_else(|| v.strip_prefix("bearer "))
+            })
+            .map(|t| t.trim().to_owned());
+        Self {
+            method: req.method().clone(),
+            path: req.uri().path().to_owned(),
+            project,
+            token,
+            peer: req.extensions().get::<Peer>().map(|p| p.0),
+        }
+    }
+
+    /// A change: any method of the `/v1/` API but a read.
+    fn is_write(&self) -> bool {
+        !matches!(self.method, Method::GET | Method::HEAD) && self.path.starts_with("/v1/")
+    }
+
+    /// Whether `status` refused the request: 401, 403, or the 404 a service out of the
+    /// caller's sight answers.
+    fn refused(&self, status: StatusCode) -> bool {
+        status == StatusCode::UNAUTHORIZED
+            || status == StatusCode::FORBIDDEN
+            || (status == StatusCode::NOT_FOUND && self.path.starts_with("/v1/services/"))
+    }
+}
+
+/// What a request is on.
+struct Object {
+    project: Option<String>,
+    service: Option<String>,
+    host: Option<String>,
+}
+
+impl Object {
+    /// What `path` names (the project comes from the query).
+    fn named_by(path: &str, project: Option<String>) -> Self {
+        let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+        Self {
+            project,
+            service: match segments.as_slice() {
+                ["v1", "services", name, ..] => Some((*name).to_owned()),
+                _ => None,
+            },
+            host: match segments.as_slice() {
+                ["internal", "v1", "hosts", host, ..] | ["v1", "hosts", host, ..] => {
+                    Some((*host).to_owned())
+                }
+                _ => None,
+            },
+        }
+    }
+}
+
+/// Reads the answer (up to [`BODY_MAX`]) for what a write changed (a submit's project and
+/// name are in the profile, not the path), filled into `object`, or why the request was
+/// refused: the answer, rebuilt, and its error code (empty when none).
+async fn read_answer(resp: Response, object: &mut Object) -> (Response, String) {
+    let status = resp.status();
     let mut code = String::new();
     let (parts, body) = resp.into_parts();
     let resp = match axum::body::to_bytes(body, BODY_MAX).await {
@@ -81,8 +150,8 @@ pub async fn layer(State(ctx): State<ApiContext>, req: Request, next: Next) -> R
             if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
                 let field = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);
                 if status.is_success() {
-                    object.project = field("project").or(object.project);
-                    object.service = field("name").or(object.service);
+                    object.project = field("project").or(object.project.take());
+                    object.service = field("name").or(object.service.take());
                 } else if let Some(c) = v.pointer("/error/code").and_then(|c| c.as_str()) {
                     c.clone_into(&mut code);
                 }
@@ -91,36 +160,45 @@ pub async fn layer(State(ctx): State<ApiContext>, req: Request, next: Next) -> R
         }
         Err(_) => Response::from_parts(parts, Body::empty()),
     };
-    let outcome = if status.is_success() {
-        "ok"
-    } else if refused {
-        "refused"
-    } else {
-        "failed"
-    };
-    tracing::info!(
-        target: "xce::audit",
-        principal,
-        action,
-        project = object.project.as_deref().unwrap_or("-"),
-        service = object.service.as_deref().unwrap_or("-"),
-        host = object.host.as_deref().unwrap_or("-"),
-        outcome,
-        status = status.as_u16(),
-        code,
-        peer = %peer.map_or_else(|| "-".to_owned(), |p| p.to_string()),
-        method = %method,
-        path,
-        "audit"
-    );
-    resp
+    (resp, code)
 }
 
-/// What a request is on.
-struct Object {
-    project: Option<String>,
-    service: Option<String>,
-    host: Option<String>,
+/// One line of the audit log.
+struct Line<'a> {
+    asked: &'a Asked,
+    principal: String,
+    object: Object,
+    status: StatusCode,
+    code: String,
+    outcome: &'static str,
+}
+
+impl Line<'_> {
+    fn emit(&self) {
+        let Self {
+            asked,
+            principal,
+            object,
+            status,
+            code,
+            outcome,
+        } = self;
+        tracing::info!(
+            target: "xce::audit",
+            principal,
+            action = action(&asked.method, &asked.path),
+            project = object.project.as_deref().unwrap_or("-"),
+            service = object.service.as_deref().unwrap_or("-"),
+            host = object.host.as_deref().unwrap_or("-"),
+            outcome,
+            status = status.as_u16(),
+            code,
+            peer = %asked.peer.map_or_else(|| "-".to_owned(), |p| p.to_string()),
+            method = %asked.method,
+            path = asked.path,
+            "audit"
+        );
+    }
 }
 
 /// The action a request is, as the audit log names it.

@@ -14,8 +14,9 @@
 //! Parsing validates ([`Tokens::parse`]); the [`Authenticator`] impl trusts the validated
 //! type. Every entry is held as the SHA-256 of its secret (a `secret` is hashed when the
 //! file loads, a `secret_sha256` is that hash already), and a presented token is hashed
-//! once and compared against every entry's digest in constant time, without stopping at
-//! a match. Secrets are never logged: [`Secret`]'s `Debug` redacts them.
+//! once and its digest looked up in a map of the entries' digests: not compared with
+//! every entry in constant time (why a lookup is safe, and what that cost: see
+//! [`Tokens::find`]). Secrets are never logged: [`Secret`]'s `Debug` redacts them.
 //!
 //! Reloading (SIGHUP) is [`crate::keyring::Keyring`]'s; this module only reads files.
 #![warn(missing_docs)]

@@ -125,37 +125,8 @@ impl Keyring {
             .unwrap_or_else(PoisonError::into_inner);
         let old = slot.clone();
         let mut done = Replaced::default();
-        let mut reused_users = vec![false; old.users.len()];
-        let mut reused_workers = vec![false; old.workers.len()];
-        let mut carry = |reused: &mut Vec<bool>,
-                         chans: &[watch::Sender<LiveGrants>],
-                         at: Option<usize>,
-                         grants: LiveGrants| {
-            match at {
-                Some(i) => {
-                    reused[i] = true;
-                    // Sent only when the grants differ: a kept entry's watchers do not
-                    // even wake.
-                    let changed = chans[i].send_if_modified(|g| {
-                        let same = *g == grants;
-                        if !same {
-                            *g = grants.clone();
-                        }
-                        !same
-                    });
-                    if changed {
-                        done.regranted += 1;
-                    } else {
-                        done.kept += 1;
-                    }
-                    chans[i].clone()
-                }
-                None => {
-                    done.added += 1;
-                    watch::channel(grants).0
-                }
-            }
-        };
+        let mut old_users = OldEntries::new(&old.users);
+        let mut old_workers = OldEntries::new(&old.workers);
         let users = tokens
             .users()
             .iter()
@@ -164,12 +135,7 @@ impl Keyring {
                     old.tokens.users().iter().position(|o| {
                         o.principal == u.principal && o.key.digest() == u.key.digest()
                     });
-                carry(
-                    &mut reused_users,
-                    &old.users,
-                    at,
-                    Some(Arc::new(u.grant_pairs())),
-                )
+                old_users.carry(at, Some(Arc::new(u.grant_pairs())), &mut done)
             })
             .collect();
         let workers = tokens
@@ -181,12 +147,7 @@ impl Keyring {
                     .workers()
                     .iter()
                     .position(|o| o.host == w.host && o.key.digest() == w.key.digest());
-                carry(
-                    &mut reused_workers,
-                    &old.workers,
-                    at,
-                    Some(Arc::new(Vec::new())),
-                )
+                old_workers.carry(at, Some(Arc::new(Vec::new())), &mut done)
             })
             .collect();
         let loaded = Loaded {
@@ -197,17 +158,8 @@ impl Keyring {
         // In force before the removed ones are told, so a client that reconnects at once
         // is refused.
         *slot = Arc::new(loaded);
-        let gone = old
-            .users
-            .iter()
-            .zip(&reused_users)
-            .chain(old.workers.iter().zip(&reused_workers));
-        for (chan, reused) in gone {
-            if !reused {
-                done.removed += 1;
-                chan.send_replace(None);
-            }
-        }
+        old_users.tell_removed(&mut done);
+        old_workers.tell_removed(&mut done);
         self.0.metrics.count(&slot.tokens);
         self.0.metrics.reload("applied");
         done
@@ -231,6 +183,64 @@ impl Authenticator for Keyring {
         Ok(loaded
             .tokens
             .principal(found, Credential::following(chan.subscribe())))
+    }
+}
+
+// === impl OldEntries ===
+
+/// One kind of entry (users, or workers) of the tokens being replaced: their channels,
+/// and which of them the new tokens keep.
+struct OldEntries<'a> {
+    chans: &'a [watch::Sender<LiveGrants>],
+    reused: Vec<bool>,
+}
+
+impl<'a> OldEntries<'a> {
+    fn new(chans: &'a [watch::Sender<LiveGrants>]) -> Self {
+        Self {
+            chans,
+            reused: vec![false; chans.len()],
+        }
+    }
+
+    /// The channel of a new entry with `grants`: the old entry's at `at` (the same
+    /// credential), updated in place, or a new channel.
+    fn carry(
+        &mut self,
+        at: Option<usize>,
+        grants: LiveGrants,
+        done: &mut Replaced,
+    ) -> watch::Sender<LiveGrants> {
+        let Some(i) = at else {
+            done.added += 1;
+            return watch::channel(grants).0;
+        };
+        self.reused[i] = true;
+        // Sent only when the grants differ: a kept entry's watchers do not even wake.
+        let changed = self.chans[i].send_if_modified(|g| {
+            let same = *g == grants;
+            if !same {
+                *g = grants.clone();
+            }
+            !same
+        });
+        if changed {
+            done.regranted += 1;
+        } else {
+            done.kept += 1;
+        }
+        self.chans[i].clone()
+    }
+
+    /// Tells every entry the new tokens did not keep that it is gone (`None`), so its
+    /// streams and blocking queries end.
+    fn tell_removed(&self, done: &mut Replaced) {
+        for (chan, reused) in self.chans.iter().zip(&self.reused) {
+            if !reused {
+                done.removed += 1;
+                chan.send_replace(None);
+            }
+        }
     }
 }
 

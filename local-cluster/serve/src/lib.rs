@@ -57,10 +57,14 @@ pub fn load_tls(files: TlsFiles) -> Result<ServerTls, control_tls::TlsError> {
 use anyhow::Context as _;
 use axum::body::Body;
 use http::{Request, Response};
+use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use retry_backoff::Backoff;
 use serde::Deserialize;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::convert::Infallible;
+use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -163,7 +167,7 @@ pub(crate) fn listen(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListene
     socket.listen(BACKLOG)
 }
 
-/// Binds `addr` (see [`listen`]) and serves `app` on it within `limits`, over TLS when
+/// Binds `addr` (see `listen`) and serves `app` on it within `limits`, over TLS when
 /// `tls` is given, until `stop` turns true; then the listener closes and every connection shuts down gracefully
 /// (in-flight requests finish), for at most `limits.drain_timeout`: the connections
 /// still open then are dropped. The task ends when every connection has.
@@ -249,6 +253,24 @@ impl Registry {
         true
     }
 
+    /// Admits a new connection from `ip`, making room at a cap ([`Registry::make_room`]):
+    /// its key and state, or `None` when the caps leave no room (it is closed then).
+    fn admit(&mut self, ip: IpAddr, limits: &ConnLimits) -> Option<(u64, Arc<Conn>)> {
+        let room = self.make_room(ip, limits);
+        self.log_pressure(limits);
+        if !room {
+            return None;
+        }
+        self.next += 1;
+        let id = self.next;
+        self.total += 1;
+        *self.per_client.entry(ip).or_default() += 1;
+        let conn = Arc::new(Conn::default());
+        self.unserved.insert(id, (ip, conn.clone()));
+        self.unserved_of.entry(ip).or_default().insert(id);
+        Some((id, conn))
+    }
+
     /// Closes a never-served connection now; it counts as closed at once (its task ends
     /// soon after) so the caps hold.
     fn evict(&mut self, id: u64) {
@@ -305,6 +327,20 @@ struct Conn {
 /// the evicted sockets close, and the process runs out of descriptors after all.
 const MAX_CLOSING: usize = 64;
 
+/// The first and the longest pause after a failed `accept`.
+const ACCEPT_RETRY: (Duration, Duration) = (Duration::from_millis(50), Duration::from_secs(1));
+
+/// What every connection of one server shares with its accept loop.
+#[derive(Clone)]
+struct Shared {
+    app: axum::Router,
+    limits: ConnLimits,
+    tls: Option<ServerTls>,
+    registry: Arc<Mutex<Registry>>,
+    /// Told when an evicted connection's socket is closed (see [`MAX_CLOSING`]).
+    closed: Arc<Notify>,
+}
+
 async fn accept_loop(
     listener: tokio::net::TcpListener,
     app: axum::Router,
@@ -312,21 +348,19 @@ async fn accept_loop(
     tls: Option<ServerTls>,
     mut stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let registry = Arc::new(Mutex::new(Registry::default()));
-    let closed = Arc::new(Notify::new());
+    let shared = Shared {
+        app,
+        limits,
+        tls,
+        registry: Arc::default(),
+        closed: Arc::default(),
+    };
     let mut tasks = tokio::task::JoinSet::new();
+    // EMFILE and friends: a pause instead of spinning (connections that end free
+    // descriptors), longer while it lasts.
+    let mut failing = Backoff::new(ACCEPT_RETRY.0, ACCEPT_RETRY.1);
     loop {
-        // Wait while too many evicted sockets are still open.
-        loop {
-            let wait = closed.notified();
-            if registry.lock().unwrap().closing < MAX_CLOSING {
-                break;
-            }
-            tokio::select! {
-                () = wait => {}
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-            }
-        }
+        shared.room_to_accept(&mut tasks).await;
         let accepted = tokio::select! {
             r = listener.accept() => r,
             _ = stop.wait_for(|s| *s) => break,
@@ -335,58 +369,66 @@ async fn accept_loop(
         let (stream, peer) = match accepted {
             Ok(a) => a,
             Err(e) => {
-                // EMFILE and friends: wait a little instead of spinning; connections that
-                // end free descriptors.
-                warn!(error = %e, "accept failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                let pause = failing.next_pause();
+                warn!(error = %e, retry_in = ?pause, "accept failed");
+                tokio::time::sleep(pause).await;
                 continue;
             }
         };
-        let ip = peer.ip();
-        let (id, conn) = {
-            let mut r = registry.lock().unwrap();
-            let room = r.make_room(ip, &limits);
-            r.log_pressure(&limits);
-            if !room {
-                drop(stream);
-                continue;
-            }
-            r.next += 1;
-            let id = r.next;
-            r.total += 1;
-            *r.per_client.entry(ip).or_default() += 1;
-            let conn = Arc::new(Conn::default());
-            r.unserved.insert(id, (ip, conn.clone()));
-            r.unserved_of.entry(ip).or_default().insert(id);
-            (id, conn)
+        failing.reset();
+        let admitted = shared.registry.lock().unwrap().admit(peer.ip(), &limits);
+        let Some((id, conn)) = admitted else {
+            drop(stream);
+            continue;
         };
         let _ = stream.set_nodelay(true);
-        tasks.spawn(connection(
-            (stream, peer, tls.clone()),
-            app.clone(),
-            limits,
+        let ctx = ConnCtx {
+            shared: shared.clone(),
             conn,
-            (id, ip),
-            (registry.clone(), closed.clone()),
-            stop.clone(),
-        ));
+            id,
+            peer,
+            stop: stop.clone(),
+        };
+        tasks.spawn(connection(ctx, stream));
     }
-    // Graceful: every connection finishes its in-flight requests (blocking queries and
-    // streams answer at once on shutdown) and ends; within the drain deadline.
     drop(listener);
-    let drained = tokio::time::timeout(limits.drain_timeout, async {
+    drain(tasks, limits.drain_timeout).await;
+    Ok(())
+}
+
+impl Shared {
+    /// Returns once fewer than [`MAX_CLOSING`] evicted sockets are still open, reaping
+    /// ended connection tasks (which close them) while it waits.
+    async fn room_to_accept(&self, tasks: &mut tokio::task::JoinSet<()>) {
+        loop {
+            let wait = self.closed.notified();
+            if self.registry.lock().unwrap().closing < MAX_CLOSING {
+                return;
+            }
+            tokio::select! {
+                () = wait => {}
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            }
+        }
+    }
+}
+
+/// Graceful: every connection finishes its in-flight requests (blocking queries and
+/// streams answer at once on shutdown) and ends, within `drain_timeout`; the
+/// connections still open then are dropped.
+async fn drain(mut tasks: tokio::task::JoinSet<()>, drain_timeout: Duration) {
+    let drained = tokio::time::timeout(drain_timeout, async {
         while tasks.join_next().await.is_some() {}
     })
     .await;
     if drained.is_err() {
         warn!(
             connections = tasks.len(),
-            drain_timeout = ?limits.drain_timeout,
+            drain_timeout = ?drain_timeout,
             "drain deadline reached: dropping the connections still open"
         );
         tasks.shutdown().await;
     }
-    Ok(())
 }
 
 /// The peer address of a request's connection (a request extension), for logs that
@@ -394,149 +436,251 @@ async fn accept_loop(
 #[derive(Debug, Clone, Copy)]
 pub struct Peer(pub IpAddr);
 
-#[allow(clippy::too_many_arguments)]
-async fn connection(
-    (stream, peer, tls): (tokio::net::TcpStream, SocketAddr, Option<ServerTls>),
-    app: axum::Router,
-    limits: ConnLimits,
+/// One accepted connection: everything its task needs besides the socket.
+struct ConnCtx {
+    shared: Shared,
     conn: Arc<Conn>,
-    (id, ip): (u64, IpAddr),
-    (registry, closed): (Arc<Mutex<Registry>>, Arc<Notify>),
-    mut stop: watch::Receiver<bool>,
-) {
-    // TLS first: the handshake is bounded by the header timeout, and given up when the
-    // connection is closed to make room or the server stops.
-    let handshake = tls::handshake(tls.as_ref(), stream, peer, limits.header_timeout);
-    let stream = tokio::select! {
-        r = handshake => r.ok(),
-        () = evicted(&conn) => None,
-        _ = stop.wait_for(|s| *s) => None,
-    };
-    let Some(stream) = stream else {
-        account_closed(&conn, (id, ip), &registry, &closed);
-        return;
-    };
-    let svc = {
-        let conn = conn.clone();
-        let registry = registry.clone();
-        hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-            let guard = InFlight::start(&conn);
-            // Under the registry's lock, so a connection is either closed to make room
-            // before its first request, or served: never both.
-            let evicted = !conn.served.swap(true, Ordering::SeqCst) && {
-                let mut r = registry.lock().unwrap();
-                r.served(id);
-                conn.evicted.load(Ordering::SeqCst)
-            };
-            let mut app = app.clone();
-            let version = req.version();
-            let mut req = req;
-            req.extensions_mut().insert(Peer(ip));
-            async move {
-                if evicted {
-                    let resp = plugin_api::ApiError::new(
-                        http::StatusCode::SERVICE_UNAVAILABLE,
-                        "unavailable",
-                        "too many connections; try again",
-                    );
-                    let mut resp = axum::response::IntoResponse::into_response(resp);
-                    // HTTP/2 has no `Connection` header (it is a protocol error there):
-                    // its connection is closed by the GOAWAY of the shutdown below.
-                    if version < http::Version::HTTP_2 {
-                        resp.headers_mut().insert(
-                            http::header::CONNECTION,
-                            http::HeaderValue::from_static("close"),
-                        );
+    /// The connection's key in the registry.
+    id: u64,
+    peer: SocketAddr,
+    stop: watch::Receiver<bool>,
+}
+
+/// One connection's task: the TLS handshake (when the server speaks TLS), then HTTP until
+/// the connection ends, a limit closes it or the server stops; then the registry learns
+/// that its socket is closed.
+async fn connection(mut ctx: ConnCtx, stream: tokio::net::TcpStream) {
+    if let Some(stream) = ctx.handshake(stream).await {
+        ctx.serve_http(stream).await;
+    }
+    ctx.account_closed();
+}
+
+/// What a connection's supervision does next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// Nothing: wait for the next wake-up.
+    Wait,
+    /// Start a graceful shutdown (requests in flight finish).
+    Shutdown,
+    /// Drop the connection now (its socket closes).
+    Drop,
+}
+
+/// The clocks of one connection's supervision.
+#[derive(Debug)]
+struct Clocks {
+    /// The last time a request started or ended (or the connection was accepted).
+    idle_since: Instant,
+    /// When a graceful shutdown began.
+    closing: Option<Instant>,
+}
+
+impl ConnCtx {
+    /// The TLS handshake, bounded by the header timeout, and given up when the
+    /// connection is closed to make room or the server stops (`None` then).
+    async fn handshake(&mut self, stream: tokio::net::TcpStream) -> Option<tls::Stream> {
+        let limits = &self.shared.limits;
+        let handshake = tls::handshake(
+            self.shared.tls.as_ref(),
+            stream,
+            self.peer,
+            limits.header_timeout,
+        );
+        tokio::select! {
+            r = handshake => r.ok(),
+            () = evicted(&self.conn) => None,
+            _ = self.stop.wait_for(|s| *s) => None,
+        }
+    }
+
+    /// Serves HTTP on `stream` and watches the connection's clocks ([`Clocks`]) until it
+    /// ends; the connection (and its socket) is dropped on return.
+    async fn serve_http(&mut self, stream: tls::Stream) {
+        let ip = self.peer.ip();
+        let builder = http_builder(&self.shared.limits);
+        // HTTP/2 writes batched across streams (`BatchedWrites`: a fan-out's answers
+        // share system calls); HTTP/1.1 passes through.
+        let io = TokioIo::new(crate::http2::BatchedWrites::new(stream));
+        // Boxed so it can be dropped (its socket closed) before the accounting.
+        let mut c = Box::pin(builder.serve_connection_with_upgrades(io, self.service()));
+        let mut clocks = Clocks {
+            idle_since: Instant::now(),
+            closing: None,
+        };
+        loop {
+            let deadline = clocks.deadline(&self.conn, &self.shared.limits);
+            let step = tokio::select! {
+                r = c.as_mut() => {
+                    if let Err(e) = r {
+                        debug!(client = %ip, error = %e, "connection ended with an error");
                     }
-                    return Ok(resp.map(|b| {
-                        Body::new(Guarded {
-                            inner: b,
-                            _guard: guard,
-                        })
-                    }));
+                    Step::Drop
                 }
-                use tower::Service as _;
-                let resp = app.call(req.map(Body::new)).await;
-                resp.map(|r| {
-                    r.map(|b| {
-                        Body::new(Guarded {
-                            inner: b,
-                            _guard: guard,
-                        })
-                    })
-                })
+                () = self.conn.wake.notified() => clocks.woken(&self.conn),
+                () = sleep_until(deadline) => clocks.expired(&self.conn, ip),
+                _ = self.stop.wait_for(|s| *s), if clocks.closing.is_none() => Step::Shutdown,
+            };
+            match step {
+                Step::Wait => {}
+                Step::Shutdown => {
+                    clocks.closing = Some(Instant::now());
+                    c.as_mut().graceful_shutdown();
+                }
+                Step::Drop => return,
             }
+        }
+    }
+
+    /// The connection's request service: each request is in flight until its answer's
+    /// body is done ([`InFlight`]), carries the [`Peer`], and is answered by the app,
+    /// unless the registry closed the connection before its first request.
+    fn service(
+        &self,
+    ) -> impl hyper::service::Service<
+        Request<Incoming>,
+        Response = Response<Body>,
+        Error = Infallible,
+        Future = impl Future<Output = Result<Response<Body>, Infallible>> + Send + 'static,
+    > {
+        let (app, conn) = (self.shared.app.clone(), self.conn.clone());
+        let (registry, id, ip) = (self.shared.registry.clone(), self.id, self.peer.ip());
+        hyper::service::service_fn(move |mut req: Request<Incoming>| {
+            let guard = InFlight::start(&conn);
+            let evicted = first_request_evicted(&conn, &registry, id);
+            req.extensions_mut().insert(Peer(ip));
+            answer(app.clone(), req, guard, evicted)
         })
-    };
-    // HTTP/1.1 or HTTP/2 with prior knowledge (h2c), told apart by the client's first
-    // bytes (the HTTP/2 preface). Every limit here holds for both: the timers below watch
-    // requests in flight, which under HTTP/2 are the connection's open streams.
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
-    crate::http2::configure(&mut builder.http2());
-    // Boxed so it can be dropped (its socket closed) before the accounting below.
-    // HTTP/2 writes batched across streams (`BatchedWrites`: a fan-out's answers share
-    // system calls); HTTP/1.1 passes through.
-    let io = TokioIo::new(crate::http2::BatchedWrites::new(stream));
-    let mut c = Box::pin(builder.serve_connection_with_upgrades(io, svc));
-    let mut idle_since = Instant::now();
-    // When a graceful shutdown began.
-    let mut closing: Option<Instant> = None;
-    loop {
+    }
+
+    /// Tells the registry the connection's socket is closed.
+    fn account_closed(&self) {
+        let mut r = self.shared.registry.lock().unwrap();
+        if self.conn.evicted.load(Ordering::SeqCst) {
+            r.closing -= 1;
+            self.shared.closed.notify_one();
+        } else {
+            r.closed(self.id, self.peer.ip());
+        }
+    }
+}
+
+impl Clocks {
+    /// When the connection is closed unless something happens: `idle_timeout` (before
+    /// its first request, `header_timeout`) after the last request ended; none while a
+    /// request is in flight.
+    fn deadline(&self, conn: &Conn, limits: &ConnLimits) -> Option<Instant> {
         let idle = conn.in_flight.load(Ordering::SeqCst) == 0;
         let timeout = if conn.served.load(Ordering::SeqCst) {
             limits.idle_timeout
         } else {
             limits.header_timeout
         };
-        let deadline = match closing {
-            None => idle.then_some(idle_since + timeout),
+        match self.closing {
+            None => idle.then_some(self.idle_since + timeout),
             // Closing with nothing in flight: the peer gets `header_timeout` (from the
             // later of the shutdown and the last answer, whose bytes may still be on their
             // way out) to let the shutdown finish, then the socket is dropped. HTTP/2's
             // graceful shutdown waits for the answer to a ping after its GOAWAY, which a
             // client that sent only the preface never gives.
-            Some(since) => idle.then_some(since.max(idle_since) + limits.header_timeout),
-        };
-        tokio::select! {
-            r = c.as_mut() => {
-                if let Err(e) = r {
-                    debug!(client = %ip, error = %e, "connection ended with an error");
-                }
-                break;
-            }
-            () = conn.wake.notified() => {
-                idle_since = Instant::now();
-                if conn.evicted.load(Ordering::SeqCst) && closing.is_none() {
-                    if !conn.served.load(Ordering::SeqCst) {
-                        break; // never used: close the socket now
-                    }
-                    closing = Some(Instant::now());
-                    c.as_mut().graceful_shutdown();
-                }
-            }
-            () = sleep_until(deadline) => {
-                if conn.in_flight.load(Ordering::SeqCst) == 0 {
-                    if closing.is_some() {
-                        debug!(client = %ip, "connection did not finish closing: dropped");
-                        break;
-                    }
-                    debug!(client = %ip, "idle connection closed");
-                    closing = Some(Instant::now());
-                    c.as_mut().graceful_shutdown();
-                }
-            }
-            _ = stop.wait_for(|s| *s), if closing.is_none() => {
-                closing = Some(Instant::now());
-                c.as_mut().graceful_shutdown();
-            }
+            Some(since) => idle.then_some(since.max(self.idle_since) + limits.header_timeout),
         }
     }
-    drop(c);
-    account_closed(&conn, (id, ip), &registry, &closed);
+
+    /// A request started or ended, or the registry evicted the connection.
+    fn woken(&mut self, conn: &Conn) -> Step {
+        self.idle_since = Instant::now();
+        if !conn.evicted.load(Ordering::SeqCst) || self.closing.is_some() {
+            return Step::Wait;
+        }
+        if conn.served.load(Ordering::SeqCst) {
+            Step::Shutdown
+        } else {
+            Step::Drop // never used: close the socket now
+        }
+    }
+
+    /// The [`deadline`](Self::deadline) passed.
+    fn expired(&self, conn: &Conn, ip: IpAddr) -> Step {
+        if conn.in_flight.load(Ordering::SeqCst) != 0 {
+            return Step::Wait;
+        }
+        if self.closing.is_some() {
+            debug!(client = %ip, "connection did not finish closing: dropped");
+            return Step::Drop;
+        }
+        debug!(client = %ip, "idle connection closed");
+        Step::Shutdown
+    }
+}
+
+/// The connection builder: HTTP/1.1 or HTTP/2 with prior knowledge (h2c), told apart by
+/// the client's first bytes (the HTTP/2 preface). Every limit here holds for both: the
+/// clocks watch requests in flight, which under HTTP/2 are the connection's open streams.
+fn http_builder(limits: &ConnLimits) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    crate::http2::configure(&mut builder.http2());
+    builder
+}
+
+/// Marks the connection served at its first request; whether the registry had closed it
+/// to make room before that. Under the registry's lock, so a connection is either closed
+/// to make room before its first request, or served: never both.
+fn first_request_evicted(conn: &Conn, registry: &Mutex<Registry>, id: u64) -> bool {
+    !conn.served.swap(true, Ordering::SeqCst) && {
+        let mut r = registry.lock().unwrap();
+        r.served(id);
+        conn.evicted.load(Ordering::SeqCst)
+    }
+}
+
+/// Answers one request: by the app, or a 503 when its connection was `evicted`. The
+/// answer's body keeps the request in flight (`guard`).
+async fn answer(
+    mut app: axum::Router,
+    req: Request<Incoming>,
+    guard: InFlight,
+    evicted: bool,
+) -> Result<Response<Body>, Infallible> {
+    if evicted {
+        return Ok(guarded(too_many_connections(req.version()), guard));
+    }
+    use tower::Service as _;
+    let resp = app.call(req.map(Body::new)).await;
+    resp.map(|r| guarded(r, guard))
+}
+
+/// The answer on a connection closed to make room before its first request.
+fn too_many_connections(version: http::Version) -> Response<Body> {
+    let resp = plugin_api::ApiError::new(
+        http::StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        "too many connections; try again",
+    );
+    let mut resp = axum::response::IntoResponse::into_response(resp);
+    // HTTP/2 has no `Connection` header (it is a protocol error there): its connection is
+    // closed by the GOAWAY of the shutdown that follows the eviction.
+    if version < http::Version::HTTP_2 {
+        resp.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
+    resp
+}
+
+/// `resp`, its body keeping the request in flight until it is done or dropped.
+fn guarded(resp: Response<Body>, guard: InFlight) -> Response<Body> {
+    resp.map(|b| {
+        Body::new(Guarded {
+            inner: b,
+            _guard: guard,
+        })
+    })
 }
 
 /// Resolves once the registry has closed the connection to make room.
@@ -547,22 +691,6 @@ async fn evicted(conn: &Conn) {
             return;
         }
         woken.await;
-    }
-}
-
-/// Tells the registry a connection's socket is closed.
-fn account_closed(
-    conn: &Conn,
-    (id, ip): (u64, IpAddr),
-    registry: &Mutex<Registry>,
-    closed: &Notify,
-) {
-    let mut r = registry.lock().unwrap();
-    if conn.evicted.load(Ordering::SeqCst) {
-        r.closing -= 1;
-        closed.notify_one();
-    } else {
-        r.closed(id, ip);
     }
 }
 

@@ -8,8 +8,8 @@
 //!
 //! Three implementations: [`RedbStore`] (an embedded redb file, the default),
 //! [`EtcdStore`] (etcd v3, for controllers that keep their state off the machine) and
-//! [`MemStore`] (in memory, for tests). One test suite (`tests::suite`) checks all three
-//! against the same contract.
+//! `MemStore` (in memory, for tests: the `test-util` feature). One test suite
+//! (`tests::suite`) checks all three against the same contract.
 #![warn(missing_docs)]
 
 mod contract;
@@ -28,10 +28,13 @@ pub use etcd::{
     DEFAULT_PREFIX, DEFAULT_TIMEOUT,
 };
 
+// `MemStore`'s only.
+#[cfg(any(test, feature = "test-util"))]
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
+#[cfg(any(test, feature = "test-util"))]
 use std::sync::Mutex;
 
 /// Which store the controller uses: `redb` (the embedded file, the default) or

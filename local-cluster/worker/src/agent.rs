@@ -5,7 +5,8 @@
 
 use plugin_api::{HostFacts, JobId, LaunchContext, LaunchPlan};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -91,6 +92,49 @@ impl std::fmt::Debug for Agent {
     }
 }
 
+/// What this worker will do, in one line: an operator checks it first.
+fn log_start(cfg: &WorkerConfig, facts: &HostFacts) {
+    let sections: Vec<String> = facts
+        .sections
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    tracing::info!(
+        controller = %cfg.controller,
+        ip_addr = %facts.ip_addr.map_or_else(|| "none".to_owned(), |ip| ip.to_string()),
+        facts = %sections.join(" "),
+        data_dir = %cfg.data_dir.display(),
+        stop_timeout = %humantime::format_duration(cfg.stop_timeout),
+        "worker starting"
+    );
+}
+
+/// The replicas' log directory in the data dir, created, as an absolute path: the path
+/// is reported to the controller and shown to operators, who do not know the worker's
+/// working directory.
+fn logs_dir(cfg: &WorkerConfig) -> anyhow::Result<PathBuf> {
+    use anyhow::Context as _;
+    let logs = cfg.data_dir.join("logs");
+    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+    std::fs::canonicalize(&logs).with_context(|| format!("resolving {}", logs.display()))
+}
+
+/// Locks the data dir (`worker.lock`, held while the file is open): two workers on one
+/// data dir would each adopt (and stop) the other's replicas.
+fn lock_data_dir(cfg: &WorkerConfig) -> anyhow::Result<std::fs::File> {
+    use anyhow::Context as _;
+    let lock_path = cfg.data_dir.join("worker.lock");
+    let lock = std::fs::File::create(&lock_path)
+        .with_context(|| format!("creating {}", lock_path.display()))?;
+    if !super::sys::try_lock(&lock).with_context(|| format!("locking {}", lock_path.display()))? {
+        anyhow::bail!(
+            "data dir {} is in use by another worker",
+            cfg.data_dir.display()
+        );
+    }
+    Ok(lock)
+}
+
 // === impl Agent ===
 
 impl Agent {
@@ -101,38 +145,9 @@ impl Agent {
         let facts = collect_facts(&plugins)
             .await
             .context("collecting host facts")?;
-        // What this worker will do, in one line: an operator checks it first.
-        let sections: Vec<String> = facts
-            .sections
-            .iter()
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        tracing::info!(
-            controller = %cfg.controller,
-            ip_addr = %facts.ip_addr.map_or_else(|| "none".to_owned(), |ip| ip.to_string()),
-            facts = %sections.join(" "),
-            data_dir = %cfg.data_dir.display(),
-            stop_timeout = %humantime::format_duration(cfg.stop_timeout),
-            "worker starting"
-        );
-        let logs = cfg.data_dir.join("logs");
-        std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-        // Absolute: the path is reported to the controller and shown to operators, who
-        // do not know the worker's working directory.
-        let logs = std::fs::canonicalize(&logs)
-            .with_context(|| format!("resolving {}", logs.display()))?;
-        // Two workers on one data dir would each adopt (and stop) the other's replicas.
-        let lock_path = cfg.data_dir.join("worker.lock");
-        let lock = std::fs::File::create(&lock_path)
-            .with_context(|| format!("creating {}", lock_path.display()))?;
-        if !super::sys::try_lock(&lock)
-            .with_context(|| format!("locking {}", lock_path.display()))?
-        {
-            anyhow::bail!(
-                "data dir {} is in use by another worker",
-                cfg.data_dir.display()
-            );
-        }
+        log_start(&cfg, &facts);
+        let logs = logs_dir(&cfg)?;
+        let lock = lock_data_dir(&cfg)?;
         // Under the lock: no other worker process reads or writes the identity files.
         let identity = Arc::new(Identity::load(&cfg.data_dir)?);
         tracing::info!(
@@ -363,76 +378,22 @@ impl Agent {
     }
 
     async fn launch(&mut self, a: Assignment) -> anyhow::Result<()> {
-        let cx = LaunchContext {
-            job: a.job.clone(),
-            service: a.service.clone(),
-            project: a.project.clone(),
-            replica: a.replica,
-            host: self.cfg.host.clone(),
-            host_ip: self.facts.borrow().ip_addr,
-            grants: a.grants.clone(),
+        let Some(plan) = self.prepare(&a).await else {
+            return Ok(());
         };
-        let mut plan = LaunchPlan::default();
-        for hook in &self.plugins.hooks {
-            if let Err(refusal) = hook.prepare(&cx, &mut plan).await {
-                tracing::warn!(hook = hook.name(), reason = %refusal.reason, "launch refused");
-                self.outbox.push(WorkerEvent::Refused {
-                    job: a.job.clone(),
-                    refusal,
-                });
-                self.ended.insert(a.job);
-                return Ok(());
-            }
-        }
         let log = process::log_path(&self.logs, &a.job);
         let spawned = match process::spawn(&a.command, &plan.env, &log) {
             Ok(s) => s,
             Err(e) => {
-                tracing::error!(command = ?a.command, error = %e, log = %log.display(), "cannot start replica");
-                let cause = ExitCause {
-                    // Like a shell: 127 when the program is not there, 126 otherwise
-                    // (what a controller that predates `error` shows).
-                    code: Some(e.code()),
-                    signal: None,
-                    error: Some(e.to_string()),
-                };
-                self.outbox.push(WorkerEvent::exited(
-                    a.job.clone(),
-                    cause,
-                    Some(log.display().to_string()),
-                ));
-                self.ended.insert(a.job);
+                self.start_failed(a, &e, &log);
                 return Ok(());
             }
         };
         tracing::Span::current().record("pid", spawned.pid);
+        let (job, pid) = (a.job.clone(), spawned.pid);
         // Without a probe the replica is ready as soon as it runs.
         let ready = a.readiness.is_none();
-        let record = JobRecord {
-            job: a.job.clone(),
-            pid: spawned.pid,
-            start_time: spawned.start_time,
-            assignment: a,
-            sockets: plan.sockets,
-            ready,
-            exited: None,
-        };
-        let pidfd = Arc::new(spawned.pidfd);
-        let (watcher, stop) = self.spawn_watcher(&record, pidfd.clone(), Some(spawned.child));
-        let prober = self.spawn_prober(&record, false);
-        let job = record.job.clone();
-        let pid = record.pid;
-        self.jobs.insert(
-            job.clone(),
-            Job {
-                record,
-                pidfd,
-                state: RunState::Running,
-                watcher,
-                prober,
-                stop: Some(stop),
-            },
-        );
+        self.supervise(a, spawned, plan.sockets, ready);
         // On disk before the controller hears of it: a worker restart re-adopts it.
         if let Err(e) = self.persist() {
             // Unrecorded, the replica would outlive this worker unsupervised.
@@ -454,6 +415,86 @@ impl Agent {
         }
         self.publish_running();
         Ok(())
+    }
+
+    /// Runs the launch hooks (`XCE_*` env, bind checks) for `a`: the plan they made, or
+    /// `None` when one refused (reported to the controller, and the job ended here).
+    async fn prepare(&mut self, a: &Assignment) -> Option<LaunchPlan> {
+        let cx = LaunchContext {
+            job: a.job.clone(),
+            service: a.service.clone(),
+            project: a.project.clone(),
+            replica: a.replica,
+            host: self.cfg.host.clone(),
+            host_ip: self.facts.borrow().ip_addr,
+            grants: a.grants.clone(),
+        };
+        let mut plan = LaunchPlan::default();
+        for hook in &self.plugins.hooks {
+            if let Err(refusal) = hook.prepare(&cx, &mut plan).await {
+                tracing::warn!(hook = hook.name(), reason = %refusal.reason, "launch refused");
+                self.outbox.push(WorkerEvent::Refused {
+                    job: a.job.clone(),
+                    refusal,
+                });
+                self.ended.insert(a.job.clone());
+                return None;
+            }
+        }
+        Some(plan)
+    }
+
+    /// Reports a replica that could not be started as exited, with the cause, and ends
+    /// its job here.
+    fn start_failed(&mut self, a: Assignment, e: &process::SpawnError, log: &Path) {
+        tracing::error!(command = ?a.command, error = %e, log = %log.display(), "cannot start replica");
+        let cause = ExitCause {
+            // Like a shell: 127 when the program is not there, 126 otherwise (what a
+            // controller that predates `error` shows).
+            code: Some(e.code()),
+            signal: None,
+            error: Some(e.to_string()),
+        };
+        self.outbox.push(WorkerEvent::exited(
+            a.job.clone(),
+            cause,
+            Some(log.display().to_string()),
+        ));
+        self.ended.insert(a.job);
+    }
+
+    /// Takes a just-spawned replica into the jobs: its exit watcher and its readiness
+    /// prober run from now on.
+    fn supervise(
+        &mut self,
+        a: Assignment,
+        spawned: process::Spawned,
+        sockets: BTreeMap<String, SocketAddr>,
+        ready: bool,
+    ) {
+        let record = JobRecord {
+            job: a.job.clone(),
+            pid: spawned.pid,
+            start_time: spawned.start_time,
+            assignment: a,
+            sockets,
+            ready,
+            exited: None,
+        };
+        let pidfd = Arc::new(spawned.pidfd);
+        let (watcher, stop) = self.spawn_watcher(&record, pidfd.clone(), Some(spawned.child));
+        let prober = self.spawn_prober(&record, false);
+        self.jobs.insert(
+            record.job.clone(),
+            Job {
+                record,
+                pidfd,
+                state: RunState::Running,
+                watcher,
+                prober,
+                stop: Some(stop),
+            },
+        );
     }
 
     /// The job's log file, as reported to the controller.

@@ -12,7 +12,7 @@ use super::config::{collect_facts, WorkerPlugins};
 use super::identity::Identity;
 use super::msg::Msg;
 use retry_backoff::Backoff;
-use xce_proto::worker::{RegisterRequest, RunningJob};
+use xce_proto::worker::{RegisterRequest, RegisterResponse, RunningJob};
 
 /// The smallest heartbeat period the worker accepts from the controller.
 const MIN_HEARTBEAT: Duration = Duration::from_millis(100);
@@ -37,75 +37,102 @@ pub(super) async fn register(
             facts: facts.borrow().clone(),
             running: running.borrow().clone(),
         };
-        match client.register(&req).await {
-            Ok(resp) => {
-                if let Some(cluster) = &resp.cluster {
-                    match identity.join(cluster) {
-                        Ok(true) => {
-                            tracing::info!(cluster = %cluster, "joined the cluster; this worker serves it from now on")
-                        }
-                        Ok(false) => {}
-                        // Remembered in memory for this run; the next start joins again.
-                        Err(e) => {
-                            tracing::error!(cluster = %cluster, error = %e, "cannot remember the cluster joined")
-                        }
-                    }
-                }
-                tracing::info!(
-                    running = req.running.len(),
-                    heartbeat_ms = resp.heartbeat_ms,
-                    cluster = %resp.cluster.as_deref().unwrap_or("none"),
-                    instance = %identity.instance(),
-                    "registered with the controller"
-                );
-                return Duration::from_millis(resp.heartbeat_ms).max(MIN_HEARTBEAT);
+        let e = match client.register(&req).await {
+            Ok(resp) => return registered(identity, &req, &resp),
+            Err(e) => e,
+        };
+        let wait = if e.refused() {
+            let wait = refused.next_pause();
+            tracing::error!(
+                problem = %e,
+                fix = refusal_fix(&e),
+                retry_in = %format_args!("{:.1}s", wait.as_secs_f64()),
+                "controller refused the worker credential"
+            );
+            wait
+        } else {
+            refused.reset();
+            let wait = backoff.next_pause();
+            if explain_failure(&e, identity, wait) == Retry::WithFreshFacts {
+                refresh_facts(plugins, facts).await;
             }
-            Err(e) if e.refused() => {
-                let wait = refused.next_pause();
-                tracing::error!(
-                    problem = %e,
-                    fix = refusal_fix(&e),
-                    retry_in = %format_args!("{:.1}s", wait.as_secs_f64()),
-                    "controller refused the worker credential"
-                );
-                tokio::time::sleep(wait).await;
+            wait
+        };
+        tokio::time::sleep(wait).await;
+    }
+}
+
+/// Takes in an accepted registration: joins the controller's cluster if this worker has
+/// none yet, says so, and returns the heartbeat period.
+fn registered(identity: &Identity, req: &RegisterRequest, resp: &RegisterResponse) -> Duration {
+    if let Some(cluster) = &resp.cluster {
+        match identity.join(cluster) {
+            Ok(true) => {
+                tracing::info!(cluster = %cluster, "joined the cluster; this worker serves it from now on")
             }
+            Ok(false) => {}
+            // Remembered in memory for this run; the next start joins again.
             Err(e) => {
-                refused.reset();
-                let wait = backoff.next_pause();
-                match e.status().map(|s| s.as_u16()) {
-                    _ if matches!(e, CallError::WrongCluster { .. }) => {
-                        tracing::error!(error = %e, retry_in = ?wait, "registration refused: the controller belongs to another cluster; the replicas keep running untouched")
-                    }
-                    Some(409) if e.code().as_deref() == Some("host_taken") => {
-                        tracing::error!(error = %e.message(), instance = %identity.instance(), retry_in = ?wait, "registration refused: another live worker holds this host; nothing is launched or stopped until it is gone")
-                    }
-                    Some(409) if e.code().as_deref() == Some("wrong_cluster") => {
-                        tracing::error!(error = %e.message(), retry_in = ?wait, "registration refused: the controller belongs to another cluster; the replicas keep running untouched")
-                    }
-                    Some(400) => {
-                        let body = match &e {
-                            CallError::Status { body, .. } => body.as_str(),
-                            _ => "",
-                        };
-                        for problem in problems(body) {
-                            tracing::error!(%problem, retry_in = ?wait, "controller refused the registration");
-                        }
-                        // The facts may have been the problem: retry with fresh ones.
-                        match collect_facts(plugins).await {
-                            Ok(fresh) => {
-                                facts.send_replace(fresh);
-                            }
-                            Err(e) => tracing::warn!(error = %e, "re-reading host facts failed"),
-                        }
-                    }
-                    _ => {
-                        tracing::warn!(error = %e, retry_in = ?wait, "registration failed; retrying")
-                    }
-                }
-                tokio::time::sleep(wait).await;
+                tracing::error!(cluster = %cluster, error = %e, "cannot remember the cluster joined")
             }
         }
+    }
+    tracing::info!(
+        running = req.running.len(),
+        heartbeat_ms = resp.heartbeat_ms,
+        cluster = %resp.cluster.as_deref().unwrap_or("none"),
+        instance = %identity.instance(),
+        "registered with the controller"
+    );
+    Duration::from_millis(resp.heartbeat_ms).max(MIN_HEARTBEAT)
+}
+
+/// How the next registration attempt goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Retry {
+    /// With the same facts.
+    AsItWas,
+    /// With facts read again: the controller refused the registration as invalid, and
+    /// the facts may have been the problem.
+    WithFreshFacts,
+}
+
+/// Logs why a registration failed (its credential accepted), the retry `wait` with it.
+fn explain_failure(e: &CallError, identity: &Identity, wait: Duration) -> Retry {
+    match e.status().map(|s| s.as_u16()) {
+        _ if matches!(e, CallError::WrongCluster { .. }) => {
+            tracing::error!(error = %e, retry_in = ?wait, "registration refused: the controller belongs to another cluster; the replicas keep running untouched")
+        }
+        Some(409) if e.code().as_deref() == Some("host_taken") => {
+            tracing::error!(error = %e.message(), instance = %identity.instance(), retry_in = ?wait, "registration refused: another live worker holds this host; nothing is launched or stopped until it is gone")
+        }
+        Some(409) if e.code().as_deref() == Some("wrong_cluster") => {
+            tracing::error!(error = %e.message(), retry_in = ?wait, "registration refused: the controller belongs to another cluster; the replicas keep running untouched")
+        }
+        Some(400) => {
+            let body = match e {
+                CallError::Status { body, .. } => body.as_str(),
+                _ => "",
+            };
+            for problem in problems(body) {
+                tracing::error!(%problem, retry_in = ?wait, "controller refused the registration");
+            }
+            return Retry::WithFreshFacts;
+        }
+        _ => {
+            tracing::warn!(error = %e, retry_in = ?wait, "registration failed; retrying")
+        }
+    }
+    Retry::AsItWas
+}
+
+/// Reads the host facts again into `facts` (the last ones stay when that fails).
+async fn refresh_facts(plugins: &WorkerPlugins, facts: &watch::Sender<HostFacts>) {
+    match collect_facts(plugins).await {
+        Ok(fresh) => {
+            facts.send_replace(fresh);
+        }
+        Err(e) => tracing::warn!(error = %e, "re-reading host facts failed"),
     }
 }
 

@@ -13,7 +13,7 @@ use xce_proto::worker::Desired;
 #[cfg(test)]
 use xce_proto::worker::{Assignment, Assignments};
 
-/// A host's desired set and its index: serializes exactly as [`Assignments`].
+/// A host's desired set and its index: serializes exactly as [`Assignments`](xce_proto::worker::Assignments).
 #[derive(Debug, Clone, Default, Serialize)]
 pub(crate) struct HostAssignments {
     /// The host's assignment index (see [`Assignments::index`](xce_proto::worker::Assignments::index)).
@@ -22,7 +22,7 @@ pub(crate) struct HostAssignments {
     pub(crate) jobs: Vec<JobAssignment>,
 }
 
-/// One job of a host's desired set: serializes exactly as [`Assignment`].
+/// One job of a host's desired set: serializes exactly as [`Assignment`](xce_proto::worker::Assignment).
 #[derive(Debug, Clone)]
 pub(crate) struct JobAssignment {
     /// The job's record (id, service, project, replica, grants), the model's `Arc`.
@@ -35,7 +35,7 @@ pub(crate) struct JobAssignment {
     pub(crate) desired: Desired,
 }
 
-/// The wire form, borrowed: field for field [`Assignment`] (a test holds them equal).
+/// The wire form, borrowed: field for field [`Assignment`](xce_proto::worker::Assignment) (a test holds them equal).
 #[derive(Serialize)]
 struct Wire<'a> {
     job: &'a str,

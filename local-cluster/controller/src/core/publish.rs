@@ -1,5 +1,5 @@
 //! What the others see of the state, after each command: every host's desired set (the
-//! workers' assignments), the readers' [`View`](super::View), the metrics, and last the
+//! workers' assignments), the readers' [`View`], the metrics, and last the
 //! committed events for the `ClusterListener`s (so no listener is ahead of the view).
 
 use super::assign::{HostAssignments, JobAssignment};

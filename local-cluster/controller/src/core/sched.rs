@@ -23,7 +23,7 @@
 //!   kept from its last visit; [`Core::next_deadline`] wakes the state task for it).
 //!
 //! Under `cfg(test)` every settle checks that no service left out had something to do
-//! ([`Core::check_skipped`]).
+//! (`Core::check_skipped`).
 
 use super::{Core, Sched};
 use plugin_api::{JobState, ServiceKey};

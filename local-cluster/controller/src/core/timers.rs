@@ -134,7 +134,7 @@ impl Core {
     /// window instead of being judged on silence that was this controller's own.
     ///
     /// When most hosts are unreachable at once (a full disruption, see
-    /// [`DisruptionThreshold`]), the likelier cause is this controller or its network:
+    /// [`DisruptionThreshold`](crate::config::DisruptionThreshold)), the likelier cause is this controller or its network:
     /// no host is declared lost meanwhile. A host silent past its grace period then stays
     /// unreachable with its jobs kept (grants held, nothing placed elsewhere) but out of
     /// the endpoints.

@@ -19,7 +19,7 @@
 //! then costs what changed, not the size of the services touched: rebuilding whole
 //! parts was 57 % of the controller's CPU at 1,000 hosts (a readiness event of a
 //! 5,000-job service rebuilt 5,000 job views). Under `cfg(test)` every publish is
-//! compared with a whole rebuild ([`Core::check_view`]).
+//! compared with a whole rebuild (`Core::check_view`).
 
 use super::jobs::{key_of, order};
 use super::{Book, Core, HostView, JobView, Jobs, Parts, ServiceView, Tally, View};

@@ -1,7 +1,7 @@
 //! The one client of etcd's JSON gateway (grpc-gateway, `POST /v3/...`, keys and values
 //! in base64), shared by the store ([`EtcdStore`](super::EtcdStore)), the leader election
-//! and the apiserver's follower: unary calls tried on each endpoint in turn, and watches
-//! (one long answer of newline-delimited JSON).
+//! and the apiserver's follower and leader watch: unary calls tried on each endpoint in
+//! turn, and watches (one long answer of newline-delimited JSON).
 //!
 //! It speaks `reqwest` (async). The store and the election are synchronous (the store
 //! trait is, and the election runs on threads of its own): they go through [`wait`],
