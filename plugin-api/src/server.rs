@@ -36,7 +36,8 @@ pub trait ApiExtension: Send + Sync + 'static {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status;
-        let mut resp = (status, axum::Json(crate::error_body::ErrorBody::from(self))).into_response();
+        let mut resp =
+            (status, axum::Json(crate::error_body::ErrorBody::from(self))).into_response();
         if status == StatusCode::UNAUTHORIZED {
             resp.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,

@@ -1,6 +1,6 @@
-//! The wire formats of the endpoint routes (`docs/api.md`, "Endpoints"). The
-//! endpoint table (`endpoint-table`) writes them from its entries (its `wire` module holds
-//! the conversions); clients deserialize answers with them.
+//! The wire formats of the endpoint routes (`docs/api.md`, "Endpoints"). The endpoint
+//! table (`endpoint-table`) writes them from its entries (its `wire` module holds the
+//! conversions); clients deserialize answers with them.
 
 use plugin_api::JobState;
 use serde::{Deserialize, Serialize};

@@ -1,14 +1,14 @@
 //! The typed shapes of every documented REST answer (`docs/api.md`, `docs/status.md`):
-//! the one owner of each wire format. The server
-//! writes its answers with these types and the client (`xcecli-ext`) reads them with the
-//! same ones, so a field cannot be renamed on one side only.
+//! the one owner of each wire format. The server writes its answers with these types and
+//! the client (`xcecli-ext`) reads them with the same ones, so a field cannot be renamed
+//! on one side only.
 //!
 //! - [`endpoints`]: the endpoint routes (`/v1/services/{name}/endpoints`, `/v1/endpoints`,
 //!   the streams, Prometheus SD). The endpoint table converts its entries into them.
 //! - [`services`]: `/v1/services` (list), `/v1/services/{name}` (the detail, also the answer
 //!   of submit, update, scale and restart, with the rollout and each replica's status), and
 //!   `DELETE /v1/services/{name}`.
-//! - [`hosts`]: `/v1/hosts`.
+//! - [`hosts`]: the answer of `/v1/hosts`.
 //! - [`summaries`]: the plugins' summaries shown beside a job's or a host's own fields, and
 //!   [`summaries::check_plugin_name`], which keeps a plugin's name from clashing with them.
 //!
