@@ -53,7 +53,9 @@ pub fn open_store(cfg: &ControllerConfig) -> anyhow::Result<Arc<dyn Store>> {
 /// The plugins the integrator wires in (through the `plugin-api` traits only).
 #[derive(Default)]
 pub struct ControllerPlugins {
-    /// Consumable resources the scheduler allocates (e.g. ports).
+    /// Consumable resources the scheduler allocates (e.g. ports). None may be named like a
+    /// field of a job or a host in the answers (`state`, `id`, …): its summaries are shown
+    /// beside those fields, so the controller refuses such a plugin at start.
     pub resources: Vec<Box<dyn ResourcePlugin>>,
     /// Checks of worker-reported host facts.
     pub facts_policies: Vec<Arc<dyn HostFactsPolicy>>,
