@@ -25,7 +25,7 @@ use crate::lag::{watchdog, Lag, Place};
 use crate::metrics::Kind;
 use crate::query::{last_event_id, params, Params, RawParams};
 use crate::shared::{Ended, Ending, Shared};
-use crate::wire::{DeletedAnswer, EndpointsAnswer, RESET_EVENT};
+use crate::wire::{self, DeletedAnswer, RESET_EVENT};
 use axum::extract::State;
 use axum::http::{header, HeaderMap};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -361,9 +361,7 @@ impl AllStream {
 
     fn event(&self, item: &Item, with_id: bool) -> Event {
         let data = match &item.entry {
-            Some(entry) => {
-                serde_json::to_string(&EndpointsAnswer::new(entry, None, self.filter.all))
-            }
+            Some(entry) => serde_json::to_string(&wire::answer(entry, None, self.filter.all)),
             None => serde_json::to_string(&DeletedAnswer {
                 service: item.key.name.clone(),
                 project: item.key.project.clone(),

@@ -4,7 +4,7 @@
 
 use crate::config::TableConfig;
 use crate::entry::Entry;
-use crate::wire::{self, EndpointsAnswer, INDEX_HEADER};
+use crate::wire::{self, INDEX_HEADER};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::Query;
 use axum::http::{header, HeaderMap, HeaderValue};
@@ -116,7 +116,7 @@ impl View {
         } else if self.port.is_none() && !self.all {
             // The common read: served from the entry's cached rendering.
             let body = entry.rendered.0.get_or_init(|| {
-                let mut json = serde_json::to_vec(&EndpointsAnswer::new(entry, None, false))
+                let mut json = serde_json::to_vec(&wire::answer(entry, None, false))
                     .expect("an answer always serializes");
                 // Kept as long as the entry: without the slack the buffer grew by
                 // doubling (it held 173 bytes per endpoint for 128 of JSON).
@@ -125,7 +125,7 @@ impl View {
             });
             ([(header::CONTENT_TYPE, "application/json")], body.clone()).into_response()
         } else {
-            Json(EndpointsAnswer::new(entry, self.port.as_deref(), self.all)).into_response()
+            Json(wire::answer(entry, self.port.as_deref(), self.all)).into_response()
         };
         with_index(&mut resp, entry.index);
         Ok(resp)

@@ -8,7 +8,7 @@ use crate::metrics::Kind;
 use crate::query::{params, plain_port, with_index, Blocking, Params, View};
 use crate::shared::{Ended, Shared, Slot};
 use crate::stream::stream;
-use crate::wire::{self, EndpointsAnswer, EndpointsList};
+use crate::wire::{self, EndpointsList};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -231,7 +231,7 @@ async fn list(
     let services = shared
         .visible_entries(&principal, p.project.as_deref())
         .iter()
-        .map(|e| EndpointsAnswer::new(e, None, all))
+        .map(|e| wire::answer(e, None, all))
         .collect();
     Ok(Json(EndpointsList { services }).into_response())
 }

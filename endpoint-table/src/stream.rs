@@ -5,7 +5,7 @@ use crate::lag::{watchdog, Lag, Place};
 use crate::metrics::Kind;
 use crate::query::{last_event_id, params, with_index, Params, View};
 use crate::shared::{Ended, Ending, Shared, Slot};
-use crate::wire::EndpointsAnswer;
+use crate::wire;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -171,7 +171,7 @@ impl EventStream {
                 continue;
             }
             self.sent = Some(entry.index);
-            let answer = EndpointsAnswer::new(&entry, self.view.port.as_deref(), self.view.all);
+            let answer = wire::answer(&entry, self.view.port.as_deref(), self.view.all);
             let data = serde_json::to_string(&answer).expect("an answer always serializes");
             self.lag.settle(slot.seq, true);
             return Some(Event::default().id(entry.index.to_string()).data(data));

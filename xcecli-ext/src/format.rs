@@ -9,6 +9,8 @@ use crate::model::{
     ServiceList, StopAnswer,
 };
 use port_resource::name::PortName;
+// The port plugin shows its summaries (a job's ports, a host's pool) under its name.
+use port_resource::PLUGIN_NAME;
 use std::collections::BTreeSet;
 use std::time::SystemTime;
 
@@ -187,7 +189,7 @@ pub(crate) fn service_list(list: &ServiceList) -> String {
     let mut lines = Vec::new();
     for s in &list.services {
         lines.push(Line::Row(vec![
-            s.name.clone(),
+            s.name.to_string(),
             dash(&s.project),
             s.replicas.to_string(),
             s.ready.to_string(),
@@ -220,16 +222,17 @@ pub(crate) fn host_list(list: &HostList) -> String {
                 .iter()
                 .map(|a| match &a.interface {
                     Some(i) if !i.is_empty() => format!("{}({i})", a.ip),
-                    _ => a.ip.clone(),
+                    _ => a.ip.to_string(),
                 })
                 .collect();
             Line::Row(vec![
-                h.id.clone(),
+                h.id.to_string(),
                 dash(&h.state),
-                h.ip_addr.clone().unwrap_or_else(|| "-".to_owned()),
+                h.ip_addr
+                    .map_or_else(|| "-".to_owned(), |ip| ip.to_string()),
                 dash(&addresses.join(",")),
                 h.jobs.to_string(),
-                ports_used(h.ports.as_ref()),
+                ports_used(h.summary(PLUGIN_NAME)),
             ])
         })
         .collect();
@@ -369,13 +372,13 @@ pub(crate) fn status(detail: &ServiceDetail, now: SystemTime) -> String {
             .map(|j| {
                 Line::Row(vec![
                     j.replica.to_string(),
-                    j.job.clone(),
+                    j.job.to_string(),
                     dash(&j.host),
                     j.generation
                         .map_or_else(|| "-".to_owned(), |g| g.to_string()),
                     dash(&j.state),
                     if j.ready { "yes" } else { "no" }.to_owned(),
-                    grant_summary(&j.ports, &declared),
+                    grant_summary(j.summary(PLUGIN_NAME), &declared),
                 ])
             })
             .collect();
@@ -473,7 +476,10 @@ pub(crate) fn one_line(s: &str) -> String {
 
 /// A job's grant summary: `name=port` pairs in declaration order when it is a flat map of
 /// numbers (the port plugin's), else compact JSON.
-fn grant_summary(v: &serde_json::Value, declared: &[String]) -> String {
+fn grant_summary(v: Option<&serde_json::Value>, declared: &[String]) -> String {
+    let Some(v) = v else {
+        return "-".to_owned();
+    };
     match v {
         serde_json::Value::Null => "-".to_owned(),
         serde_json::Value::Object(m) if m.is_empty() => "-".to_owned(),

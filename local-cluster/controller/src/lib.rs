@@ -53,7 +53,9 @@ pub fn open_store(cfg: &ControllerConfig) -> anyhow::Result<Arc<dyn Store>> {
 /// The plugins the integrator wires in (through the `plugin-api` traits only).
 #[derive(Default)]
 pub struct ControllerPlugins {
-    /// Consumable resources the scheduler allocates (e.g. ports).
+    /// Consumable resources the scheduler allocates (e.g. ports). None may be named like a
+    /// field of a job or a host in the answers (`state`, `id`, …): its summaries are shown
+    /// beside those fields, so the controller refuses such a plugin at start.
     pub resources: Vec<Box<dyn ResourcePlugin>>,
     /// Checks of worker-reported host facts.
     pub facts_policies: Vec<Arc<dyn HostFactsPolicy>>,
@@ -91,7 +93,9 @@ pub struct Controller {
 impl Controller {
     /// Loads the state from `store`, brings the plugins up to it (`host_up` for every
     /// known host, `restore` for every live job), resyncs the listeners, registers every
-    /// metric, and spawns the state task. Must run inside a tokio runtime.
+    /// metric, and spawns the state task. Must run inside a tokio runtime. Refuses a
+    /// resource plugin named like a field of the job or host answers, beside which its
+    /// summaries are shown (`xce_wire::summaries::check_plugin_name`).
     pub async fn new(
         cfg: &ControllerConfig,
         tokens: impl Into<Keyring>,
@@ -120,6 +124,12 @@ impl Controller {
             listeners,
             extensions,
         } = plugins;
+        // A plugin's summaries are keys beside the job's and the host's own fields in the
+        // answers: a plugin named like one of them would be lost (or hide the field).
+        for p in &resources {
+            xce_wire::summaries::check_plugin_name(p.name())
+                .context("cannot load the controller's resource plugins")?;
+        }
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = metrics::Metrics::default();
         metrics.register(&mut registry);

@@ -3807,6 +3807,35 @@ fn the_service_detail_written_directly_is_the_text_of_its_tree() {
     assert_eq!(tree["replica_status"].as_array().map(Vec::len), Some(3));
 }
 
+/// A resource plugin named like a field of a job (or a host) in the answers would have its
+/// summaries dropped there, since they are keys beside those fields: the controller
+/// refuses to start with it, naming the plugin and the field.
+#[tokio::test]
+async fn a_plugin_named_like_a_field_of_the_answers_is_refused_at_start() {
+    let start = |name: &'static str| async move {
+        let plugins = ControllerPlugins {
+            resources: vec![Box::new(Slots::new(name))],
+            ..ControllerPlugins::default()
+        };
+        let keyring = xce_serve::keyring::Keyring::new(Tokens::parse(TOKENS).unwrap());
+        let store = store_of_cluster("c1c1c1c1c1c1c1c1");
+        Controller::new(&ControllerConfig::default(), keyring, plugins, store).await
+    };
+    let err = start("state").await.expect_err("a plugin named state");
+    expect![[r#"cannot load the controller's resource plugins: plugin "state" cannot be loaded: its name is the field jobs[].state of GET /v1/services/{name}, and the API shows each plugin's summary under the plugin's name beside that field; rename the plugin"#]]
+        .assert_eq(&format!("{err:#}"));
+    for (name, field) in [
+        ("job", "jobs[].job"),
+        ("log", "jobs[].log"),
+        ("id", "hosts[].id"),
+    ] {
+        let err = start(name).await.expect_err(name);
+        assert!(format!("{err:#}").contains(field), "{name}: {err:#}");
+    }
+    let ok = start("slots").await.expect("another name is fine");
+    ok.shutdown().await;
+}
+
 /// On a multi-threaded runtime the state task runs on a blocking-pool thread of its own
 /// (`task::spawn`: one malloc arena for the model): it answers, places and applies worker
 /// reports there, on the runtime's timers, stops on `shutdown`, and the runtime then drops

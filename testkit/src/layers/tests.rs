@@ -74,3 +74,21 @@ fn the_workspace_keeps_its_layers() {
         report.join("\n")
     );
 }
+
+/// `plugin-api`'s axum parts are behind its `server` feature: the wire crate (and through
+/// it the CLI) must not turn it on.
+#[test]
+fn the_wire_crate_takes_plugin_api_without_its_server_feature() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let manifest = std::fs::read_to_string(root.join("wire/Cargo.toml")).unwrap();
+    assert_eq!(package_name(&manifest).as_deref(), Some("xce-wire"));
+    assert!(normal_deps(&manifest).contains("plugin-api"));
+    let line = manifest
+        .lines()
+        .find(|l| l.trim_start().starts_with("plugin-api"))
+        .unwrap();
+    assert!(
+        !line.contains("server"),
+        "xce-wire turns on plugin-api's server feature: {line}"
+    );
+}

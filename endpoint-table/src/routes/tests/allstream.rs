@@ -115,7 +115,7 @@ fn visible(c: &Cluster, principal: &Principal) -> BTreeMap<(String, String), End
         .map(|e| {
             (
                 (e.project.clone(), e.service.clone()),
-                EndpointsAnswer::new(e, None, false),
+                crate::wire::answer(e, None, false),
             )
         })
         .collect()

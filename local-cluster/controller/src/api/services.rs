@@ -14,10 +14,16 @@ use axum::{Json, Router};
 use plugin_api::{
     ApiError, FieldError, JobState, Permission, Principal, PrincipalKind, Resolved, ServiceKey,
 };
-use serde_json::{json, Map, Value};
+use serde_json::Value;
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Duration;
 use xce_model::ServiceState;
+use xce_wire::hosts::{HostAddress, HostAnswer, HostList};
+use xce_wire::services::{
+    JobAnswer, LastExit, PendingReplica, ReplicaStatus, Rollout, RolloutState, ServiceDetail,
+    ServiceList, ServiceSummary, StopAnswer,
+};
 
 /// Default `wait` of the service detail's blocking query (as the endpoint queries').
 const DETAIL_WAIT_DEFAULT: Duration = Duration::from_secs(300);
@@ -55,142 +61,156 @@ fn service_state(s: ServiceState) -> &'static str {
     }
 }
 
-fn job_json(j: &JobView) -> Value {
-    let mut m = Map::new();
-    m.insert("job".into(), json!(j.rec.info.job));
-    m.insert("replica".into(), json!(j.rec.info.replica));
-    m.insert("host".into(), json!(j.rec.info.host));
-    m.insert("state".into(), json!(j.rec.info.state.to_string()));
-    m.insert("ready".into(), json!(j.rec.info.ready));
-    m.insert("generation".into(), json!(j.rec.info.generation));
-    m.insert("log".into(), json!(j.rec.log));
-    if let Some(text) = &j.summaries {
-        // The view keeps the summaries as the text of a JSON object it wrote itself.
-        if let Ok(Value::Object(summaries)) = serde_json::from_str::<Value>(text) {
-            for (plugin, v) in summaries {
-                m.entry(plugin).or_insert(v);
-            }
-        }
+fn rollout_state(s: xce_model::rollout::RolloutState) -> RolloutState {
+    match s {
+        xce_model::rollout::RolloutState::Progressing => RolloutState::Progressing,
+        xce_model::rollout::RolloutState::Complete => RolloutState::Complete,
+        xce_model::rollout::RolloutState::Failed => RolloutState::Failed,
+        xce_model::rollout::RolloutState::Reverted => RolloutState::Reverted,
     }
-    Value::Object(m)
+}
+
+/// A count as the answers write it (a `u32`: replicas are at most 10,000).
+fn count(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+fn job_answer(j: &JobView) -> JobAnswer<'_> {
+    // The view keeps the summaries as the text of a JSON object it wrote itself.
+    let summaries = j
+        .summaries
+        .as_deref()
+        .and_then(|text| serde_json::from_str(text).ok())
+        .unwrap_or_default();
+    JobAnswer {
+        generation: Some(j.rec.info.generation),
+        host: Cow::Borrowed(&j.rec.info.host),
+        job: Cow::Borrowed(&j.rec.info.job),
+        log: j.rec.log.as_deref().map(Cow::Borrowed),
+        ready: j.rec.info.ready,
+        replica: j.rec.info.replica,
+        state: Cow::Owned(j.rec.info.state.to_string()),
+        summaries: Cow::Owned(summaries),
+    }
 }
 
 /// A service's detail, written straight into the answer's text. As one `Value` tree, the
 /// answer to the submit of a 10,000-replica service held every job's and slot's object
 /// at once, ~1 KB of B-tree nodes and strings per replica (a heap profile found it at
-/// the controller's heap peak); here one job's or one slot's object lives at a time.
-/// Fields in key order: the text is the tree's (a `serde_json::Map` sorts its keys).
-#[derive(serde::Serialize)]
-#[serde(bound = "J: Fn(usize) -> Value, R: Fn(usize) -> Value")]
-pub(crate) struct Detail<'a, J, R> {
-    generation: u64,
-    index: u64,
-    jobs: Each<J>,
-    name: &'a str,
-    pending: Vec<Value>,
-    profile: &'a Value,
-    project: &'a str,
-    replica_status: Each<R>,
-    replicas: u32,
-    rollout: Value,
-    state: &'static str,
-}
+/// the controller's heap peak); here one job's or one slot's answer lives at a time (the
+/// typed answer borrows from the view, its key order is the tree's).
+pub(crate) type Detail<'a, J, R> = ServiceDetail<'a, Each<J>, Each<R>>;
 
 /// A JSON array of `n` values, each made by `f(i)` when it is written.
 pub(crate) struct Each<F>(usize, F);
 
-impl<F: Fn(usize) -> Value> serde::Serialize for Each<F> {
+impl<T: serde::Serialize, F: Fn(usize) -> T> serde::Serialize for Each<F> {
     fn serialize<S: serde::Serializer>(&self, ser: S) -> Result<S::Ok, S::Error> {
         ser.collect_seq((0..self.0).map(&self.1))
     }
 }
 
-pub(crate) fn service_detail(
-    s: &ServiceView,
-) -> Detail<'_, impl Fn(usize) -> Value + '_, impl Fn(usize) -> Value + '_> {
-    Detail {
+pub(crate) fn service_detail<'a>(
+    s: &'a ServiceView,
+) -> Detail<'a, impl Fn(usize) -> JobAnswer<'a> + 'a, impl Fn(usize) -> ReplicaStatus<'a> + 'a> {
+    ServiceDetail {
         generation: s.info.generation,
         index: s.info.rev,
-        jobs: Each(s.jobs.len(), |i| job_json(&s.jobs[i])),
-        name: &s.info.name,
+        jobs: Each(s.jobs.len(), |i| job_answer(&s.jobs[i])),
+        name: Cow::Borrowed(&s.info.name),
         pending: s
             .pending
             .iter()
-            .map(|(r, why)| json!({"replica": r, "reason": why}))
+            .map(|(r, why)| PendingReplica {
+                reason: Some(Cow::Borrowed(why)),
+                replica: *r,
+            })
             .collect(),
-        profile: &s.info.profile,
-        project: &s.info.project,
+        profile: Cow::Borrowed(&s.info.profile),
+        project: Cow::Borrowed(&s.info.project),
         replica_status: Each(s.info.replicas as usize, |r| {
             // `r` < `replicas`, a `u32`.
-            replica_json(s, r as u32)
+            replica_status(s, r as u32)
         }),
         replicas: s.info.replicas,
-        rollout: rollout_json(s),
-        state: service_state(s.state),
+        rollout: Some(rollout(s)),
+        state: Cow::Borrowed(service_state(s.state)),
     }
 }
 
 /// One replica slot: how often its jobs ended by themselves and were replaced, the last
 /// such end and its cause, and where the output of its newest job (live, or else the last
 /// that ended) is on its host.
-pub(crate) fn replica_json(s: &ServiceView, replica: u32) -> Value {
+pub(crate) fn replica_status(s: &ServiceView, replica: u32) -> ReplicaStatus<'_> {
     let slot = s.slots.get(&replica);
     // The newest live job of the slot that has a log (jobs are sorted by replica, then
     // job number).
     let live = s.jobs.of_replica(replica).rfind(|j| j.rec.log.is_some());
     let (log, host) = match live {
-        Some(j) => (j.rec.log.clone(), Some(j.rec.info.host.clone())),
+        Some(j) => (j.rec.log.as_deref(), Some(j.rec.info.host.as_str())),
         None => (
-            slot.and_then(|s| s.log.clone()),
-            slot.and_then(|s| s.log_host.clone()),
+            slot.and_then(|s| s.log.as_deref()),
+            slot.and_then(|s| s.log_host.as_deref()),
         ),
     };
-    let last_exit = slot.and_then(|s| s.last_exit.as_ref()).map(|e| {
-        json!({
-            "job": e.job,
-            "host": e.host,
-            "at": e.at,
-            "code": e.cause.code,
-            "signal": e.cause.signal,
-            "signal_name": e.cause.signal_name(),
-            "error": e.cause.error,
-            "summary": e.cause.to_string(),
-        })
+    let last_exit = slot.and_then(|s| s.last_exit.as_ref()).map(|e| LastExit {
+        at: Cow::Borrowed(&e.at),
+        code: e.cause.code,
+        error: e.cause.error.as_deref().map(Cow::Borrowed),
+        host: Cow::Borrowed(&e.host),
+        job: Cow::Borrowed(&e.job),
+        signal: e.cause.signal,
+        signal_name: e.cause.signal_name().map(Cow::Borrowed),
+        summary: Cow::Owned(e.cause.to_string()),
     });
-    json!({
-        "replica": replica,
-        "restarts": slot.map_or(0, |s| s.restarts),
-        "last_exit": last_exit,
-        "log": log,
-        "log_host": host,
-    })
+    ReplicaStatus {
+        last_exit,
+        log: log.map(Cow::Borrowed),
+        log_host: host.map(Cow::Borrowed),
+        replica,
+        restarts: slot.map_or(0, |s| s.restarts),
+    }
 }
 
-fn rollout_json(s: &ServiceView) -> Value {
-    json!({
-        "generation": s.info.generation,
-        "state": s.rollout.state.as_str(),
-        "updated": s.counts.updated,
-        "ready": s.counts.ready,
-        "outdated": s.counts.outdated,
-        "reason": s.rollout.reason,
-    })
+/// A replica slot's status as a tree (the controller's tests print it).
+#[cfg(test)]
+pub(crate) fn replica_json(s: &ServiceView, replica: u32) -> Value {
+    serde_json::to_value(replica_status(s, replica)).expect("a status always serializes")
 }
 
-fn service_summary(s: &ServiceView) -> Value {
-    json!({
-        "name": s.info.name,
-        "project": s.info.project,
-        "replicas": s.info.replicas,
-        "running": s.jobs.iter().filter(|j| j.rec.info.state == JobState::Running).count(),
-        "ready": s.jobs.iter().filter(|j| j.rec.info.ready).count(),
-        "pending": s.pending.len(),
-        "pending_reason": s.pending.first().map(|(_, why)| why),
-        "state": service_state(s.state),
-        "index": s.info.rev,
-        "generation": s.info.generation,
-        "rollout": s.rollout.state.as_str(),
-    })
+fn rollout(s: &ServiceView) -> Rollout<'_> {
+    Rollout {
+        generation: s.info.generation,
+        outdated: s.counts.outdated,
+        ready: s.counts.ready,
+        reason: s.rollout.reason.as_deref().map(Cow::Borrowed),
+        state: rollout_state(s.rollout.state),
+        updated: s.counts.updated,
+    }
+}
+
+fn service_summary(s: &ServiceView) -> ServiceSummary<'_> {
+    ServiceSummary {
+        generation: s.info.generation,
+        index: s.info.rev,
+        name: Cow::Borrowed(&s.info.name),
+        pending: count(s.pending.len()),
+        pending_reason: s
+            .pending
+            .first()
+            .map(|(_, why)| Cow::Borrowed(why.as_str())),
+        project: Cow::Borrowed(&s.info.project),
+        ready: count(s.jobs.iter().filter(|j| j.rec.info.ready).count()),
+        replicas: s.info.replicas,
+        rollout: Some(rollout_state(s.rollout.state)),
+        running: count(
+            s.jobs
+                .iter()
+                .filter(|j| j.rec.info.state == JobState::Running)
+                .count(),
+        ),
+        state: Cow::Borrowed(service_state(s.state)),
+    }
 }
 
 /// Parses a submitted profile: JSON, or TOML with `Content-Type: application/toml`.
@@ -423,19 +443,16 @@ fn detail_response(
     ))
 }
 
-async fn list_services(
-    State(st): State<ApiState>,
-    who: Principal,
-) -> Result<Json<Value>, ApiError> {
+async fn list_services(State(st): State<ApiState>, who: Principal) -> Result<Response, ApiError> {
     user(&who)?;
     let view = st.view()?;
-    let services: Vec<Value> = view
+    let services = view
         .services
         .values()
         .filter(|s| who.may(Permission::JobView, &s.info.project))
         .map(|s| service_summary(s))
         .collect();
-    Ok(Json(json!({ "services": services })))
+    Ok(Json(ServiceList { services }).into_response())
 }
 
 /// `GET /v1/services/{name}[?index=N&wait=30s]`: the detail; with `index`, a blocking
@@ -506,36 +523,38 @@ async fn delete_service(
             reply,
         })
         .await?;
-    Ok((
-        StatusCode::ACCEPTED,
-        Json(json!({ "name": name, "stopping": n })),
-    )
-        .into_response())
+    let answer = StopAnswer {
+        name: Cow::Borrowed(&name),
+        stopping: count(n),
+    };
+    Ok((StatusCode::ACCEPTED, Json(answer)).into_response())
 }
 
 // --- /v1/hosts ---
 
-fn host_json(h: &HostView) -> Value {
-    let mut m = Map::new();
-    m.insert("id".into(), json!(h.info.id));
-    m.insert(
-        "state".into(),
-        serde_json::to_value(h.info.state).unwrap_or(Value::Null),
-    );
-    m.insert("ip_addr".into(), json!(h.info.facts.ip_addr));
-    m.insert("addresses".into(), json!(h.info.facts.addresses));
-    m.insert("jobs".into(), json!(h.jobs));
-    for (plugin, v) in &h.summaries {
-        m.entry(plugin.clone()).or_insert_with(|| v.clone());
+fn host_answer(h: &HostView) -> HostAnswer<'_> {
+    HostAnswer {
+        addresses: h
+            .info
+            .facts
+            .addresses
+            .iter()
+            .map(HostAddress::from)
+            .collect(),
+        id: Cow::Borrowed(&h.info.id),
+        ip_addr: h.info.facts.ip_addr,
+        jobs: count(h.jobs),
+        state: Cow::Owned(h.info.state.to_string()),
+        summaries: Cow::Borrowed(&h.summaries),
     }
-    Value::Object(m)
 }
 
-async fn list_hosts(State(st): State<ApiState>, who: Principal) -> Result<Json<Value>, ApiError> {
+async fn list_hosts(State(st): State<ApiState>, who: Principal) -> Result<Response, ApiError> {
     user(&who)?;
     let view = st.view()?;
-    Ok(Json(json!({
-        "cluster": &*st.cluster_id,
-        "hosts": view.hosts.iter().map(|h| host_json(h)).collect::<Vec<_>>(),
-    })))
+    let answer = HostList {
+        cluster: Some(Cow::Borrowed(&st.cluster_id)),
+        hosts: view.hosts.iter().map(|h| host_answer(h)).collect(),
+    };
+    Ok(Json(answer).into_response())
 }
