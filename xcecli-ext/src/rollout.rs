@@ -93,7 +93,7 @@ impl<'a> Follower<'a> {
         first: Answer<ServiceDetail>,
         timeout: Duration,
     ) -> Self {
-        let reported = Some(first.value.project.clone()).filter(|p| !p.is_empty());
+        let reported = Some(first.value.project.to_string()).filter(|p| !p.is_empty());
         Follower {
             client,
             name: svc.name,
