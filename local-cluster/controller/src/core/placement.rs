@@ -3,6 +3,7 @@
 //! moves rollouts on (complete, failed, rolled back). One store batch per pass.
 
 use super::commit::{encoded_len, Budget};
+use super::sched::Visit;
 use super::{round_up_secs, stored_profile, Core, CoreError};
 use crate::scheduler::{self, Placement, Request};
 use plugin_api::{HostId, HostState, JobId, JobInfo, JobState, ResourcePlugin, ServiceKey};
@@ -219,14 +220,14 @@ impl Core {
             // Not visited in full: it stays marked (or waiting) for the next pass.
             return;
         }
-        let shape = (s.info.replicas, s.info.generation);
-        self.visited(
-            &key,
-            shape,
-            &acted.facts,
-            (acted.waiting, acted.drained),
-            now,
-        );
+        let visit = Visit {
+            replicas: s.info.replicas,
+            generation: s.info.generation,
+            facts: &acted.facts,
+            waiting: acted.waiting,
+            drained: acted.drained,
+        };
+        self.visited(&key, visit, now);
         batch.visited.push((key, acted.drained));
     }
 
@@ -531,8 +532,8 @@ impl Core {
     /// Moves a rollout on: a running one completes when every slot runs the current
     /// generation, fails (or is to be rolled back: returned as its reason) when it made
     /// no progress for `deadline` or its new replicas keep exiting, and otherwise says
-    /// why it waits; one that no longer runs is kept true to the jobs (see
-    /// [`settle_idle_rollout`](Self::settle_idle_rollout)).
+    /// why it waits (`blocked`: why a surge replica did not fit); one that no longer runs
+    /// is kept true to the jobs (see [`settle_idle_rollout`](Self::settle_idle_rollout)).
     fn advance_rollout(
         &mut self,
         txn: &mut Txn,
@@ -545,11 +546,17 @@ impl Core {
         let mut rec = txn.service(&self.cluster, &key)?;
         let mut r = rec.rollout.clone();
         let mut revert = None;
-        if r.is_running(s.info.generation) {
-            revert = self.drive_rollout(&mut r, s, view, blocked, now);
-        } else {
+        if !r.is_running(s.info.generation) {
             self.progress.remove(&key);
             self.settle_idle_rollout(&mut r, s, view);
+        } else {
+            match self.drive_rollout(&mut r, s, view, now) {
+                Drive::Revert(why) => revert = Some(why),
+                Drive::Waits if r.state == RolloutState::Progressing => {
+                    r.reason = waiting_reason(blocked, view)
+                }
+                Drive::Waits | Drive::Ended => {}
+            }
         }
         if r != rec.rollout {
             rec.rollout = r;
@@ -577,31 +584,29 @@ impl Core {
         }
     }
 
-    /// A running rollout: complete, failed (or to be rolled back: its reason returned),
-    /// or waiting, and why.
+    /// A running rollout: complete, failed, to be rolled back, or waiting.
     fn drive_rollout(
         &mut self,
         r: &mut Rollout,
         s: &ServiceRec,
         view: &rollout::Service,
-        blocked: Option<String>,
         now: Instant,
-    ) -> Option<String> {
+    ) -> Drive {
         let key = s.info.key();
         let counts = view.counts();
         let since = self.progress_since(&key, &counts, now);
         if view.is_complete() {
             self.complete_rollout(r, s);
-            return None;
+            return Drive::Ended;
         }
-        if let Some(why) = stall_reason(r, view, &counts, s.info.generation, since, now) {
-            self.progress.remove(&key);
-            return self.fail_rollout(r, s, view, why);
+        let Some(why) = stall_reason(r, view, &counts, s.info.generation, since, now) else {
+            return Drive::Waits;
+        };
+        self.progress.remove(&key);
+        match self.fail_rollout(r, s, view, why) {
+            Some(why) => Drive::Revert(why),
+            None => Drive::Ended,
         }
-        if r.state == RolloutState::Progressing {
-            r.reason = waiting_reason(blocked, view);
-        }
-        None
     }
 
     /// When the rollout last made progress: `now` if its counts moved since the last
@@ -815,6 +820,16 @@ struct Placing {
     blocked: Option<String>,
     /// A replica did not fit.
     waiting: bool,
+}
+
+/// Where a running rollout stands after a visit.
+enum Drive {
+    /// Complete, or failed without a rollback.
+    Ended,
+    /// Failed, to be rolled back (why).
+    Revert(String),
+    /// Neither complete nor stalled.
+    Waits,
 }
 
 /// What a service's placements and drains in a pass left.

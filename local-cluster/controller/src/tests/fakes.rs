@@ -219,6 +219,11 @@ pub(super) fn facts_at(ip: &str, slots: u64) -> HostFacts {
     }
 }
 
+/// The hosts `exec-01`, `exec-02`, … up to `n`.
+pub(super) fn host_names(n: usize) -> Vec<String> {
+    (1..=n).map(|i| format!("exec-{i:02}")).collect()
+}
+
 pub(super) fn web(name: &str, project: &str, replicas: u32) -> Value {
     json!({"service": {"name": name, "project": project, "replicas": replicas, "command": ["sleep", "1000"]}})
 }

@@ -63,11 +63,7 @@ fn a_controller_paused_past_the_grace_period_stops_nothing() {
 /// again from then on: lost a whole grace period later, and only then replaced.
 #[test]
 fn most_hosts_silent_at_once_lose_nothing_until_fewer_are() {
-    let mut sim = Sim::new();
-    let hosts = ["exec-01", "exec-02", "exec-03"];
-    sim.register_all(&hosts, 3);
-    sim.submit(web("web", "default", 3));
-    sim.start_ready(&[(hosts[0], "j-1"), (hosts[1], "j-2"), (hosts[2], "j-3")]);
+    let (mut sim, _) = Sim::spread_ready(TIMING, 3);
     sim.run_for(35, &["exec-01"]);
     let m = sim.metrics.full_disruption.get();
     sim.note(format!("xce_full_disruption {m}"));
@@ -144,16 +140,7 @@ fn most_hosts_silent_at_once_lose_nothing_until_fewer_are() {
 /// readiness change reported meanwhile is the one kept.
 #[test]
 fn a_host_back_during_a_full_disruption_serves_again_as_it_was() {
-    let mut sim = Sim::new();
-    let hosts = ["exec-01", "exec-02", "exec-03", "exec-04"];
-    sim.register_all(&hosts, 3);
-    sim.submit(web("web", "default", 4));
-    sim.start_ready(&[
-        (hosts[0], "j-1"),
-        (hosts[1], "j-2"),
-        (hosts[2], "j-3"),
-        (hosts[3], "j-4"),
-    ]);
+    let (mut sim, _) = Sim::spread_ready(TIMING, 4);
     sim.run_for(31, &["exec-01"]);
     // exec-04's replica turned unready while its host was out: that is what it returns to.
     sim.events("exec-04", vec![ready("j-4", false)]);
@@ -245,20 +232,8 @@ fn the_full_disruption_rule_through_the_core() {
                 disruption_threshold: threshold,
                 ..TIMING
             };
-            let mut sim = Sim::load_with(timing, Arc::new(MemStore::new()), Instant::now());
-            let names: Vec<String> = (1..=n).map(|i| format!("exec-{i:02}")).collect();
-            sim.register_all(&names, 3);
-            sim.submit(web("web", "default", n as u32));
-            let jobs: Vec<(String, String)> = sim
-                .core
-                .view()
-                .borrow()
-                .services[&ServiceKey::new("default", "web")]
-                .jobs
-                .iter()
-                .map(|j| (j.info.host.clone(), j.info.job.clone()))
-                .collect();
-            sim.start_ready(&jobs);
+            let (mut sim, jobs) = Sim::spread_ready(timing, n);
+            let names = host_names(n);
             let talking: Vec<&str> = names[silent..].iter().map(String::as_str).collect();
             sim.raw.take();
             sim.run_for(TIMING.grace_period.as_secs() + 5, &talking);

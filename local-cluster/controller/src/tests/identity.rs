@@ -43,10 +43,7 @@ impl Sim {
 
 #[test]
 fn a_second_worker_for_a_live_host_is_refused_and_changes_nothing() {
-    let mut s = Sim::new();
-    s.register("exec-01", 2, &[]);
-    s.submit(web("web", "default", 1));
-    s.events("exec-01", vec![started("j-1"), ready("j-1", true)]);
+    let mut s = Sim::one_web_ready();
     let before = s.footprint("exec-01");
     // Its own facts (5 slots, another address) and nothing running: accepted, it would
     // end j-1 and change the host's capacity.
@@ -82,18 +79,7 @@ fn a_second_worker_for_a_live_host_is_refused_and_changes_nothing() {
     let a = s.assignments("exec-01");
     s.note(a);
     s.check(expect![[r#"
-        > load
-          resync rev=0 services=0 jobs=[] hosts=0
-        > register exec-01 running=[]
-          1 host exec-01 Ready []
-        > submit
-          2 service web rev=2
-          3 job j-1 web/0 exec-01 Placed ready=false
-          plugin: reserve exec-01 j-1 0
-        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true}]
-          4 job j-1 web/0 exec-01 Running ready=false
-          5 job j-1 web/0 exec-01 Running ready=true
-          6 service web rev=6
+        > Sim::one_web_ready: as checked by the fixture
         > register exec-01 as i-dup (facts: 5 slots, 127.0.0.77)
           error: host exec-01 is held by another live worker (instance i-exec-01); check for a second worker with the same host id
           = i-dup's heartbeat, facts, events, assignments: ["host exec-01 is held by another live worker (instance i-exec-01); check for a second worker with the same host id"]
@@ -108,10 +94,7 @@ fn a_second_worker_for_a_live_host_is_refused_and_changes_nothing() {
 
 #[test]
 fn a_new_worker_instance_takes_over_a_host_whose_worker_is_gone() {
-    let mut s = Sim::new();
-    s.register("exec-01", 2, &[]);
-    s.submit(web("web", "default", 1));
-    s.events("exec-01", vec![started("j-1"), ready("j-1", true)]);
+    let mut s = Sim::one_web_ready();
     // The first worker stops heartbeating (its machine was reinstalled: a new data dir,
     // a new instance); past `unreachable_after` the host is free to take over.
     s.run_for(3, &[]);
@@ -121,18 +104,7 @@ fn a_new_worker_instance_takes_over_a_host_whose_worker_is_gone() {
     let r = s.core.heartbeat(&"exec-01".to_owned(), &duplicate(), s.now);
     s.settle("heartbeat exec-01 as i-dup", r);
     s.check(expect![[r#"
-        > load
-          resync rev=0 services=0 jobs=[] hosts=0
-        > register exec-01 running=[]
-          1 host exec-01 Ready []
-        > submit
-          2 service web rev=2
-          3 job j-1 web/0 exec-01 Placed ready=false
-          plugin: reserve exec-01 j-1 0
-        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true}]
-          4 job j-1 web/0 exec-01 Running ready=false
-          5 job j-1 web/0 exec-01 Running ready=true
-          6 service web rev=6
+        > Sim::one_web_ready: as checked by the fixture
         > 3s pass, heartbeats from []
           7 job j-1 web/0 exec-01 Unknown ready=true
           8 host exec-01 Unreachable ["web"]

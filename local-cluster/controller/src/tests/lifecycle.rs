@@ -5,9 +5,7 @@ use super::*;
 
 #[test]
 fn lifecycle_readiness_stop_and_release() {
-    let mut s = Sim::new();
-    s.register("exec-01", 2, &[]);
-    s.submit(web("web", "default", 1));
+    let mut s = Sim::one_web();
     s.events(
         "exec-01",
         vec![started("j-1"), ready("j-1", true), ready("j-1", true)],
@@ -21,14 +19,7 @@ fn lifecycle_readiness_stop_and_release() {
     let a = s.assignments("exec-01");
     s.note(a);
     s.check(expect![[r#"
-        > load
-          resync rev=0 services=0 jobs=[] hosts=0
-        > register exec-01 running=[]
-          1 host exec-01 Ready []
-        > submit
-          2 service web rev=2
-          3 job j-1 web/0 exec-01 Placed ready=false
-          plugin: reserve exec-01 j-1 0
+        > Sim::one_web: as checked by the fixture
         > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true},{"event":"readiness","job":"j-1","ready":true}]
           4 job j-1 web/0 exec-01 Running ready=false
           5 job j-1 web/0 exec-01 Running ready=true
@@ -48,10 +39,7 @@ fn lifecycle_readiness_stop_and_release() {
 
 #[test]
 fn crash_looping_replica_backs_off_then_resets() {
-    let mut s = Sim::new();
-    s.register("exec-01", 2, &[]);
-    s.submit(web("web", "default", 1));
-    s.events("exec-01", vec![started("j-1"), exited("j-1")]);
+    let mut s = Sim::one_web_crashed();
     let d = s.core.next_deadline(s.now).map(|d| d - s.now);
     s.note(format!(
         "next deadline in {d:?} (backoff 1s, before the host's 3s)"
@@ -71,18 +59,7 @@ fn crash_looping_replica_backs_off_then_resets() {
     s.note("ran 60s: backoff starts over at 1s".into());
     s.run_for(1, &["exec-01"]);
     s.check(expect![[r#"
-        > load
-          resync rev=0 services=0 jobs=[] hosts=0
-        > register exec-01 running=[]
-          1 host exec-01 Ready []
-        > submit
-          2 service web rev=2
-          3 job j-1 web/0 exec-01 Placed ready=false
-          plugin: reserve exec-01 j-1 0
-        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"exited","job":"j-1","code":1}]
-          4 job j-1 web/0 exec-01 Running ready=false
-          5 ended j-1 web/0 Exited { code: Some(1) }
-          plugin: release exec-01 j-1
+        > Sim::one_web_crashed: as checked by the fixture
           = next deadline in Some(1s) (backoff 1s, before the host's 3s)
         > 1s pass, heartbeats from ["exec-01"]
           6 job j-2 web/0 exec-01 Placed ready=false
@@ -146,10 +123,9 @@ fn replica_status(s: &Sim, name: &str, replica: u32) -> String {
 /// the store, committed with the exit itself).
 #[test]
 fn a_replicas_last_exit_and_restarts_are_shown_and_survive_a_reload() {
-    let mut s = Sim::new();
+    let mut s = Sim::one_web();
+    // The wall clock is read only when a replica ends (none in the fixture).
     s.core.set_wall_clock(wall);
-    s.register("exec-01", 2, &[]);
-    s.submit(web("web", "default", 1));
     let status = |s: &mut Sim| {
         let line = replica_status(s, "web", 0);
         s.note(line);
@@ -188,14 +164,7 @@ fn a_replicas_last_exit_and_restarts_are_shown_and_survive_a_reload() {
     // The replacement's start: its log is shown, the slot's history stays.
     report(&mut s, vec![start("j-4")]);
     s.check(expect![[r#"
-        > load
-          resync rev=0 services=0 jobs=[] hosts=0
-        > register exec-01 running=[]
-          1 host exec-01 Ready []
-        > submit
-          2 service web rev=2
-          3 job j-1 web/0 exec-01 Placed ready=false
-          plugin: reserve exec-01 j-1 0
+        > Sim::one_web: as checked by the fixture
           = {"last_exit":null,"log":null,"log_host":null,"replica":0,"restarts":0} pending="-"
         > events exec-01 [{"event":"started","job":"j-1","pid":7,"log":"/var/lib/xce/logs/j-1.log"}]
           4 job j-1 web/0 exec-01 Running ready=false
@@ -245,10 +214,7 @@ fn a_replicas_last_exit_and_restarts_are_shown_and_survive_a_reload() {
 /// pass has seen it over it arms nothing more (no busy loop).
 #[test]
 fn a_backoff_that_ends_during_a_slow_commit_still_places_the_replica() {
-    let mut s = Sim::new();
-    s.register("exec-01", 2, &[]);
-    s.submit(web("web", "default", 1));
-    s.events("exec-01", vec![started("j-1"), exited("j-1")]);
+    let mut s = Sim::one_web_crashed();
     let exited_at = s.now;
     s.now += Duration::from_secs(5);
     s.core
@@ -268,18 +234,7 @@ fn a_backoff_that_ends_during_a_slow_commit_still_places_the_replica() {
     let next = s.core.next_deadline(s.now).expect("the host's deadline");
     assert!(next > s.now, "nothing past-due is armed any more");
     s.check(expect![[r#"
-        > load
-          resync rev=0 services=0 jobs=[] hosts=0
-        > register exec-01 running=[]
-          1 host exec-01 Ready []
-        > submit
-          2 service web rev=2
-          3 job j-1 web/0 exec-01 Placed ready=false
-          plugin: reserve exec-01 j-1 0
-        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"exited","job":"j-1","code":1}]
-          4 job j-1 web/0 exec-01 Running ready=false
-          5 ended j-1 web/0 Exited { code: Some(1) }
-          plugin: release exec-01 j-1
+        > Sim::one_web_crashed: as checked by the fixture
         > the timer fires 5s after the exit
           6 job j-2 web/0 exec-01 Placed ready=false
           plugin: reserve exec-01 j-2 0"#]]);
@@ -287,9 +242,7 @@ fn a_backoff_that_ends_during_a_slow_commit_still_places_the_replica() {
 
 #[test]
 fn refused_launch_is_reported_released_and_placed_again() {
-    let mut s = Sim::new();
-    s.register("exec-01", 2, &[]);
-    s.submit(web("web", "default", 1));
+    let mut s = Sim::one_web();
     s.events(
         "exec-01",
         vec![WorkerEvent::Refused {
@@ -302,14 +255,7 @@ fn refused_launch_is_reported_released_and_placed_again() {
         }],
     );
     s.check(expect![[r#"
-        > load
-          resync rev=0 services=0 jobs=[] hosts=0
-        > register exec-01 running=[]
-          1 host exec-01 Ready []
-        > submit
-          2 service web rev=2
-          3 job j-1 web/0 exec-01 Placed ready=false
-          plugin: reserve exec-01 j-1 0
+        > Sim::one_web: as checked by the fixture
         > events exec-01 [{"event":"refused","job":"j-1","refusal":{"plugin":"slots","reason":"slot 0 is in use on the host","detail":{"slot":0}}}]
           4 ended j-1 web/0 Refused { reason: "slot 0 is in use on the host" }
           5 job j-2 web/0 exec-01 Placed ready=false
@@ -324,8 +270,7 @@ fn refused_launch_is_reported_released_and_placed_again() {
 /// replica and a slot's last exit in it.
 #[test]
 fn the_service_detail_written_directly_is_the_text_of_its_tree() {
-    let mut s = Sim::new();
-    s.register("exec-01", 2, &[]);
+    let mut s = Sim::one_host(2);
     s.submit(web("web", "default", 3));
     s.events("exec-01", vec![started("j-1"), exited("j-2")]);
     let v = s.core.view();

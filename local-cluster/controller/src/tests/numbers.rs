@@ -19,12 +19,7 @@ impl Counting {
             commits: 0.into(),
             journals,
         });
-        let wiring = Wiring {
-            resources: vec![Box::new(SharedSlots::new())],
-            policies: vec![Arc::new(Policy)],
-            listeners: vec![],
-        };
-        let core = Core::load(TIMING, store.clone(), wiring, Metrics::default(), now).unwrap();
+        let core = core_with(store.clone(), SharedSlots::new(), vec![], now);
         (store, core)
     }
 }
@@ -54,15 +49,8 @@ fn only_a_followed_store_gets_the_batches_events() {
         let inner = Arc::new(MemStore::new());
         let now = Instant::now();
         let (store, mut core) = Counting::core(inner.clone(), journals, now);
-        let req = RegisterRequest {
-            facts: facts_of("exec-01", 10),
-            running: vec![],
-        };
-        core.register(&"exec-01".into(), &worker("exec-01"), req, now)
-            .unwrap();
-        core.submit(web("web", "default", 3), None, &admin(), now)
-            .unwrap();
-        core.settle(now);
+        register_on(&mut core, "exec-01", facts_of("exec-01", 10), now);
+        submit_on(&mut core, web("web", "default", 3), now);
         let stored = inner.load_all().unwrap();
         let events = stored.iter().find(|(k, _)| *k == xce_model::events_key());
         match (journals, events) {
@@ -96,24 +84,18 @@ fn numbers_a_thousand_replicas_are_placed_with_one_batch_per_pass() {
             Arc::new(xce_store::RedbStore::open(dir.path().join("n.redb")).unwrap()),
         ),
     ];
-    let hosts: Vec<String> = (1..=10).map(|i| format!("exec-{i:02}")).collect();
+    let hosts = host_names(10);
     for (name, inner) in stores {
         let now = Instant::now();
         let (store, mut core) = Counting::core(inner, false, now);
         for h in &hosts {
-            let req = RegisterRequest {
-                facts: facts_of(h, 100),
-                running: vec![],
-            };
-            core.register(h, &worker(h), req, now).unwrap();
+            register_on(&mut core, h, facts_of(h, 100), now);
             core.settle(now);
         }
         let commits = || store.commits.load(std::sync::atomic::Ordering::SeqCst);
         let before = commits();
         let t = std::time::Instant::now();
-        core.submit(web("web", "default", 1000), None, &admin(), now)
-            .unwrap();
-        core.settle(now);
+        submit_on(&mut core, web("web", "default", 1000), now);
         let placed_in = t.elapsed();
         let placed_commits = commits() - before;
         let jobs: Vec<(String, String)> = core.view().borrow().services

@@ -5,9 +5,7 @@ use super::*;
 
 #[test]
 fn a_restart_replays_the_release_order_into_the_plugins() {
-    let mut sim = Sim::new();
-    sim.register("exec-01", 3, &[]);
-    sim.put(versioned(2, "v1"));
+    let mut sim = Sim::two_v1_placed(3);
     sim.events("exec-01", vec![started("j-1"), started("j-2")]);
     // j-1 ends: its slot is the most recently freed one.
     sim.events("exec-01", vec![exited("j-1")]);
@@ -15,17 +13,7 @@ fn a_restart_replays_the_release_order_into_the_plugins() {
     // ones again, released in the order they ended: their free order is what it was.
     let sim = sim.restart(0);
     sim.check(expect![[r#"
-        > load
-          resync rev=0 services=0 jobs=[] hosts=0
-        > register exec-01 running=[]
-          1 host exec-01 Ready []
-          applied Created
-        > put web
-          2 service web rev=2
-          3 job j-1 web/0 exec-01 Placed ready=false
-          4 job j-2 web/1 exec-01 Placed ready=false
-          plugin: reserve exec-01 j-1 0
-          plugin: reserve exec-01 j-2 1
+        > Sim::two_v1_placed: as checked by the fixture
         > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"started","job":"j-2","pid":7}]
           5 job j-1 web/0 exec-01 Running ready=false
           6 job j-2 web/1 exec-01 Running ready=false
@@ -43,8 +31,7 @@ fn a_restart_replays_the_release_order_into_the_plugins() {
 
 #[test]
 fn register_reconciles_and_refused_facts_keep_the_old_ones() {
-    let mut s = Sim::new();
-    s.register("exec-01", 3, &[]);
+    let mut s = Sim::one_host(3);
     s.submit(web("web", "default", 3));
     s.events("exec-01", vec![started("j-1"), started("j-2")]);
     s.delete("web");
@@ -61,10 +48,7 @@ fn register_reconciles_and_refused_facts_keep_the_old_ones() {
     let ip = s.core.view().borrow().hosts[0].info.facts.ip_addr;
     s.note(format!("ip_addr still {ip:?}"));
     s.check(expect![[r#"
-        > load
-          resync rev=0 services=0 jobs=[] hosts=0
-        > register exec-01 running=[]
-          1 host exec-01 Ready []
+        > Sim::one_host: as checked by the fixture
         > submit
           2 service web rev=2
           3 job j-1 web/0 exec-01 Placed ready=false
@@ -95,8 +79,7 @@ fn register_reconciles_and_refused_facts_keep_the_old_ones() {
 
 #[test]
 fn restart_restores_grants_and_continues_the_revision() {
-    let mut s = Sim::new();
-    s.register("exec-01", 3, &[]);
+    let mut s = Sim::one_host(3);
     s.submit(web("web", "default", 2));
     s.events("exec-01", vec![started("j-1"), ready("j-1", true)]);
     // A failed commit changes nothing: no event, no grant kept.
@@ -117,10 +100,7 @@ fn restart_restores_grants_and_continues_the_revision() {
     s.note(format!("used {:?}", s.slots.used()));
     s.events("exec-01", vec![started("j-2")]);
     s.check(expect![[r#"
-        > load
-          resync rev=0 services=0 jobs=[] hosts=0
-        > register exec-01 running=[]
-          1 host exec-01 Ready []
+        > Sim::one_host: as checked by the fixture
         > submit
           2 service web rev=2
           3 job j-1 web/0 exec-01 Placed ready=false

@@ -10,8 +10,7 @@ use super::*;
 /// (the service's part is patched then; every publish is compared with a full rebuild).
 #[test]
 fn a_replica_counts_as_available_once_ready_for_min_ready() {
-    let mut sim = Sim::new();
-    sim.register("exec-01", 10, &[]);
+    let mut sim = Sim::one_host(10);
     let mut doc = versioned(2, "v1");
     doc["service"]["update"]["min_ready"] = json!("3s");
     sim.put(doc);
@@ -38,18 +37,7 @@ fn a_replica_counts_as_available_once_ready_for_min_ready() {
 
 #[test]
 fn a_rolling_update_drains_before_stop_and_a_broken_one_is_rolled_back() {
-    let mut sim = Sim::new();
-    sim.register("exec-01", 10, &[]);
-    sim.put(versioned(2, "v1"));
-    sim.events(
-        "exec-01",
-        vec![
-            started("j-1"),
-            ready("j-1", true),
-            started("j-2"),
-            ready("j-2", true),
-        ],
-    );
+    let mut sim = Sim::two_v1_ready(10);
     let s = sim.rollout("web");
     sim.note(s);
     // v2: one surge replica; the old one of its slot drains only once it is ready.
@@ -89,23 +77,7 @@ fn a_rolling_update_drains_before_stop_and_a_broken_one_is_rolled_back() {
     let s = sim.rollout("web");
     sim.note(s);
     sim.check(expect![[r#"
-        > load
-          resync rev=0 services=0 jobs=[] hosts=0
-        > register exec-01 running=[]
-          1 host exec-01 Ready []
-          applied Created
-        > put web
-          2 service web rev=2
-          3 job j-1 web/0 exec-01 Placed ready=false
-          4 job j-2 web/1 exec-01 Placed ready=false
-          plugin: reserve exec-01 j-1 0
-          plugin: reserve exec-01 j-2 1
-        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true},{"event":"started","job":"j-2","pid":7},{"event":"readiness","job":"j-2","ready":true}]
-          5 job j-1 web/0 exec-01 Running ready=false
-          6 job j-1 web/0 exec-01 Running ready=true
-          7 job j-2 web/1 exec-01 Running ready=false
-          8 job j-2 web/1 exec-01 Running ready=true
-          9 service web rev=9
+        > Sim::two_v1_ready: as checked by the fixture
           = web generation=1 rollout=complete updated=2 ready=2 outdated=0 reason=""
           applied Updated
         > put web
@@ -171,18 +143,7 @@ fn a_rolling_update_drains_before_stop_and_a_broken_one_is_rolled_back() {
 #[test]
 fn a_rollout_without_room_to_surge_says_why_it_waits_or_uses_max_unavailable() {
     // One host with room for exactly the two replicas (like a fixed port on every host).
-    let mut sim = Sim::new();
-    sim.register("exec-01", 2, &[]);
-    sim.put(versioned(2, "v1"));
-    sim.events(
-        "exec-01",
-        vec![
-            started("j-1"),
-            ready("j-1", true),
-            started("j-2"),
-            ready("j-2", true),
-        ],
-    );
+    let mut sim = Sim::two_v1_ready(2);
     sim.put(versioned(2, "v2"));
     let s = sim.rollout("web");
     sim.note(s);
@@ -195,23 +156,7 @@ fn a_rollout_without_room_to_surge_says_why_it_waits_or_uses_max_unavailable() {
     let s = sim.rollout("web");
     sim.note(s);
     sim.check(expect![[r#"
-        > load
-          resync rev=0 services=0 jobs=[] hosts=0
-        > register exec-01 running=[]
-          1 host exec-01 Ready []
-          applied Created
-        > put web
-          2 service web rev=2
-          3 job j-1 web/0 exec-01 Placed ready=false
-          4 job j-2 web/1 exec-01 Placed ready=false
-          plugin: reserve exec-01 j-1 0
-          plugin: reserve exec-01 j-2 1
-        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true},{"event":"started","job":"j-2","pid":7},{"event":"readiness","job":"j-2","ready":true}]
-          5 job j-1 web/0 exec-01 Running ready=false
-          6 job j-1 web/0 exec-01 Running ready=true
-          7 job j-2 web/1 exec-01 Running ready=false
-          8 job j-2 web/1 exec-01 Running ready=true
-          9 service web rev=9
+        > Sim::two_v1_ready: as checked by the fixture
           applied Updated
         > put web
           10 service web rev=10
@@ -234,8 +179,7 @@ fn a_rollout_without_room_to_surge_says_why_it_waits_or_uses_max_unavailable() {
 
 #[test]
 fn a_controller_restart_during_a_drain_drains_in_full_again() {
-    let mut sim = Sim::new();
-    sim.register("exec-01", 10, &[]);
+    let mut sim = Sim::one_host(10);
     sim.put(versioned(1, "v1"));
     sim.events("exec-01", vec![started("j-1"), ready("j-1", true)]);
     sim.delete("web");
@@ -251,10 +195,7 @@ fn a_controller_restart_during_a_drain_drains_in_full_again() {
     let a = sim.assignments("exec-01");
     sim.note(a);
     sim.check(expect![[r#"
-        > load
-          resync rev=0 services=0 jobs=[] hosts=0
-        > register exec-01 running=[]
-          1 host exec-01 Ready []
+        > Sim::one_host: as checked by the fixture
           applied Created
         > put web
           2 service web rev=2
@@ -429,8 +370,7 @@ proptest::proptest! {
 #[test]
 fn a_pass_visits_only_the_services_something_happened_to() {
     let visits = |s: &Sim| s.metrics.pass_visits.get();
-    let mut s = Sim::new();
-    s.register("exec-01", 8, &[]);
+    let mut s = Sim::one_host(8);
     s.submit(web("a", "default", 2));
     s.submit(web("b", "default", 2));
     s.start_ready(&[

@@ -91,19 +91,10 @@ impl Store for Recording {
 /// A core on `store` with `hosts` hosts of `slots` slots each.
 fn cluster(store: Arc<dyn Store>, hosts: usize, slots: u64, now: Instant) -> (Core, SharedSlots) {
     let plugin = SharedSlots::new();
-    let wiring = Wiring {
-        resources: vec![Box::new(plugin.clone())],
-        policies: vec![Arc::new(Policy)],
-        listeners: vec![],
-    };
-    let mut core = Core::load(TIMING, store, wiring, Metrics::default(), now).unwrap();
+    let mut core = core_with(store, plugin.clone(), vec![], now);
     for i in 0..hosts {
-        let h = host_name(i);
-        let req = RegisterRequest {
-            facts: facts_at(&format!("10.{}.{}.1", i / 256, i % 256), slots),
-            running: vec![],
-        };
-        core.register(&h, &worker(&h), req, now).unwrap();
+        let facts = facts_at(&format!("10.{}.{}.1", i / 256, i % 256), slots);
+        register_on(&mut core, &host_name(i), facts, now);
     }
     core.settle(now);
     (core, plugin)
@@ -211,9 +202,7 @@ fn failed_pass_in(mut core: Core, plugin: SharedSlots, store: Arc<Recording>, no
     let key = ServiceKey::new("default", "big");
     // The submit, two passes, then the third pass fails.
     *store.fail_after.lock().unwrap() = Some(3);
-    core.submit(web("big", "default", BIG), None, &admin(), now)
-        .unwrap();
-    core.settle(now);
+    submit_on(&mut core, web("big", "default", BIG), now);
     store.assert_within("failed pass");
     let jobs = placed(&core);
     assert!(
@@ -310,9 +299,7 @@ fn scaling_down_and_stopping_a_ten_thousand_replica_service_are_bounded_batches(
     let mut now = Instant::now();
     let (mut core, plugin) = cluster(store.clone(), 100, 100, now);
     let key = ServiceKey::new("default", "big");
-    core.submit(web("big", "default", BIG), None, &admin(), now)
-        .unwrap();
-    core.settle(now);
+    submit_on(&mut core, web("big", "default", BIG), now);
     start_all(&mut core, now);
     assert_eq!(
         states(&core, &key),
@@ -388,9 +375,7 @@ fn a_stop_now_of_a_ten_thousand_replica_service_skips_the_drain_in_every_batch()
     let now = Instant::now();
     let (mut core, _) = cluster(store.clone(), 100, 100, now);
     let key = ServiceKey::new("default", "big");
-    core.submit(web("big", "default", BIG), None, &admin(), now)
-        .unwrap();
-    core.settle(now);
+    submit_on(&mut core, web("big", "default", BIG), now);
     start_all(&mut core, now);
     store.take();
     core.delete(&key, true, &admin(), now).unwrap();
@@ -443,9 +428,7 @@ fn place_big(
     let limit = store.batch_limit();
     let (mut core, plugin) = cluster(store.clone(), 100, slots, now);
     store.take();
-    core.submit(web("big", "default", BIG), None, &admin(), now)
-        .unwrap();
-    core.settle(now);
+    submit_on(&mut core, web("big", "default", BIG), now);
     let batches = store.assert_within(name);
     let jobs = placed(&core);
     assert_eq!(jobs.len(), BIG as usize, "{name}: every replica placed");
@@ -504,9 +487,7 @@ fn numbers_fifty_thousand_replicas_on_a_thousand_hosts() {
         store.take();
         let t = std::time::Instant::now();
         for (svc, n) in &services {
-            core.submit(web(svc, "default", *n), None, &admin(), now)
-                .unwrap();
-            core.settle(now);
+            submit_on(&mut core, web(svc, "default", *n), now);
         }
         let took = t.elapsed().as_secs_f64();
         let batches = store.assert_within(name);

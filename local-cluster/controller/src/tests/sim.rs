@@ -241,3 +241,182 @@ impl Sim {
         expect.assert_eq(&self.out.join("\n"));
     }
 }
+
+// === fixtures: the setups several tests share, their logs checked once, here ===
+
+impl Sim {
+    /// Ends a fixture: checks the log so far (the fixture's setup) against `expect`,
+    /// then replaces it with one line naming the fixture, so a test's own expectation
+    /// starts where the fixture ends and the setup's log is written (and checked) once.
+    fn fixture(&mut self, name: &str, expect: Expect) {
+        self.check(expect);
+        self.out = vec![format!("> {name}: as checked by the fixture")];
+    }
+
+    /// A controller with one host, `exec-01`, of `slots` slots.
+    pub(super) fn one_host(slots: u64) -> Sim {
+        let mut s = Sim::new();
+        s.register("exec-01", slots, &[]);
+        s.fixture(
+            "Sim::one_host",
+            expect![[r#"
+                > load
+                  resync rev=0 services=0 jobs=[] hosts=0
+                > register exec-01 running=[]
+                  1 host exec-01 Ready []"#]],
+        );
+        s
+    }
+
+    /// [`one_host`](Self::one_host) of 2 slots and `web` of one replica submitted: `j-1`
+    /// placed there.
+    pub(super) fn one_web() -> Sim {
+        let mut s = Sim::one_host(2);
+        s.submit(web("web", "default", 1));
+        s.fixture(
+            "Sim::one_web",
+            expect![[r#"
+                > Sim::one_host: as checked by the fixture
+                > submit
+                  2 service web rev=2
+                  3 job j-1 web/0 exec-01 Placed ready=false
+                  plugin: reserve exec-01 j-1 0"#]],
+        );
+        s
+    }
+
+    /// [`one_web`](Self::one_web) with `j-1` reported started and ready.
+    pub(super) fn one_web_ready() -> Sim {
+        let mut s = Sim::one_web();
+        s.events("exec-01", vec![started("j-1"), ready("j-1", true)]);
+        s.fixture(
+            "Sim::one_web_ready",
+            expect![[r#"
+                > Sim::one_web: as checked by the fixture
+                > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true}]
+                  4 job j-1 web/0 exec-01 Running ready=false
+                  5 job j-1 web/0 exec-01 Running ready=true
+                  6 service web rev=6"#]],
+        );
+        s
+    }
+
+    /// [`one_web`](Self::one_web) with `j-1` reported started and then exited (code 1):
+    /// its replica waits for its first restart backoff (1 s).
+    pub(super) fn one_web_crashed() -> Sim {
+        let mut s = Sim::one_web();
+        s.events("exec-01", vec![started("j-1"), exited("j-1")]);
+        s.fixture(
+            "Sim::one_web_crashed",
+            expect![[r#"
+                > Sim::one_web: as checked by the fixture
+                > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"exited","job":"j-1","code":1}]
+                  4 job j-1 web/0 exec-01 Running ready=false
+                  5 ended j-1 web/0 Exited { code: Some(1) }
+                  plugin: release exec-01 j-1"#]],
+        );
+        s
+    }
+
+    /// [`one_host`](Self::one_host) of `slots` slots and `web` put as `v1` (2 replicas,
+    /// a 2 s drain, one surge replica and none unavailable): `j-1` and `j-2` placed.
+    pub(super) fn two_v1_placed(slots: u64) -> Sim {
+        let mut s = Sim::one_host(slots);
+        s.put(versioned(2, "v1"));
+        s.fixture(
+            "Sim::two_v1_placed",
+            expect![[r#"
+                > Sim::one_host: as checked by the fixture
+                  applied Created
+                > put web
+                  2 service web rev=2
+                  3 job j-1 web/0 exec-01 Placed ready=false
+                  4 job j-2 web/1 exec-01 Placed ready=false
+                  plugin: reserve exec-01 j-1 0
+                  plugin: reserve exec-01 j-2 1"#]],
+        );
+        s
+    }
+
+    /// [`two_v1_placed`](Self::two_v1_placed) with both replicas reported started and
+    /// ready in one report (the rollout completes).
+    pub(super) fn two_v1_ready(slots: u64) -> Sim {
+        let mut s = Sim::two_v1_placed(slots);
+        s.events(
+            "exec-01",
+            vec![
+                started("j-1"),
+                ready("j-1", true),
+                started("j-2"),
+                ready("j-2", true),
+            ],
+        );
+        s.fixture(
+            "Sim::two_v1_ready",
+            expect![[r#"
+                > Sim::two_v1_placed: as checked by the fixture
+                > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true},{"event":"started","job":"j-2","pid":7},{"event":"readiness","job":"j-2","ready":true}]
+                  5 job j-1 web/0 exec-01 Running ready=false
+                  6 job j-1 web/0 exec-01 Running ready=true
+                  7 job j-2 web/1 exec-01 Running ready=false
+                  8 job j-2 web/1 exec-01 Running ready=true
+                  9 service web rev=9"#]],
+        );
+        s
+    }
+
+    /// `n` hosts (`exec-01`…) of 3 slots each and `web` of `n` replicas submitted, one
+    /// on each host, each reported started then ready by its host (one report each).
+    /// Returns the `(host, job)` of each replica.
+    pub(super) fn spread_ready(timing: Timing, n: usize) -> (Sim, Vec<(String, String)>) {
+        let mut s = Sim::load_with(timing, Arc::new(MemStore::new()), Instant::now());
+        s.register_all(&host_names(n), 3);
+        s.submit(web("web", "default", n as u32));
+        let jobs = s.jobs("web");
+        s.start_ready(&jobs);
+        (s, jobs)
+    }
+
+    /// The `(host, job)` of each job of the service `name` (project `default`), in
+    /// replica order.
+    pub(super) fn jobs(&self, name: &str) -> Vec<(String, String)> {
+        self.core.view().borrow().services[&ServiceKey::new("default", name)]
+            .jobs
+            .iter()
+            .map(|j| (j.info.host.clone(), j.info.job.clone()))
+            .collect()
+    }
+}
+
+// === a bare core, without the log ===
+
+/// A core on `store` with the slots plugin `slots`, the facts policy and `listeners`.
+pub(super) fn core_with(
+    store: Arc<dyn Store>,
+    slots: SharedSlots,
+    listeners: Vec<Arc<dyn ClusterListener>>,
+    now: Instant,
+) -> Core {
+    let wiring = Wiring {
+        resources: vec![Box::new(slots)],
+        policies: vec![Arc::new(Policy)],
+        listeners,
+    };
+    Core::load(TIMING, store, wiring, Metrics::default(), now).unwrap()
+}
+
+/// `host`'s worker registers with `facts`, nothing running.
+pub(super) fn register_on(core: &mut Core, host: &str, facts: HostFacts, now: Instant) {
+    let req = RegisterRequest {
+        facts,
+        running: vec![],
+    };
+    core.register(&host.to_owned(), &worker(host), req, now)
+        .unwrap();
+}
+
+/// Submits `doc` as the admin, then settles (its replicas are placed).
+pub(super) fn submit_on(core: &mut Core, doc: Value, now: Instant) {
+    core.submit(doc, None, &admin(), now).unwrap();
+    core.settle(now);
+}
