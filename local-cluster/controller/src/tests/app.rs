@@ -26,6 +26,13 @@ host = "exec-02"
 secret = "w2-example-secret"
 "#;
 
+/// The secrets of [`TOKENS`]' users and workers.
+pub(super) const ALICE: &str = "alice-example-secret";
+pub(super) const BOB: &str = "bob-example-secret";
+pub(super) const ADMIN: &str = "admin-example-secret";
+pub(super) const W1: &str = "w1-example-secret";
+pub(super) const W2: &str = "w2-example-secret";
+
 pub(super) struct App {
     pub(super) ctl: Controller,
     pub(super) app: axum::Router,
@@ -59,6 +66,16 @@ pub(super) fn store_of_cluster(id: &str) -> Arc<MemStore> {
         .put_if_absent(xce_model::cluster_id_key(), serde_json::to_vec(id).unwrap())
         .unwrap();
     Arc::new(store)
+}
+
+/// An app on `store` with the default configuration and a fresh slots plugin.
+pub(super) async fn app_on(store: Arc<dyn Store>) -> App {
+    app_with(ControllerConfig::default(), store, SharedSlots::new()).await
+}
+
+/// An app with `cfg` on an empty in-memory store and a fresh slots plugin.
+pub(super) async fn app_configured(cfg: ControllerConfig) -> App {
+    app_with(cfg, Arc::new(MemStore::new()), SharedSlots::new()).await
 }
 
 pub(super) async fn app() -> App {
@@ -123,6 +140,40 @@ impl App {
         (s, serde_json::from_str(&b).unwrap_or(Value::String(b)))
     }
 
+    /// `GET path` as `who`.
+    pub(super) async fn get(&self, path: &str, who: &str) -> (StatusCode, Value) {
+        self.json("GET", path, who, None).await
+    }
+
+    /// `GET path` as `who` on a task of its own (a blocking query that waits): its
+    /// status and body once it is answered.
+    pub(super) fn spawn_get(
+        &self,
+        path: String,
+        who: &str,
+    ) -> tokio::task::JoinHandle<(StatusCode, String)> {
+        let router = self.app.clone();
+        let req = Request::get(path)
+            .header("authorization", format!("Bearer {who}"))
+            .body(Body::empty())
+            .unwrap();
+        tokio::spawn(async move {
+            let resp = router.oneshot(req).await.unwrap();
+            let status = resp.status();
+            let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
+                .await
+                .unwrap();
+            (status, String::from_utf8_lossy(&body).into_owned())
+        })
+    }
+
+    /// Why the controller stopped, once it says so (within the tests' patience).
+    pub(super) async fn failure(&self) -> String {
+        tokio::time::timeout(testkit::patience(), self.ctl.failed())
+            .await
+            .expect("the controller reports that it stopped")
+    }
+
     /// `POST /v1/services` with `profile` (JSON) as `who`.
     pub(super) async fn submit(&self, who: &str, profile: Value) -> (StatusCode, Value) {
         self.json("POST", "/v1/services", who, Some(profile)).await
@@ -173,20 +224,13 @@ pub(super) async fn check_calls(
 /// Two hosts (2 and 1 slots), `web` of 4 replicas submitted (3 placed), and `j-1`
 /// reported started and ready. Returns the submit's answer.
 pub(super) async fn web_of_4_on_2_hosts_one_ready(app: &App) -> Value {
-    app.register("exec-01", "w1-example-secret", 2).await;
-    app.register("exec-02", "w2-example-secret", 1).await;
-    let (s, created) = app
-        .submit("admin-example-secret", web("web", "default", 4))
-        .await;
+    app.register("exec-01", W1, 2).await;
+    app.register("exec-02", W2, 1).await;
+    let (s, created) = app.submit(ADMIN, web("web", "default", 4)).await;
     assert_eq!(s, StatusCode::CREATED);
     let body = json!([{"event": "started", "job": "j-1", "pid": 9}, {"event": "readiness", "job": "j-1", "ready": true}]);
     let (s, _) = app
-        .json(
-            "POST",
-            "/internal/v1/hosts/exec-01/events",
-            "w1-example-secret",
-            Some(body),
-        )
+        .json("POST", "/internal/v1/hosts/exec-01/events", W1, Some(body))
         .await;
     assert_eq!(s, StatusCode::NO_CONTENT);
     created

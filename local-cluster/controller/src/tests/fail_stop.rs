@@ -30,28 +30,16 @@ async fn a_stale_store_stops_the_controller() {
         inner: MemStore::new(),
         stale: false.into(),
     });
-    let app = app_with(
-        ControllerConfig::default(),
-        store.clone(),
-        SharedSlots::new(),
-    )
-    .await;
-    app.register("exec-01", "w1-example-secret", 2).await;
+    let app = app_on(store.clone()).await;
+    app.register("exec-01", W1, 2).await;
     store.stale.store(true, std::sync::atomic::Ordering::SeqCst);
-    let (s, _) = app
-        .submit("admin-example-secret", web("web", "default", 1))
-        .await;
+    let (s, _) = app.submit(ADMIN, web("web", "default", 1)).await;
     assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR, "not persisted");
-    let reason = tokio::time::timeout(testkit::patience(), app.ctl.failed())
-        .await
-        .expect("the controller reports that it stopped");
     assert_eq!(
-        reason,
+        app.failure().await,
         "the store changed under this controller: another writer moved the fence"
     );
-    let (s, _) = app
-        .json("GET", "/v1/services", "admin-example-secret", None)
-        .await;
+    let (s, _) = app.get("/v1/services", ADMIN).await;
     assert_eq!(
         s,
         StatusCode::SERVICE_UNAVAILABLE,
@@ -62,29 +50,19 @@ async fn a_stale_store_stops_the_controller() {
 #[tokio::test]
 async fn a_full_disk_answers_507_and_stops_the_controller() {
     let store = Arc::new(MemStore::new());
-    let app = app_with(
-        ControllerConfig::default(),
-        store.clone(),
-        SharedSlots::new(),
-    )
-    .await;
-    app.register("exec-01", "w1-example-secret", 2).await;
+    let app = app_on(store.clone()).await;
+    app.register("exec-01", W1, 2).await;
     let (s, _) = app.call("GET", "/healthz", None, None).await;
     assert_eq!(s, StatusCode::OK);
     store.fail_every_commit_with(xce_store::StoreError::Io {
         no_space: true,
         message: "No space left on device (os error 28)".into(),
     });
-    let (s, v) = app
-        .submit("admin-example-secret", web("web", "default", 1))
-        .await;
+    let (s, v) = app.submit(ADMIN, web("web", "default", 1)).await;
     assert_eq!(s, StatusCode::INSUFFICIENT_STORAGE, "{v}");
     assert_eq!(v["error"]["code"], "insufficient_storage");
-    let reason = tokio::time::timeout(testkit::patience(), app.ctl.failed())
-        .await
-        .expect("the controller reports that it stopped");
     assert_eq!(
-        reason,
+        app.failure().await,
         "store I/O error (no space left on device): No space left on device (os error 28)"
     );
     let (s, _) = app.call("GET", "/healthz", None, None).await;

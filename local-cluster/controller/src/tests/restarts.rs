@@ -162,10 +162,8 @@ async fn restart_on_redb_hands_nothing_out_twice() {
     let slots = SharedSlots::new();
     let store: Arc<dyn Store> = Arc::new(xce_store::RedbStore::open(&path).unwrap());
     let app = app_with(ControllerConfig::default(), store, slots.clone()).await;
-    app.register("exec-01", "w1-example-secret", 3).await;
-    let (_, a) = app
-        .submit("admin-example-secret", web("web", "default", 2))
-        .await;
+    app.register("exec-01", W1, 3).await;
+    let (_, a) = app.submit(ADMIN, web("web", "default", 2)).await;
     let App {
         ctl, app: router, ..
     } = app;
@@ -177,12 +175,8 @@ async fn restart_on_redb_hands_nothing_out_twice() {
     let store: Arc<dyn Store> = Arc::new(xce_store::RedbStore::open(&path).unwrap());
     let app = app_with(ControllerConfig::default(), store, slots2.clone()).await;
     let restored = slots2.take_log();
-    let (_, b) = app
-        .submit("admin-example-secret", web("api", "default", 1))
-        .await;
-    let (_, w) = app
-        .json("GET", "/v1/services/web", "admin-example-secret", None)
-        .await;
+    let (_, b) = app.submit(ADMIN, web("api", "default", 1)).await;
+    let (_, w) = app.get("/v1/services/web", ADMIN).await;
     expect![[r#"
         before: ["reserve exec-01 j-1 0", "reserve exec-01 j-2 1"] index 4
         restored: ["restore exec-01 j-1 0", "restore exec-01 j-2 1"]

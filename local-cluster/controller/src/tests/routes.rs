@@ -6,40 +6,21 @@ use super::*;
 #[tokio::test]
 async fn rbac_matrix_across_two_projects() {
     let app = app().await;
-    app.register("exec-01", "w1-example-secret", 4).await;
+    app.register("exec-01", W1, 4).await;
     let unknown_before = app
-        .call(
-            "GET",
-            "/v1/services/web-b",
-            Some("alice-example-secret"),
-            None,
-        )
+        .call("GET", "/v1/services/web-b", Some(ALICE), None)
         .await;
-    let (s, _) = app
-        .submit("alice-example-secret", web("web-a", "team-a", 1))
-        .await;
+    let (s, _) = app.submit(ALICE, web("web-a", "team-a", 1)).await;
     assert_eq!(s, StatusCode::CREATED);
-    let (s, _) = app
-        .submit("bob-example-secret", web("web-b", "team-b", 1))
-        .await;
+    let (s, _) = app.submit(BOB, web("web-b", "team-b", 1)).await;
     assert_eq!(s, StatusCode::CREATED);
     // Invisible and unknown answer byte-identically.
     let invisible = app
-        .call(
-            "GET",
-            "/v1/services/web-b",
-            Some("alice-example-secret"),
-            None,
-        )
+        .call("GET", "/v1/services/web-b", Some(ALICE), None)
         .await;
     assert_eq!(unknown_before, invisible);
     let delete_invisible = app
-        .call(
-            "DELETE",
-            "/v1/services/web-b",
-            Some("alice-example-secret"),
-            None,
-        )
+        .call("DELETE", "/v1/services/web-b", Some(ALICE), None)
         .await;
     assert_eq!(unknown_before, delete_invisible);
 
@@ -49,58 +30,58 @@ async fn rbac_matrix_across_two_projects() {
             ("GET", "/healthz", None, None),
             ("GET", "/v1/services", None, None),
             ("GET", "/v1/services", Some("nope"), None),
-            ("GET", "/v1/services/web-b", Some("alice-example-secret"), None),
-            ("DELETE", "/v1/services/web-b", Some("alice-example-secret"), None),
+            ("GET", "/v1/services/web-b", Some(ALICE), None),
+            ("DELETE", "/v1/services/web-b", Some(ALICE), None),
             (
                 "POST",
                 "/v1/services",
-                Some("alice-example-secret"),
+                Some(ALICE),
                 Some(web("x", "team-b", 1)),
             ),
             (
                 "POST",
                 "/v1/services",
-                Some("bob-example-secret"),
+                Some(BOB),
                 Some(web("x", "team-a", 1)),
             ),
-            ("DELETE", "/v1/services/web-a", Some("bob-example-secret"), None),
+            ("DELETE", "/v1/services/web-a", Some(BOB), None),
             (
                 "POST",
                 "/v1/services",
-                Some("w1-example-secret"),
+                Some(W1),
                 Some(web("x", "team-a", 1)),
             ),
-            ("GET", "/v1/services/web-a", Some("w1-example-secret"), None),
-            ("GET", "/v1/services", Some("w1-example-secret"), None),
-            ("GET", "/v1/hosts", Some("w1-example-secret"), None),
+            ("GET", "/v1/services/web-a", Some(W1), None),
+            ("GET", "/v1/services", Some(W1), None),
+            ("GET", "/v1/hosts", Some(W1), None),
             (
                 "POST",
                 "/internal/v1/hosts/exec-01/heartbeat",
-                Some("admin-example-secret"),
+                Some(ADMIN),
                 None,
             ),
             (
                 "POST",
                 "/internal/v1/hosts/exec-01/heartbeat",
-                Some("w2-example-secret"),
+                Some(W2),
                 None,
             ),
             (
                 "GET",
                 "/internal/v1/hosts/exec-01/assignments?index=999",
-                Some("w2-example-secret"),
+                Some(W2),
                 None,
             ),
             (
                 "POST",
                 "/internal/v1/hosts/exec-01/heartbeat",
-                Some("w1-example-secret"),
+                Some(W1),
                 None,
             ),
             (
                 "POST",
                 "/internal/v1/hosts/exec-02/heartbeat",
-                Some("w2-example-secret"),
+                Some(W2),
                 None,
             ),
             // A refused worker is told what is wrong: its secret, or its host's entry.
@@ -120,11 +101,11 @@ async fn rbac_matrix_across_two_projects() {
             (
                 "POST",
                 "/internal/v1/hosts/exec-09/register",
-                Some("w2-example-secret"),
+                Some(W2),
                 None,
             ),
-            ("GET", "/v1/nothing", Some("alice-example-secret"), None),
-            ("GET", "/v1/whoami", Some("bob-example-secret"), None),
+            ("GET", "/v1/nothing", Some(ALICE), None),
+            ("GET", "/v1/whoami", Some(BOB), None),
             ("GET", "/v1/whoami", None, None),
         ],
         expect![[r#"
@@ -166,12 +147,8 @@ async fn rbac_matrix_across_two_projects() {
             .map(|s| s["name"].as_str().unwrap().to_owned())
             .collect()
     };
-    let (_, a) = app
-        .json("GET", "/v1/services", "alice-example-secret", None)
-        .await;
-    let (_, b) = app
-        .json("GET", "/v1/services", "bob-example-secret", None)
-        .await;
+    let (_, a) = app.get("/v1/services", ALICE).await;
+    let (_, b) = app.get("/v1/services", BOB).await;
     assert_eq!(
         (names(&a), names(&b)),
         (
@@ -180,9 +157,7 @@ async fn rbac_matrix_across_two_projects() {
         )
     );
     // Everyone with a user token sees the hosts.
-    let (s, _) = app
-        .json("GET", "/v1/hosts", "alice-example-secret", None)
-        .await;
+    let (s, _) = app.get("/v1/hosts", ALICE).await;
     assert_eq!(s, StatusCode::OK);
     app.ctl.shutdown().await;
 }
@@ -203,12 +178,7 @@ async fn submit_errors_list_every_problem() {
         ("application/toml", toml_ok),
     ] {
         let (s, b) = app
-            .call(
-                "POST",
-                "/v1/services",
-                Some("alice-example-secret"),
-                Some((ctype, body)),
-            )
+            .call("POST", "/v1/services", Some(ALICE), Some((ctype, body)))
             .await;
         let v: Value = serde_json::from_str(&b).unwrap();
         out.push(format!(
@@ -267,7 +237,7 @@ async fn put_scale_restart_and_stop_answer_and_refuse_bad_input_whole() {
         ("DELETE", "/v1/services/web?now=true", None),
         ("PUT", "/v1/services/web", Some(web("v3"))),
     ] {
-        let (s, v) = app.json(method, path, "alice-example-secret", body).await;
+        let (s, v) = app.json(method, path, ALICE, body).await;
         let what = match v.get("error") {
             Some(e) => e.to_string(),
             None if v.get("rollout").is_some() => format!(
@@ -306,56 +276,32 @@ async fn a_project_at_its_quota_is_refused_while_another_still_places() {
         quotas,
         ..ControllerConfig::default()
     };
-    let app = app_with(cfg, Arc::new(MemStore::new()), SharedSlots::new()).await;
-    app.register("exec-01", "w1-example-secret", 10).await;
-    let svc = |name: &str, project: &str, replicas: u32| {
-        json!({"service": {"name": name, "project": project, "replicas": replicas,
-                           "command": ["sleep", "1000"]}})
-    };
+    let app = app_configured(cfg).await;
+    app.register("exec-01", W1, 10).await;
     let mut out = Vec::new();
     for (who, method, path, body) in [
+        (ALICE, "POST", "/v1/services", Some(web("a1", "team-a", 2))),
+        (ALICE, "POST", "/v1/services", Some(web("a2", "team-a", 2))),
         (
-            "alice-example-secret",
-            "POST",
-            "/v1/services",
-            Some(svc("a1", "team-a", 2)),
-        ),
-        (
-            "alice-example-secret",
-            "POST",
-            "/v1/services",
-            Some(svc("a2", "team-a", 2)),
-        ),
-        (
-            "alice-example-secret",
+            ALICE,
             "POST",
             "/v1/services/a1/scale",
             Some(json!({"replicas": 4})),
         ),
         (
-            "alice-example-secret",
+            ALICE,
             "PUT",
             "/v1/services/a2",
-            Some(svc("a2", "team-a", 1)),
+            Some(web("a2", "team-a", 1)),
         ),
         (
-            "alice-example-secret",
+            ALICE,
             "POST",
             "/v1/services/a1/scale",
             Some(json!({"replicas": 1})),
         ),
-        (
-            "bob-example-secret",
-            "POST",
-            "/v1/services",
-            Some(svc("b1", "team-b", 5)),
-        ),
-        (
-            "bob-example-secret",
-            "POST",
-            "/v1/services",
-            Some(svc("b2", "team-b", 1)),
-        ),
+        (BOB, "POST", "/v1/services", Some(web("b1", "team-b", 5))),
+        (BOB, "POST", "/v1/services", Some(web("b2", "team-b", 1))),
     ] {
         let (s, v) = app.json(method, path, who, body).await;
         let what = match v.get("error") {
@@ -386,13 +332,13 @@ async fn oversized_bodies_answer_413_in_the_error_shape() {
         body_limit: 64,
         ..ControllerConfig::default()
     };
-    let app = app_with(cfg, Arc::new(MemStore::new()), SharedSlots::new()).await;
+    let app = app_configured(cfg).await;
     let big = web("web", "team-a", 1).to_string() + &" ".repeat(100);
     let (s, b) = app
         .call(
             "POST",
             "/v1/services",
-            Some("alice-example-secret"),
+            Some(ALICE),
             Some(("application/json", big)),
         )
         .await;
@@ -405,15 +351,9 @@ async fn oversized_bodies_answer_413_in_the_error_shape() {
 async fn service_and_host_answers_have_the_rest_shapes() {
     let app = app().await;
     let created = web_of_4_on_2_hosts_one_ready(&app).await;
-    let (_, detail) = app
-        .json("GET", "/v1/services/web", "admin-example-secret", None)
-        .await;
-    let (_, list) = app
-        .json("GET", "/v1/services", "admin-example-secret", None)
-        .await;
-    let (_, hosts) = app
-        .json("GET", "/v1/hosts", "admin-example-secret", None)
-        .await;
+    let (_, detail) = app.get("/v1/services/web", ADMIN).await;
+    let (_, list) = app.get("/v1/services", ADMIN).await;
+    let (_, hosts) = app.get("/v1/hosts", ADMIN).await;
     let (_, metrics) = app.call("GET", "/metrics", None, None).await;
     let mut metrics: Vec<&str> = metrics
         .lines()
@@ -447,74 +387,35 @@ async fn service_and_host_answers_have_the_rest_shapes() {
 #[tokio::test]
 async fn two_projects_each_have_a_web_and_nobody_learns_of_the_other() {
     let app = app().await;
-    app.register("exec-01", "w1-example-secret", 10).await;
-    let web = |project: &str| {
-        json!({"service": {"name": "web", "project": project, "replicas": 1,
-                           "command": ["sleep", "1000"]}})
-    };
+    app.register("exec-01", W1, 10).await;
     // What alice sees before bob's web exists, to compare bytes with after.
     let (_, before) = app
-        .call(
-            "GET",
-            "/v1/services/nope",
-            Some("alice-example-secret"),
-            None,
-        )
+        .call("GET", "/v1/services/nope", Some(ALICE), None)
         .await;
     let mut out = Vec::new();
     for (who, method, path, body) in [
+        (ALICE, "POST", "/v1/services", Some(web("web", "team-a", 1))),
+        (BOB, "POST", "/v1/services", Some(web("web", "team-b", 1))),
         (
-            "alice-example-secret",
-            "POST",
-            "/v1/services",
-            Some(web("team-a")),
-        ),
-        (
-            "bob-example-secret",
-            "POST",
-            "/v1/services",
-            Some(web("team-b")),
-        ),
-        (
-            "bob-example-secret",
+            BOB,
             "PUT",
             "/v1/services/web",
-            Some(web("team-b")),
+            Some(web("web", "team-b", 1)),
         ),
-        ("alice-example-secret", "GET", "/v1/services/web", None),
+        (ALICE, "GET", "/v1/services/web", None),
+        (ALICE, "GET", "/v1/services/web?project=team-b", None),
+        (BOB, "GET", "/v1/services/web", None),
+        (BOB, "GET", "/v1/services/web?project=team-b", None),
+        (BOB, "POST", "/v1/services/web/restart", None),
+        (BOB, "POST", "/v1/services/web/restart?project=team-a", None),
         (
-            "alice-example-secret",
-            "GET",
-            "/v1/services/web?project=team-b",
-            None,
-        ),
-        ("bob-example-secret", "GET", "/v1/services/web", None),
-        (
-            "bob-example-secret",
-            "GET",
-            "/v1/services/web?project=team-b",
-            None,
-        ),
-        (
-            "bob-example-secret",
-            "POST",
-            "/v1/services/web/restart",
-            None,
-        ),
-        (
-            "bob-example-secret",
-            "POST",
-            "/v1/services/web/restart?project=team-a",
-            None,
-        ),
-        (
-            "bob-example-secret",
+            BOB,
             "DELETE",
             "/v1/services/web?project=team-b&now=true",
             None,
         ),
         (
-            "alice-example-secret",
+            ALICE,
             "POST",
             "/v1/services/web/scale",
             Some(json!({"replicas": 2})),
@@ -553,12 +454,7 @@ async fn two_projects_each_have_a_web_and_nobody_learns_of_the_other() {
     .assert_eq(&out.join("\n"));
     // A project alice cannot view answers exactly as a name nobody uses.
     let (_, invisible) = app
-        .call(
-            "GET",
-            "/v1/services/nope?project=team-b",
-            Some("alice-example-secret"),
-            None,
-        )
+        .call("GET", "/v1/services/nope?project=team-b", Some(ALICE), None)
         .await;
     assert_eq!(invisible, before);
     app.ctl.shutdown().await;

@@ -275,6 +275,16 @@ fn exit_stopping(core: &mut Core, now: Instant) {
     core.settle(now);
 }
 
+/// 6 s later (every drain over), every host heard: the timers fire and settle. Returns
+/// the new time.
+fn after_the_drains(core: &mut Core, now: Instant) -> Instant {
+    let now = now + Duration::from_secs(6);
+    heartbeat_all(core, now);
+    core.tick(now, None);
+    core.settle(now);
+    now
+}
+
 /// Every host's worker heartbeats (so a tick finds none of them silent).
 fn heartbeat_all(core: &mut Core, now: Instant) {
     for i in 0..100 {
@@ -313,10 +323,7 @@ fn scaling_down_and_stopping_a_ten_thousand_replica_service_are_bounded_batches(
         states(&core, &key),
         [("draining".into(), 9990), ("running".into(), 10)].into()
     );
-    now += Duration::from_secs(6);
-    heartbeat_all(&mut core, now);
-    core.tick(now, None);
-    core.settle(now);
+    now = after_the_drains(&mut core, now);
     assert_eq!(
         states(&core, &key),
         [("running".into(), 10), ("stopping".into(), 9990)].into()
@@ -348,10 +355,7 @@ fn scaling_down_and_stopping_a_ten_thousand_replica_service_are_bounded_batches(
         states(&core, &key),
         [("draining".into(), BIG as usize)].into()
     );
-    now += Duration::from_secs(6);
-    heartbeat_all(&mut core, now);
-    core.tick(now, None);
-    core.settle(now);
+    now = after_the_drains(&mut core, now);
     assert_eq!(
         states(&core, &key),
         [("stopping".into(), BIG as usize)].into()

@@ -129,9 +129,7 @@ fn on_a_multi_threaded_runtime_the_state_task_serves_from_its_own_thread_and_sto
     rt.block_on(async {
         let app = app().await;
         web_of_4_on_2_hosts_one_ready(&app).await;
-        let (_, detail) = app
-            .json("GET", "/v1/services/web", "admin-example-secret", None)
-            .await;
+        let (_, detail) = app.get("/v1/services/web", ADMIN).await;
         let jobs: Vec<(&str, &str, bool)> = detail["jobs"]
             .as_array()
             .unwrap()

@@ -6,21 +6,14 @@ use super::*;
 #[tokio::test]
 async fn a_worker_cannot_advertise_another_live_hosts_address() {
     let app = app().await;
-    app.register("exec-01", "w1-example-secret", 2).await;
-    app.register("exec-02", "w2-example-secret", 2).await;
+    app.register("exec-01", W1, 2).await;
+    app.register("exec-02", W2, 2).await;
     // exec-01's credential reports exec-02's address.
     let stolen = serde_json::to_value(facts_at("127.0.0.12", 2)).unwrap();
     let (s, v) = app
-        .json(
-            "PUT",
-            "/internal/v1/hosts/exec-01/facts",
-            "w1-example-secret",
-            Some(stolen),
-        )
+        .json("PUT", "/internal/v1/hosts/exec-01/facts", W1, Some(stolen))
         .await;
-    let (_, hosts) = app
-        .json("GET", "/v1/hosts", "admin-example-secret", None)
-        .await;
+    let (_, hosts) = app.get("/v1/hosts", ADMIN).await;
     let ips: Vec<&Value> = hosts["hosts"]
         .as_array()
         .unwrap()
@@ -40,7 +33,7 @@ async fn a_worker_cannot_advertise_another_live_hosts_address() {
         .json(
             "POST",
             "/internal/v1/hosts/exec-02/register",
-            "w2-example-secret",
+            W2,
             Some(serde_json::to_value(req).unwrap()),
         )
         .await;
@@ -54,30 +47,18 @@ async fn worker_routes_refuse_bad_facts_and_blocking_queries_end() {
     // Registration with facts the policy refuses: 400 with every problem, nothing kept.
     let bad = json!({"facts": {"ip_addr": "0.0.0.0"}, "running": []});
     let (s, b) = app
-        .json(
-            "POST",
-            "/internal/v1/hosts/exec-01/register",
-            "w1-example-secret",
-            Some(bad),
-        )
+        .json("POST", "/internal/v1/hosts/exec-01/register", W1, Some(bad))
         .await;
     expect![[r#"400 {"error":{"code":"invalid","details":[{"field":"ip_addr","reason":"must not be unspecified"},{"field":"sections.slots","reason":"missing"}],"message":"host facts refused"}}"#]]
         .assert_eq(&format!("{} {b}", s.as_u16()));
-    let (s, _) = app
-        .json(
-            "GET",
-            "/internal/v1/hosts/exec-01/assignments",
-            "w1-example-secret",
-            None,
-        )
-        .await;
+    let (s, _) = app.get("/internal/v1/hosts/exec-01/assignments", W1).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
-    app.register("exec-01", "w1-example-secret", 1).await;
+    app.register("exec-01", W1, 1).await;
     let (s, b) = app
         .json(
             "PUT",
             "/internal/v1/hosts/exec-01/facts",
-            "w1-example-secret",
+            W1,
             Some(json!({"nope": 1})),
         )
         .await;
@@ -89,49 +70,31 @@ async fn worker_routes_refuse_bad_facts_and_blocking_queries_end() {
     // Index 0 answers at once; the current index waits until `wait` runs out and answers
     // unchanged; a pending query ends when the controller shuts down.
     let (_, a) = app
-        .json(
-            "GET",
-            "/internal/v1/hosts/exec-01/assignments?index=0",
-            "w1-example-secret",
-            None,
-        )
+        .get("/internal/v1/hosts/exec-01/assignments?index=0", W1)
         .await;
     let index = a["index"].as_u64().unwrap();
     assert!(index >= 1);
     let (s, a) = app
-        .json(
-            "GET",
+        .get(
             &format!("/internal/v1/hosts/exec-01/assignments?index={index}&wait=50ms"),
-            "w1-example-secret",
-            None,
+            W1,
         )
         .await;
     assert_eq!((s, a["index"].as_u64()), (StatusCode::OK, Some(index)));
     let (s, b) = app
-        .json(
-            "GET",
-            "/internal/v1/hosts/exec-01/assignments?wait=soon",
-            "w1-example-secret",
-            None,
-        )
+        .get("/internal/v1/hosts/exec-01/assignments?wait=soon", W1)
         .await;
     assert_eq!(
         (s, &b["error"]["details"][0]["field"]),
         (StatusCode::BAD_REQUEST, &json!("wait"))
     );
-    let pending = {
-        let router = app.app.clone();
-        let req = Request::get(format!(
-            "/internal/v1/hosts/exec-01/assignments?index={index}&wait=10m"
-        ))
-        .header("authorization", "Bearer w1-example-secret")
-        .body(Body::empty())
-        .unwrap();
-        tokio::spawn(async move { router.oneshot(req).await.unwrap().status() })
-    };
+    let pending = app.spawn_get(
+        format!("/internal/v1/hosts/exec-01/assignments?index={index}&wait=10m"),
+        W1,
+    );
     tokio::task::yield_now().await;
     app.ctl.shutdown().await;
-    let status = tokio::time::timeout(testkit::patience(), pending)
+    let (status, _) = tokio::time::timeout(testkit::patience(), pending)
         .await
         .unwrap()
         .unwrap();
@@ -147,50 +110,25 @@ async fn worker_routes_refuse_bad_facts_and_blocking_queries_end() {
 #[tokio::test]
 async fn revoked_credentials_end_their_blocking_queries() {
     let app = app().await;
-    app.register("exec-01", "w1-example-secret", 4).await;
-    let (s, _) = app
-        .submit("alice-example-secret", web("web", "team-a", 1))
-        .await;
+    app.register("exec-01", W1, 4).await;
+    let (s, _) = app.submit(ALICE, web("web", "team-a", 1)).await;
     assert_eq!(s, StatusCode::CREATED);
     let (_, a) = app
-        .json(
-            "GET",
-            "/internal/v1/hosts/exec-01/assignments?index=0",
-            "w1-example-secret",
-            None,
-        )
+        .get("/internal/v1/hosts/exec-01/assignments?index=0", W1)
         .await;
     let host_index = a["index"].as_u64().unwrap();
-    let (_, d) = app
-        .json("GET", "/v1/services/web", "alice-example-secret", None)
-        .await;
+    let (_, d) = app.get("/v1/services/web", ALICE).await;
     let rev = d["index"].as_u64().unwrap();
-    let parked = |path: String, who: &'static str| {
-        let app = app.app.clone();
-        let req = Request::get(path)
-            .header("authorization", format!("Bearer {who}"))
-            .body(Body::empty())
-            .unwrap();
-        tokio::spawn(async move {
-            let resp = app.oneshot(req).await.unwrap();
-            let status = resp.status().as_u16();
-            let body = axum::body::to_bytes(resp.into_body(), usize::MAX)
-                .await
-                .unwrap();
-            format!("{status} {}", String::from_utf8_lossy(&body))
-        })
-    };
+    let parked = |path: String, who: &str| app.spawn_get(path, who);
+    let answer = |(status, body): (StatusCode, String)| format!("{} {body}", status.as_u16());
     let worker = parked(
         format!("/internal/v1/hosts/exec-01/assignments?index={host_index}&wait=60s"),
-        "w1-example-secret",
+        W1,
     );
-    let alice = parked(
-        format!("/v1/services/web?index={rev}&wait=60s"),
-        "alice-example-secret",
-    );
+    let alice = parked(format!("/v1/services/web?index={rev}&wait=60s"), ALICE);
     let bob = parked(
         format!("/v1/services/web?project=team-a&index={rev}&wait=60s"),
-        "bob-example-secret",
+        BOB,
     );
     // Let the three reach their wait. The runtime has one thread and nothing here does
     // I/O, so each yield runs every ready task a step: no clock involved. A query that
@@ -210,19 +148,19 @@ async fn revoked_credentials_end_their_blocking_queries() {
         );
     let done = app.keyring.replace(Tokens::parse(&without).unwrap());
     assert_eq!((done.added, done.removed), (2, 2));
-    let worker = worker.await.unwrap();
-    let alice = alice.await.unwrap();
+    let worker = answer(worker.await.unwrap());
+    let alice = answer(alice.await.unwrap());
     assert!(!bob.is_finished());
     let (s, _) = app
         .json(
             "POST",
             "/v1/services/web/scale",
-            "admin-example-secret",
+            ADMIN,
             Some(json!({"replicas": 2})),
         )
         .await;
     assert_eq!(s, StatusCode::OK);
-    let bob = bob.await.unwrap();
+    let bob = answer(bob.await.unwrap());
     let bob_index =
         serde_json::from_str::<Value>(bob.split_once(' ').unwrap().1).unwrap()["index"].as_u64();
     expect![[r#"
@@ -262,7 +200,7 @@ async fn fake_worker_over_http_sees_assignments_and_replacements() {
     let bounded = Duration::from_secs(20);
     let worker = |m: reqwest::Method, p: &str| {
         http.request(m, format!("{base}/internal/v1/hosts/exec-01/{p}"))
-            .bearer_auth("w1-example-secret")
+            .bearer_auth(W1)
     };
 
     let r = worker(reqwest::Method::POST, "register")
@@ -293,7 +231,7 @@ async fn fake_worker_over_http_sees_assignments_and_replacements() {
     };
     let r = http
         .post(format!("{base}/v1/services"))
-        .bearer_auth("alice-example-secret")
+        .bearer_auth(ALICE)
         .header("content-type", "application/toml")
         .body("[service]\nname = \"web\"\nproject = \"team-a\"\ncommand = [\"sleep\", \"100\"]\n")
         .send()
@@ -323,7 +261,7 @@ async fn fake_worker_over_http_sees_assignments_and_replacements() {
     assert_eq!(r.status(), 204);
     let detail: Value = http
         .get(format!("{base}/v1/services/web"))
-        .bearer_auth("alice-example-secret")
+        .bearer_auth(ALICE)
         .send()
         .await
         .unwrap()
