@@ -239,88 +239,145 @@ pub fn to_place(s: &Service) -> Vec<u32> {
 /// 5. with `max_unavailable > 0`: further older jobs (not ready first, then the highest
 ///    slots), within the same floor, so a rollout can proceed where no surge fits.
 pub fn to_drain(s: &Service) -> Vec<JobId> {
-    let floor = s.replicas.saturating_sub(s.policy.max_unavailable);
-    let mut available = s.available();
-    let mut out: Vec<JobId> = Vec::new();
-    let mut gone = BTreeSet::new();
-    let drain = |j: &JobFacts, out: &mut Vec<JobId>, gone: &mut BTreeSet<JobId>| {
-        out.push(j.job.clone());
-        gone.insert(j.job.clone());
-    };
-    // 1.
-    let mut excess: Vec<&JobFacts> = s.live().filter(|j| j.replica >= s.replicas).collect();
-    excess.sort_by_key(|j| std::cmp::Reverse(j.replica));
-    for j in excess {
-        drain(j, &mut out, &mut gone);
-    }
-    // The jobs of each slot, once (a scan per slot made a 10,000-replica service's pass
-    // quadratic), split into current and older generations.
-    let mut new_of: BTreeMap<u32, Vec<&JobFacts>> = BTreeMap::new();
-    let mut old_of: BTreeMap<u32, Vec<&JobFacts>> = BTreeMap::new();
-    for j in s.in_slots() {
-        let slots = if s.is_new(j) {
-            &mut new_of
-        } else {
-            &mut old_of
-        };
-        slots.entry(j.replica).or_default().push(j);
-    }
-    // 2.
-    for mine in new_of.values() {
-        let mut mine = mine.clone();
-        if mine.len() > 1 {
-            mine.sort_by_key(|j| std::cmp::Reverse((j.available, j.ready)));
-            for j in &mine[1..] {
-                available -= u32::from(j.available);
-                drain(j, &mut out, &mut gone);
-            }
-        }
-    }
-    // 2b. Several older jobs in one slot (rollouts in quick succession): the slot keeps
-    //     the best one (available, then the newest generation); the others drain, within
-    //     the floor. Without this a full surge budget could wait forever.
-    for mine in old_of.values() {
-        let mut mine = mine.clone();
-        if mine.len() > 1 {
-            mine.sort_by_key(|j| std::cmp::Reverse((j.available, j.ready, j.generation)));
-            for j in &mine[1..] {
-                if !j.available || available > floor {
-                    available -= u32::from(j.available);
-                    drain(j, &mut out, &mut gone);
-                }
-            }
-        }
-    }
-    let new_in = |r: u32, need_available: bool| {
-        new_of
-            .get(&r)
-            .is_some_and(|js| js.iter().any(|j| j.available || !need_available))
-    };
+    let mut d = Drains::new(s);
+    d.excess(s);
+    let slots = Slots::of(s);
+    d.second_new_jobs(&slots);
+    d.older_crowds(&slots);
     let old: Vec<&JobFacts> = s
         .in_slots()
-        .filter(|j| !s.is_new(j) && !gone.contains(&j.job))
+        .filter(|j| !s.is_new(j) && !d.gone.contains(&j.job))
         .collect();
-    // 3. and 4.
-    for j in &old {
-        let replaced = new_in(j.replica, true);
-        let idle = !j.ready && new_in(j.replica, false);
-        if replaced && (!j.available || available > floor) || idle {
-            available -= u32::from(j.available);
-            drain(j, &mut out, &mut gone);
+    d.replaced_or_idle(&slots, &old);
+    if s.policy.max_unavailable > 0 {
+        d.further_old(&old);
+    }
+    d.out
+}
+
+/// The jobs [`to_drain`] chose so far, in order, and the available count they leave.
+struct Drains {
+    /// What the available count must not fall below: `replicas - max_unavailable`.
+    floor: u32,
+    available: u32,
+    out: Vec<JobId>,
+    gone: BTreeSet<JobId>,
+}
+
+/// A service's live jobs in its slots, each slot's once (a scan per slot made a
+/// 10,000-replica service's pass quadratic), split into current and older generations.
+struct Slots<'a> {
+    new_of: BTreeMap<u32, Vec<&'a JobFacts>>,
+    old_of: BTreeMap<u32, Vec<&'a JobFacts>>,
+}
+
+impl<'a> Slots<'a> {
+    fn of(s: &'a Service<'_>) -> Self {
+        let mut slots = Slots {
+            new_of: BTreeMap::new(),
+            old_of: BTreeMap::new(),
+        };
+        for j in s.in_slots() {
+            let of = if s.is_new(j) {
+                &mut slots.new_of
+            } else {
+                &mut slots.old_of
+            };
+            of.entry(j.replica).or_default().push(j);
+        }
+        slots
+    }
+
+    /// Whether slot `r` has a current-generation job (an available one with
+    /// `need_available`).
+    fn has_new(&self, r: u32, need_available: bool) -> bool {
+        self.new_of
+            .get(&r)
+            .is_some_and(|js| js.iter().any(|j| j.available || !need_available))
+    }
+}
+
+impl Drains {
+    fn new(s: &Service) -> Self {
+        Drains {
+            floor: s.replicas.saturating_sub(s.policy.max_unavailable),
+            available: s.available(),
+            out: Vec::new(),
+            gone: BTreeSet::new(),
         }
     }
-    // 5.
-    if s.policy.max_unavailable > 0 {
-        let mut rest: Vec<&&JobFacts> = old.iter().filter(|j| !gone.contains(&j.job)).collect();
-        rest.sort_by_key(|j| (j.ready, std::cmp::Reverse(j.replica)));
-        for j in rest {
-            if !j.available || available > floor {
-                available -= u32::from(j.available);
-                drain(j, &mut out, &mut gone);
+
+    fn drain(&mut self, j: &JobFacts) {
+        self.out.push(j.job.clone());
+        self.gone.insert(j.job.clone());
+    }
+
+    /// Drains `j` unless it is available and the available count is at the floor.
+    fn drain_above_floor(&mut self, j: &JobFacts) {
+        if !j.available || self.available > self.floor {
+            self.available -= u32::from(j.available);
+            self.drain(j);
+        }
+    }
+
+    /// 1. Jobs in slots the service no longer has, the highest-numbered first.
+    fn excess(&mut self, s: &Service) {
+        let mut excess: Vec<&JobFacts> = s.live().filter(|j| j.replica >= s.replicas).collect();
+        excess.sort_by_key(|j| std::cmp::Reverse(j.replica));
+        for j in excess {
+            self.drain(j);
+        }
+    }
+
+    /// 2. A second current-generation job in one slot: the best one (available, then
+    ///    ready) stays, whatever the floor (the slot stays served).
+    fn second_new_jobs(&mut self, slots: &Slots) {
+        for mine in slots.new_of.values().filter(|m| m.len() > 1) {
+            let mut mine = mine.clone();
+            mine.sort_by_key(|j| std::cmp::Reverse((j.available, j.ready)));
+            for j in &mine[1..] {
+                self.available -= u32::from(j.available);
+                self.drain(j);
             }
         }
     }
-    out
+
+    /// 2b. Several older jobs in one slot (rollouts in quick succession): the slot keeps
+    ///     the best one (available, then the newest generation); the others drain, within
+    ///     the floor. Without this a full surge budget could wait forever.
+    fn older_crowds(&mut self, slots: &Slots) {
+        for mine in slots.old_of.values().filter(|m| m.len() > 1) {
+            let mut mine = mine.clone();
+            mine.sort_by_key(|j| std::cmp::Reverse((j.available, j.ready, j.generation)));
+            for j in &mine[1..] {
+                self.drain_above_floor(j);
+            }
+        }
+    }
+
+    /// 3. and 4. An older job whose slot has an available current-generation job
+    ///    (within the floor), or that is not ready where a current-generation job stands.
+    fn replaced_or_idle(&mut self, slots: &Slots, old: &[&JobFacts]) {
+        for j in old {
+            let replaced = slots.has_new(j.replica, true);
+            let idle = !j.ready && slots.has_new(j.replica, false);
+            if replaced && (!j.available || self.available > self.floor) || idle {
+                self.available -= u32::from(j.available);
+                self.drain(j);
+            }
+        }
+    }
+
+    /// 5. With `max_unavailable > 0`: the other older jobs, not ready first, then the
+    ///    highest slots, within the floor.
+    fn further_old(&mut self, old: &[&JobFacts]) {
+        let mut rest: Vec<&&JobFacts> =
+            old.iter().filter(|j| !self.gone.contains(&j.job)).collect();
+        rest.sort_by_key(|j| (j.ready, std::cmp::Reverse(j.replica)));
+        for j in rest {
+            self.drain_above_floor(j);
+        }
+    }
 }
 
 /// A progress signature (available, updated, outdated, excess): the deadline counts from

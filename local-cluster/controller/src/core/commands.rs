@@ -95,71 +95,84 @@ impl Core {
                 "no job.submit permission on project {project:?}"
             )));
         }
-        let profile = {
-            let refs: Vec<&dyn ResourcePlugin> = self.plugins.iter().map(|p| &**p as _).collect();
-            let mut errs = Vec::new();
-            let body_name = doc
-                .get("service")
-                .and_then(|s| s.get("name"))
-                .and_then(Value::as_str);
-            if let (Some(path), Some(body)) = (path, body_name) {
-                if path != body {
-                    errs.push(FieldError::new(
-                        "service.name",
-                        format!("is {body:?}, but the request is for service {path:?}"),
-                    ));
-                }
-            }
-            match profile::validate(&doc, &refs) {
-                Ok(p) if errs.is_empty() => {
-                    profile::check_replicas(&p.raw, p.replicas, &refs)
-                        .map_err(CoreError::Invalid)?;
-                    p
-                }
-                Ok(_) => return Err(CoreError::Invalid(errs)),
-                Err(mut e) => {
-                    errs.append(&mut e);
-                    return Err(CoreError::Invalid(errs));
-                }
-            }
-        };
+        let profile = self.submitted_profile(&doc, path)?;
         let key = ServiceKey::new(&profile.project, &profile.name);
-        let name = profile.name.clone();
-        let Some(cur) = self.cluster.services.get(&key).cloned() else {
-            self.check_quota(
-                &profile.project,
-                &key,
-                Some((profile.replicas, &profile.quantities)),
-            )?;
-            let mut txn = Txn::new(&self.cluster);
-            let mut rollout = Rollout::default();
-            rollout.begin();
-            txn.put_service(ServiceRec {
-                info: ServiceInfo {
-                    name: name.clone(),
-                    project: profile.project.clone(),
-                    replicas: profile.replicas,
-                    profile: profile.raw.clone(),
-                    rev: 0,
-                    generation: plugin_api::first_generation(),
-                },
-                state: ServiceState::Active,
-                rollout,
-                older: BTreeMap::new(),
-                slots: BTreeMap::new(),
-                stop_now: false,
-            });
-            self.profiles.insert(key.clone(), profile);
-            if let Err(e) = self.commit(txn, now) {
-                self.profiles.remove(&key);
-                return Err(e);
-            }
-            info!(service = %name, project = %key.project, principal = %who.name, "service submitted");
-            return Ok((key, Applied::Created));
-        };
-        if path.is_none() {
-            return Err(CoreError::Conflict(name));
+        match self.cluster.services.get(&key).cloned() {
+            None => self.create(key, profile, who, now),
+            // A `POST` names no service: it only creates.
+            Some(_) if path.is_none() => Err(CoreError::Conflict(profile.name)),
+            Some(cur) => self.update(key, cur, profile, who, now),
         }
+    }
+
+    /// The profile of a submitted document, validated (by the host and every plugin, and
+    /// its replicas against what the hosts can hold together), and its name checked
+    /// against the request's `path`; every problem listed.
+    fn submitted_profile(&self, doc: &Value, path: Option<&str>) -> Result<Profile, CoreError> {
+        let refs: Vec<&dyn ResourcePlugin> = self.plugins.iter().map(|p| &**p as _).collect();
+        let mut errs = Vec::new();
+        let body_name = doc
+            .get("service")
+            .and_then(|s| s.get("name"))
+            .and_then(Value::as_str);
+        if let (Some(path), Some(body)) = (path, body_name) {
+            if path != body {
+                errs.push(FieldError::new(
+                    "service.name",
+                    format!("is {body:?}, but the request is for service {path:?}"),
+                ));
+            }
+        }
+        match profile::validate(doc, &refs) {
+            Ok(p) if errs.is_empty() => {
+                profile::check_replicas(&p.raw, p.replicas, &refs).map_err(CoreError::Invalid)?;
+                Ok(p)
+            }
+            Ok(_) => Err(CoreError::Invalid(errs)),
+            Err(mut e) => {
+                errs.append(&mut e);
+                Err(CoreError::Invalid(errs))
+            }
+        }
+    }
+
+    /// Creates the service `key` of `profile` (within its project's quota): its first
+    /// generation, rolling out.
+    fn create(
+        &mut self,
+        key: ServiceKey,
+        profile: Profile,
+        who: &Principal,
+        now: Instant,
+    ) -> Result<(ServiceKey, Applied), CoreError> {
+        self.check_quota(
+            &profile.project,
+            &key,
+            Some((profile.replicas, &profile.quantities)),
+        )?;
+        let mut txn = Txn::new(&self.cluster);
+        txn.put_service(new_service(&profile));
+        self.profiles.insert(key.clone(), profile);
+        if let Err(e) = self.commit(txn, now) {
+            self.profiles.remove(&key);
+            return Err(e);
+        }
+        info!(service = %key.name, project = %key.project, principal = %who.name, "service submitted");
+        Ok((key, Applied::Created))
+    }
+
+    /// Updates the service `key`, now `cur`, to `profile` (within its project's quota): a new
+    /// generation if its template changed, a scale if only `replicas` did, else the new
+    /// settings in place; nothing if the profile is the same.
+    fn update(
+        &mut self,
+        key: ServiceKey,
+        cur: ServiceRec,
+        profile: Profile,
+        who: &Principal,
+        now: Instant,
+    ) -> Result<(ServiceKey, Applied), CoreError> {
+        let name = &profile.name;
         if !who.may(Permission::JobView, &cur.info.project) {
             return Err(CoreError::Forbidden(format!(
                 "no job.view permission on project {:?}",
@@ -180,8 +193,7 @@ impl Core {
             Some((profile.replicas, &profile.quantities)),
         )?;
         let mut svc = cur.clone();
-        let new_generation = !rollout::same_template(&cur.info.profile, &profile.raw);
-        if new_generation {
+        if !rollout::same_template(&cur.info.profile, &profile.raw) {
             self.next_generation(&mut svc);
             info!(service = %name, project = %key.project, generation = svc.info.generation, principal = %who.name, "new profile: rolling out a new generation");
         } else if cur.info.replicas != profile.replicas {
@@ -426,5 +438,27 @@ impl Core {
         j.info.ready = false;
         j.held_ready = None;
         txn.put_job(&self.cluster, j);
+    }
+}
+
+/// The record of a service just created from `profile`: active, its first generation
+/// rolling out.
+fn new_service(profile: &Profile) -> ServiceRec {
+    let mut rollout = Rollout::default();
+    rollout.begin();
+    ServiceRec {
+        info: ServiceInfo {
+            name: profile.name.clone(),
+            project: profile.project.clone(),
+            replicas: profile.replicas,
+            profile: profile.raw.clone(),
+            rev: 0,
+            generation: plugin_api::first_generation(),
+        },
+        state: ServiceState::Active,
+        rollout,
+        older: BTreeMap::new(),
+        slots: BTreeMap::new(),
+        stop_now: false,
     }
 }

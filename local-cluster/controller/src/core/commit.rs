@@ -1,9 +1,10 @@
 //! How a [`Txn`] becomes the state: persisted as one store batch first, then applied in
-//! memory, its events noted (the in-memory timers and backoffs they start) and queued for
-//! the listeners, then the plugin calls it made due (releases, launch refusals).
+//! memory; its events are logged and counted, start the restart backoffs and the
+//! in-memory clocks they imply, and are queued for the listeners; then the plugin calls
+//! it made due (releases, launch refusals).
 
 use super::{blocking, Core, CoreError, RestartBackoff};
-use plugin_api::{ClusterEvent, EndReason, JobState, ResourcePlugin, ServiceKey};
+use plugin_api::{ClusterEvent, EndReason, JobInfo, JobState, ResourcePlugin, ServiceKey};
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
@@ -116,7 +117,11 @@ impl Core {
         self.dirty = true;
         let mut changed = JobsChanged::default();
         for e in &events {
-            self.note(e, now);
+            log_committed(e);
+            self.count_committed(e);
+            // Before `keep_in_memory`: it reads how long an ended job ran.
+            self.back_off_restart(e, now);
+            self.keep_in_memory(e, now);
             changed.add(e);
         }
         changed.log(self.cluster.rev);
@@ -143,93 +148,151 @@ impl Core {
         Ok(())
     }
 
-    /// Logs a committed event and keeps the in-memory bookkeeping it implies.
-    fn note(&mut self, e: &ClusterEvent, now: Instant) {
+    /// Counts a committed event in the metrics: a removed service's counters go, and a
+    /// replica of an active service that ended by itself (the ends `record_end` counted)
+    /// is a restart.
+    fn count_committed(&self, e: &ClusterEvent) {
         match e {
-            ClusterEvent::Service { rev, service } => {
-                info!(service = %service.name, project = %service.project, rev, "service changed")
+            ClusterEvent::ServiceRemoved { name, project, .. } => {
+                self.metrics.service_removed(project, name)
             }
-            ClusterEvent::ServiceRemoved { rev, name, project } => {
-                info!(service = %name, project = %project, rev, "service removed");
-                let key = ServiceKey::new(project, name);
-                self.profiles.remove(&key);
-                self.pending.remove(&key);
-                self.progress.remove(&key);
-                self.older.retain(|(k, _), _| *k != key);
-                self.backoff.retain(|(s, _), _| *s != key);
-                self.metrics.service_removed(project, name);
-            }
-            ClusterEvent::Job { rev, job } => {
-                // Per job at debug: placing 50,000 replicas wrote 100,000 of these lines,
-                // 7 % of the controller's CPU (a profile); a batch's summary is at info.
-                debug!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, state = %job.state, ready = job.ready, rev, "job changed");
-                // Keyed by the model's own id (a job ended later in the same batch is
-                // gone from it, and its `JobEnded` clears the rest).
-                let id = self.cluster.job_key(&job.job);
-                if let (JobState::Running, Some(id)) = (job.state, id) {
-                    self.running_since.keep_first(id, now);
-                }
-                match id {
-                    Some(id) if job.ready => self.ready_since.keep_first(id, now),
-                    _ => _ = self.ready_since.remove(&job.job),
-                }
-                let draining = self
-                    .cluster
-                    .jobs
-                    .get(job.job.as_str())
-                    .is_some_and(|j| j.effective_state() == JobState::Draining);
-                if draining {
-                    let drain = self
-                        .profiles
-                        .get(&job.service_key())
-                        .map_or(profile::DEFAULT_DRAIN, |p| p.drain);
-                    self.drain_until
-                        .entry(job.job.clone())
-                        .or_insert(now + drain);
-                } else {
-                    self.drain_until.remove(&job.job);
-                }
-            }
-            ClusterEvent::JobEnded { rev, job, reason } => {
-                info!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, reason = %reason, rev, "job ended");
-                let since = self.running_since.remove(&job.job);
-                self.ready_since.remove(&job.job);
-                self.drain_until.remove(&job.job);
-                let active = self
-                    .cluster
-                    .services
-                    .get(&job.service_key())
-                    .is_some_and(|s| s.state == ServiceState::Active);
-                // The ends `record_end` counted as restarts.
-                if active && matches!(reason, EndReason::Exited { .. } | EndReason::Refused { .. })
-                {
+            ClusterEvent::JobEnded { job, reason, .. } => {
+                let by_itself =
+                    matches!(reason, EndReason::Exited { .. } | EndReason::Refused { .. });
+                if by_itself && self.is_active(&job.service_key()) {
                     self.metrics.replica_restarted(&job.project, &job.service);
                 }
-                if let EndReason::Exited { .. } = reason {
-                    if active {
-                        let key = (job.service_key(), job.replica);
-                        let ran_long =
-                            since.is_some_and(|t| now.duration_since(t) >= BACKOFF_RESET);
-                        let mut pauses = match self.backoff.get(&key) {
-                            Some(b) if !ran_long => b.pauses,
-                            _ => retry_backoff::Backoff::new(BACKOFF_MIN, BACKOFF_MAX),
-                        };
-                        let delay = pauses.next_pause();
-                        info!(service = %job.service, replica = job.replica, delay = ?delay, "replica exited; restarting after backoff");
-                        self.backoff.insert(
-                            key,
-                            RestartBackoff {
-                                pauses,
-                                not_before: now + delay,
-                                over: false,
-                            },
-                        );
-                    }
-                }
             }
-            ClusterEvent::Host { rev, host, .. } => {
-                info!(host = %host.id, state = %host.state, ip_addr = %display_ip(host.facts.ip_addr), rev, "host changed")
+            ClusterEvent::Service { .. } | ClusterEvent::Job { .. } | ClusterEvent::Host { .. } => {
             }
+        }
+    }
+
+    /// Decides the restart backoff of a replica whose job exited by itself while its
+    /// service is active: the slot's delay doubles from [`BACKOFF_MIN`] up to
+    /// [`BACKOFF_MAX`], and starts over once the job had run for [`BACKOFF_RESET`]. Other
+    /// events change no backoff. Reads when the job started running, so it comes before
+    /// [`keep_in_memory`](Self::keep_in_memory) forgets that.
+    fn back_off_restart(&mut self, e: &ClusterEvent, now: Instant) {
+        let ClusterEvent::JobEnded {
+            job,
+            reason: EndReason::Exited { .. },
+            ..
+        } = e
+        else {
+            return;
+        };
+        if !self.is_active(&job.service_key()) {
+            return;
+        }
+        let key = (job.service_key(), job.replica);
+        let ran_long = self
+            .running_since
+            .get(&job.job)
+            .is_some_and(|t| now.duration_since(*t) >= BACKOFF_RESET);
+        let mut pauses = match self.backoff.get(&key) {
+            Some(b) if !ran_long => b.pauses,
+            _ => retry_backoff::Backoff::new(BACKOFF_MIN, BACKOFF_MAX),
+        };
+        let delay = pauses.next_pause();
+        info!(service = %job.service, replica = job.replica, delay = ?delay, "replica exited; restarting after backoff");
+        self.backoff.insert(
+            key,
+            RestartBackoff {
+                pauses,
+                not_before: now + delay,
+                over: false,
+            },
+        );
+    }
+
+    /// Keeps the in-memory state (never persisted) that a committed event changes: what
+    /// the core kept of a removed service goes; a job's clocks (running since, ready
+    /// since, drain until) start with its state and end with it.
+    fn keep_in_memory(&mut self, e: &ClusterEvent, now: Instant) {
+        match e {
+            ClusterEvent::ServiceRemoved { name, project, .. } => {
+                self.forget_service(&ServiceKey::new(project, name))
+            }
+            ClusterEvent::Job { job, .. } => self.keep_job_clocks(job, now),
+            ClusterEvent::JobEnded { job, .. } => {
+                self.running_since.remove(&job.job);
+                self.ready_since.remove(&job.job);
+                self.drain_until.remove(&job.job);
+            }
+            ClusterEvent::Service { .. } | ClusterEvent::Host { .. } => {}
+        }
+    }
+
+    /// Drops what the core keeps of a removed service besides its records.
+    fn forget_service(&mut self, key: &ServiceKey) {
+        self.profiles.remove(key);
+        self.pending.remove(key);
+        self.progress.remove(key);
+        self.older.retain(|(k, _), _| k != key);
+        self.backoff.retain(|(s, _), _| s != key);
+    }
+
+    /// A live job's clocks after a committed change: when it started running and when
+    /// it became ready (the first time only: kept while it stays so), and when its drain
+    /// ends (from the drain's start).
+    fn keep_job_clocks(&mut self, job: &JobInfo, now: Instant) {
+        // Keyed by the model's own id (a job ended later in the same batch is gone from
+        // it, and its `JobEnded` clears the rest).
+        let id = self.cluster.job_key(&job.job);
+        if let (JobState::Running, Some(id)) = (job.state, id) {
+            self.running_since.keep_first(id, now);
+        }
+        match id {
+            Some(id) if job.ready => self.ready_since.keep_first(id, now),
+            _ => _ = self.ready_since.remove(&job.job),
+        }
+        let draining = self
+            .cluster
+            .jobs
+            .get(job.job.as_str())
+            .is_some_and(|j| j.effective_state() == JobState::Draining);
+        if draining {
+            let drain = self
+                .profiles
+                .get(&job.service_key())
+                .map_or(profile::DEFAULT_DRAIN, |p| p.drain);
+            self.drain_until
+                .entry(job.job.clone())
+                .or_insert(now + drain);
+        } else {
+            self.drain_until.remove(&job.job);
+        }
+    }
+
+    /// Whether the service is there and active (not stopping).
+    fn is_active(&self, key: &ServiceKey) -> bool {
+        self.cluster
+            .services
+            .get(key)
+            .is_some_and(|s| s.state == ServiceState::Active)
+    }
+}
+
+/// Logs a committed event: services, hosts and job ends at info, each job change at
+/// debug (placing 50,000 replicas wrote 100,000 of these lines, 7 % of the controller's
+/// CPU in a profile; a batch's [`JobsChanged`] summary is at info).
+fn log_committed(e: &ClusterEvent) {
+    match e {
+        ClusterEvent::Service { rev, service } => {
+            info!(service = %service.name, project = %service.project, rev, "service changed")
+        }
+        ClusterEvent::ServiceRemoved { rev, name, project } => {
+            info!(service = %name, project = %project, rev, "service removed")
+        }
+        ClusterEvent::Job { rev, job } => {
+            debug!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, state = %job.state, ready = job.ready, rev, "job changed")
+        }
+        ClusterEvent::JobEnded { rev, job, reason } => {
+            info!(service = %job.service, job = %job.job, host = %job.host, replica = job.replica, reason = %reason, rev, "job ended")
+        }
+        ClusterEvent::Host { rev, host, .. } => {
+            info!(host = %host.id, state = %host.state, ip_addr = %display_ip(host.facts.ip_addr), rev, "host changed")
         }
     }
 }

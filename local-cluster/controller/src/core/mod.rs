@@ -43,7 +43,7 @@ use tracing::{error, info, warn};
 use xce_model::job_key::JobMap;
 use xce_model::rollout::{self, Counts, JobFacts, Phase, Rollout};
 use xce_model::slots::SlotRec;
-use xce_model::{Cluster, JobRec, LoadError, Released, ServiceState, Txn};
+use xce_model::{Cluster, JobRec, LoadError, ServiceState, Txn};
 use xce_proto::profile::{self, Profile};
 use xce_store::{Store, StoreError};
 
@@ -304,77 +304,14 @@ impl Core {
             policies,
             listeners,
         } = wiring;
-        for h in cluster.hosts.values() {
-            for p in &mut plugins {
-                if let Err(e) = p.host_up(&h.info.id, &h.info.facts) {
-                    warn!(host = %h.info.id, plugin = p.name(), reason = %e, "plugin refused stored host facts");
-                }
-            }
-        }
-        let mut running_since = JobMap::default();
-        // Live grants first, then the recently ended jobs' grants again, restored and
-        // released in the order they ended: the plugins' free order (a just-released port
-        // is handed out last) survives a restart or a takeover. A grant now held by a live
-        // job is refused by `restore` and skipped.
-        let mut replay: Vec<(HostId, Released)> = Vec::new();
-        for h in cluster.hosts.values() {
-            for r in &h.released {
-                replay.push((h.info.id.clone(), r.clone()));
-            }
-        }
-        for (id, j) in &cluster.jobs {
-            for p in &mut plugins {
-                if let Some(g) = j.info.grants.get(p.name()) {
-                    if let Err(e) = p.restore(&j.info.host, &j.info.job, g) {
-                        error!(job = %j.info.job, host = %j.info.host, plugin = p.name(), reason = %e, "stored grant conflicts with another; the store may be corrupt");
-                    }
-                }
-            }
-            if j.effective_state() == JobState::Running {
-                running_since.insert(id.clone(), now);
-            }
-        }
-        for (host, r) in &replay {
-            for p in &mut plugins {
-                if let Some(g) = r.grants.get(p.name()) {
-                    if p.restore(host, &r.job, g).is_ok() {
-                        p.release(host, &r.job);
-                    }
-                }
-            }
-        }
-        let mut profiles = HashMap::new();
-        let mut older = HashMap::new();
-        for svc in cluster.services.values() {
-            profiles.insert(
-                svc.info.key(),
-                stored_profile(&plugins, &svc.info, &svc.info.profile),
-            );
-            for (g, raw) in &svc.older {
-                older.insert(
-                    (svc.info.key(), *g),
-                    stored_profile(&plugins, &svc.info, raw),
-                );
-            }
-        }
-        let mut ready_since = JobMap::default();
-        let mut drain_until = HashMap::new();
-        for (id, j) in &cluster.jobs {
-            if j.info.ready {
-                ready_since.insert(id.clone(), now);
-            }
-            if j.effective_state() == JobState::Draining {
-                let drain = profiles
-                    .get(&j.info.service_key())
-                    .map_or(profile::DEFAULT_DRAIN, |p| p.drain);
-                drain_until.insert(j.info.job.clone(), now + drain);
-            }
-        }
+        hosts_up(&cluster, &mut plugins);
+        restore_grants(&cluster, &mut plugins);
+        let (profiles, older) = parse_profiles(&cluster, &plugins);
+        let clocks = Clocks::loaded(&cluster, &profiles, now);
         let snapshot = cluster.snapshot();
         for l in &listeners {
             l.resync(&snapshot);
         }
-        let heard = cluster.hosts.keys().map(|h| (h.clone(), now)).collect();
         info!(
             cluster = %cluster_id,
             rev = cluster.rev,
@@ -383,26 +320,66 @@ impl Core {
             hosts = cluster.hosts.len(),
             "controller state loaded"
         );
+        let mut core = Core::new(
+            timing,
+            Loaded {
+                cluster_id,
+                cluster,
+                profiles,
+                older,
+                clocks,
+            },
+            Wiring {
+                resources: plugins,
+                policies,
+                listeners,
+            },
+            store,
+            metrics,
+        );
+        core.migrate_legacy_keys(now);
+        // The first view is built whole, and the first pass visits every service.
+        core.parts.touch_all(&core.cluster);
+        core.sched.mark_all(&core.cluster);
+        core.publish(now);
+        Ok(core)
+    }
+
+    /// A core on the loaded state, with nothing published, pending or timed yet.
+    fn new(
+        timing: Timing,
+        loaded: Loaded,
+        wiring: Wiring,
+        store: Arc<dyn Store>,
+        metrics: Metrics,
+    ) -> Self {
+        let Loaded {
+            cluster_id,
+            cluster,
+            profiles,
+            older,
+            clocks,
+        } = loaded;
         let (view, _) = watch::channel(Arc::new(View::default()));
-        let mut core = Core {
+        Core {
             timing,
             cluster_id,
             cluster,
-            plugins,
-            policies,
-            listeners,
+            plugins: wiring.resources,
+            policies: wiring.policies,
+            listeners: wiring.listeners,
             store,
             metrics,
             profiles,
             older,
-            ready_since,
-            drain_until,
+            ready_since: clocks.ready_since,
+            drain_until: clocks.drain_until,
             progress: HashMap::new(),
             quotas: Quotas::default(),
-            heard,
+            heard: clocks.heard,
             disrupted: false,
             withheld: BTreeSet::new(),
-            running_since,
+            running_since: clocks.running_since,
             backoff: HashMap::new(),
             pending: BTreeMap::new(),
             assign: HashMap::new(),
@@ -415,24 +392,24 @@ impl Core {
             fatal: None,
             outbox: Vec::new(),
             wall: SystemTime::now,
-        };
-        if !core.cluster.legacy_keys.is_empty() {
-            // Records written before services were keyed by project move to their
-            // canonical keys (`project/name`) once, in one batch.
-            let mut txn = Txn::new(&core.cluster);
-            txn.migrate_keys(&core.cluster);
-            match core.commit(txn, now) {
-                Ok(()) => info!("service records moved to their project-scoped keys"),
-                Err(e) => {
-                    warn!(error = %e, "moving service records to project-scoped keys failed; trying again at the next start")
-                }
+        }
+    }
+
+    /// Records written before services were keyed by project move to their canonical
+    /// keys (`project/name`) once, in one batch; a failed move is tried again at the next
+    /// start.
+    fn migrate_legacy_keys(&mut self, now: Instant) {
+        if self.cluster.legacy_keys.is_empty() {
+            return;
+        }
+        let mut txn = Txn::new(&self.cluster);
+        txn.migrate_keys(&self.cluster);
+        match self.commit(txn, now) {
+            Ok(()) => info!("service records moved to their project-scoped keys"),
+            Err(e) => {
+                warn!(error = %e, "moving service records to project-scoped keys failed; trying again at the next start")
             }
         }
-        // The first view is built whole, and the first pass visits every service.
-        core.parts.touch_all(&core.cluster);
-        core.sched.mark_all(&core.cluster);
-        core.publish(now);
-        Ok(core)
     }
 
     /// The cluster's identity.
@@ -500,6 +477,116 @@ impl Core {
             })
             .collect()
     }
+}
+
+/// What `Core::load` read and rebuilt from the store.
+struct Loaded {
+    cluster_id: String,
+    cluster: Cluster,
+    profiles: HashMap<ServiceKey, Profile>,
+    older: HashMap<(ServiceKey, u64), Profile>,
+    clocks: Clocks,
+}
+
+/// The in-memory clocks a load starts afresh (none is persisted): every running job runs,
+/// and every ready job is ready, from the load on; every draining job drains in full
+/// again (a restart never shortens a drain); every host is heard at the load.
+struct Clocks {
+    running_since: JobMap<Instant>,
+    ready_since: JobMap<Instant>,
+    drain_until: HashMap<JobId, Instant>,
+    heard: HashMap<HostId, Instant>,
+}
+
+impl Clocks {
+    fn loaded(cluster: &Cluster, profiles: &HashMap<ServiceKey, Profile>, now: Instant) -> Self {
+        let mut clocks = Clocks {
+            running_since: JobMap::default(),
+            ready_since: JobMap::default(),
+            drain_until: HashMap::new(),
+            heard: cluster.hosts.keys().map(|h| (h.clone(), now)).collect(),
+        };
+        for (id, j) in &cluster.jobs {
+            if j.effective_state() == JobState::Running {
+                clocks.running_since.insert(id.clone(), now);
+            }
+            if j.info.ready {
+                clocks.ready_since.insert(id.clone(), now);
+            }
+            if j.effective_state() == JobState::Draining {
+                let drain = profiles
+                    .get(&j.info.service_key())
+                    .map_or(profile::DEFAULT_DRAIN, |p| p.drain);
+                clocks.drain_until.insert(j.info.job.clone(), now + drain);
+            }
+        }
+        clocks
+    }
+}
+
+/// Tells the plugins of every stored host and its facts (`host_up`); a refusal is
+/// logged, the host kept.
+fn hosts_up(cluster: &Cluster, plugins: &mut [Box<dyn ResourcePlugin>]) {
+    for h in cluster.hosts.values() {
+        for p in plugins.iter_mut() {
+            if let Err(e) = p.host_up(&h.info.id, &h.info.facts) {
+                warn!(host = %h.info.id, plugin = p.name(), reason = %e, "plugin refused stored host facts");
+            }
+        }
+    }
+}
+
+/// Gives the plugins back the grants they made: the live jobs' first, then the recently
+/// ended jobs' again, restored and released in the order they ended, so the plugins'
+/// free order (a just-released port is handed out last) survives a restart or a
+/// takeover. A grant now held by a live job is refused by `restore` and skipped.
+fn restore_grants(cluster: &Cluster, plugins: &mut [Box<dyn ResourcePlugin>]) {
+    for j in cluster.jobs.values() {
+        for p in plugins.iter_mut() {
+            if let Some(g) = j.info.grants.get(p.name()) {
+                if let Err(e) = p.restore(&j.info.host, &j.info.job, g) {
+                    error!(job = %j.info.job, host = %j.info.host, plugin = p.name(), reason = %e, "stored grant conflicts with another; the store may be corrupt");
+                }
+            }
+        }
+    }
+    for h in cluster.hosts.values() {
+        for r in &h.released {
+            for p in plugins.iter_mut() {
+                if let Some(g) = r.grants.get(p.name()) {
+                    if p.restore(&h.info.id, &r.job, g).is_ok() {
+                        p.release(&h.info.id, &r.job);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The parsed profiles of every service's current generation, and of its older
+/// generations that still have jobs.
+fn parse_profiles(
+    cluster: &Cluster,
+    plugins: &[Box<dyn ResourcePlugin>],
+) -> (
+    HashMap<ServiceKey, Profile>,
+    HashMap<(ServiceKey, u64), Profile>,
+) {
+    let mut profiles = HashMap::new();
+    let mut older = HashMap::new();
+    for svc in cluster.services.values() {
+        profiles.insert(
+            svc.info.key(),
+            stored_profile(plugins, &svc.info, &svc.info.profile),
+        );
+        for (g, raw) in &svc.older {
+            older.insert(
+                (svc.info.key(), *g),
+                stored_profile(plugins, &svc.info, raw),
+            );
+        }
+    }
+    (profiles, older)
 }
 
 /// The store's cluster id: created (at random) by the first controller that opens the

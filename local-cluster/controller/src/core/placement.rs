@@ -3,17 +3,19 @@
 //! moves rollouts on (complete, failed, rolled back). One store batch per pass.
 
 use super::commit::{encoded_len, Budget};
+use super::sched::Visit;
 use super::{round_up_secs, stored_profile, Core, CoreError};
-use crate::scheduler::{self, Request};
+use crate::scheduler::{self, Placement, Request};
 use plugin_api::{HostId, HostState, JobId, JobInfo, JobState, ResourcePlugin, ServiceKey};
 use std::borrow::Cow;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
-use xce_model::rollout::{self, Phase, RolloutState, Stable};
-use xce_model::{JobRec, ServiceRec, ServiceState, Txn};
+use xce_model::rollout::{self, Counts, JobFacts, Phase, Rollout, RolloutState, Stable};
+use xce_model::{Cluster, JobRec, ServiceRec, ServiceState, Txn};
 use xce_proto::worker::ExitCause;
+use xce_store::BatchLimit;
 
 /// Ready hosts in spread order, as `(the service's jobs, all jobs, host index)`.
 type SpreadOrder = BTreeSet<(usize, usize, usize)>;
@@ -147,296 +149,391 @@ impl Core {
         // Only the services something happened to (see `sched.rs`); keys only: a cut
         // pass stops early, and the next one clones from where it was.
         let services = self.visit_list(now, from);
-        // This pass sees these backoffs over: no timer for them any more (see `over`);
-        // `visit_list` took their services.
+        self.see_backoffs_over(now);
+        if services.is_empty() {
+            return Pass::default();
+        }
+        let mut hosts = ReadyHosts::of(&self.cluster);
+        let mut batch = Batch::new(&self.cluster, self.store.batch_limit());
+        for key in services {
+            self.visit(&mut batch, &mut hosts, key, now);
+            if batch.cut.is_some() {
+                break;
+            }
+        }
+        let reverts = std::mem::take(&mut batch.reverts);
+        let pass = self.commit_pass(batch, now);
+        if !pass.failed {
+            self.roll_back(reverts, now);
+        }
+        pass
+    }
+
+    /// Marks the restart backoffs that are over at `now` as seen by a pass: no timer for
+    /// them any more (see `RestartBackoff::over`); `visit_list` took their services.
+    fn see_backoffs_over(&mut self, now: Instant) {
         for b in self.backoff.values_mut() {
             b.over |= b.not_before <= now;
         }
-        let mut pass = Pass::default();
-        if services.is_empty() {
-            return pass;
+    }
+
+    /// Visits one service in the pass: places what its rollout asks for, drains what it
+    /// lets go, moves the rollout on and drops the profiles of generations that have no
+    /// job left, all into the pass's batch as far as it has room (`batch.cut` says where
+    /// it ran out).
+    fn visit(&mut self, batch: &mut Batch, hosts: &mut ReadyHosts, key: ServiceKey, now: Instant) {
+        let s = self.cluster.services[&key].clone();
+        let Some(profile) = self.profiles.get(&key) else {
+            // Nothing to act on without a profile; visited again when written.
+            self.sched.marked.remove(&key);
+            return;
+        };
+        let (policy, drain) = (profile.update, profile.drain);
+        // The service's record may change in this batch (its rev, its rollout): room
+        // for it first, counted until the service turns out untouched.
+        let record = encoded_len(&s);
+        if !batch.txn.is_empty() && !batch.budget.room(&batch.txn, record) {
+            batch.cut = Some(key);
+            return;
         }
-        // Hosts that may take placements (by id), and their load: computed once per pass
-        // and kept current as replicas are placed.
-        let ready: Vec<HostId> = self
-            .cluster
-            .hosts
-            .values()
-            .filter(|h| h.info.state == HostState::Ready && h.orphans.is_empty())
-            .map(|h| h.info.id.clone())
+        batch.budget.add(record);
+        self.pending.remove(&key);
+        let base = rollout::Service {
+            replicas: s.info.replicas,
+            generation: s.info.generation,
+            policy,
+            jobs: &[],
+        };
+        let acted = self.place_and_drain(batch, hosts, &s, base, drain, now);
+        let view = rollout::Service {
+            jobs: &acted.facts,
+            ..base
+        };
+        if let Some(why) = self.advance_rollout(&mut batch.txn, &s, &view, acted.blocked, now) {
+            batch.reverts.push((key.clone(), why));
+        }
+        self.drop_unused_generations(&mut batch.txn, &key, &acted.generations);
+        if !batch.txn.has_service(&key) {
+            batch.budget.remove(record);
+        }
+        if batch.cut.is_some() {
+            // Not visited in full: it stays marked (or waiting) for the next pass.
+            return;
+        }
+        let visit = Visit {
+            replicas: s.info.replicas,
+            generation: s.info.generation,
+            facts: &acted.facts,
+            waiting: acted.waiting,
+            drained: acted.drained,
+        };
+        self.visited(&key, visit, now);
+        batch.visited.push((key, acted.drained));
+    }
+
+    /// Places the replicas of `s` its rollout asks for, then drains the jobs it lets go
+    /// (seeing those placements), as far as the batch has room; `base` is the rollout's
+    /// view of the service without its jobs.
+    fn place_and_drain(
+        &mut self,
+        batch: &mut Batch,
+        hosts: &mut ReadyHosts,
+        s: &ServiceRec,
+        base: rollout::Service<'static>,
+        drain: Duration,
+        now: Instant,
+    ) -> Acted {
+        let key = s.info.key();
+        let facts = self.job_facts(&s.info, self.cluster.jobs_of(&key), now);
+        let mut job_size = 0;
+        let view = rollout::Service {
+            jobs: &facts,
+            ..base
+        };
+        let placing = self.place_replicas(batch, hosts, s, &view, &mut job_size, now);
+        // Borrowed, cloned only when this pass changes one (most services change
+        // nothing in most passes: cloning every job per settle was a fifth of it).
+        let placed_here = !placing.jobs.is_empty();
+        let mut jobs: Vec<Cow<'_, JobRec>> =
+            self.cluster.jobs_of(&key).map(Cow::Borrowed).collect();
+        jobs.extend(placing.jobs.into_iter().map(Cow::Owned));
+        // The facts are built again only when they changed.
+        let facts = if placed_here {
+            self.job_facts(&s.info, jobs.iter().map(|j| &**j), now)
+        } else {
+            facts
+        };
+        let view = rollout::Service {
+            jobs: &facts,
+            ..base
+        };
+        let drained = self.drain_released(batch, &mut jobs, &view, drain, &mut job_size);
+        let facts = if drained {
+            self.job_facts(&s.info, jobs.iter().map(|j| &**j), now)
+        } else {
+            facts
+        };
+        Acted {
+            facts,
+            blocked: placing.blocked,
+            waiting: placing.waiting,
+            drained,
+            generations: jobs.iter().map(|j| j.info.generation).collect(),
+        }
+    }
+
+    /// Places the replicas the rollout asks for (`view`) but those waiting for their
+    /// restart backoff (their pending reason says how long), each on the first host in
+    /// spread order that takes it, as far as the batch has room. `job_size` is the
+    /// service's job records' size, measured once (they differ little: the same grants,
+    /// ids a digit longer).
+    fn place_replicas(
+        &mut self,
+        batch: &mut Batch,
+        hosts: &mut ReadyHosts,
+        s: &ServiceRec,
+        view: &rollout::Service,
+        job_size: &mut usize,
+        now: Instant,
+    ) -> Placing {
+        let key = s.info.key();
+        let occupied: BTreeSet<u32> = view
+            .jobs
+            .iter()
+            .filter(|f| f.phase != Phase::Leaving)
+            .map(|f| f.replica)
             .collect();
-        let index: HashMap<&HostId, usize> =
-            ready.iter().enumerate().map(|(i, h)| (h, i)).collect();
-        let mut total: Vec<usize> = ready.iter().map(|h| self.cluster.count_on(h)).collect();
-        let mut budget = Budget::new(self.store.batch_limit());
-        let mut txn = Txn::new(&self.cluster);
-        let mut placed: Vec<(HostId, JobId, ServiceKey, u32)> = Vec::new();
-        let mut reverts: Vec<(ServiceKey, String)> = Vec::new();
-        // The services visited in full, and whether each drained (see below).
-        let mut visited: Vec<(ServiceKey, bool)> = Vec::new();
-        for key in services {
-            let s = self.cluster.services[&key].clone();
-            let name = &s.info.name;
-            let Some(profile) = self.profiles.get(&key) else {
-                // Nothing to act on without a profile; visited again when written.
-                self.sched.marked.remove(&key);
+        let mut out = Placing::default();
+        // Built at the service's first placement, so a service with nothing to place
+        // costs nothing here.
+        let mut spread: Option<Spread> = None;
+        for replica in rollout::to_place(view) {
+            if let Some(reason) = self.backoff_wait(&key, s, replica, now) {
+                self.pending
+                    .entry(key.clone())
+                    .or_default()
+                    .insert(replica, reason);
                 continue;
-            };
-            let (policy, drain) = (profile.update, profile.drain);
-            // The service's record may change in this batch (its rev, its rollout): room
-            // for it first, counted until the service turns out untouched.
-            let record = encoded_len(&s);
-            if !txn.is_empty() && !budget.room(&txn, record) {
-                pass.cut = Some(key);
+            }
+            if *job_size > 0 && !batch.budget.room(&batch.txn, *job_size) {
+                batch.cut = Some(key.clone());
                 break;
             }
-            budget.add(record);
-            self.pending.remove(&key);
-            // Borrowed, cloned only when this pass changes one (most services change
-            // nothing in most passes: cloning every job per settle was a fifth of it).
-            let mut jobs: Vec<Cow<'_, JobRec>> =
-                self.cluster.jobs_of(&key).map(Cow::Borrowed).collect();
-            let facts = self.job_facts(&s.info, jobs.iter().map(|j| &**j), now);
-            // Without its jobs: each view below borrows the facts of its moment.
-            let base = rollout::Service {
-                replicas: s.info.replicas,
-                generation: s.info.generation,
-                policy,
-                jobs: &[],
-            };
-            let view = rollout::Service {
-                jobs: &facts,
-                ..base
-            };
-            let occupied: BTreeSet<u32> = facts
-                .iter()
-                .filter(|f| f.phase != Phase::Leaving)
-                .map(|f| f.replica)
-                .collect();
-            // Why a surge replica (one beside an old job) could not be placed.
-            let mut blocked: Option<String> = None;
-            // The ready hosts in spread order for this service (fewest of its jobs, then
-            // fewest jobs, then id), kept sorted as it places: built at its first
-            // placement, so a service with nothing to place costs nothing here.
-            let mut order: Option<(Vec<usize>, SpreadOrder)> = None;
-            let mut size = 0;
-            // Placed here (the facts change), and whether a replica did not fit.
-            let mut placed_here = false;
-            let mut waiting = false;
-            for replica in rollout::to_place(&view) {
-                if let Some(b) = self.backoff.get(&(key.clone(), replica)) {
-                    if b.not_before > now {
-                        let cause = s.slots.get(&replica).and_then(|r| r.last_exit.as_ref());
-                        let reason = restart_reason(
-                            cause.map(|e| &e.cause),
-                            round_up_secs(b.not_before - now),
-                        );
+            let spread =
+                spread.get_or_insert_with(|| Spread::new(hosts, self.cluster.jobs_of(&key)));
+            match self.place_replica(batch, hosts, spread, s, replica) {
+                Ok(rec) => {
+                    if *job_size == 0 {
+                        *job_size = encoded_len(&rec) + 16;
+                    }
+                    batch.budget.add(*job_size);
+                    batch.txn.put_job(&self.cluster, rec.clone());
+                    out.jobs.push(rec);
+                }
+                Err(reason) => {
+                    debug!(service = %s.info.name, replica, reason = %reason, "replica pending");
+                    out.waiting = true;
+                    if occupied.contains(&replica) {
+                        out.blocked.get_or_insert_with(|| reason.clone());
+                    } else {
                         self.pending
                             .entry(key.clone())
                             .or_default()
                             .insert(replica, reason);
-                        continue;
-                    }
-                }
-                if size > 0 && !budget.room(&txn, size) {
-                    pass.cut = Some(key.clone());
-                    break;
-                }
-                let (mine, sorted) = order.get_or_insert_with(|| {
-                    let mut mine = vec![0; ready.len()];
-                    for j in &jobs {
-                        if let Some(i) = index.get(&j.info.host) {
-                            mine[*i] += 1;
-                        }
-                    }
-                    let sorted = (0..ready.len()).map(|i| (mine[i], total[i], i)).collect();
-                    (mine, sorted)
-                });
-                let job = txn.peek_job_id(&self.cluster);
-                let req = Request {
-                    service: name,
-                    project: &s.info.project,
-                    replica,
-                    job: &job,
-                    profile: &s.info.profile,
-                };
-                let hosts = sorted.iter().map(|&(_, _, i)| &ready[i]);
-                match scheduler::place_ordered(&mut self.plugins, hosts, ready.len(), &req) {
-                    Ok(p) => {
-                        let taken = txn.new_job_id(&self.cluster);
-                        debug_assert_eq!(taken, job);
-                        let i = index[&p.host];
-                        sorted.remove(&(mine[i], total[i], i));
-                        mine[i] += 1;
-                        total[i] += 1;
-                        sorted.insert((mine[i], total[i], i));
-                        placed.push((p.host.clone(), job.clone(), key.clone(), replica));
-                        let rec = JobRec {
-                            info: JobInfo {
-                                job,
-                                service: name.clone(),
-                                project: s.info.project.clone(),
-                                replica,
-                                host: p.host,
-                                state: JobState::Placed,
-                                ready: false,
-                                grants: p.grants,
-                                generation: s.info.generation,
-                            },
-                            held: None,
-                            held_ready: None,
-                            log: None,
-                        };
-                        if size == 0 {
-                            // A service's job records differ little in size (the same
-                            // grants, ids a digit longer): measured once.
-                            size = encoded_len(&rec) + 16;
-                        }
-                        budget.add(size);
-                        txn.put_job(&self.cluster, rec.clone());
-                        jobs.push(Cow::Owned(rec));
-                        placed_here = true;
-                    }
-                    Err(reason) => {
-                        debug!(service = %name, replica, reason = %reason, "replica pending");
-                        waiting = true;
-                        if occupied.contains(&replica) {
-                            blocked.get_or_insert_with(|| reason.clone());
-                        } else {
-                            self.pending
-                                .entry(key.clone())
-                                .or_default()
-                                .insert(replica, reason);
-                        }
                     }
                 }
             }
-            // Drains, seeing this pass's placements, as far as the batch has room (the
-            // facts are built again only when they changed).
-            let facts = if placed_here {
-                self.job_facts(&s.info, jobs.iter().map(|j| &**j), now)
-            } else {
-                facts
-            };
-            let view = rollout::Service {
-                jobs: &facts,
-                ..base
-            };
-            let leaving: BTreeSet<JobId> = rollout::to_drain(&view).into_iter().collect();
-            let mut drained_here = false;
-            for j in jobs.iter_mut().filter(|j| leaving.contains(&j.info.job)) {
-                if size == 0 {
-                    size = encoded_len(&*j) + 16;
-                }
-                if !txn.is_empty() && !budget.room(&txn, size) {
-                    pass.cut = Some(key.clone());
-                    break;
-                }
-                debug!(service = %name, job = %j.info.job, replica = j.info.replica, generation = j.info.generation, "replica leaves (rollout or scale-down)");
-                self.leave(&mut txn, JobRec::clone(j), drain);
-                budget.add(size);
-                pass.drained = true;
-                drained_here = true;
-                if let Some(now_rec) = txn.job(&self.cluster, &j.info.job) {
-                    *j = Cow::Owned(now_rec);
-                }
+        }
+        out
+    }
+
+    /// Why replica `replica` of `s` waits, while its restart backoff runs.
+    fn backoff_wait(
+        &self,
+        key: &ServiceKey,
+        s: &ServiceRec,
+        replica: u32,
+        now: Instant,
+    ) -> Option<String> {
+        let b = self.backoff.get(&(key.clone(), replica))?;
+        if b.not_before <= now {
+            return None;
+        }
+        let cause = s.slots.get(&replica).and_then(|r| r.last_exit.as_ref());
+        Some(restart_reason(
+            cause.map(|e| &e.cause),
+            round_up_secs(b.not_before - now),
+        ))
+    }
+
+    /// Places replica `replica` of `s` on the first ready host in spread order that takes
+    /// it (reserved with every plugin, noted for a release should the commit fail); or
+    /// says why it fits nowhere. The caller writes the returned job into the batch.
+    fn place_replica(
+        &mut self,
+        batch: &mut Batch,
+        hosts: &mut ReadyHosts,
+        spread: &mut Spread,
+        s: &ServiceRec,
+        replica: u32,
+    ) -> Result<JobRec, String> {
+        let job = batch.txn.peek_job_id(&self.cluster);
+        let req = Request {
+            service: &s.info.name,
+            project: &s.info.project,
+            replica,
+            job: &job,
+            profile: &s.info.profile,
+        };
+        let p = scheduler::place_ordered(
+            &mut self.plugins,
+            spread.order(hosts),
+            hosts.ids.len(),
+            &req,
+        )?;
+        let taken = batch.txn.new_job_id(&self.cluster);
+        debug_assert_eq!(taken, job);
+        let i = hosts.index(&p.host).expect("placed on a ready host");
+        spread.took(hosts, i);
+        batch.placed.push(Reserved {
+            host: p.host.clone(),
+            job: job.clone(),
+            service: s.info.key(),
+            replica,
+        });
+        Ok(placed_job(s, job, replica, p))
+    }
+
+    /// Puts the jobs the rollout lets go (`view`, its facts after this pass's
+    /// placements) on their way out, as far as the batch has room; each drained job's
+    /// entry in `jobs` becomes its new record. Whether any drained.
+    fn drain_released(
+        &self,
+        batch: &mut Batch,
+        jobs: &mut [Cow<'_, JobRec>],
+        view: &rollout::Service,
+        drain: Duration,
+        job_size: &mut usize,
+    ) -> bool {
+        let leaving: BTreeSet<JobId> = rollout::to_drain(view).into_iter().collect();
+        let mut drained = false;
+        for j in jobs.iter_mut().filter(|j| leaving.contains(&j.info.job)) {
+            if *job_size == 0 {
+                *job_size = encoded_len(&**j) + 16;
             }
-            let facts = if drained_here {
-                self.job_facts(&s.info, jobs.iter().map(|j| &**j), now)
-            } else {
-                facts
-            };
-            // Older generations' profiles are kept while any of their jobs is left.
-            let gens: BTreeSet<u64> = jobs.iter().map(|j| j.info.generation).collect();
-            drop(jobs);
-            let view = rollout::Service {
-                jobs: &facts,
-                ..base
-            };
-            if let Some(why) = self.advance_rollout(&mut txn, &s, &view, blocked, now) {
-                reverts.push((key.clone(), why));
-            }
-            if let Some(mut rec) = txn.service(&self.cluster, &key) {
-                let before = rec.older.len();
-                rec.older.retain(|g, _| gens.contains(g));
-                if rec.older.len() != before {
-                    self.older
-                        .retain(|(n, g), _| *n != key || rec.older.contains_key(g));
-                    txn.put_service_quiet(rec);
-                }
-            }
-            if !txn.has_service(&key) {
-                budget.remove(record);
-            }
-            if pass.cut.is_some() {
-                // Not visited in full: it stays marked (or waiting) for the next pass.
+            if !batch.txn.is_empty() && !batch.budget.room(&batch.txn, *job_size) {
+                batch.cut = Some(j.info.service_key());
                 break;
             }
-            self.visited(
-                &key,
-                (s.info.replicas, s.info.generation),
-                &facts,
-                (waiting, drained_here),
-                now,
-            );
-            visited.push((key, drained_here));
-        }
-        if !txn.is_empty() {
-            if self.commit(txn, now).is_err() {
-                // Nothing of it applied: every service it visited is visited again.
-                for (key, _) in visited {
-                    self.sched.mark(key);
-                }
-                for (host, job, service, replica) in placed {
-                    for pl in &mut self.plugins {
-                        pl.release(&host, &job);
-                    }
-                    self.pending
-                        .entry(service)
-                        .or_default()
-                        .insert(replica, "the controller's store failed".into());
-                }
-                // The slots the cut-short service did not get to wait for the same
-                // retry: say so rather than nothing.
-                if let Some(key) = &pass.cut {
-                    if let Some(svc) = self.cluster.services.get(key) {
-                        let taken: BTreeSet<u32> =
-                            self.cluster.jobs_of(key).map(|j| j.info.replica).collect();
-                        let pending = self.pending.entry(key.clone()).or_default();
-                        for r in (0..svc.info.replicas).filter(|r| !taken.contains(r)) {
-                            pending
-                                .entry(r)
-                                .or_insert_with(|| "the controller's store failed".into());
-                        }
-                    }
-                }
-                pass.failed = true;
-                pass.drained = false;
-                return pass;
-            }
-            self.metrics.placements.inc_by(placed.len() as u64);
-            pass.committed = true;
-            // The commit marked the services it wrote, but this pass saw its own changes:
-            // a visit again would find nothing, except after a drain (the slot it freed
-            // may take a surge replica: the next round).
-            for (key, drained) in visited {
-                if !drained {
-                    self.sched.marked.remove(&key);
-                }
+            debug!(service = %j.info.service, job = %j.info.job, replica = j.info.replica, generation = j.info.generation, "replica leaves (rollout or scale-down)");
+            self.leave(&mut batch.txn, JobRec::clone(j), drain);
+            batch.budget.add(*job_size);
+            batch.drained = true;
+            drained = true;
+            if let Some(now_rec) = batch.txn.job(&self.cluster, &j.info.job) {
+                *j = Cow::Owned(now_rec);
             }
         }
+        drained
+    }
+
+    /// Drops the profiles of the service's older generations that no job runs any more
+    /// (`gens`: the generations its jobs run) from its record and from memory.
+    fn drop_unused_generations(&mut self, txn: &mut Txn, key: &ServiceKey, gens: &BTreeSet<u64>) {
+        let Some(mut rec) = txn.service(&self.cluster, key) else {
+            return;
+        };
+        let before = rec.older.len();
+        rec.older.retain(|g, _| gens.contains(g));
+        if rec.older.len() != before {
+            self.older
+                .retain(|(n, g), _| n != key || rec.older.contains_key(g));
+            txn.put_service_quiet(rec);
+        }
+    }
+
+    /// Commits the pass's batch (if it holds anything) and says what the pass did.
+    fn commit_pass(&mut self, batch: Batch, now: Instant) -> Pass {
+        let mut pass = Pass {
+            drained: batch.drained,
+            cut: batch.cut,
+            failed: false,
+            committed: false,
+        };
+        if batch.txn.is_empty() {
+            return pass;
+        }
+        let placements = batch.placed.len() as u64;
+        if self.commit(batch.txn, now).is_err() {
+            self.pass_failed(batch.visited, batch.placed, pass.cut.as_ref());
+            pass.failed = true;
+            pass.drained = false;
+            return pass;
+        }
+        self.metrics.placements.inc_by(placements);
+        pass.committed = true;
+        // The commit marked the services it wrote, but this pass saw its own changes:
+        // a visit again would find nothing, except after a drain (the slot it freed
+        // may take a surge replica: the next round).
+        for (key, drained) in batch.visited {
+            if !drained {
+                self.sched.marked.remove(&key);
+            }
+        }
+        pass
+    }
+
+    /// After a pass's commit failed (nothing of it applied): every service it visited is
+    /// visited again, its reservations are released, and the slots it placed, and those
+    /// of the service it was cut short at, say that the store failed.
+    fn pass_failed(
+        &mut self,
+        visited: Vec<(ServiceKey, bool)>,
+        placed: Vec<Reserved>,
+        cut: Option<&ServiceKey>,
+    ) {
+        for (key, _) in visited {
+            self.sched.mark(key);
+        }
+        for r in placed {
+            for pl in &mut self.plugins {
+                pl.release(&r.host, &r.job);
+            }
+            self.pending
+                .entry(r.service)
+                .or_default()
+                .insert(r.replica, STORE_FAILED.into());
+        }
+        // The slots the cut-short service did not get to wait for the same retry: say
+        // so rather than nothing.
+        if let Some(key) = cut {
+            if let Some(svc) = self.cluster.services.get(key) {
+                let taken: BTreeSet<u32> =
+                    self.cluster.jobs_of(key).map(|j| j.info.replica).collect();
+                let pending = self.pending.entry(key.clone()).or_default();
+                for r in (0..svc.info.replicas).filter(|r| !taken.contains(r)) {
+                    pending.entry(r).or_insert_with(|| STORE_FAILED.into());
+                }
+            }
+        }
+    }
+
+    /// Makes the rollbacks a committed pass decided: a service whose rollback cannot be
+    /// committed is visited again by the next pass.
+    fn roll_back(&mut self, reverts: Vec<(ServiceKey, String)>, now: Instant) {
         for (name, why) in reverts {
             if let Err(e) = self.revert(&name, &why, now) {
                 self.sched.mark(name.clone());
                 warn!(service = %name, error = %e, "rollback could not be committed; trying again on the next pass");
             }
         }
-        pass
     }
 
-    /// Moves a running rollout on: complete when every slot runs the current generation,
-    /// failed (or a rollback, returned as its reason) when it made no progress for
-    /// `deadline` or its new replicas keep exiting; otherwise it says why it waits.
+    /// Moves a rollout on: a running one completes when every slot runs the current
+    /// generation, fails (or is to be rolled back: returned as its reason) when it made
+    /// no progress for `deadline` or its new replicas keep exiting, and otherwise says
+    /// why it waits (`blocked`: why a surge replica did not fit); one that no longer runs
+    /// is kept true to the jobs (see [`settle_idle_rollout`](Self::settle_idle_rollout)).
     fn advance_rollout(
         &mut self,
         txn: &mut Txn,
@@ -445,103 +542,20 @@ impl Core {
         blocked: Option<String>,
         now: Instant,
     ) -> Option<String> {
-        let name = &s.info.name;
         let key = s.info.key();
-        let generation = s.info.generation;
         let mut rec = txn.service(&self.cluster, &key)?;
         let mut r = rec.rollout.clone();
         let mut revert = None;
-        if !r.is_running(generation) {
+        if !r.is_running(s.info.generation) {
             self.progress.remove(&key);
-            if r.state == RolloutState::Failed && view.is_complete() {
-                // A failed rollout that was not rolled back keeps reconciling; once every
-                // slot runs it after all, it is complete (the failure was passing).
-                r.state = RolloutState::Complete;
-                r.reason = None;
-                r.stable = Some(Stable {
-                    generation,
-                    profile: s.info.profile.clone(),
-                });
-                self.metrics.rollout_ended("complete");
-                info!(service = %name, project = %key.project, generation, "failed rollout completed after all");
-            } else if r.state == RolloutState::Complete
-                && r.stable.as_ref().map(|st| st.generation) != Some(generation)
-            {
-                // A service stored before rollouts existed.
-                r.stable = Some(Stable {
-                    generation,
-                    profile: s.info.profile.clone(),
-                });
-            }
+            self.settle_idle_rollout(&mut r, s, view);
         } else {
-            let counts = view.counts();
-            let mark = rollout::progress_mark(&counts);
-            let since = match self.progress.get(&key) {
-                Some((m, t)) if *m == mark => *t,
-                _ => {
-                    self.progress.insert(key.clone(), (mark, now));
-                    now
+            match self.drive_rollout(&mut r, s, view, now) {
+                Drive::Revert(why) => revert = Some(why),
+                Drive::Waits if r.state == RolloutState::Progressing => {
+                    r.reason = waiting_reason(blocked, view)
                 }
-            };
-            if view.is_complete() {
-                r.stable = Some(Stable {
-                    generation,
-                    profile: s.info.profile.clone(),
-                });
-                if r.state == RolloutState::Progressing {
-                    r.state = RolloutState::Complete;
-                    r.reason = None;
-                    self.metrics.rollout_ended("complete");
-                }
-                self.progress.remove(&key);
-                info!(service = %name, generation, state = r.state.as_str(), "rollout done");
-            } else if r.exits >= rollout::MAX_NEW_EXITS
-                || now.saturating_duration_since(since) >= view.policy.deadline
-            {
-                let why = if r.exits >= rollout::MAX_NEW_EXITS {
-                    format!(
-                        "new replicas keep exiting ({} exits of generation {generation})",
-                        r.exits
-                    )
-                } else {
-                    format!(
-                        "no progress for {} ({} of {} updated, {} ready, {} outdated)",
-                        humantime::format_duration(view.policy.deadline),
-                        counts.updated,
-                        view.replicas,
-                        counts.ready,
-                        counts.outdated
-                    )
-                };
-                let target = r.stable.as_ref().map(|st| st.generation);
-                self.progress.remove(&key);
-                if r.state == RolloutState::Progressing
-                    && view.policy.auto_revert
-                    && target.is_some_and(|g| g != generation)
-                {
-                    revert = Some(why);
-                } else {
-                    let suffix = if r.revert {
-                        "; this was a rollback: nothing is rolled back further"
-                    } else if !view.policy.auto_revert {
-                        "; auto_revert is off"
-                    } else {
-                        "; no complete generation to roll back to"
-                    };
-                    r.state = RolloutState::Failed;
-                    r.reason = Some(format!("generation {generation} failed: {why}{suffix}"));
-                    self.metrics.rollout_ended("failed");
-                    warn!(service = %name, generation, reason = %why, "rollout failed");
-                }
-            } else if r.state == RolloutState::Progressing {
-                r.reason = blocked
-                    .filter(|_| view.policy.max_unavailable == 0)
-                    .map(|why| {
-                        format!(
-                            "waiting: no new replica fits beside the old ones ({why}); with \
-                         max_unavailable = 0 no old replica leaves first"
-                        )
-                    });
+                Drive::Waits | Drive::Ended => {}
             }
         }
         if r != rec.rollout {
@@ -549,6 +563,107 @@ impl Core {
             txn.put_service(rec);
         }
         revert
+    }
+
+    /// A rollout that no longer acts: a failed one that was not rolled back keeps
+    /// reconciling, and once every slot runs its generation after all it is complete (the
+    /// failure was passing); a service stored before rollouts existed gets its stable
+    /// generation.
+    fn settle_idle_rollout(&self, r: &mut Rollout, s: &ServiceRec, view: &rollout::Service) {
+        let generation = s.info.generation;
+        if r.state == RolloutState::Failed && view.is_complete() {
+            r.state = RolloutState::Complete;
+            r.reason = None;
+            r.stable = Some(stable_of(s));
+            self.metrics.rollout_ended("complete");
+            info!(service = %s.info.name, project = %s.info.project, generation, "failed rollout completed after all");
+        } else if r.state == RolloutState::Complete
+            && r.stable.as_ref().map(|st| st.generation) != Some(generation)
+        {
+            r.stable = Some(stable_of(s));
+        }
+    }
+
+    /// A running rollout: complete, failed, to be rolled back, or waiting.
+    fn drive_rollout(
+        &mut self,
+        r: &mut Rollout,
+        s: &ServiceRec,
+        view: &rollout::Service,
+        now: Instant,
+    ) -> Drive {
+        let key = s.info.key();
+        let counts = view.counts();
+        let since = self.progress_since(&key, &counts, now);
+        if view.is_complete() {
+            self.complete_rollout(r, s);
+            return Drive::Ended;
+        }
+        let Some(why) = stall_reason(r, view, &counts, s.info.generation, since, now) else {
+            return Drive::Waits;
+        };
+        self.progress.remove(&key);
+        match self.fail_rollout(r, s, view, why) {
+            Some(why) => Drive::Revert(why),
+            None => Drive::Ended,
+        }
+    }
+
+    /// When the rollout last made progress: `now` if its counts moved since the last
+    /// visit (the deadline starts again), else when they last did.
+    fn progress_since(&mut self, key: &ServiceKey, counts: &Counts, now: Instant) -> Instant {
+        let mark = rollout::progress_mark(counts);
+        match self.progress.get(key) {
+            Some((m, t)) if *m == mark => *t,
+            _ => {
+                self.progress.insert(key.clone(), (mark, now));
+                now
+            }
+        }
+    }
+
+    /// Every slot runs the current generation: it is the stable one now.
+    fn complete_rollout(&mut self, r: &mut Rollout, s: &ServiceRec) {
+        r.stable = Some(stable_of(s));
+        if r.state == RolloutState::Progressing {
+            r.state = RolloutState::Complete;
+            r.reason = None;
+            self.metrics.rollout_ended("complete");
+        }
+        self.progress.remove(&s.info.key());
+        info!(service = %s.info.name, generation = s.info.generation, state = r.state.as_str(), "rollout done");
+    }
+
+    /// A rollout that stalled (`why`): returned for a rollback when it may roll back
+    /// (progressing, `auto_revert`, a stable generation other than this one), else
+    /// failed with the reason why nothing is rolled back.
+    fn fail_rollout(
+        &self,
+        r: &mut Rollout,
+        s: &ServiceRec,
+        view: &rollout::Service,
+        why: String,
+    ) -> Option<String> {
+        let generation = s.info.generation;
+        let target = r.stable.as_ref().map(|st| st.generation);
+        if r.state == RolloutState::Progressing
+            && view.policy.auto_revert
+            && target.is_some_and(|g| g != generation)
+        {
+            return Some(why);
+        }
+        let suffix = if r.revert {
+            "; this was a rollback: nothing is rolled back further"
+        } else if !view.policy.auto_revert {
+            "; auto_revert is off"
+        } else {
+            "; no complete generation to roll back to"
+        };
+        r.state = RolloutState::Failed;
+        r.reason = Some(format!("generation {generation} failed: {why}{suffix}"));
+        self.metrics.rollout_ended("failed");
+        warn!(service = %s.info.name, generation, reason = %why, "rollout failed");
+        None
     }
 
     /// Rolls a failed rollout back: the last complete generation's profile becomes the
@@ -588,6 +703,218 @@ impl Core {
         self.metrics.rollout_ended("reverted");
         self.commit_service_with(svc, profile, adopted, now)
     }
+}
+
+/// What a pending slot says when the pass that placed it, or did not get to it, failed
+/// to commit.
+const STORE_FAILED: &str = "the controller's store failed";
+
+/// The hosts that may take placements (ready, without orphans) in id order, and each
+/// one's job count: computed once per pass and kept current as it places.
+struct ReadyHosts {
+    ids: Vec<HostId>,
+    /// All jobs on each host (by index in `ids`).
+    total: Vec<usize>,
+}
+
+impl ReadyHosts {
+    fn of(cluster: &Cluster) -> Self {
+        let ids: Vec<HostId> = cluster
+            .hosts
+            .values()
+            .filter(|h| h.info.state == HostState::Ready && h.orphans.is_empty())
+            .map(|h| h.info.id.clone())
+            .collect();
+        debug_assert!(ids.windows(2).all(|w| w[0] < w[1]), "hosts in id order");
+        let total = ids.iter().map(|h| cluster.count_on(h)).collect();
+        ReadyHosts { ids, total }
+    }
+
+    /// The index of a ready host (the ids are sorted: the hosts map's order).
+    fn index(&self, id: &str) -> Option<usize> {
+        self.ids.binary_search_by(|h| h.as_str().cmp(id)).ok()
+    }
+}
+
+/// The ready hosts in spread order for one service (fewest of its jobs, then fewest
+/// jobs, then id), kept sorted as it places.
+struct Spread {
+    /// The service's jobs on each ready host (by index in [`ReadyHosts`]).
+    mine: Vec<usize>,
+    sorted: SpreadOrder,
+}
+
+impl Spread {
+    /// The order for a service whose jobs are `jobs`.
+    fn new<'a>(hosts: &ReadyHosts, jobs: impl Iterator<Item = &'a JobRec>) -> Self {
+        let mut mine = vec![0; hosts.ids.len()];
+        for j in jobs {
+            if let Some(i) = hosts.index(&j.info.host) {
+                mine[i] += 1;
+            }
+        }
+        let sorted = (0..hosts.ids.len())
+            .map(|i| (mine[i], hosts.total[i], i))
+            .collect();
+        Spread { mine, sorted }
+    }
+
+    fn order<'h>(&'h self, hosts: &'h ReadyHosts) -> impl Iterator<Item = &'h HostId> + 'h {
+        self.sorted.iter().map(|&(_, _, i)| &hosts.ids[i])
+    }
+
+    /// Host `i` took one more job of the service.
+    fn took(&mut self, hosts: &mut ReadyHosts, i: usize) {
+        self.sorted.remove(&(self.mine[i], hosts.total[i], i));
+        self.mine[i] += 1;
+        hosts.total[i] += 1;
+        self.sorted.insert((self.mine[i], hosts.total[i], i));
+    }
+}
+
+/// What one scheduling pass builds: its store batch and what the commit (or its
+/// failure) must finish.
+struct Batch {
+    txn: Txn,
+    budget: Budget,
+    /// The reservations made: released if the commit fails.
+    placed: Vec<Reserved>,
+    /// The rollbacks to make once the batch is committed: (service, why).
+    reverts: Vec<(ServiceKey, String)>,
+    /// The services visited in full, and whether each drained.
+    visited: Vec<(ServiceKey, bool)>,
+    /// Some service drained a replica.
+    drained: bool,
+    /// The store's batch limit cut the pass short at this service.
+    cut: Option<ServiceKey>,
+}
+
+impl Batch {
+    fn new(cluster: &Cluster, limit: BatchLimit) -> Self {
+        Batch {
+            txn: Txn::new(cluster),
+            budget: Budget::new(limit),
+            placed: Vec::new(),
+            reverts: Vec::new(),
+            visited: Vec::new(),
+            drained: false,
+            cut: None,
+        }
+    }
+}
+
+/// A replica placed by a pass (its reservation held until the commit).
+struct Reserved {
+    host: HostId,
+    job: JobId,
+    service: ServiceKey,
+    replica: u32,
+}
+
+/// What placing a service's replicas did.
+#[derive(Default)]
+struct Placing {
+    /// The jobs placed (written into the batch).
+    jobs: Vec<JobRec>,
+    /// Why a surge replica (one beside an old job) could not be placed.
+    blocked: Option<String>,
+    /// A replica did not fit.
+    waiting: bool,
+}
+
+/// Where a running rollout stands after a visit.
+enum Drive {
+    /// Complete, or failed without a rollback.
+    Ended,
+    /// Failed, to be rolled back (why).
+    Revert(String),
+    /// Neither complete nor stalled.
+    Waits,
+}
+
+/// What a service's placements and drains in a pass left.
+struct Acted {
+    /// Its jobs as the rollout sees them now.
+    facts: Vec<JobFacts>,
+    /// Why a surge replica (one beside an old job) could not be placed.
+    blocked: Option<String>,
+    /// A replica did not fit.
+    waiting: bool,
+    /// A job drained.
+    drained: bool,
+    /// The generations its jobs run (older generations' profiles are kept while any of
+    /// their jobs is left).
+    generations: BTreeSet<u64>,
+}
+
+/// The record of a job just placed: replica `replica` of `s` where `p` says.
+fn placed_job(s: &ServiceRec, job: JobId, replica: u32, p: Placement) -> JobRec {
+    JobRec {
+        info: JobInfo {
+            job,
+            service: s.info.name.clone(),
+            project: s.info.project.clone(),
+            replica,
+            host: p.host,
+            state: JobState::Placed,
+            ready: false,
+            grants: p.grants,
+            generation: s.info.generation,
+        },
+        held: None,
+        held_ready: None,
+        log: None,
+    }
+}
+
+/// The current generation of `s` as the stable one.
+fn stable_of(s: &ServiceRec) -> Stable {
+    Stable {
+        generation: s.info.generation,
+        profile: s.info.profile.clone(),
+    }
+}
+
+/// Why a running rollout (of `generation`) failed, if it did: its new replicas kept
+/// exiting, or it made no progress since `since` for its `deadline`.
+fn stall_reason(
+    r: &Rollout,
+    view: &rollout::Service,
+    counts: &Counts,
+    generation: u64,
+    since: Instant,
+    now: Instant,
+) -> Option<String> {
+    if r.exits >= rollout::MAX_NEW_EXITS {
+        return Some(format!(
+            "new replicas keep exiting ({} exits of generation {generation})",
+            r.exits
+        ));
+    }
+    if now.saturating_duration_since(since) < view.policy.deadline {
+        return None;
+    }
+    Some(format!(
+        "no progress for {} ({} of {} updated, {} ready, {} outdated)",
+        humantime::format_duration(view.policy.deadline),
+        counts.updated,
+        view.replicas,
+        counts.ready,
+        counts.outdated
+    ))
+}
+
+/// Why a progressing rollout waits: with `max_unavailable = 0`, a new replica that
+/// fits nowhere beside the old ones (`blocked`) holds it up.
+fn waiting_reason(blocked: Option<String>, view: &rollout::Service) -> Option<String> {
+    blocked
+        .filter(|_| view.policy.max_unavailable == 0)
+        .map(|why| {
+            format!(
+                "waiting: no new replica fits beside the old ones ({why}); with \
+                 max_unavailable = 0 no old replica leaves first"
+            )
+        })
 }
 
 /// Why a replica waits for its restart: `restarting after exit 127 in 4s`, `restarting

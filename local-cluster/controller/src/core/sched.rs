@@ -32,6 +32,19 @@ use tokio::time::Instant;
 use xce_model::rollout::{JobFacts, Phase};
 use xce_model::{Cluster, JobRec, ServiceRec, ServiceState, Txn};
 
+/// What a pass's visit left of a service, as [`Core::visited`] records it.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Visit<'a> {
+    pub(super) replicas: u32,
+    pub(super) generation: u64,
+    /// Its jobs as the rollout sees them after the visit.
+    pub(super) facts: &'a [JobFacts],
+    /// Replicas of it did not fit.
+    pub(super) waiting: bool,
+    /// The visit drained a job.
+    pub(super) drained: bool,
+}
+
 impl Sched {
     /// Marks every service (the first pass after a load).
     pub(super) fn mark_all(&mut self, c: &Cluster) {
@@ -218,17 +231,17 @@ impl Core {
 
     /// Records what a pass's visit of `key` left at `now`: whether it waits for room
     /// (replicas that did not fit), when its outcome changes with time alone (its
-    /// rollout's deadline; a current-generation replica of `facts` reaching `min_ready`),
+    /// rollout's deadline; a current-generation replica reaching `min_ready`),
     /// and whether it is quiet (see the module documentation; not after a drain, whose
     /// freed slot the next round may fill).
-    pub(super) fn visited(
-        &mut self,
-        key: &ServiceKey,
-        (replicas, generation): (u32, u64),
-        facts: &[JobFacts],
-        (waiting, drained): (bool, bool),
-        now: Instant,
-    ) {
+    pub(super) fn visited(&mut self, key: &ServiceKey, visit: Visit<'_>, now: Instant) {
+        let Visit {
+            replicas,
+            generation,
+            facts,
+            waiting,
+            drained,
+        } = visit;
         let quiet = self
             .profiles
             .get(key)

@@ -6,7 +6,8 @@
 use super::report::Report;
 use super::{Core, CoreError, HostAssignments};
 use plugin_api::{
-    EndReason, HostFacts, HostId, HostInfo, HostState, JobId, JobState, ResourcePlugin,
+    EndReason, HostFacts, HostId, HostInfo, HostState, JobId, JobState, LaunchRefusal,
+    ResourcePlugin,
 };
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -15,7 +16,9 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 use xce_model::slots::LastExit;
 use xce_model::{After, HostRec, JobRec, ServiceState, Txn};
-use xce_proto::worker::{Caller, ExitCause, RegisterRequest, RegisterResponse, WorkerEvent};
+use xce_proto::worker::{
+    Caller, ExitCause, RegisterRequest, RegisterResponse, RunningJob, WorkerEvent,
+};
 
 impl Core {
     /// The host's desired-set watch, for the worker instance that holds the host.
@@ -134,6 +137,40 @@ impl Core {
         req: RegisterRequest,
         now: Instant,
     ) -> Result<RegisterResponse, CoreError> {
+        self.admit_registration(host, caller, now)?;
+        self.check_facts(host, &req.facts)?;
+        self.host_up(host, &req.facts);
+        let mut txn = Txn::new(&self.cluster);
+        let running: BTreeMap<&JobId, bool> =
+            req.running.iter().map(|r| (&r.job, r.ready)).collect();
+        for j in self.cluster.jobs_on(host).cloned().collect::<Vec<_>>() {
+            match running.get(&j.info.job) {
+                Some(&ready) => self.still_running(&mut txn, j, ready),
+                None => self.not_running(&mut txn, j),
+            }
+        }
+        let orphans = self.orphans(host, &req.running);
+        let record = self.registered_host(&txn, host, caller, req.facts, orphans);
+        txn.put_host(&self.cluster, record);
+        self.commit(txn, now)?;
+        self.heard.insert(host.clone(), now);
+        self.withheld.remove(host);
+        info!(host = %host, instance = %caller.instance_or_none(), "host registered");
+        Ok(RegisterResponse {
+            heartbeat_ms: self.timing.heartbeat_interval.as_millis() as u64,
+            cluster: Some(self.cluster_id.clone()),
+        })
+    }
+
+    /// Refuses (counted and logged) a registration by a worker of another cluster, or by
+    /// another instance than the host's holder while the holder is live; logs a takeover
+    /// from a holder that is gone.
+    fn admit_registration(
+        &self,
+        host: &HostId,
+        caller: &Caller,
+        now: Instant,
+    ) -> Result<(), CoreError> {
         if let Err(e) = self.check_cluster(host, caller, "registration") {
             self.metrics.registration_refused("wrong_cluster");
             return Err(e);
@@ -144,68 +181,70 @@ impl Core {
                 .filter(|i| caller.instance.as_ref() != Some(i))
                 .map(|i| (i, self.holder_live(h, now)))
         });
-        match &holder {
+        let peer = caller.peer.as_deref().unwrap_or("unknown");
+        match holder {
             Some((holder, true)) => {
-                warn!(host = %host, holder = %holder, instance = %caller.instance_or_none(), peer = %caller.peer.as_deref().unwrap_or("unknown"), "registration refused: another live worker instance holds the host (a second worker with the same host id?)");
+                warn!(host = %host, holder = %holder, instance = %caller.instance_or_none(), peer = %peer, "registration refused: another live worker instance holds the host (a second worker with the same host id?)");
                 self.metrics.registration_refused("host_taken");
-                return Err(CoreError::HostTaken {
+                Err(CoreError::HostTaken {
                     host: host.clone(),
-                    holder: holder.clone(),
-                });
+                    holder,
+                })
             }
             Some((holder, false)) => {
-                warn!(host = %host, previous = %holder, instance = %caller.instance_or_none(), peer = %caller.peer.as_deref().unwrap_or("unknown"), "a new worker instance takes the host over (its previous worker is gone)");
+                warn!(host = %host, previous = %holder, instance = %caller.instance_or_none(), peer = %peer, "a new worker instance takes the host over (its previous worker is gone)");
+                Ok(())
             }
-            None => {}
+            None => Ok(()),
         }
-        self.check_facts(host, &req.facts)?;
-        self.host_up(host, &req.facts);
-        let mut txn = Txn::new(&self.cluster);
-        let running: BTreeMap<&JobId, bool> =
-            req.running.iter().map(|r| (&r.job, r.ready)).collect();
-        let mine: Vec<JobRec> = self.cluster.jobs_on(host).cloned().collect();
-        for mut j in mine {
-            let eff = j.effective_state();
-            match running.get(&j.info.job) {
-                Some(&ready) => {
-                    let before = j.clone();
+    }
+
+    /// A stored job the registering worker runs (`ready` as it last probed): heard again
+    /// (nothing held for it any more), running if it was only placed.
+    fn still_running(&self, txn: &mut Txn, mut j: JobRec, ready: bool) {
+        let before = j.clone();
+        j.held = None;
+        j.held_ready = None;
+        j.info.state = match before.effective_state() {
+            JobState::Placed => JobState::Running,
+            s => s,
+        };
+        if j.info.state == JobState::Running {
+            j.info.ready = ready;
+        }
+        if j != before {
+            txn.put_job(&self.cluster, j);
+        }
+    }
+
+    /// A stored job the registering worker does not run: one that ran ended (how, is
+    /// unknown: its worker lost its data dir, or it ended while no worker watched), one
+    /// on its way out is stopped, one only placed stays for the worker to start it.
+    fn not_running(&self, txn: &mut Txn, mut j: JobRec) {
+        match j.effective_state() {
+            JobState::Running => {
+                self.record_end(txn, &j, ExitCause::default(), None);
+                txn.end_job(&self.cluster, j, EndReason::Exited { code: None })
+            }
+            JobState::Stopping | JobState::Draining => {
+                txn.end_job(&self.cluster, j, EndReason::Stopped)
+            }
+            eff => {
+                // Placed: not started yet; the worker starts it from its assignments.
+                if j.info.state == JobState::Unknown {
+                    j.info.state = eff;
                     j.held = None;
                     j.held_ready = None;
-                    j.info.state = match eff {
-                        JobState::Placed => JobState::Running,
-                        s => s,
-                    };
-                    if j.info.state == JobState::Running {
-                        j.info.ready = ready;
-                    }
-                    if j != before {
-                        txn.put_job(&self.cluster, j);
-                    }
+                    txn.put_job(&self.cluster, j);
                 }
-                None => match eff {
-                    JobState::Running => {
-                        // The worker no longer has it (its own data dir was lost, or it
-                        // ended while no worker watched): how it ended is unknown.
-                        self.record_end(&mut txn, &j, ExitCause::default(), None);
-                        txn.end_job(&self.cluster, j, EndReason::Exited { code: None })
-                    }
-                    JobState::Stopping | JobState::Draining => {
-                        txn.end_job(&self.cluster, j, EndReason::Stopped)
-                    }
-                    _ => {
-                        // Placed: not started yet; the worker starts it from its assignments.
-                        if j.info.state == JobState::Unknown {
-                            j.info.state = eff;
-                            j.held = None;
-                            j.held_ready = None;
-                            txn.put_job(&self.cluster, j);
-                        }
-                    }
-                },
             }
         }
-        let orphans: BTreeSet<JobId> = req
-            .running
+    }
+
+    /// The jobs the worker of `host` runs that the controller does not know there
+    /// (logged): the host takes no placements until they exited.
+    fn orphans(&self, host: &HostId, running: &[RunningJob]) -> BTreeSet<JobId> {
+        let orphans: BTreeSet<JobId> = running
             .iter()
             .filter(|r| {
                 self.cluster
@@ -218,31 +257,33 @@ impl Core {
         if !orphans.is_empty() {
             warn!(host = %host, orphans = ?orphans, "worker runs jobs the controller does not know; no placements there until they exited");
         }
+        orphans
+    }
+
+    /// The record of a host just registered: ready with its new facts, held by the
+    /// caller's instance, its released grants kept.
+    fn registered_host(
+        &self,
+        txn: &Txn,
+        host: &HostId,
+        caller: &Caller,
+        facts: HostFacts,
+        orphans: BTreeSet<JobId>,
+    ) -> HostRec {
         let released = txn
             .host(&self.cluster, host)
             .map(|h| h.released)
             .unwrap_or_default();
-        txn.put_host(
-            &self.cluster,
-            HostRec {
-                info: HostInfo {
-                    id: host.clone(),
-                    state: HostState::Ready,
-                    facts: req.facts,
-                },
-                orphans,
-                released,
-                instance: caller.instance.clone(),
+        HostRec {
+            info: HostInfo {
+                id: host.clone(),
+                state: HostState::Ready,
+                facts,
             },
-        );
-        self.commit(txn, now)?;
-        self.heard.insert(host.clone(), now);
-        self.withheld.remove(host);
-        info!(host = %host, instance = %caller.instance_or_none(), "host registered");
-        Ok(RegisterResponse {
-            heartbeat_ms: self.timing.heartbeat_interval.as_millis() as u64,
-            cluster: Some(self.cluster_id.clone()),
-        })
+            orphans,
+            released,
+            instance: caller.instance.clone(),
+        }
     }
 
     /// Whether a heartbeat from `host` would commit (it brings an unreachable host back);
@@ -431,47 +472,13 @@ impl Core {
         let withheld = self.withheld.contains(host);
         for ev in events {
             let id = ev.job().clone();
-            let Some(mut j) = txn.job(&self.cluster, &id).filter(|j| j.info.host == *host) else {
-                if let WorkerEvent::Exited { .. } = ev {
-                    if let Some(mut h) = txn.host(&self.cluster, host) {
-                        if h.orphans.remove(&id) {
-                            info!(host = %host, job = %id, "orphaned job exited");
-                            txn.put_host_quiet(h);
-                            continue;
-                        }
-                    }
-                }
-                // Repeats for ended jobs land here: events are idempotent.
-                debug!(host = %host, job = %id, event = ?ev, "event for no live job on the host ignored");
+            let Some(j) = txn.job(&self.cluster, &id).filter(|j| j.info.host == *host) else {
+                self.event_for_no_job(txn, host, &ev);
                 continue;
             };
-            let eff = j.effective_state();
             match ev {
-                WorkerEvent::Started { log, .. } => {
-                    if eff == JobState::Placed {
-                        if j.info.state == JobState::Unknown {
-                            j.held = Some(JobState::Running);
-                        } else {
-                            j.info.state = JobState::Running;
-                        }
-                        j.log = log.or(j.log);
-                        txn.put_job(&self.cluster, j);
-                    }
-                }
-                WorkerEvent::Readiness { ready, .. } => {
-                    let held =
-                        j.held_ready.is_some() || (withheld && j.info.state == JobState::Unknown);
-                    if eff == JobState::Running && held {
-                        // Out of the endpoints until its host is heard again.
-                        if j.held_ready != Some(ready) {
-                            j.held_ready = Some(ready);
-                            txn.put_job_quiet(&self.cluster, j);
-                        }
-                    } else if eff == JobState::Running && j.info.ready != ready {
-                        j.info.ready = ready;
-                        txn.put_job(&self.cluster, j);
-                    }
-                }
+                WorkerEvent::Started { log, .. } => self.started(txn, j, log),
+                WorkerEvent::Readiness { ready, .. } => self.readiness(txn, j, ready, withheld),
                 WorkerEvent::Exited {
                     code,
                     signal,
@@ -479,59 +486,121 @@ impl Core {
                     log,
                     ..
                 } => {
-                    let leaving = matches!(eff, JobState::Stopping | JobState::Draining);
-                    let reason = if leaving {
-                        EndReason::Stopped
-                    } else {
-                        let cause = ExitCause {
-                            code,
-                            signal,
-                            error,
-                        };
-                        self.record_end(txn, &j, cause, log);
-                        EndReason::Exited { code }
-                    };
-                    let (service, generation) = (j.info.service_key(), j.info.generation);
-                    txn.end_job(&self.cluster, j, reason);
-                    // A replica of the generation being rolled out that dies counts
-                    // against the rollout (persisted with the exit itself).
-                    if let Some(mut s) = txn.service(&self.cluster, &service) {
-                        if !leaving
-                            && s.state == ServiceState::Active
-                            && s.info.generation == generation
-                            && s.rollout.is_running(generation)
-                        {
-                            s.rollout.exits += 1;
-                            txn.put_service_quiet(s);
-                        }
-                    }
-                }
-                WorkerEvent::Refused { refusal, .. } => {
-                    warn!(host = %host, job = %id, plugin = %refusal.plugin, reason = %refusal.reason, "launch refused; placing the replica again");
                     let cause = ExitCause {
-                        error: Some(format!(
-                            "launch refused by {}: {}",
-                            refusal.plugin, refusal.reason
-                        )),
-                        ..ExitCause::default()
+                        code,
+                        signal,
+                        error,
                     };
-                    self.record_end(txn, &j, cause, None);
-                    txn.after.push(After::Refused {
-                        host: host.clone(),
-                        job: id.clone(),
-                        plugin: refusal.plugin.clone(),
-                        detail: refusal.detail.clone(),
-                    });
-                    txn.end_job(
-                        &self.cluster,
-                        j,
-                        EndReason::Refused {
-                            reason: refusal.reason,
-                        },
-                    );
+                    self.exited(txn, j, cause, log)
+                }
+                WorkerEvent::Refused { refusal, .. } => self.refused(txn, host, j, refusal),
+            }
+        }
+    }
+
+    /// An event for no live job on the host: the exit of one of its orphans (the host
+    /// may take placements once they are all gone), else a repeat for an ended job
+    /// (events are idempotent), ignored.
+    fn event_for_no_job(&self, txn: &mut Txn, host: &HostId, ev: &WorkerEvent) {
+        let id = ev.job();
+        if let WorkerEvent::Exited { .. } = ev {
+            if let Some(mut h) = txn.host(&self.cluster, host) {
+                if h.orphans.remove(id) {
+                    info!(host = %host, job = %id, "orphaned job exited");
+                    txn.put_host_quiet(h);
+                    return;
                 }
             }
         }
+        debug!(host = %host, job = %id, event = ?ev, "event for no live job on the host ignored");
+    }
+
+    /// The worker started a placed job (on a host not heard lately, held until it is).
+    fn started(&self, txn: &mut Txn, mut j: JobRec, log: Option<String>) {
+        if j.effective_state() != JobState::Placed {
+            return;
+        }
+        if j.info.state == JobState::Unknown {
+            j.held = Some(JobState::Running);
+        } else {
+            j.info.state = JobState::Running;
+        }
+        j.log = log.or(j.log);
+        txn.put_job(&self.cluster, j);
+    }
+
+    /// A running job's readiness changed. Held out of the endpoints (a full disruption
+    /// took it out, or its host is `withheld` and not heard yet), the readiness is kept
+    /// for when its host is heard again, quietly.
+    fn readiness(&self, txn: &mut Txn, mut j: JobRec, ready: bool, withheld: bool) {
+        if j.effective_state() != JobState::Running {
+            return;
+        }
+        let held = j.held_ready.is_some() || (withheld && j.info.state == JobState::Unknown);
+        if held {
+            if j.held_ready != Some(ready) {
+                j.held_ready = Some(ready);
+                txn.put_job_quiet(&self.cluster, j);
+            }
+        } else if j.info.ready != ready {
+            j.info.ready = ready;
+            txn.put_job(&self.cluster, j);
+        }
+    }
+
+    /// A job exited: one on its way out is stopped; one that ended by itself is recorded
+    /// in its slot and, if it runs the generation being rolled out, counts against the
+    /// rollout (persisted with the exit itself).
+    fn exited(&self, txn: &mut Txn, j: JobRec, cause: ExitCause, log: Option<String>) {
+        let leaving = matches!(j.effective_state(), JobState::Stopping | JobState::Draining);
+        let reason = if leaving {
+            EndReason::Stopped
+        } else {
+            let code = cause.code;
+            self.record_end(txn, &j, cause, log);
+            EndReason::Exited { code }
+        };
+        let (service, generation) = (j.info.service_key(), j.info.generation);
+        txn.end_job(&self.cluster, j, reason);
+        let Some(mut s) = txn.service(&self.cluster, &service) else {
+            return;
+        };
+        if !leaving
+            && s.state == ServiceState::Active
+            && s.info.generation == generation
+            && s.rollout.is_running(generation)
+        {
+            s.rollout.exits += 1;
+            txn.put_service_quiet(s);
+        }
+    }
+
+    /// A launch hook refused to start the job: it ends (recorded in its slot, the
+    /// refusing plugin told after the commit) and its replica is placed again.
+    fn refused(&self, txn: &mut Txn, host: &HostId, j: JobRec, refusal: LaunchRefusal) {
+        let id = j.info.job.clone();
+        warn!(host = %host, job = %id, plugin = %refusal.plugin, reason = %refusal.reason, "launch refused; placing the replica again");
+        let cause = ExitCause {
+            error: Some(format!(
+                "launch refused by {}: {}",
+                refusal.plugin, refusal.reason
+            )),
+            ..ExitCause::default()
+        };
+        self.record_end(txn, &j, cause, None);
+        txn.after.push(After::Refused {
+            host: host.clone(),
+            job: id,
+            plugin: refusal.plugin,
+            detail: refusal.detail,
+        });
+        txn.end_job(
+            &self.cluster,
+            j,
+            EndReason::Refused {
+                reason: refusal.reason,
+            },
+        );
     }
 
     /// Records in its slot (in the same batch as the end itself) that job `j` ended by

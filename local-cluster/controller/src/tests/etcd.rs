@@ -1,6 +1,8 @@
 //! The controller on an etcd store: what one controller process committed, the next one
 //! over the same prefix loads and continues from.
 
+use super::app::{ADMIN, TOKENS, W1};
+use super::fakes::web;
 use crate::{Controller, ControllerConfig, ControllerPlugins};
 use expect_test::{expect, Expect};
 use serde_json::{json, Value};
@@ -12,16 +14,6 @@ use xce_store::Store;
 fn check(actual: &str, expect: Expect) {
     expect.assert_eq(actual);
 }
-
-const TOKENS: &str = r#"
-[[token]]
-secret = "admin-example-secret"
-principal = "admin"
-grants = [ { permission = "admin", projects = ["*"] } ]
-[[worker]]
-host = "exec-01"
-secret = "w1-example-secret"
-"#;
 
 async fn request(
     app: &axum::Router,
@@ -79,27 +71,13 @@ async fn the_controller_restores_from_etcd() {
         &app,
         "POST",
         "/internal/v1/hosts/exec-01/register",
-        "w1-example-secret",
+        W1,
         Some(facts.clone()),
     )
     .await;
-    let web = json!({"service": {"name": "web", "project": "default", "replicas": 2, "command": ["sleep", "1000"]}});
-    request(
-        &app,
-        "POST",
-        "/v1/services",
-        "admin-example-secret",
-        Some(web),
-    )
-    .await;
-    let before = request(
-        &app,
-        "GET",
-        "/v1/services/web",
-        "admin-example-secret",
-        None,
-    )
-    .await;
+    let doc = web("web", "default", 2);
+    request(&app, "POST", "/v1/services", ADMIN, Some(doc)).await;
+    let before = request(&app, "GET", "/v1/services/web", ADMIN, None).await;
     drop(app);
     ctl.shutdown().await;
 
@@ -108,31 +86,10 @@ async fn the_controller_restores_from_etcd() {
         .await
         .unwrap();
     let app = ctl.router();
-    let after = request(
-        &app,
-        "GET",
-        "/v1/services/web",
-        "admin-example-secret",
-        None,
-    )
-    .await;
-    let api = json!({"service": {"name": "api", "project": "default", "replicas": 1, "command": ["sleep", "1000"]}});
-    request(
-        &app,
-        "POST",
-        "/v1/services",
-        "admin-example-secret",
-        Some(api),
-    )
-    .await;
-    let api = request(
-        &app,
-        "GET",
-        "/v1/services/api",
-        "admin-example-secret",
-        None,
-    )
-    .await;
+    let after = request(&app, "GET", "/v1/services/web", ADMIN, None).await;
+    let api = web("api", "default", 1);
+    request(&app, "POST", "/v1/services", ADMIN, Some(api)).await;
+    let api = request(&app, "GET", "/v1/services/api", ADMIN, None).await;
     check(
         &format!("{}\n{}\n{}", jobs(&before), jobs(&after), jobs(&api)),
         expect![[r#"

@@ -12,23 +12,12 @@ use xce_model::Cluster;
 /// placed; the listeners' events so far are dropped.
 fn placed(store: Arc<dyn Store>, hosts: &[String], replicas: u32) -> (Core, RawEvents) {
     let raw = RawEvents::default();
-    let wiring = Wiring {
-        resources: vec![Box::new(SharedSlots::new())],
-        policies: vec![Arc::new(Policy)],
-        listeners: vec![Arc::new(raw.clone())],
-    };
     let now = Instant::now();
-    let mut core = Core::load(TIMING, store, wiring, Metrics::default(), now).unwrap();
+    let mut core = core_with(store, SharedSlots::new(), vec![Arc::new(raw.clone())], now);
     for h in hosts {
-        let req = RegisterRequest {
-            facts: facts_of(h, 10),
-            running: vec![],
-        };
-        core.register(h, &worker(h), req, now).unwrap();
+        register_on(&mut core, h, facts_of(h, 10), now);
     }
-    core.submit(web("web", "default", replicas), None, &admin(), now)
-        .unwrap();
-    core.settle(now);
+    submit_on(&mut core, web("web", "default", replicas), now);
     raw.take();
     (core, raw)
 }
@@ -53,7 +42,7 @@ fn reports_of(core: &Core, hosts: &[String]) -> Vec<(String, Caller, Vec<WorkerE
 
 #[test]
 fn reports_queued_together_share_batches_and_change_nothing_else() {
-    let hosts: Vec<String> = (1..=30).map(|i| format!("exec-{i:02}")).collect();
+    let hosts = host_names(30);
     // The same start twice: the reports one commit each, then queued together.
     let one = Recording::new(Arc::new(MemStore::new()), super::scale::etcd_like());
     let (mut a, raw_a) = placed(one.clone(), &hosts, 150);
@@ -116,7 +105,7 @@ fn reports_queued_together_share_batches_and_change_nothing_else() {
 
 #[test]
 fn a_job_write_moves_its_services_rev_without_rewriting_its_record() {
-    let hosts: Vec<String> = (1..=3).map(|i| format!("exec-{i:02}")).collect();
+    let hosts = host_names(3);
     let store = Arc::new(MemStore::new());
     let rec = Recording::new(store.clone(), super::scale::etcd_like());
     let (mut core, raw) = placed(rec.clone(), &hosts, 6);

@@ -91,19 +91,10 @@ impl Store for Recording {
 /// A core on `store` with `hosts` hosts of `slots` slots each.
 fn cluster(store: Arc<dyn Store>, hosts: usize, slots: u64, now: Instant) -> (Core, SharedSlots) {
     let plugin = SharedSlots::new();
-    let wiring = Wiring {
-        resources: vec![Box::new(plugin.clone())],
-        policies: vec![Arc::new(Policy)],
-        listeners: vec![],
-    };
-    let mut core = Core::load(TIMING, store, wiring, Metrics::default(), now).unwrap();
+    let mut core = core_with(store, plugin.clone(), vec![], now);
     for i in 0..hosts {
-        let h = host_name(i);
-        let req = RegisterRequest {
-            facts: facts_at(&format!("10.{}.{}.1", i / 256, i % 256), slots),
-            running: vec![],
-        };
-        core.register(&h, &worker(&h), req, now).unwrap();
+        let facts = facts_at(&format!("10.{}.{}.1", i / 256, i % 256), slots);
+        register_on(&mut core, &host_name(i), facts, now);
     }
     core.settle(now);
     (core, plugin)
@@ -211,9 +202,7 @@ fn failed_pass_in(mut core: Core, plugin: SharedSlots, store: Arc<Recording>, no
     let key = ServiceKey::new("default", "big");
     // The submit, two passes, then the third pass fails.
     *store.fail_after.lock().unwrap() = Some(3);
-    core.submit(web("big", "default", BIG), None, &admin(), now)
-        .unwrap();
-    core.settle(now);
+    submit_on(&mut core, web("big", "default", BIG), now);
     store.assert_within("failed pass");
     let jobs = placed(&core);
     assert!(
@@ -286,6 +275,16 @@ fn exit_stopping(core: &mut Core, now: Instant) {
     core.settle(now);
 }
 
+/// 6 s later (every drain over), every host heard: the timers fire and settle. Returns
+/// the new time.
+fn after_the_drains(core: &mut Core, now: Instant) -> Instant {
+    let now = now + Duration::from_secs(6);
+    heartbeat_all(core, now);
+    core.tick(now, None);
+    core.settle(now);
+    now
+}
+
 /// Every host's worker heartbeats (so a tick finds none of them silent).
 fn heartbeat_all(core: &mut Core, now: Instant) {
     for i in 0..100 {
@@ -310,9 +309,7 @@ fn scaling_down_and_stopping_a_ten_thousand_replica_service_are_bounded_batches(
     let mut now = Instant::now();
     let (mut core, plugin) = cluster(store.clone(), 100, 100, now);
     let key = ServiceKey::new("default", "big");
-    core.submit(web("big", "default", BIG), None, &admin(), now)
-        .unwrap();
-    core.settle(now);
+    submit_on(&mut core, web("big", "default", BIG), now);
     start_all(&mut core, now);
     assert_eq!(
         states(&core, &key),
@@ -326,10 +323,7 @@ fn scaling_down_and_stopping_a_ten_thousand_replica_service_are_bounded_batches(
         states(&core, &key),
         [("draining".into(), 9990), ("running".into(), 10)].into()
     );
-    now += Duration::from_secs(6);
-    heartbeat_all(&mut core, now);
-    core.tick(now, None);
-    core.settle(now);
+    now = after_the_drains(&mut core, now);
     assert_eq!(
         states(&core, &key),
         [("running".into(), 10), ("stopping".into(), 9990)].into()
@@ -361,10 +355,7 @@ fn scaling_down_and_stopping_a_ten_thousand_replica_service_are_bounded_batches(
         states(&core, &key),
         [("draining".into(), BIG as usize)].into()
     );
-    now += Duration::from_secs(6);
-    heartbeat_all(&mut core, now);
-    core.tick(now, None);
-    core.settle(now);
+    now = after_the_drains(&mut core, now);
     assert_eq!(
         states(&core, &key),
         [("stopping".into(), BIG as usize)].into()
@@ -388,9 +379,7 @@ fn a_stop_now_of_a_ten_thousand_replica_service_skips_the_drain_in_every_batch()
     let now = Instant::now();
     let (mut core, _) = cluster(store.clone(), 100, 100, now);
     let key = ServiceKey::new("default", "big");
-    core.submit(web("big", "default", BIG), None, &admin(), now)
-        .unwrap();
-    core.settle(now);
+    submit_on(&mut core, web("big", "default", BIG), now);
     start_all(&mut core, now);
     store.take();
     core.delete(&key, true, &admin(), now).unwrap();
@@ -443,9 +432,7 @@ fn place_big(
     let limit = store.batch_limit();
     let (mut core, plugin) = cluster(store.clone(), 100, slots, now);
     store.take();
-    core.submit(web("big", "default", BIG), None, &admin(), now)
-        .unwrap();
-    core.settle(now);
+    submit_on(&mut core, web("big", "default", BIG), now);
     let batches = store.assert_within(name);
     let jobs = placed(&core);
     assert_eq!(jobs.len(), BIG as usize, "{name}: every replica placed");
@@ -504,9 +491,7 @@ fn numbers_fifty_thousand_replicas_on_a_thousand_hosts() {
         store.take();
         let t = std::time::Instant::now();
         for (svc, n) in &services {
-            core.submit(web(svc, "default", *n), None, &admin(), now)
-                .unwrap();
-            core.settle(now);
+            submit_on(&mut core, web(svc, "default", *n), now);
         }
         let took = t.elapsed().as_secs_f64();
         let batches = store.assert_within(name);

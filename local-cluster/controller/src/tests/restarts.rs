@@ -1,0 +1,194 @@
+//! What a controller restart finds: grants restored (in their release order), the
+//! revision continued, a worker's registration reconciled, old records moved.
+
+use super::*;
+
+#[test]
+fn a_restart_replays_the_release_order_into_the_plugins() {
+    let mut sim = Sim::two_v1_placed(3);
+    sim.events("exec-01", vec![started("j-1"), started("j-2")]);
+    // j-1 ends: its slot is the most recently freed one.
+    sim.events("exec-01", vec![exited("j-1")]);
+    // After a restart (or a takeover) the plugins learn the live grants, then the ended
+    // ones again, released in the order they ended: their free order is what it was.
+    let sim = sim.restart(0);
+    sim.check(expect![[r#"
+        > Sim::two_v1_placed: as checked by the fixture
+        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"started","job":"j-2","pid":7}]
+          5 job j-1 web/0 exec-01 Running ready=false
+          6 job j-2 web/1 exec-01 Running ready=false
+        > events exec-01 [{"event":"exited","job":"j-1","code":1}]
+          7 ended j-1 web/0 Exited { code: Some(1) }
+          plugin: release exec-01 j-1
+        > load
+          resync rev=7 services=1 jobs=[j-2@exec-01:Running] hosts=1
+          8 job j-3 web/0 exec-01 Placed ready=false
+          plugin: restore exec-01 j-2 1
+          plugin: restore exec-01 j-1 0
+          plugin: release exec-01 j-1
+          plugin: reserve exec-01 j-3 0"#]]);
+}
+
+#[test]
+fn register_reconciles_and_refused_facts_keep_the_old_ones() {
+    let mut s = Sim::one_host(3);
+    s.submit(web("web", "default", 3));
+    s.events("exec-01", vec![started("j-1"), started("j-2")]);
+    s.delete("web");
+    // Worker restarted: j-1 (stopping) still runs, j-2 is gone, j-3 never started.
+    s.register("exec-01", 3, &["j-1"]);
+    let bad = HostFacts {
+        ip_addr: Some("0.0.0.0".parse().unwrap()),
+        ..HostFacts::default()
+    };
+    let r = s
+        .core
+        .facts(&"exec-01".into(), &worker("exec-01"), bad, s.now);
+    s.settle("facts 0.0.0.0", r);
+    let ip = s.core.view().borrow().hosts[0].info.facts.ip_addr;
+    s.note(format!("ip_addr still {ip:?}"));
+    s.check(expect![[r#"
+        > Sim::one_host: as checked by the fixture
+        > submit
+          2 service web rev=2
+          3 job j-1 web/0 exec-01 Placed ready=false
+          4 job j-2 web/1 exec-01 Placed ready=false
+          5 job j-3 web/2 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+          plugin: reserve exec-01 j-2 1
+          plugin: reserve exec-01 j-3 2
+        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"started","job":"j-2","pid":7}]
+          6 job j-1 web/0 exec-01 Running ready=false
+          7 job j-2 web/1 exec-01 Running ready=false
+        > delete web
+          8 service web rev=8
+          9 job j-1 web/0 exec-01 Draining ready=false
+          10 job j-2 web/1 exec-01 Draining ready=false
+          11 job j-3 web/2 exec-01 Stopping ready=false
+        > register exec-01 running=["j-1"]
+          12 ended j-2 web/1 Stopped
+          13 ended j-3 web/2 Stopped
+          14 host exec-01 Ready ["web"]
+          plugin: release exec-01 j-2
+          plugin: release exec-01 j-3
+        > facts 0.0.0.0
+          error: host facts refused
+          = ip_addr still Some(127.0.0.11)"#]],
+    );
+}
+
+#[test]
+fn restart_restores_grants_and_continues_the_revision() {
+    let mut s = Sim::one_host(3);
+    s.submit(web("web", "default", 2));
+    s.events("exec-01", vec![started("j-1"), ready("j-1", true)]);
+    // A failed commit changes nothing: no event, no grant kept.
+    s.store.fail_next_commit();
+    s.submit(web("api", "default", 1));
+    // The service commits, its placement fails: the reservation is rolled back and the
+    // replica stays pending.
+    s.store.fail_commit_after(1);
+    s.submit(web("api", "default", 1));
+    let pending = s.core.view().borrow().services[&ServiceKey::new("default", "api")]
+        .pending
+        .clone();
+    s.note(format!(
+        "api pending {pending:?}, used {:?}",
+        s.slots.used()
+    ));
+    let mut s = s.restart(100);
+    s.note(format!("used {:?}", s.slots.used()));
+    s.events("exec-01", vec![started("j-2")]);
+    s.check(expect![[r#"
+        > Sim::one_host: as checked by the fixture
+        > submit
+          2 service web rev=2
+          3 job j-1 web/0 exec-01 Placed ready=false
+          4 job j-2 web/1 exec-01 Placed ready=false
+          plugin: reserve exec-01 j-1 0
+          plugin: reserve exec-01 j-2 1
+        > events exec-01 [{"event":"started","job":"j-1","pid":7},{"event":"readiness","job":"j-1","ready":true}]
+          5 job j-1 web/0 exec-01 Running ready=false
+          6 job j-1 web/0 exec-01 Running ready=true
+        > submit
+          error: store failure injected for a test
+        > submit
+          7 service api rev=7
+          plugin: reserve exec-01 j-3 2
+          plugin: release exec-01 j-3
+          = api pending [(0, "the controller's store failed")], used ["exec-01:0=j-1", "exec-01:1=j-2"]
+        > load
+          resync rev=7 services=2 jobs=[j-1@exec-01:Running j-2@exec-01:Placed] hosts=1
+          8 job j-3 api/0 exec-01 Placed ready=false
+          plugin: restore exec-01 j-1 0
+          plugin: restore exec-01 j-2 1
+          plugin: reserve exec-01 j-3 2
+          = used ["exec-01:0=j-1", "exec-01:1=j-2", "exec-01:2=j-3"]
+        > events exec-01 [{"event":"started","job":"j-2","pid":7}]
+          9 job j-2 web/1 exec-01 Running ready=false"#]]);
+}
+
+#[test]
+fn service_records_stored_by_name_alone_move_to_project_keys() {
+    let store = Arc::new(MemStore::new());
+    let rec = json!({"info": {"name": "web", "project": "team-a", "replicas": 1,
+                              "profile": {"name": "web", "project": "team-a", "command": ["x"]},
+                              "rev": 1},
+                     "state": "active"});
+    let mut b = xce_store::Batch::default();
+    b.put(
+        xce_store::Key::new("service", "web"),
+        serde_json::to_vec(&rec).unwrap(),
+    );
+    store.commit(b).unwrap();
+    let sim = Sim::load(store.clone(), Instant::now());
+    let keys: Vec<String> = store
+        .load_all()
+        .unwrap()
+        .into_iter()
+        .filter(|(k, _)| k.ns == "service")
+        .map(|(k, _)| k.key)
+        .collect();
+    assert_eq!(keys, vec!["team-a/web".to_owned()]);
+    let v = sim.core.view();
+    let s = &v.borrow().services[&ServiceKey::new("team-a", "web")];
+    assert_eq!((s.info.generation, s.info.rev), (1, 1));
+}
+
+#[tokio::test]
+async fn restart_on_redb_hands_nothing_out_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.redb");
+    let slots = SharedSlots::new();
+    let store: Arc<dyn Store> = Arc::new(xce_store::RedbStore::open(&path).unwrap());
+    let app = app_with(ControllerConfig::default(), store, slots.clone()).await;
+    app.register("exec-01", W1, 3).await;
+    let (_, a) = app.submit(ADMIN, web("web", "default", 2)).await;
+    let App {
+        ctl, app: router, ..
+    } = app;
+    drop(router);
+    ctl.shutdown().await;
+    let first = slots.take_log();
+
+    let slots2 = SharedSlots::new();
+    let store: Arc<dyn Store> = Arc::new(xce_store::RedbStore::open(&path).unwrap());
+    let app = app_with(ControllerConfig::default(), store, slots2.clone()).await;
+    let restored = slots2.take_log();
+    let (_, b) = app.submit(ADMIN, web("api", "default", 1)).await;
+    let (_, w) = app.get("/v1/services/web", ADMIN).await;
+    expect![[r#"
+        before: ["reserve exec-01 j-1 0", "reserve exec-01 j-2 1"] index 4
+        restored: ["restore exec-01 j-1 0", "restore exec-01 j-2 1"]
+        after: ["reserve exec-01 j-3 2"] index 6, web index 4
+        used: ["exec-01:0=j-1", "exec-01:1=j-2", "exec-01:2=j-3"]"#]]
+    .assert_eq(&format!(
+        "before: {first:?} index {}\nrestored: {restored:?}\nafter: {:?} index {}, web index {}\nused: {:?}",
+        a["index"],
+        slots2.take_log(),
+        b["index"],
+        w["index"],
+        slots2.used()
+    ));
+    app.ctl.shutdown().await;
+}
