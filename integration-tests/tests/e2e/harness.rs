@@ -65,12 +65,156 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
-/// A distinct /24 of loopback addresses per cluster, also across test processes.
-fn next_ip_block() -> Ipv4Addr {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    let pid = std::process::id();
-    Ipv4Addr::new(127, 100 + (pid % 100) as u8, (n % 250) as u8 + 1, 11)
+// === what a cluster owns: its addresses and its processes ===
+
+/// How many address blocks there are: `127.200.1.0/24` to `127.249.250.0/24` (inside
+/// `127.192.0.0/10`, which tests name as the hosts' network).
+const IP_BLOCKS: u32 = 50 * 250;
+
+/// A /24 of loopback addresses that no other cluster uses while this value lives, in this
+/// test process or any other (`cargo nextest` runs a process per test): block `n`'s lock
+/// file, `$TMPDIR/xce-e2e-blocks/<n>.lock`, is held with `flock` until it drops. The
+/// kernel releases the lock when the process dies, however it dies, so a crashed test
+/// leaves no block taken. Hosts are `.11` upwards of [`IpBlock::first`].
+#[derive(Debug)]
+pub struct IpBlock {
+    first: Ipv4Addr,
+    _lock: std::fs::File,
+}
+
+impl IpBlock {
+    /// Claims the first free block from a start that differs per process and per call
+    /// (so that concurrent processes rarely try the same files).
+    pub fn claim() -> Self {
+        use rustix::fs::{flock, FlockOperation};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join("xce-e2e-blocks");
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let start = std::process::id()
+            .wrapping_mul(7919)
+            .wrapping_add(N.fetch_add(1, Ordering::Relaxed));
+        for i in 0..IP_BLOCKS {
+            let n = start.wrapping_add(i) % IP_BLOCKS;
+            let path = dir.join(format!("{n}.lock"));
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            // An flock belongs to the open file: a second open of the same file, in this
+            // process too, is refused while the first holds it.
+            if flock(&file, FlockOperation::NonBlockingLockExclusive).is_ok() {
+                return Self {
+                    first: Ipv4Addr::new(127, 200 + (n / 250) as u8, (n % 250) as u8 + 1, 11),
+                    _lock: file,
+                };
+            }
+        }
+        panic!(
+            "every one of {IP_BLOCKS} address blocks is taken ({})",
+            dir.display()
+        )
+    }
+
+    /// The block's first host address (`127.A.B.11`).
+    pub fn first(&self) -> Ipv4Addr {
+        self.first
+    }
+}
+
+/// The environment variable that ties a process to the cluster that started it: every
+/// daemon a cluster starts gets it ([`Owner::mark`]), and their replicas inherit it (a
+/// worker passes its environment on), as does anything a replica starts.
+pub const OWNER_VAR: &str = "XCE_E2E_OWNER";
+
+/// A cluster's mark on the processes it started, so that its teardown kills exactly
+/// those: its daemons, and the replicas its workers leave running when they stop (`xced
+/// worker` detaches on SIGTERM, and a SIGKILLed worker cannot stop them), whoever their
+/// parent is by then. Nothing else on the machine carries it.
+#[derive(Debug)]
+pub struct Owner {
+    id: String,
+}
+
+impl Owner {
+    pub fn new() -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        Self {
+            id: format!(
+                "{}-{}-{nanos}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ),
+        }
+    }
+
+    /// Marks a process this cluster starts.
+    pub fn mark<'c>(&self, cmd: &'c mut Command) -> &'c mut Command {
+        cmd.env(OWNER_VAR, &self.id)
+    }
+
+    /// Live processes that carry the mark (`/proc/<pid>/environ`; a zombie has none).
+    pub fn pids(&self) -> Vec<u32> {
+        let needle = format!("{OWNER_VAR}={}", self.id);
+        let mut pids = Vec::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+                continue;
+            };
+            if environ
+                .split(|&b| b == 0)
+                .any(|var| var == needle.as_bytes())
+            {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    /// SIGKILLs every process that carries the mark, until none is left (a replica may
+    /// start a child meanwhile; it carries the mark too).
+    pub fn kill_all(&self) {
+        let deadline = Instant::now() + patience();
+        loop {
+            let pids = self.pids();
+            if pids.is_empty() {
+                return;
+            }
+            if Instant::now() > deadline {
+                eprintln!("processes of cluster {} still alive: {pids:?}", self.id);
+                return;
+            }
+            for pid in pids {
+                signal(pid, libc::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Default for Owner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A cluster's teardown, in well under a second: SIGKILL to each of its daemons (reaped),
+/// then to every process still carrying its mark (the replicas). The temp dir goes with
+/// the test, so nothing a graceful stop would save is needed; the graceful stops are
+/// tests of their own.
+pub fn teardown<'a>(daemons: impl IntoIterator<Item = &'a mut Child>, owner: &Owner) {
+    for child in daemons {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    owner.kill_all();
 }
 
 /// Reads a child's stdout lines in a thread; hands them over a channel.
@@ -125,6 +269,29 @@ pub struct Api {
     pub base: String,
     pub token: String,
     pub http: reqwest::Client,
+    /// How `http` was made (its CA file, the worker instance it presents), so that
+    /// [`Api::fresh`] can make another.
+    ca_file: Option<PathBuf>,
+    instance: Option<String>,
+}
+
+/// A client for [`Api`]: 20 s timeout, the CA of `ca_file` trusted, `X-Xce-Worker-Instance:
+/// instance` on every request when given.
+fn api_client(ca_file: Option<&Path>, instance: Option<&str>) -> reqwest::Client {
+    let mut http = reqwest::Client::builder().timeout(Duration::from_secs(20));
+    if let Some(ca) = ca_file {
+        let tls = control_tls::client::client_config(Some(ca)).expect("a usable ca file");
+        http = http.tls_backend_preconfigured(tls);
+    }
+    if let Some(instance) = instance {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            "x-xce-worker-instance",
+            reqwest::header::HeaderValue::from_str(instance).expect("an instance id is ASCII"),
+        );
+        http = http.default_headers(headers);
+    }
+    http.build().unwrap()
 }
 
 impl Api {
@@ -133,16 +300,12 @@ impl Api {
     }
     /// An `https://` apiserver whose certificate `ca_file` (PEM) signed.
     pub fn with_ca(base: &str, token: &str, ca_file: Option<&Path>) -> Self {
-        let mut http = reqwest::Client::builder().timeout(Duration::from_secs(20));
-        if let Some(ca) = ca_file {
-            let tls = control_tls::client::client_config(Some(ca)).expect("a usable ca file");
-            http = http.tls_backend_preconfigured(tls);
-        }
-        let http = http.build().unwrap();
         Self {
             base: base.to_owned(),
             token: token.to_owned(),
-            http,
+            http: api_client(ca_file, None),
+            ca_file: ca_file.map(Path::to_owned),
+            instance: None,
         }
     }
     pub fn with_token(&self, token: &str) -> Self {
@@ -151,22 +314,22 @@ impl Api {
             ..self.clone()
         }
     }
+    /// The same API with a client of its own (no pooled connection shared): for another
+    /// runtime than the one `self`'s connections were made on, whose reactor may not run
+    /// while that other runtime waits (a blocked test thread).
+    pub fn fresh(&self) -> Self {
+        Self {
+            http: api_client(self.ca_file.as_deref(), self.instance.as_deref()),
+            ..self.clone()
+        }
+    }
     /// This API acting as worker instance `instance` (`X-Xce-Worker-Instance` on every
     /// request): a test that plays a worker, or a compromised host, presents the id its
     /// worker's data dir holds.
     pub fn as_worker_instance(&self, instance: &str) -> Self {
-        let mut headers = reqwest::header::HeaderMap::new();
-        headers.insert(
-            "x-xce-worker-instance",
-            reqwest::header::HeaderValue::from_str(instance).expect("an instance id is ASCII"),
-        );
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(20))
-            .default_headers(headers)
-            .build()
-            .unwrap();
         Self {
-            http,
+            http: api_client(self.ca_file.as_deref(), Some(instance)),
+            instance: Some(instance.to_owned()),
             ..self.clone()
         }
     }
@@ -263,6 +426,8 @@ pub struct DevCluster {
     pub first_ip: Ipv4Addr,
     pub client_config: PathBuf,
     _lines: mpsc::Receiver<String>,
+    _block: IpBlock,
+    owner: Owner,
 }
 
 impl DevCluster {
@@ -298,7 +463,9 @@ impl DevCluster {
         nofile: Option<(u64, u64)>,
     ) -> Result<Self> {
         let dir = tempfile::tempdir()?;
-        let first_ip = next_ip_block();
+        let block = IpBlock::claim();
+        let first_ip = block.first();
+        let owner = Owner::new();
         let client_config = dir.path().join("xcecli.toml");
         // A limit for xced alone: prlimit(1) sets it on itself and execs xced (same pid).
         let mut cmd = match nofile {
@@ -311,6 +478,7 @@ impl DevCluster {
             }
             None => Command::new(bin("xced")),
         };
+        owner.mark(&mut cmd);
         cmd.arg("dev")
             .args(["--hosts", &hosts.to_string()])
             .args(["--listen", "127.0.0.1:0"])
@@ -337,7 +505,7 @@ impl DevCluster {
         let line = match wait_for_line(&lines, "xced: apiserver listening on ") {
             Ok(l) => l,
             Err(e) => {
-                terminate(&mut child);
+                teardown([&mut child], &owner);
                 let log = std::fs::read_to_string(dir.path().join("xced.log")).unwrap_or_default();
                 bail!("{e}; xced log:\n{log}");
             }
@@ -380,6 +548,8 @@ impl DevCluster {
             client_config,
             dir,
             _lines: lines,
+            _block: block,
+            owner,
         })
     }
 
@@ -401,7 +571,7 @@ impl DevCluster {
 
 impl Drop for DevCluster {
     fn drop(&mut self) {
-        terminate(&mut self.child);
+        teardown([&mut self.child], &self.owner);
         // A failing test shows what the daemon said last: the only record CI keeps of it.
         if std::thread::panicking() {
             let log = self.log();
@@ -412,14 +582,6 @@ impl Drop for DevCluster {
                 lines.len().min(80)
             );
         }
-        let o = self.first_ip.octets();
-        let ips: Vec<String> = (0..=200u8)
-            .map_while(|i| {
-                o[3].checked_add(i)
-                    .map(|d| Ipv4Addr::new(o[0], o[1], o[2], d).to_string())
-            })
-            .collect();
-        kill_leftover_replicas(&ips);
     }
 }
 
@@ -431,7 +593,7 @@ fn wait_for_hosts(base: &str, token: &str, n: usize) -> Result<()> {
 
 /// [`wait_for_hosts`] through `api` (an https one, say).
 pub fn wait_for_hosts_of(api: &Api, n: usize) -> Result<()> {
-    let api = api.clone();
+    let api = api.fresh();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -514,28 +676,6 @@ pub async fn http_ok(addr: &str) -> Result<bool> {
     Ok(r.status().is_success())
 }
 
-/// Last resort: replicas whose worker is gone (e.g. a test failed mid-way) carry this
-/// cluster's host addresses on their command line (`--bind IP`).
-pub fn kill_leftover_replicas(ips: &[String]) {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if ips.iter().any(|ip| {
-            cmdline.contains(&format!("--bind {ip} ")) || cmdline.ends_with(&format!("--bind {ip}"))
-        }) {
-            signal(pid, libc::SIGKILL);
-        }
-    }
-}
-
 // === impl Cluster ===
 
 pub const ADMIN: &str = "admin-example-secret-for-tests";
@@ -544,7 +684,10 @@ pub const ADMIN: &str = "admin-example-secret-for-tests";
 pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub first_ip: Ipv4Addr,
-    pub hosts: usize,
+    /// Held until the cluster's processes are dead (fields drop after `drop`).
+    _block: IpBlock,
+    /// Marks every daemon the cluster starts, and so their replicas.
+    pub owner: Owner,
     pub controller: Option<Child>,
     pub workers: Vec<Option<Child>>,
     pub api: Api,
@@ -567,17 +710,6 @@ pub struct ClusterConfig {
     pub controller_log: Option<String>,
     /// The controller's `data_dir` (default: `controller` in the cluster's temp dir).
     pub controller_data_dir: Option<PathBuf>,
-}
-
-pub fn ip_block() -> Ipv4Addr {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    Ipv4Addr::new(
-        127,
-        200 + (std::process::id() % 50) as u8,
-        (n % 250) as u8 + 1,
-        11,
-    )
 }
 
 /// A tokens file: the admin token ([`ADMIN`]) and a `[[worker]]` `exec-NN` with secret
@@ -630,7 +762,8 @@ impl Cluster {
         } = cfg;
         let dir = tempfile::tempdir()?;
         let port = free_port();
-        let first_ip = ip_block();
+        let block = IpBlock::claim();
+        let first_ip = block.first();
         let tokens = admin_and_worker_tokens(hosts) + extra_tokens;
         std::fs::write(dir.path().join("tokens.toml"), tokens)?;
         std::fs::write(
@@ -660,7 +793,8 @@ impl Cluster {
         let mut c = Self {
             dir,
             first_ip,
-            hosts,
+            _block: block,
+            owner: Owner::new(),
             controller: None,
             workers: Vec::new(),
             api,
@@ -685,7 +819,9 @@ impl Cluster {
     }
 
     pub fn start_controller(&mut self) -> Result<()> {
-        let mut child = Command::new(bin("xced"))
+        let mut child = self
+            .owner
+            .mark(&mut Command::new(bin("xced")))
             .arg("controller")
             .arg("--config")
             .arg(self.dir.path().join("controller.toml"))
@@ -724,7 +860,9 @@ impl Cluster {
     }
 
     pub fn start_worker(&mut self, i: usize) -> Result<()> {
-        let child = Command::new(bin("xced"))
+        let child = self
+            .owner
+            .mark(&mut Command::new(bin("xced")))
             .arg("worker")
             .arg("--config")
             .arg(self.dir.path().join(format!("worker-{i}.toml")))
@@ -765,51 +903,12 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        // Stop every service first so no replica outlives the test, then the daemons.
-        if self.controller.is_some() {
-            let api = self.api.clone();
-            let _ = std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async {
-                    if let Ok(list) = api.get_json("/v1/services").await {
-                        for s in list["services"].as_array().cloned().unwrap_or_default() {
-                            let _ = api
-                                .delete(&format!(
-                                    "/v1/services/{}",
-                                    s["name"].as_str().unwrap_or("")
-                                ))
-                                .await;
-                        }
-                        let _ = tokio::time::timeout(std::time::Duration::from_secs(15), async {
-                            loop {
-                                let n = api
-                                    .get_json("/v1/services")
-                                    .await
-                                    .map(|l| l["services"].as_array().map_or(0, Vec::len))
-                                    .unwrap_or(0);
-                                if n == 0 {
-                                    break;
-                                }
-                                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                            }
-                        })
-                        .await;
-                    }
-                })
-            })
-            .join();
-        }
-        for w in self.workers.iter_mut().flatten() {
-            terminate(w);
-        }
-        if let Some(c) = self.controller.as_mut() {
-            terminate(c);
-        }
-        let ips: Vec<String> = (0..self.hosts).map(|i| self.host_ip(i)).collect();
-        kill_leftover_replicas(&ips);
+        let daemons = self
+            .workers
+            .iter_mut()
+            .flatten()
+            .chain(self.controller.as_mut());
+        teardown(daemons, &self.owner);
     }
 }
 

@@ -507,7 +507,23 @@ mod tests {
                 (r, t.elapsed())
             }
         });
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // The request has reached the frozen leader: its connection is there and the
+        // request's head read off it (kept open, never answered, as a stopped process's).
+        frozen.set_nonblocking(true).unwrap();
+        let frozen = tokio::net::TcpListener::from_std(frozen).unwrap();
+        let (mut held, _) = tokio::time::timeout(testkit::patience(), frozen.accept())
+            .await
+            .expect("the request is forwarded to the frozen leader")
+            .unwrap();
+        let mut head = Vec::new();
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let mut buf = [0u8; 1024];
+            let n = tokio::io::AsyncReadExt::read(&mut held, &mut buf)
+                .await
+                .unwrap();
+            assert!(n > 0, "the forwarded request's head");
+            head.extend_from_slice(&buf[..n]);
+        }
         let (b, _b_task) = fake_controller("b").await;
         set_leader(&etcd, &format!("node-b/2@{b}")).await;
         let (r, took) = tokio::time::timeout(Duration::from_secs(8), waiting)
@@ -528,7 +544,7 @@ mod tests {
             .await
             .unwrap();
         log.push(format!("then: {}", r.status()));
-        drop(frozen);
+        drop((held, frozen));
         expect_test::expect![[r#"
             killed: the leader controller at http://ADDR cannot be reached (Connection refused (os error 111)); a takeover may be under way
             frozen, then replaced: the leader controller at http://ADDR stopped answering and no longer leads (the change may or may not have been applied: check before repeating it) (answered within 4s: true)
