@@ -125,8 +125,9 @@ impl IpBlock {
 
 /// The environment variable that ties a process to the cluster that started it: every
 /// daemon a cluster starts gets it ([`Owner::mark`]), and their replicas inherit it (a
-/// worker passes its environment on), as does anything a replica starts.
-pub const OWNER_VAR: &str = "XCE_E2E_OWNER";
+/// worker passes its environment on), as does anything a replica starts. Not `XCE_…`:
+/// the daemons warn of an `XCE_` variable that is none of their settings.
+pub const OWNER_VAR: &str = "E2E_CLUSTER_OWNER";
 
 /// A cluster's mark on the processes it started, so that its teardown kills exactly
 /// those: its daemons, and the replicas its workers leave running when they stop (`xced
