@@ -1110,12 +1110,18 @@ pub async fn ports_used(api: &Api) -> Result<BTreeMap<String, u64>> {
 }
 
 /// Stops every service the token sees, waits until they are gone and every host's port
-/// pool is empty again; returns the ports still used (0 unless the wait timed out).
+/// pool is empty again; returns the ports still used (0 unless the wait timed out). The
+/// stop skips the drain (`?now=true`: SIGTERM at once, not after the default 5 s): what is
+/// counted is the ports of stopped replicas, which are freed when they exit either way
+/// (the drained stop and its ports are the rollout and quota tests' subject).
 pub async fn stop_all_and_count_leaks(api: &Api) -> u64 {
     let list = api.get_json("/v1/services").await.unwrap();
     for s in list["services"].as_array().unwrap() {
         let name = s["name"].as_str().unwrap();
-        let st = api.delete(&format!("/v1/services/{name}")).await.unwrap();
+        let st = api
+            .delete(&format!("/v1/services/{name}?now=true"))
+            .await
+            .unwrap();
         assert!(st == 202 || st == 404, "stopping {name}: HTTP {st}");
     }
     eventually("every service gone", || async {
@@ -1275,8 +1281,8 @@ pub struct HttpService {
     before: Option<String>,
 }
 
-/// An [`HttpService`] named `name` with `replicas` replicas, project `default`, the
-/// default probe interval.
+/// An [`HttpService`] named `name` with `replicas` replicas, project `default`, a probe
+/// every 200 ms.
 pub fn http_service(name: &str, replicas: u32) -> HttpService {
     HttpService {
         name: name.to_owned(),
@@ -1315,9 +1321,11 @@ impl HttpService {
             "replicas = {}\ncommand = [\"sh\", \"-c\", \"{before}exec python3 -m http.server $XCE_PORT_HTTP --bind $XCE_HOST_IP\"]\n[[service.ports]]\nname = \"http\"\n[service.readiness]\ntcp = \"http\"\n",
             self.replicas
         );
-        if let Some(i) = &self.interval {
-            t += &format!("interval = \"{i}\"\n");
-        }
+        // Unless set, 200 ms rather than the profile default of 1 s: the first probe runs
+        // as the replica starts, before python listens, and the next one is when it
+        // becomes ready.
+        let interval = self.interval.as_deref().unwrap_or("200ms");
+        t += &format!("interval = \"{interval}\"\n");
         t
     }
 }
@@ -1335,3 +1343,81 @@ secret = "bob-example-secret"
 principal = "bob"
 grants = [ { permission = "job.view", projects = ["team-b"] }, { permission = "job.submit", projects = ["team-b"] } ]
 "#;
+
+// === the harness's own checks ===
+
+/// A claimed block is the holder's alone: another claim gets another block, and the lock
+/// file of a held block cannot be locked again (an `flock` conflicts between two opens of
+/// the file, in two processes as in one) until the claim drops.
+#[test]
+fn an_address_block_is_held_until_dropped() {
+    use rustix::fs::{flock, FlockOperation};
+    let a = IpBlock::claim();
+    let b = IpBlock::claim();
+    assert_ne!(a.first(), b.first());
+    let o = a.first().octets();
+    let n = u32::from(o[1] - 200) * 250 + u32::from(o[2]) - 1;
+    let path = std::env::temp_dir()
+        .join("xce-e2e-blocks")
+        .join(format!("{n}.lock"));
+    let again = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    assert!(
+        flock(&again, FlockOperation::NonBlockingLockExclusive).is_err(),
+        "{} is locked while claimed",
+        path.display()
+    );
+    drop(a);
+    assert!(
+        flock(&again, FlockOperation::NonBlockingLockExclusive).is_ok(),
+        "{} is free once dropped",
+        path.display()
+    );
+}
+
+/// The teardown kills what carries its cluster's mark, also once reparented (a replica
+/// whose worker died, and the child it started), and nothing else: not a process of
+/// another cluster's mark, nor an unmarked one.
+#[test]
+fn teardown_kills_what_carries_the_mark_and_nothing_else() {
+    let (ours, theirs) = (Owner::new(), Owner::new());
+    // A parent that starts a child of its own and waits: killing the parent first leaves
+    // the child an orphan, as a worker's death leaves its replicas.
+    let spawn = |owner: &Owner| {
+        owner
+            .mark(&mut Command::new("sh"))
+            .args(["-c", "sleep 600 & wait"])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut daemon = spawn(&ours);
+    let mut other = spawn(&theirs);
+    let mut unmarked = Command::new("sleep")
+        .arg("600")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The parent and its sleep: both carry the mark.
+    let start = Instant::now();
+    while ours.pids().len() < 2 || theirs.pids().len() < 2 {
+        assert!(start.elapsed() < patience(), "{:?}", ours.pids());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let t = Instant::now();
+    teardown([&mut daemon], &ours);
+    let took = t.elapsed();
+    assert!(ours.pids().is_empty(), "left: {:?}", ours.pids());
+    assert!(took < Duration::from_secs(1), "teardown took {took:?}");
+    assert_eq!(
+        theirs.pids().len(),
+        2,
+        "another cluster's processes live on"
+    );
+    assert!(
+        unmarked.try_wait().unwrap().is_none(),
+        "an unmarked one lives on"
+    );
+    teardown([&mut other], &theirs);
+    let _ = unmarked.kill();
+    let _ = unmarked.wait();
+}
