@@ -132,7 +132,8 @@ pub const OWNER_VAR: &str = "E2E_CLUSTER_OWNER";
 /// A cluster's mark on the processes it started, so that its teardown kills exactly
 /// those: its daemons, and the replicas its workers leave running when they stop (`xced
 /// worker` detaches on SIGTERM, and a SIGKILLed worker cannot stop them), whoever their
-/// parent is by then. Nothing else on the machine carries it.
+/// parent is by then. Nothing else on the machine carries it. The id starts with this
+/// test process's id (`<pid>-<n>-<ns>`).
 #[derive(Debug)]
 pub struct Owner {
     id: String,
@@ -646,10 +647,13 @@ pub fn stderr(o: &Output) -> String {
 }
 
 /// Kills the process listening on `addr` (a replica), found through its command line.
-/// The demo replicas run `python3 -m http.server PORT --bind IP`.
+/// The demo replicas run `python3 -m http.server PORT --bind IP`. Only a process that a
+/// cluster of this test process started (its [`OWNER_VAR`] names this process) is a
+/// candidate: whatever else runs on the machine is left alone.
 pub fn kill_replica_listening_on(addr: &str) -> Result<u32> {
     let (ip, port) = addr.rsplit_once(':').context("addr:port")?;
     let needle = format!("http.server {port} --bind {ip}");
+    let ours = format!("{OWNER_VAR}={}-", std::process::id());
     for entry in std::fs::read_dir("/proc")? {
         let entry = entry?;
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
@@ -659,7 +663,13 @@ pub fn kill_replica_listening_on(addr: &str) -> Result<u32> {
             continue;
         };
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if cmdline.contains(&needle) {
+        let marked = || {
+            std::fs::read(entry.path().join("environ")).is_ok_and(|env| {
+                env.split(|&b| b == 0)
+                    .any(|var| var.starts_with(ours.as_bytes()))
+            })
+        };
+        if cmdline.contains(&needle) && marked() {
             signal(pid, libc::SIGKILL);
             return Ok(pid);
         }
