@@ -96,12 +96,15 @@ impl IpBlock {
         for i in 0..IP_BLOCKS {
             let n = start.wrapping_add(i) % IP_BLOCKS;
             let path = dir.join(format!("{n}.lock"));
-            let file = std::fs::OpenOptions::new()
+            // A file this user may not open (another user's) is a block taken.
+            let Ok(file) = std::fs::OpenOptions::new()
                 .create(true)
                 .truncate(false)
                 .write(true)
                 .open(&path)
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            else {
+                continue;
+            };
             // An flock belongs to the open file: a second open of the same file, in this
             // process too, is refused while the first holds it.
             if flock(&file, FlockOperation::NonBlockingLockExclusive).is_ok() {
@@ -112,7 +115,7 @@ impl IpBlock {
             }
         }
         panic!(
-            "every one of {IP_BLOCKS} address blocks is taken ({})",
+            "no address block could be locked: all {IP_BLOCKS} taken, or {} not writable",
             dir.display()
         )
     }
@@ -1377,11 +1380,17 @@ fn an_address_block_is_held_until_dropped() {
         path.display()
     );
     drop(a);
-    assert!(
-        flock(&again, FlockOperation::NonBlockingLockExclusive).is_ok(),
-        "{} is free once dropped",
-        path.display()
-    );
+    // Free once dropped; a child being spawned meanwhile (by another test's thread) holds
+    // a copy of the descriptor from its fork to its exec (the file is close-on-exec).
+    let start = Instant::now();
+    while flock(&again, FlockOperation::NonBlockingLockExclusive).is_err() {
+        assert!(
+            start.elapsed() < patience(),
+            "{} is free once dropped",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 /// The teardown kills what carries its cluster's mark, also once reparented (a replica
