@@ -442,13 +442,8 @@ fn metric(text: &str, name: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_steady_cluster_with_probes_running_changes_nothing_and_wakes_nobody() {
     let c = DevCluster::start(3, true).expect("dev cluster");
-    c.api.wait_ready("web", 3).await;
     // Steady: the demo's rollout is over too (its end is a change of its own).
-    eventually("the demo's rollout complete", || async {
-        let d = c.api.get_json("/v1/services/web").await?;
-        Ok((d["rollout"]["state"] == "complete").then_some(()))
-    })
-    .await;
+    c.api.wait_settled("web", 3).await;
     let (_, headers, _) = c.api.get("/v1/services/web/endpoints").await.unwrap();
     let index = index_of(&headers);
     let metrics = |api: Api| async move {

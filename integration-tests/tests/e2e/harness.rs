@@ -413,6 +413,20 @@ impl Api {
         }
         Ok(body.lines().map(str::to_owned).collect())
     }
+    /// [`Api::wait_ready`], then until the service's rollout is complete: a new service is
+    /// settled then, with nothing more coming from its start. (The rollout's end is a
+    /// change of the service of its own, which raises its entry's index: a blocking query
+    /// parked at the index read before it would be answered by it.)
+    pub async fn wait_settled(&self, service: &str, n: usize) -> Vec<String> {
+        let eps = self.wait_ready(service, n).await;
+        eventually(&format!("{service}'s rollout complete"), || async {
+            let d = self.get_json(&format!("/v1/services/{service}")).await?;
+            Ok((d["rollout"]["state"] == "complete").then_some(()))
+        })
+        .await;
+        eps
+    }
+
     /// Waits until `service` has exactly `n` ready endpoints; returns them.
     pub async fn wait_ready(&self, service: &str, n: usize) -> Vec<String> {
         eventually(&format!("{n} ready endpoints of {service}"), || async {
@@ -1336,9 +1350,13 @@ impl HttpService {
         );
         // Unless set, 200 ms rather than the profile default of 1 s: the first probe runs
         // as the replica starts, before python listens, and the next one is when it
-        // becomes ready.
-        let interval = self.interval.as_deref().unwrap_or("200ms");
-        t += &format!("interval = \"{interval}\"\n");
+        // becomes ready. The probe's timeout stays the 1 s it was with the default
+        // interval (by default it is the interval, and one probe slower than 200 ms on a
+        // loaded machine would take the replica out of its endpoints for a moment).
+        match &self.interval {
+            Some(i) => t += &format!("interval = \"{i}\"\n"),
+            None => t += "interval = \"200ms\"\ntimeout = \"1s\"\n",
+        }
         t
     }
 }

@@ -67,7 +67,7 @@ async fn controller_paused_past_the_grace_period_stops_nothing() {
     let log = c.dir.path().join("controller.log");
     let profile = replicas.profile("web", 3, "0", "500ms", 0);
     assert_eq!(c.api.submit_toml(&profile).await.unwrap().0, 201);
-    c.api.wait_ready("web", 3).await;
+    c.api.wait_settled("web", 3).await;
     let pids_before = sorted(replicas.live_pids());
     assert_eq!(pids_before.len(), 3, "3 replica processes");
     let jobs_before = jobs(&c.api).await.unwrap();

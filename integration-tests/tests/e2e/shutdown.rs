@@ -160,7 +160,7 @@ async fn a_leader_stopped_with_sigterm_under_100_watchers_hands_over_at_once_and
     })
     .await;
     assert_eq!(a.submit_toml(&web(1)).await.unwrap().0, 201);
-    a.wait_ready("web", 1).await;
+    a.wait_settled("web", 1).await;
     let idx = index(&a, "web").await.unwrap();
 
     // Half blocking queries, half SSE streams, all parked on the leader.
