@@ -430,7 +430,9 @@ async fn a_refused_worker_says_why_and_backs_off() -> Result<()> {
             ),
         )?;
         let log = dir.join(format!("refused-{i}.log"));
-        let child = Command::new(bin("xced"))
+        let child = cluster
+            .owner
+            .mark(&mut Command::new(bin("xced")))
             .arg("worker")
             .arg("--config")
             .arg(&config)

@@ -125,12 +125,14 @@ impl Daemon {
     }
 }
 
-pub fn spawn_xced(args: &[&str], config: &Path, log: &Path) -> Result<Daemon> {
+/// `xced ARGS --config CONFIG`, its stderr appended to `log`, marked as `owner`'s.
+pub fn spawn_xced(args: &[&str], config: &Path, log: &Path, owner: &Owner) -> Result<Daemon> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)?;
-    let mut child = Command::new(bin("xced"))
+    let mut child = owner
+        .mark(&mut Command::new(bin("xced")))
         .args(args)
         .arg("--config")
         .arg(config)
@@ -172,33 +174,6 @@ pub fn dump_logs(logs: &[(String, PathBuf)]) {
     }
 }
 
-/// Stops `service` through the first of `apis` that takes the request and waits (up to
-/// 15 s) until it is gone, so no replica outlives a test. Runs in a thread of its own:
-/// callers are `Drop`s, possibly inside an async test.
-pub fn stop_service_through(apis: Vec<Api>, service: &str) {
-    let path = format!("/v1/services/{service}");
-    let _ = std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            for api in apis {
-                if matches!(api.delete(&path).await, Ok(202 | 404)) {
-                    let _ = tokio::time::timeout(Duration::from_secs(15), async {
-                        while !matches!(api.get(&path).await, Ok((404, _, _))) {
-                            tokio::time::sleep(Duration::from_millis(100)).await;
-                        }
-                    })
-                    .await;
-                    break;
-                }
-            }
-        })
-    })
-    .join();
-}
-
 /// The leader lease TTL the fleet's controllers run with (a standby takes over about this
 /// long after the leader dies).
 pub const LEADER_TTL: &str = "3s";
@@ -206,13 +181,16 @@ pub const LEADER_TTL: &str = "3s";
 /// Two controllers (one leads, the other waits), `apiservers` apiservers and some workers
 /// on one etcd, configured in a temp dir; started one by one by the test. The workers talk
 /// to the apiservers when there are any (which forward to the leader), else to both
-/// controllers. Dropped: the service `web` is stopped, every daemon and leftover replica
-/// killed, then etcd; on a panic every daemon's log is printed first.
+/// controllers. Dropped: every daemon and every replica killed ([`teardown`]), then etcd;
+/// on a panic every daemon's log is printed first.
 pub struct Fleet {
     pub dir: tempfile::TempDir,
     pub controller_ports: [u16; 2],
     pub apiserver_ports: Vec<u16>,
     first_ip: std::net::Ipv4Addr,
+    /// Held until the fleet's processes are dead (fields drop after `drop`).
+    _block: IpBlock,
+    owner: Owner,
     pub controllers: [Option<Daemon>; 2],
     pub apiservers: Vec<Option<Daemon>>,
     pub workers: Vec<Child>,
@@ -222,6 +200,7 @@ pub struct Fleet {
 impl Fleet {
     pub fn new(etcd: EtcdCluster, workers: usize, apiservers: usize) -> Result<Self> {
         let dir = tempfile::tempdir()?;
+        let block = IpBlock::claim();
         let controller_ports = [free_port(), free_port()];
         let apiserver_ports: Vec<u16> = (0..apiservers).map(|_| free_port()).collect();
         let store = etcd.url();
@@ -261,7 +240,9 @@ impl Fleet {
             controller_ports,
             apiservers: apiserver_ports.iter().map(|_| None).collect(),
             apiserver_ports,
-            first_ip: ip_block(),
+            first_ip: block.first(),
+            _block: block,
+            owner: Owner::new(),
             controllers: [None, None],
             workers: Vec::new(),
             etcd: Some(etcd),
@@ -310,6 +291,7 @@ impl Fleet {
             &[kind],
             &self.dir.path().join(format!("{name}.toml")),
             &self.log(name),
+            &self.owner,
         )
     }
 
@@ -354,9 +336,16 @@ impl Fleet {
 
     pub fn start_workers(&mut self, n: usize) -> Result<()> {
         for i in 0..n {
-            let d = self.spawn("worker", &format!("worker-{i}"))?;
-            self.workers.push(d.child);
+            self.start_worker(i)?;
         }
+        Ok(())
+    }
+
+    /// Starts worker `i`, the next one (`i` is how many were started before).
+    pub fn start_worker(&mut self, i: usize) -> Result<()> {
+        assert_eq!(i, self.workers.len(), "workers start in order");
+        let d = self.spawn("worker", &format!("worker-{i}"))?;
+        self.workers.push(d.child);
         Ok(())
     }
 
@@ -409,29 +398,10 @@ impl Drop for Fleet {
             }
             dump_logs(&logs);
         }
-        // Stop the service through whichever apiserver or controller still serves, so no
-        // replica outlives the test; then the daemons, then etcd.
-        let mut apis: Vec<Api> = (0..self.apiservers.len())
-            .filter(|&a| self.apiservers[a].is_some())
-            .map(|a| self.apiserver(a))
-            .collect();
-        apis.extend(
-            (0..2)
-                .filter(|&c| self.controllers[c].is_some())
-                .map(|c| self.controller_api(c)),
-        );
-        stop_service_through(apis, "web");
-        for w in &mut self.workers {
-            terminate(w);
-        }
-        for d in self.controllers.iter_mut().flatten() {
-            terminate(&mut d.child);
-        }
-        for d in self.apiservers.iter_mut().flatten() {
-            terminate(&mut d.child);
-        }
-        let ips: Vec<String> = (0..self.workers.len()).map(|i| self.ip(i)).collect();
-        kill_leftover_replicas(&ips);
+        let daemons = (self.workers.iter_mut())
+            .chain(self.controllers.iter_mut().flatten().map(|d| &mut d.child))
+            .chain(self.apiservers.iter_mut().flatten().map(|d| &mut d.child));
+        teardown(daemons, &self.owner);
         drop(self.etcd.take());
     }
 }

@@ -412,6 +412,25 @@ async fn a_port_held_outside_xce_gets_the_replica_placed_again() {
     assert!(http_ok(&eps[0]).await.unwrap());
 }
 
+/// How many GETs each replica log under `logs` (a dev cluster's `data/workers`) records:
+/// the readiness probes of an http probe, each logged by python's `http.server`.
+fn probes_per_replica(
+    logs: &std::path::Path,
+) -> std::collections::BTreeMap<std::path::PathBuf, usize> {
+    let mut out = std::collections::BTreeMap::new();
+    for host in std::fs::read_dir(logs).into_iter().flatten().flatten() {
+        for log in std::fs::read_dir(host.path().join("logs"))
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+            out.insert(log.path(), text.matches("\"GET / HTTP/1.1\"").count());
+        }
+    }
+    out
+}
+
 fn metric(text: &str, name: &str) -> f64 {
     text.lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
@@ -423,7 +442,8 @@ fn metric(text: &str, name: &str) -> f64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_steady_cluster_with_probes_running_changes_nothing_and_wakes_nobody() {
     let c = DevCluster::start(3, true).expect("dev cluster");
-    c.api.wait_ready("web", 3).await;
+    // Steady: the demo's rollout is over too (its end is a change of its own).
+    c.api.wait_settled("web", 3).await;
     let (_, headers, _) = c.api.get("/v1/services/web/endpoints").await.unwrap();
     let index = index_of(&headers);
     let metrics = |api: Api| async move {
@@ -438,28 +458,57 @@ async fn a_steady_cluster_with_probes_running_changes_nothing_and_wakes_nobody()
     };
     let before = metrics(c.api.clone()).await;
 
-    // The observation window is a blocking query: 30 s of 1 s probes on 3 replicas. It must
-    // run out (nothing changed), not return early.
+    // The observation window is a blocking query parked on the entry while every replica
+    // answers probe after probe (1 s interval): it must not wake (nothing changed). The
+    // window ends on the probes themselves, counted in the replicas' logs (python's
+    // http.server logs each GET): ten rounds on each of the 3 replicas, and one more, so
+    // that whatever the tenth could have changed has had a probe interval to show.
+    const ROUNDS: usize = 10;
+    // Blocking queries waiting (the gauge has a line per kind; none before the first).
+    let blocking = |text: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix("xce_endpoint_watchers{kind=\"blocking\"} "))
+            .map_or(0.0, |v| v.parse::<f64>().unwrap())
+    };
+    let watchers = blocking(&metrics(c.api.clone()).await);
     let t = Instant::now();
     let long = reqwest::Client::builder()
-        .timeout(Duration::from_secs(90))
+        .timeout(patience() * 2)
         .build()
         .unwrap();
-    let resp = long
-        .get(format!(
-            "{}/v1/services/web/endpoints?index={index}&wait=30s",
+    let query = tokio::spawn(
+        long.get(format!(
+            "{}/v1/services/web/endpoints?index={index}&wait=10m",
             c.api.base
         ))
         .bearer_auth(&c.api.token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+        .send(),
+    );
+    eventually("the blocking query is parked (or answered)", || async {
+        let n = blocking(&metrics(c.api.clone()).await);
+        Ok((n > watchers || query.is_finished()).then_some(()))
+    })
+    .await;
+    let logs = c.dir.path().join("data").join("workers");
+    let probes_before = probes_per_replica(&logs);
+    assert_eq!(probes_before.len(), 3, "3 replica logs: {probes_before:?}");
+    eventually(
+        &format!("{} probe rounds on every replica", ROUNDS + 1),
+        || async {
+            let now = probes_per_replica(&logs);
+            Ok(probes_before
+                .iter()
+                .all(|(log, before)| now.get(log).is_some_and(|n| n - before > ROUNDS))
+                .then_some(()))
+        },
+    )
+    .await;
     let waited = t.elapsed();
-    let index_after = index_of(resp.headers());
-    // A watcher woken before its wait ran out answers early; one that ran it out did not
-    // wake (an answer with the same index is the wait running out).
-    let early_wakeups = u32::from(waited < Duration::from_secs(29) || index_after != index);
+    // A watcher woken answers at once: still waiting, it was not woken.
+    let early_wakeups = u32::from(query.is_finished());
+    query.abort();
+    let (_, headers, _) = c.api.get("/v1/services/web/endpoints").await.unwrap();
+    let index_after = index_of(&headers);
 
     let after = metrics(c.api.clone()).await;
     let changes = |t: &str| metric(t, "xce_endpoint_table_changes_total");

@@ -65,12 +65,161 @@ pub fn bin(name: &str) -> PathBuf {
     p
 }
 
-/// A distinct /24 of loopback addresses per cluster, also across test processes.
-fn next_ip_block() -> Ipv4Addr {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    let pid = std::process::id();
-    Ipv4Addr::new(127, 100 + (pid % 100) as u8, (n % 250) as u8 + 1, 11)
+// === what a cluster owns: its addresses and its processes ===
+
+/// How many address blocks there are: `127.200.1.0/24` to `127.249.250.0/24` (inside
+/// `127.192.0.0/10`, which tests name as the hosts' network).
+const IP_BLOCKS: u32 = 50 * 250;
+
+/// A /24 of loopback addresses that no other cluster uses while this value lives, in this
+/// test process or any other (`cargo nextest` runs a process per test): block `n`'s lock
+/// file, `$TMPDIR/xce-e2e-blocks/<n>.lock`, is held with `flock` until it drops. The
+/// kernel releases the lock when the process dies, however it dies, so a crashed test
+/// leaves no block taken. Hosts are `.11` upwards of [`IpBlock::first`].
+#[derive(Debug)]
+pub struct IpBlock {
+    first: Ipv4Addr,
+    _lock: std::fs::File,
+}
+
+impl IpBlock {
+    /// Claims the first free block from a start that differs per process and per call
+    /// (so that concurrent processes rarely try the same files).
+    pub fn claim() -> Self {
+        use rustix::fs::{flock, FlockOperation};
+        static N: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join("xce-e2e-blocks");
+        std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let start = std::process::id()
+            .wrapping_mul(7919)
+            .wrapping_add(N.fetch_add(1, Ordering::Relaxed));
+        for i in 0..IP_BLOCKS {
+            let n = start.wrapping_add(i) % IP_BLOCKS;
+            let path = dir.join(format!("{n}.lock"));
+            // A file this user may not open (another user's) is a block taken.
+            let Ok(file) = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&path)
+            else {
+                continue;
+            };
+            // An flock belongs to the open file: a second open of the same file, in this
+            // process too, is refused while the first holds it.
+            if flock(&file, FlockOperation::NonBlockingLockExclusive).is_ok() {
+                return Self {
+                    first: Ipv4Addr::new(127, 200 + (n / 250) as u8, (n % 250) as u8 + 1, 11),
+                    _lock: file,
+                };
+            }
+        }
+        panic!(
+            "no address block could be locked: all {IP_BLOCKS} taken, or {} not writable",
+            dir.display()
+        )
+    }
+
+    /// The block's first host address (`127.A.B.11`).
+    pub fn first(&self) -> Ipv4Addr {
+        self.first
+    }
+}
+
+/// The environment variable that ties a process to the cluster that started it: every
+/// daemon a cluster starts gets it ([`Owner::mark`]), and their replicas inherit it (a
+/// worker passes its environment on), as does anything a replica starts. Not `XCE_…`:
+/// the daemons warn of an `XCE_` variable that is none of their settings.
+pub const OWNER_VAR: &str = "E2E_CLUSTER_OWNER";
+
+/// A cluster's mark on the processes it started, so that its teardown kills exactly
+/// those: its daemons, and the replicas its workers leave running when they stop (`xced
+/// worker` detaches on SIGTERM, and a SIGKILLed worker cannot stop them), whoever their
+/// parent is by then. Nothing else on the machine carries it. The id starts with this
+/// test process's id (`<pid>-<n>-<ns>`).
+#[derive(Debug)]
+pub struct Owner {
+    id: String,
+}
+
+impl Owner {
+    pub fn new() -> Self {
+        static N: AtomicU32 = AtomicU32::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        Self {
+            id: format!(
+                "{}-{}-{nanos}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ),
+        }
+    }
+
+    /// Marks a process this cluster starts.
+    pub fn mark<'c>(&self, cmd: &'c mut Command) -> &'c mut Command {
+        cmd.env(OWNER_VAR, &self.id)
+    }
+
+    /// Live processes that carry the mark (`/proc/<pid>/environ`; a zombie has none).
+    pub fn pids(&self) -> Vec<u32> {
+        let needle = format!("{OWNER_VAR}={}", self.id);
+        let mut pids = Vec::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+                continue;
+            };
+            if environ
+                .split(|&b| b == 0)
+                .any(|var| var == needle.as_bytes())
+            {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    /// SIGKILLs every process that carries the mark, until none is left (a replica may
+    /// start a child meanwhile; it carries the mark too).
+    pub fn kill_all(&self) {
+        let deadline = Instant::now() + patience();
+        loop {
+            let pids = self.pids();
+            if pids.is_empty() {
+                return;
+            }
+            if Instant::now() > deadline {
+                eprintln!("processes of cluster {} still alive: {pids:?}", self.id);
+                return;
+            }
+            for pid in pids {
+                signal(pid, libc::SIGKILL);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
+impl Default for Owner {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A cluster's teardown, in well under a second: SIGKILL to each of its daemons (reaped),
+/// then to every process still carrying its mark (the replicas). The temp dir goes with
+/// the test, so nothing a graceful stop would save is needed; the graceful stops are
+/// tests of their own.
+pub fn teardown<'a>(daemons: impl IntoIterator<Item = &'a mut Child>, owner: &Owner) {
+    for child in daemons {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    owner.kill_all();
 }
 
 /// Reads a child's stdout lines in a thread; hands them over a channel.
@@ -125,6 +274,29 @@ pub struct Api {
     pub base: String,
     pub token: String,
     pub http: reqwest::Client,
+    /// How `http` was made (its CA file, the worker instance it presents), so that
+    /// [`Api::fresh`] can make another.
+    ca_file: Option<PathBuf>,
+    instance: Option<String>,
+}
+
+/// A client for [`Api`]: 20 s timeout, the CA of `ca_file` trusted, `X-Xce-Worker-Instance:
+/// instance` on every request when given.
+fn api_client(ca_file: Option<&Path>, instance: Option<&str>) -> reqwest::Client {
+    let mut http = reqwest::Client::builder().timeout(Duration::from_secs(20));
+    if let Some(ca) = ca_file {
+        let tls = control_tls::client::client_config(Some(ca)).expect("a usable ca file");
+        http = http.tls_backend_preconfigured(tls);
+    }
+    if let Some(instance) = instance {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            "x-xce-worker-instance",
+            reqwest::header::HeaderValue::from_str(instance).expect("an instance id is ASCII"),
+        );
+        http = http.default_headers(headers);
+    }
+    http.build().unwrap()
 }
 
 impl Api {
@@ -133,16 +305,12 @@ impl Api {
     }
     /// An `https://` apiserver whose certificate `ca_file` (PEM) signed.
     pub fn with_ca(base: &str, token: &str, ca_file: Option<&Path>) -> Self {
-        let mut http = reqwest::Client::builder().timeout(Duration::from_secs(20));
-        if let Some(ca) = ca_file {
-            let tls = control_tls::client::client_config(Some(ca)).expect("a usable ca file");
-            http = http.tls_backend_preconfigured(tls);
-        }
-        let http = http.build().unwrap();
         Self {
             base: base.to_owned(),
             token: token.to_owned(),
-            http,
+            http: api_client(ca_file, None),
+            ca_file: ca_file.map(Path::to_owned),
+            instance: None,
         }
     }
     pub fn with_token(&self, token: &str) -> Self {
@@ -151,22 +319,22 @@ impl Api {
             ..self.clone()
         }
     }
+    /// The same API with a client of its own (no pooled connection shared): for another
+    /// runtime than the one `self`'s connections were made on, whose reactor may not run
+    /// while that other runtime waits (a blocked test thread).
+    pub fn fresh(&self) -> Self {
+        Self {
+            http: api_client(self.ca_file.as_deref(), self.instance.as_deref()),
+            ..self.clone()
+        }
+    }
     /// This API acting as worker instance `instance` (`X-Xce-Worker-Instance` on every
     /// request): a test that plays a worker, or a compromised host, presents the id its
     /// worker's data dir holds.
     pub fn as_worker_instance(&self, instance: &str) -> Self {
-        let mut headers = reqwest::header::HeaderMap::new();
-        headers.insert(
-            "x-xce-worker-instance",
-            reqwest::header::HeaderValue::from_str(instance).expect("an instance id is ASCII"),
-        );
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(20))
-            .default_headers(headers)
-            .build()
-            .unwrap();
         Self {
-            http,
+            http: api_client(self.ca_file.as_deref(), Some(instance)),
+            instance: Some(instance.to_owned()),
             ..self.clone()
         }
     }
@@ -245,6 +413,20 @@ impl Api {
         }
         Ok(body.lines().map(str::to_owned).collect())
     }
+    /// [`Api::wait_ready`], then until the service's rollout is complete: a new service is
+    /// settled then, with nothing more coming from its start. (The rollout's end is a
+    /// change of the service of its own, which raises its entry's index: a blocking query
+    /// parked at the index read before it would be answered by it.)
+    pub async fn wait_settled(&self, service: &str, n: usize) -> Vec<String> {
+        let eps = self.wait_ready(service, n).await;
+        eventually(&format!("{service}'s rollout complete"), || async {
+            let d = self.get_json(&format!("/v1/services/{service}")).await?;
+            Ok((d["rollout"]["state"] == "complete").then_some(()))
+        })
+        .await;
+        eps
+    }
+
     /// Waits until `service` has exactly `n` ready endpoints; returns them.
     pub async fn wait_ready(&self, service: &str, n: usize) -> Vec<String> {
         eventually(&format!("{n} ready endpoints of {service}"), || async {
@@ -263,6 +445,8 @@ pub struct DevCluster {
     pub first_ip: Ipv4Addr,
     pub client_config: PathBuf,
     _lines: mpsc::Receiver<String>,
+    _block: IpBlock,
+    owner: Owner,
 }
 
 impl DevCluster {
@@ -298,7 +482,9 @@ impl DevCluster {
         nofile: Option<(u64, u64)>,
     ) -> Result<Self> {
         let dir = tempfile::tempdir()?;
-        let first_ip = next_ip_block();
+        let block = IpBlock::claim();
+        let first_ip = block.first();
+        let owner = Owner::new();
         let client_config = dir.path().join("xcecli.toml");
         // A limit for xced alone: prlimit(1) sets it on itself and execs xced (same pid).
         let mut cmd = match nofile {
@@ -311,6 +497,7 @@ impl DevCluster {
             }
             None => Command::new(bin("xced")),
         };
+        owner.mark(&mut cmd);
         cmd.arg("dev")
             .args(["--hosts", &hosts.to_string()])
             .args(["--listen", "127.0.0.1:0"])
@@ -337,7 +524,7 @@ impl DevCluster {
         let line = match wait_for_line(&lines, "xced: apiserver listening on ") {
             Ok(l) => l,
             Err(e) => {
-                terminate(&mut child);
+                teardown([&mut child], &owner);
                 let log = std::fs::read_to_string(dir.path().join("xced.log")).unwrap_or_default();
                 bail!("{e}; xced log:\n{log}");
             }
@@ -380,6 +567,8 @@ impl DevCluster {
             client_config,
             dir,
             _lines: lines,
+            _block: block,
+            owner,
         })
     }
 
@@ -401,7 +590,7 @@ impl DevCluster {
 
 impl Drop for DevCluster {
     fn drop(&mut self) {
-        terminate(&mut self.child);
+        teardown([&mut self.child], &self.owner);
         // A failing test shows what the daemon said last: the only record CI keeps of it.
         if std::thread::panicking() {
             let log = self.log();
@@ -412,14 +601,6 @@ impl Drop for DevCluster {
                 lines.len().min(80)
             );
         }
-        let o = self.first_ip.octets();
-        let ips: Vec<String> = (0..=200u8)
-            .map_while(|i| {
-                o[3].checked_add(i)
-                    .map(|d| Ipv4Addr::new(o[0], o[1], o[2], d).to_string())
-            })
-            .collect();
-        kill_leftover_replicas(&ips);
     }
 }
 
@@ -431,7 +612,7 @@ fn wait_for_hosts(base: &str, token: &str, n: usize) -> Result<()> {
 
 /// [`wait_for_hosts`] through `api` (an https one, say).
 pub fn wait_for_hosts_of(api: &Api, n: usize) -> Result<()> {
-    let api = api.clone();
+    let api = api.fresh();
     std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -483,10 +664,13 @@ pub fn stderr(o: &Output) -> String {
 }
 
 /// Kills the process listening on `addr` (a replica), found through its command line.
-/// The demo replicas run `python3 -m http.server PORT --bind IP`.
+/// The demo replicas run `python3 -m http.server PORT --bind IP`. Only a process that a
+/// cluster of this test process started (its [`OWNER_VAR`] names this process) is a
+/// candidate: whatever else runs on the machine is left alone.
 pub fn kill_replica_listening_on(addr: &str) -> Result<u32> {
     let (ip, port) = addr.rsplit_once(':').context("addr:port")?;
     let needle = format!("http.server {port} --bind {ip}");
+    let ours = format!("{OWNER_VAR}={}-", std::process::id());
     for entry in std::fs::read_dir("/proc")? {
         let entry = entry?;
         let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
@@ -496,7 +680,13 @@ pub fn kill_replica_listening_on(addr: &str) -> Result<u32> {
             continue;
         };
         let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if cmdline.contains(&needle) {
+        let marked = || {
+            std::fs::read(entry.path().join("environ")).is_ok_and(|env| {
+                env.split(|&b| b == 0)
+                    .any(|var| var.starts_with(ours.as_bytes()))
+            })
+        };
+        if cmdline.contains(&needle) && marked() {
             signal(pid, libc::SIGKILL);
             return Ok(pid);
         }
@@ -514,28 +704,6 @@ pub async fn http_ok(addr: &str) -> Result<bool> {
     Ok(r.status().is_success())
 }
 
-/// Last resort: replicas whose worker is gone (e.g. a test failed mid-way) carry this
-/// cluster's host addresses on their command line (`--bind IP`).
-pub fn kill_leftover_replicas(ips: &[String]) {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
-            continue;
-        };
-        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
-        if ips.iter().any(|ip| {
-            cmdline.contains(&format!("--bind {ip} ")) || cmdline.ends_with(&format!("--bind {ip}"))
-        }) {
-            signal(pid, libc::SIGKILL);
-        }
-    }
-}
-
 // === impl Cluster ===
 
 pub const ADMIN: &str = "admin-example-secret-for-tests";
@@ -544,7 +712,10 @@ pub const ADMIN: &str = "admin-example-secret-for-tests";
 pub struct Cluster {
     pub dir: tempfile::TempDir,
     pub first_ip: Ipv4Addr,
-    pub hosts: usize,
+    /// Held until the cluster's processes are dead (fields drop after `drop`).
+    _block: IpBlock,
+    /// Marks every daemon the cluster starts, and so their replicas.
+    pub owner: Owner,
     pub controller: Option<Child>,
     pub workers: Vec<Option<Child>>,
     pub api: Api,
@@ -567,17 +738,6 @@ pub struct ClusterConfig {
     pub controller_log: Option<String>,
     /// The controller's `data_dir` (default: `controller` in the cluster's temp dir).
     pub controller_data_dir: Option<PathBuf>,
-}
-
-pub fn ip_block() -> Ipv4Addr {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let n = N.fetch_add(1, Ordering::Relaxed);
-    Ipv4Addr::new(
-        127,
-        200 + (std::process::id() % 50) as u8,
-        (n % 250) as u8 + 1,
-        11,
-    )
 }
 
 /// A tokens file: the admin token ([`ADMIN`]) and a `[[worker]]` `exec-NN` with secret
@@ -630,7 +790,8 @@ impl Cluster {
         } = cfg;
         let dir = tempfile::tempdir()?;
         let port = free_port();
-        let first_ip = ip_block();
+        let block = IpBlock::claim();
+        let first_ip = block.first();
         let tokens = admin_and_worker_tokens(hosts) + extra_tokens;
         std::fs::write(dir.path().join("tokens.toml"), tokens)?;
         std::fs::write(
@@ -660,7 +821,8 @@ impl Cluster {
         let mut c = Self {
             dir,
             first_ip,
-            hosts,
+            _block: block,
+            owner: Owner::new(),
             controller: None,
             workers: Vec::new(),
             api,
@@ -685,7 +847,9 @@ impl Cluster {
     }
 
     pub fn start_controller(&mut self) -> Result<()> {
-        let mut child = Command::new(bin("xced"))
+        let mut child = self
+            .owner
+            .mark(&mut Command::new(bin("xced")))
             .arg("controller")
             .arg("--config")
             .arg(self.dir.path().join("controller.toml"))
@@ -724,7 +888,9 @@ impl Cluster {
     }
 
     pub fn start_worker(&mut self, i: usize) -> Result<()> {
-        let child = Command::new(bin("xced"))
+        let child = self
+            .owner
+            .mark(&mut Command::new(bin("xced")))
             .arg("worker")
             .arg("--config")
             .arg(self.dir.path().join(format!("worker-{i}.toml")))
@@ -765,51 +931,12 @@ impl Cluster {
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        // Stop every service first so no replica outlives the test, then the daemons.
-        if self.controller.is_some() {
-            let api = self.api.clone();
-            let _ = std::thread::spawn(move || {
-                let rt = tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                rt.block_on(async {
-                    if let Ok(list) = api.get_json("/v1/services").await {
-                        for s in list["services"].as_array().cloned().unwrap_or_default() {
-                            let _ = api
-                                .delete(&format!(
-                                    "/v1/services/{}",
-                                    s["name"].as_str().unwrap_or("")
-                                ))
-                                .await;
-                        }
-                        let _ = tokio::time::timeout(std::time::Duration::from_secs(15), async {
-                            loop {
-                                let n = api
-                                    .get_json("/v1/services")
-                                    .await
-                                    .map(|l| l["services"].as_array().map_or(0, Vec::len))
-                                    .unwrap_or(0);
-                                if n == 0 {
-                                    break;
-                                }
-                                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                            }
-                        })
-                        .await;
-                    }
-                })
-            })
-            .join();
-        }
-        for w in self.workers.iter_mut().flatten() {
-            terminate(w);
-        }
-        if let Some(c) = self.controller.as_mut() {
-            terminate(c);
-        }
-        let ips: Vec<String> = (0..self.hosts).map(|i| self.host_ip(i)).collect();
-        kill_leftover_replicas(&ips);
+        let daemons = self
+            .workers
+            .iter_mut()
+            .flatten()
+            .chain(self.controller.as_mut());
+        teardown(daemons, &self.owner);
     }
 }
 
@@ -1010,12 +1137,18 @@ pub async fn ports_used(api: &Api) -> Result<BTreeMap<String, u64>> {
 }
 
 /// Stops every service the token sees, waits until they are gone and every host's port
-/// pool is empty again; returns the ports still used (0 unless the wait timed out).
+/// pool is empty again; returns the ports still used (0 unless the wait timed out). The
+/// stop skips the drain (`?now=true`: SIGTERM at once, not after the default 5 s): what is
+/// counted is the ports of stopped replicas, which are freed when they exit either way
+/// (the drained stop and its ports are the rollout and quota tests' subject).
 pub async fn stop_all_and_count_leaks(api: &Api) -> u64 {
     let list = api.get_json("/v1/services").await.unwrap();
     for s in list["services"].as_array().unwrap() {
         let name = s["name"].as_str().unwrap();
-        let st = api.delete(&format!("/v1/services/{name}")).await.unwrap();
+        let st = api
+            .delete(&format!("/v1/services/{name}?now=true"))
+            .await
+            .unwrap();
         assert!(st == 202 || st == 404, "stopping {name}: HTTP {st}");
     }
     eventually("every service gone", || async {
@@ -1175,8 +1308,8 @@ pub struct HttpService {
     before: Option<String>,
 }
 
-/// An [`HttpService`] named `name` with `replicas` replicas, project `default`, the
-/// default probe interval.
+/// An [`HttpService`] named `name` with `replicas` replicas, project `default`, a probe
+/// every 200 ms.
 pub fn http_service(name: &str, replicas: u32) -> HttpService {
     HttpService {
         name: name.to_owned(),
@@ -1215,8 +1348,14 @@ impl HttpService {
             "replicas = {}\ncommand = [\"sh\", \"-c\", \"{before}exec python3 -m http.server $XCE_PORT_HTTP --bind $XCE_HOST_IP\"]\n[[service.ports]]\nname = \"http\"\n[service.readiness]\ntcp = \"http\"\n",
             self.replicas
         );
-        if let Some(i) = &self.interval {
-            t += &format!("interval = \"{i}\"\n");
+        // Unless set, 200 ms rather than the profile default of 1 s: the first probe runs
+        // as the replica starts, before python listens, and the next one is when it
+        // becomes ready. The probe's timeout stays the 1 s it was with the default
+        // interval (by default it is the interval, and one probe slower than 200 ms on a
+        // loaded machine would take the replica out of its endpoints for a moment).
+        match &self.interval {
+            Some(i) => t += &format!("interval = \"{i}\"\n"),
+            None => t += "interval = \"200ms\"\ntimeout = \"1s\"\n",
         }
         t
     }
@@ -1235,3 +1374,87 @@ secret = "bob-example-secret"
 principal = "bob"
 grants = [ { permission = "job.view", projects = ["team-b"] }, { permission = "job.submit", projects = ["team-b"] } ]
 "#;
+
+// === the harness's own checks ===
+
+/// A claimed block is the holder's alone: another claim gets another block, and the lock
+/// file of a held block cannot be locked again (an `flock` conflicts between two opens of
+/// the file, in two processes as in one) until the claim drops.
+#[test]
+fn an_address_block_is_held_until_dropped() {
+    use rustix::fs::{flock, FlockOperation};
+    let a = IpBlock::claim();
+    let b = IpBlock::claim();
+    assert_ne!(a.first(), b.first());
+    let o = a.first().octets();
+    let n = u32::from(o[1] - 200) * 250 + u32::from(o[2]) - 1;
+    let path = std::env::temp_dir()
+        .join("xce-e2e-blocks")
+        .join(format!("{n}.lock"));
+    let again = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    assert!(
+        flock(&again, FlockOperation::NonBlockingLockExclusive).is_err(),
+        "{} is locked while claimed",
+        path.display()
+    );
+    drop(a);
+    // Free once dropped; a child being spawned meanwhile (by another test's thread) holds
+    // a copy of the descriptor from its fork to its exec (the file is close-on-exec).
+    let start = Instant::now();
+    while flock(&again, FlockOperation::NonBlockingLockExclusive).is_err() {
+        assert!(
+            start.elapsed() < patience(),
+            "{} is free once dropped",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The teardown kills what carries its cluster's mark, also once reparented (a replica
+/// whose worker died, and the child it started), and nothing else: not a process of
+/// another cluster's mark, nor an unmarked one.
+#[test]
+fn teardown_kills_what_carries_the_mark_and_nothing_else() {
+    let (ours, theirs) = (Owner::new(), Owner::new());
+    // A parent that starts a child of its own and waits: killing the parent first leaves
+    // the child an orphan, as a worker's death leaves its replicas.
+    let spawn = |owner: &Owner| {
+        owner
+            .mark(&mut Command::new("sh"))
+            .args(["-c", "sleep 600 & wait"])
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut daemon = spawn(&ours);
+    let mut other = spawn(&theirs);
+    let mut unmarked = Command::new("sleep")
+        .arg("600")
+        .stdin(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The parent and its sleep: both carry the mark.
+    let start = Instant::now();
+    while ours.pids().len() < 2 || theirs.pids().len() < 2 {
+        assert!(start.elapsed() < patience(), "{:?}", ours.pids());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let t = Instant::now();
+    teardown([&mut daemon], &ours);
+    let took = t.elapsed();
+    assert!(ours.pids().is_empty(), "left: {:?}", ours.pids());
+    assert!(took < Duration::from_secs(1), "teardown took {took:?}");
+    assert_eq!(
+        theirs.pids().len(),
+        2,
+        "another cluster's processes live on"
+    );
+    assert!(
+        unmarked.try_wait().unwrap().is_none(),
+        "an unmarked one lives on"
+    );
+    teardown([&mut other], &theirs);
+    let _ = unmarked.kill();
+    let _ = unmarked.wait();
+}

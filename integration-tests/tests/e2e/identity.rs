@@ -68,14 +68,16 @@ impl Drop for Stopped {
     }
 }
 
-fn spawn_worker(config: &Path, log: &Path) -> Stopped {
+/// A worker marked as `c`'s, so that `c`'s teardown ends whatever it starts too.
+fn spawn_worker(c: &Cluster, config: &Path, log: &Path) -> Stopped {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)
         .unwrap();
     Stopped(
-        Command::new(bin("xced"))
+        c.owner
+            .mark(&mut Command::new(bin("xced")))
             .arg("worker")
             .arg("--config")
             .arg(config)
@@ -118,7 +120,7 @@ async fn a_second_worker_with_the_same_host_id_is_refused_and_changes_nothing() 
     std::fs::write(dir.join("worker-dup.toml"), config).unwrap();
     let dup_log = dir.join("worker-dup.log");
     let started = std::time::Instant::now();
-    let dup = spawn_worker(&dir.join("worker-dup.toml"), &dup_log);
+    let dup = spawn_worker(&c, &dir.join("worker-dup.toml"), &dup_log);
 
     // Refused at least 3 times (it backs off and retries), or (the old code) the real
     // replica is gone: whichever comes first.

@@ -125,7 +125,7 @@ async fn etcd_down_past_the_renew_deadline_the_leader_steps_down_and_both_contro
     let mut ha = fleet(etcd, workers, Some(LEADER_TTL)).await;
     let a = ha.controller_api(0);
     assert_eq!(a.submit_toml(&web(4)).await.unwrap().0, 201);
-    let mut eps_before = a.wait_ready("web", 4).await;
+    let mut eps_before = a.wait_settled("web", 4).await;
     eps_before.sort();
     let jobs_before = jobs(&a).await.unwrap();
     let stops_before = stops(&ha, workers);

@@ -1535,7 +1535,7 @@ async fn tenants_and_workers_cannot_reach_across() {
     println!("FIGURE scenario 8 tenancy: leaked_ports={leaked_ports}");
 }
 
-/// Runs xcecli hermetically, killed after 20 s if it has not finished (a bug, reported as
+/// Runs xcecli hermetically, killed after `patience()` if it has not finished (a bug, reported as
 /// a signal exit).
 fn run_bounded(config: &std::path::Path, args: &[String]) -> std::process::Output {
     let mut cmd = std::process::Command::new(bin("xcecli"));
@@ -1550,7 +1550,7 @@ fn run_bounded(config: &std::path::Path, args: &[String]) -> std::process::Outpu
     let child = cmd.spawn().expect("running xcecli");
     let pid = child.id();
     let killer = std::thread::spawn(move || {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let deadline = std::time::Instant::now() + patience();
         while std::time::Instant::now() < deadline {
             // Signal 0 only checks whether the process still exists.
             let alive = rustix::process::Pid::from_raw(pid as i32)

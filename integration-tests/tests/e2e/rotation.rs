@@ -155,7 +155,7 @@ async fn rotation(t: Target) {
         .await
         .unwrap();
     assert_eq!(status, 201, "{v}");
-    b.wait_ready("web", 1).await;
+    b.wait_settled("web", 1).await;
     let entry = "/v1/services/web/endpoints?project=rot";
     let index: u64 = b.get_json(entry).await.unwrap()["index"].as_u64().unwrap();
     let detail = "/v1/services/web?project=rot";
@@ -224,7 +224,11 @@ async fn rotation(t: Target) {
     let want = watchers_before + 2.0 * WATCHERS as f64 - detail_queries as f64;
     eventually("every watcher parked", || async {
         let n = metric(&b, "xce_endpoint_watchers").await?;
-        Ok((n >= want).then_some(()))
+        if n < want {
+            let now = b.get_json(entry).await?;
+            anyhow::bail!("{n} of {want} parked (at index {index}; the entry now: {now})");
+        }
+        Ok(Some(()))
     })
     .await;
 

@@ -89,15 +89,40 @@ pub(crate) async fn stream_to_end(api: &Api) -> Result<JoinHandle<Result<Instant
 }
 
 /// A request the controller is still reading: headers sent, the body not (it holds the
-/// drain until its deadline).
+/// drain until its deadline). Returned once the controller is reading it: it asked for
+/// the body (`Expect: 100-continue` answered by `100 Continue`, which the server sends
+/// when the handler first reads the body), and the first bytes of the body are sent.
 fn stalled_upload(port: u16) -> std::net::TcpStream {
+    use std::io::Read;
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     write!(
         s,
         "PUT /v1/services/web HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {ADMIN}\r\n\
-         content-type: application/toml\r\ncontent-length: 1000\r\n\r\nname = "
+         content-type: application/toml\r\ncontent-length: 1000\r\nexpect: 100-continue\r\n\r\n"
     )
     .unwrap();
+    s.set_read_timeout(Some(patience())).unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = s
+            .read(&mut byte)
+            .expect("the controller answers 100 Continue");
+        assert_eq!(
+            n,
+            1,
+            "closed before 100 Continue: {:?}",
+            String::from_utf8_lossy(&head)
+        );
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 100"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    s.set_read_timeout(None).unwrap();
+    write!(s, "name = ").unwrap();
     s
 }
 
@@ -135,7 +160,7 @@ async fn a_leader_stopped_with_sigterm_under_100_watchers_hands_over_at_once_and
     })
     .await;
     assert_eq!(a.submit_toml(&web(1)).await.unwrap().0, 201);
-    a.wait_ready("web", 1).await;
+    a.wait_settled("web", 1).await;
     let idx = index(&a, "web").await.unwrap();
 
     // Half blocking queries, half SSE streams, all parked on the leader.
@@ -274,7 +299,6 @@ async fn a_redb_controller_ends_its_watches_drains_within_the_deadline_and_a_sec
     })
     .await;
     let mut upload = stalled_upload(port);
-    std::thread::sleep(Duration::from_millis(200));
 
     let sent = Instant::now();
     signal(c.controller_pid().unwrap(), libc::SIGTERM);
@@ -311,10 +335,20 @@ async fn a_redb_controller_ends_its_watches_drains_within_the_deadline_and_a_sec
     std::fs::write(&cfg, text).unwrap();
     c.start_controller().unwrap();
     let _upload = stalled_upload(port);
-    std::thread::sleep(Duration::from_millis(200));
+    let log_path = c.dir.path().join("controller.log");
+    let stops_before = std::fs::read_to_string(&log_path)
+        .unwrap()
+        .matches("shutting down:")
+        .count();
     let pid = c.controller_pid().unwrap();
     signal(pid, libc::SIGTERM);
-    std::thread::sleep(Duration::from_millis(500));
+    // The first signal is taken (a second one sent before it would be the same signal,
+    // pending once): the controller says it shuts down, and drains.
+    eventually("the controller takes the first SIGTERM", || async {
+        let text = std::fs::read_to_string(&log_path)?;
+        Ok((text.matches("shutting down:").count() > stops_before).then_some(()))
+    })
+    .await;
     assert!(
         c.controller.as_mut().unwrap().try_wait().unwrap().is_none(),
         "draining for up to 60 s"

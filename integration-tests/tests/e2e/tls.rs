@@ -131,7 +131,9 @@ struct TlsCluster {
     base: String,
     controller: Child,
     worker: Option<Child>,
-    worker_ip: String,
+    /// Held until the cluster's processes are dead (fields drop after `drop`).
+    _block: IpBlock,
+    owner: Owner,
 }
 
 impl TlsCluster {
@@ -150,7 +152,9 @@ impl TlsCluster {
                 served.key.display(),
             ),
         )?;
-        let mut controller = Command::new(bin("xced"))
+        let owner = Owner::new();
+        let mut controller = owner
+            .mark(&mut Command::new(bin("xced")))
             .arg("controller")
             .arg("--config")
             .arg(d.join("controller.toml"))
@@ -162,14 +166,22 @@ impl TlsCluster {
             )?))
             .spawn()?;
         let lines = lines_of(&mut controller);
+        let base = format!("https://127.0.0.1:{port}");
         let announced = lines
             .recv_timeout(patience())
-            .context("controller did not announce its listener")?;
-        let base = format!("https://127.0.0.1:{port}");
-        if announced != format!("xced: apiserver listening on {base}") {
-            bail!("announced {announced:?}");
+            .context("controller did not announce its listener")
+            .and_then(|announced| {
+                if announced != format!("xced: apiserver listening on {base}") {
+                    bail!("announced {announced:?}");
+                }
+                Ok(())
+            });
+        if let Err(e) = announced {
+            teardown([&mut controller], &owner);
+            return Err(e);
         }
-        let ip = ip_block().to_string();
+        let block = IpBlock::claim();
+        let ip = block.first().to_string();
         std::fs::write(
             d.join("worker.toml"),
             format!(
@@ -178,7 +190,8 @@ impl TlsCluster {
                 d.join("worker").display(),
             ),
         )?;
-        let worker = Command::new(bin("xced"))
+        let worker = owner
+            .mark(&mut Command::new(bin("xced")))
             .arg("worker")
             .arg("--config")
             .arg(d.join("worker.toml"))
@@ -192,7 +205,8 @@ impl TlsCluster {
             base,
             controller,
             worker: Some(worker),
-            worker_ip: ip,
+            _block: block,
+            owner,
         })
     }
 
@@ -216,11 +230,8 @@ impl TlsCluster {
 
 impl Drop for TlsCluster {
     fn drop(&mut self) {
-        if let Some(mut w) = self.worker.take() {
-            terminate(&mut w);
-        }
-        terminate(&mut self.controller);
-        kill_leftover_replicas(std::slice::from_ref(&self.worker_ip));
+        let daemons = self.worker.iter_mut().chain([&mut self.controller]);
+        teardown(daemons, &self.owner);
     }
 }
 

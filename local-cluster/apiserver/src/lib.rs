@@ -565,7 +565,23 @@ mod tests {
                 (r, t.elapsed())
             }
         });
-        tokio::time::sleep(Duration::from_millis(1500)).await;
+        // The request has reached the frozen leader: its connection is there and the
+        // request's head read off it (kept open, never answered, as a stopped process's).
+        frozen.set_nonblocking(true).unwrap();
+        let frozen = tokio::net::TcpListener::from_std(frozen).unwrap();
+        let (mut held, _) = tokio::time::timeout(testkit::patience(), frozen.accept())
+            .await
+            .expect("the request is forwarded to the frozen leader")
+            .unwrap();
+        let mut head = Vec::new();
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let mut buf = [0u8; 1024];
+            let n = tokio::io::AsyncReadExt::read(&mut held, &mut buf)
+                .await
+                .unwrap();
+            assert!(n > 0, "the forwarded request's head");
+            head.extend_from_slice(&buf[..n]);
+        }
         let (b, _b_task) = fake_controller("b").await;
         set_leader(&etcd, &base, &format!("node-b/2@{b}")).await;
         let (r, took) = tokio::time::timeout(Duration::from_secs(8), waiting)
@@ -586,7 +602,7 @@ mod tests {
             .await
             .unwrap();
         log.push(format!("then: {}", r.status()));
-        drop(frozen);
+        drop((held, frozen));
         // The waiting request learned of the takeover from the leader watch: the key was
         // read once, at start, however long the request waited.
         log.push(metric(&base, "xce_apiserver_leader_reads_total").await);
