@@ -220,6 +220,77 @@ impl Modules {
     }
 }
 
+/// Every non-test function of the crate in `crate_dir` longer than `max` lines (from its
+/// first line, attributes and doc comments aside, to its closing brace), as
+/// `file:line name (n lines)`. Test code is left out as in [`file_graph`]: `#[cfg(test)]`
+/// items and the test modules they declare.
+pub fn long_functions(crate_dir: &Path, max: usize) -> Result<Vec<String>, String> {
+    let mut modules = Modules::default();
+    for root in crate_roots(crate_dir) {
+        modules.load(crate_dir, &root, Vec::new())?;
+    }
+    let mut out = Vec::new();
+    for (file, parsed) in &modules.parsed {
+        let mut lengths = Lengths {
+            file,
+            max,
+            found: &mut out,
+        };
+        lengths.visit_file(parsed);
+    }
+    Ok(out)
+}
+
+/// Collects the functions of one file longer than `max` lines.
+struct Lengths<'a> {
+    file: &'a Path,
+    max: usize,
+    found: &'a mut Vec<String>,
+}
+
+impl Lengths<'_> {
+    fn check(&mut self, name: &syn::Ident, sig: &syn::Signature, block: &syn::Block) {
+        let first = sig.fn_token.span.start().line;
+        let last = block.brace_token.span.close().end().line;
+        let lines = last + 1 - first;
+        if lines > self.max {
+            self.found.push(format!(
+                "{}:{first} {name} ({lines} lines)",
+                self.file.display()
+            ));
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for Lengths<'_> {
+    fn visit_item(&mut self, item: &'ast syn::Item) {
+        if item_attrs(item).is_some_and(is_test_only) {
+            return;
+        }
+        syn::visit::visit_item(self, item);
+    }
+
+    fn visit_item_fn(&mut self, f: &'ast syn::ItemFn) {
+        self.check(&f.sig.ident, &f.sig, &f.block);
+        syn::visit::visit_item_fn(self, f);
+    }
+
+    fn visit_impl_item_fn(&mut self, f: &'ast syn::ImplItemFn) {
+        if is_test_only(&f.attrs) {
+            return;
+        }
+        self.check(&f.sig.ident, &f.sig, &f.block);
+        syn::visit::visit_impl_item_fn(self, f);
+    }
+
+    fn visit_trait_item_fn(&mut self, f: &'ast syn::TraitItemFn) {
+        if let Some(block) = &f.default {
+            self.check(&f.sig.ident, &f.sig, block);
+        }
+        syn::visit::visit_trait_item_fn(self, f);
+    }
+}
+
 /// `#[cfg(test)]` (also inside `all(…)`/`any(…)`), but not `#[cfg(not(test))]`.
 fn is_test_only(attrs: &[syn::Attribute]) -> bool {
     attrs.iter().any(|a| {

@@ -119,3 +119,55 @@ fn no_crate_of_the_workspace_has_an_import_circle() {
         report.join("\n")
     );
 }
+
+/// The function-length check counts from `fn` to the closing brace and leaves test code out.
+#[test]
+fn a_long_function_is_found_and_test_code_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("Cargo.toml"), "[package]\nname = \"t\"\n").unwrap();
+    std::fs::create_dir_all(dir.path().join("src")).unwrap();
+    let body = |n: usize| "    let _ = 1;\n".repeat(n);
+    let lib = format!(
+        "mod a;\n#[cfg(test)]\nmod tests;\n\n/// Doc.\npub fn short() {{\n{}}}\n\nstruct S;\nimpl S {{\n    fn long(&self) {{\n{}    }}\n}}\n",
+        body(2),
+        body(4)
+    );
+    std::fs::write(dir.path().join("src/lib.rs"), lib).unwrap();
+    let a = format!(
+        "pub fn also_long() {{\n{}}}\n#[cfg(test)]\nfn in_test() {{\n{}}}\n",
+        body(5),
+        body(9)
+    );
+    std::fs::write(dir.path().join("src/a.rs"), a).unwrap();
+    std::fs::write(
+        dir.path().join("src/tests.rs"),
+        format!("fn t() {{\n{}}}\n", body(9)),
+    )
+    .unwrap();
+    let found = long_functions(dir.path(), 5).unwrap();
+    assert_eq!(
+        found,
+        [
+            "src/a.rs:1 also_long (7 lines)",
+            "src/lib.rs:13 long (6 lines)"
+        ]
+    );
+}
+
+/// No non-test function of the workspace is longer than 80 lines: a longer one is broken
+/// into named steps (issue 32 took 28 of them apart).
+#[test]
+fn no_function_of_the_workspace_is_longer_than_eighty_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut found = Vec::new();
+    for member in crate::layers::workspace_members(&root) {
+        for f in long_functions(&root.join(&member), 80).unwrap() {
+            found.push(format!("{member}/{f}"));
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "functions over 80 lines (break them into named steps):\n{}",
+        found.join("\n")
+    );
+}
