@@ -184,14 +184,24 @@ impl Owner {
     }
 
     /// SIGKILLs every process that carries the mark, until none is left (a replica may
-    /// start a child meanwhile; it carries the mark too).
+    /// start a child meanwhile; it carries the mark too). None is left when two scans
+    /// 20 ms apart find none: a process in the middle of an `exec` (a replica's `sh -c
+    /// "exec python3 …"`) shows no environment for that moment, and a single empty scan
+    /// once let such a replica outlive its test.
     pub fn kill_all(&self) {
         let deadline = Instant::now() + patience();
+        let mut empty_scans = 0;
         loop {
             let pids = self.pids();
             if pids.is_empty() {
-                return;
+                empty_scans += 1;
+                if empty_scans == 2 {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+                continue;
             }
+            empty_scans = 0;
             if Instant::now() > deadline {
                 eprintln!("processes of cluster {} still alive: {pids:?}", self.id);
                 return;
