@@ -161,12 +161,14 @@ fn is_certificate_alert(a: rustls::AlertDescription) -> bool {
 /// Answers a plain-HTTP client with one 400 in the API's error shape and closes: it
 /// learns what is wrong at once, instead of waiting for a handshake that never comes.
 async fn refuse_plain(mut stream: TcpStream) {
-    let body = serde_json::json!({"error": {
-        "code": "tls_required",
-        "details": [],
-        "message": "this port speaks TLS: use https://",
-    }})
-    .to_string();
+    let body = serde_json::to_string(&plugin_api::ErrorBody {
+        error: plugin_api::ErrorInfo {
+            code: "tls_required".into(),
+            details: Vec::new(),
+            message: "this port speaks TLS: use https://".into(),
+        },
+    })
+    .expect("an error body serializes");
     let head = format!(
         "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
         body.len()
