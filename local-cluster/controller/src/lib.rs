@@ -95,7 +95,8 @@ impl Controller {
     /// known host, `restore` for every live job), resyncs the listeners, registers every
     /// metric, and spawns the state task. Must run inside a tokio runtime. Refuses a
     /// resource plugin named like a field of the job or host answers, beside which its
-    /// summaries are shown (`xce_wire::summaries::check_plugin_name`).
+    /// summaries are shown (`xce_wire::summaries::check_plugin_name`), and two resource
+    /// plugins of one name.
     pub async fn new(
         cfg: &ControllerConfig,
         tokens: impl Into<Keyring>,
@@ -126,9 +127,19 @@ impl Controller {
         } = plugins;
         // A plugin's summaries are keys beside the job's and the host's own fields in the
         // answers: a plugin named like one of them would be lost (or hide the field).
+        // Grants, profile sections and summaries are keyed by plugin name: two plugins of
+        // one name would overwrite each other's.
+        let mut names = std::collections::BTreeSet::new();
         for p in &resources {
             xce_wire::summaries::check_plugin_name(p.name())
                 .context("cannot load the controller's resource plugins")?;
+            if !names.insert(p.name()) {
+                anyhow::bail!(
+                    "cannot load the controller's resource plugins: two plugins are named {:?}; \
+                     grants, profile sections and summaries are keyed by plugin name",
+                    p.name()
+                );
+            }
         }
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = metrics::Metrics::default();

@@ -93,6 +93,7 @@ fn open_store_creates_the_data_dir() {
     assert!(store.load_all().unwrap().is_empty());
     assert!(cfg.store_path().exists());
 }
+
 /// A resource plugin named like a field of a job (or a host) in the answers would have its
 /// summaries dropped there, since they are keys beside those fields: the controller
 /// refuses to start with it, naming the plugin and the field.
@@ -119,5 +120,27 @@ async fn a_plugin_named_like_a_field_of_the_answers_is_refused_at_start() {
         assert!(format!("{err:#}").contains(field), "{name}: {err:#}");
     }
     let ok = start("slots").await.expect("another name is fine");
+    ok.shutdown().await;
+}
+
+/// Grants, profile sections and summaries are keyed by plugin name: two resource plugins
+/// of one name are refused at start, and two of different names start.
+#[tokio::test]
+async fn two_resource_plugins_of_one_name_are_refused_at_start() {
+    let start = |a: &'static str, b: &'static str| async move {
+        let plugins = ControllerPlugins {
+            resources: vec![Box::new(Slots::new(a)), Box::new(Slots::new(b))],
+            ..ControllerPlugins::default()
+        };
+        let keyring = xce_serve::keyring::Keyring::new(Tokens::parse(TOKENS).unwrap());
+        let store = store_of_cluster("c1c1c1c1c1c1c1c1");
+        Controller::new(&ControllerConfig::default(), keyring, plugins, store).await
+    };
+    let err = start("slots", "slots")
+        .await
+        .expect_err("two plugins named slots");
+    expect![[r#"cannot load the controller's resource plugins: two plugins are named "slots"; grants, profile sections and summaries are keyed by plugin name"#]]
+        .assert_eq(&format!("{err:#}"));
+    let ok = start("slots", "gpus").await.expect("two names are fine");
     ok.shutdown().await;
 }
