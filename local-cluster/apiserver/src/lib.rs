@@ -584,15 +584,17 @@ mod tests {
         }
         let (b, _b_task) = fake_controller("b").await;
         set_leader(&etcd, &base, &format!("node-b/2@{b}")).await;
-        let (r, took) = tokio::time::timeout(Duration::from_secs(8), waiting)
+        // The answer's text says which path ended the wait: "no longer leads" is the
+        // leader change (Silent::Replaced), never the forwarder's own answer timeout, so
+        // no wall-clock bound is asserted here beyond the test's patience.
+        let (r, _took) = tokio::time::timeout(testkit::patience(), waiting)
             .await
             .expect("a frozen leader must not hold the request")
             .unwrap();
         let msg = assert_no_leader(r.unwrap()).await;
         log.push(format!(
-            "frozen, then replaced: {} (answered within 4s: {})",
+            "frozen, then replaced: {}",
             msg.replace(&frozen_addr.to_string(), "ADDR"),
-            took < Duration::from_secs(4)
         ));
         // The next request goes to the new leader.
         let r = http
@@ -608,7 +610,7 @@ mod tests {
         log.push(metric(&base, "xce_apiserver_leader_reads_total").await);
         expect_test::expect![[r#"
             killed: the leader controller at http://ADDR cannot be reached (Connection refused (os error 111)); a takeover may be under way
-            frozen, then replaced: the leader controller at http://ADDR stopped answering and no longer leads (the change may or may not have been applied: check before repeating it) (answered within 4s: true)
+            frozen, then replaced: the leader controller at http://ADDR stopped answering and no longer leads (the change may or may not have been applied: check before repeating it)
             then: 201 Created
             xce_apiserver_leader_reads_total 1"#]]
         .assert_eq(&log.join("\n"));
