@@ -125,22 +125,7 @@ impl Controller {
             listeners,
             extensions,
         } = plugins;
-        // A plugin's summaries are keys beside the job's and the host's own fields in the
-        // answers: a plugin named like one of them would be lost (or hide the field).
-        // Grants, profile sections and summaries are keyed by plugin name: two plugins of
-        // one name would overwrite each other's.
-        let mut names = std::collections::BTreeSet::new();
-        for p in &resources {
-            xce_wire::summaries::check_plugin_name(p.name())
-                .context("cannot load the controller's resource plugins")?;
-            if !names.insert(p.name()) {
-                anyhow::bail!(
-                    "cannot load the controller's resource plugins: two plugins are named {:?}; \
-                     grants, profile sections and summaries are keyed by plugin name",
-                    p.name()
-                );
-            }
-        }
+        check_plugin_names(&resources)?;
         let mut registry = prometheus_client::registry::Registry::default();
         let metrics = metrics::Metrics::default();
         metrics.register(&mut registry);
@@ -317,4 +302,24 @@ impl RunningController {
         r.context("apiserver task panicked")?
             .context("apiserver failed")
     }
+}
+
+/// A plugin's summaries are keys beside the job's and the host's own fields in the answers:
+/// a plugin named like one of them would be lost (or hide the field). Grants, profile
+/// sections and summaries are keyed by plugin name: two plugins of one name would overwrite
+/// each other's.
+fn check_plugin_names(resources: &[Box<dyn ResourcePlugin>]) -> anyhow::Result<()> {
+    let mut names = std::collections::BTreeSet::new();
+    for p in resources {
+        xce_wire::summaries::check_plugin_name(p.name())
+            .context("cannot load the controller's resource plugins")?;
+        if !names.insert(p.name()) {
+            anyhow::bail!(
+                "cannot load the controller's resource plugins: two plugins are named {:?}; \
+                 grants, profile sections and summaries are keyed by plugin name",
+                p.name()
+            );
+        }
+    }
+    Ok(())
 }
