@@ -15,6 +15,7 @@ mod failover;
 mod faults_rollout;
 mod fulldisk;
 mod ha;
+mod hijack;
 mod http2;
 mod identity;
 mod leadership;

@@ -22,6 +22,12 @@ pub(crate) struct Metrics {
     pub(crate) draining: Gauge,
     /// Worker registrations refused, by reason (`host_taken`, `wrong_cluster`).
     pub(crate) registrations_refused: Family<Labels, Counter>,
+    /// Worker calls refused for their session, by reason (`session_required`,
+    /// `session_invalid`).
+    pub(crate) worker_calls_refused: Family<Labels, Counter>,
+    /// Heartbeats whose digest differed from what the controller holds, by part
+    /// (`facts`, `readiness`).
+    pub(crate) digest_mismatches: Family<Labels, Counter>,
     /// 1 while a full disruption is on (most hosts unreachable at once: none is declared
     /// lost), else 0.
     pub(crate) full_disruption: Gauge,
@@ -75,8 +81,18 @@ impl Metrics {
         );
         r.register(
             "xce_worker_registrations_refused",
-            "Worker registrations refused, by reason: host_taken (another live worker instance holds the host), wrong_cluster (the worker belongs to another cluster)",
+            "Worker registrations refused, by reason: host_taken (another live worker holds the host, and the registration does not prove its session), wrong_cluster (the worker belongs to another cluster)",
             self.registrations_refused.clone(),
+        );
+        r.register(
+            "xce_worker_calls_refused",
+            "Worker calls (heartbeat, facts, events, assignments) refused for their session, by reason: session_required (none presented), session_invalid (another secret or instance): a stolen worker credential, or a worker whose host was taken over",
+            self.worker_calls_refused.clone(),
+        );
+        r.register(
+            "xce_worker_digest_mismatches",
+            "Heartbeats whose state digest differed from what the controller holds, by part (facts, readiness): a forged report the worker then undoes, or a report still on its way",
+            self.digest_mismatches.clone(),
         );
         r.register(
             "xce_full_disruption",
@@ -104,6 +120,18 @@ impl Metrics {
     pub(crate) fn rollout_ended(&self, outcome: &str) {
         self.rollouts
             .get_or_create(&vec![("outcome".to_owned(), outcome.to_owned())])
+            .inc();
+    }
+
+    pub(crate) fn worker_call_refused(&self, reason: &str) {
+        self.worker_calls_refused
+            .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
+            .inc();
+    }
+
+    pub(crate) fn digest_mismatch(&self, part: &str) {
+        self.digest_mismatches
+            .get_or_create(&vec![("part".to_owned(), part.to_owned())])
             .inc();
     }
 

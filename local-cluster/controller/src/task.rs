@@ -8,7 +8,7 @@ use serde_json::Value;
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::Instant;
-use xce_proto::worker::{Caller, RegisterRequest, RegisterResponse};
+use xce_proto::worker::{Caller, Heartbeat, HeartbeatAnswer, RegisterRequest, RegisterResponse};
 
 type Reply<T> = oneshot::Sender<Result<T, CoreError>>;
 
@@ -64,7 +64,9 @@ pub(crate) enum Command {
     Heartbeat {
         host: HostId,
         caller: Caller,
-        reply: Reply<()>,
+        /// The worker's digests (absent from a worker without a session).
+        beat: Option<Heartbeat>,
+        reply: Reply<Option<HeartbeatAnswer>>,
     },
     Facts {
         host: HostId,
@@ -306,9 +308,10 @@ fn handle(core: &mut Core, cmd: Command) -> Answer {
         Command::Heartbeat {
             host,
             caller,
+            beat,
             reply,
         } => {
-            let r = core.heartbeat(&host, &caller, now);
+            let r = core.heartbeat(&host, &caller, beat.as_ref(), now);
             done(reply, r)
         }
         Command::Facts {

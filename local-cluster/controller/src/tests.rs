@@ -46,5 +46,6 @@ mod restarts;
 mod rollouts;
 mod routes;
 mod scale;
+mod sessions;
 mod settles;
 mod workers;

@@ -131,6 +131,14 @@ pub struct HostRec {
     /// a restarted controller or a new leader refuses a second worker for the host too.
     #[serde(default)]
     pub instance: Option<String>,
+    /// The SHA-256 (hex) of the session secret the holder's registration was handed
+    /// (`xce_proto::worker::RegisterResponse::session`): every worker call for the host
+    /// must present that secret. Only the hash is stored, so the store (or a backup of it)
+    /// holds nothing a caller could present; it is in the store so that a restarted
+    /// controller or a new leader accepts the live worker at once. `None`: a holder
+    /// without a session (a worker of an older release, a record from before sessions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_sha256: Option<String>,
 }
 
 /// How many ended jobs' grants a host record keeps for [`HostRec::released`].

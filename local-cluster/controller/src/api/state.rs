@@ -79,6 +79,17 @@ pub(super) fn from_core(e: CoreError) -> ApiError {
         e @ CoreError::HostTaken { .. } => {
             ApiError::new(StatusCode::CONFLICT, "host_taken", e.to_string())
         }
+        e @ CoreError::SessionRequired(_) => {
+            ApiError::new(StatusCode::UNAUTHORIZED, "session_required", e.to_string())
+        }
+        e @ CoreError::SessionInvalid(_) => {
+            ApiError::new(StatusCode::UNAUTHORIZED, "session_invalid", e.to_string())
+        }
+        e @ CoreError::DigestRequired => ApiError::invalid(
+            "invalid heartbeat",
+            vec![FieldError::new("body", e.to_string())],
+        ),
+        CoreError::NoEntropy(_) => internal("the controller could not make a session secret"),
         e @ CoreError::WrongCluster { .. } => {
             ApiError::new(StatusCode::CONFLICT, "wrong_cluster", e.to_string())
         }

@@ -19,7 +19,10 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
-use xce_proto::worker::{Caller, RegisterRequest, WorkerEvent, CLUSTER_HEADER, INSTANCE_HEADER};
+use xce_proto::worker::{
+    Caller, Heartbeat, RegisterRequest, WorkerEvent, CLUSTER_HEADER, INSTANCE_HEADER,
+    SESSION_HEADER,
+};
 
 /// Default `wait` of the assignments blocking query.
 const WAIT_DEFAULT: Duration = Duration::from_secs(30);
@@ -141,6 +144,7 @@ impl FromRequestParts<ApiState> for WorkerCall {
         let caller = Caller {
             instance: header(INSTANCE_HEADER),
             cluster: header(CLUSTER_HEADER),
+            session: header(SESSION_HEADER),
             peer: parts
                 .extensions
                 .get::<xce_serve::Peer>()
@@ -172,17 +176,30 @@ async fn register(
     Ok(Json(resp))
 }
 
+/// 204 when the worker's digests match what the controller holds (or it sent none: a
+/// worker without a session), else 200 with what differs.
 async fn heartbeat(
     State(st): State<ApiState>,
     WorkerCall { host, caller, .. }: WorkerCall,
-) -> Result<StatusCode, ApiError> {
-    st.call(|reply| Command::Heartbeat {
-        host,
-        caller,
-        reply,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let beat: Option<Heartbeat> = if body.iter().all(u8::is_ascii_whitespace) {
+        None
+    } else {
+        Some(json_body(&body)?)
+    };
+    let answer = st
+        .call(|reply| Command::Heartbeat {
+            host,
+            caller,
+            beat,
+            reply,
+        })
+        .await?;
+    Ok(match answer {
+        None => StatusCode::NO_CONTENT.into_response(),
+        Some(a) => Json(a).into_response(),
     })
-    .await?;
-    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn facts(

@@ -80,9 +80,25 @@ pub(crate) enum CoreError {
     AddressTaken { ip: String, other: HostId },
     #[error("host {0:?} is not registered")]
     UnknownHost(HostId),
-    /// Another worker instance holds the host (a second worker with the same host id).
-    #[error("host {host} is held by another live worker (instance {holder}); check for a second worker with the same host id")]
-    HostTaken { host: HostId, holder: String },
+    /// Another live worker holds the host (a second worker with the same host id, or a
+    /// caller with the host's credential but not its session). Names no instance: an
+    /// instance id is nobody else's business.
+    #[error("host {host} is held by another live worker; check for a second worker with the same host id (a worker that lost its session registers again once the host has gone unheard for {}s)", .free_after.as_secs_f64())]
+    HostTaken { host: HostId, free_after: Duration },
+    /// A call for a host held by a session, without the session secret.
+    #[error("host {0} is held by a worker session: a worker call must carry the session secret its registration returned (header x-xce-worker-session)")]
+    SessionRequired(HostId),
+    /// A call for a host held by a session, with another secret or instance.
+    #[error("the worker session presented for host {0} is not the host's (another worker took the host over, or the session was never issued): register again")]
+    SessionInvalid(HostId),
+    /// A heartbeat without its digests from a host held by a session.
+    #[error(
+        "a heartbeat from a worker with a session must carry its state digests (facts, ready)"
+    )]
+    DigestRequired,
+    /// No session secret could be made (no entropy): nothing was registered.
+    #[error("{0}")]
+    NoEntropy(#[from] xce_proto::worker::NoEntropy),
     /// The worker joined another cluster (it was pointed at the wrong controller).
     #[error("this controller serves cluster {ours}, the worker belongs to cluster {theirs}")]
     WrongCluster { ours: String, theirs: String },

@@ -17,7 +17,8 @@ use tracing::{debug, info, warn};
 use xce_model::slots::LastExit;
 use xce_model::{After, HostRec, JobRec, ServiceState, Txn};
 use xce_proto::worker::{
-    Caller, ExitCause, RegisterRequest, RegisterResponse, RunningJob, WorkerEvent,
+    Caller, ExitCause, Heartbeat, HeartbeatAnswer, RegisterRequest, RegisterResponse, RunningJob,
+    WorkerEvent,
 };
 
 impl Core {
@@ -94,26 +95,43 @@ impl Core {
     }
 
     /// Heartbeats, facts, events and assignment queries: only from this cluster's worker
-    /// instance that holds the host (a second worker with the same host id neither
-    /// reports nor takes orders). A host held by no known instance (a record from before
-    /// instance ids) accepts any.
+    /// that holds the host. A host held by a session hears only calls that prove it
+    /// ([`session_refusal`]); one held without a session (an older worker) only its
+    /// holder instance; one held by no known instance (a record from before instance
+    /// ids) any.
     fn check_holder(&self, host: &HostId, caller: &Caller, what: &str) -> Result<(), CoreError> {
         self.check_cluster(host, caller, what)?;
         let Some(h) = self.cluster.hosts.get(host) else {
             return Err(CoreError::UnknownHost(host.clone()));
         };
-        match &h.instance {
-            Some(holder) if caller.instance.as_ref() != Some(holder) => {
-                // Debug only: a refused duplicate repeats these every second; its
-                // registration attempts are the warnings.
-                debug!(host = %host, holder = %holder, instance = %caller.instance_or_none(), peer = %caller.peer.as_deref().unwrap_or("unknown"), "{what} refused: another worker instance holds the host");
-                Err(CoreError::HostTaken {
+        let refused = match (&h.session_sha256, &h.instance) {
+            (Some(stored), holder) => session_refusal(host, stored, holder.as_deref(), caller),
+            (None, Some(holder)) if caller.instance.as_ref() != Some(holder) => {
+                Some(CoreError::HostTaken {
                     host: host.clone(),
-                    holder: holder.clone(),
+                    free_after: self.timing.unreachable_after,
                 })
             }
-            _ => Ok(()),
+            (None, _) => None,
+        };
+        let Some(e) = refused else {
+            return Ok(());
+        };
+        let peer = caller.peer.as_deref().unwrap_or("unknown");
+        if let CoreError::HostTaken { .. } = e {
+            // Debug only: a refused duplicate repeats these every second; its
+            // registration attempts are the warnings.
+            debug!(host = %host, instance = %caller.instance_or_none(), peer = %peer, "{what} refused: another worker instance holds the host");
+        } else {
+            let reason = if caller.session.is_some() {
+                "session_invalid"
+            } else {
+                "session_required"
+            };
+            self.metrics.worker_call_refused(reason);
+            warn!(host = %host, instance = %caller.instance_or_none(), peer = %peer, reason, "{what} refused: the caller has the host's credential but not its worker session (a stolen credential, or a worker whose host was taken over)");
         }
+        Err(e)
     }
 
     /// Whether the host's holder is live: `ready` and heard from within
@@ -126,10 +144,10 @@ impl Core {
                 .is_some_and(|t| now.saturating_duration_since(*t) < self.timing.unreachable_after)
     }
 
-    /// A worker (re)registers: the instance that holds the host, or a new one once the
-    /// holder is gone (unreachable or lost). A registration from another instance while
-    /// the holder is live is refused before anything is applied: no facts, no plugin
-    /// call, nothing committed.
+    /// A worker (re)registers: the holder proving its session, or a new session once the
+    /// holder is gone (unreachable or lost). A registration that does not prove the live
+    /// holder's session is refused before anything is applied: no facts, no plugin call,
+    /// nothing committed.
     pub(crate) fn register(
         &mut self,
         host: &HostId,
@@ -137,8 +155,18 @@ impl Core {
         req: RegisterRequest,
         now: Instant,
     ) -> Result<RegisterResponse, CoreError> {
-        self.admit_registration(host, caller, now)?;
+        let proven = self.admit_registration(host, caller, now)?;
         self.check_facts(host, &req.facts)?;
+        let kept = proven.is_some();
+        let (session, session_sha256) = match (proven, req.wants_session) {
+            (Some(kept), _) => (None, Some(kept)),
+            (None, true) => {
+                let secret = xce_proto::worker::new_session_secret()?;
+                let hash = xce_proto::worker::sha256_hex(secret.as_bytes());
+                (Some(secret), Some(hash))
+            }
+            (None, false) => (None, None),
+        };
         self.host_up(host, &req.facts);
         let mut txn = Txn::new(&self.cluster);
         let running: BTreeMap<&JobId, bool> =
@@ -150,53 +178,67 @@ impl Core {
             }
         }
         let orphans = self.orphans(host, &req.running);
-        let record = self.registered_host(&txn, host, caller, req.facts, orphans);
+        let mut record = self.registered_host(&txn, host, caller, req.facts, orphans);
+        record.session_sha256 = session_sha256;
         txn.put_host(&self.cluster, record);
         self.commit(txn, now)?;
         self.heard.insert(host.clone(), now);
         self.withheld.remove(host);
-        info!(host = %host, instance = %caller.instance_or_none(), "host registered");
+        let how = match (&session, kept) {
+            (_, true) => "kept",
+            (Some(_), _) => "new",
+            (None, _) => "none (the worker wants none)",
+        };
+        info!(host = %host, instance = %caller.instance_or_none(), session = how, "host registered");
         Ok(RegisterResponse {
             heartbeat_ms: self.timing.heartbeat_interval.as_millis() as u64,
             cluster: Some(self.cluster_id.clone()),
+            session,
         })
     }
 
-    /// Refuses (counted and logged) a registration by a worker of another cluster, or by
-    /// another instance than the host's holder while the holder is live; logs a takeover
-    /// from a holder that is gone.
+    /// Refuses (counted and logged) a registration by a worker of another cluster, or
+    /// one that does not prove the live holder's session (or, for a host held without a
+    /// session, comes from another instance than the live holder); logs a takeover from
+    /// a holder that is gone. `Some(hash)`: the caller proved the host's session, kept.
     fn admit_registration(
         &self,
         host: &HostId,
         caller: &Caller,
         now: Instant,
-    ) -> Result<(), CoreError> {
+    ) -> Result<Option<String>, CoreError> {
         if let Err(e) = self.check_cluster(host, caller, "registration") {
             self.metrics.registration_refused("wrong_cluster");
             return Err(e);
         }
-        let holder = self.cluster.hosts.get(host).and_then(|h| {
-            h.instance
-                .clone()
-                .filter(|i| caller.instance.as_ref() != Some(i))
-                .map(|i| (i, self.holder_live(h, now)))
-        });
-        let peer = caller.peer.as_deref().unwrap_or("unknown");
-        match holder {
-            Some((holder, true)) => {
-                warn!(host = %host, holder = %holder, instance = %caller.instance_or_none(), peer = %peer, "registration refused: another live worker instance holds the host (a second worker with the same host id?)");
-                self.metrics.registration_refused("host_taken");
-                Err(CoreError::HostTaken {
-                    host: host.clone(),
-                    holder,
-                })
+        let Some(h) = self.cluster.hosts.get(host) else {
+            return Ok(None);
+        };
+        if let Some(stored) = &h.session_sha256 {
+            if session_refusal(host, stored, h.instance.as_deref(), caller).is_none() {
+                return Ok(Some(stored.clone()));
             }
-            Some((holder, false)) => {
-                warn!(host = %host, previous = %holder, instance = %caller.instance_or_none(), peer = %peer, "a new worker instance takes the host over (its previous worker is gone)");
-                Ok(())
-            }
-            None => Ok(()),
+        } else if h.instance.is_none() || h.instance == caller.instance {
+            // Held without a session by this very instance (or by none known).
+            return Ok(None);
         }
+        let holder = h.instance.as_deref().unwrap_or("none");
+        let peer = caller.peer.as_deref().unwrap_or("unknown");
+        let presented = if caller.session.is_some() {
+            "wrong"
+        } else {
+            "none"
+        };
+        if self.holder_live(h, now) {
+            warn!(host = %host, holder = %holder, instance = %caller.instance_or_none(), session = presented, peer = %peer, "registration refused: another live worker instance holds the host (a second worker with the same host id, or the host's credential without its session)");
+            self.metrics.registration_refused("host_taken");
+            return Err(CoreError::HostTaken {
+                host: host.clone(),
+                free_after: self.timing.unreachable_after,
+            });
+        }
+        warn!(host = %host, previous = %holder, instance = %caller.instance_or_none(), peer = %peer, "a worker takes the host over with a new session (its previous worker is gone)");
+        Ok(None)
     }
 
     /// A stored job the registering worker runs (`ready` as it last probed): heard again
@@ -283,6 +325,7 @@ impl Core {
             orphans,
             released,
             instance: caller.instance.clone(),
+            session_sha256: None,
         }
     }
 
@@ -295,43 +338,100 @@ impl Core {
             .is_some_and(|h| h.info.state == HostState::Unreachable)
     }
 
+    /// A heartbeat: the host is heard. With `beat` (the worker's digests; required from
+    /// a host held by a session), the answer says what the controller holds that differs
+    /// from it, if anything ([`Self::compare_digests`]).
     pub(crate) fn heartbeat(
         &mut self,
         host: &HostId,
         caller: &Caller,
+        beat: Option<&Heartbeat>,
         now: Instant,
-    ) -> Result<(), CoreError> {
+    ) -> Result<Option<HeartbeatAnswer>, CoreError> {
         self.check_holder(host, caller, "heartbeat")?;
         let Some(h) = self.cluster.hosts.get(host).cloned() else {
             return Err(CoreError::UnknownHost(host.clone()));
         };
+        if h.session_sha256.is_some() && beat.is_none() {
+            return Err(CoreError::DigestRequired);
+        }
         match h.info.state {
             // A lost host's jobs are gone: it must register again to report what runs.
             HostState::Lost => return Err(CoreError::UnknownHost(host.clone())),
             HostState::Ready => {}
-            HostState::Unreachable => {
-                let mut txn = Txn::new(&self.cluster);
-                for mut j in self.cluster.jobs_on(host).cloned().collect::<Vec<_>>() {
-                    if j.info.state == JobState::Unknown {
-                        j.info.state = j.effective_state();
-                        j.held = None;
-                        // Back in the endpoints if a full disruption took it out.
-                        if let Some(ready) = j.held_ready.take() {
-                            j.info.ready = ready;
-                        }
-                        txn.put_job(&self.cluster, j);
-                    }
-                }
-                let mut h = h;
-                h.info.state = HostState::Ready;
-                txn.put_host(&self.cluster, h);
-                self.commit(txn, now)?;
-                self.withheld.remove(host);
-                info!(host = %host, "host reachable again");
-            }
+            HostState::Unreachable => self.reachable_again(host, h, now)?,
         }
         self.heard.insert(host.clone(), now);
+        Ok(beat.and_then(|b| self.compare_digests(host, b)))
+    }
+
+    /// An unreachable host is heard again: its jobs are back as they were.
+    fn reachable_again(
+        &mut self,
+        host: &HostId,
+        mut h: HostRec,
+        now: Instant,
+    ) -> Result<(), CoreError> {
+        let mut txn = Txn::new(&self.cluster);
+        for mut j in self.cluster.jobs_on(host).cloned().collect::<Vec<_>>() {
+            if j.info.state == JobState::Unknown {
+                j.info.state = j.effective_state();
+                j.held = None;
+                // Back in the endpoints if a full disruption took it out.
+                if let Some(ready) = j.held_ready.take() {
+                    j.info.ready = ready;
+                }
+                txn.put_job(&self.cluster, j);
+            }
+        }
+        h.info.state = HostState::Ready;
+        txn.put_host(&self.cluster, h);
+        self.commit(txn, now)?;
+        self.withheld.remove(host);
+        info!(host = %host, "host reachable again");
         Ok(())
+    }
+
+    /// The digest rule: `None` when the worker's digests are those of what the controller
+    /// holds (the host's facts; the readiness of every job it has running there, see
+    /// [`Self::held_readiness`]); otherwise the parts that differ, counted, with the
+    /// readiness the controller holds so the worker re-sends exactly what differs. A
+    /// difference is either a forged report (undone by the worker's re-send) or a report
+    /// still on its way (a start, an exit, a transition), which the re-send leaves alone.
+    pub(crate) fn compare_digests(
+        &self,
+        host: &HostId,
+        beat: &Heartbeat,
+    ) -> Option<HeartbeatAnswer> {
+        let h = self.cluster.hosts.get(host)?;
+        let facts_differ = xce_proto::worker::facts_digest(&h.info.facts) != beat.facts;
+        let held = self.held_readiness(host);
+        let ready_differs =
+            xce_proto::worker::ready_digest(held.iter().map(|(j, r)| (j.as_str(), *r)))
+                != beat.ready;
+        if !facts_differ && !ready_differs {
+            return None;
+        }
+        for (part, differs) in [("facts", facts_differ), ("readiness", ready_differs)] {
+            if differs {
+                self.metrics.digest_mismatch(part);
+            }
+        }
+        debug!(host = %host, facts_differ, ready_differs, "heartbeat digest differs from what the controller holds; the worker reports again");
+        Some(HeartbeatAnswer {
+            facts_differ,
+            ready: ready_differs.then_some(held),
+        })
+    }
+
+    /// The readiness the controller holds of each job running on `host` (as the worker
+    /// last reported it, also while a full disruption holds it out of the endpoints).
+    pub(crate) fn held_readiness(&self, host: &HostId) -> BTreeMap<JobId, bool> {
+        self.cluster
+            .jobs_on(host)
+            .filter(|j| j.effective_state() == JobState::Running)
+            .map(|j| (j.info.job.clone(), j.held_ready.unwrap_or(j.info.ready)))
+            .collect()
     }
 
     pub(crate) fn facts(
@@ -630,5 +730,29 @@ impl Core {
         }
         warn!(service = %key.name, project = %key.project, replica = j.info.replica, job = %j.info.job, host = %j.info.host, cause = %cause, restarts = slot.restarts, log = slot.log.as_deref().unwrap_or("unknown"), "replica ended by itself; a replacement follows");
         txn.put_service_quiet(s);
+    }
+}
+
+/// The secret check of a call for `host`, held by the session whose secret hashes to
+/// `stored` and by instance `holder`: `None` when the caller proves it (the secret, whose
+/// hash is compared in constant time, and the same instance), else why not: no secret
+/// presented (`SessionRequired`), or another secret or instance (`SessionInvalid`). Both
+/// are checked whatever the first says, and the answer does not tell which failed: the
+/// instance id is no oracle.
+pub(crate) fn session_refusal(
+    host: &HostId,
+    stored: &str,
+    holder: Option<&str>,
+    caller: &Caller,
+) -> Option<CoreError> {
+    let Some(presented) = caller.session.as_deref() else {
+        return Some(CoreError::SessionRequired(host.clone()));
+    };
+    let secret = xce_proto::worker::session_matches(presented, stored);
+    let instance = caller.instance.as_deref() == holder;
+    if secret & instance {
+        None
+    } else {
+        Some(CoreError::SessionInvalid(host.clone()))
     }
 }

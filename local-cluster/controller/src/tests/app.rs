@@ -183,6 +183,7 @@ impl App {
         let req = RegisterRequest {
             facts: facts_of(host, slots),
             running: vec![],
+            wants_session: false,
         };
         let (s, b) = self
             .json(

@@ -27,7 +27,7 @@ impl Sim {
         let host = host.to_owned();
         let now = self.now;
         let mut out = vec![
-            self.core.heartbeat(&host, caller, now).map(drop),
+            self.core.heartbeat(&host, caller, None, now).map(drop),
             self.core.facts(&host, caller, facts_of(&host, 7), now),
             self.core.events(&host, caller, vec![exited("j-1")], now),
             self.core.assignments(&host, caller).map(drop),
@@ -50,6 +50,7 @@ fn a_second_worker_for_a_live_host_is_refused_and_changes_nothing() {
     let mut dup = RegisterRequest {
         facts: facts_at("127.0.0.77", 5),
         running: Vec::new(),
+        wants_session: false,
     };
     let r = s
         .core
@@ -81,13 +82,13 @@ fn a_second_worker_for_a_live_host_is_refused_and_changes_nothing() {
     s.check(expect![[r#"
         > Sim::one_web_ready: as checked by the fixture
         > register exec-01 as i-dup (facts: 5 slots, 127.0.0.77)
-          error: host exec-01 is held by another live worker (instance i-exec-01); check for a second worker with the same host id
-          = i-dup's heartbeat, facts, events, assignments: ["host exec-01 is held by another live worker (instance i-exec-01); check for a second worker with the same host id"]
+          error: host exec-01 is held by another live worker; check for a second worker with the same host id (a worker that lost its session registers again once the host has gone unheard for 3s)
+          = i-dup's heartbeat, facts, events, assignments: ["host exec-01 is held by another live worker; check for a second worker with the same host id (a worker that lost its session registers again once the host has gone unheard for 3s)"]
         > load
           resync rev=6 services=1 jobs=[j-1@exec-01:Running] hosts=1
           plugin: restore exec-01 j-1 0
         > after a restart: register exec-01 as i-dup
-          error: host exec-01 is held by another live worker (instance i-exec-01); check for a second worker with the same host id
+          error: host exec-01 is held by another live worker; check for a second worker with the same host id (a worker that lost its session registers again once the host has gone unheard for 3s)
         > heartbeat exec-01
           = exec-01 index=6 [j-1:Run]"#]]);
 }
@@ -101,7 +102,10 @@ fn a_new_worker_instance_takes_over_a_host_whose_worker_is_gone() {
     s.register_as(&duplicate(), "exec-01", 2, &["j-1"]);
     let calls = s.worker_calls_as(&worker("exec-01"), "exec-01");
     s.note(format!("the old instance's calls: {calls:?}"));
-    let r = s.core.heartbeat(&"exec-01".to_owned(), &duplicate(), s.now);
+    let r = s
+        .core
+        .heartbeat(&"exec-01".to_owned(), &duplicate(), None, s.now)
+        .map(drop);
     s.settle("heartbeat exec-01 as i-dup", r);
     s.check(expect![[r#"
         > Sim::one_web_ready: as checked by the fixture
@@ -111,7 +115,7 @@ fn a_new_worker_instance_takes_over_a_host_whose_worker_is_gone() {
         > register exec-01 as i-dup running=["j-1"]
           9 job j-1 web/0 exec-01 Running ready=true
           10 host exec-01 Ready ["web"]
-          = the old instance's calls: ["host exec-01 is held by another live worker (instance i-dup); check for a second worker with the same host id"]
+          = the old instance's calls: ["host exec-01 is held by another live worker; check for a second worker with the same host id (a worker that lost its session registers again once the host has gone unheard for 3s)"]
         > heartbeat exec-01 as i-dup"#]]);
 }
 
@@ -124,6 +128,7 @@ fn a_worker_of_another_cluster_is_refused() {
         instance: Some("i-exec-01".into()),
         cluster: Some("0123456789abcdef".into()),
         peer: Some("127.0.0.11".into()),
+        session: None,
     };
     let before = xce_store::testing::dump(&*s.store);
     s.register_as(&foreign, "exec-01", 2, &["j-5"]);

@@ -218,7 +218,7 @@ fn a_backoff_that_ends_during_a_slow_commit_still_places_the_replica() {
     let exited_at = s.now;
     s.now += Duration::from_secs(5);
     s.core
-        .heartbeat(&"exec-01".to_owned(), &worker("exec-01"), s.now)
+        .heartbeat(&"exec-01".to_owned(), &worker("exec-01"), None, s.now)
         .unwrap();
     let due = s.core.next_deadline(s.now).expect("a deadline");
     assert_eq!(

@@ -289,7 +289,7 @@ fn after_the_drains(core: &mut Core, now: Instant) -> Instant {
 fn heartbeat_all(core: &mut Core, now: Instant) {
     for i in 0..100 {
         let h = host_name(i);
-        core.heartbeat(&h, &worker(&h), now).unwrap();
+        core.heartbeat(&h, &worker(&h), None, now).unwrap();
     }
 }
 
@@ -633,6 +633,7 @@ fn replicas_above_the_limit_or_the_whole_cluster_are_refused() {
         let req = RegisterRequest {
             facts: facts_at(&format!("10.0.0.{}", i + 1), 4999),
             running: vec![],
+            wants_session: false,
         };
         core.register(&h, &worker(&h), req, now).unwrap();
     }

@@ -147,6 +147,7 @@ impl Sim {
                     ready: true,
                 })
                 .collect(),
+            wants_session: false,
         };
         let r = self
             .core
@@ -163,7 +164,8 @@ impl Sim {
     pub(super) fn heartbeat(&mut self, host: &str) {
         let r = self
             .core
-            .heartbeat(&host.to_owned(), &worker(host), self.now);
+            .heartbeat(&host.to_owned(), &worker(host), None, self.now)
+            .map(drop);
         self.settle(&format!("heartbeat {host}"), r);
     }
 
@@ -182,7 +184,7 @@ impl Sim {
             self.now += Duration::from_secs(1);
             for h in heartbeating {
                 self.core
-                    .heartbeat(&(*h).to_owned(), &worker(h), self.now)
+                    .heartbeat(&(*h).to_owned(), &worker(h), None, self.now)
                     .unwrap();
                 self.core.settle(self.now);
             }
@@ -410,6 +412,7 @@ pub(super) fn register_on(core: &mut Core, host: &str, facts: HostFacts, now: In
     let req = RegisterRequest {
         facts,
         running: vec![],
+        wants_session: false,
     };
     core.register(&host.to_owned(), &worker(host), req, now)
         .unwrap();

@@ -28,6 +28,7 @@ async fn a_worker_cannot_advertise_another_live_hosts_address() {
     let req = RegisterRequest {
         facts: facts_at("127.0.0.11", 2),
         running: vec![],
+        wants_session: false,
     };
     let (s, _) = app
         .json(
@@ -207,6 +208,7 @@ async fn fake_worker_over_http_sees_assignments_and_replacements() {
         .json(&RegisterRequest {
             facts: facts(2),
             running: vec![],
+            wants_session: false,
         })
         .send()
         .await
