@@ -290,20 +290,28 @@ pub struct Api {
     instance: Option<String>,
 }
 
-/// A client for [`Api`]: 20 s timeout, the CA of `ca_file` trusted, `X-Xce-Worker-Instance:
-/// instance` on every request when given.
+/// A client for [`Api`]: 20 s timeout, the CA of `ca_file` trusted, `X-Xce-Worker-Instance`
+/// (and `X-Xce-Worker-Session`) on every request when given (`instance`: the instance id
+/// and, after a space, the session secret).
 fn api_client(ca_file: Option<&Path>, instance: Option<&str>) -> reqwest::Client {
     let mut http = reqwest::Client::builder().timeout(Duration::from_secs(20));
     if let Some(ca) = ca_file {
         let tls = control_tls::client::client_config(Some(ca)).expect("a usable ca file");
         http = http.tls_backend_preconfigured(tls);
     }
-    if let Some(instance) = instance {
+    if let Some(worker) = instance {
         let mut headers = reqwest::header::HeaderMap::new();
+        let (instance, session) = worker.split_once(' ').unwrap_or((worker, ""));
         headers.insert(
             "x-xce-worker-instance",
             reqwest::header::HeaderValue::from_str(instance).expect("an instance id is ASCII"),
         );
+        if !session.is_empty() {
+            headers.insert(
+                "x-xce-worker-session",
+                reqwest::header::HeaderValue::from_str(session).expect("a session is hex"),
+            );
+        }
         http = http.default_headers(headers);
     }
     http.build().unwrap()
@@ -347,6 +355,11 @@ impl Api {
             instance: Some(instance.to_owned()),
             ..self.clone()
         }
+    }
+    /// This API acting as worker instance `instance` with its session secret `session`:
+    /// a test that plays a compromised host which has the worker's whole data dir.
+    pub fn as_worker_session(&self, instance: &str, session: &str) -> Self {
+        self.as_worker_instance(&format!("{instance} {session}"))
     }
     pub async fn get(&self, path: &str) -> Result<(u16, reqwest::header::HeaderMap, String)> {
         let r = self
@@ -916,6 +929,15 @@ impl Cluster {
     /// Worker `i`'s instance id (the `instance` file in its data dir).
     pub fn worker_instance(&self, i: usize) -> String {
         let path = self.dir.path().join(format!("worker-{i}")).join("instance");
+        std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+            .trim()
+            .to_owned()
+    }
+
+    /// Worker `i`'s session secret (the `session` file in its data dir).
+    pub fn worker_session(&self, i: usize) -> String {
+        let path = self.dir.path().join(format!("worker-{i}")).join("session");
         std::fs::read_to_string(&path)
             .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
             .trim()

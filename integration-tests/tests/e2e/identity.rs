@@ -147,9 +147,13 @@ async fn a_second_worker_with_the_same_host_id_is_refused_and_changes_nothing() 
     );
     let text = read(&dup_log);
     assert!(
-        text.contains("host exec-01 is held by another live worker (instance")
+        text.contains("host exec-01 is held by another live worker;")
             && text.contains("check for a second worker with the same host id"),
         "the duplicate's log says why:\n{text}"
+    );
+    assert!(
+        !text.contains(&c.worker_instance(0)),
+        "the refusal names the live instance:\n{text}"
     );
     assert!(
         !text.contains("replica started"),

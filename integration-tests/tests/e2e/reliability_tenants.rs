@@ -554,13 +554,15 @@ async fn a_worker_cannot_advertise_another_hosts_address() {
             "sections": {"ports": {"range": [20000, 32000], "reserved": [], "ephemeral": null}}
         })
     };
-    // A compromised host has its worker's data dir: it presents the real instance id.
+    // A compromised host has its worker's data dir: it presents the real instance id
+    // and the worker's session.
     let instances = [c.worker_instance(0), c.worker_instance(1)];
+    let sessions = [c.worker_session(0), c.worker_session(1)];
     let worker = |i: usize, method: Method, what: &'static str, body: Value| {
         let api = c
             .api
             .with_token(&format!("worker-{i}-example-secret"))
-            .as_worker_instance(&instances[i]);
+            .as_worker_session(&instances[i], &sessions[i]);
         let host = format!("exec-{:02}", i + 1);
         async move {
             let path = format!("/internal/v1/hosts/{host}/{what}");
@@ -1108,17 +1110,25 @@ struct FakeWorker {
 }
 
 impl FakeWorker {
+    /// Registers as a worker without a session (an older release's), once the host is
+    /// free: the real worker just stopped, and its session holds the host until it has
+    /// gone unheard for `unreachable_after`.
     async fn register(api: &Api, base: &str, body: &Value) -> Result<u64> {
-        let (st, _, answer) = call(
-            api,
-            Method::POST,
-            &format!("{base}register"),
-            Some(("application/json", body.to_string())),
-        )
+        let answer = eventually("the fake worker registered", || async {
+            let (st, _, answer) = call(
+                api,
+                Method::POST,
+                &format!("{base}register"),
+                Some(("application/json", body.to_string())),
+            )
+            .await;
+            match st {
+                200 => Ok(Some(answer)),
+                409 => Ok(None),
+                _ => bail!("register: HTTP {st}: {answer}"),
+            }
+        })
         .await;
-        if st != 200 {
-            bail!("register: HTTP {st}: {answer}");
-        }
         let v: Value = serde_json::from_str(&answer)?;
         v["heartbeat_ms"].as_u64().context("heartbeat_ms")
     }

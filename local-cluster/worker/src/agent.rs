@@ -15,7 +15,7 @@ use tracing::Instrument;
 
 use super::client::Client;
 use super::config::{collect_facts, ShutdownMode, WorkerConfig, WorkerPlugins};
-use super::control::{assignments_loop, facts_loop, heartbeat_loop, register};
+use super::control::{assignments_loop, facts_loop, heartbeat_loop, register, Reported};
 use super::events::Outbox;
 use super::identity::Identity;
 use super::msg::Msg;
@@ -72,6 +72,11 @@ pub(crate) struct Agent {
     facts: watch::Sender<HostFacts>,
     /// What runs, for re-registration.
     running: watch::Sender<Vec<RunningJob>>,
+    /// The readiness of the jobs that run and are not being stopped: what heartbeats
+    /// assert.
+    ready: watch::Sender<BTreeMap<JobId, bool>>,
+    /// Wakes the facts loop to report the facts again.
+    resend_facts: Arc<tokio::sync::Notify>,
     probe_http: reqwest::Client,
     tasks: JoinSet<()>,
     /// The worker's span (with the host): the parent of every job span, so spans of
@@ -178,6 +183,8 @@ impl Agent {
             rx,
             facts: watch::Sender::new(facts),
             running: watch::Sender::new(Vec::new()),
+            ready: watch::Sender::new(BTreeMap::new()),
+            resend_facts: Arc::new(tokio::sync::Notify::new()),
             probe_http: probe::http_client(),
             tasks: JoinSet::new(),
             span: tracing::Span::current(),
@@ -255,14 +262,20 @@ impl Agent {
 
     fn spawn_background(&mut self, heartbeat: Duration) {
         let span = self.span.clone();
+        let reported = Reported {
+            facts: self.facts.clone(),
+            running: self.running.clone(),
+            ready: self.ready.clone(),
+            outbox: self.outbox.clone(),
+            resend_facts: self.resend_facts.clone(),
+        };
         self.tasks.spawn(
             heartbeat_loop(
                 self.client.clone(),
                 self.identity.clone(),
                 self.plugins.clone(),
                 heartbeat,
-                self.facts.clone(),
-                self.running.clone(),
+                reported,
             )
             .instrument(span.clone()),
         );
@@ -272,6 +285,7 @@ impl Agent {
                 self.plugins.clone(),
                 self.cfg.facts_interval,
                 self.facts.clone(),
+                self.resend_facts.clone(),
             )
             .instrument(span.clone()),
         );
@@ -567,6 +581,8 @@ impl Agent {
             // Fails only when the watcher has ended: the exit is on its way already.
             let _ = stop.send(order);
         }
+        // Its readiness is not asserted any more (the controller stops it too).
+        self.publish_running();
     }
 
     /// Records exits (stale ones, of a job's earlier process, are ignored), on disk
@@ -621,6 +637,13 @@ impl Agent {
             })
             .collect();
         self.running.send_replace(running);
+        let ready = self
+            .jobs
+            .values()
+            .filter(|j| j.state == RunState::Running)
+            .map(|j| (j.record.job.clone(), j.record.ready))
+            .collect();
+        self.ready.send_replace(ready);
     }
 
     async fn shutdown(mut self, mode: ShutdownMode) -> anyhow::Result<()> {

@@ -10,7 +10,8 @@ use tokio::sync::watch;
 
 use super::identity::Identity;
 use xce_proto::worker::{
-    Assignments, RegisterRequest, RegisterResponse, WorkerEvent, CLUSTER_HEADER, INSTANCE_HEADER,
+    Assignments, Heartbeat, HeartbeatAnswer, RegisterRequest, RegisterResponse, WorkerEvent,
+    CLUSTER_HEADER, INSTANCE_HEADER, SESSION_HEADER,
 };
 
 /// How long an ordinary call (registration, facts, events) may take.
@@ -324,6 +325,9 @@ impl Client {
             if let Some(cluster) = self.identity.cluster() {
                 req = req.header(CLUSTER_HEADER, cluster);
             }
+            if let Some(session) = self.identity.session() {
+                req = req.header(SESSION_HEADER, session);
+            }
             let sent = req.send();
             let outcome = tokio::select! {
                 r = sent => Some(r),
@@ -421,11 +425,30 @@ impl Client {
         resp.json().await.map_err(CallError::Decode)
     }
 
-    /// A heartbeat, answered within `timeout` (see [`heartbeat_timeout`]).
-    pub(crate) async fn heartbeat(&self, timeout: Duration) -> Result<(), CallError> {
-        self.send("heartbeat", timeout, |url| self.http.post(url))
-            .await
-            .map(drop)
+    /// A heartbeat asserting `beat`, answered within `timeout` (see
+    /// [`heartbeat_timeout`]): `None` when the controller holds the same state (204),
+    /// else what differs. Without a session (a controller that handed none) it sends no
+    /// body, as the protocol was before sessions.
+    pub(crate) async fn heartbeat(
+        &self,
+        timeout: Duration,
+        beat: &Heartbeat,
+    ) -> Result<Option<HeartbeatAnswer>, CallError> {
+        let with_body = self.identity.session().is_some();
+        let resp = self
+            .send("heartbeat", timeout, |url| {
+                let req = self.http.post(url);
+                if with_body {
+                    req.json(beat)
+                } else {
+                    req
+                }
+            })
+            .await?;
+        if resp.status() == StatusCode::NO_CONTENT {
+            return Ok(None);
+        }
+        resp.json().await.map(Some).map_err(CallError::Decode)
     }
 
     pub(crate) async fn put_facts(&self, facts: &HostFacts) -> Result<(), CallError> {

@@ -2,17 +2,38 @@
 //! until it is accepted), heartbeats, facts reports and the assignments blocking query,
 //! which hands each new desired set to the state task.
 
-use plugin_api::HostFacts;
+use plugin_api::{HostFacts, JobId};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Notify};
 
 use super::client::{heartbeat_timeout, sleep_or_answer, CallError, Client};
 use super::config::{collect_facts, WorkerPlugins};
+use super::events::Outbox;
 use super::identity::Identity;
 use super::msg::Msg;
 use retry_backoff::Backoff;
-use xce_proto::worker::{RegisterRequest, RegisterResponse, RunningJob};
+use xce_proto::worker::{
+    Heartbeat, HeartbeatAnswer, RegisterRequest, RegisterResponse, RunningJob,
+};
+
+/// What the worker has reported, as the state task publishes it, and how it reports
+/// again: the heartbeats assert it (their digests) and re-send what the controller holds
+/// otherwise.
+#[derive(Clone)]
+pub(super) struct Reported {
+    /// The facts the controller last accepted.
+    pub(super) facts: watch::Sender<HostFacts>,
+    /// What runs, for a registration.
+    pub(super) running: watch::Sender<Vec<RunningJob>>,
+    /// The readiness of every job that runs and is not being stopped.
+    pub(super) ready: watch::Sender<BTreeMap<JobId, bool>>,
+    /// The event queue: a readiness re-sent goes through it, in order with transitions.
+    pub(super) outbox: Arc<Outbox>,
+    /// Wakes the facts loop to report the facts again.
+    pub(super) resend_facts: Arc<Notify>,
+}
 
 /// The smallest heartbeat period the worker accepts from the controller.
 const MIN_HEARTBEAT: Duration = Duration::from_millis(100);
@@ -36,6 +57,7 @@ pub(super) async fn register(
         let req = RegisterRequest {
             facts: facts.borrow().clone(),
             running: running.borrow().clone(),
+            wants_session: true,
         };
         let e = match client.register(&req).await {
             Ok(resp) => return registered(identity, &req, &resp),
@@ -62,9 +84,20 @@ pub(super) async fn register(
     }
 }
 
-/// Takes in an accepted registration: joins the controller's cluster if this worker has
-/// none yet, says so, and returns the heartbeat period.
+/// Takes in an accepted registration: keeps the session it hands out, joins the
+/// controller's cluster if this worker has none yet, says so, and returns the heartbeat
+/// period.
 fn registered(identity: &Identity, req: &RegisterRequest, resp: &RegisterResponse) -> Duration {
+    let session = match (&resp.session, identity.session()) {
+        (Some(secret), _) => {
+            if let Err(e) = identity.set_session(secret) {
+                tracing::error!(error = %e, "cannot keep the worker session on disk; a restart of this worker will wait for the host's session to expire (unreachable_after)")
+            }
+            "new"
+        }
+        (None, Some(_)) => "kept",
+        (None, None) => "none (a controller that hands out none)",
+    };
     if let Some(cluster) = &resp.cluster {
         match identity.join(cluster) {
             Ok(true) => {
@@ -82,6 +115,7 @@ fn registered(identity: &Identity, req: &RegisterRequest, resp: &RegisterRespons
         heartbeat_ms = resp.heartbeat_ms,
         cluster = %resp.cluster.as_deref().unwrap_or("none"),
         instance = %identity.instance(),
+        session,
         "registered with the controller"
     );
     Duration::from_millis(resp.heartbeat_ms).max(MIN_HEARTBEAT)
@@ -156,14 +190,15 @@ fn refusal_fix(e: &CallError) -> &'static str {
 
 /// Heartbeats every `period`, counted from the start of the previous one (a beat that
 /// timed out on a frozen controller is followed at once by the next, which starts at
-/// another controller). Each waits at most [`heartbeat_timeout`] for its answer.
+/// another controller). Each waits at most [`heartbeat_timeout`] for its answer, and
+/// asserts what the worker has reported ([`Heartbeat`]): when the controller holds
+/// something else, it is reported again ([`report_again`]).
 pub(super) async fn heartbeat_loop(
     client: Client,
     identity: Arc<Identity>,
     plugins: WorkerPlugins,
     mut period: Duration,
-    facts: watch::Sender<HostFacts>,
-    running: watch::Sender<Vec<RunningJob>>,
+    reported: Reported,
 ) {
     // Only the first failure of a streak is a warning (the period may be short).
     let mut failing = false;
@@ -171,63 +206,125 @@ pub(super) async fn heartbeat_loop(
     loop {
         tokio::time::sleep_until(next).await;
         next = tokio::time::Instant::now() + period;
-        match client.heartbeat(heartbeat_timeout(period)).await {
-            Ok(()) => {
+        let beat = {
+            let facts = reported.facts.borrow();
+            let ready = reported.ready.borrow();
+            Heartbeat::of(&facts, ready.iter().map(|(j, r)| (j.as_str(), *r)))
+        };
+        let e = match client.heartbeat(heartbeat_timeout(period), &beat).await {
+            Ok(answer) => {
                 if std::mem::take(&mut failing) {
                     tracing::info!("heartbeats go through again");
                 }
+                if let Some(a) = answer {
+                    report_again(&reported, a);
+                }
+                continue;
             }
-            Err(e) if e.status().map(|s| s.as_u16()) == Some(404) => {
-                tracing::warn!("controller does not know this host; registering again");
-                period = register(&client, &identity, &plugins, &facts, &running).await;
-                next = tokio::time::Instant::now() + period;
-            }
-            // Another instance took the host over (this one was gone too long), or the
-            // controller is another cluster's: registering again says so, and waits.
-            Err(e)
-                if matches!(e, CallError::WrongCluster { .. })
-                    || e.status().map(|s| s.as_u16()) == Some(409) =>
-            {
-                tracing::error!(error = %e, "heartbeat refused; registering again");
-                period = register(&client, &identity, &plugins, &facts, &running).await;
-                next = tokio::time::Instant::now() + period;
-            }
-            // The credential is refused now (the tokens file changed): registering again
-            // says why, once per retry, and backs off, instead of a refused heartbeat
-            // every period.
-            Err(e) if e.refused() => {
-                tracing::debug!(error = %e, "heartbeat refused; registering again");
-                period = register(&client, &identity, &plugins, &facts, &running).await;
-                next = tokio::time::Instant::now() + period;
-            }
-            Err(e) if failing => tracing::debug!(error = %e, "heartbeat failed"),
-            Err(e) => {
-                failing = true;
-                tracing::warn!(error = %e, "heartbeat failed");
-            }
+            Err(e) => e,
+        };
+        if !must_register(&e, failing) {
+            failing = true;
+            continue;
+        }
+        let (facts, running) = (&reported.facts, &reported.running);
+        period = register(&client, &identity, &plugins, facts, running).await;
+        next = tokio::time::Instant::now() + period;
+    }
+}
+
+/// Whether a failed heartbeat means registering again (logged), or retrying it (logged
+/// as a warning for the first failure of a streak, `failing` says whether one is on).
+fn must_register(e: &CallError, failing: bool) -> bool {
+    let code = e.code();
+    match e.status().map(|s| s.as_u16()) {
+        Some(404) => {
+            tracing::warn!("controller does not know this host; registering again");
+        }
+        // Another instance took the host over (this one was gone too long), or the
+        // controller is another cluster's: registering again says so, and waits.
+        Some(409) => tracing::error!(error = %e, "heartbeat refused; registering again"),
+        _ if matches!(e, CallError::WrongCluster { .. }) => {
+            tracing::error!(error = %e, "heartbeat refused; registering again")
+        }
+        // The session is not the host's any more (another worker took the host over,
+        // or the controller's store was restored): a registration gets a new one once
+        // the host is free.
+        Some(401)
+            if matches!(
+                code.as_deref(),
+                Some("session_required" | "session_invalid")
+            ) =>
+        {
+            tracing::warn!(error = %e.message(), "heartbeat refused for its worker session; registering again")
+        }
+        // The credential is refused now (the tokens file changed): registering again
+        // says why, once per retry, and backs off, instead of a refused heartbeat every
+        // period.
+        _ if e.refused() => tracing::debug!(error = %e, "heartbeat refused; registering again"),
+        _ if failing => {
+            tracing::debug!(error = %e, "heartbeat failed");
+            return false;
+        }
+        _ => {
+            tracing::warn!(error = %e, "heartbeat failed");
+            return false;
+        }
+    }
+    true
+}
+
+/// The controller holds another state than the heartbeat asserted: the facts are
+/// reported again (by the facts loop), and a readiness event is queued for each job whose
+/// readiness the controller holds differently, unless one is on its way. A job only one
+/// side lists is starting or ending: its own events tell. What differs is most likely a
+/// forged report (a stolen credential and session), or one that crossed the heartbeat.
+fn report_again(reported: &Reported, answer: HeartbeatAnswer) {
+    if answer.facts_differ {
+        tracing::warn!(
+            "the controller holds other host facts than this worker reported; reporting them again"
+        );
+        reported.resend_facts.notify_one();
+    }
+    let Some(held) = answer.ready else {
+        return;
+    };
+    let ours = reported.ready.borrow().clone();
+    for (job, ready) in &ours {
+        if held.get(job).is_some_and(|h| h != ready)
+            && reported.outbox.reassert_readiness(job, *ready)
+        {
+            tracing::warn!(job = %job, ready, "the controller holds another readiness of the job than this worker reported; reporting it again");
         }
     }
 }
 
 /// Re-reads the facts every `interval` and reports them when they differ from the last
-/// report (accepted or refused: a refused report is not repeated until the facts change).
+/// report (accepted or refused: a refused report is not repeated until the facts change),
+/// or at once, whatever they are, when `resend` is notified (the controller holds others).
 pub(super) async fn facts_loop(
     client: Client,
     plugins: WorkerPlugins,
     interval: Duration,
     accepted: watch::Sender<HostFacts>,
+    resend: Arc<Notify>,
 ) {
     let mut last_sent = accepted.borrow().clone();
     loop {
-        tokio::time::sleep(interval).await;
+        let again = tokio::select! {
+            () = tokio::time::sleep(interval) => false,
+            () = resend.notified() => true,
+        };
         let facts = match collect_facts(&plugins).await {
             Ok(f) => f,
+            // The controller holds others than the last accepted: those, then.
+            Err(_) if again => accepted.borrow().clone(),
             Err(e) => {
                 tracing::warn!(error = %e, "re-reading host facts failed; keeping the last ones");
                 continue;
             }
         };
-        if facts == last_sent {
+        if facts == last_sent && !again {
             continue;
         }
         match client.put_facts(&facts).await {
@@ -306,6 +403,66 @@ pub(super) async fn assignments_loop(client: Client, owner: mpsc::Sender<Msg>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use xce_proto::worker::WorkerEvent;
+
+    /// A heartbeat's answer says what the controller holds otherwise: the facts are
+    /// reported again, and a readiness event is queued for exactly the jobs whose
+    /// readiness differs and is not on its way already.
+    #[tokio::test]
+    async fn what_the_controller_holds_otherwise_is_reported_again() {
+        let reported = Reported {
+            facts: watch::Sender::new(HostFacts::default()),
+            running: watch::Sender::new(Vec::new()),
+            ready: watch::Sender::new(
+                [("j-1", true), ("j-2", false), ("j-3", true), ("j-5", true)]
+                    .map(|(j, r)| (j.to_owned(), r))
+                    .into(),
+            ),
+            outbox: Outbox::new(),
+            resend_facts: Arc::new(Notify::new()),
+        };
+        // j-3 became ready just now: its event is on its way.
+        reported.outbox.push(WorkerEvent::Readiness {
+            job: "j-3".into(),
+            ready: true,
+        });
+        let held = [
+            ("j-1", false),
+            ("j-2", false),
+            ("j-3", false),
+            ("j-4", true),
+        ]
+        .map(|(j, r)| (j.to_owned(), r))
+        .into();
+        report_again(
+            &reported,
+            HeartbeatAnswer {
+                facts_differ: true,
+                ready: Some(held),
+            },
+        );
+        // j-1 (forged not ready) is re-sent; j-2 agrees; j-3's event is queued; j-4 and
+        // j-5 are listed by one side only.
+        let queued = |jobs: &[(&str, bool)]| -> Vec<WorkerEvent> {
+            jobs.iter()
+                .map(|(j, r)| WorkerEvent::Readiness {
+                    job: (*j).into(),
+                    ready: *r,
+                })
+                .collect()
+        };
+        assert_eq!(
+            reported.outbox.queued(),
+            queued(&[("j-3", true), ("j-1", true)])
+        );
+        let woken = tokio::time::timeout(Duration::ZERO, reported.resend_facts.notified()).await;
+        assert!(woken.is_ok(), "the facts loop was not told to report again");
+        // In sync: nothing more.
+        report_again(&reported, HeartbeatAnswer::default());
+        assert_eq!(reported.outbox.queued().len(), 2);
+        let woken = tokio::time::timeout(Duration::ZERO, reported.resend_facts.notified()).await;
+        assert!(woken.is_err());
+    }
 
     fn check(body: &str, expect: expect_test::Expect) {
         expect.assert_eq(&problems(body).join("\n"));

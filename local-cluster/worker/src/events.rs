@@ -113,6 +113,35 @@ impl Outbox {
         self.wake.notify_one();
     }
 
+    /// Queues the readiness `ready` of `job` again, because the controller holds the
+    /// other value (a heartbeat's digest said so: a forged report, most likely). Nothing
+    /// is queued while a readiness event of the job is queued already: it is on its way
+    /// and says the same or newer. Returns whether one was queued.
+    pub(crate) fn reassert_readiness(&self, job: &JobId, ready: bool) -> bool {
+        let mut q = self.queue.lock().unwrap();
+        let on_its_way = q
+            .items
+            .iter()
+            .any(|e| matches!(e, WorkerEvent::Readiness { job: j, .. } if j == job));
+        if on_its_way {
+            return false;
+        }
+        q.push(WorkerEvent::Readiness {
+            job: job.clone(),
+            ready,
+        });
+        self.pending.send_replace(q.len());
+        drop(q);
+        self.wake.notify_one();
+        true
+    }
+
+    /// The queued events, in order (tests).
+    #[cfg(test)]
+    pub(crate) fn queued(&self) -> Vec<WorkerEvent> {
+        self.queue.lock().unwrap().items.iter().cloned().collect()
+    }
+
     /// Waits until every queued event was acknowledged, at most `patience`. Returns how
     /// many are left.
     pub(crate) async fn flush(&self, patience: Duration) -> usize {

@@ -7,6 +7,13 @@
 //!   to register with, or take orders from, a controller of another cluster. Absent
 //!   (first start, or a data dir from before cluster ids): it joins the first cluster it
 //!   registers with.
+//! - `session`: the session secret the controller handed this instance at its last
+//!   registration (mode 0600; the controller keeps only its hash). Every call proves it;
+//!   a restarted worker presents it when it registers again and keeps its host at once.
+//!   Without it (deleted, or a data dir from before sessions) the worker registers as
+//!   new: while the controller still hears the host's session from elsewhere it is
+//!   refused, and once the host has gone unheard for `unreachable_after` it gets a new
+//!   session.
 
 use std::path::{Path, PathBuf};
 use std::sync::RwLock;
@@ -29,11 +36,23 @@ pub(crate) enum IdentityError {
 }
 
 /// The worker's instance id and the cluster it joined.
-#[derive(Debug)]
 pub(crate) struct Identity {
     instance: String,
     cluster_path: PathBuf,
     cluster: RwLock<Option<String>>,
+    /// Where the session is kept (`None`: nowhere, a test's identity).
+    session_path: Option<PathBuf>,
+    session: RwLock<Option<String>>,
+}
+
+impl std::fmt::Debug for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Identity")
+            .field("instance", &self.instance)
+            .field("cluster", &self.cluster())
+            .field("session", &self.session().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 impl Identity {
@@ -52,10 +71,14 @@ impl Identity {
         };
         let cluster_path = data_dir.join("cluster");
         let cluster = read_id(&cluster_path)?;
+        let session_path = data_dir.join("session");
+        let session = read_id(&session_path)?;
         Ok(Self {
             instance,
             cluster_path,
             cluster: RwLock::new(cluster),
+            session_path: Some(session_path),
+            session: RwLock::new(session),
         })
     }
 
@@ -66,6 +89,8 @@ impl Identity {
             instance: instance.to_owned(),
             cluster_path: PathBuf::from("/nonexistent/cluster"),
             cluster: RwLock::new(cluster.map(str::to_owned)),
+            session_path: None,
+            session: RwLock::new(None),
         }
     }
 
@@ -95,6 +120,36 @@ impl Identity {
         write_atomic(&self.cluster_path, cluster)?;
         *current = Some(cluster.to_owned());
         Ok(true)
+    }
+}
+
+impl Identity {
+    /// The session secret, if the controller has handed one.
+    pub(crate) fn session(&self) -> Option<String> {
+        self.session
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Keeps `secret` as this instance's session from now on, in memory and on disk (mode
+    /// 0600), so a restarted worker proves it. When it cannot be written it is still used
+    /// for this run (the error says so); a restart then registers as new.
+    pub(crate) fn set_session(&self, secret: &str) -> Result<(), IdentityError> {
+        let mut current = self
+            .session
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *current = Some(secret.to_owned());
+        let Some(path) = &self.session_path else {
+            return Ok(());
+        };
+        xce_stdx::atomic_file::write_atomic_private(path, format!("{secret}\n").as_bytes()).map_err(
+            |source| IdentityError::Write {
+                path: path.display().to_string(),
+                source,
+            },
+        )
     }
 }
 
@@ -163,6 +218,20 @@ mod tests {
             Identity::load(other.path()).unwrap().instance(),
             a.instance()
         );
+        // The session: kept across a restart, readable by the worker's user only.
+        assert_eq!(b.session(), None);
+        let secret = xce_proto::worker::new_session_secret().unwrap();
+        b.set_session(&secret).unwrap();
+        let c = Identity::load(dir.path()).unwrap();
+        assert_eq!(c.session().as_deref(), Some(secret.as_str()));
+        let mode = std::fs::metadata(dir.path().join("session"))
+            .unwrap()
+            .permissions();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600
+        );
+        assert!(!format!("{c:?}").contains(&secret), "{c:?}");
         std::fs::write(dir.path().join("cluster"), "not an id\n").unwrap();
         let e = Identity::load(dir.path()).unwrap_err().to_string();
         assert!(e.ends_with("cluster: must be at most 128 characters of letters, digits, '-', '_' or '.' (delete the file to start over)"), "{e}");

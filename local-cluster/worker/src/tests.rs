@@ -172,9 +172,11 @@ async fn register(
         }
         s.forget_host = false;
         s.registers.push(req);
+        // A controller of before sessions: the worker goes on without one.
         Json(RegisterResponse {
             heartbeat_ms: 100,
             cluster: None,
+            session: None,
         })
         .into_response()
     })

@@ -1,5 +1,10 @@
 use super::*;
 
+/// What the tests' heartbeats assert: no facts, nothing running.
+fn beat() -> Heartbeat {
+    Heartbeat::of(&HostFacts::default(), [])
+}
+
 fn id() -> Arc<Identity> {
     Arc::new(Identity::for_test("i-1", None))
 }
@@ -84,11 +89,11 @@ async fn moves_on_to_the_controller_that_answers_and_stays_there() {
     let one = Client::new(&dead, "exec-01", "s", id()).unwrap();
     log.push(format!(
         "dead alone: {}",
-        one.heartbeat(CALL_TIMEOUT).await.is_ok()
+        one.heartbeat(CALL_TIMEOUT, &beat()).await.is_ok()
     ));
     let c = Client::new(&format!("{dead},{live}"), "exec-01", "s", id()).unwrap();
     for _ in 0..2 {
-        c.heartbeat(CALL_TIMEOUT).await.unwrap();
+        c.heartbeat(CALL_TIMEOUT, &beat()).await.unwrap();
         log.push(format!(
             "dead,live: current {} hits {}",
             c.current.load(Ordering::Relaxed),
@@ -97,7 +102,7 @@ async fn moves_on_to_the_controller_that_answers_and_stays_there() {
     }
     // The answering one first: the refusing one is not tried while it answers.
     let c = Client::new(&format!("{live},{dead}"), "exec-01", "s", id()).unwrap();
-    c.heartbeat(CALL_TIMEOUT).await.unwrap();
+    c.heartbeat(CALL_TIMEOUT, &beat()).await.unwrap();
     log.push(format!(
         "live,dead: current {} hits {}",
         c.current.load(Ordering::Relaxed),
@@ -155,7 +160,7 @@ async fn a_silent_controller_is_left_like_a_refusing_one() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     // ...the heartbeat times out there and moves on...
     let t = std::time::Instant::now();
-    c.heartbeat(timeout).await.unwrap();
+    c.heartbeat(timeout, &beat()).await.unwrap();
     let first = t.elapsed();
     log.push(format!(
         "first beat ok, waited the timeout: {}, current {}",
@@ -170,7 +175,7 @@ async fn a_silent_controller_is_left_like_a_refusing_one() {
     ));
     // Later calls start at the live one: no timeout again.
     let t = std::time::Instant::now();
-    c.heartbeat(timeout).await.unwrap();
+    c.heartbeat(timeout, &beat()).await.unwrap();
     log.push(format!("second beat fast: {}", t.elapsed() < timeout));
     expect_test::expect![[r#"
         first beat ok, waited the timeout: true, current 1
@@ -187,10 +192,10 @@ async fn after_a_timeout_calls_start_past_the_silent_controller() {
     let timeout = Duration::from_millis(200);
     let mut answers = c.answers();
     answers.borrow_and_update();
-    assert!(c.heartbeat(timeout).await.is_err());
+    assert!(c.heartbeat(timeout, &beat()).await.is_err());
     // The refusing one is tried first now (cheap); the silent one last.
     assert_eq!(c.current.load(Ordering::Relaxed), 1);
-    assert!(c.heartbeat(timeout).await.is_err());
+    assert!(c.heartbeat(timeout, &beat()).await.is_err());
     assert_eq!(c.current.load(Ordering::Relaxed), 1);
     assert!(!answers.has_changed().unwrap(), "no answer, no wake-up");
 }
@@ -272,7 +277,7 @@ async fn a_worker_without_a_cluster_joins_the_one_its_heartbeats_name() {
     let dir = tempfile::tempdir().unwrap();
     let id = Arc::new(Identity::load(dir.path()).unwrap());
     let c = Client::new(&b, "exec-01", "s", id.clone()).unwrap();
-    c.heartbeat(CALL_TIMEOUT).await.unwrap();
+    c.heartbeat(CALL_TIMEOUT, &beat()).await.unwrap();
     assert_eq!(id.cluster().as_deref(), Some("cluster-b"));
     let again = Identity::load(dir.path()).unwrap();
     assert_eq!(
