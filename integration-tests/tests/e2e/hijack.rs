@@ -119,12 +119,18 @@ fn ids<'a>(cluster: &'a str, instance: &'a str) -> [(&'static str, &'a str); 2] 
 }
 
 /// Steps 1–3: without the session secret, every call is refused and changes nothing.
-/// Returns the refusals as `step: status code` lines.
-async fn without_session(c: &Cluster, cluster: &str, forged: &Value, job: &str) -> Vec<String> {
+/// Returns the refusals as `step: status code` lines, and every answer's body.
+async fn without_session(
+    c: &Cluster,
+    cluster: &str,
+    forged: &Value,
+    job: &str,
+) -> (Vec<String>, Vec<String>) {
     let real = c.worker_instance(0);
     let register = json!({"facts": forged, "running": [], "wants_session": true});
     let events = json!([{"event": "readiness", "job": job, "ready": false}]);
     let mut steps = Vec::new();
+    let mut bodies = Vec::new();
     // Another instance registers while the real one is live: 409, no instance named.
     let (st, body) = call(
         &c.api,
@@ -143,6 +149,7 @@ async fn without_session(c: &Cluster, cluster: &str, forged: &Value, job: &str) 
         "register as another instance: {st} {}",
         code(&body)
     ));
+    bodies.push(body);
     // The real instance id (say an older answer leaked it) and no session.
     let headers = ids(cluster, &real);
     let (st, body) = call(&c.api, Method::POST, "register", &headers, Some(&register)).await;
@@ -151,6 +158,24 @@ async fn without_session(c: &Cluster, cluster: &str, forged: &Value, job: &str) 
         "register as the live instance, no session: {st} {}",
         code(&body)
     ));
+    bodies.push(body);
+    let (more, answers) = refused_calls(c, &headers, forged, &events).await;
+    steps.extend(more);
+    bodies.extend(answers);
+    (steps, bodies)
+}
+
+/// Step 3: heartbeat, assignments, facts and a readiness event with the live instance's
+/// `headers`, without a session and with a guessed one: each refused. Returns the steps
+/// and the answers' bodies.
+async fn refused_calls(
+    c: &Cluster,
+    headers: &[(&'static str, &str)],
+    forged: &Value,
+    events: &Value,
+) -> (Vec<String>, Vec<String>) {
+    let mut steps = Vec::new();
+    let mut bodies = Vec::new();
     let calls: [(&str, Method, &str, Option<&Value>); 4] = [
         ("heartbeat", Method::POST, "heartbeat", None),
         (
@@ -160,7 +185,7 @@ async fn without_session(c: &Cluster, cluster: &str, forged: &Value, job: &str) 
             None,
         ),
         ("facts", Method::PUT, "facts", Some(forged)),
-        ("readiness event", Method::POST, "events", Some(&events)),
+        ("readiness event", Method::POST, "events", Some(events)),
     ];
     for (what, method, leaf, body) in calls {
         let (st, answer) = call(&c.api, method.clone(), leaf, &headers, body).await;
@@ -177,6 +202,7 @@ async fn without_session(c: &Cluster, cluster: &str, forged: &Value, job: &str) 
             "{what} as the live instance, no session: {st} {}",
             code(&answer)
         ));
+        bodies.push(answer);
         let mut wrong = headers.to_vec();
         wrong.push((
             "x-xce-worker-session",
@@ -192,8 +218,9 @@ async fn without_session(c: &Cluster, cluster: &str, forged: &Value, job: &str) 
             "{what} as the live instance, a guessed session: {st} {}",
             code(&answer)
         ));
+        bodies.push(answer);
     }
-    steps
+    (steps, bodies)
 }
 
 /// Step 4: with the whole session (the worker's data dir read), a forged report is
@@ -258,7 +285,14 @@ async fn a_stolen_worker_credential_cannot_hijack_its_host() {
     let forged_ip = Ipv4Addr::new(o[0], o[1], o[2], o[3] + 99).to_string();
     let forged = forged_facts(&forged_ip);
 
-    let steps = without_session(&c, &cluster, &forged, &job).await;
+    let (steps, mut bodies) = without_session(&c, &cluster, &forged, &job).await;
+    // What else a client reads about the host: `/healthz`, `/v1/hosts`, the service.
+    for path in ["/healthz", "/v1/hosts", "/v1/services/web"] {
+        bodies.push(c.api.get(path).await.unwrap().2);
+    }
+    let real = c.worker_instance(0);
+    let disclosed = bodies.iter().filter(|b| b.contains(&real)).count();
+    assert_eq!(disclosed, 0, "an answer names the live instance {real}");
     assert_eq!(
         endpoints(&c.api, None).await.unwrap().1,
         original,
@@ -285,8 +319,9 @@ async fn a_stolen_worker_credential_cannot_hijack_its_host() {
         );
     }
     eprintln!(
-        "FIGURE hijack: {} refused steps without the session (instance id disclosed 0 times); with the whole session a forged facts report (ip {forged_ip}, seen {facts_seen}) stood {} ms and a forged readiness report (seen {ready_seen}) {} ms, heartbeat period {} ms; digest mismatches counted: facts {facts_counted}, readiness {ready_counted}",
+        "FIGURE hijack: {} refused steps without the session (instance id disclosed in {disclosed} of {} answers); with the whole session a forged facts report (ip {forged_ip}, seen {facts_seen}) stood {} ms and a forged readiness report (seen {ready_seen}) {} ms, heartbeat period {} ms; digest mismatches counted: facts {facts_counted}, readiness {ready_counted}",
         steps.len(),
+        bodies.len(),
         facts_for.as_millis(),
         ready_for.as_millis(),
         period.as_millis(),
