@@ -188,7 +188,7 @@ async fn refused_calls(
         ("readiness event", Method::POST, "events", Some(events)),
     ];
     for (what, method, leaf, body) in calls {
-        let (st, answer) = call(&c.api, method.clone(), leaf, &headers, body).await;
+        let (st, answer) = call(&c.api, method.clone(), leaf, headers, body).await;
         assert_eq!(
             (st, code(&answer).as_str()),
             (401, "session_required"),
