@@ -51,8 +51,10 @@ while True:
 const DAEMON_FILES: &str =
     "tokens.toml,controller.toml,worker-0.toml,worker-0.secret,worker-0.log,controller.log,jobs.json,instance,worker.lock,controller.redb";
 
-/// The variables a replica with one port `http` gets, and nothing else.
+/// The variables a replica with one port `http` and `[service.env] GREETING` gets, and
+/// nothing else.
 const ALLOWED: &[&str] = &[
+    "GREETING",
     "HOME",
     "LANG",
     "PATH",
@@ -79,7 +81,7 @@ fn report_profile(credential: &Path) -> String {
         .map(|s| toml::Value::String((*s).to_owned()))
         .collect(),
     );
-    format!("[service]\nname = \"report\"\nreplicas = 1\ncommand = {command}\n[[service.ports]]\nname = \"http\"\n")
+    format!("[service]\nname = \"report\"\nreplicas = 1\ncommand = {command}\n[[service.ports]]\nname = \"http\"\n[service.env]\nGREETING = \"hello from the profile\"\n")
 }
 
 /// Files in `dir` and their content, for files whose name starts with `prefix`.
@@ -138,13 +140,15 @@ async fn report_from_worker(c: &mut Cluster, config: &Path, credential: &Path) -
     Ok(report)
 }
 
-/// What holds whatever the user: exactly the allowed variables, none of the daemon's
+/// What holds whatever the user: exactly the allowed variables (the profile's own among
+/// them), none of the daemon's
 /// values, its own (empty) job directory as working directory and `HOME`, no daemon file
 /// reachable by name, and it can write where it works.
 fn check_clean(report: &Value, data_dir: &Path) {
     let env = report["env"].as_object().expect("env");
     let names: BTreeSet<&str> = env.keys().map(String::as_str).collect();
     assert_eq!(names, ALLOWED.iter().copied().collect(), "{report:#}");
+    assert_eq!(env["GREETING"], "hello from the profile");
     for (k, v) in env {
         let v = v.as_str().unwrap_or_default();
         for secret in ["worker-0-example-secret", ADMIN, "daemon-only-secret-value"] {

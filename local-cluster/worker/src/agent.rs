@@ -434,6 +434,7 @@ impl Agent {
         let dir = process::job_dir(&self.job_dirs, &a.job);
         let launch = process::Launch {
             argv: &a.command,
+            profile_env: &a.env,
             env: &plan.env,
             dir: &dir,
             log: &log,

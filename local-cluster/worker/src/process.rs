@@ -52,6 +52,8 @@ pub(crate) const REPLICA_LANG: &str = "C.UTF-8";
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Launch<'a> {
     pub(crate) argv: &'a [String],
+    /// The profile's `[service.env]`.
+    pub(crate) profile_env: &'a BTreeMap<String, String>,
     /// The launch hooks' variables (`XCE_*`).
     pub(crate) env: &'a BTreeMap<String, String>,
     /// Its job directory: working directory and `HOME`.
@@ -121,14 +123,15 @@ pub(crate) fn spawn(l: &Launch<'_>) -> Result<Spawned, SpawnError> {
 }
 
 /// The replica's whole environment: a minimal `PATH`, `LANG` and `HOME` (its job
-/// directory), then the launch hooks' `XCE_*` variables. Nothing of the worker's own
-/// environment (credentials, tokens, config paths) is passed on.
+/// directory), the profile's `[service.env]` (which may set those three otherwise), then
+/// the launch hooks' `XCE_*` variables (which nothing overrides). Nothing of the worker's
+/// own environment (credentials, tokens, config paths) is passed on.
 pub(crate) fn replica_env(l: &Launch<'_>) -> BTreeMap<String, std::ffi::OsString> {
     let mut env = BTreeMap::new();
     env.insert("PATH".to_owned(), REPLICA_PATH.into());
     env.insert("LANG".to_owned(), REPLICA_LANG.into());
     env.insert("HOME".to_owned(), l.dir.as_os_str().to_owned());
-    for (k, v) in l.env {
+    for (k, v) in l.profile_env.iter().chain(l.env) {
         env.insert(k.clone(), v.into());
     }
     env
@@ -440,17 +443,22 @@ mod tests {
         expect.assert_eq(&log_path(Path::new("/d/logs"), job).display().to_string());
     }
 
-    /// Whatever the worker's own environment holds, a replica's is the minimal three and
-    /// the launch hooks' variables, its `HOME` its job directory.
+    /// Whatever the worker's own environment holds, a replica's is the minimal three, the
+    /// profile's variables and the launch hooks' ones, its `HOME` its job directory.
     #[test]
     fn a_replica_environment_is_the_minimal_three_and_the_hooks_variables() {
-        let hooks: BTreeMap<String, String> = [("XCE_PORT_HTTP", "20417"), ("XCE_JOB_ID", "j-1")]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect();
+        let vars = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        let hooks = vars(&[("XCE_PORT_HTTP", "20417"), ("XCE_JOB_ID", "j-1")]);
+        let profile = vars(&[("LANG", "de_DE.UTF-8"), ("RUST_LOG", "debug")]);
         let settings = ReplicaSettings::default();
         let l = Launch {
             argv: &[],
+            profile_env: &profile,
             env: &hooks,
             dir: Path::new("/d/jobs/j-1"),
             log: Path::new("/d/logs/j-1.log"),
@@ -463,8 +471,9 @@ mod tests {
         expect_test::expect![[r#"
             [
                 "HOME=/d/jobs/j-1",
-                "LANG=C.UTF-8",
+                "LANG=de_DE.UTF-8",
                 "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                "RUST_LOG=debug",
                 "XCE_JOB_ID=j-1",
                 "XCE_PORT_HTTP=20417",
             ]

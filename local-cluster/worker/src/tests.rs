@@ -422,6 +422,7 @@ fn assignment(
         replica: 0,
         command: command.into(),
         readiness: readiness.map(Into::into),
+        env: Default::default(),
         grants: plugin_api::Grants::from([("fake", grant.into())]),
         desired,
     }
