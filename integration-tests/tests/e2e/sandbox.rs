@@ -336,7 +336,7 @@ async fn every_daemon_file_is_private_under_umask_022() -> Result<()> {
         "jobs.json",
         "instance",
         "logs",
-        "jobs",
+        "j-1.log",
     ] {
         assert!(names.contains(want), "{want} not among {names:?}");
     }
