@@ -207,7 +207,7 @@ fn replica_log(max_size: u64, keep: u32, file: &std::path::Path) -> std::process
         retain: std::time::Duration::ZERO,
     };
     match xce_worker::write_rotating(std::io::stdin().lock(), file, policy) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(_) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("xced replica-log {}: {e}", file.display());
             std::process::ExitCode::FAILURE

@@ -168,19 +168,35 @@ impl<'a> Rotating<'a> {
 }
 
 /// Copies `input` to the log at `path` until `input` ends, rotating by `policy`. What
-/// `xced replica-log` runs; a write error ends it (the replica then gets EPIPE rather
-/// than blocking forever on a full pipe).
-pub fn write_rotating(mut input: impl Read, path: &Path, policy: LogPolicy) -> io::Result<()> {
+/// `xced replica-log` runs. Output that cannot be written (a full disk) is dropped, and
+/// writing is tried again with the next output: the writer keeps reading, so the replica
+/// neither blocks on a full pipe nor dies of SIGPIPE because its log cannot be written.
+/// The log says how much was dropped once it can be written again. `Ok(n)`: the bytes
+/// dropped.
+pub fn write_rotating(mut input: impl Read, path: &Path, policy: LogPolicy) -> io::Result<u64> {
     let mut out = Rotating::open(path, policy)?;
     let mut buf = vec![0u8; 64 * 1024];
+    let mut dropped = 0u64;
+    // Dropped since the log last said so, and why.
+    let (mut unsaid, mut why) = (0u64, String::new());
     loop {
         let n = match input.read(&mut buf) {
-            Ok(0) => return Ok(()),
+            Ok(0) => return Ok(dropped),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
         };
-        out.write(&buf[..n])?;
+        if unsaid > 0 {
+            let note = format!("xced replica-log: {unsaid} bytes of output dropped: {why}\n");
+            if out.write(note.as_bytes()).is_ok() {
+                unsaid = 0;
+            }
+        }
+        if let Err(e) = out.write(&buf[..n]) {
+            why = e.to_string();
+            unsaid += n as u64;
+            dropped += n as u64;
+        }
     }
 }
 
@@ -335,6 +351,19 @@ mod tests {
         use std::os::unix::fs::PermissionsExt;
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
+    }
+
+    /// A log that cannot be written (`/dev/full`: every write is ENOSPC) does not end the
+    /// writer: it reads to the end (the replica never meets a closed pipe) and counts
+    /// what it dropped.
+    #[test]
+    fn an_unwritable_log_drops_output_and_keeps_reading() {
+        if !Path::new("/dev/full").exists() {
+            return;
+        }
+        let input = io::repeat(b'x').take(200_000);
+        let dropped = write_rotating(input, Path::new("/dev/full"), LogPolicy::default()).unwrap();
+        assert_eq!(dropped, 200_000);
     }
 
     #[test]
