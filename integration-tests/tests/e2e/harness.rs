@@ -1522,3 +1522,40 @@ fn teardown_kills_what_carries_the_mark_and_nothing_else() {
     let _ = unmarked.kill();
     let _ = unmarked.wait();
 }
+
+/// Replicas carry no mark (a clean environment): the teardown knows them by their working
+/// directory inside the cluster's dir, also once their worker is gone, and leaves a
+/// process working elsewhere alone.
+#[test]
+fn teardown_kills_what_works_inside_the_cluster_dir() {
+    let (inside, elsewhere) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let job_dir = inside.path().join("worker-0/jobs/j-1");
+    std::fs::create_dir_all(&job_dir).unwrap();
+    let owner = Owner::within(inside.path());
+    let sleep_in = |dir: &Path| {
+        Command::new("sleep")
+            .arg("600")
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut replica = sleep_in(&job_dir);
+    let mut other = sleep_in(elsewhere.path());
+    let start = Instant::now();
+    while !owner.pids().contains(&replica.id()) {
+        assert!(start.elapsed() < patience(), "{:?}", owner.pids());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    teardown([], &owner);
+    assert!(
+        replica.wait().is_ok_and(|s| !s.success()),
+        "the replica was killed"
+    );
+    assert!(
+        other.try_wait().unwrap().is_none(),
+        "a process elsewhere lives on"
+    );
+    let _ = other.kill();
+    let _ = other.wait();
+}
