@@ -187,6 +187,59 @@ pub(crate) struct WorkerFile {
     /// controllers; the system's roots without.
     #[serde(default)]
     pub(crate) ca_file: Option<PathBuf>,
+    /// `[replicas]`: how replicas run.
+    #[serde(default)]
+    pub(crate) replicas: ReplicasFile,
+    /// `[logs]`: rotation and retention of replica logs.
+    #[serde(default)]
+    pub(crate) logs: LogsFile,
+    /// `replicas` and `logs` checked and resolved (the user looked up) by [`load_worker`].
+    #[serde(skip)]
+    pub(crate) settings: xce_worker::ReplicaSettings,
+}
+
+/// `[replicas]` of the worker config.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReplicasFile {
+    /// Run replicas as this user (the worker must run as root).
+    #[serde(default)]
+    pub(crate) user: Option<String>,
+}
+
+/// `[logs]` of the worker config.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LogsFile {
+    /// The largest size of one log file, e.g. `"10MiB"`.
+    #[serde(default = "d_max_size")]
+    pub(crate) max_size: String,
+    /// Files kept per replica log, the current one included.
+    #[serde(default = "d_keep")]
+    pub(crate) keep: u32,
+    /// How long an ended job's logs stay.
+    #[serde(default = "d_retain", with = "humantime_serde")]
+    pub(crate) retain: Duration,
+}
+
+impl Default for LogsFile {
+    fn default() -> Self {
+        Self {
+            max_size: d_max_size(),
+            keep: d_keep(),
+            retain: d_retain(),
+        }
+    }
+}
+
+fn d_max_size() -> String {
+    "10MiB".to_owned()
+}
+fn d_keep() -> u32 {
+    xce_worker::LogPolicy::default().keep
+}
+fn d_retain() -> Duration {
+    xce_worker::LogPolicy::default().retain
 }
 
 fn default_controller() -> String {
@@ -502,7 +555,58 @@ pub(crate) fn load_worker(path: &Path) -> Result<WorkerFile> {
             path.display()
         );
     }
+    let mut cfg = cfg;
+    cfg.settings = replica_settings(&cfg).map_err(|problems| {
+        anyhow::anyhow!(
+            "invalid worker config {}: {}",
+            path.display(),
+            problems.join("; ")
+        )
+    })?;
     Ok(cfg)
+}
+
+/// `[replicas]` and `[logs]` checked, every problem as `field: reason`.
+fn replica_settings(cfg: &WorkerFile) -> Result<xce_worker::ReplicaSettings, Vec<String>> {
+    let mut problems = Vec::new();
+    let user = match &cfg.replicas.user {
+        Some(name) => xce_worker::RunAs::lookup(name)
+            .map_err(|e| problems.push(format!("replicas.user: {e}")))
+            .ok(),
+        None => None,
+    };
+    if let (Some(u), Some(file)) = (&cfg.replicas.user, &cfg.credential_file) {
+        use std::os::unix::fs::PermissionsExt as _;
+        if let Ok(meta) = std::fs::metadata(file) {
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                problems.push(format!(
+                    "credential_file: {} is mode {mode:o}, readable by others (the replicas run as {:?}): chmod 600 it",
+                    file.display(),
+                    u
+                ));
+            }
+        }
+    }
+    let max_size = xce_worker::parse_size(&cfg.logs.max_size)
+        .map_err(|e| problems.push(format!("logs.max_size: {e}")))
+        .unwrap_or(u64::MAX);
+    let logs = xce_worker::LogPolicy {
+        max_size,
+        keep: cfg.logs.keep,
+        retain: cfg.logs.retain,
+    };
+    for (field, reason) in logs.problems() {
+        problems.push(format!("logs.{field}: {reason}"));
+    }
+    if !problems.is_empty() {
+        return Err(problems);
+    }
+    Ok(xce_worker::ReplicaSettings {
+        user,
+        logs,
+        log_writer: None,
+    })
 }
 
 impl ControllerFile {
@@ -620,6 +724,49 @@ mod tests {
             "{err}"
         );
         assert!(!err.contains("missing"), "{err}");
+    }
+
+    /// `[logs]` and `[replicas]`: every bad value named with its field and reason; good
+    /// ones resolved (sizes in bytes, the user's ids).
+    #[test]
+    fn replica_settings_name_each_bad_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let worker = dir.path().join("worker.toml");
+        let load = |extra: &str| {
+            std::fs::write(
+                &worker,
+                format!("host = \"exec-01\"\ncredential = \"c\"\n{extra}"),
+            )
+            .unwrap();
+            load_worker(&worker)
+        };
+        let err = load("[logs]\nmax_size = \"10 parsecs\"\nkeep = 0\n[replicas]\nuser = \"no-such-user-xce\"\n")
+            .unwrap_err()
+            .to_string();
+        for want in [
+            "replicas.user: no user \"no-such-user-xce\" on this host",
+            "logs.max_size: unknown unit",
+            "logs.keep: 0 is not between 1 and 100",
+        ] {
+            assert!(err.contains(want), "{want:?} in {err}");
+        }
+        let err = load("[logs]\nmax_size = \"100\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("logs.max_size: 100 bytes is below"), "{err}");
+        let err = load("[logs]\nrotate = true\n").unwrap_err().to_string();
+        assert!(err.contains("rotate"), "{err}");
+        let cfg = load(
+            "[logs]\nmax_size = \"2MiB\"\nkeep = 5\nretain = \"1h\"\n[replicas]\nuser = \"root\"\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.settings.logs.max_size, 2 << 20);
+        assert_eq!(cfg.settings.logs.keep, 5);
+        assert_eq!(cfg.settings.logs.retain, Duration::from_secs(3600));
+        assert_eq!(cfg.settings.user.map(|u| u.uid), Some(0));
+        let cfg = load("").unwrap();
+        assert_eq!(cfg.settings.logs, xce_worker::LogPolicy::default());
+        assert!(cfg.settings.user.is_none());
     }
 
     #[test]

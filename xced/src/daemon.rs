@@ -58,6 +58,37 @@ pub(crate) fn reload_tokens_on_sighup(
     Ok(())
 }
 
+/// For a daemon with nothing to reload: a SIGHUP (a terminal closing, an operator's
+/// habit) is logged and ignored instead of ending the process, which would leave its
+/// replicas to init. Installed before anything runs.
+pub(crate) fn ignore_sighup(what: &'static str) -> Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = signal(SignalKind::hangup()).context("installing a SIGHUP handler")?;
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            tracing::info!(daemon = what, "SIGHUP: nothing to reload here; ignored");
+        }
+    });
+    Ok(())
+}
+
+/// The program a worker starts beside each replica to write its rotating log: this
+/// binary, as `xced replica-log`.
+pub(crate) fn log_writer() -> Result<PathBuf> {
+    std::env::current_exe().context("finding the xced binary (it writes the replicas' logs)")
+}
+
+/// Opens the embedded store `<data_dir>/controller.redb`, its owner's alone (0600, also
+/// when an older version made it readable to all).
+pub(crate) fn open_redb(data_dir: &std::path::Path) -> Result<xce_store::RedbStore> {
+    let path = data_dir.join("controller.redb");
+    let store = xce_store::RedbStore::open(&path)
+        .with_context(|| format!("opening the store in {}", data_dir.display()))?;
+    xce_stdx::atomic_file::make_private(&path)
+        .with_context(|| format!("making {} private", path.display()))?;
+    Ok(store)
+}
+
 /// The line tests and scripts read to find the apiserver (also when listening on port 0).
 pub(crate) fn announce(addr: SocketAddr, tls: bool) {
     let scheme = if tls { "https" } else { "http" };

@@ -84,7 +84,7 @@ fn host_ip(first: Ipv4Addr, i: u16) -> Result<Ipv4Addr> {
 
 pub(crate) async fn run(args: DevArgs) -> Result<()> {
     let hosts: Vec<String> = (1..=args.hosts).map(|i| format!("exec-{i:02}")).collect();
-    std::fs::create_dir_all(&args.data_dir)
+    xce_stdx::atomic_file::private_dir(&args.data_dir, 0o700)
         .with_context(|| format!("creating --data-dir {}", args.data_dir.display()))?;
     let DevCredentials {
         tokens,
@@ -100,9 +100,11 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
         crate::daemon::reload_tokens_on_sighup(keyring.clone(), path, move || {
             completion.complete(crate::daemon::load_tokens(&completion.path)?)
         })?;
+    } else {
+        // No tokens file, nothing to reload: a closed terminal must not end the cluster.
+        crate::daemon::ignore_sighup("xced dev")?;
     }
-    let store = xce_store::RedbStore::open(args.data_dir.join("controller.redb"))
-        .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
+    let store = crate::daemon::open_redb(&args.data_dir)?;
     let (tls_files, ca_file) = dev_tls(&args)?;
     // Served over TLS exactly when there is a certificate to serve.
     let tls = tls_files.is_some();
@@ -308,6 +310,10 @@ impl DevWorkers {
                 data_dir: args.data_dir.join("workers").join(host),
                 stop_timeout: Duration::from_secs(5),
                 facts_interval: Duration::from_secs(30),
+                replicas: xce_worker::ReplicaSettings {
+                    log_writer: Some(crate::daemon::log_writer()?),
+                    ..Default::default()
+                },
             };
             tasks.spawn(run_worker(wcfg, plugins, stopped.clone()));
         }

@@ -19,9 +19,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use xce_controller::ControllerConfig;
 use xce_serve::keyring::Keyring;
-use xce_store::{
-    Election, EtcdStore, Leadership, Maintained, RedbStore, StoreSpec, DEFAULT_PREFIX,
-};
+use xce_store::{Election, EtcdStore, Leadership, Maintained, StoreSpec, DEFAULT_PREFIX};
 use xce_worker::{ShutdownMode, WorkerConfig};
 
 /// Run the xce daemons.
@@ -81,10 +79,36 @@ enum Cmd {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Copy standard input to a replica's log file, rotating it (what a worker starts
+    /// beside each replica; not for operators).
+    #[command(hide = true)]
+    ReplicaLog {
+        /// The largest size of one file, in bytes.
+        #[arg(long)]
+        max_size: u64,
+        /// Files kept, the current one included.
+        #[arg(long)]
+        keep: u32,
+        /// The log file.
+        file: PathBuf,
+    },
 }
 
 fn main() -> std::process::ExitCode {
+    // Whatever the umask it was started with (often 022): every file and directory a
+    // daemon makes (data dirs, logs holding the audit log, stores, credentials) is its
+    // user's alone. Replicas inherit it, and make private files too unless they say
+    // otherwise.
+    rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
     let cli = Cli::parse();
+    if let Cmd::ReplicaLog {
+        max_size,
+        keep,
+        file,
+    } = &cli.cmd
+    {
+        return replica_log(*max_size, *keep, file);
+    }
     // Not a daemon: no log, no runtime; its output is the point.
     if let Cmd::Token { cmd } = cli.cmd {
         return match token::run(cmd) {
@@ -174,15 +198,38 @@ fn init_tracing(dev_log: Option<&std::path::Path>) {
     }
 }
 
-/// Opens (appends to) a log file, creating its directory.
-fn open_log(path: &std::path::Path) -> std::io::Result<std::fs::File> {
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
+/// `xced replica-log`: a replica's output (standard input) into its rotating log file,
+/// until the replica and everything it started are gone.
+fn replica_log(max_size: u64, keep: u32, file: &std::path::Path) -> std::process::ExitCode {
+    let policy = xce_worker::LogPolicy {
+        max_size,
+        keep,
+        retain: std::time::Duration::ZERO,
+    };
+    match xce_worker::write_rotating(std::io::stdin().lock(), file, policy) {
+        Ok(_) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xced replica-log {}: {e}", file.display());
+            std::process::ExitCode::FAILURE
+        }
     }
-    std::fs::OpenOptions::new()
+}
+
+/// Opens (appends to) a log file (0600: it holds the audit log), creating its directory
+/// (0700).
+fn open_log(path: &std::path::Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        xce_stdx::atomic_file::private_dir(dir, 0o700)?;
+    }
+    let f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(path)
+        .mode(0o600)
+        .open(path)?;
+    // One an older version made readable to all is made private.
+    xce_stdx::atomic_file::make_private(path)?;
+    Ok(f)
 }
 
 async fn run(cli: Cli) -> Result<()> {
@@ -200,6 +247,7 @@ async fn run(cli: Cli) -> Result<()> {
         } => run_apiserver(config, tokens, store).await,
         Cmd::Worker { config } => run_worker(config).await,
         Cmd::Token { cmd } => token::run(cmd),
+        Cmd::ReplicaLog { .. } => unreachable!("handled before the runtime starts"),
     }
 }
 
@@ -286,10 +334,9 @@ async fn run_controller(
     if let Some(endpoints) = endpoints {
         return run_elected(&cfg, ccfg, tokens, endpoints, &mut signals).await;
     }
-    std::fs::create_dir_all(&cfg.data_dir)
+    xce_stdx::atomic_file::private_dir(&cfg.data_dir, 0o700)
         .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
-    let store = RedbStore::open(cfg.data_dir.join("controller.redb"))
-        .with_context(|| format!("opening the store in {}", cfg.data_dir.display()))?;
+    let store = daemon::open_redb(&cfg.data_dir)?;
     tracing::info!(data_dir = %cfg.data_dir.display(), "store: embedded redb");
     let plugins = plugins::controller_plugins(cfg.address.clone(), cfg.endpoints.clone());
     let tls = ccfg.tls.is_some();
@@ -656,8 +703,14 @@ async fn run_worker(path: PathBuf) -> Result<()> {
         data_dir: cfg.data_dir.clone(),
         stop_timeout: cfg.stop_timeout,
         facts_interval: cfg.facts_interval,
+        replicas: xce_worker::ReplicaSettings {
+            log_writer: Some(daemon::log_writer()?),
+            ..cfg.settings.clone()
+        },
     };
     let plugins = plugins::worker_plugins(cfg.address, cfg.ports)?;
+    // Nothing of a worker is re-read: a SIGHUP (a closed terminal) is logged, never fatal.
+    daemon::ignore_sighup("xced worker")?;
     // A worker that stops leaves its replicas running: a restarted worker re-adopts them.
     xce_worker::run(wcfg, plugins, async {
         daemon::shutdown_signal().await;

@@ -200,6 +200,7 @@ pub struct Fleet {
 impl Fleet {
     pub fn new(etcd: EtcdCluster, workers: usize, apiservers: usize) -> Result<Self> {
         let dir = tempfile::tempdir()?;
+        let owner = Owner::within(dir.path());
         let block = IpBlock::claim();
         let controller_ports = [free_port(), free_port()];
         let apiserver_ports: Vec<u16> = (0..apiservers).map(|_| free_port()).collect();
@@ -242,7 +243,7 @@ impl Fleet {
             apiserver_ports,
             first_ip: block.first(),
             _block: block,
-            owner: Owner::new(),
+            owner,
             controllers: [None, None],
             workers: Vec::new(),
             etcd: Some(etcd),

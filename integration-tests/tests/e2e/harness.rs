@@ -126,9 +126,10 @@ impl IpBlock {
     }
 }
 
-/// The environment variable that ties a process to the cluster that started it: every
-/// daemon a cluster starts gets it ([`Owner::mark`]), and their replicas inherit it (a
-/// worker passes its environment on), as does anything a replica starts. Not `XCE_…`:
+/// The environment variable that ties a daemon to the cluster that started it: every
+/// daemon a cluster starts gets it ([`Owner::mark`]). Replicas do not inherit it (a
+/// worker gives them a clean environment): they are known by their working directory,
+/// their job directory inside the cluster's temp dir ([`Owner::within`]). Not `XCE_…`:
 /// the daemons warn of an `XCE_` variable that is none of their settings.
 pub const OWNER_VAR: &str = "E2E_CLUSTER_OWNER";
 
@@ -140,9 +141,31 @@ pub const OWNER_VAR: &str = "E2E_CLUSTER_OWNER";
 #[derive(Debug)]
 pub struct Owner {
     id: String,
+    /// The cluster's temp dir: a process working inside it (a replica in its job
+    /// directory, a replica's log writer, what a replica started) is the cluster's.
+    dir: Option<PathBuf>,
+}
+
+/// Every cluster dir of this test process ([`Owner::within`]), for
+/// [`kill_replica_listening_on`].
+static CLUSTER_DIRS: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// Whether process `pid` works inside one of `dirs` (`/proc/<pid>/cwd`).
+fn works_in(pid: &Path, dirs: &[PathBuf]) -> bool {
+    std::fs::read_link(pid.join("cwd")).is_ok_and(|cwd| dirs.iter().any(|d| cwd.starts_with(d)))
 }
 
 impl Owner {
+    /// An owner whose processes are also those working inside `dir` (its replicas).
+    pub fn within(dir: &Path) -> Self {
+        let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_owned());
+        CLUSTER_DIRS.lock().unwrap().push(dir.clone());
+        Self {
+            dir: Some(dir),
+            ..Self::new()
+        }
+    }
+
     pub fn new() -> Self {
         static N: AtomicU32 = AtomicU32::new(0);
         let nanos = std::time::SystemTime::now()
@@ -154,6 +177,7 @@ impl Owner {
                 std::process::id(),
                 N.fetch_add(1, Ordering::Relaxed)
             ),
+            dir: None,
         }
     }
 
@@ -162,21 +186,25 @@ impl Owner {
         cmd.env(OWNER_VAR, &self.id)
     }
 
-    /// Live processes that carry the mark (`/proc/<pid>/environ`; a zombie has none).
+    /// Live processes that carry the mark (`/proc/<pid>/environ`; a zombie has none) or
+    /// work inside the cluster's dir.
     pub fn pids(&self) -> Vec<u32> {
         let needle = format!("{OWNER_VAR}={}", self.id);
+        let dirs: Vec<PathBuf> = self.dir.iter().cloned().collect();
         let mut pids = Vec::new();
         for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
             let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
                 continue;
             };
-            let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
+            if pid == std::process::id() {
                 continue;
-            };
-            if environ
-                .split(|&b| b == 0)
-                .any(|var| var == needle.as_bytes())
-            {
+            }
+            let marked = std::fs::read(entry.path().join("environ")).is_ok_and(|environ| {
+                environ
+                    .split(|&b| b == 0)
+                    .any(|var| var == needle.as_bytes())
+            });
+            if marked || works_in(&entry.path(), &dirs) {
                 pids.push(pid);
             }
         }
@@ -478,7 +506,13 @@ impl DevCluster {
     }
 
     pub fn start_with(hosts: u16, demo: bool, extra: &[&str]) -> Result<Self> {
-        Self::start_inner(hosts, demo, extra, None)
+        Self::start_inner(hosts, demo, extra, None, false)
+    }
+
+    /// [`DevCluster::start`] as a user starts it: no `XCE_LOG`, so the full log goes to
+    /// `DATA_DIR/xced.log` (the console, this cluster's `xced.log`, gets warnings).
+    pub fn start_logging_to_file(hosts: u16, demo: bool) -> Result<Self> {
+        Self::start_inner(hosts, demo, &[], None, true)
     }
 
     /// [`DevCluster::start`] with the daemon's open-file limit set to `(soft, hard)` before
@@ -495,7 +529,7 @@ impl DevCluster {
     }
 
     pub fn start_with_nofile(hosts: u16, soft: u64, hard: u64) -> Result<Self> {
-        Self::start_inner(hosts, false, &[], Some((soft, hard)))
+        Self::start_inner(hosts, false, &[], Some((soft, hard)), false)
     }
 
     fn start_inner(
@@ -503,11 +537,12 @@ impl DevCluster {
         demo: bool,
         extra: &[&str],
         nofile: Option<(u64, u64)>,
+        file_log: bool,
     ) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         let block = IpBlock::claim();
         let first_ip = block.first();
-        let owner = Owner::new();
+        let owner = Owner::within(dir.path());
         let client_config = dir.path().join("xcecli.toml");
         // A limit for xced alone: prlimit(1) sets it on itself and execs xced (same pid).
         let mut cmd = match nofile {
@@ -533,6 +568,7 @@ impl DevCluster {
             .env_remove("XCE_API")
             .env_remove("XCE_TOKEN")
             .env_remove("XCE_CONFIG")
+            .env_remove("RUST_LOG")
             .env("XCE_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -541,6 +577,9 @@ impl DevCluster {
             )?));
         if demo {
             cmd.arg("--demo");
+        }
+        if file_log {
+            cmd.env_remove("XCE_LOG");
         }
         let mut child = cmd.spawn().context("spawning xced dev")?;
         let lines = spawn_line_reader(&mut child);
@@ -688,7 +727,7 @@ pub fn stderr(o: &Output) -> String {
 
 /// Kills the process listening on `addr` (a replica), found through its command line.
 /// The demo replicas run `python3 -m http.server PORT --bind IP`. Only a process that a
-/// cluster of this test process started (its [`OWNER_VAR`] names this process) is a
+/// cluster of this test process started (it works in one of its cluster dirs) is a
 /// candidate: whatever else runs on the machine is left alone.
 pub fn kill_replica_listening_on(addr: &str) -> Result<u32> {
     let (ip, port) = addr.rsplit_once(':').context("addr:port")?;
@@ -707,7 +746,7 @@ pub fn kill_replica_listening_on(addr: &str) -> Result<u32> {
             std::fs::read(entry.path().join("environ")).is_ok_and(|env| {
                 env.split(|&b| b == 0)
                     .any(|var| var.starts_with(ours.as_bytes()))
-            })
+            }) || works_in(&entry.path(), &CLUSTER_DIRS.lock().unwrap())
         };
         if cmdline.contains(&needle) && marked() {
             signal(pid, libc::SIGKILL);
@@ -841,11 +880,12 @@ impl Cluster {
             )?;
         }
         let api = Api::new(&format!("http://127.0.0.1:{port}"), ADMIN);
+        let owner = Owner::within(dir.path());
         let mut c = Self {
             dir,
             first_ip,
             _block: block,
-            owner: Owner::new(),
+            owner,
             controller: None,
             workers: Vec::new(),
             api,
@@ -911,12 +951,26 @@ impl Cluster {
     }
 
     pub fn start_worker(&mut self, i: usize) -> Result<()> {
-        let child = self
-            .owner
-            .mark(&mut Command::new(bin("xced")))
+        let config = self.dir.path().join(format!("worker-{i}.toml"));
+        self.start_worker_with(i, &config, |_| {})
+    }
+
+    /// [`Cluster::start_worker`] with another config file, and `adjust` changing the
+    /// command first (its working directory, its environment).
+    pub fn start_worker_with(
+        &mut self,
+        i: usize,
+        config: &Path,
+        adjust: impl FnOnce(&mut Command),
+    ) -> Result<()> {
+        let mut cmd = Command::new(bin("xced"));
+        self.owner
+            .mark(&mut cmd)
             .arg("worker")
             .arg("--config")
-            .arg(self.dir.path().join(format!("worker-{i}.toml")))
+            .arg(config);
+        adjust(&mut cmd);
+        let child = cmd
             .env("XCE_LOG", "info")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -1489,4 +1543,41 @@ fn teardown_kills_what_carries_the_mark_and_nothing_else() {
     teardown([&mut other], &theirs);
     let _ = unmarked.kill();
     let _ = unmarked.wait();
+}
+
+/// Replicas carry no mark (a clean environment): the teardown knows them by their working
+/// directory inside the cluster's dir, also once their worker is gone, and leaves a
+/// process working elsewhere alone.
+#[test]
+fn teardown_kills_what_works_inside_the_cluster_dir() {
+    let (inside, elsewhere) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let job_dir = inside.path().join("worker-0/jobs/j-1");
+    std::fs::create_dir_all(&job_dir).unwrap();
+    let owner = Owner::within(inside.path());
+    let sleep_in = |dir: &Path| {
+        Command::new("sleep")
+            .arg("600")
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut replica = sleep_in(&job_dir);
+    let mut other = sleep_in(elsewhere.path());
+    let start = Instant::now();
+    while !owner.pids().contains(&replica.id()) {
+        assert!(start.elapsed() < patience(), "{:?}", owner.pids());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    teardown([], &owner);
+    assert!(
+        replica.wait().is_ok_and(|s| !s.success()),
+        "the replica was killed"
+    );
+    assert!(
+        other.try_wait().unwrap().is_none(),
+        "a process elsewhere lives on"
+    );
+    let _ = other.kill();
+    let _ = other.wait();
 }

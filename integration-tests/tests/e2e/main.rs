@@ -29,6 +29,7 @@ mod reliability_watch;
 mod restart;
 mod rollout;
 mod rotation;
+mod sandbox;
 mod scale;
 mod shutdown;
 mod tls;

@@ -152,7 +152,7 @@ impl TlsCluster {
                 served.key.display(),
             ),
         )?;
-        let owner = Owner::new();
+        let owner = Owner::within(d);
         let mut controller = owner
             .mark(&mut Command::new(bin("xced")))
             .arg("controller")

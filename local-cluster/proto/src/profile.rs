@@ -90,6 +90,9 @@ pub struct Profile {
     pub update: UpdatePolicy,
     /// `[service.meta]`: free string labels (validated by `meta`).
     pub meta: std::collections::BTreeMap<String, String>,
+    /// `[service.env]`: the replicas' own environment variables (validated by `env`);
+    /// shared like `command`.
+    pub env: Arc<std::collections::BTreeMap<String, String>>,
     /// What one replica takes of the plugins' resources (for quotas), by name.
     pub quantities: std::collections::BTreeMap<String, u64>,
     /// The whole `[service]` table as JSON (plugin sections included), as stored.
@@ -140,6 +143,7 @@ const HOST_KEYS: &[&str] = &[
     "drain",
     "update",
     "meta",
+    "env",
 ];
 
 /// The parts of a profile that do not change what a replica runs: a change of only these
@@ -238,6 +242,7 @@ pub fn validate(doc: &Value, plugins: &[&dyn ResourcePlugin]) -> Result<Profile,
     };
 
     let meta = meta::parse(svc.get("meta"), &mut errs);
+    let env = env::parse(svc.get("env"), &mut errs);
 
     if errs.is_empty() {
         Ok(Profile {
@@ -249,6 +254,7 @@ pub fn validate(doc: &Value, plugins: &[&dyn ResourcePlugin]) -> Result<Profile,
             drain,
             update,
             meta,
+            env: Arc::new(env),
             quantities: sections.quantities,
             raw: Value::Object(svc.clone()),
         })
@@ -734,7 +740,9 @@ fn parse_update(u: &Map<String, Value>, errs: &mut Vec<FieldError>) -> UpdatePol
     }
 }
 
+mod env;
 mod meta;
+pub use env::{MAX_ENV_NAME, MAX_ENV_VALUE, MAX_ENV_VARS};
 pub use meta::{MAX_KEY_LEN, MAX_LABELS, MAX_VALUE_BYTES};
 
 #[cfg(test)]

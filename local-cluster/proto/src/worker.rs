@@ -323,10 +323,19 @@ pub struct Assignment {
     /// How to probe readiness; `None`: ready as soon as the process runs. Shared like
     /// `command`.
     pub readiness: Option<Arc<Readiness>>,
+    /// The profile's `[service.env]`: variables the replica gets besides its `XCE_*` ones.
+    /// Shared like `command`; absent on the wire when empty (and from a controller that
+    /// predates it).
+    #[serde(default, skip_serializing_if = "env_is_empty")]
+    pub env: Arc<std::collections::BTreeMap<String, String>>,
     /// Resource grants by plugin name (for the launch hooks).
     pub grants: Grants,
     /// Run or stop.
     pub desired: Desired,
+}
+
+fn env_is_empty(env: &Arc<std::collections::BTreeMap<String, String>>) -> bool {
+    env.is_empty()
 }
 
 /// The host's whole desired set. Jobs the worker runs that are not listed are orphans

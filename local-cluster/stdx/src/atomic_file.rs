@@ -1,20 +1,39 @@
 //! Replacing a file atomically, for every file a daemon or the CLI rewrites (the worker's
 //! `jobs.json` and identity files, `xced dev`'s client config): after a crash at any point
-//! the path holds either the old content or the new, never a torn or empty file.
+//! the path holds either the old content or the new, never a torn or empty file. Every
+//! file and directory made here is its owner's alone (0600 / 0700), whatever the umask.
 
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-/// Replaces `path` with `bytes`: readable as the umask allows (mode 0o666 before it).
+/// Replaces `path` with `bytes`, readable by its owner only (mode 0o600, whatever the
+/// umask): a daemon's state (job lists, identities) is nobody else's business, least of
+/// all a replica's running as another user.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    write_with_mode(path, bytes, 0o666)
+    write_with_mode(path, bytes, 0o600)
 }
 
-/// Replaces `path` with `bytes`, readable by its owner only (mode 0o600): for files that
-/// hold a secret.
+/// [`write_atomic`], named for the callers whose file holds a secret (a token).
 pub fn write_atomic_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    write_with_mode(path, bytes, 0o600)
+    write_atomic(path, bytes)
+}
+
+/// Makes `dir` (and missing parents, 0o700) and gives it `mode` (0o700 for a daemon's
+/// data dir), whatever the umask and whatever an older version left there.
+pub fn private_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+}
+
+/// Gives an existing file mode 0o600 (a store file an older version made 0o644, a file a
+/// library created as the umask allowed).
+pub fn make_private(path: &Path) -> std::io::Result<()> {
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
 }
 
 /// Writes a temp file beside `path` (same directory, so the rename cannot cross a
@@ -29,6 +48,8 @@ fn write_with_mode(path: &Path, bytes: &[u8], mode: u32) -> std::io::Result<()> 
             .truncate(true)
             .mode(mode)
             .open(&tmp)?;
+        // A temp file left over by a crash keeps its old mode on open: set it.
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
         f.write_all(bytes)?;
         f.sync_all()?;
         drop(f);
@@ -56,7 +77,6 @@ fn temp_path(path: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
 
     #[test]
     fn replaces_the_file_and_leaves_no_temp_file() {
@@ -73,12 +93,39 @@ mod tests {
     }
 
     #[test]
-    fn a_private_file_is_readable_by_its_owner_only() {
+    fn every_atomic_file_is_readable_by_its_owner_only() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("client.toml");
-        write_atomic_private(&path, b"token").unwrap();
-        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o600);
+        for (name, write) in [
+            ("client.toml", write_atomic_private as fn(&Path, &[u8]) -> _),
+            ("jobs.json", write_atomic),
+        ] {
+            let path = dir.path().join(name);
+            // A leftover temp file of another mode does not lend it its mode.
+            std::fs::write(temp_path(&path), b"").unwrap();
+            std::fs::set_permissions(temp_path(&path), std::fs::Permissions::from_mode(0o644))
+                .unwrap();
+            write(&path, b"token").unwrap();
+            let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o600, "{name}");
+        }
+    }
+
+    #[test]
+    fn a_private_dir_is_0700_also_when_it_was_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("a/b");
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+        private_dir(&data, 0o700).unwrap();
+        let mode = std::fs::metadata(&data).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        let fresh = dir.path().join("c/d");
+        private_dir(&fresh, 0o711).unwrap();
+        let parent = std::fs::metadata(dir.path().join("c"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(parent & 0o777, 0o700);
     }
 
     #[test]

@@ -18,6 +18,7 @@ use super::config::{collect_facts, ShutdownMode, WorkerConfig, WorkerPlugins};
 use super::control::{assignments_loop, facts_loop, heartbeat_loop, register, Reported};
 use super::events::Outbox;
 use super::identity::Identity;
+use super::logs;
 use super::msg::Msg;
 use super::probe;
 use super::process;
@@ -59,6 +60,8 @@ pub(crate) struct Agent {
     client: Client,
     jobs_path: PathBuf,
     logs: PathBuf,
+    /// Where the job directories are (`data_dir/jobs`).
+    job_dirs: PathBuf,
     jobs: BTreeMap<JobId, Job>,
     /// Exits not acknowledged yet (kept on disk until they are).
     exits: BTreeMap<JobId, JobRecord>,
@@ -114,14 +117,49 @@ fn log_start(cfg: &WorkerConfig, facts: &HostFacts) {
     );
 }
 
-/// The replicas' log directory in the data dir, created, as an absolute path: the path
-/// is reported to the controller and shown to operators, who do not know the worker's
-/// working directory.
-fn logs_dir(cfg: &WorkerConfig) -> anyhow::Result<PathBuf> {
+fn private_dir(dir: &Path, mode: u32) -> anyhow::Result<()> {
     use anyhow::Context as _;
+    xce_stdx::atomic_file::private_dir(dir, mode)
+        .with_context(|| format!("creating {} (mode {mode:o})", dir.display()))
+}
+
+/// The data dir (0700), the replicas' log directory (0700) and the job directories'
+/// parent, as absolute paths: the log path is reported to the controller and shown to
+/// operators, who do not know the worker's working directory. When the replicas run as
+/// another user, the data dir and `jobs/` are 0711: that user may pass through them to
+/// its own job directory, but list and open nothing else.
+fn make_dirs(cfg: &WorkerConfig) -> anyhow::Result<(PathBuf, PathBuf)> {
+    use anyhow::Context as _;
+    let passable = if cfg.replicas.user.is_some() {
+        0o711
+    } else {
+        0o700
+    };
+    private_dir(&cfg.data_dir, passable)?;
     let logs = cfg.data_dir.join("logs");
-    std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
-    std::fs::canonicalize(&logs).with_context(|| format!("resolving {}", logs.display()))
+    private_dir(&logs, 0o700)?;
+    let jobs = cfg.data_dir.join("jobs");
+    private_dir(&jobs, passable)?;
+    let abs =
+        |p: &Path| std::fs::canonicalize(p).with_context(|| format!("resolving {}", p.display()));
+    Ok((abs(&logs)?, abs(&jobs)?))
+}
+
+/// Replicas can run as another user only when the worker may switch users.
+fn check_user(cfg: &WorkerConfig) -> anyhow::Result<()> {
+    let Some(u) = &cfg.replicas.user else {
+        return Ok(());
+    };
+    let euid = rustix::process::geteuid().as_raw();
+    if euid != 0 && euid != u.uid {
+        anyhow::bail!(
+            "[replicas] user = {:?} needs a worker running as root (it runs as uid {euid}): \
+             only root can start processes as another user",
+            u.name
+        );
+    }
+    tracing::info!(user = %u.name, uid = u.uid, gid = u.gid, "replicas run as another user");
+    Ok(())
 }
 
 /// Locks the data dir (`worker.lock`, held while the file is open): two workers on one
@@ -129,8 +167,16 @@ fn logs_dir(cfg: &WorkerConfig) -> anyhow::Result<PathBuf> {
 fn lock_data_dir(cfg: &WorkerConfig) -> anyhow::Result<std::fs::File> {
     use anyhow::Context as _;
     let lock_path = cfg.data_dir.join("worker.lock");
-    let lock = std::fs::File::create(&lock_path)
-        .with_context(|| format!("creating {}", lock_path.display()))?;
+    let lock = {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(&lock_path)
+    }
+    .with_context(|| format!("creating {}", lock_path.display()))?;
     if !super::sys::try_lock(&lock).with_context(|| format!("locking {}", lock_path.display()))? {
         anyhow::bail!(
             "data dir {} is in use by another worker",
@@ -151,7 +197,8 @@ impl Agent {
             .await
             .context("collecting host facts")?;
         log_start(&cfg, &facts);
-        let logs = logs_dir(&cfg)?;
+        check_user(&cfg)?;
+        let (logs, job_dirs) = make_dirs(&cfg)?;
         let lock = lock_data_dir(&cfg)?;
         // Under the lock: no other worker process reads or writes the identity files.
         let identity = Arc::new(Identity::load(&cfg.data_dir)?);
@@ -174,6 +221,7 @@ impl Agent {
             client,
             jobs_path,
             logs,
+            job_dirs,
             jobs: BTreeMap::new(),
             exits: BTreeMap::new(),
             ended: BTreeSet::new(),
@@ -196,6 +244,7 @@ impl Agent {
         for rec in records {
             agent.readopt(rec);
         }
+        agent.retain_ended_at_start();
         agent.persist()?;
         agent.publish_running();
         Ok(agent)
@@ -396,7 +445,18 @@ impl Agent {
             return Ok(());
         };
         let log = process::log_path(&self.logs, &a.job);
-        let spawned = match process::spawn(&a.command, &plan.env, &log) {
+        let dir = process::job_dir(&self.job_dirs, &a.job);
+        let launch = process::Launch {
+            argv: &a.command,
+            profile_env: &a.env,
+            env: &plan.env,
+            dir: &dir,
+            log: &log,
+            settings: &self.cfg.replicas,
+        };
+        let started = process::make_job_dir(&dir, self.cfg.replicas.user.as_ref())
+            .and_then(|()| process::spawn(&launch));
+        let spawned = match started {
             Ok(s) => s,
             Err(e) => {
                 self.start_failed(a, &e, &log);
@@ -474,7 +534,47 @@ impl Agent {
             cause,
             Some(log.display().to_string()),
         ));
+        self.retain_from_now(&a.job);
         self.ended.insert(a.job);
+    }
+
+    /// The files of `job` (its logs, its job directory).
+    fn files_of(&self, job: &str) -> logs::JobFiles {
+        logs::JobFiles {
+            log: process::log_path(&self.logs, job),
+            dir: process::job_dir(&self.job_dirs, job),
+        }
+    }
+
+    /// `job` just ended: its files go `retain` from now.
+    fn retain_from_now(&self, job: &str) {
+        let at = tokio::time::Instant::now() + self.cfg.replicas.logs.retain;
+        logs::remove_at(self.files_of(job), at);
+    }
+
+    /// Files of jobs that ended before this worker started (nothing of this worker runs
+    /// them) go `retain` after they were last written, which is when their job ended.
+    fn retain_ended_at_start(&self) {
+        let mut ended = logs::logged_jobs(&self.logs);
+        for e in std::fs::read_dir(&self.job_dirs)
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if let Some(name) = e.file_name().to_str() {
+                ended.insert(name.to_owned());
+            }
+        }
+        let running: BTreeSet<String> = self.jobs.keys().map(|j| logs::safe_name(j)).collect();
+        let now = (std::time::SystemTime::now(), tokio::time::Instant::now());
+        for job in ended.difference(&running) {
+            let files = self.files_of(job);
+            let ended_at = files.last_written().unwrap_or(now.0);
+            let left = (ended_at + self.cfg.replicas.logs.retain)
+                .duration_since(now.0)
+                .unwrap_or_default();
+            logs::remove_at(files, now.1 + left);
+        }
     }
 
     /// Takes a just-spawned replica into the jobs: its exit watcher and its readiness
@@ -495,6 +595,9 @@ impl Agent {
             ready,
             exited: None,
         };
+        if let Some(writer) = spawned.writer {
+            process::reap(writer);
+        }
         let pidfd = Arc::new(spawned.pidfd);
         let (watcher, stop) = self.spawn_watcher(&record, pidfd.clone(), Some(spawned.child));
         let prober = self.spawn_prober(&record, false);
@@ -609,6 +712,7 @@ impl Agent {
             tracing::debug!(exits = recorded.len(), "recorded exits together");
         }
         for (job, cause) in recorded {
+            self.retain_from_now(&job);
             let log = self.log_of(&job);
             self.outbox.push(WorkerEvent::exited(job, cause, Some(log)));
         }

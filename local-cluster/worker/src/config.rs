@@ -2,6 +2,8 @@
 //! replicas when it shuts down.
 
 use plugin_api::{FactsError, HostFacts, HostFactsProvider, LaunchHook};
+
+use super::logs::LogPolicy;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,6 +34,48 @@ pub struct WorkerConfig {
     pub stop_timeout: Duration,
     /// How often the host facts are re-read (and reported if they changed).
     pub facts_interval: Duration,
+    /// How replicas are started and their output kept.
+    pub replicas: ReplicaSettings,
+}
+
+/// How the worker starts replicas and keeps their output (`[replicas]` and `[logs]` in the
+/// worker config).
+#[derive(Debug, Clone, Default)]
+pub struct ReplicaSettings {
+    /// Run the replicas as this user instead of the worker's own (`[replicas] user`).
+    pub user: Option<RunAs>,
+    /// Rotation and retention of the replicas' logs (`[logs]`).
+    pub logs: LogPolicy,
+    /// The program that writes and rotates a replica's output, run as `PROGRAM
+    /// replica-log --max-size N --keep K FILE` (`xced` itself). `None`: a replica appends
+    /// to its log file itself, which then does not rotate (the library's own tests).
+    pub log_writer: Option<PathBuf>,
+}
+
+/// The user replicas run as, resolved from its name when the worker starts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunAs {
+    /// The user's name.
+    pub name: String,
+    /// Its user id.
+    pub uid: u32,
+    /// Its primary group id (its only group: supplementary groups are cleared).
+    pub gid: u32,
+}
+
+impl RunAs {
+    /// Looks `name` up in the system's user database.
+    pub fn lookup(name: &str) -> Result<Self, String> {
+        match nix::unistd::User::from_name(name) {
+            Ok(Some(u)) => Ok(Self {
+                name: name.to_owned(),
+                uid: u.uid.as_raw(),
+                gid: u.gid.as_raw(),
+            }),
+            Ok(None) => Err(format!("no user {name:?} on this host (create it, e.g. `useradd --system --no-create-home {name}`)")),
+            Err(e) => Err(format!("cannot look user {name:?} up: {e}")),
+        }
+    }
 }
 
 impl WorkerConfig {
@@ -50,6 +94,7 @@ impl WorkerConfig {
             data_dir: data_dir.into(),
             stop_timeout: DEFAULT_STOP_TIMEOUT,
             facts_interval: DEFAULT_FACTS_INTERVAL,
+            replicas: ReplicaSettings::default(),
         }
     }
 }
@@ -64,6 +109,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("data_dir", &self.data_dir)
             .field("stop_timeout", &self.stop_timeout)
             .field("facts_interval", &self.facts_interval)
+            .field("replicas", &self.replicas)
             .finish()
     }
 }

@@ -13,7 +13,9 @@
 //! - `data_dir/jobs.json` is written (atomically) before the controller hears of a start
 //!   or an exit, so a restarted worker re-adopts what runs and re-reports what ended.
 //! - Replicas never depend on the worker process: own process group, output to
-//!   `data_dir/logs/<job>.log`, stdin from /dev/null.
+//!   `data_dir/logs/<job>.log` through a writer process of their own, stdin from /dev/null.
+//! - Replicas see nothing of the worker: a clean environment, their own job directory
+//!   (`data_dir/jobs/<job>`), optionally another user; the worker's files are 0600/0700.
 #![warn(missing_docs)]
 
 mod agent;
@@ -22,6 +24,7 @@ mod config;
 mod control;
 mod events;
 mod identity;
+mod logs;
 mod msg;
 mod probe;
 mod process;
@@ -35,9 +38,10 @@ mod tests;
 use std::future::Future;
 
 pub use config::{
-    collect_facts, ShutdownMode, WorkerConfig, WorkerPlugins, DEFAULT_FACTS_INTERVAL,
-    DEFAULT_STOP_TIMEOUT,
+    collect_facts, ReplicaSettings, RunAs, ShutdownMode, WorkerConfig, WorkerPlugins,
+    DEFAULT_FACTS_INTERVAL, DEFAULT_STOP_TIMEOUT,
 };
+pub use logs::{parse_size, write_rotating, LogPolicy};
 
 /// Runs the worker until `shutdown` resolves, then detaches from or stops the replicas as
 /// it says.

@@ -74,6 +74,7 @@ mod tests {
             replica: 0,
             command: vec!["true".into()].into(),
             readiness: None,
+            env: Default::default(),
             grants: plugin_api::Grants::new(),
             desired,
         }

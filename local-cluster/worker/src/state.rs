@@ -164,6 +164,7 @@ mod tests {
                     failure_threshold: 1,
                     success_threshold: 1,
                 })),
+                env: Default::default(),
                 grants: [(
                     "ports".to_owned(),
                     serde_json::json!({"http": 20417}).into(),

@@ -424,6 +424,7 @@ fn assignment(
         replica: 0,
         command: command.into(),
         readiness: readiness.map(Into::into),
+        env: Default::default(),
         grants: plugin_api::Grants::from([("fake", grant.into())]),
         desired,
     }
@@ -998,7 +999,7 @@ fn config_debug_redacts_the_credential() {
     let cfg = WorkerConfig::new(HOST, "http://127.0.0.1:7480", "s3cret", "/var/lib/xce");
     let shown = format!("{cfg:?}");
     assert!(!shown.contains("s3cret"), "{shown}");
-    expect_test::expect![[r#"WorkerConfig { host: "exec-01", controller: "http://127.0.0.1:7480", credential: "<redacted>", ca_file: None, data_dir: "/var/lib/xce", stop_timeout: 10s, facts_interval: 30s }"#]]
+    expect_test::expect![[r#"WorkerConfig { host: "exec-01", controller: "http://127.0.0.1:7480", credential: "<redacted>", ca_file: None, data_dir: "/var/lib/xce", stop_timeout: 10s, facts_interval: 30s, replicas: ReplicaSettings { user: None, logs: LogPolicy { max_size: 10485760, keep: 3, retain: 86400s }, log_writer: None } }"#]]
         .assert_eq(&shown);
 }
 

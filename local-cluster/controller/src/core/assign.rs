@@ -6,6 +6,7 @@
 
 use plugin_api::Grants;
 use serde::{Serialize, Serializer};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use xce_model::JobRec;
 use xce_proto::profile::Readiness;
@@ -31,6 +32,8 @@ pub(crate) struct JobAssignment {
     pub(crate) command: Arc<Vec<String>>,
     /// Its generation's readiness probe.
     pub(crate) readiness: Option<Arc<Readiness>>,
+    /// Its generation's `[service.env]`.
+    pub(crate) env: Arc<BTreeMap<String, String>>,
     /// Run or stop.
     pub(crate) desired: Desired,
 }
@@ -44,6 +47,8 @@ struct Wire<'a> {
     replica: u32,
     command: &'a [String],
     readiness: Option<&'a Readiness>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    env: &'a BTreeMap<String, String>,
     grants: &'a Grants,
     desired: Desired,
 }
@@ -78,6 +83,7 @@ impl JobAssignment {
             replica: info.replica,
             command: &self.command,
             readiness: self.readiness.as_deref(),
+            env: &self.env,
             grants: &info.grants,
             desired: self.desired,
         }
@@ -94,6 +100,7 @@ impl JobAssignment {
             && self.desired == o.desired
             && (Arc::ptr_eq(&self.command, &o.command) || self.command == o.command)
             && self.readiness == o.readiness
+            && (Arc::ptr_eq(&self.env, &o.env) || self.env == o.env)
             && (Arc::ptr_eq(&self.rec, &o.rec) || a.grants == b.grants)
     }
 
@@ -108,6 +115,7 @@ impl JobAssignment {
             replica: info.replica,
             command: self.command.clone(),
             readiness: self.readiness.clone(),
+            env: self.env.clone(),
             grants: info.grants.clone(),
             desired: self.desired,
         }
@@ -155,6 +163,12 @@ mod tests {
                     success_threshold: 1,
                 })
             }),
+            // One job with variables, one without (absent on the wire).
+            env: Arc::new(if readiness {
+                BTreeMap::from([("RUST_LOG".to_owned(), "info".to_owned())])
+            } else {
+                BTreeMap::new()
+            }),
             desired: Desired::Stop,
         }
     }
@@ -173,6 +187,11 @@ mod tests {
         assert_eq!(back, a.to_wire());
         assert!(
             ours.contains("\"command\":[\"sh\",\"-c\",\"exec web\"]"),
+            "{ours}"
+        );
+        assert_eq!(
+            ours.matches("\"env\":{\"RUST_LOG\":\"info\"}").count(),
+            1,
             "{ours}"
         );
     }
@@ -198,6 +217,11 @@ mod tests {
             ..a.clone()
         };
         assert!(!a.same(&other_command));
+        let other_env = JobAssignment {
+            env: Arc::new(BTreeMap::new()),
+            ..a.clone()
+        };
+        assert!(!a.same(&other_env));
         let mut regranted = JobRec::clone(&a.rec);
         regranted.info.grants.remove("address");
         assert!(!a.same(&JobAssignment {

@@ -652,6 +652,19 @@ fn stored_profile(plugins: &[Box<dyn ResourcePlugin>], s: &ServiceInfo, raw: &Va
     }
 }
 
+/// The string variables of a stored `env` table that no longer validates as a whole.
+fn fallback_env(raw: &Value) -> std::collections::BTreeMap<String, String> {
+    raw.get("env")
+        .and_then(Value::as_object)
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                .filter(|(k, _)| !k.to_ascii_uppercase().starts_with("XCE_"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// A profile from the stored JSON when it no longer validates (plugins reconfigured):
 /// keep running the command, without readiness.
 fn fallback_profile(s: &ServiceInfo, raw: &Value) -> Profile {
@@ -673,6 +686,9 @@ fn fallback_profile(s: &ServiceInfo, raw: &Value) -> Profile {
         drain: profile::DEFAULT_DRAIN,
         update: profile::UpdatePolicy::default(),
         meta: Default::default(),
+        // What the replicas ran with, as far as it still reads (their environment is
+        // part of what they run).
+        env: Arc::new(fallback_env(raw)),
         quantities: Default::default(),
         raw: raw.clone(),
     }

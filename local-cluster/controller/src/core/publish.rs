@@ -37,6 +37,7 @@ impl Core {
             rec: j.clone(),
             command: p.command.clone(),
             readiness: p.readiness.clone(),
+            env: p.env.clone(),
             desired: if j.effective_state() == JobState::Stopping {
                 Desired::Stop
             } else {

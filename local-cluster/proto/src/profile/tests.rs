@@ -353,3 +353,43 @@ fn meta_labels() {
         expect_test::expect!["service.meta: must be a table of string labels"],
     );
 }
+
+#[test]
+fn env_variables() {
+    let with = |env: Value| json!({"service": {"name": "web", "command": ["x"], "env": env}});
+    let p = validate(
+        &with(json!({"RUST_LOG": "info", "_x1": "", "PATH": "/opt/app/bin:/usr/bin"})),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(
+        format!("{:?}", p.env),
+        r#"{"PATH": "/opt/app/bin:/usr/bin", "RUST_LOG": "info", "_x1": ""}"#
+    );
+    assert!(validate(&with(json!({})), &[]).unwrap().env.is_empty());
+    let many: serde_json::Map<String, Value> =
+        (0..65).map(|i| (format!("V{i}"), json!("v"))).collect();
+    check(
+        with(Value::Object(many)),
+        expect_test::expect!["service.env: at most 64 variables (got 65)"],
+    );
+    check(
+        with(json!({
+            "XCE_PORT_HTTP": "1", "xce_job_id": "j-1", "1ST": "a", "A-B": "b", "": "c",
+            "N": 1, "BIG": "x".repeat(4097), "NUL": "a\u{0}b", "FITS": "x".repeat(4096),
+        })),
+        expect_test::expect![[r#"
+            service.env.: variable names are 1-128 characters of A-Z, a-z, 0-9 and '_', not starting with a digit
+            service.env.1ST: variable names are 1-128 characters of A-Z, a-z, 0-9 and '_', not starting with a digit
+            service.env.A-B: variable names are 1-128 characters of A-Z, a-z, 0-9 and '_', not starting with a digit
+            service.env.BIG: value must be at most 4096 bytes (got 4097)
+            service.env.N: value must be a string
+            service.env.NUL: value must not contain NUL
+            service.env.XCE_PORT_HTTP: XCE_ variables are set by the worker (ports, addresses, the job's identity)
+            service.env.xce_job_id: XCE_ variables are set by the worker (ports, addresses, the job's identity)"#]],
+    );
+    check(
+        with(json!("A=b")),
+        expect_test::expect!["service.env: must be a table of string values (NAME = \"value\")"],
+    );
+}
