@@ -479,11 +479,17 @@ async fn the_web_view_follows_a_killed_replica_and_shows_a_tenant_only_its_own()
             "the page requested {u}"
         );
     }
-    for path in ["/v1/services", "/v1/hosts"] {
+    // bob lacks host.view: the hosts are refused him (and the page says so), his
+    // services are not.
+    for (path, want) in [("/v1/services", 200), ("/v1/hosts", 403)] {
         let (st, _, body) = bob.get(path).await.unwrap();
-        assert_eq!(st, 200, "{path}");
+        assert_eq!(st, want, "{path}: {body}");
         check_no_team_a(&body, &web_addrs).unwrap();
     }
+    assert!(
+        page.contains("lacks host.view"),
+        "bob's page says why it shows no hosts"
+    );
     let mut got = Vec::new();
     // Whatever the stream sent bob up to now: the snapshot, and no event of team-a's change.
     while let Ok(Some(chunk)) =

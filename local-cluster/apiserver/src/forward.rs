@@ -12,7 +12,7 @@ use axum::extract::FromRequestParts as _;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
-use plugin_api::{ApiError, ApiExtension, Parked, Principal};
+use plugin_api::{ApiError, ApiExtension, Parked, Principal, PrincipalKind};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -121,15 +121,20 @@ impl Forwarder {
         let who = Principal::from_request_parts(parts, &())
             .await
             .map_err(IntoResponse::into_response)?;
-        let places = self
-            .extensions
-            .iter()
-            .filter_map(|e| e.park(&who))
-            .collect::<Result<Vec<_>, ApiError>>()
-            .map_err(|e| {
-                self.metrics.forwarded("over_watcher_cap");
-                e.into_response()
-            })?;
+        // A worker's assignments poll (when workers talk through apiservers) is its
+        // host's protocol, one per host: carried by the pool, but no user's watcher.
+        let places = if matches!(who.kind, PrincipalKind::Worker { .. }) {
+            Vec::new()
+        } else {
+            self.extensions
+                .iter()
+                .filter_map(|e| e.park(&who))
+                .collect::<Result<Vec<_>, ApiError>>()
+                .map_err(|e| {
+                    self.metrics.forwarded("over_watcher_cap");
+                    e.into_response()
+                })?
+        };
         let seat = self.parked.seat().inspect_err(|_| {
             self.metrics.forwarded("parked_pool_full");
             tracing::debug!(principal = %who.name, "parked request refused: the pool to the leader is full");
