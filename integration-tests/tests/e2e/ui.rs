@@ -34,8 +34,10 @@ const API_META: &str = "[service.meta]\nnote = \"<img src=x onerror=\\\"window._
 const ALICE: &str = "ui-alice-7d41c2e98b3f5a06";
 const BOB: &str = "ui-bob-2a9e6f13c85d0b74";
 
+/// alice also sees the hosts (`host.view`); bob does not, and his page says so.
 fn tokens() -> String {
-    token(ALICE, "alice", &own("team-a")) + &token(BOB, "bob", &own("team-b"))
+    let [view, submit] = own("team-a");
+    token(ALICE, "alice", &[view, submit, ("host.view", "*")]) + &token(BOB, "bob", &own("team-b"))
 }
 
 /// Headless Chromium under chromedriver, both ended with the test.
