@@ -342,6 +342,11 @@ async fn a_flood_of_parked_detail_queries_through_an_apiserver_leaves_other_requ
     fleet.start_workers(1).unwrap();
     let api = fleet.apiserver(0);
     wait_for_hosts_of(&api, 1).expect("1 ready host through the apiserver");
+    // The apiserver's own /metrics is gated like the controller's.
+    let (st, msg) = answer(&api, "", "/metrics").await;
+    assert_eq!(st, 401, "apiserver /metrics without a token: {msg}");
+    let (st, msg) = answer(&api, BOB, "/metrics").await;
+    assert!(st == 403 && msg.contains("metrics.view"), "{st} {msg}");
     assert_eq!(
         api.submit_toml(&http_service("web", 1).toml())
             .await

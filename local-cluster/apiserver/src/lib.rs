@@ -392,7 +392,8 @@ mod tests {
             tls: None,
             ca_file: None,
             leader_tls: false,
-            metrics: Default::default(),
+            // These tests read /metrics without a token; the gate is the e2e tests'.
+            metrics: xce_serve::auth::MetricsConfig { public: true },
         };
         let plugins = ApiserverPlugins {
             listeners: vec![],
