@@ -6,7 +6,7 @@
 
 use super::leader::Seen;
 use super::metrics::Metrics;
-use super::parked::{is_parked, ParkedPool, Seat};
+use super::parked::{self, is_parked, ParkedPool, Seat};
 use axum::body::{Body, Bytes};
 use axum::extract::FromRequestParts as _;
 use axum::extract::{Request, State};
@@ -135,9 +135,10 @@ impl Forwarder {
                     e.into_response()
                 })?
         };
-        let seat = self.parked.seat().inspect_err(|_| {
+        let seat = self.parked.seat().ok_or_else(|| {
             self.metrics.forwarded("parked_pool_full");
             tracing::debug!(principal = %who.name, "parked request refused: the pool to the leader is full");
+            parked::full()
         })?;
         Ok(Held {
             seat,

@@ -66,17 +66,15 @@ impl ParkedPool {
     }
 
     /// A place on the first lane with room (so few connections are opened while few
-    /// requests park), or the refusal when every lane is full.
-    pub(super) fn seat(&self) -> Result<Seat, Response> {
-        for lane in self.lanes.iter() {
-            if let Ok(place) = lane.room.clone().try_acquire_owned() {
-                return Ok(Seat {
-                    http: lane.http.clone(),
-                    _place: place,
-                });
-            }
-        }
-        Err(full())
+    /// requests park); `None` when every lane is full (answer [`full`]).
+    pub(super) fn seat(&self) -> Option<Seat> {
+        self.lanes.iter().find_map(|lane| {
+            let place = lane.room.clone().try_acquire_owned().ok()?;
+            Some(Seat {
+                http: lane.http.clone(),
+                _place: place,
+            })
+        })
     }
 
     /// Parked requests forwarded now.
@@ -90,7 +88,7 @@ impl ParkedPool {
 }
 
 /// 429 `too_many_watchers` with `Retry-After`: every place of the pool is taken.
-fn full() -> Response {
+pub(super) fn full() -> Response {
     let mut resp = ApiError::new(
         StatusCode::TOO_MANY_REQUESTS,
         "too_many_watchers",
@@ -149,13 +147,13 @@ mod tests {
     fn a_full_pool_refuses_at_once_and_a_freed_place_is_reused() {
         let pool = ParkedPool::new(|| Ok(reqwest::Client::new())).unwrap();
         let seats: Vec<Seat> = (0..CONNECTIONS * STREAMS)
-            .map(|_| pool.seat().ok().expect("room"))
+            .map(|_| pool.seat().expect("room"))
             .collect();
         assert_eq!(pool.in_use(), CONNECTIONS * STREAMS);
-        let refused = pool.seat().err().expect("full");
-        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(pool.seat().is_none(), "full");
+        assert_eq!(full().status(), StatusCode::TOO_MANY_REQUESTS);
         drop(seats);
         assert_eq!(pool.in_use(), 0);
-        assert!(pool.seat().is_ok());
+        assert!(pool.seat().is_some());
     }
 }

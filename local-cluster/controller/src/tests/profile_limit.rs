@@ -5,7 +5,6 @@
 
 use super::app::{app_on, App, ADMIN, W1};
 use super::fakes::versioned;
-use http::StatusCode;
 use serde_json::Value;
 use std::sync::Arc;
 use xce_proto::profile::MAX_PROFILE_BYTES;
