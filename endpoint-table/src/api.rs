@@ -3,10 +3,10 @@
 
 use crate::config::TableConfig;
 use crate::entry::Entry;
-use crate::metrics::Metrics;
+use crate::metrics::{Kind, Metrics};
 use crate::queue::{Queue, Update};
 use crate::shared::{pump, Shared};
-use plugin_api::{ApiContext, ApiExtension, ServiceKey};
+use plugin_api::{ApiContext, ApiError, ApiExtension, Parked, Principal, ServiceKey};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// The apiserver side of the endpoint table: register it as an [`ApiExtension`].
@@ -114,5 +114,14 @@ impl ApiExtension for EndpointApi {
     /// clients resume elsewhere with `Last-Event-ID`), later ones do not wait.
     fn drain(&self) {
         self.shared.draining.send_replace(true);
+    }
+
+    /// The host's parked detail queries share the endpoint queries' and streams' caps.
+    fn park(&self, principal: &Principal) -> Option<Result<Parked, ApiError>> {
+        Some(
+            self.shared
+                .watcher(principal, Kind::Detail)
+                .map(|g| Box::new(g) as Parked),
+        )
     }
 }

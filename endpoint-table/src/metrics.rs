@@ -35,6 +35,9 @@ pub(crate) enum Kind {
     Stream,
     /// `GET /v1/endpoints/stream`, every service on one stream.
     AllServices,
+    /// A blocking query on a service's detail (`GET /v1/services/{name}?index=`), which
+    /// the host serves or forwards and counts here ([`plugin_api::ApiExtension::park`]).
+    Detail,
 }
 
 impl EncodeLabelValue for Kind {
@@ -44,11 +47,12 @@ impl EncodeLabelValue for Kind {
             Kind::Blocking => "blocking",
             Kind::Stream => "stream",
             Kind::AllServices => "all_services",
+            Kind::Detail => "detail",
         })
     }
 }
 
-/// The label set of the watcher metrics: `{kind="blocking"|"stream"|"all_services"}`.
+/// The label set of the watcher metrics: `{kind="blocking"|"stream"|"all_services"|"detail"}`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub(crate) struct KindLabel {
     kind: Kind,

@@ -323,7 +323,8 @@ impl Shared {
     pub(crate) fn recipient(&self, rx: &watch::Receiver<Slot>, kind: Kind) -> Recipient {
         let slot = rx.borrow();
         let tracker = match kind {
-            Kind::Blocking => slot.blocking.clone(),
+            // A detail query never registers (it watches no entry of the table).
+            Kind::Blocking | Kind::Detail => slot.blocking.clone(),
             Kind::Stream | Kind::AllServices => slot.streams.clone(),
         };
         drop(slot);

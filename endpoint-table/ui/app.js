@@ -144,16 +144,32 @@ async function api(path) {
     cache: "no-store",
   });
   if (r.status === 401) throw new Refused("token refused");
+  if (r.status === 403) throw new Forbidden(path);
   if (!r.ok) throw new Error(path + ": " + r.status);
   return r.json();
 }
 
+// A 403: the token lacks the permission (GET /v1/hosts needs host.view).
+class Forbidden extends Error {}
+
+// The hosts, or null when the token may not see them (host.view): the page shows the
+// services all the same.
+async function hostsOrNull() {
+  try {
+    return await api("/v1/hosts");
+  } catch (e) {
+    if (e instanceof Forbidden) return null;
+    throw e;
+  }
+}
+
 async function refreshLists(epoch) {
   try {
-    const [s, h] = await Promise.all([api("/v1/services"), api("/v1/hosts")]);
+    const [s, h] = await Promise.all([api("/v1/services"), hostsOrNull()]);
     if (epoch !== state.epoch) return;
     state.services = Array.isArray(s.services) ? s.services : [];
-    state.hosts = Array.isArray(h.hosts) ? h.hosts : [];
+    state.hostsHidden = h === null;
+    state.hosts = h && Array.isArray(h.hosts) ? h.hosts : [];
     if (!state.selected && state.services.length) {
       state.selected = keyOf(state.services[0].project, state.services[0].name);
     }
@@ -427,7 +443,9 @@ function renderHosts() {
       el("td", { class: "num" }, h.jobs ?? ""),
       poolCell));
   }
-  $("hosts-count").textContent = state.token ? "(" + state.hosts.length + ")" : "";
+  $("hosts-count").textContent = !state.token ? ""
+    : state.hostsHidden ? "(this token lacks host.view)"
+    : "(" + state.hosts.length + ")";
 }
 
 function render(changed) {

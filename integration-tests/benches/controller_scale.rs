@@ -785,6 +785,7 @@ impl Cluster {
         let text = self
             .http
             .get(format!("{}/metrics", self.base))
+            .bearer_auth(ADMIN)
             .send()
             .await?
             .text()

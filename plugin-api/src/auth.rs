@@ -17,6 +17,33 @@ pub enum Permission {
     /// Everything, including host-scoped data.
     #[serde(rename = "admin")]
     Admin,
+    /// Read `/metrics` (cluster-wide: granted on `["*"]`). Its labels name every
+    /// tenant's projects and services, so it is not every token's.
+    #[serde(rename = "metrics.view")]
+    MetricsView,
+    /// Read `GET /v1/hosts` (cluster-wide: granted on `["*"]`): every host's addresses
+    /// and job counts, across tenants.
+    #[serde(rename = "host.view")]
+    HostView,
+}
+
+impl Permission {
+    /// Its name in a tokens file and in refusals.
+    pub fn name(self) -> &'static str {
+        match self {
+            Permission::JobView => "job.view",
+            Permission::JobSubmit => "job.submit",
+            Permission::Admin => "admin",
+            Permission::MetricsView => "metrics.view",
+            Permission::HostView => "host.view",
+        }
+    }
+
+    /// Whether it applies to the whole cluster rather than to projects (granted on
+    /// `["*"]` only).
+    pub fn cluster_wide(self) -> bool {
+        matches!(self, Permission::MetricsView | Permission::HostView)
+    }
 }
 
 /// Who a principal is.

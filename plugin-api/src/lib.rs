@@ -44,5 +44,5 @@ pub use launch::{LaunchContext, LaunchHook, LaunchPlan, LaunchRefusal};
 pub use name::{check_name, InvalidName, MAX_NAME_LEN};
 pub use resource::{PlacementRequest, ResourcePlugin, SectionInfo, Unfit};
 #[cfg(feature = "server")]
-pub use server::ApiExtension;
+pub use server::{ApiExtension, Parked};
 pub use vocab::{FieldError, Grant, GrantError, Grants, HostId, JobId};

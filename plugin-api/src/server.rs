@@ -31,7 +31,21 @@ pub trait ApiExtension: Send + Sync + 'static {
     /// with the current state, a stream ends — and answers later ones without waiting.
     /// May be called more than once; the default does nothing.
     fn drain(&self) {}
+
+    /// Counts a request the host parks itself — a blocking query on a service's detail,
+    /// answered by the host or forwarded to the leader — against the extension's
+    /// per-principal and total watcher caps, for as long as the returned [`Parked`] lives,
+    /// so that every kind of parked request shares one budget. `None`: the extension keeps
+    /// no watcher caps. `Some(Err(_))`: past a cap, the refusal to answer (429).
+    fn park(&self, principal: &Principal) -> Option<Result<Parked, ApiError>> {
+        let _ = principal;
+        None
+    }
 }
+
+/// A parked request's place among an extension's watchers ([`ApiExtension::park`]);
+/// dropping it gives the place back.
+pub type Parked = Box<dyn std::any::Any + Send + Sync>;
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {

@@ -533,8 +533,19 @@ enum Line {
     Note(String),
 }
 
-/// Left-aligned columns separated by two spaces, no trailing blanks.
+/// Left-aligned columns separated by two spaces, no trailing blanks. Every cell and note
+/// has its control characters escaped ([`one_line`]): server text (a `[service.meta]`
+/// value, a host's reason) can neither send escape sequences to the terminal nor forge a
+/// line of the table.
 fn table(headers: &[&str], lines: &[Line]) -> String {
+    let lines: Vec<Line> = lines
+        .iter()
+        .map(|l| match l {
+            Line::Row(cells) => Line::Row(cells.iter().map(|c| one_line(c)).collect()),
+            Line::Note(note) => Line::Note(one_line(note)),
+        })
+        .collect();
+    let lines = &lines;
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for line in lines {
         if let Line::Row(cells) = line {

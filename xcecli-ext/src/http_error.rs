@@ -57,6 +57,22 @@ pub(crate) fn transport_error(url: &Url, err: &reqwest::Error, skipped: &[String
 }
 
 /// A non-2xx answer.
+/// What to ask for after a 403: a cluster-wide permission the message names (`host list`
+/// needs `host.view`), or a project's.
+fn forbidden_hint(message: &str) -> String {
+    match ["host.view", "metrics.view"]
+        .into_iter()
+        .find(|p| message.contains(p))
+    {
+        Some(p) => format!(
+            "your token lacks {p}, a cluster-wide permission: ask an admin for a grant \
+             {{ permission = \"{p}\", projects = [\"*\"] }}"
+        ),
+        None => "your token lacks the permission on this project (e.g. job.submit); ask an admin"
+            .to_owned(),
+    }
+}
+
 pub(crate) fn status_error(url: &Url, status: StatusCode, body: &str) -> CliError {
     let answer = ErrorAnswer::read(status, body);
     match status {
@@ -69,9 +85,7 @@ pub(crate) fn status_error(url: &Url, status: StatusCode, body: &str) -> CliErro
             ErrorKind::Forbidden,
             format!("forbidden: {}", answer.message),
         )
-        .with_hint(
-            "your token lacks the permission on this project (e.g. job.submit); ask an admin",
-        ),
+        .with_hint(forbidden_hint(&answer.message)),
         StatusCode::NOT_FOUND => not_found(url, answer.message),
         StatusCode::CONFLICT if answer.code == "ambiguous" => {
             ambiguous(&answer.message, answer.fields)
@@ -296,6 +310,13 @@ mod tests {
             expect![[r#"
                 exit 1: error: forbidden: job.submit on project team-a required
                 hint: your token lacks the permission on this project (e.g. job.submit); ask an admin"#]],
+        );
+        check_status(
+            403,
+            r#"{"error":{"code":"forbidden","message":"GET /v1/hosts needs the permission host.view (or admin), which \"alice\" does not hold","details":[]}}"#,
+            expect![[r#"
+                exit 1: error: forbidden: GET /v1/hosts needs the permission host.view (or admin), which "alice" does not hold
+                hint: your token lacks host.view, a cluster-wide permission: ask an admin for a grant { permission = "host.view", projects = ["*"] }"#]],
         );
         check_status(
             409,

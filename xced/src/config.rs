@@ -81,6 +81,9 @@ pub(crate) struct ControllerFile {
     pub(crate) tls_cert: Option<PathBuf>,
     #[serde(default)]
     pub(crate) tls_key: Option<PathBuf>,
+    /// `[metrics]`: `public = true` serves `/metrics` without a token.
+    #[serde(default)]
+    pub(crate) metrics: xce_serve::auth::MetricsConfig,
 }
 
 fn d_max_txn_ops() -> usize {
@@ -158,6 +161,9 @@ pub(crate) struct ApiserverFile {
     /// The CA (PEM) that signed the controllers' certificates; the system's roots without.
     #[serde(default)]
     pub(crate) ca_file: Option<PathBuf>,
+    /// `[metrics]`: `public = true` serves `/metrics` without a token.
+    #[serde(default)]
+    pub(crate) metrics: xce_serve::auth::MetricsConfig,
 }
 
 /// `xced worker --config FILE`.

@@ -284,6 +284,7 @@ async fn run_apiserver(
         )?)?,
         ca_file: cfg.ca_file.clone(),
         leader_tls: cfg.leader_tls,
+        metrics: cfg.metrics,
     };
     let mut signals = Signals::new()?;
     let tls = acfg.tls.is_some();
@@ -324,6 +325,7 @@ async fn run_controller(
             &cfg.tls_key,
         )?)?,
         quotas: config::quotas(&cfg)?,
+        metrics: cfg.metrics,
     };
     let endpoints = match store_flag.or(cfg.store.clone()) {
         None | Some(StoreSpec::Redb) => None,
@@ -489,6 +491,10 @@ impl Candidate<'_> {
             self.ccfg.tls.clone(),
             leader_id,
             &self.role,
+            xce_controller::standby::Metrics {
+                auth: Arc::new(self.tokens.clone()),
+                config: self.cfg.metrics,
+            },
         )?;
         tracing::info!(addr = %standby.addr, "standby: serving /healthz and /metrics only");
         let elected = campaign(self.election.clone(), following, signals).await;

@@ -14,7 +14,8 @@ pub(crate) enum TokenCmd {
         #[arg(long, default_value = "user")]
         principal: String,
         /// Grants, comma-separated `PERMISSION:PROJECT` (`job.view`, `job.submit`,
-        /// `admin`; project `*` = all), e.g. `--grant job.view:team-a,job.submit:team-a`.
+        /// `admin`, and the cluster-wide `metrics.view`, `host.view` on `*`; project `*` =
+        /// all), e.g. `--grant job.view:team-a,job.submit:team-a`.
         /// Repeatable.
         #[arg(long, value_delimiter = ',')]
         grant: Vec<String>,
@@ -91,12 +92,19 @@ fn grants(specs: &[String]) -> Result<Vec<Grant>> {
         ))
         .map_err(|_| {
             anyhow::anyhow!(
-                "--grant {spec:?}: unknown permission {perm:?}, expected job.view, job.submit or admin"
+                "--grant {spec:?}: unknown permission {perm:?}, expected job.view, job.submit, admin, metrics.view or host.view"
             )
         })?;
         let project = project.trim();
         if project.is_empty() {
             anyhow::bail!("--grant {spec:?}: the project is empty (use * for all)");
+        }
+        if permission.cluster_wide() && project != "*" {
+            anyhow::bail!(
+                "--grant {spec:?}: {} is cluster-wide: grant it on * ({}:*)",
+                permission.name(),
+                permission.name()
+            );
         }
         match grants.iter_mut().find(|g| g.permission == permission) {
             Some(g) => g.projects.push(project.to_owned()),

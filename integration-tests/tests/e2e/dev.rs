@@ -446,9 +446,11 @@ async fn a_steady_cluster_with_probes_running_changes_nothing_and_wakes_nobody()
     c.api.wait_settled("web", 3).await;
     let (_, headers, _) = c.api.get("/v1/services/web/endpoints").await.unwrap();
     let index = index_of(&headers);
+    // /metrics needs metrics.view: the dev cluster's admin token holds it.
     let metrics = |api: Api| async move {
         api.http
             .get(format!("{}/metrics", api.base))
+            .bearer_auth(&api.token)
             .send()
             .await
             .unwrap()

@@ -23,6 +23,7 @@ mod pause;
 mod prometheus;
 mod reliability;
 mod reliability_flood;
+mod reliability_grants;
 mod reliability_input;
 mod reliability_tenants;
 mod reliability_watch;

@@ -1314,11 +1314,11 @@ async fn tenants_and_workers_cannot_reach_across() {
                 .map(|s| format!("{path}: {s}")),
         );
     }
-    // Lists and host-scoped data.
-    for path in ["/v1/services", "/v1/hosts"] {
+    // Lists, and host-scoped data (bob lacks host.view: refused, naming it).
+    for (path, want) in [("/v1/services", 200), ("/v1/hosts", 403)] {
         surfaces += 1;
         let (st, _, body) = bob.get(path).await.unwrap();
-        assert_eq!(st, 200, "{path}: {body}");
+        assert_eq!(st, want, "{path}: {body}");
         leaked.extend(
             leaks(&body, false)
                 .into_iter()
@@ -1523,11 +1523,16 @@ async fn tenants_and_workers_cannot_reach_across() {
         "{hosts}"
     );
 
-    // /metrics needs no token: does it name services of other tenants?
-    let (_, _, metrics) = c.api.with_token("").get("/metrics").await.unwrap();
-    let metrics_names_alpha = metrics.contains("alpha");
+    // /metrics without a token, or with bob's: refused, so it names no other tenant's
+    // services.
+    let mut metrics_names_alpha = false;
+    for api in [c.api.with_token(""), bob.clone()] {
+        let (st, _, metrics) = api.get("/metrics").await.unwrap();
+        assert!(st == 401 || st == 403, "/metrics: HTTP {st}");
+        metrics_names_alpha |= metrics.contains("alpha");
+    }
     println!(
-        "FIGURE scenario 8 tenancy: surfaces_tried={surfaces} leaked_entries={} identical_404s={identical_404s}/{hidden_paths} cross_project_writes_refused={cross_project_writes_refused}/2 worker_credential_checks={worker_checks} refused={worker_refused} unauthenticated_metrics_names_other_tenants_services={metrics_names_alpha}",
+        "FIGURE scenario 8 tenancy: surfaces_tried={surfaces} leaked_entries={} identical_404s={identical_404s}/{hidden_paths} cross_project_writes_refused={cross_project_writes_refused}/2 worker_credential_checks={worker_checks} refused={worker_refused} tenant_or_anonymous_metrics_names_other_tenants_services={metrics_names_alpha}",
         leaked.len()
     );
     assert!(leaked.is_empty(), "leaked: {leaked:#?}");

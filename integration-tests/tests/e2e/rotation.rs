@@ -13,13 +13,14 @@ const B: &str = "rotation-token-b-0123456789";
 const WATCHERS: usize = 100;
 
 /// `base` (the cluster's own entries) with bob's token B and, `with_a`, alice's token A:
-/// both may view and submit on project `rot`.
+/// both may view and submit on project `rot`, and read `/metrics` (the test reads it).
 fn tokens_file(base: &str, with_a: bool) -> String {
     let entry = |secret: &str, principal: &str| {
         format!(
             "[[token]]\nsecret = \"{secret}\"\nprincipal = \"{principal}\"\n\
              grants = [ {{ permission = \"job.view\", projects = [\"rot\"] }}, \
-             {{ permission = \"job.submit\", projects = [\"rot\"] }} ]\n"
+             {{ permission = \"job.submit\", projects = [\"rot\"] }}, \
+             {{ permission = \"metrics.view\", projects = [\"*\"] }} ]\n"
         )
     };
     let mut text = format!("{base}\n{}", entry(B, "bob"));

@@ -34,8 +34,10 @@ const API_META: &str = "[service.meta]\nnote = \"<img src=x onerror=\\\"window._
 const ALICE: &str = "ui-alice-7d41c2e98b3f5a06";
 const BOB: &str = "ui-bob-2a9e6f13c85d0b74";
 
+/// alice also sees the hosts (`host.view`); bob does not, and his page says so.
 fn tokens() -> String {
-    token(ALICE, "alice", &own("team-a")) + &token(BOB, "bob", &own("team-b"))
+    let [view, submit] = own("team-a");
+    token(ALICE, "alice", &[view, submit, ("host.view", "*")]) + &token(BOB, "bob", &own("team-b"))
 }
 
 /// Headless Chromium under chromedriver, both ended with the test.
@@ -479,11 +481,17 @@ async fn the_web_view_follows_a_killed_replica_and_shows_a_tenant_only_its_own()
             "the page requested {u}"
         );
     }
-    for path in ["/v1/services", "/v1/hosts"] {
+    // bob lacks host.view: the hosts are refused him (and the page says so), his
+    // services are not.
+    for (path, want) in [("/v1/services", 200), ("/v1/hosts", 403)] {
         let (st, _, body) = bob.get(path).await.unwrap();
-        assert_eq!(st, 200, "{path}");
+        assert_eq!(st, want, "{path}: {body}");
         check_no_team_a(&body, &web_addrs).unwrap();
     }
+    assert!(
+        page.contains("lacks host.view"),
+        "bob's page says why it shows no hosts"
+    );
     let mut got = Vec::new();
     // Whatever the stream sent bob up to now: the snapshot, and no event of team-a's change.
     while let Ok(Some(chunk)) =

@@ -6,11 +6,13 @@
 
 use super::leader::Seen;
 use super::metrics::Metrics;
+use super::parked::{self, is_parked, ParkedPool, Seat};
 use axum::body::{Body, Bytes};
+use axum::extract::FromRequestParts as _;
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
-use plugin_api::ApiError;
+use plugin_api::{ApiError, ApiExtension, Parked, Principal, PrincipalKind};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,6 +30,10 @@ pub(super) struct Forwarder {
     pub(super) scheme: &'static str,
     /// The cluster id, as the store said at start (shown by `/healthz`).
     pub(super) cluster_id: Option<Arc<str>>,
+    /// The leader connections of parked requests (`parked.rs`), apart from `http`'s.
+    pub(super) parked: ParkedPool,
+    /// Whose watcher caps a parked request counts against.
+    pub(super) extensions: Vec<Arc<dyn ApiExtension>>,
 }
 
 /// A leader, as the leader key names it.
@@ -42,6 +48,8 @@ struct Target {
 /// One request to forward: its head and body (read whole, so that it can be sent again),
 /// and when to stop waiting for an answer.
 struct Call {
+    /// The client it goes over: the ordinary one, or a parked request's seat's.
+    http: reqwest::Client,
     parts: http::request::Parts,
     body: Bytes,
     deadline: tokio::time::Instant,
@@ -93,22 +101,56 @@ impl Forwarder {
         }
     }
 
-    async fn send(
-        &self,
-        base: &str,
-        parts: &http::request::Parts,
-        body: &Bytes,
-    ) -> reqwest::Result<reqwest::Response> {
+    async fn send(&self, base: &str, call: &Call) -> reqwest::Result<reqwest::Response> {
+        let parts = &call.parts;
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-        let mut req = self
+        let mut req = call
             .http
             .request(parts.method.clone(), format!("{base}{path}"))
-            .body(body.clone());
+            .body(call.body.clone());
         for (name, value) in end_to_end(&parts.headers) {
             req = req.header(name, value);
         }
         req.send().await
     }
+
+    /// Takes a parked request's places: among its caller's watchers (authenticated here,
+    /// before anything goes to the leader), then on the pool. The refusal otherwise
+    /// (401/403, or 429 past a cap or with the pool full), counted.
+    async fn park(&self, parts: &mut http::request::Parts) -> Result<Held, Response> {
+        let who = Principal::from_request_parts(parts, &())
+            .await
+            .map_err(IntoResponse::into_response)?;
+        // A worker's assignments poll (when workers talk through apiservers) is its
+        // host's protocol, one per host: carried by the pool, but no user's watcher.
+        let places = if matches!(who.kind, PrincipalKind::Worker { .. }) {
+            Vec::new()
+        } else {
+            self.extensions
+                .iter()
+                .filter_map(|e| e.park(&who))
+                .collect::<Result<Vec<_>, ApiError>>()
+                .map_err(|e| {
+                    self.metrics.forwarded("over_watcher_cap");
+                    e.into_response()
+                })?
+        };
+        let seat = self.parked.seat().ok_or_else(|| {
+            self.metrics.forwarded("parked_pool_full");
+            tracing::debug!(principal = %who.name, "parked request refused: the pool to the leader is full");
+            parked::full()
+        })?;
+        Ok(Held {
+            seat,
+            _places: places,
+        })
+    }
+}
+
+/// What a parked request holds until its answer is relayed.
+struct Held {
+    seat: Seat,
+    _places: Vec<Parked>,
 }
 
 /// `SCHEME://ADDR` of a leader id `HOST/PID@ADDR`; an unspecified listen address (all
@@ -166,14 +208,26 @@ fn outcome_note(method: &http::Method) -> &'static str {
 /// in the middle — is given up on as soon as the leader watch learns that another one (or
 /// none) leads, or after [`answer_timeout`]: the answer is 503 `no_leader` with
 /// `Retry-After` then, never a transport error.
+///
+/// A parked request (a blocking query) is counted and sent over the parked pool
+/// (`parked.rs`), never over the ordinary client.
 pub(super) async fn forward(State(fwd): State<Forwarder>, req: Request) -> Response {
-    let (parts, body) = req.into_parts();
+    let (mut parts, body) = req.into_parts();
+    let held = if is_parked(&parts) {
+        match fwd.park(&mut parts).await {
+            Ok(held) => Some(held),
+            Err(refusal) => return refusal,
+        }
+    } else {
+        None
+    };
     let Ok(body) = axum::body::to_bytes(body, fwd.body_limit).await else {
         // Rendered in the error shape, with the limit, by the router's `json_errors`.
         return StatusCode::PAYLOAD_TOO_LARGE.into_response();
     };
     let deadline = tokio::time::Instant::now() + answer_timeout(&parts);
     let call = Call {
+        http: held.as_ref().map_or(&fwd.http, |h| &h.seat.http).clone(),
         parts,
         body,
         deadline,
@@ -237,7 +291,7 @@ impl Forwarder {
         leader: &mut watch::Receiver<Seen>,
     ) -> Result<reqwest::Response, Silent> {
         tokio::select! {
-            r = self.send(&target.url, &call.parts, &call.body) => r.map_err(Silent::Failed),
+            r = self.send(&target.url, call) => r.map_err(Silent::Failed),
             () = tokio::time::sleep_until(call.deadline) => Err(Silent::TooLong),
             () = replaced(leader, &target.id) => Err(Silent::Replaced),
         }

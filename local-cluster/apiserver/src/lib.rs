@@ -16,6 +16,7 @@ mod follow;
 mod forward;
 mod leader;
 mod metrics;
+mod parked;
 
 use anyhow::Context;
 use axum::extract::{DefaultBodyLimit, State};
@@ -24,13 +25,14 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Router};
 use forward::{forward, Forwarder};
-use plugin_api::{ApiContext, ApiError, ApiExtension, ClusterListener};
+use plugin_api::{ApiContext, ApiError, ApiExtension, ClusterListener, Principal};
 use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use xce_serve::auth::MetricsConfig;
 use xce_serve::keyring::Keyring;
 use xce_serve::{json_errors, metrics_response};
 use xce_store::{Election, EtcdStore};
@@ -56,6 +58,8 @@ pub struct ApiserverConfig {
     /// Whether the controllers serve TLS (`leader_tls`): requests are forwarded to
     /// `https://` then.
     pub leader_tls: bool,
+    /// Who may read `/metrics` (`[metrics]`).
+    pub metrics: xce_serve::auth::MetricsConfig,
 }
 
 /// The plugins an apiserver hosts: listeners fed from the store's history, and the route
@@ -126,6 +130,8 @@ pub async fn start(
         body_limit: cfg.body_limit,
         scheme: if cfg.leader_tls { "https" } else { "http" },
         cluster_id,
+        parked: parked::ParkedPool::new(|| parked_client(&cfg))?,
+        extensions: plugins.extensions.clone(),
     };
     let ctx = ApiContext {
         auth: Arc::new(keyring),
@@ -136,6 +142,7 @@ pub async fn start(
         &plugins.extensions,
         ctx,
         cfg.body_limit,
+        cfg.metrics,
     );
     let leader = follow_leader(leader_watch).await;
     let (shutdown, stop) = watch::channel(false);
@@ -202,6 +209,20 @@ fn forwarding_client(cfg: &ApiserverConfig) -> anyhow::Result<reqwest::Client> {
         .context("building the HTTP client")
 }
 
+/// A client of the parked pool (`parked.rs`): HTTP/2 only (prior knowledge on `http://`,
+/// ALPN `h2` on `https://`), so that all its requests share one leader connection.
+fn parked_client(cfg: &ApiserverConfig) -> anyhow::Result<reqwest::Client> {
+    let mut tls = control_tls::client::client_config(cfg.ca_file.as_deref())
+        .context("cannot set up TLS for forwarding to the leader")?;
+    tls.alpn_protocols = vec![b"h2".to_vec()];
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(2))
+        .http2_prior_knowledge()
+        .tls_backend_preconfigured(tls)
+        .build()
+        .context("building the HTTP/2 client of parked requests")
+}
+
 /// Reads the leader key once, so the first request finds the leader known, then follows
 /// it with a watch on a task of its own.
 async fn follow_leader(watch: leader::LeaderWatch) -> JoinHandle<()> {
@@ -235,13 +256,19 @@ fn router(
     extensions: &[Arc<dyn ApiExtension>],
     ctx: ApiContext,
     limit: usize,
+    access: MetricsConfig,
 ) -> Router {
+    // Its labels name every tenant's projects and services: `metrics.view` (or `admin`)
+    // unless `[metrics] public = true`.
+    let metrics = move |who: Result<Principal, ApiError>| async move {
+        match access.admit(who) {
+            Ok(()) => metrics_response(&registry),
+            Err(e) => e.into_response(),
+        }
+    };
     let mut app = Router::new()
         .route("/healthz", get(healthz))
-        .route(
-            "/metrics",
-            get(move || async move { metrics_response(&registry) }),
-        )
+        .route("/metrics", get(metrics))
         .fallback(forward)
         .with_state(fwd);
     for ext in extensions {
@@ -365,6 +392,8 @@ mod tests {
             tls: None,
             ca_file: None,
             leader_tls: false,
+            // These tests read /metrics without a token; the gate is the e2e tests'.
+            metrics: xce_serve::auth::MetricsConfig { public: true },
         };
         let plugins = ApiserverPlugins {
             listeners: vec![],

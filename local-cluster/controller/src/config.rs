@@ -33,6 +33,8 @@ pub struct ControllerConfig {
     pub tls: Option<xce_serve::ServerTls>,
     /// Per-project limits on what services declare (`[quotas.*]`).
     pub quotas: quota::Quotas,
+    /// Who may read `/metrics` (`[metrics]`).
+    pub metrics: xce_serve::auth::MetricsConfig,
 }
 
 impl Default for ControllerConfig {
@@ -48,6 +50,7 @@ impl Default for ControllerConfig {
             connections: xce_serve::ConnLimits::default(),
             tls: None,
             quotas: quota::Quotas::default(),
+            metrics: xce_serve::auth::MetricsConfig::default(),
         }
     }
 }

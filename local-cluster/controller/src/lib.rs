@@ -173,6 +173,7 @@ impl Controller {
             registry: Arc::new(registry),
             extensions,
             body_limit: cfg.body_limit,
+            metrics: cfg.metrics,
             shutdown: shutdown_rx,
             cluster_id,
         };

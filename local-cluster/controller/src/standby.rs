@@ -9,7 +9,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use plugin_api::ApiError;
+use plugin_api::{ApiContext, ApiError, Authenticator, Principal};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -17,6 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use xce_serve::auth::MetricsConfig;
 use xce_serve::{metrics_response, ConnLimits};
 
 /// The controller's role in the election, for `/metrics`: one per process, shared by the
@@ -92,6 +93,7 @@ pub fn serve(
     tls: Option<xce_serve::ServerTls>,
     leader: watch::Receiver<Option<String>>,
     role: &Role,
+    metrics: Metrics,
 ) -> anyhow::Result<StandbyServer> {
     let mut registry = Registry::default();
     role.standby();
@@ -100,7 +102,7 @@ pub fn serve(
     let (stop, stopped) = watch::channel(false);
     let (addr, server) = xce_serve::serve(
         listen,
-        router(leader, Arc::new(registry)),
+        router(leader, Arc::new(registry), metrics),
         limits,
         tls,
         stopped,
@@ -117,7 +119,37 @@ impl StandbyServer {
     }
 }
 
-fn router(leader: watch::Receiver<Option<String>>, registry: Arc<Registry>) -> axum::Router {
+/// Who may read a standby's `/metrics`: as on the leader, `metrics.view` (or `admin`)
+/// under the tokens in force, unless `[metrics] public = true`.
+#[derive(Clone)]
+pub struct Metrics {
+    /// The tokens in force.
+    pub auth: Arc<dyn Authenticator>,
+    /// `[metrics]`.
+    pub config: MetricsConfig,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+fn router(
+    leader: watch::Receiver<Option<String>>,
+    registry: Arc<Registry>,
+    access: Metrics,
+) -> axum::Router {
+    let ctx = ApiContext { auth: access.auth };
+    let config = access.config;
+    let metrics = move |who: Result<Principal, ApiError>| async move {
+        match config.admit(who) {
+            Ok(()) => metrics_response(&registry),
+            Err(e) => e.into_response(),
+        }
+    };
     let healthz = {
         let leader = leader.clone();
         move || async move {
@@ -129,11 +161,9 @@ fn router(leader: watch::Receiver<Option<String>>, registry: Arc<Registry>) -> a
     };
     axum::Router::new()
         .route("/healthz", get(healthz))
-        .route(
-            "/metrics",
-            get(move || async move { metrics_response(&registry) }),
-        )
+        .route("/metrics", get(metrics))
         .fallback(move || async move { not_served(leader.borrow().as_deref()) })
+        .layer(axum::Extension(ctx))
 }
 
 /// 503 `standby`, naming the leader, with `Retry-After: 1` (a takeover is quick).
@@ -189,7 +219,12 @@ mod tests {
         let role = Role::default();
         role.standby();
         role.register(&mut registry);
-        let app = router(rx, Arc::new(registry));
+        let registry = Arc::new(registry);
+        let open = Metrics {
+            auth: ApiContext::for_test(Vec::new()).auth,
+            config: MetricsConfig { public: true },
+        };
+        let app = router(rx, registry.clone(), open.clone());
         let mut out = String::new();
         for path in [
             "/healthz",
@@ -212,5 +247,13 @@ mod tests {
             /healthz: 200 standby: following the leader h/1@127.0.0.1:7480
         "#]]
         .assert_eq(&out);
+        // Not public: a standby's metrics need a token like the leader's.
+        let closed = Metrics {
+            config: MetricsConfig { public: false },
+            ..open
+        };
+        let (_, rx) = watch::channel(None);
+        let (status, _) = get(&router(rx, registry, closed), "/metrics").await;
+        assert_eq!(status, 401);
     }
 }

@@ -41,6 +41,7 @@ mod hosts;
 mod identity;
 mod lifecycle;
 mod numbers;
+mod profile_limit;
 mod reports;
 mod restarts;
 mod rollouts;

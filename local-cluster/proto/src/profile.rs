@@ -134,6 +134,12 @@ const MAX_ROLLOUT_DURATION: Duration = Duration::from_secs(3600);
 /// The most replicas one service may ask for.
 pub const MAX_REPLICAS: u64 = 10_000;
 
+/// The largest profile accepted, in bytes: as sent (JSON or TOML), and as JSON once
+/// parsed (what the store keeps). A service's record holds its profile, and a change to a
+/// service is one store transaction, which on etcd must fit one request (1.5 MiB by
+/// default) with the record's other fields and encodings: 256 KiB leaves that room.
+pub const MAX_PROFILE_BYTES: usize = 256 * 1024;
+
 const HOST_KEYS: &[&str] = &[
     "name",
     "project",

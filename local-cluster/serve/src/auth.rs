@@ -425,8 +425,15 @@ impl Tokens {
     /// token relates to a stored digest, never the secret: steering a digest towards a
     /// stored one needs a preimage of SHA-256, and a stored digest alone does not
     /// authenticate (only its secret does). How long a secret is does not show either.
+    ///
+    /// A token shorter than [`MIN_SECRET_CHARS`] is refused before the lookup: no entry
+    /// can be a secret that short (a `secret` is checked when the file loads, but a
+    /// `secret_sha256` could be the hash of a short word, which a prober would guess).
     pub fn find(&self, token: Option<&str>) -> Result<Found, AuthError> {
         let token = token.ok_or(AuthError::Missing)?;
+        if token.chars().count() < MIN_SECRET_CHARS {
+            return Err(AuthError::Invalid);
+        }
         let at = *self
             .digests
             .get(&Digest::of(token))
@@ -522,6 +529,11 @@ fn check_user(entry: &str, principal: &str, grants: &[Grant], problems: &mut Vec
             problems.push(format!(
                 "{entry}.grants[{j}].projects: must list at least one project, none empty"
             ));
+        } else if g.permission.cluster_wide() && g.projects != ["*"] {
+            problems.push(format!(
+                "{entry}.grants[{j}].projects: {} is cluster-wide: grant it on [\"*\"]",
+                g.permission.name()
+            ));
         }
     }
 }
@@ -541,6 +553,49 @@ impl Authenticator for Tokens {
         let found = self.find(token)?;
         Ok(self.principal(found, Credential::fixed()))
     }
+}
+
+/// `[metrics]` of the controller's and the apiserver's config: who may read `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// `true`: `/metrics` answers without a token (a trusted network, a scraper that
+    /// cannot send one). Off by default: the metrics' labels name every tenant's
+    /// projects and services.
+    #[serde(default)]
+    pub public: bool,
+}
+
+impl MetricsConfig {
+    /// Whether `who` (the request's [`Principal`], or why it has none) may read
+    /// `/metrics`: anyone when [`public`](Self::public), else a holder of `metrics.view`
+    /// (or `admin`). The refusal names the permission.
+    pub fn admit(
+        &self,
+        who: Result<Principal, plugin_api::ApiError>,
+    ) -> Result<(), plugin_api::ApiError> {
+        if self.public {
+            return Ok(());
+        }
+        require(&who?, Permission::MetricsView, "/metrics")
+    }
+}
+
+/// Whether `who` holds the cluster-wide `permission` (or `admin`) that `what` needs; a
+/// 403 naming the permission otherwise.
+pub fn require(
+    who: &Principal,
+    permission: Permission,
+    what: &str,
+) -> Result<(), plugin_api::ApiError> {
+    if who.may(permission, "*") {
+        return Ok(());
+    }
+    Err(plugin_api::ApiError::forbidden(format!(
+        "{what} needs the permission {} (or admin), which {:?} does not hold",
+        permission.name(),
+        who.name
+    )))
 }
 
 #[cfg(test)]

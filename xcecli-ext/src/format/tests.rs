@@ -249,6 +249,51 @@ fn ages_read_at_a_glance() {
     .assert_eq(&lines.join("\n"));
 }
 
+/// Issue 27 finding 9: `[service.meta]` values are the submitter's text. With a terminal
+/// escape and a newline in one, a raw table cleared bob's screen and printed a row of a
+/// replica that does not exist; escaped, each row stays one line and no escape reaches
+/// the terminal.
+#[test]
+fn control_characters_in_meta_are_escaped_in_tables() {
+    let forged = WEB.replace(
+        r#""index":42,"#,
+        r#""index":42,"meta":{"team":"\u001b[2J\u001b[31mpay\rx\n9        exec-09  10.6.6.6    http=1\u0007\u009b"},"#,
+    );
+    check(
+        &forged,
+        "table port=http",
+        expect![[r#"
+            REPLICA  HOST     ADDRESS     PORTS       META
+            0        exec-01  127.0.0.11  http=20417  team=\u{1b}[2J\u{1b}[31mpay\rx\n9        exec-09  10.6.6.6    http=1\u{7}\u{9b}
+            1        exec-02  127.0.0.12  http=20533  team=\u{1b}[2J\u{1b}[31mpay\rx\n9        exec-09  10.6.6.6    http=1\u{7}\u{9b}
+        "#]],
+    );
+}
+
+/// Every character a terminal acts on is escaped in any table, whatever column holds
+/// it, and the row count is the row count.
+#[test]
+fn table_cells_and_notes_never_carry_control_characters() {
+    let nasty: String = (0u32..0x20)
+        .chain([0x7f, 0x85, 0x9b])
+        .filter_map(char::from_u32)
+        .collect();
+    let out = super::table(
+        &["A", "B"],
+        &[
+            Line::Row(vec![nasty.clone(), "b".into()]),
+            Line::Note(format!("note{nasty}")),
+        ],
+    );
+    assert_eq!(out.lines().count(), 3, "{out:?}");
+    assert!(
+        !out.trim_end_matches('\n')
+            .chars()
+            .any(|c| c.is_control() && c != '\n'),
+        "{out:?}"
+    );
+}
+
 fn check_list(kind: &str, json: &str, expect: Expect) {
     let actual = match kind {
         "services" => service_list(&serde_json::from_str(json).unwrap()),

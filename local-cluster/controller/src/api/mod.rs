@@ -20,7 +20,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Extension, Router};
-use plugin_api::ApiError;
+use plugin_api::{ApiError, Principal};
 use xce_proto::worker::CLUSTER_HEADER;
 use xce_serve::{json_errors, metrics_response};
 
@@ -73,6 +73,11 @@ async fn healthz(State(st): State<ApiState>) -> Response {
 
 // --- /metrics ---
 
-async fn metrics(State(st): State<ApiState>) -> Response {
-    metrics_response(&st.registry)
+/// Its labels name every tenant's projects and services: `metrics.view` (or `admin`)
+/// unless `[metrics] public = true`.
+async fn metrics(State(st): State<ApiState>, who: Result<Principal, ApiError>) -> Response {
+    match st.metrics.admit(who) {
+        Ok(()) => metrics_response(&st.registry),
+        Err(e) => e.into_response(),
+    }
 }

@@ -19,6 +19,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Duration;
 use xce_model::ServiceState;
+use xce_proto::profile::MAX_PROFILE_BYTES;
 use xce_wire::hosts::{HostAddress, HostAnswer, HostList};
 use xce_wire::services::{
     JobAnswer, LastExit, PendingReplica, ReplicaStatus, Rollout, RolloutState, ServiceDetail,
@@ -213,8 +214,39 @@ fn service_summary(s: &ServiceView) -> ServiceSummary<'_> {
     }
 }
 
-/// Parses a submitted profile: JSON, or TOML with `Content-Type: application/toml`.
+/// Parses a submitted profile: JSON, or TOML with `Content-Type: application/toml`; at
+/// most [`MAX_PROFILE_BYTES`] as sent (413) and as JSON (400), checked before anything
+/// reaches the store.
 fn parse_profile(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
+    if body.len() > MAX_PROFILE_BYTES {
+        return Err(ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "too_large",
+            format!(
+                "the profile is {} bytes, more than the limit of {MAX_PROFILE_BYTES} bytes \
+                 (256 KiB) a profile may have",
+                body.len()
+            ),
+        ));
+    }
+    let doc = parse_profile_text(headers, body)?;
+    let stored = serde_json::to_vec(&doc).map_or(usize::MAX, |v| v.len());
+    if stored > MAX_PROFILE_BYTES {
+        return Err(ApiError::invalid(
+            "invalid profile",
+            vec![FieldError::new(
+                "profile",
+                format!(
+                    "is {stored} bytes as JSON (what the store keeps), more than the limit \
+                     of {MAX_PROFILE_BYTES} bytes (256 KiB) a profile may have"
+                ),
+            )],
+        ));
+    }
+    Ok(doc)
+}
+
+fn parse_profile_text(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
     let ctype = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -470,6 +502,8 @@ async fn get_service(
     let mut rx = st.view.clone();
     let mut shutdown = st.shutdown.clone();
     let project = q.get("project").map(String::as_str);
+    // Its place among the watchers, taken when it first parks, held until it answers.
+    let mut parked = None;
     loop {
         let view = st.view()?;
         let key = resolve(&view, &name, project, &who)?;
@@ -481,6 +515,9 @@ async fn get_service(
                 Json(service_detail(s)).into_response(),
                 s.info.rev,
             ));
+        }
+        if parked.is_none() {
+            parked = Some(st.park(&who)?);
         }
         rx.mark_unchanged();
         tokio::select! {
@@ -551,6 +588,8 @@ fn host_answer(h: &HostView) -> HostAnswer<'_> {
 
 async fn list_hosts(State(st): State<ApiState>, who: Principal) -> Result<Response, ApiError> {
     user(&who)?;
+    // Every host's addresses and job counts, across tenants: not every token's.
+    xce_serve::auth::require(&who, Permission::HostView, "GET /v1/hosts")?;
     let view = st.view()?;
     let answer = HostList {
         cluster: Some(Cow::Borrowed(&st.cluster_id)),

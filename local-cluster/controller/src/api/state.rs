@@ -4,7 +4,7 @@
 use crate::core::{CoreError, View};
 use crate::task::Command;
 use axum::http::StatusCode;
-use plugin_api::{ApiContext, ApiError, ApiExtension, FieldError};
+use plugin_api::{ApiContext, ApiError, ApiExtension, FieldError, Parked, Principal};
 use prometheus_client::registry::Registry;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,6 +30,16 @@ pub(crate) struct ApiState {
     /// The tokens in force (also `ctx.auth`): a refused worker is told whether its secret
     /// is wrong or its host has no `[[worker]]` entry at all.
     pub(crate) keyring: xce_serve::keyring::Keyring,
+    /// Who may read `/metrics`.
+    pub(crate) metrics: xce_serve::auth::MetricsConfig,
+}
+
+impl ApiState {
+    /// Counts a parked request of `who` against the extensions' watcher caps
+    /// ([`ApiExtension::park`]): the places to hold while it waits, or the refusal (429).
+    pub(crate) fn park(&self, who: &Principal) -> Result<Vec<Parked>, ApiError> {
+        self.extensions.iter().filter_map(|e| e.park(who)).collect()
+    }
 }
 
 impl std::fmt::Debug for ApiState {

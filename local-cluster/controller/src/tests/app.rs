@@ -18,6 +18,11 @@ grants = [ { permission = "job.view", projects = ["team-a", "team-b"] },
 secret = "admin-example-secret"
 principal = "admin"
 grants = [ { permission = "admin", projects = ["*"] } ]
+[[token]]
+secret = "ops-example-secret"
+principal = "ops"
+grants = [ { permission = "metrics.view", projects = ["*"] },
+           { permission = "host.view", projects = ["*"] } ]
 [[worker]]
 host = "exec-01"
 secret = "w1-example-secret"
@@ -30,6 +35,7 @@ secret = "w2-example-secret"
 pub(super) const ALICE: &str = "alice-example-secret";
 pub(super) const BOB: &str = "bob-example-secret";
 pub(super) const ADMIN: &str = "admin-example-secret";
+pub(super) const OPS: &str = "ops-example-secret";
 pub(super) const W1: &str = "w1-example-secret";
 pub(super) const W2: &str = "w2-example-secret";
 

@@ -156,9 +156,29 @@ async fn rbac_matrix_across_two_projects() {
             vec!["web-a".to_owned(), "web-b".to_owned()]
         )
     );
-    // Everyone with a user token sees the hosts.
-    let (s, _) = app.get("/v1/hosts", ALICE).await;
-    assert_eq!(s, StatusCode::OK);
+    // The hosts (every tenant's addresses and job counts) need host.view, or admin.
+    let (s, b) = app.get("/v1/hosts", ALICE).await;
+    expect![[r#"403 {"error":{"code":"forbidden","details":[],"message":"GET /v1/hosts needs the permission host.view (or admin), which \"alice\" does not hold"}}"#]].assert_eq(&format!("{} {b}", s.as_u16()));
+    for who in [OPS, ADMIN] {
+        assert_eq!(app.get("/v1/hosts", who).await.0, StatusCode::OK);
+    }
+    // So does /metrics (metrics.view): its labels name every tenant's services.
+    let mut out = Vec::new();
+    for who in [None, Some(ALICE), Some(W1), Some(OPS), Some(ADMIN)] {
+        let (s, b) = app.call("GET", "/metrics", who, None).await;
+        let first = b.lines().next().unwrap_or("");
+        out.push(format!(
+            "{who:?}: {} {}",
+            s.as_u16(),
+            &first[..first.len().min(100)]
+        ));
+    }
+    expect![[r#"
+        None: 401 {"error":{"code":"unauthenticated","details":[],"message":"missing bearer token"}}
+        Some("alice-example-secret"): 403 {"error":{"code":"forbidden","details":[],"message":"/metrics needs the permission metrics.view (or 
+        Some("w1-example-secret"): 403 {"error":{"code":"forbidden","details":[],"message":"/metrics needs the permission metrics.view (or 
+        Some("ops-example-secret"): 200 # HELP xce_jobs Live jobs by state.
+        Some("admin-example-secret"): 200 # HELP xce_jobs Live jobs by state."#]].assert_eq(&out.join("\n"));
     app.ctl.shutdown().await;
 }
 
@@ -354,7 +374,7 @@ async fn service_and_host_answers_have_the_rest_shapes() {
     let (_, detail) = app.get("/v1/services/web", ADMIN).await;
     let (_, list) = app.get("/v1/services", ADMIN).await;
     let (_, hosts) = app.get("/v1/hosts", ADMIN).await;
-    let (_, metrics) = app.call("GET", "/metrics", None, None).await;
+    let (_, metrics) = app.call("GET", "/metrics", Some(OPS), None).await;
     let mut metrics: Vec<&str> = metrics
         .lines()
         .filter(|l| {

@@ -92,7 +92,46 @@ fn unknown_fields_and_permissions_are_rejected() {
     );
     check(
         "[[token]]\nsecret = \"alice-example-secret\"\nprincipal = \"a\"\ngrants = [{permission = \"job.delete\", projects = [\"*\"]}]\n",
-        expect!["tokens file: unknown variant `job.delete`, expected one of `job.view`, `job.submit`, `admin`"],
+        expect!["tokens file: unknown variant `job.delete`, expected one of `job.view`, `job.submit`, `admin`, `metrics.view`, `host.view`"],
+    );
+}
+
+/// Issue 27 finding 9: a `secret_sha256` of a short word must not make that word a
+/// token. The file cannot tell (it holds only the hash), so a presented token shorter
+/// than `MIN_SECRET_CHARS` is refused before the lookup, as a worker's is.
+#[test]
+fn a_short_presented_token_is_refused_even_when_its_hash_is_listed() {
+    let text = format!(
+        "[[token]]\nsecret_sha256 = \"{}\"\nprincipal = \"weak\"\n\
+         [[worker]]\nhost = \"exec-01\"\nsecret_sha256 = \"{}\"\n",
+        sha("letmein"),
+        sha("w1-short"),
+    );
+    let t = Tokens::parse(&text).unwrap();
+    for short in ["letmein", "w1-short", ""] {
+        assert_eq!(t.find(Some(short)), Err(AuthError::Invalid), "{short:?}");
+    }
+    // A listed token of exactly the minimum length still authenticates.
+    let sixteen = "a".repeat(MIN_SECRET_CHARS);
+    let t = Tokens::parse(&format!(
+        "[[token]]\nsecret_sha256 = \"{}\"\nprincipal = \"ok\"\n",
+        sha(&sixteen)
+    ))
+    .unwrap();
+    assert_eq!(t.find(Some(&sixteen)), Ok(Found::User(0)));
+}
+
+/// `metrics.view` and `host.view` are cluster-wide: granted on `["*"]` only.
+#[test]
+fn cluster_wide_permissions_are_granted_on_every_project_only() {
+    check(
+        "[[token]]\nsecret = \"ops-example-secret\"\nprincipal = \"ops\"\n\
+         grants = [{permission = \"metrics.view\", projects = [\"team-a\"]},\
+                   {permission = \"host.view\", projects = [\"*\", \"team-b\"]},\
+                   {permission = \"host.view\", projects = [\"*\"]}]\n",
+        expect![[
+            r#"tokens file: token[0].grants[0].projects: metrics.view is cluster-wide: grant it on ["*"]; token[0].grants[1].projects: host.view is cluster-wide: grant it on ["*"]"#
+        ]],
     );
 }
 
@@ -223,7 +262,7 @@ proptest! {
     fn a_token_matches_iff_it_is_a_secret_or_hashes_to_one(
         entries in proptest::collection::btree_set(secret(), 1..6),
         hashed in proptest::collection::vec(any::<bool>(), 6),
-        probe in prop_oneof![secret(), "[a-z]{0,20}"],
+        probe in prop_oneof![secret(), "[a-z]{16,20}"],
         pick in any::<prop::sample::Index>(),
     ) {
         let entries: Vec<String> = entries.into_iter().collect();
