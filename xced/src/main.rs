@@ -24,11 +24,17 @@ use xce_store::{
 };
 use xce_worker::{ShutdownMode, WorkerConfig};
 
+/// What this binary is: the version and the commit `build.rs` found.
+const BUILD: xce_wire::version::Build = xce_wire::version::Build {
+    version: env!("CARGO_PKG_VERSION"),
+    commit: env!("XCE_COMMIT"),
+};
+
 /// Run the xce daemons.
 #[derive(Debug, Parser)]
 #[command(
     name = "xced",
-    version,
+    version = xce_wire::version::init(BUILD),
     about = "Run the xce controller, a worker agent, or an all-in-one dev cluster"
 )]
 struct Cli {
@@ -84,6 +90,9 @@ enum Cmd {
 }
 
 fn main() -> std::process::ExitCode {
+    // Before anything serves or logs: the version headers, `/healthz` and
+    // `xce_build_info` name this build.
+    xce_wire::version::init(BUILD);
     let cli = Cli::parse();
     // Not a daemon: no log, no runtime; its output is the point.
     if let Cmd::Token { cmd } = cli.cmd {

@@ -97,6 +97,7 @@ pub fn serve(
     role.standby();
     role.register(&mut registry);
     xce_serve::register_tls_metrics(&mut registry);
+    xce_serve::version::register_build_info(&mut registry);
     let (stop, stopped) = watch::channel(false);
     let (addr, server) = xce_serve::serve(
         listen,
@@ -121,10 +122,11 @@ fn router(leader: watch::Receiver<Option<String>>, registry: Arc<Registry>) -> a
     let healthz = {
         let leader = leader.clone();
         move || async move {
-            match leader.borrow().as_deref() {
+            let first = match leader.borrow().as_deref() {
                 Some(id) => format!("standby: following the leader {id}\n"),
                 None => "standby: no leader known yet\n".to_owned(),
-            }
+            };
+            first + &xce_serve::version::health_lines()
         }
     };
     axum::Router::new()

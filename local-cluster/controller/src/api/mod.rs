@@ -54,7 +54,7 @@ pub(crate) fn build(state: ApiState) -> Router {
 /// 200 `ok` while the state task runs (so changes can be committed); 503 once it has
 /// stopped (a store that went stale or cannot write, or shutdown): a load balancer or a
 /// supervisor sees it. The first line is `ok`; the second names the cluster
-/// (`cluster: <id>`), also in the `X-Xce-Cluster` header.
+/// (`cluster: <id>`), also in the `X-Xce-Cluster` header; then `version:` and `commit:`.
 async fn healthz(State(st): State<ApiState>) -> Response {
     if st.tx.is_closed() {
         return ApiError::new(
@@ -66,7 +66,11 @@ async fn healthz(State(st): State<ApiState>) -> Response {
     }
     (
         [(CLUSTER_HEADER, st.cluster_id.to_string())],
-        format!("ok\ncluster: {}\n", st.cluster_id),
+        format!(
+            "ok\ncluster: {}\n{}",
+            st.cluster_id,
+            xce_serve::version::health_lines()
+        ),
     )
         .into_response()
 }
