@@ -21,6 +21,10 @@ pub const PROTOCOL_HEADER: &str = "x-xce-protocol";
 /// The header an apiserver adds with its own protocol version to every request it
 /// forwards to the leader (the client's own `X-Xce-Protocol`, a worker's, passes as it is).
 pub const FORWARDED_PROTOCOL_HEADER: &str = "x-xce-apiserver-protocol";
+/// The header a controller marks a skew refusal with, naming the refused peer
+/// (`worker`, `apiserver`): an apiserver tells its own refusal from a worker's it relays
+/// without reading the body.
+pub const SKEW_HEADER: &str = "x-xce-skew-refused";
 /// The error code of a refusal for a protocol outside the supported skew.
 pub const SKEW_CODE: &str = "version_skew";
 
@@ -69,12 +73,19 @@ pub enum Peer {
     Apiserver,
 }
 
-impl fmt::Display for Peer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl Peer {
+    /// `worker` or `apiserver` (the value of [`SKEW_HEADER`]).
+    pub fn name(self) -> &'static str {
+        match self {
             Peer::Worker => "worker",
             Peer::Apiserver => "apiserver",
-        })
+        }
+    }
+}
+
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 

@@ -10,6 +10,7 @@
 // Visible to the controller: its tests render replica slots with `replica_json` and
 // compare `service_detail` written directly with its tree.
 pub(super) mod services;
+mod skew;
 mod state;
 mod worker;
 
@@ -37,6 +38,8 @@ pub(crate) fn build(state: ApiState) -> Router {
         app = app.merge(ext.router(state.ctx.clone()));
     }
     app.fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        // Before any route does anything: a peer outside the version skew is refused.
+        .layer(axum::middleware::from_fn(skew::check))
         .layer(axum::middleware::map_response(
             move |r: Response| async move { json_errors(r, limit) },
         ))
