@@ -35,6 +35,13 @@ pub enum Update {
         /// The change.
         change: Change,
     },
+    /// The source can no longer follow the controller (it met a record or an event it
+    /// does not understand) and reloads: until the next resync the routes answer 503
+    /// `stale` with `reason`, and open watchers end; never the old entries.
+    Stale {
+        /// Why, for the answers.
+        reason: String,
+    },
 }
 
 /// The pending updates, newest entry per service.
@@ -45,10 +52,20 @@ struct Pending {
     resync: Option<(BTreeMap<ServiceKey, Arc<Entry>>, u64, Instant)>,
     /// Changes not taken yet, by service, with when the oldest of them came.
     changes: BTreeMap<ServiceKey, (Change, Instant)>,
+    /// A stale mark not taken yet (see [`Update::Stale`]), and when it came; it
+    /// supersedes everything pending before it, and a resync supersedes it.
+    stale: Option<(String, Instant)>,
     /// How many pushes there were, ever.
     generation: u64,
     /// The producer is gone.
     closed: bool,
+}
+
+impl Pending {
+    /// Whether anything waits to be taken.
+    fn any(&self) -> bool {
+        self.resync.is_some() || !self.changes.is_empty() || self.stale.is_some()
+    }
 }
 
 /// Updates taken from the queue at once.
@@ -85,6 +102,7 @@ impl Queue {
         let entries = entries.into_iter().map(|e| (e.key(), e)).collect();
         pending.resync = Some((entries, rev, at));
         pending.changes.clear();
+        pending.stale = None;
         pending.generation += 1;
         drop(pending);
         self.notify.notify_one();
@@ -121,6 +139,18 @@ impl Queue {
         self.notify.notify_one();
     }
 
+    /// Queues a stale mark (see [`Update::Stale`]): what was pending is dropped (it came
+    /// from the state the source no longer vouches for).
+    pub(crate) fn push_stale(&self, reason: &str, at: Instant) {
+        let mut pending = self.lock();
+        pending.resync = None;
+        pending.changes.clear();
+        pending.stale = Some((reason.to_owned(), at));
+        pending.generation += 1;
+        drop(pending);
+        self.notify.notify_one();
+    }
+
     /// Marks the producer gone; the consumer ends once it took everything.
     pub(crate) fn close(&self) {
         self.lock().closed = true;
@@ -135,10 +165,13 @@ impl Queue {
     /// Takes everything pending, if anything is.
     pub(crate) fn drain(&self) -> Option<Drained> {
         let mut pending = self.lock();
-        if pending.resync.is_none() && pending.changes.is_empty() {
+        if !pending.any() {
             return None;
         }
         let mut updates = Vec::with_capacity(pending.changes.len() + 1);
+        if let Some((reason, at)) = pending.stale.take() {
+            updates.push((Update::Stale { reason }, at));
+        }
         if let Some((entries, rev, at)) = pending.resync.take() {
             let entries = entries.into_values().collect();
             updates.push((Update::Resync { entries, rev }, at));
@@ -165,7 +198,7 @@ impl Queue {
         loop {
             {
                 let pending = self.lock();
-                if pending.resync.is_some() || !pending.changes.is_empty() {
+                if pending.any() {
                     return true;
                 }
                 if pending.closed {

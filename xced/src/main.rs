@@ -7,6 +7,7 @@
 mod config;
 mod daemon;
 mod dev;
+mod format;
 mod plugins;
 mod tls;
 mod token;
@@ -368,14 +369,27 @@ async fn run_elected(
     // Between terms that could not start: from the retry period, growing up to the
     // lease's TTL while etcd keeps failing the load.
     let mut failed_starts = Backoff::jittered(timings.retry_period, timings.ttl);
+    let gateway =
+        xce_store::etcd::gateway::Gateway::new(candidate.endpoints.clone(), timings.retry_period);
     loop {
-        let Some(leader) = candidate.stand_by(signals).await? else {
+        // Before campaigning: a store a newer release migrated is not this one's to lead.
+        format::refuse_newer(&gateway, DEFAULT_PREFIX)
+            .await
+            .map_err(|e| e.context("this controller does not campaign"))?;
+        let Some(leader) = candidate.stand_by(signals, &gateway).await? else {
             tracing::info!("shutting down (standby)");
             return Ok(());
         };
         let store = candidate.fenced_store(&leader)?;
         let mut term = match candidate.start_term(leader, store).await {
             Ok(term) => term,
+            // Migrated by a newer leader between the last check and the election: it
+            // resigned already (start_term), so another controller can take over.
+            Err(e) if format::is_newer(&e) => {
+                return Err(
+                    e.context("elected, but this controller cannot lead this store; it resigned")
+                )
+            }
             Err(e) => {
                 let pause = failed_starts.next_pause();
                 tracing::error!(error = %format!("{e:#}"), retry_in = ?pause, "elected, but cannot load the state from etcd: stepping aside, campaigning again");
@@ -443,7 +457,11 @@ struct Candidate<'a> {
 impl Candidate<'_> {
     /// Campaigns while serving as a standby: `/healthz` and `/metrics` only, on the
     /// address it will serve the API on, given up when elected. `None`: told to stop.
-    async fn stand_by(&self, signals: &mut Signals) -> Result<Option<Leadership>> {
+    async fn stand_by(
+        &self,
+        signals: &mut Signals,
+        gateway: &xce_store::etcd::gateway::Gateway,
+    ) -> Result<Option<Leadership>> {
         let (following, leader_id) = tokio::sync::watch::channel(None);
         let standby = xce_controller::standby::serve(
             self.cfg.listen,
@@ -453,7 +471,15 @@ impl Candidate<'_> {
             &self.role,
         )?;
         tracing::info!(addr = %standby.addr, "standby: serving /healthz and /metrics only");
-        let elected = campaign(self.election.clone(), following, signals).await;
+        let period = self.cfg.lease_timings().retry_period;
+        let elected = tokio::select! {
+            elected = campaign(self.election.clone(), following, signals) => elected,
+            // A leader of a newer release migrated the store while this one waited: exit
+            // now, as a standby, rather than win an election it cannot serve.
+            refusal = format::watch_newer(gateway, DEFAULT_PREFIX, period) => {
+                Err(refusal.context("this standby stops campaigning and exits; the leader stays in place"))
+            }
+        };
         standby.stop().await;
         elected
     }

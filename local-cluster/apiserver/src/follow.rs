@@ -17,7 +17,7 @@ use retry_backoff::Backoff;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
-use xce_model::{decode_events, events_key, Cluster};
+use xce_model::{check_format, decode_events, decode_format, events_key, format_key, Cluster};
 use xce_store::etcd::gateway::int;
 use xce_store::{EtcdStore, Key, StoreError};
 
@@ -35,6 +35,11 @@ enum End {
     Broken(String),
     /// The history we need is gone, or it does not add up: reload everything.
     Reload(String),
+    /// A record or an event this build does not understand (a newer release wrote it):
+    /// fail closed (the listeners stop serving what they hold), then reload; a store of
+    /// a newer format keeps failing the load, so they stay closed until this apiserver
+    /// is upgraded.
+    NotUnderstood(String),
 }
 
 /// Follows one etcd store (see the module documentation).
@@ -135,13 +140,36 @@ impl Follower {
                 }
                 End::Reload(why) => {
                     tracing::warn!(reason = %why, "follower: reloading the whole state");
-                    while let Err(e) = self.load().await {
-                        let pause = backoff.next_pause();
-                        tracing::warn!(error = %e, retry_in = ?pause, "follower: cannot load the state");
-                        tokio::time::sleep(pause).await;
-                    }
+                    self.reload(&mut backoff).await;
+                }
+                End::NotUnderstood(why) => {
+                    tracing::error!(reason = %why, protocol = xce_wire::version::protocol(), format = xce_model::FORMAT, "follower: the store holds what this apiserver does not understand; answering 503 until it reloads it");
+                    self.stale(&why);
+                    self.reload(&mut backoff).await;
                 }
             }
+        }
+    }
+
+    /// Loads the whole state until a load succeeds. A load that fails marks the listeners
+    /// stale (once): what they hold cannot be vouched for meanwhile.
+    async fn reload(&mut self, backoff: &mut Backoff) {
+        let mut marked = false;
+        while let Err(e) = self.load().await {
+            if !std::mem::replace(&mut marked, true) {
+                self.stale(&e.to_string());
+            }
+            let pause = backoff.next_pause();
+            tracing::error!(error = %e, retry_in = ?pause, "follower: cannot load the state; answering 503 meanwhile");
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// Tells every listener to fail closed (see [`ClusterListener::stale`]).
+    fn stale(&self, reason: &str) {
+        self.metrics.not_understood.inc();
+        for l in &self.listeners {
+            l.stale(reason);
         }
     }
 
@@ -263,14 +291,34 @@ impl Follower {
     }
 
     /// One record change: only the events record matters (the state itself is only read
-    /// whole, at a load).
+    /// whole, at a load), and the format record (a newer format is not understood).
     fn on_record(&mut self, key: &Key, value: Option<&[u8]>) -> Option<End> {
+        if *key == format_key() {
+            let format = value.map(decode_format);
+            return match format {
+                Some(Ok(f)) => check_format(f)
+                    .err()
+                    .map(|e| End::NotUnderstood(e.to_string())),
+                Some(Err(e)) => Some(End::NotUnderstood(format!(
+                    "unreadable store format record: {e}"
+                ))),
+                None => None,
+            };
+        }
         let (true, Some(bytes)) = (*key == events_key(), value) else {
             return None;
         };
+        // An event of a kind, or with a value (a job state), this build does not know is
+        // an error here (serde refuses unknown variants), never skipped: skipping it
+        // would serve a table that misses the change.
         let events = match decode_events(bytes) {
             Ok(e) => e,
-            Err(e) => return Some(End::Reload(format!("unreadable events record: {e}"))),
+            Err(e) => {
+                return Some(End::NotUnderstood(format!(
+                    "an event this apiserver does not understand (written by a newer \
+                     release?): {e}"
+                )))
+            }
         };
         for event in &events {
             if let Err(end) = self.apply(event) {
