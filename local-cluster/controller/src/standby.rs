@@ -212,6 +212,8 @@ mod tests {
             /v1/services: 503 {"error":{"code":"standby","details":[],"message":"this controller is a standby and serves only /healthz and /metrics (no leader is known yet): send requests to the leader or to an apiserver"}}
             /internal/v1/register: 503 {"error":{"code":"standby","details":[],"message":"this controller is a standby and serves only /healthz and /metrics (no leader is known yet): send requests to the leader or to an apiserver"}}
             /healthz: 200 standby: following the leader h/1@127.0.0.1:7480
+            version: 0.1.0
+            commit: unknown
         "#]]
         .assert_eq(&out);
     }

@@ -47,4 +47,5 @@ mod rollouts;
 mod routes;
 mod scale;
 mod settles;
+mod versions;
 mod workers;

@@ -7,6 +7,9 @@ pub mod job_rev;
 pub mod rollout;
 pub mod slots;
 
+#[cfg(test)]
+mod format_tests;
+
 use crate::job_key::JobKey;
 use crate::job_rev::{StoredJob, StoredRev};
 use crate::rollout::Rollout;
