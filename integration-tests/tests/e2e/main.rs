@@ -32,3 +32,4 @@ mod scale;
 mod shutdown;
 mod tls;
 mod ui;
+mod versions;
