@@ -10,6 +10,10 @@ use std::time::Duration;
 use xce_model::{check_format, decode_format, format_key, LoadError};
 use xce_store::etcd::gateway::{b64, unb64, Gateway, Limits};
 
+/// Why an elected controller that found a newer format stops.
+pub(crate) const RESIGNED: &str =
+    "elected, but this controller cannot lead this store; it resigned and exits";
+
 /// How long one read of the format may take.
 const READ_TIMEOUT: Duration = Duration::from_secs(2);
 

@@ -20,6 +20,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use xce_controller::ControllerConfig;
 use xce_serve::keyring::Keyring;
+use xce_store::etcd::gateway::Gateway;
 use xce_store::{
     Election, EtcdStore, Leadership, Maintained, RedbStore, StoreSpec, DEFAULT_PREFIX,
 };
@@ -362,6 +363,7 @@ async fn run_elected(
         cfg,
         ccfg,
         tokens,
+        gateway: Gateway::new(endpoints.clone(), timings.retry_period),
         endpoints,
         election,
         role: xce_controller::standby::Role::default(),
@@ -369,14 +371,8 @@ async fn run_elected(
     // Between terms that could not start: from the retry period, growing up to the
     // lease's TTL while etcd keeps failing the load.
     let mut failed_starts = Backoff::jittered(timings.retry_period, timings.ttl);
-    let gateway =
-        xce_store::etcd::gateway::Gateway::new(candidate.endpoints.clone(), timings.retry_period);
     loop {
-        // Before campaigning: a store a newer release migrated is not this one's to lead.
-        format::refuse_newer(&gateway, DEFAULT_PREFIX)
-            .await
-            .map_err(|e| e.context("this controller does not campaign"))?;
-        let Some(leader) = candidate.stand_by(signals, &gateway).await? else {
+        let Some(leader) = candidate.stand_by(signals).await? else {
             tracing::info!("shutting down (standby)");
             return Ok(());
         };
@@ -385,11 +381,7 @@ async fn run_elected(
             Ok(term) => term,
             // Migrated by a newer leader between the last check and the election: it
             // resigned already (start_term), so another controller can take over.
-            Err(e) if format::is_newer(&e) => {
-                return Err(
-                    e.context("elected, but this controller cannot lead this store; it resigned")
-                )
-            }
+            Err(e) if format::is_newer(&e) => return Err(e.context(format::RESIGNED)),
             Err(e) => {
                 let pause = failed_starts.next_pause();
                 tracing::error!(error = %format!("{e:#}"), retry_in = ?pause, "elected, but cannot load the state from etcd: stepping aside, campaigning again");
@@ -449,6 +441,8 @@ struct Candidate<'a> {
     ccfg: ControllerConfig,
     tokens: Keyring,
     endpoints: Vec<String>,
+    /// The store's etcd, for reading its format (see `format.rs`).
+    gateway: Gateway,
     election: Election,
     /// What the standby and the leader's routes say this controller is.
     role: xce_controller::standby::Role,
@@ -457,11 +451,11 @@ struct Candidate<'a> {
 impl Candidate<'_> {
     /// Campaigns while serving as a standby: `/healthz` and `/metrics` only, on the
     /// address it will serve the API on, given up when elected. `None`: told to stop.
-    async fn stand_by(
-        &self,
-        signals: &mut Signals,
-        gateway: &xce_store::etcd::gateway::Gateway,
-    ) -> Result<Option<Leadership>> {
+    async fn stand_by(&self, signals: &mut Signals) -> Result<Option<Leadership>> {
+        // Before campaigning: a store a newer release migrated is not this one's to lead.
+        format::refuse_newer(&self.gateway, DEFAULT_PREFIX)
+            .await
+            .map_err(|e| e.context("this controller does not campaign"))?;
         let (following, leader_id) = tokio::sync::watch::channel(None);
         let standby = xce_controller::standby::serve(
             self.cfg.listen,
@@ -476,7 +470,7 @@ impl Candidate<'_> {
             elected = campaign(self.election.clone(), following, signals) => elected,
             // A leader of a newer release migrated the store while this one waited: exit
             // now, as a standby, rather than win an election it cannot serve.
-            refusal = format::watch_newer(gateway, DEFAULT_PREFIX, period) => {
+            refusal = format::watch_newer(&self.gateway, DEFAULT_PREFIX, period) => {
                 Err(refusal.context("this standby stops campaigning and exits; the leader stays in place"))
             }
         };
