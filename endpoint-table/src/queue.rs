@@ -249,6 +249,7 @@ mod tests {
     enum Op {
         Resync(Vec<Arc<Entry>>),
         Changes(Vec<Change>),
+        Stale(&'static str),
         Drain,
     }
 
@@ -259,6 +260,7 @@ mod tests {
             match op {
                 Op::Resync(entries) => queue.push_resync(entries, 0, Instant::now()),
                 Op::Changes(changes) => queue.push_changes(changes, Instant::now()),
+                Op::Stale(reason) => queue.push_stale(reason, Instant::now()),
                 Op::Drain => {
                     let Some(drained) = queue.drain() else {
                         out.push_str("drain: nothing\n");
@@ -281,6 +283,7 @@ mod tests {
                             Update::Change {
                                 change: change @ Change::Removed { .. },
                             } => format!("-{}", change.key()),
+                            Update::Stale { reason } => format!("stale({reason})"),
                         })
                         .collect();
                     out.push_str(&format!(
@@ -292,6 +295,30 @@ mod tests {
             }
         }
         expect.assert_eq(&out);
+    }
+
+    /// A stale mark drops what was pending before it (its source no longer vouches for
+    /// it); a resync after it supersedes it (fresh state, nothing stale left to say).
+    #[test]
+    fn a_stale_mark_supersedes_what_was_pending_and_a_resync_supersedes_it() {
+        check(
+            vec![
+                Op::Changes(vec![upsert("a", 4), upsert("b", 5)]),
+                Op::Stale("not understood"),
+                Op::Drain,
+                Op::Resync(vec![entry("a", 6)]),
+                Op::Stale("not understood"),
+                Op::Drain,
+                Op::Stale("not understood"),
+                Op::Resync(vec![entry("a", 7)]),
+                Op::Drain,
+            ],
+            expect![[r#"
+                drain gen 2: stale(not understood)
+                drain gen 4: stale(not understood)
+                drain gen 6: resync[p/a#7]
+            "#]],
+        );
     }
 
     #[test]
