@@ -19,35 +19,37 @@ use xce_wire::version::{
 pub(super) async fn check(req: Request, next: Next) -> Response {
     let headers = req.headers();
     if headers.contains_key(FORWARDED_PROTOCOL_HEADER) {
-        if let Err(refusal) = peer(headers, FORWARDED_PROTOCOL_HEADER, Peer::Apiserver) {
+        if let Some(refusal) = refusal(headers, FORWARDED_PROTOCOL_HEADER, Peer::Apiserver) {
             return refusal;
         }
     }
     if req.uri().path().starts_with("/internal/") {
-        if let Err(refusal) = peer(headers, PROTOCOL_HEADER, Peer::Worker) {
+        if let Some(refusal) = refusal(headers, PROTOCOL_HEADER, Peer::Worker) {
             return refusal;
         }
     }
     next.run(req).await
 }
 
-/// Checks the protocol in `header` for a `kind` peer.
-fn peer(headers: &HeaderMap, header: &str, kind: Peer) -> Result<(), Response> {
+/// The answer refusing a `kind` peer for the protocol in `header`; `None`: it may pass.
+fn refusal(headers: &HeaderMap, header: &str, kind: Peer) -> Option<Response> {
     let raw = headers.get(header).map(|v| v.to_str().unwrap_or("?"));
     let Some(theirs) = parse_protocol(raw) else {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            format!("header {header}: {raw:?} is not a protocol version (a number)"),
-        )
-        .into_response());
+        return Some(
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("header {header}: {raw:?} is not a protocol version (a number)"),
+            )
+            .into_response(),
+        );
     };
     let Err(e) = check_skew(kind, protocol(), theirs) else {
-        return Ok(());
+        return None;
     };
     tracing::warn!(peer = %kind, peer_protocol = theirs, protocol = protocol(), "refused a peer outside the supported version skew: {e}");
     let mut resp = ApiError::new(StatusCode::BAD_REQUEST, SKEW_CODE, e.to_string()).into_response();
     resp.headers_mut()
         .insert(SKEW_HEADER, HeaderValue::from_static(kind.name()));
-    Err(resp)
+    Some(resp)
 }

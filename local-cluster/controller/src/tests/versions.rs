@@ -141,10 +141,10 @@ async fn a_store_of_a_newer_format_is_refused_at_load() {
         extensions: vec![],
     };
     let keyring = xce_serve::keyring::Keyring::new(Tokens::parse(TOKENS).unwrap());
-    let err = Controller::new(&ControllerConfig::default(), keyring, plugins, store)
-        .await
-        .err()
-        .expect("a newer format is refused");
+    let Err(err) = Controller::new(&ControllerConfig::default(), keyring, plugins, store).await
+    else {
+        panic!("a newer format is refused");
+    };
     let msg = format!("{err:#}");
     assert!(
         msg.contains(&format!(
