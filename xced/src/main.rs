@@ -113,6 +113,14 @@ fn main() -> std::process::ExitCode {
         _ => None,
     };
     init_tracing(dev_log.as_deref());
+    // Every daemon's log says which build wrote it (a worker serves no /healthz to ask).
+    let build = xce_wire::version::build();
+    tracing::info!(
+        version = build.version,
+        commit = build.commit,
+        protocol = xce_wire::version::protocol(),
+        "xced starting"
+    );
     // Every daemon may hold thousands of connections and (in `dev`) replicas' descriptors:
     // take the whole hard limit, and say so.
     match xce_serve::limits::raise_nofile() {
