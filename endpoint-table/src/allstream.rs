@@ -296,6 +296,9 @@ impl AllStream {
                     // The host stops serving: end the stream (the client resumes
                     // elsewhere with Last-Event-ID).
                     Ended::Draining => None,
+                    // The entries may be out of date: end it (a reconnect gets 503
+                    // `stale` until the next resync, then a reset).
+                    Ended::Stale => None,
                     // Its token was removed by a reload of the host's tokens: end now,
                     // not at the next change (grants that merely changed are checked
                     // again before anything is sent, in `authenticate`).

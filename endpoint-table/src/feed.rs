@@ -70,6 +70,13 @@ impl ClusterListener for TableFeed {
         self.on_events(std::slice::from_ref(event));
     }
 
+    /// Fails closed: the apiserver side answers 503 `stale` and ends its watchers until
+    /// the next resync (the table itself is kept: the resync's changes are computed
+    /// against it, so a reader's index never goes back).
+    fn stale(&self, reason: &str) {
+        self.mark_stale(reason);
+    }
+
     /// One new entry per touched service for the whole batch (not one per event), and one
     /// push to the queue.
     fn on_events(&self, events: &[ClusterEvent]) {
@@ -82,6 +89,14 @@ impl ClusterListener for TableFeed {
         drop(table);
         self.record(&changes, last.rev());
         self.queue.push_changes(changes, at);
+    }
+}
+
+impl TableFeed {
+    /// See [`ClusterListener::stale`].
+    fn mark_stale(&self, reason: &str) {
+        tracing::warn!(%reason, "endpoint table stale: answering 503 until the next resync");
+        self.queue.push_stale(reason, Instant::now());
     }
 }
 

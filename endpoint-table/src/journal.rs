@@ -148,6 +148,8 @@ impl Journal {
                 inner.push(id, change.key(), entry);
                 Some(id)
             }
+            // Nothing to number: the streams end, and the next resync resets them.
+            Update::Stale { .. } => None,
         }
     }
 

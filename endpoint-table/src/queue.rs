@@ -35,6 +35,13 @@ pub enum Update {
         /// The change.
         change: Change,
     },
+    /// The source can no longer follow the controller (it met a record or an event it
+    /// does not understand) and reloads: until the next resync the routes answer 503
+    /// `stale` with `reason`, and open watchers end; never the old entries.
+    Stale {
+        /// Why, for the answers.
+        reason: String,
+    },
 }
 
 /// The pending updates, newest entry per service.
@@ -45,10 +52,20 @@ struct Pending {
     resync: Option<(BTreeMap<ServiceKey, Arc<Entry>>, u64, Instant)>,
     /// Changes not taken yet, by service, with when the oldest of them came.
     changes: BTreeMap<ServiceKey, (Change, Instant)>,
+    /// A stale mark not taken yet (see [`Update::Stale`]), and when it came; it
+    /// supersedes everything pending before it, and a resync supersedes it.
+    stale: Option<(String, Instant)>,
     /// How many pushes there were, ever.
     generation: u64,
     /// The producer is gone.
     closed: bool,
+}
+
+impl Pending {
+    /// Whether anything waits to be taken.
+    fn any(&self) -> bool {
+        self.resync.is_some() || !self.changes.is_empty() || self.stale.is_some()
+    }
 }
 
 /// Updates taken from the queue at once.
@@ -85,6 +102,7 @@ impl Queue {
         let entries = entries.into_iter().map(|e| (e.key(), e)).collect();
         pending.resync = Some((entries, rev, at));
         pending.changes.clear();
+        pending.stale = None;
         pending.generation += 1;
         drop(pending);
         self.notify.notify_one();
@@ -121,6 +139,18 @@ impl Queue {
         self.notify.notify_one();
     }
 
+    /// Queues a stale mark (see [`Update::Stale`]): what was pending is dropped (it came
+    /// from the state the source no longer vouches for).
+    pub(crate) fn push_stale(&self, reason: &str, at: Instant) {
+        let mut pending = self.lock();
+        pending.resync = None;
+        pending.changes.clear();
+        pending.stale = Some((reason.to_owned(), at));
+        pending.generation += 1;
+        drop(pending);
+        self.notify.notify_one();
+    }
+
     /// Marks the producer gone; the consumer ends once it took everything.
     pub(crate) fn close(&self) {
         self.lock().closed = true;
@@ -135,10 +165,13 @@ impl Queue {
     /// Takes everything pending, if anything is.
     pub(crate) fn drain(&self) -> Option<Drained> {
         let mut pending = self.lock();
-        if pending.resync.is_none() && pending.changes.is_empty() {
+        if !pending.any() {
             return None;
         }
         let mut updates = Vec::with_capacity(pending.changes.len() + 1);
+        if let Some((reason, at)) = pending.stale.take() {
+            updates.push((Update::Stale { reason }, at));
+        }
         if let Some((entries, rev, at)) = pending.resync.take() {
             let entries = entries.into_values().collect();
             updates.push((Update::Resync { entries, rev }, at));
@@ -165,7 +198,7 @@ impl Queue {
         loop {
             {
                 let pending = self.lock();
-                if pending.resync.is_some() || !pending.changes.is_empty() {
+                if pending.any() {
                     return true;
                 }
                 if pending.closed {
@@ -216,6 +249,7 @@ mod tests {
     enum Op {
         Resync(Vec<Arc<Entry>>),
         Changes(Vec<Change>),
+        Stale(&'static str),
         Drain,
     }
 
@@ -226,6 +260,7 @@ mod tests {
             match op {
                 Op::Resync(entries) => queue.push_resync(entries, 0, Instant::now()),
                 Op::Changes(changes) => queue.push_changes(changes, Instant::now()),
+                Op::Stale(reason) => queue.push_stale(reason, Instant::now()),
                 Op::Drain => {
                     let Some(drained) = queue.drain() else {
                         out.push_str("drain: nothing\n");
@@ -248,6 +283,7 @@ mod tests {
                             Update::Change {
                                 change: change @ Change::Removed { .. },
                             } => format!("-{}", change.key()),
+                            Update::Stale { reason } => format!("stale({reason})"),
                         })
                         .collect();
                     out.push_str(&format!(
@@ -259,6 +295,30 @@ mod tests {
             }
         }
         expect.assert_eq(&out);
+    }
+
+    /// A stale mark drops what was pending before it (its source no longer vouches for
+    /// it); a resync after it supersedes it (fresh state, nothing stale left to say).
+    #[test]
+    fn a_stale_mark_supersedes_what_was_pending_and_a_resync_supersedes_it() {
+        check(
+            vec![
+                Op::Changes(vec![upsert("a", 4), upsert("b", 5)]),
+                Op::Stale("not understood"),
+                Op::Drain,
+                Op::Resync(vec![entry("a", 6)]),
+                Op::Stale("not understood"),
+                Op::Drain,
+                Op::Stale("not understood"),
+                Op::Resync(vec![entry("a", 7)]),
+                Op::Drain,
+            ],
+            expect![[r#"
+                drain gen 2: stale(not understood)
+                drain gen 4: stale(not understood)
+                drain gen 6: resync[p/a#7]
+            "#]],
+        );
     }
 
     #[test]

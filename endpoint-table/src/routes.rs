@@ -120,6 +120,8 @@ async fn wait_for_change(
                 // Its token was revoked (or lost the view) by a reload of the host's
                 // tokens: what its next request would get.
                 Ended::Revoked => (Err(principal.credential.lost_answer(name)), seq),
+                // Its entry may be out of date: never answer with it.
+                Ended::Stale => (Err(shared.stale_error()), seq),
             },
         };
         match changed {
@@ -173,6 +175,7 @@ async fn wait_for_service(
                 Ended::Draining => false,
                 // Its token was removed by a reload of the host's tokens.
                 Ended::Revoked => return Err(principal.credential.lost_answer(name)),
+                Ended::Stale => return Err(shared.stale_error()),
             },
         };
         if !woken {

@@ -59,6 +59,9 @@ pub(crate) struct Shared {
     pub(crate) appeared: watch::Sender<u64>,
     /// The deliveries of every change (by revision) to the all-services streams.
     all_delivery: Arc<Tracker>,
+    /// Why the entries may be out of date (see [`Update::Stale`]), until the next
+    /// resync; watchers end when it is set ([`Ending`]).
+    stale: watch::Sender<Option<Arc<str>>>,
 }
 
 #[derive(Debug, Default)]
@@ -92,6 +95,7 @@ pub(crate) struct WatcherGuard {
 #[derive(Debug)]
 pub(crate) struct Ending {
     draining: watch::Receiver<bool>,
+    stale: watch::Receiver<Option<Arc<str>>>,
     credential: Credential,
     /// The project whose view the watcher needs; `None`: only the token's removal ends it
     /// (a watcher that checks visibility per entry itself, or waits for a service to
@@ -108,6 +112,9 @@ pub(crate) enum Ended {
     /// Its token was removed or lost the view: answer what its next request would get
     /// ([`Credential::lost_answer`]).
     Revoked,
+    /// The entries may be out of date ([`Update::Stale`]): answer 503 `stale`
+    /// ([`Shared::stale_error`]), end streams; never the entry the watcher holds.
+    Stale,
 }
 
 // === impl Shared ===
@@ -128,6 +135,7 @@ impl Shared {
             appeared: watch::Sender::new(0),
             journal: Journal::new(cfg_journal(&cfg)),
             all_delivery,
+            stale: watch::Sender::new(None),
             cfg,
         }
     }
@@ -137,6 +145,7 @@ impl Shared {
     pub(crate) fn ending(&self, principal: &Principal, project: Option<&str>) -> Ending {
         Ending {
             draining: self.draining.subscribe(),
+            stale: self.stale.subscribe(),
             credential: principal.credential.clone(),
             project: project.map(str::to_owned),
         }
@@ -204,8 +213,13 @@ impl Shared {
         }
         let mut inserted = false;
         match update {
+            Update::Stale { reason } => {
+                state.synced = false;
+                self.stale.send_replace(Some(reason.into()));
+            }
             Update::Resync { entries, .. } => {
                 state.synced = true;
+                self.stale.send_if_modified(|s| s.take().is_some());
                 let mut entries: HashMap<ServiceKey, Arc<Entry>> =
                     entries.into_iter().map(|e| (e.key(), e)).collect();
                 for (name, projects) in &mut state.slots {
@@ -266,7 +280,25 @@ impl Shared {
         Some(self.read().slot(&key.project, &key.name)?.subscribe())
     }
 
-    /// 503 until the first resync arrived: never serve an empty table while catching up.
+    /// 503 `stale` (see [`Update::Stale`]): the entries may be out of date.
+    pub(crate) fn stale_error(&self) -> ApiError {
+        let reason = self.stale.borrow().clone();
+        let why = reason
+            .as_deref()
+            .unwrap_or("the source of the endpoints is reloading");
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "stale",
+            format!(
+                "this apiserver's endpoints may be out of date ({why}); it is reloading them: \
+                 retry shortly or ask another apiserver"
+            ),
+        )
+    }
+
+    /// 503 until the first resync arrived: never serve an empty table while catching up;
+    /// 503 `stale` from a stale mark until the next resync: never serve what may be out
+    /// of date.
     pub(crate) fn ensure_synced(&self) -> Result<(), ApiError> {
         if !self.read().synced {
             // In one process the controller resyncs before the apiserver serves: take that
@@ -275,6 +307,8 @@ impl Shared {
         }
         if self.read().synced {
             Ok(())
+        } else if self.stale.borrow().is_some() {
+            Err(self.stale_error())
         } else {
             Err(ApiError::new(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -506,6 +540,7 @@ impl Ending {
     pub(crate) async fn wait(&mut self) -> Ended {
         let Self {
             draining,
+            stale,
             credential,
             project,
         } = self;
@@ -518,6 +553,8 @@ impl Ending {
         tokio::select! {
             // The sender lives in `Shared`, which the watcher holds: it cannot close first.
             _ = draining.wait_for(|d| *d) => Ended::Draining,
+            // The same: the sender lives in `Shared`.
+            _ = stale.wait_for(Option::is_some) => Ended::Stale,
             () = revoked => Ended::Revoked,
         }
     }

@@ -118,7 +118,9 @@ impl EventStream {
                     ended = self.ending.wait() => match ended {
                         // The host stops serving: end the stream (the client resumes
                         // elsewhere with Last-Event-ID).
-                        Ended::Draining => {
+                        // The entries may be out of date: end the stream (the client
+                        // reconnects, and gets 503 `stale` until the next resync).
+                        Ended::Draining | Ended::Stale => {
                             self.done = true;
                             return None;
                         }

@@ -342,6 +342,15 @@ pub trait ClusterListener: Send + Sync + 'static {
             self.on_event(event);
         }
     }
+    /// The host can no longer follow the changes: it met a stored record or an event it
+    /// does not understand (written by a newer release), and reloads. What the listener
+    /// holds may be out of date from now on, so it must stop serving it (fail closed:
+    /// readers get an error naming `reason`, never the old state) until the next
+    /// [`resync`](Self::resync). The default does nothing (a listener that serves
+    /// nobody).
+    fn stale(&self, reason: &str) {
+        let _ = reason;
+    }
 }
 
 impl<T: ClusterListener + ?Sized> ClusterListener for std::sync::Arc<T> {
@@ -353,6 +362,9 @@ impl<T: ClusterListener + ?Sized> ClusterListener for std::sync::Arc<T> {
     }
     fn on_events(&self, events: &[ClusterEvent]) {
         (**self).on_events(events)
+    }
+    fn stale(&self, reason: &str) {
+        (**self).stale(reason)
     }
 }
 

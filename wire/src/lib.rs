@@ -12,6 +12,9 @@
 //! - [`summaries`]: the plugins' summaries shown beside a job's or a host's own fields, and
 //!   [`summaries::check_plugin_name`], which keeps a plugin's name from clashing with them.
 //!
+//! - [`version`]: the build and protocol versions (`X-Xce-Version`, `X-Xce-Protocol`) and
+//!   the skew rule between daemons.
+//!
 //! Error bodies are `plugin_api::ErrorBody`. Reading is lenient: unknown fields are ignored
 //! and most fields have a default, so a client reads the answers of older and newer
 //! servers. Fields are declared in the order the server writes them (alphabetical where
@@ -26,3 +29,4 @@ pub mod endpoints;
 pub mod hosts;
 pub mod services;
 pub mod summaries;
+pub mod version;

@@ -7,10 +7,14 @@ use crate::http_error::{
 };
 use crate::io::{warn, Io};
 use crate::model::{EndpointEntry, HostList, ServiceDetail, ServiceList, StopAnswer};
+use plugin_api::ErrorBody;
 use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use reqwest::{Method, StatusCode, Url};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+use xce_wire::version::{
+    build, parse_protocol, protocol, PROTOCOL_HEADER, UNVERSIONED, VERSION_HEADER,
+};
 
 /// How long an ordinary (non-blocking) request may take, connect included.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -103,6 +107,69 @@ struct Reply {
     change: Option<String>,
     /// `Retry-After` in seconds, when the answer had one.
     retry_after: Option<Duration>,
+    /// Which build answered.
+    server: ServerBuild,
+}
+
+/// The build that answered, from its `X-Xce-Version` and `X-Xce-Protocol` (a server from
+/// before these headers sends neither: protocol 1, version unknown).
+#[derive(Debug, Clone)]
+struct ServerBuild {
+    version: Option<String>,
+    protocol: u32,
+}
+
+impl ServerBuild {
+    fn of(headers: &reqwest::header::HeaderMap) -> Self {
+        let header = |name| headers.get(name).and_then(|v| v.to_str().ok());
+        Self {
+            version: header(VERSION_HEADER).map(str::to_owned),
+            protocol: parse_protocol(header(PROTOCOL_HEADER)).unwrap_or(UNVERSIONED),
+        }
+    }
+
+    /// The error for a command an older server cannot do (`what`), naming both versions;
+    /// `None` when the server is not older than this client.
+    fn too_old(&self, url: &Url, what: &str) -> Option<CliError> {
+        if self.protocol >= protocol() {
+            return None;
+        }
+        let theirs = match &self.version {
+            Some(v) => format!("xce {v}, protocol {}", self.protocol),
+            None => format!(
+                "a release from before version headers, protocol {}",
+                self.protocol
+            ),
+        };
+        let ours = format!("xcecli {}", build().header());
+        Some(
+            CliError::new(
+                ErrorKind::ServerTooOld,
+                format!(
+                    "the server at {} is too old to {what}: it runs {theirs}; this is {ours}, \
+                     protocol {}",
+                    crate::http_error::without_query(url),
+                    protocol()
+                ),
+            )
+            .with_hint("upgrade the server (UPGRADING.md), or use the xcecli of its release"),
+        )
+    }
+
+    /// An answer saying the route does not exist (404 `no such route`, 405) from a server
+    /// older than this client: the server is too old, never "service not found".
+    fn lacks_route(&self, url: &Url, reply: &Reply) -> Option<CliError> {
+        let missing = match reply.status {
+            StatusCode::METHOD_NOT_ALLOWED => true,
+            StatusCode::NOT_FOUND => ErrorBody::parse(reply.text.as_bytes())
+                .is_some_and(|b| b.error.message == "no such route"),
+            _ => false,
+        };
+        if !missing {
+            return None;
+        }
+        self.too_old(url, "answer this command (it has no such route)")
+    }
 }
 
 /// What a `PUT` did, as the server says it.
@@ -237,6 +304,8 @@ impl Client {
         let (url, reply) = self.exchange(method, url, timeout, body).await?;
         if reply.status.is_success() {
             Ok(reply)
+        } else if let Some(e) = reply.server.lacks_route(&url, &reply) {
+            Err(e)
         } else {
             let mut e = status_error(&url, reply.status, &reply.text);
             if e.no_leader.is_some() {
@@ -314,6 +383,7 @@ impl Client {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u64>().ok())
             .map(Duration::from_secs);
+        let server = ServerBuild::of(resp.headers());
         let text = resp
             .text()
             .await
@@ -324,6 +394,7 @@ impl Client {
             index,
             change,
             retry_after,
+            server,
         };
         Ok((url, reply))
     }
@@ -482,10 +553,18 @@ impl Client {
                 Some("unchanged") => Put::Unchanged,
                 _ => Put::Replaced,
             },
-            // An apiserver from before rollouts has no PUT route; it can still create.
+            // An apiserver from before rollouts has no PUT route; it can still create, but
+            // not change a service in place: a service that exists is its version's fault,
+            // not the user's (the create's "stop it first" would cause an outage).
             StatusCode::METHOD_NOT_ALLOWED => {
+                let too_old = reply.server.too_old(&url, "change a service in place");
                 let url = self.url(&["services"]);
-                let answer = self.call(Method::POST, url, REQUEST_TIMEOUT, body).await?;
+                let answer = match self.call(Method::POST, url, REQUEST_TIMEOUT, body).await {
+                    Err(e) if e.kind == ErrorKind::Invalid && too_old.is_some() => {
+                        return Err(too_old.unwrap_or(e))
+                    }
+                    r => r?,
+                };
                 return Ok((Put::Created, answer));
             }
             s => return Err(status_error(&url, s, &reply.text)),

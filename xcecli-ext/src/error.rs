@@ -32,6 +32,9 @@ pub enum ErrorKind {
     Timeout,
     /// A rollout `--wait` followed failed, or failed and was reverted. Exit 6.
     RolloutFailed,
+    /// The server is older than this client and does not have what the command needs (a
+    /// route it lacks): the message names both versions. Exit 7.
+    ServerTooOld,
     /// The apiserver failed (5xx) or answered something this client cannot read. Exit 1.
     Server,
     /// A bug or an environment failure in the client itself (e.g. a broken stdout). Exit 1.
@@ -74,6 +77,7 @@ impl ErrorKind {
             ErrorKind::NotFound => 4,
             ErrorKind::Auth => 5,
             ErrorKind::RolloutFailed => 6,
+            ErrorKind::ServerTooOld => 7,
             ErrorKind::Config
             | ErrorKind::Invalid
             | ErrorKind::Ambiguous
@@ -191,11 +195,12 @@ mod tests {
             ErrorKind::Server,
             ErrorKind::Internal,
             ErrorKind::RolloutFailed,
+            ErrorKind::ServerTooOld,
         ]
         .iter()
         .map(|k| format!("{k:?}={}", k.exit_code()))
         .collect();
-        expect![[r#"Usage=2 Config=1 Invalid=1 Auth=5 Forbidden=1 NotFound=4 Ambiguous=1 Unreachable=1 Timeout=3 Server=1 Internal=1 RolloutFailed=6"#]]
+        expect![[r#"Usage=2 Config=1 Invalid=1 Auth=5 Forbidden=1 NotFound=4 Ambiguous=1 Unreachable=1 Timeout=3 Server=1 Internal=1 RolloutFailed=6 ServerTooOld=7"#]]
             .assert_eq(&codes.join(" "));
     }
 }

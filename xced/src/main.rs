@@ -7,6 +7,7 @@
 mod config;
 mod daemon;
 mod dev;
+mod format;
 mod plugins;
 mod tls;
 mod token;
@@ -19,14 +20,23 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use xce_controller::ControllerConfig;
 use xce_serve::keyring::Keyring;
-use xce_store::{Election, EtcdStore, Leadership, Maintained, StoreSpec, DEFAULT_PREFIX};
+use xce_store::etcd::gateway::Gateway;
+use xce_store::{
+    Election, EtcdStore, Leadership, Maintained, RedbStore, StoreSpec, DEFAULT_PREFIX,
+};
 use xce_worker::{ShutdownMode, WorkerConfig};
+
+/// What this binary is: the version and the commit `build.rs` found.
+const BUILD: xce_wire::version::Build = xce_wire::version::Build {
+    version: env!("CARGO_PKG_VERSION"),
+    commit: env!("XCE_COMMIT"),
+};
 
 /// Run the xce daemons.
 #[derive(Debug, Parser)]
 #[command(
     name = "xced",
-    version,
+    version = xce_wire::version::init(BUILD),
     about = "Run the xce controller, a worker agent, or an all-in-one dev cluster"
 )]
 struct Cli {
@@ -100,6 +110,9 @@ fn main() -> std::process::ExitCode {
     // user's alone. Replicas inherit it, and make private files too unless they say
     // otherwise.
     rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o077));
+    // Before anything serves or logs: the version headers, `/healthz` and
+    // `xce_build_info` name this build.
+    xce_wire::version::init(BUILD);
     let cli = Cli::parse();
     if let Cmd::ReplicaLog {
         max_size,
@@ -126,6 +139,14 @@ fn main() -> std::process::ExitCode {
         _ => None,
     };
     init_tracing(dev_log.as_deref());
+    // Every daemon's log says which build wrote it (a worker serves no /healthz to ask).
+    let build = xce_wire::version::build();
+    tracing::info!(
+        version = build.version,
+        commit = build.commit,
+        protocol = xce_wire::version::protocol(),
+        "xced starting"
+    );
     // Every daemon may hold thousands of connections and (in `dev`) replicas' descriptors:
     // take the whole hard limit, and say so.
     match xce_serve::limits::raise_nofile() {
@@ -401,6 +422,7 @@ async fn run_elected(
         cfg,
         ccfg,
         tokens,
+        gateway: Gateway::new(endpoints.clone(), timings.retry_period),
         endpoints,
         election,
         role: xce_controller::standby::Role::default(),
@@ -416,6 +438,9 @@ async fn run_elected(
         let store = candidate.fenced_store(&leader)?;
         let mut term = match candidate.start_term(leader, store).await {
             Ok(term) => term,
+            // Migrated by a newer leader between the last check and the election: it
+            // resigned already (start_term), so another controller can take over.
+            Err(e) if format::is_newer(&e) => return Err(e.context(format::RESIGNED)),
             Err(e) => {
                 let pause = failed_starts.next_pause();
                 tracing::error!(error = %format!("{e:#}"), retry_in = ?pause, "elected, but cannot load the state from etcd: stepping aside, campaigning again");
@@ -475,6 +500,8 @@ struct Candidate<'a> {
     ccfg: ControllerConfig,
     tokens: Keyring,
     endpoints: Vec<String>,
+    /// The store's etcd, for reading its format (see `format.rs`).
+    gateway: Gateway,
     election: Election,
     /// What the standby and the leader's routes say this controller is.
     role: xce_controller::standby::Role,
@@ -484,6 +511,10 @@ impl Candidate<'_> {
     /// Campaigns while serving as a standby: `/healthz` and `/metrics` only, on the
     /// address it will serve the API on, given up when elected. `None`: told to stop.
     async fn stand_by(&self, signals: &mut Signals) -> Result<Option<Leadership>> {
+        // Before campaigning: a store a newer release migrated is not this one's to lead.
+        format::refuse_newer(&self.gateway, DEFAULT_PREFIX)
+            .await
+            .map_err(|e| e.context("this controller does not campaign"))?;
         let (following, leader_id) = tokio::sync::watch::channel(None);
         let standby = xce_controller::standby::serve(
             self.cfg.listen,
@@ -497,7 +528,15 @@ impl Candidate<'_> {
             },
         )?;
         tracing::info!(addr = %standby.addr, "standby: serving /healthz and /metrics only");
-        let elected = campaign(self.election.clone(), following, signals).await;
+        let period = self.cfg.lease_timings().retry_period;
+        let elected = tokio::select! {
+            elected = campaign(self.election.clone(), following, signals) => elected,
+            // A leader of a newer release migrated the store while this one waited: exit
+            // now, as a standby, rather than win an election it cannot serve.
+            refusal = format::watch_newer(&self.gateway, DEFAULT_PREFIX, period) => {
+                Err(refusal.context("this standby stops campaigning and exits; the leader stays in place"))
+            }
+        };
         standby.stop().await;
         elected
     }

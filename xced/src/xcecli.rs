@@ -12,11 +12,17 @@ use xcecli_ext::{CliError, Client, ClientConfig, ErrorKind, Io};
 
 const DEFAULT_API: &str = "http://127.0.0.1:7480";
 
+/// What this binary is: the version and the commit `build.rs` found.
+const BUILD: xce_wire::version::Build = xce_wire::version::Build {
+    version: env!("CARGO_PKG_VERSION"),
+    commit: env!("XCE_COMMIT"),
+};
+
 /// Talk to an xce apiserver.
 #[derive(Debug, Parser)]
 #[command(
     name = "xcecli",
-    version,
+    version = xce_wire::version::init(BUILD),
     about = "Submit services and read their endpoints from an xce cluster"
 )]
 struct Cli {
@@ -50,6 +56,8 @@ enum Top {
 }
 
 fn main() -> ExitCode {
+    // Before any request: the client compares its own with the server's version.
+    xce_wire::version::init(BUILD);
     let cli = Cli::parse();
     let cmd = match cli.cmd {
         Top::Completions { shell } => {

@@ -1884,4 +1884,61 @@ async fn revoked_credentials_end_their_watchers_only() {
     "#]].assert_eq(&out);
 }
 
+/// A source that can no longer follow the controller marks the table stale
+/// (`ClusterListener::stale`): reads, new blocking queries and streams answer 503 `stale`
+/// naming the reason, a blocking query already parked answers it too (never the entry it
+/// held), an open stream ends; the next resync serves again.
+#[tokio::test]
+async fn a_stale_table_answers_503_and_never_the_entries_it_held_until_a_resync() {
+    let c = Cluster::new(TableConfig::default()).await;
+    let parked = tokio::spawn({
+        let router = c.router.clone();
+        async move {
+            let req = Cluster::request("alice /v1/services/web/endpoints?index=10&wait=10m");
+            router.oneshot(req).await.unwrap()
+        }
+    });
+    c.watchers_reach(1).await;
+    let stream = c.get("alice /v1/services/web/endpoints/stream").await;
+    let mut events = Events::new(stream);
+    events.next().await.unwrap();
+
+    c.feed
+        .stale("an event this apiserver does not understand: unknown variant `hibernating`");
+    c.api.flushed().await;
+    let mut out = String::new();
+    let parked = tokio::time::timeout(PATIENCE, parked)
+        .await
+        .unwrap()
+        .unwrap();
+    out.push_str(&format!("parked: {}\n", render(parked).await));
+    let ended = tokio::time::timeout(PATIENCE, events.next()).await.unwrap();
+    out.push_str(&format!("stream: {ended:?}\n"));
+    for line in [
+        "alice /v1/services/web/endpoints",
+        "alice /v1/services/web/endpoints?index=10&wait=10m",
+        "alice /v1/endpoints",
+    ] {
+        out.push_str(&format!("{line}: {}\n", render(c.get(line).await).await));
+    }
+    c.resync(snapshot(true)).await;
+    let again = render(c.get("alice /v1/services/web/endpoints").await).await;
+    out.push_str(&format!(
+        "after the resync: {}\n",
+        again.lines().next().unwrap()
+    ));
+    expect![[r#"
+        parked: 503 content-type=application/json
+        {"error":{"code":"stale","details":[],"message":"this apiserver's endpoints may be out of date (an event this apiserver does not understand: unknown variant `hibernating`); it is reloading them: retry shortly or ask another apiserver"}}
+        stream: None
+        alice /v1/services/web/endpoints: 503 content-type=application/json
+        {"error":{"code":"stale","details":[],"message":"this apiserver's endpoints may be out of date (an event this apiserver does not understand: unknown variant `hibernating`); it is reloading them: retry shortly or ask another apiserver"}}
+        alice /v1/services/web/endpoints?index=10&wait=10m: 503 content-type=application/json
+        {"error":{"code":"stale","details":[],"message":"this apiserver's endpoints may be out of date (an event this apiserver does not understand: unknown variant `hibernating`); it is reloading them: retry shortly or ask another apiserver"}}
+        alice /v1/endpoints: 503 content-type=application/json
+        {"error":{"code":"stale","details":[],"message":"this apiserver's endpoints may be out of date (an event this apiserver does not understand: unknown variant `hibernating`); it is reloading them: retry shortly or ask another apiserver"}}
+        after the resync: 200 content-type=application/json x-xce-index=10
+    "#]].assert_eq(&out);
+}
+
 mod allstream;

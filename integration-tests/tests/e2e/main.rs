@@ -35,3 +35,4 @@ mod scale;
 mod shutdown;
 mod tls;
 mod ui;
+mod versions;

@@ -17,7 +17,7 @@ use retry_backoff::Backoff;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
-use xce_model::{decode_events, events_key, Cluster};
+use xce_model::{check_format, decode_events, decode_format, events_key, format_key, Cluster};
 use xce_store::etcd::gateway::int;
 use xce_store::{EtcdStore, Key, StoreError};
 
@@ -35,6 +35,11 @@ enum End {
     Broken(String),
     /// The history we need is gone, or it does not add up: reload everything.
     Reload(String),
+    /// A record or an event this build does not understand (a newer release wrote it):
+    /// fail closed (the listeners stop serving what they hold), then reload; a store of
+    /// a newer format keeps failing the load, so they stay closed until this apiserver
+    /// is upgraded.
+    NotUnderstood(String),
 }
 
 /// Follows one etcd store (see the module documentation).
@@ -135,13 +140,35 @@ impl Follower {
                 }
                 End::Reload(why) => {
                     tracing::warn!(reason = %why, "follower: reloading the whole state");
-                    while let Err(e) = self.load().await {
-                        let pause = backoff.next_pause();
-                        tracing::warn!(error = %e, retry_in = ?pause, "follower: cannot load the state");
-                        tokio::time::sleep(pause).await;
-                    }
+                    self.reload(&mut backoff, false).await;
+                }
+                End::NotUnderstood(why) => {
+                    tracing::error!(reason = %why, protocol = xce_wire::version::protocol(), format = xce_model::FORMAT, "follower: the store holds what this apiserver does not understand; answering 503 until it reloads it");
+                    self.stale(&why);
+                    self.reload(&mut backoff, true).await;
                 }
             }
+        }
+    }
+
+    /// Loads the whole state until a load succeeds. A load that fails marks the listeners
+    /// stale (unless `marked` already): what they hold cannot be vouched for meanwhile.
+    async fn reload(&mut self, backoff: &mut Backoff, mut marked: bool) {
+        while let Err(e) = self.load().await {
+            if !std::mem::replace(&mut marked, true) {
+                self.stale(&e.to_string());
+            }
+            let pause = backoff.next_pause();
+            tracing::error!(error = %e, retry_in = ?pause, "follower: cannot load the state; answering 503 meanwhile");
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// Tells every listener to fail closed (see [`ClusterListener::stale`]).
+    fn stale(&self, reason: &str) {
+        self.metrics.not_understood.inc();
+        for l in &self.listeners {
+            l.stale(reason);
         }
     }
 
@@ -263,14 +290,34 @@ impl Follower {
     }
 
     /// One record change: only the events record matters (the state itself is only read
-    /// whole, at a load).
+    /// whole, at a load), and the format record (a newer format is not understood).
     fn on_record(&mut self, key: &Key, value: Option<&[u8]>) -> Option<End> {
+        if *key == format_key() {
+            let format = value.map(decode_format);
+            return match format {
+                Some(Ok(f)) => check_format(f)
+                    .err()
+                    .map(|e| End::NotUnderstood(e.to_string())),
+                Some(Err(e)) => Some(End::NotUnderstood(format!(
+                    "unreadable store format record: {e}"
+                ))),
+                None => None,
+            };
+        }
         let (true, Some(bytes)) = (*key == events_key(), value) else {
             return None;
         };
+        // An event of a kind, or with a value (a job state), this build does not know is
+        // an error here (serde refuses unknown variants), never skipped: skipping it
+        // would serve a table that misses the change.
         let events = match decode_events(bytes) {
             Ok(e) => e,
-            Err(e) => return Some(End::Reload(format!("unreadable events record: {e}"))),
+            Err(e) => {
+                return Some(End::NotUnderstood(format!(
+                    "an event this apiserver does not understand (written by a newer \
+                     release?): {e}"
+                )))
+            }
         };
         for event in &events {
             if let Err(end) = self.apply(event) {
@@ -329,6 +376,9 @@ mod tests {
         }
         fn on_event(&self, e: &ClusterEvent) {
             self.0.lock().unwrap().push(format!("event@{}", e.rev()));
+        }
+        fn stale(&self, reason: &str) {
+            self.0.lock().unwrap().push(format!("stale({reason})"));
         }
     }
 
@@ -425,6 +475,69 @@ mod tests {
         writer.commit(quiet).unwrap();
         commit(&writer, &mut c, &["h"]);
         assert_eq!(until(&rec, 1).await, ["event@9"]);
+        task.abort();
+    }
+
+    /// An event this build does not know (a job state of a newer release, as `draining`
+    /// was to the release before it): the listeners fail closed before anything else
+    /// happens, then the whole state is reloaded (its records are readable here) and
+    /// served again; the follower goes on following.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_event_it_does_not_understand_fails_closed_then_reloads() {
+        let etcd = TestEtcd::start();
+        let writer = etcd.store("/xce/");
+        let (mut c, rec, f) = loaded_after_a(&etcd, &writer, Metrics::default()).await;
+        let task = tokio::spawn(f.run());
+        let mut b = Batch::default();
+        let event = r#"[{"event":"job","rev":2,"job":{"job":"j-1","service":"a","project":"p",
+            "replica":0,"host":"h1","state":"hibernating","ready":false,"grants":{}}}]"#;
+        b.put(events_key(), event.as_bytes().to_vec());
+        b.put(xce_store::Key::new("meta", "rev"), b"2".to_vec());
+        writer.commit(b).unwrap();
+        c.rev = 2;
+        let got = until(&rec, 2).await;
+        assert!(
+            got[0].starts_with("stale(an event this apiserver does not understand")
+                && got[0].contains("unknown variant `hibernating`"),
+            "{got:?}"
+        );
+        assert_eq!(got[1], "resync@2(a)");
+        commit(&writer, &mut c, &["b"]);
+        assert_eq!(until(&rec, 1).await, ["event@3"]);
+        task.abort();
+    }
+
+    /// A store migrated to a newer format: the listeners fail closed and stay so (no
+    /// resync: the load refuses the newer format) until the format is one this build
+    /// reads.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_newer_store_format_fails_closed_until_it_can_be_read() {
+        let etcd = TestEtcd::start();
+        let writer = etcd.store("/xce/");
+        let metrics = Metrics::default();
+        let (mut c, rec, f) = loaded_after_a(&etcd, &writer, metrics.clone()).await;
+        let task = tokio::spawn(f.run());
+        let newer = xce_model::FORMAT + 1;
+        let mut b = Batch::default();
+        b.put(format_key(), newer.to_string().into_bytes());
+        writer.commit(b).unwrap();
+        let got = until(&rec, 1).await;
+        assert!(
+            got[0].starts_with(&format!("stale(the store holds records of format {newer}")),
+            "{got:?}"
+        );
+        // Back to a format this build reads (as an upgrade of this apiserver would be):
+        // served again. The loads tried meanwhile were refused: the next thing the
+        // listener hears is the resync of the readable store, nothing before it.
+        // One batch, so that no load can see the one without the other.
+        let mut txn = Txn::new(&c);
+        txn.put_service(service("b"));
+        let mut b = txn.batch();
+        b.put(format_key(), xce_model::FORMAT.to_string().into_bytes());
+        writer.commit(b).unwrap();
+        txn.apply(&mut c);
+        assert_eq!(until(&rec, 1).await, ["resync@2(a,b)"]);
+        assert_eq!(metrics.not_understood.get(), 1);
         task.abort();
     }
 

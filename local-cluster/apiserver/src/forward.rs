@@ -17,6 +17,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
+use xce_wire::version::{protocol, FORWARDED_PROTOCOL_HEADER, PROTOCOL_HEADER, SKEW_HEADER};
 
 /// Forwards requests to the leader controller.
 #[derive(Clone)]
@@ -111,7 +112,11 @@ impl Forwarder {
         for (name, value) in end_to_end(&parts.headers) {
             req = req.header(name, value);
         }
-        req.send().await
+        // Its own protocol, beside the client's (a worker's passes as it is): the leader
+        // refuses an apiserver outside the skew (UPGRADING.md).
+        req.header(FORWARDED_PROTOCOL_HEADER, protocol())
+            .send()
+            .await
     }
 
     /// Takes a parked request's places: among its caller's watchers (authenticated here,
@@ -151,6 +156,25 @@ impl Forwarder {
 struct Held {
     seat: Seat,
     _places: Vec<Parked>,
+}
+
+/// The leader refused this apiserver's protocol version: said loudly (the answer, which
+/// says the same, goes to the client as it is). Nothing this apiserver forwards goes
+/// through until one of them is upgraded; its own reads follow the store as before.
+fn log_refused(target: &Target, answer: &reqwest::Response) {
+    let theirs = answer
+        .headers()
+        .get(PROTOCOL_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("?");
+    tracing::error!(
+        leader = %target.url,
+        apiserver_protocol = protocol(),
+        leader_protocol = theirs,
+        "the leader controller refuses this apiserver: it speaks protocol {}, the leader \
+         protocol {theirs}, outside the supported skew; upgrade the older one (UPGRADING.md)",
+        protocol()
+    );
 }
 
 /// `SCHEME://ADDR` of a leader id `HOST/PID@ADDR`; an unspecified listen address (all
@@ -267,7 +291,15 @@ impl Forwarder {
                         )));
                     }
                 }
-                Ok(r) => return Ok((target, r)),
+                Ok(r) => {
+                    if r.headers()
+                        .get(SKEW_HEADER)
+                        .is_some_and(|v| v == "apiserver")
+                    {
+                        log_refused(&target, &r);
+                    }
+                    return Ok((target, r));
+                }
                 Err(Silent::Failed(e)) if e.is_connect() && !retried => {
                     tracing::info!(leader = %target.url, error = %e, "leader unreachable: trying once more");
                     retried = true;

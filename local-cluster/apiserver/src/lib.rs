@@ -190,6 +190,7 @@ fn registry(
     metrics.register(&mut registry);
     keyring.register(&mut registry);
     xce_serve::register_tls_metrics(&mut registry);
+    xce_serve::version::register_build_info(&mut registry);
     for e in extensions {
         e.register_metrics(&mut registry);
     }
@@ -284,7 +285,7 @@ fn router(
     .layer(Extension(ctx))
 }
 
-/// `/healthz`: 200 (`ok`, then `cluster: <id>`) while the etcd watch that feeds this
+/// `/healthz`: 200 (`ok`, then `cluster: <id>`, `version:` and `commit:`) while the etcd watch that feeds this
 /// apiserver is established, 503
 /// while it is not, so that a load balancer sends readers elsewhere meanwhile (what this
 /// apiserver serves may be falling behind; a watch being re-established shows as a blip).
@@ -294,10 +295,10 @@ async fn healthz(State(fwd): State<Forwarder>) -> Response {
         match &fwd.cluster_id {
             Some(id) => (
                 [(xce_proto::worker::CLUSTER_HEADER, id.to_string())],
-                format!("ok\ncluster: {id}\n"),
+                format!("ok\ncluster: {id}\n{}", xce_serve::version::health_lines()),
             )
                 .into_response(),
-            None => "ok".into_response(),
+            None => format!("ok\n{}", xce_serve::version::health_lines()).into_response(),
         }
     } else {
         ApiError::new(
@@ -431,7 +432,13 @@ mod tests {
         until_status(&url, 200).await;
         let r = reqwest::get(&url).await.unwrap();
         assert_eq!(r.headers()["x-xce-cluster"], "0123456789abcdef");
-        assert_eq!(r.text().await.unwrap(), "ok\ncluster: 0123456789abcdef\n");
+        assert_eq!(
+            r.text().await.unwrap(),
+            format!(
+                "ok\ncluster: 0123456789abcdef\n{}",
+                xce_serve::version::health_lines()
+            )
+        );
         drop(etcd);
         until_status(&url, 503).await;
         let text = reqwest::get(&url).await.unwrap().text().await.unwrap();

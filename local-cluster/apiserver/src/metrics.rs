@@ -22,6 +22,9 @@ pub(crate) struct Metrics {
     pub(crate) leader_reads: Counter,
     /// Changes of the leader key's holder learned (from the watch, or a read).
     pub(crate) leader_changes: Counter,
+    /// Times the listeners were told to fail closed (a record or an event not
+    /// understood, a load that failed).
+    pub(crate) not_understood: Counter,
 }
 
 impl Metrics {
@@ -60,6 +63,12 @@ impl Metrics {
             "xce_apiserver_leader_changes",
             "Changes of the leader (or to none) learned from the leader key",
             self.leader_changes.clone(),
+        );
+        r.register(
+            "xce_apiserver_stale",
+            "Times this apiserver stopped serving its copy (503 stale) because it met a \
+             record or an event it does not understand, or could not load the state",
+            self.not_understood.clone(),
         );
     }
 

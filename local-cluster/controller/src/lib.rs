@@ -138,6 +138,7 @@ impl Controller {
         }
         role.register(&mut registry);
         xce_serve::register_tls_metrics(&mut registry);
+        xce_serve::version::register_build_info(&mut registry);
         let timing = core::Timing {
             heartbeat_interval: cfg.heartbeat_interval,
             unreachable_after: cfg.unreachable_after,

@@ -99,6 +99,7 @@ pub fn serve(
     role.standby();
     role.register(&mut registry);
     xce_serve::register_tls_metrics(&mut registry);
+    xce_serve::version::register_build_info(&mut registry);
     let (stop, stopped) = watch::channel(false);
     let (addr, server) = xce_serve::serve(
         listen,
@@ -153,10 +154,11 @@ fn router(
     let healthz = {
         let leader = leader.clone();
         move || async move {
-            match leader.borrow().as_deref() {
+            let first = match leader.borrow().as_deref() {
                 Some(id) => format!("standby: following the leader {id}\n"),
                 None => "standby: no leader known yet\n".to_owned(),
-            }
+            };
+            first + &xce_serve::version::health_lines()
         }
     };
     axum::Router::new()
@@ -245,6 +247,8 @@ mod tests {
             /v1/services: 503 {"error":{"code":"standby","details":[],"message":"this controller is a standby and serves only /healthz and /metrics (no leader is known yet): send requests to the leader or to an apiserver"}}
             /internal/v1/register: 503 {"error":{"code":"standby","details":[],"message":"this controller is a standby and serves only /healthz and /metrics (no leader is known yet): send requests to the leader or to an apiserver"}}
             /healthz: 200 standby: following the leader h/1@127.0.0.1:7480
+            version: 0.1.0
+            commit: unknown
         "#]]
         .assert_eq(&out);
         // Not public: a standby's metrics need a token like the leader's.

@@ -49,4 +49,5 @@ mod routes;
 mod scale;
 mod sessions;
 mod settles;
+mod versions;
 mod workers;

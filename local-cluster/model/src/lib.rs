@@ -7,6 +7,9 @@ pub mod job_rev;
 pub mod rollout;
 pub mod slots;
 
+#[cfg(test)]
+mod format_tests;
+
 use crate::job_key::JobKey;
 use crate::job_rev::{StoredJob, StoredRev};
 use crate::rollout::Rollout;
@@ -32,6 +35,34 @@ const EVENTS: &str = "events";
 /// `meta/cluster_id`: the cluster's identity, created once with the store (see
 /// [`Store::put_if_absent`]) and never changed; not part of any batch.
 const CLUSTER_ID: &str = "cluster_id";
+
+/// `meta/format`: the format of the stored records and of the events record (see
+/// [`FORMAT`]); absent in a store written before formats were numbered (format 1).
+const FORMAT_KEY: &str = "format";
+
+/// The format of the records and events this build writes. A release that changes what a
+/// record or an event means (a new enum variant, a field whose absence means something
+/// else) raises it by one and migrates older formats at load ([`Cluster::from_records`]
+/// reads them, the controller writes them back in this format); a reader that finds a
+/// newer format refuses the store rather than misread it.
+///
+/// - 1: the records before formats were numbered (no `meta/format`; service records may
+///   be keyed by name alone, see [`Cluster::legacy_keys`]).
+/// - 2: `meta/format` is written; services are keyed by `project/name`.
+pub const FORMAT: u64 = 2;
+
+/// The format of a store without `meta/format`.
+const UNNUMBERED_FORMAT: u64 = 1;
+
+/// The key of the store format (see [`FORMAT`]).
+pub fn format_key() -> Key {
+    Key::new(NS_META, FORMAT_KEY)
+}
+
+/// The format a stored `meta/format` value names.
+pub fn decode_format(bytes: &[u8]) -> Result<u64, serde_json::Error> {
+    serde_json::from_slice(bytes)
+}
 
 /// The key of the cluster id (see `CLUSTER_ID`).
 pub fn cluster_id_key() -> Key {
@@ -155,6 +186,9 @@ pub struct Released {
 #[derive(Debug, Clone, Default)]
 pub struct Cluster {
     pub rev: u64,
+    /// The format the records were stored in (see [`FORMAT`]); older than [`FORMAT`]
+    /// until the controller has written the migration back.
+    pub format: u64,
     /// The cluster id as stored (`None` in a store no controller has opened since cluster
     /// ids exist).
     pub cluster_id: Option<String>,
@@ -185,6 +219,13 @@ pub enum LoadError {
     Decode { key: Key, err: serde_json::Error },
     #[error("stored record {0} is in an unknown namespace")]
     Unknown(Key),
+    /// Written by a newer release: refused whole rather than misread.
+    #[error(
+        "the store holds records of format {found}, newer than this build ({build}) \
+         understands (format {FORMAT} and older): it was written by a newer release; upgrade \
+         this process (see UPGRADING.md)"
+    )]
+    NewerFormat { found: u64, build: String },
 }
 
 // === impl Cluster ===
@@ -195,9 +236,13 @@ impl Cluster {
     }
 
     /// The cluster the records of [`Store::load_all`] describe.
+    /// A store of a newer [`FORMAT`] is refused before any record is read: its records
+    /// may not decode, or decode into something else.
     pub fn from_records(records: Vec<(Key, Vec<u8>)>) -> Result<Self, LoadError> {
+        let format = stored_format(&records)?;
         let mut c = Cluster {
             next_job: 1,
+            format,
             ..Cluster::default()
         };
         // The newest job `rev` per service (see [`StoredJob`]).
@@ -214,7 +259,7 @@ impl Cluster {
             match (key.ns.as_str(), key.key.as_str()) {
                 (NS_META, "rev") => c.rev = de!(),
                 (NS_META, "next_job") => c.next_job = de!(),
-                (NS_META, EVENTS) => {}
+                (NS_META, EVENTS | FORMAT_KEY) => {}
                 (NS_META, CLUSTER_ID) => c.cluster_id = Some(de!()),
                 (NS_SERVICE, stored) => {
                     let rec: ServiceRec = de!();
@@ -248,6 +293,11 @@ impl Cluster {
             }
         }
         Ok(c)
+    }
+
+    /// Whether the records are older than [`FORMAT`]: the controller writes them back.
+    pub fn needs_migration(&self) -> bool {
+        self.format < FORMAT || !self.legacy_keys.is_empty()
     }
 
     pub fn snapshot(&self) -> ClusterSnapshot {
@@ -342,6 +392,33 @@ impl Cluster {
     }
 }
 
+/// The format `records` are in (see [`FORMAT`]); a newer one is an error.
+fn stored_format(records: &[(Key, Vec<u8>)]) -> Result<u64, LoadError> {
+    let Some((key, bytes)) = records
+        .iter()
+        .find(|(k, _)| k.ns == NS_META && k.key == FORMAT_KEY)
+    else {
+        return Ok(UNNUMBERED_FORMAT);
+    };
+    let found = decode_format(bytes).map_err(|err| LoadError::Decode {
+        key: key.clone(),
+        err,
+    })?;
+    check_format(found)?;
+    Ok(found)
+}
+
+/// Refuses a format newer than [`FORMAT`], naming both and this build.
+pub fn check_format(found: u64) -> Result<(), LoadError> {
+    if found > FORMAT {
+        return Err(LoadError::NewerFormat {
+            found,
+            build: xce_wire::version::build().to_string(),
+        });
+    }
+    Ok(())
+}
+
 /// Plugin calls due once a transaction is committed.
 #[derive(Debug, Clone)]
 pub enum After {
@@ -363,6 +440,8 @@ pub enum After {
 #[derive(Debug, Default)]
 pub struct Txn {
     rev: u64,
+    /// The format to record (a migration, see [`Txn::migrate`]).
+    format: Option<u64>,
     next_job: Option<u64>,
     services: BTreeMap<ServiceKey, Option<ServiceRec>>,
     /// Services whose `rev` moves without their record being written: a job write
@@ -396,6 +475,7 @@ impl Txn {
             + self.jobs.len()
             + self.hosts.len()
             + usize::from(self.next_job.is_some())
+            + usize::from(self.format.is_some())
             + usize::from(!self.events.is_empty())
             + 1 // meta/rev
     }
@@ -407,6 +487,7 @@ impl Txn {
 
     pub fn is_empty(&self) -> bool {
         self.next_job.is_none()
+            && self.format.is_none()
             && self.services.is_empty()
             && self.bumped.is_empty()
             && self.legacy.is_empty()
@@ -432,8 +513,15 @@ impl Txn {
         }
     }
 
+    /// Writes the records of an older format back in [`FORMAT`]: service records under
+    /// legacy keys move to their canonical keys, and `meta/format` is written.
+    pub fn migrate(&mut self, c: &Cluster) {
+        self.migrate_keys(c);
+        self.format = Some(FORMAT);
+    }
+
     /// Moves service records stored under legacy keys to their canonical keys.
-    pub fn migrate_keys(&mut self, c: &Cluster) {
+    fn migrate_keys(&mut self, c: &Cluster) {
         for (stored, key) in &c.legacy_keys {
             if let Some(rec) = self.service(c, key) {
                 self.services.insert(key.clone(), Some(rec));
@@ -678,6 +766,9 @@ impl Txn {
         if let Some(n) = self.next_job {
             section(NS_META, "next_job", Some(enc(&n)));
         }
+        if let Some(f) = self.format {
+            section(NS_META, FORMAT_KEY, Some(enc(&f)));
+        }
         section(NS_META, "rev", Some(enc(&self.rev)));
         if events && !self.events.is_empty() {
             section(NS_META, EVENTS, Some(enc(&self.events)));
@@ -690,6 +781,9 @@ impl Txn {
         c.rev = self.rev;
         if !self.legacy.is_empty() {
             c.legacy_keys.clear();
+        }
+        if let Some(f) = self.format {
+            c.format = f;
         }
         if let Some(n) = self.next_job {
             c.next_job = n;

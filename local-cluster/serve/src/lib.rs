@@ -43,6 +43,7 @@ pub mod keyring;
 pub mod limits;
 mod responses;
 mod tls;
+pub mod version;
 
 pub use control_tls::server::{ServerTls, TlsFiles};
 pub use responses::{json_errors, metrics_response};
@@ -188,6 +189,7 @@ pub fn serve(
     info!(%addr, max_connections = limits.max_total, max_per_client = limits.max_per_client,
           header_timeout = ?limits.header_timeout, idle_timeout = ?limits.idle_timeout,
           tls = tls.is_some(), "apiserver listening");
+    let app = version::tag(app);
     let server = tokio::spawn(accept_loop(listener, app, limits, tls, stop));
     Ok((addr, server))
 }

@@ -13,6 +13,7 @@ use xce_proto::worker::{
     Assignments, Heartbeat, HeartbeatAnswer, RegisterRequest, RegisterResponse, WorkerEvent,
     CLUSTER_HEADER, INSTANCE_HEADER, SESSION_HEADER,
 };
+use xce_wire::version::{protocol, PROTOCOL_HEADER, SKEW_CODE};
 
 /// How long an ordinary call (registration, facts, events) may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
@@ -90,6 +91,12 @@ impl CallError {
     /// until the tokens file or the worker's `credential` changes.
     pub(crate) fn refused(&self) -> bool {
         matches!(self.status().map(|s| s.as_u16()), Some(401 | 403))
+    }
+
+    /// The controller refused this worker's protocol version (400 `version_skew`):
+    /// retrying does not help until one of them is upgraded.
+    pub(crate) fn version_skew(&self) -> bool {
+        self.code().as_deref() == Some(SKEW_CODE)
     }
 
     /// The `error.code` of an error answer's JSON body (`host_taken`, `unauthenticated`,
@@ -321,7 +328,9 @@ impl Client {
             let mut req = build(self.url_at(at, leaf))
                 .timeout(timeout)
                 .header(reqwest::header::AUTHORIZATION, &self.auth)
-                .header(INSTANCE_HEADER, self.identity.instance());
+                .header(INSTANCE_HEADER, self.identity.instance())
+                // The controller refuses a worker outside the version skew (UPGRADING.md).
+                .header(PROTOCOL_HEADER, protocol());
             if let Some(cluster) = self.identity.cluster() {
                 req = req.header(CLUSTER_HEADER, cluster);
             }

@@ -63,7 +63,17 @@ pub(super) async fn register(
             Ok(resp) => return registered(identity, &req, &resp),
             Err(e) => e,
         };
-        let wait = if e.refused() {
+        let wait = if e.version_skew() {
+            // Retried slowly: the fix is an upgrade (of this worker, or of the controller
+            // when the worker went first), after which this worker registers at once.
+            let wait = refused.next_pause();
+            tracing::error!(
+                problem = %e.message(),
+                retry_in = %format_args!("{:.1}s", wait.as_secs_f64()),
+                "controller refused this worker's protocol version; the replicas keep running untouched"
+            );
+            wait
+        } else if e.refused() {
             let wait = refused.next_pause();
             tracing::error!(
                 problem = %e,

@@ -3,6 +3,7 @@
 
 mod fake;
 mod no_leader;
+mod old_server;
 mod projects;
 mod real_table;
 mod service;

@@ -10,6 +10,7 @@
 // Visible to the controller: its tests render replica slots with `replica_json` and
 // compare `service_detail` written directly with its tree.
 pub(super) mod services;
+mod skew;
 mod state;
 mod worker;
 
@@ -37,6 +38,8 @@ pub(crate) fn build(state: ApiState) -> Router {
         app = app.merge(ext.router(state.ctx.clone()));
     }
     app.fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        // Before any route does anything: a peer outside the version skew is refused.
+        .layer(axum::middleware::from_fn(skew::check))
         .layer(axum::middleware::map_response(
             move |r: Response| async move { json_errors(r, limit) },
         ))
@@ -54,7 +57,7 @@ pub(crate) fn build(state: ApiState) -> Router {
 /// 200 `ok` while the state task runs (so changes can be committed); 503 once it has
 /// stopped (a store that went stale or cannot write, or shutdown): a load balancer or a
 /// supervisor sees it. The first line is `ok`; the second names the cluster
-/// (`cluster: <id>`), also in the `X-Xce-Cluster` header.
+/// (`cluster: <id>`), also in the `X-Xce-Cluster` header; then `version:` and `commit:`.
 async fn healthz(State(st): State<ApiState>) -> Response {
     if st.tx.is_closed() {
         return ApiError::new(
@@ -66,7 +69,11 @@ async fn healthz(State(st): State<ApiState>) -> Response {
     }
     (
         [(CLUSTER_HEADER, st.cluster_id.to_string())],
-        format!("ok\ncluster: {}\n", st.cluster_id),
+        format!(
+            "ok\ncluster: {}\n{}",
+            st.cluster_id,
+            xce_serve::version::health_lines()
+        ),
     )
         .into_response()
 }

@@ -353,7 +353,7 @@ impl Core {
             store,
             metrics,
         );
-        core.migrate_legacy_keys(now);
+        core.migrate(now);
         // The first view is built whole, and the first pass visits every service.
         core.parts.touch_all(&core.cluster);
         core.sched.mark_all(&core.cluster);
@@ -411,19 +411,27 @@ impl Core {
         }
     }
 
-    /// Records written before services were keyed by project move to their canonical
-    /// keys (`project/name`) once, in one batch; a failed move is tried again at the next
-    /// start.
-    fn migrate_legacy_keys(&mut self, now: Instant) {
-        if self.cluster.legacy_keys.is_empty() {
+    /// Records of an older format ([`xce_model::FORMAT`]) are written back in the current
+    /// one once, in one batch (service records written before services were keyed by
+    /// project move to `project/name`, and `meta/format` is written); a failed migration
+    /// is tried again at the next start (the records read the same meanwhile).
+    fn migrate(&mut self, now: Instant) {
+        if !self.cluster.needs_migration() {
             return;
         }
+        let from = self.cluster.format;
+        let moved = self.cluster.legacy_keys.len();
         let mut txn = Txn::new(&self.cluster);
-        txn.migrate_keys(&self.cluster);
+        txn.migrate(&self.cluster);
         match self.commit(txn, now) {
-            Ok(()) => info!("service records moved to their project-scoped keys"),
+            Ok(()) => info!(
+                from,
+                to = xce_model::FORMAT,
+                moved_service_keys = moved,
+                "stored records migrated to the current format"
+            ),
             Err(e) => {
-                warn!(error = %e, "moving service records to project-scoped keys failed; trying again at the next start")
+                warn!(error = %e, from, to = xce_model::FORMAT, "migrating the stored records failed; trying again at the next start")
             }
         }
     }

@@ -111,6 +111,8 @@ async fn rbac_matrix_across_two_projects() {
         expect![[r#"
             GET /healthz as -: 200 ok
             cluster: c1c1c1c1c1c1c1c1
+            version: 0.1.0
+            commit: unknown
 
             GET /v1/services as -: 401 {"error":{"code":"unauthenticated","details":[],"message":"missing bearer token"}}
             GET /v1/services as nope: 401 {"error":{"code":"unauthenticated","details":[],"message":"invalid bearer token"}}
