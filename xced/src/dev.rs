@@ -308,6 +308,7 @@ impl DevWorkers {
                 data_dir: args.data_dir.join("workers").join(host),
                 stop_timeout: Duration::from_secs(5),
                 facts_interval: Duration::from_secs(30),
+                orphan_drain: xce_worker::DEFAULT_ORPHAN_DRAIN,
             };
             tasks.spawn(run_worker(wcfg, plugins, stopped.clone()));
         }

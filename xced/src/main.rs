@@ -656,6 +656,7 @@ async fn run_worker(path: PathBuf) -> Result<()> {
         data_dir: cfg.data_dir.clone(),
         stop_timeout: cfg.stop_timeout,
         facts_interval: cfg.facts_interval,
+        orphan_drain: cfg.orphan_drain,
     };
     let plugins = plugins::worker_plugins(cfg.address, cfg.ports)?;
     // A worker that stops leaves its replicas running: a restarted worker re-adopts them.

@@ -8,6 +8,9 @@ use std::time::Duration;
 
 /// The default grace between SIGTERM and SIGKILL when a replica is stopped.
 pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default drain of a replica the controller does not list (see
+/// [`WorkerConfig::orphan_drain`]): a profile's default `drain`.
+pub const DEFAULT_ORPHAN_DRAIN: Duration = Duration::from_secs(5);
 /// The default period of re-reading the host facts.
 pub const DEFAULT_FACTS_INTERVAL: Duration = Duration::from_secs(30);
 
@@ -32,6 +35,10 @@ pub struct WorkerConfig {
     pub stop_timeout: Duration,
     /// How often the host facts are re-read (and reported if they changed).
     pub facts_interval: Duration,
+    /// How long a running replica the controller does not list (its store does not know
+    /// it: a restored backup, a host declared lost) keeps running before its SIGTERM. It
+    /// is in no endpoint any more; clients that still hold an older list finish with it.
+    pub orphan_drain: Duration,
 }
 
 impl WorkerConfig {
@@ -50,6 +57,7 @@ impl WorkerConfig {
             data_dir: data_dir.into(),
             stop_timeout: DEFAULT_STOP_TIMEOUT,
             facts_interval: DEFAULT_FACTS_INTERVAL,
+            orphan_drain: DEFAULT_ORPHAN_DRAIN,
         }
     }
 }
@@ -64,6 +72,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("data_dir", &self.data_dir)
             .field("stop_timeout", &self.stop_timeout)
             .field("facts_interval", &self.facts_interval)
+            .field("orphan_drain", &self.orphan_drain)
             .finish()
     }
 }

@@ -36,7 +36,7 @@ use std::future::Future;
 
 pub use config::{
     collect_facts, ShutdownMode, WorkerConfig, WorkerPlugins, DEFAULT_FACTS_INTERVAL,
-    DEFAULT_STOP_TIMEOUT,
+    DEFAULT_ORPHAN_DRAIN, DEFAULT_STOP_TIMEOUT,
 };
 
 /// Runs the worker until `shutdown` resolves, then detaches from or stops the replicas as
