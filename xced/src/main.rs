@@ -8,6 +8,7 @@ mod config;
 mod daemon;
 mod dev;
 mod plugins;
+mod store_cmd;
 mod tls;
 mod token;
 
@@ -75,6 +76,12 @@ enum Cmd {
         #[command(subcommand)]
         cmd: token::TokenCmd,
     },
+    /// Back up the controller's store while it runs, or restore a backup into a stopped
+    /// one.
+    Store {
+        #[command(subcommand)]
+        cmd: store_cmd::StoreCmd,
+    },
     /// Run one worker agent.
     Worker {
         /// Worker config file (TOML).
@@ -95,6 +102,11 @@ fn main() -> std::process::ExitCode {
             }
         };
     }
+    // Not a daemon either: its one line of output is the point.
+    let cli = match cli.cmd {
+        Cmd::Store { cmd } => return run_store(cmd),
+        cmd => Cli { cmd },
+    };
     // `xced dev` keeps its console for the user: warnings there, the full log in its
     // data dir (unless XCE_LOG/RUST_LOG asks for a console log).
     let dev_log = match &cli.cmd {
@@ -122,6 +134,22 @@ fn main() -> std::process::ExitCode {
         }
     };
     match rt.block_on(run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `xced store …` on a runtime of its own, without the daemons' log.
+fn run_store(cmd: store_cmd::StoreCmd) -> std::process::ExitCode {
+    let done = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(store_cmd::run(cmd)));
+    match done {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -199,6 +227,7 @@ async fn run(cli: Cli) -> Result<()> {
             store,
         } => run_apiserver(config, tokens, store).await,
         Cmd::Worker { config } => run_worker(config).await,
+        Cmd::Store { cmd } => store_cmd::run(cmd).await,
         Cmd::Token { cmd } => token::run(cmd),
     }
 }

@@ -144,9 +144,15 @@ impl Controller {
             grace_period: cfg.grace_period,
             disruption_threshold: cfg.disruption_threshold,
         };
+        // A store that others follow is etcd; the embedded one is redb.
+        let store_kind = if store.journals_events() {
+            "etcd"
+        } else {
+            "redb"
+        };
         let mut core = core::Core::load(
             timing,
-            store,
+            store.clone(),
             core::Wiring {
                 resources,
                 policies: facts_policies,
@@ -175,6 +181,8 @@ impl Controller {
             body_limit: cfg.body_limit,
             shutdown: shutdown_rx,
             cluster_id,
+            store,
+            store_kind,
         };
         Ok(Self {
             api,

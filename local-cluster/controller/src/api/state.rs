@@ -30,6 +30,11 @@ pub(crate) struct ApiState {
     /// The tokens in force (also `ctx.auth`): a refused worker is told whether its secret
     /// is wrong or its host has no `[[worker]]` entry at all.
     pub(crate) keyring: xce_serve::keyring::Keyring,
+    /// The store the state task writes, for `GET /v1/store/backup` (a read transaction
+    /// of its own; never a write).
+    pub(crate) store: Arc<dyn xce_store::Store>,
+    /// What the store is (`redb`, `etcd`), written into a backup's header.
+    pub(crate) store_kind: &'static str,
 }
 
 impl std::fmt::Debug for ApiState {
