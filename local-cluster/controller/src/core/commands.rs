@@ -151,7 +151,9 @@ impl Core {
             Some((profile.replicas, &profile.quantities)),
         )?;
         let mut txn = Txn::new(&self.cluster);
-        txn.put_service(new_service(&profile));
+        let mut svc = new_service(&profile);
+        self.begin_rollout(&mut svc.rollout);
+        txn.put_service(svc);
         self.profiles.insert(key.clone(), profile);
         if let Err(e) = self.commit(txn, now) {
             self.profiles.remove(&key);
@@ -197,7 +199,7 @@ impl Core {
             self.next_generation(&mut svc);
             info!(service = %name, project = %key.project, generation = svc.info.generation, principal = %who.name, "new profile: rolling out a new generation");
         } else if cur.info.replicas != profile.replicas {
-            svc.rollout.begin();
+            self.begin_rollout(&mut svc.rollout);
             info!(service = %name, project = %key.project, replicas = profile.replicas, principal = %who.name, "service scaled");
         }
         svc.info.replicas = profile.replicas;
@@ -217,8 +219,18 @@ impl Core {
             svc.older.insert(g, svc.info.profile.clone());
         }
         svc.info.generation = g + 1;
-        svc.rollout.begin();
-        self.metrics.rollouts_started.inc();
+        self.begin_rollout(&mut svc.rollout);
+    }
+
+    /// Begins a rollout (a new service, a new generation, a scale), counted as started
+    /// unless one is under way already (it goes on as this one): every rollout started
+    /// ends once (`xce_rollouts_total{outcome}`), so started minus ended is the number
+    /// under way.
+    pub(super) fn begin_rollout(&self, r: &mut Rollout) {
+        if r.state != rollout::RolloutState::Progressing {
+            self.metrics.rollouts_started.inc();
+        }
+        r.begin();
     }
 
     /// Commits a changed service record whose current profile is `profile`.
@@ -341,7 +353,7 @@ impl Core {
         }
         svc.info.replicas = replicas;
         svc.info.profile = profile.raw.clone();
-        svc.rollout.begin();
+        self.begin_rollout(&mut svc.rollout);
         self.commit_service(svc, profile, now)?;
         info!(service = %name, project = %key.project, replicas, principal = %who.name, "service scaled");
         Ok(())
@@ -442,10 +454,9 @@ impl Core {
 }
 
 /// The record of a service just created from `profile`: active, its first generation
-/// rolling out.
+/// to roll out (the caller begins the rollout).
 fn new_service(profile: &Profile) -> ServiceRec {
-    let mut rollout = Rollout::default();
-    rollout.begin();
+    let rollout = Rollout::default();
     ServiceRec {
         info: ServiceInfo {
             name: profile.name.clone(),
