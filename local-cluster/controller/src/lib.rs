@@ -40,6 +40,16 @@ use xce_serve::keyring::Keyring;
 use xce_serve::serve;
 use xce_store::Store;
 
+/// What a store is, for a backup's header: one that others follow is etcd, the embedded
+/// one redb.
+fn store_kind(store: &dyn Store) -> &'static str {
+    if store.journals_events() {
+        "etcd"
+    } else {
+        "redb"
+    }
+}
+
 /// Creates `cfg.data_dir` if needed and opens the embedded store in it.
 pub fn open_store(cfg: &ControllerConfig) -> anyhow::Result<Arc<dyn Store>> {
     std::fs::create_dir_all(&cfg.data_dir)
@@ -144,12 +154,6 @@ impl Controller {
             grace_period: cfg.grace_period,
             disruption_threshold: cfg.disruption_threshold,
         };
-        // A store that others follow is etcd; the embedded one is redb.
-        let store_kind = if store.journals_events() {
-            "etcd"
-        } else {
-            "redb"
-        };
         let mut core = core::Core::load(
             timing,
             store.clone(),
@@ -181,8 +185,8 @@ impl Controller {
             body_limit: cfg.body_limit,
             shutdown: shutdown_rx,
             cluster_id,
+            store_kind: store_kind(&*store),
             store,
-            store_kind,
         };
         Ok(Self {
             api,

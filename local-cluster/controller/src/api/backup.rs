@@ -3,7 +3,7 @@
 //! file exclusively, so a consistent copy is taken here, in one read transaction of the
 //! store it writes (one revision, on etcd), while it keeps serving.
 
-use super::ApiState;
+use super::state::{internal, ApiState};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -36,7 +36,7 @@ async fn backup(State(st): State<ApiState>, who: Principal) -> Result<Response, 
         Ok::<_, String>((records.len(), file))
     })
     .await
-    .map_err(|e| super::state::internal(&format!("the backup task failed: {e}")))?;
+    .map_err(|e| internal(&format!("the backup task failed: {e}")))?;
     let (records, file) = file.map_err(|e| {
         ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
