@@ -103,7 +103,7 @@ pub fn encode(
 }
 
 /// The header and the records of a backup file, checked whole.
-pub fn decode(bytes: &[u8]) -> Result<(Header, Vec<(Key, Vec<u8>)>), BackupError> {
+pub fn decode(bytes: &[u8]) -> Result<(Header, crate::Records), BackupError> {
     let text = std::str::from_utf8(bytes).map_err(|e| BackupError::Bad {
         line: 1,
         reason: format!("not text: {e}"),
