@@ -65,7 +65,8 @@ pub(super) fn from_core(e: CoreError) -> ApiError {
             format!("service {name:?} already exists"),
         ),
         CoreError::Invalid(details) => ApiError::invalid("invalid profile", details),
-        CoreError::Refused(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
+        // Its own code: a client tells the user to wait, not to stop it (it is stopping).
+        CoreError::Refused(m) => ApiError::new(StatusCode::CONFLICT, "stopping", m),
         CoreError::Quota(e) => ApiError {
             details: vec![FieldError::new(
                 format!("quotas.{}.{}", e.project, e.quota),

@@ -182,9 +182,7 @@ impl Core {
             )));
         }
         if cur.state == ServiceState::Stopping {
-            return Err(CoreError::Refused(format!(
-                "service {name:?} is stopping; submit it again once it is gone"
-            )));
+            return Err(stopping(name));
         }
         if cur.info.profile == profile.raw {
             return Ok((key, Applied::Unchanged));
@@ -336,7 +334,7 @@ impl Core {
             })?;
         }
         if svc.state == ServiceState::Stopping {
-            return Err(CoreError::Refused(format!("service {name:?} is stopping")));
+            return Err(stopping(name));
         }
         if svc.info.replicas == replicas {
             return Ok(());
@@ -369,7 +367,7 @@ impl Core {
         let mut svc = self.service_for_change(key, who)?;
         let name = &key.name;
         if svc.state == ServiceState::Stopping {
-            return Err(CoreError::Refused(format!("service {name:?} is stopping")));
+            return Err(stopping(name));
         }
         self.next_generation(&mut svc);
         let profile = self.profiles[key].clone();
@@ -451,6 +449,13 @@ impl Core {
         j.held_ready = None;
         txn.put_job(&self.cluster, j);
     }
+}
+
+/// A change to a stopping service, refused with one message whatever the change.
+fn stopping(name: &str) -> CoreError {
+    CoreError::Refused(format!(
+        "service {name:?} is stopping; change or submit it again once it is gone"
+    ))
 }
 
 /// The record of a service just created from `profile`: active, its first generation
