@@ -324,9 +324,9 @@ mod tests {
         check(
             "range = \"40000-40010\"",
             Some("32768\t60999\n"),
-            expect![[""]],
+            expect!["collect: ports: ports.range 40000-40010 has no usable port: it lies inside the kernel's ephemeral range 32768-60999 (/TMP/ip_local_port_range) or is reserved; move ports.range outside it (or narrow net.ipv4.ip_local_port_range)"],
         );
-        check("range = \"9100-9101\"\nreserved = [9100, 9101]", None, expect![[""]]);
+        check("range = \"9100-9101\"\nreserved = [9100, 9101]", None, expect!["collect: ports: ports.range 9100-9101 has no usable port: it lies inside the kernel's ephemeral range - (/TMP/ip_local_port_range) or is reserved; move ports.range outside it (or narrow net.ipv4.ip_local_port_range)"]);
     }
 
     #[test]

@@ -312,7 +312,9 @@ mod tests {
         check_status(
             409,
             r#"{"error":{"code":"stopping","message":"service \"web\" is stopping; change or submit it again once it is gone","details":[]}}"#,
-            expect![[""]],
+            expect![[r#"
+                exit 1: error: service "web" is stopping; change or submit it again once it is gone
+                hint: wait until it is gone (`xcecli service list` no longer shows it), then try again"#]],
         );
         check_status_at(
             "http://127.0.0.1:7480/v1/services/web?project=team-a",
