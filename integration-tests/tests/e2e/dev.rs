@@ -562,3 +562,21 @@ grants = [ { permission = "job.view", projects = ["default"] } ]
         "with --tokens no client config is written"
     );
 }
+
+/// `service stop --wait` returns once the service is gone, saying how many replicas were
+/// left as that changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_stop_wait_returns_once_the_service_is_gone() {
+    let c = DevCluster::start(1, true).expect("dev cluster");
+    c.api.wait_ready("web", 3).await;
+    let out = c.xcecli(&["service", "stop", "web", "--project", "default", "--wait"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("service web stopping: 3 replicas left"),
+        "{err}"
+    );
+    assert!(err.trim_end().ends_with("service web is gone"), "{err}");
+    let (status, _, _) = c.api.get("/v1/services/web").await.unwrap();
+    assert_eq!(status, 404, "gone when the command returned");
+}
