@@ -208,6 +208,22 @@ impl HostFactsProvider for PortFactsProvider {
             ephemeral,
         };
         let overlap = section.ephemeral_overlap();
+        // A host with no port to hand out must not look ready for placements.
+        let usable = (self.range.lo()..=self.range.hi())
+            .filter(|p| !overlap.is_some_and(|o| o.contains(*p)))
+            .filter(|p| self.reserved.binary_search(p).is_err())
+            .count();
+        if usable == 0 {
+            let ephemeral = ephemeral.map_or_else(|| "-".to_owned(), |e| e.to_string());
+            return Err(FactsError::new(
+                PLUGIN_NAME,
+                format!(
+                    "ports.range {} has no usable port: it lies inside the kernel's ephemeral range {ephemeral} ({}) or is reserved; move ports.range outside it (or narrow net.ipv4.ip_local_port_range)",
+                    self.range,
+                    self.ephemeral_range_file.display()
+                ),
+            ));
+        }
         {
             let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
             if *warned != Some(overlap) {
@@ -299,6 +315,18 @@ mod tests {
             None,
             expect![[r#"{"ephemeral":null,"range":[20000,32000],"reserved":[]} overlap=None"#]],
         );
+    }
+
+    /// A range wholly inside the ephemeral range (or reserved) leaves no port to hand
+    /// out: the facts say so, instead of a ready host with 0 usable ports.
+    #[test]
+    fn a_range_with_no_usable_port_is_refused() {
+        check(
+            "range = \"40000-40010\"",
+            Some("32768\t60999\n"),
+            expect!["collect: ports: ports.range 40000-40010 has no usable port: it lies inside the kernel's ephemeral range 32768-60999 (/TMP/ip_local_port_range) or is reserved; move ports.range outside it (or narrow net.ipv4.ip_local_port_range)"],
+        );
+        check("range = \"9100-9101\"\nreserved = [9100, 9101]", None, expect!["collect: ports: ports.range 9100-9101 has no usable port: it lies inside the kernel's ephemeral range - (/TMP/ip_local_port_range) or is reserved; move ports.range outside it (or narrow net.ipv4.ip_local_port_range)"]);
     }
 
     #[test]

@@ -84,6 +84,14 @@ pub enum ServiceCommand {
         /// Skip the drain: replicas leave the endpoint and get SIGTERM at once
         #[arg(long)]
         now: bool,
+        /// Wait until the service is gone (every replica drained and exited), printing how
+        /// many replicas are left on stderr as that changes; exit 3 after --timeout
+        #[arg(long)]
+        wait: bool,
+        /// How long --wait waits, e.g. 90s, 15m
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration,
+              default_value = "10m", requires = "wait")]
+        timeout: Duration,
     },
     /// Print the endpoints (address:port) of a service's ready replicas
     Endpoints(EndpointsArgs),

@@ -187,8 +187,13 @@ fn not_found(url: &Url, message: String) -> CliError {
 /// A request the apiserver refused as it is (400, 409, 413, 422), with its problems.
 fn invalid(status: StatusCode, answer: ErrorAnswer) -> CliError {
     let details = answer.detail_lines();
+    let answer_code = answer.code.clone();
     let err = CliError::new(ErrorKind::Invalid, answer.message).with_details(details);
     match status {
+        // Stopping already: "stop it first" would say the opposite of the message.
+        StatusCode::CONFLICT if answer_code == "stopping" => err.with_hint(
+            "wait until it is gone (`xcecli service list` no longer shows it), then try again",
+        ),
         StatusCode::CONFLICT => {
             err.with_hint("a service with this name exists: stop it first or choose another name")
         }
@@ -324,6 +329,13 @@ mod tests {
             expect![[r#"
                 exit 1: error: service "web" exists
                 hint: a service with this name exists: stop it first or choose another name"#]],
+        );
+        check_status(
+            409,
+            r#"{"error":{"code":"stopping","message":"service \"web\" is stopping; change or submit it again once it is gone","details":[]}}"#,
+            expect![[r#"
+                exit 1: error: service "web" is stopping; change or submit it again once it is gone
+                hint: wait until it is gone (`xcecli service list` no longer shows it), then try again"#]],
         );
         check_status_at(
             "http://127.0.0.1:7480/v1/services/web?project=team-a",

@@ -94,8 +94,19 @@ pub async fn run(cmd: Command, client: &Client, io: &mut Io) -> Result<(), CliEr
             project,
             output,
         }) => service::status(named(&name, &project, client), output, client, io).await,
-        Command::Service(ServiceCommand::Stop { name, project, now }) => {
-            service::stop(named(&name, &project, client), now, client, io).await
+        Command::Service(ServiceCommand::Stop {
+            name,
+            project,
+            now,
+            wait,
+            timeout,
+        }) => {
+            let svc = named(&name, &project, client);
+            service::stop(svc, now, client, io).await?;
+            match wait {
+                true => service::until_gone(svc, timeout, client, io).await,
+                false => Ok(()),
+            }
         }
         Command::Host(HostCommand::List { output }) => {
             let answer = client::read(io, Client::read_patience(), || client.hosts()).await?;

@@ -142,6 +142,49 @@ pub(crate) async fn stop(
     write_out(io, &format::stopped(&answer.value, now)).map(drop)
 }
 
+/// `service stop NAME --wait`: blocking queries on the service until it is gone (404),
+/// a progress line on stderr whenever the number of replicas left changes; exit 3 once
+/// `timeout` has passed.
+pub(crate) async fn until_gone(
+    svc: ServiceRef<'_>,
+    timeout: std::time::Duration,
+    client: &Client,
+    io: &mut Io,
+) -> Result<(), CliError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let (mut index, mut left) = (0, None);
+    loop {
+        let wait = deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .min(std::time::Duration::from_secs(30));
+        let answer = match client.service(svc, Some((index, wait))).await {
+            Err(e) if e.kind == ErrorKind::NotFound => {
+                let line = format!("service {} is gone\n", svc.name);
+                io.stderr.write_all(line.as_bytes()).map_err(CliError::io)?;
+                return Ok(());
+            }
+            other => other?,
+        };
+        index = answer.index.unwrap_or(answer.value.index);
+        let jobs = answer.value.jobs.len();
+        if left != Some(jobs) {
+            left = Some(jobs);
+            let line = format!("service {} stopping: {jobs} replicas left\n", svc.name);
+            io.stderr.write_all(line.as_bytes()).map_err(CliError::io)?;
+            io.stderr.flush().map_err(CliError::io)?;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(CliError::new(
+                ErrorKind::Timeout,
+                format!(
+                    "service {} still has {jobs} replicas after {timeout:?}",
+                    svc.name
+                ),
+            ));
+        }
+    }
+}
+
 /// `service status NAME [-o table|json]`.
 pub(crate) async fn status(
     svc: ServiceRef<'_>,

@@ -185,6 +185,9 @@ pub(crate) struct WorkerFile {
     pub(crate) stop_timeout: Duration,
     #[serde(default = "d_facts_interval", with = "humantime_serde")]
     pub(crate) facts_interval: Duration,
+    /// How long a replica the controller does not list keeps running before its stop.
+    #[serde(default = "d_orphan_drain", with = "humantime_serde")]
+    pub(crate) orphan_drain: Duration,
     #[serde(default)]
     pub(crate) address: host_address::AddressConfig,
     #[serde(default)]
@@ -257,6 +260,9 @@ fn d_stop_timeout() -> Duration {
 fn d_facts_interval() -> Duration {
     secs(30)
 }
+fn d_orphan_drain() -> Duration {
+    xce_worker::DEFAULT_ORPHAN_DRAIN
+}
 
 const CONTROLLER_ENV: &[&str] = &[
     "listen",
@@ -292,6 +298,7 @@ const WORKER_ENV: &[&str] = &[
     "data_dir",
     "stop_timeout",
     "facts_interval",
+    "orphan_drain",
     "ca_file",
 ];
 

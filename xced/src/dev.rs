@@ -314,6 +314,7 @@ impl DevWorkers {
                     log_writer: Some(crate::daemon::log_writer()?),
                     ..Default::default()
                 },
+                orphan_drain: xce_worker::DEFAULT_ORPHAN_DRAIN,
             };
             tasks.spawn(run_worker(wcfg, plugins, stopped.clone()));
         }

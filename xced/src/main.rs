@@ -9,6 +9,7 @@ mod daemon;
 mod dev;
 mod format;
 mod plugins;
+mod store_cmd;
 mod tls;
 mod token;
 
@@ -21,9 +22,7 @@ use std::sync::Arc;
 use xce_controller::ControllerConfig;
 use xce_serve::keyring::Keyring;
 use xce_store::etcd::gateway::Gateway;
-use xce_store::{
-    Election, EtcdStore, Leadership, Maintained, RedbStore, StoreSpec, DEFAULT_PREFIX,
-};
+use xce_store::{Election, EtcdStore, Leadership, Maintained, StoreSpec, DEFAULT_PREFIX};
 use xce_worker::{ShutdownMode, WorkerConfig};
 
 /// What this binary is: the version and the commit `build.rs` found.
@@ -83,6 +82,12 @@ enum Cmd {
         #[command(subcommand)]
         cmd: token::TokenCmd,
     },
+    /// Back up the controller's store while it runs, or restore a backup into a stopped
+    /// one.
+    Store {
+        #[command(subcommand)]
+        cmd: store_cmd::StoreCmd,
+    },
     /// Run one worker agent.
     Worker {
         /// Worker config file (TOML).
@@ -132,6 +137,11 @@ fn main() -> std::process::ExitCode {
             }
         };
     }
+    // Not a daemon either: its one line of output is the point.
+    let cli = match cli.cmd {
+        Cmd::Store { cmd } => return run_store(cmd),
+        cmd => Cli { cmd },
+    };
     // `xced dev` keeps its console for the user: warnings there, the full log in its
     // data dir (unless XCE_LOG/RUST_LOG asks for a console log).
     let dev_log = match &cli.cmd {
@@ -167,6 +177,22 @@ fn main() -> std::process::ExitCode {
         }
     };
     match rt.block_on(run(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// `xced store …` on a runtime of its own, without the daemons' log.
+fn run_store(cmd: store_cmd::StoreCmd) -> std::process::ExitCode {
+    let done = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|rt| rt.block_on(store_cmd::run(cmd)));
+    match done {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -267,6 +293,7 @@ async fn run(cli: Cli) -> Result<()> {
             store,
         } => run_apiserver(config, tokens, store).await,
         Cmd::Worker { config } => run_worker(config).await,
+        Cmd::Store { cmd } => store_cmd::run(cmd).await,
         Cmd::Token { cmd } => token::run(cmd),
         Cmd::ReplicaLog { .. } => unreachable!("handled before the runtime starts"),
     }
@@ -752,6 +779,7 @@ async fn run_worker(path: PathBuf) -> Result<()> {
             log_writer: Some(daemon::log_writer()?),
             ..cfg.settings.clone()
         },
+        orphan_drain: cfg.orphan_drain,
     };
     let plugins = plugins::worker_plugins(cfg.address, cfg.ports)?;
     // Nothing of a worker is re-read: a SIGHUP (a closed terminal) is logged, never fatal.

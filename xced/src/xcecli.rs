@@ -40,6 +40,11 @@ struct Cli {
     /// Client config file [default: $XCE_CONFIG, else ~/.config/xce/xcecli.toml].
     #[arg(long, global = true)]
     config: Option<PathBuf>,
+    /// The project of the service commands, before the command (`xcecli --project P
+    /// service stop web`); a command's own `--project` wins [default: $XCE_PROJECT, else
+    /// the config file's `project`].
+    #[arg(long = "project", value_name = "P", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    project: Option<String>,
     #[command(subcommand)]
     cmd: Top,
 }
@@ -78,7 +83,9 @@ fn main() -> ExitCode {
         &cmd,
         xcecli_ext::Command::Service(xcecli_ext::ServiceCommand::Endpoints(a)) if a.watch
     );
-    let result = settings(cli.api, cli.token, cli.ca_file, cli.config).and_then(|cfg| {
+    let result = settings(cli.api, cli.token, cli.ca_file, cli.config).and_then(|mut cfg| {
+        // Before the command, it is the default every service command starts from.
+        cfg.project = cli.project.or(cfg.project);
         let client = Client::new(cfg)?;
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()

@@ -564,3 +564,28 @@ grants = [ { permission = "job.view", projects = ["default"] } ]
         "with --tokens no client config is written"
     );
 }
+
+/// `service stop --wait` returns once the service is gone, saying how many replicas were
+/// left as that changed. `--project` before the command (documented as global) applies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_stop_wait_returns_once_the_service_is_gone() {
+    let c = DevCluster::start(1, true).expect("dev cluster");
+    c.api.wait_ready("web", 3).await;
+    let out = c.xcecli(&["--project", "nope", "service", "stop", "web"]);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("looked in project nope only"),
+        "{}",
+        stderr(&out)
+    );
+    let out = c.xcecli(&["--project", "default", "service", "stop", "web", "--wait"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("service web stopping: 3 replicas left"),
+        "{err}"
+    );
+    assert!(err.trim_end().ends_with("service web is gone"), "{err}");
+    let (status, _, _) = c.api.get("/v1/services/web").await.unwrap();
+    assert_eq!(status, 404, "gone when the command returned");
+}

@@ -1186,6 +1186,13 @@ pub fn replica_profile(
     p
 }
 
+/// Appended to a [`replica_profile`] (its `[service.readiness]` table comes last): a
+/// probe's timeout that a loaded machine does not hit. By default the timeout is the
+/// interval, and at 100 or 200 ms a busy machine times probes out, so replicas drop out of
+/// their endpoints and stop changing when the test wants them to (a condition the test
+/// waits for then never comes).
+pub const UNDER_LOAD_TIMEOUT: &str = "timeout = \"1s\"\n";
+
 pub fn set_mode(ctl: &Path, service: &str, replica: u32, mode: &str) {
     let tmp = ctl.join(format!(".mode-{service}-{replica}.tmp"));
     std::fs::write(&tmp, mode).unwrap();

@@ -28,6 +28,7 @@ mod reliability_input;
 mod reliability_tenants;
 mod reliability_watch;
 mod restart;
+mod restore;
 mod rollout;
 mod rotation;
 mod sandbox;

@@ -353,7 +353,7 @@ async fn a_stopping_replica_keeps_its_port_until_it_has_exited() {
         DevCluster::start_with(1, false, &["--port-range", "30200-30201"]).expect("dev cluster");
     let api = &c.api;
     assert_eq!(
-        api.submit_toml(&rd.profile("draining", 2, "3", "200ms", 0))
+        api.submit_toml(&(rd.profile("draining", 2, "3", "200ms", 0) + UNDER_LOAD_TIMEOUT))
             .await
             .unwrap()
             .0,
@@ -366,7 +366,7 @@ async fn a_stopping_replica_keeps_its_port_until_it_has_exited() {
     assert_eq!(api.delete("/v1/services/draining").await.unwrap(), 202);
     let stop_at = monotonic_ns();
     assert_eq!(
-        api.submit_toml(&rd.profile("newcomer", 1, "0", "200ms", 0))
+        api.submit_toml(&(rd.profile("newcomer", 1, "0", "200ms", 0) + UNDER_LOAD_TIMEOUT))
             .await
             .unwrap()
             .0,
@@ -449,7 +449,7 @@ async fn ports_held_outside_xce_never_get_a_replica() {
         .collect();
     assert_eq!(
         c.api
-            .submit_toml(&rd.profile("squat", 3, "0", "200ms", 0))
+            .submit_toml(&(rd.profile("squat", 3, "0", "200ms", 0) + UNDER_LOAD_TIMEOUT))
             .await
             .unwrap()
             .0,

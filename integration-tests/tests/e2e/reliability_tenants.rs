@@ -51,6 +51,7 @@ fn profile(
         t += &format!("[[service.ports]]\nname = \"p{i}\"\n");
     }
     t += "[service.readiness]\ntcp = \"http\"\ninterval = \"200ms\"\n";
+    t += UNDER_LOAD_TIMEOUT;
     t
 }
 

@@ -27,7 +27,7 @@ async fn flapping_readiness_converges_and_never_shows_an_unready_replica() {
     let c = DevCluster::start(2, false).expect("dev cluster");
     let api = c.api.clone();
     assert_eq!(
-        api.submit_toml(&rd.profile("flappy", REPLICAS, "0", INTERVAL, 0))
+        api.submit_toml(&(rd.profile("flappy", REPLICAS, "0", INTERVAL, 0) + UNDER_LOAD_TIMEOUT))
             .await
             .unwrap()
             .0,
@@ -331,14 +331,14 @@ async fn one_slow_watcher_is_cut_off_and_a_thousand_others_keep_up() {
     let pid = c.child.id();
     // churn: 8 replicas with 31 ports each (a fat entry), readiness toggling every probe.
     assert_eq!(
-        api.submit_toml(&rd.profile("calm", 1, "0", "100ms", 0))
+        api.submit_toml(&(rd.profile("calm", 1, "0", "100ms", 0) + UNDER_LOAD_TIMEOUT))
             .await
             .unwrap()
             .0,
         201
     );
     assert_eq!(
-        api.submit_toml(&rd.profile("churn", 8, "0", "100ms", 30))
+        api.submit_toml(&(rd.profile("churn", 8, "0", "100ms", 30) + UNDER_LOAD_TIMEOUT))
             .await
             .unwrap()
             .0,

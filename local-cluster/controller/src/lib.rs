@@ -40,6 +40,16 @@ use xce_serve::keyring::Keyring;
 use xce_serve::serve;
 use xce_store::Store;
 
+/// What a store is, for a backup's header: one that others follow is etcd, the embedded
+/// one redb.
+fn store_kind(store: &dyn Store) -> &'static str {
+    if store.journals_events() {
+        "etcd"
+    } else {
+        "redb"
+    }
+}
+
 /// Creates `cfg.data_dir` if needed and opens the embedded store in it.
 pub fn open_store(cfg: &ControllerConfig) -> anyhow::Result<Arc<dyn Store>> {
     std::fs::create_dir_all(&cfg.data_dir)
@@ -147,7 +157,7 @@ impl Controller {
         };
         let mut core = core::Core::load(
             timing,
-            store,
+            store.clone(),
             core::Wiring {
                 resources,
                 policies: facts_policies,
@@ -177,6 +187,8 @@ impl Controller {
             metrics: cfg.metrics,
             shutdown: shutdown_rx,
             cluster_id,
+            store_kind: store_kind(&*store),
+            store,
         };
         Ok(Self {
             api,

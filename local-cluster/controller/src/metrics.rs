@@ -66,12 +66,12 @@ impl Metrics {
         );
         r.register(
             "xce_rollouts_started",
-            "Rollouts begun: new generations from a changed profile, a restart or a rollback",
+            "Rollouts begun: a new service, a new generation (a changed profile, a restart, a rollback) or a scale; one that supersedes a rollout under way is not counted again",
             self.rollouts_started.clone(),
         );
         r.register(
             "xce_rollouts",
-            "Rollouts (and scale changes) ended, by outcome: complete, failed, reverted",
+            "Rollouts started (xce_rollouts_started) that ended, by outcome: complete, failed, reverted",
             self.rollouts.clone(),
         );
         r.register(

@@ -35,6 +35,10 @@ const EVENTS: &str = "events";
 /// `meta/cluster_id`: the cluster's identity, created once with the store (see
 /// [`Store::put_if_absent`]) and never changed; not part of any batch.
 const CLUSTER_ID: &str = "cluster_id";
+/// `meta/restored`: written by `xced store restore` with the restored records; while it
+/// is there, the controller makes every worker register again (reporting what really
+/// runs) before it trusts the restored jobs, and removes it once all have.
+const RESTORED: &str = "restored";
 
 /// `meta/format`: the format of the stored records and of the events record (see
 /// [`FORMAT`]); absent in a store written before formats were numbered (format 1).
@@ -77,6 +81,78 @@ pub fn events_key() -> Key {
 /// The store key of a service: `project/name` (both `[a-z0-9-]`, so `/` separates).
 fn service_key_str(k: &ServiceKey) -> String {
     format!("{}/{}", k.project, k.name)
+}
+
+/// A job id: `j-<n>`, or `j-<n>-<tag>` with a load's [`job_tag`].
+pub fn job_id(n: u64, tag: &str) -> JobId {
+    if tag.is_empty() {
+        format!("j-{n}")
+    } else {
+        format!("j-{n}-{tag}")
+    }
+}
+
+/// The number of a job id made by [`job_id`] (`None` for any other id).
+pub fn job_number(id: &str) -> Option<u64> {
+    let rest = id.strip_prefix("j-")?;
+    rest.split_once('-').map_or(rest, |(n, _)| n).parse().ok()
+}
+
+/// Letters of a [`job_tag`]: digits and lower-case letters without `i`, `l`, `o`, `u`
+/// (nothing to misread in a log line).
+const TAG_ALPHABET: &[u8; 32] = b"0123456789abcdefghjkmnpqrstvwxyz";
+/// Letters in a [`job_tag`]: 25 random bits. Two loads of one store copy (the only way
+/// a number is counted twice) share a tag once in 33 million.
+const TAG_LEN: usize = 5;
+
+/// A fresh random tag for the job ids of one load of the store (see
+/// [`Cluster::job_tag`]).
+pub fn job_tag() -> String {
+    let mut seed = [0u8; 8];
+    let bits = match getrandom::fill(&mut seed) {
+        Ok(()) => u64::from_le_bytes(seed),
+        // Without entropy, the clock and the pid still tell two loads apart.
+        Err(_) => {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+                ^ (u64::from(std::process::id()) << 32)
+        }
+    };
+    (0..TAG_LEN)
+        .map(|i| char::from(TAG_ALPHABET[((bits >> (5 * i)) & 31) as usize]))
+        .collect()
+}
+
+/// What `xced store restore` writes: the backup's records with every job not ready
+/// (its worker has not said it runs yet: no endpoint lists it until it has) and
+/// `meta/restored`, which makes the controller ask every worker to register again;
+/// without the last batch's events (they were announced long ago). Records this
+/// version cannot read are refused, naming the first.
+pub fn restored_records(records: Vec<(Key, Vec<u8>)>) -> Result<Vec<(Key, Vec<u8>)>, LoadError> {
+    // Checked whole first: a restore writes nothing a controller would refuse to load.
+    Cluster::from_records(records.clone())?;
+    let mut out = Vec::with_capacity(records.len() + 1);
+    for (key, bytes) in records {
+        match (key.ns.as_str(), key.key.as_str()) {
+            (NS_META, EVENTS) | (NS_META, RESTORED) => {}
+            (NS_JOB, _) => {
+                let decode = |err| LoadError::Decode {
+                    key: key.clone(),
+                    err,
+                };
+                let mut rec: JobRec = serde_json::from_slice(&bytes).map_err(decode)?;
+                let StoredRev { rev } = serde_json::from_slice(&bytes).map_err(decode)?;
+                rec.info.ready = false;
+                let bytes = serde_json::to_vec(&StoredJob { rec: &rec, rev })
+                    .expect("records serialize to JSON");
+                out.push((key, bytes));
+            }
+            _ => out.push((key, bytes)),
+        }
+    }
+    out.push((Key::new(NS_META, RESTORED), b"true".to_vec()));
+    Ok(out)
 }
 
 /// Decodes a version of [`events_key`].
@@ -193,6 +269,13 @@ pub struct Cluster {
     /// ids exist).
     pub cluster_id: Option<String>,
     pub next_job: u64,
+    /// Appended to the job ids this controller hands out (`j-<n>-<tag>`): chosen anew
+    /// at every load ([`job_tag`]) and never stored, so a store that went back (a
+    /// restored backup, a copied data dir) counts `n` again under another tag and no id
+    /// repeats. Empty: plain `j-<n>` (the controller's own unit tests).
+    pub job_tag: String,
+    /// `meta/restored` is stored: the records come from `xced store restore`.
+    pub restored: bool,
     pub services: BTreeMap<ServiceKey, ServiceRec>,
     /// Service records stored under a key that is not their canonical `project/name`
     /// (written before services were keyed by project): the next commit moves them.
@@ -261,6 +344,7 @@ impl Cluster {
                 (NS_META, "next_job") => c.next_job = de!(),
                 (NS_META, EVENTS | FORMAT_KEY) => {}
                 (NS_META, CLUSTER_ID) => c.cluster_id = Some(de!()),
+                (NS_META, RESTORED) => c.restored = true,
                 (NS_SERVICE, stored) => {
                     let rec: ServiceRec = de!();
                     let k = rec.info.key();
@@ -454,6 +538,8 @@ pub struct Txn {
     /// none for a quiet write.
     job_revs: BTreeMap<JobId, u64>,
     hosts: BTreeMap<HostId, Option<HostRec>>,
+    /// Deletes `meta/restored` (see [`Txn::clear_restored`]).
+    clear_restored: bool,
     pub events: Vec<ClusterEvent>,
     pub after: Vec<After>,
 }
@@ -476,6 +562,7 @@ impl Txn {
             + self.hosts.len()
             + usize::from(self.next_job.is_some())
             + usize::from(self.format.is_some())
+            + usize::from(self.clear_restored)
             + usize::from(!self.events.is_empty())
             + 1 // meta/rev
     }
@@ -488,6 +575,7 @@ impl Txn {
     pub fn is_empty(&self) -> bool {
         self.next_job.is_none()
             && self.format.is_none()
+            && !self.clear_restored
             && self.services.is_empty()
             && self.bumped.is_empty()
             && self.legacy.is_empty()
@@ -574,14 +662,19 @@ impl Txn {
 
     /// The id [`new_job_id`](Self::new_job_id) would take next.
     pub fn peek_job_id(&self, c: &Cluster) -> JobId {
-        format!("j-{}", self.next_job.unwrap_or(c.next_job))
+        job_id(self.next_job.unwrap_or(c.next_job), &c.job_tag)
     }
 
     /// Takes a fresh job id.
     pub fn new_job_id(&mut self, c: &Cluster) -> JobId {
         let n = self.next_job.unwrap_or(c.next_job);
         self.next_job = Some(n + 1);
-        format!("j-{n}")
+        job_id(n, &c.job_tag)
+    }
+
+    /// Removes `meta/restored`: every worker has registered since the restore.
+    pub fn clear_restored(&mut self) {
+        self.clear_restored = true;
     }
 
     /// Gives the service `rev`. `write`: its record is written with it; otherwise (a job
@@ -769,6 +862,9 @@ impl Txn {
         if let Some(f) = self.format {
             section(NS_META, FORMAT_KEY, Some(enc(&f)));
         }
+        if self.clear_restored {
+            section(NS_META, RESTORED, None);
+        }
         section(NS_META, "rev", Some(enc(&self.rev)));
         if events && !self.events.is_empty() {
             section(NS_META, EVENTS, Some(enc(&self.events)));
@@ -787,6 +883,9 @@ impl Txn {
         }
         if let Some(n) = self.next_job {
             c.next_job = n;
+        }
+        if self.clear_restored {
+            c.restored = false;
         }
         for (k, v) in self.services {
             match v {
@@ -814,3 +913,6 @@ impl Txn {
         (self.events, self.after)
     }
 }
+
+#[cfg(test)]
+mod restore_tests;

@@ -186,7 +186,7 @@ impl Line<'_> {
         tracing::info!(
             target: "xce::audit",
             principal,
-            action = action(&asked.method, &asked.path),
+            action = action(&asked.method, &asked.path, *status),
             project = object.project.as_deref().unwrap_or("-"),
             service = object.service.as_deref().unwrap_or("-"),
             host = object.host.as_deref().unwrap_or("-"),
@@ -201,11 +201,13 @@ impl Line<'_> {
     }
 }
 
-/// The action a request is, as the audit log names it.
-fn action(method: &Method, path: &str) -> String {
+/// The action a request is, as the audit log names it. A `PUT` of a service that did not
+/// exist (answered 201 Created: `xcecli service submit`) is a `submit`, like a `POST`.
+fn action(method: &Method, path: &str, status: StatusCode) -> String {
     let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
     let named = match (method, segments.as_slice()) {
         (&Method::POST, ["v1", "services"]) => "submit",
+        (&Method::PUT, ["v1", "services", _]) if status == StatusCode::CREATED => "submit",
         (&Method::PUT, ["v1", "services", _]) => "update",
         (&Method::POST, ["v1", "services", _, "scale"]) => "scale",
         (&Method::POST, ["v1", "services", _, "restart"]) => "restart",
@@ -226,6 +228,7 @@ mod tests {
         let cases = [
             (Method::POST, "/v1/services", "submit"),
             (Method::PUT, "/v1/services/web", "update"),
+            (Method::PUT, "/v1/services/new", "submit"),
             (Method::POST, "/v1/services/web/scale", "scale"),
             (Method::POST, "/v1/services/web/restart", "restart"),
             (Method::DELETE, "/v1/services/web", "stop"),
@@ -238,7 +241,13 @@ mod tests {
             (Method::PATCH, "/v1/hosts/exec-01", "patch"),
         ];
         for (m, path, want) in cases {
-            assert_eq!(action(&m, path), want, "{m} {path}");
+            // A PUT that created its service is answered 201.
+            let status = if path.ends_with("/new") {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            };
+            assert_eq!(action(&m, path, status), want, "{m} {path}");
         }
     }
 }

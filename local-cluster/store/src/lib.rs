@@ -12,6 +12,7 @@
 //! (`tests::suite`) checks all three against the same contract.
 #![warn(missing_docs)]
 
+pub mod backup;
 mod contract;
 mod election;
 pub mod etcd;

@@ -67,6 +67,13 @@ pub(crate) struct Agent {
     exits: BTreeMap<JobId, JobRecord>,
     /// Jobs that ended on this worker (exited, refused, reported gone): never relaunched.
     ended: BTreeSet<JobId>,
+    /// Ended jobs whose `Exited` the controller acknowledged: it knows they ended.
+    acked: BTreeSet<JobId>,
+    /// Acknowledged ended jobs the controller listed again, whose end was reported again
+    /// (once each).
+    reported_again: BTreeSet<JobId>,
+    /// Running jobs the controller does not list, draining until their stop.
+    orphans: BTreeSet<JobId>,
     desired: Vec<Assignment>,
     outbox: Arc<Outbox>,
     tx: mpsc::Sender<Msg>,
@@ -225,6 +232,9 @@ impl Agent {
             jobs: BTreeMap::new(),
             exits: BTreeMap::new(),
             ended: BTreeSet::new(),
+            acked: BTreeSet::new(),
+            reported_again: BTreeSet::new(),
+            orphans: BTreeSet::new(),
             desired: Vec::new(),
             outbox: Outbox::new(),
             tx,
@@ -393,10 +403,19 @@ impl Agent {
                 self.outbox.push(WorkerEvent::Readiness { job, ready });
                 self.publish_running();
             }
+            Msg::OrphanDrained(job) => {
+                self.orphans.remove(&job);
+                if !self.desired.iter().any(|a| a.job == job) {
+                    self.stop(&job);
+                }
+            }
             Msg::Acked(jobs) => {
                 let before = self.exits.len();
                 for j in &jobs {
                     self.exits.remove(j);
+                    if self.ended.contains(j) {
+                        self.acked.insert(j.clone());
+                    }
                 }
                 if self.exits.len() != before {
                     self.persist()?;
@@ -423,6 +442,8 @@ impl Agent {
                     self.launch(a).instrument(span).await?;
                 }
                 Action::Stop(job) => self.stop(&job),
+                Action::Orphan(job) => self.drain_orphan(job),
+                Action::AlreadyEnded(job) => self.report_ended_again(job),
                 Action::ReportGone(job) => {
                     tracing::info!(job = %job, "asked to stop a job that does not run; reporting it exited");
                     self.outbox
@@ -437,7 +458,48 @@ impl Agent {
         let exits = &self.exits;
         self.ended
             .retain(|j| listed.contains(j) || exits.contains_key(j));
+        let ended = &self.ended;
+        self.acked.retain(|j| ended.contains(j));
+        self.reported_again.retain(|j| listed.contains(j));
         Ok(())
+    }
+
+    /// A running job the controller does not list: it is in no endpoint, so it keeps
+    /// running for `orphan_drain` (clients holding an older list finish with it), then
+    /// is stopped unless the controller lists it again meanwhile.
+    fn drain_orphan(&mut self, job: JobId) {
+        if self.cfg.orphan_drain.is_zero() {
+            return self.stop(&job);
+        }
+        if !self.orphans.insert(job.clone()) {
+            return;
+        }
+        let pid = self.jobs.get(&job).map(|j| j.record.pid);
+        let _e = self.job_span(&job, pid).entered();
+        tracing::info!(drain = ?self.cfg.orphan_drain, "the controller does not list this replica (its store does not know it); draining it before its stop");
+        let (tx, drain) = (self.tx.clone(), self.cfg.orphan_drain);
+        // Detached: after a shutdown the send finds the channel closed, and that is all.
+        tokio::spawn(async move {
+            tokio::time::sleep(drain).await;
+            let _ = tx.send(Msg::OrphanDrained(job)).await;
+        });
+    }
+
+    /// The controller lists a job that already ended here. An end not acknowledged yet
+    /// is the answer on its way; one the controller acknowledged and forgot (its store
+    /// went back) is reported again (once), saying why.
+    fn report_ended_again(&mut self, job: JobId) {
+        if !self.acked.contains(&job) || !self.reported_again.insert(job.clone()) {
+            return;
+        }
+        let _e = self.job_span(&job, None).entered();
+        let why = format!("job {job} already ran and ended on this worker, and a job id runs at most once: the controller lists it again (was its store restored from a backup?)");
+        tracing::warn!("{why}; reporting its end again so the controller replaces it");
+        let cause = ExitCause {
+            error: Some(why),
+            ..ExitCause::default()
+        };
+        self.outbox.push(WorkerEvent::exited(job, cause, None));
     }
 
     async fn launch(&mut self, a: Assignment) -> anyhow::Result<()> {

@@ -10,6 +10,9 @@ use std::time::Duration;
 
 /// The default grace between SIGTERM and SIGKILL when a replica is stopped.
 pub const DEFAULT_STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The default drain of a replica the controller does not list (see
+/// [`WorkerConfig::orphan_drain`]): a profile's default `drain`.
+pub const DEFAULT_ORPHAN_DRAIN: Duration = Duration::from_secs(5);
 /// The default period of re-reading the host facts.
 pub const DEFAULT_FACTS_INTERVAL: Duration = Duration::from_secs(30);
 
@@ -36,6 +39,10 @@ pub struct WorkerConfig {
     pub facts_interval: Duration,
     /// How replicas are started and their output kept.
     pub replicas: ReplicaSettings,
+    /// How long a running replica the controller does not list (its store does not know
+    /// it: a restored backup, a host declared lost) keeps running before its SIGTERM. It
+    /// is in no endpoint any more; clients that still hold an older list finish with it.
+    pub orphan_drain: Duration,
 }
 
 /// How the worker starts replicas and keeps their output (`[replicas]` and `[logs]` in the
@@ -95,6 +102,7 @@ impl WorkerConfig {
             stop_timeout: DEFAULT_STOP_TIMEOUT,
             facts_interval: DEFAULT_FACTS_INTERVAL,
             replicas: ReplicaSettings::default(),
+            orphan_drain: DEFAULT_ORPHAN_DRAIN,
         }
     }
 }
@@ -110,6 +118,7 @@ impl std::fmt::Debug for WorkerConfig {
             .field("stop_timeout", &self.stop_timeout)
             .field("facts_interval", &self.facts_interval)
             .field("replicas", &self.replicas)
+            .field("orphan_drain", &self.orphan_drain)
             .finish()
     }
 }

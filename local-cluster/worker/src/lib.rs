@@ -39,7 +39,7 @@ use std::future::Future;
 
 pub use config::{
     collect_facts, ReplicaSettings, RunAs, ShutdownMode, WorkerConfig, WorkerPlugins,
-    DEFAULT_FACTS_INTERVAL, DEFAULT_STOP_TIMEOUT,
+    DEFAULT_FACTS_INTERVAL, DEFAULT_ORPHAN_DRAIN, DEFAULT_STOP_TIMEOUT,
 };
 pub use logs::{parse_size, write_rotating, LogPolicy};
 

@@ -21,4 +21,6 @@ pub(crate) enum Msg {
     Ready { job: JobId, pid: u32, ready: bool },
     /// The controller acknowledged the `Exited` events of these jobs.
     Acked(Vec<JobId>),
+    /// An orphan's drain (`orphan_drain`) has passed: stop it unless it is listed again.
+    OrphanDrained(JobId),
 }

@@ -26,6 +26,16 @@ pub(crate) enum Action {
     /// The controller wants the job stopped but the worker does not run it (e.g. its exit
     /// was reported before a controller restart): report it `Exited` once.
     ReportGone(JobId),
+    /// The controller lists (to run or to stop) a job that already ended here: a job id
+    /// runs at most once, so it is not started again; unless its exit is still on its way,
+    /// the controller forgot it (its store went back: a restored backup), and the end is
+    /// reported again, saying why, so the controller replaces the job instead of waiting
+    /// for it forever.
+    AlreadyEnded(JobId),
+    /// A running job the controller does not list (its store does not know it: a
+    /// restored backup, a host declared lost): it stays out of every endpoint, so it is
+    /// drained, then stopped.
+    Orphan(JobId),
 }
 
 /// Compares the desired set with what runs. `ended` holds the jobs this worker already
@@ -41,20 +51,17 @@ pub(crate) fn reconcile(
     for a in desired {
         listed.insert(&a.job);
         match (a.desired, running.get(&a.job)) {
-            (Desired::Run, None) if !ended.contains(&a.job) => {
-                out.push(Action::Launch(a.job.clone()))
-            }
+            (_, None) if ended.contains(&a.job) => out.push(Action::AlreadyEnded(a.job.clone())),
+            (Desired::Run, None) => out.push(Action::Launch(a.job.clone())),
             (Desired::Stop, Some(RunState::Running)) => out.push(Action::Stop(a.job.clone())),
-            (Desired::Stop, None) if !ended.contains(&a.job) => {
-                out.push(Action::ReportGone(a.job.clone()))
-            }
+            (Desired::Stop, None) => out.push(Action::ReportGone(a.job.clone())),
             // Running as wanted, already stopping, or already ended.
             _ => {}
         }
     }
     for (job, state) in running {
         if !listed.contains(job) && *state == RunState::Running {
-            out.push(Action::Stop(job.clone()));
+            out.push(Action::Orphan(job.clone()));
         }
     }
     out.sort();
@@ -126,8 +133,13 @@ mod tests {
     }
 
     #[test]
-    fn never_relaunches_an_ended_job() {
-        check("j-1=run", "", "j-1", expect_test::expect![""]);
+    fn never_relaunches_an_ended_job_and_says_so() {
+        check(
+            "j-1=run",
+            "",
+            "j-1",
+            expect_test::expect![[r#"AlreadyEnded("j-1")"#]],
+        );
     }
 
     #[test]
@@ -146,7 +158,9 @@ mod tests {
             "j-1=stop j-2=stop",
             "",
             "j-2",
-            expect_test::expect![[r#"ReportGone("j-1")"#]],
+            expect_test::expect![[r#"
+                ReportGone("j-1")
+                AlreadyEnded("j-2")"#]],
         );
     }
 
@@ -156,7 +170,7 @@ mod tests {
             "j-2=run",
             "j-1=running j-2=running j-3=stopping",
             "",
-            expect_test::expect![[r#"Stop("j-1")"#]],
+            expect_test::expect![[r#"Orphan("j-1")"#]],
         );
     }
 
@@ -172,8 +186,8 @@ mod tests {
             "j-1=running j-2=running",
             "",
             expect_test::expect![[r#"
-                Stop("j-1")
-                Stop("j-2")"#]],
+                Orphan("j-1")
+                Orphan("j-2")"#]],
         );
     }
 }

@@ -406,6 +406,8 @@ fn config(base: &str, dir: &std::path::Path) -> WorkerConfig {
     WorkerConfig {
         stop_timeout: Duration::from_secs(5),
         facts_interval: Duration::from_secs(3600),
+        // Orphans are stopped soon: the tests that check their drain set it long.
+        orphan_drain: Duration::from_millis(100),
         ..WorkerConfig::new(HOST, base, TOKEN, dir)
     }
 }
@@ -638,6 +640,145 @@ async fn stops_asked_and_orphaned_jobs_escalating_to_sigkill() {
         assert!(procfs::read_stat(pids.1)
             .unwrap()
             .is_none_or(|s| !s.is_live()));
+        worker.shutdown(ShutdownMode::Detach).await;
+    })
+    .await;
+}
+
+/// A replica the controller stops listing (its restored store does not know it) is in
+/// no endpoint: it keeps running for `orphan_drain` before its SIGTERM, so clients that
+/// still hold an older list finish with it, not with a refused connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_orphan_is_drained_before_it_is_stopped() {
+    let reaper = Reaper::default();
+    bounded(async {
+        let fake = Fake::new();
+        let base = fake.serve().await;
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = WorkerConfig {
+            orphan_drain: Duration::from_secs(3600),
+            ..config(&base, dir.path())
+        };
+        let worker = Worker::start(cfg, FakeFacts::new(false));
+        let run = |job: &str, desired| {
+            let sleep = vec!["sleep".into(), "1000".into()];
+            assignment(job, sleep, None, serde_json::json!({"port": 1}), desired)
+        };
+        fake.set_jobs(vec![run("j-1", Desired::Run)]);
+        fake.wait_until(
+            "j-1 started",
+            has(&fake, "j-1", |e| matches!(e, WorkerEvent::Started { .. })),
+        )
+        .await;
+        let pid = started_pid(&fake, "j-1");
+        reaper.watch(pid);
+        // j-1 is no longer listed; two later changes of the set are handled after it.
+        fake.set_jobs(vec![run("j-2", Desired::Run)]);
+        fake.wait_until(
+            "j-2 started",
+            has(&fake, "j-2", |e| matches!(e, WorkerEvent::Started { .. })),
+        )
+        .await;
+        reaper.watch(started_pid(&fake, "j-2"));
+        fake.set_jobs(vec![run("j-2", Desired::Run), run("j-3", Desired::Stop)]);
+        fake.wait_until(
+            "j-3 reported gone",
+            has(&fake, "j-3", |e| matches!(e, WorkerEvent::Exited { .. })),
+        )
+        .await;
+        assert_eq!(
+            counts(&fake, "j-1"),
+            (1, 1, 0, 0, 0),
+            "{:?}",
+            fake.events_of("j-1")
+        );
+        assert!(
+            procfs::read_stat(pid).unwrap().is_some_and(|s| s.is_live()),
+            "the orphan drains, it was not stopped"
+        );
+        worker.shutdown(ShutdownMode::Detach).await;
+    })
+    .await;
+}
+
+/// A job id runs at most once. When the controller lists a job again whose end it was
+/// told and acknowledged (its store went back to a backup), the worker does not start
+/// it and does not stay silent either: it reports the end again, saying why, so the
+/// controller replaces the job instead of waiting for it forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_listed_again_after_its_acknowledged_end_is_reported_again() {
+    bounded(async {
+        let fake = Fake::new();
+        let base = fake.serve().await;
+        let dir = tempfile::tempdir().unwrap();
+        let worker = Worker::start(config(&base, dir.path()), FakeFacts::new(false));
+        let once = assignment(
+            "j-1",
+            vec!["true".into()],
+            None,
+            serde_json::json!({"port": 1}),
+            Desired::Run,
+        );
+        fake.set_jobs(vec![once.clone()]);
+        fake.wait_until(
+            "j-1 exited",
+            has(&fake, "j-1", |e| matches!(e, WorkerEvent::Exited { .. })),
+        )
+        .await;
+        // Acknowledged: the worker keeps no exit record of it on disk any more.
+        wait_file(
+            &dir.path().join("jobs.json"),
+            "the exit acknowledged",
+            |t| !t.contains("j-1"),
+        )
+        .await;
+        let gone = assignment(
+            "j-2",
+            vec!["true".into()],
+            None,
+            serde_json::json!({}),
+            Desired::Stop,
+        );
+        fake.set_jobs(vec![once.clone(), gone.clone()]);
+        let twice = |s: &FakeState| {
+            s.events
+                .iter()
+                .filter(|e| matches!(e, WorkerEvent::Exited { job, .. } if job == "j-1"))
+                .count()
+                == 2
+        };
+        fake.wait_until("j-1's end reported again", twice).await;
+        // Once: another change of the set repeats nothing.
+        fake.set_jobs(vec![
+            once,
+            gone,
+            assignment(
+                "j-3",
+                vec!["true".into()],
+                None,
+                serde_json::json!({}),
+                Desired::Stop,
+            ),
+        ]);
+        fake.wait_until(
+            "j-3 reported gone",
+            has(&fake, "j-3", |e| matches!(e, WorkerEvent::Exited { .. })),
+        )
+        .await;
+        let evs = fake.events_of("j-1");
+        assert_eq!(
+            counts(&fake, "j-1"),
+            (1, 1, 0, 2, 0),
+            "started once, ended twice: {evs:?}"
+        );
+        let WorkerEvent::Exited { error, .. } = evs.last().unwrap() else {
+            panic!("{evs:?}")
+        };
+        let why = error.as_deref().unwrap_or_default();
+        assert!(
+            why.contains("j-1 already ran and ended on this worker"),
+            "{why}"
+        );
         worker.shutdown(ShutdownMode::Detach).await;
     })
     .await;

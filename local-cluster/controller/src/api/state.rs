@@ -30,6 +30,11 @@ pub(crate) struct ApiState {
     /// The tokens in force (also `ctx.auth`): a refused worker is told whether its secret
     /// is wrong or its host has no `[[worker]]` entry at all.
     pub(crate) keyring: xce_serve::keyring::Keyring,
+    /// The store the state task writes, for `GET /v1/store/backup` (a read transaction
+    /// of its own; never a write).
+    pub(crate) store: Arc<dyn xce_store::Store>,
+    /// What the store is (`redb`, `etcd`), written into a backup's header.
+    pub(crate) store_kind: &'static str,
     /// Who may read `/metrics`.
     pub(crate) metrics: xce_serve::auth::MetricsConfig,
 }
@@ -70,7 +75,8 @@ pub(super) fn from_core(e: CoreError) -> ApiError {
             format!("service {name:?} already exists"),
         ),
         CoreError::Invalid(details) => ApiError::invalid("invalid profile", details),
-        CoreError::Refused(m) => ApiError::new(StatusCode::CONFLICT, "conflict", m),
+        // Its own code: a client tells the user to wait, not to stop it (it is stopping).
+        CoreError::Refused(m) => ApiError::new(StatusCode::CONFLICT, "stopping", m),
         CoreError::Quota(e) => ApiError {
             details: vec![FieldError::new(
                 format!("quotas.{}.{}", e.project, e.quota),

@@ -151,7 +151,9 @@ impl Core {
             Some((profile.replicas, &profile.quantities)),
         )?;
         let mut txn = Txn::new(&self.cluster);
-        txn.put_service(new_service(&profile));
+        let mut svc = new_service(&profile);
+        self.begin_rollout(&mut svc.rollout);
+        txn.put_service(svc);
         self.profiles.insert(key.clone(), profile);
         if let Err(e) = self.commit(txn, now) {
             self.profiles.remove(&key);
@@ -180,9 +182,7 @@ impl Core {
             )));
         }
         if cur.state == ServiceState::Stopping {
-            return Err(CoreError::Refused(format!(
-                "service {name:?} is stopping; submit it again once it is gone"
-            )));
+            return Err(stopping(name));
         }
         if cur.info.profile == profile.raw {
             return Ok((key, Applied::Unchanged));
@@ -197,7 +197,7 @@ impl Core {
             self.next_generation(&mut svc);
             info!(service = %name, project = %key.project, generation = svc.info.generation, principal = %who.name, "new profile: rolling out a new generation");
         } else if cur.info.replicas != profile.replicas {
-            svc.rollout.begin();
+            self.begin_rollout(&mut svc.rollout);
             info!(service = %name, project = %key.project, replicas = profile.replicas, principal = %who.name, "service scaled");
         }
         svc.info.replicas = profile.replicas;
@@ -217,8 +217,18 @@ impl Core {
             svc.older.insert(g, svc.info.profile.clone());
         }
         svc.info.generation = g + 1;
-        svc.rollout.begin();
-        self.metrics.rollouts_started.inc();
+        self.begin_rollout(&mut svc.rollout);
+    }
+
+    /// Begins a rollout (a new service, a new generation, a scale), counted as started
+    /// unless one is under way already (it goes on as this one): every rollout started
+    /// ends once (`xce_rollouts_total{outcome}`), so started minus ended is the number
+    /// under way.
+    pub(super) fn begin_rollout(&self, r: &mut Rollout) {
+        if r.state != rollout::RolloutState::Progressing {
+            self.metrics.rollouts_started.inc();
+        }
+        r.begin();
     }
 
     /// Commits a changed service record whose current profile is `profile`.
@@ -324,7 +334,7 @@ impl Core {
             })?;
         }
         if svc.state == ServiceState::Stopping {
-            return Err(CoreError::Refused(format!("service {name:?} is stopping")));
+            return Err(stopping(name));
         }
         if svc.info.replicas == replicas {
             return Ok(());
@@ -341,7 +351,7 @@ impl Core {
         }
         svc.info.replicas = replicas;
         svc.info.profile = profile.raw.clone();
-        svc.rollout.begin();
+        self.begin_rollout(&mut svc.rollout);
         self.commit_service(svc, profile, now)?;
         info!(service = %name, project = %key.project, replicas, principal = %who.name, "service scaled");
         Ok(())
@@ -357,7 +367,7 @@ impl Core {
         let mut svc = self.service_for_change(key, who)?;
         let name = &key.name;
         if svc.state == ServiceState::Stopping {
-            return Err(CoreError::Refused(format!("service {name:?} is stopping")));
+            return Err(stopping(name));
         }
         self.next_generation(&mut svc);
         let profile = self.profiles[key].clone();
@@ -441,11 +451,17 @@ impl Core {
     }
 }
 
+/// A change to a stopping service, refused with one message whatever the change.
+fn stopping(name: &str) -> CoreError {
+    CoreError::Refused(format!(
+        "service {name:?} is stopping; change or submit it again once it is gone"
+    ))
+}
+
 /// The record of a service just created from `profile`: active, its first generation
-/// rolling out.
+/// to roll out (the caller begins the rollout).
 fn new_service(profile: &Profile) -> ServiceRec {
-    let mut rollout = Rollout::default();
-    rollout.begin();
+    let rollout = Rollout::default();
     ServiceRec {
         info: ServiceInfo {
             name: profile.name.clone(),

@@ -44,7 +44,7 @@ impl std::ops::Deref for JobView {
 }
 
 /// Where a job sorts in its service's view: by replica, then by job number (then by id,
-/// for ids that are not `j-<n>`: the order a stable sort of the model's id-ordered jobs
+/// for ids that are not `j-<n>[-<tag>]`: the order a stable sort of the model's id-ordered jobs
 /// gave).
 pub(crate) type Key<'a> = (u32, u64, &'a str);
 
@@ -56,11 +56,9 @@ pub(crate) fn key_of(replica: u32, job: &str) -> Key<'_> {
     (replica, job_num(job), job)
 }
 
-/// Job ids are `j-<n>`: sort numerically.
+/// Job ids are `j-<n>` or `j-<n>-<tag>` ([`xce_model::job_id`]): sort numerically.
 fn job_num(id: &str) -> u64 {
-    id.strip_prefix("j-")
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(u64::MAX)
+    xce_model::job_number(id).unwrap_or(u64::MAX)
 }
 
 /// The chunk size a full build aims at; a patched chunk is split above [`MAX`] and joined

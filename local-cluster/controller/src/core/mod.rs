@@ -255,6 +255,11 @@ pub(crate) struct Core {
     /// Hosts whose jobs a full disruption took out of the endpoints (see
     /// [`Core::withhold`]); they arm no timer until heard, lost, or the disruption ends.
     withheld: BTreeSet<HostId>,
+    /// Hosts that must register again before their heartbeats and assignment queries are
+    /// heard: every host of a store just restored (`meta/restored`), whose stored jobs
+    /// say what ran when the backup was taken, not what runs now. A registration reports
+    /// what runs, and reconciles it (see `Core::register`). Not persisted: the mark is.
+    reregister: BTreeSet<HostId>,
     /// When each running job started running (for the backoff reset).
     running_since: JobMap<Instant>,
     backoff: HashMap<(ServiceKey, u32), RestartBackoff>,
@@ -314,7 +319,12 @@ impl Core {
         now: Instant,
     ) -> Result<Self, LoadError> {
         let cluster_id = ensure_cluster_id(&*store)?;
-        let cluster = Cluster::load(&*store)?;
+        let mut cluster = Cluster::load(&*store)?;
+        // This crate's unit tests keep plain `j-<n>` ids (their expectations name them);
+        // every real load tags its ids, so a store that went back repeats none.
+        if !cfg!(test) {
+            cluster.job_tag = xce_model::job_tag();
+        }
         let Wiring {
             resources: mut plugins,
             policies,
@@ -353,6 +363,7 @@ impl Core {
             store,
             metrics,
         );
+        core.after_restore();
         core.migrate(now);
         // The first view is built whole, and the first pass visits every service.
         core.parts.touch_all(&core.cluster);
@@ -395,6 +406,7 @@ impl Core {
             heard: clocks.heard,
             disrupted: false,
             withheld: BTreeSet::new(),
+            reregister: BTreeSet::new(),
             running_since: clocks.running_since,
             backoff: HashMap::new(),
             pending: BTreeMap::new(),

@@ -29,6 +29,7 @@ impl Core {
         caller: &Caller,
     ) -> Result<watch::Receiver<Arc<HostAssignments>>, CoreError> {
         self.check_holder(host, caller, "assignments query")?;
+        self.check_registered_since_restore(host)?;
         // Every publish keeps the set current; a host gets its first at the publish
         // after its registration.
         if !self.assign.contains_key(host) {
@@ -181,7 +182,14 @@ impl Core {
         let mut record = self.registered_host(&txn, host, caller, req.facts, orphans);
         record.session_sha256 = session_sha256;
         txn.put_host(&self.cluster, record);
+        let last_after_restore = self.reregister.len() == 1 && self.reregister.contains(host);
+        if self.cluster.restored && (self.reregister.is_empty() || last_after_restore) {
+            txn.clear_restored();
+        }
         self.commit(txn, now)?;
+        if self.reregister.remove(host) {
+            info!(host = %host, left = self.reregister.len(), "host registered again after the restore; its jobs are reconciled");
+        }
         self.heard.insert(host.clone(), now);
         self.withheld.remove(host);
         let how = match (&session, kept) {
@@ -195,6 +203,33 @@ impl Core {
             cluster: Some(self.cluster_id.clone()),
             session,
         })
+    }
+
+    /// A store just restored lists the jobs that ran at the backup: until its worker
+    /// registered again (reporting what runs now), a host's heartbeats and assignment
+    /// queries are answered "unknown host", which makes the worker register.
+    fn check_registered_since_restore(&self, host: &HostId) -> Result<(), CoreError> {
+        if self.reregister.contains(host) {
+            debug!(host = %host, "the store was restored; the worker must register again");
+            return Err(CoreError::UnknownHost(host.clone()));
+        }
+        Ok(())
+    }
+
+    /// After loading a restored store: every host not lost must register again (see
+    /// [`Core::check_registered_since_restore`]).
+    pub(crate) fn after_restore(&mut self) {
+        if !self.cluster.restored {
+            return;
+        }
+        self.reregister = self
+            .cluster
+            .hosts
+            .values()
+            .filter(|h| h.info.state != HostState::Lost)
+            .map(|h| h.info.id.clone())
+            .collect();
+        warn!(hosts = self.reregister.len(), "the store was restored from a backup: every worker registers again and reports what it runs; jobs no worker runs are replaced, replicas the store does not know are drained and stopped");
     }
 
     /// Refuses (counted and logged) a registration by a worker of another cluster, or
@@ -349,6 +384,7 @@ impl Core {
         now: Instant,
     ) -> Result<Option<HeartbeatAnswer>, CoreError> {
         self.check_holder(host, caller, "heartbeat")?;
+        self.check_registered_since_restore(host)?;
         let Some(h) = self.cluster.hosts.get(host).cloned() else {
             return Err(CoreError::UnknownHost(host.clone()));
         };

@@ -192,3 +192,58 @@ async fn restart_on_redb_hands_nothing_out_twice() {
     ));
     app.ctl.shutdown().await;
 }
+
+/// A store restored from a backup lists the jobs that ran at the backup: none of them is
+/// an endpoint, and the workers are not heard, until each worker registered again and
+/// reported what runs now. A job no worker runs is then replaced, one the store does not
+/// know is an orphan (no placements on its host until it exited), and the mark goes.
+#[test]
+fn a_restored_store_is_trusted_only_after_every_worker_registered_again() {
+    let mut s = Sim::two_v1_ready(3);
+    let backup = s.store.load_all().unwrap();
+    // After the backup: j-1 exits, and the worker runs a replica the backup never saw.
+    s.events("exec-01", vec![exited("j-1")]);
+    let restored = Arc::new(MemStore::new());
+    let mut batch = xce_store::Batch::default();
+    for (k, v) in xce_model::restored_records(backup).unwrap() {
+        batch.put(k, v);
+    }
+    restored.commit(batch).unwrap();
+    let mut s = Sim::load(restored, s.now + Duration::from_secs(1));
+    let ready = |s: &Sim| {
+        let view = s.core.view().borrow().clone();
+        let jobs: Vec<String> = view
+            .services
+            .values()
+            .flat_map(|svc| svc.jobs.iter())
+            .filter(|j| j.info.ready)
+            .map(|j| j.info.job.clone())
+            .collect();
+        format!("ready: {jobs:?}")
+    };
+    let r = ready(&s);
+    s.note(r);
+    s.heartbeat("exec-01");
+    s.register("exec-01", 3, &["j-2", "j-9"]);
+    let r = ready(&s);
+    s.note(r);
+    s.heartbeat("exec-01");
+    let marked = xce_model::Cluster::load(&*s.store).unwrap().restored;
+    s.note(format!("restored mark stored: {marked}"));
+    s.check(expect![[r#"
+        > load
+          resync rev=9 services=1 jobs=[j-1@exec-01:Running j-2@exec-01:Running] hosts=1
+          plugin: restore exec-01 j-1 0
+          plugin: restore exec-01 j-2 1
+          = ready: []
+        > heartbeat exec-01
+          error: host "exec-01" is not registered
+        > register exec-01 running=["j-2", "j-9"]
+          10 ended j-1 web/0 Exited { code: None }
+          11 job j-2 web/1 exec-01 Running ready=true
+          12 host exec-01 Ready ["web"]
+          plugin: release exec-01 j-1
+          = ready: ["j-2"]
+        > heartbeat exec-01
+          = restored mark stored: false"#]]);
+}

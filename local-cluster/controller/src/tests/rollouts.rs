@@ -456,3 +456,31 @@ fn a_pass_visits_only_the_services_something_happened_to() {
     );
     assert_eq!(s.metrics.pending.get(), 0);
 }
+
+/// Every rollout counted as ended was counted as started: a new service and a scale
+/// start one each (a scale used to end as `complete` without ever starting).
+#[test]
+fn every_rollout_that_ends_was_counted_as_started() {
+    let mut sim = Sim::one_host(10);
+    sim.put(versioned(1, "v1"));
+    sim.events("exec-01", vec![started("j-1"), ready("j-1", true)]);
+    sim.run_for(11, &["exec-01"]);
+    let key = ServiceKey::new("default", "web");
+    let r = sim.core.scale(&key, 2, &admin(), sim.now).map(|_| ());
+    sim.settle("scale 2", r);
+    sim.events("exec-01", vec![started("j-2"), ready("j-2", true)]);
+    sim.run_for(11, &["exec-01"]);
+    let ended = |outcome: &str| {
+        sim.metrics
+            .rollouts
+            .get_or_create(&vec![("outcome".to_owned(), outcome.to_owned())])
+            .get()
+    };
+    let state = sim.rollout("web");
+    assert!(state.contains("rollout=complete"), "{state}");
+    assert_eq!(
+        (sim.metrics.rollouts_started.get(), ended("complete")),
+        (2, 2),
+        "started vs complete"
+    );
+}
