@@ -10,7 +10,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
-use plugin_api::ApiError;
+use plugin_api::{ApiError, Principal};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -166,10 +166,20 @@ fn outcome_note(method: &http::Method) -> &'static str {
 /// in the middle — is given up on as soon as the leader watch learns that another one (or
 /// none) leads, or after [`answer_timeout`]: the answer is 503 `no_leader` with
 /// `Retry-After` then, never a transport error.
-pub(super) async fn forward(State(fwd): State<Forwarder>, req: Request) -> Response {
+///
+/// The caller is authenticated first (`_caller`: a 401 otherwise, before anything else):
+/// a request without a valid token never has its body read or anything forwarded, so an
+/// anonymous client that announces a body and never sends it holds nothing here. The
+/// leader authenticates and authorizes the request again, as one sent to it directly.
+pub(super) async fn forward(
+    State(fwd): State<Forwarder>,
+    _caller: Principal,
+    req: Request,
+) -> Response {
     let (parts, body) = req.into_parts();
     let Ok(body) = axum::body::to_bytes(body, fwd.body_limit).await else {
-        // Rendered in the error shape, with the limit, by the router's `json_errors`.
+        // Rendered in the error shape, with the limit, by the router's `json_errors`; a
+        // body that did not arrive in time is answered 408 by the accept loop instead.
         return StatusCode::PAYLOAD_TOO_LARGE.into_response();
     };
     let deadline = tokio::time::Instant::now() + answer_timeout(&parts);
