@@ -22,6 +22,7 @@ mod pause;
 mod prometheus;
 mod reliability;
 mod reliability_flood;
+mod reliability_hostile;
 mod reliability_input;
 mod reliability_tenants;
 mod reliability_watch;
