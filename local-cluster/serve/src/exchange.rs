@@ -97,6 +97,8 @@ pub(crate) struct Exchange {
     stalled: Stamp,
     /// The request body did not arrive within its deadline.
     body_expired: AtomicBool,
+    /// The request body was read to its end (or there was none).
+    body_done: AtomicBool,
 }
 
 impl Exchange {
@@ -114,6 +116,11 @@ impl Exchange {
     /// Whether the request body did not arrive in time (the answer is a 408 then).
     pub(crate) fn body_expired(&self) -> bool {
         self.body_expired.load(Ordering::Relaxed)
+    }
+
+    /// Whether the request body was read to its end (or there was none).
+    pub(crate) fn body_done(&self) -> bool {
+        self.body_done.load(Ordering::Relaxed)
     }
 }
 
@@ -149,6 +156,7 @@ impl Writes {
         let x = Arc::new(Exchange {
             stalled: Stamp::new(),
             body_expired: AtomicBool::new(false),
+            body_done: AtomicBool::new(false),
         });
         let mut all = self.exchanges.lock().unwrap();
         if all.len() >= 16 && all.len() >= 2 * in_flight {
@@ -279,6 +287,9 @@ pub(crate) struct TimedBody {
 impl TimedBody {
     /// `inner`, due within `timeout` from now.
     pub(crate) fn new(inner: Incoming, timeout: Duration, exchange: Arc<Exchange>) -> Self {
+        if http_body::Body::is_end_stream(&inner) {
+            exchange.body_done.store(true, Ordering::Relaxed);
+        }
         TimedBody {
             inner,
             deadline: Instant::now() + timeout,
@@ -301,6 +312,9 @@ impl http_body::Body for TimedBody {
             return Poll::Ready(Some(Err(BodyTimeout(self.timeout).into())));
         }
         if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
+            if frame.is_none() || self.inner.is_end_stream() {
+                self.exchange.body_done.store(true, Ordering::Relaxed);
+            }
             return Poll::Ready(frame.map(|f| f.map_err(Into::into)));
         }
         let deadline = self.deadline;

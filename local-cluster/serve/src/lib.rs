@@ -788,9 +788,18 @@ async fn answer(
         return Ok(guarded(too_many_connections(version), guard));
     }
     use tower::Service as _;
-    let Ok(resp) = app.call(req).await;
+    let Ok(mut resp) = app.call(req).await;
     if guard.exchange.body_expired() {
         return Ok(guarded(body_too_slow(version, body_timeout), guard));
+    }
+    if version < http::Version::HTTP_2 && !guard.exchange.body_done() {
+        // Answered before the body was read to its end (a 413, a refusal): hyper closes
+        // the connection after the answer rather than read the rest, so the client is told
+        // not to send another request on it.
+        resp.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
     }
     Ok(guarded(resp, guard))
 }

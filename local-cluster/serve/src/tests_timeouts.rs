@@ -56,7 +56,8 @@ struct Seen {
 }
 
 /// A server on `limits`: `/` answers "ok", `/big?chunks=N` N × 64 KiB, `/hold` once
-/// `release` turns true, `POST /echo` the length of the body it read.
+/// `release` turns true, `POST /echo` the length of the body it read, `POST /ignore` an
+/// answer without reading the body.
 async fn server(
     limits: ConnLimits,
 ) -> (SocketAddr, watch::Sender<bool>, watch::Sender<bool>, Seen) {
@@ -82,7 +83,8 @@ async fn server(
         .route("/", get(|| async { "ok" }))
         .route("/big", get(big))
         .route("/hold", get(hold))
-        .route("/echo", post(|b: Bytes| async move { b.len().to_string() }));
+        .route("/echo", post(|b: Bytes| async move { b.len().to_string() }))
+        .route("/ignore", post(|| async { "ignored" }));
     let (stop_tx, stop) = watch::channel(false);
     let (addr, _task) = serve("127.0.0.1:0".parse().unwrap(), app, limits, None, stop).unwrap();
     (addr, stop_tx, release_tx, Seen { dropped, held })
@@ -238,6 +240,20 @@ async fn a_body_that_does_not_arrive_is_answered_408() {
     .await;
     assert!(text.starts_with("HTTP/1.1 200 "), "{text}");
     assert!(text.ends_with("\r\n\r\n3"), "{text}");
+}
+
+#[tokio::test]
+async fn an_answer_given_before_the_body_was_read_closes_the_connection() {
+    // hyper closes such a connection rather than read the rest of the body: the client
+    // must be told, or it sends its next request on a connection about to close.
+    let (addr, _stop, _release, _seen) = server(write_limits()).await;
+    let text = answer_to(
+        addr,
+        b"POST /ignore HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\nabc",
+    )
+    .await;
+    assert!(text.starts_with("HTTP/1.1 200 "), "{text}");
+    assert!(text.contains("connection: close"), "{text}");
 }
 
 #[tokio::test]
