@@ -466,7 +466,7 @@ async fn zero_window_connections_closed_at_a_cap_never_stop_the_accept_loop() {
     let plan = Plan {
         sources: vec![attacker(1)],
         conns: 1500,
-        concurrency: 300,
+        concurrency: 100,
         first: Arc::new(move |_| first.clone()),
         h2: true,
         pace: None,
