@@ -465,8 +465,8 @@ async fn zero_window_connections_closed_at_a_cap_never_stop_the_accept_loop() {
     first.extend(h2_get("/v1/services/web/endpoints", None));
     let plan = Plan {
         sources: vec![attacker(1)],
-        conns: 1500,
-        concurrency: 100,
+        conns: 600,
+        concurrency: 64,
         first: Arc::new(move |_| first.clone()),
         h2: true,
         pace: None,
