@@ -205,18 +205,18 @@ impl Writes {
 #[derive(Debug)]
 pub(crate) struct WriteClock<S> {
     inner: S,
-    conn: Arc<crate::Conn>,
+    writes: Arc<Writes>,
 }
 
 impl<S> WriteClock<S> {
-    pub(crate) fn new(inner: S, conn: Arc<crate::Conn>) -> Self {
-        WriteClock { inner, conn }
+    pub(crate) fn new(inner: S, writes: Arc<Writes>) -> Self {
+        WriteClock { inner, writes }
     }
 
     fn track<T>(&self, p: Poll<T>) -> Poll<T> {
         match p {
-            Poll::Pending => self.conn.writes.socket_pending(),
-            Poll::Ready(_) => self.conn.writes.socket_ready(),
+            Poll::Pending => self.writes.socket_pending(),
+            Poll::Ready(_) => self.writes.socket_ready(),
         }
         p
     }

@@ -351,7 +351,7 @@ struct Conn {
     /// A request started or ended, or the registry evicted it.
     wake: Notify,
     /// What stops its answers from being written, and since when (`exchange.rs`).
-    writes: exchange::Writes,
+    writes: Arc<exchange::Writes>,
 }
 
 /// At most this many evicted connections may be waiting for their sockets to close before
@@ -540,7 +540,7 @@ impl ConnCtx {
         // share system calls); HTTP/1.1 passes through.
         // The write clock sits under the batching, on the socket itself: it sees the
         // socket refuse bytes, not the batch buffer take them.
-        let stream = exchange::WriteClock::new(stream, self.conn.clone());
+        let stream = exchange::WriteClock::new(stream, self.conn.writes.clone());
         let io = TokioIo::new(crate::http2::BatchedWrites::new(stream));
         // Boxed so it can be dropped (its socket closed) before the accounting.
         let mut c = Box::pin(builder.serve_connection_with_upgrades(io, self.service()));
