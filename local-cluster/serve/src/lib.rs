@@ -535,6 +535,13 @@ impl ConnCtx {
     /// ends; the connection (and its socket) is dropped on return.
     async fn serve_http(&mut self, stream: tls::Stream) {
         let ip = self.peer.ip();
+        // Closed to make room before its task first ran (a flood is accepted faster than
+        // its tasks run): dropped before hyper reads a request off it, which would be
+        // answered 503 and then take up to `header_timeout` to close, while the accept
+        // loop counts it as closing (see [`MAX_CLOSING`]).
+        if self.conn.evicted.load(Ordering::SeqCst) {
+            return;
+        }
         let builder = http_builder(&self.shared.limits);
         // HTTP/2 writes batched across streams (`BatchedWrites`: a fan-out's answers
         // share system calls); HTTP/1.1 passes through.
@@ -553,11 +560,7 @@ impl ConnCtx {
         loop {
             clocks.arm_write_check(&self.conn, &limits);
             let deadline = clocks.deadline(&self.conn, &limits);
-            // Biased, the registry's word first: a connection closed to make room before
-            // its task first ran is dropped before hyper reads a request off it (which
-            // would be answered 503 and then take a graceful close).
             let step = tokio::select! {
-                biased;
                 () = self.conn.wake.notified() => clocks.woken(&self.conn),
                 () = self.conn.writes.blocked.notified() => Step::Wait,
                 r = c.as_mut() => {
