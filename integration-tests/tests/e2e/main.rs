@@ -24,6 +24,7 @@ mod prometheus;
 mod reliability;
 mod reliability_flood;
 mod reliability_grants;
+mod reliability_hostile;
 mod reliability_input;
 mod reliability_tenants;
 mod reliability_watch;

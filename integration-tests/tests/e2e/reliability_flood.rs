@@ -67,7 +67,7 @@ fn is_half(i: usize) -> bool {
 }
 
 /// Raises this process's soft open-file limit to its hard limit; returns the soft limit.
-fn raise_own_nofile() -> u64 {
+pub(crate) fn raise_own_nofile() -> u64 {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let r = getrlimit(Resource::Nofile);
     let soft = r.current.unwrap_or(u64::MAX);

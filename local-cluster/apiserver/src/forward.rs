@@ -235,7 +235,16 @@ fn outcome_note(method: &http::Method) -> &'static str {
 ///
 /// A parked request (a blocking query) is counted and sent over the parked pool
 /// (`parked.rs`), never over the ordinary client.
-pub(super) async fn forward(State(fwd): State<Forwarder>, req: Request) -> Response {
+///
+/// The caller is authenticated first (`_caller`: a 401 otherwise, before anything else):
+/// a request without a valid token never has its body read or anything forwarded, so an
+/// anonymous client that announces a body and never sends it holds nothing here. The
+/// leader authenticates and authorizes the request again, as one sent to it directly.
+pub(super) async fn forward(
+    State(fwd): State<Forwarder>,
+    _caller: Principal,
+    req: Request,
+) -> Response {
     let (mut parts, body) = req.into_parts();
     let held = if is_parked(&parts) {
         match fwd.park(&mut parts).await {
@@ -246,7 +255,8 @@ pub(super) async fn forward(State(fwd): State<Forwarder>, req: Request) -> Respo
         None
     };
     let Ok(body) = axum::body::to_bytes(body, fwd.body_limit).await else {
-        // Rendered in the error shape, with the limit, by the router's `json_errors`.
+        // Rendered in the error shape, with the limit, by the router's `json_errors`; a
+        // body that did not arrive in time is answered 408 by the accept loop instead.
         return StatusCode::PAYLOAD_TOO_LARGE.into_response();
     };
     let deadline = tokio::time::Instant::now() + answer_timeout(&parts);

@@ -189,7 +189,7 @@ fn registry(
     let mut registry = Registry::default();
     metrics.register(&mut registry);
     keyring.register(&mut registry);
-    xce_serve::register_tls_metrics(&mut registry);
+    xce_serve::register_metrics(&mut registry);
     xce_serve::version::register_build_info(&mut registry);
     for e in extensions {
         e.register_metrics(&mut registry);
@@ -446,14 +446,21 @@ mod tests {
         running.shutdown().await;
     }
 
+    /// The secret of the admin token of [`admin_tokens`].
+    const ADMIN: &str = "s3cret-admin-example";
+
+    /// A tokens file with one admin token, [`ADMIN`].
+    fn admin_tokens() -> Tokens {
+        Tokens::parse(&format!(
+            "[[token]]\nsecret = \"{ADMIN}\"\nprincipal = \"admin\"\ngrants = [ {{ permission = \"admin\", projects = [\"*\"] }} ]\n",
+        ))
+        .unwrap()
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn forwards_to_the_leader_and_follows_it_when_it_moves() {
         let etcd = TestEtcd::start();
-        let tokens = Tokens::parse(
-            "[[token]]\nsecret = \"s3cret-admin-example\"\nprincipal = \"admin\"\ngrants = [ { permission = \"admin\", projects = [\"*\"] } ]\n",
-        )
-        .unwrap();
-        let running = start_on(&etcd, tokens).await;
+        let running = start_on(&etcd, admin_tokens()).await;
         let base = format!("http://{}", running.addr);
         let http = reqwest::Client::new();
         // The identity headers of the worker protocol pass both ways too.
@@ -495,6 +502,7 @@ mod tests {
         // The body limit holds for forwarded requests too.
         let r = http
             .post(format!("{base}/v1/services"))
+            .bearer_auth(ADMIN)
             .body(vec![b'x'; 65])
             .send()
             .await
@@ -515,7 +523,7 @@ mod tests {
     async fn a_standby_on_the_leaders_address_is_not_taken_for_the_leader() {
         use super::forward::STANDBY_HEADER;
         let etcd = TestEtcd::start();
-        let running = start_on(&etcd, Tokens::parse("").unwrap()).await;
+        let running = start_on(&etcd, admin_tokens()).await;
         let base = format!("http://{}", running.addr);
         let hit = Arc::new(tokio::sync::Notify::new());
         let standby = axum::Router::new().fallback({
@@ -540,6 +548,7 @@ mod tests {
             async move {
                 reqwest::Client::new()
                     .post(url)
+                    .bearer_auth(ADMIN)
                     .header("x-xce-worker-instance", "i-1")
                     .body("{}")
                     .send()
@@ -568,7 +577,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dead_or_frozen_leader_is_a_503_no_leader_with_retry_after_never_a_502() {
         let etcd = TestEtcd::start();
-        let running = start_on(&etcd, Tokens::parse("").unwrap()).await;
+        let running = start_on(&etcd, admin_tokens()).await;
         let base = format!("http://{}", running.addr);
         let http = reqwest::Client::new();
         let mut log = Vec::new();
@@ -578,7 +587,12 @@ mod tests {
         let dead_addr = dead.local_addr().unwrap();
         drop(dead);
         set_leader(&etcd, &base, &format!("node-a/1@{dead_addr}")).await;
-        let r = http.get(format!("{base}/v1/hosts")).send().await.unwrap();
+        let r = http
+            .get(format!("{base}/v1/hosts"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap();
         let msg = assert_no_leader(r).await;
         log.push(format!(
             "killed: {}",
@@ -595,6 +609,7 @@ mod tests {
                 let t = std::time::Instant::now();
                 let r = http
                     .post(format!("{base}/v1/services"))
+                    .bearer_auth(ADMIN)
                     .body("x")
                     .send()
                     .await;
@@ -635,6 +650,7 @@ mod tests {
         // The next request goes to the new leader.
         let r = http
             .post(format!("{base}/v1/services"))
+            .bearer_auth(ADMIN)
             .body("y")
             .send()
             .await
@@ -649,6 +665,52 @@ mod tests {
             frozen, then replaced: the leader controller at http://ADDR stopped answering and no longer leads (the change may or may not have been applied: check before repeating it)
             then: 201 Created
             xce_apiserver_leader_reads_total 1"#]]
+        .assert_eq(&log.join("\n"));
+        running.shutdown().await;
+    }
+
+    /// A request without a valid token is refused before its body is read: one that
+    /// announces a body and never sends it gets its 401 at once (it used to be read first,
+    /// and the connection was held for as long as the client liked), and nothing reaches
+    /// the leader.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_is_authenticated_before_its_body_is_read() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let etcd = TestEtcd::start();
+        let running = start_on(&etcd, admin_tokens()).await;
+        let base = format!("http://{}", running.addr);
+        let (a, _a_task) = fake_controller("a").await;
+        set_leader(&etcd, &base, &format!("node-a/1@{a}")).await;
+        let mut log = Vec::new();
+        for auth in ["", "authorization: Bearer not-a-valid-token-at-all\r\n"] {
+            let mut s = tokio::net::TcpStream::connect(running.addr).await.unwrap();
+            let head = format!(
+                "POST /v1/services HTTP/1.1\r\nhost: x\r\n{auth}content-length: 100000\r\n\r\n"
+            );
+            s.write_all(head.as_bytes()).await.unwrap();
+            let mut answer = Vec::new();
+            let read = tokio::time::timeout(testkit::patience(), async {
+                let mut buf = [0u8; 4096];
+                while !String::from_utf8_lossy(&answer).contains("\"code\"") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => answer.extend_from_slice(&buf[..n]),
+                    }
+                }
+            })
+            .await;
+            assert!(read.is_ok(), "no answer without the body");
+            let text = String::from_utf8_lossy(&answer).into_owned();
+            let status = text.lines().next().unwrap_or("").to_owned();
+            let code = text
+                .split("\"code\":")
+                .nth(1)
+                .and_then(|c| c.split('"').nth(1));
+            log.push(format!("{status} {}", code.unwrap_or("-")));
+        }
+        expect_test::expect![[r#"
+            HTTP/1.1 401 Unauthorized unauthenticated
+            HTTP/1.1 401 Unauthorized unauthenticated"#]]
         .assert_eq(&log.join("\n"));
         running.shutdown().await;
     }

@@ -147,7 +147,7 @@ impl Controller {
             e.register_metrics(&mut registry);
         }
         role.register(&mut registry);
-        xce_serve::register_tls_metrics(&mut registry);
+        xce_serve::register_metrics(&mut registry);
         xce_serve::version::register_build_info(&mut registry);
         let timing = core::Timing {
             heartbeat_interval: cfg.heartbeat_interval,

@@ -98,7 +98,7 @@ pub fn serve(
     let mut registry = Registry::default();
     role.standby();
     role.register(&mut registry);
-    xce_serve::register_tls_metrics(&mut registry);
+    xce_serve::register_metrics(&mut registry);
     xce_serve::version::register_build_info(&mut registry);
     let (stop, stopped) = watch::channel(false);
     let (addr, server) = xce_serve::serve(

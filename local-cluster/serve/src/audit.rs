@@ -14,15 +14,19 @@
 //! (writes and refusals, never the reads that make up nearly all traffic).
 
 use crate::Peer;
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::Response;
+use http_body::Body as _;
 use plugin_api::ApiContext;
 use std::net::IpAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
-/// The largest answer read to name the object of a write (a service's detail).
+/// The largest answer read to name the object of a write (a service's detail). A larger
+/// one passes through whole, unread: the line names the object by the path and query.
 const BODY_MAX: usize = 1 << 20;
 
 /// The middleware: `axum::middleware::from_fn_with_state(ctx, audit::layer)`.
@@ -140,27 +144,105 @@ impl Object {
 
 /// Reads the answer (up to [`BODY_MAX`]) for what a write changed (a submit's project and
 /// name are in the profile, not the path), filled into `object`, or why the request was
-/// refused: the answer, rebuilt, and its error code (empty when none).
+/// refused: the answer, rebuilt whole, and its error code (empty when none). An answer
+/// larger than [`BODY_MAX`] is passed on as it comes, what was read first ahead of the
+/// rest, and names nothing.
 async fn read_answer(resp: Response, object: &mut Object) -> (Response, String) {
     let status = resp.status();
     let mut code = String::new();
     let (parts, body) = resp.into_parts();
-    let resp = match axum::body::to_bytes(body, BODY_MAX).await {
-        Ok(bytes) => {
-            if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
-                let field = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);
-                if status.is_success() {
-                    object.project = field("project").or(object.project.take());
-                    object.service = field("name").or(object.service.take());
-                } else if let Some(c) = v.pointer("/error/code").and_then(|c| c.as_str()) {
-                    c.clone_into(&mut code);
+    if body.size_hint().lower() > BODY_MAX as u64 {
+        return (Response::from_parts(parts, body), code);
+    }
+    let bytes = match read_up_to(body, BODY_MAX).await {
+        Read::Whole(bytes) => bytes,
+        Read::Longer(first, rest) => {
+            let body = Body::new(Prefixed {
+                first: Some(first),
+                rest,
+            });
+            return (Response::from_parts(parts, body), code);
+        }
+    };
+    if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) {
+        let field = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_owned);
+        if status.is_success() {
+            object.project = field("project").or(object.project.take());
+            object.service = field("name").or(object.service.take());
+        } else if let Some(c) = v.pointer("/error/code").and_then(|c| c.as_str()) {
+            c.clone_into(&mut code);
+        }
+    }
+    (Response::from_parts(parts, Body::from(bytes)), code)
+}
+
+/// What [`read_up_to`] read of a body.
+enum Read {
+    /// All of it.
+    Whole(Bytes),
+    /// More than the limit: what was read, and the body with the rest (or its error).
+    Longer(Bytes, Body),
+}
+
+/// Reads `body` until it ends or more than `limit` bytes are read. A body that fails is
+/// treated as longer: its error comes after what was read, as it would have.
+async fn read_up_to(mut body: Body, limit: usize) -> Read {
+    let mut read = Vec::new();
+    loop {
+        let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+        match frame {
+            None => return Read::Whole(Bytes::from(read)),
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    read.extend_from_slice(&data);
+                }
+                if read.len() > limit {
+                    return Read::Longer(Bytes::from(read), body);
                 }
             }
-            Response::from_parts(parts, Body::from(bytes))
+            Some(Err(e)) => return Read::Longer(Bytes::from(read), Body::new(Failed(Some(e)))),
         }
-        Err(_) => Response::from_parts(parts, Body::empty()),
-    };
-    (resp, code)
+    }
+}
+
+/// A body whose first bytes were read already: those, then the rest.
+struct Prefixed {
+    first: Option<Bytes>,
+    rest: Body,
+}
+
+impl http_body::Body for Prefixed {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        if let Some(first) = self.first.take() {
+            return Poll::Ready(Some(Ok(http_body::Frame::data(first))));
+        }
+        Pin::new(&mut self.rest).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.first.is_none() && self.rest.is_end_stream()
+    }
+}
+
+/// A body that fails with the error another body failed with.
+struct Failed(Option<axum::Error>);
+
+impl http_body::Body for Failed {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(self.0.take().map(Err))
+    }
 }
 
 /// One line of the audit log.
@@ -222,6 +304,74 @@ fn action(method: &Method, path: &str, status: StatusCode) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The answer of `POST /v1/services/web/scale` through the audit layer: `body` as
+    /// it is, or as a stream of 64 KiB chunks with no size known before.
+    async fn through_the_layer(body: Vec<u8>, streamed: bool) -> Vec<u8> {
+        use axum::routing::post;
+        use tower::ServiceExt as _;
+        let handler = move || async move {
+            if !streamed {
+                return Body::from(body);
+            }
+            let chunks: Vec<Bytes> = body.chunks(64 * 1024).map(Bytes::copy_from_slice).collect();
+            Body::new(Chunks(chunks.into()))
+        };
+        let ctx = ApiContext::for_test(vec![]);
+        let app = axum::Router::new()
+            .route("/v1/services/web/scale", post(handler))
+            .layer(axum::middleware::from_fn_with_state(ctx, layer));
+        let req = axum::http::Request::post("/v1/services/web/scale")
+            .body(Body::empty())
+            .unwrap();
+        let resp = app.oneshot(req).await.unwrap();
+        axum::body::to_bytes(resp.into_body(), usize::MAX)
+            .await
+            .unwrap()
+            .to_vec()
+    }
+
+    /// A body of chunks, its length unknown until it ends.
+    struct Chunks(std::collections::VecDeque<Bytes>);
+
+    impl http_body::Body for Chunks {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+            Poll::Ready(self.0.pop_front().map(|c| Ok(http_body::Frame::data(c))))
+        }
+    }
+
+    /// Answers above the 1 MiB the layer reads pass whole (they were cut to nothing, and
+    /// `xcecli service scale` failed on an empty 200), with a known size or streamed;
+    /// smaller ones are read and passed on too.
+    #[tokio::test]
+    async fn answers_of_any_size_pass_whole() {
+        let mut sizes = Vec::new();
+        for len in [100, BODY_MAX + 1, 3 * BODY_MAX] {
+            for streamed in [false, true] {
+                let body: Vec<u8> = (0..len).map(|i| b"0123456789"[i % 10]).collect();
+                let got = through_the_layer(body.clone(), streamed).await;
+                assert!(got == body, "{len} bytes, streamed: {streamed}");
+                sizes.push(got.len());
+            }
+        }
+        assert_eq!(
+            sizes,
+            [
+                100,
+                100,
+                BODY_MAX + 1,
+                BODY_MAX + 1,
+                3 * BODY_MAX,
+                3 * BODY_MAX
+            ]
+        );
+    }
 
     #[test]
     fn actions_are_named_from_method_and_path() {

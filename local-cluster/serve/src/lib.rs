@@ -8,8 +8,12 @@
 //! - a connection that has not sent complete request headers within `header_timeout` is
 //!   closed (hyper's header timeout, and our own timer for one that sends nothing);
 //! - a keep-alive connection with no request in flight for `idle_timeout` is closed; a
-//!   connection carrying a request (a blocking query, an SSE stream: a *watch*) is never
-//!   closed by any limit here;
+//!   connection carrying a request (a blocking query, an SSE stream: a *watch*) is not
+//!   closed for being idle;
+//! - no request holds its connection forever (`exchange.rs`): an answer the peer does not
+//!   take for `write_timeout` (a zero HTTP/2 flow-control window, a socket buffer that
+//!   stays full) drops the connection, and a request body that does not arrive within
+//!   `header_timeout` of its headers is answered 408;
 //! - at most `max_total` connections, and `max_per_client` per client address. At a cap, the
 //!   oldest connection that has never had a request is closed to make room (a flood of idle
 //!   connections cannot lock real clients out); when there is none, the new connection is
@@ -20,7 +24,11 @@
 //! above hold for both: under HTTP/2 a request in flight is any open stream, a connection
 //! that sends the preface but no request is closed after `header_timeout`, and a closing
 //! connection whose peer does not finish the shutdown (HTTP/2 waits for a ping's answer)
-//! is dropped after `header_timeout` more.
+//! is dropped after `header_timeout` more. One closed to make room is dropped
+//! `header_timeout` after it was closed whatever it has in flight (its 503 may never be
+//! read), so the accept loop, which waits while [`MAX_CLOSING`] of them are closing, never
+//! waits longer than that. HTTP/1.1 accepts at most 64 KiB of request headers, as HTTP/2
+//! does ([`http2::MAX_HEADER_LIST_SIZE`]).
 //!
 //! Stopping (a SIGTERM) is graceful within a deadline: the listener closes, every
 //! connection finishes the requests in flight (the hosts make blocking queries answer and
@@ -38,6 +46,7 @@
 
 pub mod audit;
 pub mod auth;
+mod exchange;
 pub mod http2;
 pub mod keyring;
 pub mod limits;
@@ -48,6 +57,14 @@ pub mod version;
 pub use control_tls::server::{ServerTls, TlsFiles};
 pub use responses::{json_errors, metrics_response};
 pub use tls::register_metrics as register_tls_metrics;
+
+/// Adds the metrics of every listener of the process to a server's registry: failed TLS
+/// handshakes (`xce_tls_handshake_failures_total`) and peers cut off for not reading or
+/// sending in time (`xce_http_timeouts_total`).
+pub fn register_metrics(registry: &mut prometheus_client::registry::Registry) {
+    tls::register_metrics(registry);
+    exchange::register_metrics(registry);
+}
 
 /// Loads a serving certificate for these listeners (offering the ALPN protocols their
 /// connection builder speaks).
@@ -92,6 +109,10 @@ pub struct ConnLimits {
     /// Time a connection may stay open with no request in flight.
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
+    /// Time an answer may wait for the peer to take its next bytes (it does not read: a
+    /// zero HTTP/2 window, a full socket buffer); past it the connection is dropped.
+    #[serde(with = "humantime_serde")]
+    pub write_timeout: Duration,
     /// When stopping, the time requests in flight get to finish; connections still open
     /// then are dropped.
     #[serde(with = "humantime_serde")]
@@ -105,6 +126,7 @@ impl Default for ConnLimits {
             max_per_client: 2048,
             header_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
             drain_timeout: DEFAULT_DRAIN_TIMEOUT,
         }
     }
@@ -113,6 +135,11 @@ impl Default for ConnLimits {
 /// How long a stopping server lets requests in flight finish (see
 /// [`ConnLimits::drain_timeout`]).
 pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long an answer may wait for a peer that does not read (see
+/// [`ConnLimits::write_timeout`]): Go's `http.Server` users commonly pick 30 s too, long
+/// enough for a slow but live link to take a large answer.
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// File descriptors kept out of the connection budget, for everything else the process
 /// opens (the store, etcd and worker clients, replicas' pidfds and probes in `xced dev`).
@@ -130,6 +157,9 @@ impl ConnLimits {
         }
         if self.idle_timeout.is_zero() {
             out.push("connections.idle_timeout must be longer than 0s".to_owned());
+        }
+        if self.write_timeout.is_zero() {
+            out.push("connections.write_timeout must be longer than 0s".to_owned());
         }
         out
     }
@@ -188,7 +218,7 @@ pub fn serve(
     };
     info!(%addr, max_connections = limits.max_total, max_per_client = limits.max_per_client,
           header_timeout = ?limits.header_timeout, idle_timeout = ?limits.idle_timeout,
-          tls = tls.is_some(), "apiserver listening");
+          write_timeout = ?limits.write_timeout, tls = tls.is_some(), "apiserver listening");
     let app = version::tag(app);
     let server = tokio::spawn(accept_loop(listener, app, limits, tls, stop));
     Ok((addr, server))
@@ -322,6 +352,8 @@ struct Conn {
     evicted: AtomicBool,
     /// A request started or ended, or the registry evicted it.
     wake: Notify,
+    /// What stops its answers from being written, and since when (`exchange.rs`).
+    writes: Arc<exchange::Writes>,
 }
 
 /// At most this many evicted connections may be waiting for their sockets to close before
@@ -476,6 +508,11 @@ struct Clocks {
     idle_since: Instant,
     /// When a graceful shutdown began.
     closing: Option<Instant>,
+    /// When to look next at whether an answer has waited on the peer for `write_timeout`
+    /// (`None`: nothing in flight and nothing to write, so nothing to look at). Never later
+    /// than the oldest wait's end: armed at the oldest wait's start (or now) plus
+    /// `write_timeout`, and every wait that starts later ends later.
+    write_check: Option<Instant>,
 }
 
 impl ConnCtx {
@@ -500,27 +537,41 @@ impl ConnCtx {
     /// ends; the connection (and its socket) is dropped on return.
     async fn serve_http(&mut self, stream: tls::Stream) {
         let ip = self.peer.ip();
+        // Closed to make room before its task first ran (a flood is accepted faster than
+        // its tasks run): dropped before hyper reads a request off it, which would be
+        // answered 503 and then take up to `header_timeout` to close, while the accept
+        // loop counts it as closing (see [`MAX_CLOSING`]).
+        if self.conn.evicted.load(Ordering::SeqCst) {
+            return;
+        }
         let builder = http_builder(&self.shared.limits);
         // HTTP/2 writes batched across streams (`BatchedWrites`: a fan-out's answers
         // share system calls); HTTP/1.1 passes through.
+        // The write clock sits under the batching, on the socket itself: it sees the
+        // socket refuse bytes, not the batch buffer take them.
+        let stream = exchange::WriteClock::new(stream, self.conn.writes.clone());
         let io = TokioIo::new(crate::http2::BatchedWrites::new(stream));
         // Boxed so it can be dropped (its socket closed) before the accounting.
         let mut c = Box::pin(builder.serve_connection_with_upgrades(io, self.service()));
         let mut clocks = Clocks {
             idle_since: Instant::now(),
             closing: None,
+            write_check: None,
         };
+        let limits = self.shared.limits;
         loop {
-            let deadline = clocks.deadline(&self.conn, &self.shared.limits);
+            clocks.arm_write_check(&self.conn, &limits);
+            let deadline = clocks.deadline(&self.conn, &limits);
             let step = tokio::select! {
+                () = self.conn.wake.notified() => clocks.woken(&self.conn),
+                () = self.conn.writes.blocked.notified() => Step::Wait,
                 r = c.as_mut() => {
                     if let Err(e) = r {
                         debug!(client = %ip, error = %e, "connection ended with an error");
                     }
                     Step::Drop
                 }
-                () = self.conn.wake.notified() => clocks.woken(&self.conn),
-                () = sleep_until(deadline) => clocks.expired(&self.conn, ip),
+                () = sleep_until(deadline) => clocks.expired(&self.conn, &limits, ip),
                 _ = self.stop.wait_for(|s| *s), if clocks.closing.is_none() => Step::Shutdown,
             };
             match step {
@@ -547,11 +598,15 @@ impl ConnCtx {
     > {
         let (app, conn) = (self.shared.app.clone(), self.conn.clone());
         let (registry, id, ip) = (self.shared.registry.clone(), self.id, self.peer.ip());
-        hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        let body_timeout = self.shared.limits.header_timeout;
+        hyper::service::service_fn(move |req: Request<Incoming>| {
             let guard = InFlight::start(&conn);
             let evicted = first_request_evicted(&conn, &registry, id);
+            let exchange = guard.exchange.clone();
+            let mut req =
+                req.map(|b| Body::new(exchange::TimedBody::new(b, body_timeout, exchange)));
             req.extensions_mut().insert(Peer(ip));
-            answer(app.clone(), req, guard, evicted)
+            answer(app.clone(), req, guard, evicted, body_timeout)
         })
     }
 
@@ -569,8 +624,9 @@ impl ConnCtx {
 
 impl Clocks {
     /// When the connection is closed unless something happens: `idle_timeout` (before
-    /// its first request, `header_timeout`) after the last request ended; none while a
-    /// request is in flight.
+    /// its first request, `header_timeout`) after the last request ended (none while a
+    /// request is in flight); when closing, see [`Clocks::closing_deadline`]; and the next
+    /// [write check](Self::write_check).
     fn deadline(&self, conn: &Conn, limits: &ConnLimits) -> Option<Instant> {
         let idle = conn.in_flight.load(Ordering::SeqCst) == 0;
         let timeout = if conn.served.load(Ordering::SeqCst) {
@@ -578,15 +634,61 @@ impl Clocks {
         } else {
             limits.header_timeout
         };
-        match self.closing {
+        let own = match self.closing {
             None => idle.then_some(self.idle_since + timeout),
-            // Closing with nothing in flight: the peer gets `header_timeout` (from the
-            // later of the shutdown and the last answer, whose bytes may still be on their
-            // way out) to let the shutdown finish, then the socket is dropped. HTTP/2's
-            // graceful shutdown waits for the answer to a ping after its GOAWAY, which a
-            // client that sent only the preface never gives.
-            Some(since) => idle.then_some(since.max(self.idle_since) + limits.header_timeout),
+            Some(since) => self.closing_deadline(since, idle, conn, limits),
+        };
+        match (own, self.write_check) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
+    }
+
+    /// When a closing connection is dropped. Closed to make room: `header_timeout` after
+    /// that, whatever is in flight (its answer may never be read, and the accept loop waits
+    /// for it, see [`MAX_CLOSING`]). Otherwise, once nothing is in flight, the peer gets
+    /// `header_timeout` (from the later of the shutdown and the last answer, whose bytes
+    /// may still be on their way out) to let the shutdown finish, then the socket is
+    /// dropped: HTTP/2's graceful shutdown waits for the answer to a ping after its GOAWAY,
+    /// which a client that sent only the preface never gives.
+    fn closing_deadline(
+        &self,
+        since: Instant,
+        idle: bool,
+        conn: &Conn,
+        limits: &ConnLimits,
+    ) -> Option<Instant> {
+        if conn.evicted.load(Ordering::SeqCst) {
+            return Some(since + limits.header_timeout);
+        }
+        idle.then_some(since.max(self.idle_since) + limits.header_timeout)
+    }
+
+    /// Arms the write check when there is something to write and it is not armed.
+    fn arm_write_check(&mut self, conn: &Conn, limits: &ConnLimits) {
+        if self.write_check.is_none() && busy(conn) {
+            let from = conn.writes.stalled_since().unwrap_or_else(Instant::now);
+            self.write_check = Some(from + limits.write_timeout);
+        }
+    }
+
+    /// The write check: whether an answer (or the socket) has waited on the peer for
+    /// `write_timeout`; if not, when to look again.
+    fn write_check(&mut self, conn: &Conn, limits: &ConnLimits, ip: IpAddr) -> Step {
+        let now = Instant::now();
+        match conn.writes.stalled_since() {
+            Some(since) if now.saturating_duration_since(since) >= limits.write_timeout => {
+                exchange::TIMEOUTS.get_or_create(&exchange::WRITE).inc();
+                tls::log_limited(&WRITE_TIMEOUT_LOGGED, |n| {
+                    info!(client = %ip, write_timeout = ?limits.write_timeout, since_last_line = n,
+                          "a client did not read its answer within write_timeout: connection dropped")
+                });
+                return Step::Drop;
+            }
+            Some(since) => self.write_check = Some(since + limits.write_timeout),
+            None => self.write_check = busy(conn).then_some(now + limits.write_timeout),
+        }
+        Step::Wait
     }
 
     /// A request started or ended, or the registry evicted the connection.
@@ -602,29 +704,65 @@ impl Clocks {
         }
     }
 
-    /// The [`deadline`](Self::deadline) passed.
-    fn expired(&self, conn: &Conn, ip: IpAddr) -> Step {
-        if conn.in_flight.load(Ordering::SeqCst) != 0 {
+    /// The [`deadline`](Self::deadline) passed: the write check's, the idle one's or the
+    /// closing one's.
+    fn expired(&mut self, conn: &Conn, limits: &ConnLimits, ip: IpAddr) -> Step {
+        let now = Instant::now();
+        if self.write_check.is_some_and(|at| at <= now)
+            && self.write_check(conn, limits, ip) == Step::Drop
+        {
+            return Step::Drop;
+        }
+        let idle = conn.in_flight.load(Ordering::SeqCst) == 0;
+        if let Some(since) = self.closing {
+            if self
+                .closing_deadline(since, idle, conn, limits)
+                .is_some_and(|at| at <= now)
+            {
+                if conn.evicted.load(Ordering::SeqCst) {
+                    exchange::TIMEOUTS.get_or_create(&exchange::CLOSING).inc();
+                }
+                debug!(client = %ip, "connection did not finish closing: dropped");
+                return Step::Drop;
+            }
             return Step::Wait;
         }
-        if self.closing.is_some() {
-            debug!(client = %ip, "connection did not finish closing: dropped");
-            return Step::Drop;
+        let timeout = if conn.served.load(Ordering::SeqCst) {
+            limits.idle_timeout
+        } else {
+            limits.header_timeout
+        };
+        if !idle || self.idle_since + timeout > now {
+            return Step::Wait;
         }
         debug!(client = %ip, "idle connection closed");
         Step::Shutdown
     }
 }
 
+/// Whether the connection has something to write: a request in flight, or bytes the
+/// socket has not taken.
+fn busy(conn: &Conn) -> bool {
+    conn.in_flight.load(Ordering::SeqCst) != 0 || conn.writes.socket_blocked()
+}
+
+/// The log line of a write timeout: at most one a second, with a count.
+static WRITE_TIMEOUT_LOGGED: tls::LogLimit = tls::LogLimit::new();
+
 /// The connection builder: HTTP/1.1 or HTTP/2 with prior knowledge (h2c), told apart by
 /// the client's first bytes (the HTTP/2 preface). Every limit here holds for both: the
 /// clocks watch requests in flight, which under HTTP/2 are the connection's open streams.
 fn http_builder(limits: &ConnLimits) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    // The read buffer bounds the request headers: 64 KiB, as HTTP/2's header list
+    // (hyper's default of ~400 KiB let 2,000 connections of unfinished headers take half a
+    // GiB); longer headers are answered 431. It bounds the write buffer too, so an answer
+    // the peer does not read backs up into the socket, where the write clock sees it.
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout);
+        .header_read_timeout(limits.header_timeout)
+        .max_buf_size(crate::http2::MAX_HEADER_LIST_SIZE as usize);
     crate::http2::configure(&mut builder.http2());
     builder
 }
@@ -640,20 +778,56 @@ fn first_request_evicted(conn: &Conn, registry: &Mutex<Registry>, id: u64) -> bo
     }
 }
 
-/// Answers one request: by the app, or a 503 when its connection was `evicted`. The
-/// answer's body keeps the request in flight (`guard`).
+/// Answers one request: by the app, or a 503 when its connection was `evicted`, or a 408
+/// when its body did not arrive within `body_timeout` (whatever the handler made of the
+/// failed read). The answer's body keeps the request in flight (`guard`).
 async fn answer(
     mut app: axum::Router,
-    req: Request<Incoming>,
+    req: Request<Body>,
     guard: InFlight,
     evicted: bool,
+    body_timeout: Duration,
 ) -> Result<Response<Body>, Infallible> {
+    let version = req.version();
     if evicted {
-        return Ok(guarded(too_many_connections(req.version()), guard));
+        return Ok(guarded(too_many_connections(version), guard));
     }
     use tower::Service as _;
-    let resp = app.call(req.map(Body::new)).await;
-    resp.map(|r| guarded(r, guard))
+    let Ok(mut resp) = app.call(req).await;
+    if guard.exchange.body_expired() {
+        return Ok(guarded(body_too_slow(version, body_timeout), guard));
+    }
+    if version < http::Version::HTTP_2 && !guard.exchange.body_done() {
+        // Answered before the body was read to its end (a 413, a refusal): hyper closes
+        // the connection after the answer rather than read the rest, so the client is told
+        // not to send another request on it.
+        resp.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
+    Ok(guarded(resp, guard))
+}
+
+/// The answer to a request whose body did not arrive within `timeout`: 408, and the
+/// connection closes (the rest of the body will not be read).
+fn body_too_slow(version: http::Version, timeout: Duration) -> Response<Body> {
+    let resp = plugin_api::ApiError::new(
+        http::StatusCode::REQUEST_TIMEOUT,
+        "body_timeout",
+        format!(
+            "the request body did not arrive within {} (connections.header_timeout)",
+            humantime::format_duration(timeout)
+        ),
+    );
+    let mut resp = axum::response::IntoResponse::into_response(resp);
+    if version < http::Version::HTTP_2 {
+        resp.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
+    }
+    resp
 }
 
 /// The answer on a connection closed to make room before its first request.
@@ -675,14 +849,11 @@ fn too_many_connections(version: http::Version) -> Response<Body> {
     resp
 }
 
-/// `resp`, its body keeping the request in flight until it is done or dropped.
+/// `resp`, its body keeping the request in flight until it is done or dropped. Handed to
+/// the connection now: it waits for the connection to take it (see [`Guarded`]).
 fn guarded(resp: Response<Body>, guard: InFlight) -> Response<Body> {
-    resp.map(|b| {
-        Body::new(Guarded {
-            inner: b,
-            _guard: guard,
-        })
-    })
+    guard.exchange.handed(&guard.conn.writes, Instant::now());
+    resp.map(|b| Body::new(Guarded { inner: b, guard }))
 }
 
 /// Resolves once the registry has closed the connection to make room.
@@ -706,27 +877,38 @@ async fn sleep_until(at: Option<Instant>) {
 /// A request in flight on a connection: from its headers to the end of its answer's body
 /// (a stream's body ends when the stream does).
 #[derive(Debug)]
-struct InFlight(Arc<Conn>);
+struct InFlight {
+    conn: Arc<Conn>,
+    exchange: Arc<exchange::Exchange>,
+}
 
 impl InFlight {
     fn start(conn: &Arc<Conn>) -> Self {
-        conn.in_flight.fetch_add(1, Ordering::SeqCst);
+        let n = conn.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        let exchange = conn.writes.exchange(n);
         conn.wake.notify_one();
-        InFlight(conn.clone())
+        InFlight {
+            conn: conn.clone(),
+            exchange,
+        }
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-        self.0.wake.notify_one();
+        self.conn.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.conn.wake.notify_one();
     }
 }
 
-/// An answer's body that keeps its request [`InFlight`] until it is done or dropped.
+/// An answer's body that keeps its request [`InFlight`] until it is done or dropped, and
+/// tells its exchange when it waits on the connection: from the moment a frame is handed
+/// over until the connection asks for the next one (hyper asks once it has room for it:
+/// flow-control window, write buffer). While the app has nothing to send (a stream between
+/// events) nothing waits on the peer.
 struct Guarded {
     inner: Body,
-    _guard: InFlight,
+    guard: InFlight,
 }
 
 impl http_body::Body for Guarded {
@@ -737,7 +919,13 @@ impl http_body::Body for Guarded {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
-        Pin::new(&mut self.inner).poll_frame(cx)
+        self.guard.exchange.taken();
+        let frame = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(_))) = &frame {
+            let g = &self.guard;
+            g.exchange.handed(&g.conn.writes, Instant::now());
+        }
+        frame
     }
 
     fn is_end_stream(&self) -> bool {
@@ -749,10 +937,9 @@ impl http_body::Body for Guarded {
     }
 }
 
-#[allow(dead_code)]
-fn _assert_types(_: Response<Body>) {}
-
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod tests_h2;
+#[cfg(test)]
+mod tests_timeouts;

@@ -48,6 +48,9 @@ pub(super) fn limits(max_total: usize, max_per_client: usize) -> ConnLimits {
         max_per_client,
         header_timeout: Duration::from_millis(300),
         idle_timeout: Duration::from_millis(300),
+        // As short as the others: the watches below outlive it many times over, and are
+        // not cut by it (they wait for the app, not for the peer).
+        write_timeout: Duration::from_millis(300),
         drain_timeout: DEFAULT_DRAIN_TIMEOUT,
     }
 }
@@ -281,12 +284,14 @@ fn the_budget_leaves_room_for_everything_else() {
         ConnLimits {
             max_per_client: 0,
             header_timeout: Duration::ZERO,
+            write_timeout: Duration::ZERO,
             ..l
         }
         .problems(),
         vec![
             "connections.max_per_client must be at least 1".to_owned(),
-            "connections.header_timeout must be longer than 0s".to_owned()
+            "connections.header_timeout must be longer than 0s".to_owned(),
+            "connections.write_timeout must be longer than 0s".to_owned()
         ]
     );
 }

@@ -184,13 +184,13 @@ static REFUSED_LOGGED: LogLimit = LogLimit::new();
 
 /// At most one line a second per kind, with how many were not logged since: a flood of
 /// bad clients must not flood the log.
-struct LogLimit {
+pub(crate) struct LogLimit {
     last_second: AtomicU64,
     suppressed: AtomicU64,
 }
 
 impl LogLimit {
-    const fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         LogLimit {
             last_second: AtomicU64::new(0),
             suppressed: AtomicU64::new(0),
@@ -198,7 +198,7 @@ impl LogLimit {
     }
 }
 
-fn log_limited(limit: &LogLimit, log: impl FnOnce(u64)) {
+pub(crate) fn log_limited(limit: &LogLimit, log: impl FnOnce(u64)) {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs());

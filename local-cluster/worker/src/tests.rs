@@ -838,7 +838,9 @@ async fn tcp_readiness_refusals_unknown_stops_and_bad_commands() {
         expect_test::expect![[r#"
             {"event":"refused","job":"j-4","refusal":{"plugin":"fake","reason":"refused by the test","detail":{"refuse":true}}}
             {"event":"exited","job":"j-6","code":127,"error":"cannot start \"/nonexistent/xce-test\": No such file or directory (os error 2)","log":"$LOGS/j-6.log"}
-            {"event":"exited","job":"j-5","code":null}"#]]
+            {"event":"exited","job":"j-5","code":null}
+            {"event":"exited","job":"j-5","code":null,"error":"job j-5 already ran and ended on this worker, and a job id runs at most once: the controller lists it again (was its store restored from a backup?)"}
+            {"event":"exited","job":"j-6","code":null,"error":"job j-6 already ran and ended on this worker, and a job id runs at most once: the controller lists it again (was its store restored from a backup?)"}"#]]
         .assert_eq(&evs.join("\n").replace(&logs.display().to_string(), "$LOGS"));
         worker.shutdown(ShutdownMode::StopReplicas).await;
         assert_eq!(counts(&fake, "j-7"), (1, 1, 0, 1, 0));
@@ -1140,7 +1142,7 @@ fn config_debug_redacts_the_credential() {
     let cfg = WorkerConfig::new(HOST, "http://127.0.0.1:7480", "s3cret", "/var/lib/xce");
     let shown = format!("{cfg:?}");
     assert!(!shown.contains("s3cret"), "{shown}");
-    expect_test::expect![[r#"WorkerConfig { host: "exec-01", controller: "http://127.0.0.1:7480", credential: "<redacted>", ca_file: None, data_dir: "/var/lib/xce", stop_timeout: 10s, facts_interval: 30s, replicas: ReplicaSettings { user: None, logs: LogPolicy { max_size: 10485760, keep: 3, retain: 86400s }, log_writer: None } }"#]]
+    expect_test::expect![[r#"WorkerConfig { host: "exec-01", controller: "http://127.0.0.1:7480", credential: "<redacted>", ca_file: None, data_dir: "/var/lib/xce", stop_timeout: 10s, facts_interval: 30s, replicas: ReplicaSettings { user: None, logs: LogPolicy { max_size: 10485760, keep: 3, retain: 86400s }, log_writer: None }, orphan_drain: 5s }"#]]
         .assert_eq(&shown);
 }
 
