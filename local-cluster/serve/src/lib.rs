@@ -236,6 +236,8 @@ struct Registry {
     unserved_of: HashMap<IpAddr, BTreeSet<u64>>,
     /// Evicted connections whose sockets are not closed yet (see [`MAX_CLOSING`]).
     closing: usize,
+    /// Those connections by key, oldest first.
+    closing_conns: BTreeMap<u64, Arc<Conn>>,
     /// Refusals and evictions since the last log line, and when that was.
     refused: u64,
     evicted: u64,
@@ -314,6 +316,22 @@ impl Registry {
             // Its socket stays open until its task runs and drops it: counted here until
             // then, so the accept loop cannot outrun the closing (descriptors stay bounded).
             self.closing += 1;
+            self.closing_conns.insert(id, conn);
+        }
+    }
+
+    /// At [`MAX_CLOSING`]: tells the oldest closing connections to drop their sockets now
+    /// rather than wait out their polite close (a 503 a zero-window peer never reads would
+    /// hold one for `header_timeout`, and the accept loop with it), until fewer than
+    /// [`MAX_CLOSING`] close politely; the ones told leave `closing` as soon as their
+    /// tasks run.
+    fn hurry_closing(&mut self) {
+        while self.closing_conns.len() >= MAX_CLOSING {
+            let Some((_, conn)) = self.closing_conns.pop_first() else {
+                break;
+            };
+            conn.dropped.store(true, Ordering::SeqCst);
+            conn.wake.notify_one();
         }
     }
 
@@ -350,15 +368,19 @@ struct Conn {
     served: AtomicBool,
     /// Closed by the registry to make room.
     evicted: AtomicBool,
+    /// Evicted and told to drop its socket now ([`Registry::hurry_closing`]).
+    dropped: AtomicBool,
     /// A request started or ended, or the registry evicted it.
     wake: Notify,
     /// What stops its answers from being written, and since when (`exchange.rs`).
     writes: Arc<exchange::Writes>,
 }
 
-/// At most this many evicted connections may be waiting for their sockets to close before
-/// the accept loop waits for them: at a cap, a flood can otherwise be accepted faster than
-/// the evicted sockets close, and the process runs out of descriptors after all.
+/// At most this many evicted connections may be waiting for their sockets to close: at a
+/// cap, a flood can otherwise be accepted faster than the evicted sockets close, and the
+/// process runs out of descriptors after all. Past it, the oldest are dropped at once
+/// (no polite 503 and GOAWAY) and the accept loop waits only for their tasks to run, never
+/// for a peer.
 const MAX_CLOSING: usize = 64;
 
 /// The first and the longest pause after a failed `accept`.
@@ -436,8 +458,12 @@ impl Shared {
     async fn room_to_accept(&self, tasks: &mut tokio::task::JoinSet<()>) {
         loop {
             let wait = self.closed.notified();
-            if self.registry.lock().unwrap().closing < MAX_CLOSING {
-                return;
+            {
+                let mut r = self.registry.lock().unwrap();
+                if r.closing < MAX_CLOSING {
+                    return;
+                }
+                r.hurry_closing();
             }
             tokio::select! {
                 () = wait => {}
@@ -614,6 +640,7 @@ impl ConnCtx {
     fn account_closed(&self) {
         let mut r = self.shared.registry.lock().unwrap();
         if self.conn.evicted.load(Ordering::SeqCst) {
+            r.closing_conns.remove(&self.id);
             r.closing -= 1;
             self.shared.closed.notify_one();
         } else {
@@ -694,6 +721,9 @@ impl Clocks {
     /// A request started or ended, or the registry evicted the connection.
     fn woken(&mut self, conn: &Conn) -> Step {
         self.idle_since = Instant::now();
+        if conn.dropped.load(Ordering::SeqCst) {
+            return Step::Drop; // the accept loop needs its descriptor back
+        }
         if !conn.evicted.load(Ordering::SeqCst) || self.closing.is_some() {
             return Step::Wait;
         }

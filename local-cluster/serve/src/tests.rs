@@ -381,3 +381,39 @@ async fn a_stalled_handshake_is_cut_off() {
     assert!(closed_within(&mut silent, Duration::from_secs(10)).await);
     assert!(closed_within(&mut started, Duration::from_secs(10)).await);
 }
+
+/// At `MAX_CLOSING` the oldest evicted connections are told to drop their sockets at once
+/// (the accept loop must never wait on a peer that does not read its 503), and only as
+/// many as it takes to bring the polite closes under the limit.
+#[test]
+fn at_the_closing_limit_the_oldest_evicted_connections_are_dropped_at_once() {
+    let limits = ConnLimits {
+        max_total: 1_000,
+        max_per_client: MAX_CLOSING + 10,
+        ..ConnLimits::default()
+    };
+    let ip: IpAddr = "127.0.0.7".parse().unwrap();
+    let mut r = Registry::default();
+    let conns: Vec<_> = (0..MAX_CLOSING + 10)
+        .map(|_| r.admit(ip, &limits).expect("room"))
+        .collect();
+    // Every new one from the same address evicts the oldest never-served one.
+    for _ in 0..MAX_CLOSING + 2 {
+        r.admit(ip, &limits).expect("room made");
+    }
+    assert_eq!(r.closing, MAX_CLOSING + 2);
+    r.hurry_closing();
+    let dropped: Vec<bool> = conns
+        .iter()
+        .map(|(_, c)| c.dropped.load(Ordering::SeqCst))
+        .collect();
+    let told = dropped.iter().filter(|d| **d).count();
+    assert_eq!(told, 3, "{dropped:?}");
+    assert!(
+        dropped[..3].iter().all(|d| *d),
+        "the oldest first: {dropped:?}"
+    );
+    assert_eq!(r.closing_conns.len(), MAX_CLOSING - 1);
+    // Told ones still count as closing until their tasks close their sockets.
+    assert_eq!(r.closing, MAX_CLOSING + 2);
+}
