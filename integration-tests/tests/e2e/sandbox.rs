@@ -336,10 +336,16 @@ async fn every_daemon_file_is_private_under_umask_022() -> Result<()> {
         "jobs.json",
         "instance",
         "logs",
-        "j-1.log",
     ] {
         assert!(names.contains(want), "{want} not among {names:?}");
     }
+    // A replica's log: `<job id>.log`, the id `j-<n>-<tag>`.
+    assert!(
+        names
+            .iter()
+            .any(|n| n.starts_with("j-") && n.ends_with(".log")),
+        "no replica log among {names:?}"
+    );
     let open: Vec<String> = all
         .iter()
         .filter(|(_, mode, _)| mode & 0o077 != 0)
