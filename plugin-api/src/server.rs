@@ -58,6 +58,14 @@ impl IntoResponse for ApiError {
                 axum::http::HeaderValue::from_static("Bearer"),
             );
         }
+        // Every 503 (`stale`, `no_leader`, `unavailable`) is a moment's state: clients and
+        // load balancers retry after a second, or ask another apiserver.
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
         resp
     }
 }
@@ -95,5 +103,27 @@ impl<S: Send + Sync> FromRequestParts<S> for Principal {
         auth.auth
             .authenticate(token)
             .map_err(ApiError::unauthenticated)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_503_says_when_to_retry_and_a_401_how_to_authenticate() {
+        let stale = ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "stale", "reloading");
+        let resp = stale.into_response();
+        assert_eq!(resp.headers()[axum::http::header::RETRY_AFTER], "1");
+        let unauth = ApiError::new(StatusCode::UNAUTHORIZED, "unauthenticated", "no token");
+        let resp = unauth.into_response();
+        assert_eq!(
+            resp.headers()[axum::http::header::WWW_AUTHENTICATE],
+            "Bearer"
+        );
+        assert!(resp
+            .headers()
+            .get(axum::http::header::RETRY_AFTER)
+            .is_none());
     }
 }
