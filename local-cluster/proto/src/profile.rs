@@ -748,6 +748,7 @@ fn parse_update(u: &Map<String, Value>, errs: &mut Vec<FieldError>) -> UpdatePol
 
 mod env;
 mod meta;
+mod table;
 pub use env::{MAX_ENV_NAME, MAX_ENV_VALUE, MAX_ENV_VARS};
 pub use meta::{MAX_KEY_LEN, MAX_LABELS, MAX_VALUE_BYTES};
 

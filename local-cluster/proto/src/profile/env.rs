@@ -7,6 +7,8 @@ use plugin_api::FieldError;
 use serde_json::Value;
 use std::collections::BTreeMap;
 
+use super::table::StringTable;
+
 /// The most variables a service may set.
 pub const MAX_ENV_VARS: usize = 64;
 /// The longest variable name, in bytes.
@@ -17,47 +19,22 @@ pub const MAX_ENV_VALUE: usize = 4096;
 /// Validates `service.env`, listing every problem in `errs`; the variables (those that are
 /// valid) either way.
 pub(super) fn parse(v: Option<&Value>, errs: &mut Vec<FieldError>) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    let map = match v {
-        None => return out,
-        Some(Value::Object(m)) => m,
-        Some(_) => {
-            errs.push(FieldError::new(
-                "service.env",
-                "must be a table of string values (NAME = \"value\")",
-            ));
-            return out;
-        }
-    };
-    if map.len() > MAX_ENV_VARS {
-        errs.push(FieldError::new(
-            "service.env",
-            format!("at most {MAX_ENV_VARS} variables (got {})", map.len()),
-        ));
-    }
-    for (name, value) in map {
-        let field = format!("service.env.{name}");
-        if let Err(reason) = check_name(name) {
-            errs.push(FieldError::new(field.clone(), reason));
-        }
-        match value {
-            Value::String(s) if s.len() > MAX_ENV_VALUE => errs.push(FieldError::new(
-                field,
-                format!(
-                    "value must be at most {MAX_ENV_VALUE} bytes (got {})",
-                    s.len()
-                ),
-            )),
-            Value::String(s) if s.contains('\0') => {
-                errs.push(FieldError::new(field, "value must not contain NUL"))
+    StringTable {
+        field: "service.env",
+        shape: "must be a table of string values (NAME = \"value\")",
+        noun: "variables",
+        max_entries: MAX_ENV_VARS,
+        max_value: MAX_ENV_VALUE,
+        check_key: check_name,
+        check_value: |s| {
+            if s.contains('\0') {
+                Err("value must not contain NUL".into())
+            } else {
+                Ok(())
             }
-            Value::String(s) => {
-                out.insert(name.clone(), s.clone());
-            }
-            _ => errs.push(FieldError::new(field, "value must be a string")),
-        }
+        },
     }
-    out
+    .parse(v, errs)
 }
 
 /// A variable name: a letter or `_`, then letters, digits and `_`; not `XCE_…`, which

@@ -5,6 +5,8 @@ use plugin_api::FieldError;
 use serde_json::Value;
 use std::collections::BTreeMap;
 
+use super::table::StringTable;
+
 /// The most labels a service may have.
 pub const MAX_LABELS: usize = 32;
 /// The longest label key, in characters.
@@ -15,44 +17,16 @@ pub const MAX_VALUE_BYTES: usize = 256;
 /// Validates `service.meta`, listing every problem in `errs`; the labels (those that are
 /// valid) either way.
 pub(super) fn parse(v: Option<&Value>, errs: &mut Vec<FieldError>) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    let map = match v {
-        None => return out,
-        Some(Value::Object(m)) => m,
-        Some(_) => {
-            errs.push(FieldError::new(
-                "service.meta",
-                "must be a table of string labels",
-            ));
-            return out;
-        }
-    };
-    if map.len() > MAX_LABELS {
-        errs.push(FieldError::new(
-            "service.meta",
-            format!("at most {MAX_LABELS} labels (got {})", map.len()),
-        ));
+    StringTable {
+        field: "service.meta",
+        shape: "must be a table of string labels",
+        noun: "labels",
+        max_entries: MAX_LABELS,
+        max_value: MAX_VALUE_BYTES,
+        check_key,
+        check_value: |_| Ok(()),
     }
-    for (key, value) in map {
-        let field = format!("service.meta.{key}");
-        if let Err(reason) = check_key(key) {
-            errs.push(FieldError::new(field.clone(), reason));
-        }
-        match value {
-            Value::String(s) if s.len() > MAX_VALUE_BYTES => errs.push(FieldError::new(
-                field,
-                format!(
-                    "value must be at most {MAX_VALUE_BYTES} bytes (got {})",
-                    s.len()
-                ),
-            )),
-            Value::String(s) => {
-                out.insert(key.clone(), s.clone());
-            }
-            _ => errs.push(FieldError::new(field, "value must be a string")),
-        }
-    }
-    out
+    .parse(v, errs)
 }
 
 /// A label key: 1-63 characters of `[a-z0-9_]`.
