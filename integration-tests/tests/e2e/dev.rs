@@ -589,3 +589,36 @@ async fn service_stop_wait_returns_once_the_service_is_gone() {
     let (status, _, _) = c.api.get("/v1/services/web").await.unwrap();
     assert_eq!(status, 404, "gone when the command returned");
 }
+
+/// Ctrl-C on `xced dev` stops the replicas through their workers' shutdown: the
+/// controller logs each as stopped by its worker, never as a replica that "ended by
+/// itself" (a warning an operator would chase), and the daemon exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ctrl_c_stops_the_replicas_without_warning_they_ended_by_themselves() {
+    let mut c = DevCluster::start(2, true).expect("dev cluster");
+    c.api.wait_ready("web", 3).await;
+    signal(c.child.id(), libc::SIGINT);
+    let deadline = Instant::now() + testkit::patience().max(Duration::from_secs(30));
+    let status = loop {
+        if let Some(s) = c.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "xced dev still running after Ctrl-C"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let log = c.log();
+    assert!(status.success(), "xced dev exited {status}; log:\n{log}");
+    let warned = log
+        .lines()
+        .filter(|l| l.contains("ended by itself"))
+        .count();
+    let stopped = log
+        .lines()
+        .filter(|l| l.contains("stopped by its worker's shutdown"))
+        .count();
+    println!("SUMMARY dev-ctrl-c stopped_by_worker={stopped} warned_ended_by_itself={warned}");
+    assert_eq!(warned, 0, "log:\n{log}");
+}

@@ -389,6 +389,11 @@ pub enum WorkerEvent {
         /// could not be started, whose log file holds the worker's line saying why).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         log: Option<String>,
+        /// The worker ended it on its own, not at the controller's word: it stopped its
+        /// replicas because it was shutting down (see [`ExitCause::worker_stopped`]).
+        /// Absent from older workers (then `false`).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        worker_stopped: bool,
     },
     /// A launch hook refused to start the job.
     Refused {
@@ -418,6 +423,7 @@ impl WorkerEvent {
             signal: cause.signal,
             error: cause.error,
             log,
+            worker_stopped: cause.worker_stopped,
         }
     }
 }
@@ -435,6 +441,11 @@ pub struct ExitCause {
     /// Why it could not be started (then `code` is 127 or 126, as from a shell).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The worker stopped it on its own because it was shutting down (not the replica
+    /// ending by itself, nor the controller stopping it): the controller places a
+    /// replacement without counting a restart or a rollout exit.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub worker_stopped: bool,
 }
 
 impl ExitCause {

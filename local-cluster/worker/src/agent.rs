@@ -92,6 +92,9 @@ pub(crate) struct Agent {
     /// The worker's span (with the host): the parent of every job span, so spans of
     /// tasks spawned while a job span is entered do not nest.
     span: tracing::Span,
+    /// Set when a shutdown stops the replicas: their exits are reported as stopped by
+    /// the worker, so the controller counts no restart and logs no "ended by itself".
+    shutting_down: bool,
     /// Held (flock) for the agent's life.
     _lock: std::fs::File,
     /// The worker instance and the cluster it serves.
@@ -246,6 +249,7 @@ impl Agent {
             probe_http: probe::http_client(),
             tasks: JoinSet::new(),
             span: tracing::Span::current(),
+            shutting_down: false,
             _lock: lock,
             identity,
             cfg,
@@ -590,6 +594,7 @@ impl Agent {
             code: Some(e.code()),
             signal: None,
             error: Some(e.to_string()),
+            worker_stopped: false,
         };
         self.outbox.push(WorkerEvent::exited(
             a.job.clone(),
@@ -754,7 +759,8 @@ impl Agent {
     /// before any of them is queued for the controller.
     fn on_exits(&mut self, exits: Vec<(JobId, u32, ExitCause)>) -> anyhow::Result<()> {
         let mut recorded = Vec::with_capacity(exits.len());
-        for (job, pid, cause) in exits {
+        for (job, pid, mut cause) in exits {
+            cause.worker_stopped = self.shutting_down;
             match self.jobs.get(&job) {
                 Some(j) if j.record.pid == pid => {}
                 _ => continue,
@@ -815,6 +821,7 @@ impl Agent {
     async fn shutdown(mut self, mode: ShutdownMode) -> anyhow::Result<()> {
         tracing::info!(?mode, jobs = self.jobs.len(), "worker shutting down");
         if mode == ShutdownMode::StopReplicas {
+            self.shutting_down = true;
             let jobs: Vec<JobId> = self.jobs.keys().cloned().collect();
             for job in &jobs {
                 self.stop(job);

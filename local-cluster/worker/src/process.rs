@@ -291,6 +291,7 @@ pub(crate) fn cause_of(status: std::process::ExitStatus) -> ExitCause {
         code: status.code(),
         signal: status.signal(),
         error: None,
+        worker_stopped: false,
     }
 }
 

@@ -44,6 +44,10 @@ pub(crate) struct ExitRecord {
     /// The signal that ended it, when one did (absent in files of older workers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) signal: Option<i32>,
+    /// The worker stopped it in its shutdown (written only when true, so the files of
+    /// every other exit stay readable by older workers).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) worker_stopped: bool,
 }
 
 impl ExitRecord {
@@ -53,6 +57,7 @@ impl ExitRecord {
         ExitRecord {
             code: cause.code,
             signal: cause.signal,
+            worker_stopped: cause.worker_stopped,
         }
     }
 
@@ -62,6 +67,7 @@ impl ExitRecord {
             code: self.code,
             signal: self.signal,
             error: None,
+            worker_stopped: self.worker_stopped,
         }
     }
 }
@@ -196,6 +202,7 @@ mod tests {
                     Some(ExitRecord {
                         code: None,
                         signal: Some(9),
+                        worker_stopped: false,
                     }),
                 ),
             ],

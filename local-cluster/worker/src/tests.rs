@@ -562,6 +562,7 @@ async fn launches_with_the_hook_env_reports_ready_once_and_the_exit() {
                 signal: Some(9),
                 error: None,
                 log: Some(log.display().to_string()),
+                worker_stopped: false,
             })
         );
         let (started, up, _down, exited, _) = counts(&fake, "j-1");
@@ -845,6 +846,13 @@ async fn tcp_readiness_refusals_unknown_stops_and_bad_commands() {
         worker.shutdown(ShutdownMode::StopReplicas).await;
         assert_eq!(counts(&fake, "j-7"), (1, 1, 0, 1, 0));
         assert_eq!(counts(&fake, "j-8"), (1, 0, 0, 1, 0));
+        // The shutdown stopped them: the controller must not take it for their own end.
+        for job in ["j-7", "j-8"] {
+            let by_worker = |e: &WorkerEvent| {
+                matches!(e, WorkerEvent::Exited { worker_stopped: true, .. })
+            };
+            assert!(fake.events_of(job).iter().any(by_worker), "{job}: {:?}", fake.events_of(job));
+        }
     })
     .await;
 }

@@ -620,12 +620,14 @@ impl Core {
                     signal,
                     error,
                     log,
+                    worker_stopped,
                     ..
                 } => {
                     let cause = ExitCause {
                         code,
                         signal,
                         error,
+                        worker_stopped,
                     };
                     self.exited(txn, j, cause, log)
                 }
@@ -689,7 +691,14 @@ impl Core {
     /// rollout (persisted with the exit itself).
     fn exited(&self, txn: &mut Txn, j: JobRec, cause: ExitCause, log: Option<String>) {
         let leaving = matches!(j.effective_state(), JobState::Stopping | JobState::Draining);
+        let worker_stopped = cause.worker_stopped;
         let reason = if leaving {
+            EndReason::Stopped
+        } else if worker_stopped {
+            // Its worker is shutting down: the replica did nothing wrong, so it ends as
+            // stopped (no restart counted, no backoff, no rollout exit); its replica slot
+            // is placed again like any other missing one.
+            info!(service = %j.info.service, project = %j.info.project, replica = j.info.replica, job = %j.info.job, host = %j.info.host, "replica stopped by its worker's shutdown; a replacement follows");
             EndReason::Stopped
         } else {
             let code = cause.code;
@@ -702,6 +711,7 @@ impl Core {
             return;
         };
         if !leaving
+            && !worker_stopped
             && s.state == ServiceState::Active
             && s.info.generation == generation
             && s.rollout.is_running(generation)

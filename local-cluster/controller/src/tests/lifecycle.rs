@@ -153,6 +153,7 @@ fn a_replicas_last_exit_and_restarts_are_shown_and_survive_a_reload() {
         error: Some(
             "cannot start \"no-such-binary-xyz\": No such file or directory (os error 2)".into(),
         ),
+        worker_stopped: false,
     };
     report(&mut s, vec![end("j-3", spawn_error)]);
     // A repeated report (its acknowledgement was lost) counts nothing twice.
@@ -321,4 +322,34 @@ fn a_job_id_is_one_allocation_shared_by_the_model_and_its_indexes() {
         1,
         "no index keeps an ended job's id"
     );
+}
+
+/// A replica its worker stopped while shutting down (`xced dev` on Ctrl-C, `xced worker`
+/// told to stop its replicas) did not end by itself: it counts no restart, no backoff
+/// and no rollout exit, and its slot is placed again at once.
+#[test]
+fn a_replica_its_worker_stopped_in_a_shutdown_is_no_restart() {
+    let mut s = Sim::one_web();
+    s.core.set_wall_clock(wall);
+    s.events("exec-01", vec![started("j-1")]);
+    let cause = ExitCause {
+        worker_stopped: true,
+        ..ExitCause::signal(15)
+    };
+    s.events(
+        "exec-01",
+        vec![WorkerEvent::exited("j-1".into(), cause, None)],
+    );
+    let line = replica_status(&mut s, "web", 0);
+    s.note(line);
+    s.check(expect![[r#"
+        > Sim::one_web: as checked by the fixture
+        > events exec-01 [{"event":"started","job":"j-1","pid":7}]
+          4 job j-1 web/0 exec-01 Running ready=false
+        > events exec-01 [{"event":"exited","job":"j-1","code":null,"signal":15,"worker_stopped":true}]
+          5 ended j-1 web/0 Stopped
+          6 job j-2 web/0 exec-01 Placed ready=false
+          plugin: release exec-01 j-1
+          plugin: reserve exec-01 j-2 0
+          = {"last_exit":null,"log":null,"log_host":null,"replica":0,"restarts":0} pending="-""#]]);
 }
