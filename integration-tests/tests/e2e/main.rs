@@ -4,6 +4,7 @@
 mod daemons;
 mod external;
 mod harness;
+mod legit;
 
 mod address;
 mod allstream;

@@ -10,6 +10,7 @@
 //! and how fast the flood was shed.
 
 use crate::harness::*;
+use crate::legit::{legit_reader, LegitRead};
 use futures_util::StreamExt;
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
@@ -308,20 +309,13 @@ fn flood(server: SocketAddrV4, budget: usize) -> std::thread::JoinHandle<FloodRe
 
 // === the reader ===
 
-#[derive(Debug, Clone)]
-struct Read {
-    at: Instant,
-    /// Answered: 200 with the service's entry, and how long it took.
-    answered: Option<Duration>,
-    error: Option<String>,
-}
+type Read = LegitRead;
 
-/// Reads `web`'s endpoints every [`READ_EVERY`] on a new connection each time (as `curl`
-/// would), until `stop`; each read is its own task, so a slow one does not hold up the
-/// next. Every read lands in `out` when it is done.
+/// Reads `web`'s endpoints every [`READ_EVERY`] on a new connection each time, until
+/// `stop` (the shared legitimate reader).
 fn reader(
     api: &Api,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
     out: Arc<Mutex<Vec<Read>>>,
 ) -> tokio::task::JoinHandle<()> {
     let http = reqwest::Client::builder()
@@ -330,45 +324,7 @@ fn reader(
         .build()
         .unwrap();
     let url = format!("{}/v1/services/web/endpoints", api.base);
-    let token = api.token.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(READ_EVERY);
-        let mut reads = tokio::task::JoinSet::new();
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = stop.wait_for(|s| *s) => break,
-            }
-            let (http, url, token, out) = (http.clone(), url.clone(), token.clone(), out.clone());
-            reads.spawn(async move {
-                let at = Instant::now();
-                let r = async {
-                    let resp = http.get(&url).bearer_auth(&token).send().await?;
-                    let status = resp.status().as_u16();
-                    let body = resp.text().await?;
-                    anyhow::ensure!(status == 200, "HTTP {status}: {body}");
-                    let entry: serde_json::Value = serde_json::from_str(&body)?;
-                    anyhow::ensure!(entry["endpoints"].is_array(), "no endpoints: {body}");
-                    Ok(())
-                }
-                .await;
-                let read = match r {
-                    Ok(()) => Read {
-                        at,
-                        answered: Some(at.elapsed()),
-                        error: None,
-                    },
-                    Err(e) => Read {
-                        at,
-                        answered: None,
-                        error: Some(format!("{e:#}")),
-                    },
-                };
-                out.lock().unwrap().push(read);
-            });
-        }
-        while reads.join_next().await.is_some() {}
-    })
+    legit_reader(http, url, api.token.clone(), READ_EVERY, stop, out)
 }
 
 // === the watchers ===

@@ -13,6 +13,7 @@
 
 use crate::daemons::{EtcdCluster, Fleet};
 use crate::harness::*;
+use crate::legit::{legit_reader, LegitRead};
 use crate::reliability_flood::raise_own_nofile;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
@@ -297,13 +298,12 @@ impl H2Frames {
 // === the legitimate reader ===
 
 /// Reads `url` every [`READ_EVERY`] from [`LEGIT`] on a new connection each time, until
-/// `stop`; each read is its own task. Every read's latency (`None`: not answered 200) lands
-/// in `out`.
-fn legit_reader(
+/// `stop` (the shared legitimate reader, from its own address).
+fn reader_from_legit(
     url: String,
     token: String,
-    mut stop: watch::Receiver<bool>,
-    out: Arc<Mutex<Vec<Option<Duration>>>>,
+    stop: watch::Receiver<bool>,
+    out: Arc<Mutex<Vec<LegitRead>>>,
 ) -> tokio::task::JoinHandle<()> {
     let http = reqwest::Client::builder()
         .local_address(IpAddr::V4(LEGIT))
@@ -311,26 +311,7 @@ fn legit_reader(
         .timeout(READ_TIMEOUT)
         .build()
         .unwrap();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(READ_EVERY);
-        let mut reads = tokio::task::JoinSet::new();
-        loop {
-            tokio::select! {
-                _ = tick.tick() => {}
-                _ = stop.wait_for(|s| *s) => break,
-            }
-            let (http, url, token, out) = (http.clone(), url.clone(), token.clone(), out.clone());
-            reads.spawn(async move {
-                let at = Instant::now();
-                let ok = match http.get(&url).bearer_auth(&token).send().await {
-                    Ok(r) => r.status() == 200 && r.bytes().await.is_ok(),
-                    Err(_) => false,
-                };
-                out.lock().unwrap().push(ok.then(|| at.elapsed()));
-            });
-        }
-        while reads.join_next().await.is_some() {}
-    })
+    legit_reader(http, url, token, READ_EVERY, stop, out)
 }
 
 /// A flood with the legitimate reader running from before it starts until it is over.
@@ -348,14 +329,19 @@ impl Flood {
         let (stop, reading) = watch::channel(false);
         let reads = Arc::default();
         let url = format!("{}/v1/services/web/endpoints", api.base);
-        let reader = legit_reader(url, api.token.clone(), reading, Arc::clone(&reads));
+        let reader = reader_from_legit(url, api.token.clone(), reading, Arc::clone(&reads));
         let running = attack(server, plan, give_up);
         let (attack, gave_up) = tokio::task::spawn_blocking(move || running.join().unwrap())
             .await
             .unwrap();
         stop.send(true).unwrap();
         reader.await.unwrap();
-        let reads = reads.lock().unwrap().clone();
+        let reads: Vec<Option<Duration>> = reads
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r: &LegitRead| r.answered)
+            .collect();
         Flood {
             name,
             attack,
