@@ -149,15 +149,23 @@ async fn a_worker_or_an_apiserver_outside_the_skew_is_refused_naming_both_versio
         &owner,
     )];
     let api = fleet.apiserver(0);
-    let (status, body) = eventually("the apiserver forwards", || async {
+    let (status, headers, body) = eventually("the apiserver forwards", || async {
         match api.get("/v1/hosts").await {
-            Ok((status, _, body)) if status != 503 => Ok(Some((status, body))),
+            Ok((status, headers, body)) if status != 503 => Ok(Some((status, headers, body))),
             Ok(_) => Ok(None),
             Err(e) => Err(e),
         }
     })
     .await;
     assert_eq!(status, 400, "{body}");
+    // The refusal is the leader's answer and names the leader's protocol; what the
+    // apiserver answers itself names its own.
+    assert_eq!(
+        headers["x-xce-protocol"], "2",
+        "a forwarded answer keeps the leader's"
+    );
+    let (_, own, _) = api.get("/healthz").await.unwrap();
+    assert_eq!(own["x-xce-protocol"], "4", "the apiserver's own answer");
     assert!(
         body.contains(r#""code":"version_skew""#)
             && body.contains("this apiserver speaks protocol 4, the controller speaks protocol 2"),

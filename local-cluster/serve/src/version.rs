@@ -12,7 +12,8 @@ use prometheus_client::registry::Registry;
 use xce_wire::version::{build, protocol, PROTOCOL_HEADER, VERSION_HEADER};
 
 /// Adds the version headers to every answer `app` gives (an outermost layer: answers of
-/// other layers and of the fallback included).
+/// other layers and of the fallback included) that does not carry them already (a
+/// forwarded answer keeps its server's).
 pub fn tag(app: axum::Router) -> axum::Router {
     let version = HeaderValue::from_str(&build().header())
         .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
@@ -20,8 +21,11 @@ pub fn tag(app: axum::Router) -> axum::Router {
     app.layer(axum::middleware::map_response(move |mut r: Response| {
         let (version, protocol) = (version.clone(), protocol.clone());
         async move {
-            r.headers_mut().insert(VERSION_HEADER, version);
-            r.headers_mut().insert(PROTOCOL_HEADER, protocol);
+            // An answer that already names its build keeps it: a request an apiserver
+            // forwarded was answered by the leader, and a client judging what the
+            // server can do (xcecli's skew check) must see the leader's version.
+            r.headers_mut().entry(VERSION_HEADER).or_insert(version);
+            r.headers_mut().entry(PROTOCOL_HEADER).or_insert(protocol);
             r
         }
     }))
