@@ -17,7 +17,9 @@ use retry_backoff::Backoff;
 use serde_json::Value;
 use std::sync::Arc;
 use std::time::Duration;
-use xce_model::{check_format, decode_events, decode_format, events_key, format_key, Cluster};
+use xce_model::{
+    check_format, decode_events, decode_format, events_key, format_key, restored_key, Cluster,
+};
 use xce_store::etcd::gateway::int;
 use xce_store::{EtcdStore, Key, StoreError};
 
@@ -290,8 +292,16 @@ impl Follower {
     }
 
     /// One record change: only the events record matters (the state itself is only read
-    /// whole, at a load), and the format record (a newer format is not understood).
+    /// whole, at a load), the format record (a newer format is not understood), and the
+    /// restore marker: `xced store restore` replaced the records without events (the jobs
+    /// it restored are not ready until their workers say they run), so what the listeners
+    /// hold describes processes that may be gone; only a full reload is true.
     fn on_record(&mut self, key: &Key, value: Option<&[u8]>) -> Option<End> {
+        if *key == restored_key() && value.is_some() {
+            return Some(End::Reload(
+                "the store was restored from a backup (xced store restore)".to_owned(),
+            ));
+        }
         if *key == format_key() {
             let format = value.map(decode_format);
             return match format {
@@ -475,6 +485,31 @@ mod tests {
         writer.commit(quiet).unwrap();
         commit(&writer, &mut c, &["h"]);
         assert_eq!(until(&rec, 1).await, ["event@9"]);
+        task.abort();
+    }
+
+    /// `xced store restore` replaces the records without events: the follower reloads the
+    /// whole state when the restore's last write (`meta/restored`) arrives, instead of
+    /// serving the endpoints of before the restore (the e2e restore on etcd listed four
+    /// endpoints whose processes were gone).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restore_written_under_it_means_a_full_reload() {
+        let etcd = TestEtcd::start();
+        let writer = etcd.store("/xce/");
+        let (mut c, rec, f) = loaded_after_a(&etcd, &writer, Metrics::default()).await;
+        // The backup: service `a` alone, as of revision 1.
+        let backup = writer.load_all().unwrap();
+        let task = tokio::spawn(f.run());
+        commit(&writer, &mut c, &["b"]);
+        assert_eq!(until(&rec, 1).await, ["event@2"]);
+        let restored = xce_model::restored_records(backup).unwrap();
+        xce_store::backup::replace_all(&writer, restored, false).unwrap();
+        let got = until(&rec, 1).await;
+        assert!(got[0].starts_with("resync@"), "{got:?}");
+        assert!(
+            !got[0].contains('b'),
+            "the restored state has no b: {got:?}"
+        );
         task.abort();
     }
 

@@ -78,6 +78,12 @@ pub fn events_key() -> Key {
     Key::new(NS_META, EVENTS)
 }
 
+/// The key `xced store restore` writes last (see `RESTORED`): a follower of the store that
+/// sees it written knows the records were replaced without events and reloads them all.
+pub fn restored_key() -> Key {
+    Key::new(NS_META, RESTORED)
+}
+
 /// The store key of a service: `project/name` (both `[a-z0-9-]`, so `/` separates).
 fn service_key_str(k: &ServiceKey) -> String {
     format!("{}/{}", k.project, k.name)
@@ -151,7 +157,8 @@ pub fn restored_records(records: Vec<(Key, Vec<u8>)>) -> Result<Vec<(Key, Vec<u8
             _ => out.push((key, bytes)),
         }
     }
-    out.push((Key::new(NS_META, RESTORED), b"true".to_vec()));
+    // Last: in a restore cut into several batches (etcd) it marks the end.
+    out.push((restored_key(), b"true".to_vec()));
     Ok(out)
 }
 
