@@ -126,13 +126,20 @@ impl Daemon {
 }
 
 /// `xced ARGS --config CONFIG`, its stderr appended to `log`, marked as `owner`'s.
-pub fn spawn_xced(args: &[&str], config: &Path, log: &Path, owner: &Owner) -> Result<Daemon> {
+/// `xced` is the binary: this build's (`bin("xced")`) or another release's (an upgrade).
+pub fn spawn_xced_from(
+    xced: &Path,
+    args: &[&str],
+    config: &Path,
+    log: &Path,
+    owner: &Owner,
+) -> Result<Daemon> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(log)?;
     let mut child = owner
-        .mark(&mut Command::new(bin("xced")))
+        .mark(&mut Command::new(xced))
         .args(args)
         .arg("--config")
         .arg(config)
@@ -288,7 +295,14 @@ impl Fleet {
     }
 
     fn spawn(&self, kind: &str, name: &str) -> Result<Daemon> {
-        spawn_xced(
+        self.spawn_from(&bin("xced"), kind, name)
+    }
+
+    /// Daemon `name` (its config `NAME.toml`, its log `NAME.log`, appended to) of kind
+    /// `kind`, run by the `xced` at `xced`: a build of another release, for an upgrade.
+    pub fn spawn_from(&self, xced: &Path, kind: &str, name: &str) -> Result<Daemon> {
+        spawn_xced_from(
+            xced,
             &[kind],
             &self.dir.path().join(format!("{name}.toml")),
             &self.log(name),

@@ -38,4 +38,5 @@ mod scale;
 mod shutdown;
 mod tls;
 mod ui;
+mod upgrade;
 mod versions;
