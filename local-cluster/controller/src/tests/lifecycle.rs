@@ -340,7 +340,7 @@ fn a_replica_its_worker_stopped_in_a_shutdown_is_no_restart() {
         "exec-01",
         vec![WorkerEvent::exited("j-1".into(), cause, None)],
     );
-    let line = replica_status(&mut s, "web", 0);
+    let line = replica_status(&s, "web", 0);
     s.note(line);
     s.check(expect![[r#"
         > Sim::one_web: as checked by the fixture
