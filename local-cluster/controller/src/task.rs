@@ -2,7 +2,7 @@
 //! applies them to the [`Core`], settles (removes stopped services, places replicas,
 //! publishes) and answers. Timers are one `sleep_until` on the next deadline.
 
-use super::core::{Applied, Core, CoreError, HostAssignments, Report};
+use super::core::{Applied, Core, CoreError, HostAction, HostAssignments, LeaveStatus, Report};
 use plugin_api::{HostFacts, HostId, Principal, ServiceKey};
 use serde_json::Value;
 use std::sync::Arc;
@@ -80,6 +80,19 @@ pub(crate) enum Command {
         host: HostId,
         caller: Caller,
         reply: Reply<watch::Receiver<Arc<HostAssignments>>>,
+    },
+    /// An operator's cordon, uncordon or drain of a host.
+    Maintain {
+        host: HostId,
+        action: HostAction,
+        who: Principal,
+        reply: Reply<()>,
+    },
+    /// A worker leaving (`xced worker --leave`): its host drains.
+    Leave {
+        host: HostId,
+        caller: Caller,
+        reply: Reply<LeaveStatus>,
     },
 }
 
@@ -334,6 +347,23 @@ fn handle(core: &mut Core, cmd: Command) -> Answer {
             reply,
         } => {
             let r = core.assignments(&host, &caller);
+            done(reply, r)
+        }
+        Command::Maintain {
+            host,
+            action,
+            who,
+            reply,
+        } => {
+            let r = core.maintain(&host, action, &who, now);
+            done(reply, r)
+        }
+        Command::Leave {
+            host,
+            caller,
+            reply,
+        } => {
+            let r = core.worker_leaves(&host, &caller, now);
             done(reply, r)
         }
     }

@@ -569,7 +569,7 @@ async fn delete_service(
 
 // --- /v1/hosts ---
 
-fn host_answer(h: &HostView) -> HostAnswer<'_> {
+pub(super) fn host_answer(h: &HostView) -> HostAnswer<'_> {
     HostAnswer {
         addresses: h
             .info
@@ -581,6 +581,7 @@ fn host_answer(h: &HostView) -> HostAnswer<'_> {
         id: Cow::Borrowed(&h.info.id),
         ip_addr: h.info.facts.ip_addr,
         jobs: count(h.jobs),
+        maintenance: super::hosts::maintenance_answer(h),
         state: Cow::Owned(h.info.state.to_string()),
         summaries: Cow::Borrowed(&h.summaries),
     }

@@ -38,6 +38,7 @@ pub(super) fn router(state: ApiState) -> Router {
         .route("/internal/v1/hosts/{host}/facts", put(facts))
         .route("/internal/v1/hosts/{host}/assignments", get(assignments))
         .route("/internal/v1/hosts/{host}/events", post(events))
+        .route("/internal/v1/hosts/{host}/leave", post(super::hosts::leave))
         .with_state(state)
         .layer(axum::middleware::map_response(move |mut r: Response| {
             let cluster = cluster.clone();
@@ -115,9 +116,9 @@ fn json_body<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError>
 /// A worker-protocol request, as every handler needs it: the credential checked for the
 /// `{host}` of the path ([`worker_of`]), and the sender (its identity headers and its
 /// connection's peer, for the host-holder and cluster checks and the logs).
-struct WorkerCall {
-    host: String,
-    caller: Caller,
+pub(super) struct WorkerCall {
+    pub(super) host: String,
+    pub(super) caller: Caller,
     /// The worker credential, followed across reloads of the tokens (the assignments
     /// blocking query ends when it is removed).
     credential: Credential,

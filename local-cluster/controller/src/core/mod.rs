@@ -15,6 +15,7 @@ mod assign;
 mod commands;
 mod commit;
 mod jobs;
+mod maintenance;
 mod placement;
 mod publish;
 mod report;
@@ -28,6 +29,7 @@ use super::metrics::Metrics;
 use super::quota::{self, Quotas};
 pub(crate) use assign::HostAssignments;
 pub(crate) use jobs::{JobView, Jobs};
+pub(crate) use maintenance::{HostAction, LeaveStatus};
 use plugin_api::{
     ClusterEvent, ClusterListener, FieldError, HostFactsPolicy, HostId, HostInfo, JobId, JobState,
     ResourcePlugin, ServiceInfo, ServiceKey,
@@ -212,6 +214,10 @@ pub(crate) enum Applied {
 pub(crate) struct HostView {
     pub(crate) info: HostInfo,
     pub(crate) jobs: usize,
+    /// A cordon or drain (`maintenance.rs`), and then the live jobs left on the host per
+    /// service (empty otherwise).
+    pub(crate) maintenance: Option<xce_model::maintenance::Maintenance>,
+    pub(crate) left: Vec<(ServiceKey, usize)>,
     /// Plugin host summaries by plugin name.
     pub(crate) summaries: BTreeMap<String, Value>,
 }
@@ -509,6 +515,7 @@ impl Core {
                     phase,
                     ready,
                     available,
+                    moving: self.on_draining_host(j),
                 })
             })
             .collect()

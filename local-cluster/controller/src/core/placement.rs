@@ -722,7 +722,10 @@ impl ReadyHosts {
         let ids: Vec<HostId> = cluster
             .hosts
             .values()
-            .filter(|h| h.info.state == HostState::Ready && h.orphans.is_empty())
+            // A cordoned or draining host takes nothing new (`maintenance.rs`).
+            .filter(|h| {
+                h.info.state == HostState::Ready && h.orphans.is_empty() && h.maintenance.is_none()
+            })
             .map(|h| h.info.id.clone())
             .collect();
         debug_assert!(ids.windows(2).all(|w| w[0] < w[1]), "hosts in id order");
@@ -745,10 +748,12 @@ struct Spread {
 }
 
 impl Spread {
-    /// The order for a service whose jobs are `jobs`.
+    /// The order for a service whose jobs are `jobs`. Its jobs on their way out
+    /// (draining, stopping) do not count: they leave the host soon, and counting them
+    /// piled a rollout's or restart's replacements onto the hosts the old ones left.
     fn new<'a>(hosts: &ReadyHosts, jobs: impl Iterator<Item = &'a JobRec>) -> Self {
         let mut mine = vec![0; hosts.ids.len()];
-        for j in jobs {
+        for j in jobs.filter(|j| !leaving(j)) {
             if let Some(i) = hosts.index(&j.info.host) {
                 mine[i] += 1;
             }
@@ -934,6 +939,11 @@ fn restart_reason(cause: Option<&ExitCause>, wait: Duration) -> String {
         (None, None, Some(code)) => format!("restarting after exit {code} in {wait}"),
         (None, None, None) => format!("restarting after exit in {wait}"),
     }
+}
+
+/// Whether a job is on its way out (draining or stopping).
+fn leaving(j: &JobRec) -> bool {
+    matches!(j.effective_state(), JobState::Draining | JobState::Stopping)
 }
 
 /// Whether a stopping service's job is still to be put on its way out (with `drain`: a

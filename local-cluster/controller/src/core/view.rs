@@ -323,6 +323,8 @@ impl Core {
         HostView {
             info: h.info.clone(),
             jobs: self.cluster.count_on(id),
+            maintenance: h.maintenance.clone(),
+            left: self.left_on(h),
             summaries: self
                 .plugins
                 .iter()
