@@ -319,8 +319,9 @@ impl Core {
                 batch.cut = Some(key.clone());
                 break;
             }
-            let spread =
-                spread.get_or_insert_with(|| Spread::new(hosts, self.cluster.jobs_of(&key)));
+            let spread = spread.get_or_insert_with(|| {
+                Spread::new(hosts, self.cluster.jobs_of(&key), s.info.generation)
+            });
             match self.place_replica(batch, hosts, spread, s, replica) {
                 Ok(rec) => {
                     if *job_size == 0 {
@@ -748,12 +749,18 @@ struct Spread {
 }
 
 impl Spread {
-    /// The order for a service whose jobs are `jobs`. Its jobs on their way out
-    /// (draining, stopping) do not count: they leave the host soon, and counting them
-    /// piled a rollout's or restart's replacements onto the hosts the old ones left.
-    fn new<'a>(hosts: &ReadyHosts, jobs: impl Iterator<Item = &'a JobRec>) -> Self {
+    /// The order for a service of `generation` whose jobs are `jobs`. Only the jobs
+    /// that stay count: not those on their way out (draining, stopping), nor those of an
+    /// older generation a rollout is replacing. Counting them piled a restart's
+    /// replacements onto the hosts the old ones had left (two on one host, none on
+    /// another).
+    fn new<'a>(
+        hosts: &ReadyHosts,
+        jobs: impl Iterator<Item = &'a JobRec>,
+        generation: u64,
+    ) -> Self {
         let mut mine = vec![0; hosts.ids.len()];
-        for j in jobs.filter(|j| !leaving(j)) {
+        for j in jobs.filter(|j| !leaving(j) && j.info.generation >= generation) {
             if let Some(i) = hosts.index(&j.info.host) {
                 mine[i] += 1;
             }
