@@ -267,3 +267,54 @@ fn restarts_of_three_replicas_on_three_hosts_leave_one_per_host() {
         );
     }
 }
+
+/// The routes: admin only for users, the host's own worker for its leave; the answer is
+/// the host as `GET /v1/hosts` lists it (`since` masked: it is the wall clock).
+#[tokio::test]
+async fn maintenance_routes_are_admin_only_and_answer_with_the_host() {
+    let app = app().await;
+    app.register("exec-01", W1, 2).await;
+    app.register("exec-02", W2, 2).await;
+    let calls: &[(&str, &str, &str)] = &[
+        ("POST", "/v1/hosts/exec-01/cordon", OPS),
+        ("POST", "/v1/hosts/exec-01/drain", ALICE),
+        ("POST", "/v1/hosts/exec-09/drain", ADMIN),
+        ("POST", "/v1/hosts/exec-01/cordon", ADMIN),
+        ("POST", "/v1/hosts/exec-01/drain", ADMIN),
+        ("POST", "/internal/v1/hosts/exec-01/leave", W2),
+        ("POST", "/internal/v1/hosts/exec-01/leave", ADMIN),
+        ("POST", "/internal/v1/hosts/exec-02/leave", W2),
+        ("POST", "/v1/hosts/exec-01/uncordon", ADMIN),
+    ];
+    let mut out = Vec::new();
+    for (m, p, who) in calls {
+        let (s, b) = app.call(m, p, Some(who), None).await;
+        let mut v: Value = serde_json::from_str(&b).unwrap_or(Value::String(b));
+        if let Some(since) = v.pointer_mut("/maintenance/since") {
+            *since = json!("…");
+        }
+        // The addresses and plugin summaries are `GET /v1/hosts`' own test's.
+        let what = match v.get("maintenance") {
+            Some(m) => format!("{} maintenance={m}", v["id"]),
+            None => v.to_string(),
+        };
+        out.push(format!("{m} {p} -> {} {what}", s.as_u16()));
+    }
+    let (_, mut hosts) = app.get("/v1/hosts", OPS).await;
+    let m = &mut hosts["hosts"][1]["maintenance"];
+    m["since"] = json!("…");
+    out.push(format!("exec-02 in the list: {m}"));
+    expect![[r#"
+        POST /v1/hosts/exec-01/cordon -> 403 {"error":{"code":"forbidden","details":[],"message":"POST /v1/hosts/{id}/cordon moves every project's replicas: it needs the admin permission on \"*\", which \"ops\" does not hold"}}
+        POST /v1/hosts/exec-01/drain -> 403 {"error":{"code":"forbidden","details":[],"message":"POST /v1/hosts/{id}/drain moves every project's replicas: it needs the admin permission on \"*\", which \"alice\" does not hold"}}
+        POST /v1/hosts/exec-09/drain -> 404 {"error":{"code":"not_found","details":[],"message":"host \"exec-09\" is not registered"}}
+        POST /v1/hosts/exec-01/cordon -> 200 "exec-01" maintenance={"by":"admin","leave":false,"left":0,"services":[],"since":"…","state":"cordoned"}
+        POST /v1/hosts/exec-01/drain -> 200 "exec-01" maintenance={"by":"admin","leave":false,"left":0,"services":[],"since":"…","state":"drained"}
+        POST /internal/v1/hosts/exec-01/leave -> 403 {"error":{"code":"forbidden","details":[],"message":"a worker may act for its own host only: this credential is host \"exec-02\"'s, not host \"exec-01\"'s"}}
+        POST /internal/v1/hosts/exec-01/leave -> 403 {"error":{"code":"forbidden","details":[],"message":"the worker api needs a worker credential (a [[worker]] secret), not a user token"}}
+        POST /internal/v1/hosts/exec-02/leave -> 200 {"left":0}
+        POST /v1/hosts/exec-01/uncordon -> 200 "exec-01" maintenance=null
+        exec-02 in the list: {"by":"worker:exec-02","leave":true,"left":0,"services":[],"since":"…","state":"drained"}"#]]
+    .assert_eq(&out.join("\n"));
+    app.ctl.shutdown().await;
+}
