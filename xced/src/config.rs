@@ -188,6 +188,12 @@ pub(crate) struct WorkerFile {
     /// How long a replica the controller does not list keeps running before its stop.
     #[serde(default = "d_orphan_drain", with = "humantime_serde")]
     pub(crate) orphan_drain: Duration,
+    /// On SIGTERM, drain the host before exiting (as `--leave`).
+    #[serde(default)]
+    pub(crate) leave_on_stop: bool,
+    /// How long a leave waits for the drain before the worker exits anyway.
+    #[serde(default = "d_leave_timeout", with = "humantime_serde")]
+    pub(crate) leave_timeout: Duration,
     #[serde(default)]
     pub(crate) address: host_address::AddressConfig,
     #[serde(default)]
@@ -263,6 +269,9 @@ fn d_facts_interval() -> Duration {
 fn d_orphan_drain() -> Duration {
     xce_worker::DEFAULT_ORPHAN_DRAIN
 }
+fn d_leave_timeout() -> Duration {
+    xce_worker::DEFAULT_LEAVE_TIMEOUT
+}
 
 const CONTROLLER_ENV: &[&str] = &[
     "listen",
@@ -299,6 +308,8 @@ const WORKER_ENV: &[&str] = &[
     "stop_timeout",
     "facts_interval",
     "orphan_drain",
+    "leave_on_stop",
+    "leave_timeout",
     "ca_file",
 ];
 
@@ -565,6 +576,12 @@ pub(crate) fn load_worker(path: &Path) -> Result<WorkerFile> {
     if cfg.credential.is_none() && cfg.credential_file.is_none() {
         bail!(
             "invalid worker config {}: set credential or credential_file",
+            path.display()
+        );
+    }
+    if cfg.leave_timeout.is_zero() {
+        bail!(
+            "invalid worker config {}: leave_timeout: must be more than 0 (how long a leave waits for the host's drain)",
             path.display()
         );
     }
