@@ -34,7 +34,7 @@ const CLI_TIMEOUT: &str = "150s";
 
 /// The test's directory: the profiles, and the replicas' event logs. Declared before the
 /// cluster, it drops after it and kills any replica still running with its event dir.
-struct Web {
+pub(crate) struct Web {
     dir: tempfile::TempDir,
     events: PathBuf,
     /// `command` of examples/web-v2.toml without its version argument.
@@ -42,7 +42,7 @@ struct Web {
 }
 
 impl Web {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let text = std::fs::read_to_string(workspace_root().join("examples/web-v2.toml"))
             .expect("examples/web-v2.toml");
         let doc: toml::Table = toml::from_str(&text).expect("examples/web-v2.toml parses");
@@ -80,7 +80,7 @@ impl Web {
     }
 
     /// The web-v2 program answering as `version`.
-    fn profile(&self, version: &str, replicas: usize) -> String {
+    pub(crate) fn profile(&self, version: &str, replicas: usize) -> String {
         let mut command = self.program.clone();
         command.push(version.to_owned());
         command.push(self.events.display().to_string());
@@ -99,14 +99,14 @@ impl Web {
         )
     }
 
-    fn write(&self, file: &str, text: &str) -> PathBuf {
+    pub(crate) fn write(&self, file: &str, text: &str) -> PathBuf {
         let p = self.dir.path().join(file);
         std::fs::write(&p, text).unwrap();
         p
     }
 
     /// When each job's process got SIGTERM (monotonic ns), from the event logs.
-    fn term_times(&self) -> BTreeMap<String, u64> {
+    pub(crate) fn term_times(&self) -> BTreeMap<String, u64> {
         let mut out = BTreeMap::new();
         for entry in std::fs::read_dir(&self.events).unwrap().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -142,24 +142,24 @@ impl Drop for Web {
 
 /// One ready endpoint as the stream lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Ep {
-    job: String,
+pub(crate) struct Ep {
+    pub(crate) job: String,
     addr: SocketAddr,
 }
 
 /// One list the follower received, and when (monotonic ns).
 #[derive(Debug, Clone)]
-struct Seen {
-    at: u64,
-    eps: Arc<Vec<Ep>>,
+pub(crate) struct Seen {
+    pub(crate) at: u64,
+    pub(crate) eps: Arc<Vec<Ep>>,
 }
 
 /// Follows `GET /v1/services/web/endpoints/stream` and publishes the current list. A
 /// stream that ends is opened again (with `Last-Event-ID`); a service that is gone (the
 /// stream's `error` event, or 404 while it is away) is an empty list until it is back.
 #[derive(Debug)]
-struct Follower {
-    list: watch::Receiver<Arc<Vec<Ep>>>,
+pub(crate) struct Follower {
+    pub(crate) list: watch::Receiver<Arc<Vec<Ep>>>,
     seen: Arc<Mutex<Vec<Seen>>>,
     reopened: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
@@ -167,10 +167,22 @@ struct Follower {
 
 impl Follower {
     async fn start(api: &Api) -> Self {
+        Self::start_for(api, "web").await
+    }
+
+    /// Follows the endpoint stream of `service` (of the token's default project).
+    pub(crate) async fn start_for(api: &Api, service: &str) -> Self {
         let (tx, list) = watch::channel(Arc::new(Vec::new()));
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let reopened = Arc::new(AtomicU64::new(0));
-        let task = tokio::spawn(follow(api.clone(), tx, seen.clone(), reopened.clone()));
+        let path = format!("/v1/services/{service}/endpoints/stream");
+        let task = tokio::spawn(follow(
+            api.clone(),
+            path,
+            tx,
+            seen.clone(),
+            reopened.clone(),
+        ));
         let f = Self {
             list,
             seen,
@@ -183,7 +195,7 @@ impl Follower {
 
     /// Waits (on the follower's notifications, up to `patience()`) until the current list
     /// satisfies `pred`; returns it.
-    async fn wait_for(&self, what: &str, pred: impl Fn(&[Ep]) -> bool) -> Arc<Vec<Ep>> {
+    pub(crate) async fn wait_for(&self, what: &str, pred: impl Fn(&[Ep]) -> bool) -> Arc<Vec<Ep>> {
         let mut rx = self.list.clone();
         let seen = self.seen.clone();
         // The first event counts even when it is an empty list: wait for one to be seen.
@@ -209,7 +221,7 @@ impl Follower {
         }
     }
 
-    fn history(&self) -> Vec<Seen> {
+    pub(crate) fn history(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
 }
@@ -222,6 +234,7 @@ impl Drop for Follower {
 
 async fn follow(
     api: Api,
+    path: String,
     tx: watch::Sender<Arc<Vec<Ep>>>,
     seen: Arc<Mutex<Vec<Seen>>>,
     reopened: Arc<AtomicU64>,
@@ -237,7 +250,7 @@ async fn follow(
     let mut last_id: Option<u64> = None;
     let mut first = true;
     loop {
-        let resp = match sse_open(&api, "/v1/services/web/endpoints/stream", last_id).await {
+        let resp = match sse_open(&api, &path, last_id).await {
             Ok(r) => r,
             Err(_) => {
                 // Gone (404) or not reachable: nowhere to send requests until it is back.
@@ -344,7 +357,7 @@ impl Sse {
 // === the load client: requests ===
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Outcome {
+pub(crate) enum Outcome {
     /// 2xx; the version named in the answer.
     Ok(String),
     /// The list was empty: nowhere to send the request.
@@ -372,29 +385,29 @@ impl Outcome {
 
 /// One request: when it was sent (monotonic ns), to which job, how it ended, how long.
 #[derive(Debug, Clone)]
-struct Shot {
-    at: u64,
-    job: Option<String>,
-    outcome: Outcome,
+pub(crate) struct Shot {
+    pub(crate) at: u64,
+    pub(crate) job: Option<String>,
+    pub(crate) outcome: Outcome,
     took: Duration,
 }
 
 /// Sends `RATE` requests per second round-robin over the follower's current list until
 /// stopped; returns every request.
 #[derive(Debug)]
-struct Load {
+pub(crate) struct Load {
     stop: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<Vec<Shot>>,
 }
 
 impl Load {
-    fn start(list: watch::Receiver<Arc<Vec<Ep>>>) -> Self {
+    pub(crate) fn start(list: watch::Receiver<Arc<Vec<Ep>>>) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let task = tokio::spawn(shoot(list, stop.clone()));
         Self { stop, task }
     }
 
-    async fn finish(self) -> Vec<Shot> {
+    pub(crate) async fn finish(self) -> Vec<Shot> {
         self.stop.store(true, Ordering::Relaxed);
         self.task.await.expect("load task")
     }
@@ -486,7 +499,7 @@ async fn request(addr: SocketAddr) -> Outcome {
 
 /// `xcecli` against the cluster, off the async threads; (exit code, stdout, stderr). A
 /// `--wait` gets `--timeout CLI_TIMEOUT`.
-async fn cli(config: &Path, args: &[&str]) -> (i32, String, String) {
+pub(crate) async fn cli(config: &Path, args: &[&str]) -> (i32, String, String) {
     let config = config.to_owned();
     let mut args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
     if args.iter().any(|a| a == "--wait") {
@@ -593,31 +606,31 @@ async fn step(
 // === what the client saw ===
 
 #[derive(Debug, Default)]
-struct Report {
-    requests: usize,
-    failed: usize,
+pub(crate) struct Report {
+    pub(crate) requests: usize,
+    pub(crate) failed: usize,
     by_kind: BTreeMap<String, usize>,
     versions: BTreeMap<String, usize>,
-    rate: f64,
+    pub(crate) rate: f64,
     p50: Duration,
     p99: Duration,
     max: Duration,
     /// The list was empty at some point after it first had an endpoint.
     empty_lists: usize,
-    min_ready: usize,
+    pub(crate) min_ready: usize,
     /// Jobs still listed when (or after) their process got SIGTERM.
-    listed_after_term: Vec<String>,
+    pub(crate) listed_after_term: Vec<String>,
     /// Jobs listed again after they had left the list.
     reappeared: Vec<String>,
     /// The shortest time between a job leaving the list and its SIGTERM.
     min_term_margin: Option<Duration>,
     terms_checked: usize,
     /// Requests sent to a job after its process got SIGTERM.
-    sent_after_term: usize,
+    pub(crate) sent_after_term: usize,
     /// Lists the follower received.
     lists: usize,
     /// The first failed requests, for the failure message.
-    failures: Vec<String>,
+    pub(crate) failures: Vec<String>,
     /// How long the list was empty in all, after it first had an endpoint.
     empty_for: Duration,
     /// Answers from v1 after the v1 -> v2 rollout was complete.
@@ -626,7 +639,12 @@ struct Report {
     phases: Vec<(&'static str, usize, usize)>,
 }
 
-fn report(shots: &[Shot], seen: &[Seen], terms: &BTreeMap<String, u64>, from: u64) -> Report {
+pub(crate) fn report(
+    shots: &[Shot],
+    seen: &[Seen],
+    terms: &BTreeMap<String, u64>,
+    from: u64,
+) -> Report {
     let mut r = Report {
         requests: shots.len(),
         ..Report::default()
