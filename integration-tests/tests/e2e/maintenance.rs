@@ -267,11 +267,7 @@ async fn drain_and_planned_reboot_lose_no_request() {
 
     // 1. Drain under load.
     let drain = under_load(&fs, &web, async {
-        let out = ok(
-            &cfg,
-            &["host", "drain", HOST, "--wait", "--timeout", "150s"],
-        )
-        .await;
+        let out = ok(&cfg, &["host", "drain", HOST, "--wait"]).await;
         assert!(out.contains(&format!("host {HOST} drained")), "{out}");
     })
     .await;
