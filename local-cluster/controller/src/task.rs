@@ -349,22 +349,24 @@ fn handle(core: &mut Core, cmd: Command) -> Answer {
             let r = core.assignments(&host, &caller);
             done(reply, r)
         }
+        cmd @ (Command::Maintain { .. } | Command::Leave { .. }) => handle_host(core, cmd, now),
+    }
+}
+
+/// [`handle`] for the host maintenance commands.
+fn handle_host(core: &mut Core, cmd: Command, now: Instant) -> Answer {
+    match cmd {
         Command::Maintain {
             host,
             action,
             who,
             reply,
-        } => {
-            let r = core.maintain(&host, action, &who, now);
-            done(reply, r)
-        }
+        } => done(reply, core.maintain(&host, action, &who, now)),
         Command::Leave {
             host,
             caller,
             reply,
-        } => {
-            let r = core.worker_leaves(&host, &caller, now);
-            done(reply, r)
-        }
+        } => done(reply, core.worker_leaves(&host, &caller, now)),
+        other => handle(core, other),
     }
 }

@@ -1,11 +1,8 @@
 //! Host maintenance: `POST /v1/hosts/{id}/cordon|uncordon|drain` (admin: it moves every
-//! tenant's replicas), answered with the host as `GET /v1/hosts` lists it; and the
-//! worker's `POST /internal/v1/hosts/{host}/leave` (routed with the worker protocol, whose
-//! credential checks it shares).
+//! tenant's replicas), answered with the host as `GET /v1/hosts` lists it. (A worker's
+//! `POST /internal/v1/hosts/{host}/leave` is in `worker.rs`, with the worker protocol.)
 
-use super::services::host_answer;
 use super::state::ApiState;
-use super::worker::WorkerCall;
 use crate::core::{HostAction, HostView};
 use crate::task::Command;
 use axum::extract::{Path, State};
@@ -16,8 +13,7 @@ use plugin_api::{ApiError, Principal};
 use std::borrow::Cow;
 use std::time::{Duration, UNIX_EPOCH};
 use xce_model::maintenance::Mode;
-use xce_proto::worker::LeaveAnswer;
-use xce_wire::hosts::{HostMaintenance, ServiceLeft};
+use xce_wire::hosts::{HostAddress, HostAnswer, HostMaintenance, ServiceLeft};
 
 pub(super) fn router(state: ApiState) -> Router {
     Router::new()
@@ -25,6 +21,25 @@ pub(super) fn router(state: ApiState) -> Router {
         .route("/v1/hosts/{id}/uncordon", post(uncordon))
         .route("/v1/hosts/{id}/drain", post(drain))
         .with_state(state)
+}
+
+/// A host as `GET /v1/hosts` lists it (and the maintenance routes answer).
+pub(super) fn host_answer(h: &HostView) -> HostAnswer<'_> {
+    HostAnswer {
+        addresses: h
+            .info
+            .facts
+            .addresses
+            .iter()
+            .map(HostAddress::from)
+            .collect(),
+        id: Cow::Borrowed(&h.info.id),
+        ip_addr: h.info.facts.ip_addr,
+        jobs: u32::try_from(h.jobs).unwrap_or(u32::MAX),
+        maintenance: maintenance_answer(h),
+        state: Cow::Owned(h.info.state.to_string()),
+        summaries: Cow::Borrowed(&h.summaries),
+    }
 }
 
 /// The `maintenance` of a host's answer: its state (a drain with nothing left is
@@ -111,22 +126,4 @@ async fn maintain(
         )
     })?;
     Ok(Json(host_answer(h)).into_response())
-}
-
-/// A worker leaving: its host drains; the answer says how many live replicas are left
-/// on it (the worker asks again until none is).
-pub(super) async fn leave(
-    State(st): State<ApiState>,
-    WorkerCall { host, caller, .. }: WorkerCall,
-) -> Result<Json<LeaveAnswer>, ApiError> {
-    let status = st
-        .call(|reply| Command::Leave {
-            host,
-            caller,
-            reply,
-        })
-        .await?;
-    Ok(Json(LeaveAnswer {
-        left: u32::try_from(status.left).unwrap_or(u32::MAX),
-    }))
 }

@@ -11,7 +11,7 @@
 //! after `drain`) once its replacement is available, never below `replicas -
 //! max_unavailable`. A drain is done when the host has no live job.
 
-use super::{Core, CoreError};
+use super::{Core, CoreError, HostAction, LeaveStatus};
 use plugin_api::{HostId, Principal, ServiceKey};
 use std::collections::BTreeSet;
 use tokio::time::Instant;
@@ -19,31 +19,6 @@ use tracing::info;
 use xce_model::maintenance::{Maintenance, Mode};
 use xce_model::{HostRec, Txn};
 use xce_proto::worker::Caller;
-
-/// What an operator asks of a host.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum HostAction {
-    Cordon,
-    Uncordon,
-    Drain,
-}
-
-impl HostAction {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            HostAction::Cordon => "cordon",
-            HostAction::Uncordon => "uncordon",
-            HostAction::Drain => "drain",
-        }
-    }
-}
-
-/// Where a worker's leave stands (the answer of its `leave` call).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct LeaveStatus {
-    /// Live jobs left on the host.
-    pub(crate) left: usize,
-}
 
 impl Core {
     /// An operator's cordon, uncordon or drain of `host`. Admin only (checked by the

@@ -14,6 +14,7 @@
 mod assign;
 mod commands;
 mod commit;
+mod host_action;
 mod jobs;
 mod maintenance;
 mod placement;
@@ -28,8 +29,8 @@ use super::config::DisruptionThreshold;
 use super::metrics::Metrics;
 use super::quota::{self, Quotas};
 pub(crate) use assign::HostAssignments;
+pub(crate) use host_action::{HostAction, LeaveStatus};
 pub(crate) use jobs::{JobView, Jobs};
-pub(crate) use maintenance::{HostAction, LeaveStatus};
 use plugin_api::{
     ClusterEvent, ClusterListener, FieldError, HostFactsPolicy, HostId, HostInfo, JobId, JobState,
     ResourcePlugin, ServiceInfo, ServiceKey,
