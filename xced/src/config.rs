@@ -756,6 +756,30 @@ mod tests {
         assert!(!err.contains("missing"), "{err}");
     }
 
+    /// `leave_on_stop` and `leave_timeout`: read, defaulted, and a zero bound refused
+    /// naming the field.
+    #[test]
+    fn worker_leave_settings_are_read_and_a_zero_timeout_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let worker = dir.path().join("worker.toml");
+        let base = "host = \"exec-01\"\ncredential = \"0123456789abcdef0\"\n";
+        std::fs::write(&worker, base).unwrap();
+        let cfg = load_worker(&worker).unwrap();
+        assert!(!cfg.leave_on_stop);
+        assert_eq!(cfg.leave_timeout, xce_worker::DEFAULT_LEAVE_TIMEOUT);
+        std::fs::write(
+            &worker,
+            format!("{base}leave_on_stop = true\nleave_timeout = \"90s\"\n"),
+        )
+        .unwrap();
+        let cfg = load_worker(&worker).unwrap();
+        assert!(cfg.leave_on_stop);
+        assert_eq!(cfg.leave_timeout, Duration::from_secs(90));
+        std::fs::write(&worker, format!("{base}leave_timeout = \"0s\"\n")).unwrap();
+        let err = load_worker(&worker).unwrap_err().to_string();
+        assert!(err.contains("leave_timeout: must be more than 0"), "{err}");
+    }
+
     /// `[logs]` and `[replicas]`: every bad value named with its field and reason; good
     /// ones resolved (sizes in bytes, the user's ids).
     #[test]
