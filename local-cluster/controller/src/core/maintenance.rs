@@ -171,4 +171,22 @@ impl Core {
         }
         left.into_iter().collect()
     }
+
+    /// Sets `xce_hosts_maintenance`: hosts cordoned, draining, and drained (a drain with
+    /// no live job left).
+    pub(super) fn count_maintenance(&self) {
+        let mut n = [0usize; 3];
+        for h in self.cluster.hosts.values() {
+            let Some(m) = &h.maintenance else { continue };
+            let i = match m.mode {
+                Mode::Cordon => 0,
+                Mode::Drain if self.cluster.count_on(&h.info.id) > 0 => 1,
+                Mode::Drain => 2,
+            };
+            n[i] += 1;
+        }
+        for (state, n) in ["cordoned", "draining", "drained"].into_iter().zip(n) {
+            self.metrics.set_host_maintenance(state, n);
+        }
+    }
 }

@@ -316,5 +316,12 @@ async fn maintenance_routes_are_admin_only_and_answer_with_the_host() {
         POST /v1/hosts/exec-01/uncordon -> 200 "exec-01" maintenance=null
         exec-02 in the list: {"by":"worker:exec-02","leave":true,"left":0,"services":[],"since":"…","state":"drained"}"#]]
     .assert_eq(&out.join("\n"));
+    let (_, metrics) = app.call("GET", "/metrics", Some(OPS), None).await;
+    for want in [
+        "xce_hosts_maintenance{state=\"drained\"} 1",
+        "xce_hosts_maintenance{state=\"cordoned\"} 0",
+    ] {
+        assert!(metrics.contains(want), "{want} in\n{metrics}");
+    }
     app.ctl.shutdown().await;
 }
