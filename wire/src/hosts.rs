@@ -30,6 +30,10 @@ pub struct HostAnswer<'a> {
     /// Live jobs on it.
     #[serde(default)]
     pub jobs: u32,
+    /// Its cordon or drain; `None` (`null`) for a host in service, and from servers older
+    /// than host maintenance.
+    #[serde(default)]
+    pub maintenance: Option<HostMaintenance<'a>>,
     /// `ready`, `unreachable` or `lost` (a string: a newer server's state must not fail a
     /// client).
     #[serde(default)]
@@ -38,6 +42,40 @@ pub struct HostAnswer<'a> {
     /// the host's fields).
     #[serde(flatten)]
     pub summaries: Summaries<'a>,
+}
+
+/// A host's maintenance (`POST /v1/hosts/{id}/cordon|drain`, or its worker's leave).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostMaintenance<'a> {
+    /// Who asked: a principal's name, or `worker:<host>` for its worker's leave.
+    pub by: Cow<'a, str>,
+    /// Live replicas still on the host.
+    #[serde(default)]
+    pub left: u32,
+    /// Asked by the host's own worker as it left: the worker takes the host back when it
+    /// registers again.
+    #[serde(default)]
+    pub leave: bool,
+    /// The live replicas still on the host, per service.
+    #[serde(default)]
+    pub services: Vec<ServiceLeft<'a>>,
+    /// When it was asked (RFC 3339, UTC).
+    pub since: Cow<'a, str>,
+    /// `cordoned` (no new placements), `draining` (replicas moving off), or `drained`
+    /// (a drain with nothing left on the host: it takes nothing until uncordoned). A
+    /// string: a newer server's state must not fail a client.
+    pub state: Cow<'a, str>,
+}
+
+/// A service's live replicas on a host under maintenance.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceLeft<'a> {
+    /// The service's name.
+    pub name: Cow<'a, str>,
+    /// Its project.
+    pub project: Cow<'a, str>,
+    /// Its live replicas on the host (draining ones included, until they exited).
+    pub replicas: u32,
 }
 
 /// One usable address of a host (`plugin_api::HostAddress`, keys in alphabetical order).
@@ -74,6 +112,7 @@ impl Serialize for HostAnswer<'_> {
         m.field("id", &self.id)?;
         m.field("ip_addr", &self.ip_addr)?;
         m.field("jobs", &self.jobs)?;
+        m.field("maintenance", &self.maintenance)?;
         m.field("state", &self.state)?;
         m.end()
     }

@@ -33,7 +33,7 @@ pub const JOB_FIELDS: &[&str] = &[
 ];
 
 /// The own fields of a host of `GET /v1/hosts`, in the order they are written.
-pub const HOST_FIELDS: &[&str] = &["addresses", "id", "ip_addr", "jobs", "state"];
+pub const HOST_FIELDS: &[&str] = &["addresses", "id", "ip_addr", "jobs", "maintenance", "state"];
 
 /// A plugin name that would clash with a field of an answer that shows plugin summaries.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,7 +13,7 @@ pub enum Command {
     /// Submit, change, list and stop services, and read their endpoints
     #[command(subcommand)]
     Service(ServiceCommand),
-    /// Show exec hosts
+    /// Show exec hosts; cordon, drain and uncordon them
     #[command(subcommand)]
     Host(HostCommand),
 }
@@ -105,6 +105,30 @@ pub enum HostCommand {
         /// Output format
         #[arg(short = 'o', long = "output", value_enum, default_value_t = ListFormat::Table)]
         output: ListFormat,
+    },
+    /// Stop new placements on a host; what runs there stays (admin)
+    Cordon {
+        /// The host id, e.g. exec-02
+        name: String,
+    },
+    /// Let a cordoned or drained host take placements again (admin)
+    Uncordon {
+        /// The host id
+        name: String,
+    },
+    /// Cordon a host and move every replica off it: each replacement is placed elsewhere
+    /// and ready before the replica it replaces drains (admin)
+    Drain {
+        /// The host id
+        name: String,
+        /// Wait until no replica is left on the host (exit 0) or --timeout runs out (exit
+        /// 3); progress lines (replicas left, per service) go to stderr
+        #[arg(long)]
+        wait: bool,
+        /// How long --wait waits, e.g. 90s, 15m
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration,
+              default_value = "10m", requires = "wait")]
+        timeout: Duration,
     },
 }
 

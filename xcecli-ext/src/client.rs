@@ -6,7 +6,7 @@ use crate::http_error::{
     status_error, transport_error, without_query, NO_LEADER_RETRY, NO_LEADER_RETRY_MAX,
 };
 use crate::io::{warn, Io};
-use crate::model::{EndpointEntry, HostList, ServiceDetail, ServiceList, StopAnswer};
+use crate::model::{EndpointEntry, HostAnswer, HostList, ServiceDetail, ServiceList, StopAnswer};
 use plugin_api::ErrorBody;
 use reqwest::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE};
 use reqwest::{Method, StatusCode, Url};
@@ -612,6 +612,17 @@ impl Client {
     pub(crate) async fn hosts(&self) -> Result<Answer<HostList>, CliError> {
         let url = self.url(&["hosts"]);
         self.get(url, REQUEST_TIMEOUT).await
+    }
+
+    /// `POST /v1/hosts/{id}/{action}` (`cordon`, `uncordon`, `drain`): the host as it is
+    /// then.
+    pub(crate) async fn host_action(
+        &self,
+        id: &str,
+        action: &str,
+    ) -> Result<Answer<HostAnswer>, CliError> {
+        let url = self.url(&["hosts", id, action]);
+        self.call(Method::POST, url, REQUEST_TIMEOUT, None).await
     }
 }
 

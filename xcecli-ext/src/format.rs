@@ -225,9 +225,14 @@ pub(crate) fn host_list(list: &HostList) -> String {
                     _ => a.ip.to_string(),
                 })
                 .collect();
+            // A cordon or drain shows beside the liveness, as `ready/draining`.
+            let state = match &h.maintenance {
+                Some(m) => format!("{}/{}", h.state, m.state),
+                None => h.state.to_string(),
+            };
             Line::Row(vec![
                 h.id.to_string(),
-                dash(&h.state),
+                dash(&state),
                 h.ip_addr
                     .map_or_else(|| "-".to_owned(), |ip| ip.to_string()),
                 dash(&addresses.join(",")),

@@ -1,5 +1,6 @@
 //! `xcecli-ext`: the client side of `xcecli` — `service
-//! submit|scale|restart|status|list|stop|endpoints` and `host list` (docs/cli.md): the REST
+//! submit|scale|restart|status|list|stop|endpoints` and `host list|cordon|uncordon|drain`
+//! (docs/cli.md): the REST
 //! client, the output formats, `--wait` (rollouts), `--watch` and `--wait-ready`.
 //!
 //! The binary (`xcecli`, in the `xced` crate) parses its global flags, the config file
@@ -38,6 +39,7 @@ pub mod clientconf;
 mod endpoints;
 mod error;
 mod format;
+mod host;
 mod http_error;
 mod io;
 mod model;
@@ -122,6 +124,21 @@ pub async fn run(cmd: Command, client: &Client, io: &mut Io) -> Result<(), CliEr
                 ListFormat::Json => json_line(&answer.raw),
             };
             write_out(io, &out).map(drop)
+        }
+        Command::Host(HostCommand::Cordon { name }) => host::act(&name, "cordon", client, io).await,
+        Command::Host(HostCommand::Uncordon { name }) => {
+            host::act(&name, "uncordon", client, io).await
+        }
+        Command::Host(HostCommand::Drain {
+            name,
+            wait,
+            timeout,
+        }) => {
+            host::act(&name, "drain", client, io).await?;
+            match wait {
+                true => host::until_drained(&name, timeout, client, io).await,
+                false => Ok(()),
+            }
         }
     }
 }

@@ -33,6 +33,8 @@ pub(crate) type JobRow = xce_wire::services::JobAnswer<'static>;
 pub(crate) type StopAnswer = xce_wire::services::StopAnswer<'static>;
 /// `GET /v1/hosts`.
 pub(crate) type HostList = xce_wire::hosts::HostList<'static>;
+/// One host of `GET /v1/hosts`, and the answer of `POST /v1/hosts/{id}/cordon|uncordon|drain`.
+pub(crate) type HostAnswer = xce_wire::hosts::HostAnswer<'static>;
 
 /// The port names a service profile (as `GET /v1/services/{name}` shows it) declares, in
 /// declaration order: the order `XCE_PORTS` has and tables follow. Only names that need

@@ -188,6 +188,12 @@ pub(crate) struct WorkerFile {
     /// How long a replica the controller does not list keeps running before its stop.
     #[serde(default = "d_orphan_drain", with = "humantime_serde")]
     pub(crate) orphan_drain: Duration,
+    /// On SIGTERM, drain the host before exiting (as `--leave`).
+    #[serde(default)]
+    pub(crate) leave_on_stop: bool,
+    /// How long a leave waits for the drain before the worker exits anyway.
+    #[serde(default = "d_leave_timeout", with = "humantime_serde")]
+    pub(crate) leave_timeout: Duration,
     #[serde(default)]
     pub(crate) address: host_address::AddressConfig,
     #[serde(default)]
@@ -263,6 +269,9 @@ fn d_facts_interval() -> Duration {
 fn d_orphan_drain() -> Duration {
     xce_worker::DEFAULT_ORPHAN_DRAIN
 }
+fn d_leave_timeout() -> Duration {
+    xce_worker::DEFAULT_LEAVE_TIMEOUT
+}
 
 const CONTROLLER_ENV: &[&str] = &[
     "listen",
@@ -299,6 +308,8 @@ const WORKER_ENV: &[&str] = &[
     "stop_timeout",
     "facts_interval",
     "orphan_drain",
+    "leave_on_stop",
+    "leave_timeout",
     "ca_file",
 ];
 
@@ -568,6 +579,12 @@ pub(crate) fn load_worker(path: &Path) -> Result<WorkerFile> {
             path.display()
         );
     }
+    if cfg.leave_timeout.is_zero() {
+        bail!(
+            "invalid worker config {}: leave_timeout: must be more than 0 (how long a leave waits for the host's drain)",
+            path.display()
+        );
+    }
     let mut cfg = cfg;
     cfg.settings = replica_settings(&cfg).map_err(|problems| {
         anyhow::anyhow!(
@@ -737,6 +754,30 @@ mod tests {
             "{err}"
         );
         assert!(!err.contains("missing"), "{err}");
+    }
+
+    /// `leave_on_stop` and `leave_timeout`: read, defaulted, and a zero bound refused
+    /// naming the field.
+    #[test]
+    fn worker_leave_settings_are_read_and_a_zero_timeout_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let worker = dir.path().join("worker.toml");
+        let base = "host = \"exec-01\"\ncredential = \"0123456789abcdef0\"\n";
+        std::fs::write(&worker, base).unwrap();
+        let cfg = load_worker(&worker).unwrap();
+        assert!(!cfg.leave_on_stop);
+        assert_eq!(cfg.leave_timeout, xce_worker::DEFAULT_LEAVE_TIMEOUT);
+        std::fs::write(
+            &worker,
+            format!("{base}leave_on_stop = true\nleave_timeout = \"90s\"\n"),
+        )
+        .unwrap();
+        let cfg = load_worker(&worker).unwrap();
+        assert!(cfg.leave_on_stop);
+        assert_eq!(cfg.leave_timeout, Duration::from_secs(90));
+        std::fs::write(&worker, format!("{base}leave_timeout = \"0s\"\n")).unwrap();
+        let err = load_worker(&worker).unwrap_err().to_string();
+        assert!(err.contains("leave_timeout: must be more than 0"), "{err}");
     }
 
     /// `[logs]` and `[replicas]`: every bad value named with its field and reason; good

@@ -93,6 +93,10 @@ enum Cmd {
         /// Worker config file (TOML).
         #[arg(long)]
         config: PathBuf,
+        /// On SIGTERM, have the controller drain this host (replicas replaced elsewhere
+        /// first) and exit once none is left (`leave_on_stop = true` in the config file)
+        #[arg(long)]
+        leave: bool,
     },
     /// Copy standard input to a replica's log file, rotating it (what a worker starts
     /// beside each replica; not for operators).
@@ -292,7 +296,7 @@ async fn run(cli: Cli) -> Result<()> {
             tokens,
             store,
         } => run_apiserver(config, tokens, store).await,
-        Cmd::Worker { config } => run_worker(config).await,
+        Cmd::Worker { config, leave } => run_worker(config, leave).await,
         Cmd::Store { cmd } => store_cmd::run(cmd).await,
         Cmd::Token { cmd } => token::run(cmd),
         Cmd::ReplicaLog { .. } => unreachable!("handled before the runtime starts"),
@@ -765,8 +769,17 @@ async fn campaign(
     }
 }
 
-async fn run_worker(path: PathBuf) -> Result<()> {
+async fn run_worker(path: PathBuf, leave: bool) -> Result<()> {
     let cfg = config::load_worker(&path)?;
+    // A leave drains the host first; otherwise the worker detaches and its replicas
+    // keep running for a restarted worker to re-adopt.
+    let mode = if leave || cfg.leave_on_stop {
+        ShutdownMode::Leave {
+            timeout: cfg.leave_timeout,
+        }
+    } else {
+        ShutdownMode::Detach
+    };
     let wcfg = WorkerConfig {
         host: cfg.host.clone(),
         controller: cfg.controller.clone(),
@@ -784,10 +797,17 @@ async fn run_worker(path: PathBuf) -> Result<()> {
     let plugins = plugins::worker_plugins(cfg.address, cfg.ports)?;
     // Nothing of a worker is re-read: a SIGHUP (a closed terminal) is logged, never fatal.
     daemon::ignore_sighup("xced worker")?;
-    // A worker that stops leaves its replicas running: a restarted worker re-adopts them.
-    xce_worker::run(wcfg, plugins, async {
+    xce_worker::run(wcfg, plugins, async move {
         daemon::shutdown_signal().await;
-        ShutdownMode::Detach
+        if let ShutdownMode::Leave { .. } = mode {
+            // A second signal does not wait for the drain (as the other daemons).
+            tokio::spawn(async {
+                daemon::shutdown_signal().await;
+                tracing::warn!("second signal: exiting at once, the leave unfinished (the replicas left keep running)");
+                std::process::exit(143);
+            });
+        }
+        mode
     })
     .await
 }

@@ -20,6 +20,7 @@ mod hijack;
 mod http2;
 mod identity;
 mod leadership;
+mod maintenance;
 mod pause;
 mod prometheus;
 mod reliability;

@@ -150,8 +150,8 @@ pub(crate) struct Ep {
 /// One list the follower received, and when (monotonic ns).
 #[derive(Debug, Clone)]
 pub(crate) struct Seen {
-    at: u64,
-    eps: Arc<Vec<Ep>>,
+    pub(crate) at: u64,
+    pub(crate) eps: Arc<Vec<Ep>>,
 }
 
 /// Follows `GET /v1/services/web/endpoints/stream` and publishes the current list. A
@@ -170,15 +170,32 @@ pub(crate) struct Follower {
 
 impl Follower {
     pub(crate) async fn start(api: &Api) -> Self {
-        Self::start_any(std::slice::from_ref(api)).await
+        Self::start_for(api, "web").await
     }
 
-    /// Follows the stream of the first of `apis` that serves it.
+    /// Follows the endpoint stream of `service` (of the token's default project).
+    pub(crate) async fn start_for(api: &Api, service: &str) -> Self {
+        Self::start_on(std::slice::from_ref(api), service).await
+    }
+
+    /// Follows `web`'s stream on the first of `apis` that serves it.
     pub(crate) async fn start_any(apis: &[Api]) -> Self {
+        Self::start_on(apis, "web").await
+    }
+
+    /// Follows `service`'s stream on the first of `apis` that serves it.
+    async fn start_on(apis: &[Api], service: &str) -> Self {
         let (tx, list) = watch::channel(Arc::new(Vec::new()));
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let reopened = Arc::new(AtomicU64::new(0));
-        let task = tokio::spawn(follow(apis.to_vec(), tx, seen.clone(), reopened.clone()));
+        let path = format!("/v1/services/{service}/endpoints/stream");
+        let task = tokio::spawn(follow(
+            apis.to_vec(),
+            path,
+            tx,
+            seen.clone(),
+            reopened.clone(),
+        ));
         let f = Self {
             list,
             seen,
@@ -230,6 +247,7 @@ impl Drop for Follower {
 
 async fn follow(
     apis: Vec<Api>,
+    path: String,
     tx: watch::Sender<Arc<Vec<Ep>>>,
     seen: Arc<Mutex<Vec<Seen>>>,
     reopened: Arc<AtomicU64>,
@@ -247,7 +265,7 @@ async fn follow(
     let mut at = 0;
     loop {
         let api = &apis[at % apis.len()];
-        let resp = match sse_open(api, "/v1/services/web/endpoints/stream", last_id).await {
+        let resp = match sse_open(api, &path, last_id).await {
             Ok(r) => r,
             Err(e) if apis.len() > 1 && !format!("{e:#}").contains("HTTP 404") => {
                 // Not reachable, or not serving: the next server; the list stands.
@@ -360,7 +378,7 @@ impl Sse {
 // === the load client: requests ===
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Outcome {
+pub(crate) enum Outcome {
     /// 2xx; the version named in the answer.
     Ok(String),
     /// The list was empty: nowhere to send the request.
@@ -389,9 +407,9 @@ impl Outcome {
 /// One request: when it was sent (monotonic ns), to which job, how it ended, how long.
 #[derive(Debug, Clone)]
 pub(crate) struct Shot {
-    at: u64,
-    job: Option<String>,
-    outcome: Outcome,
+    pub(crate) at: u64,
+    pub(crate) job: Option<String>,
+    pub(crate) outcome: Outcome,
     took: Duration,
 }
 
@@ -620,7 +638,7 @@ pub(crate) struct Report {
     max: Duration,
     /// The list was empty at some point after it first had an endpoint.
     empty_lists: usize,
-    min_ready: usize,
+    pub(crate) min_ready: usize,
     /// Jobs still listed when (or after) their process got SIGTERM.
     pub(crate) listed_after_term: Vec<String>,
     /// Jobs listed again after they had left the list.

@@ -12,6 +12,8 @@ type Labels = Vec<(String, String)>;
 pub(crate) struct Metrics {
     pub(crate) jobs: Family<Labels, Gauge>,
     pub(crate) hosts: Family<Labels, Gauge>,
+    /// Hosts under maintenance by state (`cordoned`, `draining`, `drained`).
+    pub(crate) host_maintenance: Family<Labels, Gauge>,
     pub(crate) pending: Gauge,
     pub(crate) placements: Counter,
     pub(crate) revision: Gauge,
@@ -44,6 +46,11 @@ impl Metrics {
     pub(crate) fn register(&self, r: &mut Registry) {
         r.register("xce_jobs", "Live jobs by state", self.jobs.clone());
         r.register("xce_hosts", "Hosts by state", self.hosts.clone());
+        r.register(
+            "xce_hosts_maintenance",
+            "Hosts an operator (or their leaving worker) cordoned or drains, by state: cordoned, draining, drained",
+            self.host_maintenance.clone(),
+        );
         r.register(
             "xce_pending_replicas",
             "Replicas of active services without a live job",
@@ -158,6 +165,12 @@ impl Metrics {
     pub(crate) fn service_removed(&self, project: &str, service: &str) {
         self.restarts
             .remove(&Self::service_labels(project, service));
+    }
+
+    pub(crate) fn set_host_maintenance(&self, state: &str, n: usize) {
+        self.host_maintenance
+            .get_or_create(&vec![("state".to_owned(), state.to_owned())])
+            .set(n as i64);
     }
 
     pub(crate) fn set_hosts(&self, state: &str, n: usize) {

@@ -3,6 +3,10 @@
 //! Candidates are filtered with every plugin's `fits`, ordered by spread (fewest jobs of
 //! this service, then fewest jobs overall, then host id), and reserved with every plugin
 //! all or nothing. A replica that fits nowhere gets a reason aggregated over the hosts.
+//! The candidates are the ready hosts nobody cordoned or drains, and "jobs of this
+//! service" are those that stay: the scheduling pass (`core/placement.rs`, `Spread`)
+//! counts neither draining or stopping jobs nor older-generation jobs a rollout is
+//! replacing, so a restart's replacements spread like the replicas they replace.
 
 use plugin_api::{Grants, HostId, PlacementRequest, ResourcePlugin, Unfit};
 

@@ -2,7 +2,7 @@
 //! applies them to the [`Core`], settles (removes stopped services, places replicas,
 //! publishes) and answers. Timers are one `sleep_until` on the next deadline.
 
-use super::core::{Applied, Core, CoreError, HostAssignments, Report};
+use super::core::{Applied, Core, CoreError, HostAction, HostAssignments, LeaveStatus, Report};
 use plugin_api::{HostFacts, HostId, Principal, ServiceKey};
 use serde_json::Value;
 use std::sync::Arc;
@@ -80,6 +80,19 @@ pub(crate) enum Command {
         host: HostId,
         caller: Caller,
         reply: Reply<watch::Receiver<Arc<HostAssignments>>>,
+    },
+    /// An operator's cordon, uncordon or drain of a host.
+    Maintain {
+        host: HostId,
+        action: HostAction,
+        who: Principal,
+        reply: Reply<()>,
+    },
+    /// A worker leaving (`xced worker --leave`): its host drains.
+    Leave {
+        host: HostId,
+        caller: Caller,
+        reply: Reply<LeaveStatus>,
     },
 }
 
@@ -336,5 +349,24 @@ fn handle(core: &mut Core, cmd: Command) -> Answer {
             let r = core.assignments(&host, &caller);
             done(reply, r)
         }
+        cmd @ (Command::Maintain { .. } | Command::Leave { .. }) => handle_host(core, cmd, now),
+    }
+}
+
+/// [`handle`] for the host maintenance commands.
+fn handle_host(core: &mut Core, cmd: Command, now: Instant) -> Answer {
+    match cmd {
+        Command::Maintain {
+            host,
+            action,
+            who,
+            reply,
+        } => done(reply, core.maintain(&host, action, &who, now)),
+        Command::Leave {
+            host,
+            caller,
+            reply,
+        } => done(reply, core.worker_leaves(&host, &caller, now)),
+        other => handle(core, other),
     }
 }

@@ -40,6 +40,7 @@ mod fail_stop;
 mod hosts;
 mod identity;
 mod lifecycle;
+mod maintenance;
 mod numbers;
 mod profile_limit;
 mod reports;

@@ -4,11 +4,14 @@
 
 pub mod job_key;
 pub mod job_rev;
+pub mod maintenance;
 pub mod rollout;
 pub mod slots;
 
 #[cfg(test)]
 mod format_tests;
+#[cfg(test)]
+mod maintenance_tests;
 
 use crate::job_key::JobKey;
 use crate::job_rev::{StoredJob, StoredRev};
@@ -253,6 +256,12 @@ pub struct HostRec {
     /// without a session (a worker of an older release, a record from before sessions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session_sha256: Option<String>,
+    /// An operator's cordon or drain of the host (or its worker's leave): it takes no new
+    /// placements, and with a drain its replicas move elsewhere. Absent (and not
+    /// written) for a host in service, so the records of hosts nobody cordoned keep the
+    /// shape they had before maintenance existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<maintenance::Maintenance>,
 }
 
 /// How many ended jobs' grants a host record keeps for [`HostRec::released`].

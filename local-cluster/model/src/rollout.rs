@@ -134,6 +134,10 @@ pub struct JobFacts {
     /// Counts as available: an older-generation job when ready; a current-generation one
     /// when it has been ready for `min_ready`.
     pub available: bool,
+    /// On a host being drained: replaced like an older generation's job (a job of the
+    /// current generation placed elsewhere first, this one drained once that one is
+    /// available, within `max_unavailable`), whatever its generation.
+    pub moving: bool,
 }
 
 /// A service as the rollout sees it.
@@ -170,7 +174,7 @@ impl Service<'_> {
     }
 
     fn is_new(&self, j: &JobFacts) -> bool {
-        j.generation >= self.generation
+        j.generation >= self.generation && !j.moving
     }
 
     pub fn counts(&self) -> Counts {

@@ -646,3 +646,13 @@ mod tests {
         );
     }
 }
+
+/// The answer of `POST /internal/v1/hosts/{host}/leave` (a worker leaving with
+/// `--leave`): the host drains (no new placements; its replicas move elsewhere, each
+/// replacement ready before the replica it replaces drains); `left` live replicas are
+/// still on it. The worker asks again until none is left, then exits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaveAnswer {
+    /// Live replicas still on the host.
+    pub left: u32,
+}

@@ -312,9 +312,22 @@ impl Agent {
             hb = register(&self.client, &self.identity, &self.plugins, &self.facts, &self.running) => hb,
         };
         self.spawn_background(heartbeat);
+        // A leave in progress (`ShutdownMode::Leave`): the worker keeps running its
+        // replicas' lifecycle until the controller has drained the host.
+        let mut leaving = None;
         loop {
             tokio::select! {
-                mode = &mut shutdown => return self.shutdown(mode).await,
+                mode = &mut shutdown, if leaving.is_none() => match mode {
+                    ShutdownMode::Leave { timeout } => {
+                        let client = self.client.clone();
+                        let ask = async move { super::leave::leave(&client, timeout).await };
+                        leaving = Some(Box::pin(ask.instrument(self.span.clone())));
+                    }
+                    mode => return self.shutdown(mode).await,
+                },
+                _ = async { leaving.as_mut().expect("guarded").await }, if leaving.is_some() => {
+                    return self.shutdown(ShutdownMode::Detach).await;
+                }
                 msg = self.rx.recv() => match msg {
                     Some(msg) => self.handle_burst(msg).await?,
                     None => anyhow::bail!("worker state channel closed"),

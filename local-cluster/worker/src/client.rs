@@ -10,8 +10,8 @@ use tokio::sync::watch;
 
 use super::identity::Identity;
 use xce_proto::worker::{
-    Assignments, Heartbeat, HeartbeatAnswer, RegisterRequest, RegisterResponse, WorkerEvent,
-    CLUSTER_HEADER, INSTANCE_HEADER, SESSION_HEADER,
+    Assignments, Heartbeat, HeartbeatAnswer, LeaveAnswer, RegisterRequest, RegisterResponse,
+    WorkerEvent, CLUSTER_HEADER, INSTANCE_HEADER, SESSION_HEADER,
 };
 use xce_wire::version::{protocol, PROTOCOL_HEADER, SKEW_CODE};
 
@@ -476,6 +476,15 @@ impl Client {
                     .append_pair("wait", &format!("{}s", ASSIGNMENTS_WAIT.as_secs()));
                 self.http.get(url)
             })
+            .await?;
+        resp.json().await.map_err(CallError::Decode)
+    }
+
+    /// `--leave`: asks the controller to drain this host; the answer says how many live
+    /// replicas are still on it (asked again until none is).
+    pub(crate) async fn leave(&self) -> Result<LeaveAnswer, CallError> {
+        let resp = self
+            .send("leave", CALL_TIMEOUT, |url| self.http.post(url))
             .await?;
         resp.json().await.map_err(CallError::Decode)
     }

@@ -156,7 +156,19 @@ pub enum ShutdownMode {
     /// Stop every replica (SIGTERM, SIGKILL after the grace) and report the exits first
     /// (`xced dev` on Ctrl-C).
     StopReplicas,
+    /// Leave the cluster first (`xced worker --leave`, `leave_on_stop = true`): ask the
+    /// controller to drain the host (its replicas move elsewhere, each replacement ready
+    /// before the replica it replaces drains and is stopped by the controller), keep
+    /// running until no replica is left or `timeout` ran out, then detach from whatever
+    /// is still there.
+    Leave {
+        /// The bound of the wait.
+        timeout: Duration,
+    },
 }
+
+/// The default bound of a leave's wait (`leave_timeout`).
+pub const DEFAULT_LEAVE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Collects the host facts from every provider, in order.
 pub async fn collect_facts(plugins: &WorkerPlugins) -> Result<HostFacts, FactsError> {

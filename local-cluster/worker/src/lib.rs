@@ -24,6 +24,7 @@ mod config;
 mod control;
 mod events;
 mod identity;
+mod leave;
 mod logs;
 mod msg;
 mod probe;
@@ -39,7 +40,7 @@ use std::future::Future;
 
 pub use config::{
     collect_facts, ReplicaSettings, RunAs, ShutdownMode, WorkerConfig, WorkerPlugins,
-    DEFAULT_FACTS_INTERVAL, DEFAULT_ORPHAN_DRAIN, DEFAULT_STOP_TIMEOUT,
+    DEFAULT_FACTS_INTERVAL, DEFAULT_LEAVE_TIMEOUT, DEFAULT_ORPHAN_DRAIN, DEFAULT_STOP_TIMEOUT,
 };
 pub use logs::{parse_size, write_rotating, LogPolicy};
 

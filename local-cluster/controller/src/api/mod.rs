@@ -10,6 +10,7 @@
 // Visible to the controller: its tests render replica slots with `replica_json` and
 // compare `service_detail` written directly with its tree.
 mod backup;
+mod hosts;
 pub(super) mod services;
 mod skew;
 mod state;
@@ -35,6 +36,7 @@ pub(crate) fn build(state: ApiState) -> Router {
         .with_state(state.clone())
         .merge(services::router(state.clone()))
         .merge(backup::router(state.clone()))
+        .merge(hosts::router(state.clone()))
         .merge(worker::router(state.clone()));
     for ext in &state.extensions {
         app = app.merge(ext.router(state.ctx.clone()));

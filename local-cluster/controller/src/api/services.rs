@@ -2,8 +2,9 @@
 //! and its blocking query, create, update, scale, restart, stop) and hosts. A path's name
 //! resolves among the projects the caller may view only.
 
+use super::hosts::host_answer;
 use super::state::{blocking_query, internal, unavailable, ApiState};
-use crate::core::{Applied, HostView, JobView, ServiceView, View};
+use crate::core::{Applied, JobView, ServiceView, View};
 use crate::task::Command;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -20,7 +21,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 use xce_model::ServiceState;
 use xce_proto::profile::MAX_PROFILE_BYTES;
-use xce_wire::hosts::{HostAddress, HostAnswer, HostList};
+use xce_wire::hosts::HostList;
 use xce_wire::services::{
     JobAnswer, LastExit, PendingReplica, ReplicaStatus, Rollout, RolloutState, ServiceDetail,
     ServiceList, ServiceSummary, StopAnswer,
@@ -568,23 +569,6 @@ async fn delete_service(
 }
 
 // --- /v1/hosts ---
-
-fn host_answer(h: &HostView) -> HostAnswer<'_> {
-    HostAnswer {
-        addresses: h
-            .info
-            .facts
-            .addresses
-            .iter()
-            .map(HostAddress::from)
-            .collect(),
-        id: Cow::Borrowed(&h.info.id),
-        ip_addr: h.info.facts.ip_addr,
-        jobs: count(h.jobs),
-        state: Cow::Owned(h.info.state.to_string()),
-        summaries: Cow::Borrowed(&h.summaries),
-    }
-}
 
 async fn list_hosts(State(st): State<ApiState>, who: Principal) -> Result<Response, ApiError> {
     user(&who)?;

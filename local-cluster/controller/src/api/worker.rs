@@ -38,6 +38,7 @@ pub(super) fn router(state: ApiState) -> Router {
         .route("/internal/v1/hosts/{host}/facts", put(facts))
         .route("/internal/v1/hosts/{host}/assignments", get(assignments))
         .route("/internal/v1/hosts/{host}/events", post(events))
+        .route("/internal/v1/hosts/{host}/leave", post(leave))
         .with_state(state)
         .layer(axum::middleware::map_response(move |mut r: Response| {
             let cluster = cluster.clone();
@@ -281,4 +282,22 @@ async fn assignments(
         resp.headers_mut().insert("x-xce-index", v);
     }
     Ok(resp)
+}
+
+/// A worker leaving: its host drains; the answer says how many live replicas are left
+/// on it (the worker asks again until none is).
+async fn leave(
+    State(st): State<ApiState>,
+    WorkerCall { host, caller, .. }: WorkerCall,
+) -> Result<Json<xce_proto::worker::LeaveAnswer>, ApiError> {
+    let status = st
+        .call(|reply| Command::Leave {
+            host,
+            caller,
+            reply,
+        })
+        .await?;
+    Ok(Json(xce_proto::worker::LeaveAnswer {
+        left: u32::try_from(status.left).unwrap_or(u32::MAX),
+    }))
 }

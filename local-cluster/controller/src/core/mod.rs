@@ -14,7 +14,9 @@
 mod assign;
 mod commands;
 mod commit;
+mod host_action;
 mod jobs;
+mod maintenance;
 mod placement;
 mod publish;
 mod report;
@@ -27,6 +29,7 @@ use super::config::DisruptionThreshold;
 use super::metrics::Metrics;
 use super::quota::{self, Quotas};
 pub(crate) use assign::HostAssignments;
+pub(crate) use host_action::{HostAction, LeaveStatus};
 pub(crate) use jobs::{JobView, Jobs};
 use plugin_api::{
     ClusterEvent, ClusterListener, FieldError, HostFactsPolicy, HostId, HostInfo, JobId, JobState,
@@ -212,6 +215,10 @@ pub(crate) enum Applied {
 pub(crate) struct HostView {
     pub(crate) info: HostInfo,
     pub(crate) jobs: usize,
+    /// A cordon or drain (`maintenance.rs`), and then the live jobs left on the host per
+    /// service (empty otherwise).
+    pub(crate) maintenance: Option<xce_model::maintenance::Maintenance>,
+    pub(crate) left: Vec<(ServiceKey, usize)>,
     /// Plugin host summaries by plugin name.
     pub(crate) summaries: BTreeMap<String, Value>,
 }
@@ -509,6 +516,7 @@ impl Core {
                     phase,
                     ready,
                     available,
+                    moving: self.on_draining_host(j),
                 })
             })
             .collect()

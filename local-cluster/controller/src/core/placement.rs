@@ -319,8 +319,9 @@ impl Core {
                 batch.cut = Some(key.clone());
                 break;
             }
-            let spread =
-                spread.get_or_insert_with(|| Spread::new(hosts, self.cluster.jobs_of(&key)));
+            let spread = spread.get_or_insert_with(|| {
+                Spread::new(hosts, self.cluster.jobs_of(&key), s.info.generation)
+            });
             match self.place_replica(batch, hosts, spread, s, replica) {
                 Ok(rec) => {
                     if *job_size == 0 {
@@ -722,7 +723,10 @@ impl ReadyHosts {
         let ids: Vec<HostId> = cluster
             .hosts
             .values()
-            .filter(|h| h.info.state == HostState::Ready && h.orphans.is_empty())
+            // A cordoned or draining host takes nothing new (`maintenance.rs`).
+            .filter(|h| {
+                h.info.state == HostState::Ready && h.orphans.is_empty() && h.maintenance.is_none()
+            })
             .map(|h| h.info.id.clone())
             .collect();
         debug_assert!(ids.windows(2).all(|w| w[0] < w[1]), "hosts in id order");
@@ -745,10 +749,18 @@ struct Spread {
 }
 
 impl Spread {
-    /// The order for a service whose jobs are `jobs`.
-    fn new<'a>(hosts: &ReadyHosts, jobs: impl Iterator<Item = &'a JobRec>) -> Self {
+    /// The order for a service of `generation` whose jobs are `jobs`. Only the jobs
+    /// that stay count: not those on their way out (draining, stopping), nor those of an
+    /// older generation a rollout is replacing. Counting them piled a restart's
+    /// replacements onto the hosts the old ones had left (two on one host, none on
+    /// another).
+    fn new<'a>(
+        hosts: &ReadyHosts,
+        jobs: impl Iterator<Item = &'a JobRec>,
+        generation: u64,
+    ) -> Self {
         let mut mine = vec![0; hosts.ids.len()];
-        for j in jobs {
+        for j in jobs.filter(|j| !leaving(j) && j.info.generation >= generation) {
             if let Some(i) = hosts.index(&j.info.host) {
                 mine[i] += 1;
             }
@@ -934,6 +946,11 @@ fn restart_reason(cause: Option<&ExitCause>, wait: Duration) -> String {
         (None, None, Some(code)) => format!("restarting after exit {code} in {wait}"),
         (None, None, None) => format!("restarting after exit in {wait}"),
     }
+}
+
+/// Whether a job is on its way out (draining or stopping).
+fn leaving(j: &JobRec) -> bool {
+    matches!(j.effective_state(), JobState::Draining | JobState::Stopping)
 }
 
 /// Whether a stopping service's job is still to be put on its way out (with `drain`: a

@@ -240,6 +240,7 @@ impl Core {
                 c.hosts.values().filter(|h| h.info.state == state).count(),
             );
         }
+        self.count_maintenance();
         m.pending
             .set(self.pending.values().map(|p| p.len()).sum::<usize>() as i64);
         m.revision.set(c.rev as i64);

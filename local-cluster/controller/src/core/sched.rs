@@ -100,7 +100,8 @@ fn quiet_unavailable(replicas: u32, generation: u64, facts: &[JobFacts]) -> Opti
     let mut unavailable = replicas;
     for f in facts.iter().filter(|f| f.phase != Phase::Leaving) {
         let slot = taken.get_mut(f.replica as usize)?;
-        if *slot || f.generation < generation {
+        // A job on a draining host is to move: not quiet.
+        if *slot || f.generation < generation || f.moving {
             return None;
         }
         *slot = true;

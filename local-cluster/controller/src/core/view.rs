@@ -288,7 +288,24 @@ impl Core {
     }
 
     /// The rollout counts of `facts` (some of a service's jobs: the counts are sums).
+    /// A job on a draining host counts by its generation here (the scheduling pass
+    /// replaces it like an older one, but it runs the current generation): a host's
+    /// maintenance changing then changes no service's counts, which are patched, not
+    /// rebuilt, on job changes only.
     fn counts(&self, s: &ServiceRec, facts: &[JobFacts]) -> Counts {
+        let unmoved: Vec<JobFacts>;
+        let facts = if facts.iter().any(|f| f.moving) {
+            unmoved = facts
+                .iter()
+                .map(|f| JobFacts {
+                    moving: false,
+                    ..f.clone()
+                })
+                .collect();
+            &unmoved
+        } else {
+            facts
+        };
         rollout::Service {
             replicas: s.info.replicas,
             generation: s.info.generation,
@@ -323,6 +340,8 @@ impl Core {
         HostView {
             info: h.info.clone(),
             jobs: self.cluster.count_on(id),
+            maintenance: h.maintenance.clone(),
+            left: self.left_on(h),
             summaries: self
                 .plugins
                 .iter()

@@ -100,7 +100,12 @@ impl Core {
     /// ([`session_refusal`]); one held without a session (an older worker) only its
     /// holder instance; one held by no known instance (a record from before instance
     /// ids) any.
-    fn check_holder(&self, host: &HostId, caller: &Caller, what: &str) -> Result<(), CoreError> {
+    pub(super) fn check_holder(
+        &self,
+        host: &HostId,
+        caller: &Caller,
+        what: &str,
+    ) -> Result<(), CoreError> {
         self.check_cluster(host, caller, what)?;
         let Some(h) = self.cluster.hosts.get(host) else {
             return Err(CoreError::UnknownHost(host.clone()));
@@ -347,10 +352,9 @@ impl Core {
         facts: HostFacts,
         orphans: BTreeSet<JobId>,
     ) -> HostRec {
-        let released = txn
-            .host(&self.cluster, host)
-            .map(|h| h.released)
-            .unwrap_or_default();
+        let prev = txn.host(&self.cluster, host);
+        let maintenance = self.registered_maintenance(prev.as_ref());
+        let released = prev.map(|h| h.released).unwrap_or_default();
         HostRec {
             info: HostInfo {
                 id: host.clone(),
@@ -361,6 +365,7 @@ impl Core {
             released,
             instance: caller.instance.clone(),
             session_sha256: None,
+            maintenance,
         }
     }
 

@@ -13,6 +13,14 @@ struct Model {
     policy: UpdatePolicy,
     jobs: Vec<JobFacts>,
     next_id: u32,
+    /// The host (of 3; a job's host is its id modulo 3) being drained: its jobs are
+    /// `moving`, and nothing is placed there.
+    draining: Option<u32>,
+}
+
+/// The host (of 3) job `id` runs on.
+fn host_of(id: &str) -> u32 {
+    id[2..].parse::<u32>().unwrap() % 3
 }
 
 impl Model {
@@ -29,6 +37,7 @@ impl Model {
             },
             jobs: Vec::new(),
             next_id: 1,
+            draining: None,
         }
     }
 
@@ -67,6 +76,10 @@ impl Model {
             if !fits.get(i).copied().unwrap_or(true) {
                 continue;
             }
+            // Placements go to the other hosts only (a drained host is cordoned).
+            while self.draining == Some(self.next_id % 3) {
+                self.next_id += 1;
+            }
             let id = format!("j-{}", self.next_id);
             self.next_id += 1;
             self.jobs.push(JobFacts {
@@ -76,6 +89,7 @@ impl Model {
                 phase: Phase::Placed,
                 ready: false,
                 available: false,
+                moving: false,
             });
         }
         let limit = self.replicas + self.policy.max_surge;
@@ -124,10 +138,13 @@ impl Model {
             }
             Action::HostLost(h) => {
                 // Jobs are spread over 3 hosts by id.
-                self.jobs.retain(|j| {
-                    let id: u32 = j.job[2..].parse().unwrap();
-                    id % 3 != h % 3
-                });
+                self.jobs.retain(|j| host_of(&j.job) != h % 3);
+            }
+            Action::Drain(h) => {
+                self.draining = Some(h % 3);
+                for j in &mut self.jobs {
+                    j.moving = host_of(&j.job) == h % 3;
+                }
             }
             Action::Stopped => self.jobs.retain(|j| j.phase != Phase::Leaving),
             Action::Scale(r) => self.replicas = r,
@@ -170,6 +187,8 @@ enum Action {
     Stopped,
     Scale(u32),
     NewGeneration,
+    /// An operator drains a host (of 3).
+    Drain(u32),
 }
 
 fn action() -> impl Strategy<Value = Action> {
@@ -182,6 +201,7 @@ fn action() -> impl Strategy<Value = Action> {
         2 => Just(Action::Stopped),
         1 => (1u32..8).prop_map(Action::Scale),
         1 => Just(Action::NewGeneration),
+        1 => (0u32..3).prop_map(Action::Drain),
     ]
 }
 
@@ -211,6 +231,11 @@ proptest! {
         m.calm()?;
         let c = m.service().counts();
         prop_assert_eq!((c.updated, c.outdated, c.excess), (m.replicas, 0, 0));
+        // A drained host ends with nothing live on it (what drains there is leaving).
+        if let Some(h) = m.draining {
+            let stayed = m.jobs.iter().any(|j| j.phase != Phase::Leaving && host_of(&j.job) == h);
+            prop_assert!(!stayed, "a job stayed on the drained host");
+        }
     }
 }
 
@@ -224,6 +249,7 @@ fn job(id: u32, replica: u32, generation: u64, ready: bool) -> JobFacts {
         phase: Phase::Running,
         ready,
         available: ready,
+        moving: false,
     }
 }
 
@@ -244,6 +270,33 @@ fn a_rolling_update_surges_one_then_drains_the_old_one_it_replaced() {
     );
     m.jobs.push(job(4, 0, 2, true));
     assert_eq!(to_drain(&m.service()), vec!["j-1".to_owned()]);
+}
+
+#[test]
+fn a_replica_on_a_draining_host_is_replaced_elsewhere_before_it_drains() {
+    let mut m = Model::new(3, 1, 0);
+    m.jobs = (0..3).map(|r| job(r + 1, r, 1, true)).collect();
+    m.next_id = 4;
+    // Slot 1 runs on the host being drained; same generation, no rollout running.
+    m.jobs[1].moving = true;
+    assert_eq!(
+        to_place(&m.service()),
+        vec![1],
+        "a surge for the moving slot"
+    );
+    assert!(
+        to_drain(&m.service()).is_empty(),
+        "it stays until its replacement is available"
+    );
+    let mut new = job(4, 1, 1, true);
+    new.available = false;
+    m.jobs.push(new);
+    assert!(
+        to_drain(&m.service()).is_empty(),
+        "ready is not yet available"
+    );
+    m.jobs[3].available = true;
+    assert_eq!(to_drain(&m.service()), vec!["j-2".to_owned()]);
 }
 
 #[test]
