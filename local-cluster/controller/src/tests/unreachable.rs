@@ -146,3 +146,29 @@ fn a_full_disruption_lists_the_unreachable_hosts_replicas_again() {
     assert_eq!(ready, [true, true, true], "{:#?}", sim.out);
     assert_eq!(sim.metrics.full_disruption.get(), 1);
 }
+
+/// Finding 3: a worker whose assignments query missed a change (it waits on a connection
+/// that died in a partition) learns it from its next heartbeat's answer, which names the
+/// host's index; a worker in sync gets no answer body (nothing more is sent).
+#[test]
+fn a_heartbeat_naming_older_assignments_is_told_the_hosts_index() {
+    let (mut sim, _) = Sim::spread_ready(TIMING, 1);
+    let host = "exec-01".to_owned();
+    let index = sim
+        .core
+        .assignments(&host, &worker(&host))
+        .unwrap()
+        .borrow()
+        .index;
+    let mut beat = xce_proto::worker::Heartbeat::of(&facts_of(&host, 3), [("j-1", true)]);
+    let mut answer = |held: Option<u64>| {
+        beat.assignments = held;
+        let a = sim
+            .core
+            .heartbeat(&host, &worker(&host), Some(&beat), sim.now);
+        a.unwrap().and_then(|a| a.assignments)
+    };
+    assert_eq!(answer(Some(index)), None);
+    assert_eq!(answer(None), None, "a worker that predates the field");
+    assert_eq!(answer(Some(index - 1)), Some(index));
+}
