@@ -16,6 +16,7 @@ mod faults_rollout;
 mod fulldisk;
 mod ha;
 mod hijack;
+mod hosts;
 mod http2;
 mod identity;
 mod leadership;

@@ -22,7 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
 /// Requests per second the load client sends (the issue asks for at least 100).
-const RATE: u64 = 200;
+pub(crate) const RATE: u64 = 200;
 /// A request that has not been answered whole by then has failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 /// The service's `drain`.
@@ -34,7 +34,7 @@ const CLI_TIMEOUT: &str = "150s";
 
 /// The test's directory: the profiles, and the replicas' event logs. Declared before the
 /// cluster, it drops after it and kills any replica still running with its event dir.
-struct Web {
+pub(crate) struct Web {
     dir: tempfile::TempDir,
     events: PathBuf,
     /// `command` of examples/web-v2.toml without its version argument.
@@ -42,7 +42,7 @@ struct Web {
 }
 
 impl Web {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let text = std::fs::read_to_string(workspace_root().join("examples/web-v2.toml"))
             .expect("examples/web-v2.toml");
         let doc: toml::Table = toml::from_str(&text).expect("examples/web-v2.toml parses");
@@ -80,7 +80,7 @@ impl Web {
     }
 
     /// The web-v2 program answering as `version`.
-    fn profile(&self, version: &str, replicas: usize) -> String {
+    pub(crate) fn profile(&self, version: &str, replicas: usize) -> String {
         let mut command = self.program.clone();
         command.push(version.to_owned());
         command.push(self.events.display().to_string());
@@ -125,7 +125,7 @@ impl Web {
         out
     }
 
-    fn live_pids(&self) -> Vec<u32> {
+    pub(crate) fn live_pids(&self) -> Vec<u32> {
         crate::harness::pids_with_cmdline(&self.events.display().to_string())
     }
 }
@@ -142,9 +142,9 @@ impl Drop for Web {
 
 /// One ready endpoint as the stream lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Ep {
-    job: String,
-    addr: SocketAddr,
+pub(crate) struct Ep {
+    pub(crate) job: String,
+    pub(crate) addr: SocketAddr,
 }
 
 /// One list the follower received, and when (monotonic ns).
@@ -158,15 +158,15 @@ struct Seen {
 /// stream that ends is opened again (with `Last-Event-ID`); a service that is gone (the
 /// stream's `error` event, or 404 while it is away) is an empty list until it is back.
 #[derive(Debug)]
-struct Follower {
-    list: watch::Receiver<Arc<Vec<Ep>>>,
+pub(crate) struct Follower {
+    pub(crate) list: watch::Receiver<Arc<Vec<Ep>>>,
     seen: Arc<Mutex<Vec<Seen>>>,
     reopened: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl Follower {
-    async fn start(api: &Api) -> Self {
+    pub(crate) async fn start(api: &Api) -> Self {
         let (tx, list) = watch::channel(Arc::new(Vec::new()));
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let reopened = Arc::new(AtomicU64::new(0));
@@ -183,7 +183,7 @@ impl Follower {
 
     /// Waits (on the follower's notifications, up to `patience()`) until the current list
     /// satisfies `pred`; returns it.
-    async fn wait_for(&self, what: &str, pred: impl Fn(&[Ep]) -> bool) -> Arc<Vec<Ep>> {
+    pub(crate) async fn wait_for(&self, what: &str, pred: impl Fn(&[Ep]) -> bool) -> Arc<Vec<Ep>> {
         let mut rx = self.list.clone();
         let seen = self.seen.clone();
         // The first event counts even when it is an empty list: wait for one to be seen.
@@ -344,7 +344,7 @@ impl Sse {
 // === the load client: requests ===
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Outcome {
+pub(crate) enum Outcome {
     /// 2xx; the version named in the answer.
     Ok(String),
     /// The list was empty: nowhere to send the request.
@@ -357,7 +357,7 @@ enum Outcome {
 }
 
 impl Outcome {
-    fn kind(&self) -> String {
+    pub(crate) fn kind(&self) -> String {
         match self {
             Outcome::Ok(_) => "ok".into(),
             Outcome::NoEndpoint => "no_endpoint".into(),
@@ -372,29 +372,29 @@ impl Outcome {
 
 /// One request: when it was sent (monotonic ns), to which job, how it ended, how long.
 #[derive(Debug, Clone)]
-struct Shot {
-    at: u64,
-    job: Option<String>,
-    outcome: Outcome,
+pub(crate) struct Shot {
+    pub(crate) at: u64,
+    pub(crate) job: Option<String>,
+    pub(crate) outcome: Outcome,
     took: Duration,
 }
 
 /// Sends `RATE` requests per second round-robin over the follower's current list until
 /// stopped; returns every request.
 #[derive(Debug)]
-struct Load {
+pub(crate) struct Load {
     stop: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<Vec<Shot>>,
 }
 
 impl Load {
-    fn start(list: watch::Receiver<Arc<Vec<Ep>>>) -> Self {
+    pub(crate) fn start(list: watch::Receiver<Arc<Vec<Ep>>>) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let task = tokio::spawn(shoot(list, stop.clone()));
         Self { stop, task }
     }
 
-    async fn finish(self) -> Vec<Shot> {
+    pub(crate) async fn finish(self) -> Vec<Shot> {
         self.stop.store(true, Ordering::Relaxed);
         self.task.await.expect("load task")
     }

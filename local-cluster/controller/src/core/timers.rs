@@ -101,7 +101,7 @@ impl Core {
     pub(crate) fn notice_pause(&mut self, now: Instant, armed: Option<Instant>) {
         let paused = self.pulse.as_ref().map_or(Duration::ZERO, |p| p.take());
         if !paused.is_zero() {
-            warn!(paused = %humantime::format_duration(round_up_ms(paused)), "this controller process was not running for a while (stopped, frozen or starved: its beat thread woke late); the hosts' silence meanwhile is not held against them");
+            warn!(paused = %humantime::format_duration(round_up_ms(paused)), "the controller was not running for a while (the process was stopped, frozen or starved: its beat thread woke late); the hosts' silence meanwhile is not held against them");
             for t in self.heard.values_mut() {
                 *t = (*t + paused).min(now);
             }
@@ -400,7 +400,12 @@ impl Core {
             self.withheld.insert(id.clone());
         } else if self.commit(txn, now).is_ok() {
             self.withheld.insert(id.clone());
-            warn!(host = %id, silent = %humantime::format_duration(round_up_secs(silent)), replicas = n, "unreachable host's replicas leave the endpoints; their jobs are kept (not replaced) until it is lost or heard again");
+            let silent = humantime::format_duration(round_up_secs(silent));
+            if self.disrupted {
+                warn!(host = %id, %silent, replicas = n, "host silent past the grace period during a full disruption: not declared lost, its replicas are kept (not replaced) but leave the endpoints");
+            } else {
+                warn!(host = %id, %silent, replicas = n, "unreachable host's replicas leave the endpoints; their jobs are kept (not replaced) until it is lost or heard again");
+            }
         }
     }
 
