@@ -189,3 +189,111 @@ async fn a_rebooting_hosts_replicas_leave_the_endpoint_after_unreachable_after()
     assert_eq!(others, 0, "failed requests to live replicas: {failed:?}");
     assert_eq!(after_left, 0);
 }
+
+/// Finding 5: 2 of 3 etcd members stopped (SIGSTOP) for 30 s, a quorum loss, with the
+/// default 15 s leader lease. The leader steps down at its renew deadline; once etcd has
+/// its quorum again, the stepped-down controller revokes its old lease (it kept trying)
+/// or, campaigning, finds its own key and revokes it: the next leader is elected at once,
+/// not when the lease (extended by etcd's new raft leader) runs out. Neither
+/// controller's `/healthz` ever says it follows itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_loss_costs_writes_only_while_it_lasts() {
+    use crate::daemons::{healthz, EtcdCluster, Fleet};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let etcd = EtcdCluster::start(3).await.expect("etcd");
+    let mut ha = Fleet::new(etcd, 0, 0).expect("fleet dir");
+    for c in 0..2 {
+        let path = ha.dir.path().join(format!("controller-{c}.toml"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let ttl = format!("leader_ttl = \"{}\"", crate::daemons::LEADER_TTL);
+        std::fs::write(&path, text.replace(&ttl, "leader_ttl = \"15s\"")).unwrap();
+    }
+    ha.start_leader_and_standby().await;
+    let apis = [ha.controller_api(0), ha.controller_api(1)];
+    let probe = "[service]\nname = \"probe\"\nreplicas = 1\ncommand = [\"sleep\", \"3600\"]\n";
+    assert_eq!(apis[0].submit_toml(probe).await.unwrap().0, 201);
+
+    // Writes every 100 ms to whichever controller takes them; `/healthz` of both read
+    // at the same pace.
+    let stop = Arc::new(AtomicBool::new(false));
+    let writes: Arc<Mutex<Vec<Instant>>> = Arc::default();
+    let selfish: Arc<Mutex<Vec<String>>> = Arc::default();
+    let ports = ha.controller_ports;
+    let writer = {
+        let (stop, writes, selfish, apis) =
+            (stop.clone(), writes.clone(), selfish.clone(), apis.clone());
+        tokio::spawn(async move {
+            let mut n = 1u32;
+            while !stop.load(Ordering::Relaxed) {
+                n = 3 - n;
+                for api in &apis {
+                    let scaled =
+                        tokio::time::timeout(Duration::from_secs(1), api.scale("probe", n));
+                    if let Ok(Ok((200, _))) = scaled.await {
+                        writes.lock().unwrap().push(Instant::now());
+                        break;
+                    }
+                }
+                for port in ports {
+                    let health = tokio::task::spawn_blocking(move || healthz(port)).await;
+                    if let Ok(Some((_, body))) = health {
+                        let own = format!("@127.0.0.1:{port}");
+                        if body.contains("following the leader") && body.contains(&own) {
+                            selfish.lock().unwrap().push(body);
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    eventually("writes go through", || async {
+        Ok((!writes.lock().unwrap().is_empty()).then_some(()))
+    })
+    .await;
+
+    // The fault: 2 of 3 members stopped for 30 s (time is the fault here).
+    let etcd = ha.etcd.as_ref().unwrap();
+    let frozen: Vec<u32> = (1..3).filter_map(|m| etcd.pid(m)).collect();
+    for &p in &frozen {
+        signal(p, libc::SIGSTOP);
+    }
+    let stopped = Instant::now();
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    for &p in &frozen {
+        signal(p, libc::SIGCONT);
+    }
+    let returned = Instant::now();
+    let first_after = eventually("a write goes through after the quorum is back", || async {
+        let w = writes.lock().unwrap();
+        Ok(w.iter().find(|t| **t > returned).copied())
+    })
+    .await;
+    stop.store(true, Ordering::Relaxed);
+    writer.await.unwrap();
+    let last_before = writes
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|t| **t < stopped)
+        .max()
+        .copied()
+        .unwrap();
+    let after_return = first_after - returned;
+    let total = first_after - last_before;
+    let selfish = selfish.lock().unwrap().clone();
+    println!(
+        "SUMMARY quorum_loss frozen_ms={} write_outage_after_return_ms={} write_outage_total_ms={} healthz_following_itself={} (leader_ttl 15s, renew_deadline 10s)",
+        (returned - stopped).as_millis(),
+        after_return.as_millis(),
+        total.as_millis(),
+        selfish.len()
+    );
+    assert!(selfish.is_empty(), "{selfish:?}");
+    // The old way waited for the lease (15 s, extended by etcd's new raft leader).
+    assert!(
+        after_return < Duration::from_secs(10),
+        "writes came back {after_return:?} after the quorum"
+    );
+}
