@@ -411,7 +411,7 @@ fn a_stepped_down_leader_revokes_its_lease_once_etcd_answers_and_a_standby_leads
     // Stepped down; etcd answers again a moment later.
     let revoking = std::thread::spawn(move || kept.revoke_until_gone(PATIENCE));
     signal(rustix::process::Signal::CONT);
-    assert_eq!(revoking.join().unwrap().unwrap(), true);
+    assert!(revoking.join().unwrap().unwrap(), "the lease was revoked");
     let b = b.recv_timeout(PATIENCE).unwrap().unwrap();
     assert!(
         Instant::now() < lease_end,
