@@ -297,3 +297,105 @@ async fn a_quorum_loss_costs_writes_only_while_it_lasts() {
         "writes came back {after_return:?} after the quorum"
     );
 }
+
+/// Finding 3: exec-02 talks to the controller through a proxy the test cuts, past the
+/// host's loss (grace period 5 s, drain 2 s): its replica is replaced on exec-01 and is an
+/// orphan. When the partition heals, the worker's assignments query still waits on a
+/// connection that died in it (its 30 s wait plus the call timeout): its heartbeats
+/// re-register the host, and the registration (or a heartbeat's answer naming newer
+/// assignments) makes it ask again at once: it learns of its orphan within a few
+/// heartbeats and stops it (after the worker's own drain of a replica the controller does
+/// not list). 0 failed requests throughout (the orphan left the endpoint when its host
+/// became unreachable, and ran until stopped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_partition_heals_the_worker_stops_its_orphans_within_heartbeats() {
+    use crate::fault_proxy::FaultProxy;
+    let web = Web::new();
+    let mut c = Cluster::new(2, "5s").unwrap();
+    // exec-02 through the proxy.
+    let controller_port: u16 = c.api.base.rsplit(':').next().unwrap().parse().unwrap();
+    let proxy = FaultProxy::start(controller_port).await;
+    c.kill_worker(1);
+    let config = c.dir.path().join("worker-1.toml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let through = text.replace(
+        &format!("127.0.0.1:{controller_port}\""),
+        &format!("127.0.0.1:{}\"", proxy.port),
+    );
+    assert_ne!(text, through);
+    std::fs::write(&config, through).unwrap();
+    c.start_worker(1).unwrap();
+    eventually("exec-02 heard through the proxy", || async {
+        Ok((host_state(&c.api, "exec-02").await == "ready").then_some(()))
+    })
+    .await;
+    assert_eq!(
+        c.api.submit_toml(&web.profile("v1", 2)).await.unwrap().0,
+        201
+    );
+    c.api.wait_ready("web", 2).await;
+    let follower = Follower::start(&c.api).await;
+    follower.wait_for("2 endpoints", |eps| eps.len() == 2).await;
+    let ip = c.host_ip(1);
+    let orphan = follower
+        .list
+        .borrow()
+        .iter()
+        .find(|e| e.addr.ip().to_string() == ip)
+        .cloned()
+        .expect("a replica on exec-02");
+    let pid = replica_pid(&web, &orphan.job).expect("its process");
+    let load = Load::start(follower.list.clone());
+
+    proxy.cut();
+    eventually("exec-02 is lost and its replica replaced", || async {
+        let lost = host_state(&c.api, "exec-02").await == "lost";
+        let d = c.api.get_json("/v1/services/web").await?;
+        let ready = d["jobs"]
+            .as_array()
+            .map_or(0, |j| j.iter().filter(|j| j["ready"] == true).count());
+        Ok((lost && ready == 2).then_some(()))
+    })
+    .await;
+    let alive = |pid: u32| std::path::Path::new(&format!("/proc/{pid}")).exists();
+    assert!(alive(pid), "the orphan runs on while its worker is cut off");
+    proxy.heal();
+    let healed = Instant::now();
+    let worker_log_path = c.dir.path().join("worker-1.log");
+    let learned_after = eventually("the worker learns its replica is an orphan", || async {
+        let text = std::fs::read_to_string(&worker_log_path).unwrap_or_default();
+        Ok(text
+            .contains("the controller does not list this replica")
+            .then(|| healed.elapsed()))
+    })
+    .await;
+    let stopped_after = eventually("the orphan stops", || async {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let gone = status.is_empty() || status.contains(") Z ");
+        Ok(gone.then(|| healed.elapsed()))
+    })
+    .await;
+    let shots = load.finish().await;
+    let failed = shots
+        .iter()
+        .filter(|s| !matches!(s.outcome, Outcome::Ok(_)))
+        .count();
+    let worker_log = std::fs::read_to_string(c.dir.path().join("worker-1.log")).unwrap_or_default();
+    let asked_again = worker_log.matches("asking again").count();
+    if std::env::var_os("XCE_TEST_SHOW_LOG").is_some() {
+        println!("{worker_log}");
+    }
+    println!(
+        "SUMMARY orphans learned_after_heal_ms={} stopped_after_heal_ms={} requests={} failed={failed} worker_asked_again_lines={asked_again} (heartbeat 1s, assignments wait 30s, the worker drains an unlisted replica 5s)",
+        learned_after.as_millis(),
+        stopped_after.as_millis(),
+        shots.len()
+    );
+    assert_eq!(failed, 0);
+    // Learned within a few heartbeats (the first after the heal times out on a
+    // connection that died: 2 s), not when the assignments query's 40 s ran out.
+    assert!(
+        learned_after < Duration::from_secs(8),
+        "the worker learned of its orphan {learned_after:?} after the partition healed"
+    );
+}

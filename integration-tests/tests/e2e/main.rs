@@ -12,6 +12,7 @@ mod cliwatch;
 mod dev;
 mod etcd_txn;
 mod failover;
+mod fault_proxy;
 mod faults_rollout;
 mod fulldisk;
 mod ha;
