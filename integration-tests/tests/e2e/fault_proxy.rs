@@ -13,13 +13,18 @@ use tokio::net::{TcpListener, TcpStream};
 #[derive(Debug, Default)]
 struct State {
     cut: AtomicBool,
+    /// Only the client's bytes (to the controller) stop: the answers still come.
+    one_way: AtomicBool,
     /// Raised at every cut and heal: a connection passes only in the epoch it was born
     /// in, and only while not cut.
     epoch: AtomicU64,
 }
 
 impl State {
-    fn passes(&self, born: u64) -> bool {
+    fn passes(&self, born: u64, upstream: bool) -> bool {
+        if upstream && self.one_way.load(Ordering::SeqCst) {
+            return false;
+        }
         !self.cut.load(Ordering::SeqCst) && self.epoch.load(Ordering::SeqCst) == born
     }
 }
@@ -47,10 +52,18 @@ impl FaultProxy {
         self.state.epoch.fetch_add(1, Ordering::SeqCst);
     }
 
+    /// An asymmetric partition: nothing the worker sends reaches the controller, but
+    /// what the controller sends on open connections (an assignments query's answer)
+    /// still reaches the worker.
+    pub fn cut_to_controller(&self) {
+        self.state.one_way.store(true, Ordering::SeqCst);
+    }
+
     /// The partition ends: new connections pass; those from before stay dead.
     pub fn heal(&self) {
         self.state.epoch.fetch_add(1, Ordering::SeqCst);
         self.state.cut.store(false, Ordering::SeqCst);
+        self.state.one_way.store(false, Ordering::SeqCst);
     }
 }
 
@@ -74,7 +87,10 @@ async fn accept(listener: TcpListener, to: u16, state: Arc<State>) {
             };
             let (cr, cw) = client.into_split();
             let (sr, sw) = server.into_split();
-            tokio::join!(pipe(cr, sw, &state, born), pipe(sr, cw, &state, born));
+            tokio::join!(
+                pipe(cr, sw, &state, born, true),
+                pipe(sr, cw, &state, born, false)
+            );
         });
         while conns.try_join_next().is_some() {}
     }
@@ -87,10 +103,11 @@ async fn pipe(
     mut to: tokio::net::tcp::OwnedWriteHalf,
     state: &State,
     born: u64,
+    upstream: bool,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        if !state.passes(born) {
+        if !state.passes(born, upstream) {
             std::future::pending::<()>().await;
         }
         let n = match from.read(&mut buf).await {
@@ -100,7 +117,7 @@ async fn pipe(
             }
             Ok(n) => n,
         };
-        if !state.passes(born) {
+        if !state.passes(born, upstream) {
             std::future::pending::<()>().await;
         }
         if to.write_all(&buf[..n]).await.is_err() {

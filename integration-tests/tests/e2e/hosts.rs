@@ -309,26 +309,9 @@ async fn a_quorum_loss_costs_writes_only_while_it_lasts() {
 /// became unreachable, and ran until stopped).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_partition_heals_the_worker_stops_its_orphans_within_heartbeats() {
-    use crate::fault_proxy::FaultProxy;
     let web = Web::new();
     let mut c = Cluster::new(2, "5s").unwrap();
-    // exec-02 through the proxy.
-    let controller_port: u16 = c.api.base.rsplit(':').next().unwrap().parse().unwrap();
-    let proxy = FaultProxy::start(controller_port).await;
-    c.kill_worker(1);
-    let config = c.dir.path().join("worker-1.toml");
-    let text = std::fs::read_to_string(&config).unwrap();
-    let through = text.replace(
-        &format!("127.0.0.1:{controller_port}\""),
-        &format!("127.0.0.1:{}\"", proxy.port),
-    );
-    assert_ne!(text, through);
-    std::fs::write(&config, through).unwrap();
-    c.start_worker(1).unwrap();
-    eventually("exec-02 heard through the proxy", || async {
-        Ok((host_state(&c.api, "exec-02").await == "ready").then_some(()))
-    })
-    .await;
+    let proxy = through_proxy(&mut c, 1).await;
     assert_eq!(
         c.api.submit_toml(&web.profile("v1", 2)).await.unwrap().0,
         201
@@ -398,4 +381,95 @@ async fn after_a_partition_heals_the_worker_stops_its_orphans_within_heartbeats(
         learned_after < Duration::from_secs(8),
         "the worker learned of its orphan {learned_after:?} after the partition healed"
     );
+}
+
+/// Restarts worker `i` of `c` talking to the controller through a [`FaultProxy`], and
+/// waits until its host is heard through it.
+async fn through_proxy(c: &mut Cluster, i: usize) -> crate::fault_proxy::FaultProxy {
+    let controller_port: u16 = c.api.base.rsplit(':').next().unwrap().parse().unwrap();
+    let proxy = crate::fault_proxy::FaultProxy::start(controller_port).await;
+    c.kill_worker(i);
+    let config = c.dir.path().join(format!("worker-{i}.toml"));
+    let text = std::fs::read_to_string(&config).unwrap();
+    let through = text.replace(
+        &format!("127.0.0.1:{controller_port}\""),
+        &format!("127.0.0.1:{}\"", proxy.port),
+    );
+    assert_ne!(text, through);
+    std::fs::write(&config, through).unwrap();
+    c.start_worker(i).unwrap();
+    let host = format!("exec-{:02}", i + 1);
+    eventually("the host heard through the proxy", || async {
+        Ok((host_state(&c.api, &host).await == "ready").then_some(()))
+    })
+    .await;
+    proxy
+}
+
+/// Finding 2: exec-02's worker can no longer reach the controller (nothing it sends gets
+/// through) but still hears it (its assignments query's answer comes back). Its host is
+/// declared lost and its replica replaced; the worker stops the replica only after it left
+/// the endpoint and drained (2 s here): 0 failed requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_host_whose_worker_still_hears_the_controller_drains_before_sigterm() {
+    let web = Web::new();
+    let mut c = Cluster::new(2, "5s").unwrap();
+    let proxy = through_proxy(&mut c, 1).await;
+    assert_eq!(
+        c.api.submit_toml(&web.profile("v1", 2)).await.unwrap().0,
+        201
+    );
+    c.api.wait_ready("web", 2).await;
+    let follower = Follower::start(&c.api).await;
+    follower.wait_for("2 endpoints", |eps| eps.len() == 2).await;
+    let ip = c.host_ip(1);
+    let victim = follower
+        .list
+        .borrow()
+        .iter()
+        .find(|e| e.addr.ip().to_string() == ip)
+        .cloned()
+        .expect("a replica on exec-02");
+    let load = Load::start(follower.list.clone());
+    let cut_ns = monotonic_ns();
+    proxy.cut_to_controller();
+    let term_ns = eventually("the replica on exec-02 gets SIGTERM", || async {
+        Ok(web.term_times().get(&victim.job).copied())
+    })
+    .await;
+    follower
+        .wait_for("2 endpoints again", |eps| {
+            eps.len() == 2 && eps.iter().all(|e| e.job != victim.job)
+        })
+        .await;
+    let shots = load.finish().await;
+    let left_ns = follower
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|s| s.at >= cut_ns && s.eps.iter().all(|e| e.job != victim.job))
+        .map(|s| s.at)
+        .expect("the replica left the endpoint");
+    let failed = shots
+        .iter()
+        .filter(|s| !matches!(s.outcome, Outcome::Ok(_)))
+        .count();
+    let gap = Duration::from_nanos(term_ns.saturating_sub(left_ns));
+    let state = host_state(&c.api, "exec-02").await;
+    println!(
+        "SUMMARY asymmetric left_endpoint_after_cut_ms={} sigterm_after_leaving_ms={} host_state={state} requests={} failed={failed} (drain 2s, unreachable_after 2s, grace_period 5s)",
+        (left_ns - cut_ns) / 1_000_000,
+        gap.as_millis(),
+        shots.len()
+    );
+    assert!(
+        term_ns > left_ns,
+        "SIGTERM before the replica left the endpoint"
+    );
+    assert!(
+        gap >= Duration::from_secs(2),
+        "SIGTERM {gap:?} after leaving"
+    );
+    assert_eq!(failed, 0);
 }

@@ -106,7 +106,7 @@ impl Web {
     }
 
     /// When each job's process got SIGTERM (monotonic ns), from the event logs.
-    fn term_times(&self) -> BTreeMap<String, u64> {
+    pub(crate) fn term_times(&self) -> BTreeMap<String, u64> {
         let mut out = BTreeMap::new();
         for entry in std::fs::read_dir(&self.events).unwrap().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -149,9 +149,9 @@ pub(crate) struct Ep {
 
 /// One list the follower received, and when (monotonic ns).
 #[derive(Debug, Clone)]
-struct Seen {
-    at: u64,
-    eps: Arc<Vec<Ep>>,
+pub(crate) struct Seen {
+    pub(crate) at: u64,
+    pub(crate) eps: Arc<Vec<Ep>>,
 }
 
 /// Follows `GET /v1/services/web/endpoints/stream` and publishes the current list. A
@@ -160,7 +160,7 @@ struct Seen {
 #[derive(Debug)]
 pub(crate) struct Follower {
     pub(crate) list: watch::Receiver<Arc<Vec<Ep>>>,
-    seen: Arc<Mutex<Vec<Seen>>>,
+    pub(crate) seen: Arc<Mutex<Vec<Seen>>>,
     reopened: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
