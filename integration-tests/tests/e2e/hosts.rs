@@ -409,11 +409,14 @@ async fn through_proxy(c: &mut Cluster, i: usize) -> crate::fault_proxy::FaultPr
 /// Finding 2: exec-02's worker can no longer reach the controller (nothing it sends gets
 /// through) but still hears it (its assignments query's answer comes back). Its host is
 /// declared lost and its replica replaced; the worker stops the replica only after it left
-/// the endpoint and drained (2 s here): 0 failed requests.
+/// the endpoint and drained (2 s here): 0 failed requests. The worker's own drain of a
+/// replica the controller does not list is off (`orphan_drain = "0s"`): what is shown is
+/// the controller's rule (out of the endpoint at `unreachable_after`, lost no sooner
+/// than its drain later), which the previous build broke (SIGTERM at once).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_host_whose_worker_still_hears_the_controller_drains_before_sigterm() {
     let web = Web::new();
-    let mut c = Cluster::new(2, "5s").unwrap();
+    let mut c = Cluster::new_with(2, "3s", "", "orphan_drain = \"0s\"\n").unwrap();
     let proxy = through_proxy(&mut c, 1).await;
     assert_eq!(
         c.api.submit_toml(&web.profile("v1", 2)).await.unwrap().0,
@@ -458,7 +461,7 @@ async fn a_lost_host_whose_worker_still_hears_the_controller_drains_before_sigte
     let gap = Duration::from_nanos(term_ns.saturating_sub(left_ns));
     let state = host_state(&c.api, "exec-02").await;
     println!(
-        "SUMMARY asymmetric left_endpoint_after_cut_ms={} sigterm_after_leaving_ms={} host_state={state} requests={} failed={failed} (drain 2s, unreachable_after 2s, grace_period 5s)",
+        "SUMMARY asymmetric left_endpoint_after_cut_ms={} sigterm_after_leaving_ms={} host_state={state} requests={} failed={failed} (drain 2s, unreachable_after 2s, grace_period 3s, orphan_drain 0s)",
         (left_ns - cut_ns) / 1_000_000,
         gap.as_millis(),
         shots.len()
