@@ -312,11 +312,7 @@ async fn after_a_partition_heals_the_worker_stops_its_orphans_within_heartbeats(
     let web = Web::new();
     let mut c = Cluster::new(2, "5s").unwrap();
     let proxy = through_proxy(&mut c, 1).await;
-    assert_eq!(
-        c.api.submit_toml(&web.profile("v1", 2)).await.unwrap().0,
-        201
-    );
-    c.api.wait_ready("web", 2).await;
+    one_replica_on_each_host(&mut c, &web).await;
     let follower = Follower::start(&c.api).await;
     follower.wait_for("2 endpoints", |eps| eps.len() == 2).await;
     let ip = c.host_ip(1);
@@ -418,11 +414,7 @@ async fn a_lost_host_whose_worker_still_hears_the_controller_drains_before_sigte
     let web = Web::new();
     let mut c = Cluster::new_with(2, "3s", "", "orphan_drain = \"0s\"\n").unwrap();
     let proxy = through_proxy(&mut c, 1).await;
-    assert_eq!(
-        c.api.submit_toml(&web.profile("v1", 2)).await.unwrap().0,
-        201
-    );
-    c.api.wait_ready("web", 2).await;
+    one_replica_on_each_host(&mut c, &web).await;
     let follower = Follower::start(&c.api).await;
     follower.wait_for("2 endpoints", |eps| eps.len() == 2).await;
     let ip = c.host_ip(1);
@@ -475,4 +467,35 @@ async fn a_lost_host_whose_worker_still_hears_the_controller_drains_before_sigte
         "SIGTERM {gap:?} after leaving"
     );
     assert_eq!(failed, 0);
+}
+
+/// `web` with one replica on exec-02 and one on exec-01: placed while exec-01's worker is
+/// away, then scaled to 2 once it is back (the emptier host takes the second).
+async fn one_replica_on_each_host(c: &mut Cluster, web: &Web) {
+    c.kill_worker(0);
+    eventually("exec-01 is unreachable", || async {
+        Ok((host_state(&c.api, "exec-01").await == "unreachable").then_some(()))
+    })
+    .await;
+    assert_eq!(
+        c.api.submit_toml(&web.profile("v1", 1)).await.unwrap().0,
+        201
+    );
+    c.api.wait_ready("web", 1).await;
+    c.start_worker(0).unwrap();
+    eventually("exec-01 is back", || async {
+        Ok((host_state(&c.api, "exec-01").await == "ready").then_some(()))
+    })
+    .await;
+    assert_eq!(c.api.scale("web", 2).await.unwrap().0, 200);
+    c.api.wait_ready("web", 2).await;
+    let d = c.api.get_json("/v1/services/web").await.unwrap();
+    let mut hosts: Vec<&str> = d["jobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|j| j["host"].as_str())
+        .collect();
+    hosts.sort_unstable();
+    assert_eq!(hosts, ["exec-01", "exec-02"], "one replica on each host");
 }
