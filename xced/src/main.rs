@@ -714,15 +714,22 @@ async fn resign(leadership: Option<Maintained>) {
     }
 }
 
+/// How long a stepped-down term keeps trying to revoke its lease while etcd does not
+/// answer (a quorum loss can last): past it, the lease runs out by itself.
+const REVOKE_LOST_FOR: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// Revokes the lease of a term that lost the leadership, if it still lives (etcd was
-/// unreachable, or the renew deadline passed before the lease's end).
+/// unreachable, or the renew deadline passed before the lease's end), trying again until
+/// etcd answers: after a quorum loss etcd extends every lease by its TTL, and a lease
+/// left to run out would keep every controller from leading for that long.
 async fn revoke_lost(leadership: Maintained) {
-    match tokio::task::spawn_blocking(move || leadership.resign()).await {
-        Ok(Ok(())) => {
+    match tokio::task::spawn_blocking(move || leadership.revoke_until_gone(REVOKE_LOST_FOR)).await {
+        Ok(Ok(true)) => {
             tracing::info!("revoked the lost term's lease: a standby may take over at once")
         }
+        Ok(Ok(false)) => tracing::info!("the lost term's lease is gone already"),
         Ok(Err(e)) => {
-            tracing::info!(error = %e, "the lost term's lease could not be revoked (gone already, or etcd unreachable): it runs out by itself")
+            tracing::warn!(error = %e, given_up_after = ?REVOKE_LOST_FOR, "the lost term's lease could not be revoked: it runs out by itself")
         }
         Err(e) => tracing::warn!(error = %e, "could not revoke the lost term's lease"),
     }

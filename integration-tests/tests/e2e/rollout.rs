@@ -22,7 +22,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::watch;
 
 /// Requests per second the load client sends (the issue asks for at least 100).
-const RATE: u64 = 200;
+pub(crate) const RATE: u64 = 200;
 /// A request that has not been answered whole by then has failed.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(3);
 /// The service's `drain`.
@@ -125,7 +125,7 @@ impl Web {
         out
     }
 
-    fn live_pids(&self) -> Vec<u32> {
+    pub(crate) fn live_pids(&self) -> Vec<u32> {
         crate::harness::pids_with_cmdline(&self.events.display().to_string())
     }
 }
@@ -163,7 +163,7 @@ pub(crate) struct Seen {
 #[derive(Debug)]
 pub(crate) struct Follower {
     pub(crate) list: watch::Receiver<Arc<Vec<Ep>>>,
-    seen: Arc<Mutex<Vec<Seen>>>,
+    pub(crate) seen: Arc<Mutex<Vec<Seen>>>,
     reopened: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -391,7 +391,7 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
-    fn kind(&self) -> String {
+    pub(crate) fn kind(&self) -> String {
         match self {
             Outcome::Ok(_) => "ok".into(),
             Outcome::NoEndpoint => "no_endpoint".into(),

@@ -168,6 +168,8 @@ impl Controller {
         )
         .context("cannot load the controller state from the store")?;
         core.set_quotas(cfg.quotas.clone());
+        core.watch_pauses()
+            .context("cannot start the controller's pause-detection thread")?;
         let view = core.view();
         let cluster_id: Arc<str> = core.cluster_id().into();
         let (tx, rx) = mpsc::channel(256);

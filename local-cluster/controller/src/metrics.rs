@@ -33,6 +33,8 @@ pub(crate) struct Metrics {
     /// 1 while a full disruption is on (most hosts unreachable at once: none is declared
     /// lost), else 0.
     pub(crate) full_disruption: Gauge,
+    /// Pauses of this controller process its beat thread saw (see `core/pulse.rs`).
+    pub(crate) pauses: Counter,
     /// Replica jobs that ended by themselves and were replaced, by project and service.
     pub(crate) restarts: Family<Labels, Counter>,
     /// Settles that did work (placement passes, then publishing the view): one answers a
@@ -107,6 +109,11 @@ impl Metrics {
             self.full_disruption.clone(),
         );
         r.register(
+            "xce_controller_pauses",
+            "Times this controller process was not running for a while (stopped, frozen, starved) and did not hold the hosts' silence meanwhile against them",
+            self.pauses.clone(),
+        );
+        r.register(
             "xce_replica_restarts",
             "Replica jobs that ended by themselves (an exit, a signal, a start error, a refused launch) and were replaced, by project and service",
             self.restarts.clone(),
@@ -134,6 +141,10 @@ impl Metrics {
         self.worker_calls_refused
             .get_or_create(&vec![("reason".to_owned(), reason.to_owned())])
             .inc();
+    }
+
+    pub(crate) fn controller_paused(&self) {
+        self.pauses.inc();
     }
 
     pub(crate) fn digest_mismatch(&self, part: &str) {

@@ -137,6 +137,9 @@ pub(crate) async fn run(
             let _ = fatal.send(Some(reason.to_owned()));
             break;
         }
+        // A pause of this process (seen by its beat thread) is credited to the hosts
+        // before anything judges them.
+        core.notice_pause(Instant::now(), None);
         let deadline = core.next_deadline(Instant::now());
         let timer = async {
             match deadline {

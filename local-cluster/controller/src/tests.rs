@@ -50,5 +50,6 @@ mod routes;
 mod scale;
 mod sessions;
 mod settles;
+mod unreachable;
 mod versions;
 mod workers;

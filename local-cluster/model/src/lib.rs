@@ -207,10 +207,11 @@ pub struct JobRec {
     /// While `Unknown`: the state to return to when the host is heard from again.
     #[serde(default)]
     pub held: Option<JobState>,
-    /// While `Unknown` past its host's grace period, kept because of a full disruption
-    /// (the host is not declared lost): the readiness to return to when the host is heard
+    /// While `Unknown` out of the endpoints (its host unreachable: from
+    /// `unreachable_after` on, or past its grace period during a full disruption, when
+    /// the host is not declared lost): the readiness to return to when the host is heard
     /// from again. Meanwhile `info.ready` is false, so the job is no endpoint: nobody has
-    /// heard from it for longer than the grace period.
+    /// heard from it for that long.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_ready: Option<bool>,
     /// Where the replica's output goes on its host, as its worker reported at the start.

@@ -122,6 +122,13 @@ pub struct Heartbeat {
     pub facts: String,
     /// [`ready_digest`] of the readiness of every job the worker runs (not stopping).
     pub ready: String,
+    /// The index of the assignments the worker last received (absent before its first,
+    /// and from a worker that predates it). A controller whose index for the host is
+    /// another says so in [`HeartbeatAnswer::assignments`]: the worker's assignments
+    /// query missed a change (it waits on a connection that died in a partition), and
+    /// the worker asks again at once, so it hears of the change within a heartbeat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assignments: Option<u64>,
 }
 
 /// The controller's answer (200) to a [`Heartbeat`] whose digests differ from what it
@@ -137,6 +144,11 @@ pub struct HeartbeatAnswer {
     /// starting or ending: their own events tell).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ready: Option<BTreeMap<JobId, bool>>,
+    /// The host's assignment index, when the heartbeat named another one: the worker asks
+    /// for its assignments again at once (a new connection; see
+    /// [`Heartbeat::assignments`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub assignments: Option<u64>,
 }
 
 impl Heartbeat {
@@ -145,6 +157,7 @@ impl Heartbeat {
         Heartbeat {
             facts: facts_digest(facts),
             ready: ready_digest(ready),
+            assignments: None,
         }
     }
 }
@@ -579,6 +592,7 @@ mod tests {
         let answer = HeartbeatAnswer {
             facts_differ: true,
             ready: Some([("j-1".to_owned(), false)].into()),
+            assignments: None,
         };
         expect_test::expect![[r#"{"facts_differ":true,"ready":{"j-1":false}}"#]]
             .assert_eq(&serde_json::to_string(&answer).unwrap());

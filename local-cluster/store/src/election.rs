@@ -149,6 +149,9 @@ enum Attempt {
         leader: String,
         rev: i64,
     },
+    /// The key is this candidate's own, from an earlier term whose lease still lives
+    /// (the term stepped down while etcd could not revoke it): revoked now, try again.
+    OwnRevoked,
 }
 
 /// Why a watch ended.
@@ -258,6 +261,10 @@ impl Election {
         loop {
             let failed = match self.attempt() {
                 Ok(Attempt::Won(l)) => return Ok(l),
+                Ok(Attempt::OwnRevoked) => {
+                    backoff.reset();
+                    continue;
+                }
                 Ok(Attempt::Held { leader, rev }) => {
                     if named.as_deref() != Some(leader.as_str()) {
                         standby(&leader);
@@ -332,6 +339,22 @@ impl Election {
                     .into_owned()
             })
             .unwrap_or_default();
+        if leader == i.id {
+            // This process's own key from a term that stepped down (ids name the
+            // process): no one to follow, and no reason to wait for the lease to run
+            // out. Revoking it lets this candidate (or another) lead at once.
+            let old = kv.map_or(0, |kv| int(&kv["lease"]));
+            tracing::warn!(id = %i.id, lease = %format!("{old:x}"), "election: the leader key is still this controller's from a term that stepped down; revoking its lease");
+            match self.revoke(old) {
+                Err(ElectionError::Etcd(e)) if !e.contains("lease not found") => {
+                    return Err(ElectionError::Etcd(e))
+                }
+                Err(e @ (ElectionError::InvalidConfig(_) | ElectionError::Lost(_))) => {
+                    return Err(e)
+                }
+                _ => return Ok(Attempt::OwnRevoked),
+            }
+        }
         Ok(Attempt::Held { leader, rev })
     }
 
@@ -636,6 +659,33 @@ impl Maintained {
         // Detached: the revocation must not wait for it.
         drop(self.thread.take());
         self.election.revoke(self.lease)
+    }
+
+    /// Stops renewing and revokes the lease, trying again (every `retry_period`) while
+    /// etcd does not answer, until it is revoked, etcd says it is gone, or `give_up`
+    /// passed. For a term that stepped down because etcd lost its quorum: the lease
+    /// outlives the outage (a new etcd leader extends every lease by its TTL), and
+    /// revoking it as soon as etcd answers again spares the next election that wait.
+    /// `Ok(true)`: revoked; `Ok(false)`: it was gone already.
+    pub fn revoke_until_gone(mut self, give_up: Duration) -> Result<bool, ElectionError> {
+        self.resigned.store(true, Ordering::SeqCst);
+        drop(self.stop.take());
+        drop(self.thread.take());
+        let until = Instant::now() + give_up;
+        let period = self.election.inner.timings.retry_period;
+        let mut backoff = Backoff::jittered(Duration::from_millis(100), period);
+        loop {
+            match self.election.revoke(self.lease) {
+                Ok(()) => return Ok(true),
+                Err(ElectionError::Etcd(e)) if e.contains("lease not found") => return Ok(false),
+                Err(e) if Instant::now() >= until => return Err(e),
+                Err(e) => {
+                    let pause = backoff.next_pause();
+                    tracing::debug!(error = %e, retry_in = ?pause, "election: the stepped-down term's lease is not revoked yet");
+                    std::thread::sleep(pause);
+                }
+            }
+        }
     }
 
     fn stop_thread(&mut self) {

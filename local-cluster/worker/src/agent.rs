@@ -15,7 +15,9 @@ use tracing::Instrument;
 
 use super::client::Client;
 use super::config::{collect_facts, ShutdownMode, WorkerConfig, WorkerPlugins};
-use super::control::{assignments_loop, facts_loop, heartbeat_loop, register, Reported};
+use super::control::{
+    assignments_loop, facts_loop, heartbeat_loop, register, AssignmentsPoll, Reported,
+};
 use super::events::Outbox;
 use super::identity::Identity;
 use super::logs;
@@ -344,7 +346,9 @@ impl Agent {
             ready: self.ready.clone(),
             outbox: self.outbox.clone(),
             resend_facts: self.resend_facts.clone(),
+            poll: Arc::new(AssignmentsPoll::default()),
         };
+        let poll = reported.poll.clone();
         self.tasks.spawn(
             heartbeat_loop(
                 self.client.clone(),
@@ -365,8 +369,9 @@ impl Agent {
             )
             .instrument(span.clone()),
         );
-        self.tasks
-            .spawn(assignments_loop(self.client.clone(), self.tx.clone()).instrument(span.clone()));
+        self.tasks.spawn(
+            assignments_loop(self.client.clone(), self.tx.clone(), poll).instrument(span.clone()),
+        );
         self.tasks.spawn(
             self.outbox
                 .clone()

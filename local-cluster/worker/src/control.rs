@@ -33,6 +33,37 @@ pub(super) struct Reported {
     pub(super) outbox: Arc<Outbox>,
     /// Wakes the facts loop to report the facts again.
     pub(super) resend_facts: Arc<Notify>,
+    /// The assignments the worker holds, asserted on each heartbeat.
+    pub(super) poll: Arc<AssignmentsPoll>,
+}
+
+/// What the assignments loop holds, shared with the heartbeats: the index of the last
+/// assignments received, and a way to make the loop ask again at once. A heartbeat whose
+/// answer says the host's index is another (the query missed a change: it waits on a
+/// connection that died in a partition, for up to its 30 s wait plus the call timeout),
+/// or a registration (the host may have been lost meanwhile), makes it ask again on a
+/// new connection, so the worker hears of the change (stops its orphans) within a
+/// heartbeat. Nothing more is sent while the query is in sync.
+#[derive(Debug, Default)]
+pub(super) struct AssignmentsPoll {
+    /// The index received last; `0` before the first.
+    index: std::sync::atomic::AtomicU64,
+    again: Notify,
+}
+
+impl AssignmentsPoll {
+    fn held(&self) -> Option<u64> {
+        Some(self.index.load(std::sync::atomic::Ordering::SeqCst)).filter(|i| *i != 0)
+    }
+
+    fn received(&self, index: u64) {
+        self.index.store(index, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// The query in flight is given up and asked again at once.
+    fn ask_again(&self) {
+        self.again.notify_one();
+    }
 }
 
 /// The smallest heartbeat period the worker accepts from the controller.
@@ -219,7 +250,9 @@ pub(super) async fn heartbeat_loop(
         let beat = {
             let facts = reported.facts.borrow();
             let ready = reported.ready.borrow();
-            Heartbeat::of(&facts, ready.iter().map(|(j, r)| (j.as_str(), *r)))
+            let mut beat = Heartbeat::of(&facts, ready.iter().map(|(j, r)| (j.as_str(), *r)));
+            beat.assignments = reported.poll.held();
+            beat
         };
         let e = match client.heartbeat(heartbeat_timeout(period), &beat).await {
             Ok(answer) => {
@@ -239,6 +272,9 @@ pub(super) async fn heartbeat_loop(
         }
         let (facts, running) = (&reported.facts, &reported.running);
         period = register(&client, &identity, &plugins, facts, running).await;
+        // The host may have been lost meanwhile (its jobs now orphans to stop): the
+        // assignments query may wait on a connection that died.
+        reported.poll.ask_again();
         next = tokio::time::Instant::now() + period;
     }
 }
@@ -295,6 +331,14 @@ fn report_again(reported: &Reported, answer: HeartbeatAnswer) {
             "the controller holds other host facts than this worker reported; reporting them again"
         );
         reported.resend_facts.notify_one();
+    }
+    if let Some(index) = answer.assignments {
+        tracing::warn!(
+            held = ?reported.poll.held(),
+            index,
+            "the controller holds newer assignments than this worker received (its query missed them); asking again"
+        );
+        reported.poll.ask_again();
     }
     let Some(held) = answer.ready else {
         return;
@@ -376,19 +420,33 @@ fn problems(body: &str) -> Vec<String> {
 /// The blocking query loop: one outstanding request; the controller answers when the
 /// host's desired set changes (or the wait runs out). After a failure it backs off, but
 /// retries at once when a controller answers another call (the heartbeats found the new
-/// leader), so it does not lag a takeover by a whole backoff.
-pub(super) async fn assignments_loop(client: Client, owner: mpsc::Sender<Msg>) {
+/// leader), so it does not lag a takeover by a whole backoff. A query the heartbeats
+/// found out of date is given up and asked again at once ([`AssignmentsPoll`]).
+pub(super) async fn assignments_loop(
+    client: Client,
+    owner: mpsc::Sender<Msg>,
+    poll: Arc<AssignmentsPoll>,
+) {
     let mut index = 0;
     let mut backoff = Backoff::jittered(Duration::from_millis(200), Duration::from_secs(10));
     let mut answers = client.answers();
     loop {
         answers.borrow_and_update();
-        match client.assignments(index).await {
+        let answered = tokio::select! {
+            r = client.assignments(index) => r,
+            // Dropping the query drops its connection: the next one opens another.
+            () = poll.again.notified() => {
+                tracing::debug!(index, "assignments query given up; asking again");
+                continue;
+            }
+        };
+        match answered {
             Ok(a) => {
                 backoff.reset();
                 // Any other index is news; a lower one means the controller started over.
                 if a.index != index {
                     index = a.index;
+                    poll.received(index);
                     if owner.send(Msg::Assignments(a)).await.is_err() {
                         return;
                     }
@@ -430,6 +488,7 @@ mod tests {
             ),
             outbox: Outbox::new(),
             resend_facts: Arc::new(Notify::new()),
+            poll: Arc::new(AssignmentsPoll::default()),
         };
         // j-3 became ready just now: its event is on its way.
         reported.outbox.push(WorkerEvent::Readiness {
@@ -449,6 +508,7 @@ mod tests {
             HeartbeatAnswer {
                 facts_differ: true,
                 ready: Some(held),
+                assignments: None,
             },
         );
         // j-1 (forged not ready) is re-sent; j-2 agrees; j-3's event is queued; j-4 and
@@ -472,6 +532,37 @@ mod tests {
         assert_eq!(reported.outbox.queued().len(), 2);
         let woken = tokio::time::timeout(Duration::ZERO, reported.resend_facts.notified()).await;
         assert!(woken.is_err());
+    }
+
+    /// A heartbeat answer naming the host's assignment index makes the assignments loop
+    /// ask again (finding 3: its query waited on a connection that died).
+    #[tokio::test]
+    async fn an_answer_naming_other_assignments_makes_the_query_ask_again() {
+        let reported = Reported {
+            facts: watch::Sender::new(HostFacts::default()),
+            running: watch::Sender::new(Vec::new()),
+            ready: watch::Sender::new(BTreeMap::new()),
+            outbox: Outbox::new(),
+            resend_facts: Arc::new(Notify::new()),
+            poll: Arc::new(AssignmentsPoll::default()),
+        };
+        reported.poll.received(7);
+        assert_eq!(reported.poll.held(), Some(7));
+        let asked = |p: &AssignmentsPoll| {
+            let notified = p.again.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable()
+        };
+        report_again(&reported, HeartbeatAnswer::default());
+        assert!(!asked(&reported.poll), "asked again while in sync");
+        report_again(
+            &reported,
+            HeartbeatAnswer {
+                assignments: Some(9),
+                ..HeartbeatAnswer::default()
+            },
+        );
+        assert!(asked(&reported.poll), "not asked again");
     }
 
     fn check(body: &str, expect: expect_test::Expect) {

@@ -19,6 +19,7 @@ mod jobs;
 mod maintenance;
 mod placement;
 mod publish;
+pub(crate) mod pulse;
 mod report;
 mod sched;
 mod timers;
@@ -259,9 +260,13 @@ pub(crate) struct Core {
     /// suspects itself or its network, and declares no host lost (see [`Core::tick`]).
     /// Not persisted: a restart gives every host a fresh window anyway.
     disrupted: bool,
-    /// Hosts whose jobs a full disruption took out of the endpoints (see
-    /// [`Core::withhold`]); they arm no timer until heard, lost, or the disruption ends.
+    /// Unreachable hosts whose jobs are out of the endpoints (see [`Core::withhold`]):
+    /// from `unreachable_after` on, or past the grace period during a full disruption
+    /// (then they arm no timer until heard, lost, or the disruption ends).
     withheld: BTreeSet<HostId>,
+    /// The beat thread that tells this process's pauses (see [`Core::notice_pause`]);
+    /// none in the unit tests that drive time themselves.
+    pulse: Option<pulse::Pulse>,
     /// Hosts that must register again before their heartbeats and assignment queries are
     /// heard: every host of a store just restored (`meta/restored`), whose stored jobs
     /// say what ran when the backup was taken, not what runs now. A registration reports
@@ -413,6 +418,7 @@ impl Core {
             heard: clocks.heard,
             disrupted: false,
             withheld: BTreeSet::new(),
+            pulse: None,
             reregister: BTreeSet::new(),
             running_since: clocks.running_since,
             backoff: HashMap::new(),

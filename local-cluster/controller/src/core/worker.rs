@@ -450,8 +450,22 @@ impl Core {
         let ready_differs =
             xce_proto::worker::ready_digest(held.iter().map(|(j, r)| (j.as_str(), *r)))
                 != beat.ready;
+        // The worker's assignments query missed a change (its connection died in a
+        // partition, and the query waits on it): told, it asks again at once.
+        let current = self.assign.get(host).map(|tx| tx.borrow().index);
+        let assignments = match (beat.assignments, current) {
+            (Some(theirs), Some(ours)) if theirs != ours => Some(ours),
+            _ => None,
+        };
+        if let Some(ours) = assignments {
+            self.metrics.digest_mismatch("assignments");
+            debug!(host = %host, worker_index = ?beat.assignments, index = ours, "the worker holds other assignments than the host's; it asks again");
+        }
         if !facts_differ && !ready_differs {
-            return None;
+            return assignments.map(|a| HeartbeatAnswer {
+                assignments: Some(a),
+                ..HeartbeatAnswer::default()
+            });
         }
         for (part, differs) in [("facts", facts_differ), ("readiness", ready_differs)] {
             if differs {
@@ -462,6 +476,7 @@ impl Core {
         Some(HeartbeatAnswer {
             facts_differ,
             ready: ready_differs.then_some(held),
+            assignments,
         })
     }
 

@@ -318,13 +318,13 @@ fn unreachable_host_keeps_jobs_and_lost_host_is_replaced() {
         > events exec-02 [{"event":"started","job":"j-2","pid":7}]
           8 job j-2 web/1 exec-02 Running ready=false
         > 5s pass, heartbeats from ["exec-02"]
-          9 job j-1 web/0 exec-01 Unknown ready=true
+          9 job j-1 web/0 exec-01 Unknown ready=false
           10 host exec-01 Unreachable ["web"]
         > heartbeat exec-01
           11 job j-1 web/0 exec-01 Running ready=true
           12 host exec-01 Ready ["web"]
         > 35s pass, heartbeats from ["exec-02"]
-          13 job j-1 web/0 exec-01 Unknown ready=true
+          13 job j-1 web/0 exec-01 Unknown ready=false
           14 host exec-01 Unreachable ["web"]
           15 ended j-1 web/0 HostLost
           16 host exec-01 Lost []

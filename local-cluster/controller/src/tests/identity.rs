@@ -110,7 +110,7 @@ fn a_new_worker_instance_takes_over_a_host_whose_worker_is_gone() {
     s.check(expect![[r#"
         > Sim::one_web_ready: as checked by the fixture
         > 3s pass, heartbeats from []
-          7 job j-1 web/0 exec-01 Unknown ready=true
+          7 job j-1 web/0 exec-01 Unknown ready=false
           8 host exec-01 Unreachable ["web"]
         > register exec-01 as i-dup running=["j-1"]
           9 job j-1 web/0 exec-01 Running ready=true

@@ -44,6 +44,7 @@ fn beat(s: &mut Sim, caller: &Caller, facts: &HostFacts, ready: &[(&str, bool)])
         Ok(Some(HeartbeatAnswer {
             facts_differ,
             ready,
+            ..
         })) => format!("differs: facts={facts_differ} ready={ready:?}"),
         Err(e) => format!("error: {e}"),
     }

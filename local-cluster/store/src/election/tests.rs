@@ -376,3 +376,70 @@ fn candidates_starting_together_elect_exactly_one_and_the_rest_follow_the_next()
             the last leads: true"#]],
     );
 }
+
+/// Issue 28, finding 5: a leader that stepped down while etcd did not answer (its lease
+/// could not be revoked, and etcd extends every lease when it elects a leader again)
+/// keeps trying to revoke it: a standby takes over as soon as etcd answers again, not
+/// when the lease runs out.
+#[test]
+fn a_stepped_down_leader_revokes_its_lease_once_etcd_answers_and_a_standby_leads_at_once() {
+    let etcd = TestEtcd::start();
+    // A long lease, a short renew deadline: waiting for the lease would take a minute.
+    let timings = LeaseTimings {
+        ttl: Duration::from_secs(60),
+        renew_deadline: Duration::from_secs(2),
+        retry_period: Duration::from_millis(400),
+    };
+    let with = |id: &str| {
+        Election::with_timings(vec![etcd.endpoint.clone()], "/xce/", id, timings).unwrap()
+    };
+    let a = with("a").campaign(|_| {}).unwrap();
+    let lease_end = a.expires();
+    let (told, lost) = mpsc::channel();
+    let kept = a.maintain(move |e| {
+        let _ = told.send(e);
+    });
+    let (standby, b) = campaign_in_background(with("b"));
+    assert_eq!(standby.recv_timeout(PATIENCE).unwrap(), "a");
+    let signal = |sig| {
+        let pid = rustix::process::Pid::from_raw(etcd.pid() as i32).unwrap();
+        let _ = rustix::process::kill_process(pid, sig);
+    };
+    signal(rustix::process::Signal::STOP);
+    let e = lost.recv_timeout(PATIENCE).unwrap();
+    assert!(matches!(e, ElectionError::Lost(_)), "{e}");
+    // Stepped down; etcd answers again a moment later.
+    let revoking = std::thread::spawn(move || kept.revoke_until_gone(PATIENCE));
+    signal(rustix::process::Signal::CONT);
+    assert!(revoking.join().unwrap().unwrap(), "the lease was revoked");
+    let b = b.recv_timeout(PATIENCE).unwrap().unwrap();
+    assert!(
+        Instant::now() < lease_end,
+        "the standby led only once the old lease ran out"
+    );
+    drop(b);
+}
+
+/// Finding 5: a controller whose stepped-down term left its key behind campaigns again
+/// without following itself: it revokes its own old lease and leads.
+#[test]
+fn a_candidate_never_follows_its_own_key_from_an_earlier_term() {
+    let etcd = TestEtcd::start();
+    let first = candidate(&etcd, "a", 60).campaign(|_| {}).unwrap();
+    let old_lease_end = first.expires();
+    // The term ends without revoking (etcd was unreachable then): the key stays.
+    drop(first.maintain(|_| {}));
+    let (standby, again) = campaign_in_background(candidate(&etcd, "a", 60));
+    let led = again.recv_timeout(PATIENCE).unwrap().unwrap();
+    assert!(Instant::now() < old_lease_end);
+    assert!(
+        standby.try_recv().is_err(),
+        "told to follow itself: {:?}",
+        standby.try_recv()
+    );
+    assert_eq!(
+        candidate(&etcd, "x", 60).leader().unwrap().as_deref(),
+        Some("a")
+    );
+    drop(led);
+}
