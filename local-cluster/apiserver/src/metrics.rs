@@ -25,6 +25,12 @@ pub(crate) struct Metrics {
     /// Times the listeners were told to fail closed (a record or an event not
     /// understood, a load that failed).
     pub(crate) not_understood: Counter,
+    /// The lag (`fresh.rs`), in seconds.
+    pub(crate) lag: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Times this apiserver failed closed because it fell behind (or heard nothing).
+    pub(crate) lagging: Counter,
+    /// Registration writes and lease renewals that failed.
+    pub(crate) registration_failures: Counter,
 }
 
 impl Metrics {
@@ -69,6 +75,23 @@ impl Metrics {
             "Times this apiserver stopped serving its copy (503 stale) because it met a \
              record or an event it does not understand, or could not load the state",
             self.not_understood.clone(),
+        );
+        r.register(
+            "xce_apiserver_lag_seconds",
+            "Time since the oldest store revision this apiserver knows exists (with changes \
+             under the store's prefix) and has not applied; 0 when caught up",
+            self.lag.clone(),
+        );
+        r.register(
+            "xce_apiserver_lagging",
+            "Times this apiserver failed closed (503 stale) because its lag passed max_lag or \
+             it heard nothing from etcd for that long",
+            self.lagging.clone(),
+        );
+        r.register(
+            "xce_apiserver_registration_failures",
+            "Writes of this apiserver's registration, and renewals of its lease, that failed",
+            self.registration_failures.clone(),
         );
     }
 
