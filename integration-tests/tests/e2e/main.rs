@@ -13,6 +13,7 @@ mod dev;
 mod etcd_txn;
 mod failover;
 mod faults_rollout;
+mod freshness;
 mod fulldisk;
 mod ha;
 mod hijack;

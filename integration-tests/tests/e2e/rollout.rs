@@ -34,7 +34,7 @@ const CLI_TIMEOUT: &str = "150s";
 
 /// The test's directory: the profiles, and the replicas' event logs. Declared before the
 /// cluster, it drops after it and kills any replica still running with its event dir.
-struct Web {
+pub(crate) struct Web {
     dir: tempfile::TempDir,
     events: PathBuf,
     /// `command` of examples/web-v2.toml without its version argument.
@@ -42,7 +42,7 @@ struct Web {
 }
 
 impl Web {
-    fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let text = std::fs::read_to_string(workspace_root().join("examples/web-v2.toml"))
             .expect("examples/web-v2.toml");
         let doc: toml::Table = toml::from_str(&text).expect("examples/web-v2.toml parses");
@@ -80,7 +80,7 @@ impl Web {
     }
 
     /// The web-v2 program answering as `version`.
-    fn profile(&self, version: &str, replicas: usize) -> String {
+    pub(crate) fn profile(&self, version: &str, replicas: usize) -> String {
         let mut command = self.program.clone();
         command.push(version.to_owned());
         command.push(self.events.display().to_string());
@@ -106,7 +106,7 @@ impl Web {
     }
 
     /// When each job's process got SIGTERM (monotonic ns), from the event logs.
-    fn term_times(&self) -> BTreeMap<String, u64> {
+    pub(crate) fn term_times(&self) -> BTreeMap<String, u64> {
         let mut out = BTreeMap::new();
         for entry in std::fs::read_dir(&self.events).unwrap().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -142,9 +142,9 @@ impl Drop for Web {
 
 /// One ready endpoint as the stream lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Ep {
-    job: String,
-    addr: SocketAddr,
+pub(crate) struct Ep {
+    pub(crate) job: String,
+    pub(crate) addr: SocketAddr,
 }
 
 /// One list the follower received, and when (monotonic ns).
@@ -276,7 +276,7 @@ async fn follow(
     }
 }
 
-fn endpoints_of(entry: &Value) -> Vec<Ep> {
+pub(crate) fn endpoints_of(entry: &Value) -> Vec<Ep> {
     entry["endpoints"]
         .as_array()
         .into_iter()
@@ -297,21 +297,21 @@ fn endpoints_of(entry: &Value) -> Vec<Ep> {
 
 /// One Server-Sent Event.
 #[derive(Debug, Default)]
-struct Event {
-    event: String,
-    id: Option<u64>,
-    data: String,
+pub(crate) struct Event {
+    pub(crate) event: String,
+    pub(crate) id: Option<u64>,
+    pub(crate) data: String,
 }
 
 /// Incremental SSE parser that keeps every event (the harness's drops those without an
 /// id, such as the stream's last `error` event).
 #[derive(Debug, Default)]
-struct Sse {
+pub(crate) struct Sse {
     buf: String,
 }
 
 impl Sse {
-    fn push(&mut self, bytes: &[u8]) -> Vec<Event> {
+    pub(crate) fn push(&mut self, bytes: &[u8]) -> Vec<Event> {
         self.buf.push_str(&String::from_utf8_lossy(bytes));
         let mut out = Vec::new();
         while let Some(end) = self.buf.find("\n\n") {
@@ -344,7 +344,7 @@ impl Sse {
 // === the load client: requests ===
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-enum Outcome {
+pub(crate) enum Outcome {
     /// 2xx; the version named in the answer.
     Ok(String),
     /// The list was empty: nowhere to send the request.
@@ -357,7 +357,7 @@ enum Outcome {
 }
 
 impl Outcome {
-    fn kind(&self) -> String {
+    pub(crate) fn kind(&self) -> String {
         match self {
             Outcome::Ok(_) => "ok".into(),
             Outcome::NoEndpoint => "no_endpoint".into(),
@@ -372,29 +372,29 @@ impl Outcome {
 
 /// One request: when it was sent (monotonic ns), to which job, how it ended, how long.
 #[derive(Debug, Clone)]
-struct Shot {
-    at: u64,
-    job: Option<String>,
-    outcome: Outcome,
+pub(crate) struct Shot {
+    pub(crate) at: u64,
+    pub(crate) job: Option<String>,
+    pub(crate) outcome: Outcome,
     took: Duration,
 }
 
 /// Sends `RATE` requests per second round-robin over the follower's current list until
 /// stopped; returns every request.
 #[derive(Debug)]
-struct Load {
+pub(crate) struct Load {
     stop: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<Vec<Shot>>,
 }
 
 impl Load {
-    fn start(list: watch::Receiver<Arc<Vec<Ep>>>) -> Self {
+    pub(crate) fn start(list: watch::Receiver<Arc<Vec<Ep>>>) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let task = tokio::spawn(shoot(list, stop.clone()));
         Self { stop, task }
     }
 
-    async fn finish(self) -> Vec<Shot> {
+    pub(crate) async fn finish(self) -> Vec<Shot> {
         self.stop.store(true, Ordering::Relaxed);
         self.task.await.expect("load task")
     }
@@ -502,7 +502,7 @@ async fn cli(config: &Path, args: &[&str]) -> (i32, String, String) {
 }
 
 /// The service detail once `pred` holds, following it with blocking queries.
-async fn wait_detail(api: &Api, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+pub(crate) async fn wait_detail(api: &Api, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + patience();
     let mut index = 0u64;
     let mut last = Value::Null;
@@ -527,7 +527,7 @@ async fn wait_detail(api: &Api, what: &str, pred: impl Fn(&Value) -> bool) -> Va
 
 /// The rollout is in `state` with `replicas` replicas of the current generation, all
 /// ready, and none of an older one left (draining ones may still be finishing).
-fn rollout_is(d: &Value, state: &str, replicas: u64) -> bool {
+pub(crate) fn rollout_is(d: &Value, state: &str, replicas: u64) -> bool {
     let r = &d["rollout"];
     r["state"] == state && r["updated"] == replicas && r["ready"] == replicas && r["outdated"] == 0
 }

@@ -1,0 +1,210 @@
+//! Issue 28, finding 1: a frozen etcd member under an apiserver's watch. etcd HA (3
+//! members), 2 controllers, 1 `xced apiserver` watching member `m0`, which is made a
+//! follower (leadership moved to `m1`), 3 workers. The rollout test's load client (200
+//! requests/s, each on a fresh connection) follows the endpoint stream with the apiserver
+//! first in its list of URLs, then the controllers, moving on when a stream ends or cannot
+//! be opened (as `xcecli` and a load balancer health-checking `/healthz` do). A rollout v1
+//! → v2 starts, and `m0` is stopped (`kill -STOP`) for 40 s, then continued.
+//!
+//! Before the fix the apiserver stayed at an old revision for 11-20 s, answering 200 on
+//! `/healthz`, and its stream listed replicas that had already got SIGTERM: 12-27 % of the
+//! requests failed. Now the apiserver learns within a second that the store moved on,
+//! fails closed past `max_lag` (2 s: its stream ends, `/healthz` says `stale`), and no
+//! replica gets SIGTERM before every live apiserver has applied its removal or is failing
+//! closed. Prints `SUMMARY freshness stale_detect_ms=… failed=… listed_after_sigterm=…`.
+
+use crate::daemons::*;
+use crate::harness::*;
+use crate::rollout::{endpoints_of, rollout_is, wait_detail, Ep, Load, Outcome, Sse, Web};
+use futures_util::StreamExt;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+
+/// How long the member under the apiserver stays frozen.
+const FREEZE: Duration = Duration::from_secs(40);
+const REPLICAS: usize = 3;
+
+/// One list the follower received: when (monotonic ns), from which URL, what.
+#[derive(Debug, Clone)]
+struct Seen {
+    at: u64,
+    from: String,
+    eps: Arc<Vec<Ep>>,
+}
+
+/// Follows `web`'s endpoint stream on the first of `apis` that serves it, moving to the
+/// next one when a stream ends or cannot be opened; publishes the current list. While it
+/// moves, the last list stands (a client's reconnect); when no URL serves, the list is
+/// empty.
+async fn follow_any(apis: Vec<Api>, tx: watch::Sender<Arc<Vec<Ep>>>, seen: Arc<Mutex<Vec<Seen>>>) {
+    let mut at = 0usize;
+    let mut failed_in_a_row = 0usize;
+    loop {
+        let api = &apis[at % apis.len()];
+        let opened = sse_open(api, "/v1/services/web/endpoints/stream", None).await;
+        let Ok(resp) = opened else {
+            failed_in_a_row += 1;
+            if failed_in_a_row >= apis.len() {
+                tx.send_replace(Arc::new(Vec::new()));
+                tokio::time::sleep(Duration::from_millis(20)).await; // a client's retry pause
+            }
+            at += 1;
+            continue;
+        };
+        failed_in_a_row = 0;
+        let mut body = resp.bytes_stream();
+        let mut parser = Sse::default();
+        while let Some(Ok(chunk)) = body.next().await {
+            for ev in parser.push(&chunk) {
+                if ev.event != "message" {
+                    continue;
+                }
+                let entry: serde_json::Value = match serde_json::from_str(&ev.data) {
+                    Ok(v) => v,
+                    Err(e) => panic!("stream event is not JSON ({e}): {}", ev.data),
+                };
+                let eps = Arc::new(endpoints_of(&entry));
+                seen.lock().unwrap().push(Seen {
+                    at: monotonic_ns(),
+                    from: api.base.clone(),
+                    eps: eps.clone(),
+                });
+                tx.send_replace(eps);
+            }
+        }
+        // The stream ended (a stale apiserver ends its streams): the next URL.
+        at += 1;
+    }
+}
+
+/// Polls the apiserver's `/healthz` until it answers 503 `stale` (or `until`); returns
+/// when it did.
+async fn until_stale(port: u16, until: Instant) -> Option<Instant> {
+    while Instant::now() < until {
+        let h = tokio::task::spawn_blocking(move || healthz(port)).await.unwrap();
+        if let Some((503, body)) = &h {
+            if body.contains("\"stale\"") {
+                return Some(Instant::now());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+/// Every (job, seconds) where a list received after the job's SIGTERM still named it.
+fn listed_after_sigterm(seen: &[Seen], terms: &BTreeMap<String, u64>) -> Vec<String> {
+    let mut out = Vec::new();
+    for s in seen {
+        for ep in s.eps.iter() {
+            if let Some(&t) = terms.get(&ep.job) {
+                if s.at > t {
+                    out.push(format!(
+                        "{} listed by {} {:.3}s after its SIGTERM",
+                        ep.job,
+                        s.from,
+                        (s.at - t) as f64 / 1e9
+                    ));
+                }
+            }
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_frozen_member_under_the_apiserver_fails_it_closed_and_no_endpoint_outlives_its_sigterm(
+) {
+    let web = Web::new();
+    let etcd = EtcdCluster::start(3).await.unwrap();
+    // The apiserver watches m0 (the first endpoint of its store URL): a follower.
+    etcd.make_leader(1).await;
+    let m0 = etcd.pid(0).expect("m0 runs");
+    let mut fleet = Fleet::new(etcd, 3, 1).unwrap();
+    fleet.start_leader_and_standby().await;
+    fleet.start_apiserver(0).unwrap();
+    let port = fleet.apiserver_ports[0];
+    eventually("the apiserver serves", || async move {
+        let h = tokio::task::spawn_blocking(move || healthz(port)).await?;
+        Ok(h.filter(|(s, _)| *s == 200).map(|_| ()))
+    })
+    .await;
+    fleet.start_workers(3).unwrap();
+    let api = fleet.apiserver(0);
+    wait_for_hosts_of(&api, 3).unwrap();
+    let (st, body) = api.submit_toml(&web.profile("v1", REPLICAS)).await.unwrap();
+    assert_eq!(st, 201, "{body}");
+    wait_detail(&api, "v1 ready", |d| rollout_is(d, "complete", REPLICAS as u64)).await;
+
+    let apis = vec![api.clone(), fleet.controller_api(0), fleet.controller_api(1)];
+    let (tx, list) = watch::channel(Arc::new(Vec::new()));
+    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+    let follower = tokio::spawn(follow_any(apis, tx, seen.clone()));
+    let mut first = list.clone();
+    tokio::time::timeout(patience(), first.wait_for(|l| l.len() == REPLICAS))
+        .await
+        .expect("the load client's first list")
+        .unwrap();
+    let load = Load::start(list.clone());
+
+    // Freeze the member under the apiserver, then start the rollout (a write the
+    // apiserver's watch cannot deliver now).
+    signal(m0, libc::SIGSTOP);
+    let frozen = Instant::now();
+    let leader = fleet.serving_controller().unwrap();
+    let ctl = fleet.controller_api(leader);
+    let (st, body) = ctl.put_toml("web", &web.profile("v2", REPLICAS)).await.unwrap();
+    assert!(st == 200 || st == 201, "{st} {body}");
+    let written = Instant::now();
+    let stale_at = until_stale(port, frozen + FREEZE).await;
+    let stale_detect = stale_at.map(|t| t.saturating_duration_since(written));
+
+    // The rollout runs meanwhile; the freeze lasts its full length.
+    tokio::time::sleep(FREEZE.saturating_sub(frozen.elapsed())).await;
+    signal(m0, libc::SIGCONT);
+    wait_detail(&ctl, "v2 complete", |d| rollout_is(d, "complete", REPLICAS as u64)).await;
+    eventually("the apiserver serves again", || async move {
+        let h = tokio::task::spawn_blocking(move || healthz(port)).await?;
+        Ok(h.filter(|(s, _)| *s == 200).map(|_| ()))
+    })
+    .await;
+
+    let shots = load.finish().await;
+    follower.abort();
+    let failed: Vec<_> = shots
+        .iter()
+        .filter(|s| !matches!(s.outcome, Outcome::Ok(_)))
+        .collect();
+    let mut kinds: BTreeMap<String, usize> = BTreeMap::new();
+    for s in &failed {
+        *kinds.entry(s.outcome.kind()).or_default() += 1;
+    }
+    let terms = web.term_times();
+    let late = listed_after_sigterm(&seen.lock().unwrap(), &terms);
+    println!(
+        "freshness: {} requests, {} failed {kinds:?}; {} old replicas got SIGTERM; {}",
+        shots.len(),
+        failed.len(),
+        terms.len(),
+        late.join("; ")
+    );
+    println!(
+        "SUMMARY freshness stale_detect_ms={} failed={} listed_after_sigterm={}",
+        stale_detect.map_or("never".to_owned(), |d| d.as_millis().to_string()),
+        failed.len(),
+        late.len()
+    );
+    assert!(
+        stale_detect.is_some(),
+        "the apiserver never answered 503 stale while the member under it was frozen"
+    );
+    assert!(
+        terms.len() >= REPLICAS,
+        "the rollout stopped the old replicas"
+    );
+    assert!(late.is_empty(), "listed after SIGTERM: {late:?}");
+    assert!(failed.is_empty(), "{} requests failed: {kinds:?}", failed.len());
+    drop(fleet);
+}
