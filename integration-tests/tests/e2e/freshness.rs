@@ -38,7 +38,12 @@ struct Seen {
 /// next one when a stream ends or cannot be opened; publishes the current list. While it
 /// moves, the last list stands (a client's reconnect); when no URL serves, the list is
 /// empty.
-async fn follow_any(apis: Vec<Api>, tx: watch::Sender<Arc<Vec<Ep>>>, seen: Arc<Mutex<Vec<Seen>>>) {
+async fn follow_any(
+    apis: Vec<Api>,
+    tx: watch::Sender<Arc<Vec<Ep>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    ended: Arc<Mutex<Vec<(String, Instant)>>>,
+) {
     let mut at = 0usize;
     let mut failed_in_a_row = 0usize;
     loop {
@@ -75,23 +80,39 @@ async fn follow_any(apis: Vec<Api>, tx: watch::Sender<Arc<Vec<Ep>>>, seen: Arc<M
             }
         }
         // The stream ended (a stale apiserver ends its streams): the next URL.
+        ended
+            .lock()
+            .unwrap()
+            .push((api.base.clone(), Instant::now()));
         at += 1;
     }
 }
 
-/// Polls the apiserver's `/healthz` until it answers 503 `stale` (or `until`); returns
-/// when it did.
-async fn until_stale(port: u16, until: Instant) -> Option<Instant> {
-    while Instant::now() < until {
-        let h = tokio::task::spawn_blocking(move || healthz(port)).await.unwrap();
-        if let Some((503, body)) = &h {
-            if body.contains("\"stale\"") {
-                return Some(Instant::now());
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+/// The etcd member (index in `etcd://m0,m1,m2`) the apiserver's watch is on now
+/// (`xce_apiserver_watched_member`; a build without that metric, the one before the fix,
+/// watches the first member until a watch of it breaks).
+async fn watched_member(api: &Api, etcd_url: &str) -> Option<usize> {
+    let (_, _, text) = api.get("/metrics").await.ok()?;
+    if !text.contains("xce_apiserver_watched_member") {
+        return Some(0);
     }
-    None
+    let ep = text.lines().find_map(|l| {
+        let rest = l.strip_prefix("xce_apiserver_watched_member{endpoint=\"")?;
+        let (ep, value) = rest.split_once("\"} ")?;
+        (value.trim() == "1").then(|| ep.to_owned())
+    })?;
+    let members: Vec<&str> = etcd_url.strip_prefix("etcd://")?.split(',').collect();
+    members.iter().position(|m| *m == ep)
+}
+
+/// How many times the apiserver failed closed because it fell behind
+/// (`xce_apiserver_lagging_total`; 0 from a build without the counter).
+async fn times_failed_closed(api: &Api) -> u64 {
+    let (_, _, text) = api.get("/metrics").await.unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("xce_apiserver_lagging_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// Every (job, seconds) where a list received after the job's SIGTERM still named it.
@@ -115,13 +136,11 @@ fn listed_after_sigterm(seen: &[Seen], terms: &BTreeMap<String, u64>) -> Vec<Str
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_frozen_member_under_the_apiserver_fails_it_closed_and_no_endpoint_outlives_its_sigterm(
-) {
+async fn a_frozen_member_under_the_apiserver_fails_it_closed_and_no_endpoint_outlives_its_sigterm()
+{
     let web = Web::new();
     let etcd = EtcdCluster::start(3).await.unwrap();
-    // The apiserver watches m0 (the first endpoint of its store URL): a follower.
-    etcd.make_leader(1).await;
-    let m0 = etcd.pid(0).expect("m0 runs");
+    let etcd_url = etcd.url();
     let mut fleet = Fleet::new(etcd, 3, 1).unwrap();
     fleet.start_leader_and_standby().await;
     fleet.start_apiserver(0).unwrap();
@@ -136,12 +155,20 @@ async fn a_frozen_member_under_the_apiserver_fails_it_closed_and_no_endpoint_out
     wait_for_hosts_of(&api, 3).unwrap();
     let (st, body) = api.submit_toml(&web.profile("v1", REPLICAS)).await.unwrap();
     assert_eq!(st, 201, "{body}");
-    wait_detail(&api, "v1 ready", |d| rollout_is(d, "complete", REPLICAS as u64)).await;
+    wait_detail(&api, "v1 ready", |d| {
+        rollout_is(d, "complete", REPLICAS as u64)
+    })
+    .await;
 
-    let apis = vec![api.clone(), fleet.controller_api(0), fleet.controller_api(1)];
+    let apis = vec![
+        api.clone(),
+        fleet.controller_api(0),
+        fleet.controller_api(1),
+    ];
     let (tx, list) = watch::channel(Arc::new(Vec::new()));
     let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-    let follower = tokio::spawn(follow_any(apis, tx, seen.clone()));
+    let ended: Arc<Mutex<Vec<(String, Instant)>>> = Arc::default();
+    let follower = tokio::spawn(follow_any(apis, tx, seen.clone(), ended.clone()));
     let mut first = list.clone();
     tokio::time::timeout(patience(), first.wait_for(|l| l.len() == REPLICAS))
         .await
@@ -149,28 +176,53 @@ async fn a_frozen_member_under_the_apiserver_fails_it_closed_and_no_endpoint_out
         .unwrap();
     let load = Load::start(list.clone());
 
-    // Freeze the member under the apiserver, then start the rollout (a write the
+    // The member under the apiserver's watch (m0 at first; another if it has moved on
+    // meanwhile) is made a follower, then frozen; then the rollout starts (a write the
     // apiserver's watch cannot deliver now).
-    signal(m0, libc::SIGSTOP);
+    let etcd = fleet.etcd.as_ref().unwrap();
+    let m = eventually("the apiserver says which member it watches", || async {
+        Ok(watched_member(&api, &etcd_url).await)
+    })
+    .await;
+    etcd.make_leader((m + 1) % 3).await;
+    let pid = etcd.pid(m).expect("the watched member runs");
+    assert_eq!(
+        watched_member(&api, &etcd_url).await,
+        Some(m),
+        "the apiserver still watches m{m}"
+    );
+    signal(pid, libc::SIGSTOP);
     let frozen = Instant::now();
     let leader = fleet.serving_controller().unwrap();
     let ctl = fleet.controller_api(leader);
-    let (st, body) = ctl.put_toml("web", &web.profile("v2", REPLICAS)).await.unwrap();
+    let (st, body) = ctl
+        .put_toml("web", &web.profile("v2", REPLICAS))
+        .await
+        .unwrap();
     assert!(st == 200 || st == 201, "{st} {body}");
     let written = Instant::now();
-    let stale_at = until_stale(port, frozen + FREEZE).await;
-    let stale_detect = stale_at.map(|t| t.saturating_duration_since(written));
 
     // The rollout runs meanwhile; the freeze lasts its full length.
     tokio::time::sleep(FREEZE.saturating_sub(frozen.elapsed())).await;
-    signal(m0, libc::SIGCONT);
-    wait_detail(&ctl, "v2 complete", |d| rollout_is(d, "complete", REPLICAS as u64)).await;
+    // The apiserver failed closed when it ended its stream to the load client.
+    let stale_detect = ended
+        .lock()
+        .unwrap()
+        .iter()
+        .find(|(from, t)| *from == api.base && *t >= written)
+        .map(|(_, t)| t.saturating_duration_since(written));
+    signal(pid, libc::SIGCONT);
+    wait_detail(&ctl, "v2 complete", |d| {
+        rollout_is(d, "complete", REPLICAS as u64)
+    })
+    .await;
     eventually("the apiserver serves again", || async move {
         let h = tokio::task::spawn_blocking(move || healthz(port)).await?;
         Ok(h.filter(|(s, _)| *s == 200).map(|_| ()))
     })
     .await;
 
+    let failed_closed = times_failed_closed(&api).await;
     let shots = load.finish().await;
     follower.abort();
     let failed: Vec<_> = shots
@@ -184,7 +236,8 @@ async fn a_frozen_member_under_the_apiserver_fails_it_closed_and_no_endpoint_out
     let terms = web.term_times();
     let late = listed_after_sigterm(&seen.lock().unwrap(), &terms);
     println!(
-        "freshness: {} requests, {} failed {kinds:?}; {} old replicas got SIGTERM; {}",
+        "freshness: {} requests, {} failed {kinds:?}; apiserver failed closed {failed_closed} \
+         times; {} old replicas got SIGTERM; {}",
         shots.len(),
         failed.len(),
         terms.len(),
@@ -197,14 +250,18 @@ async fn a_frozen_member_under_the_apiserver_fails_it_closed_and_no_endpoint_out
         late.len()
     );
     assert!(
-        stale_detect.is_some(),
-        "the apiserver never answered 503 stale while the member under it was frozen"
+        stale_detect.is_some() && failed_closed >= 1,
+        "the apiserver never failed closed while the member under it was frozen"
     );
     assert!(
         terms.len() >= REPLICAS,
         "the rollout stopped the old replicas"
     );
     assert!(late.is_empty(), "listed after SIGTERM: {late:?}");
-    assert!(failed.is_empty(), "{} requests failed: {kinds:?}", failed.len());
+    assert!(
+        failed.is_empty(),
+        "{} requests failed: {kinds:?}",
+        failed.len()
+    );
     drop(fleet);
 }

@@ -192,6 +192,8 @@ impl Follower {
         self.fresh
             .watched
             .store(self.endpoint, std::sync::atomic::Ordering::Relaxed);
+        self.metrics
+            .watching_member(self.store.endpoints(), self.endpoint);
         let body = store.watch_request(self.etcd_rev + 1);
         let sent = tokio::time::timeout(
             self.quiet_check,

@@ -31,6 +31,8 @@ pub(crate) struct Metrics {
     pub(crate) lagging: Counter,
     /// Registration writes and lease renewals that failed.
     pub(crate) registration_failures: Counter,
+    /// 1 for the etcd member the follower watches (by `HOST:PORT`), 0 for the others.
+    pub(crate) watched: Family<Vec<(String, String)>, Gauge>,
 }
 
 impl Metrics {
@@ -89,10 +91,24 @@ impl Metrics {
             self.lagging.clone(),
         );
         r.register(
+            "xce_apiserver_watched_member",
+            "1 for the etcd member (endpoint) the follower's watch is on, 0 for the others",
+            self.watched.clone(),
+        );
+        r.register(
             "xce_apiserver_registration_failures",
             "Writes of this apiserver's registration, and renewals of its lease, that failed",
             self.registration_failures.clone(),
         );
+    }
+
+    /// The follower watches `endpoints[at]` now.
+    pub(crate) fn watching_member(&self, endpoints: &[String], at: usize) {
+        for (i, ep) in endpoints.iter().enumerate() {
+            self.watched
+                .get_or_create(&vec![("endpoint".to_owned(), ep.clone())])
+                .set(i64::from(i == at));
+        }
     }
 
     pub(crate) fn forwarded(&self, outcome: &str) {
