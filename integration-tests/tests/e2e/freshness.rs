@@ -105,6 +105,33 @@ async fn watched_member(api: &Api, etcd_url: &str) -> Option<usize> {
     members.iter().position(|m| *m == ep)
 }
 
+/// Writes a control key under the store's prefix (`/xce/.canary`: no record, every
+/// reader of the store skips it) through member `m`; returns when etcd acknowledged it.
+async fn canary(etcd_url: &str, m: usize) -> Instant {
+    let member = etcd_url
+        .trim_start_matches("etcd://")
+        .split(',')
+        .nth(m)
+        .unwrap();
+    let b64 = |s: &str| {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(s)
+    };
+    let r = reqwest::Client::new()
+        .post(format!("http://{member}/v3/kv/put"))
+        .body(format!(
+            r#"{{"key":"{}","value":"{}"}}"#,
+            b64("/xce/.canary"),
+            b64("freshness")
+        ))
+        .timeout(patience())
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "canary put: {}", r.status());
+    Instant::now()
+}
+
 /// How many times the apiserver failed closed because it fell behind
 /// (`xce_apiserver_lagging_total`; 0 from a build without the counter).
 async fn times_failed_closed(api: &Api) -> u64 {
@@ -115,22 +142,29 @@ async fn times_failed_closed(api: &Api) -> u64 {
         .unwrap_or(0)
 }
 
-/// Every (job, seconds) where a list received after the job's SIGTERM still named it.
-fn listed_after_sigterm(seen: &[Seen], terms: &BTreeMap<String, u64>) -> Vec<String> {
+/// The old replicas the load client's list still named when they got SIGTERM or later:
+/// for each, how long after its SIGTERM the list named it (until the next list without
+/// it, or the end of the run), and from which URL.
+fn listed_after_sigterm(seen: &[Seen], terms: &BTreeMap<String, u64>, end: u64) -> Vec<String> {
     let mut out = Vec::new();
-    for s in seen {
-        for ep in s.eps.iter() {
-            if let Some(&t) = terms.get(&ep.job) {
-                if s.at > t {
-                    out.push(format!(
-                        "{} listed by {} {:.3}s after its SIGTERM",
-                        ep.job,
-                        s.from,
-                        (s.at - t) as f64 / 1e9
-                    ));
-                }
-            }
-        }
+    for (job, &t) in terms {
+        let names = |s: &Seen| s.eps.iter().any(|e| e.job == *job);
+        // The list current at its SIGTERM is the last one received before it.
+        let current = seen.iter().rposition(|s| s.at <= t);
+        let first = match current {
+            Some(k) if names(&seen[k]) => Some(k),
+            _ => seen.iter().position(|s| s.at > t && names(s)),
+        };
+        let Some(first) = first else { continue };
+        let until = seen[first + 1..]
+            .iter()
+            .find(|s| s.at > t && !names(s))
+            .map_or(end, |s| s.at);
+        out.push(format!(
+            "{job} listed by {} for {:.3}s after its SIGTERM",
+            seen[first].from,
+            until.saturating_sub(t) as f64 / 1e9
+        ));
     }
     out
 }
@@ -193,6 +227,8 @@ async fn a_frozen_member_under_the_apiserver_fails_it_closed_and_no_endpoint_out
     );
     signal(pid, libc::SIGSTOP);
     let frozen = Instant::now();
+    // A write the apiserver cannot get from its watch now: the moment its lag starts.
+    let written = canary(&etcd_url, (m + 1) % 3).await;
     let leader = fleet.serving_controller().unwrap();
     let ctl = fleet.controller_api(leader);
     let (st, body) = ctl
@@ -200,16 +236,17 @@ async fn a_frozen_member_under_the_apiserver_fails_it_closed_and_no_endpoint_out
         .await
         .unwrap();
     assert!(st == 200 || st == 201, "{st} {body}");
-    let written = Instant::now();
 
     // The rollout runs meanwhile; the freeze lasts its full length.
     tokio::time::sleep(FREEZE.saturating_sub(frozen.elapsed())).await;
-    // The apiserver failed closed when it ended its stream to the load client.
+    // The apiserver failed closed when it ended its stream to the load client: counted
+    // from the canary's write (the first one after the freeze, unless the apiserver's
+    // own registration came first: then it failed closed earlier still).
     let stale_detect = ended
         .lock()
         .unwrap()
         .iter()
-        .find(|(from, t)| *from == api.base && *t >= written)
+        .find(|(from, t)| *from == api.base && *t >= frozen)
         .map(|(_, t)| t.saturating_duration_since(written));
     signal(pid, libc::SIGCONT);
     wait_detail(&ctl, "v2 complete", |d| {
@@ -234,7 +271,7 @@ async fn a_frozen_member_under_the_apiserver_fails_it_closed_and_no_endpoint_out
         *kinds.entry(s.outcome.kind()).or_default() += 1;
     }
     let terms = web.term_times();
-    let late = listed_after_sigterm(&seen.lock().unwrap(), &terms);
+    let late = listed_after_sigterm(&seen.lock().unwrap(), &terms, monotonic_ns());
     println!(
         "freshness: {} requests, {} failed {kinds:?}; apiserver failed closed {failed_closed} \
          times; {} old replicas got SIGTERM; {}",
