@@ -847,4 +847,33 @@ mod tests {
         std::fs::write(&path, "etcd_max_txn_ops = 1024\n").unwrap();
         assert_eq!(load_controller(&path).unwrap().etcd_max_txn_ops, 1024);
     }
+
+    /// `max_lag` (apiserver) and `drain_ack_timeout` (controller): defaults, and values
+    /// that would break the bound refused with the key named.
+    #[test]
+    fn freshness_bounds_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctl = dir.path().join("controller.toml");
+        std::fs::write(&ctl, "").unwrap();
+        let cfg = load_controller(&ctl).unwrap();
+        assert_eq!(cfg.drain_ack_timeout, Duration::from_secs(10));
+        std::fs::write(&ctl, "drain_ack_timeout = \"3s\"\n").unwrap();
+        let err = load_controller(&ctl).unwrap_err().to_string();
+        assert!(
+            err.contains("drain_ack_timeout (3s) must be at least 4s"),
+            "{err}"
+        );
+        let api = dir.path().join("apiserver.toml");
+        std::fs::write(&api, "").unwrap();
+        assert_eq!(
+            load_apiserver(&api).unwrap().max_lag,
+            Duration::from_secs(2)
+        );
+        std::fs::write(&api, "max_lag = \"100ms\"\n").unwrap();
+        let err = load_apiserver(&api).unwrap_err().to_string();
+        assert!(
+            err.contains("max_lag: 100ms is outside 500ms..=1m"),
+            "{err}"
+        );
+    }
 }
