@@ -179,20 +179,8 @@ pub async fn start(
             return Err(e);
         }
     };
-    let mut registrar = register::Registrar {
-        store: store.clone(),
-        fresh,
-        metrics: metrics.clone(),
-        me: xce_store::etcd::fleet::Registration {
-            id: apiserver_id(addr),
-            addr: addr.to_string(),
-            version: xce_wire::version::build().version.to_string(),
-            applied: 0,
-            max_lag_ms: cfg.max_lag.as_millis() as u64,
-        },
-    };
-    let lease = registrar.first().await;
-    freshness.push(tokio::spawn(registrar.run(lease)));
+    let (registration, lease) = register(&store, fresh, metrics, addr, cfg.max_lag).await;
+    freshness.push(registration);
     Ok(RunningApiserver {
         addr,
         shutdown,
@@ -203,6 +191,31 @@ pub async fn start(
         registered: (store, lease),
         extensions: plugins.extensions,
     })
+}
+
+/// Registers this apiserver in the store (`register.rs`) and keeps the registration up to
+/// date on a task of its own; returns the task and the first lease, if one was granted.
+async fn register(
+    store: &Arc<EtcdStore>,
+    fresh: Arc<fresh::Freshness>,
+    metrics: metrics::Metrics,
+    addr: SocketAddr,
+    max_lag: Duration,
+) -> (JoinHandle<()>, Option<i64>) {
+    let mut registrar = register::Registrar {
+        store: store.clone(),
+        fresh,
+        metrics,
+        me: xce_store::etcd::fleet::Registration {
+            id: apiserver_id(addr),
+            addr: addr.to_string(),
+            version: xce_wire::version::build().version.to_string(),
+            applied: 0,
+            max_lag_ms: max_lag.as_millis() as u64,
+        },
+    };
+    let lease = registrar.first().await;
+    (tokio::spawn(registrar.run(lease)), lease)
 }
 
 /// Names this apiserver in the fleet: `<hostname>/<pid>@<addr>`.

@@ -25,7 +25,6 @@ use plugin_api::JobId;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 use tokio::time::Instant;
-use xce_store::etcd::fleet::Registration;
 
 /// An apiserver learns that a revision exists at most this long after its commit (its
 /// prober asks every second at the longest).
@@ -120,19 +119,6 @@ impl DrainAcks {
             .filter(|(_, m)| m.applied < r.rev)
             .map(|(id, _)| id.as_str())
             .collect()
-    }
-}
-
-impl super::Core {
-    /// The live separate apiservers, as their registrations say now (the whole fleet).
-    pub(crate) fn fleet(&mut self, registrations: &[Registration]) {
-        self.acks.fleet(registrations.iter().map(|r| {
-            let m = Member {
-                applied: r.applied,
-                max_lag: Duration::from_millis(r.max_lag_ms),
-            };
-            (r.id.clone(), m)
-        }));
     }
 }
 
