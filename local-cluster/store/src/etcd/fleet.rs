@@ -81,9 +81,16 @@ impl EtcdStore {
 
     /// Renews `lease`; `Ok(false)`: it has expired (a new one is needed).
     pub async fn fleet_keep_alive(&self, lease: i64) -> Result<bool, FleetError> {
-        let r = self
+        let r = match self
             .fleet_call("/v3/lease/keepalive", &json!({ "ID": lease.to_string() }))
-            .await?;
+            .await
+        {
+            Err(e) if e.0.contains("lease not found") => return Ok(false),
+            r => r?,
+        };
+        if r.to_string().contains("lease not found") {
+            return Ok(false);
+        }
         if r.get("error").is_some() || r.get("result").is_none() {
             return Err(FleetError(format!(
                 "lease keepalive answered no result: {r}"
@@ -218,5 +225,62 @@ async fn watch_fleet(
         if !events.is_empty() {
             publish(fleet.values().cloned().collect());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::TestEtcd;
+    use std::sync::Arc;
+
+    fn reg(id: &str, applied: u64) -> Registration {
+        Registration {
+            id: id.into(),
+            addr: "127.0.0.1:1".into(),
+            version: "0.1.0".into(),
+            applied,
+            max_lag_ms: 2000,
+        }
+    }
+
+    /// The controller's view of the fleet follows registrations as they are written and
+    /// as their leases end (a revocation here: an expiry deletes the key the same way);
+    /// the registrations are control keys, which no load of the state reads.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_fleet_follows_registrations_and_their_leases() {
+        let etcd = TestEtcd::start();
+        let store = Arc::new(etcd.store("/xce/"));
+        let (tx, mut rx) = tokio::sync::watch::channel(Vec::new());
+        let follower = tokio::spawn(follow(store.clone(), move |f| {
+            tx.send_replace(f);
+        }));
+        let until = |rx: &mut tokio::sync::watch::Receiver<Vec<Registration>>,
+                     want: Vec<Registration>| {
+            let mut rx = rx.clone();
+            async move {
+                tokio::time::timeout(testkit::patience(), rx.wait_for(|f| *f == want))
+                    .await
+                    .unwrap_or_else(|_| panic!("the fleet never became {want:?}"))
+                    .unwrap();
+            }
+        };
+        let a = store.fleet_lease(Duration::from_secs(5)).await.unwrap();
+        let b = store.fleet_lease(Duration::from_secs(5)).await.unwrap();
+        store.register(&reg("a", 3), a).await.unwrap();
+        store.register(&reg("b", 2), b).await.unwrap();
+        until(&mut rx, vec![reg("a", 3), reg("b", 2)]).await;
+        assert!(store.fleet_keep_alive(b).await.unwrap());
+        store.register(&reg("b", 4), b).await.unwrap();
+        until(&mut rx, vec![reg("a", 3), reg("b", 4)]).await;
+        store.fleet_leave(a).await.unwrap();
+        until(&mut rx, vec![reg("b", 4)]).await;
+        assert!(
+            !matches!(store.fleet_keep_alive(a).await, Ok(true)),
+            "a revoked lease is gone"
+        );
+        use crate::Store as _;
+        assert!(store.load_all().unwrap().is_empty(), "no state record");
+        follower.abort();
     }
 }
