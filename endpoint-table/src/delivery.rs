@@ -15,8 +15,11 @@
 //!
 //! The clock starts when the change reached this process's table feed: in the
 //! controller's process right after the controller committed it (`ClusterListener::on_event`
-//! runs after the commit); in a separate apiserver when its etcd follower handed it the
-//! event, so the delay of the etcd watch itself is not included there. A change that
+//! runs after the commit); in a separate apiserver when the revision was first known to
+//! exist there (`ClusterListener::on_events_since`: the apiserver's prober learns of a
+//! revision at least once a second, before a slow store watch delivers it), so the store
+//! watch's delay is included, from that first sighting (the events carry no commit time;
+//! the up to one second between the commit and the first sighting is not counted). A change that
 //! waited in the coalescing queue behind an older one of the same service counts from the
 //! older one's arrival (the entry sent covers both). The clock stops when the answer is
 //! built or the stream event yielded, not when the client has read or acted on it.

@@ -80,10 +80,17 @@ impl ClusterListener for TableFeed {
     /// One new entry per touched service for the whole batch (not one per event), and one
     /// push to the queue.
     fn on_events(&self, events: &[ClusterEvent]) {
+        self.on_events_since(events, Instant::now());
+    }
+
+    /// The delivery clock of these changes starts at `since` (never later than now): in a
+    /// separate apiserver, when the revision was first known to exist, so the store
+    /// watch's delay counts.
+    fn on_events_since(&self, events: &[ClusterEvent], since: Instant) {
         let Some(last) = events.last() else {
             return;
         };
-        let at = Instant::now();
+        let at = since.min(Instant::now());
         let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
         let changes = table.apply_batch(events);
         drop(table);

@@ -342,6 +342,14 @@ pub trait ClusterListener: Send + Sync + 'static {
             self.on_event(event);
         }
     }
+    /// [`on_events`](Self::on_events) for changes that reached this process late: `since`
+    /// is when they were first known to exist (a separate apiserver learns of a revision
+    /// before its store watch delivers it), so that a listener measuring how long changes
+    /// take to reach its readers counts from there. The default ignores `since`.
+    fn on_events_since(&self, events: &[ClusterEvent], since: std::time::Instant) {
+        let _ = since;
+        self.on_events(events);
+    }
     /// The host can no longer follow the changes: it met a stored record or an event it
     /// does not understand (written by a newer release), and reloads. What the listener
     /// holds may be out of date from now on, so it must stop serving it (fail closed:
@@ -362,6 +370,9 @@ impl<T: ClusterListener + ?Sized> ClusterListener for std::sync::Arc<T> {
     }
     fn on_events(&self, events: &[ClusterEvent]) {
         (**self).on_events(events)
+    }
+    fn on_events_since(&self, events: &[ClusterEvent], since: std::time::Instant) {
+        (**self).on_events_since(events, since)
     }
     fn stale(&self, reason: &str) {
         (**self).stale(reason)

@@ -335,7 +335,7 @@ impl Client {
         let start = self.current.load(Ordering::Relaxed);
         let mut k = 0;
         let mut skipped = Vec::new();
-        let (url, resp) = loop {
+        loop {
             let at = (start + k) % n;
             let url = self.on_base(&url, at);
             let mut req = self
@@ -356,8 +356,16 @@ impl Client {
                     k += 1;
                 }
                 Ok(resp) => {
+                    let reply = reply_of(&url, resp).await?;
+                    // An apiserver failing closed (behind the store by more than its
+                    // max_lag): it served nothing; the next one may be fresh.
+                    if k + 1 < n && is_stale(&reply) {
+                        skipped.push(without_query(&url));
+                        k += 1;
+                        continue;
+                    }
                     self.current.store(at, Ordering::Relaxed);
-                    break (url, resp);
+                    return Ok((url, reply));
                 }
                 Err(e) if e.is_connect() && k + 1 < n => {
                     skipped.push(without_query(&url));
@@ -365,40 +373,45 @@ impl Client {
                 }
                 Err(e) => return Err(transport_error(&url, &e, &skipped)),
             }
-        };
-        let status = resp.status();
-        let index = resp
-            .headers()
-            .get(INDEX_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok());
-        let change = resp
-            .headers()
-            .get(CHANGE_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
-        let retry_after = resp
-            .headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
-        let server = ServerBuild::of(resp.headers());
-        let text = resp
-            .text()
-            .await
-            .map_err(|e| transport_error(&url, &e, &[]))?;
-        let reply = Reply {
-            status,
-            text,
-            index,
-            change,
-            retry_after,
-            server,
-        };
-        Ok((url, reply))
+        }
     }
+}
 
+/// A whole answer, read.
+async fn reply_of(url: &Url, resp: reqwest::Response) -> Result<Reply, CliError> {
+    let status = resp.status();
+    let index = resp
+        .headers()
+        .get(INDEX_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    let change = resp
+        .headers()
+        .get(CHANGE_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let retry_after = resp
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
+    let server = ServerBuild::of(resp.headers());
+    let text = resp
+        .text()
+        .await
+        .map_err(|e| transport_error(url, &e, &[]))?;
+    Ok(Reply {
+        status,
+        text,
+        index,
+        change,
+        retry_after,
+        server,
+    })
+}
+
+impl Client {
     /// [`send`](Self::send), then parses the body as `T`.
     async fn call<T: serde::de::DeserializeOwned>(
         &self,
@@ -644,6 +657,13 @@ impl Client {
 }
 
 /// One apiserver URL of `--api`: `http[s]://HOST[:PORT][/PATH]`.
+/// A `503 stale`: the apiserver fails closed (behind the store, or it met what it does not
+/// understand) and served nothing.
+fn is_stale(reply: &Reply) -> bool {
+    reply.status == StatusCode::SERVICE_UNAVAILABLE
+        && ErrorBody::parse(reply.text.as_bytes()).is_some_and(|b| b.error.code == "stale")
+}
+
 /// A standby controller's `503` (it marks it with `X-Xce-Standby`, so no body is read).
 fn is_standby(resp: &reqwest::Response) -> bool {
     resp.status() == StatusCode::SERVICE_UNAVAILABLE && resp.headers().contains_key("x-xce-standby")

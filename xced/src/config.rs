@@ -76,6 +76,10 @@ pub(crate) struct ControllerFile {
     /// The pause between lease renewals (a fifth of `renew_deadline` unless set).
     #[serde(default, with = "humantime_serde")]
     pub(crate) retry_period: Option<Duration>,
+    /// With the etcd store: how long a draining replica's SIGTERM waits for the separate
+    /// apiservers to apply its removal.
+    #[serde(default = "d_drain_ack_timeout", with = "humantime_serde")]
+    pub(crate) drain_ack_timeout: Duration,
     /// Serve TLS with this certificate chain (PEM), and `tls_key`: both or neither.
     #[serde(default)]
     pub(crate) tls_cert: Option<PathBuf>,
@@ -88,6 +92,10 @@ pub(crate) struct ControllerFile {
 
 fn d_max_txn_ops() -> usize {
     xce_store::DEFAULT_MAX_TXN_OPS
+}
+
+fn d_drain_ack_timeout() -> Duration {
+    xce_controller::DEFAULT_DRAIN_ACK_TIMEOUT
 }
 
 fn d_leader_ttl() -> Duration {
@@ -164,7 +172,18 @@ pub(crate) struct ApiserverFile {
     /// `[metrics]`: `public = true` serves `/metrics` without a token.
     #[serde(default)]
     pub(crate) metrics: xce_serve::auth::MetricsConfig,
+    /// Past this lag behind the store the apiserver fails closed (503 `stale`).
+    #[serde(default = "d_max_lag", with = "humantime_serde")]
+    pub(crate) max_lag: Duration,
 }
+
+fn d_max_lag() -> Duration {
+    xce_apiserver::DEFAULT_MAX_LAG
+}
+
+/// The range `max_lag` must be in: long enough for a busy machine's store watch (and a
+/// few probes of the store), short enough to be the bound it is meant to be.
+const MAX_LAG_RANGE: (Duration, Duration) = (Duration::from_millis(500), Duration::from_secs(60));
 
 /// `xced worker --config FILE`.
 #[derive(Debug, Deserialize)]
@@ -538,6 +557,10 @@ pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
     if let Err(e) = cfg.threshold() {
         problems.push(e.to_string());
     }
+    if cfg.drain_ack_timeout < xce_controller::MIN_DRAIN_ACK_TIMEOUT {
+        problems
+            .push(xce_controller::ConfigError::DrainAckTimeout(cfg.drain_ack_timeout).to_string());
+    }
     if cfg.etcd_max_txn_ops < 2 {
         problems.push(format!(
             "etcd_max_txn_ops ({}) must be at least 2 (a change and its fence); etcd's \
@@ -568,6 +591,16 @@ pub(crate) fn load_apiserver(path: &Path) -> Result<ApiserverFile> {
         .with_context(|| format!("invalid apiserver config {}: [endpoints]", path.display()))?;
     check_connections(path, "apiserver", &cfg.connections)?;
     tls_files(path, "apiserver", &cfg.tls_cert, &cfg.tls_key)?;
+    if cfg.max_lag < MAX_LAG_RANGE.0 || cfg.max_lag > MAX_LAG_RANGE.1 {
+        bail!(
+            "invalid apiserver config {}: max_lag: {} is outside {}..={} (the lag past which \
+             the apiserver answers 503 stale)",
+            path.display(),
+            humantime::format_duration(cfg.max_lag),
+            humantime::format_duration(MAX_LAG_RANGE.0),
+            humantime::format_duration(MAX_LAG_RANGE.1),
+        );
+    }
     Ok(cfg)
 }
 
@@ -854,5 +887,34 @@ mod tests {
         assert_eq!(cfg.etcd_max_txn_ops, 128, "etcd's own default");
         std::fs::write(&path, "etcd_max_txn_ops = 1024\n").unwrap();
         assert_eq!(load_controller(&path).unwrap().etcd_max_txn_ops, 1024);
+    }
+
+    /// `max_lag` (apiserver) and `drain_ack_timeout` (controller): defaults, and values
+    /// that would break the bound refused with the key named.
+    #[test]
+    fn freshness_bounds_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctl = dir.path().join("controller.toml");
+        std::fs::write(&ctl, "").unwrap();
+        let cfg = load_controller(&ctl).unwrap();
+        assert_eq!(cfg.drain_ack_timeout, Duration::from_secs(10));
+        std::fs::write(&ctl, "drain_ack_timeout = \"3s\"\n").unwrap();
+        let err = load_controller(&ctl).unwrap_err().to_string();
+        assert!(
+            err.contains("drain_ack_timeout (3s) must be at least 4s"),
+            "{err}"
+        );
+        let api = dir.path().join("apiserver.toml");
+        std::fs::write(&api, "").unwrap();
+        assert_eq!(
+            load_apiserver(&api).unwrap().max_lag,
+            Duration::from_secs(2)
+        );
+        std::fs::write(&api, "max_lag = \"100ms\"\n").unwrap();
+        let err = load_apiserver(&api).unwrap_err().to_string();
+        assert!(
+            err.contains("max_lag: 100ms is outside 500ms..=1m"),
+            "{err}"
+        );
     }
 }

@@ -337,6 +337,7 @@ async fn run_apiserver(
         ca_file: cfg.ca_file.clone(),
         leader_tls: cfg.leader_tls,
         metrics: cfg.metrics,
+        max_lag: cfg.max_lag,
     };
     let mut signals = Signals::new()?;
     let tls = acfg.tls.is_some();
@@ -378,6 +379,7 @@ async fn run_controller(
         )?)?,
         quotas: config::quotas(&cfg)?,
         metrics: cfg.metrics,
+        drain_ack_timeout: cfg.drain_ack_timeout,
     };
     let endpoints = match store_flag.or(cfg.store.clone()) {
         None | Some(StoreSpec::Redb) => None,
@@ -612,6 +614,11 @@ impl Candidate<'_> {
             }
         };
         self.role.elected();
+        // The leader's drains wait for the separate apiservers' acknowledgements.
+        let fleet = EtcdStore::new(self.endpoints.clone())
+            .and_then(|s| s.with_prefix(DEFAULT_PREFIX))
+            .context("invalid etcd store")?;
+        running.follow_fleet(Arc::new(fleet));
         daemon::announce(running.addr, self.ccfg.tls.is_some());
         Ok(Term {
             running,

@@ -15,6 +15,7 @@ mod etcd_txn;
 mod failover;
 mod fault_proxy;
 mod faults_rollout;
+mod freshness;
 mod fulldisk;
 mod ha;
 mod hijack;

@@ -310,7 +310,7 @@ async fn follow(
     }
 }
 
-fn endpoints_of(entry: &Value) -> Vec<Ep> {
+pub(crate) fn endpoints_of(entry: &Value) -> Vec<Ep> {
     entry["endpoints"]
         .as_array()
         .into_iter()
@@ -331,21 +331,21 @@ fn endpoints_of(entry: &Value) -> Vec<Ep> {
 
 /// One Server-Sent Event.
 #[derive(Debug, Default)]
-struct Event {
-    event: String,
-    id: Option<u64>,
-    data: String,
+pub(crate) struct Event {
+    pub(crate) event: String,
+    pub(crate) id: Option<u64>,
+    pub(crate) data: String,
 }
 
 /// Incremental SSE parser that keeps every event (the harness's drops those without an
 /// id, such as the stream's last `error` event).
 #[derive(Debug, Default)]
-struct Sse {
+pub(crate) struct Sse {
     buf: String,
 }
 
 impl Sse {
-    fn push(&mut self, bytes: &[u8]) -> Vec<Event> {
+    pub(crate) fn push(&mut self, bytes: &[u8]) -> Vec<Event> {
         self.buf.push_str(&String::from_utf8_lossy(bytes));
         let mut out = Vec::new();
         while let Some(end) = self.buf.find("\n\n") {
@@ -536,7 +536,7 @@ pub(crate) async fn cli(config: &Path, args: &[&str]) -> (i32, String, String) {
 }
 
 /// The service detail once `pred` holds, following it with blocking queries.
-async fn wait_detail(api: &Api, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+pub(crate) async fn wait_detail(api: &Api, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
     let deadline = Instant::now() + patience();
     let mut index = 0u64;
     let mut last = Value::Null;
@@ -561,7 +561,7 @@ async fn wait_detail(api: &Api, what: &str, pred: impl Fn(&Value) -> bool) -> Va
 
 /// The rollout is in `state` with `replicas` replicas of the current generation, all
 /// ready, and none of an older one left (draining ones may still be finishing).
-fn rollout_is(d: &Value, state: &str, replicas: u64) -> bool {
+pub(crate) fn rollout_is(d: &Value, state: &str, replicas: u64) -> bool {
     let r = &d["rollout"];
     r["state"] == state && r["updated"] == replicas && r["ready"] == replicas && r["outdated"] == 0
 }

@@ -11,6 +11,7 @@
 //! consecutive revisions); anything else — and a watch that etcd compacted away — is met
 //! with a full reload and resync, never with a guess.
 
+use super::fresh::Freshness;
 use super::metrics::Metrics;
 use plugin_api::{ClusterEvent, ClusterListener};
 use retry_backoff::Backoff;
@@ -42,6 +43,9 @@ enum End {
     /// a newer format keeps failing the load, so they stay closed until this apiserver
     /// is upgraded.
     NotUnderstood(String),
+    /// This apiserver fell behind the store (`fresh.rs`): its listeners were marked stale;
+    /// watch another member after a reload.
+    Lagging,
 }
 
 /// Follows one etcd store (see the module documentation).
@@ -59,6 +63,8 @@ pub(crate) struct Follower {
     quiet_check: Duration,
     /// The cluster id as of the last load (written once with the store, never changed).
     cluster_id: Option<String>,
+    /// How fresh the listeners are (`fresh.rs`).
+    fresh: Arc<Freshness>,
 }
 
 impl std::fmt::Debug for Follower {
@@ -75,8 +81,10 @@ impl Follower {
         store: Arc<EtcdStore>,
         listeners: Vec<Arc<dyn ClusterListener>>,
         metrics: Metrics,
+        fresh: Arc<Freshness>,
     ) -> Self {
         Self {
+            fresh,
             store,
             listeners,
             metrics,
@@ -111,6 +119,8 @@ impl Follower {
         self.cluster_id = cluster.cluster_id;
         self.metrics.resyncs.inc();
         self.metrics.applied.set(self.applied as i64);
+        self.fresh.loaded(etcd_rev, tokio::time::Instant::now());
+        self.fresh.applied_controller(self.applied);
         tracing::info!(
             rev = cluster.rev,
             etcd_revision = etcd_rev,
@@ -143,6 +153,10 @@ impl Follower {
                 End::Reload(why) => {
                     tracing::warn!(reason = %why, "follower: reloading the whole state");
                     self.reload(&mut backoff, false).await;
+                }
+                End::Lagging => {
+                    self.endpoint = (self.endpoint + 1) % self.store.endpoints().len();
+                    self.reload(&mut backoff, true).await;
                 }
                 End::NotUnderstood(why) => {
                     tracing::error!(reason = %why, protocol = xce_wire::version::protocol(), format = xce_model::FORMAT, "follower: the store holds what this apiserver does not understand; answering 503 until it reloads it");
@@ -177,6 +191,11 @@ impl Follower {
     /// One watch stream, from the revision after the last applied one, until it ends.
     async fn watch(&mut self) -> End {
         let store = self.store.clone();
+        self.fresh
+            .watched
+            .store(self.endpoint, std::sync::atomic::Ordering::Relaxed);
+        self.metrics
+            .watching_member(self.store.endpoints(), self.endpoint);
         let body = store.watch_request(self.etcd_rev + 1);
         let sent = tokio::time::timeout(
             self.quiet_check,
@@ -196,7 +215,11 @@ impl Follower {
         // The newest revision another member reported while this stream was quiet.
         let mut behind: Option<i64> = None;
         loop {
-            let msg = match tokio::time::timeout(self.quiet_check, watch.next()).await {
+            let next = tokio::select! {
+                next = tokio::time::timeout(self.quiet_check, watch.next()) => next,
+                () = self.fresh.lagging.notified() => return End::Lagging,
+            };
+            let msg = match next {
                 Ok(Ok(Some(msg))) => msg,
                 Ok(Ok(None)) => {
                     return End::Broken(format!("{}: the watch stream ended", watch.endpoint()))
@@ -225,6 +248,8 @@ impl Follower {
             if let Some(end) = self.on_answer(&msg) {
                 return end;
             }
+            self.fresh
+                .applied_etcd(self.etcd_rev, tokio::time::Instant::now());
         }
     }
 
@@ -350,11 +375,17 @@ impl Follower {
                 self.applied
             )));
         }
+        // The delivery clock starts when this revision was first known to exist.
+        let since = self
+            .fresh
+            .since()
+            .map_or_else(std::time::Instant::now, |at| at.into_std());
         for l in &self.listeners {
-            l.on_event(event);
+            l.on_events_since(std::slice::from_ref(event), since);
         }
         self.applied = rev;
         self.metrics.applied.set(rev as i64);
+        self.fresh.applied_controller(rev);
         self.metrics.events.inc();
         Ok(())
     }
@@ -398,6 +429,11 @@ mod tests {
         }
     }
 
+    /// A freshness state with the default `max_lag` (its prober is not running).
+    pub(super) fn fresh() -> Arc<Freshness> {
+        Arc::new(Freshness::new(Duration::from_secs(2), Metrics::default()))
+    }
+
     pub(super) fn service(name: &str) -> xce_model::ServiceRec {
         xce_model::ServiceRec {
             info: ServiceInfo {
@@ -436,7 +472,12 @@ mod tests {
         let mut c = Cluster::load(writer).unwrap();
         commit(writer, &mut c, &["a"]);
         let rec = Arc::new(Recorder::default());
-        let mut f = Follower::new(Arc::new(etcd.store("/xce/")), vec![rec.clone()], metrics);
+        let mut f = Follower::new(
+            Arc::new(etcd.store("/xce/")),
+            vec![rec.clone()],
+            metrics,
+            fresh(),
+        );
         f.load().await.unwrap();
         assert_eq!(rec.take(), ["resync@1(a)"]);
         (c, rec, f)
@@ -673,7 +714,7 @@ mod tests {
             .with_prefix("/xce/")
             .unwrap();
         let metrics = Metrics::default();
-        let mut f = Follower::new(Arc::new(store), vec![rec.clone()], metrics.clone());
+        let mut f = Follower::new(Arc::new(store), vec![rec.clone()], metrics.clone(), fresh());
         f.load().await.unwrap();
         assert_eq!(rec.take(), ["resync@0()"]);
         // Watch the mute one first; check quickly.

@@ -35,6 +35,8 @@ pub(super) struct Forwarder {
     pub(super) parked: ParkedPool,
     /// Whose watcher caps a parked request counts against.
     pub(super) extensions: Vec<Arc<dyn ApiExtension>>,
+    /// How fresh this apiserver's copy is (shown by `/healthz`).
+    pub(super) fresh: Arc<super::fresh::Freshness>,
 }
 
 /// A leader, as the leader key names it.

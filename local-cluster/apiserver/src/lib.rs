@@ -14,9 +14,11 @@
 
 mod follow;
 mod forward;
+mod fresh;
 mod leader;
 mod metrics;
 mod parked;
+mod register;
 
 use anyhow::Context;
 use axum::extract::{DefaultBodyLimit, State};
@@ -60,7 +62,12 @@ pub struct ApiserverConfig {
     pub leader_tls: bool,
     /// Who may read `/metrics` (`[metrics]`).
     pub metrics: xce_serve::auth::MetricsConfig,
+    /// Past this lag behind the store it fails closed (503 `stale`, see `fresh.rs`).
+    pub max_lag: Duration,
 }
+
+/// `max_lag` unless told otherwise.
+pub const DEFAULT_MAX_LAG: Duration = Duration::from_secs(2);
 
 /// The plugins an apiserver hosts: listeners fed from the store's history, and the route
 /// extensions they feed.
@@ -88,6 +95,10 @@ pub struct RunningApiserver {
     server: JoinHandle<std::io::Result<()>>,
     follower: JoinHandle<()>,
     leader: JoinHandle<()>,
+    /// The prober, the lag's judge and the registration.
+    freshness: Vec<JoinHandle<()>>,
+    /// The registration's lease (revoked at shutdown) and the store it is in.
+    registered: (Arc<EtcdStore>, Option<i64>),
     extensions: Vec<Arc<dyn ApiExtension>>,
 }
 
@@ -116,22 +127,33 @@ pub async fn start(
     let registry = registry(&metrics, &keyring, &plugins.extensions);
     let (leader_watch, leader) =
         leader::LeaderWatch::new(store.clone(), &leader_key(&cfg)?, metrics.clone());
-    let mut follower = follow::Follower::new(store, plugins.listeners, metrics.clone());
+    let fresh = Arc::new(fresh::Freshness::new(cfg.max_lag, metrics.clone()));
+    let mut follower = follow::Follower::new(
+        store.clone(),
+        plugins.listeners.clone(),
+        metrics.clone(),
+        fresh.clone(),
+    );
     follower
         .load()
         .await
         .context("cannot load the state from etcd")?;
     let cluster_id = follower.cluster_id().map(Arc::from);
     let follower = tokio::spawn(follower.run());
+    let mut freshness = vec![
+        tokio::spawn(fresh::probe(fresh.clone(), store.clone())),
+        tokio::spawn(fresh::judge(fresh.clone(), plugins.listeners)),
+    ];
     let state = Forwarder {
         http: forwarding_client(&cfg)?,
         leader,
-        metrics,
+        metrics: metrics.clone(),
         body_limit: cfg.body_limit,
         scheme: if cfg.leader_tls { "https" } else { "http" },
         cluster_id,
         parked: parked::ParkedPool::new(|| parked_client(&cfg))?,
         extensions: plugins.extensions.clone(),
+        fresh: fresh.clone(),
     };
     let ctx = ApiContext {
         auth: Arc::new(keyring),
@@ -153,17 +175,57 @@ pub async fn start(
             // Not left running behind an apiserver that never served.
             follower.abort();
             leader.abort();
+            freshness.iter().for_each(JoinHandle::abort);
             return Err(e);
         }
     };
+    let (registration, lease) = register(&store, fresh, metrics, addr, cfg.max_lag).await;
+    freshness.push(registration);
     Ok(RunningApiserver {
         addr,
         shutdown,
         server,
         follower,
         leader,
+        freshness,
+        registered: (store, lease),
         extensions: plugins.extensions,
     })
+}
+
+/// Registers this apiserver in the store (`register.rs`) and keeps the registration up to
+/// date on a task of its own; returns the task and the first lease, if one was granted.
+async fn register(
+    store: &Arc<EtcdStore>,
+    fresh: Arc<fresh::Freshness>,
+    metrics: metrics::Metrics,
+    addr: SocketAddr,
+    max_lag: Duration,
+) -> (JoinHandle<()>, Option<i64>) {
+    let mut registrar = register::Registrar {
+        store: store.clone(),
+        fresh,
+        metrics,
+        me: xce_store::etcd::fleet::Registration {
+            id: apiserver_id(addr),
+            addr: addr.to_string(),
+            version: xce_wire::version::build().version.to_string(),
+            applied: 0,
+            max_lag_ms: max_lag.as_millis() as u64,
+        },
+    };
+    let lease = registrar.first().await;
+    (tokio::spawn(registrar.run(lease)), lease)
+}
+
+/// Names this apiserver in the fleet: `<hostname>/<pid>@<addr>`.
+fn apiserver_id(addr: SocketAddr) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host}/{}@{addr}", std::process::id())
 }
 
 /// The election's leader key under the store's prefix (`<prefix>.leader`), named by the
@@ -247,6 +309,13 @@ impl RunningApiserver {
         let _ = self.server.await;
         self.follower.abort();
         self.leader.abort();
+        self.freshness.iter().for_each(JoinHandle::abort);
+        // Leaving the fleet at once: the controller stops waiting for this apiserver now
+        // rather than when the lease runs out. The registration task may have renewed
+        // another lease meanwhile; that one runs out by itself.
+        if let (store, Some(lease)) = &self.registered {
+            let _ = store.fleet_leave(*lease).await;
+        }
     }
 }
 
@@ -285,28 +354,24 @@ fn router(
     .layer(Extension(ctx))
 }
 
-/// `/healthz`: 200 (`ok`, then `cluster: <id>`, `version:` and `commit:`) while the etcd watch that feeds this
-/// apiserver is established, 503
-/// while it is not, so that a load balancer sends readers elsewhere meanwhile (what this
-/// apiserver serves may be falling behind; a watch being re-established shows as a blip).
+/// `/healthz`: 200 (`ok`, then `cluster: <id>`, `version:` and `commit:`) while this
+/// apiserver serves its copy, 503 `stale` while it fails closed (`fresh.rs`: behind the
+/// store by more than `max_lag`, or nothing heard from etcd for that long, or a record it
+/// does not understand), so that a load balancer sends readers elsewhere meanwhile. A
+/// watch being re-established, or a quorum loss (no member has a leader, so nothing can
+/// be written that it could miss), is no reason to pull it: it answers correctly then.
 async fn healthz(State(fwd): State<Forwarder>) -> Response {
-    if fwd.metrics.watching.get() > 0 {
-        // Like the controller's: `ok`, then the cluster it serves.
-        match &fwd.cluster_id {
-            Some(id) => (
-                [(xce_proto::worker::CLUSTER_HEADER, id.to_string())],
-                format!("ok\ncluster: {id}\n{}", xce_serve::version::health_lines()),
-            )
-                .into_response(),
-            None => format!("ok\n{}", xce_serve::version::health_lines()).into_response(),
-        }
-    } else {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not_following",
-            "the etcd watch that feeds this apiserver is down: its answers may be behind",
+    if let Some(why) = fwd.fresh.stale() {
+        return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "stale", why).into_response();
+    }
+    // Like the controller's: `ok`, then the cluster it serves.
+    match &fwd.cluster_id {
+        Some(id) => (
+            [(xce_proto::worker::CLUSTER_HEADER, id.to_string())],
+            format!("ok\ncluster: {id}\n{}", xce_serve::version::health_lines()),
         )
-        .into_response()
+            .into_response(),
+        None => format!("ok\n{}", xce_serve::version::health_lines()).into_response(),
     }
 }
 
@@ -395,6 +460,7 @@ mod tests {
             leader_tls: false,
             // These tests read /metrics without a token; the gate is the e2e tests'.
             metrics: xce_serve::auth::MetricsConfig { public: true },
+            max_lag: DEFAULT_MAX_LAG,
         };
         let plugins = ApiserverPlugins {
             listeners: vec![],
@@ -417,7 +483,7 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn healthz_says_whether_it_follows_etcd() {
+    async fn healthz_says_whether_it_hears_from_etcd() {
         let etcd = TestEtcd::start();
         // The id a controller creates with the store.
         use xce_store::Store as _;
@@ -439,10 +505,14 @@ mod tests {
                 xce_serve::version::health_lines()
             )
         );
+        // Cut off from every member: after max_lag of silence it fails closed.
         drop(etcd);
         until_status(&url, 503).await;
         let text = reqwest::get(&url).await.unwrap().text().await.unwrap();
-        assert!(text.contains(r#""code":"not_following""#), "{text}");
+        assert!(
+            text.contains(r#""code":"stale""#) && text.contains("heard nothing from etcd"),
+            "{text}"
+        );
         running.shutdown().await;
     }
 

@@ -25,6 +25,14 @@ pub(crate) struct Metrics {
     /// Times the listeners were told to fail closed (a record or an event not
     /// understood, a load that failed).
     pub(crate) not_understood: Counter,
+    /// The lag (`fresh.rs`), in seconds.
+    pub(crate) lag: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Times this apiserver failed closed because it fell behind (or heard nothing).
+    pub(crate) lagging: Counter,
+    /// Registration writes and lease renewals that failed.
+    pub(crate) registration_failures: Counter,
+    /// 1 for the etcd member the follower watches (by `HOST:PORT`), 0 for the others.
+    pub(crate) watched: Family<Vec<(String, String)>, Gauge>,
 }
 
 impl Metrics {
@@ -70,6 +78,37 @@ impl Metrics {
              record or an event it does not understand, or could not load the state",
             self.not_understood.clone(),
         );
+        r.register(
+            "xce_apiserver_lag_seconds",
+            "Time since the oldest store revision this apiserver knows exists (with changes \
+             under the store's prefix) and has not applied; 0 when caught up",
+            self.lag.clone(),
+        );
+        r.register(
+            "xce_apiserver_lagging",
+            "Times this apiserver failed closed (503 stale) because its lag passed max_lag or \
+             it heard nothing from etcd for that long",
+            self.lagging.clone(),
+        );
+        r.register(
+            "xce_apiserver_watched_member",
+            "1 for the etcd member (endpoint) the follower's watch is on, 0 for the others",
+            self.watched.clone(),
+        );
+        r.register(
+            "xce_apiserver_registration_failures",
+            "Writes of this apiserver's registration, and renewals of its lease, that failed",
+            self.registration_failures.clone(),
+        );
+    }
+
+    /// The follower watches `endpoints[at]` now.
+    pub(crate) fn watching_member(&self, endpoints: &[String], at: usize) {
+        for (i, ep) in endpoints.iter().enumerate() {
+            self.watched
+                .get_or_create(&vec![("endpoint".to_owned(), ep.clone())])
+                .set(i64::from(i == at));
+        }
     }
 
     pub(crate) fn forwarded(&self, outcome: &str) {

@@ -35,7 +35,17 @@ pub struct ControllerConfig {
     pub quotas: quota::Quotas,
     /// Who may read `/metrics` (`[metrics]`).
     pub metrics: xce_serve::auth::MetricsConfig,
+    /// How long a draining replica's SIGTERM waits, from its removal, for the separate
+    /// apiservers to apply that removal (`core/acks.rs`).
+    pub drain_ack_timeout: Duration,
 }
+
+/// `drain_ack_timeout` unless told otherwise.
+pub const DEFAULT_DRAIN_ACK_TIMEOUT: Duration = Duration::from_secs(10);
+/// The shortest `drain_ack_timeout`: longer than an apiserver's default `max_lag` (2 s)
+/// plus the second it may take to learn that a revision exists, so that an apiserver
+/// not waited for any longer is failing closed.
+pub const MIN_DRAIN_ACK_TIMEOUT: Duration = Duration::from_secs(4);
 
 impl Default for ControllerConfig {
     fn default() -> Self {
@@ -51,6 +61,7 @@ impl Default for ControllerConfig {
             tls: None,
             quotas: quota::Quotas::default(),
             metrics: xce_serve::auth::MetricsConfig::default(),
+            drain_ack_timeout: DEFAULT_DRAIN_ACK_TIMEOUT,
         }
     }
 }
@@ -78,6 +89,9 @@ pub enum ConfigError {
     /// A zero heartbeat interval or body limit.
     #[error("{0} must be greater than zero")]
     Zero(&'static str),
+    /// A `drain_ack_timeout` below [`MIN_DRAIN_ACK_TIMEOUT`].
+    #[error("drain_ack_timeout ({0:?}) must be at least 4s: longer than an apiserver's default max_lag (2s) plus the second it may take to learn of a revision, so that an apiserver a drain no longer waits for is failing closed")]
+    DrainAckTimeout(Duration),
     /// A `disruption_threshold` outside `(0, 1]` (the value as given).
     #[error("disruption_threshold ({0}) must be more than 0 and at most 1 (1 turns the full-disruption rule off)")]
     DisruptionThreshold(String),
@@ -142,6 +156,9 @@ impl ControllerConfig {
                 heartbeat: self.heartbeat_interval,
                 unreachable: self.unreachable_after,
             });
+        }
+        if self.drain_ack_timeout < MIN_DRAIN_ACK_TIMEOUT {
+            return Err(ConfigError::DrainAckTimeout(self.drain_ack_timeout));
         }
         if self.grace_period <= self.unreachable_after {
             return Err(ConfigError::GraceTooShort {

@@ -28,7 +28,10 @@ mod task;
 #[cfg(test)]
 mod tests;
 
-pub use config::{ConfigError, ControllerConfig, DisruptionThreshold};
+pub use config::{
+    ConfigError, ControllerConfig, DisruptionThreshold, DEFAULT_DRAIN_ACK_TIMEOUT,
+    MIN_DRAIN_ACK_TIMEOUT,
+};
 
 use anyhow::Context as _;
 use plugin_api::{ApiContext, ApiExtension, ClusterListener, HostFactsPolicy, ResourcePlugin};
@@ -154,6 +157,7 @@ impl Controller {
             unreachable_after: cfg.unreachable_after,
             grace_period: cfg.grace_period,
             disruption_threshold: cfg.disruption_threshold,
+            drain_ack_timeout: cfg.drain_ack_timeout,
         };
         let mut core = core::Core::load(
             timing,
@@ -216,6 +220,40 @@ impl Controller {
             Some(reason) => reason,
             None => std::future::pending().await,
         }
+    }
+
+    /// Follows the separate apiservers' registrations in `store`'s etcd
+    /// (`xce_store::etcd::fleet`) until the controller shuts down: a draining replica then
+    /// gets SIGTERM only once every live apiserver has applied its removal, or
+    /// `drain_ack_timeout` ran out. For the leader on an etcd store; without it (the
+    /// embedded store) no drain waits for anything but `drain`.
+    pub fn follow_fleet(&self, store: Arc<xce_store::EtcdStore>) {
+        let tx = self.api.tx.clone();
+        let mut shutdown = self.api.shutdown.clone();
+        let (fleet_tx, mut fleet_rx) = watch::channel(Vec::new());
+        tokio::spawn(async move {
+            let follow = xce_store::etcd::fleet::follow(store, move |regs| {
+                fleet_tx.send_replace(regs);
+            });
+            // The newest fleet only: a burst of registration changes is one command.
+            let forward = async {
+                while fleet_rx.changed().await.is_ok() {
+                    let registrations = fleet_rx.borrow_and_update().clone();
+                    if tx
+                        .send(task::Command::Fleet { registrations })
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+            };
+            tokio::select! {
+                () = follow => {}
+                () = forward => {}
+                _ = shutdown.wait_for(|s| *s) => {}
+            }
+        });
     }
 
     /// The apiserver's routes (see [`router`]).
@@ -297,6 +335,11 @@ fn serving(cfg: ControllerConfig, controller: Controller) -> anyhow::Result<Runn
 }
 
 impl RunningController {
+    /// See [`Controller::follow_fleet`].
+    pub fn follow_fleet(&self, store: Arc<xce_store::EtcdStore>) {
+        self.controller.follow_fleet(store);
+    }
+
     /// See [`Controller::failed`].
     pub async fn failed(&self) -> String {
         self.controller.failed().await

@@ -94,6 +94,10 @@ pub(crate) enum Command {
         caller: Caller,
         reply: Reply<LeaveStatus>,
     },
+    /// The separate apiservers' registrations changed (`core/acks.rs`): no answer.
+    Fleet {
+        registrations: Vec<xce_store::etcd::fleet::Registration>,
+    },
 }
 
 /// Spawns the state task. On a multi-threaded runtime it gets a thread of its own (a
@@ -338,6 +342,10 @@ fn handle(core: &mut Core, cmd: Command) -> Answer {
         } => {
             let r = core.facts(&host, &caller, facts, now);
             done(reply, r)
+        }
+        Command::Fleet { registrations } => {
+            core.fleet(&registrations);
+            Box::new(|| {})
         }
         // A burst queues reports (`Burst::take`); one alone is the same path.
         Command::Events { report, reply } => {

@@ -22,6 +22,7 @@
 //! Until then `load_all` lays the journal over what it reads, and the next commit
 //! finishes writing it out first: all or nothing still holds.
 
+pub mod fleet;
 pub mod gateway;
 mod wire;
 

@@ -449,6 +449,39 @@ async fn several_apiservers_fail_over_on_connection_errors() {
     .await;
 }
 
+/// `--api A,B`: an apiserver failing closed (503 `stale`: behind the store by more than
+/// its `max_lag`) is skipped for the next one, as a load balancer health-checking
+/// `/healthz` would; with no next one, its 503 is the answer.
+#[tokio::test]
+async fn a_stale_apiserver_is_skipped_for_the_next_one() {
+    bounded(async {
+        let fake = Fake::start().await;
+        let stale = axum::Router::new().fallback(|| async {
+            (
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                [("retry-after", "1"), ("content-type", "application/json")],
+                r#"{"error":{"code":"stale","message":"this apiserver is 2s 300ms behind the store (max_lag 2s)","details":[]}}"#,
+            )
+        });
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stale_url = format!("http://{}", l.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(l, stale).await.unwrap() });
+        let (s, args) = setup(
+            &format!("{stale_url},{}", fake.url()),
+            "service endpoints web -o plain",
+        );
+        let (code, out, err) = spawn(s, args).finish().await;
+        assert_eq!(code, 0, "{err}");
+        assert!(!out.is_empty() && err.is_empty(), "{out}{err}");
+
+        let (s, args) = setup(&stale_url, "service endpoints web -o plain");
+        let (code, out, err) = spawn(s, args).finish().await;
+        assert_eq!((code, out.as_str()), (1, ""), "{err}");
+        assert!(err.contains("behind the store"), "{err}");
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn lists() {
     bounded(async {

@@ -42,6 +42,7 @@ async fn commit_latency_and_follower_lag() {
         Arc::new(etcd.store("/xce/")),
         vec![Arc::new(Stamp(tx))],
         Metrics::default(),
+        super::tests::fresh(),
     );
     f.load().await.unwrap();
     let task = tokio::spawn(f.run());

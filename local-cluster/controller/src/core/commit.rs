@@ -214,11 +214,12 @@ impl Core {
             ClusterEvent::ServiceRemoved { name, project, .. } => {
                 self.forget_service(&ServiceKey::new(project, name))
             }
-            ClusterEvent::Job { job, .. } => self.keep_job_clocks(job, now),
+            ClusterEvent::Job { job, rev } => self.keep_job_clocks(job, *rev, now),
             ClusterEvent::JobEnded { job, .. } => {
                 self.running_since.remove(&job.job);
                 self.ready_since.remove(&job.job);
                 self.drain_until.remove(&job.job);
+                self.acks.forget(&job.job);
             }
             ClusterEvent::Service { .. } | ClusterEvent::Host { .. } => {}
         }
@@ -236,7 +237,9 @@ impl Core {
     /// A live job's clocks after a committed change: when it started running and when
     /// it became ready (the first time only: kept while it stays so), and when its drain
     /// ends (from the drain's start).
-    fn keep_job_clocks(&mut self, job: &JobInfo, now: Instant) {
+    /// `rev`: the event's revision (for a drain, the one that took the job out of the
+    /// endpoint, which the separate apiservers must apply before its SIGTERM).
+    fn keep_job_clocks(&mut self, job: &JobInfo, rev: u64, now: Instant) {
         // Keyed by the model's own id (a job ended later in the same batch is gone from
         // it, and its `JobEnded` clears the rest).
         let id = self.cluster.job_key(&job.job);
@@ -260,8 +263,10 @@ impl Core {
             self.drain_until
                 .entry(job.job.clone())
                 .or_insert(now + drain);
+            self.acks.removed(&job.job, rev, now);
         } else {
             self.drain_until.remove(&job.job);
+            self.acks.forget(&job.job);
         }
     }
 

@@ -11,6 +11,7 @@
 //! and rollouts), `publish.rs` (assignments, the readers' view, metrics, listeners) and
 //! `commit.rs` (a `Txn` persisted, applied and noted).
 
+mod acks;
 mod assign;
 mod commands;
 mod commit;
@@ -59,6 +60,8 @@ pub(crate) struct Timing {
     pub(crate) grace_period: Duration,
     /// See [`DisruptionThreshold`].
     pub(crate) disruption_threshold: DisruptionThreshold,
+    /// How long a drain waits for the separate apiservers' acknowledgements (`acks.rs`).
+    pub(crate) drain_ack_timeout: Duration,
 }
 
 /// Why a command failed.
@@ -251,6 +254,8 @@ pub(crate) struct Core {
     /// When each draining job's drain ends (not persisted: a restart drains in full again,
     /// so a restart never shortens a drain).
     drain_until: HashMap<JobId, Instant>,
+    /// What the separate apiservers have applied, and what each drain waits for.
+    acks: acks::DrainAcks,
     /// Each running rollout's last progress (see [`rollout::progress_mark`]) and when it
     /// changed (not persisted: a restart gives a rollout a fresh `deadline`).
     progress: HashMap<ServiceKey, (rollout::Mark, Instant)>,
@@ -400,7 +405,9 @@ impl Core {
             clocks,
         } = loaded;
         let (view, _) = watch::channel(Arc::new(View::default()));
+        let acks = acks::DrainAcks::new(timing.drain_ack_timeout, cluster.rev, Instant::now());
         Core {
+            acks,
             timing,
             cluster_id,
             cluster,

@@ -16,6 +16,18 @@ use xce_model::{JobRec, Txn};
 use xce_proto::profile;
 
 impl Core {
+    /// The live separate apiservers, as their registrations say now (the whole fleet):
+    /// what each drain waits for (`acks.rs`).
+    pub(crate) fn fleet(&mut self, registrations: &[xce_store::etcd::fleet::Registration]) {
+        self.acks.fleet(registrations.iter().map(|r| {
+            let m = super::acks::Member {
+                applied: r.applied,
+                max_lag: Duration::from_millis(r.max_lag_ms),
+            };
+            (r.id.clone(), m)
+        }));
+    }
+
     /// The next instant something is due (a host deadline or a backoff), if any.
     pub(crate) fn next_deadline(&self, now: Instant) -> Option<Instant> {
         // A full disruption that the hosts heard from since have ended is judged at once.
@@ -43,7 +55,12 @@ impl Core {
             .values()
             .filter(|b| !b.over)
             .map(|b| b.not_before);
-        let drains = self.drain_until.values().copied();
+        // A drain ends when it has passed and the separate apiservers have applied it
+        // (or the wait for them ran out): `acks.rs`.
+        let drains = self
+            .drain_until
+            .iter()
+            .map(|(job, end)| self.acks.stop_at(job, *end));
         // Rollout deadlines and replicas reaching `min_ready`: kept per service by the
         // pass that visited it last (`sched.rs`), always after that pass's `now`. (Walking
         // every rolling-out service's jobs here, at every turn of the state task, cost as
@@ -126,7 +143,7 @@ impl Core {
         let mut over: Vec<JobId> = self
             .drain_until
             .iter()
-            .filter(|(_, t)| **t <= now)
+            .filter(|(j, t)| self.acks.stop_at(j, **t) <= now)
             .map(|(j, _)| j.clone())
             .collect();
         over.sort();
@@ -162,6 +179,11 @@ impl Core {
                 return;
             }
             for id in done {
+                let unacked = self.acks.unacked(&id);
+                if !unacked.is_empty() {
+                    warn!(job = %id, apiservers = ?unacked, "drain_ack_timeout ran out: SIGTERM without these apiservers' acknowledgement (they are behind by more than their max_lag, failing closed)");
+                }
+                self.acks.forget(&id);
                 self.drain_until.remove(&id);
             }
         }

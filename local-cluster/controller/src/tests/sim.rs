@@ -8,6 +8,7 @@ pub(super) const TIMING: Timing = Timing {
     unreachable_after: Duration::from_secs(3),
     grace_period: Duration::from_secs(30),
     disruption_threshold: DisruptionThreshold::DEFAULT,
+    drain_ack_timeout: Duration::from_secs(10),
 };
 
 /// Drives a [`Core`] like the state task does, with a clock the test moves.

@@ -1,0 +1,368 @@
+//! How fresh this apiserver's copy is, and failing closed when it is not.
+//!
+//! The follower's watch alone cannot tell: a member cut off from the others, or frozen,
+//! keeps the stream open and quiet, and etcd's progress notifications (which would carry
+//! the current revision on a quiet stream) come every 10 minutes by default and cannot be
+//! asked for through the JSON gateway. So a prober asks etcd, every [`probe_interval`],
+//! for the store's current revision and whether anything under the store's prefix changed
+//! after the revision this apiserver has applied: one count-only, linearizable range with
+//! `min_mod_revision` (writes outside the prefix are no lag), to a member other than the
+//! watched one first (the watched one may be the frozen one), each with a short timeout.
+//!
+//! **The rule.** The *lag* is the time since the oldest revision this apiserver has been
+//! told exists, with changes under the prefix, that it has not applied yet (0 when caught
+//! up). Past `max_lag` it fails closed: its listeners are marked stale (503 `stale`, open
+//! streams end), `/healthz` answers 503 `stale`, and the follower abandons its watch for
+//! the next member and reloads the whole state; the resync of that load serves again.
+//! It also fails closed when it has heard nothing at all from etcd for `max_lag` (no
+//! answer to a probe, no watch message, not even a refusal): an apiserver cut off from
+//! every member cannot know what it misses. A probe that fails while the watch is fine,
+//! or that every member answers with "no leader", is no lag: during a quorum loss nothing
+//! can be written, so nothing can be missed, and a healthy apiserver stays healthy.
+//! The limit of this rule: an apiserver that reaches only a minority of members, which
+//! say "no leader" while the majority (out of its reach) goes on writing, cannot tell
+//! that from a quorum loss; it stays up until it reaches a member of the majority.
+
+use super::metrics::Metrics;
+use plugin_api::ClusterListener;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
+use xce_store::etcd::gateway::int;
+use xce_store::EtcdStore;
+
+/// How often the prober asks for the current revision: at least once a second, four
+/// times per `max_lag` when that is shorter.
+pub(crate) fn probe_interval(max_lag: Duration) -> Duration {
+    (max_lag / 4).clamp(Duration::from_millis(50), Duration::from_secs(1))
+}
+
+/// How often the lag is judged (cheap: a lock and a comparison).
+const JUDGE_EVERY: Duration = Duration::from_millis(100);
+
+/// What one probe learned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Probe {
+    /// A member answered: the store's revision, and whether anything under the prefix
+    /// changed after the applied revision.
+    Answer { rev: i64, changed: bool },
+    /// No member has a leader (a quorum loss, or only a minority in reach): nothing can
+    /// be written that this apiserver could miss.
+    Leaderless,
+    /// Nobody answered at all.
+    Silent,
+}
+
+/// The freshness state, shared by the follower, the prober, `/healthz` and the
+/// registration.
+#[derive(Debug)]
+pub(crate) struct Freshness {
+    state: Mutex<State>,
+    /// Past this lag the apiserver fails closed.
+    pub(crate) max_lag: Duration,
+    /// The etcd member the follower watches (the prober asks the others first).
+    pub(crate) watched: AtomicUsize,
+    /// Told when the apiserver fell behind: the follower leaves its watch and reloads.
+    pub(crate) lagging: Notify,
+    /// The controller revision the listeners are at (for the registration).
+    pub(crate) applied: watch::Sender<u64>,
+    metrics: Metrics,
+}
+
+#[derive(Debug)]
+struct State {
+    /// The etcd revision everything up to which is applied.
+    etcd_rev: i64,
+    /// Revisions known to exist (with changes under the prefix) and not applied yet, and
+    /// when each was first seen; oldest first.
+    sightings: VecDeque<(i64, Instant)>,
+    /// The last time etcd said anything (a probe answer or refusal, a watch message).
+    heard: Instant,
+    /// Why the listeners were marked stale for lag; cleared by the next load.
+    stale: Option<String>,
+}
+
+impl Freshness {
+    pub(crate) fn new(max_lag: Duration, metrics: Metrics) -> Self {
+        Self {
+            state: Mutex::new(State {
+                etcd_rev: 0,
+                sightings: VecDeque::new(),
+                heard: Instant::now(),
+                stale: None,
+            }),
+            max_lag,
+            watched: AtomicUsize::new(0),
+            lagging: Notify::new(),
+            applied: watch::Sender::new(0),
+            metrics,
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The etcd revision the follower has applied.
+    pub(crate) fn etcd_rev(&self) -> i64 {
+        self.state().etcd_rev
+    }
+
+    /// The follower applied everything up to `etcd_rev` (a watch message).
+    pub(crate) fn applied_etcd(&self, etcd_rev: i64, now: Instant) {
+        let mut st = self.state();
+        st.etcd_rev = st.etcd_rev.max(etcd_rev);
+        st.heard = now;
+        let rev = st.etcd_rev;
+        while st.sightings.front().is_some_and(|(r, _)| *r <= rev) {
+            st.sightings.pop_front();
+        }
+    }
+
+    /// A whole load at `etcd_rev` resynced the listeners: fresh again.
+    pub(crate) fn loaded(&self, etcd_rev: i64, now: Instant) {
+        self.applied_etcd(etcd_rev, now);
+        if let Some(why) = self.state().stale.take() {
+            tracing::info!(etcd_revision = etcd_rev, was = %why, "freshness: caught up; serving again");
+        }
+    }
+
+    /// The listeners applied controller revision `rev`.
+    pub(crate) fn applied_controller(&self, rev: u64) {
+        self.applied
+            .send_if_modified(|a| std::mem::replace(a, rev) != rev);
+    }
+
+    /// What a probe learned.
+    pub(crate) fn probed(&self, probe: Probe, now: Instant) {
+        let mut st = self.state();
+        match probe {
+            Probe::Answer { rev, changed } => {
+                st.heard = now;
+                if !changed {
+                    // Nothing under the prefix after what is applied, up to `rev`.
+                    while st.sightings.front().is_some_and(|(r, _)| *r <= rev) {
+                        st.sightings.pop_front();
+                    }
+                } else if rev > st.etcd_rev && st.sightings.back().is_none_or(|(r, _)| *r < rev) {
+                    st.sightings.push_back((rev, now));
+                }
+            }
+            Probe::Leaderless => st.heard = now,
+            Probe::Silent => {}
+        }
+    }
+
+    /// The lag now (see the module documentation).
+    pub(crate) fn lag(&self, now: Instant) -> Duration {
+        let st = self.state();
+        st.sightings
+            .front()
+            .map_or(Duration::ZERO, |(_, at)| now.saturating_duration_since(*at))
+    }
+
+    /// When the oldest revision not applied yet was first seen: where the delivery clock
+    /// of the changes being applied starts.
+    pub(crate) fn since(&self) -> Option<Instant> {
+        self.state().sightings.front().map(|(_, at)| *at)
+    }
+
+    /// Why this apiserver fails closed now (`None`: it serves).
+    pub(crate) fn stale(&self) -> Option<String> {
+        self.state().stale.clone()
+    }
+
+    /// Judges the lag at `now`; on falling behind, marks the listeners stale and tells the
+    /// follower. Returns the lag.
+    fn judge(&self, listeners: &[Arc<dyn ClusterListener>], now: Instant) -> Duration {
+        let lag = self.lag(now);
+        self.metrics.lag.set(lag.as_secs_f64());
+        let mut st = self.state();
+        if st.stale.is_some() {
+            return lag;
+        }
+        let silent = now.saturating_duration_since(st.heard);
+        let why = if lag > self.max_lag {
+            format!(
+                "this apiserver is {} behind the store (max_lag {})",
+                humantime::format_duration(round_ms(lag)),
+                humantime::format_duration(self.max_lag)
+            )
+        } else if silent > self.max_lag {
+            format!(
+                "this apiserver has heard nothing from etcd for {} (max_lag {})",
+                humantime::format_duration(round_ms(silent)),
+                humantime::format_duration(self.max_lag)
+            )
+        } else {
+            return lag;
+        };
+        tracing::warn!(reason = %why, etcd_revision = st.etcd_rev, "freshness: failing closed until caught up");
+        st.stale = Some(why.clone());
+        drop(st);
+        self.metrics.lagging.inc();
+        for l in listeners {
+            l.stale(&why);
+        }
+        self.lagging.notify_one();
+        lag
+    }
+}
+
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(d.as_millis() as u64)
+}
+
+/// Judges the lag every [`JUDGE_EVERY`] until dropped.
+pub(crate) async fn judge(fresh: Arc<Freshness>, listeners: Vec<Arc<dyn ClusterListener>>) {
+    let mut every = tokio::time::interval(JUDGE_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        fresh.judge(&listeners, Instant::now());
+    }
+}
+
+/// Probes the store every [`probe_interval`] until dropped.
+pub(crate) async fn probe(fresh: Arc<Freshness>, store: Arc<EtcdStore>) {
+    let interval = probe_interval(fresh.max_lag);
+    let mut every = tokio::time::interval(interval);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        let p = probe_once(&fresh, &store, interval.max(Duration::from_millis(500))).await;
+        fresh.probed(p, Instant::now());
+    }
+}
+
+/// One probe: the members other than the watched one first, then the watched one; the
+/// first answer counts.
+async fn probe_once(fresh: &Freshness, store: &EtcdStore, timeout: Duration) -> Probe {
+    let body = store.changes_since_request(fresh.etcd_rev() + 1);
+    let n = store.endpoints().len();
+    let watched = fresh.watched.load(Ordering::Relaxed);
+    let mut leaderless = false;
+    for k in 1..=n {
+        let at = (watched + k) % n;
+        match store
+            .gateway()
+            .call_one(at, "/v3/kv/range", &body, timeout)
+            .await
+        {
+            Ok(v) => {
+                return Probe::Answer {
+                    rev: int(&v["header"]["revision"]),
+                    changed: int(&v["count"]) > 0,
+                }
+            }
+            Err(e) => {
+                leaderless |= e.contains("no leader");
+                tracing::debug!(error = %e, "freshness: probe");
+            }
+        }
+    }
+    if leaderless {
+        Probe::Leaderless
+    } else {
+        Probe::Silent
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Default)]
+    struct Marks(Mutex<Vec<String>>);
+    impl ClusterListener for Marks {
+        fn resync(&self, _: &plugin_api::ClusterSnapshot) {}
+        fn on_event(&self, _: &plugin_api::ClusterEvent) {}
+        fn stale(&self, reason: &str) {
+            self.0.lock().unwrap().push(reason.to_owned());
+        }
+    }
+
+    /// The rule on a virtual clock: a revision seen and not applied counts from its first
+    /// sighting; past `max_lag` the listeners fail closed once; a quorum loss (no answer
+    /// but "no leader") is no lag; silence is; a load serves again.
+    #[test]
+    fn lag_counts_from_the_first_sighting_and_fails_closed_past_max_lag() {
+        let t0 = Instant::now();
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        let f = Freshness::new(Duration::from_secs(2), Metrics::default());
+        let marks = Arc::new(Marks::default());
+        let ls: Vec<Arc<dyn ClusterListener>> = vec![marks.clone()];
+        f.applied_etcd(10, ms(0));
+        // A write outside the prefix: the store moved, nothing to apply.
+        f.probed(
+            Probe::Answer {
+                rev: 11,
+                changed: false,
+            },
+            ms(100),
+        );
+        assert_eq!(f.lag(ms(3000)), Duration::ZERO);
+        // A change under the prefix at 12 seen at 0.5 s, 13 at 1 s: lag from 0.5 s.
+        f.probed(
+            Probe::Answer {
+                rev: 12,
+                changed: true,
+            },
+            ms(500),
+        );
+        f.probed(
+            Probe::Answer {
+                rev: 13,
+                changed: true,
+            },
+            ms(1000),
+        );
+        assert_eq!(f.lag(ms(1500)), Duration::from_secs(1));
+        // The watch delivers 12: the lag now counts from 13's sighting.
+        f.applied_etcd(12, ms(1600));
+        assert_eq!(f.lag(ms(1600)), Duration::from_millis(600));
+        // Quorum loss: only "no leader" answers; no lag, no silence.
+        for t in [2000, 3000, 4000] {
+            f.probed(Probe::Leaderless, ms(t));
+        }
+        assert_eq!(f.judge(&ls, ms(2900)), Duration::from_millis(1900));
+        assert!(f.stale().is_none() && marks.0.lock().unwrap().is_empty());
+        // 13 is still not applied at 3.1 s: 2.1 s behind, fails closed, once.
+        f.judge(&ls, ms(3100));
+        f.judge(&ls, ms(3200));
+        let why = f.stale().expect("stale");
+        assert!(
+            why.contains("2s 100ms behind the store (max_lag 2s)"),
+            "{why}"
+        );
+        assert_eq!(marks.0.lock().unwrap().len(), 1);
+        // The reload caught up: serves again.
+        f.loaded(14, ms(3300));
+        assert!(f.stale().is_none());
+        assert_eq!(f.judge(&ls, ms(3300)), Duration::ZERO);
+        // Nothing heard at all for more than max_lag: cut off, fails closed.
+        f.probed(Probe::Silent, ms(5000));
+        assert!(f.stale().is_none());
+        f.judge(&ls, ms(5400));
+        let why = f.stale().expect("stale");
+        assert!(
+            why.contains("heard nothing from etcd for 2s 100ms"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn the_probe_interval_is_at_most_a_second() {
+        assert_eq!(
+            probe_interval(Duration::from_secs(2)),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            probe_interval(Duration::from_secs(10)),
+            Duration::from_secs(1)
+        );
+    }
+}
