@@ -435,6 +435,7 @@ mod tests {
         reported.outbox.push(WorkerEvent::Readiness {
             job: "j-3".into(),
             ready: true,
+            probe: None,
         });
         let held = [
             ("j-1", false),
@@ -458,6 +459,7 @@ mod tests {
                 .map(|(j, r)| WorkerEvent::Readiness {
                     job: (*j).into(),
                     ready: *r,
+                    probe: None,
                 })
                 .collect()
         };

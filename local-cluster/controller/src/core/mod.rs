@@ -21,6 +21,7 @@ mod report;
 mod sched;
 mod timers;
 mod view;
+mod waits;
 mod worker;
 
 use super::config::DisruptionThreshold;
@@ -262,6 +263,8 @@ pub(crate) struct Core {
     reregister: BTreeSet<HostId>,
     /// When each running job started running (for the backoff reset).
     running_since: JobMap<Instant>,
+    /// Per-job notes for the rollouts: last failing probes, jobs ever ready (`waits.rs`).
+    notes: waits::Notes,
     backoff: HashMap<(ServiceKey, u32), RestartBackoff>,
     pending: BTreeMap<ServiceKey, BTreeMap<u32, String>>,
     assign: HashMap<HostId, watch::Sender<Arc<HostAssignments>>>,
@@ -388,6 +391,7 @@ impl Core {
             clocks,
         } = loaded;
         let (view, _) = watch::channel(Arc::new(View::default()));
+        let notes = waits::Notes::loaded(&cluster);
         Core {
             timing,
             cluster_id,
@@ -408,6 +412,7 @@ impl Core {
             withheld: BTreeSet::new(),
             reregister: BTreeSet::new(),
             running_since: clocks.running_since,
+            notes,
             backoff: HashMap::new(),
             pending: BTreeMap::new(),
             assign: HashMap::new(),
@@ -509,6 +514,7 @@ impl Core {
                     phase,
                     ready,
                     available,
+                    ever_ready: ready || self.notes.ever_ready(&j.info.job),
                 })
             })
             .collect()

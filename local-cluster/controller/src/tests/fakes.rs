@@ -271,6 +271,7 @@ pub(super) fn ready(job: &str, ready: bool) -> WorkerEvent {
     WorkerEvent::Readiness {
         job: job.into(),
         ready,
+        probe: None,
     }
 }
 
