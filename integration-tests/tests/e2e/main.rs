@@ -31,6 +31,7 @@ mod reliability_watch;
 mod restart;
 mod restore;
 mod rollout;
+mod rollout_meaning;
 mod rotation;
 mod sandbox;
 mod scale;

@@ -171,7 +171,8 @@ pub(super) struct Sched {
     /// replica reaching `min_ready`), if it does.
     timed: BTreeMap<ServiceKey, Instant>,
     /// Services whose last visit left them in a shape a readiness change cannot alter
-    /// (every slot one live current-generation job, nothing else live, `min_ready` 0):
+    /// (every slot one live current-generation job, nothing else live, `min_ready` 0 or
+    /// every replica available):
     /// how many of their replicas are not available yet. A commit that only starts jobs
     /// or changes their readiness visits such a service only when that count reaches 0
     /// (its rollout completes), and keeps its progress deadline current meanwhile.

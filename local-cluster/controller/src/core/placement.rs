@@ -562,14 +562,27 @@ impl Core {
             match self.drive_rollout(&mut r, s, view, now) {
                 Drive::Revert(why) => revert = Some(why),
                 Drive::Waits if r.state == RolloutState::Progressing => {
-                    r.reason = waiting_reason(blocked, view).or_else(|| self.waiting_for(s, view))
+                    r.reason =
+                        waiting_reason(blocked, view).or_else(|| self.waiting_for(txn, s, view))
                 }
                 Drive::Waits | Drive::Ended => {}
             }
         }
         if r != rec.rollout {
+            // A new waiting reason alone (a replica started, got ready, its probe failed
+            // another way) is no change the readers of the event feed need: it moves
+            // neither the service's `rev` nor its endpoints' index. The view shows it.
+            let reason_only = r.state == rec.rollout.state
+                && Rollout {
+                    reason: rec.rollout.reason.clone(),
+                    ..r.clone()
+                } == rec.rollout;
             rec.rollout = r;
-            txn.put_service(rec);
+            if reason_only {
+                txn.put_service_quiet(rec);
+            } else {
+                txn.put_service(rec);
+            }
         }
         revert
     }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use tracing::debug;
 use xce_model::job_key::{JobKey, JobMap};
 use xce_model::rollout::{self, JobFacts, Wait};
-use xce_model::{Cluster, ServiceRec};
+use xce_model::{Cluster, ServiceRec, Txn};
 use xce_proto::worker::WorkerEvent;
 
 /// The controller's in-memory notes on jobs, for its rollouts.
@@ -101,7 +101,13 @@ impl Core {
     /// words (`xcecli` prints it after `waiting:`): the lowest slot not done yet and what
     /// it waits for, with the replica's last failing probe when it is not ready
     /// (`replica 0 (j-7 on exec-02) is not ready: readiness GET / answered 404`).
-    pub(super) fn waiting_for(&self, s: &ServiceRec, view: &rollout::Service) -> Option<String> {
+    /// `txn` is the pass's batch: the jobs it placed are not in the cluster yet.
+    pub(super) fn waiting_for(
+        &self,
+        txn: &Txn,
+        s: &ServiceRec,
+        view: &rollout::Service,
+    ) -> Option<String> {
         let min_ready = humantime::format_duration(view.policy.min_ready);
         let text = match rollout::first_wait(view)? {
             Wait::Placement(r) => match self.pending.get(&s.info.key()).and_then(|p| p.get(&r)) {
@@ -111,14 +117,14 @@ impl Core {
                     view.policy.max_surge
                 ),
             },
-            Wait::Start(j) => format!("{} has not started yet", self.named(j)),
+            Wait::Start(j) => format!("{} has not started yet", self.named(txn, j)),
             Wait::Ready(j) => match self.notes.probes.get(&j.job) {
-                Some(probe) => format!("{} is not ready: {probe}", self.named(j)),
-                None => format!("{} is not ready yet", self.named(j)),
+                Some(probe) => format!("{} is not ready: {probe}", self.named(txn, j)),
+                None => format!("{} is not ready yet", self.named(txn, j)),
             },
             Wait::MinReady(j) => format!(
                 "{} is ready; it counts once it has been ready for min_ready {min_ready}",
-                self.named(j)
+                self.named(txn, j)
             ),
             Wait::Leaving => "older replicas are still leaving".to_owned(),
         };
@@ -126,12 +132,10 @@ impl Core {
     }
 
     /// `replica 0 (j-7 on exec-02)`.
-    fn named(&self, j: &JobFacts) -> String {
-        let host = self
-            .cluster
-            .jobs
-            .get(j.job.as_str())
-            .map_or("an unknown host", |r| r.info.host.as_str());
-        format!("replica {} ({} on {host})", j.replica, j.job)
+    fn named(&self, txn: &Txn, j: &JobFacts) -> String {
+        match txn.job(&self.cluster, &j.job) {
+            Some(r) => format!("replica {} ({} on {})", j.replica, j.job, r.info.host),
+            None => format!("replica {} ({})", j.replica, j.job),
+        }
     }
 }
