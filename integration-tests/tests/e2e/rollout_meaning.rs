@@ -114,7 +114,7 @@ async fn a_broken_update_without_readiness_is_reverted_and_never_replaces_the_ol
 /// failing probe once (not once per probe).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stuck_rollout_names_the_new_replica_and_its_last_probe() {
-    let c = DevCluster::start_logging_to_file(1, false).expect("dev cluster");
+    let c = DevCluster::start(1, false).expect("dev cluster");
     let v1 = http_service("web", 2).toml();
     assert_eq!(c.api.submit_toml(&v1).await.unwrap().0, 201);
     c.api.wait_settled("web", 2).await;
