@@ -27,6 +27,24 @@ fn peak_sampler(marker: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandl
     })
 }
 
+/// Counts, every 20 ms until `stop`, how many of the processes `old` (whose command lines
+/// have `marker`) are still alive; returns the fewest seen.
+fn fewest_sampler(
+    marker: String,
+    old: BTreeSet<u32>,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<usize> {
+    std::thread::spawn(move || {
+        let mut fewest = old.len();
+        while !stop.load(Ordering::Relaxed) {
+            let now: BTreeSet<u32> = pids_with_cmdline(&marker).into_iter().collect();
+            fewest = fewest.min(old.intersection(&now).count());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        fewest
+    })
+}
+
 /// Finding 7: v1 `sleep 3600`, v2 `sh -c "sleep 2; exit 3"`, no readiness check, 3
 /// replicas, nothing set in `[service.update]` (the default `min_ready`: this test keeps
 /// it). `submit --wait` of v2 exited 0 in 0.2 s and every healthy replica was replaced;
@@ -56,19 +74,7 @@ async fn a_broken_update_without_readiness_is_reverted_and_never_replaces_the_ol
     assert_eq!(old.len(), 3, "three v1 processes: {old:?}");
 
     let stop = Arc::new(AtomicBool::new(false));
-    let watcher = {
-        let (stop, marker, old) = (stop.clone(), marker.clone(), old.clone());
-        std::thread::spawn(move || {
-            // The fewest of the original v1 processes alive at any time.
-            let mut fewest = old.len();
-            while !stop.load(Ordering::Relaxed) {
-                let now: BTreeSet<u32> = pids_with_cmdline(&marker).into_iter().collect();
-                fewest = fewest.min(old.intersection(&now).count());
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            fewest
-        })
-    };
+    let watcher = fewest_sampler(marker.clone(), old.clone(), stop.clone());
     let t1 = Instant::now();
     let config = c.client_config.clone();
     let v2_arg = v2.to_str().unwrap().to_owned();

@@ -155,6 +155,15 @@ impl Model {
         }
     }
 
+    /// The indexes of the live jobs of `generation`.
+    fn live_of(&self, generation: u64) -> Vec<usize> {
+        (0..self.jobs.len())
+            .filter(|k| {
+                self.jobs[*k].generation == generation && self.jobs[*k].phase != Phase::Leaving
+            })
+            .collect()
+    }
+
     /// Everything goes well from here on: placements fit, replicas start, get ready and
     /// available, drained ones end.
     fn calm(&mut self) -> Result<u32, TestCaseError> {
@@ -280,9 +289,7 @@ proptest! {
             match step {
                 Broken::Pass(fits) => m.pass(fits)?,
                 Broken::Runs(i, ready) => {
-                    let new: Vec<usize> = (0..m.jobs.len())
-                        .filter(|k| m.jobs[*k].generation == 2 && m.jobs[*k].phase != Phase::Leaving)
-                        .collect();
+                    let new = m.live_of(2);
                     if let Some(&k) = new.get(i % new.len().max(1)) {
                         let j = &mut m.jobs[k];
                         j.phase = Phase::Running;
@@ -293,9 +300,7 @@ proptest! {
                     }
                 }
                 Broken::Exits(i) => {
-                    let new: Vec<usize> = (0..m.jobs.len())
-                        .filter(|k| m.jobs[*k].generation == 2 && m.jobs[*k].phase != Phase::Leaving)
-                        .collect();
+                    let new = m.live_of(2);
                     if let Some(&k) = new.get(i % new.len().max(1)) {
                         let j = m.jobs.remove(k);
                         prop_assert!(exit_counts(&r, 2, j.generation, false), "an exit of a new replica that was not available did not count");
