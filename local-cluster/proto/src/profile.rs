@@ -671,6 +671,26 @@ fn duration(
     }
 }
 
+/// A rollout's `deadline` must be longer than its `min_ready` (`given`: set by the
+/// profile, not the default).
+fn check_deadline(
+    deadline: Duration,
+    min_ready: Duration,
+    given: bool,
+    errs: &mut Vec<FieldError>,
+) {
+    if deadline <= min_ready {
+        let default = if given { "" } else { ", its default" };
+        errs.push(FieldError::new(
+            "service.update.deadline",
+            format!(
+                "must be longer than min_ready ({}{default}): no replica could make progress in time",
+                humantime::format_duration(min_ready),
+            ),
+        ));
+    }
+}
+
 /// `[service.update]`, every problem listed.
 fn parse_update(u: &Map<String, Value>, errs: &mut Vec<FieldError>) -> UpdatePolicy {
     let d = UpdatePolicy::default();
@@ -725,20 +745,7 @@ fn parse_update(u: &Map<String, Value>, errs: &mut Vec<FieldError>) -> UpdatePol
         (Duration::from_secs(1), MAX_ROLLOUT_DURATION),
         errs,
     );
-    if deadline <= min_ready {
-        errs.push(FieldError::new(
-            "service.update.deadline",
-            format!(
-                "must be longer than min_ready ({}{}): no replica could make progress in time",
-                humantime::format_duration(min_ready),
-                if u.contains_key("min_ready") {
-                    ""
-                } else {
-                    ", its default"
-                }
-            ),
-        ));
-    }
+    check_deadline(deadline, min_ready, u.contains_key("min_ready"), errs);
     let auto_revert = match u.get("auto_revert") {
         None => d.auto_revert,
         Some(Value::Bool(b)) => *b,

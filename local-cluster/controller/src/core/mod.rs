@@ -179,6 +179,16 @@ pub(super) struct Sched {
     quiet: HashMap<ServiceKey, u32>,
 }
 
+/// The controller's in-memory notes on jobs, for its rollouts (kept by `waits.rs`;
+/// declared here for the same reason as [`Parts`]).
+#[derive(Debug, Default)]
+pub(super) struct Notes {
+    /// The last failing probe of each live job that is not ready, as its worker said it.
+    probes: HashMap<JobId, String>,
+    /// The live jobs that have been ready at some point.
+    ever_ready: JobMap<()>,
+}
+
 /// What readers see: a consistent snapshot after a command. Its parts are shared with
 /// the views before and after it: a settle rebuilds only what changed (see `view.rs`).
 #[derive(Debug, Clone, Default)]
@@ -265,7 +275,7 @@ pub(crate) struct Core {
     /// When each running job started running (for the backoff reset).
     running_since: JobMap<Instant>,
     /// Per-job notes for the rollouts: last failing probes, jobs ever ready (`waits.rs`).
-    notes: waits::Notes,
+    notes: Notes,
     backoff: HashMap<(ServiceKey, u32), RestartBackoff>,
     pending: BTreeMap<ServiceKey, BTreeMap<u32, String>>,
     assign: HashMap<HostId, watch::Sender<Arc<HostAssignments>>>,
@@ -392,7 +402,7 @@ impl Core {
             clocks,
         } = loaded;
         let (view, _) = watch::channel(Arc::new(View::default()));
-        let notes = waits::Notes::loaded(&cluster);
+        let notes = Notes::loaded(&cluster);
         Core {
             timing,
             cluster_id,

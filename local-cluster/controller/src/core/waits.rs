@@ -7,23 +7,13 @@
 //! the replica and says it is not ready until its worker reports a new text) and counts
 //! the jobs ready at its load as having been ready.
 
-use super::Core;
-use plugin_api::{HostId, JobId, ServiceKey};
-use std::collections::HashMap;
+use super::{Core, Notes};
+use plugin_api::{HostId, ServiceKey};
 use tracing::debug;
-use xce_model::job_key::{JobKey, JobMap};
+use xce_model::job_key::JobKey;
 use xce_model::rollout::{self, JobFacts, Wait};
 use xce_model::{Cluster, ServiceRec, Txn};
 use xce_proto::worker::WorkerEvent;
-
-/// The controller's in-memory notes on jobs, for its rollouts.
-#[derive(Debug, Default)]
-pub(super) struct Notes {
-    /// The last failing probe of each live job that is not ready, as its worker said it.
-    probes: HashMap<JobId, String>,
-    /// The live jobs that have been ready at some point.
-    ever_ready: JobMap<()>,
-}
 
 impl Notes {
     /// The notes a load starts with: every job ready now has been ready.
