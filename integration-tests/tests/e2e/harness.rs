@@ -1182,9 +1182,16 @@ pub fn replica_profile(
         // Long names make a fat entry (the watch-load scenario wants big events).
         p += &format!("[[service.ports]]\nname = \"port-padding-{i:02}\"\n");
     }
+    p += TEST_MIN_READY;
     p += &format!("[service.readiness]\nhttp = {{ port = \"http\", path = \"/ready\" }}\ninterval = \"{interval}\"\n");
     p
 }
+
+/// The `[service.update]` table of the harness's profiles: `min_ready` 500 ms rather than
+/// the default 10 s, so a test that does not test `min_ready` does not wait 10 s for every
+/// rollout (a service's creation included) to complete. `rollout_meaning.rs` keeps the
+/// default. Written before `[service.readiness]`, which callers may append lines to.
+pub const TEST_MIN_READY: &str = "[service.update]\nmin_ready = \"500ms\"\n";
 
 /// Appended to a [`replica_profile`] (its `[service.readiness]` table comes last): a
 /// probe's timeout that a loaded machine does not hit. By default the timeout is the
@@ -1438,7 +1445,7 @@ impl HttpService {
             .map(|b| format!("{b}; "))
             .unwrap_or_default();
         t += &format!(
-            "replicas = {}\ncommand = [\"sh\", \"-c\", \"{before}exec python3 -m http.server $XCE_PORT_HTTP --bind $XCE_HOST_IP\"]\n[[service.ports]]\nname = \"http\"\n[service.readiness]\ntcp = \"http\"\n",
+            "replicas = {}\ncommand = [\"sh\", \"-c\", \"{before}exec python3 -m http.server $XCE_PORT_HTTP --bind $XCE_HOST_IP\"]\n[[service.ports]]\nname = \"http\"\n{TEST_MIN_READY}[service.readiness]\ntcp = \"http\"\n",
             self.replicas
         );
         // Unless set, 200 ms rather than the profile default of 1 s: the first probe runs

@@ -36,6 +36,7 @@ mod reliability_watch;
 mod restart;
 mod restore;
 mod rollout;
+mod rollout_meaning;
 mod rotation;
 mod sandbox;
 mod scale;

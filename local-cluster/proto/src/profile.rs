@@ -119,13 +119,18 @@ impl Default for UpdatePolicy {
         UpdatePolicy {
             max_surge: 1,
             max_unavailable: 0,
-            min_ready: Duration::ZERO,
+            min_ready: DEFAULT_MIN_READY,
             deadline: Duration::from_secs(300),
             auto_revert: true,
         }
     }
 }
 
+/// `service.update.min_ready` when the profile does not say (Nomad's
+/// `min_healthy_time`): a new replica replaces an old one only once it has been ready
+/// this long, and a service without a readiness check is ready as soon as its process
+/// runs, so without it a command that dies after a few seconds "completed" its rollout.
+pub const DEFAULT_MIN_READY: Duration = Duration::from_secs(10);
 /// `service.drain` when the profile does not say.
 pub const DEFAULT_DRAIN: Duration = Duration::from_secs(5);
 /// The longest `drain`, `min_ready` or `deadline` a profile may ask for.
@@ -666,6 +671,26 @@ fn duration(
     }
 }
 
+/// A rollout's `deadline` must be longer than its `min_ready` (`given`: set by the
+/// profile, not the default).
+fn check_deadline(
+    deadline: Duration,
+    min_ready: Duration,
+    given: bool,
+    errs: &mut Vec<FieldError>,
+) {
+    if deadline <= min_ready {
+        let default = if given { "" } else { ", its default" };
+        errs.push(FieldError::new(
+            "service.update.deadline",
+            format!(
+                "must be longer than min_ready ({}{default}): no replica could make progress in time",
+                humantime::format_duration(min_ready),
+            ),
+        ));
+    }
+}
+
 /// `[service.update]`, every problem listed.
 fn parse_update(u: &Map<String, Value>, errs: &mut Vec<FieldError>) -> UpdatePolicy {
     let d = UpdatePolicy::default();
@@ -720,12 +745,7 @@ fn parse_update(u: &Map<String, Value>, errs: &mut Vec<FieldError>) -> UpdatePol
         (Duration::from_secs(1), MAX_ROLLOUT_DURATION),
         errs,
     );
-    if deadline <= min_ready {
-        errs.push(FieldError::new(
-            "service.update.deadline",
-            "must be longer than min_ready (no replica could make progress in time)",
-        ));
-    }
+    check_deadline(deadline, min_ready, u.contains_key("min_ready"), errs);
     let auto_revert = match u.get("auto_revert") {
         None => d.auto_revert,
         Some(Value::Bool(b)) => *b,

@@ -376,12 +376,20 @@ pub enum WorkerEvent {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         log: Option<String>,
     },
-    /// Readiness changed (a transition, never a repeat).
+    /// Readiness changed (a transition), or, for a job that is not ready, the text of its
+    /// last failing probe changed (a repeat of `ready: false` with a new `probe`).
     Readiness {
         /// Job id.
         job: JobId,
         /// The new outcome.
         ready: bool,
+        /// The last failing probe of a job that is not ready, in words
+        /// (`readiness GET / answered 404`, `readiness GET /: connection refused`): what
+        /// its rollout waits for. Sent when the text changes, not per probe. Absent when
+        /// ready, and from workers that predate it; a controller that predates it ignores
+        /// it (and the repeat changes nothing there: events are idempotent).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        probe: Option<String>,
     },
     /// The process is gone.
     Exited {

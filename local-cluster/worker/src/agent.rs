@@ -412,7 +412,12 @@ impl Agent {
                 self.reconcile().await?;
             }
             Msg::Exited { job, pid, cause } => self.on_exits(vec![(job, pid, cause)])?,
-            Msg::Ready { job, pid, ready } => {
+            Msg::Ready {
+                job,
+                pid,
+                ready,
+                probe,
+            } => {
                 let Some(j) = self.jobs.get_mut(&job) else {
                     return Ok(());
                 };
@@ -420,9 +425,13 @@ impl Agent {
                     // Stale, or the process just died: its exit is the news.
                     return Ok(());
                 }
-                j.record.ready = ready;
-                self.persist()?;
-                self.outbox.push(WorkerEvent::Readiness { job, ready });
+                // A new probe text of a job that stays not ready changes nothing on disk.
+                if j.record.ready != ready {
+                    j.record.ready = ready;
+                    self.persist()?;
+                }
+                self.outbox
+                    .push(WorkerEvent::Readiness { job, ready, probe });
                 self.publish_running();
             }
             Msg::OrphanDrained(job) => {
@@ -568,8 +577,11 @@ impl Agent {
             log: Some(log.display().to_string()),
         });
         if ready {
-            self.outbox
-                .push(WorkerEvent::Readiness { job, ready: true });
+            self.outbox.push(WorkerEvent::Readiness {
+                job,
+                ready: true,
+                probe: None,
+            });
         }
         self.publish_running();
         Ok(())

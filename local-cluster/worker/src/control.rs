@@ -494,6 +494,7 @@ mod tests {
         reported.outbox.push(WorkerEvent::Readiness {
             job: "j-3".into(),
             ready: true,
+            probe: None,
         });
         let held = [
             ("j-1", false),
@@ -518,6 +519,7 @@ mod tests {
                 .map(|(j, r)| WorkerEvent::Readiness {
                     job: (*j).into(),
                     ready: *r,
+                    probe: None,
                 })
                 .collect()
         };

@@ -41,10 +41,13 @@ pub(crate) struct EventQueue {
 
 impl EventQueue {
     /// Queues `ev`. A readiness event whose job's last queued, never tried event is also
-    /// a readiness event cancels with it: readiness events of a job alternate, so the pair
-    /// brings the controller back to what it already believes.
+    /// a readiness event takes its place: the controller needs only the newest. Two
+    /// transitions without probe texts cancel out instead (readiness transitions of a job
+    /// alternate, so the pair brings the controller back to what it already believes). A
+    /// failing probe's new text (a repeat of `ready: false`) only ever replaces: the event
+    /// it would cancel with may be the transition it repeats.
     pub(crate) fn push(&mut self, ev: WorkerEvent) {
-        if let WorkerEvent::Readiness { job, .. } = &ev {
+        if let WorkerEvent::Readiness { job, ready, probe } = &ev {
             let last_of_job = self
                 .items
                 .iter()
@@ -52,8 +55,20 @@ impl EventQueue {
                 .skip(self.tried)
                 .rev()
                 .find(|(_, e)| job_of(e) == job);
-            if let Some((i, WorkerEvent::Readiness { .. })) = last_of_job {
-                self.items.remove(i);
+            if let Some((
+                i,
+                WorkerEvent::Readiness {
+                    ready: queued,
+                    probe: queued_probe,
+                    ..
+                },
+            )) = last_of_job
+            {
+                if queued != ready && probe.is_none() && queued_probe.is_none() {
+                    self.items.remove(i);
+                } else {
+                    self.items[i] = ev;
+                }
                 return;
             }
         }
@@ -129,6 +144,7 @@ impl Outbox {
         q.push(WorkerEvent::Readiness {
             job: job.clone(),
             ready,
+            probe: None,
         });
         self.pending.send_replace(q.len());
         drop(q);
@@ -242,8 +258,25 @@ mod tests {
                 pid: 7,
                 log: None,
             },
-            "up" => WorkerEvent::Readiness { job, ready: true },
-            "down" => WorkerEvent::Readiness { job, ready: false },
+            "up" => WorkerEvent::Readiness {
+                job,
+                ready: true,
+                probe: None,
+            },
+            "down" => WorkerEvent::Readiness {
+                job,
+                ready: false,
+                probe: None,
+            },
+            // A failing probe's text while not ready: `404` for `answered 404`.
+            "fail" | "fail2" => WorkerEvent::Readiness {
+                job,
+                ready: false,
+                probe: Some(format!(
+                    "answered {}",
+                    if kind == "fail" { 404 } else { 500 }
+                )),
+            },
             "exit" => WorkerEvent::exited(job, Default::default(), None),
             other => panic!("bad event {other}"),
         }
@@ -253,8 +286,19 @@ mod tests {
         evs.iter()
             .map(|e| match e {
                 WorkerEvent::Started { job, .. } => format!("start:{job}"),
-                WorkerEvent::Readiness { job, ready: true } => format!("up:{job}"),
-                WorkerEvent::Readiness { job, ready: false } => format!("down:{job}"),
+                WorkerEvent::Readiness {
+                    job, ready: true, ..
+                } => format!("up:{job}"),
+                WorkerEvent::Readiness {
+                    job,
+                    ready: false,
+                    probe: None,
+                } => format!("down:{job}"),
+                WorkerEvent::Readiness {
+                    job,
+                    probe: Some(p),
+                    ..
+                } => format!("down:{job}({p})"),
                 WorkerEvent::Exited { job, .. } => format!("exit:{job}"),
                 WorkerEvent::Refused { job, .. } => format!("refused:{job}"),
             })
@@ -307,6 +351,34 @@ mod tests {
                 [start:a up:a]
                 [down:a]
                 left: down:a"#]],
+        );
+    }
+
+    #[test]
+    fn a_new_probe_text_replaces_and_never_cancels_a_transition() {
+        // Not ready with a 404, then a 500: the controller needs the newest text only.
+        check(
+            "start:a fail:a fail2:a send",
+            expect_test::expect![[r#"
+                [start:a down:a(answered 500)]
+                left: start:a down:a(answered 500)"#]],
+        );
+        // A text (a repeat of not ready) then the transition to ready: the transition
+        // stays; cancelling the pair would leave the controller thinking it not ready.
+        check(
+            "start:a send ack fail:a up:a send",
+            expect_test::expect![[r#"
+                [start:a]
+                [up:a]
+                left: up:a"#]],
+        );
+        // Ready, then not ready with a text: the newest state, with its text.
+        check(
+            "start:a send ack up:a fail:a send",
+            expect_test::expect![[r#"
+                [start:a]
+                [down:a(answered 404)]
+                left: down:a(answered 404)"#]],
         );
     }
 

@@ -17,8 +17,14 @@ pub(crate) enum Msg {
         pid: u32,
         cause: ExitCause,
     },
-    /// A job's readiness changed.
-    Ready { job: JobId, pid: u32, ready: bool },
+    /// A job's readiness changed, or (`probe`, while it is not ready) the text of its last
+    /// failing probe did.
+    Ready {
+        job: JobId,
+        pid: u32,
+        ready: bool,
+        probe: Option<String>,
+    },
     /// The controller acknowledged the `Exited` events of these jobs.
     Acked(Vec<JobId>),
     /// An orphan's drain (`orphan_drain`) has passed: stop it unless it is listed again.

@@ -51,17 +51,81 @@ impl Transitions {
     }
 }
 
-/// Why one probe failed (for debug logs only).
+/// Why one probe failed: the text of a failing probe's result, as the worker logs it and
+/// the controller shows it in the rollout's reason.
 #[derive(Debug, thiserror::Error)]
 enum ProbeError {
-    #[error("timed out")]
-    Timeout,
-    #[error("{0}")]
+    #[error("timed out after {}", humantime::format_duration(*.0))]
+    Timeout(Duration),
+    #[error("{}", io_words(.0))]
     Connect(std::io::Error),
-    #[error("{0}")]
+    #[error("{}", http_words(.0))]
     Http(reqwest::Error),
-    #[error("answered {0}")]
+    #[error("answered {}", .0.as_u16())]
     Status(reqwest::StatusCode),
+}
+
+/// An I/O error in a few words: `connection refused` rather than `Connection refused
+/// (os error 111)`.
+fn io_words(e: &std::io::Error) -> String {
+    use std::io::ErrorKind as K;
+    match e.kind() {
+        K::ConnectionRefused => "connection refused".into(),
+        K::ConnectionReset => "connection reset".into(),
+        K::ConnectionAborted => "connection aborted".into(),
+        K::TimedOut => "timed out".into(),
+        K::UnexpectedEof => "connection closed before an answer".into(),
+        _ => e.to_string(),
+    }
+}
+
+/// A request error by its innermost cause (reqwest's own text names the URL, which the
+/// probe's description already says): the I/O error when there is one.
+fn http_words(e: &reqwest::Error) -> String {
+    let mut cause: &dyn std::error::Error = e;
+    while let Some(next) = cause.source() {
+        if let Some(io) = next.downcast_ref::<std::io::Error>() {
+            return io_words(io);
+        }
+        cause = next;
+    }
+    cause.to_string()
+}
+
+/// A failing probe's result in words, naming the probe: `readiness GET / answered 404`,
+/// `readiness GET /: connection refused`, `readiness TCP 127.0.0.1:8080: timed out after
+/// 1s`.
+fn describe(probe: &Probe, addr: SocketAddr, e: &ProbeError) -> String {
+    match (probe, e) {
+        (Probe::Http { path, .. }, ProbeError::Status(_)) => format!("readiness GET {path} {e}"),
+        (Probe::Http { path, .. }, _) => format!("readiness GET {path}: {e}"),
+        (Probe::Tcp { .. }, _) => format!("readiness TCP {addr}: {e}"),
+    }
+}
+
+/// The failing results a job's prober reports while the job is not ready: each one whose
+/// text differs from the last one reported (a probe failing the same way every second is
+/// reported once, and logged once).
+#[derive(Debug, Default)]
+pub(crate) struct FailureNotes {
+    last: Option<String>,
+}
+
+impl FailureNotes {
+    /// Feeds the result of one probe (`None`: it passed); returns the text to report.
+    pub(crate) fn observe(&mut self, failure: Option<String>) -> Option<String> {
+        match failure {
+            None => {
+                self.last = None;
+                None
+            }
+            Some(text) if self.last.as_deref() == Some(text.as_str()) => None,
+            Some(text) => {
+                self.last = Some(text.clone());
+                Some(text)
+            }
+        }
+    }
 }
 
 /// What one job's prober needs.
@@ -95,7 +159,7 @@ async fn probe_once(
     match probe {
         Probe::Tcp { .. } => {
             match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await {
-                Err(_) => Err(ProbeError::Timeout),
+                Err(_) => Err(ProbeError::Timeout(timeout)),
                 Ok(Err(e)) => Err(ProbeError::Connect(e)),
                 Ok(Ok(_stream)) => Ok(()),
             }
@@ -108,7 +172,7 @@ async fn probe_once(
                 .await
                 .map_err(|e| {
                     if e.is_timeout() {
-                        ProbeError::Timeout
+                        ProbeError::Timeout(timeout)
                     } else {
                         ProbeError::Http(e)
                     }
@@ -142,32 +206,54 @@ pub(crate) async fn run(pj: ProbeJob, http: reqwest::Client, owner: mpsc::Sender
     );
     let mut tick = tokio::time::interval(pj.readiness.interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut notes = FailureNotes::default();
+    let mut reported = pj.last;
     loop {
         tick.tick().await;
         let outcome = probe_once(&http, &pj.readiness.probe, addr, pj.readiness.timeout).await;
-        if let Err(e) = &outcome {
-            tracing::trace!(%addr, error = %e, "probe failed");
-        }
+        let failure = outcome
+            .as_ref()
+            .err()
+            .map(|e| describe(&pj.readiness.probe, addr, e));
         let ready = outcome.is_ok();
         if !ready && !procfs::is_same_and_live(pj.pid, pj.start_time) {
             // The process is gone: its exit, not a readiness change, is the news.
             return;
         }
-        if let Some(ready) = filter.observe(ready) {
+        let transition = filter.observe(ready);
+        if let Some(r) = transition {
+            reported = r;
+        }
+        // While the job is not ready (as reported), a failing result whose text changed is
+        // news too: it says what the job's rollout waits for.
+        let note = if reported {
+            None
+        } else {
+            notes.observe(failure)
+        };
+        if reported {
+            notes.observe(None);
+        }
+        if let Some(ready) = transition {
             // The last failure says why a replica left its endpoint (a timeout under
             // load reads differently from a refused connection).
-            match &outcome {
-                Err(e) => tracing::info!(ready, last_probe = %e, "readiness changed"),
-                Ok(()) => tracing::info!(ready, "readiness changed"),
+            match &note {
+                Some(last_probe) => tracing::info!(ready, %last_probe, "readiness changed"),
+                None => tracing::info!(ready, "readiness changed"),
             }
-            let msg = Msg::Ready {
-                job: pj.job.clone(),
-                pid: pj.pid,
-                ready,
-            };
-            if owner.send(msg).await.is_err() {
-                return;
-            }
+        } else if let Some(last_probe) = &note {
+            tracing::info!(%last_probe, "readiness probe failing");
+        } else {
+            continue;
+        }
+        let msg = Msg::Ready {
+            job: pj.job.clone(),
+            pid: pj.pid,
+            ready: reported,
+            probe: note,
+        };
+        if owner.send(msg).await.is_err() {
+            return;
         }
     }
 }

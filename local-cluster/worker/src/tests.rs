@@ -467,14 +467,23 @@ fn started_pid(fake: &Fake, job: &str) -> u32 {
         .expect("a Started event")
 }
 
-/// `(started, ready=true, ready=false, exited, refused)` counts of a job's events.
+/// `(started, ready=true, ready=false, exited, refused)` counts of a job's events; the
+/// readiness ones are transitions (a failing probe's new text repeats `ready: false`).
 fn counts(fake: &Fake, job: &str) -> (usize, usize, usize, usize, usize) {
     let evs = fake.events_of(job);
     let n = |f: &dyn Fn(&WorkerEvent) -> bool| evs.iter().filter(|e| f(e)).count();
+    let mut last = false;
+    let mut downs = 0;
+    for e in &evs {
+        if let WorkerEvent::Readiness { ready, .. } = e {
+            downs += usize::from(last && !*ready);
+            last = *ready;
+        }
+    }
     (
         n(&|e| matches!(e, WorkerEvent::Started { .. })),
         n(&|e| matches!(e, WorkerEvent::Readiness { ready: true, .. })),
-        n(&|e| matches!(e, WorkerEvent::Readiness { ready: false, .. })),
+        downs,
         n(&|e| matches!(e, WorkerEvent::Exited { .. })),
         n(&|e| matches!(e, WorkerEvent::Refused { .. })),
     )

@@ -216,6 +216,7 @@ impl Core {
             }
             ClusterEvent::Job { job, rev } => self.keep_job_clocks(job, *rev, now),
             ClusterEvent::JobEnded { job, .. } => {
+                self.notes.ended(&job.job);
                 self.running_since.remove(&job.job);
                 self.ready_since.remove(&job.job);
                 self.drain_until.remove(&job.job);
@@ -247,7 +248,10 @@ impl Core {
             self.running_since.keep_first(id, now);
         }
         match id {
-            Some(id) if job.ready => self.ready_since.keep_first(id, now),
+            Some(id) if job.ready => {
+                self.notes.ready(id);
+                self.ready_since.keep_first(id, now)
+            }
             _ => _ = self.ready_since.remove(&job.job),
         }
         let draining = self

@@ -25,6 +25,7 @@ mod report;
 mod sched;
 mod timers;
 mod view;
+mod waits;
 mod worker;
 
 use super::config::DisruptionThreshold;
@@ -177,11 +178,22 @@ pub(super) struct Sched {
     /// replica reaching `min_ready`), if it does.
     timed: BTreeMap<ServiceKey, Instant>,
     /// Services whose last visit left them in a shape a readiness change cannot alter
-    /// (every slot one live current-generation job, nothing else live, `min_ready` 0):
+    /// (every slot one live current-generation job, nothing else live, `min_ready` 0 or
+    /// every replica available):
     /// how many of their replicas are not available yet. A commit that only starts jobs
     /// or changes their readiness visits such a service only when that count reaches 0
     /// (its rollout completes), and keeps its progress deadline current meanwhile.
     quiet: HashMap<ServiceKey, u32>,
+}
+
+/// The controller's in-memory notes on jobs, for its rollouts (kept by `waits.rs`;
+/// declared here for the same reason as [`Parts`]).
+#[derive(Debug, Default)]
+pub(super) struct Notes {
+    /// The last failing probe of each live job that is not ready, as its worker said it.
+    probes: HashMap<JobId, String>,
+    /// The live jobs that have been ready at some point.
+    ever_ready: JobMap<()>,
 }
 
 /// What readers see: a consistent snapshot after a command. Its parts are shared with
@@ -279,6 +291,8 @@ pub(crate) struct Core {
     reregister: BTreeSet<HostId>,
     /// When each running job started running (for the backoff reset).
     running_since: JobMap<Instant>,
+    /// Per-job notes for the rollouts: last failing probes, jobs ever ready (`waits.rs`).
+    notes: Notes,
     backoff: HashMap<(ServiceKey, u32), RestartBackoff>,
     pending: BTreeMap<ServiceKey, BTreeMap<u32, String>>,
     assign: HashMap<HostId, watch::Sender<Arc<HostAssignments>>>,
@@ -406,6 +420,7 @@ impl Core {
         } = loaded;
         let (view, _) = watch::channel(Arc::new(View::default()));
         let acks = acks::DrainAcks::new(timing.drain_ack_timeout, cluster.rev, Instant::now());
+        let notes = Notes::loaded(&cluster);
         Core {
             acks,
             timing,
@@ -428,6 +443,7 @@ impl Core {
             pulse: None,
             reregister: BTreeSet::new(),
             running_since: clocks.running_since,
+            notes,
             backoff: HashMap::new(),
             pending: BTreeMap::new(),
             assign: HashMap::new(),
@@ -530,6 +546,7 @@ impl Core {
                     ready,
                     available,
                     moving: self.on_draining_host(j),
+                    ever_ready: ready || self.notes.ever_ready(&j.info.job),
                 })
             })
             .collect()

@@ -417,6 +417,13 @@ impl Core {
         job_size: &mut usize,
     ) -> bool {
         let leaving: BTreeSet<JobId> = rollout::to_drain(view).into_iter().collect();
+        // Never ready, superseded: nothing to drain, so no process held for `drain`.
+        let at_once: BTreeSet<&JobId> = view
+            .jobs
+            .iter()
+            .filter(|f| leaving.contains(&f.job) && rollout::stops_at_once(view, f))
+            .map(|f| &f.job)
+            .collect();
         let mut drained = false;
         for j in jobs.iter_mut().filter(|j| leaving.contains(&j.info.job)) {
             if *job_size == 0 {
@@ -426,7 +433,9 @@ impl Core {
                 batch.cut = Some(j.info.service_key());
                 break;
             }
-            debug!(service = %j.info.service, job = %j.info.job, replica = j.info.replica, generation = j.info.generation, "replica leaves (rollout or scale-down)");
+            let at_once = at_once.contains(&j.info.job);
+            debug!(service = %j.info.service, job = %j.info.job, replica = j.info.replica, generation = j.info.generation, at_once, "replica leaves (rollout or scale-down)");
+            let drain = if at_once { Duration::ZERO } else { drain };
             self.leave(&mut batch.txn, JobRec::clone(j), drain);
             batch.budget.add(*job_size);
             batch.drained = true;
@@ -554,14 +563,27 @@ impl Core {
             match self.drive_rollout(&mut r, s, view, now) {
                 Drive::Revert(why) => revert = Some(why),
                 Drive::Waits if r.state == RolloutState::Progressing => {
-                    r.reason = waiting_reason(blocked, view)
+                    r.reason =
+                        waiting_reason(blocked, view).or_else(|| self.waiting_for(txn, s, view))
                 }
                 Drive::Waits | Drive::Ended => {}
             }
         }
         if r != rec.rollout {
+            // A new waiting reason alone (a replica started, got ready, its probe failed
+            // another way) is no change the readers of the event feed need: it moves
+            // neither the service's `rev` nor its endpoints' index. The view shows it.
+            let reason_only = r.state == rec.rollout.state
+                && Rollout {
+                    reason: rec.rollout.reason.clone(),
+                    ..r.clone()
+                } == rec.rollout;
             rec.rollout = r;
-            txn.put_service(rec);
+            if reason_only {
+                txn.put_service_quiet(rec);
+            } else {
+                txn.put_service(rec);
+            }
         }
         revert
     }

@@ -10,7 +10,8 @@
 //!   [`Core::commit`] from the transaction, quiet writes included), or the state was just
 //!   loaded — except a commit that only starts jobs or changes their readiness in a
 //!   service whose shape that cannot alter (`quiet`: every slot holds one live
-//!   current-generation job and nothing else is live, `min_ready` is 0): then nothing
+//!   current-generation job and nothing else is live, `min_ready` is 0 or every replica
+//!   is available already): then nothing
 //!   can change but its rollout's progress, counted here (its deadline kept current),
 //!   and it is visited when its last replica becomes available (the rollout completes).
 //!   A wave of readiness reports for a 10,000-replica service costs one visit, not one
@@ -246,8 +247,13 @@ impl Core {
         let quiet = self
             .profiles
             .get(key)
-            .filter(|p| p.update.min_ready.is_zero() && !waiting && !drained)
-            .and_then(|_| quiet_unavailable(replicas, generation, facts));
+            .filter(|_| !waiting && !drained)
+            .and_then(|p| {
+                let n = quiet_unavailable(replicas, generation, facts)?;
+                // With `min_ready`, time alone makes a ready replica available, so only a
+                // complete service (its rollout no longer acts) is left alone.
+                (p.update.min_ready.is_zero() || n == 0).then_some(n)
+            });
         match quiet {
             Some(n) => self.sched.quiet.insert(key.clone(), n),
             None => self.sched.quiet.remove(key),

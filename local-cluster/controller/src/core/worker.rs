@@ -14,6 +14,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
+use xce_model::rollout;
 use xce_model::slots::LastExit;
 use xce_model::{After, HostRec, JobRec, ServiceState, Txn};
 use xce_proto::worker::{
@@ -560,6 +561,7 @@ impl Core {
                 // Read again: the commit moved the state on.
                 txn = Txn::new(&self.cluster);
             }
+            self.note_probes(&r.host, &r.events);
             self.report_into(&mut txn, &r.host, r.events);
             members.push(results.len() - 1);
         }
@@ -730,12 +732,8 @@ impl Core {
         let Some(mut s) = txn.service(&self.cluster, &service) else {
             return;
         };
-        if !leaving
-            && !worker_stopped
-            && s.state == ServiceState::Active
-            && s.info.generation == generation
-            && s.rollout.is_running(generation)
-        {
+        let counts = rollout::exit_counts(&s.rollout, s.info.generation, generation, leaving);
+        if !worker_stopped && s.state == ServiceState::Active && counts {
             s.rollout.exits += 1;
             txn.put_service_quiet(s);
         }

@@ -224,13 +224,16 @@ pub(super) fn host_names(n: usize) -> Vec<String> {
     (1..=n).map(|i| format!("exec-{i:02}")).collect()
 }
 
+/// A service of `replicas` replicas; `min_ready` 0 (the tests of `min_ready` and its
+/// default set their own), so a ready replica counts at once.
 pub(super) fn web(name: &str, project: &str, replicas: u32) -> Value {
-    json!({"service": {"name": name, "project": project, "replicas": replicas, "command": ["sleep", "1000"]}})
+    json!({"service": {"name": name, "project": project, "replicas": replicas, "command": ["sleep", "1000"],
+                       "update": {"min_ready": "0s"}}})
 }
 
 pub(super) fn versioned(replicas: u32, command: &str) -> Value {
     json!({"service": {"name": "web", "replicas": replicas, "command": ["sh", "-c", command],
-                       "drain": "2s", "update": {"max_surge": 1, "max_unavailable": 0}}})
+                       "drain": "2s", "update": {"max_surge": 1, "max_unavailable": 0, "min_ready": "0s"}}})
 }
 
 pub(super) fn admin() -> Principal {
@@ -271,6 +274,7 @@ pub(super) fn ready(job: &str, ready: bool) -> WorkerEvent {
     WorkerEvent::Readiness {
         job: job.into(),
         ready,
+        probe: None,
     }
 }
 

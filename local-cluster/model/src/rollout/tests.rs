@@ -13,6 +13,8 @@ struct Model {
     policy: UpdatePolicy,
     jobs: Vec<JobFacts>,
     next_id: u32,
+    /// Every job that was ever ready (an endpoint once), kept apart from the facts.
+    endpoints: BTreeSet<JobId>,
     /// The host (of 3; a job's host is its id modulo 3) being drained: its jobs are
     /// `moving`, and nothing is placed there.
     draining: Option<u32>,
@@ -38,6 +40,7 @@ impl Model {
             jobs: Vec::new(),
             next_id: 1,
             draining: None,
+            endpoints: BTreeSet::new(),
         }
     }
 
@@ -90,6 +93,7 @@ impl Model {
                 ready: false,
                 available: false,
                 moving: false,
+                ever_ready: false,
             });
         }
         let limit = self.replicas + self.policy.max_surge;
@@ -102,6 +106,17 @@ impl Model {
         let floor = self.replicas.saturating_sub(self.policy.max_unavailable);
         let avail_before = self.available_in_slots();
         let drain = to_drain(&self.service());
+        for id in &drain {
+            let f = self.jobs.iter().find(|j| &j.job == id);
+            let f = f.ok_or_else(|| TestCaseError::fail("drained an unknown job"))?;
+            if stops_at_once(&self.service(), f) {
+                prop_assert!(
+                    !self.endpoints.contains(id),
+                    "{id} stops at once without a drain, but it was an endpoint"
+                );
+                prop_assert!(f.generation < self.generation, "{id} is not superseded");
+            }
+        }
         for id in &drain {
             let j = self.jobs.iter_mut().find(|j| &j.job == id);
             let j = j.ok_or_else(|| TestCaseError::fail("drained an unknown job"))?;
@@ -127,6 +142,10 @@ impl Model {
                     j.phase = Phase::Running;
                     j.ready = ready;
                     j.available &= ready;
+                    j.ever_ready |= ready;
+                    if ready {
+                        self.endpoints.insert(j.job.clone());
+                    }
                 }
             }
             Action::Available(i) if n > 0 => {
@@ -153,6 +172,15 @@ impl Model {
         }
     }
 
+    /// The indexes of the live jobs of `generation`.
+    fn live_of(&self, generation: u64) -> Vec<usize> {
+        (0..self.jobs.len())
+            .filter(|k| {
+                self.jobs[*k].generation == generation && self.jobs[*k].phase != Phase::Leaving
+            })
+            .collect()
+    }
+
     /// Everything goes well from here on: placements fit, replicas start, get ready and
     /// available, drained ones end.
     fn calm(&mut self) -> Result<u32, TestCaseError> {
@@ -166,6 +194,8 @@ impl Model {
                     j.phase = Phase::Running;
                     j.ready = true;
                     j.available = true;
+                    j.ever_ready = true;
+                    self.endpoints.insert(j.job.clone());
                 }
             }
             self.jobs.retain(|j| j.phase != Phase::Leaving);
@@ -239,6 +269,134 @@ proptest! {
     }
 }
 
+/// What a new generation's replica does before it exits, when it never lasts `min_ready`.
+#[derive(Debug, Clone)]
+enum Broken {
+    Pass(Vec<bool>),
+    /// A current-generation job starts, and is ready (or not).
+    Runs(usize, bool),
+    /// A current-generation job exits (before it was ready for `min_ready`).
+    Exits(usize),
+    /// Drained jobs end.
+    Stopped,
+}
+
+fn broken() -> impl Strategy<Value = Broken> {
+    prop_oneof![
+        4 => proptest::collection::vec(any::<bool>(), 0..4).prop_map(Broken::Pass),
+        4 => (any::<usize>(), any::<bool>()).prop_map(|(i, r)| Broken::Runs(i, r)),
+        3 => any::<usize>().prop_map(Broken::Exits),
+        1 => Just(Broken::Stopped),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// A new generation whose replicas all exit within `min_ready` of becoming ready (or
+    /// before): the rollout never completes, its drains never take the available old
+    /// replicas below `replicas - max_unavailable` (never all of them), every such exit
+    /// counts against the rollout, and MAX_NEW_EXITS of them fail it.
+    #[test]
+    fn new_replicas_that_never_last_min_ready_never_replace_the_old_ones(
+        replicas in 1u32..6,
+        (surge, unavailable) in surge_unavailable(),
+        steps in proptest::collection::vec(broken(), 1..60),
+    ) {
+        let mut m = Model::new(replicas, surge, unavailable);
+        m.jobs = (0..replicas).map(|r| job(r + 1, r, 1, true)).collect();
+        m.next_id = replicas + 1;
+        m.generation = 2;
+        let mut r = Rollout::default();
+        r.begin();
+        let floor = replicas.saturating_sub(unavailable);
+        for step in &steps {
+            match step {
+                Broken::Pass(fits) => m.pass(fits)?,
+                Broken::Runs(i, ready) => {
+                    let new = m.live_of(2);
+                    if let Some(&k) = new.get(i % new.len().max(1)) {
+                        let j = &mut m.jobs[k];
+                        j.phase = Phase::Running;
+                        j.ready = *ready;
+                        j.ever_ready |= *ready;
+                        // Ready, but not for `min_ready`: never available.
+                        j.available = false;
+                    }
+                }
+                Broken::Exits(i) => {
+                    let new = m.live_of(2);
+                    if let Some(&k) = new.get(i % new.len().max(1)) {
+                        let j = m.jobs.remove(k);
+                        prop_assert!(exit_counts(&r, 2, j.generation, false), "an exit of a new replica that was not available did not count");
+                        r.exits += 1;
+                    }
+                }
+                Broken::Stopped => m.jobs.retain(|j| j.phase != Phase::Leaving),
+            }
+            prop_assert!(!m.service().is_complete(), "the rollout completed without an available new replica");
+            let old_available = m.jobs.iter()
+                .filter(|j| j.generation == 1 && j.phase != Phase::Leaving && j.available)
+                .count() as u32;
+            prop_assert!(old_available >= floor.min(replicas), "old replicas available: {} (floor {})", old_available, floor);
+            // (With max_unavailable < replicas the floor is above 0: never all replaced.)
+        }
+        prop_assert_eq!(r.exits >= MAX_NEW_EXITS, r.exits >= 3);
+    }
+}
+
+#[test]
+fn an_exit_counts_only_for_the_generation_rolling_out_and_not_when_leaving() {
+    let mut r = Rollout::default();
+    r.begin();
+    assert!(exit_counts(&r, 2, 2, false));
+    assert!(!exit_counts(&r, 2, 2, true), "a replica on its way out");
+    assert!(!exit_counts(&r, 2, 1, false), "an old replica");
+    r.state = RolloutState::Complete;
+    assert!(!exit_counts(&r, 2, 2, false), "a rollout that completed");
+}
+
+#[test]
+fn a_superseded_surge_replica_never_ready_stops_at_once() {
+    // Three rollouts in quick succession: slot 0 holds the available v1 job, v2's surge
+    // (never ready) and nothing else; v3 arrives.
+    let mut m = Model::new(2, 1, 0);
+    m.jobs = vec![job(1, 0, 1, true), job(2, 1, 1, true), job(3, 0, 2, false)];
+    m.generation = 3;
+    let drain = to_drain(&m.service());
+    assert_eq!(drain, vec!["j-3".to_owned()], "the v2 surge leaves");
+    assert!(stops_at_once(&m.service(), &m.jobs[2]));
+    // One that was ready once drains as usual, and so does any old replica that is ready.
+    m.jobs[2].ever_ready = true;
+    assert!(!stops_at_once(&m.service(), &m.jobs[2]));
+    assert!(!stops_at_once(&m.service(), &m.jobs[0]));
+}
+
+#[test]
+fn the_first_wait_names_the_lowest_slot_not_done() {
+    let mut m = Model::new(3, 1, 0);
+    m.generation = 2;
+    let mut placed = job(5, 1, 2, false);
+    placed.phase = Phase::Placed;
+    let mut min_ready = job(4, 0, 2, true);
+    min_ready.available = false;
+    m.jobs = vec![
+        job(1, 0, 1, true),
+        job(2, 1, 1, true),
+        job(3, 2, 1, true),
+        min_ready.clone(),
+        placed,
+    ];
+    assert_eq!(first_wait(&m.service()), Some(Wait::MinReady(&min_ready)));
+    m.jobs[3].available = true;
+    assert!(matches!(first_wait(&m.service()), Some(Wait::Start(j)) if j.job == "j-5"));
+    m.jobs[4].phase = Phase::Running;
+    assert!(matches!(first_wait(&m.service()), Some(Wait::Ready(j)) if j.job == "j-5"));
+    m.jobs[4].ready = true;
+    m.jobs[4].available = true;
+    assert_eq!(first_wait(&m.service()), Some(Wait::Placement(2)));
+}
+
 // --- examples ---
 
 fn job(id: u32, replica: u32, generation: u64, ready: bool) -> JobFacts {
@@ -250,6 +408,7 @@ fn job(id: u32, replica: u32, generation: u64, ready: bool) -> JobFacts {
         ready,
         available: ready,
         moving: false,
+        ever_ready: ready,
     }
 }
 

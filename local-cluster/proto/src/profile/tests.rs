@@ -33,6 +33,25 @@ fn minimal_profile_gets_defaults() {
 }
 
 #[test]
+fn min_ready_defaults_to_ten_seconds_and_bounds_the_deadline() {
+    let p = validate(
+        &json!({"service": {"name": "web", "command": ["true"]}}),
+        &[],
+    )
+    .unwrap();
+    assert_eq!(p.update.min_ready, DEFAULT_MIN_READY);
+    assert_eq!(DEFAULT_MIN_READY, Duration::from_secs(10));
+    check(
+        json!({"service": {"name": "web", "command": ["true"], "update": {"deadline": "5s"}}}),
+        expect_test::expect!["service.update.deadline: must be longer than min_ready (10s, its default): no replica could make progress in time"],
+    );
+    check(
+        json!({"service": {"name": "web", "command": ["true"], "update": {"deadline": "5s", "min_ready": "0s"}}}),
+        expect_test::expect!["ok web default 1 None"],
+    );
+}
+
+#[test]
 fn every_problem_is_listed() {
     check(
         json!({"svc": 1, "service": {"name": "Web_", "replicas": 0, "command": [], "extra": true}}),
