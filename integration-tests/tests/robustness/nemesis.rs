@@ -1,0 +1,88 @@
+//! The nemesis: a fault schedule drawn from the run's seed (so a seed replays it), and
+//! its application to a cluster shape. Faults: kill -9 of a daemon (restarted after a
+//! moment), SIGSTOP/SIGCONT of a daemon for 0.5–6 s (2–6 s is the pause-detection edge).
+//! The replica-level faults (a replica that ignores SIGTERM, one that crash-loops) are
+//! services of the run (`run.rs`), listed in the schedule too.
+
+use crate::harness::{monotonic_ns, signal};
+use crate::history::{Fault, Recorder};
+use crate::shapes::Shape;
+use std::time::Duration;
+
+/// One planned fault.
+#[derive(Debug, Clone)]
+pub struct Planned {
+    /// After the previous fault ended.
+    pub gap_ms: u64,
+    pub kind: &'static str,
+    /// An index into the shape's daemons.
+    pub daemon: usize,
+    pub hold_ms: u64,
+}
+
+/// Draws a schedule for `run_ms` of faults over `daemons` daemons (those the shape can
+/// kill are `killable`).
+pub fn schedule(
+    rng: &mut fastrand::Rng,
+    run_ms: u64,
+    daemons: usize,
+    killable: &[bool],
+) -> Vec<Planned> {
+    let mut out = Vec::new();
+    let mut t = 0;
+    loop {
+        let gap_ms = rng.u64(1000..4000);
+        let daemon = rng.usize(..daemons);
+        let (kind, hold_ms) = match rng.u8(..10) {
+            // Short pauses, and the 2–6 s band where pause detection decides.
+            0..=2 => ("pause", rng.u64(300..2000)),
+            3..=6 => ("pause", rng.u64(2000..6000)),
+            _ if killable[daemon] => ("kill9", rng.u64(200..2000)),
+            _ => ("pause", rng.u64(2000..6000)),
+        };
+        t += gap_ms + hold_ms;
+        if t > run_ms {
+            return out;
+        }
+        out.push(Planned {
+            gap_ms,
+            kind,
+            daemon,
+            hold_ms,
+        });
+    }
+}
+
+/// Applies `plan` to `shape`, recording each fault; every fault is undone before the next
+/// (a paused daemon continued, a killed one restarted).
+pub async fn apply(shape: &mut dyn Shape, plan: &[Planned], rec: &Recorder) {
+    for p in plan {
+        tokio::time::sleep(Duration::from_millis(p.gap_ms)).await;
+        let target = shape.daemons()[p.daemon].clone();
+        let start_ns = monotonic_ns();
+        match p.kind {
+            "pause" => {
+                if let Some(pid) = shape.pid(p.daemon) {
+                    signal(pid, libc::SIGSTOP);
+                    tokio::time::sleep(Duration::from_millis(p.hold_ms)).await;
+                    signal(pid, libc::SIGCONT);
+                }
+            }
+            "kill9" => {
+                shape.kill9(p.daemon);
+                tokio::time::sleep(Duration::from_millis(p.hold_ms)).await;
+                if let Err(e) = tokio::task::block_in_place(|| shape.restart(p.daemon)) {
+                    panic!("restarting {target} after its kill -9: {e:#}");
+                }
+            }
+            other => unreachable!("no fault {other}"),
+        }
+        let fault = Fault {
+            start_ns,
+            end_ns: monotonic_ns(),
+            kind: p.kind.to_owned(),
+            target,
+        };
+        rec.with(|h| h.faults.push(fault));
+    }
+}

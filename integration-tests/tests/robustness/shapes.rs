@@ -1,0 +1,119 @@
+//! The cluster shapes a run can use, behind one interface for the nemesis: its daemons
+//! (by name), their pids, which of them can be killed and restarted, and their logs.
+
+use crate::harness::{Api, Cluster, ClusterConfig, DevCluster};
+use anyhow::Result;
+use std::path::PathBuf;
+
+pub trait Shape {
+    fn name(&self) -> &'static str;
+    fn api(&self) -> Api;
+    /// The daemons, by name (the fault schedule names them by index).
+    fn daemons(&self) -> Vec<String>;
+    fn pid(&self, daemon: usize) -> Option<u32>;
+    /// Which daemons the nemesis may kill -9 (and [`Shape::restart`]).
+    fn killable(&self) -> Vec<bool>;
+    fn kill9(&mut self, daemon: usize);
+    fn restart(&mut self, daemon: usize) -> Result<()>;
+    /// The daemons' log files (for the report).
+    fn logs(&self) -> Vec<PathBuf>;
+}
+
+/// `xced dev` with two hosts: one process, which the nemesis pauses (a restarted dev
+/// cluster is another cluster: it is not killed).
+pub struct Dev(pub DevCluster);
+
+impl Dev {
+    pub fn start() -> Result<Self> {
+        Ok(Self(DevCluster::start(2, false)?))
+    }
+}
+
+impl Shape for Dev {
+    fn name(&self) -> &'static str {
+        "dev"
+    }
+    fn api(&self) -> Api {
+        self.0.api.clone()
+    }
+    fn daemons(&self) -> Vec<String> {
+        vec!["xced-dev".into()]
+    }
+    fn pid(&self, _: usize) -> Option<u32> {
+        Some(self.0.child.id())
+    }
+    fn killable(&self) -> Vec<bool> {
+        vec![false]
+    }
+    fn kill9(&mut self, _: usize) {
+        unreachable!("the dev shape is not killed")
+    }
+    fn restart(&mut self, _: usize) -> Result<()> {
+        unreachable!("the dev shape is not killed")
+    }
+    fn logs(&self) -> Vec<PathBuf> {
+        vec![self.0.dir.path().join("xced.log")]
+    }
+}
+
+/// A controller on redb and three workers, each its own process: any of them is paused
+/// or killed -9 and restarted.
+pub struct Redb(pub Cluster);
+
+/// Workers of the redb shape.
+const WORKERS: usize = 3;
+
+impl Redb {
+    /// `env` goes to every daemon (the planted bugs' switch).
+    pub fn start(env: &[(&str, &str)]) -> Result<Self> {
+        let cfg = ClusterConfig {
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            ..ClusterConfig::default()
+        };
+        Ok(Self(Cluster::start(WORKERS, "30s", &cfg)?))
+    }
+}
+
+impl Shape for Redb {
+    fn name(&self) -> &'static str {
+        "redb"
+    }
+    fn api(&self) -> Api {
+        self.0.api.clone()
+    }
+    fn daemons(&self) -> Vec<String> {
+        std::iter::once("controller".to_owned())
+            .chain((0..WORKERS).map(|i| format!("worker-{i}")))
+            .collect()
+    }
+    fn pid(&self, daemon: usize) -> Option<u32> {
+        match daemon {
+            0 => self.0.controller_pid(),
+            i => self.0.workers[i - 1].as_ref().map(std::process::Child::id),
+        }
+    }
+    fn killable(&self) -> Vec<bool> {
+        vec![true; WORKERS + 1]
+    }
+    fn kill9(&mut self, daemon: usize) {
+        match daemon {
+            0 => self.0.kill_controller(),
+            i => self.0.kill_worker(i - 1),
+        }
+    }
+    fn restart(&mut self, daemon: usize) -> Result<()> {
+        match daemon {
+            0 => self.0.start_controller(),
+            i => self.0.start_worker(i - 1),
+        }
+    }
+    fn logs(&self) -> Vec<PathBuf> {
+        self.daemons()
+            .iter()
+            .map(|d| self.0.dir.path().join(format!("{d}.log")))
+            .collect()
+    }
+}
