@@ -72,6 +72,8 @@ fn summary(shape: &str, outcomes: &[Outcome]) {
     let faults = count(&|o| o.history.faults.iter().filter(|f| f.of_daemons()).count());
     let reads = count(&|o| o.history.reads.len());
     let requests = count(&|o| o.history.requests.len());
+    let writes = count(&|o| o.history.ops.iter().filter(|op| op.acked()).count());
+    let processes = count(&|o| o.history.processes().len());
     let violations = count(&|o| o.violations.len());
     let known_n = count(&|o| {
         o.violations
@@ -84,7 +86,7 @@ fn summary(shape: &str, outcomes: &[Outcome]) {
     let p99 = conv.get((conv.len().max(1) - 1) * 99 / 100).copied();
     let never = outcomes.len() - conv.len();
     println!(
-        "SUMMARY robustness shape={shape} seeds={} faults={faults} reads={reads} requests={requests} violations={violations} known_findings={known_n} converge_p99_s={} not_converged={never}",
+        "SUMMARY robustness shape={shape} seeds={} faults={faults} reads={reads} requests={requests} writes={writes} processes={processes} violations={violations} known_findings={known_n} converge_p99_s={} not_converged={never}",
         outcomes.len(),
         p99.map_or("none".to_owned(), |s| format!("{s:.1}")),
     );

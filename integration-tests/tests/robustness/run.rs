@@ -39,6 +39,9 @@ impl Mode {
     }
 }
 
+/// How long the readers go on once the cluster converged.
+const QUIET: Duration = Duration::from_secs(3);
+
 /// What one schedule did and found.
 pub struct Outcome {
     pub seed: u64,
@@ -150,7 +153,13 @@ pub async fn one(shape: &mut dyn Shape, mut rng: fastrand::Rng, secs: u64, w: &W
         });
     });
     writer_ctx.stop.store(true, Ordering::Relaxed);
+    // The writer is the first task: its last write is in before the wait starts.
+    let mut tasks = tasks.into_iter();
+    let _ = tasks.next().expect("the writer").await;
     let fin = converge(&ctx, faults_end_ns, w).await;
+    // The readers go on a little in the converged cluster: what a stream still had to
+    // send is delivered (the all-services stream's "nothing lost" is judged at its end).
+    tokio::time::sleep(QUIET).await;
     ctx.stop.store(true, Ordering::Relaxed);
     for t in tasks {
         let _ = t.await;
@@ -165,7 +174,9 @@ pub async fn one(shape: &mut dyn Shape, mut rng: fastrand::Rng, secs: u64, w: &W
         .as_ref()
         .and_then(|f| f.converged_ns)
         .map(|c| c.saturating_sub(faults_end_ns) as f64 / 1e9);
-    let report = (!violations.is_empty())
+    // `ROBUSTNESS_REPORT=always`: a report of a clean run too (to look at its history).
+    let always = std::env::var("ROBUSTNESS_REPORT").is_ok_and(|v| v == "always");
+    let report = (always || !violations.is_empty())
         .then(|| crate::report::write(shape, seed, &plan, &history, &violations, &reps));
     Outcome {
         seed,

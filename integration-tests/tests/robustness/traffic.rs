@@ -61,6 +61,9 @@ pub struct Service {
 struct Written {
     exists: bool,
     generation: u64,
+    /// The replicas the last acknowledged write asked for: a broken update keeps them
+    /// (its revert restores the old profile's count, which is the same).
+    replicas: u32,
 }
 
 /// One write, recorded with its call and return times; `None` status: no answer.
@@ -70,7 +73,7 @@ async fn write(
     service: &str,
     replicas: Option<u32>,
     send: impl std::future::Future<Output = anyhow::Result<u16>>,
-) {
+) -> bool {
     let call_ns = monotonic_ns();
     let status = send.await.ok();
     let op = Op {
@@ -81,94 +84,96 @@ async fn write(
         status,
         replicas,
     };
+    let acked = op.acked();
     ctx.rec.with(|h| h.ops.push(op));
+    acked
 }
+
+/// The services' drain: the time between leaving the endpoint and SIGTERM.
+pub const DRAIN: &str = "1s";
 
 /// Submits every service, then changes them at random until `stop`.
 pub async fn writer(ctx: Ctx, reps: Arc<Replicas>, services: Vec<Service>, mut rng: fastrand::Rng) {
-    let drain = "1s";
     let mut state: BTreeMap<String, Written> = BTreeMap::new();
     for s in &services {
-        let p = reps.profile(&s.name, s.replicas, s.mode, "g1", drain);
-        write(&ctx, "submit", &s.name, Some(s.replicas), async {
+        let p = reps.profile(&s.name, s.replicas, s.mode, "g1", DRAIN);
+        let acked = write(&ctx, "submit", &s.name, Some(s.replicas), async {
             Ok(ctx.api.submit_toml(&p).await?.0)
         })
         .await;
-        state.insert(
-            s.name.clone(),
-            Written {
-                exists: true,
-                generation: 1,
-            },
-        );
+        let w = Written {
+            exists: acked,
+            generation: 1,
+            replicas: s.replicas,
+        };
+        state.insert(s.name.clone(), w);
     }
     while !ctx.stopped() {
         ctx.pause(rng.u64(400..1500)).await;
         let s = &services[rng.usize(..services.len())];
         let w = state.get_mut(&s.name).expect("every service has a state");
-        let api = &ctx.api;
-        if !w.exists {
-            let p = reps.profile(
-                &s.name,
-                s.replicas,
-                s.mode,
-                &format!("g{}", w.generation),
-                drain,
-            );
-            write(&ctx, "submit", &s.name, Some(s.replicas), async {
-                Ok(api.submit_toml(&p).await?.0)
+        change(&ctx, &reps, s, w, &mut rng).await;
+    }
+}
+
+/// One random change of `s`: a submit when it is stopped, else an update (35 %), a broken
+/// update (10 %, ordinary services), a scale (30 %), a restart (12 %) or a stop (8 %).
+async fn change(ctx: &Ctx, reps: &Replicas, s: &Service, w: &mut Written, rng: &mut fastrand::Rng) {
+    let api = &ctx.api;
+    let name = s.name.as_str();
+    if !w.exists {
+        let p = reps.profile(
+            name,
+            w.replicas,
+            s.mode,
+            &format!("g{}", w.generation),
+            DRAIN,
+        );
+        // Refused (409) while the stopped service is still stopping: tried again later.
+        w.exists = write(ctx, "submit", name, Some(w.replicas), async {
+            Ok(api.submit_toml(&p).await?.0)
+        })
+        .await;
+        return;
+    }
+    let replicas = rng.u32(1..=3);
+    match rng.u8(..100) {
+        0..=34 => {
+            w.generation += 1;
+            let p = reps.profile(name, replicas, s.mode, &format!("g{}", w.generation), DRAIN);
+            if write(ctx, "update", name, Some(replicas), async {
+                Ok(api.put_toml(name, &p).await?.0)
+            })
+            .await
+            {
+                w.replicas = replicas;
+            }
+        }
+        35..=44 if s.mode == "normal" => {
+            let p = reps.profile(name, w.replicas, "broken", "broken", DRAIN);
+            let _ = write(ctx, "broken-update", name, Some(w.replicas), async {
+                Ok(api.put_toml(name, &p).await?.0)
             })
             .await;
-            w.exists = true;
-            continue;
         }
-        let roll = rng.u8(..100);
-        let replicas = rng.u32(1..=3);
-        match roll {
-            0..=34 => {
-                w.generation += 1;
-                let p = reps.profile(
-                    &s.name,
-                    replicas,
-                    s.mode,
-                    &format!("g{}", w.generation),
-                    drain,
-                );
-                write(&ctx, "update", &s.name, Some(replicas), async {
-                    Ok(api.put_toml(&s.name, &p).await?.0)
-                })
-                .await;
+        45..=74 => {
+            if write(ctx, "scale", name, Some(replicas), async {
+                Ok(api.scale(name, replicas).await?.0)
+            })
+            .await
+            {
+                w.replicas = replicas;
             }
-            35..=44 if s.mode == "normal" => {
-                let p = reps.profile(&s.name, replicas, "broken", "broken", drain);
-                write(&ctx, "broken-update", &s.name, Some(replicas), async {
-                    Ok(api.put_toml(&s.name, &p).await?.0)
-                })
-                .await;
-            }
-            45..=74 => {
-                write(&ctx, "scale", &s.name, Some(replicas), async {
-                    Ok(api.scale(&s.name, replicas).await?.0)
-                })
-                .await;
-            }
-            75..=86 => {
-                let path = format!("/v1/services/{}/restart", s.name);
-                write(&ctx, "restart", &s.name, None, async {
-                    post(api, &path).await
-                })
-                .await;
-            }
-            87..=94 => {
-                let path = format!("/v1/services/{}", s.name);
-                write(&ctx, "stop", &s.name, None, async {
-                    api.delete(&path).await
-                })
-                .await;
-                w.exists = false;
-            }
-            _ => {}
         }
+        75..=86 => {
+            let path = format!("/v1/services/{name}/restart");
+            let _ = write(ctx, "restart", name, None, async { post(api, &path).await }).await;
+        }
+        87..=94 => {
+            let path = format!("/v1/services/{name}");
+            w.exists = !write(ctx, "stop", name, None, async { api.delete(&path).await }).await;
+        }
+        _ => {}
     }
 }
 

@@ -314,13 +314,20 @@ fn v4_a_broken_update_left_unreverted_is_caught() {
         op(S, "submit", Some(201), Some(3)),
         op(2 * S, "broken-update", Some(200), Some(3)),
     ];
-    h.fin = Some(fin(&[("web", 3, 3, "reverted")]));
-    assert!(rollouts_keep_availability(&h, &w).is_empty());
-    h.fin = Some(fin(&[("web", 3, 3, "failed")]));
+    // Samples of generation 2 at full strength: only the revert is judged.
+    h.samples = vec![sample(3 * S, 3, "failed")];
     assert!(fired(
         &rollouts_keep_availability(&h, &w),
         "4-broken-update-not-reverted"
     ));
+    // Seen reverted, then scaled (a new rollout, which completes): fine.
+    h.samples.push(sample(4 * S, 3, "reverted"));
+    h.samples.push(sample(5 * S, 3, "complete"));
+    assert!(rollouts_keep_availability(&h, &w).is_empty());
+    // Superseded by another update before it could fail: not judged.
+    h.samples.truncate(1);
+    h.ops.push(op(3 * S, "update", Some(200), Some(3)));
+    assert!(rollouts_keep_availability(&h, &w).is_empty());
 }
 
 #[test]
