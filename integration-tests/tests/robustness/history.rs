@@ -111,6 +111,16 @@ pub struct Gone {
     pub ns: Ns,
 }
 
+/// A replica's address as first seen assigned (placed, not yet ready, ready or on its
+/// way out) on the all-services stream with `include=all`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Assign {
+    pub ns: Ns,
+    pub service: String,
+    pub job: String,
+    pub addr: String,
+}
+
 /// One request of the load client to an endpoint it was handed.
 #[derive(Debug, Clone, Serialize)]
 pub struct Request {
@@ -174,6 +184,7 @@ pub struct History {
     pub reads: Vec<Read>,
     pub replicas: Vec<ReplicaLine>,
     pub gone: Vec<Gone>,
+    pub assigns: Vec<Assign>,
     pub requests: Vec<Request>,
     pub faults: Vec<Fault>,
     pub samples: Vec<Sample>,
@@ -211,11 +222,13 @@ impl History {
         self.replicas.sort_by_key(|r| r.ns);
     }
 
-    /// Every replica process: its lifetime and what it logged.
+    /// Every replica process: its lifetime and what it logged, in the order they bound
+    /// their ports (those that never did first).
     pub fn processes(&self) -> Vec<Process> {
-        let mut by_pid: BTreeMap<u32, Process> = BTreeMap::new();
+        // By pid and job: pids wrap around within a long run.
+        let mut by_pid: BTreeMap<(u32, &str), Process> = BTreeMap::new();
         for r in &self.replicas {
-            let p = by_pid.entry(r.pid).or_insert_with(|| Process {
+            let p = by_pid.entry((r.pid, &r.job)).or_insert_with(|| Process {
                 pid: r.pid,
                 service: r.service.clone(),
                 job: r.job.clone(),
@@ -237,7 +250,10 @@ impl History {
             }
         }
         for g in &self.gone {
-            if let Some(p) = by_pid.get_mut(&g.pid) {
+            let of_pid = by_pid
+                .values_mut()
+                .filter(|p| p.pid == g.pid && p.start_ns.is_some_and(|s| s <= g.ns));
+            if let Some(p) = of_pid.max_by_key(|p| p.start_ns) {
                 if p.end_ns.is_none() {
                     p.end_ns = Some(g.ns);
                     // Killed without a word: a SIGKILL after an ignored SIGTERM is not a
@@ -246,7 +262,9 @@ impl History {
                 }
             }
         }
-        by_pid.into_values().collect()
+        let mut all: Vec<Process> = by_pid.into_values().collect();
+        all.sort_by_key(|p| p.start_ns);
+        all
     }
 }
 

@@ -65,6 +65,8 @@ srv.serve_forever()
 /// The script, and the log every replica of a run appends to.
 pub struct Replicas {
     dir: tempfile::TempDir,
+    /// When [`Replicas::sample_gone`] last looked.
+    last_pass: std::sync::Mutex<u64>,
     pub script: PathBuf,
     pub log: PathBuf,
 }
@@ -75,7 +77,12 @@ impl Replicas {
         let script = dir.path().join("replica.py");
         std::fs::write(&script, REPLICA_PY).expect("replica script");
         let log = dir.path().join("replicas.log");
-        Self { dir, script, log }
+        Self {
+            dir,
+            last_pass: std::sync::Mutex::new(crate::harness::monotonic_ns()),
+            script,
+            log,
+        }
     }
 
     /// A profile of `replicas` replicas of the script in `mode`, `env` making each
@@ -95,10 +102,12 @@ impl Replicas {
 
     /// Records, once, every replica process of the log that is gone (no `/proc/<pid>`)
     /// without an exit line of its own: the end of a SIGKILLed replica. Call it often: the
-    /// time recorded is when it was found gone.
+    /// time recorded is the previous call's, when it was last seen alive (an end that is
+    /// never late: a port is not judged held past it).
     pub fn sample_gone(&self, rec: &Recorder) {
-        let text = self.read_log();
         let now = crate::harness::monotonic_ns();
+        let alive_at = std::mem::replace(&mut *self.last_pass.lock().expect("pass lock"), now);
+        let text = self.read_log();
         let mut pids = std::collections::BTreeMap::<u32, bool>::new();
         for l in text.lines() {
             let w: Vec<&str> = l.split_whitespace().collect();
@@ -113,7 +122,10 @@ impl Replicas {
                     continue;
                 }
                 if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                    h.gone.push(Gone { pid, ns: now });
+                    h.gone.push(Gone {
+                        pid,
+                        ns: alive_at.max(1),
+                    });
                 }
             }
         });

@@ -15,6 +15,8 @@ use std::path::PathBuf;
 /// How much history before (and after) a violation its slice shows.
 const BEFORE: Ns = 3 * SEC;
 const AFTER: Ns = SEC;
+/// Violations of one validator printed (all are in `report.txt`).
+const PRINTED: usize = 3;
 /// At most this many lines of history per violation.
 const SLICE_LINES: usize = 40;
 
@@ -87,7 +89,20 @@ pub fn write(
             p.gap_ms, p.kind, names[p.daemon], p.hold_ms
         );
     }
+    // Every violation in the file; the first few of each validator printed.
+    let mut shown: std::collections::BTreeMap<&str, usize> = Default::default();
+    let mut printed = text.clone();
     for v in violations {
+        let n = shown.entry(v.validator).or_default();
+        *n += 1;
+        if *n == PRINTED + 1 {
+            let _ = writeln!(
+                printed,
+                "\n(more {} violations: see report.txt)",
+                v.validator
+            );
+        }
+        let before = text.len();
         let _ = writeln!(
             text,
             "\nVIOLATION {} at {} ns: {}\n  history around it:",
@@ -95,6 +110,9 @@ pub fn write(
         );
         for l in slice(h, &v.keys, v.at_ns) {
             let _ = writeln!(text, "    {l}");
+        }
+        if *n <= PRINTED {
+            printed.push_str(&text[before..]);
         }
     }
     let _ = std::fs::write(
@@ -109,6 +127,9 @@ pub fn write(
         let _ = writeln!(text, "  {}", log.display());
     }
     let _ = std::fs::write(dir.join("report.txt"), &text);
-    println!("{text}");
+    println!(
+        "{printed}{}",
+        &text[text.find("\nlogs (copied").unwrap_or(text.len())..]
+    );
     dir
 }

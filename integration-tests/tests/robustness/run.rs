@@ -95,6 +95,7 @@ fn start_traffic(
         rng.fork(),
     ))];
     tasks.push(tokio::spawn(traffic::sampler(ctx.clone(), reps.clone())));
+    tasks.push(tokio::spawn(traffic::assignments(ctx.clone())));
     tasks.push(tokio::spawn(traffic::streamer(
         ctx.clone(),
         None,

@@ -57,7 +57,7 @@ impl Shape for Dev {
 }
 
 /// A controller on redb and three workers, each its own process: any of them is paused
-/// or killed -9 and restarted.
+/// or killed -9 and restarted. Each worker's dynamic port range is 12 ports.
 pub struct Redb(pub Cluster);
 
 /// Workers of the redb shape.
@@ -67,6 +67,9 @@ impl Redb {
     /// `env` goes to every daemon (the planted bugs' switch).
     pub fn start(env: &[(&str, &str)]) -> Result<Self> {
         let cfg = ClusterConfig {
+            // A small dynamic range: ports come back into use within a run, so a port
+            // handed out while still held shows (validator 2).
+            extra_worker: "[ports]\nrange = \"20000-20011\"\n".to_owned(),
             env: env
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))

@@ -5,7 +5,7 @@
 //! sampler of the service list. Every task runs until `stop` and appends to the recorder.
 
 use crate::harness::{entry_endpoints, monotonic_ns, sse_open, Api};
-use crate::history::{Op, Read, ReadKind, Recorder, Request, Sample};
+use crate::history::{Assign, Op, Read, ReadKind, Recorder, Request, Sample};
 use crate::replica::Replicas;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -434,4 +434,50 @@ pub fn summaries(list: &Value) -> BTreeMap<String, Sample> {
         }
     }
     out
+}
+
+/// Follows the all-services stream with `include=all` and records each replica's address
+/// the first time it is seen assigned (for validator 2).
+pub async fn assignments(ctx: Ctx) {
+    let mut seen = std::collections::BTreeSet::<(String, String)>::new();
+    while !ctx.stopped() {
+        let Ok(mut resp) = sse_open(&ctx.api, "/v1/endpoints/stream?include=all", None).await
+        else {
+            ctx.pause(200).await;
+            continue;
+        };
+        let mut buf = String::new();
+        while !ctx.stopped() {
+            let chunk = tokio::select! {
+                c = resp.chunk() => c,
+                () = tokio::time::sleep(Duration::from_millis(500)) => continue,
+            };
+            let Ok(Some(chunk)) = chunk else { break };
+            let ns = monotonic_ns();
+            buf.push_str(&String::from_utf8_lossy(&chunk));
+            for e in sse_events(&mut buf) {
+                let Ok(entry) = serde_json::from_str::<Value>(&e.data) else {
+                    continue;
+                };
+                let service = entry["service"].as_str().unwrap_or_default();
+                for r in entry["endpoints"].as_array().into_iter().flatten() {
+                    let job = r["job"].as_str().unwrap_or_default().to_owned();
+                    let addr = format!(
+                        "{}:{}",
+                        r["address"].as_str().unwrap_or_default(),
+                        r["ports"]["http"]
+                    );
+                    if r["ports"]["http"].is_u64() && seen.insert((job.clone(), addr.clone())) {
+                        let a = Assign {
+                            ns,
+                            service: service.to_owned(),
+                            job,
+                            addr,
+                        };
+                        ctx.rec.with(|h| h.assigns.push(a));
+                    }
+                }
+            }
+        }
+    }
 }

@@ -120,12 +120,30 @@ pub fn handed_after_sigterm_or_exit(h: &History, w: &Windows) -> Vec<Violation> 
     out
 }
 
-/// Validator 2: no two live processes held one address. A replica that finds its port
-/// taken when it binds logs `bindfail`; if one of ours held the address then, the port
-/// was handed out while still held.
+/// Validator 2: no two live processes held one address, and no address was handed to a
+/// replica while another still held it. A replica that finds its port taken when it
+/// binds logs `bindfail`; an address first seen assigned to a job (the all-services
+/// stream with `include=all`) while a process of another job still held it was handed
+/// out too early, whether or not the new replica got to bind yet.
 pub fn one_holder_per_port(h: &History) -> Vec<Violation> {
     let procs = h.processes();
     let mut out = Vec::new();
+    for a in &h.assigns {
+        if let Some(p) = procs
+            .iter()
+            .find(|p| p.addr == a.addr && p.job != a.job && p.holds_at(a.ns))
+        {
+            out.push(Violation {
+                validator: "2-one-holder-per-port",
+                at_ns: a.ns,
+                what: format!(
+                    "{} job {} was assigned {} while {} job {} pid {} held it (started {:?}, SIGTERM {:?})",
+                    a.service, a.job, a.addr, p.service, p.job, p.pid, p.start_ns, p.sigterm_ns
+                ),
+                keys: vec![a.addr.clone(), a.service.clone(), p.service.clone()],
+            });
+        }
+    }
     for f in h
         .replicas
         .iter()

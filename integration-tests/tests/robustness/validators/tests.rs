@@ -397,3 +397,20 @@ fn v6_a_failed_request_is_allowed_only_in_the_stated_windows() {
     c.requests.push(request(10 * S + 1, 9 * S, false));
     assert!(requests_only_fail_when_allowed(&c, &w).is_empty());
 }
+
+#[test]
+fn v2_an_address_assigned_while_its_holder_lives_is_caught() {
+    let mut h = drained();
+    let assign = |ns: Ns| crate::history::Assign {
+        ns,
+        service: "api".into(),
+        job: "j-99".into(),
+        addr: "10.0.0.1:2000".into(),
+    };
+    // After pid 7's exit at 11 s: fine.
+    h.assigns.push(assign(11 * S + 1));
+    assert!(one_holder_per_port(&h).is_empty());
+    // While it drained.
+    h.assigns.push(assign(10 * S + 5));
+    assert!(fired(&one_holder_per_port(&h), "2-one-holder-per-port"));
+}
