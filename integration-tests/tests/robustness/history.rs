@@ -121,6 +121,16 @@ pub struct Assign {
     pub addr: String,
 }
 
+/// A host's port pool as `GET /v1/hosts` answered it: how many ports it holds.
+#[derive(Debug, Clone, Serialize)]
+pub struct PoolSample {
+    pub call_ns: Ns,
+    pub ret_ns: Ns,
+    /// The host's address (the replicas' addresses start with it).
+    pub ip: String,
+    pub used: u64,
+}
+
 /// One request of the load client to an endpoint it was handed.
 #[derive(Debug, Clone, Serialize)]
 pub struct Request {
@@ -185,6 +195,7 @@ pub struct History {
     pub replicas: Vec<ReplicaLine>,
     pub gone: Vec<Gone>,
     pub assigns: Vec<Assign>,
+    pub pools: Vec<PoolSample>,
     pub requests: Vec<Request>,
     pub faults: Vec<Fault>,
     pub samples: Vec<Sample>,

@@ -62,6 +62,17 @@ if mode == 'crash':
 srv.serve_forever()
 "#;
 
+/// Whether `pid` runs: it has a `/proc` entry and is no zombie (a SIGKILLed replica whose
+/// worker died is reaped by whoever adopted it, maybe later; its port is free already).
+fn alive(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // `pid (comm) S ...`: the state follows the last ')'.
+    let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
+    !state.is_some_and(|s| s.starts_with('Z') || s.starts_with('X'))
+}
+
 /// The script, and the log every replica of a run appends to.
 pub struct Replicas {
     dir: tempfile::TempDir,
@@ -121,7 +132,7 @@ impl Replicas {
                 if ended || h.gone.iter().any(|g| g.pid == pid) {
                     continue;
                 }
-                if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                if !alive(pid) {
                     h.gone.push(Gone {
                         pid,
                         ns: alive_at.max(1),

@@ -5,7 +5,7 @@
 //! sampler of the service list. Every task runs until `stop` and appends to the recorder.
 
 use crate::harness::{entry_endpoints, monotonic_ns, sse_open, Api};
-use crate::history::{Assign, Op, Read, ReadKind, Recorder, Request, Sample};
+use crate::history::{Assign, Op, PoolSample, Read, ReadKind, Recorder, Request, Sample};
 use crate::replica::Replicas;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -394,10 +394,28 @@ pub async fn load(ctx: Ctx, service: String, mut rng: fastrand::Rng) {
     }
 }
 
-/// Samples the service list (for the rollout validator) and the replicas' liveness.
+/// Samples the service list (for the rollout validator), the hosts' port pools and the
+/// replicas' liveness.
 pub async fn sampler(ctx: Ctx, reps: Arc<Replicas>) {
     while !ctx.stopped() {
         reps.sample_gone(&ctx.rec);
+        let call_ns = monotonic_ns();
+        if let Ok(hosts) = ctx.api.get_json("/v1/hosts").await {
+            let ret_ns = monotonic_ns();
+            let pools = hosts["hosts"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|host| {
+                    Some(PoolSample {
+                        call_ns,
+                        ret_ns,
+                        ip: host["ip_addr"].as_str()?.to_owned(),
+                        used: host["ports"]["used"].as_u64()?,
+                    })
+                });
+            ctx.rec.with(|h| h.pools.extend(pools));
+        }
         if let Ok(list) = ctx.api.get_json("/v1/services").await {
             let ns = monotonic_ns();
             let samples =

@@ -128,6 +128,7 @@ pub fn handed_after_sigterm_or_exit(h: &History, w: &Windows) -> Vec<Violation> 
 pub fn one_holder_per_port(h: &History) -> Vec<Violation> {
     let procs = h.processes();
     let mut out = Vec::new();
+    out.extend(pool_counts_every_holder(h, &procs));
     for a in &h.assigns {
         if let Some(p) = procs
             .iter()
@@ -161,6 +162,41 @@ pub fn one_holder_per_port(h: &History) -> Vec<Violation> {
                     f.service, f.job, f.pid, f.addr, p.service, p.job, p.pid, p.start_ns, p.sigterm_ns
                 ),
                 keys: vec![f.addr.clone(), f.service.clone(), p.service.clone()],
+            });
+        }
+    }
+    out
+}
+
+/// Part of validator 2: a host's pool never holds fewer ports than our processes that
+/// held an address of that host all through the pool's answer (a port released before
+/// its process exited can be handed out again while it is still held).
+fn pool_counts_every_holder(h: &History, procs: &[Process]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for s in &h.pools {
+        let prefix = format!("{}:", s.ip);
+        let holders: Vec<&Process> = procs
+            .iter()
+            .filter(|p| {
+                p.addr.starts_with(&prefix) && p.holds_at(s.call_ns) && p.holds_at(s.ret_ns)
+            })
+            .collect();
+        if holders.len() as u64 > s.used {
+            let names: Vec<String> = holders
+                .iter()
+                .map(|p| format!("{} {} pid {}", p.service, p.addr, p.pid))
+                .collect();
+            out.push(Violation {
+                validator: "2-one-holder-per-port",
+                at_ns: s.ret_ns,
+                what: format!(
+                    "host {}'s pool held {} ports while {} processes held its addresses: {}",
+                    s.ip,
+                    s.used,
+                    holders.len(),
+                    names.join(", ")
+                ),
+                keys: holders.iter().map(|p| p.addr.clone()).collect(),
             });
         }
     }

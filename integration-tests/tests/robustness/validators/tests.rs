@@ -414,3 +414,22 @@ fn v2_an_address_assigned_while_its_holder_lives_is_caught() {
     h.assigns.push(assign(10 * S + 5));
     assert!(fired(&one_holder_per_port(&h), "2-one-holder-per-port"));
 }
+
+#[test]
+fn v2_a_pool_that_counts_fewer_ports_than_holders_is_caught() {
+    let mut h = drained();
+    let pool = |call: Ns, used: u64| crate::history::PoolSample {
+        call_ns: call,
+        ret_ns: call + 1000,
+        ip: "10.0.0.1".into(),
+        used,
+    };
+    // Held while it drains (SIGTERM at 10 s, exit at 11 s): counted, fine.
+    h.pools.push(pool(10 * S + 5, 1));
+    // After the exit: nothing held, fine.
+    h.pools.push(pool(12 * S, 0));
+    assert!(one_holder_per_port(&h).is_empty());
+    // Released while it drained.
+    h.pools.push(pool(10 * S + 10, 0));
+    assert!(fired(&one_holder_per_port(&h), "2-one-holder-per-port"));
+}
