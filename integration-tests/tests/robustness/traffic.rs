@@ -157,13 +157,9 @@ async fn change(ctx: &Ctx, reps: &Replicas, s: &Service, w: &mut Written, rng: &
             .await;
         }
         45..=74 => {
-            if write(ctx, "scale", name, Some(replicas), async {
-                Ok(api.scale(name, replicas).await?.0)
-            })
-            .await
-            {
-                w.replicas = replicas;
-            }
+            let scale = async { Ok(api.scale(name, replicas).await?.0) };
+            let acked = write(ctx, "scale", name, Some(replicas), scale).await;
+            w.replicas = if acked { replicas } else { w.replicas };
         }
         75..=86 => {
             let path = format!("/v1/services/{name}/restart");

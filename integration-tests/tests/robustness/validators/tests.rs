@@ -40,13 +40,14 @@ fn fired(v: &[Violation], name: &str) -> bool {
 
 /// A drained replica: SIGTERM at 10 s, exit at 11 s.
 fn drained() -> History {
-    let mut h = History::default();
-    h.replicas = vec![
-        line(S, ReplicaKind::Start, "10.0.0.1:2000", 7),
-        line(10 * S, ReplicaKind::Sigterm, "10.0.0.1:2000", 7),
-        line(11 * S, ReplicaKind::Exit, "10.0.0.1:2000", 7),
-    ];
-    h
+    History {
+        replicas: vec![
+            line(S, ReplicaKind::Start, "10.0.0.1:2000", 7),
+            line(10 * S, ReplicaKind::Sigterm, "10.0.0.1:2000", 7),
+            line(11 * S, ReplicaKind::Exit, "10.0.0.1:2000", 7),
+        ],
+        ..History::default()
+    }
 }
 
 #[test]
@@ -106,11 +107,13 @@ fn v1_a_stream_opened_after_the_sigterm_must_not_carry_it() {
 #[test]
 fn v1_a_crashed_replica_may_linger_only_within_the_crash_window() {
     let w = Windows::default();
-    let mut h = History::default();
-    h.replicas = vec![
-        line(S, ReplicaKind::Start, "10.0.0.1:2000", 7),
-        line(10 * S, ReplicaKind::Exit, "10.0.0.1:2000", 7),
-    ];
+    let mut h = History {
+        replicas: vec![
+            line(S, ReplicaKind::Start, "10.0.0.1:2000", 7),
+            line(10 * S, ReplicaKind::Exit, "10.0.0.1:2000", 7),
+        ],
+        ..History::default()
+    };
     h.reads.push(read(
         ReadKind::Get,
         1,
@@ -177,12 +180,14 @@ fn v2_a_port_handed_out_while_its_holder_lives_is_caught() {
 
 #[test]
 fn v2_a_holder_killed_without_a_word_holds_until_found_gone() {
-    let mut h = History::default();
-    h.replicas = vec![
-        line(S, ReplicaKind::Start, "10.0.0.1:2000", 7),
-        line(2 * S, ReplicaKind::Sigterm, "10.0.0.1:2000", 7),
-        line(4 * S, ReplicaKind::BindFail, "10.0.0.1:2000", 8),
-    ];
+    let mut h = History {
+        replicas: vec![
+            line(S, ReplicaKind::Start, "10.0.0.1:2000", 7),
+            line(2 * S, ReplicaKind::Sigterm, "10.0.0.1:2000", 7),
+            line(4 * S, ReplicaKind::BindFail, "10.0.0.1:2000", 8),
+        ],
+        ..History::default()
+    };
     h.gone.push(crate::history::Gone { pid: 7, ns: 5 * S });
     assert!(fired(&one_holder_per_port(&h), "2-one-holder-per-port"));
     h.gone[0].ns = 3 * S;
@@ -267,8 +272,10 @@ fn sample(ns: Ns, ready: u32, rollout: &str) -> Sample {
 #[test]
 fn v4_a_rollout_below_its_floor_is_caught_unless_a_fault_explains_it() {
     let w = Windows::default();
-    let mut h = History::default();
-    h.samples = vec![sample(100 * S, 2, "progressing")];
+    let mut h = History {
+        samples: vec![sample(100 * S, 2, "progressing")],
+        ..History::default()
+    };
     assert!(rollouts_keep_availability(&h, &w).is_empty());
     h.samples.push(sample(101 * S, 1, "progressing"));
     assert!(fired(
@@ -309,11 +316,13 @@ fn fin(services: &[(&str, u32, u32, &str)]) -> Final {
 #[test]
 fn v4_a_broken_update_left_unreverted_is_caught() {
     let w = Windows::default();
-    let mut h = History::default();
-    h.ops = vec![
-        op(S, "submit", Some(201), Some(3)),
-        op(2 * S, "broken-update", Some(200), Some(3)),
-    ];
+    let mut h = History {
+        ops: vec![
+            op(S, "submit", Some(201), Some(3)),
+            op(2 * S, "broken-update", Some(200), Some(3)),
+        ],
+        ..History::default()
+    };
     // Samples of generation 2 at full strength: only the revert is judged.
     h.samples = vec![sample(3 * S, 3, "failed")];
     assert!(fired(
@@ -333,11 +342,13 @@ fn v4_a_broken_update_left_unreverted_is_caught() {
 #[test]
 fn v5_a_lost_acknowledged_write_is_caught_an_unanswered_one_is_not_judged() {
     let w = Windows::default();
-    let mut h = History::default();
-    h.ops = vec![
-        op(S, "submit", Some(201), Some(3)),
-        op(2 * S, "scale", Some(200), Some(5)),
-    ];
+    let mut h = History {
+        ops: vec![
+            op(S, "submit", Some(201), Some(3)),
+            op(2 * S, "scale", Some(200), Some(5)),
+        ],
+        ..History::default()
+    };
     h.fin = Some(fin(&[("web", 5, 5, "complete")]));
     assert!(nothing_lost_and_converged(&h, &w).is_empty());
     h.fin = Some(fin(&[("web", 3, 3, "complete")]));
@@ -389,11 +400,13 @@ fn v6_a_failed_request_is_allowed_only_in_the_stated_windows() {
     h.requests[0].list_ns = 4 * S;
     assert!(requests_only_fail_when_allowed(&h, &w).is_empty());
     // A crash: allowed within the crash window.
-    let mut c = History::default();
-    c.replicas = vec![
-        line(S, ReplicaKind::Start, "10.0.0.1:2000", 7),
-        line(10 * S, ReplicaKind::Exit, "10.0.0.1:2000", 7),
-    ];
+    let mut c = History {
+        replicas: vec![
+            line(S, ReplicaKind::Start, "10.0.0.1:2000", 7),
+            line(10 * S, ReplicaKind::Exit, "10.0.0.1:2000", 7),
+        ],
+        ..History::default()
+    };
     c.requests.push(request(10 * S + 1, 9 * S, false));
     assert!(requests_only_fail_when_allowed(&c, &w).is_empty());
 }
