@@ -20,6 +20,7 @@ mod harness;
 mod history;
 mod nemesis;
 mod planted;
+mod proxy;
 mod replica;
 mod report;
 mod run;

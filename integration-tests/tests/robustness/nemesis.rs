@@ -1,6 +1,7 @@
 //! The nemesis: a fault schedule drawn from the run's seed (so a seed replays it), and
 //! its application to a cluster shape. Faults: kill -9 of a daemon (restarted after a
-//! moment), SIGSTOP/SIGCONT of a daemon for 0.5–6 s (2–6 s is the pause-detection edge).
+//! moment), SIGSTOP/SIGCONT of a daemon for 0.3–6 s (2–6 s is the pause-detection edge),
+//! a worker cut off from the controller (both directions) for 1–6 s.
 //! The replica-level faults (a replica that ignores SIGTERM, one that crash-loops) are
 //! services of the run (`run.rs`), listed in the schedule too.
 
@@ -20,24 +21,25 @@ pub struct Planned {
     pub hold_ms: u64,
 }
 
-/// Draws a schedule for `run_ms` of faults over `daemons` daemons (those the shape can
-/// kill are `killable`).
+/// Draws a schedule for `run_ms` of faults over the shape's daemons (those it can kill
+/// are `killable`, those it can cut off from the controller `partitionable`).
 pub fn schedule(
     rng: &mut fastrand::Rng,
     run_ms: u64,
-    daemons: usize,
     killable: &[bool],
+    partitionable: &[bool],
 ) -> Vec<Planned> {
     let mut out = Vec::new();
     let mut t = 0;
     loop {
         let gap_ms = rng.u64(1000..4000);
-        let daemon = rng.usize(..daemons);
+        let daemon = rng.usize(..killable.len());
         let (kind, hold_ms) = match rng.u8(..10) {
             // Short pauses, and the 2–6 s band where pause detection decides.
             0..=2 => ("pause", rng.u64(300..2000)),
-            3..=6 => ("pause", rng.u64(2000..6000)),
-            _ if killable[daemon] => ("kill9", rng.u64(200..2000)),
+            3..=5 => ("pause", rng.u64(2000..6000)),
+            6..=7 if killable[daemon] => ("kill9", rng.u64(200..2000)),
+            8..=9 if partitionable[daemon] => ("partition", rng.u64(1000..6000)),
             _ => ("pause", rng.u64(2000..6000)),
         };
         t += gap_ms + hold_ms;
@@ -75,6 +77,11 @@ pub async fn apply(shape: &mut dyn Shape, plan: &[Planned], rec: &Recorder) {
                     panic!("restarting {target} after its kill -9: {e:#}");
                 }
             }
+            "partition" => {
+                shape.partition(p.daemon, true);
+                tokio::time::sleep(Duration::from_millis(p.hold_ms)).await;
+                shape.partition(p.daemon, false);
+            }
             other => unreachable!("no fault {other}"),
         }
         let fault = Fault {
@@ -84,5 +91,40 @@ pub async fn apply(shape: &mut dyn Shape, plan: &[Planned], rec: &Recorder) {
             target,
         };
         rec.with(|h| h.faults.push(fault));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A seed replays its schedule, and the schedules of a few seeds use every kind of
+    /// fault the shape allows, and only those.
+    #[test]
+    fn a_seed_replays_its_schedule_and_every_fault_kind_comes_up() {
+        let draw = |seed| {
+            schedule(
+                &mut fastrand::Rng::with_seed(seed),
+                60_000,
+                &[true, true, false],
+                &[false, true, true],
+            )
+        };
+        let key = |p: &[Planned]| {
+            p.iter()
+                .map(|p| (p.gap_ms, p.kind, p.daemon, p.hold_ms))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(key(&draw(7)), key(&draw(7)));
+        let all: Vec<Planned> = (0..10).flat_map(draw).collect();
+        for kind in ["pause", "kill9", "partition"] {
+            assert!(
+                all.iter().any(|p| p.kind == kind),
+                "no {kind} in 10 schedules"
+            );
+        }
+        assert!(all.iter().all(|p| p.kind != "kill9" || p.daemon != 2));
+        assert!(all.iter().all(|p| p.kind != "partition" || p.daemon != 0));
+        assert!(all.iter().all(|p| (200..6000).contains(&p.hold_ms)));
     }
 }

@@ -130,8 +130,8 @@ pub async fn one(shape: &mut dyn Shape, mut rng: fastrand::Rng, secs: u64, w: &W
     let plan = nemesis::schedule(
         &mut rng,
         secs * 1000,
-        shape.daemons().len(),
         &shape.killable(),
+        &shape.partitionable(),
     );
     print_plan(shape, seed, &plan);
     let reps = Arc::new(Replicas::new());

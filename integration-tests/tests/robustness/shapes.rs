@@ -2,6 +2,7 @@
 //! (by name), their pids, which of them can be killed and restarted, and their logs.
 
 use crate::harness::{Api, Cluster, ClusterConfig, DevCluster};
+use crate::proxy::Proxy;
 use anyhow::Result;
 use std::path::PathBuf;
 
@@ -17,6 +18,15 @@ pub trait Shape {
     fn restart(&mut self, daemon: usize) -> Result<()>;
     /// The daemons' log files (for the report).
     fn logs(&self) -> Vec<PathBuf>;
+    /// Which daemons the nemesis may cut off from the controller ([`Shape::partition`]).
+    fn partitionable(&self) -> Vec<bool> {
+        vec![false; self.daemons().len()]
+    }
+    /// Cuts `daemon` off from the controller (both directions), or heals it.
+    fn partition(&mut self, daemon: usize, cut: bool) {
+        let _ = (daemon, cut);
+        unreachable!("this shape has no partitions")
+    }
 }
 
 /// `xced dev` with two hosts: one process, which the nemesis pauses (a restarted dev
@@ -57,8 +67,9 @@ impl Shape for Dev {
 }
 
 /// A controller on redb and three workers, each its own process: any of them is paused
-/// or killed -9 and restarted. Each worker's dynamic port range is 12 ports.
-pub struct Redb(pub Cluster);
+/// or killed -9 and restarted, and each worker reaches the controller through a proxy
+/// (`proxy.rs`) the nemesis can cut. Each worker's dynamic port range is 12 ports.
+pub struct Redb(pub Cluster, Vec<Proxy>);
 
 /// Workers of the redb shape.
 const WORKERS: usize = 3;
@@ -76,7 +87,27 @@ impl Redb {
                 .collect(),
             ..ClusterConfig::default()
         };
-        Ok(Self(Cluster::start(WORKERS, "30s", &cfg)?))
+        let mut cluster = Cluster::start(WORKERS, "30s", &cfg)?;
+        // Each worker reaches the controller through a proxy of its own: restarted with
+        // its config pointing there (no replica runs yet).
+        let controller: std::net::SocketAddr =
+            cluster.api.base.trim_start_matches("http://").parse()?;
+        let mut proxies = Vec::new();
+        for i in 0..WORKERS {
+            let proxy = tokio::task::block_in_place(|| {
+                tokio::runtime::Handle::current().block_on(Proxy::start(controller))
+            })?;
+            let config = cluster.dir.path().join(format!("worker-{i}.toml"));
+            let text = std::fs::read_to_string(&config)?.replace(
+                &cluster.api.base,
+                &format!("http://127.0.0.1:{}", proxy.port),
+            );
+            std::fs::write(&config, text)?;
+            cluster.kill_worker(i);
+            cluster.start_worker(i)?;
+            proxies.push(proxy);
+        }
+        Ok(Self(cluster, proxies))
     }
 }
 
@@ -112,6 +143,12 @@ impl Shape for Redb {
             0 => self.0.start_controller(),
             i => self.0.start_worker(i - 1),
         }
+    }
+    fn partitionable(&self) -> Vec<bool> {
+        (0..=WORKERS).map(|d| d > 0).collect()
+    }
+    fn partition(&mut self, daemon: usize, cut: bool) {
+        self.1[daemon - 1].set_cut(cut);
     }
     fn logs(&self) -> Vec<PathBuf> {
         self.daemons()
