@@ -87,7 +87,7 @@ fn summary(shape: &str, outcomes: &[Outcome]) {
     let p99 = conv.get((conv.len().max(1) - 1) * 99 / 100).copied();
     let never = outcomes.len() - conv.len();
     println!(
-        "SUMMARY robustness shape={shape} seeds={} faults={faults} reads={reads} requests={requests} writes={writes} processes={processes} violations={violations} known_findings={known_n} converge_p99_s={} not_converged={never}",
+        "SUMMARY robustness shape={shape} seeds={} faults={faults} reads={reads} requests={requests} violations={violations} converge_p99_s={} known_findings={known_n} not_converged={never} writes={writes} processes={processes}",
         outcomes.len(),
         p99.map_or("none".to_owned(), |s| format!("{s:.1}")),
     );

@@ -39,9 +39,6 @@ impl Mode {
     }
 }
 
-/// How long the readers go on once the cluster converged.
-const QUIET: Duration = Duration::from_secs(3);
-
 /// What one schedule did and found.
 pub struct Outcome {
     pub seed: u64,
@@ -158,9 +155,9 @@ pub async fn one(shape: &mut dyn Shape, mut rng: fastrand::Rng, secs: u64, w: &W
     let mut tasks = tasks.into_iter();
     let _ = tasks.next().expect("the writer").await;
     let fin = converge(&ctx, faults_end_ns, w).await;
-    // The readers go on a little in the converged cluster: what a stream still had to
-    // send is delivered (the all-services stream's "nothing lost" is judged at its end).
-    tokio::time::sleep(QUIET).await;
+    // The readers go on in the converged cluster until the all-services stream has caught
+    // up with what the others saw by then (its "nothing lost" is judged at its end).
+    caught_up(&rec).await;
     ctx.stop.store(true, Ordering::Relaxed);
     for t in tasks {
         let _ = t.await;
@@ -203,6 +200,27 @@ fn print_plan(shape: &dyn Shape, seed: u64, plan: &[Planned]) {
         );
     }
     println!("  all along: replicas of `stubborn` ignore SIGTERM, `crashy` crash-loops");
+}
+
+/// Waits until the all-services stream reader got an event id at least the newest index
+/// any reader had seen when the wait began (up to `patience()`: a stream that never gets
+/// there is judged as it is, by validator 3).
+async fn caught_up(rec: &Recorder) {
+    let newest = rec.with(|h| h.reads.iter().map(|r| r.index).max().unwrap_or(0));
+    let deadline = tokio::time::Instant::now() + patience();
+    while tokio::time::Instant::now() < deadline {
+        let reached = rec.with(|h| {
+            h.reads
+                .iter()
+                .filter(|r| r.kind == ReadKind::AllStream)
+                .filter_map(|r| r.event_id)
+                .any(|id| id >= newest)
+        });
+        if reached {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Waits until every service has what the last acknowledged write asked for (ready,
