@@ -83,11 +83,7 @@ pub fn write(
     );
     let names = shape.daemons();
     for p in plan {
-        let _ = writeln!(
-            text,
-            "  after {} ms: {} {} for {} ms",
-            p.gap_ms, p.kind, names[p.daemon], p.hold_ms
-        );
+        let _ = writeln!(text, "  {}", p.line(&names));
     }
     // Every violation in the file; the first few of each validator printed.
     let mut shown: std::collections::BTreeMap<&str, usize> = Default::default();

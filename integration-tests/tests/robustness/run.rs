@@ -129,6 +129,7 @@ pub async fn one(shape: &mut dyn Shape, mut rng: fastrand::Rng, secs: u64, w: &W
         secs * 1000,
         &shape.killable(),
         &shape.partitionable(),
+        &shape.clock_jumpable(),
     );
     print_plan(shape, seed, &plan);
     let reps = Arc::new(Replicas::new());
@@ -194,10 +195,7 @@ fn print_plan(shape: &dyn Shape, seed: u64, plan: &[Planned]) {
     );
     let names = shape.daemons();
     for p in plan {
-        println!(
-            "  after {} ms: {} {} for {} ms",
-            p.gap_ms, p.kind, names[p.daemon], p.hold_ms
-        );
+        println!("  {}", p.line(&names));
     }
     println!("  all along: replicas of `stubborn` ignore SIGTERM, `crashy` crash-loops");
 }

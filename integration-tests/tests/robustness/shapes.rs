@@ -27,6 +27,15 @@ pub trait Shape {
         let _ = (daemon, cut);
         unreachable!("this shape has no partitions")
     }
+    /// Which daemons' wall clocks the nemesis may jump ([`Shape::jump_clock`]).
+    fn clock_jumpable(&self) -> Vec<bool> {
+        vec![false; self.daemons().len()]
+    }
+    /// Sets `daemon`'s wall-clock offset (`+0`: back to the true time).
+    fn jump_clock(&mut self, daemon: usize, offset: &str) {
+        let _ = (daemon, offset);
+        unreachable!("this shape has no clock jumps")
+    }
 }
 
 /// `xced dev` with two hosts: one process, which the nemesis pauses (a restarted dev
@@ -69,7 +78,60 @@ impl Shape for Dev {
 /// A controller on redb and three workers, each its own process: any of them is paused
 /// or killed -9 and restarted, and each worker reaches the controller through a proxy
 /// (`proxy.rs`) the nemesis can cut. Each worker's dynamic port range is 12 ports.
-pub struct Redb(pub Cluster, Vec<Proxy>);
+pub struct Redb(pub Cluster, Vec<Proxy>, Option<Faketime>);
+
+/// libfaketime for the workers: each reads its wall-clock offset from a file of its own
+/// (`FAKETIME_TIMESTAMP_FILE`, re-read every second), so the nemesis jumps a running
+/// worker's clock by writing it; CLOCK_MONOTONIC stays untouched (`DONT_FAKE_MONOTONIC`).
+/// Replicas do not inherit it (a worker gives them a clean environment).
+pub struct Faketime {
+    dir: tempfile::TempDir,
+}
+
+/// Where Debian's `faketime` package puts the library.
+const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+impl Faketime {
+    /// `None`, with a `SKIPPED:` line, where the library is not installed.
+    fn new(workers: usize) -> Option<Self> {
+        if !std::path::Path::new(LIBFAKETIME).exists() {
+            println!("SKIPPED: clock jumps: {LIBFAKETIME} is missing (apt-get install faketime)");
+            return None;
+        }
+        let me = Self {
+            dir: tempfile::tempdir().ok()?,
+        };
+        for i in 0..workers {
+            me.set(i, "+0");
+        }
+        Some(me)
+    }
+    fn file(&self, worker: usize) -> PathBuf {
+        self.dir.path().join(format!("worker-{worker}"))
+    }
+    /// Sets worker `worker`'s wall-clock offset (`+1h`, `-10m`, `+0`).
+    fn set(&self, worker: usize, offset: &str) {
+        std::fs::write(self.file(worker), offset).expect("faketime file");
+    }
+    fn apply(&self, worker: usize, cmd: &mut std::process::Command) {
+        cmd.env("LD_PRELOAD", LIBFAKETIME)
+            .env("FAKETIME_TIMESTAMP_FILE", self.file(worker))
+            .env("FAKETIME_CACHE_DURATION", "1")
+            .env("DONT_FAKE_MONOTONIC", "1");
+    }
+}
+
+impl Redb {
+    /// Starts worker `i` (under libfaketime when the shape has it).
+    fn start_worker(cluster: &mut Cluster, faketime: Option<&Faketime>, i: usize) -> Result<()> {
+        let config = cluster.dir.path().join(format!("worker-{i}.toml"));
+        cluster.start_worker_with(i, &config, |cmd| {
+            if let Some(f) = faketime {
+                f.apply(i, cmd);
+            }
+        })
+    }
+}
 
 /// Workers of the redb shape.
 const WORKERS: usize = 3;
@@ -93,6 +155,7 @@ impl Redb {
         let controller: std::net::SocketAddr =
             cluster.api.base.trim_start_matches("http://").parse()?;
         let mut proxies = Vec::new();
+        let faketime = Faketime::new(WORKERS);
         for i in 0..WORKERS {
             let proxy = tokio::task::block_in_place(|| {
                 tokio::runtime::Handle::current().block_on(Proxy::start(controller))
@@ -104,10 +167,10 @@ impl Redb {
             );
             std::fs::write(&config, text)?;
             cluster.kill_worker(i);
-            cluster.start_worker(i)?;
+            Self::start_worker(&mut cluster, faketime.as_ref(), i)?;
             proxies.push(proxy);
         }
-        Ok(Self(cluster, proxies))
+        Ok(Self(cluster, proxies, faketime))
     }
 }
 
@@ -141,7 +204,7 @@ impl Shape for Redb {
     fn restart(&mut self, daemon: usize) -> Result<()> {
         match daemon {
             0 => self.0.start_controller(),
-            i => self.0.start_worker(i - 1),
+            i => Self::start_worker(&mut self.0, self.2.as_ref(), i - 1),
         }
     }
     fn partitionable(&self) -> Vec<bool> {
@@ -149,6 +212,14 @@ impl Shape for Redb {
     }
     fn partition(&mut self, daemon: usize, cut: bool) {
         self.1[daemon - 1].set_cut(cut);
+    }
+    fn clock_jumpable(&self) -> Vec<bool> {
+        (0..=WORKERS).map(|d| d > 0 && self.2.is_some()).collect()
+    }
+    fn jump_clock(&mut self, daemon: usize, offset: &str) {
+        if let Some(f) = &self.2 {
+            f.set(daemon - 1, offset);
+        }
     }
     fn logs(&self) -> Vec<PathBuf> {
         self.daemons()
