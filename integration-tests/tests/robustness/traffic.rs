@@ -375,6 +375,9 @@ pub async fn load(ctx: Ctx, service: String, mut rng: fastrand::Rng) {
         let (ok, error) = match res {
             Ok(r) if r.status() == 200 => (true, String::new()),
             Ok(r) => (false, format!("HTTP {}", r.status())),
+            // A timeout is told apart: a replica that is alive but slow on a loaded
+            // machine is not an endpoint that should not have been handed out.
+            Err(e) if e.is_timeout() => (false, format!("timeout: {e:#}")),
             Err(e) => (false, format!("{e:#}")),
         };
         let q = Request {

@@ -396,6 +396,11 @@ fn v6_a_failed_request_is_allowed_only_in_the_stated_windows() {
         &requests_only_fail_when_allowed(&h, &w),
         "6-request-failed"
     ));
+    // A timeout while its replica was still serving (before its SIGTERM): slow, fine.
+    let mut slow = request(5 * S, 5 * S - 1, false);
+    slow.error = "timeout: operation timed out".into();
+    h.requests.push(slow);
+    assert_eq!(requests_only_fail_when_allowed(&h, &w).len(), 1);
     // A list older than the drain: the client's own fault.
     h.requests[0].list_ns = 4 * S;
     assert!(requests_only_fail_when_allowed(&h, &w).is_empty());
