@@ -265,7 +265,13 @@ impl History {
                 .values_mut()
                 .filter(|p| p.pid == g.pid && p.start_ns.is_some_and(|s| s <= g.ns));
             if let Some(p) = of_pid.max_by_key(|p| p.start_ns) {
-                if p.end_ns.is_none() {
+                // A process that wrote a line after the sample was alive then: the sample
+                // is wrong (its pid was briefly unreadable), not the process's end.
+                let later_line = self
+                    .replicas
+                    .iter()
+                    .any(|r| r.pid == p.pid && r.job == p.job && r.ns > g.ns);
+                if p.end_ns.is_none() && !later_line {
                     p.end_ns = Some(g.ns);
                     // Killed without a word: a SIGKILL after an ignored SIGTERM is not a
                     // crash, a killed worker's replica is.

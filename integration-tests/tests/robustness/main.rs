@@ -76,6 +76,7 @@ fn summary(shape: &str, outcomes: &[Outcome]) {
     let writes = count(&|o| o.history.ops.iter().filter(|op| op.acked()).count());
     let processes = count(&|o| o.history.processes().len());
     let violations = count(&|o| o.violations.len());
+    let leaked: u64 = outcomes.iter().map(|o| o.leaked_ports).sum();
     let known_n = count(&|o| {
         o.violations
             .iter()
@@ -87,7 +88,7 @@ fn summary(shape: &str, outcomes: &[Outcome]) {
     let p99 = conv.get((conv.len().max(1) - 1) * 99 / 100).copied();
     let never = outcomes.len() - conv.len();
     println!(
-        "SUMMARY robustness shape={shape} seeds={} faults={faults} reads={reads} requests={requests} violations={violations} converge_p99_s={} known_findings={known_n} not_converged={never} writes={writes} processes={processes}",
+        "SUMMARY robustness shape={shape} seeds={} faults={faults} reads={reads} requests={requests} violations={violations} converge_p99_s={} known_findings={known_n} not_converged={never} writes={writes} processes={processes} leaked_ports={leaked}",
         outcomes.len(),
         p99.map_or("none".to_owned(), |s| format!("{s:.1}")),
     );

@@ -48,6 +48,8 @@ pub struct Outcome {
     /// Seconds from the last fault's end to convergence (`None`: never).
     pub converge_s: Option<f64>,
     pub report: Option<PathBuf>,
+    /// Ports still held once every service was stopped (0 unless the wait timed out).
+    pub leaked_ports: u64,
 }
 
 /// The services of every run: two ordinary ones, one whose replicas ignore SIGTERM (the
@@ -177,7 +179,11 @@ pub async fn one(shape: &mut dyn Shape, mut rng: fastrand::Rng, secs: u64, w: &W
     let always = std::env::var("ROBUSTNESS_REPORT").is_ok_and(|v| v == "always");
     let report = (always || !violations.is_empty())
         .then(|| crate::report::write(shape, seed, &plan, &history, &violations, &reps));
+    // Every service stopped and every port free again before the next schedule (whose
+    // replicas run another script), and before this one's replicas are killed.
+    let leaked_ports = crate::harness::stop_all_and_count_leaks(&shape.api()).await;
     Outcome {
+        leaked_ports,
         seed,
         history,
         plan,
