@@ -54,7 +54,7 @@ async fn planted_port_released_early_is_caught() {
     assert_fired(&with_bug(bug).await, bug, "2-one-holder-per-port");
 }
 
-/// An all-services stream that skips the changes of odd revisions: a reader ends without
+/// An all-services stream that skips the changes of three revisions in four: a reader ends without
 /// a service's last change (validator 3).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn planted_stream_skips_a_revision_is_caught() {
