@@ -137,8 +137,11 @@ impl Replica {
     /// grace period, which keeps readiness) and on a host with an advertised address.
     /// A draining or stopping replica is never one.
     pub fn is_endpoint(&self) -> bool {
-        self.ready
-            && matches!(self.state, JobState::Running | JobState::Unknown)
+        // Test-only planted bug (debug builds): a drain whose SIGTERM comes before the
+        // announce: the replica leaves its endpoint only once it has stopped.
+        let late_announce = plugin_api::planted_bug("drain-sigterm-before-announce")
+            && matches!(self.state, JobState::Draining | JobState::Stopping);
+        (late_announce || self.ready && matches!(self.state, JobState::Running | JobState::Unknown))
             && self.address.is_some()
     }
 

@@ -46,3 +46,28 @@ pub use resource::{PlacementRequest, ResourcePlugin, SectionInfo, Unfit};
 #[cfg(feature = "server")]
 pub use server::{ApiExtension, Parked};
 pub use vocab::{FieldError, Grant, GrantError, Grants, HostId, JobId};
+
+/// **Test-only.** Whether the robustness suite planted bug `name` in this process: the
+/// comma-separated list in the environment variable `E2E_PLANT_BUG`. The suite switches a
+/// planted bug on to show that its validators catch it (see
+/// `integration-tests/tests/robustness/planted.rs`); nothing else may. Only debug builds
+/// read the variable: in a release build this is always `false`.
+pub fn planted_bug(name: &str) -> bool {
+    #[cfg(debug_assertions)]
+    {
+        static PLANTED: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+        PLANTED
+            .get_or_init(|| {
+                std::env::var("E2E_PLANT_BUG")
+                    .map(|v| v.split(',').map(|s| s.trim().to_owned()).collect())
+                    .unwrap_or_default()
+            })
+            .iter()
+            .any(|p| p == name)
+    }
+    #[cfg(not(debug_assertions))]
+    {
+        let _ = name;
+        false
+    }
+}

@@ -783,6 +783,8 @@ pub struct Cluster {
     pub api: Api,
     /// `XCE_LOG` of the controller.
     controller_log: String,
+    /// More environment for every daemon ([`ClusterConfig::env`]).
+    env: Vec<(String, String)>,
 }
 
 /// What a [`Cluster`] starts with beyond its defaults ([`Cluster::start`]).
@@ -800,6 +802,9 @@ pub struct ClusterConfig {
     pub controller_log: Option<String>,
     /// The controller's `data_dir` (default: `controller` in the cluster's temp dir).
     pub controller_data_dir: Option<PathBuf>,
+    /// Environment variables for the controller and every worker (the robustness suite's
+    /// planted bugs are switched on this way).
+    pub env: Vec<(String, String)>,
 }
 
 /// A tokens file: the admin token ([`ADMIN`]) and a `[[worker]]` `exec-NN` with secret
@@ -849,6 +854,7 @@ impl Cluster {
             controller_tables,
             controller_log,
             controller_data_dir,
+            env,
         } = cfg;
         let dir = tempfile::tempdir()?;
         let port = free_port();
@@ -890,6 +896,7 @@ impl Cluster {
             workers: Vec::new(),
             api,
             controller_log: controller_log.clone().unwrap_or_else(|| "info".to_owned()),
+            env: env.clone(),
         };
         c.start_controller()?;
         for i in 0..hosts {
@@ -917,6 +924,7 @@ impl Cluster {
             .arg("--config")
             .arg(self.dir.path().join("controller.toml"))
             .env("XCE_LOG", &self.controller_log)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(self.log("controller")?)
@@ -972,6 +980,7 @@ impl Cluster {
         adjust(&mut cmd);
         let child = cmd
             .env("XCE_LOG", "info")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(self.log(&format!("worker-{i}"))?)

@@ -125,6 +125,7 @@ impl Core {
             changed.add(e);
         }
         changed.log(self.cluster.rev);
+        self.planted_early_release(&events);
         self.outbox.extend(events);
         for a in after {
             match a {
@@ -271,6 +272,23 @@ impl Core {
         } else {
             self.drain_until.remove(&job.job);
             self.acks.forget(&job.job);
+        }
+    }
+
+    /// Test-only planted bug (debug builds): a replica's ports go back to the pool when it
+    /// is told to stop, one commit before it has exited.
+    fn planted_early_release(&mut self, events: &[ClusterEvent]) {
+        if !plugin_api::planted_bug("port-released-early") {
+            return;
+        }
+        for e in events {
+            if let ClusterEvent::Job { job, .. } = e {
+                if job.state == JobState::Stopping {
+                    for p in &mut self.plugins {
+                        p.release(&job.host, &job.job);
+                    }
+                }
+            }
         }
     }
 
