@@ -343,10 +343,6 @@ fn handle(core: &mut Core, cmd: Command) -> Answer {
             let r = core.facts(&host, &caller, facts, now);
             done(reply, r)
         }
-        Command::Fleet { registrations } => {
-            core.fleet(&registrations);
-            Box::new(|| {})
-        }
         // A burst queues reports (`Burst::take`); one alone is the same path.
         Command::Events { report, reply } => {
             let r = core.reports(vec![report], now).pop();
@@ -360,13 +356,20 @@ fn handle(core: &mut Core, cmd: Command) -> Answer {
             let r = core.assignments(&host, &caller);
             done(reply, r)
         }
-        cmd @ (Command::Maintain { .. } | Command::Leave { .. }) => handle_host(core, cmd, now),
+        cmd @ (Command::Maintain { .. } | Command::Leave { .. } | Command::Fleet { .. }) => {
+            handle_host(core, cmd, now)
+        }
     }
 }
 
-/// [`handle`] for the host maintenance commands.
+/// [`handle`] for the commands about hosts other than the worker protocol: host
+/// maintenance, and the separate apiservers' registrations (no answer).
 fn handle_host(core: &mut Core, cmd: Command, now: Instant) -> Answer {
     match cmd {
+        Command::Fleet { registrations } => {
+            core.fleet(&registrations);
+            Box::new(|| {})
+        }
         Command::Maintain {
             host,
             action,
