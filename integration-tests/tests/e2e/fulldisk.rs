@@ -179,8 +179,13 @@ async fn a_full_disk_answers_507_stops_the_controller_and_loses_nothing() {
         converged.as_secs_f64(),
         jobs_before.len()
     );
-    assert_eq!(status, 507, "{body}");
-    assert!(reason.contains("no space left"), "{body}");
+    // The write that finds no space is answered 507; a write of the controller's own (a
+    // worker's report, a rollout's waiting reason) may find it first on a busy machine,
+    // and then this client's write meets the controller shutting down (503). Both are the
+    // fail-stop; the log below says it was the disk.
+    let by_disk = status == 507 && reason.contains("no space left");
+    let by_stop = status == 503 && reason.contains("shutting down");
+    assert!(by_disk || by_stop, "{status} {body}");
     assert!(!exit.success(), "fail-stop exits with an error: {exit}");
     assert!(
         stop_lines >= 1 && no_space_lines >= 1,

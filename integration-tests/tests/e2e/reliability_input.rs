@@ -803,7 +803,7 @@ async fn bad_input_gets_a_clear_4xx_and_changes_nothing() {
     let c = DevCluster::start(1, false).expect("dev cluster");
     let api = &c.api;
     assert_eq!(api.submit_toml(&keep_profile()).await.unwrap().0, 201);
-    api.wait_ready("keep", 1).await;
+    api.wait_settled("keep", 1).await;
     let before = services_state(api).await;
 
     let cases = table();

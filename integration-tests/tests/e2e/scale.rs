@@ -194,6 +194,10 @@ async fn two_controllers_and_two_apiservers_on_a_3_member_etcd_survive_losing_th
     for a in [&a1, &a2] {
         assert_eq!(a.plain("web").await.unwrap().len(), REPLICAS);
     }
+    // The first rollout completes (every replica ready for `min_ready`) before replicas
+    // are killed: a kill inside it would count as an exit of the rollout, and its later
+    // completion would be one more change for the blocking query below to answer.
+    a1.wait_settled("web", REPLICAS).await;
     let mut places = Places::default();
     places.note(&first);
     let originals: Vec<String> = first.jobs.keys().cloned().collect();
