@@ -319,13 +319,22 @@ impl Fleet {
     /// leads).
     pub async fn start_leader(&mut self, c: usize) {
         self.start_controller(c).unwrap();
-        eventually(&format!("controller {c} serves"), || async {
-            Ok(self.controllers[c]
-                .as_ref()
-                .unwrap()
-                .announced()
-                .then_some(()))
-        })
+        self.wait_announced(c).await;
+    }
+
+    /// Waits until controller `c` has announced that it serves (it leads). The
+    /// announcement is read from its stdout by a harness thread, which a busy machine may
+    /// run after the controller already answers: wait for it, never assert it.
+    pub async fn wait_announced(&self, c: usize) {
+        eventually(
+            &format!("controller {c} announces that it serves"),
+            || async {
+                Ok(self.controllers[c]
+                    .as_ref()
+                    .is_some_and(Daemon::announced)
+                    .then_some(()))
+            },
+        )
         .await;
     }
 

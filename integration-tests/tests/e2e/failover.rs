@@ -196,14 +196,7 @@ async fn leader_frozen_past_the_grace_period_workers_move_to_the_standby_and_not
     let frozen = Instant::now();
 
     // The standby takes over once the frozen leader's lease runs out.
-    eventually("controller 1 takes over", || async {
-        Ok(ha.controllers[1]
-            .as_ref()
-            .unwrap()
-            .announced()
-            .then_some(()))
-    })
-    .await;
+    ha.wait_announced(1).await;
     let takeover = ha.announced_at(1).unwrap() - frozen;
 
     // Both workers leave the frozen leader: their heartbeats reach the new one.

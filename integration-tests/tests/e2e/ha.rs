@@ -63,14 +63,7 @@ async fn standby_controller_takes_over_after_kill_9_with_the_same_jobs_ports_and
 
     // The first controller leads; the second one waits and answers only /healthz.
     ha.start_controller(0).unwrap();
-    eventually("controller 0 announces its listener", || async {
-        Ok(ha.controllers[0]
-            .as_ref()
-            .unwrap()
-            .announced()
-            .then_some(()))
-    })
-    .await;
+    ha.wait_announced(0).await;
     ha.start_controller(1).unwrap();
     let standby_log = ha.log("controller-1");
     let leader0 = format!("@127.0.0.1:{})", ha.controller_ports[0]);
@@ -111,16 +104,7 @@ async fn standby_controller_takes_over_after_kill_9_with_the_same_jobs_ports_and
     })
     .await;
     let takeover = killed.elapsed();
-    // Its announcement is read from its stdout by a thread of the harness, which a busy
-    // machine may run after the answer above arrived: waited for, not assumed.
-    eventually("controller 1 announced that it serves", || async {
-        Ok(ha.controllers[1]
-            .as_ref()
-            .unwrap()
-            .announced()
-            .then_some(()))
-    })
-    .await;
+    ha.wait_announced(1).await;
 
     // Both workers found the new leader; nothing moved or dropped on the way.
     for i in 0..2 {

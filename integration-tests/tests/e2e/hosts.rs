@@ -13,7 +13,7 @@
 //!   only failed requests are those sent to the dead replica before it left.
 
 use crate::harness::*;
-use crate::rollout::{Follower, Load, Outcome, Web};
+use crate::rollout::{Ep, Follower, Load, Outcome, Web};
 use std::time::{Duration, Instant};
 
 fn count(path: &std::path::Path, needle: &str) -> usize {
@@ -136,13 +136,7 @@ async fn a_rebooting_hosts_replicas_leave_the_endpoint_after_unreachable_after()
     let follower = Follower::start(&c.api).await;
     follower.wait_for("3 endpoints", |eps| eps.len() == 3).await;
     // The replica on exec-03 (the third worker): its address is that host's.
-    let ip = c.host_ip(2);
-    let eps = follower.list.borrow().clone();
-    let victim = eps
-        .iter()
-        .find(|e| e.addr.ip().to_string() == ip)
-        .cloned()
-        .expect("a replica on exec-03");
+    let victim = endpoint_on(&follower, &c.host_ip(2));
     let pid = replica_pid(&web, &victim.job).expect("the replica's process");
     let load = Load::start(follower.list.clone());
 
@@ -316,14 +310,7 @@ async fn after_a_partition_heals_the_worker_stops_its_orphans_within_heartbeats(
     one_replica_on_each_host(&mut c, &web).await;
     let follower = Follower::start(&c.api).await;
     follower.wait_for("2 endpoints", |eps| eps.len() == 2).await;
-    let ip = c.host_ip(1);
-    let orphan = follower
-        .list
-        .borrow()
-        .iter()
-        .find(|e| e.addr.ip().to_string() == ip)
-        .cloned()
-        .expect("a replica on exec-02");
+    let orphan = endpoint_on(&follower, &c.host_ip(1));
     let pid = replica_pid(&web, &orphan.job).expect("its process");
     let load = Load::start(follower.list.clone());
 
@@ -418,14 +405,7 @@ async fn a_lost_host_whose_worker_still_hears_the_controller_drains_before_sigte
     one_replica_on_each_host(&mut c, &web).await;
     let follower = Follower::start(&c.api).await;
     follower.wait_for("2 endpoints", |eps| eps.len() == 2).await;
-    let ip = c.host_ip(1);
-    let victim = follower
-        .list
-        .borrow()
-        .iter()
-        .find(|e| e.addr.ip().to_string() == ip)
-        .cloned()
-        .expect("a replica on exec-02");
+    let victim = endpoint_on(&follower, &c.host_ip(1));
     let load = Load::start(follower.list.clone());
     let cut_ns = monotonic_ns();
     proxy.cut_to_controller();
@@ -499,4 +479,13 @@ async fn one_replica_on_each_host(c: &mut Cluster, web: &Web) {
         .collect();
     hosts.sort_unstable();
     assert_eq!(hosts, ["exec-01", "exec-02"], "one replica on each host");
+}
+
+/// The endpoint the follower lists on the host with address `ip`.
+fn endpoint_on(follower: &Follower, ip: &str) -> Ep {
+    let eps = follower.list.borrow().clone();
+    eps.iter()
+        .find(|e| e.addr.ip().to_string() == ip)
+        .cloned()
+        .unwrap_or_else(|| panic!("no endpoint on {ip}: {eps:?}"))
 }

@@ -205,11 +205,12 @@ async fn backup_change_restore<S: Shape>(c: &mut S) {
     assert!(out.status.success(), "restore: {}", stderr(&out));
     let started = Instant::now();
     c.start_controller().await;
-    let (registered, reconciled, polls) = converge(&api, &c.controller_log(), started).await;
+    let (registered, reconciled, polls, probed) =
+        converge(&api, &c.controller_log(), started).await;
     let (reused, twice, jobs_now) =
         check_restored(&api, &svc2_jobs, &at_backup, &after_backup).await;
     println!(
-        "FIGURE restore {}: workers_registered_again_after={registered:?} converged_after={reconciled:?} polls={polls} dead_endpoints_seen=0 job_ids_reused={reused} ports_held_twice={twice} jobs_now={jobs_now}",
+        "FIGURE restore {}: workers_registered_again_after={registered:?} converged_after={reconciled:?} polls={polls} listed_endpoints_probed_alive={probed} job_ids_reused={reused} ports_held_twice={twice} jobs_now={jobs_now}",
         c.name()
     );
 }
@@ -252,8 +253,9 @@ async fn change_after_backup(
 
 /// Waits until every worker registered again and the restored cluster converged (web
 /// alone, 3 endpoints, its rollout complete), checking on every poll that no listed
-/// endpoint lacks a process. Returns both times and the number of polls.
-async fn converge(api: &Api, log: &Path, started: Instant) -> (Duration, Duration, u32) {
+/// endpoint lacks a process. Returns both times, the number of polls and of listed
+/// endpoints probed (each answered HTTP, or the test failed).
+async fn converge(api: &Api, log: &Path, started: Instant) -> (Duration, Duration, u32, u32) {
     // Every worker registers again at its next heartbeat (1 s), reporting what runs.
     let registered = eventually("every worker registered again", || async {
         let text = std::fs::read_to_string(log)?;
@@ -264,6 +266,7 @@ async fn converge(api: &Api, log: &Path, started: Instant) -> (Duration, Duratio
     .await;
     // From its first answer on, every endpoint listed has a process behind it.
     let polls = std::sync::atomic::AtomicU32::new(0);
+    let probed = std::sync::atomic::AtomicU32::new(0);
     let reconciled = eventually("the restored cluster converged", || async {
         polls.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         for svc in ["web", "svc2"] {
@@ -271,6 +274,10 @@ async fn converge(api: &Api, log: &Path, started: Instant) -> (Duration, Duratio
                 .get(&format!("/v1/services/{svc}/endpoints?format=plain"))
                 .await?;
             if status == 200 {
+                probed.fetch_add(
+                    body.lines().count() as u32,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
                 let dead = dead_endpoints(api, svc).await?;
                 assert!(
                     dead.is_empty(),
@@ -291,7 +298,12 @@ async fn converge(api: &Api, log: &Path, started: Instant) -> (Duration, Duratio
         Ok(done.then(|| started.elapsed()))
     })
     .await;
-    (registered, reconciled, polls.into_inner())
+    (
+        registered,
+        reconciled,
+        polls.into_inner(),
+        probed.into_inner(),
+    )
 }
 
 /// The restored cluster holds the backup's profile (3 replicas of web, no svc2: its

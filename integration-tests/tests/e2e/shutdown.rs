@@ -236,14 +236,7 @@ async fn a_standby_serves_healthz_and_metrics_only_and_the_api_once_elected() {
     let etcd = EtcdCluster::start(1).await.expect("etcd");
     let mut ha = Fleet::new(etcd, 0, 0).expect("cluster dir");
     ha.start_controller(0).unwrap();
-    eventually("controller 0 serves", || async {
-        Ok(ha.controllers[0]
-            .as_ref()
-            .unwrap()
-            .announced()
-            .then_some(()))
-    })
-    .await;
+    ha.wait_announced(0).await;
     ha.start_controller(1).unwrap();
     let b = ha.controller_api(1);
     let leader0 = format!("@127.0.0.1:{}", ha.controller_ports[0]);

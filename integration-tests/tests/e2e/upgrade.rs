@@ -145,14 +145,7 @@ fn stop(fleet: &mut Fleet, slot: Slot) {
 async fn start_previous(fleet: &mut Fleet, old: &Path, web: &Web) {
     let spawn = |f: &Fleet, kind: &str, name: &str| f.spawn_from(old, kind, name).unwrap();
     fleet.controllers[0] = Some(spawn(fleet, "controller", "controller-0"));
-    eventually("the old controller 0 leads", || async {
-        Ok(fleet.controllers[0]
-            .as_ref()
-            .unwrap()
-            .announced()
-            .then_some(()))
-    })
-    .await;
+    fleet.wait_announced(0).await;
     fleet.controllers[1] = Some(spawn(fleet, "controller", "controller-1"));
     logs_again(fleet, "controller-1", "standby: waiting for leadership", 0).await;
     fleet.apiservers[0] = Some(spawn(fleet, "apiserver", "apiserver-0"));
