@@ -804,9 +804,14 @@ async fn tcp_readiness_refusals_unknown_stops_and_bad_commands() {
         let refused = assignment("j-4", vec!["true".into()], None, serde_json::json!({"refuse": true}), Desired::Run);
         let unknown = assignment("j-5", vec!["true".into()], None, serde_json::json!({}), Desired::Stop);
         let missing = assignment("j-6", vec!["/nonexistent/xce-test".into()], None, serde_json::json!({"port": 1}), Desired::Run);
-        fake.set_jobs(vec![refused.clone(), unknown.clone(), missing.clone()]);
+        fake.set_jobs(vec![refused.clone(), unknown, missing]);
         fake.wait_until("three reports", |s| s.events.len() >= 3).await;
-        // A change of the set makes the worker reconcile again: nothing is repeated.
+        // A change of the set makes the worker reconcile again: the refusal is not
+        // repeated. j-5 and j-6 leave the list here: whether a listed-again end is
+        // reported again depends on whether its acknowledgement arrived before this
+        // change (an unacknowledged end is the answer on its way), a race this test
+        // must not depend on; `a_job_listed_again_after_its_acknowledged_end_is_reported_again`
+        // covers it by waiting for the acknowledgement.
         // j-7 listens on TCP (without ever accepting: the backlog answers the probe);
         // j-8's probe names a socket its launch plan does not have: never ready.
         let port = free_port();
@@ -834,7 +839,7 @@ async fn tcp_readiness_refusals_unknown_stops_and_bad_commands() {
         let grant = serde_json::json!({"port": port});
         let tcp_job = assignment("j-7", listener, tcp("http"), grant.clone(), Desired::Run);
         let never = assignment("j-8", sh("exec sleep 1000"), tcp("metrics"), grant, Desired::Run);
-        fake.set_jobs(vec![refused, unknown, missing, tcp_job, never]);
+        fake.set_jobs(vec![refused, tcp_job, never]);
         let ready = |e: &WorkerEvent| matches!(e, WorkerEvent::Readiness { ready: true, .. });
         fake.wait_until("j-7 ready", has(&fake, "j-7", ready)).await;
         fake.wait_until("j-8 started", has(&fake, "j-8", |e| matches!(e, WorkerEvent::Started { .. })))
@@ -848,9 +853,7 @@ async fn tcp_readiness_refusals_unknown_stops_and_bad_commands() {
         expect_test::expect![[r#"
             {"event":"refused","job":"j-4","refusal":{"plugin":"fake","reason":"refused by the test","detail":{"refuse":true}}}
             {"event":"exited","job":"j-6","code":127,"error":"cannot start \"/nonexistent/xce-test\": No such file or directory (os error 2)","log":"$LOGS/j-6.log"}
-            {"event":"exited","job":"j-5","code":null}
-            {"event":"exited","job":"j-5","code":null,"error":"job j-5 already ran and ended on this worker, and a job id runs at most once: the controller lists it again (was its store restored from a backup?)"}
-            {"event":"exited","job":"j-6","code":null,"error":"job j-6 already ran and ended on this worker, and a job id runs at most once: the controller lists it again (was its store restored from a backup?)"}"#]]
+            {"event":"exited","job":"j-5","code":null}"#]]
         .assert_eq(&evs.join("\n").replace(&logs.display().to_string(), "$LOGS"));
         worker.shutdown(ShutdownMode::StopReplicas).await;
         assert_eq!(counts(&fake, "j-7"), (1, 1, 0, 1, 0));
