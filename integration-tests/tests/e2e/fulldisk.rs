@@ -98,11 +98,20 @@ async fn a_full_disk_answers_507_stops_the_controller_and_loses_nothing() {
     // finds no space. Each acknowledged write must survive.
     let mut after_fill = BTreeSet::new();
     let (status, body) = loop {
-        let (st, body) = c
+        // No answer at all (status 0) is the third face of the fail-stop: a write of the
+        // controller's own found the disk full while this request was in flight, and the
+        // process exited before answering it.
+        let (st, body) = match c
             .api
             .submit_toml(&pending_service(acknowledged, &held_port))
             .await
-            .unwrap();
+        {
+            Ok(answer) => answer,
+            Err(e) => (
+                0,
+                serde_json::json!({"error": {"message": format!("{e:#}")}}),
+            ),
+        };
         if st != 201 {
             break (st, body);
         }
@@ -181,11 +190,13 @@ async fn a_full_disk_answers_507_stops_the_controller_and_loses_nothing() {
     );
     // The write that finds no space is answered 507; a write of the controller's own (a
     // worker's report, a rollout's waiting reason) may find it first on a busy machine,
-    // and then this client's write meets the controller shutting down (503). Both are the
-    // fail-stop; the log below says it was the disk.
+    // and then this client's write meets the controller shutting down (503) or exiting
+    // before it answers (no answer). All are the fail-stop; the log below says it was
+    // the disk.
     let by_disk = status == 507 && reason.contains("no space left");
     let by_stop = status == 503 && reason.contains("shutting down");
-    assert!(by_disk || by_stop, "{status} {body}");
+    let unanswered = status == 0;
+    assert!(by_disk || by_stop || unanswered, "{status} {body}");
     assert!(!exit.success(), "fail-stop exits with an error: {exit}");
     assert!(
         stop_lines >= 1 && no_space_lines >= 1,
