@@ -2,7 +2,8 @@
 //! (by name), their pids, which of them can be killed and restarted, and their logs.
 
 use crate::harness::{Api, Cluster, ClusterConfig, DevCluster};
-use crate::proxy::Proxy;
+use crate::nemesis::Caps;
+use crate::proxy::{Cut, Proxy};
 use anyhow::Result;
 use std::path::PathBuf;
 
@@ -12,29 +13,38 @@ pub trait Shape {
     /// The daemons, by name (the fault schedule names them by index).
     fn daemons(&self) -> Vec<String>;
     fn pid(&self, daemon: usize) -> Option<u32>;
-    /// Which daemons the nemesis may kill -9 (and [`Shape::restart`]).
-    fn killable(&self) -> Vec<bool>;
-    fn kill9(&mut self, daemon: usize);
-    fn restart(&mut self, daemon: usize) -> Result<()>;
+    fn kill9(&mut self, daemon: usize) {
+        let _ = daemon;
+        unreachable!("this shape kills nothing")
+    }
+    fn restart(&mut self, daemon: usize) -> Result<()> {
+        let _ = daemon;
+        unreachable!("this shape kills nothing")
+    }
     /// The daemons' log files (for the report).
     fn logs(&self) -> Vec<PathBuf>;
-    /// Which daemons the nemesis may cut off from the controller ([`Shape::partition`]).
-    fn partitionable(&self) -> Vec<bool> {
-        vec![false; self.daemons().len()]
+    /// What the nemesis may do to each daemon (besides pausing it).
+    fn caps(&self) -> Vec<Caps> {
+        vec![Caps::default(); self.daemons().len()]
     }
-    /// Cuts `daemon` off from the controller (both directions), or heals it.
-    fn partition(&mut self, daemon: usize, cut: bool) {
+    /// The APIs the readers and load clients spread over (the first: the writer's).
+    fn reader_apis(&self) -> Vec<Api> {
+        vec![self.api()]
+    }
+    /// Cuts `daemon` off from what it talks to (both ways or one way), or heals it.
+    fn partition(&mut self, daemon: usize, cut: Cut) {
         let _ = (daemon, cut);
         unreachable!("this shape has no partitions")
-    }
-    /// Which daemons' wall clocks the nemesis may jump ([`Shape::jump_clock`]).
-    fn clock_jumpable(&self) -> Vec<bool> {
-        vec![false; self.daemons().len()]
     }
     /// Sets `daemon`'s wall-clock offset (`+0`: back to the true time).
     fn jump_clock(&mut self, daemon: usize, offset: &str) {
         let _ = (daemon, offset);
         unreachable!("this shape has no clock jumps")
+    }
+    /// Moves the etcd raft leadership to `daemon` (a member).
+    fn move_leader(&mut self, daemon: usize) {
+        let _ = daemon;
+        unreachable!("this shape has no etcd")
     }
 }
 
@@ -60,15 +70,6 @@ impl Shape for Dev {
     }
     fn pid(&self, _: usize) -> Option<u32> {
         Some(self.0.child.id())
-    }
-    fn killable(&self) -> Vec<bool> {
-        vec![false]
-    }
-    fn kill9(&mut self, _: usize) {
-        unreachable!("the dev shape is not killed")
-    }
-    fn restart(&mut self, _: usize) -> Result<()> {
-        unreachable!("the dev shape is not killed")
     }
     fn logs(&self) -> Vec<PathBuf> {
         vec![self.0.dir.path().join("xced.log")]
@@ -192,8 +193,15 @@ impl Shape for Redb {
             i => self.0.workers[i - 1].as_ref().map(std::process::Child::id),
         }
     }
-    fn killable(&self) -> Vec<bool> {
-        vec![true; WORKERS + 1]
+    fn caps(&self) -> Vec<Caps> {
+        (0..=WORKERS)
+            .map(|d| Caps {
+                kill: true,
+                partition: d > 0,
+                clock: d > 0 && self.2.is_some(),
+                ..Caps::default()
+            })
+            .collect()
     }
     fn kill9(&mut self, daemon: usize) {
         match daemon {
@@ -207,14 +215,8 @@ impl Shape for Redb {
             i => Self::start_worker(&mut self.0, self.2.as_ref(), i - 1),
         }
     }
-    fn partitionable(&self) -> Vec<bool> {
-        (0..=WORKERS).map(|d| d > 0).collect()
-    }
-    fn partition(&mut self, daemon: usize, cut: bool) {
-        self.1[daemon - 1].set_cut(cut);
-    }
-    fn clock_jumpable(&self) -> Vec<bool> {
-        (0..=WORKERS).map(|d| d > 0 && self.2.is_some()).collect()
+    fn partition(&mut self, daemon: usize, cut: Cut) {
+        self.1[daemon - 1].set(cut);
     }
     fn jump_clock(&mut self, daemon: usize, offset: &str) {
         if let Some(f) = &self.2 {

@@ -31,6 +31,13 @@ impl Ctx {
             conns: Arc::new(AtomicU64::new(1)),
         }
     }
+    /// The same context (stop, recorder) on another API.
+    pub fn with_api(&self, api: Api) -> Self {
+        Self {
+            api,
+            ..self.clone()
+        }
+    }
     /// The same context with a stop of its own (the writer stops before the readers).
     pub fn with_own_stop(&self) -> Self {
         Self {
