@@ -161,6 +161,7 @@ impl Shape for EtcdHa {
                     kill: true,
                     partition: matches!(which(d), Daemon::Apiserver(_) | Daemon::Worker(_)),
                     clock: false,
+                    disk: false,
                     leader: member,
                     under_apiserver: member && d < APISERVERS,
                 }

@@ -3,7 +3,8 @@
 //! moment), SIGSTOP/SIGCONT of a daemon for 0.3–6 s (2–6 s is the pause-detection edge),
 //! a worker or apiserver cut off from what it talks to (both directions, or one) for
 //! 1–6 s, a worker's wall clock jumped by +1h, -10m or +7d for 2–6 s (libfaketime; its
-//! monotonic clock untouched), the etcd raft leadership moved to a member.
+//! monotonic clock untouched), the etcd raft leadership moved to a member, the disk under
+//! the controller's data dir filled for 1–4 s (then freed, the controller restarted).
 //! The replica-level faults (a replica that ignores SIGTERM, one that crash-loops) are
 //! services of the run (`run.rs`), listed in the schedule too.
 
@@ -50,6 +51,8 @@ pub struct Caps {
     pub partition: bool,
     /// Its wall clock jumped ([`Shape::jump_clock`]).
     pub clock: bool,
+    /// Its data dir on a small disk the nemesis fills ([`Shape::fill_disk`]).
+    pub disk: bool,
     /// An etcd member the raft leadership can be moved to ([`Shape::move_leader`]).
     pub leader: bool,
     /// An etcd member an apiserver watches first (the freeze weight picks these).
@@ -76,7 +79,7 @@ pub fn schedule(
         let mut daemon = rng.usize(..caps.len());
         let offset = ["+1h", "-10m", "+7d"][rng.usize(..3)];
         let c = caps[daemon];
-        let (mut kind, mut hold_ms) = match rng.u8(..14) {
+        let (mut kind, mut hold_ms) = match rng.u8(..16) {
             // Short pauses, and the 2–6 s band where pause detection decides.
             0..=2 => ("pause", rng.u64(300..2000)),
             3..=5 => ("pause", rng.u64(2000..6000)),
@@ -87,6 +90,7 @@ pub fn schedule(
             }
             10..=11 if c.clock => ("clock-jump", rng.u64(2000..6000)),
             12..=13 if c.leader => ("move-leader", 0),
+            14..=15 if c.disk => ("disk-full", rng.u64(1000..4000)),
             _ => ("pause", rng.u64(2000..6000)),
         };
         if freeze_pct > 0 && !watched.is_empty() && rng.u8(..100) < freeze_pct {
@@ -145,6 +149,14 @@ pub async fn apply(shape: &mut dyn Shape, plan: &[Planned], rec: &Recorder) {
                 shape.partition(p.daemon, Cut::Healed);
             }
             "move-leader" => tokio::task::block_in_place(|| shape.move_leader(p.daemon)),
+            "disk-full" => {
+                let fill = tokio::task::block_in_place(|| shape.fill_disk(p.daemon, true));
+                fill.expect("filling the disk");
+                tokio::time::sleep(Duration::from_millis(p.hold_ms)).await;
+                if let Err(e) = tokio::task::block_in_place(|| shape.fill_disk(p.daemon, false)) {
+                    panic!("freeing {target}'s disk: {e:#}");
+                }
+            }
             other => unreachable!("no fault {other}"),
         }
         let fault = Fault {
@@ -179,6 +191,7 @@ mod tests {
             Caps {
                 partition: true,
                 clock: true,
+                disk: true,
                 ..Caps::default()
             },
         ];
@@ -198,6 +211,7 @@ mod tests {
             "partition-down",
             "clock-jump",
             "move-leader",
+            "disk-full",
         ];
         for kind in kinds {
             assert!(
@@ -211,6 +225,7 @@ mod tests {
             .all(|p| !p.kind.starts_with("partition") || p.daemon != 0));
         assert!(all.iter().all(|p| p.kind != "clock-jump" || p.daemon == 2));
         assert!(all.iter().all(|p| p.kind != "move-leader" || p.daemon == 1));
+        assert!(all.iter().all(|p| p.kind != "disk-full" || p.daemon == 2));
         assert!(all
             .iter()
             .all(|p| p.kind == "move-leader" || (200..6000).contains(&p.hold_ms)));

@@ -96,6 +96,7 @@ fn start_traffic(
     ))];
     tasks.push(tokio::spawn(traffic::sampler(ctx.clone(), reps.clone())));
     tasks.push(tokio::spawn(traffic::assignments(ctx.clone())));
+    tasks.push(tokio::spawn(traffic::sockets(ctx.clone())));
     tasks.push(tokio::spawn(traffic::streamer(
         ctx.clone(),
         None,

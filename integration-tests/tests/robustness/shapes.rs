@@ -5,6 +5,10 @@ use crate::harness::{Api, Cluster, ClusterConfig, DevCluster};
 use crate::nemesis::Caps;
 use crate::proxy::{Cut, Proxy};
 use anyhow::Result;
+use testkit::small_fs::SmallFs;
+
+/// The file that fills a small disk.
+const FILLER: &str = "filler";
 use std::path::PathBuf;
 
 pub trait Shape {
@@ -40,6 +44,12 @@ pub trait Shape {
     fn jump_clock(&mut self, daemon: usize, offset: &str) {
         let _ = (daemon, offset);
         unreachable!("this shape has no clock jumps")
+    }
+    /// Fills the filesystem under `daemon`'s data dir (`full`), or frees it and starts
+    /// the daemon again if it stopped.
+    fn fill_disk(&mut self, daemon: usize, full: bool) -> Result<()> {
+        let _ = (daemon, full);
+        unreachable!("this shape has no small disk")
     }
     /// Moves the etcd raft leadership to `daemon` (a member).
     fn move_leader(&mut self, daemon: usize) {
@@ -79,7 +89,14 @@ impl Shape for Dev {
 /// A controller on redb and three workers, each its own process: any of them is paused
 /// or killed -9 and restarted, and each worker reaches the controller through a proxy
 /// (`proxy.rs`) the nemesis can cut. Each worker's dynamic port range is 12 ports.
-pub struct Redb(pub Cluster, Vec<Proxy>, Option<Faketime>);
+///
+/// The controller's data dir is a small tmpfs of the suite (where it may mount one), which
+/// the nemesis fills: the controller answers 507 and stops (fail-stop); once the filler is
+/// gone the nemesis starts it again.
+pub struct Redb(pub Cluster, Vec<Proxy>, Option<Faketime>, Option<SmallFs>);
+
+/// The size of the controller's tmpfs (a run's store stays far below it).
+const DISK: &str = "32m";
 
 /// libfaketime for the workers: each reads its wall-clock offset from a file of its own
 /// (`FAKETIME_TIMESTAMP_FILE`, re-read every second), so the nemesis jumps a running
@@ -140,7 +157,12 @@ const WORKERS: usize = 3;
 impl Redb {
     /// `env` goes to every daemon (the planted bugs' switch).
     pub fn start(env: &[(&str, &str)]) -> Result<Self> {
+        let disk = SmallFs::mount(DISK);
+        if disk.is_none() {
+            println!("SKIPPED: full disks: cannot mount a tmpfs here (needs root)");
+        }
         let cfg = ClusterConfig {
+            controller_data_dir: disk.as_ref().map(|d| d.path().join("controller")),
             // A small dynamic range: ports come back into use within a run, so a port
             // handed out while still held shows (validator 2).
             extra_worker: "[ports]\nrange = \"20000-20011\"\n".to_owned(),
@@ -171,7 +193,7 @@ impl Redb {
             Self::start_worker(&mut cluster, faketime.as_ref(), i)?;
             proxies.push(proxy);
         }
-        Ok(Self(cluster, proxies, faketime))
+        Ok(Self(cluster, proxies, faketime, disk))
     }
 }
 
@@ -199,6 +221,7 @@ impl Shape for Redb {
                 kill: true,
                 partition: d > 0,
                 clock: d > 0 && self.2.is_some(),
+                disk: d == 0 && self.3.is_some(),
                 ..Caps::default()
             })
             .collect()
@@ -217,6 +240,25 @@ impl Shape for Redb {
     }
     fn partition(&mut self, daemon: usize, cut: Cut) {
         self.1[daemon - 1].set(cut);
+    }
+    fn fill_disk(&mut self, _: usize, full: bool) -> Result<()> {
+        let disk = self.3.as_ref().expect("the controller's tmpfs");
+        if full {
+            disk.fill(FILLER);
+            return Ok(());
+        }
+        std::fs::remove_file(disk.path().join(FILLER))?;
+        // A controller that stopped on the full disk (fail-stop) is started again.
+        let stopped = self
+            .0
+            .controller
+            .as_mut()
+            .map(std::process::Child::try_wait);
+        if !matches!(stopped, Some(Ok(None))) {
+            self.0.kill_controller();
+            self.0.start_controller()?;
+        }
+        Ok(())
     }
     fn jump_clock(&mut self, daemon: usize, offset: &str) {
         if let Some(f) = &self.2 {
