@@ -106,11 +106,13 @@ impl EtcdCluster {
     }
 
     /// Starts member `m` again after [`kill_9`](Self::kill_9) (it rejoins from its data).
+    #[allow(dead_code)] // the robustness suite's, which shares this file
     pub fn restart(&mut self, m: usize) -> Result<()> {
         self.etcd.restart(m)
     }
 
     /// Every member's client address, `127.0.0.1:PORT`.
+    #[allow(dead_code)] // the robustness suite's, which shares this file
     pub fn endpoints(&self) -> &[String] {
         &self.clients
     }
