@@ -2,7 +2,7 @@
 # The test command of README.md: installs what a fresh machine with only Rust lacks
 # (python3 for the test replicas, a C compiler, etcd for the etcd store's tests, Chromium
 # and chromedriver for the web view's browser test, Prometheus for the SD test, libfaketime
-# for the robustness suite's clock jumps; Debian
+# for the robustness suite's clock jumps, iproute2's `ss` for its socket samples; Debian
 # packages through apt-get, with sudo when not root), then builds the binaries the
 # end-to-end tests run and runs every test. Extra arguments go to `cargo test`.
 set -euo pipefail
@@ -19,6 +19,8 @@ command -v chromedriver >/dev/null 2>&1 || [ -x /usr/bin/chromedriver ] || need_
 command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || need_apt+=(prometheus)
 # The robustness suite's clock jumps on a worker (libfaketime; skipped without it).
 command -v faketime >/dev/null 2>&1 || need_apt+=(faketime)
+# Its samples of listening sockets (`ss`, iproute2; skipped without it).
+command -v ss >/dev/null 2>&1 || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "test.sh: installing ${need_apt[*]} (apt-get)" >&2
   sudo=()

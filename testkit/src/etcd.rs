@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 #[derive(Debug)]
 pub struct Etcd {
     members: Vec<Option<Child>>,
+    /// Each member's command line (to restart a killed member as it was).
+    args: Vec<Vec<String>>,
     clients: Vec<String>,
     root: PathBuf,
     _dir: Option<tempfile::TempDir>,
@@ -63,7 +65,7 @@ impl Etcd {
     /// As [`Etcd::start_with`], with data and logs (`etcd-m0.log`, …) in `dir`, which the
     /// caller owns.
     pub fn start_in(dir: &Path, members: usize, extra: &[&str]) -> Result<Self> {
-        let bin = binary()?;
+        binary()?;
         let names: Vec<String> = (0..members).map(|i| format!("m{i}")).collect();
         let ports: Vec<(u16, u16)> = names.iter().map(|_| (free_port(), free_port())).collect();
         let initial = names
@@ -80,6 +82,7 @@ impl Etcd {
         );
         let mut etcd = Self {
             members: Vec::new(),
+            args: Vec::new(),
             clients: ports
                 .iter()
                 .map(|(client, _)| format!("127.0.0.1:{client}"))
@@ -88,26 +91,21 @@ impl Etcd {
             _dir: None,
         };
         for (name, (client, peer)) in names.iter().zip(&ports) {
-            let child = Command::new(&bin)
-                .args(["--name", name.as_str(), "--data-dir"])
-                .arg(dir.join(format!("data-{name}")))
-                .arg(format!("--listen-client-urls=http://127.0.0.1:{client}"))
-                .arg(format!("--advertise-client-urls=http://127.0.0.1:{client}"))
-                .arg(format!("--listen-peer-urls=http://127.0.0.1:{peer}"))
-                .arg(format!(
-                    "--initial-advertise-peer-urls=http://127.0.0.1:{peer}"
-                ))
-                .arg(format!("--initial-cluster={initial}"))
-                .arg("--initial-cluster-state=new")
-                .arg(format!("--initial-cluster-token={token}"))
-                .args(extra)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::from(std::fs::File::create(
-                    dir.join(format!("etcd-{name}.log")),
-                )?))
-                .spawn()
-                .with_context(|| format!("cannot start {}", bin.display()))?;
+            let mut args = vec![
+                "--name".to_owned(),
+                name.clone(),
+                format!("--data-dir={}", dir.join(format!("data-{name}")).display()),
+                format!("--listen-client-urls=http://127.0.0.1:{client}"),
+                format!("--advertise-client-urls=http://127.0.0.1:{client}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+                format!("--initial-cluster={initial}"),
+                "--initial-cluster-state=new".to_owned(),
+                format!("--initial-cluster-token={token}"),
+            ];
+            args.extend(extra.iter().map(|e| (*e).to_owned()));
+            etcd.args.push(args);
+            let child = etcd.spawn(etcd.members.len())?;
             etcd.members.push(Some(child));
         }
         etcd.wait_healthy()?;
@@ -187,6 +185,31 @@ impl Etcd {
     /// Member `m`'s process id (for SIGSTOP/SIGCONT), while it runs.
     pub fn pid(&self, m: usize) -> Option<u32> {
         self.members[m].as_ref().map(Child::id)
+    }
+
+    /// Starts member `m` with its command line, its log appended to.
+    fn spawn(&self, m: usize) -> Result<Child> {
+        let bin = binary()?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log(m))?;
+        Command::new(&bin)
+            .args(&self.args[m])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .with_context(|| format!("cannot start {}", bin.display()))
+    }
+
+    /// Starts member `m` again after [`Etcd::kill_9`], on its data dir (it rejoins the
+    /// cluster it was in); does not wait for it.
+    pub fn restart(&mut self, m: usize) -> Result<()> {
+        if self.members[m].is_none() {
+            self.members[m] = Some(self.spawn(m)?);
+        }
+        Ok(())
     }
 
     /// Kills member `m` (SIGKILL) and reaps it.

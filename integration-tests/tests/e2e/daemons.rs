@@ -104,6 +104,18 @@ impl EtcdCluster {
     pub fn kill_9(&mut self, m: usize) {
         self.etcd.kill_9(m);
     }
+
+    /// Starts member `m` again after [`kill_9`](Self::kill_9) (it rejoins from its data).
+    #[allow(dead_code)] // the robustness suite's, which shares this file
+    pub fn restart(&mut self, m: usize) -> Result<()> {
+        self.etcd.restart(m)
+    }
+
+    /// Every member's client address, `127.0.0.1:PORT`.
+    #[allow(dead_code)] // the robustness suite's, which shares this file
+    pub fn endpoints(&self) -> &[String] {
+        &self.clients
+    }
 }
 
 /// `GET /healthz` on `127.0.0.1:port` (blocking, short timeouts): the status and body,

@@ -121,6 +121,17 @@ pub struct Assign {
     pub addr: String,
 }
 
+/// One listening socket as `ss -ltnHp` / `ss -lunHp` saw it on a host address of the
+/// cluster: its protocol, address and the processes holding it.
+#[derive(Debug, Clone, Serialize)]
+pub struct SockSample {
+    pub ns: Ns,
+    /// `tcp` or `udp`.
+    pub proto: &'static str,
+    pub addr: String,
+    pub pids: Vec<u32>,
+}
+
 /// A host's port pool as `GET /v1/hosts` answered it: how many ports it holds.
 #[derive(Debug, Clone, Serialize)]
 pub struct PoolSample {
@@ -196,6 +207,7 @@ pub struct History {
     pub gone: Vec<Gone>,
     pub assigns: Vec<Assign>,
     pub pools: Vec<PoolSample>,
+    pub socks: Vec<SockSample>,
     pub requests: Vec<Request>,
     pub faults: Vec<Fault>,
     pub samples: Vec<Sample>,

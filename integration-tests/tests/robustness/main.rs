@@ -6,7 +6,7 @@
 //! - `replica.rs`: the replica program, which logs its own start, SIGTERM and exit;
 //! - `traffic.rs`: the writer, the readers, the load client, the sampler;
 //! - `nemesis.rs`: the fault schedule and its application;
-//! - `shapes.rs`: the cluster shapes; `run.rs`: one run; `report.rs`: the failure report;
+//! - `shapes.rs`: the cluster shapes (`etcd_shape.rs`: the etcd HA one); `run.rs`: one run; `report.rs`: the failure report;
 //! - `validators.rs`: the validators, unit-tested on hand-made histories.
 //!
 //! Short mode (CI): one schedule of `SHORT_S` seconds per shape. Long mode:
@@ -17,6 +17,11 @@
 #[path = "../e2e/harness.rs"]
 mod harness;
 
+#[allow(unused_imports)]
+#[path = "../e2e/daemons.rs"]
+mod daemons;
+
+mod etcd_shape;
 mod history;
 mod nemesis;
 mod planted;
@@ -133,6 +138,13 @@ async fn shape_redb() {
     let mut shape = shapes::Redb::start(&[]).expect("redb cluster");
     let outcomes = schedules(&mut shape, &Mode::from_env(SHORT_S), &Windows::default()).await;
     assert_clean("redb", &outcomes);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shape_etcd() {
+    let mut shape = etcd_shape::EtcdHa::start().await.expect("etcd HA cluster");
+    let outcomes = schedules(&mut shape, &Mode::from_env(SHORT_S), &Windows::default()).await;
+    assert_clean("etcd", &outcomes);
 }
 
 /// Every known finding is tracked in RELIABILITY.md by its id.

@@ -1,13 +1,16 @@
 //! The nemesis: a fault schedule drawn from the run's seed (so a seed replays it), and
 //! its application to a cluster shape. Faults: kill -9 of a daemon (restarted after a
 //! moment), SIGSTOP/SIGCONT of a daemon for 0.3–6 s (2–6 s is the pause-detection edge),
-//! a worker cut off from the controller (both directions) for 1–6 s, a worker's wall clock
-//! jumped by +1h, -10m or +7d for 2–6 s (libfaketime; its monotonic clock untouched).
+//! a worker or apiserver cut off from what it talks to (both directions, or one) for
+//! 1–6 s, a worker's wall clock jumped by +1h, -10m or +7d for 2–6 s (libfaketime; its
+//! monotonic clock untouched), the etcd raft leadership moved to a member, the disk under
+//! the controller's data dir filled for 1–4 s (then freed, the controller restarted).
 //! The replica-level faults (a replica that ignores SIGTERM, one that crash-loops) are
 //! services of the run (`run.rs`), listed in the schedule too.
 
 use crate::harness::{monotonic_ns, signal};
 use crate::history::{Fault, Recorder};
+use crate::proxy::Cut;
 use crate::shapes::Shape;
 use std::time::Duration;
 
@@ -39,30 +42,61 @@ impl Planned {
     }
 }
 
-/// Draws a schedule for `run_ms` of faults over the shape's daemons (those it can kill
-/// are `killable`, those it can cut off from the controller `partitionable`).
+/// What the nemesis may do to one daemon of a shape (it may always pause it).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Caps {
+    /// kill -9 and [`Shape::restart`].
+    pub kill: bool,
+    /// Cut off from what it talks to, both ways or one way ([`Shape::partition`]).
+    pub partition: bool,
+    /// Its wall clock jumped ([`Shape::jump_clock`]).
+    pub clock: bool,
+    /// Its data dir on a small disk the nemesis fills ([`Shape::fill_disk`]).
+    pub disk: bool,
+    /// An etcd member the raft leadership can be moved to ([`Shape::move_leader`]).
+    pub leader: bool,
+    /// An etcd member an apiserver watches first (the freeze weight picks these).
+    pub under_apiserver: bool,
+}
+
+/// Draws a schedule for `run_ms` of faults over the shape's daemons (`caps`: what each
+/// may suffer). `freeze_pct`: the share of faults (in %) that are instead a pause of a
+/// member under an apiserver for 2–6 s (0 in the ordinary runs, which then draw exactly
+/// as before it existed).
 pub fn schedule(
     rng: &mut fastrand::Rng,
     run_ms: u64,
-    killable: &[bool],
-    partitionable: &[bool],
-    jumpable: &[bool],
+    caps: &[Caps],
+    freeze_pct: u8,
 ) -> Vec<Planned> {
     let mut out = Vec::new();
     let mut t = 0;
+    let watched: Vec<usize> = (0..caps.len())
+        .filter(|&d| caps[d].under_apiserver)
+        .collect();
     loop {
         let gap_ms = rng.u64(1000..4000);
-        let daemon = rng.usize(..killable.len());
+        let mut daemon = rng.usize(..caps.len());
         let offset = ["+1h", "-10m", "+7d"][rng.usize(..3)];
-        let (kind, hold_ms) = match rng.u8(..12) {
+        let c = caps[daemon];
+        let (mut kind, mut hold_ms) = match rng.u8(..16) {
             // Short pauses, and the 2–6 s band where pause detection decides.
             0..=2 => ("pause", rng.u64(300..2000)),
             3..=5 => ("pause", rng.u64(2000..6000)),
-            6..=7 if killable[daemon] => ("kill9", rng.u64(200..2000)),
-            8..=9 if partitionable[daemon] => ("partition", rng.u64(1000..6000)),
-            10..=11 if jumpable[daemon] => ("clock-jump", rng.u64(2000..6000)),
+            6..=7 if c.kill => ("kill9", rng.u64(200..2000)),
+            8..=9 if c.partition => {
+                let way = ["partition", "partition-up", "partition-down"][rng.usize(..3)];
+                (way, rng.u64(1000..6000))
+            }
+            10..=11 if c.clock => ("clock-jump", rng.u64(2000..6000)),
+            12..=13 if c.leader => ("move-leader", 0),
+            14..=15 if c.disk => ("disk-full", rng.u64(1000..4000)),
             _ => ("pause", rng.u64(2000..6000)),
         };
+        if freeze_pct > 0 && !watched.is_empty() && rng.u8(..100) < freeze_pct {
+            daemon = watched[rng.usize(..watched.len())];
+            (kind, hold_ms) = ("pause", rng.u64(2000..6000));
+        }
         t += gap_ms + hold_ms;
         if t > run_ms {
             return out;
@@ -104,10 +138,24 @@ pub async fn apply(shape: &mut dyn Shape, plan: &[Planned], rec: &Recorder) {
                 tokio::time::sleep(Duration::from_millis(p.hold_ms)).await;
                 shape.jump_clock(p.daemon, "+0");
             }
-            "partition" => {
-                shape.partition(p.daemon, true);
+            "partition" | "partition-up" | "partition-down" => {
+                let cut = match p.kind {
+                    "partition" => Cut::Both,
+                    "partition-up" => Cut::Up,
+                    _ => Cut::Down,
+                };
+                shape.partition(p.daemon, cut);
                 tokio::time::sleep(Duration::from_millis(p.hold_ms)).await;
-                shape.partition(p.daemon, false);
+                shape.partition(p.daemon, Cut::Healed);
+            }
+            "move-leader" => tokio::task::block_in_place(|| shape.move_leader(p.daemon)),
+            "disk-full" => {
+                let fill = tokio::task::block_in_place(|| shape.fill_disk(p.daemon, true));
+                fill.expect("filling the disk");
+                tokio::time::sleep(Duration::from_millis(p.hold_ms)).await;
+                if let Err(e) = tokio::task::block_in_place(|| shape.fill_disk(p.daemon, false)) {
+                    panic!("freeing {target}'s disk: {e:#}");
+                }
             }
             other => unreachable!("no fault {other}"),
         }
@@ -129,15 +177,25 @@ mod tests {
     /// fault the shape allows, and only those.
     #[test]
     fn a_seed_replays_its_schedule_and_every_fault_kind_comes_up() {
-        let draw = |seed| {
-            schedule(
-                &mut fastrand::Rng::with_seed(seed),
-                60_000,
-                &[true, true, false],
-                &[false, true, true],
-                &[false, false, true],
-            )
-        };
+        let caps = [
+            Caps {
+                kill: true,
+                ..Caps::default()
+            },
+            Caps {
+                kill: true,
+                partition: true,
+                leader: true,
+                ..Caps::default()
+            },
+            Caps {
+                partition: true,
+                clock: true,
+                disk: true,
+                ..Caps::default()
+            },
+        ];
+        let draw = |seed| schedule(&mut fastrand::Rng::with_seed(seed), 60_000, &caps, 0);
         let key = |p: &[Planned]| {
             p.iter()
                 .map(|p| (p.gap_ms, p.kind, p.daemon, p.hold_ms))
@@ -145,15 +203,31 @@ mod tests {
         };
         assert_eq!(key(&draw(7)), key(&draw(7)));
         let all: Vec<Planned> = (0..10).flat_map(draw).collect();
-        for kind in ["pause", "kill9", "partition", "clock-jump"] {
+        let kinds = [
+            "pause",
+            "kill9",
+            "partition",
+            "partition-up",
+            "partition-down",
+            "clock-jump",
+            "move-leader",
+            "disk-full",
+        ];
+        for kind in kinds {
             assert!(
                 all.iter().any(|p| p.kind == kind),
                 "no {kind} in 10 schedules"
             );
         }
         assert!(all.iter().all(|p| p.kind != "kill9" || p.daemon != 2));
-        assert!(all.iter().all(|p| p.kind != "partition" || p.daemon != 0));
+        assert!(all
+            .iter()
+            .all(|p| !p.kind.starts_with("partition") || p.daemon != 0));
         assert!(all.iter().all(|p| p.kind != "clock-jump" || p.daemon == 2));
-        assert!(all.iter().all(|p| (200..6000).contains(&p.hold_ms)));
+        assert!(all.iter().all(|p| p.kind != "move-leader" || p.daemon == 1));
+        assert!(all.iter().all(|p| p.kind != "disk-full" || p.daemon == 2));
+        assert!(all
+            .iter()
+            .all(|p| p.kind == "move-leader" || (200..6000).contains(&p.hold_ms)));
     }
 }

@@ -1,7 +1,7 @@
 //! One run: a shape, a seed, recorded traffic under a fault schedule, then the wait for
 //! convergence once the faults stop, then the validators; a report on failure.
 
-use crate::harness::{monotonic_ns, patience};
+use crate::harness::{monotonic_ns, patience, Api};
 use crate::history::{Fault, Final, History, ReadKind, Recorder, SEC};
 use crate::nemesis::{self, Planned};
 use crate::replica::Replicas;
@@ -84,6 +84,7 @@ fn services() -> Vec<Service> {
 fn start_traffic(
     ctx: &Ctx,
     writer_ctx: &Ctx,
+    apis: &[Api],
     reps: &Arc<Replicas>,
     rng: &mut fastrand::Rng,
 ) -> Vec<tokio::task::JoinHandle<()>> {
@@ -95,27 +96,32 @@ fn start_traffic(
     ))];
     tasks.push(tokio::spawn(traffic::sampler(ctx.clone(), reps.clone())));
     tasks.push(tokio::spawn(traffic::assignments(ctx.clone())));
+    tasks.push(tokio::spawn(traffic::sockets(ctx.clone())));
     tasks.push(tokio::spawn(traffic::streamer(
         ctx.clone(),
         None,
         rng.fork(),
     )));
+    // The readers and load clients of a shape with several APIs spread over them in
+    // turn, each staying on one (its index order is judged per reader).
+    let mut turn = (0..).map(|k| ctx.with_api(apis[k % apis.len()].clone()));
+    let mut next = || turn.next().expect("an endless turn");
     for s in services() {
         for kind in [ReadKind::Plain, ReadKind::Get, ReadKind::Blocking] {
             tasks.push(tokio::spawn(traffic::reader(
-                ctx.clone(),
+                next(),
                 s.name.clone(),
                 kind,
                 rng.fork(),
             )));
         }
         tasks.push(tokio::spawn(traffic::streamer(
-            ctx.clone(),
+            next(),
             Some(s.name.clone()),
             rng.fork(),
         )));
         tasks.push(tokio::spawn(traffic::load(
-            ctx.clone(),
+            next(),
             s.name.clone(),
             rng.fork(),
         )));
@@ -123,23 +129,26 @@ fn start_traffic(
     tasks
 }
 
+/// `ROBUSTNESS_FREEZE_PCT=N`: N % of the faults freeze an etcd member under an apiserver
+/// (the etcd shape; 0 unless set).
+fn freeze_pct() -> u8 {
+    std::env::var("ROBUSTNESS_FREEZE_PCT")
+        .ok()
+        .and_then(|v| v.parse::<u8>().ok())
+        .map_or(0, |p| p.min(100))
+}
+
 /// Runs one schedule of `secs` seconds drawn from `rng` on `shape`.
 pub async fn one(shape: &mut dyn Shape, mut rng: fastrand::Rng, secs: u64, w: &Windows) -> Outcome {
     let seed = rng.get_seed();
-    let plan = nemesis::schedule(
-        &mut rng,
-        secs * 1000,
-        &shape.killable(),
-        &shape.partitionable(),
-        &shape.clock_jumpable(),
-    );
+    let plan = nemesis::schedule(&mut rng, secs * 1000, &shape.caps(), freeze_pct());
     print_plan(shape, seed, &plan);
     let reps = Arc::new(Replicas::new());
     let rec = Recorder::default();
     let ctx = Ctx::new(shape.api(), rec.clone());
     let writer_ctx = ctx.with_own_stop();
     let start_ns = monotonic_ns();
-    let tasks = start_traffic(&ctx, &writer_ctx, &reps, &mut rng);
+    let tasks = start_traffic(&ctx, &writer_ctx, &shape.reader_apis(), &reps, &mut rng);
     nemesis::apply(shape, &plan, &rec).await;
     // The rest of the schedule's time without faults.
     let left = (start_ns + secs * SEC).saturating_sub(monotonic_ns());

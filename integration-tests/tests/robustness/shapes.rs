@@ -2,8 +2,13 @@
 //! (by name), their pids, which of them can be killed and restarted, and their logs.
 
 use crate::harness::{Api, Cluster, ClusterConfig, DevCluster};
-use crate::proxy::Proxy;
+use crate::nemesis::Caps;
+use crate::proxy::{Cut, Proxy};
 use anyhow::Result;
+use testkit::small_fs::SmallFs;
+
+/// The file that fills a small disk.
+const FILLER: &str = "filler";
 use std::path::PathBuf;
 
 pub trait Shape {
@@ -12,29 +17,44 @@ pub trait Shape {
     /// The daemons, by name (the fault schedule names them by index).
     fn daemons(&self) -> Vec<String>;
     fn pid(&self, daemon: usize) -> Option<u32>;
-    /// Which daemons the nemesis may kill -9 (and [`Shape::restart`]).
-    fn killable(&self) -> Vec<bool>;
-    fn kill9(&mut self, daemon: usize);
-    fn restart(&mut self, daemon: usize) -> Result<()>;
+    fn kill9(&mut self, daemon: usize) {
+        let _ = daemon;
+        unreachable!("this shape kills nothing")
+    }
+    fn restart(&mut self, daemon: usize) -> Result<()> {
+        let _ = daemon;
+        unreachable!("this shape kills nothing")
+    }
     /// The daemons' log files (for the report).
     fn logs(&self) -> Vec<PathBuf>;
-    /// Which daemons the nemesis may cut off from the controller ([`Shape::partition`]).
-    fn partitionable(&self) -> Vec<bool> {
-        vec![false; self.daemons().len()]
+    /// What the nemesis may do to each daemon (besides pausing it).
+    fn caps(&self) -> Vec<Caps> {
+        vec![Caps::default(); self.daemons().len()]
     }
-    /// Cuts `daemon` off from the controller (both directions), or heals it.
-    fn partition(&mut self, daemon: usize, cut: bool) {
+    /// The APIs the readers and load clients spread over (the first: the writer's).
+    fn reader_apis(&self) -> Vec<Api> {
+        vec![self.api()]
+    }
+    /// Cuts `daemon` off from what it talks to (both ways or one way), or heals it.
+    fn partition(&mut self, daemon: usize, cut: Cut) {
         let _ = (daemon, cut);
         unreachable!("this shape has no partitions")
-    }
-    /// Which daemons' wall clocks the nemesis may jump ([`Shape::jump_clock`]).
-    fn clock_jumpable(&self) -> Vec<bool> {
-        vec![false; self.daemons().len()]
     }
     /// Sets `daemon`'s wall-clock offset (`+0`: back to the true time).
     fn jump_clock(&mut self, daemon: usize, offset: &str) {
         let _ = (daemon, offset);
         unreachable!("this shape has no clock jumps")
+    }
+    /// Fills the filesystem under `daemon`'s data dir (`full`), or frees it and starts
+    /// the daemon again if it stopped.
+    fn fill_disk(&mut self, daemon: usize, full: bool) -> Result<()> {
+        let _ = (daemon, full);
+        unreachable!("this shape has no small disk")
+    }
+    /// Moves the etcd raft leadership to `daemon` (a member).
+    fn move_leader(&mut self, daemon: usize) {
+        let _ = daemon;
+        unreachable!("this shape has no etcd")
     }
 }
 
@@ -61,15 +81,6 @@ impl Shape for Dev {
     fn pid(&self, _: usize) -> Option<u32> {
         Some(self.0.child.id())
     }
-    fn killable(&self) -> Vec<bool> {
-        vec![false]
-    }
-    fn kill9(&mut self, _: usize) {
-        unreachable!("the dev shape is not killed")
-    }
-    fn restart(&mut self, _: usize) -> Result<()> {
-        unreachable!("the dev shape is not killed")
-    }
     fn logs(&self) -> Vec<PathBuf> {
         vec![self.0.dir.path().join("xced.log")]
     }
@@ -78,7 +89,14 @@ impl Shape for Dev {
 /// A controller on redb and three workers, each its own process: any of them is paused
 /// or killed -9 and restarted, and each worker reaches the controller through a proxy
 /// (`proxy.rs`) the nemesis can cut. Each worker's dynamic port range is 12 ports.
-pub struct Redb(pub Cluster, Vec<Proxy>, Option<Faketime>);
+///
+/// The controller's data dir is a small tmpfs of the suite (where it may mount one), which
+/// the nemesis fills: the controller answers 507 and stops (fail-stop); once the filler is
+/// gone the nemesis starts it again.
+pub struct Redb(pub Cluster, Vec<Proxy>, Option<Faketime>, Option<SmallFs>);
+
+/// The size of the controller's tmpfs (a run's store stays far below it).
+const DISK: &str = "32m";
 
 /// libfaketime for the workers: each reads its wall-clock offset from a file of its own
 /// (`FAKETIME_TIMESTAMP_FILE`, re-read every second), so the nemesis jumps a running
@@ -139,7 +157,12 @@ const WORKERS: usize = 3;
 impl Redb {
     /// `env` goes to every daemon (the planted bugs' switch).
     pub fn start(env: &[(&str, &str)]) -> Result<Self> {
+        let disk = SmallFs::mount(DISK);
+        if disk.is_none() {
+            println!("SKIPPED: full disks: cannot mount a tmpfs here (needs root)");
+        }
         let cfg = ClusterConfig {
+            controller_data_dir: disk.as_ref().map(|d| d.path().join("controller")),
             // A small dynamic range: ports come back into use within a run, so a port
             // handed out while still held shows (validator 2).
             extra_worker: "[ports]\nrange = \"20000-20011\"\n".to_owned(),
@@ -170,7 +193,7 @@ impl Redb {
             Self::start_worker(&mut cluster, faketime.as_ref(), i)?;
             proxies.push(proxy);
         }
-        Ok(Self(cluster, proxies, faketime))
+        Ok(Self(cluster, proxies, faketime, disk))
     }
 }
 
@@ -192,8 +215,16 @@ impl Shape for Redb {
             i => self.0.workers[i - 1].as_ref().map(std::process::Child::id),
         }
     }
-    fn killable(&self) -> Vec<bool> {
-        vec![true; WORKERS + 1]
+    fn caps(&self) -> Vec<Caps> {
+        (0..=WORKERS)
+            .map(|d| Caps {
+                kill: true,
+                partition: d > 0,
+                clock: d > 0 && self.2.is_some(),
+                disk: d == 0 && self.3.is_some(),
+                ..Caps::default()
+            })
+            .collect()
     }
     fn kill9(&mut self, daemon: usize) {
         match daemon {
@@ -207,14 +238,27 @@ impl Shape for Redb {
             i => Self::start_worker(&mut self.0, self.2.as_ref(), i - 1),
         }
     }
-    fn partitionable(&self) -> Vec<bool> {
-        (0..=WORKERS).map(|d| d > 0).collect()
+    fn partition(&mut self, daemon: usize, cut: Cut) {
+        self.1[daemon - 1].set(cut);
     }
-    fn partition(&mut self, daemon: usize, cut: bool) {
-        self.1[daemon - 1].set_cut(cut);
-    }
-    fn clock_jumpable(&self) -> Vec<bool> {
-        (0..=WORKERS).map(|d| d > 0 && self.2.is_some()).collect()
+    fn fill_disk(&mut self, _: usize, full: bool) -> Result<()> {
+        let disk = self.3.as_ref().expect("the controller's tmpfs");
+        if full {
+            disk.fill(FILLER);
+            return Ok(());
+        }
+        std::fs::remove_file(disk.path().join(FILLER))?;
+        // A controller that stopped on the full disk (fail-stop) is started again.
+        let stopped = self
+            .0
+            .controller
+            .as_mut()
+            .map(std::process::Child::try_wait);
+        if !matches!(stopped, Some(Ok(None))) {
+            self.0.kill_controller();
+            self.0.start_controller()?;
+        }
+        Ok(())
     }
     fn jump_clock(&mut self, daemon: usize, offset: &str) {
         if let Some(f) = &self.2 {

@@ -5,7 +5,9 @@
 //! sampler of the service list. Every task runs until `stop` and appends to the recorder.
 
 use crate::harness::{entry_endpoints, monotonic_ns, sse_open, Api};
-use crate::history::{Assign, Op, PoolSample, Read, ReadKind, Recorder, Request, Sample};
+use crate::history::{
+    Assign, Op, PoolSample, Read, ReadKind, Recorder, Request, Sample, SockSample,
+};
 use crate::replica::Replicas;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -29,6 +31,13 @@ impl Ctx {
             rec,
             stop: Arc::new(AtomicBool::new(false)),
             conns: Arc::new(AtomicU64::new(1)),
+        }
+    }
+    /// The same context (stop, recorder) on another API.
+    pub fn with_api(&self, api: Api) -> Self {
+        Self {
+            api,
+            ..self.clone()
         }
     }
     /// The same context with a stop of its own (the writer stops before the readers).
@@ -108,11 +117,73 @@ pub async fn writer(ctx: Ctx, reps: Arc<Replicas>, services: Vec<Service>, mut r
         };
         state.insert(s.name.clone(), w);
     }
+    let hosts = host_ids(&ctx.api).await;
+    let mut maintained: Option<String> = None;
     while !ctx.stopped() {
         ctx.pause(rng.u64(400..1500)).await;
+        if !hosts.is_empty() && rng.u8(..100) < 8 {
+            host_op(&ctx, &hosts, &mut maintained, &mut rng).await;
+            continue;
+        }
         let s = &services[rng.usize(..services.len())];
         let w = state.get_mut(&s.name).expect("every service has a state");
         change(&ctx, &reps, s, w, &mut rng).await;
+    }
+    // The host under maintenance takes placements again before the cluster is judged
+    // (an answer is waited for: the faults have stopped by now).
+    if let Some(host) = maintained {
+        let deadline = tokio::time::Instant::now() + crate::harness::patience();
+        let path = format!("/v1/hosts/{host}/uncordon");
+        let op = format!("host:{host}");
+        while !write(&ctx, "uncordon", &op, None, post(&ctx.api, &path)).await
+            && tokio::time::Instant::now() < deadline
+        {
+            ctx.pause(200).await;
+        }
+    }
+}
+
+/// The ids of the hosts `GET /v1/hosts` lists (none when it does not answer).
+async fn host_ids(api: &Api) -> Vec<String> {
+    let Ok(v) = api.get_json("/v1/hosts").await else {
+        return Vec::new();
+    };
+    v["hosts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|h| h["id"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Host maintenance, one host at a time: a cordon or a drain of a random host when none
+/// is under maintenance, else an uncordon of the one that is. Recorded as writes on
+/// `host:<id>` (no service's expected state changes).
+async fn host_op(
+    ctx: &Ctx,
+    hosts: &[String],
+    maintained: &mut Option<String>,
+    rng: &mut fastrand::Rng,
+) {
+    let (kind, host) = match maintained.take() {
+        Some(h) => ("uncordon", h),
+        None => (
+            ["cordon", "drain"][rng.usize(..2)],
+            hosts[rng.usize(..hosts.len())].clone(),
+        ),
+    };
+    let path = format!("/v1/hosts/{host}/{kind}");
+    let acked = write(
+        ctx,
+        kind,
+        &format!("host:{host}"),
+        None,
+        post(&ctx.api, &path),
+    )
+    .await;
+    // Unless an uncordon was acknowledged, the host may be under maintenance.
+    if !(kind == "uncordon" && acked) {
+        *maintained = Some(host);
     }
 }
 
@@ -496,5 +567,80 @@ pub async fn assignments(ctx: Ctx) {
                 }
             }
         }
+    }
+}
+
+/// Samples the listening sockets on the cluster's host addresses once a second
+/// (`ss -ltnHp` and `ss -lunHp`: TCP and UDP, with the processes holding them), for
+/// validator 2. Without `ss` it prints a `SKIPPED:` line and samples nothing.
+pub async fn sockets(ctx: Ctx) {
+    let mut ips: Vec<String> = Vec::new();
+    while !ctx.stopped() {
+        if ips.is_empty() {
+            if let Ok(hosts) = ctx.api.get_json("/v1/hosts").await {
+                ips = hosts["hosts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|h| h["ip_addr"].as_str().map(|ip| format!("{ip}:")))
+                    .collect();
+            }
+        }
+        for (proto, flags) in [("tcp", "-ltnHp"), ("udp", "-lunHp")] {
+            let out = match tokio::process::Command::new("ss").arg(flags).output().await {
+                Ok(o) if o.status.success() => o,
+                other => {
+                    println!("SKIPPED: ss samples of listening sockets: `ss {flags}`: {other:?}");
+                    return;
+                }
+            };
+            let ns = monotonic_ns();
+            let text = String::from_utf8_lossy(&out.stdout);
+            let socks: Vec<SockSample> = parse_ss(&text)
+                .into_iter()
+                .filter(|(addr, _)| ips.iter().any(|ip| addr.starts_with(ip.as_str())))
+                .map(|(addr, pids)| SockSample {
+                    ns,
+                    proto,
+                    addr,
+                    pids,
+                })
+                .collect();
+            ctx.rec.with(|h| h.socks.extend(socks));
+        }
+        ctx.pause(1000).await;
+    }
+}
+
+/// `(local address, pids)` of each line of `ss -l…Hp` output.
+pub fn parse_ss(text: &str) -> Vec<(String, Vec<u32>)> {
+    text.lines()
+        .filter_map(|l| {
+            let local = l.split_whitespace().nth(3)?;
+            let pids = l
+                .split("pid=")
+                .skip(1)
+                .filter_map(|rest| {
+                    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                    digits.parse().ok()
+                })
+                .collect();
+            Some((local.to_owned(), pids))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ss_lines_give_the_address_and_every_holding_pid() {
+        let text = "LISTEN 0      4096   127.1.2.3:20001 0.0.0.0:* users:((\"python3\",pid=15253,fd=3),(\"python3\",pid=77,fd=3))\nUNCONN 0 0 127.1.2.3:20002 0.0.0.0:* users:((\"x\",pid=9,fd=5))\n";
+        assert_eq!(
+            super::parse_ss(text),
+            vec![
+                ("127.1.2.3:20001".to_owned(), vec![15253, 77]),
+                ("127.1.2.3:20002".to_owned(), vec![9]),
+            ]
+        );
     }
 }

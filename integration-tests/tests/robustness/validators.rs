@@ -129,6 +129,7 @@ pub fn one_holder_per_port(h: &History) -> Vec<Violation> {
     let procs = h.processes();
     let mut out = Vec::new();
     out.extend(pool_counts_every_holder(h, &procs));
+    out.extend(sockets_have_one_holder(h, &procs));
     for a in &h.assigns {
         if let Some(p) = procs
             .iter()
@@ -163,6 +164,57 @@ pub fn one_holder_per_port(h: &History) -> Vec<Violation> {
                 ),
                 keys: vec![f.addr.clone(), f.service.clone(), p.service.clone()],
             });
+        }
+    }
+    out
+}
+
+/// Part of validator 2, from the kernel's side (`ss` samples): no address is held by
+/// processes of two jobs at once, and no address is assigned to a job while a process of
+/// another job that bound it before the assignment still holds it when sampled after it.
+fn sockets_have_one_holder(h: &History, procs: &[Process]) -> Vec<Violation> {
+    // The process behind a pid at `t`: the latest of ours with that pid started by then.
+    let of_pid = |pid: u32, t: Ns| {
+        procs
+            .iter()
+            .filter(|p| p.pid == pid && p.start_ns.is_some_and(|s| s <= t))
+            .max_by_key(|p| p.start_ns)
+    };
+    let mut out = Vec::new();
+    for s in &h.socks {
+        let holders: Vec<&Process> = s.pids.iter().filter_map(|&pid| of_pid(pid, s.ns)).collect();
+        let jobs: std::collections::BTreeSet<&str> =
+            holders.iter().map(|p| p.job.as_str()).collect();
+        if jobs.len() > 1 {
+            out.push(Violation {
+                validator: "2-one-holder-per-port",
+                at_ns: s.ns,
+                what: format!(
+                    "ss saw {} {} held by the jobs {jobs:?} at once",
+                    s.proto, s.addr
+                ),
+                keys: vec![s.addr.clone()],
+            });
+        }
+        let assigned = h
+            .assigns
+            .iter()
+            .filter(|a| a.addr == s.addr && a.ns <= s.ns);
+        for a in assigned {
+            if let Some(p) = holders
+                .iter()
+                .find(|p| p.job != a.job && p.start_ns.is_some_and(|st| st < a.ns))
+            {
+                out.push(Violation {
+                    validator: "2-one-holder-per-port",
+                    at_ns: s.ns,
+                    what: format!(
+                        "{} job {} was assigned {} at {} while {} job {} pid {} (bound it at {:?}) held it, as ss saw at {}",
+                        a.service, a.job, a.addr, a.ns, p.service, p.job, p.pid, p.start_ns, s.ns
+                    ),
+                    keys: vec![a.addr.clone(), a.service.clone(), p.service.clone()],
+                });
+            }
         }
     }
     out

@@ -451,3 +451,42 @@ fn v2_a_pool_that_counts_fewer_ports_than_holders_is_caught() {
     h.pools.push(pool(10 * S + 10, 0));
     assert!(fired(&one_holder_per_port(&h), "2-one-holder-per-port"));
 }
+
+fn sock(ns: Ns, addr: &str, pids: &[u32]) -> crate::history::SockSample {
+    crate::history::SockSample {
+        ns,
+        proto: "tcp",
+        addr: addr.into(),
+        pids: pids.to_vec(),
+    }
+}
+
+#[test]
+fn v2_ss_seeing_an_old_holder_after_the_address_was_assigned_again_is_caught() {
+    let mut h = drained();
+    // pid 7 (job j-7) held 10.0.0.1:2000 and exited at 11 s (`drained`); job j-8 got the
+    // address at 12 s.
+    h.assigns.push(crate::history::Assign {
+        ns: 12 * S,
+        service: "web".into(),
+        job: "j-8".into(),
+        addr: "10.0.0.1:2000".into(),
+    });
+    h.socks.push(sock(3 * S, "10.0.0.1:2000", &[7]));
+    assert!(one_holder_per_port(&h).is_empty());
+    // The kernel still had pid 7 on it after the new assignment: its port was handed out
+    // while it held it (whatever its own log said).
+    h.socks.push(sock(13 * S, "10.0.0.1:2000", &[7]));
+    assert!(fired(&one_holder_per_port(&h), "2-one-holder-per-port"));
+}
+
+#[test]
+fn v2_ss_seeing_two_jobs_on_one_address_is_caught() {
+    let mut h = drained();
+    h.replicas
+        .push(line(2 * S, ReplicaKind::Start, "10.0.0.1:2001", 9));
+    h.socks.push(sock(3 * S, "10.0.0.1:2000", &[7]));
+    assert!(one_holder_per_port(&h).is_empty());
+    h.socks.push(sock(4 * S, "10.0.0.1:2000", &[7, 9]));
+    assert!(fired(&one_holder_per_port(&h), "2-one-holder-per-port"));
+}

@@ -171,7 +171,8 @@ impl Core {
 
     /// Decides the restart backoff of a replica whose job exited by itself while its
     /// service is active: the slot's delay doubles from [`BACKOFF_MIN`] up to
-    /// [`BACKOFF_MAX`], and starts over once the job had run for [`BACKOFF_RESET`]. Other
+    /// [`BACKOFF_MAX`], and starts over once the job had run for [`BACKOFF_RESET`] or was
+    /// of another generation than the exits before it. Other
     /// events change no backoff. Reads when the job started running, so it comes before
     /// [`keep_in_memory`](Self::keep_in_memory) forgets that.
     fn back_off_restart(&mut self, e: &ClusterEvent, now: Instant) {
@@ -192,7 +193,7 @@ impl Core {
             .get(&job.job)
             .is_some_and(|t| now.duration_since(*t) >= BACKOFF_RESET);
         let mut pauses = match self.backoff.get(&key) {
-            Some(b) if !ran_long => b.pauses,
+            Some(b) if !ran_long && b.generation == job.generation => b.pauses,
             _ => retry_backoff::Backoff::new(BACKOFF_MIN, BACKOFF_MAX),
         };
         let delay = pauses.next_pause();
@@ -202,6 +203,7 @@ impl Core {
             RestartBackoff {
                 pauses,
                 not_before: now + delay,
+                generation: job.generation,
                 over: false,
             },
         );

@@ -120,6 +120,9 @@ struct RestartBackoff {
     /// The delays: the next exit waits `pauses.next_pause()` (exact, no jitter: one controller).
     pauses: retry_backoff::Backoff,
     not_before: Instant,
+    /// The generation whose exits earned it: a replica of another generation (an update,
+    /// or the rollback from a broken one) neither waits for it nor continues it.
+    generation: u64,
     /// A scheduling pass has seen the backoff over (and placed the replica, or said why
     /// not, or found it not wanted any more). Until then the backoff keeps a timer armed,
     /// even once its instant is past:

@@ -348,7 +348,8 @@ impl Core {
         out
     }
 
-    /// Why replica `replica` of `s` waits, while its restart backoff runs.
+    /// Why replica `replica` of `s` waits, while its restart backoff (earned by exits of
+    /// the generation it would be placed with) runs.
     fn backoff_wait(
         &self,
         key: &ServiceKey,
@@ -357,7 +358,8 @@ impl Core {
         now: Instant,
     ) -> Option<String> {
         let b = self.backoff.get(&(key.clone(), replica))?;
-        if b.not_before <= now {
+        // A backoff another generation's exits earned is not this one's to wait for.
+        if b.not_before <= now || b.generation != s.info.generation {
             return None;
         }
         let cause = s.slots.get(&replica).and_then(|r| r.last_exit.as_ref());

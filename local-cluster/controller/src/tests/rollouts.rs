@@ -489,3 +489,55 @@ fn every_rollout_that_ends_was_counted_as_started() {
         "started vs complete"
     );
 }
+
+/// A rollback places its replacement at its next pass: the restart backoff the broken
+/// generation's exits earned belongs to that generation, not to the profile rolled back
+/// to. Found by the robustness suite (`xced dev`, seed 17747317416028647204): one replica,
+/// `max_unavailable = 1`, a broken update; the rolled-back replica waited out the broken
+/// replicas' 16 s backoff (longer after more broken updates), so the service had no ready
+/// replica for that long after the rollback.
+#[test]
+fn a_rollback_does_not_wait_for_the_broken_generations_backoff() {
+    let mut sim = Sim::one_host(10);
+    let one = |command: &str| {
+        let mut doc = versioned(1, command);
+        doc["service"]["update"] = json!({"max_surge": 0, "max_unavailable": 1, "min_ready": "0s"});
+        doc
+    };
+    sim.put(one("v1"));
+    sim.events("exec-01", vec![started("j-1"), ready("j-1", true)]);
+    sim.put(one("exit 1"));
+    sim.run_for(2, &["exec-01"]);
+    sim.events("exec-01", vec![exited("j-1")]);
+    let jobs_of = |sim: &Sim, generation: u64| -> Vec<String> {
+        sim.core.view().borrow().services[&ServiceKey::new("default", "web")]
+            .jobs
+            .iter()
+            .filter(|j| j.info.generation == generation)
+            .map(|j| j.info.job.clone())
+            .collect()
+    };
+    // Generation 2 dies at once, three times (backoffs of 1 s, 2 s, then 4 s).
+    for exit in 0..3 {
+        let j = jobs_of(&sim, 2);
+        assert_eq!(j.len(), 1, "exit {exit}: one replica of generation 2");
+        sim.events("exec-01", vec![started(&j[0]), exited(&j[0])]);
+        if exit < 2 {
+            sim.run_for(4, &["exec-01"]);
+        }
+    }
+    assert!(
+        sim.rollout("web").contains("rollout=reverted")
+            || sim.rollout("web").contains("rolled back"),
+        "the broken generation was rolled back: {}",
+        sim.rollout("web")
+    );
+    // The next pass (a second later; generation 2's last backoff was 4 s) places it.
+    sim.run_for(1, &["exec-01"]);
+    assert_eq!(
+        jobs_of(&sim, 3).len(),
+        1,
+        "the rollback's replica is placed at the next pass, not after generation 2's backoff: {}",
+        sim.rollout("web")
+    );
+}
