@@ -193,9 +193,6 @@ impl Follower {
     /// One watch stream, from the revision after the last applied one, until it ends.
     async fn watch(&mut self) -> End {
         let store = self.store.clone();
-        self.fresh
-            .watched
-            .store(self.endpoint, std::sync::atomic::Ordering::Relaxed);
         self.metrics
             .watching_member(self.store.endpoints(), self.endpoint);
         let body = store.watch_request(self.etcd_rev + 1);

@@ -6,8 +6,8 @@
 //! asked for through the JSON gateway. So a prober asks etcd, every [`probe_interval`],
 //! for the store's current revision and whether anything under the store's prefix changed
 //! after the revision this apiserver has applied: one count-only, linearizable range with
-//! `min_mod_revision` (writes outside the prefix are no lag), to a member other than the
-//! watched one first (the watched one may be the frozen one), each with a short timeout.
+//! `min_mod_revision` (writes outside the prefix are no lag), to every member at once
+//! (the watched one may be the frozen one), each with a short timeout.
 //!
 //! **The rule.** The apiserver is *known current* as of the moment a read that showed it
 //! had everything the store had was sent: a probe answering "nothing under the prefix
@@ -37,7 +37,6 @@
 use super::metrics::Metrics;
 use plugin_api::ClusterListener;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
@@ -60,8 +59,10 @@ pub(crate) enum Probe {
     /// A member answered: the store's revision, and whether anything under the prefix
     /// changed after the applied revision.
     Answer { rev: i64, changed: bool },
-    /// No member has a leader (a quorum loss, or only a minority in reach): nothing can
-    /// be written that this apiserver could miss.
+    /// No member has a leader (a quorum loss, or only a minority in reach), or the
+    /// members that answer hold every read while having nothing this apiserver has not
+    /// applied (etcd electing a leader): nothing can be written that this apiserver could
+    /// miss.
     Leaderless,
     /// Nobody answered at all.
     Silent,
@@ -74,8 +75,6 @@ pub(crate) struct Freshness {
     state: Mutex<State>,
     /// Past this lag the apiserver fails closed.
     pub(crate) max_lag: Duration,
-    /// The etcd member the follower watches (the prober asks the others first).
-    pub(crate) watched: AtomicUsize,
     /// Told when the apiserver fell behind: the follower leaves its watch and reloads.
     pub(crate) lagging: Notify,
     /// The controller revision the listeners are at (for the registration).
@@ -102,6 +101,9 @@ struct State {
     sightings: VecDeque<Sighting>,
     /// The last moment this apiserver was known to have everything the store had.
     current_at: Instant,
+    /// The store revision up to which it is known to have every change under the prefix
+    /// (at least `etcd_rev`; more when later revisions changed nothing under it).
+    covered: i64,
     /// The last time etcd said anything (a probe answer or refusal, a watch message).
     heard: Instant,
     /// Why the listeners were marked stale for lag; cleared by the next load.
@@ -115,11 +117,11 @@ impl Freshness {
                 etcd_rev: 0,
                 sightings: VecDeque::new(),
                 current_at: Instant::now(),
+                covered: 0,
                 heard: Instant::now(),
                 stale: None,
             }),
             max_lag,
-            watched: AtomicUsize::new(0),
             lagging: Notify::new(),
             applied: watch::Sender::new(0),
             metrics,
@@ -135,12 +137,19 @@ impl Freshness {
         self.state().etcd_rev
     }
 
+    /// The store revision up to which this apiserver is known to have every change under
+    /// the prefix.
+    fn covered(&self) -> i64 {
+        self.state().covered
+    }
+
     /// The follower applied everything up to `etcd_rev` (a watch message). A watch
     /// message alone proves nothing about currency (the watched member may itself be
     /// behind); only the sightings it settles do.
     pub(crate) fn applied_etcd(&self, etcd_rev: i64, now: Instant) {
         let mut st = self.state();
         st.etcd_rev = st.etcd_rev.max(etcd_rev);
+        st.covered = st.covered.max(etcd_rev);
         st.heard = now;
         let rev = st.etcd_rev;
         st.settle(rev);
@@ -177,6 +186,7 @@ impl Freshness {
                     // Nothing under the prefix after what is applied, up to `rev` (which
                     // the store had reached no earlier than `asked`): current as of then.
                     st.settle(rev);
+                    st.covered = st.covered.max(rev);
                     st.current_at = st.current_at.max(asked);
                 } else if st.sightings.back().is_none_or(|s| s.rev < rev) {
                     st.sightings.push_back(Sighting {
@@ -268,6 +278,7 @@ impl State {
     fn settle(&mut self, rev: i64) {
         while let Some(s) = self.sightings.front().copied().filter(|s| s.rev <= rev) {
             self.current_at = self.current_at.max(s.asked);
+            self.covered = self.covered.max(s.rev);
             self.sightings.pop_front();
         }
     }
@@ -302,37 +313,70 @@ pub(crate) async fn probe(fresh: Arc<Freshness>, store: Arc<EtcdStore>) {
     }
 }
 
-/// One probe: the members other than the watched one first, then the watched one; the
-/// first answer counts.
-async fn probe_once(fresh: &Freshness, store: &EtcdStore, timeout: Duration) -> Probe {
-    let body = store.changes_since_request(fresh.etcd_rev() + 1);
-    let n = store.endpoints().len();
-    let watched = fresh.watched.load(Ordering::Relaxed);
+/// One probe: every member asked at once, the first answer counts. At once, not in turn:
+/// members that do not answer (frozen, cut off, holding the read while etcd elects a
+/// leader) would otherwise each cost a timeout before the one that answers is asked, and
+/// during a quorum loss the "no leader" round would come later than `max_lag` allows
+/// (the apiserver would fail closed for nothing).
+async fn probe_once(fresh: &Freshness, store: &Arc<EtcdStore>, timeout: Duration) -> Probe {
+    let body = Arc::new(store.changes_since_request(fresh.etcd_rev() + 1));
     let mut leaderless = false;
-    for k in 1..=n {
-        let at = (watched + k) % n;
-        match store
-            .gateway()
-            .call_one(at, "/v3/kv/range", &body, timeout)
-            .await
-        {
-            Ok(v) => {
+    let mut asked = ask_all(store, "/v3/kv/range", body, timeout);
+    // Dropping the set (on the first answer) cancels the calls still waiting.
+    while let Some(done) = asked.join_next().await {
+        match done {
+            Ok(Ok(v)) => {
                 return Probe::Answer {
                     rev: int(&v["header"]["revision"]),
                     changed: int(&v["count"]) > 0,
                 }
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 leaderless |= e.contains("no leader");
                 tracing::debug!(error = %e, "freshness: probe");
             }
+            Err(e) => tracing::debug!(error = %e, "freshness: probe task"),
         }
     }
     if leaderless {
-        Probe::Leaderless
-    } else {
-        Probe::Silent
+        return Probe::Leaderless;
     }
+    // Every member held the read. For the first one or two election timeouts of a quorum
+    // loss the live members still believe in a leader and hold linearizable reads instead
+    // of saying "no leader"; their own status (answered locally) tells that from silence:
+    // a live member with nothing this apiserver lacks, while no read can be served, is
+    // the same as "no leader".
+    let mut asked = ask_all(
+        store,
+        "/v3/maintenance/status",
+        Arc::new(serde_json::json!({})),
+        timeout,
+    );
+    while let Some(done) = asked.join_next().await {
+        match done {
+            Ok(Ok(v)) if int(&v["header"]["revision"]) <= fresh.covered() => {
+                return Probe::Leaderless
+            }
+            Ok(Err(e)) if e.contains("no leader") => return Probe::Leaderless,
+            _ => {}
+        }
+    }
+    Probe::Silent
+}
+
+/// `body` to `path` on every member at once, each within `timeout`.
+fn ask_all(
+    store: &Arc<EtcdStore>,
+    path: &'static str,
+    body: Arc<serde_json::Value>,
+    timeout: Duration,
+) -> tokio::task::JoinSet<Result<serde_json::Value, String>> {
+    let mut asked = tokio::task::JoinSet::new();
+    for at in 0..store.endpoints().len() {
+        let (store, body) = (store.clone(), body.clone());
+        asked.spawn(async move { store.gateway().call_one(at, path, &body, timeout).await });
+    }
+    asked
 }
 
 #[cfg(test)]
