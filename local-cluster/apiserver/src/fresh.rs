@@ -413,6 +413,7 @@ mod tests {
         // the probe sent at 0.1 s.
         f.probed(answer(11, false), ms(100), ms(150));
         assert_eq!(f.lag(ms(3000)), Duration::ZERO);
+        assert_eq!(f.covered(), 11, "nothing under the prefix up to 11");
         // The store moves under the prefix after 0.1 s; the probe sent at 0.6 s sees 12
         // (answered at 0.65 s), the one sent at 1.1 s sees 13. The lag counts from 0.1 s:
         // the store may have moved right after the last probe that showed it current.
