@@ -544,10 +544,6 @@ impl Candidate<'_> {
     /// Campaigns while serving as a standby: `/healthz` and `/metrics` only, on the
     /// address it will serve the API on, given up when elected. `None`: told to stop.
     async fn stand_by(&self, signals: &mut Signals) -> Result<Option<Leadership>> {
-        // Before campaigning: a store a newer release migrated is not this one's to lead.
-        format::refuse_newer(&self.gateway, DEFAULT_PREFIX)
-            .await
-            .map_err(|e| e.context("this controller does not campaign"))?;
         let (following, leader_id) = tokio::sync::watch::channel(None);
         let standby = xce_controller::standby::serve(
             self.cfg.listen,
@@ -561,6 +557,13 @@ impl Candidate<'_> {
             },
         )?;
         tracing::info!(addr = %standby.addr, "standby: serving /healthz and /metrics only");
+        // Before campaigning: a store a newer release migrated is not this one's to lead.
+        // After binding: etcd may take its time to say (a stepped-down leader comes back
+        // here during a quorum loss), and the standby must be monitorable meanwhile.
+        if let Err(e) = format::refuse_newer(&self.gateway, DEFAULT_PREFIX).await {
+            standby.stop().await;
+            return Err(e.context("this controller does not campaign"));
+        }
         let period = self.cfg.lease_timings().retry_period;
         let elected = tokio::select! {
             elected = campaign(self.election.clone(), following, signals) => elected,
@@ -661,16 +664,29 @@ impl Term {
 
     /// Ends a term whose leadership is lost, like a graceful stop: the listener closes,
     /// blocking queries answer and streams end (clients resume on the new leader), the
-    /// state task stops (its commits are refused by the leader guard anyway).
+    /// state task stops (its commits are refused by the leader guard anyway). Within
+    /// [`STEP_DOWN_WAIT`], whatever the store does: a state task blocked in a commit
+    /// (etcd without a quorum) does not keep the standby listener away, nor the lease
+    /// from being revoked.
     async fn step_down(self, signals: &mut Signals) {
-        signals.or_exit_at_once(self.running.shutdown()).await;
         // If the lease still lives (etcd unreachable so far), revoking it lets a standby
-        // take over at once when etcd answers again. Not waited for: the standby listener
-        // comes back now, and a late revocation only ends this term's lease, never the
-        // next one's.
+        // take over at once when etcd answers again. Started first and not waited for:
+        // it must not wait for the state task (a commit blocked on the same etcd), and a
+        // late revocation only ends this term's lease, never the next one's.
         tokio::spawn(revoke_lost(self.leadership));
+        let mut stopped = false;
+        signals
+            .or_exit_at_once(async { stopped = self.running.step_down(STEP_DOWN_WAIT).await })
+            .await;
+        if !stopped {
+            tracing::warn!(waited = ?STEP_DOWN_WAIT, "the stepped-down term's state task is still busy (most likely a commit blocked on the store): left to end by itself; its commit cannot land once another leader holds the key");
+        }
     }
 }
+
+/// The longest a term whose leadership is lost waits for its server and state task before
+/// it is back on the standby listener.
+const STEP_DOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A leader's graceful stop: resign first (a standby takes over while this one drains),
 /// then stop serving.

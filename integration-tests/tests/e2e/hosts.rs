@@ -185,19 +185,74 @@ async fn a_rebooting_hosts_replicas_leave_the_endpoint_after_unreachable_after()
     assert_eq!(after_left, 0);
 }
 
-/// Finding 5: 2 of 3 etcd members stopped (SIGSTOP) for 30 s, a quorum loss, with the
-/// default 15 s leader lease. The leader steps down at its renew deadline; once etcd has
-/// its quorum again, the stepped-down controller revokes its old lease (it kept trying)
-/// or, campaigning, finds its own key and revokes it: the next leader is elected at once,
-/// not when the lease (extended by etcd's new raft leader) runs out. Neither
-/// controller's `/healthz` ever says it follows itself.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_quorum_loss_costs_writes_only_while_it_lasts() {
-    use crate::daemons::{healthz, EtcdCluster, Fleet};
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::{Arc, Mutex};
+/// What the quorum-loss test saw, sample by sample (every 100 ms).
+#[derive(Default)]
+struct QuorumSamples {
+    /// Writes (`scale`) that went through: when, and the replicas written.
+    writes: Vec<(Instant, u32)>,
+    /// `/healthz` of a controller that named itself as the leader it follows.
+    selfish: Vec<String>,
+    /// When each controller's `/healthz` answered 200 as the leader (`ok`).
+    leading: [Vec<Instant>; 2],
+    /// When each controller's `/healthz` answered as a standby.
+    standby: [Vec<Instant>; 2],
+    /// The apiserver's `/healthz`: when, and its status (0: no answer).
+    api_health: Vec<(Instant, u16)>,
+    /// The apiserver's read of `probe`'s endpoints (from its own copy): when, its status,
+    /// the body.
+    api_reads: Vec<(Instant, u16, String)>,
+}
+
+/// A write to whichever controller takes it (the quorum-loss test's writer).
+async fn quorum_write(apis: &[Api; 2], n: u32, seen: &std::sync::Mutex<QuorumSamples>) {
+    for api in apis {
+        let scaled = tokio::time::timeout(Duration::from_secs(1), api.scale("probe", n));
+        if let Ok(Ok((200, _))) = scaled.await {
+            seen.lock().unwrap().writes.push((Instant::now(), n));
+            break;
+        }
+    }
+}
+
+/// One look of the quorum-loss test's watcher: both controllers' `/healthz`, the
+/// apiserver's `/healthz` and a read through it.
+async fn quorum_look(ports: [u16; 2], apiserver: &Api, seen: &std::sync::Mutex<QuorumSamples>) {
+    use crate::daemons::healthz;
+    for (c, port) in ports.into_iter().enumerate() {
+        let health = tokio::task::spawn_blocking(move || healthz(port)).await;
+        if let Ok(Some((status, body))) = health {
+            let own = format!("@127.0.0.1:{port}");
+            let mut s = seen.lock().unwrap();
+            if body.contains("following the leader") && body.contains(&own) {
+                s.selfish.push(body);
+            } else if status == 200 && body.starts_with("ok") {
+                s.leading[c].push(Instant::now());
+            } else if body.contains("standby") {
+                s.standby[c].push(Instant::now());
+            }
+        }
+    }
+    let health = tokio::time::timeout(Duration::from_secs(1), apiserver.get("/healthz")).await;
+    let status = health.ok().and_then(Result::ok).map_or(0, |(s, _, _)| s);
+    let read = tokio::time::timeout(
+        Duration::from_secs(1),
+        apiserver.get("/v1/services/probe/endpoints"),
+    );
+    let (read_status, body) = match read.await {
+        Ok(Ok((st, _, body))) => (st, body),
+        _ => (0, String::new()),
+    };
+    let mut s = seen.lock().unwrap();
+    s.api_health.push((Instant::now(), status));
+    s.api_reads.push((Instant::now(), read_status, body));
+}
+
+/// A fleet for the quorum-loss test: 3 etcd members, 2 controllers with the default 15 s
+/// lease (10 s renew deadline), 1 `xced apiserver`; `probe` submitted.
+async fn quorum_fleet() -> crate::daemons::Fleet {
+    use crate::daemons::{EtcdCluster, Fleet};
     let etcd = EtcdCluster::start(3).await.expect("etcd");
-    let mut ha = Fleet::new(etcd, 0, 0).expect("fleet dir");
+    let mut ha = Fleet::new(etcd, 0, 1).expect("fleet dir");
     for c in 0..2 {
         let path = ha.dir.path().join(format!("controller-{c}.toml"));
         let text = std::fs::read_to_string(&path).unwrap();
@@ -205,49 +260,111 @@ async fn a_quorum_loss_costs_writes_only_while_it_lasts() {
         std::fs::write(&path, text.replace(&ttl, "leader_ttl = \"15s\"")).unwrap();
     }
     ha.start_leader_and_standby().await;
-    let apis = [ha.controller_api(0), ha.controller_api(1)];
     let probe = "[service]\nname = \"probe\"\nreplicas = 1\ncommand = [\"sleep\", \"3600\"]\n";
-    assert_eq!(apis[0].submit_toml(probe).await.unwrap().0, 201);
+    assert_eq!(
+        ha.controller_api(0).submit_toml(probe).await.unwrap().0,
+        201
+    );
+    ha.start_apiserver(0).unwrap();
+    let api = ha.apiserver(0);
+    eventually("the apiserver serves probe", || async {
+        Ok((api.get("/v1/services/probe").await?.0 == 200).then_some(()))
+    })
+    .await;
+    ha
+}
 
-    // Writes every 100 ms to whichever controller takes them; `/healthz` of both read
-    // at the same pace.
+/// Holds the writer and waits until the apiserver answers `probe`'s endpoints as the
+/// leader does: what every read through the apiserver must answer during the quorum loss.
+async fn caught_up(
+    ha: &crate::daemons::Fleet,
+    hold: &std::sync::atomic::AtomicBool,
+    held: &std::sync::atomic::AtomicBool,
+) -> String {
+    use std::sync::atomic::Ordering;
+    hold.store(true, Ordering::SeqCst);
+    eventually("the writer holds", || async {
+        Ok(held.load(Ordering::SeqCst).then_some(()))
+    })
+    .await;
+    let (leader, apiserver) = (ha.controller_api(0), ha.apiserver(0));
+    let path = "/v1/services/probe/endpoints";
+    eventually("the apiserver answers as the leader does", || async {
+        let (a, _, mine) = apiserver.get(path).await?;
+        let (b, _, theirs) = leader.get(path).await?;
+        Ok((a == 200 && b == 200 && mine == theirs).then_some(mine))
+    })
+    .await
+}
+
+/// Finding 5: 2 of 3 etcd members stopped (SIGSTOP) for 30 s, a quorum loss, with the
+/// default 15 s leader lease. The leader steps down by its renew deadline, even with a
+/// commit blocked on the store; once etcd has its quorum again, the stepped-down
+/// controller revokes its old lease (it kept trying) or, campaigning, finds its own key
+/// and revokes it: the next leader is elected at once, not when the lease (extended by
+/// etcd's new raft leader) runs out. Neither controller's `/healthz` ever says it follows
+/// itself. The separate apiserver stays healthy (200) throughout and its reads answer
+/// the last value written before the loss: nothing could be written meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_loss_costs_writes_only_while_it_lasts() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+    let ha = quorum_fleet().await;
+    let apis = [ha.controller_api(0), ha.controller_api(1)];
     let stop = Arc::new(AtomicBool::new(false));
-    let writes: Arc<Mutex<Vec<Instant>>> = Arc::default();
-    let selfish: Arc<Mutex<Vec<String>>> = Arc::default();
-    let ports = ha.controller_ports;
+    let seen: Arc<Mutex<QuorumSamples>> = Arc::default();
+    let every = |stop: &Arc<AtomicBool>| {
+        let stop = stop.clone();
+        move || !stop.load(Ordering::Relaxed)
+    };
+    // Set by the test while it lets the apiserver catch up before the loss; the writer
+    // says it holds (no write in flight).
+    let (hold, held) = (
+        Arc::new(AtomicBool::new(false)),
+        Arc::new(AtomicBool::new(false)),
+    );
     let writer = {
-        let (stop, writes, selfish, apis) =
-            (stop.clone(), writes.clone(), selfish.clone(), apis.clone());
+        let (go, seen, hold, held) = (every(&stop), seen.clone(), hold.clone(), held.clone());
         tokio::spawn(async move {
             let mut n = 1u32;
-            while !stop.load(Ordering::Relaxed) {
+            while go() {
+                held.store(hold.load(Ordering::SeqCst), Ordering::SeqCst);
+                if held.load(Ordering::SeqCst) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
                 n = 3 - n;
-                for api in &apis {
-                    let scaled =
-                        tokio::time::timeout(Duration::from_secs(1), api.scale("probe", n));
-                    if let Ok(Ok((200, _))) = scaled.await {
-                        writes.lock().unwrap().push(Instant::now());
-                        break;
-                    }
-                }
-                for port in ports {
-                    let health = tokio::task::spawn_blocking(move || healthz(port)).await;
-                    if let Ok(Some((_, body))) = health {
-                        let own = format!("@127.0.0.1:{port}");
-                        if body.contains("following the leader") && body.contains(&own) {
-                            selfish.lock().unwrap().push(body);
-                        }
-                    }
-                }
+                quorum_write(&apis, n, &seen).await;
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         })
     };
-    eventually("writes go through", || async {
-        Ok((!writes.lock().unwrap().is_empty()).then_some(()))
-    })
+    let watcher = {
+        let (go, seen, ports, apiserver) = (
+            every(&stop),
+            seen.clone(),
+            ha.controller_ports,
+            ha.apiserver(0),
+        );
+        tokio::spawn(async move {
+            while go() {
+                quorum_look(ports, &apiserver, &seen).await;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+    eventually(
+        "writes go through, a leader and the apiserver answer",
+        || async {
+            let s = seen.lock().unwrap();
+            let leads = s.leading.iter().any(|l| !l.is_empty());
+            let reads = s.api_reads.iter().any(|r| r.1 == 200);
+            Ok((!s.writes.is_empty() && leads && reads).then_some(()))
+        },
+    )
     .await;
 
+    let expected = caught_up(&ha, &hold, &held).await;
     // The fault: 2 of 3 members stopped for 30 s (time is the fault here).
     let etcd = ha.etcd.as_ref().unwrap();
     let frozen: Vec<u32> = (1..3).filter_map(|m| etcd.pid(m)).collect();
@@ -255,41 +372,128 @@ async fn a_quorum_loss_costs_writes_only_while_it_lasts() {
         signal(p, libc::SIGSTOP);
     }
     let stopped = Instant::now();
+    hold.store(false, Ordering::SeqCst);
     tokio::time::sleep(Duration::from_secs(30)).await;
     for &p in &frozen {
         signal(p, libc::SIGCONT);
     }
     let returned = Instant::now();
-    let first_after = eventually("a write goes through after the quorum is back", || async {
-        let w = writes.lock().unwrap();
-        Ok(w.iter().find(|t| **t > returned).copied())
+    eventually("a write goes through after the quorum is back", || async {
+        let s = seen.lock().unwrap();
+        Ok(s.writes.iter().any(|(t, _)| *t > returned).then_some(()))
     })
     .await;
     stop.store(true, Ordering::Relaxed);
     writer.await.unwrap();
-    let last_before = writes
-        .lock()
-        .unwrap()
+    watcher.await.unwrap();
+    let s = std::mem::take(&mut *seen.lock().unwrap());
+    for name in ["controller-0", "controller-1", "apiserver-0"] {
+        let text = std::fs::read_to_string(ha.log(name)).unwrap_or_default();
+        for l in text.lines().filter(|l| {
+            [
+                "leadership lost",
+                "standby",
+                "stopped",
+                "freshness",
+                "term ends",
+                "revoke",
+            ]
+            .iter()
+            .any(|k| l.contains(k))
+        }) {
+            println!("LOG {name}: {}", &l[..l.len().min(300)]);
+        }
+    }
+    quorum_summary(&s, &expected, stopped, returned);
+}
+
+/// Computes and prints the quorum-loss test's figures, and checks them.
+fn quorum_summary(s: &QuorumSamples, expected: &str, stopped: Instant, returned: Instant) {
+    let (last_before, _) = s
+        .writes
         .iter()
-        .filter(|t| **t < stopped)
+        .filter(|(t, _)| *t < stopped)
         .max()
         .copied()
         .unwrap();
+    let first_after = s
+        .writes
+        .iter()
+        .map(|(t, _)| *t)
+        .find(|t| *t > returned)
+        .unwrap();
     let after_return = first_after - returned;
-    let total = first_after - last_before;
-    let selfish = selfish.lock().unwrap().clone();
+    // The leader before the loss: the controller that answered as leader last before it.
+    let leader = (0..2)
+        .max_by_key(|&c| s.leading[c].iter().filter(|t| **t < stopped).max().copied())
+        .unwrap();
+    let led_until = s.leading[leader]
+        .iter()
+        .filter(|t| **t < returned)
+        .max()
+        .copied()
+        .unwrap_or(stopped);
+    let led_after_loss = led_until.saturating_duration_since(stopped);
+    // Back on the standby listener (stepped down), the first time after the loss.
+    let standby_after_loss = s.standby[leader]
+        .iter()
+        .find(|t| **t > stopped)
+        .map_or("never".to_owned(), |t| {
+            (*t - stopped).as_millis().to_string()
+        });
+    let during = |t: &Instant| *t > stopped && *t < returned;
+    let health: Vec<u16> = s
+        .api_health
+        .iter()
+        .filter(|(t, _)| during(t))
+        .map(|x| x.1)
+        .collect();
+    let healthy = health.iter().filter(|&&c| c == 200).count();
+    // Nothing can be written without a quorum: a correct read answers what the leader
+    // answered when the loss began.
+    let reads: Vec<_> = s.api_reads.iter().filter(|(t, ..)| during(t)).collect();
+    let correct = reads
+        .iter()
+        .filter(|(_, st, body)| *st == 200 && body == expected)
+        .count();
     println!(
-        "SUMMARY quorum_loss frozen_ms={} write_outage_after_return_ms={} write_outage_total_ms={} healthz_following_itself={} (leader_ttl 15s, renew_deadline 10s)",
+        "SUMMARY quorum_loss frozen_ms={} write_outage_after_return_ms={} write_outage_total_ms={} healthz_following_itself={} leader_served_after_loss_ms={} standby_after_loss_ms={} apiserver_healthz_200={}/{} apiserver_reads_correct={}/{} (leader_ttl 15s, renew_deadline 10s)",
         (returned - stopped).as_millis(),
         after_return.as_millis(),
-        total.as_millis(),
-        selfish.len()
+        (first_after - last_before).as_millis(),
+        s.selfish.len(),
+        led_after_loss.as_millis(),
+        standby_after_loss,
+        healthy,
+        health.len(),
+        correct,
+        reads.len(),
     );
-    assert!(selfish.is_empty(), "{selfish:?}");
+    assert!(s.selfish.is_empty(), "{:?}", s.selfish);
+    let statuses = |v: Vec<u16>| v.into_iter().collect::<std::collections::BTreeSet<_>>();
+    // The stepped-down leader is back on its standby listener while etcd still has no
+    // quorum: a commit blocked on the store does not hold its step-down.
+    assert!(
+        s.standby[leader]
+            .iter()
+            .any(|t| *t > stopped && *t < returned),
+        "the leader stepped down only after the quorum was back"
+    );
     // The old way waited for the lease (15 s, extended by etcd's new raft leader).
     assert!(
         after_return < Duration::from_secs(10),
         "writes came back {after_return:?} after the quorum"
+    );
+    assert!(
+        !health.is_empty() && healthy == health.len(),
+        "apiserver /healthz during the loss: {:?}",
+        statuses(health)
+    );
+    assert!(
+        !reads.is_empty() && correct == reads.len(),
+        "apiserver reads during the loss (the leader answered {expected} when it began): statuses {:?}, bodies {:?}",
+        statuses(reads.iter().map(|r| r.1).collect()),
+        reads.iter().map(|r| &r.2).collect::<std::collections::BTreeSet<_>>()
     );
 }
 

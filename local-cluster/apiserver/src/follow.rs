@@ -105,6 +105,7 @@ impl Follower {
     /// Loads the whole store and resyncs every listener from it.
     pub(crate) async fn load(&mut self) -> Result<(), StoreError> {
         let store = self.store.clone();
+        let asked = tokio::time::Instant::now();
         let (records, etcd_rev) = tokio::task::spawn_blocking(move || store.load_all_at())
             .await
             .map_err(|e| StoreError::Backend(format!("the load task failed: {e}")))??;
@@ -119,7 +120,8 @@ impl Follower {
         self.cluster_id = cluster.cluster_id;
         self.metrics.resyncs.inc();
         self.metrics.applied.set(self.applied as i64);
-        self.fresh.loaded(etcd_rev, tokio::time::Instant::now());
+        self.fresh
+            .loaded(etcd_rev, asked, tokio::time::Instant::now());
         self.fresh.applied_controller(self.applied);
         tracing::info!(
             rev = cluster.rev,
@@ -191,9 +193,6 @@ impl Follower {
     /// One watch stream, from the revision after the last applied one, until it ends.
     async fn watch(&mut self) -> End {
         let store = self.store.clone();
-        self.fresh
-            .watched
-            .store(self.endpoint, std::sync::atomic::Ordering::Relaxed);
         self.metrics
             .watching_member(self.store.endpoints(), self.endpoint);
         let body = store.watch_request(self.etcd_rev + 1);

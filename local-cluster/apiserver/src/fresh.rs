@@ -6,14 +6,22 @@
 //! asked for through the JSON gateway. So a prober asks etcd, every [`probe_interval`],
 //! for the store's current revision and whether anything under the store's prefix changed
 //! after the revision this apiserver has applied: one count-only, linearizable range with
-//! `min_mod_revision` (writes outside the prefix are no lag), to a member other than the
-//! watched one first (the watched one may be the frozen one), each with a short timeout.
+//! `min_mod_revision` (writes outside the prefix are no lag), to every member at once
+//! (the watched one may be the frozen one), each with a short timeout.
 //!
-//! **The rule.** The *lag* is the time since the oldest revision this apiserver has been
-//! told exists, with changes under the prefix, that it has not applied yet (0 when caught
-//! up). Past `max_lag` it fails closed: its listeners are marked stale (503 `stale`, open
-//! streams end), `/healthz` answers 503 `stale`, and the follower abandons its watch for
-//! the next member and reloads the whole state; the resync of that load serves again.
+//! **The rule.** The apiserver is *known current* as of the moment a read that showed it
+//! had everything the store had was sent: a probe answering "nothing under the prefix
+//! after what you applied", a probe whose revision the watch has since applied, or the
+//! first page of a whole load. While a revision with changes under the prefix is known to
+//! exist and is not applied yet, the *lag* is the time since the apiserver was last known
+//! current (0 when nothing is known to be missing). That bounds the real lag from above:
+//! the store moved on after that moment, so the apiserver fails closed at most `max_lag`
+//! after the store moved on, however late in the probe interval the move was seen.
+//! (Counting from the first *sighting* of the new revision instead would fail closed up
+//! to a probe interval later.) Past `max_lag` it fails closed: its listeners are marked
+//! stale (503 `stale`, open streams end), `/healthz` answers 503 `stale`, and the
+//! follower abandons its watch for the next member and reloads the whole state; the
+//! resync of that load serves again.
 //! It also fails closed when it has heard nothing at all from etcd for `max_lag` (no
 //! answer to a probe, no watch message, not even a refusal): an apiserver cut off from
 //! every member cannot know what it misses. A probe that fails while the watch is fine,
@@ -22,11 +30,13 @@
 //! The limit of this rule: an apiserver that reaches only a minority of members, which
 //! say "no leader" while the majority (out of its reach) goes on writing, cannot tell
 //! that from a quorum loss; it stays up until it reaches a member of the majority.
+//! Such a "no leader" round, with nothing known to be missing, also counts as known
+//! current: otherwise the first write after a quorum loss would find the whole loss
+//! counted as lag and fail every apiserver closed for nothing.
 
 use super::metrics::Metrics;
 use plugin_api::ClusterListener;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
@@ -49,8 +59,10 @@ pub(crate) enum Probe {
     /// A member answered: the store's revision, and whether anything under the prefix
     /// changed after the applied revision.
     Answer { rev: i64, changed: bool },
-    /// No member has a leader (a quorum loss, or only a minority in reach): nothing can
-    /// be written that this apiserver could miss.
+    /// No member has a leader (a quorum loss, or only a minority in reach), or the
+    /// members that answer hold every read while having nothing this apiserver has not
+    /// applied (etcd electing a leader): nothing can be written that this apiserver could
+    /// miss.
     Leaderless,
     /// Nobody answered at all.
     Silent,
@@ -63,8 +75,6 @@ pub(crate) struct Freshness {
     state: Mutex<State>,
     /// Past this lag the apiserver fails closed.
     pub(crate) max_lag: Duration,
-    /// The etcd member the follower watches (the prober asks the others first).
-    pub(crate) watched: AtomicUsize,
     /// Told when the apiserver fell behind: the follower leaves its watch and reloads.
     pub(crate) lagging: Notify,
     /// The controller revision the listeners are at (for the registration).
@@ -72,13 +82,28 @@ pub(crate) struct Freshness {
     metrics: Metrics,
 }
 
+/// A revision known to exist, with changes under the prefix, not applied yet.
+#[derive(Debug, Clone, Copy)]
+struct Sighting {
+    rev: i64,
+    /// When the probe that found it was sent: the store was at or before `rev` then, so
+    /// once `rev` is applied the apiserver is known current as of this moment.
+    asked: Instant,
+    /// When its answer arrived (where the delivery clock of its changes starts).
+    seen: Instant,
+}
+
 #[derive(Debug)]
 struct State {
     /// The etcd revision everything up to which is applied.
     etcd_rev: i64,
-    /// Revisions known to exist (with changes under the prefix) and not applied yet, and
-    /// when each was first seen; oldest first.
-    sightings: VecDeque<(i64, Instant)>,
+    /// Revisions known to exist and not applied yet; oldest first.
+    sightings: VecDeque<Sighting>,
+    /// The last moment this apiserver was known to have everything the store had.
+    current_at: Instant,
+    /// The store revision up to which it is known to have every change under the prefix
+    /// (at least `etcd_rev`; more when later revisions changed nothing under it).
+    covered: i64,
     /// The last time etcd said anything (a probe answer or refusal, a watch message).
     heard: Instant,
     /// Why the listeners were marked stale for lag; cleared by the next load.
@@ -91,11 +116,12 @@ impl Freshness {
             state: Mutex::new(State {
                 etcd_rev: 0,
                 sightings: VecDeque::new(),
+                current_at: Instant::now(),
+                covered: 0,
                 heard: Instant::now(),
                 stale: None,
             }),
             max_lag,
-            watched: AtomicUsize::new(0),
             lagging: Notify::new(),
             applied: watch::Sender::new(0),
             metrics,
@@ -111,20 +137,34 @@ impl Freshness {
         self.state().etcd_rev
     }
 
-    /// The follower applied everything up to `etcd_rev` (a watch message).
+    /// The store revision up to which this apiserver is known to have every change under
+    /// the prefix.
+    fn covered(&self) -> i64 {
+        self.state().covered
+    }
+
+    /// The follower applied everything up to `etcd_rev` (a watch message). A watch
+    /// message alone proves nothing about currency (the watched member may itself be
+    /// behind); only the sightings it settles do.
     pub(crate) fn applied_etcd(&self, etcd_rev: i64, now: Instant) {
         let mut st = self.state();
         st.etcd_rev = st.etcd_rev.max(etcd_rev);
+        st.covered = st.covered.max(etcd_rev);
         st.heard = now;
         let rev = st.etcd_rev;
-        while st.sightings.front().is_some_and(|(r, _)| *r <= rev) {
-            st.sightings.pop_front();
-        }
+        st.settle(rev);
     }
 
-    /// A whole load at `etcd_rev` resynced the listeners: fresh again.
-    pub(crate) fn loaded(&self, etcd_rev: i64, now: Instant) {
+    /// A whole load at `etcd_rev`, whose first (linearizable) page was asked for at
+    /// `asked`, resynced the listeners: fresh again, and known current as of `asked`.
+    pub(crate) fn loaded(&self, etcd_rev: i64, asked: Instant, now: Instant) {
         self.applied_etcd(etcd_rev, now);
+        {
+            let mut st = self.state();
+            if st.sightings.is_empty() {
+                st.current_at = st.current_at.max(asked);
+            }
+        }
         if let Some(why) = self.state().stale.take() {
             tracing::info!(etcd_revision = etcd_rev, was = %why, "freshness: caught up; serving again");
         }
@@ -136,22 +176,33 @@ impl Freshness {
             .send_if_modified(|a| std::mem::replace(a, rev) != rev);
     }
 
-    /// What a probe learned.
-    pub(crate) fn probed(&self, probe: Probe, now: Instant) {
+    /// What a probe sent at `asked` learned; its answer came at `now`.
+    pub(crate) fn probed(&self, probe: Probe, asked: Instant, now: Instant) {
         let mut st = self.state();
         match probe {
             Probe::Answer { rev, changed } => {
                 st.heard = now;
-                if !changed {
-                    // Nothing under the prefix after what is applied, up to `rev`.
-                    while st.sightings.front().is_some_and(|(r, _)| *r <= rev) {
-                        st.sightings.pop_front();
-                    }
-                } else if rev > st.etcd_rev && st.sightings.back().is_none_or(|(r, _)| *r < rev) {
-                    st.sightings.push_back((rev, now));
+                if !changed || rev <= st.etcd_rev {
+                    // Nothing under the prefix after what is applied, up to `rev` (which
+                    // the store had reached no earlier than `asked`): current as of then.
+                    st.settle(rev);
+                    st.covered = st.covered.max(rev);
+                    st.current_at = st.current_at.max(asked);
+                } else if st.sightings.back().is_none_or(|s| s.rev < rev) {
+                    st.sightings.push_back(Sighting {
+                        rev,
+                        asked,
+                        seen: now,
+                    });
                 }
             }
-            Probe::Leaderless => st.heard = now,
+            Probe::Leaderless => {
+                st.heard = now;
+                // Nothing can be written without a leader (see the module documentation).
+                if st.sightings.is_empty() {
+                    st.current_at = st.current_at.max(asked);
+                }
+            }
             Probe::Silent => {}
         }
     }
@@ -159,15 +210,24 @@ impl Freshness {
     /// The lag now (see the module documentation).
     pub(crate) fn lag(&self, now: Instant) -> Duration {
         let st = self.state();
-        st.sightings
-            .front()
-            .map_or(Duration::ZERO, |(_, at)| now.saturating_duration_since(*at))
+        if st.sightings.is_empty() {
+            Duration::ZERO
+        } else {
+            now.saturating_duration_since(st.current_at)
+        }
+    }
+
+    /// When this apiserver fails closed unless it catches up first (`None`: nothing is
+    /// known to be missing).
+    fn deadline(&self) -> Option<Instant> {
+        let st = self.state();
+        (!st.sightings.is_empty()).then(|| st.current_at + self.max_lag)
     }
 
     /// When the oldest revision not applied yet was first seen: where the delivery clock
     /// of the changes being applied starts.
     pub(crate) fn since(&self) -> Option<Instant> {
-        self.state().sightings.front().map(|(_, at)| *at)
+        self.state().sightings.front().map(|s| s.seen)
     }
 
     /// Why this apiserver fails closed now (`None`: it serves).
@@ -212,17 +272,31 @@ impl Freshness {
     }
 }
 
+impl State {
+    /// Drops the sightings up to `rev` (applied, or known to hold no change under the
+    /// prefix): the apiserver was current as of when each was asked for.
+    fn settle(&mut self, rev: i64) {
+        while let Some(s) = self.sightings.front().copied().filter(|s| s.rev <= rev) {
+            self.current_at = self.current_at.max(s.asked);
+            self.covered = self.covered.max(s.rev);
+            self.sightings.pop_front();
+        }
+    }
+}
+
 fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(d.as_millis() as u64)
 }
 
-/// Judges the lag every [`JUDGE_EVERY`] until dropped.
+/// Judges the lag every [`JUDGE_EVERY`], and at the moment it would pass `max_lag`, until
+/// dropped.
 pub(crate) async fn judge(fresh: Arc<Freshness>, listeners: Vec<Arc<dyn ClusterListener>>) {
-    let mut every = tokio::time::interval(JUDGE_EVERY);
-    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
-        every.tick().await;
         fresh.judge(&listeners, Instant::now());
+        let next = Instant::now() + JUDGE_EVERY;
+        // Just past the deadline (the rule is "more than max_lag"), not up to a tick late.
+        let due = fresh.deadline().map(|d| d + Duration::from_millis(1));
+        tokio::time::sleep_until(due.map_or(next, |d| d.min(next))).await;
     }
 }
 
@@ -233,42 +307,76 @@ pub(crate) async fn probe(fresh: Arc<Freshness>, store: Arc<EtcdStore>) {
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
+        let asked = Instant::now();
         let p = probe_once(&fresh, &store, interval.max(Duration::from_millis(500))).await;
-        fresh.probed(p, Instant::now());
+        fresh.probed(p, asked, Instant::now());
     }
 }
 
-/// One probe: the members other than the watched one first, then the watched one; the
-/// first answer counts.
-async fn probe_once(fresh: &Freshness, store: &EtcdStore, timeout: Duration) -> Probe {
-    let body = store.changes_since_request(fresh.etcd_rev() + 1);
-    let n = store.endpoints().len();
-    let watched = fresh.watched.load(Ordering::Relaxed);
+/// One probe: every member asked at once, the first answer counts. At once, not in turn:
+/// members that do not answer (frozen, cut off, holding the read while etcd elects a
+/// leader) would otherwise each cost a timeout before the one that answers is asked, and
+/// during a quorum loss the "no leader" round would come later than `max_lag` allows
+/// (the apiserver would fail closed for nothing).
+async fn probe_once(fresh: &Freshness, store: &Arc<EtcdStore>, timeout: Duration) -> Probe {
+    let body = Arc::new(store.changes_since_request(fresh.etcd_rev() + 1));
     let mut leaderless = false;
-    for k in 1..=n {
-        let at = (watched + k) % n;
-        match store
-            .gateway()
-            .call_one(at, "/v3/kv/range", &body, timeout)
-            .await
-        {
-            Ok(v) => {
+    let mut asked = ask_all(store, "/v3/kv/range", body, timeout);
+    // Dropping the set (on the first answer) cancels the calls still waiting.
+    while let Some(done) = asked.join_next().await {
+        match done {
+            Ok(Ok(v)) => {
                 return Probe::Answer {
                     rev: int(&v["header"]["revision"]),
                     changed: int(&v["count"]) > 0,
                 }
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 leaderless |= e.contains("no leader");
                 tracing::debug!(error = %e, "freshness: probe");
             }
+            Err(e) => tracing::debug!(error = %e, "freshness: probe task"),
         }
     }
     if leaderless {
-        Probe::Leaderless
-    } else {
-        Probe::Silent
+        return Probe::Leaderless;
     }
+    // Every member held the read. For the first one or two election timeouts of a quorum
+    // loss the live members still believe in a leader and hold linearizable reads instead
+    // of saying "no leader"; their own status (answered locally) tells that from silence:
+    // a live member with nothing this apiserver lacks, while no read can be served, is
+    // the same as "no leader".
+    let mut asked = ask_all(
+        store,
+        "/v3/maintenance/status",
+        Arc::new(serde_json::json!({})),
+        timeout,
+    );
+    while let Some(done) = asked.join_next().await {
+        match done {
+            Ok(Ok(v)) if int(&v["header"]["revision"]) <= fresh.covered() => {
+                return Probe::Leaderless
+            }
+            Ok(Err(e)) if e.contains("no leader") => return Probe::Leaderless,
+            _ => {}
+        }
+    }
+    Probe::Silent
+}
+
+/// `body` to `path` on every member at once, each within `timeout`.
+fn ask_all(
+    store: &Arc<EtcdStore>,
+    path: &'static str,
+    body: Arc<serde_json::Value>,
+    timeout: Duration,
+) -> tokio::task::JoinSet<Result<serde_json::Value, String>> {
+    let mut asked = tokio::task::JoinSet::new();
+    for at in 0..store.endpoints().len() {
+        let (store, body) = (store.clone(), body.clone());
+        asked.spawn(async move { store.gateway().call_one(at, path, &body, timeout).await });
+    }
+    asked
 }
 
 #[cfg(test)]
@@ -285,68 +393,72 @@ mod tests {
         }
     }
 
-    /// The rule on a virtual clock: a revision seen and not applied counts from its first
-    /// sighting; past `max_lag` the listeners fail closed once; a quorum loss (no answer
-    /// but "no leader") is no lag; silence is; a load serves again.
+    fn answer(rev: i64, changed: bool) -> Probe {
+        Probe::Answer { rev, changed }
+    }
+
+    /// The rule on a virtual clock: the lag counts from the last moment the apiserver was
+    /// known current (when the probe that showed it was *sent*), not from the first
+    /// sighting of a newer revision; past `max_lag` the listeners fail closed once; a
+    /// quorum loss (no answer but "no leader") is no lag; silence is; a load serves again.
     #[test]
-    fn lag_counts_from_the_first_sighting_and_fails_closed_past_max_lag() {
+    fn lag_counts_from_the_last_moment_known_current_and_fails_closed_past_max_lag() {
         let t0 = Instant::now();
         let ms = |n: u64| t0 + Duration::from_millis(n);
         let f = Freshness::new(Duration::from_secs(2), Metrics::default());
         let marks = Arc::new(Marks::default());
         let ls: Vec<Arc<dyn ClusterListener>> = vec![marks.clone()];
         f.applied_etcd(10, ms(0));
-        // A write outside the prefix: the store moved, nothing to apply.
-        f.probed(
-            Probe::Answer {
-                rev: 11,
-                changed: false,
-            },
-            ms(100),
-        );
+        // A write outside the prefix: the store moved, nothing to apply; current as of
+        // the probe sent at 0.1 s.
+        f.probed(answer(11, false), ms(100), ms(150));
         assert_eq!(f.lag(ms(3000)), Duration::ZERO);
-        // A change under the prefix at 12 seen at 0.5 s, 13 at 1 s: lag from 0.5 s.
-        f.probed(
-            Probe::Answer {
-                rev: 12,
-                changed: true,
-            },
-            ms(500),
-        );
-        f.probed(
-            Probe::Answer {
-                rev: 13,
-                changed: true,
-            },
-            ms(1000),
-        );
-        assert_eq!(f.lag(ms(1500)), Duration::from_secs(1));
-        // The watch delivers 12: the lag now counts from 13's sighting.
+        assert_eq!(f.covered(), 11, "nothing under the prefix up to 11");
+        // The store moves under the prefix after 0.1 s; the probe sent at 0.6 s sees 12
+        // (answered at 0.65 s), the one sent at 1.1 s sees 13. The lag counts from 0.1 s:
+        // the store may have moved right after the last probe that showed it current.
+        f.probed(answer(12, true), ms(600), ms(650));
+        assert_eq!(f.since(), Some(ms(650)), "delivery clock: first sighting");
+        f.probed(answer(13, true), ms(1100), ms(1150));
+        assert_eq!(f.lag(ms(1500)), Duration::from_millis(1400));
+        // The watch delivers 12: current as of 0.6 s (the store was at 12 or before
+        // when that probe was sent); 13 is still missing.
         f.applied_etcd(12, ms(1600));
-        assert_eq!(f.lag(ms(1600)), Duration::from_millis(600));
-        // Quorum loss: only "no leader" answers; no lag, no silence.
-        for t in [2000, 3000, 4000] {
-            f.probed(Probe::Leaderless, ms(t));
+        assert_eq!(f.lag(ms(1600)), Duration::from_secs(1));
+        assert_eq!(f.deadline(), Some(ms(2600)));
+        // Quorum loss: only "no leader" answers; they neither add lag nor, with 13
+        // missing, make the apiserver current; no silence either.
+        for t in [1700, 2200] {
+            f.probed(Probe::Leaderless, ms(t), ms(t + 50));
         }
-        assert_eq!(f.judge(&ls, ms(2900)), Duration::from_millis(1900));
+        assert_eq!(f.judge(&ls, ms(2600)), Duration::from_secs(2));
         assert!(f.stale().is_none() && marks.0.lock().unwrap().is_empty());
-        // 13 is still not applied at 3.1 s: 2.1 s behind, fails closed, once.
-        f.judge(&ls, ms(3100));
-        f.judge(&ls, ms(3200));
+        // 13 is still not applied at 2.7 s: 2.1 s since known current (only 1.55 s since
+        // 13 was seen), fails closed, once.
+        f.judge(&ls, ms(2700));
+        f.judge(&ls, ms(2800));
         let why = f.stale().expect("stale");
         assert!(
             why.contains("2s 100ms behind the store (max_lag 2s)"),
             "{why}"
         );
         assert_eq!(marks.0.lock().unwrap().len(), 1);
-        // The reload caught up: serves again.
-        f.loaded(14, ms(3300));
+        // The reload (asked for at 3.2 s) caught up: serves again, current as of 3.2 s.
+        f.loaded(14, ms(3200), ms(3300));
         assert!(f.stale().is_none());
         assert_eq!(f.judge(&ls, ms(3300)), Duration::ZERO);
+        // A quorum loss with nothing missing counts as current: the first write after
+        // it is not charged the whole loss.
+        for t in [4000, 6000, 8000] {
+            f.probed(Probe::Leaderless, ms(t), ms(t + 50));
+        }
+        f.probed(answer(15, true), ms(8500), ms(8550));
+        assert_eq!(f.judge(&ls, ms(8600)), Duration::from_millis(600));
+        f.applied_etcd(15, ms(8610));
         // Nothing heard at all for more than max_lag: cut off, fails closed.
-        f.probed(Probe::Silent, ms(5000));
+        f.probed(Probe::Silent, ms(9000), ms(9500));
         assert!(f.stale().is_none());
-        f.judge(&ls, ms(5400));
+        f.judge(&ls, ms(10_710));
         let why = f.stale().expect("stale");
         assert!(
             why.contains("heard nothing from etcd for 2s 100ms"),

@@ -354,6 +354,22 @@ impl RunningController {
         self.controller.shutdown().await;
     }
 
+    /// Stops like [`shutdown`](Self::shutdown), for a term whose leadership is lost, but
+    /// waits at most `wait` for the server and the state task. The listener closes at
+    /// once either way; a state task blocked in a commit on a slow store (etcd without a
+    /// quorum holds it for as long as that lasts) is left to end by itself: that commit
+    /// is refused by the leader guard once another leader holds the key, or landed while
+    /// this term still held it, and the task stops as soon as it returns. Requests still
+    /// in flight keep the rest of their `drain_timeout`. `true`: everything stopped.
+    pub async fn step_down(self, wait: std::time::Duration) -> bool {
+        self.controller.drain();
+        let stopped = async {
+            let _ = self.server.await;
+            self.controller.shutdown().await;
+        };
+        tokio::time::timeout(wait, stopped).await.is_ok()
+    }
+
     /// Serves until the server fails (it does not stop by itself otherwise).
     pub async fn wait(self) -> anyhow::Result<()> {
         let r = self.server.await;

@@ -80,3 +80,97 @@ async fn a_full_disk_answers_507_and_stops_the_controller() {
         .count();
     assert_eq!(services, 0);
 }
+
+/// A store whose commits wait while `closed` is set (a commit blocked on a slow etcd).
+#[derive(Default)]
+struct Gated {
+    inner: MemStore,
+    closed: Mutex<bool>,
+    opened: std::sync::Condvar,
+    entered: std::sync::atomic::AtomicBool,
+}
+
+impl Gated {
+    fn set(&self, closed: bool) {
+        *self.closed.lock().unwrap() = closed;
+        self.opened.notify_all();
+    }
+}
+
+impl Store for Gated {
+    fn load_all(&self) -> Result<Vec<(Key, Vec<u8>)>, StoreError> {
+        self.inner.load_all()
+    }
+    fn commit(&self, batch: Batch) -> Result<(), StoreError> {
+        let mut closed = self.closed.lock().unwrap();
+        if *closed {
+            self.entered
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        while *closed {
+            closed = self.opened.wait(closed).unwrap();
+        }
+        drop(closed);
+        self.inner.commit(batch)
+    }
+    fn put_if_absent(&self, key: Key, value: Vec<u8>) -> Result<Vec<u8>, StoreError> {
+        self.inner.put_if_absent(key, value)
+    }
+}
+
+/// A term whose leadership is lost steps down (its listener closed, the call returns)
+/// while its state task is blocked in a commit: the commit is left to end by itself.
+/// `shutdown` (what a lost term used before) waits for that commit, for as long as the
+/// store holds it (a quorum loss: until etcd has its quorum again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_term_steps_down_while_a_commit_is_blocked() {
+    use std::io::Write as _;
+    let store = Arc::new(Gated::default());
+    let cfg = ControllerConfig {
+        listen: std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        ..ControllerConfig::default()
+    };
+    let keyring = xce_serve::keyring::Keyring::new(Tokens::parse(app::TOKENS).unwrap());
+    let running = crate::start(cfg, keyring, ControllerPlugins::default(), store.clone())
+        .await
+        .unwrap();
+    let addr = running.addr;
+    store.set(true);
+    // A submission: its commit blocks in the store.
+    let body = web("web", "default", 1).to_string();
+    let mut conn = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        conn,
+        "POST /v1/services HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {ADMIN}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let until = std::time::Instant::now() + testkit::patience();
+    while !store.entered.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(
+            std::time::Instant::now() < until,
+            "the commit never started"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let stepped = tokio::time::timeout(
+        testkit::patience(),
+        running.step_down(Duration::from_millis(200)),
+    )
+    .await;
+    assert_eq!(
+        stepped,
+        Ok(false),
+        "stepped down, the state task still busy"
+    );
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "the listener is closed for the standby"
+    );
+    assert!(
+        *store.closed.lock().unwrap(),
+        "the commit was still blocked all along"
+    );
+    store.set(false);
+    drop(conn);
+}
