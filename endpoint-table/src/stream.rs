@@ -4,14 +4,14 @@
 use crate::lag::{watchdog, Lag, Place};
 use crate::metrics::Kind;
 use crate::query::{last_event_id, params, with_index, Params, View};
+use crate::render;
 use crate::shared::{Ended, Ending, Shared, Slot};
 use crate::wire;
+use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use plugin_api::{ApiError, ErrorBody, Permission, Principal, ServiceKey};
-use std::convert::Infallible;
 use std::sync::Arc;
 use tokio::sync::{oneshot, watch};
 
@@ -66,11 +66,9 @@ pub(crate) async fn stream(
     };
     let stream = futures_util::stream::unfold(events, |mut s| async move {
         let event = s.next().await?;
-        Some((Ok::<_, Infallible>(event), s))
+        Some((event, s))
     });
-    let mut resp = Sse::new(stream)
-        .keep_alive(KeepAlive::default())
-        .into_response();
+    let mut resp = render::sse(stream);
     with_index(&mut resp, entry.index);
     Ok(resp)
 }
@@ -107,7 +105,7 @@ struct EventStream {
 // === impl EventStream ===
 
 impl EventStream {
-    async fn next(&mut self) -> Option<Event> {
+    async fn next(&mut self) -> Option<Bytes> {
         if self.done || self.lag.is_cut() {
             return None;
         }
@@ -173,25 +171,33 @@ impl EventStream {
                 continue;
             }
             self.sent = Some(entry.index);
-            let answer = wire::answer(&entry, self.view.port.as_deref(), self.view.all);
-            let data = serde_json::to_string(&answer).expect("an answer always serializes");
+            // Every stream of the service in the default views shares one rendering.
+            let event = match self.view.port.as_deref() {
+                None => render::stream_event(&entry, self.view.all),
+                Some(port) => {
+                    let answer = wire::answer(&entry, Some(port), self.view.all);
+                    let data = serde_json::to_vec(&answer).expect("an answer always serializes");
+                    let id = entry.index.to_string();
+                    render::event(&[("id", id.as_bytes()), ("data", &data)])
+                }
+            };
             self.lag.settle(slot.seq, true);
-            return Some(Event::default().id(entry.index.to_string()).data(data));
+            return Some(event);
         }
     }
 
     /// The last event when the service went away: the same body as the 404.
-    fn gone(&mut self) -> Event {
+    fn gone(&mut self) -> Bytes {
         let not_found = ApiError::service_not_found(&self.name);
         self.last_error(not_found)
     }
 
     /// The last event: `error`, with the body a request would be answered with.
-    fn last_error(&mut self, error: ApiError) -> Event {
+    fn last_error(&mut self, error: ApiError) -> Bytes {
         self.done = true;
         let body = ErrorBody::from(error);
-        let body = serde_json::to_string(&body).expect("an error body always serializes");
-        Event::default().event("error").data(body)
+        let body = serde_json::to_vec(&body).expect("an error body always serializes");
+        render::event(&[("event", b"error"), ("data", &body)])
     }
 }
 
