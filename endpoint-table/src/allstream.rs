@@ -93,7 +93,6 @@ pub(crate) async fn all_stream(
         |p: &u64| *p,
         lag.clone(),
         stopped,
-        shared.clone(),
     ));
     let events = AllStream {
         pending: start.items.into(),
@@ -313,7 +312,7 @@ impl AllStream {
             return Wake::End(None);
         }
         let end = *self.published.borrow_and_update();
-        if self.lag.check(&self.shared, end) || !self.authenticate() {
+        if self.lag.check(end) || !self.authenticate() {
             return Wake::End(None);
         }
         Wake::More
@@ -325,7 +324,7 @@ impl AllStream {
         let taken = self.shared.journal.take(self.position, CHUNK);
         if taken.lost {
             // Only past the cut-off: the watchdog ends it first.
-            self.lag.check(&self.shared, u64::MAX);
+            self.lag.check(u64::MAX);
             return false;
         }
         self.position = taken.position;

@@ -1,7 +1,7 @@
 //! `GET /v1/services/{name}/endpoints/stream`: the SSE stream of one service's entry, with
 //! no queue of its own, and the watchdog that cuts off a client that falls behind.
 
-use crate::lag::{watchdog, Lag, Place};
+use crate::lag::{Lag, Place};
 use crate::metrics::Kind;
 use crate::query::{last_event_id, params, with_index, Params, View};
 use crate::render;
@@ -13,7 +13,7 @@ use axum::http::HeaderMap;
 use axum::response::Response;
 use plugin_api::{ApiError, ErrorBody, Permission, Principal, ServiceKey};
 use std::sync::Arc;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 
 /// `GET /v1/services/{name}/endpoints/stream`
 pub(crate) async fn stream(
@@ -41,14 +41,8 @@ pub(crate) async fn stream(
     tracing::debug!(service = %key, index = entry.index, last_event_id, "stream opened");
     let seq = rx.borrow().seq;
     let lag = Lag::new(seq, place, shared.cfg.stream_buffer, key.to_string());
-    let (stop, stopped) = oneshot::channel();
-    tokio::spawn(watchdog(
-        rx.clone(),
-        |slot: &Slot| slot.seq,
-        lag.clone(),
-        stopped,
-        shared.clone(),
-    ));
+    // Cut off by the slot's changes if it falls behind (`Laggards`): no task of its own.
+    rx.borrow().laggards.register(Arc::downgrade(&lag) as _);
     let ending = shared.ending(&principal, Some(&key.project));
     let events = EventStream {
         rx,
@@ -60,9 +54,7 @@ pub(crate) async fn stream(
         principal,
         view,
         ending,
-        shared: shared.clone(),
         lag,
-        _stop: stop,
     };
     let stream = futures_util::stream::unfold(events, |mut s| async move {
         let event = s.next().await?;
@@ -80,7 +72,7 @@ pub(crate) async fn stream(
 /// memory does not grow. A client that falls more than `stream_buffer` changes behind is
 /// disconnected instead (it resumes with `Last-Event-ID` and gets the current entry).
 ///
-/// A [`watchdog`] task cuts a client off even if it never reads (see `crate::lag`).
+/// Its slot's changes cut a client off even if it never reads (`crate::lag::Laggards`).
 struct EventStream {
     rx: watch::Receiver<Slot>,
     first: bool,
@@ -94,12 +86,9 @@ struct EventStream {
     key: ServiceKey,
     principal: Principal,
     view: View,
-    shared: Arc<Shared>,
     lag: Arc<Lag>,
     /// What ends every watcher from outside (see [`Shared::ending`]).
     ending: Ending,
-    /// Dropped with the stream: tells its watchdog to end.
-    _stop: oneshot::Sender<()>,
 }
 
 // === impl EventStream ===
@@ -152,7 +141,7 @@ impl EventStream {
                 return None;
             }
             let slot = self.rx.borrow_and_update().clone();
-            if self.lag.check(&self.shared, slot.seq) {
+            if self.lag.check(slot.seq) {
                 self.done = true;
                 return None;
             }
