@@ -27,7 +27,7 @@ use crate::lag::{watchdog, Lag, Place};
 use crate::metrics::Kind;
 use crate::query::{last_event_id, params, Params, RawParams};
 use crate::render;
-use crate::shared::{Ended, Ending, Shared};
+use crate::shared::{Ended, EndingFuture, Shared};
 use crate::wire::{DeletedAnswer, RESET_EVENT};
 use axum::body::Bytes;
 use axum::extract::State;
@@ -104,7 +104,7 @@ pub(crate) async fn all_stream(
         token: bearer(&headers),
         cx,
         // Visibility is checked per entry: only the token's removal ends it from outside.
-        ending: shared.ending(&principal, None),
+        ending: shared.ending(&principal, None).boxed(),
         principal,
         filter,
         shared,
@@ -158,7 +158,7 @@ struct AllStream {
     /// The bearer token the stream was opened with, authenticated again on every wake.
     token: Option<String>,
     cx: ApiContext,
-    ending: Ending,
+    ending: EndingFuture,
     principal: Principal,
     filter: Filter,
     shared: Arc<Shared>,
@@ -290,7 +290,7 @@ impl AllStream {
     async fn wake(&mut self) -> Wake {
         let changed = tokio::select! {
             r = self.published.changed() => r,
-            ended = self.ending.wait() => {
+            ended = &mut self.ending => {
                 return Wake::End(match ended {
                     // The host stops serving: end the stream (the client resumes
                     // elsewhere with Last-Event-ID).

@@ -584,7 +584,20 @@ impl WatcherGuard {
 
 // === impl Ending ===
 
+/// [`Ending::wait`] as a future a stream keeps across its events.
+pub(crate) type EndingFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Ended> + Send>>;
+
 impl Ending {
+    /// [`wait`](Self::wait), owned: a stream polls this one future beside each wait for
+    /// its next change, instead of a new `wait` per event. Each `wait` registers with the
+    /// host's drain, staleness and credential channels, which every watcher shares, and
+    /// unregisters when the event wins: two lock round trips on three shared lists per
+    /// event and watcher (issue 31), where this future stays registered until it
+    /// resolves. Not polled again once it has resolved.
+    pub(crate) fn boxed(mut self) -> EndingFuture {
+        Box::pin(async move { self.wait().await })
+    }
+
     /// Resolves once the watcher must end (at once if it already must), saying why.
     pub(crate) async fn wait(&mut self) -> Ended {
         let Self {

@@ -5,7 +5,7 @@ use crate::lag::{Lag, Place};
 use crate::metrics::Kind;
 use crate::query::{last_event_id, params, with_index, Params, View};
 use crate::render;
-use crate::shared::{Ended, Ending, Shared, Slot};
+use crate::shared::{Ended, EndingFuture, Shared, Slot};
 use crate::wire;
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -53,7 +53,7 @@ pub(crate) async fn stream(
         key,
         principal,
         view,
-        ending,
+        ending: ending.boxed(),
         lag,
     };
     let stream = futures_util::stream::unfold(events, |mut s| async move {
@@ -88,7 +88,7 @@ struct EventStream {
     view: View,
     lag: Arc<Lag>,
     /// What ends every watcher from outside (see [`Shared::ending`]).
-    ending: Ending,
+    ending: EndingFuture,
 }
 
 // === impl EventStream ===
@@ -102,7 +102,7 @@ impl EventStream {
             if !self.first {
                 let changed = tokio::select! {
                     r = self.rx.changed() => Some(r),
-                    ended = self.ending.wait() => match ended {
+                    ended = &mut self.ending => match ended {
                         // The host stops serving: end the stream (the client resumes
                         // elsewhere with Last-Event-ID).
                         // The entries may be out of date: end the stream (the client
