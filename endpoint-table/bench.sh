@@ -11,7 +11,7 @@
 # printed beside it, then the median of each row over the runs and `SUMMARY delivery ...`
 # / `SUMMARY reads ...` lines with the ratios computed from those medians. With --base
 # COMMIT, the same bench (this checkout's bench code) is also built against the crates of
-# COMMIT, in a temporary git worktree sharing this target dir, and the runs alternate
+# COMMIT, in a temporary git worktree (target dir target/bench-base), and the runs alternate
 # between the two binaries (base, this, base, this, ...), so the A/B ratios come from one
 # stretch of time on a machine whose load moves.
 #
@@ -69,7 +69,13 @@ if [ -n "$base" ]; then
     # The bench's own code is this checkout's: only the server side differs.
     rm -rf "$tmp/base/endpoint-table/benches"
     cp -r endpoint-table/benches "$tmp/base/endpoint-table/"
-    base_bin=$(CARGO_TARGET_DIR="$PWD/target" bench_bin "$tmp/base/Cargo.toml")
+    # A target dir of its own (crates of one name and version from two checkouts would
+    # overwrite each other's artifacts in one), seeded once from this one's release
+    # build so that only the workspace's own crates are compiled again.
+    if [ ! -d target/bench-base/release ] && [ -d target/release ]; then
+        mkdir -p target/bench-base && cp -r target/release target/bench-base/
+    fi
+    base_bin=$(CARGO_TARGET_DIR="$PWD/target/bench-base" bench_bin "$tmp/base/Cargo.toml")
     [ -n "$base_bin" ] || { echo "bench.sh: the base bench did not build" >&2; exit 1; }
     cp "$base_bin" "$tmp/base-bin"
     labels="base this"

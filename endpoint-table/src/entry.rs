@@ -48,8 +48,11 @@ pub(crate) struct Rendered {
     /// The all-services stream's event without an id, per view.
     pub(crate) all_no_id: [OnceLock<Bytes>; 2],
     /// The plain answer for each declared port.
-    pub(crate) plain: OnceLock<Box<[(Box<str>, Bytes)]>>,
+    pub(crate) plain: OnceLock<PlainAnswers>,
 }
+
+/// Plain answers by port name.
+pub(crate) type PlainAnswers = Box<[(Box<str>, Bytes)]>;
 
 impl Clone for Rendered {
     fn clone(&self) -> Self {
