@@ -43,10 +43,6 @@ pub(crate) struct Rendered {
     pub(crate) json: [OnceLock<Bytes>; 2],
     /// The per-service stream's event, per view as `json`.
     pub(crate) stream: [OnceLock<Bytes>; 2],
-    /// The all-services stream's event with the entry's index as its id, per view.
-    pub(crate) all_with_id: [OnceLock<Bytes>; 2],
-    /// The all-services stream's event without an id, per view.
-    pub(crate) all_no_id: [OnceLock<Bytes>; 2],
     /// The plain answer for each declared port.
     pub(crate) plain: OnceLock<PlainAnswers>,
 }
