@@ -13,8 +13,10 @@
 //! what it has, or inside a resync that skipped revisions) it sends `event: reset` and a
 //! full snapshot instead.
 //!
-//! RBAC is per entry and re-checked on every event: the caller's token is authenticated
-//! again each time the stream wakes, so changed grants apply to the next event (a changed
+//! RBAC is per entry and re-checked on every event: each time the stream wakes, its
+//! credential's grants as the host holds them now are compared with the stream's (a token
+//! the host does not follow is authenticated again), so changed grants apply to the next
+//! event (a changed
 //! set of grants restarts the stream with `event: reset` and a snapshot of what is now
 //! visible), and a token that no longer authenticates ends it. A service the caller
 //! cannot view never appears, not even as a deletion. Unknown or invisible names in
@@ -24,16 +26,16 @@ use crate::journal::Item;
 use crate::lag::{watchdog, Lag, Place};
 use crate::metrics::Kind;
 use crate::query::{last_event_id, params, Params, RawParams};
-use crate::shared::{Ended, Ending, Shared};
-use crate::wire::{self, DeletedAnswer, RESET_EVENT};
+use crate::render;
+use crate::shared::{Ended, EndingFuture, Shared};
+use crate::wire::{DeletedAnswer, RESET_EVENT};
+use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{header, HeaderMap};
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::Extension;
 use plugin_api::{ApiContext, ApiError, AuthError, Permission, Principal};
 use std::collections::{HashSet, VecDeque};
-use std::convert::Infallible;
 use std::sync::Arc;
 use tokio::sync::{oneshot, watch};
 
@@ -91,7 +93,6 @@ pub(crate) async fn all_stream(
         |p: &u64| *p,
         lag.clone(),
         stopped,
-        shared.clone(),
     ));
     let events = AllStream {
         pending: start.items.into(),
@@ -103,7 +104,7 @@ pub(crate) async fn all_stream(
         token: bearer(&headers),
         cx,
         // Visibility is checked per entry: only the token's removal ends it from outside.
-        ending: shared.ending(&principal, None),
+        ending: shared.ending(&principal, None).boxed(),
         principal,
         filter,
         shared,
@@ -112,11 +113,9 @@ pub(crate) async fn all_stream(
     };
     let stream = futures_util::stream::unfold(events, |mut s| async move {
         let event = s.next().await?;
-        Some((Ok::<_, Infallible>(event), s))
+        Some((event, s))
     });
-    Ok(Sse::new(stream)
-        .keep_alive(KeepAlive::default())
-        .into_response())
+    Ok(render::sse(stream))
 }
 
 /// What a stream is restricted to, besides RBAC.
@@ -135,7 +134,7 @@ enum Wake {
     /// The journal has more, or the stream starts over: go on.
     More,
     /// The stream ends, with this last event if any.
-    End(Option<Event>),
+    End(Option<Bytes>),
 }
 
 /// One client's all-services stream.
@@ -159,7 +158,7 @@ struct AllStream {
     /// The bearer token the stream was opened with, authenticated again on every wake.
     token: Option<String>,
     cx: ApiContext,
-    ending: Ending,
+    ending: EndingFuture,
     principal: Principal,
     filter: Filter,
     shared: Arc<Shared>,
@@ -231,7 +230,7 @@ impl Filter {
 // === impl AllStream ===
 
 impl AllStream {
-    async fn next(&mut self) -> Option<Event> {
+    async fn next(&mut self) -> Option<Bytes> {
         loop {
             if self.done || self.lag.is_cut() {
                 return None;
@@ -261,7 +260,7 @@ impl AllStream {
     }
 
     /// The event of the next pending record this client may view, if any.
-    fn next_pending(&mut self) -> Option<Event> {
+    fn next_pending(&mut self) -> Option<Bytes> {
         while let Some(item) = self.pending.pop_front() {
             if !self.visible(&item) {
                 continue;
@@ -291,7 +290,7 @@ impl AllStream {
     async fn wake(&mut self) -> Wake {
         let changed = tokio::select! {
             r = self.published.changed() => r,
-            ended = self.ending.wait() => {
+            ended = &mut self.ending => {
                 return Wake::End(match ended {
                     // The host stops serving: end the stream (the client resumes
                     // elsewhere with Last-Event-ID).
@@ -313,7 +312,7 @@ impl AllStream {
             return Wake::End(None);
         }
         let end = *self.published.borrow_and_update();
-        if self.lag.check(&self.shared, end) || !self.authenticate() {
+        if self.lag.check(end) || !self.authenticate() {
             return Wake::End(None);
         }
         Wake::More
@@ -325,7 +324,7 @@ impl AllStream {
         let taken = self.shared.journal.take(self.position, CHUNK);
         if taken.lost {
             // Only past the cut-off: the watchdog ends it first.
-            self.lag.check(&self.shared, u64::MAX);
+            self.lag.check(u64::MAX);
             return false;
         }
         self.position = taken.position;
@@ -336,16 +335,36 @@ impl AllStream {
         true
     }
 
-    /// Authenticates the stream's token again: false if it no longer authenticates (the
+    /// Checks the stream's credential again: false if it no longer authenticates (the
     /// stream ends); with changed grants, the stream starts over with a reset and a
     /// snapshot of what the caller may view now.
+    ///
+    /// A credential the host follows (its tokens file, re-read on SIGHUP) is not
+    /// authenticated again: its grants as the host holds them now are one read of its
+    /// watch channel, and compared only when the host changed them. A fixed one (a host
+    /// that does not tell) is authenticated again with the stream's token.
     fn authenticate(&mut self) -> bool {
-        let principal = match self.cx.auth.authenticate(self.token.as_deref()) {
-            Ok(p) => p,
-            Err(error) => {
-                tracing::info!(principal = %self.principal.name, %error, "all-services stream ended: its token no longer authenticates");
+        let principal = match self.principal.credential.current() {
+            Some(None) => {
+                tracing::info!(principal = %self.principal.name, "all-services stream ended: its token was removed");
                 return false;
             }
+            Some(Some(grants)) => {
+                if *grants == self.principal.grants {
+                    return true;
+                }
+                Principal {
+                    grants: grants.to_vec(),
+                    ..self.principal.clone()
+                }
+            }
+            None => match self.cx.auth.authenticate(self.token.as_deref()) {
+                Ok(p) => p,
+                Err(error) => {
+                    tracing::info!(principal = %self.principal.name, %error, "all-services stream ended: its token no longer authenticates");
+                    return false;
+                }
+            },
         };
         if principal.grants != self.principal.grants {
             tracing::info!(principal = %principal.name, "grants changed: all-services stream starts over");
@@ -362,23 +381,24 @@ impl AllStream {
         self.filter.matches(item) && self.principal.may(Permission::JobView, &item.key.project)
     }
 
-    fn event(&self, item: &Item, with_id: bool) -> Event {
-        let data = match &item.entry {
-            Some(entry) => serde_json::to_string(&wire::answer(entry, None, self.filter.all)),
-            None => serde_json::to_string(&DeletedAnswer {
+    /// The item's event: an entry's is rendered once and shared by every stream.
+    fn event(&self, item: &Item, with_id: bool) -> Bytes {
+        let id = with_id.then_some(item.id);
+        let Some(entry) = &item.entry else {
+            let deleted = serde_json::to_vec(&DeletedAnswer {
                 service: item.key.name.clone(),
                 project: item.key.project.clone(),
                 deleted: true,
                 index: item.id,
-            }),
-        }
-        .expect("an answer always serializes");
-        let event = Event::default().data(data);
-        if with_id {
-            event.id(item.id.to_string())
-        } else {
-            event
-        }
+            })
+            .expect("an answer always serializes");
+            let id = id.map(|id| id.to_string());
+            return match &id {
+                Some(id) => render::event(&[("data", &deleted), ("id", id.as_bytes())]),
+                None => render::event(&[("data", &deleted)]),
+            };
+        };
+        render::all_event(entry, self.filter.all, id)
     }
 }
 
@@ -399,16 +419,16 @@ fn bearer(headers: &HeaderMap) -> Option<String> {
 }
 
 /// `event: reset`: the client drops what it has; a full snapshot follows.
-fn reset_event() -> Event {
-    Event::default().event(RESET_EVENT).data(
-        r#"{"reason":"a gap cannot be ruled out: drop what you have, a full snapshot follows"}"#,
-    )
+fn reset_event() -> Bytes {
+    let data =
+        r#"{"reason":"a gap cannot be ruled out: drop what you have, a full snapshot follows"}"#;
+    render::event(&[("event", RESET_EVENT.as_bytes()), ("data", data.as_bytes())])
 }
 
 /// The last event of a stream whose token was revoked: the 401 body its next request would
 /// get, as the per-service stream ends (so a client tells "revoked" from "server went away").
-fn revoked_event() -> Event {
+fn revoked_event() -> Bytes {
     let body = plugin_api::ErrorBody::from(ApiError::unauthenticated(AuthError::Revoked));
-    let body = serde_json::to_string(&body).expect("an error body always serializes");
-    Event::default().event("error").data(body)
+    let body = serde_json::to_vec(&body).expect("an error body always serializes");
+    render::event(&[("event", b"error"), ("data", &body)])
 }

@@ -1,12 +1,13 @@
 //! The table's value type: one service's entry, as the controller side computes it and the
 //! apiserver side serves it. Serializable so a remote feed can ship it.
 
+use axum::body::Bytes;
 use plugin_api::{JobState, ServiceKey};
 use port_resource::grant::Protocol;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// One service's entry in the endpoint table. A service is identified by its project and
 /// its name together ([`Entry::key`]).
@@ -32,11 +33,22 @@ pub struct Entry {
     pub(crate) rendered: Rendered,
 }
 
-/// A lazily filled cache of an entry's default JSON answer. Compares equal to any other,
-/// so it never affects whether two entries are the same; a clone starts empty, so an entry
-/// copied in order to be changed never carries the old rendering.
+/// A lazily filled cache of an entry's renderings (`crate::render`: its JSON answers, plain
+/// answers and stream events, each built at most once per version of the entry). Compares
+/// equal to any other, so it never affects whether two entries are the same; a clone
+/// starts empty, so an entry copied in order to be changed never carries the old renderings.
 #[derive(Default)]
-pub(crate) struct Rendered(pub(crate) std::sync::OnceLock<axum::body::Bytes>);
+pub(crate) struct Rendered {
+    /// The JSON answer: `[default, ?include=all]`.
+    pub(crate) json: [OnceLock<Bytes>; 2],
+    /// The per-service stream's event, per view as `json`.
+    pub(crate) stream: [OnceLock<Bytes>; 2],
+    /// The plain answer for each declared port.
+    pub(crate) plain: OnceLock<PlainAnswers>,
+}
+
+/// Plain answers by port name.
+pub(crate) type PlainAnswers = Box<[(Box<str>, Bytes)]>;
 
 impl Clone for Rendered {
     fn clone(&self) -> Self {
@@ -53,7 +65,7 @@ impl Eq for Rendered {}
 
 impl std::fmt::Debug for Rendered {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.get().is_some() {
+        f.write_str(if self.has_json() {
             "Rendered(cached)"
         } else {
             "Rendered(empty)"

@@ -6,7 +6,7 @@
 
 use crate::delivery::Recipient;
 use crate::metrics::Kind;
-use crate::shared::{Shared, WatcherGuard};
+use crate::shared::{Behind, WatcherGuard};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::{oneshot, watch};
@@ -78,12 +78,12 @@ impl Lag {
 
     /// Whether a source at `position` is more than the limit ahead of the stream; if so
     /// the client is cut off.
-    pub(crate) fn check(&self, shared: &Shared, position: u64) -> bool {
+    pub(crate) fn check(&self, position: u64) -> bool {
         let behind = position.saturating_sub(self.taken());
         if behind <= self.limit {
             return false;
         }
-        self.cut_off(shared, behind);
+        self.cut_off(behind);
         true
     }
 
@@ -99,11 +99,11 @@ impl Lag {
     }
 
     /// Cuts the client off (once: the stream and its watchdog may both see the lag).
-    fn cut_off(&self, shared: &Shared, behind: u64) {
-        if self.release().is_none() {
+    fn cut_off(&self, behind: u64) {
+        let Some(place) = self.release() else {
             return;
-        }
-        shared.metrics.lagged(self.kind);
+        };
+        place.counted.metrics().lagged(self.kind);
         tracing::info!(
             stream = %self.what,
             principal = %self.principal,
@@ -116,7 +116,9 @@ impl Lag {
 /// Follows a stream's source (`rx`, whose position is `position(&value)`) and cuts the
 /// client off as soon as it is more than its limit behind, whether or not hyper polls the
 /// stream. It wakes only on the source's changes (no timer) and ends with the stream
-/// (`stopped`), when the source goes away, or once it has cut the client off.
+/// (`stopped`), when the source goes away, or once it has cut the client off. The
+/// all-services streams (a few per client, not one per service) have one each; the
+/// per-service streams are checked by their slot instead (`crate::shared::Laggards`).
 ///
 /// The stream runs only when hyper polls it, and hyper polls it only when it can write,
 /// i.e. when the client reads; so without this task a client that never reads would
@@ -126,7 +128,6 @@ pub(crate) async fn watchdog<T>(
     position: fn(&T) -> u64,
     lag: Arc<Lag>,
     mut stopped: oneshot::Receiver<()>,
-    shared: Arc<Shared>,
 ) {
     loop {
         tokio::select! {
@@ -138,8 +139,14 @@ pub(crate) async fn watchdog<T>(
             }
         }
         let at = position(&rx.borrow_and_update());
-        if lag.check(&shared, at) || lag.is_cut() {
+        if lag.check(at) || lag.is_cut() {
             return;
         }
+    }
+}
+
+impl Behind for Lag {
+    fn check(&self, position: u64) -> bool {
+        Lag::check(self, position)
     }
 }

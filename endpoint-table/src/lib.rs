@@ -28,6 +28,7 @@ mod lag;
 mod metrics;
 mod query;
 mod queue;
+mod render;
 mod routes;
 mod shared;
 mod stream;

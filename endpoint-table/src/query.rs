@@ -4,6 +4,7 @@
 
 use crate::config::TableConfig;
 use crate::entry::Entry;
+use crate::render;
 use crate::wire::{self, INDEX_HEADER};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::Query;
@@ -110,20 +111,13 @@ impl View {
             let port = plain_port(entry, self.port.as_deref())?;
             (
                 [(header::CONTENT_TYPE, "text/plain; charset=utf-8")],
-                wire::plain(entry, port),
+                render::plain(entry, port),
             )
                 .into_response()
-        } else if self.port.is_none() && !self.all {
-            // The common read: served from the entry's cached rendering.
-            let body = entry.rendered.0.get_or_init(|| {
-                let mut json = serde_json::to_vec(&wire::answer(entry, None, false))
-                    .expect("an answer always serializes");
-                // Kept as long as the entry: without the slack the buffer grew by
-                // doubling (it held 173 bytes per endpoint for 128 of JSON).
-                json.shrink_to_fit();
-                json.into()
-            });
-            ([(header::CONTENT_TYPE, "application/json")], body.clone()).into_response()
+        } else if self.port.is_none() {
+            // The common reads: served from the entry's cached rendering.
+            let body = render::json(entry, self.all);
+            ([(header::CONTENT_TYPE, "application/json")], body).into_response()
         } else {
             Json(wire::answer(entry, self.port.as_deref(), self.all)).into_response()
         };

@@ -32,6 +32,9 @@ pub(crate) struct Slot {
     pub(crate) blocking: Arc<Tracker>,
     /// The same, to its per-service streams.
     pub(crate) streams: Arc<Tracker>,
+    /// Its per-service streams, checked for lag on every change (the same for the slot's
+    /// life).
+    pub(crate) laggards: Arc<Laggards>,
 }
 
 /// State shared by the routes and the pump.
@@ -483,13 +486,14 @@ fn new_slot(entry: Arc<Entry>, metrics: &Metrics) -> watch::Sender<Slot> {
         entry: Some(entry),
         blocking: Arc::new(Tracker::new(metrics.delivery(Kind::Blocking), 1)),
         streams: Arc::new(Tracker::new(metrics.delivery(Kind::Stream), 1)),
+        laggards: Arc::default(),
     })
 }
 
 /// Updates a slot, waking its watchers only if the entry really differs; a change that
 /// reached the table feed at `at`.
 fn set(tx: &watch::Sender<Slot>, entry: Option<Arc<Entry>>, at: Instant) {
-    tx.send_if_modified(|slot| {
+    let changed = tx.send_if_modified(|slot| {
         if slot.entry == entry {
             return false;
         }
@@ -501,6 +505,15 @@ fn set(tx: &watch::Sender<Slot>, entry: Option<Arc<Entry>>, at: Instant) {
         slot.streams.changed(slot.seq, at);
         true
     });
+    if changed {
+        // Right after the change (outside the channel's lock): a stream that falls behind
+        // is cut off at the change that puts it past `stream_buffer`, read or not.
+        let (laggards, seq) = {
+            let slot = tx.borrow();
+            (slot.laggards.clone(), slot.seq)
+        };
+        laggards.check(seq);
+    }
 }
 
 impl Drop for WatcherGuard {
@@ -521,6 +534,38 @@ impl Drop for WatcherGuard {
     }
 }
 
+/// The per-service streams of one service slot, checked by whoever changes the slot
+/// (`Laggards::check`, right after the change), so a client that never reads is cut
+/// off at the change that puts it past its limit, as a watchdog task would (`crate::lag::watchdog`), without a task
+/// per stream that wakes on every change (issue 31: with 10,000 streams on a service, a
+/// change woke 20,000 tasks, half of them only to find nobody behind).
+#[derive(Debug, Default)]
+pub(crate) struct Laggards(Mutex<Vec<Weak<dyn Behind>>>);
+
+/// A stream its slot follows (`crate::lag::Lag`).
+pub(crate) trait Behind: Send + Sync + std::fmt::Debug {
+    /// The slot is at `position`: true if the stream is (now) cut off.
+    fn check(&self, position: u64) -> bool;
+}
+
+impl Laggards {
+    /// Follows `lag` until its stream is dropped or cut off.
+    pub(crate) fn register(&self, lag: Weak<dyn Behind>) {
+        self.lock().push(lag);
+    }
+
+    /// The slot is at `position` now: cuts off every stream past its limit, and forgets
+    /// the streams that are gone or cut off.
+    pub(crate) fn check(&self, position: u64) {
+        self.lock()
+            .retain(|lag| lag.upgrade().is_some_and(|lag| !lag.check(position)));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Weak<dyn Behind>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 // === impl WatcherGuard ===
 
 impl WatcherGuard {
@@ -531,11 +576,28 @@ impl WatcherGuard {
     pub(crate) fn principal(&self) -> &str {
         &self.principal
     }
+
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.shared.metrics
+    }
 }
 
 // === impl Ending ===
 
+/// [`Ending::wait`] as a future a stream keeps across its events.
+pub(crate) type EndingFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Ended> + Send>>;
+
 impl Ending {
+    /// [`wait`](Self::wait), owned: a stream polls this one future beside each wait for
+    /// its next change, instead of a new `wait` per event. Each `wait` registers with the
+    /// host's drain, staleness and credential channels, which every watcher shares, and
+    /// unregisters when the event wins: two lock round trips on three shared lists per
+    /// event and watcher (issue 31), where this future stays registered until it
+    /// resolves. Not polled again once it has resolved.
+    pub(crate) fn boxed(mut self) -> EndingFuture {
+        Box::pin(async move { self.wait().await })
+    }
+
     /// Resolves once the watcher must end (at once if it already must), saying why.
     pub(crate) async fn wait(&mut self) -> Ended {
         let Self {

@@ -1,19 +1,19 @@
 //! `GET /v1/services/{name}/endpoints/stream`: the SSE stream of one service's entry, with
 //! no queue of its own, and the watchdog that cuts off a client that falls behind.
 
-use crate::lag::{watchdog, Lag, Place};
+use crate::lag::{Lag, Place};
 use crate::metrics::Kind;
 use crate::query::{last_event_id, params, with_index, Params, View};
-use crate::shared::{Ended, Ending, Shared, Slot};
+use crate::render;
+use crate::shared::{Ended, EndingFuture, Shared, Slot};
 use crate::wire;
+use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
-use axum::response::sse::{Event, KeepAlive, Sse};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use plugin_api::{ApiError, ErrorBody, Permission, Principal, ServiceKey};
-use std::convert::Infallible;
 use std::sync::Arc;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 
 /// `GET /v1/services/{name}/endpoints/stream`
 pub(crate) async fn stream(
@@ -41,14 +41,8 @@ pub(crate) async fn stream(
     tracing::debug!(service = %key, index = entry.index, last_event_id, "stream opened");
     let seq = rx.borrow().seq;
     let lag = Lag::new(seq, place, shared.cfg.stream_buffer, key.to_string());
-    let (stop, stopped) = oneshot::channel();
-    tokio::spawn(watchdog(
-        rx.clone(),
-        |slot: &Slot| slot.seq,
-        lag.clone(),
-        stopped,
-        shared.clone(),
-    ));
+    // Cut off by the slot's changes if it falls behind (`Laggards`): no task of its own.
+    rx.borrow().laggards.register(Arc::downgrade(&lag) as _);
     let ending = shared.ending(&principal, Some(&key.project));
     let events = EventStream {
         rx,
@@ -59,18 +53,14 @@ pub(crate) async fn stream(
         key,
         principal,
         view,
-        ending,
-        shared: shared.clone(),
+        ending: ending.boxed(),
         lag,
-        _stop: stop,
     };
     let stream = futures_util::stream::unfold(events, |mut s| async move {
         let event = s.next().await?;
-        Some((Ok::<_, Infallible>(event), s))
+        Some((event, s))
     });
-    let mut resp = Sse::new(stream)
-        .keep_alive(KeepAlive::default())
-        .into_response();
+    let mut resp = render::sse(stream);
     with_index(&mut resp, entry.index);
     Ok(resp)
 }
@@ -82,7 +72,7 @@ pub(crate) async fn stream(
 /// memory does not grow. A client that falls more than `stream_buffer` changes behind is
 /// disconnected instead (it resumes with `Last-Event-ID` and gets the current entry).
 ///
-/// A [`watchdog`] task cuts a client off even if it never reads (see `crate::lag`).
+/// Its slot's changes cut a client off even if it never reads (`crate::lag::Laggards`).
 struct EventStream {
     rx: watch::Receiver<Slot>,
     first: bool,
@@ -96,18 +86,15 @@ struct EventStream {
     key: ServiceKey,
     principal: Principal,
     view: View,
-    shared: Arc<Shared>,
     lag: Arc<Lag>,
     /// What ends every watcher from outside (see [`Shared::ending`]).
-    ending: Ending,
-    /// Dropped with the stream: tells its watchdog to end.
-    _stop: oneshot::Sender<()>,
+    ending: EndingFuture,
 }
 
 // === impl EventStream ===
 
 impl EventStream {
-    async fn next(&mut self) -> Option<Event> {
+    async fn next(&mut self) -> Option<Bytes> {
         if self.done || self.lag.is_cut() {
             return None;
         }
@@ -115,7 +102,7 @@ impl EventStream {
             if !self.first {
                 let changed = tokio::select! {
                     r = self.rx.changed() => Some(r),
-                    ended = self.ending.wait() => match ended {
+                    ended = &mut self.ending => match ended {
                         // The host stops serving: end the stream (the client resumes
                         // elsewhere with Last-Event-ID).
                         // The entries may be out of date: end the stream (the client
@@ -154,7 +141,7 @@ impl EventStream {
                 return None;
             }
             let slot = self.rx.borrow_and_update().clone();
-            if self.lag.check(&self.shared, slot.seq) {
+            if self.lag.check(slot.seq) {
                 self.done = true;
                 return None;
             }
@@ -173,25 +160,33 @@ impl EventStream {
                 continue;
             }
             self.sent = Some(entry.index);
-            let answer = wire::answer(&entry, self.view.port.as_deref(), self.view.all);
-            let data = serde_json::to_string(&answer).expect("an answer always serializes");
+            // Every stream of the service in the default views shares one rendering.
+            let event = match self.view.port.as_deref() {
+                None => render::stream_event(&entry, self.view.all),
+                Some(port) => {
+                    let answer = wire::answer(&entry, Some(port), self.view.all);
+                    let data = serde_json::to_vec(&answer).expect("an answer always serializes");
+                    let id = entry.index.to_string();
+                    render::event(&[("id", id.as_bytes()), ("data", &data)])
+                }
+            };
             self.lag.settle(slot.seq, true);
-            return Some(Event::default().id(entry.index.to_string()).data(data));
+            return Some(event);
         }
     }
 
     /// The last event when the service went away: the same body as the 404.
-    fn gone(&mut self) -> Event {
+    fn gone(&mut self) -> Bytes {
         let not_found = ApiError::service_not_found(&self.name);
         self.last_error(not_found)
     }
 
     /// The last event: `error`, with the body a request would be answered with.
-    fn last_error(&mut self, error: ApiError) -> Event {
+    fn last_error(&mut self, error: ApiError) -> Bytes {
         self.done = true;
         let body = ErrorBody::from(error);
-        let body = serde_json::to_string(&body).expect("an error body always serializes");
-        Event::default().event("error").data(body)
+        let body = serde_json::to_vec(&body).expect("an error body always serializes");
+        render::event(&[("event", b"error"), ("data", &body)])
     }
 }
 

@@ -118,6 +118,13 @@ impl Credential {
         }
     }
 
+    /// The credential's grants as the host holds them now (`Some(None)`: removed), or
+    /// `None` for a fixed credential, which the host does not follow. A read of the watch
+    /// channel: a long request compares it instead of authenticating its token again.
+    pub fn current(&self) -> Option<LiveGrants> {
+        self.0.as_ref().map(|rx| rx.borrow().clone())
+    }
+
     /// Whether the host has removed the credential.
     pub fn is_removed(&self) -> bool {
         self.0.as_ref().is_some_and(|rx| rx.borrow().is_none())

@@ -21,7 +21,8 @@
 //!
 //! Run: `cargo bench -p endpoint-table --bench fanout` (or `endpoint-table/bench.sh`);
 //! `$ETCD` names another etcd binary. `$FANOUT_KINDS` and `$FANOUT_W` run only some of the
-//! fan-out runs (to profile one; see `runs::Only`) and nothing else.
+//! fan-out runs (to profile one; see `runs::Only`) and nothing else; `$READS_ONLY` the reads
+//! only, `$READ_ROUNDS` rounds of them (default 5).
 
 use endpoint_table::{endpoint_table, Table, TableConfig};
 use plugin_api::{
@@ -83,7 +84,9 @@ fn main() {
     let fanout_only = ["FANOUT_KINDS", "FANOUT_W"]
         .iter()
         .any(|v| std::env::var_os(v).is_some());
-    if !fanout_only {
+    // `$READS_ONLY`: the reads and nothing else (`bench.sh --runs`: alternated rounds).
+    let reads_only = std::env::var_os("READS_ONLY").is_some();
+    if !fanout_only && !reads_only {
         table_rates();
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -104,6 +107,10 @@ fn main() {
         );
     }
     rt.block_on(async {
+        if reads_only {
+            reads_all(etcd_found).await;
+            return;
+        }
         let memory = fanout_all(etcd_found).await;
         if !fanout_only {
             memory_summary(&memory).await;

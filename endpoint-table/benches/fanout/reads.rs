@@ -80,9 +80,10 @@ pub(crate) fn median(mut loads: Vec<Load>) -> Load {
 }
 
 pub(crate) async fn reads_all(etcd_found: bool) {
+    let n_rounds = read_rounds();
     println!(
         "\nreads: the endpoint entry, {READ_CONNS} keep-alive connections, {READ_TIME:?} per \
-         round, median of {READ_ROUNDS} rounds (variants alternate)"
+         round, median of {n_rounds} rounds (variants alternate)"
     );
     // RBAC alone, in this process, for the isolation of its cost below.
     let (tokens, cheapest) = contexts();
@@ -159,7 +160,7 @@ pub(crate) async fn reads_all(etcd_found: bool) {
             ));
         }
         let mut rounds: Vec<Vec<Load>> = vec![Vec::new(); variants.len()];
-        for _ in 0..READ_ROUNDS {
+        for _ in 0..n_rounds {
             for (i, (_, addr, pid, request)) in variants.iter().enumerate() {
                 rounds[i].push(load(*addr, *pid, request, None).await);
             }
@@ -254,4 +255,13 @@ pub(crate) async fn reads_all(etcd_found: bool) {
     }
     drop(etcd);
     drop(server);
+}
+
+/// Rounds of reads: `$READ_ROUNDS`, or [`READ_ROUNDS`].
+fn read_rounds() -> usize {
+    std::env::var("READ_ROUNDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(READ_ROUNDS)
 }

@@ -1406,6 +1406,32 @@ async fn stream_client_falling_behind_is_disconnected() {
     "#]].assert_eq(&out);
 }
 
+/// A per-service stream costs no task of its own (issue 31): its slot's changes cut it off
+/// when it falls behind, instead of a watchdog task per stream that woke on every change
+/// (20 streams were 20 more tasks on the old code). Silent streams are still cut off.
+#[tokio::test]
+async fn per_service_streams_spawn_no_task_and_are_still_cut_off() {
+    let c = Cluster::new(small(|c| c.stream_buffer = 2)).await;
+    let runtime = tokio::runtime::Handle::current().metrics();
+    let before = runtime.num_alive_tasks();
+    let mut silent = Vec::new();
+    for _ in 0..20 {
+        let mut s = Events::new(c.get("alice /v1/services/web/endpoints/stream").await);
+        assert_eq!(first_line(s.next().await).as_deref(), Some("id: 10"));
+        silent.push(s);
+    }
+    assert_eq!(runtime.num_alive_tasks(), before, "tasks per stream");
+    let mut j3 = web_job("j-3", 2, "exec-01", 20419);
+    for rev in 11..=13 {
+        j3.ready = !j3.ready;
+        c.event(ev_job(rev, j3.clone())).await;
+    }
+    c.watchers_reach(0).await;
+    for mut s in silent {
+        assert_eq!(s.next().await, None);
+    }
+}
+
 /// A client that never reads (its stream is never polled, as when its socket is full) is
 /// cut off all the same once it is more than `stream_buffer` changes behind: its place is
 /// freed at once and its body ends at the next poll. A reader that keeps up stays.

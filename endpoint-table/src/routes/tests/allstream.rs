@@ -406,6 +406,82 @@ async fn grants_are_checked_again_on_every_event() {
     .assert_eq(&out);
 }
 
+/// A credential the host follows is not authenticated again when the stream wakes (issue
+/// 31: authenticate once per stream): its grants are read from the host's channel, and a
+/// change there restarts the stream with a reset, as a changed grant does. Before, every
+/// wake-up ran the authenticator (here: four calls for three changes).
+#[tokio::test]
+async fn a_followed_credential_is_authenticated_once_per_stream() {
+    use plugin_api::{Credential, LiveGrants};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::sync::watch;
+
+    /// eve's grants on a channel, as the host's keyring publishes them; counts its calls.
+    struct Followed(watch::Sender<LiveGrants>, AtomicUsize);
+    impl Authenticator for Followed {
+        fn authenticate(&self, token: Option<&str>) -> Result<Principal, AuthError> {
+            self.1.fetch_add(1, Ordering::SeqCst);
+            if token != Some("eve") {
+                return Err(AuthError::Invalid);
+            }
+            let grants = self.0.borrow().as_ref().ok_or(AuthError::Invalid)?.to_vec();
+            Ok(Principal {
+                credential: Credential::following(self.0.subscribe()),
+                grants,
+                ..user("eve", &[])
+            })
+        }
+    }
+    let view = |project: &str| -> LiveGrants {
+        Some(Arc::new(vec![(
+            Permission::JobView,
+            vec![project.to_owned()],
+        )]))
+    };
+    let tokens = Arc::new(Followed(
+        watch::channel(view("team-a")).0,
+        AtomicUsize::new(0),
+    ));
+    let (feed, api) = endpoint_table(TableConfig::default());
+    let router = api.router(ApiContext {
+        auth: tokens.clone(),
+    });
+    let c = Cluster { feed, api, router };
+    c.resync(snapshot(true)).await;
+    let mut sub = Sub::new(c.get("eve /v1/endpoints/stream").await);
+    let mut out = sub.lines(3).await;
+    let mut j3 = web_job("j-3", 2, "exec-01", 20419);
+    for rev in 11..=13 {
+        j3.ready = !j3.ready;
+        c.event(ev_job(rev, j3.clone())).await;
+        out += &sub.lines(1).await;
+    }
+    let _ = writeln!(out, "authenticated: {}", tokens.1.load(Ordering::SeqCst));
+    // The host re-reads its tokens: eve now sees team-b only.
+    tokens.0.send_replace(view("team-b"));
+    j3.ready = !j3.ready;
+    c.event(ev_job(14, j3)).await;
+    out += &sub.lines(2).await;
+    assert_eq!(
+        sub.table,
+        visible(&c, &user("eve", &[(Permission::JobView, "team-b")]))
+    );
+    let _ = writeln!(out, "authenticated: {}", tokens.1.load(Ordering::SeqCst));
+    expect![[r#"
+        - team-a/multi#8 endpoints=1 meta={}
+        - team-a/noports#5 endpoints=0 meta={}
+        10 team-a/web#10 endpoints=2 meta={}
+        11 team-a/web#11 endpoints=2 meta={}
+        12 team-a/web#12 endpoints=3 meta={}
+        13 team-a/web#13 endpoints=2 meta={}
+        authenticated: 1
+        reset
+        14 team-b/secret#9 endpoints=1 meta={}
+        authenticated: 1
+    "#]]
+    .assert_eq(&out);
+}
+
 /// A client more than `all_stream_buffer` changes behind is cut off (counted with
 /// `kind="all_services"`), even if it never reads; one that reads stays.
 #[tokio::test]
