@@ -1,0 +1,47 @@
+//! DNS served from the endpoint table (docs/api.md "DNS", docs/design.md): A/AAAA for
+//! `<service>.<project>.<domain>.`, SRV for `_<port>._<proto>.<service>.<project>.<domain>.`
+//! with the hosts' addresses in the additional section, A/AAAA for
+//! `<host>.host.<domain>.`, SOA and NS at the apex.
+//!
+//! Two layers:
+//! - the pure core: a [`Zone`] built once per change of the table, and [`answer`], which
+//!   answers one query's bytes as one [`View`] (a principal's grants) sees the zone;
+//! - the edge (`server`): the UDP and TCP listeners, `GET|POST /dns-query`, the rebuild
+//!   on every change of the table, metrics.
+#![warn(missing_docs, unreachable_pub)]
+#![forbid(unsafe_code)]
+
+mod answer;
+mod config;
+mod zone;
+
+pub use answer::{answer, Answered, Apex, Transport, MAX_UDP};
+pub use config::{ConfigError, DnsConfig, DEFAULT_PRINCIPAL, MAX_TTL};
+pub use zone::{Zone, HOSTS_LABEL};
+
+use plugin_api::{Permission, Principal};
+use std::collections::BTreeSet;
+
+/// Which projects a query may see names of.
+pub trait View {
+    /// Whether names of `project` may be answered.
+    fn may_view(&self, project: &str) -> bool;
+
+    /// Whether any of `projects` may be viewed (a host's name is visible to whoever
+    /// may view a project with an endpoint on it).
+    fn may_view_any(&self, projects: &BTreeSet<String>) -> bool {
+        projects.iter().any(|p| self.may_view(p))
+    }
+}
+
+/// A principal views the projects it holds `job.view` on (the endpoints' own rule), as
+/// its grants are now: a reload of the tokens that shrinks them applies at once.
+impl View for Principal {
+    fn may_view(&self, project: &str) -> bool {
+        self.may(Permission::JobView, project)
+            && self.credential.allows(Permission::JobView, project)
+    }
+}
+
+#[cfg(test)]
+mod tests;
