@@ -19,6 +19,8 @@ command -v chromedriver >/dev/null 2>&1 || [ -x /usr/bin/chromedriver ] || need_
 command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || need_apt+=(prometheus)
 # The robustness suite's clock jumps on a worker (libfaketime; skipped without it).
 command -v faketime >/dev/null 2>&1 || need_apt+=(faketime)
+# The DNS tests' client: dig (Debian's bind9-dnsutils).
+command -v dig >/dev/null 2>&1 || need_apt+=(bind9-dnsutils)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "test.sh: installing ${need_apt[*]} (apt-get)" >&2
   sudo=()

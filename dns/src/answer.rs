@@ -61,6 +61,11 @@ impl Apex {
             ns,
         })
     }
+
+    /// The apex's name (lower case, fully qualified).
+    pub fn domain(&self) -> &Name {
+        &self.domain
+    }
 }
 
 /// What an answer was, for metrics and logs.

@@ -13,10 +13,15 @@
 
 mod answer;
 mod config;
+mod doh;
+mod metrics;
+mod server;
 mod zone;
 
 pub use answer::{answer, Answered, Apex, Transport, MAX_UDP};
 pub use config::{ConfigError, DnsConfig, DEFAULT_PRINCIPAL, MAX_TTL};
+pub use doh::{DnsApi, DNS_MESSAGE};
+pub use server::{Dns, Listener};
 pub use zone::{Zone, HOSTS_LABEL};
 
 use plugin_api::{Permission, Principal};

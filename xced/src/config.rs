@@ -50,6 +50,9 @@ pub(crate) struct ControllerFile {
     pub(crate) address: host_address::PolicyConfig,
     #[serde(default)]
     pub(crate) endpoints: endpoint_table::TableConfig,
+    /// `[dns]`: the DNS server (see `xce_dns::DnsConfig`).
+    #[serde(default)]
+    pub(crate) dns: xce_dns::DnsConfig,
     /// `[connections]`: caps and timeouts of the API port (see `xce_serve`).
     #[serde(default)]
     pub(crate) connections: xce_serve::ConnLimits,
@@ -152,6 +155,9 @@ pub(crate) struct ApiserverFile {
     pub(crate) body_limit: usize,
     #[serde(default)]
     pub(crate) endpoints: endpoint_table::TableConfig,
+    /// `[dns]`: the DNS server (see `xce_dns::DnsConfig`).
+    #[serde(default)]
+    pub(crate) dns: xce_dns::DnsConfig,
     /// `[connections]`: caps and timeouts of the API port (see `xce_serve`).
     #[serde(default)]
     pub(crate) connections: xce_serve::ConnLimits,
@@ -578,6 +584,9 @@ pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
     cfg.endpoints
         .check()
         .with_context(|| format!("invalid controller config {}: [endpoints]", path.display()))?;
+    cfg.dns
+        .check()
+        .with_context(|| format!("invalid controller config {}: [dns]", path.display()))?;
     check_connections(path, "controller", &cfg.connections)?;
     tls_files(path, "controller", &cfg.tls_cert, &cfg.tls_key)?;
     quotas(&cfg).with_context(|| format!("invalid controller config {}", path.display()))?;
@@ -589,6 +598,9 @@ pub(crate) fn load_apiserver(path: &Path) -> Result<ApiserverFile> {
     cfg.endpoints
         .check()
         .with_context(|| format!("invalid apiserver config {}: [endpoints]", path.display()))?;
+    cfg.dns
+        .check()
+        .with_context(|| format!("invalid apiserver config {}: [dns]", path.display()))?;
     check_connections(path, "apiserver", &cfg.connections)?;
     tls_files(path, "apiserver", &cfg.tls_cert, &cfg.tls_key)?;
     if cfg.max_lag < MAX_LAG_RANGE.0 || cfg.max_lag > MAX_LAG_RANGE.1 {
