@@ -271,6 +271,7 @@ async fn start_controller(
         data_dir: args.data_dir.clone(),
         grace_period: args.grace_period,
         tls: crate::tls::serve_tls(tls_files)?,
+        dns_ttl: args.dns.map(|_| args.dns_config().ttl),
         ..ControllerConfig::default()
     };
     let (plugins, dns) = crate::plugins::controller_plugins(

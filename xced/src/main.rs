@@ -382,6 +382,7 @@ async fn run_controller(
         quotas: config::quotas(&cfg)?,
         metrics: cfg.metrics,
         drain_ack_timeout: cfg.drain_ack_timeout,
+        dns_ttl: cfg.dns.listen.map(|_| cfg.dns.ttl),
     };
     let endpoints = match store_flag.or(cfg.store.clone()) {
         None | Some(StoreSpec::Redb) => None,

@@ -191,6 +191,7 @@ impl Controller {
             extensions,
             body_limit: cfg.body_limit,
             metrics: cfg.metrics,
+            dns_ttl: cfg.dns_ttl,
             shutdown: shutdown_rx,
             cluster_id,
             store_kind: store_kind(&*store),
