@@ -1,8 +1,8 @@
 //! Answering one query from a [`Zone`]: pure and synchronous, the same for UDP, TCP and
 //! DNS over HTTPS (only the size limit differs). The wire format is hickory-proto's.
 
+use crate::view::View;
 use crate::zone::{Names, ServiceRecords, Zone, HOSTS_LABEL};
-use crate::View;
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA, NS, SOA, SRV};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};

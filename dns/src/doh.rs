@@ -1,8 +1,8 @@
 //! `GET|POST /dns-query` (RFC 8484): the same answers over HTTP (1.1 and 2, as the host
 //! serves), as the caller's bearer token.
 
+use crate::answer::Transport;
 use crate::server::Dns;
-use crate::Transport;
 use axum::body::Bytes;
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};

@@ -2,8 +2,11 @@
 //! listeners (a small loop over hickory-proto's wire format each), and the handle the
 //! host holds.
 
+use crate::answer::{answer, Apex, Transport};
+use crate::config::{ConfigError, DnsConfig};
 use crate::metrics::Metrics;
-use crate::{answer, Apex, ConfigError, DnsConfig, Transport, View, Zone};
+use crate::view::View;
+use crate::zone::Zone;
 use endpoint_table::EndpointApi;
 use plugin_api::Principal;
 use std::net::SocketAddr;
