@@ -21,6 +21,10 @@ command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || need_apt+
 command -v faketime >/dev/null 2>&1 || need_apt+=(faketime)
 # The DNS tests' client: dig (Debian's bind9-dnsutils).
 command -v dig >/dev/null 2>&1 || need_apt+=(bind9-dnsutils)
+# The DNS tests' real resolver and proxy in front of our server (their system services are
+# disabled below, like etcd's).
+command -v unbound >/dev/null 2>&1 || [ -x /usr/sbin/unbound ] || need_apt+=(unbound)
+command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need_apt+=(haproxy)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "test.sh: installing ${need_apt[*]} (apt-get)" >&2
   sudo=()
@@ -51,6 +55,9 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   fi
   if [[ " ${need_apt[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
     "${sudo[@]}" systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
+  fi
+  if [[ " ${need_apt[*]} " == *" unbound "* || " ${need_apt[*]} " == *" haproxy "* ]] && [ -d /run/systemd/system ]; then
+    "${sudo[@]}" systemctl disable --now unbound haproxy >/dev/null 2>&1 || true
   fi
 fi
 command -v cargo >/dev/null 2>&1 || { echo "test.sh: cargo is missing: install the Rust toolchain (rustup)" >&2; exit 1; }

@@ -408,3 +408,122 @@ async fn hidden_projects_answer_like_missing_names_over_udp_tcp_and_doh() {
         after.len()
     );
 }
+
+// === real clients: glibc and a recursive resolver in front ===
+
+/// A DNS listener on port 53 of an address of a block of our own (glibc's resolver
+/// knows no other port): `(cluster, the address, the block that keeps it ours)`.
+fn dev_with_dns_on_53(demo: bool) -> (DevCluster, std::net::Ipv4Addr, IpBlock) {
+    let block = IpBlock::claim();
+    let o = block.first().octets();
+    let ip = std::net::Ipv4Addr::new(o[0], o[1], o[2], 2);
+    let listen = format!("{ip}:53");
+    let c = DevCluster::start_with(3, demo, &["--dns", &listen]).expect("dev cluster, dns on :53");
+    (c, ip, block)
+}
+
+/// `getent ahosts web.default.xce` through glibc's resolver, in a private mount namespace
+/// whose /etc/resolv.conf (a bind mount, gone with the namespace) names our server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn glibc_resolves_a_service_through_getent() {
+    let (c, ip, _block) = dev_with_dns_on_53(true);
+    let want: BTreeSet<String> = rest_endpoints(&c.api, "web", 3)
+        .await
+        .into_iter()
+        .map(|(ip, _)| ip)
+        .collect();
+    let resolv = c.dir.path().join("resolv.conf");
+    std::fs::write(
+        &resolv,
+        format!("nameserver {ip}\noptions attempts:2 timeout:2\n"),
+    )
+    .unwrap();
+    let script = format!(
+        "mount --bind {} /etc/resolv.conf && exec getent ahosts web.default.xce",
+        resolv.display()
+    );
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "--", "sh", "-c", &script])
+        .output()
+        .expect("unshare runs");
+    let text = stdout(&out);
+    assert!(out.status.success(), "getent: {text}{}", stderr(&out));
+    let got: BTreeSet<String> = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(got, want, "{text}");
+    // The namespace took its mount with it: the machine's resolv.conf is untouched.
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&resolv.display().to_string()));
+    println!(
+        "FIGURE dns getent: addresses={} (= REST endpoints)",
+        got.len()
+    );
+}
+
+/// unbound (Debian's) with a `stub-zone` for `xce` in front of our server answers a
+/// client: A and SRV through the recursive resolver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unbound_with_a_stub_zone_answers_from_our_server() {
+    if Command::new("unbound").arg("-V").output().is_err() {
+        panic!("unbound is not installed (Debian: apt-get install unbound; test.sh installs it)");
+    }
+    let (c, port) = dev_with_dns(3, true, &[]);
+    let want = rest_endpoints(&c.api, "web", 3).await;
+    let ubport = free_port();
+    let conf = c.dir.path().join("unbound.conf");
+    std::fs::write(&conf, unbound_conf(c.dir.path(), ubport, port)).unwrap();
+    let mut unbound = Command::new("unbound")
+        .args(["-d", "-c"])
+        .arg(&conf)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("unbound starts");
+    let ips: BTreeSet<String> = want.iter().map(|(ip, _)| ip.clone()).collect();
+    let got = eventually("unbound answering web.default.xce", || async {
+        let o = Command::new("dig")
+            .args([
+                "@127.0.0.1",
+                "-p",
+                &ubport.to_string(),
+                "+time=2",
+                "+tries=1",
+                "+short",
+                "web.default.xce",
+                "A",
+            ])
+            .output()?;
+        let got: BTreeSet<String> = stdout(&o).lines().map(str::to_owned).collect();
+        Ok((got == ips).then_some(got))
+    })
+    .await;
+    let srv = short(ubport, "_http._tcp.web.default.xce", "SRV", &[]);
+    let ports: BTreeSet<u16> = srv
+        .iter()
+        .map(|l| l.split_whitespace().nth(2).unwrap().parse().unwrap())
+        .collect();
+    let want_ports: BTreeSet<u16> = want.iter().map(|(_, p)| *p).collect();
+    assert_eq!(ports, want_ports, "{srv:?}");
+    let nx = dig(ubport, &["nope.default.xce", "A"]);
+    assert!(nx.contains("status: NXDOMAIN"), "{nx}");
+    let _ = unbound.kill();
+    let _ = unbound.wait();
+    println!(
+        "FIGURE dns unbound: A={} SRV={} via stub-zone",
+        got.len(),
+        srv.len()
+    );
+}
+
+fn unbound_conf(dir: &std::path::Path, port: u16, upstream: u16) -> String {
+    format!(
+        "server:\n  interface: 127.0.0.1@{port}\n  port: {port}\n  do-ip6: no\n  username: \"\"\n  chroot: \"\"\n  \
+         directory: \"{dir}\"\n  pidfile: \"\"\n  use-syslog: no\n  logfile: \"\"\n  module-config: \"iterator\"\n  \
+         do-not-query-localhost: no\n  domain-insecure: \"xce\"\n  access-control: 127.0.0.0/8 allow\n\
+         stub-zone:\n  name: \"xce\"\n  stub-addr: 127.0.0.1@{upstream}\n",
+        dir = dir.display()
+    )
+}
