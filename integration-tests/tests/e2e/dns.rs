@@ -527,3 +527,121 @@ fn unbound_conf(dir: &std::path::Path, port: u16, upstream: u16) -> String {
         dir = dir.display()
     )
 }
+
+// === HAProxy fed by our SRV records, under load ===
+
+fn haproxy_conf(dns_port: u16, fe: u16) -> String {
+    format!(
+        "global\n  maxconn 2000\n\
+         defaults\n  mode http\n  timeout connect 2s\n  timeout client 10s\n  timeout server 10s\n  retries 0\n\
+         resolvers xce\n  nameserver ours 127.0.0.1:{dns_port}\n  accepted_payload_size 1232\n  resolve_retries 3\n  \
+         timeout resolve 200ms\n  timeout retry 200ms\n  hold valid 1s\n  hold obsolete 0s\n\
+         frontend fe\n  bind 127.0.0.1:{fe}\n  default_backend be\n\
+         backend be\n  balance roundrobin\n  \
+         server-template web 10 _http._tcp.web.default.xce resolvers xce resolve-prefer ipv4 init-addr none\n"
+    )
+}
+
+/// HAProxy (Debian's) with `server-template` fed by our SRV records carries the rollout
+/// test's load (200 requests/s) while `web` is rolled out, scaled up and down and
+/// restarted: no request fails (HAProxy re-resolves every 200 ms; a replica leaves the
+/// SRV answer when it starts its 2 s drain). HAProxy neither retries nor redispatches
+/// (`retries 0`): a request sent to a replica that is gone fails and is counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn haproxy_fed_by_srv_records_loses_no_request_through_changes() {
+    use crate::rollout::{cli, Ep, Load, Outcome, Web};
+    if Command::new("haproxy").arg("-v").output().is_err() {
+        panic!("haproxy is not installed (Debian: apt-get install haproxy; test.sh installs it)");
+    }
+    let (c, dns_port) = dev_with_dns(3, false, &[]);
+    let web = Web::new();
+    let v1 = web.write("v1.toml", &web.profile("v1", 3));
+    let (code, out, err) = cli(
+        &c.client_config,
+        &["service", "submit", v1.to_str().unwrap(), "--wait"],
+    )
+    .await;
+    assert_eq!(code, 0, "{out}{err}");
+    let fe = free_port();
+    let conf = c.dir.path().join("haproxy.cfg");
+    std::fs::write(&conf, haproxy_conf(dns_port, fe)).unwrap();
+    let mut haproxy = Command::new("haproxy")
+        .arg("-db")
+        .arg("-f")
+        .arg(&conf)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("haproxy starts");
+    let fe_addr: std::net::SocketAddr = ([127, 0, 0, 1], fe).into();
+    eventually("HAProxy serving web from the SRV records", || async {
+        let o = Command::new("curl")
+            .args([
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code}",
+                &format!("http://{fe_addr}/"),
+            ])
+            .output()?;
+        Ok((stdout(&o) == "200").then_some(()))
+    })
+    .await;
+    let (_keep, list) = tokio::sync::watch::channel(std::sync::Arc::new(vec![Ep {
+        job: "haproxy".into(),
+        addr: fe_addr,
+    }]));
+    let load = Load::start(list);
+    let v2 = web.write("v2.toml", &web.profile("v2", 3));
+    let steps: [&[&str]; 4] = [
+        &["service", "submit", v2.to_str().unwrap(), "--wait"],
+        &["service", "scale", "web", "5", "--wait"],
+        &["service", "scale", "web", "2", "--wait"],
+        &["service", "restart", "web", "--wait"],
+    ];
+    for step in steps {
+        let (code, out, err) = cli(&c.client_config, step).await;
+        assert_eq!(code, 0, "{step:?}: {out}{err}");
+    }
+    // The last step's old replicas drain for 2 s after `--wait` returned: keep the load on
+    // until none is left.
+    eventually("no replica of web left draining", || async {
+        let d = c.api.get_json("/v1/services/web").await?;
+        let left = d["jobs"]
+            .as_array()
+            .map_or(0, |j| j.iter().filter(|j| j["state"] != "running").count());
+        Ok((left == 0).then_some(()))
+    })
+    .await;
+    let shots = load.finish().await;
+    let _ = haproxy.kill();
+    let _ = haproxy.wait();
+    let failed: Vec<String> = shots
+        .iter()
+        .filter(|s| !matches!(s.outcome, Outcome::Ok(_)))
+        .map(|s| s.outcome.kind())
+        .collect();
+    let versions: BTreeSet<String> = shots
+        .iter()
+        .filter_map(|s| match &s.outcome {
+            Outcome::Ok(v) => Some(v.clone()),
+            _ => None,
+        })
+        .collect();
+    println!(
+        "SUMMARY dns-haproxy requests={} failed={} versions={versions:?}",
+        shots.len(),
+        failed.len()
+    );
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed: {failed:?}",
+        failed.len(),
+        shots.len()
+    );
+    assert!(
+        versions.contains("v2"),
+        "the rollout reached HAProxy: {versions:?}"
+    );
+}
