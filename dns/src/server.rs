@@ -68,6 +68,11 @@ impl Dns {
         self.zone.borrow().clone()
     }
 
+    /// The zone, and a wake-up on each rebuild (tests and measurements wait on it).
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Zone>> {
+        self.zone.subscribe()
+    }
+
     /// Answers `bytes` as `view` sees the zone, counting it in the metrics.
     pub fn answer(&self, view: &dyn View, bytes: &[u8], transport: Transport) -> Option<Vec<u8>> {
         let started = Instant::now();
