@@ -29,6 +29,10 @@ pub struct DnsConfig {
     /// The principal (of the tokens file) the UDP and TCP listeners answer as: a name
     /// of a project it may not view answers like a name that does not exist.
     pub principal: String,
+    /// UDP queries per second answered per source address (a token bucket with a burst
+    /// of one second's worth); past it a source's queries are dropped and counted
+    /// (`xce_dns_dropped_total{reason="rate_limited"}`). 0: no limit.
+    pub per_source_qps: u32,
 }
 
 /// The principal a listener answers as when `principal` is not set. DNS has no
@@ -36,6 +40,10 @@ pub struct DnsConfig {
 /// read: it is a name the operator gives grants to on purpose, never an existing
 /// person's or an admin's by default.
 pub const DEFAULT_PRINCIPAL: &str = "dns";
+
+/// `per_source_qps` when not set: far above what one resolver or client sends, far below
+/// what one core answers, so a single flooding address takes at most a share.
+pub const DEFAULT_PER_SOURCE_QPS: u32 = 5000;
 
 /// The longest `ttl` accepted: past a day a cached answer outlives any rollout.
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
@@ -47,6 +55,7 @@ impl Default for DnsConfig {
             domain: "xce".into(),
             ttl: Duration::from_secs(1),
             principal: DEFAULT_PRINCIPAL.into(),
+            per_source_qps: DEFAULT_PER_SOURCE_QPS,
         }
     }
 }
@@ -148,11 +157,11 @@ mod tests {
     fn defaults_and_errors_name_the_field() {
         assert_eq!(
             check(""),
-            "DnsConfig { listen: None, domain: \"xce\", ttl: 1s, principal: \"dns\" }"
+            "DnsConfig { listen: None, domain: \"xce\", ttl: 1s, principal: \"dns\", per_source_qps: 5000 }"
         );
         assert_eq!(
             check("listen = \"127.0.0.1:8600\"\ndomain = \"svc.example\"\nttl = \"5s\""),
-            "DnsConfig { listen: Some(127.0.0.1:8600), domain: \"svc.example\", ttl: 5s, principal: \"dns\" }"
+            "DnsConfig { listen: Some(127.0.0.1:8600), domain: \"svc.example\", ttl: 5s, principal: \"dns\", per_source_qps: 5000 }"
         );
         assert_eq!(
             check("domain = \"Bad_Zone\""),

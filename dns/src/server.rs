@@ -4,6 +4,7 @@
 
 use crate::answer::{answer, Apex, Transport};
 use crate::config::{ConfigError, DnsConfig};
+use crate::limit::Limiter;
 use crate::metrics::Metrics;
 use crate::view::View;
 use crate::zone::Zone;
@@ -32,6 +33,7 @@ pub struct Dns {
     table: Weak<EndpointApi>,
     pub(crate) metrics: Metrics,
     rebuilding: std::sync::Once,
+    per_source_qps: u32,
 }
 
 impl Dns {
@@ -52,6 +54,7 @@ impl Dns {
             table: Arc::downgrade(table),
             metrics: Metrics::new(),
             rebuilding: std::sync::Once::new(),
+            per_source_qps: cfg.per_source_qps,
         }))
     }
 
@@ -97,10 +100,8 @@ impl Dns {
         addr: SocketAddr,
         principal: Principal,
     ) -> std::io::Result<Listener> {
-        let udp = UdpSocket::bind(addr).await?;
-        // The same port for TCP as UDP got (port 0 picks one for UDP first).
+        let (udp, tcp) = bind_both(addr).await?;
         let addr = udp.local_addr()?;
-        let tcp = TcpListener::bind(addr).await?;
         let principal = Arc::new(principal);
         let mut tasks = JoinSet::new();
         tasks.spawn(serve_udp(self.clone(), Arc::new(udp), principal.clone()));
@@ -114,6 +115,20 @@ impl Dns {
 
     fn apex_name(&self) -> String {
         self.apex.domain().to_ascii()
+    }
+}
+
+/// UDP and TCP sockets on the same address and port. With port 0 the port is picked for
+/// UDP first; if TCP has that port taken, another is picked (a few times).
+async fn bind_both(addr: SocketAddr) -> std::io::Result<(UdpSocket, TcpListener)> {
+    let mut attempts = if addr.port() == 0 { 16 } else { 1 };
+    loop {
+        let udp = UdpSocket::bind(addr).await?;
+        match TcpListener::bind(udp.local_addr()?).await {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(e) if attempts > 1 && e.kind() == std::io::ErrorKind::AddrInUse => attempts -= 1,
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -167,6 +182,7 @@ async fn serve_udp(dns: Arc<Dns>, socket: Arc<UdpSocket>, principal: Arc<Princip
     // Bigger than any query we answer (a query is one question: well under 1 KiB);
     // a longer datagram is cut to it and answered FORMERR.
     let mut buf = vec![0u8; 4096];
+    let mut limiter = Limiter::new(dns.per_source_qps);
     loop {
         let (n, peer) = match socket.recv_from(&mut buf).await {
             Ok(got) => got,
@@ -176,6 +192,10 @@ async fn serve_udp(dns: Arc<Dns>, socket: Arc<UdpSocket>, principal: Arc<Princip
                 continue;
             }
         };
+        if !limiter.admit(peer.ip(), Instant::now()) {
+            dns.metrics.dropped(Transport::Udp, "rate_limited");
+            continue;
+        }
         if let Some(reply) = dns.answer(&*principal, &buf[..n], Transport::Udp) {
             if let Err(error) = socket.send_to(&reply, peer).await {
                 tracing::debug!(%error, %peer, "dns: udp send");
