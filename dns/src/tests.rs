@@ -115,6 +115,26 @@ fn a_records_are_the_ready_replicas_distinct_addresses() {
 }
 
 #[test]
+fn answers_start_at_a_record_chosen_by_the_query_id() {
+    let zone = Zone::build(&cluster());
+    let first = |id: u16| {
+        let mut q = query("_http._tcp.web.default.xce.", RecordType::SRV, None);
+        q[..2].copy_from_slice(&id.to_be_bytes());
+        let a = answer(&apex(), &zone, &Sees(&["default"]), &q, Transport::Udp).unwrap();
+        let m = Message::from_vec(&a.bytes).unwrap();
+        let mut all = rdatas(&m);
+        let first = all[0].clone();
+        all.sort();
+        (first, all)
+    };
+    let (a, set_a) = first(0);
+    let (b, set_b) = first(1);
+    assert_ne!(a, b, "another id, another first record");
+    assert_eq!(set_a, set_b, "the same records");
+    assert_eq!(first(0).0, a, "the same query, the same answer");
+}
+
+#[test]
 fn aaaa_records_for_v6_hosts_and_nodata_for_a() {
     let m = ask("v6.default.xce.", RecordType::AAAA);
     assert_eq!(rdatas(&m), ["fd00::6"]);
