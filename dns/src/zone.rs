@@ -11,6 +11,9 @@ use std::sync::Arc;
 /// named like it is not served in DNS (its names would be the hosts').
 pub const HOSTS_LABEL: &str = "host";
 
+/// SRV targets by `(_port, _proto)` labels: `(host, port)` pairs.
+pub(crate) type SrvTargets = BTreeMap<(String, String), Vec<(Arc<str>, u16)>>;
+
 /// One service's records.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct ServiceRecords {
@@ -18,7 +21,7 @@ pub(crate) struct ServiceRecords {
     pub(crate) addrs: Vec<IpAddr>,
     /// By `(_port, _proto)` labels (lower case, with their underscores): the endpoints'
     /// `(host, port)`, sorted.
-    pub(crate) srv: BTreeMap<(String, String), Vec<(Arc<str>, u16)>>,
+    pub(crate) srv: SrvTargets,
 }
 
 /// One host's record: its address and the projects of the endpoints on it (a host's name

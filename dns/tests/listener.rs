@@ -46,8 +46,12 @@ fn admin() -> Principal {
 
 /// A DNS server over a table holding `web` with 3 ready replicas, its zone built.
 async fn server() -> (Arc<EndpointApi>, Arc<Dns>) {
+    server_with(&DnsConfig::default()).await
+}
+
+async fn server_with(cfg: &DnsConfig) -> (Arc<EndpointApi>, Arc<Dns>) {
     let table = Arc::new(EndpointApi::standalone(TableConfig::default()));
-    let dns = Dns::new(&DnsConfig::default(), &table).unwrap();
+    let dns = Dns::new(cfg, &table).unwrap();
     let mut zones = dns.subscribe();
     dns.start();
     table.apply(Update::Resync {
@@ -251,22 +255,11 @@ fn rate_limited(dns: &Arc<Dns>) -> f64 {
 /// while another address's queries are all answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_from_one_address_does_not_starve_another() {
-    let table = Arc::new(EndpointApi::standalone(TableConfig::default()));
     let cfg = DnsConfig {
         per_source_qps: 100,
         ..Default::default()
     };
-    let dns = Dns::new(&cfg, &table).unwrap();
-    let mut zones = dns.subscribe();
-    dns.start();
-    table.apply(Update::Resync {
-        entries: vec![entry(1, &[true, true, true])],
-        rev: 1,
-    });
-    tokio::time::timeout(patience(), zones.wait_for(|z| z.services() == 1))
-        .await
-        .unwrap()
-        .unwrap();
+    let (_table, dns) = server_with(&cfg).await;
     let listener = dns
         .listen("127.0.0.1:0".parse().unwrap(), admin())
         .await
