@@ -748,6 +748,39 @@ mod tests {
               retry_period (5s) must be shorter than renew_deadline (5s): a leader must get more than one try before it steps down"#]].assert_eq(&out);
     }
 
+    /// A `[dns]` section that cannot work is refused at load, naming the field; a good one
+    /// is read into the DNS server's config type.
+    #[test]
+    fn the_dns_section_is_validated_at_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let load = |kind: &str, text: &str| {
+            let path = dir.path().join(format!("{kind}.toml"));
+            std::fs::write(&path, text).unwrap();
+            let err = match kind {
+                "controller" => load_controller(&path).map(|c| format!("{:?}", c.dns)),
+                _ => load_apiserver(&path).map(|c| format!("{:?}", c.dns)),
+            };
+            err.unwrap_or_else(|e| format!("{e:#}"))
+                .replace(&dir.path().display().to_string(), "DIR")
+        };
+        let ok = load(
+            "controller",
+            "[dns]\nlisten = \"127.0.0.1:8600\"\nttl = \"2s\"\n",
+        );
+        assert!(
+            ok.contains("listen: Some(127.0.0.1:8600)") && ok.contains("ttl: 2s"),
+            "{ok}"
+        );
+        assert_eq!(
+            load("controller", "[dns]\nttl = \"1500ms\"\n"),
+            "invalid controller config DIR/controller.toml: [dns]: dns.ttl 1s 500ms: DNS TTLs are whole seconds"
+        );
+        assert_eq!(
+            load("apiserver", "[dns]\ndomain = \"Xce\"\n"),
+            "invalid apiserver config DIR/apiserver.toml: [dns]: dns.domain \"Xce\": labels are lower-case letters, digits and inner '-'"
+        );
+    }
+
     #[test]
     fn a_problem_is_one_line_with_its_key_and_a_did_you_mean() {
         let dir = tempfile::tempdir().unwrap();
