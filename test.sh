@@ -2,7 +2,8 @@
 # The test command of README.md: installs what a fresh machine with only Rust lacks
 # (python3 for the test replicas, a C compiler, etcd for the etcd store's tests, Chromium
 # and chromedriver for the web view's browser test, Prometheus for the SD test, libfaketime
-# for the robustness suite's clock jumps, iproute2's `ss` for its socket samples; Debian
+# for the robustness suite's clock jumps, iproute2's `ss` for its socket samples, dig,
+# unbound and HAProxy for the DNS tests; Debian
 # packages through apt-get, with sudo when not root), then builds the binaries the
 # end-to-end tests run and runs every test. Extra arguments go to `cargo test`.
 set -euo pipefail
@@ -21,6 +22,12 @@ command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ] || need_apt+
 command -v faketime >/dev/null 2>&1 || need_apt+=(faketime)
 # Its samples of listening sockets (`ss`, iproute2; skipped without it).
 command -v ss >/dev/null 2>&1 || need_apt+=(iproute2)
+# The DNS tests' client: dig (Debian's bind9-dnsutils).
+command -v dig >/dev/null 2>&1 || need_apt+=(bind9-dnsutils)
+# The DNS tests' real resolver and proxy in front of our server (their system services are
+# disabled below, like etcd's).
+command -v unbound >/dev/null 2>&1 || [ -x /usr/sbin/unbound ] || need_apt+=(unbound)
+command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ] || need_apt+=(haproxy)
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "test.sh: installing ${need_apt[*]} (apt-get)" >&2
   sudo=()
@@ -51,6 +58,9 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   fi
   if [[ " ${need_apt[*]} " == *" prometheus "* ]] && [ -d /run/systemd/system ]; then
     "${sudo[@]}" systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
+  fi
+  if [[ " ${need_apt[*]} " == *" unbound "* || " ${need_apt[*]} " == *" haproxy "* ]] && [ -d /run/systemd/system ]; then
+    "${sudo[@]}" systemctl disable --now unbound haproxy >/dev/null 2>&1 || true
   fi
 fi
 command -v cargo >/dev/null 2>&1 || { echo "test.sh: cargo is missing: install the Rust toolchain (rustup)" >&2; exit 1; }

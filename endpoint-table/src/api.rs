@@ -57,6 +57,20 @@ impl EndpointApi {
         self.shared.entry(key)
     }
 
+    /// Every entry as served now, whatever its project (no access control: for the
+    /// host's own use, e.g. a DNS zone built from the whole table); `None` while the
+    /// routes answer 503 (before the first resync reached this side, or stale).
+    pub fn snapshot(&self) -> Option<Vec<Arc<Entry>>> {
+        self.shared.snapshot()
+    }
+
+    /// A counter raised after every update applied here (a change, a resync, a stale
+    /// mark): wait on it (`changed()`), then take a [`snapshot`](Self::snapshot). Values
+    /// are coalesced like any watch channel's: one wake-up may cover many updates.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.shared.changed.subscribe()
+    }
+
     #[cfg(test)]
     pub(crate) fn shared(&self) -> &Arc<Shared> {
         &self.shared

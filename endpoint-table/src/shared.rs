@@ -65,6 +65,9 @@ pub(crate) struct Shared {
     /// Why the entries may be out of date (see [`Update::Stale`]), until the next
     /// resync; watchers end when it is set ([`Ending`]).
     stale: watch::Sender<Option<Arc<str>>>,
+    /// Raised after every applied update, whatever it changed: what a consumer of the
+    /// whole table (the DNS zone) waits on to rebuild once per change, never polling.
+    pub(crate) changed: watch::Sender<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -139,6 +142,7 @@ impl Shared {
             journal: Journal::new(cfg_journal(&cfg)),
             all_delivery,
             stale: watch::Sender::new(None),
+            changed: watch::Sender::new(0),
             cfg,
         }
     }
@@ -268,6 +272,7 @@ impl Shared {
         if inserted {
             self.appeared.send_modify(|n| *n += 1);
         }
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
         if let Some(at) = received {
             self.metrics.propagation.observe(at.elapsed().as_secs_f64());
         }
@@ -372,6 +377,17 @@ impl Shared {
     /// owes every change from now on.
     pub(crate) fn all_recipient(&self) -> Recipient {
         self.all_delivery.register()
+    }
+
+    /// Every entry as served now, whatever its project (no access control: for the host's
+    /// own use); `None` while the routes answer 503 (before the first resync, or stale).
+    pub(crate) fn snapshot(&self) -> Option<Vec<Arc<Entry>>> {
+        let state = self.read();
+        if !state.synced {
+            return None;
+        }
+        let entries = state.slots.values().flat_map(|projects| projects.values());
+        Some(entries.filter_map(|tx| tx.borrow().entry.clone()).collect())
     }
 
     /// Every entry `principal` may view (only those of `project` when given), by service

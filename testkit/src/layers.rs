@@ -88,6 +88,7 @@ const PLUGINS: &[&str] = &[
     "port-resource",
     "host-address",
     "endpoint-table",
+    "xce-dns",
     "xcecli-ext",
 ];
 /// The workspace's layering rules (ARCHITECTURE.md, "Crate map").
@@ -176,6 +177,12 @@ pub const RULES: &[Rule] = &[
         krate: "xce-wire",
         forbidden: PLUGINS,
         why: "the answers' shapes depend on no plugin (plugin summaries are opaque JSON)",
+    },
+    Rule {
+        krate: "xce-dns",
+        forbidden: HOST,
+        why: "DNS is an extension of the apiserver: it reads the endpoint table and \
+              plugin-api's principals, never the host's state",
     },
     Rule {
         krate: "sim-host",

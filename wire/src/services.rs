@@ -217,6 +217,11 @@ pub struct LastExit<'a> {
 /// Where a service's latest change stands (`docs/api.md`, `docs/design.md`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Rollout<'a> {
+    /// Set when the service's `drain` is shorter than DNS clients may keep an answer
+    /// (twice the cluster's DNS `ttl`): a client may still connect to a replica after its
+    /// SIGTERM. Absent otherwise, and on clusters that serve no DNS listener.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_warning: Option<Cow<'a, str>>,
     /// The generation this rollout brings the service to.
     pub generation: u64,
     /// Live jobs of older generations that are not draining or stopping.

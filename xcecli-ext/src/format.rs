@@ -365,6 +365,9 @@ pub(crate) fn status(detail: &ServiceDetail, now: SystemTime) -> String {
         if let Some(line) = reason_line(r) {
             out.push_str(&line);
         }
+        if let Some(warning) = &r.dns_warning {
+            out.push_str(&format!("  dns: {}\n", one_line(warning)));
+        }
     }
     let declared = model::declared_ports(&detail.profile);
     let mut jobs: Vec<&JobRow> = detail.jobs.iter().collect();

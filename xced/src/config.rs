@@ -50,6 +50,9 @@ pub(crate) struct ControllerFile {
     pub(crate) address: host_address::PolicyConfig,
     #[serde(default)]
     pub(crate) endpoints: endpoint_table::TableConfig,
+    /// `[dns]`: the DNS server (see `xce_dns::DnsConfig`).
+    #[serde(default)]
+    pub(crate) dns: xce_dns::DnsConfig,
     /// `[connections]`: caps and timeouts of the API port (see `xce_serve`).
     #[serde(default)]
     pub(crate) connections: xce_serve::ConnLimits,
@@ -152,6 +155,9 @@ pub(crate) struct ApiserverFile {
     pub(crate) body_limit: usize,
     #[serde(default)]
     pub(crate) endpoints: endpoint_table::TableConfig,
+    /// `[dns]`: the DNS server (see `xce_dns::DnsConfig`).
+    #[serde(default)]
+    pub(crate) dns: xce_dns::DnsConfig,
     /// `[connections]`: caps and timeouts of the API port (see `xce_serve`).
     #[serde(default)]
     pub(crate) connections: xce_serve::ConnLimits,
@@ -578,6 +584,9 @@ pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
     cfg.endpoints
         .check()
         .with_context(|| format!("invalid controller config {}: [endpoints]", path.display()))?;
+    cfg.dns
+        .check()
+        .with_context(|| format!("invalid controller config {}: [dns]", path.display()))?;
     check_connections(path, "controller", &cfg.connections)?;
     tls_files(path, "controller", &cfg.tls_cert, &cfg.tls_key)?;
     quotas(&cfg).with_context(|| format!("invalid controller config {}", path.display()))?;
@@ -589,6 +598,9 @@ pub(crate) fn load_apiserver(path: &Path) -> Result<ApiserverFile> {
     cfg.endpoints
         .check()
         .with_context(|| format!("invalid apiserver config {}: [endpoints]", path.display()))?;
+    cfg.dns
+        .check()
+        .with_context(|| format!("invalid apiserver config {}: [dns]", path.display()))?;
     check_connections(path, "apiserver", &cfg.connections)?;
     tls_files(path, "apiserver", &cfg.tls_cert, &cfg.tls_key)?;
     if cfg.max_lag < MAX_LAG_RANGE.0 || cfg.max_lag > MAX_LAG_RANGE.1 {
@@ -734,6 +746,39 @@ mod tests {
               leader_ttl (1.5s) must be whole seconds, at least 1s (an etcd lease's TTL)
               renew_deadline (5s) must be shorter than leader_ttl (1.5s): a leader must step down before its lease can run out and a standby take over
               retry_period (5s) must be shorter than renew_deadline (5s): a leader must get more than one try before it steps down"#]].assert_eq(&out);
+    }
+
+    /// A `[dns]` section that cannot work is refused at load, naming the field; a good one
+    /// is read into the DNS server's config type.
+    #[test]
+    fn the_dns_section_is_validated_at_load() {
+        let dir = tempfile::tempdir().unwrap();
+        let load = |kind: &str, text: &str| {
+            let path = dir.path().join(format!("{kind}.toml"));
+            std::fs::write(&path, text).unwrap();
+            let err = match kind {
+                "controller" => load_controller(&path).map(|c| format!("{:?}", c.dns)),
+                _ => load_apiserver(&path).map(|c| format!("{:?}", c.dns)),
+            };
+            err.unwrap_or_else(|e| format!("{e:#}"))
+                .replace(&dir.path().display().to_string(), "DIR")
+        };
+        let ok = load(
+            "controller",
+            "[dns]\nlisten = \"127.0.0.1:8600\"\nttl = \"2s\"\n",
+        );
+        assert!(
+            ok.contains("listen: Some(127.0.0.1:8600)") && ok.contains("ttl: 2s"),
+            "{ok}"
+        );
+        assert_eq!(
+            load("controller", "[dns]\nttl = \"1500ms\"\n"),
+            "invalid controller config DIR/controller.toml: [dns]: dns.ttl 1s 500ms: DNS TTLs are whole seconds"
+        );
+        assert_eq!(
+            load("apiserver", "[dns]\ndomain = \"Xce\"\n"),
+            "invalid apiserver config DIR/apiserver.toml: [dns]: dns.domain \"Xce\": labels are lower-case letters, digits and inner '-'"
+        );
     }
 
     #[test]

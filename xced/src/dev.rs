@@ -62,9 +62,28 @@ pub(crate) struct DevArgs {
     /// [default: the system's roots].
     #[arg(long, requires = "tls_cert")]
     ca_file: Option<PathBuf>,
+    /// Serve DNS on ADDR over UDP and TCP (zone `xce`, TTL 1s), answering as principal
+    /// `admin` (the generated token's) or, with --tokens, as principal `dns`.
+    #[arg(long, value_name = "ADDR")]
+    dns: Option<SocketAddr>,
 }
 
 impl DevArgs {
+    /// The `[dns]` section `--dns` stands for. Without `--tokens` the only principal is the
+    /// generated admin (a one-user dev cluster: DNS shows what `xcecli` shows); with a
+    /// tokens file, `dns` as for `xced controller`, so the file decides what DNS reveals.
+    fn dns_config(&self) -> xce_dns::DnsConfig {
+        let principal = match self.tokens {
+            None => "admin".to_owned(),
+            Some(_) => xce_dns::DEFAULT_PRINCIPAL.to_owned(),
+        };
+        xce_dns::DnsConfig {
+            listen: self.dns,
+            principal,
+            ..Default::default()
+        }
+    }
+
     /// The full log of `xced dev` when the console shows warnings only.
     pub(crate) fn log_file(&self) -> PathBuf {
         self.data_dir.join("xced.log")
@@ -108,7 +127,8 @@ pub(crate) async fn run(args: DevArgs) -> Result<()> {
     let (tls_files, ca_file) = dev_tls(&args)?;
     // Served over TLS exactly when there is a certificate to serve.
     let tls = tls_files.is_some();
-    let running = start_controller(&args, keyring, store, tls_files).await?;
+    let (running, dns) = start_controller(&args, keyring.clone(), store, tls_files).await?;
+    let _dns = crate::dns::listen(&dns, &args.dns_config(), &keyring).await?;
     let api = format!("{}://{}", if tls { "https" } else { "http" }, running.addr);
     let http = http_client(ca_file.as_deref())?;
     if args.tokens.is_none() {
@@ -241,7 +261,7 @@ async fn start_controller(
     keyring: Keyring,
     store: xce_store::RedbStore,
     tls_files: Option<xce_serve::TlsFiles>,
-) -> Result<xce_controller::RunningController> {
+) -> Result<(xce_controller::RunningController, Arc<xce_dns::Dns>)> {
     let address_policy = host_address::PolicyConfig {
         allow_loopback_hosts: vec!["*".into()],
         ..Default::default()
@@ -251,11 +271,16 @@ async fn start_controller(
         data_dir: args.data_dir.clone(),
         grace_period: args.grace_period,
         tls: crate::tls::serve_tls(tls_files)?,
+        dns_ttl: args.dns.map(|_| args.dns_config().ttl),
         ..ControllerConfig::default()
     };
-    let plugins =
-        crate::plugins::controller_plugins(address_policy, endpoint_table::TableConfig::default());
-    xce_controller::start(ccfg, keyring, plugins, Arc::new(store)).await
+    let (plugins, dns) = crate::plugins::controller_plugins(
+        address_policy,
+        endpoint_table::TableConfig::default(),
+        &args.dns_config(),
+    )?;
+    let running = xce_controller::start(ccfg, keyring, plugins, Arc::new(store)).await?;
+    Ok((running, dns))
 }
 
 /// Where the client config goes: `--client-config`, else `$XCE_CONFIG` or
@@ -522,8 +547,12 @@ mod tests {
     /// probe names the port it declares, so that is no second problem.
     #[test]
     fn demo_on_a_range_inside_the_ephemeral_range_is_refused_for_the_ports_alone() {
-        let mut plugins =
-            crate::plugins::controller_plugins(Default::default(), Default::default());
+        let (mut plugins, _) = crate::plugins::controller_plugins(
+            Default::default(),
+            Default::default(),
+            &Default::default(),
+        )
+        .unwrap();
         let mut facts = HostFacts::default();
         facts.sections.insert(
             port_resource::PLUGIN_NAME.into(),

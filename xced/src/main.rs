@@ -7,6 +7,7 @@
 mod config;
 mod daemon;
 mod dev;
+mod dns;
 mod format;
 mod plugins;
 mod store_cmd;
@@ -321,7 +322,7 @@ async fn run_apiserver(
         prefix = DEFAULT_PREFIX,
         "apiserver: following the controller's etcd"
     );
-    let plugins = plugins::apiserver_plugins(cfg.endpoints);
+    let (plugins, dns) = plugins::apiserver_plugins(cfg.endpoints, &cfg.dns)?;
     let acfg = xce_apiserver::ApiserverConfig {
         listen: cfg.listen,
         body_limit: cfg.body_limit,
@@ -341,7 +342,8 @@ async fn run_apiserver(
     };
     let mut signals = Signals::new()?;
     let tls = acfg.tls.is_some();
-    let running = xce_apiserver::start(acfg, tokens, plugins).await?;
+    let running = xce_apiserver::start(acfg, tokens.clone(), plugins).await?;
+    let _dns = dns::listen(&dns, &cfg.dns, &tokens).await?;
     daemon::announce(running.addr, tls);
     let signal = signals.next().await;
     tracing::info!(
@@ -380,6 +382,7 @@ async fn run_controller(
         quotas: config::quotas(&cfg)?,
         metrics: cfg.metrics,
         drain_ack_timeout: cfg.drain_ack_timeout,
+        dns_ttl: cfg.dns.listen.map(|_| cfg.dns.ttl),
     };
     let endpoints = match store_flag.or(cfg.store.clone()) {
         None | Some(StoreSpec::Redb) => None,
@@ -394,9 +397,11 @@ async fn run_controller(
         .with_context(|| format!("creating data_dir {}", cfg.data_dir.display()))?;
     let store = daemon::open_redb(&cfg.data_dir)?;
     tracing::info!(data_dir = %cfg.data_dir.display(), "store: embedded redb");
-    let plugins = plugins::controller_plugins(cfg.address.clone(), cfg.endpoints.clone());
+    let (plugins, dns) =
+        plugins::controller_plugins(cfg.address.clone(), cfg.endpoints.clone(), &cfg.dns)?;
     let tls = ccfg.tls.is_some();
-    let running = xce_controller::start(ccfg, tokens, plugins, Arc::new(store)).await?;
+    let running = xce_controller::start(ccfg, tokens.clone(), plugins, Arc::new(store)).await?;
+    let _dns = dns::listen(&dns, &cfg.dns, &tokens).await?;
     daemon::announce(running.addr, tls);
     let failed = tokio::select! {
         signal = signals.next() => {
@@ -595,8 +600,11 @@ impl Candidate<'_> {
             tracing::error!(error = %e, "leadership lost: this term ends now");
             let _ = lost_tx.send(e);
         });
-        let plugins =
-            plugins::controller_plugins(self.cfg.address.clone(), self.cfg.endpoints.clone());
+        let (plugins, dns) = plugins::controller_plugins(
+            self.cfg.address.clone(),
+            self.cfg.endpoints.clone(),
+            &self.cfg.dns,
+        )?;
         let started = xce_controller::start_with_role(
             self.ccfg.clone(),
             self.tokens.clone(),
@@ -622,11 +630,20 @@ impl Candidate<'_> {
             .and_then(|s| s.with_prefix(DEFAULT_PREFIX))
             .context("invalid etcd store")?;
         running.follow_fleet(Arc::new(fleet));
+        // DNS answers from this term's table, for as long as the term lasts. A listener
+        // that cannot start costs DNS, not the leadership (its config was checked).
+        let dns = dns::listen(&dns, &self.cfg.dns, &self.tokens)
+            .await
+            .unwrap_or_else(|error| {
+                tracing::error!(error = format!("{error:#}"), "dns: not serving");
+                None
+            });
         daemon::announce(running.addr, self.ccfg.tls.is_some());
         Ok(Term {
             running,
             leadership,
             lost,
+            _dns: dns,
         })
     }
 }
@@ -637,6 +654,8 @@ struct Term {
     leadership: Maintained,
     /// Told once, by the lease thread, when the leadership is gone.
     lost: tokio::sync::oneshot::Receiver<xce_store::ElectionError>,
+    /// The term's DNS listeners (`[dns] listen`), stopped with it.
+    _dns: Option<xce_dns::Listener>,
 }
 
 impl Term {

@@ -9,28 +9,40 @@ use xce_apiserver::ApiserverPlugins;
 use xce_controller::ControllerPlugins;
 use xce_worker::WorkerPlugins;
 
-/// The controller's plugins: ports as a resource, the address policy, the endpoint table.
+/// The controller's plugins: ports as a resource, the address policy, the endpoint table,
+/// DNS answering from it (its UDP and TCP listeners are started by
+/// [`crate::dns::listen`] with the server returned here).
 pub(crate) fn controller_plugins(
     address: host_address::PolicyConfig,
     endpoints: endpoint_table::TableConfig,
-) -> ControllerPlugins {
+    dns: &xce_dns::DnsConfig,
+) -> Result<(ControllerPlugins, Arc<xce_dns::Dns>)> {
     let (feed, api) = endpoint_table::endpoint_table(endpoints);
-    ControllerPlugins {
+    let api = Arc::new(api);
+    let dns = xce_dns::Dns::new(dns, &api).context("invalid [dns] config")?;
+    let plugins = ControllerPlugins {
         resources: vec![Box::new(port_resource::PortsPlugin::new())],
         facts_policies: vec![Arc::new(host_address::AddressPolicy::new(address))],
         listeners: vec![Arc::new(feed)],
-        extensions: vec![Arc::new(api)],
-    }
+        extensions: vec![api, Arc::new(xce_dns::DnsApi(dns.clone()))],
+    };
+    Ok((plugins, dns))
 }
 
 /// A separate apiserver's plugins: the endpoint table, both halves (its feed follows the
-/// controller's store instead of a controller).
-pub(crate) fn apiserver_plugins(endpoints: endpoint_table::TableConfig) -> ApiserverPlugins {
+/// controller's store instead of a controller), and DNS answering from it.
+pub(crate) fn apiserver_plugins(
+    endpoints: endpoint_table::TableConfig,
+    dns: &xce_dns::DnsConfig,
+) -> Result<(ApiserverPlugins, Arc<xce_dns::Dns>)> {
     let (feed, api) = endpoint_table::endpoint_table(endpoints);
-    ApiserverPlugins {
+    let api = Arc::new(api);
+    let dns = xce_dns::Dns::new(dns, &api).context("invalid [dns] config")?;
+    let plugins = ApiserverPlugins {
         listeners: vec![Arc::new(feed)],
-        extensions: vec![Arc::new(api)],
-    }
+        extensions: vec![api, Arc::new(xce_dns::DnsApi(dns.clone()))],
+    };
+    Ok((plugins, dns))
 }
 
 /// A worker's plugins: address and port-pool facts, the port launch hook.

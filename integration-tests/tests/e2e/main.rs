@@ -11,6 +11,7 @@ mod allstream;
 mod causes;
 mod cliwatch;
 mod dev;
+mod dns;
 mod etcd_txn;
 mod failover;
 mod fault_proxy;

@@ -38,6 +38,10 @@ pub struct ControllerConfig {
     /// How long a draining replica's SIGTERM waits, from its removal, for the separate
     /// apiservers to apply that removal (`core/acks.rs`).
     pub drain_ack_timeout: Duration,
+    /// The TTL of this controller's DNS answers when it serves DNS to resolvers (`[dns]
+    /// listen`): a service whose `drain` is shorter than twice it says so in its
+    /// rollout status. `None`: no DNS listener, no such check.
+    pub dns_ttl: Option<Duration>,
 }
 
 /// `drain_ack_timeout` unless told otherwise.
@@ -62,6 +66,7 @@ impl Default for ControllerConfig {
             quotas: quota::Quotas::default(),
             metrics: xce_serve::auth::MetricsConfig::default(),
             drain_ack_timeout: DEFAULT_DRAIN_ACK_TIMEOUT,
+            dns_ttl: None,
         }
     }
 }

@@ -43,6 +43,30 @@ use xce_serve::keyring::Keyring;
 use xce_serve::serve;
 use xce_store::Store;
 
+/// The registry `/metrics` serves: the controller's own metrics, the tokens', the
+/// plugins', the standby role's and the serving layer's.
+fn registry(
+    metrics: &metrics::Metrics,
+    keyring: &Keyring,
+    resources: &[Box<dyn ResourcePlugin>],
+    extensions: &[Arc<dyn ApiExtension>],
+    role: &standby::Role,
+) -> prometheus_client::registry::Registry {
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    keyring.register(&mut registry);
+    for p in resources {
+        p.register_metrics(&mut registry);
+    }
+    for e in extensions {
+        e.register_metrics(&mut registry);
+    }
+    role.register(&mut registry);
+    xce_serve::register_metrics(&mut registry);
+    xce_serve::version::register_build_info(&mut registry);
+    registry
+}
+
 /// What a store is, for a backup's header: one that others follow is etcd, the embedded
 /// one redb.
 fn store_kind(store: &dyn Store) -> &'static str {
@@ -139,19 +163,8 @@ impl Controller {
             extensions,
         } = plugins;
         check_plugin_names(&resources)?;
-        let mut registry = prometheus_client::registry::Registry::default();
         let metrics = metrics::Metrics::default();
-        metrics.register(&mut registry);
-        keyring.register(&mut registry);
-        for p in &resources {
-            p.register_metrics(&mut registry);
-        }
-        for e in &extensions {
-            e.register_metrics(&mut registry);
-        }
-        role.register(&mut registry);
-        xce_serve::register_metrics(&mut registry);
-        xce_serve::version::register_build_info(&mut registry);
+        let registry = registry(&metrics, &keyring, &resources, &extensions, role);
         let timing = core::Timing {
             heartbeat_interval: cfg.heartbeat_interval,
             unreachable_after: cfg.unreachable_after,
@@ -191,6 +204,7 @@ impl Controller {
             extensions,
             body_limit: cfg.body_limit,
             metrics: cfg.metrics,
+            dns_ttl: cfg.dns_ttl,
             shutdown: shutdown_rx,
             cluster_id,
             store_kind: store_kind(&*store),

@@ -165,6 +165,20 @@ const HOST_KEYS: &[&str] = &[
 /// also updates `meta` in place.
 pub const NOT_TEMPLATE_KEYS: &[&str] = &["replicas", "drain", "update", "meta"];
 
+/// A stored profile's `drain` (its `[service]` table as JSON, validated when it was
+/// stored): [`DEFAULT_DRAIN`] when it names none.
+pub fn drain_of(service: &Value) -> Duration {
+    let mut ignored = Vec::new();
+    let limits = (Duration::ZERO, MAX_ROLLOUT_DURATION);
+    duration(
+        "service.drain",
+        service.get("drain"),
+        DEFAULT_DRAIN,
+        limits,
+        &mut ignored,
+    )
+}
+
 /// Parses a TOML profile into its JSON form (`{"service": {...}}`).
 pub fn toml_to_json(text: &str) -> Result<Value, FieldError> {
     let v: toml::Value = toml::from_str(text).map_err(|e| {

@@ -172,6 +172,24 @@ impl Keyring {
     }
 }
 
+impl Keyring {
+    /// The principal of the first `[[token]]` whose `principal` is `name`, as if that
+    /// token had authenticated: its credential follows the entry across reloads (a
+    /// reload that narrows its grants narrows what it sees at once). For a server that
+    /// answers as a configured principal without a token of its own (DNS). `None`: no
+    /// token has that principal.
+    pub fn principal_named(&self, name: &str) -> Option<Principal> {
+        let loaded = self.current();
+        let i = loaded
+            .tokens
+            .users()
+            .iter()
+            .position(|u| u.principal == name)?;
+        let credential = Credential::following(loaded.users[i].subscribe());
+        Some(loaded.tokens.principal(Found::User(i), credential))
+    }
+}
+
 impl Authenticator for Keyring {
     fn authenticate(&self, token: Option<&str>) -> Result<Principal, AuthError> {
         let loaded = self.current();

@@ -102,6 +102,7 @@ fn the_detail_is_written_in_key_order() {
         }],
         replicas: 2,
         rollout: Some(Rollout {
+            dns_warning: None,
             generation: 1,
             outdated: 0,
             ready: 1,

@@ -114,6 +114,7 @@ impl<T: serde::Serialize, F: Fn(usize) -> T> serde::Serialize for Each<F> {
 
 pub(crate) fn service_detail<'a>(
     s: &'a ServiceView,
+    dns_ttl: Option<std::time::Duration>,
 ) -> Detail<'a, impl Fn(usize) -> JobAnswer<'a> + 'a, impl Fn(usize) -> ReplicaStatus<'a> + 'a> {
     ServiceDetail {
         generation: s.info.generation,
@@ -135,7 +136,7 @@ pub(crate) fn service_detail<'a>(
             replica_status(s, r as u32)
         }),
         replicas: s.info.replicas,
-        rollout: Some(rollout(s)),
+        rollout: Some(rollout(s, dns_ttl)),
         state: Cow::Borrowed(service_state(s.state)),
     }
 }
@@ -180,8 +181,11 @@ pub(crate) fn replica_json(s: &ServiceView, replica: u32) -> Value {
     serde_json::to_value(replica_status(s, replica)).expect("a status always serializes")
 }
 
-fn rollout(s: &ServiceView) -> Rollout<'_> {
+fn rollout(s: &ServiceView, dns_ttl: Option<std::time::Duration>) -> Rollout<'_> {
     Rollout {
+        dns_warning: dns_ttl
+            .and_then(|ttl| dns_warning(&s.info.profile, ttl))
+            .map(Cow::Owned),
         generation: s.info.generation,
         outdated: s.counts.outdated,
         ready: s.counts.ready,
@@ -189,6 +193,29 @@ fn rollout(s: &ServiceView) -> Rollout<'_> {
         state: rollout_state(s.rollout.state),
         updated: s.counts.updated,
     }
+}
+
+/// How long a DNS client may keep an answer, as a multiple of the TTL: one resolver
+/// cache in front that honours the TTL, plus the client's own cache that starts the
+/// count again (glibc's nscd, HAProxy's `hold valid`, a JVM's address cache set to the
+/// TTL). Caches that keep answers longer than the TTL are not covered.
+const DNS_CACHE_LAYERS: u32 = 2;
+
+/// The rollout note for a service whose `drain` is shorter than DNS clients may keep an
+/// answer naming a replica that just started draining.
+fn dns_warning(profile: &serde_json::Value, ttl: std::time::Duration) -> Option<String> {
+    let drain = xce_proto::profile::drain_of(profile);
+    let needed = ttl * DNS_CACHE_LAYERS;
+    (drain < needed).then(|| {
+        format!(
+            "drain {} is shorter than DNS clients may cache an answer ({} x ttl {}): a \
+             client may connect to a replica after its SIGTERM; set drain to at least {}",
+            humantime::format_duration(drain),
+            DNS_CACHE_LAYERS,
+            humantime::format_duration(ttl),
+            humantime::format_duration(needed)
+        )
+    })
 }
 
 fn service_summary(s: &ServiceView) -> ServiceSummary<'_> {
@@ -471,7 +498,7 @@ fn detail_response(
         .get(key)
         .ok_or_else(|| internal("changed service missing from the view"))?;
     Ok(with_index(
-        (status, Json(service_detail(s))).into_response(),
+        (status, Json(service_detail(s, st.dns_ttl))).into_response(),
         s.info.rev,
     ))
 }
@@ -513,7 +540,7 @@ async fn get_service(
         };
         if index == 0 || s.info.rev > index {
             return Ok(with_index(
-                Json(service_detail(s)).into_response(),
+                Json(service_detail(s, st.dns_ttl)).into_response(),
                 s.info.rev,
             ));
         }
@@ -524,10 +551,10 @@ async fn get_service(
         tokio::select! {
             r = rx.changed() => if r.is_err() { return Err(unavailable()) },
             () = tokio::time::sleep_until(deadline) => {
-                return Ok(with_index(Json(service_detail(s)).into_response(), s.info.rev));
+                return Ok(with_index(Json(service_detail(s, st.dns_ttl)).into_response(), s.info.rev));
             }
             _ = shutdown.wait_for(|s| *s) => {
-                return Ok(with_index(Json(service_detail(s)).into_response(), s.info.rev));
+                return Ok(with_index(Json(service_detail(s, st.dns_ttl)).into_response(), s.info.rev));
             }
             // Its token was revoked (or lost the view) by a reload of the tokens.
             () = who.credential.lost(Permission::JobView, &s.info.project) => {
@@ -580,4 +607,30 @@ async fn list_hosts(State(st): State<ApiState>, who: Principal) -> Result<Respon
         hosts: view.hosts.iter().map(|h| host_answer(h)).collect(),
     };
     Ok(Json(answer).into_response())
+}
+
+#[cfg(test)]
+mod dns_tests {
+    use super::dns_warning;
+    use std::time::Duration;
+
+    #[test]
+    fn a_drain_shorter_than_twice_the_dns_ttl_is_noted() {
+        let secs = Duration::from_secs;
+        let profile = |drain: &str| serde_json::json!({ "name": "web", "drain": drain });
+        assert_eq!(
+            dns_warning(&profile("1s"), secs(1)).as_deref(),
+            Some(
+                "drain 1s is shorter than DNS clients may cache an answer (2 x ttl 1s): a \
+                 client may connect to a replica after its SIGTERM; set drain to at least 2s"
+            )
+        );
+        assert_eq!(dns_warning(&profile("2s"), secs(1)), None);
+        // No drain in the profile: the default (5s).
+        assert_eq!(
+            dns_warning(&serde_json::json!({ "name": "web" }), secs(2)),
+            None
+        );
+        assert!(dns_warning(&serde_json::json!({ "name": "web" }), secs(3)).is_some());
+    }
 }

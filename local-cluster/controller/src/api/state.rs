@@ -37,6 +37,8 @@ pub(crate) struct ApiState {
     pub(crate) store_kind: &'static str,
     /// Who may read `/metrics`.
     pub(crate) metrics: xce_serve::auth::MetricsConfig,
+    /// See [`crate::ControllerConfig::dns_ttl`].
+    pub(crate) dns_ttl: Option<std::time::Duration>,
 }
 
 impl ApiState {

@@ -278,7 +278,7 @@ fn the_service_detail_written_directly_is_the_text_of_its_tree() {
     let v = v.borrow();
     let svc = &v.services[&ServiceKey::new("default", "web")];
     assert!(!svc.jobs.is_empty() && !svc.pending.is_empty() && !svc.slots.is_empty());
-    let detail = api::services::service_detail(svc);
+    let detail = api::services::service_detail(svc, None);
     let direct = serde_json::to_string(&detail).unwrap();
     let tree = serde_json::to_value(&detail).unwrap();
     assert_eq!(direct, tree.to_string());

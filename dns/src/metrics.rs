@@ -1,0 +1,135 @@
+//! `/metrics`: queries by transport, type and answer code; the answer latency; zone
+//! rebuilds.
+
+use hickory_proto::op::ResponseCode;
+use hickory_proto::rr::RecordType;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::answer::{Answered, Transport};
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct QueryLabels {
+    transport: &'static str,
+    qtype: &'static str,
+    rcode: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DropLabels {
+    transport: &'static str,
+    reason: &'static str,
+}
+
+/// The DNS server's metrics (cheap to clone: shared).
+#[derive(Debug, Clone)]
+pub(crate) struct Metrics {
+    queries: Family<QueryLabels, Counter>,
+    dropped: Family<DropLabels, Counter>,
+    latency: Family<TransportLabel, Histogram>,
+    pub(crate) rebuilds: Counter,
+    pub(crate) services: Gauge,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TransportLabel {
+    transport: &'static str,
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Self {
+        Self {
+            queries: Family::default(),
+            dropped: Family::default(),
+            // 10 µs to about 2.6 s.
+            latency: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(1e-5, 4.0, 10))
+            }),
+            rebuilds: Counter::default(),
+            services: Gauge::default(),
+        }
+    }
+
+    pub(crate) fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "xce_dns_queries",
+            "DNS queries answered, by transport (udp, tcp, https), question type and answer code",
+            self.queries.clone(),
+        );
+        registry.register(
+            "xce_dns_dropped",
+            "DNS packets not answered, by transport and reason (not_a_query, rate_limited, bad_frame)",
+            self.dropped.clone(),
+        );
+        registry.register(
+            "xce_dns_answer_seconds",
+            "Time from a DNS query's arrival to its answer being ready, by transport",
+            self.latency.clone(),
+        );
+        registry.register(
+            "xce_dns_zone_rebuilds",
+            "Rebuilds of the DNS zone, one per applied change of the endpoint table (coalesced)",
+            self.rebuilds.clone(),
+        );
+        registry.register(
+            "xce_dns_zone_services",
+            "Services in the DNS zone as last built",
+            self.services.clone(),
+        );
+    }
+
+    pub(crate) fn answered(&self, transport: Transport, a: &Answered, seconds: f64) {
+        let labels = QueryLabels {
+            transport: transport.as_str(),
+            qtype: a.qtype.map_or("none", qtype_label),
+            rcode: rcode_label(a.rcode),
+        };
+        self.queries.get_or_create(&labels).inc();
+        let transport = TransportLabel {
+            transport: transport.as_str(),
+        };
+        self.latency.get_or_create(&transport).observe(seconds);
+    }
+
+    pub(crate) fn dropped(&self, transport: Transport, reason: &'static str) {
+        let labels = DropLabels {
+            transport: transport.as_str(),
+            reason,
+        };
+        self.dropped.get_or_create(&labels).inc();
+    }
+}
+
+/// A bounded label set: the types we serve by name, the rest as `other`.
+fn qtype_label(t: RecordType) -> &'static str {
+    match t {
+        RecordType::A => "A",
+        RecordType::AAAA => "AAAA",
+        RecordType::SRV => "SRV",
+        RecordType::SOA => "SOA",
+        RecordType::NS => "NS",
+        RecordType::ANY => "ANY",
+        RecordType::TXT => "TXT",
+        RecordType::PTR => "PTR",
+        RecordType::CNAME => "CNAME",
+        RecordType::HTTPS => "HTTPS",
+        _ => "other",
+    }
+}
+
+fn rcode_label(r: ResponseCode) -> &'static str {
+    match r {
+        ResponseCode::NoError => "NOERROR",
+        ResponseCode::FormErr => "FORMERR",
+        ResponseCode::ServFail => "SERVFAIL",
+        ResponseCode::NXDomain => "NXDOMAIN",
+        ResponseCode::NotImp => "NOTIMP",
+        ResponseCode::Refused => "REFUSED",
+        ResponseCode::BADVERS => "BADVERS",
+        _ => "other",
+    }
+}

@@ -1,0 +1,264 @@
+//! The edge: the zone rebuilt on every change of the endpoint table, the UDP and TCP
+//! listeners (a small loop over hickory-proto's wire format each), and the handle the
+//! host holds.
+
+use crate::answer::{answer, Apex, Transport};
+use crate::config::{ConfigError, DnsConfig};
+use crate::limit::Limiter;
+use crate::metrics::Metrics;
+use crate::view::View;
+use crate::zone::Zone;
+use endpoint_table::EndpointApi;
+use plugin_api::Principal;
+use std::net::SocketAddr;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::{watch, Semaphore};
+use tokio::task::JoinSet;
+
+/// How long a TCP connection may stay without a whole query before it is closed
+/// (RFC 7766 suggests seconds, not minutes).
+const TCP_IDLE: Duration = Duration::from_secs(10);
+/// TCP connections served at once; past it new ones wait in the kernel's backlog.
+const TCP_CONNECTIONS: usize = 512;
+
+/// The DNS server of one apiserver: the current zone and what answers from it.
+#[derive(Debug)]
+pub struct Dns {
+    pub(crate) apex: Apex,
+    pub(crate) ttl: u32,
+    zone: watch::Sender<Arc<Zone>>,
+    table: Weak<EndpointApi>,
+    pub(crate) metrics: Metrics,
+    rebuilding: std::sync::Once,
+    per_source_qps: u32,
+}
+
+impl Dns {
+    /// A DNS server answering from `table` as `cfg` says. The zone is rebuilt on every
+    /// change of the table once [`start`](Self::start) ran (the host's
+    /// [`plugin_api::ApiExtension::router`] does it).
+    pub fn new(cfg: &DnsConfig, table: &Arc<EndpointApi>) -> Result<Arc<Self>, ConfigError> {
+        cfg.check()?;
+        let ttl = cfg.ttl_secs();
+        let apex = Apex::new(&cfg.domain, ttl).map_err(|_| ConfigError::Domain {
+            domain: cfg.domain.clone(),
+            reason: "not a DNS name",
+        })?;
+        Ok(Arc::new(Self {
+            apex,
+            ttl,
+            zone: watch::Sender::new(Arc::new(Zone::unavailable())),
+            table: Arc::downgrade(table),
+            metrics: Metrics::new(),
+            rebuilding: std::sync::Once::new(),
+            per_source_qps: cfg.per_source_qps,
+        }))
+    }
+
+    /// Starts rebuilding the zone on every change of the table (once; later calls do
+    /// nothing). Must run inside a tokio runtime.
+    pub fn start(self: &Arc<Self>) {
+        self.rebuilding.call_once(|| {
+            tokio::spawn(rebuild(Arc::downgrade(self)));
+        });
+    }
+
+    /// The zone as built last.
+    pub fn zone(&self) -> Arc<Zone> {
+        self.zone.borrow().clone()
+    }
+
+    /// The zone, and a wake-up on each rebuild (tests and measurements wait on it).
+    pub fn subscribe(&self) -> watch::Receiver<Arc<Zone>> {
+        self.zone.subscribe()
+    }
+
+    /// Answers `bytes` as `view` sees the zone, counting it in the metrics.
+    pub fn answer(&self, view: &dyn View, bytes: &[u8], transport: Transport) -> Option<Vec<u8>> {
+        let started = Instant::now();
+        let zone = self.zone();
+        match answer(&self.apex, &zone, view, bytes, transport) {
+            Some(a) => {
+                self.metrics
+                    .answered(transport, &a, started.elapsed().as_secs_f64());
+                Some(a.bytes)
+            }
+            None => {
+                self.metrics.dropped(transport, "not_a_query");
+                None
+            }
+        }
+    }
+
+    /// Binds UDP and TCP on `addr` and answers there as `principal`, until the returned
+    /// [`Listener`] is dropped.
+    pub async fn listen(
+        self: &Arc<Self>,
+        addr: SocketAddr,
+        principal: Principal,
+    ) -> std::io::Result<Listener> {
+        let (udp, tcp) = bind_both(addr).await?;
+        let addr = udp.local_addr()?;
+        let principal = Arc::new(principal);
+        let mut tasks = JoinSet::new();
+        tasks.spawn(serve_udp(self.clone(), Arc::new(udp), principal.clone()));
+        tasks.spawn(serve_tcp(self.clone(), tcp, principal.clone()));
+        tracing::info!(%addr, principal = %principal.name, domain = %self.apex_name(), "dns: listening on UDP and TCP");
+        Ok(Listener {
+            addr,
+            _tasks: tasks,
+        })
+    }
+
+    fn apex_name(&self) -> String {
+        self.apex.domain().to_ascii()
+    }
+}
+
+/// UDP and TCP sockets on the same address and port. With port 0 the port is picked for
+/// UDP first; if TCP has that port taken, another is picked (a few times).
+async fn bind_both(addr: SocketAddr) -> std::io::Result<(UdpSocket, TcpListener)> {
+    let mut attempts = if addr.port() == 0 { 16 } else { 1 };
+    loop {
+        let udp = UdpSocket::bind(addr).await?;
+        match TcpListener::bind(udp.local_addr()?).await {
+            Ok(tcp) => return Ok((udp, tcp)),
+            Err(e) if attempts > 1 && e.kind() == std::io::ErrorKind::AddrInUse => attempts -= 1,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The UDP and TCP listeners of a [`Dns`]; dropping it stops them.
+#[derive(Debug)]
+pub struct Listener {
+    addr: SocketAddr,
+    _tasks: JoinSet<()>,
+}
+
+impl Listener {
+    /// The address both listen on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+/// Rebuilds the zone after every change of the table, until the table or the server is
+/// gone. Wakes only on changes (a watch channel), so an idle cluster costs nothing.
+async fn rebuild(dns: Weak<Dns>) {
+    let Some(mut changes) = dns
+        .upgrade()
+        .and_then(|d| d.table.upgrade())
+        .map(|t| t.changes())
+    else {
+        return;
+    };
+    loop {
+        changes.borrow_and_update();
+        let Some(dns) = dns.upgrade() else { return };
+        let Some(table) = dns.table.upgrade() else {
+            return;
+        };
+        let zone = match table.snapshot() {
+            Some(entries) => Zone::build(&entries),
+            None => Zone::unavailable(),
+        };
+        drop(table);
+        dns.metrics.rebuilds.inc();
+        dns.metrics.services.set(zone.services() as i64);
+        tracing::debug!(services = zone.services(), "dns: zone rebuilt");
+        dns.zone.send_replace(Arc::new(zone));
+        drop(dns);
+        if changes.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+async fn serve_udp(dns: Arc<Dns>, socket: Arc<UdpSocket>, principal: Arc<Principal>) {
+    // Bigger than any query we answer (a query is one question: well under 1 KiB);
+    // a longer datagram is cut to it and answered FORMERR.
+    let mut buf = vec![0u8; 4096];
+    let mut limiter = Limiter::new(dns.per_source_qps);
+    loop {
+        let (n, peer) = match socket.recv_from(&mut buf).await {
+            Ok(got) => got,
+            Err(error) => {
+                // ICMP port unreachable from an earlier send, and the like: not fatal.
+                tracing::debug!(%error, "dns: udp receive");
+                continue;
+            }
+        };
+        if !limiter.admit(peer.ip(), Instant::now()) {
+            dns.metrics.dropped(Transport::Udp, "rate_limited");
+            continue;
+        }
+        if let Some(reply) = dns.answer(&*principal, &buf[..n], Transport::Udp) {
+            if let Err(error) = socket.send_to(&reply, peer).await {
+                tracing::debug!(%error, %peer, "dns: udp send");
+            }
+        }
+    }
+}
+
+async fn serve_tcp(dns: Arc<Dns>, listener: TcpListener, principal: Arc<Principal>) {
+    let slots = Arc::new(Semaphore::new(TCP_CONNECTIONS));
+    let mut conns = JoinSet::new();
+    loop {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let (stream, peer) = match listener.accept().await {
+            Ok(got) => got,
+            Err(error) => {
+                tracing::warn!(%error, "dns: tcp accept");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let (dns, principal) = (dns.clone(), principal.clone());
+        conns.spawn(async move {
+            if let Err(error) = serve_conn(&dns, stream, &principal).await {
+                tracing::debug!(%error, %peer, "dns: tcp connection ended");
+            }
+            drop(permit);
+        });
+        // Reap finished connections so the set does not grow.
+        while conns.try_join_next().is_some() {}
+    }
+}
+
+/// One TCP connection: length-prefixed queries (RFC 1035 4.2.2), answered in order, until
+/// the client closes, idles past [`TCP_IDLE`], or sends a frame that is no query.
+async fn serve_conn(
+    dns: &Dns,
+    mut stream: TcpStream,
+    principal: &Principal,
+) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    let mut buf = Vec::new();
+    loop {
+        let mut len = [0u8; 2];
+        match tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut len)).await {
+            Err(_) => return Ok(()),
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+            Ok(r) => r?,
+        };
+        let len = usize::from(u16::from_be_bytes(len));
+        buf.resize(len, 0);
+        tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut buf))
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "query frame"))??;
+        let Some(reply) = dns.answer(principal, &buf, Transport::Tcp) else {
+            dns.metrics.dropped(Transport::Tcp, "bad_frame");
+            return Ok(());
+        };
+        let mut out = Vec::with_capacity(reply.len() + 2);
+        out.extend_from_slice(&u16::try_from(reply.len()).unwrap_or(u16::MAX).to_be_bytes());
+        out.extend_from_slice(&reply);
+        stream.write_all(&out).await?;
+    }
+}
