@@ -2,6 +2,7 @@
 //! bind9-dnsutils) against `xced dev --dns`, raw UDP and TCP, and DNS over HTTPS
 //! (`/dns-query`) over HTTP/1.1 and HTTP/2.
 
+use crate::daemons::{EtcdCluster, Fleet};
 use crate::harness::*;
 use anyhow::{bail, Context, Result};
 use base64::Engine;
@@ -643,5 +644,133 @@ async fn haproxy_fed_by_srv_records_loses_no_request_through_changes() {
     assert!(
         versions.contains("v2"),
         "the rollout reached HAProxy: {versions:?}"
+    );
+}
+
+/// `dig +short` that may fail (a listener not up yet, a process gone): `None` then.
+fn try_short(port: u16, name: &str) -> Option<BTreeSet<String>> {
+    let out = Command::new("dig")
+        .args(["@127.0.0.1", "-p", &port.to_string(), "+time=1", "+tries=1"])
+        .args(["+short", name, "A"])
+        .output()
+        .ok()?;
+    out.status.success().then(|| {
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    })
+}
+
+/// Waits until the listener on `port` answers `name` A with exactly `want`.
+async fn wait_answers(what: &str, port: u16, name: &str, want: &BTreeSet<String>) {
+    eventually(what, || async {
+        Ok((try_short(port, name).as_ref() == Some(want)).then_some(()))
+    })
+    .await;
+}
+
+/// The etcd layout: an `xced apiserver` and each elected controller term serve DNS from
+/// their own endpoint tables, as a principal that views one project only (the other
+/// project's names answer NXDOMAIN there too); a scale reaches the apiserver's answers;
+/// after the leader is killed, the new leader's listener answers, and the old leader's
+/// port is gone with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apiserver_and_the_elected_controller_on_etcd_answer_dns() {
+    let etcd = EtcdCluster::start(1).await.expect("etcd");
+    let mut ha = Fleet::new(etcd, 2, 1).expect("fleet dir");
+    let tokens = ha.dir.path().join("tokens.toml");
+    let mut t = std::fs::read_to_string(&tokens).unwrap();
+    t += "\n[[token]]\nsecret = \"dns-example-secret\"\nprincipal = \"dns\"\ngrants = [ { permission = \"job.view\", projects = [\"default\"] } ]\n";
+    std::fs::write(&tokens, t).unwrap();
+    // Controller 0, controller 1, apiserver 0.
+    let dns = [free_port(), free_port(), free_port()];
+    for (name, port) in ["controller-0", "controller-1", "apiserver-0"]
+        .iter()
+        .zip(dns)
+    {
+        let path = ha.dir.path().join(format!("{name}.toml"));
+        let mut text = std::fs::read_to_string(&path).unwrap();
+        text += &format!("\n[dns]\nlisten = \"127.0.0.1:{port}\"\nprincipal = \"dns\"\n");
+        std::fs::write(&path, text).unwrap();
+    }
+    ha.start_leader_and_standby().await;
+    ha.start_apiserver(0).unwrap();
+    ha.start_workers(2).unwrap();
+    let api = ha.apiserver(0);
+    wait_for_hosts_of(&api, 2).expect("2 ready hosts through the apiserver");
+    submit(&api, &sleeper("web", "default", 2, "2s")).await;
+    submit(&api, &sleeper("secret", "other", 1, "2s")).await;
+    let ips = |eps: &BTreeSet<(String, u16)>| -> BTreeSet<String> {
+        eps.iter().map(|(ip, _)| ip.clone()).collect()
+    };
+    let two = ips(&rest_endpoints(&api, "web", 2).await);
+    rest_endpoints(&api, "secret", 1).await;
+    wait_answers(
+        "the apiserver's DNS answers web",
+        dns[2],
+        "web.default.xce",
+        &two,
+    )
+    .await;
+    wait_answers(
+        "the leader's DNS answers web",
+        dns[0],
+        "web.default.xce",
+        &two,
+    )
+    .await;
+    // The standby serves nothing, DNS included: its term has not started.
+    assert_eq!(
+        try_short(dns[1], "web.default.xce"),
+        None,
+        "a standby answers DNS"
+    );
+    for port in [dns[0], dns[2]] {
+        let hidden = dig(port, &["secret.other.xce", "A"]);
+        assert!(hidden.contains("status: NXDOMAIN"), "{hidden}");
+    }
+
+    // A scale reaches the apiserver's answers (through its own follower of the store).
+    assert_eq!(api.scale("web", 1).await.unwrap().0, 200);
+    let one = ips(&rest_endpoints(&api, "web", 1).await);
+    let scaled = std::time::Instant::now();
+    wait_answers(
+        "the apiserver's DNS follows the scale",
+        dns[2],
+        "web.default.xce",
+        &one,
+    )
+    .await;
+    let followed = scaled.elapsed();
+
+    // Failover: the new leader's term starts its own listener.
+    ha.kill_9_controller(0);
+    let killed = std::time::Instant::now();
+    ha.wait_announced(1).await;
+    wait_answers(
+        "the new leader's DNS answers web",
+        dns[1],
+        "web.default.xce",
+        &one,
+    )
+    .await;
+    let answered = killed.elapsed();
+    assert_eq!(
+        try_short(dns[0], "web.default.xce"),
+        None,
+        "a killed leader answers DNS"
+    );
+    wait_answers(
+        "the apiserver's DNS still answers",
+        dns[2],
+        "web.default.xce",
+        &one,
+    )
+    .await;
+    println!(
+        "FIGURE dns etcd: apiserver answers after a scale within {:.0} ms (REST settled first); new leader's DNS answered {:.1} s after the old leader's kill -9",
+        followed.as_secs_f64() * 1000.0,
+        answered.as_secs_f64()
     );
 }
