@@ -65,8 +65,11 @@ srv.serve_forever()
 /// Whether `pid` runs: it has a `/proc` entry and is no zombie (a SIGKILLed replica whose
 /// worker died is reaped by whoever adopted it, maybe later; its port is free already).
 fn alive(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
+    let stat = match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat,
+        // Only a missing entry means gone: any other error tells nothing, and a process
+        // once recorded gone is never sampled again.
+        Err(e) => return e.kind() != std::io::ErrorKind::NotFound,
     };
     // `pid (comm) S ...`: the state follows the last ')'.
     let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());

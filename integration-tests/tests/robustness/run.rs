@@ -94,7 +94,8 @@ fn start_traffic(
         services(),
         rng.fork(),
     ))];
-    tasks.push(tokio::spawn(traffic::sampler(ctx.clone(), reps.clone())));
+    tasks.push(tokio::spawn(traffic::sampler(ctx.clone())));
+    tasks.push(tokio::spawn(traffic::liveness(ctx.clone(), reps.clone())));
     tasks.push(tokio::spawn(traffic::assignments(ctx.clone())));
     tasks.push(tokio::spawn(traffic::sockets(ctx.clone())));
     tasks.push(tokio::spawn(traffic::streamer(

@@ -464,11 +464,21 @@ pub async fn load(ctx: Ctx, service: String, mut rng: fastrand::Rng) {
     }
 }
 
-/// Samples the service list (for the rollout validator), the hosts' port pools and the
-/// replicas' liveness.
-pub async fn sampler(ctx: Ctx, reps: Arc<Replicas>) {
+/// Samples the replicas' liveness on its own, never behind an API call: a process found
+/// gone is stamped with the pass before (the last time it was seen alive), so a pass
+/// that waited on a paused apiserver for seconds stamped a replica's end seconds early,
+/// before its own later `sigterm` line (an etcd-shape run: validator 2 then took the
+/// replica for alive until the end of the run).
+pub async fn liveness(ctx: Ctx, reps: Arc<Replicas>) {
     while !ctx.stopped() {
         reps.sample_gone(&ctx.rec);
+        ctx.pause(100).await;
+    }
+}
+
+/// Samples the service list (for the rollout validator) and the hosts' port pools.
+pub async fn sampler(ctx: Ctx) {
+    while !ctx.stopped() {
         let call_ns = monotonic_ns();
         if let Ok(hosts) = ctx.api.get_json("/v1/hosts").await {
             let ret_ns = monotonic_ns();
