@@ -188,6 +188,8 @@ qps() { # server -> queries per second (16 source addresses, one dnsperf each, i
   wait_perf
   for s in $(seq 2 17); do
     out=$(awk '/Queries per second/ {print $4}' "$tmp/perf.$p.$s")
+    # A dnsperf without a figure counts 0: show why rather than hide it.
+    [ -n "$out" ] || { echo "dnsperf against $1 from 127.0.0.$s gave no figure:" >&2; tail -5 "$tmp/perf.$p.$s" >&2; }
     total=$(python3 -c "print(${total} + ${out:-0})")
   done
   python3 -c "print(round(${total}))"
