@@ -1,31 +1,43 @@
 #!/usr/bin/env bash
-# Answers/s of our DNS server against unbound serving the same records as a static zone
-# (local-data, from memory), both over UDP on loopback, measured with dnsperf.
+# Answers/s of our DNS server against NSD, Knot DNS, dnsmasq and unbound serving the same
+# records, all over UDP on loopback, measured with dnsperf, in one run.
 #
-#   cargo build --release -p xced && dns/bench/compare.sh [SECONDS] [SERVICES]
+#   cargo build --release -p xced && dns/bench/compare.sh [SECONDS] [SERVICES] [ROUNDS]
 #
 # Starts `xced dev --dns` with SERVICES (default 100) services of 3 sleeping replicas each,
-# reads every A and SRV answer with dig, writes those same records into unbound's config
-# (so both servers answer the same record sets), then runs dnsperf against each for
-# SECONDS (default 10). Our listener limits each source address (per_source_qps, 5000 by
-# default in xced dev), so dnsperf runs from 16 loopback addresses in turn and the script
-# prints how many queries the limit dropped. Needs dnsperf, unbound and dig (Debian:
-# apt-get install dnsperf unbound bind9-dnsutils). Prints one SUMMARY line.
+# reads every A and SRV answer with dig and writes those same records into a static zone
+# file (served by NSD and Knot, both authoritative), unbound's local-data and dnsmasq's
+# host-record/srv-host lines, checks that every server answers the same record sets, then
+# runs dnsperf against each server for SECONDS (default 10), ROUNDS (default 3) times with
+# the order rotated every round. Each of the others is pinned to one worker where it has
+# the setting (NSD server-count 1, Knot udp-workers 1, unbound num-threads 1; dnsmasq is
+# single-threaded); ours runs its listener on xced's tokio runtime. Our listener limits
+# each source address (per_source_qps, 5000 by default in xced dev), so dnsperf runs from
+# 16 loopback addresses at once for every server and the script prints how many queries
+# the limit dropped. Then it sends half of our best rate (dnsperf -Q) with -v and takes the
+# 99th percentile of the per-query latencies dnsperf printed.
+# Needs dnsperf, nsd, knot, dnsmasq, unbound and dig (Debian: apt-get install dnsperf nsd
+# knot dnsmasq unbound bind9-dnsutils). Prints one ROUND line per round and one SUMMARY
+# line (the best of the rounds for each server).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs=${1:-10}
 services=${2:-100}
+rounds=${3:-3}
 xced=${XCED:-target/release/xced}
-for tool in dnsperf unbound dig; do
+for tool in dnsperf nsd knotd dnsmasq unbound dig; do
   command -v "$tool" >/dev/null || [ -x "/usr/sbin/$tool" ] || { echo "missing $tool" >&2; exit 1; }
 done
+export PATH=$PATH:/usr/sbin
 [ -x "$xced" ] || { echo "$xced is missing: cargo build --release -p xced" >&2; exit 1; }
 tmp=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$tmp"; }
 trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-ours=$(free_port); theirs=$(free_port)
+declare -A port
+for s in ours nsd knot dnsmasq unbound; do port[$s]=$(free_port); done
+ours=${port[ours]}
 
 XCE_CONFIG=$tmp/cli.toml "$xced" dev --hosts 3 --listen 127.0.0.1:0 --data-dir "$tmp/data" \
   --client-config "$tmp/cli.toml" --dns "127.0.0.1:$ours" >"$tmp/xced.out" 2>&1 &
@@ -41,11 +53,87 @@ for i in $(seq 1 "$services"); do
   "$xcecli" service endpoints "svc-$i" --wait-ready 3 --timeout 120s >/dev/null
 done
 
+# Our answers, as zone-file lines: every service's A and SRV set and the hosts' A records.
 : >"$tmp/queries"
+: >"$tmp/records"
+for i in $(seq 1 "$services"); do
+  for q in "svc-$i.default.xce A" "_http._tcp.svc-$i.default.xce SRV"; do
+    echo "$q" >>"$tmp/queries"
+    # shellcheck disable=SC2086
+    dig @127.0.0.1 -p "$ours" +noall +answer $q >>"$tmp/records"
+  done
+done
+for h in $(awk '$4 == "SRV" {print $8}' "$tmp/records" | sort -u); do
+  dig @127.0.0.1 -p "$ours" +noall +answer "$h" A >>"$tmp/records"
+done
+
+{
+  echo '$ORIGIN xce.'
+  echo '@ 3600 IN SOA ns.xce. hostmaster.xce. 1 3600 600 86400 5'
+  echo '@ 3600 IN NS ns.xce.'
+  echo 'ns 3600 IN A 127.0.0.1'
+  cat "$tmp/records"
+} >"$tmp/xce.zone"
+
+cat >"$tmp/nsd.conf" <<NSD
+server:
+  ip-address: 127.0.0.1@${port[nsd]}
+  port: ${port[nsd]}
+  server-count: 1
+  # NSD's response rate limit (on by default in Debian's build) would cap the bench itself.
+  rrl-ratelimit: 0
+  rrl-whitelist-ratelimit: 0
+  username: ""
+  chroot: ""
+  database: ""
+  zonelistfile: "$tmp/nsd.zonelist"
+  xfrdfile: "$tmp/nsd.xfrd"
+  xfrdir: "$tmp"
+  pidfile: "$tmp/nsd.pid"
+  logfile: "$tmp/nsd.log"
+remote-control:
+  control-enable: no
+zone:
+  name: xce.
+  zonefile: "$tmp/xce.zone"
+NSD
+mkdir -p "$tmp/knot"
+cat >"$tmp/knot.conf" <<KNOT
+server:
+  rundir: "$tmp/knot"
+  listen: 127.0.0.1@${port[knot]}
+  udp-workers: 1
+  tcp-workers: 1
+  background-workers: 1
+log:
+  - target: stderr
+    any: warning
+database:
+  storage: "$tmp/knot"
+template:
+  - id: default
+    storage: "$tmp/knot"
+zone:
+  - domain: xce.
+    file: "$tmp/xce.zone"
+KNOT
+{
+  echo "port=${port[dnsmasq]}"
+  echo "listen-address=127.0.0.1"
+  echo "bind-interfaces"
+  echo "no-resolv"
+  echo "no-hosts"
+  echo "local=/xce/"
+  echo "pid-file=$tmp/dnsmasq.pid"
+  echo "user=root"
+  echo "addn-hosts=$tmp/dnsmasq.hosts"
+  awk '$4 == "SRV" {sub(/\.$/, "", $1); sub(/\.$/, "", $8); printf "srv-host=%s,%s,%s,%s,%s\n", $1, $8, $7, $5, $6}' "$tmp/records"
+} >"$tmp/dnsmasq.conf"
+awk '$4 == "A" {sub(/\.$/, "", $1); print $5, $1}' "$tmp/records" >"$tmp/dnsmasq.hosts"
 {
   echo "server:"
-  echo "  interface: 127.0.0.1@$theirs"
-  echo "  port: $theirs"
+  echo "  interface: 127.0.0.1@${port[unbound]}"
+  echo "  port: ${port[unbound]}"
   echo "  do-ip6: no"
   echo "  username: \"\""
   echo "  chroot: \"\""
@@ -57,50 +145,80 @@ done
   echo "  access-control: 127.0.0.0/8 allow"
   echo "  num-threads: 1"
   echo "  local-zone: \"xce.\" static"
+  sed 's/.*/  local-data: "&"/' "$tmp/records"
 } >"$tmp/unbound.conf"
-for i in $(seq 1 "$services"); do
-  for q in "svc-$i.default.xce A" "_http._tcp.svc-$i.default.xce SRV"; do
-    echo "$q" >>"$tmp/queries"
-    # shellcheck disable=SC2086
-    dig @127.0.0.1 -p "$ours" +noall +answer $q | while read -r line; do
-      echo "  local-data: \"$line\"" >>"$tmp/unbound.conf"
-    done
-  done
-done
-for h in $(dig @127.0.0.1 -p "$ours" +short _http._tcp.svc-1.default.xce SRV | awk '{print $4}' | sort -u); do
-  dig @127.0.0.1 -p "$ours" +noall +answer "$h" A | while read -r line; do
-    echo "  local-data: \"$line\"" >>"$tmp/unbound.conf"
-  done
-done
+
+nsd -d -c "$tmp/nsd.conf" >"$tmp/nsd.out" 2>&1 &
+pids+=($!)
+knotd -c "$tmp/knot.conf" >"$tmp/knot.out" 2>&1 &
+pids+=($!)
+dnsmasq -k -C "$tmp/dnsmasq.conf" >"$tmp/dnsmasq.out" 2>&1 &
+pids+=($!)
 unbound -d -c "$tmp/unbound.conf" >"$tmp/unbound.out" 2>&1 &
 pids+=($!)
-until dig @127.0.0.1 -p "$theirs" +short +time=1 svc-1.default.xce A | grep -q .; do sleep 0.2; done
-
-# The record sets must be the same (order aside) before their speeds mean anything.
-same=yes
-for q in "svc-1.default.xce A" "_http._tcp.svc-$services.default.xce SRV"; do
-  # shellcheck disable=SC2086
-  a=$(dig @127.0.0.1 -p "$ours" +short $q | sort); b=$(dig @127.0.0.1 -p "$theirs" +short $q | sort)
-  [ "$a" = "$b" ] || same=no
+for s in nsd knot dnsmasq unbound; do
+  tries=0
+  until dig @127.0.0.1 -p "${port[$s]}" +short +time=1 svc-1.default.xce A | grep -q .; do
+    tries=$((tries + 1))
+    [ "$tries" -lt 100 ] || { echo "$s does not answer:" >&2; cat "$tmp/$s.out" >&2; exit 1; }
+    sleep 0.2
+  done
 done
 
-qps() { # port -> queries per second (16 source addresses, one dnsperf each, in parallel)
-  local port=$1 total=0 out
+# The record sets must be the same (order aside) before their speeds mean anything: every
+# query of the bench, on every server.
+same=yes
+while read -r q; do
+  # shellcheck disable=SC2086
+  a=$(dig @127.0.0.1 -p "$ours" +short $q | sort)
+  for s in nsd knot dnsmasq unbound; do
+    # shellcheck disable=SC2086
+    b=$(dig @127.0.0.1 -p "${port[$s]}" +short $q | sort)
+    [ "$a" = "$b" ] || { same=no; echo "differs from ours on $s: $q" >&2; }
+  done
+done <"$tmp/queries"
+
+wait_perf() { while pgrep -f "dnsperf -s 127.0.0.1" >/dev/null; do sleep 0.5; done; }
+qps() { # server -> queries per second (16 source addresses, one dnsperf each, in parallel)
+  local p=${port[$1]} total=0 out
   for s in $(seq 2 17); do
-    dnsperf -s 127.0.0.1 -p "$port" -a "127.0.0.$s" -d "$tmp/queries" -l "$secs" -c 1 -q 20 \
-      >"$tmp/perf.$port.$s" 2>&1 &
+    dnsperf -s 127.0.0.1 -p "$p" -a "127.0.0.$s" -d "$tmp/queries" -l "$secs" -c 1 -q 20 \
+      >"$tmp/perf.$p.$s" 2>&1 &
   done
   wait_perf
   for s in $(seq 2 17); do
-    out=$(awk '/Queries per second/ {print $4}' "$tmp/perf.$port.$s")
+    out=$(awk '/Queries per second/ {print $4}' "$tmp/perf.$p.$s")
+    # A dnsperf without a figure counts 0: show why rather than hide it.
+    [ -n "$out" ] || { echo "dnsperf against $1 from 127.0.0.$s gave no figure:" >&2; tail -5 "$tmp/perf.$p.$s" >&2; }
     total=$(python3 -c "print(${total} + ${out:-0})")
   done
   python3 -c "print(round(${total}))"
 }
-wait_perf() { while pgrep -f "dnsperf -s 127.0.0.1" >/dev/null; do sleep 0.5; done; }
-ours_qps=$(qps "$ours")
-theirs_qps=$(qps "$theirs")
+declare -A best
+order=(ours nsd knot dnsmasq unbound)
+for r in $(seq 1 "$rounds"); do
+  line="ROUND $r load=$(cut -d' ' -f1 /proc/loadavg)"
+  for s in "${order[@]}"; do
+    q=$(qps "$s")
+    line="$line $s=$q"
+    [ "${best[$s]:-0}" -ge "$q" ] || best[$s]=$q
+  done
+  echo "$line"
+  order=("${order[@]:1}" "${order[0]}")
+done
+
+# p99 latency at half our best rate: the same 16 sources, each sending 1/16 of the rate.
+half=$(python3 -c "print(max(1, ${best[ours]} // 2 // 16))")
+for s in $(seq 2 17); do
+  dnsperf -s 127.0.0.1 -p "$ours" -a "127.0.0.$s" -d "$tmp/queries" -l "$secs" -c 1 -q 20 \
+    -Q "$half" -v >"$tmp/half.$s" 2>&1 &
+done
+wait_perf
+p99=$(cat "$tmp"/half.* | awk '/^> / {print $NF}' | sort -g | awk '{v[NR]=$1} END {i=int(NR*0.99); if (i<1) i=1; printf "%.3f", v[i]*1000}')
+lost=$(cat "$tmp"/half.* | awk '/Queries lost/ {s+=$3} END {print s+0}')
+
 api=$(sed -n 's/^api = "\(.*\)"/\1/p' "$tmp/cli.toml"); token=$(sed -n 's/^token = "\(.*\)"/\1/p' "$tmp/cli.toml")
 limited=$(curl -s -H "Authorization: Bearer $token" "$api/metrics" | awk '/^xce_dns_dropped_total.*rate_limited/ {s+=$2} END {print s+0}')
-ratio=$(python3 -c "print(round(${ours_qps}/${theirs_qps}, 2))")
-echo "SUMMARY dns-bench services=$services queries=$(wc -l <"$tmp/queries") seconds=$secs qps_ours=$ours_qps qps_unbound_static=$theirs_qps ratio_unbound=$ratio same_records=$same rate_limited_drops=$limited"
+threads=$(ls "/proc/${pids[0]}/task" | wc -l)
+ratio() { python3 -c "print(round(${best[ours]}/max(1, ${best[$1]}), 2))"; }
+echo "SUMMARY dns services=$services queries=$(wc -l <"$tmp/queries") seconds=$secs rounds=$rounds qps_ours=${best[ours]} qps_nsd=${best[nsd]} qps_knot=${best[knot]} qps_dnsmasq=${best[dnsmasq]} qps_unbound=${best[unbound]} ratio_nsd=$(ratio nsd) ratio_knot=$(ratio knot) ratio_dnsmasq=$(ratio dnsmasq) ratio_unbound=$(ratio unbound) p99_half_ms=$p99 half_qps=$((half * 16)) half_lost=$lost same_records=$same rate_limited_drops=$limited xced_threads=$threads"
