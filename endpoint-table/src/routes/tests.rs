@@ -159,6 +159,15 @@ impl Cluster {
         Self { feed, api, router }
     }
 
+    /// A cluster (default config) answering through `ctx`, resynced to `snapshot`.
+    async fn with_context(ctx: ApiContext, snapshot: ClusterSnapshot) -> Self {
+        let (feed, api) = endpoint_table(TableConfig::default());
+        let router = api.router(ctx);
+        let cluster = Self { feed, api, router };
+        cluster.resync(snapshot).await;
+        cluster
+    }
+
     async fn new(cfg: TableConfig) -> Self {
         Self::of(cfg, snapshot(true)).await
     }

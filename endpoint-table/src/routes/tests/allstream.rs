@@ -370,12 +370,13 @@ async fn grants_are_checked_again_on_every_event() {
     let tokens = Arc::new(Tokens::default());
     let eve = |project: &str| user("eve", &[(Permission::JobView, project)]);
     tokens.0.lock().unwrap().insert("eve".into(), eve("team-a"));
-    let (feed, api) = endpoint_table(TableConfig::default());
-    let router = api.router(ApiContext {
-        auth: tokens.clone(),
-    });
-    let c = Cluster { feed, api, router };
-    c.resync(snapshot(true)).await;
+    let c = Cluster::with_context(
+        ApiContext {
+            auth: tokens.clone(),
+        },
+        snapshot(true),
+    )
+    .await;
     let mut sub = Sub::new(c.get("eve /v1/endpoints/stream").await);
     let mut out = sub.lines(3).await;
     tokens.0.lock().unwrap().insert("eve".into(), eve("team-b"));
@@ -442,12 +443,13 @@ async fn a_followed_credential_is_authenticated_once_per_stream() {
         watch::channel(view("team-a")).0,
         AtomicUsize::new(0),
     ));
-    let (feed, api) = endpoint_table(TableConfig::default());
-    let router = api.router(ApiContext {
-        auth: tokens.clone(),
-    });
-    let c = Cluster { feed, api, router };
-    c.resync(snapshot(true)).await;
+    let c = Cluster::with_context(
+        ApiContext {
+            auth: tokens.clone(),
+        },
+        snapshot(true),
+    )
+    .await;
     let mut sub = Sub::new(c.get("eve /v1/endpoints/stream").await);
     let mut out = sub.lines(3).await;
     let mut j3 = web_job("j-3", 2, "exec-01", 20419);
