@@ -154,6 +154,20 @@ impl Controller {
         store: Arc<dyn Store>,
         role: &standby::Role,
     ) -> anyhow::Result<Self> {
+        Self::with_job_tag(cfg, tokens, plugins, store, role, xce_model::job_tag).await
+    }
+
+    /// [`with_role`](Self::with_role), the job ids of this load tagged by `job_tag`: a
+    /// random tag in every real controller (so a store that went back repeats no id),
+    /// none in the unit tests whose expectations name plain `j-<n>` ids.
+    pub(crate) async fn with_job_tag(
+        cfg: &ControllerConfig,
+        tokens: impl Into<Keyring>,
+        plugins: ControllerPlugins,
+        store: Arc<dyn Store>,
+        role: &standby::Role,
+        job_tag: fn() -> String,
+    ) -> anyhow::Result<Self> {
         let keyring = tokens.into();
         cfg.validate().context("invalid controller config")?;
         let ControllerPlugins {
@@ -179,6 +193,7 @@ impl Controller {
                 resources,
                 policies: facts_policies,
                 listeners,
+                job_tag,
             },
             metrics,
             tokio::time::Instant::now(),

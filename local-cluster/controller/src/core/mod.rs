@@ -247,6 +247,10 @@ pub(crate) struct Wiring {
     pub(crate) resources: Vec<Box<dyn ResourcePlugin>>,
     pub(crate) policies: Vec<Arc<dyn HostFactsPolicy>>,
     pub(crate) listeners: Vec<Arc<dyn ClusterListener>>,
+    /// The tag of this load's job ids: [`xce_model::job_tag`] (random) in a real
+    /// controller, so a store that went back repeats no id; the unit tests pass one that
+    /// keeps plain `j-<n>` ids, which their expectations name.
+    pub(crate) job_tag: fn() -> String,
 }
 
 pub(crate) struct Core {
@@ -354,16 +358,13 @@ impl Core {
     ) -> Result<Self, LoadError> {
         let cluster_id = ensure_cluster_id(&*store)?;
         let mut cluster = Cluster::load(&*store)?;
-        // This crate's unit tests keep plain `j-<n>` ids (their expectations name them);
-        // every real load tags its ids, so a store that went back repeats none.
-        if !cfg!(test) {
-            cluster.job_tag = xce_model::job_tag();
-        }
         let Wiring {
             resources: mut plugins,
             policies,
             listeners,
+            job_tag,
         } = wiring;
+        cluster.job_tag = job_tag();
         hosts_up(&cluster, &mut plugins);
         restore_grants(&cluster, &mut plugins);
         let (profiles, older) = parse_profiles(&cluster, &plugins);
@@ -393,6 +394,7 @@ impl Core {
                 resources: plugins,
                 policies,
                 listeners,
+                job_tag,
             },
             store,
             metrics,

@@ -51,6 +51,16 @@ pub(super) async fn app_with(
     store: Arc<dyn Store>,
     slots: SharedSlots,
 ) -> App {
+    app_tagged(cfg, store, slots, plain_ids).await
+}
+
+/// [`app_with`], the job ids of the load tagged by `job_tag`.
+pub(super) async fn app_tagged(
+    cfg: ControllerConfig,
+    store: Arc<dyn Store>,
+    slots: SharedSlots,
+    job_tag: fn() -> String,
+) -> App {
     let plugins = ControllerPlugins {
         resources: vec![Box::new(slots.clone())],
         facts_policies: vec![Arc::new(Policy)],
@@ -58,11 +68,24 @@ pub(super) async fn app_with(
         extensions: vec![Arc::new(WhoAmI)],
     };
     let keyring = xce_serve::keyring::Keyring::new(Tokens::parse(TOKENS).unwrap());
-    let ctl = Controller::new(&cfg, keyring.clone(), plugins, store)
+    let ctl = controller(&cfg, keyring.clone(), plugins, store, job_tag)
         .await
         .unwrap();
     let app = ctl.router();
     App { ctl, app, keyring }
+}
+
+/// [`Controller::new`] with the job ids of the load tagged by `job_tag`.
+pub(super) async fn controller(
+    cfg: &ControllerConfig,
+    tokens: impl Into<Keyring>,
+    plugins: ControllerPlugins,
+    store: Arc<dyn Store>,
+    job_tag: fn() -> String,
+) -> anyhow::Result<Controller> {
+    let role = standby::Role::default();
+    role.serving();
+    Controller::with_job_tag(cfg, tokens, plugins, store, &role, job_tag).await
 }
 
 /// A store with a fixed cluster id, so answers that name it can be expected.

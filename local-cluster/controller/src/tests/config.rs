@@ -106,7 +106,14 @@ async fn a_plugin_named_like_a_field_of_the_answers_is_refused_at_start() {
         };
         let keyring = xce_serve::keyring::Keyring::new(Tokens::parse(TOKENS).unwrap());
         let store = store_of_cluster("c1c1c1c1c1c1c1c1");
-        Controller::new(&ControllerConfig::default(), keyring, plugins, store).await
+        controller(
+            &ControllerConfig::default(),
+            keyring,
+            plugins,
+            store,
+            plain_ids,
+        )
+        .await
     };
     let err = start("state").await.expect_err("a plugin named state");
     expect![[r#"cannot load the controller's resource plugins: plugin "state" cannot be loaded: its name is the field jobs[].state of GET /v1/services/{name}, and the API shows each plugin's summary under the plugin's name beside that field; rename the plugin"#]]
@@ -134,7 +141,14 @@ async fn two_resource_plugins_of_one_name_are_refused_at_start() {
         };
         let keyring = xce_serve::keyring::Keyring::new(Tokens::parse(TOKENS).unwrap());
         let store = store_of_cluster("c1c1c1c1c1c1c1c1");
-        Controller::new(&ControllerConfig::default(), keyring, plugins, store).await
+        controller(
+            &ControllerConfig::default(),
+            keyring,
+            plugins,
+            store,
+            plain_ids,
+        )
+        .await
     };
     let err = start("slots", "slots")
         .await

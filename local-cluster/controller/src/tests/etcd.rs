@@ -3,7 +3,8 @@
 
 use super::app::{ADMIN, TOKENS, W1};
 use super::fakes::web;
-use crate::{Controller, ControllerConfig, ControllerPlugins};
+use super::{controller, plain_ids};
+use crate::{ControllerConfig, ControllerPlugins};
 use expect_test::{expect, Expect};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -61,9 +62,15 @@ async fn the_controller_restores_from_etcd() {
     let cfg = ControllerConfig::default();
     let tokens = || Tokens::parse(TOKENS).unwrap();
 
-    let ctl = Controller::new(&cfg, tokens(), ControllerPlugins::default(), open())
-        .await
-        .unwrap();
+    let ctl = controller(
+        &cfg,
+        tokens(),
+        ControllerPlugins::default(),
+        open(),
+        plain_ids,
+    )
+    .await
+    .unwrap();
     let app = ctl.router();
     let facts =
         json!({"facts": {"ip_addr": "127.0.0.11", "addresses": [], "sections": {}}, "running": []});
@@ -82,9 +89,15 @@ async fn the_controller_restores_from_etcd() {
     ctl.shutdown().await;
 
     // A new controller process over the same etcd prefix.
-    let ctl = Controller::new(&cfg, tokens(), ControllerPlugins::default(), open())
-        .await
-        .unwrap();
+    let ctl = controller(
+        &cfg,
+        tokens(),
+        ControllerPlugins::default(),
+        open(),
+        plain_ids,
+    )
+    .await
+    .unwrap();
     let app = ctl.router();
     let after = request(&app, "GET", "/v1/services/web", ADMIN, None).await;
     let api = web("api", "default", 1);

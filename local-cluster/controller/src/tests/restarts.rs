@@ -161,7 +161,13 @@ async fn restart_on_redb_hands_nothing_out_twice() {
     let path = dir.path().join("state.redb");
     let slots = SharedSlots::new();
     let store: Arc<dyn Store> = Arc::new(xce_store::RedbStore::open(&path).unwrap());
-    let app = app_with(ControllerConfig::default(), store, slots.clone()).await;
+    let app = app_tagged(
+        ControllerConfig::default(),
+        store,
+        slots.clone(),
+        xce_model::job_tag,
+    )
+    .await;
     app.register("exec-01", W1, 3).await;
     let (_, a) = app.submit(ADMIN, web("web", "default", 2)).await;
     let App {
@@ -173,24 +179,64 @@ async fn restart_on_redb_hands_nothing_out_twice() {
 
     let slots2 = SharedSlots::new();
     let store: Arc<dyn Store> = Arc::new(xce_store::RedbStore::open(&path).unwrap());
-    let app = app_with(ControllerConfig::default(), store, slots2.clone()).await;
+    let app = app_tagged(
+        ControllerConfig::default(),
+        store,
+        slots2.clone(),
+        xce_model::job_tag,
+    )
+    .await;
     let restored = slots2.take_log();
     let (_, b) = app.submit(ADMIN, web("api", "default", 1)).await;
     let (_, w) = app.get("/v1/services/web", ADMIN).await;
     expect![[r#"
-        before: ["reserve exec-01 j-1 0", "reserve exec-01 j-2 1"] index 4
-        restored: ["restore exec-01 j-1 0", "restore exec-01 j-2 1"]
-        after: ["reserve exec-01 j-3 2"] index 6, web index 4
-        used: ["exec-01:0=j-1", "exec-01:1=j-2", "exec-01:2=j-3"]"#]]
-    .assert_eq(&format!(
+        before: ["reserve exec-01 j-1-A 0", "reserve exec-01 j-2-A 1"] index 4
+        restored: ["restore exec-01 j-1-A 0", "restore exec-01 j-2-A 1"]
+        after: ["reserve exec-01 j-3-B 2"] index 6, web index 4
+        used: ["exec-01:0=j-1-A", "exec-01:1=j-2-A", "exec-01:2=j-3-B"]"#]]
+    .assert_eq(&letter_tags(&format!(
         "before: {first:?} index {}\nrestored: {restored:?}\nafter: {:?} index {}, web index {}\nused: {:?}",
         a["index"],
         slots2.take_log(),
         b["index"],
         w["index"],
         slots2.used()
-    ));
+    )));
     app.ctl.shutdown().await;
+}
+
+/// `text` with the tag of every job id (`j-<n>-<tag>`) named by a letter in the order
+/// the tags first appear: each load of the store draws a random one, and the
+/// expectations say which load handed an id out.
+fn letter_tags(text: &str) -> String {
+    let mut seen: Vec<String> = Vec::new();
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("j-") {
+        out.push_str(&rest[..at + 2]);
+        rest = &rest[at + 2..];
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        out.push_str(&rest[..digits]);
+        rest = &rest[digits..];
+        let tag_len = rest.strip_prefix('-').map_or(0, |t| {
+            t.len()
+                - t.trim_start_matches(|c: char| c.is_ascii_alphanumeric())
+                    .len()
+        });
+        if digits == 0 || tag_len == 0 {
+            continue;
+        }
+        let tag = rest[1..1 + tag_len].to_owned();
+        let n = seen.iter().position(|t| *t == tag).unwrap_or_else(|| {
+            seen.push(tag);
+            seen.len() - 1
+        });
+        out.push('-');
+        out.push(char::from(b'A' + n as u8));
+        rest = &rest[1 + tag_len..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// A store restored from a backup lists the jobs that ran at the backup: none of them is
@@ -246,4 +292,36 @@ fn a_restored_store_is_trusted_only_after_every_worker_registered_again() {
           = ready: ["j-2"]
         > heartbeat exec-01
           = restored mark stored: false"#]]);
+}
+
+/// Every load of a store tags the job ids it hands out, so two loads of one copy (a
+/// restore, or a store that went back) never hand out the same id, even for the same
+/// job number. With untagged ids both loads would place `j-1` and `j-2`.
+#[test]
+fn two_loads_of_one_store_copy_hand_out_no_job_id_twice() {
+    let s = Sim::one_host(3);
+    let copy = s.store.load_all().unwrap();
+    let place = || {
+        let store = Arc::new(MemStore::new());
+        let mut batch = xce_store::Batch::default();
+        for (k, v) in copy.clone() {
+            batch.put(k, v);
+        }
+        store.commit(batch).unwrap();
+        let mut s = Sim::load_tagged(TIMING, store, s.now, xce_model::job_tag);
+        s.register("exec-01", 3, &[]);
+        s.put(versioned(2, "v1"));
+        let ids: Vec<String> = s.jobs("web").into_iter().map(|(_, j)| j).collect();
+        ids
+    };
+    let (first, second) = (place(), place());
+    assert_eq!((first.len(), second.len()), (2, 2), "{first:?} {second:?}");
+    assert!(
+        first.iter().all(|id| !second.contains(id)),
+        "one id handed out by both loads: {first:?} {second:?}"
+    );
+    let numbers = |ids: &[String]| -> Vec<Option<u64>> {
+        ids.iter().map(|id| xce_model::job_number(id)).collect()
+    };
+    assert_eq!(numbers(&first), numbers(&second), "the same job numbers");
 }

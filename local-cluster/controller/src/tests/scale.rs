@@ -397,6 +397,7 @@ fn a_stop_now_of_a_ten_thousand_replica_service_skips_the_drain_in_every_batch()
         resources: vec![Box::new(SharedSlots::new())],
         policies: vec![Arc::new(Policy)],
         listeners: vec![],
+        job_tag: plain_ids,
     };
     let mut core = Core::load(TIMING, store.clone(), wiring, Metrics::default(), now).unwrap();
     core.settle(now);
@@ -550,6 +551,7 @@ fn numbers_fifty_thousand_replicas_on_a_thousand_hosts() {
             resources: vec![Box::new(SharedSlots::new())],
             policies: vec![Arc::new(Policy)],
             listeners: vec![],
+            job_tag: plain_ids,
         };
         let rss = testkit::rss_kib(std::process::id());
         let t = std::time::Instant::now();
@@ -624,6 +626,7 @@ fn replicas_above_the_limit_or_the_whole_cluster_are_refused() {
         resources: vec![Box::new(Capped(SharedSlots::new()))],
         policies: vec![Arc::new(Policy)],
         listeners: vec![],
+        job_tag: plain_ids,
     };
     let now = Instant::now();
     let store = Arc::new(MemStore::new());

@@ -11,6 +11,12 @@ pub(super) const TIMING: Timing = Timing {
     drain_ack_timeout: Duration::from_secs(10),
 };
 
+/// The job-id tag of the tests' loads: none, so ids are the plain `j-<n>` their
+/// expectations name (a real controller tags every load: `xce_model::job_tag`).
+pub(super) fn plain_ids() -> String {
+    String::new()
+}
+
 /// Drives a [`Core`] like the state task does, with a clock the test moves.
 pub(super) struct Sim {
     pub(super) core: Core,
@@ -35,6 +41,16 @@ impl Sim {
     }
 
     pub(super) fn load_with(timing: Timing, store: Arc<MemStore>, now: Instant) -> Self {
+        Self::load_tagged(timing, store, now, plain_ids)
+    }
+
+    /// [`load_with`](Self::load_with), the job ids tagged by `job_tag`.
+    pub(super) fn load_tagged(
+        timing: Timing,
+        store: Arc<MemStore>,
+        now: Instant,
+        job_tag: fn() -> String,
+    ) -> Self {
         let rec = Recorder::default();
         let raw = RawEvents::default();
         let slots = SharedSlots::new();
@@ -42,6 +58,7 @@ impl Sim {
             resources: vec![Box::new(slots.clone())],
             policies: vec![Arc::new(Policy)],
             listeners: vec![Arc::new(rec.clone()), Arc::new(raw.clone())],
+            job_tag,
         };
         let metrics = Metrics::default();
         let core = Core::load(timing, store.clone(), wiring, metrics.clone(), now).unwrap();
@@ -404,6 +421,7 @@ pub(super) fn core_with(
         resources: vec![Box::new(slots)],
         policies: vec![Arc::new(Policy)],
         listeners,
+        job_tag: plain_ids,
     };
     Core::load(TIMING, store, wiring, Metrics::default(), now).unwrap()
 }

@@ -141,7 +141,14 @@ async fn a_store_of_a_newer_format_is_refused_at_load() {
         extensions: vec![],
     };
     let keyring = xce_serve::keyring::Keyring::new(Tokens::parse(TOKENS).unwrap());
-    let Err(err) = Controller::new(&ControllerConfig::default(), keyring, plugins, store).await
+    let Err(err) = controller(
+        &ControllerConfig::default(),
+        keyring,
+        plugins,
+        store,
+        plain_ids,
+    )
+    .await
     else {
         panic!("a newer format is refused");
     };

@@ -250,11 +250,23 @@ async fn fake_worker_over_http_sees_assignments_and_replacements() {
         .iter()
         .map(|j| (j.job.as_str(), j.replica, j.desired))
         .collect();
-    assert_eq!(jobs, vec![("j-1", 0, xce_proto::worker::Desired::Run)]);
+    // A real controller tags the ids of its load (`j-<n>-<tag>`): the first job is
+    // number 1, and its replacement below number 2 of the same load.
+    let first = a.jobs[0].job.clone();
+    let tag = first.rsplit_once('-').map(|(_, t)| t.to_owned());
+    assert_eq!(xce_model::job_number(&first), Some(1), "{first}");
+    assert!(
+        tag.as_ref().is_some_and(|t| !t.is_empty() && t != "1"),
+        "{first}"
+    );
+    assert_eq!(
+        jobs,
+        vec![(first.as_str(), 0, xce_proto::worker::Desired::Run)]
+    );
     assert_eq!(*a.jobs[0].command, vec!["sleep", "100"]);
     assert_eq!(a.jobs[0].grants["slots"], json!(0));
 
-    let events = vec![started("j-1"), ready("j-1", true)];
+    let events = vec![started(&first), ready(&first, true)];
     let r = worker(reqwest::Method::POST, "events")
         .json(&events)
         .send()
@@ -280,7 +292,7 @@ async fn fake_worker_over_http_sees_assignments_and_replacements() {
 
     // The replica exits; after its backoff a replacement appears in the assignments.
     let r = worker(reqwest::Method::POST, "events")
-        .json(&vec![exited("j-1")])
+        .json(&vec![exited(&first)])
         .send()
         .await
         .unwrap();
@@ -297,8 +309,13 @@ async fn fake_worker_over_http_sees_assignments_and_replacements() {
     })
     .await
     .unwrap();
-    assert_eq!((replacement.job.as_str(), replacement.replica), ("j-2", 0));
-    assert_eq!(slots.used(), vec!["exec-01:0=j-2"]);
+    let second = replacement.job.clone();
+    assert_eq!(
+        (xce_model::job_number(&second), replacement.replica),
+        (Some(2), 0)
+    );
+    assert_eq!(second.rsplit_once('-').map(|(_, t)| t.to_owned()), tag);
+    assert_eq!(slots.used(), vec![format!("exec-01:0={second}")]);
     tokio::time::timeout(bounded, run.shutdown()).await.unwrap();
 }
 
