@@ -67,3 +67,11 @@ command -v cargo >/dev/null 2>&1 || { echo "test.sh: cargo is missing: install t
 
 cargo build --workspace --bins
 cargo test --workspace "$@"
+# The upgrade from the previous release (UPGRADING.md): it builds that release from git
+# first (without debug info: about two minutes of CPU on a 2-core machine, cached under
+# target/previous-release/), so it is #[ignore]d in the plain `cargo test` above and run
+# here, after every other test, when no test filter was given.
+if [ "$#" -eq 0 ]; then
+  cargo test -p integration-tests --test e2e -- --ignored --exact \
+    upgrade::upgrade_from_the_previous_release_one_process_at_a_time_loses_no_request
+fi
