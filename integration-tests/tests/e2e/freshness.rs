@@ -2,8 +2,9 @@
 //! members), 2 controllers, 1 `xced apiserver` watching member `m0`, which is made a
 //! follower (leadership moved to `m1`), 3 workers. The rollout test's load client (200
 //! requests/s, each on a fresh connection) follows the endpoint stream with the apiserver
-//! first in its list of URLs, then the controllers, moving on when a stream ends or cannot
-//! be opened (as `xcecli` and a load balancer health-checking `/healthz` do). A rollout v1
+//! first in its list of URLs, then the controllers, opening a stream again when it ends
+//! and moving on when one cannot be opened or answers 503 (as `xcecli` and a load
+//! balancer health-checking `/healthz` do). A rollout v1
 //! → v2 starts, and `m0` is stopped (`kill -STOP`) for 40 s, then continued.
 //!
 //! Before the fix the apiserver stayed at an old revision for 11-20 s, answering 200 on
@@ -15,78 +16,13 @@
 
 use crate::daemons::*;
 use crate::harness::*;
-use crate::rollout::{endpoints_of, rollout_is, wait_detail, Ep, Load, Outcome, Sse, Web};
-use futures_util::StreamExt;
+use crate::rollout::{rollout_is, wait_detail, Follower, Load, Outcome, Seen, Web};
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
 
 /// How long the member under the apiserver stays frozen.
 const FREEZE: Duration = Duration::from_secs(40);
 const REPLICAS: usize = 3;
-
-/// One list the follower received: when (monotonic ns), from which URL, what.
-#[derive(Debug, Clone)]
-struct Seen {
-    at: u64,
-    from: String,
-    eps: Arc<Vec<Ep>>,
-}
-
-/// Follows `web`'s endpoint stream on the first of `apis` that serves it, moving to the
-/// next one when a stream ends or cannot be opened; publishes the current list. While it
-/// moves, the last list stands (a client's reconnect); when no URL serves, the list is
-/// empty.
-async fn follow_any(
-    apis: Vec<Api>,
-    tx: watch::Sender<Arc<Vec<Ep>>>,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    ended: Arc<Mutex<Vec<(String, Instant)>>>,
-) {
-    let mut at = 0usize;
-    let mut failed_in_a_row = 0usize;
-    loop {
-        let api = &apis[at % apis.len()];
-        let opened = sse_open(api, "/v1/services/web/endpoints/stream", None).await;
-        let Ok(resp) = opened else {
-            failed_in_a_row += 1;
-            if failed_in_a_row >= apis.len() {
-                tx.send_replace(Arc::new(Vec::new()));
-                tokio::time::sleep(Duration::from_millis(20)).await; // a client's retry pause
-            }
-            at += 1;
-            continue;
-        };
-        failed_in_a_row = 0;
-        let mut body = resp.bytes_stream();
-        let mut parser = Sse::default();
-        while let Some(Ok(chunk)) = body.next().await {
-            for ev in parser.push(&chunk) {
-                if ev.event != "message" {
-                    continue;
-                }
-                let entry: serde_json::Value = match serde_json::from_str(&ev.data) {
-                    Ok(v) => v,
-                    Err(e) => panic!("stream event is not JSON ({e}): {}", ev.data),
-                };
-                let eps = Arc::new(endpoints_of(&entry));
-                seen.lock().unwrap().push(Seen {
-                    at: monotonic_ns(),
-                    from: api.base.clone(),
-                    eps: eps.clone(),
-                });
-                tx.send_replace(eps);
-            }
-        }
-        // The stream ended (a stale apiserver ends its streams): the next URL.
-        ended
-            .lock()
-            .unwrap()
-            .push((api.base.clone(), Instant::now()));
-        at += 1;
-    }
-}
 
 /// The etcd member (index in `etcd://m0,m1,m2`) the apiserver's watch is on now
 /// (`xce_apiserver_watched_member`; a build without that metric, the one before the fix,
@@ -199,16 +135,11 @@ async fn a_frozen_member_under_the_apiserver_fails_it_closed_and_no_endpoint_out
         fleet.controller_api(0),
         fleet.controller_api(1),
     ];
-    let (tx, list) = watch::channel(Arc::new(Vec::new()));
-    let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
-    let ended: Arc<Mutex<Vec<(String, Instant)>>> = Arc::default();
-    let follower = tokio::spawn(follow_any(apis, tx, seen.clone(), ended.clone()));
-    let mut first = list.clone();
-    tokio::time::timeout(patience(), first.wait_for(|l| l.len() == REPLICAS))
-        .await
-        .expect("the load client's first list")
-        .unwrap();
-    let load = Load::start(list.clone());
+    let follower = Follower::start_any(&apis).await;
+    follower
+        .wait_for("the load client's first list", |l| l.len() == REPLICAS)
+        .await;
+    let load = Load::start(follower.list.clone());
 
     // The member under the apiserver's watch (m0 at first; another if it has moved on
     // meanwhile) is made a follower, then frozen; then the rollout starts (a write the
@@ -242,7 +173,8 @@ async fn a_frozen_member_under_the_apiserver_fails_it_closed_and_no_endpoint_out
     // The apiserver failed closed when it ended its stream to the load client: counted
     // from the canary's write (the first one after the freeze, unless the apiserver's
     // own registration came first: then it failed closed earlier still).
-    let stale_detect = ended
+    let stale_detect = follower
+        .ended
         .lock()
         .unwrap()
         .iter()
@@ -261,7 +193,6 @@ async fn a_frozen_member_under_the_apiserver_fails_it_closed_and_no_endpoint_out
 
     let failed_closed = times_failed_closed(&api).await;
     let shots = load.finish().await;
-    follower.abort();
     let failed: Vec<_> = shots
         .iter()
         .filter(|s| !matches!(s.outcome, Outcome::Ok(_)))
@@ -271,7 +202,7 @@ async fn a_frozen_member_under_the_apiserver_fails_it_closed_and_no_endpoint_out
         *kinds.entry(s.outcome.kind()).or_default() += 1;
     }
     let terms = web.term_times();
-    let late = listed_after_sigterm(&seen.lock().unwrap(), &terms, monotonic_ns());
+    let late = listed_after_sigterm(&follower.history(), &terms, monotonic_ns());
     println!(
         "freshness: {} requests, {} failed {kinds:?}; apiserver failed closed {failed_closed} \
          times; {} old replicas got SIGTERM; {}",

@@ -147,10 +147,11 @@ pub(crate) struct Ep {
     pub(crate) addr: SocketAddr,
 }
 
-/// One list the follower received, and when (monotonic ns).
+/// One list the follower received: when (monotonic ns), from which server, what.
 #[derive(Debug, Clone)]
 pub(crate) struct Seen {
     pub(crate) at: u64,
+    pub(crate) from: String,
     pub(crate) eps: Arc<Vec<Ep>>,
 }
 
@@ -164,6 +165,8 @@ pub(crate) struct Seen {
 pub(crate) struct Follower {
     pub(crate) list: watch::Receiver<Arc<Vec<Ep>>>,
     pub(crate) seen: Arc<Mutex<Vec<Seen>>>,
+    /// Which server's stream ended, and when (a stale apiserver ends its streams).
+    pub(crate) ended: Arc<Mutex<Vec<(String, Instant)>>>,
     reopened: Arc<AtomicU64>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -187,18 +190,23 @@ impl Follower {
     async fn start_on(apis: &[Api], service: &str) -> Self {
         let (tx, list) = watch::channel(Arc::new(Vec::new()));
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let ended: Arc<Mutex<Vec<(String, Instant)>>> = Arc::default();
         let reopened = Arc::new(AtomicU64::new(0));
         let path = format!("/v1/services/{service}/endpoints/stream");
         let task = tokio::spawn(follow(
             apis.to_vec(),
             path,
             tx,
-            seen.clone(),
-            reopened.clone(),
+            Records {
+                seen: seen.clone(),
+                ended: ended.clone(),
+                reopened: reopened.clone(),
+            },
         ));
         let f = Self {
             list,
             seen,
+            ended,
             reopened,
             task,
         };
@@ -245,17 +253,24 @@ impl Drop for Follower {
     }
 }
 
-async fn follow(
-    apis: Vec<Api>,
-    path: String,
-    tx: watch::Sender<Arc<Vec<Ep>>>,
+/// What [`follow`] records beside the current list (the [`Follower`]'s fields).
+struct Records {
     seen: Arc<Mutex<Vec<Seen>>>,
+    ended: Arc<Mutex<Vec<(String, Instant)>>>,
     reopened: Arc<AtomicU64>,
-) {
-    let publish = |eps: Vec<Ep>| {
+}
+
+async fn follow(apis: Vec<Api>, path: String, tx: watch::Sender<Arc<Vec<Ep>>>, rec: Records) {
+    let Records {
+        seen,
+        ended,
+        reopened,
+    } = rec;
+    let publish = |from: &str, eps: Vec<Ep>| {
         let eps = Arc::new(eps);
         seen.lock().unwrap().push(Seen {
             at: monotonic_ns(),
+            from: from.to_owned(),
             eps: eps.clone(),
         });
         tx.send_replace(eps);
@@ -276,7 +291,7 @@ async fn follow(
             Err(_) => {
                 // Gone (404) or not reachable: nowhere to send requests until it is back.
                 if first || !tx.borrow().is_empty() {
-                    publish(Vec::new());
+                    publish(&api.base, Vec::new());
                     first = false;
                 }
                 last_id = None;
@@ -295,7 +310,7 @@ async fn follow(
             for ev in parser.push(&chunk) {
                 if ev.event == "error" {
                     // The service went away.
-                    publish(Vec::new());
+                    publish(&api.base, Vec::new());
                     last_id = None;
                     break 'stream;
                 }
@@ -304,9 +319,15 @@ async fn follow(
                     Err(e) => panic!("stream event is not JSON ({e}): {}", ev.data),
                 };
                 last_id = ev.id.or(last_id);
-                publish(endpoints_of(&entry));
+                publish(&api.base, endpoints_of(&entry));
             }
         }
+        // The stream ended (a stale apiserver ends its streams, then answers 503 until it
+        // is current again, which moves the follower on above).
+        ended
+            .lock()
+            .unwrap()
+            .push((api.base.clone(), Instant::now()));
     }
 }
 
