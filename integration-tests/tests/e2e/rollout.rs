@@ -288,8 +288,11 @@ async fn follow(apis: Vec<Api>, path: String, tx: watch::Sender<Arc<Vec<Ep>>>, r
                 tokio::time::sleep(Duration::from_millis(20)).await; // a client's retry pause
                 continue;
             }
-            Err(_) => {
+            Err(e) => {
                 // Gone (404) or not reachable: nowhere to send requests until it is back.
+                if !first && !tx.borrow().is_empty() {
+                    eprintln!("follower: {} answered {e:#}: an empty list", api.base);
+                }
                 if first || !tx.borrow().is_empty() {
                     publish(&api.base, Vec::new());
                     first = false;
@@ -310,6 +313,10 @@ async fn follow(apis: Vec<Api>, path: String, tx: watch::Sender<Arc<Vec<Ep>>>, r
             for ev in parser.push(&chunk) {
                 if ev.event == "error" {
                     // The service went away.
+                    eprintln!(
+                        "follower: {} sent error {}: an empty list",
+                        api.base, ev.data
+                    );
                     publish(&api.base, Vec::new());
                     last_id = None;
                     break 'stream;

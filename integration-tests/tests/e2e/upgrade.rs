@@ -145,9 +145,40 @@ fn stop(fleet: &mut Fleet, slot: Slot) {
     }
 }
 
+/// Lists the controllers after the apiserver in every worker's `controller =`, as
+/// UPGRADING.md asks: with only the apiserver there, a worker is not heard while the
+/// apiserver is replaced, and past the controller's `unreachable_after` (3 s here) its
+/// endpoints leave the list. Seen on a loaded machine: a 5 s replacement emptied the
+/// list and 11-34 requests found no endpoint.
+fn workers_reach_the_controllers_too(fleet: &Fleet) {
+    let mut paths: Vec<String> = fleet
+        .apiserver_ports
+        .iter()
+        .chain(&fleet.controller_ports)
+        .map(|p| format!("http://127.0.0.1:{p}"))
+        .collect();
+    paths.dedup();
+    let only_apiservers = fleet
+        .apiserver_ports
+        .iter()
+        .map(|p| format!("http://127.0.0.1:{p}"));
+    let before = format!(
+        "controller = \"{}\"",
+        only_apiservers.collect::<Vec<_>>().join(",")
+    );
+    let after = format!("controller = \"{}\"", paths.join(","));
+    for i in 0..2 {
+        let path = fleet.dir.path().join(format!("worker-{i}.toml"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(&before), "{}: {text}", path.display());
+        std::fs::write(&path, text.replace(&before, &after)).unwrap();
+    }
+}
+
 /// Starts the whole fleet on the previous release and waits until it serves `web` (3
 /// replicas of v1) through the apiserver.
 async fn start_previous(fleet: &mut Fleet, old: &Path, web: &Web) {
+    workers_reach_the_controllers_too(fleet);
     let spawn = |f: &Fleet, kind: &str, name: &str| f.spawn_from(old, kind, name).unwrap();
     fleet.controllers[0] = Some(spawn(fleet, "controller", "controller-0"));
     fleet.wait_announced(0).await;
@@ -191,7 +222,10 @@ async fn upgrade_from_the_previous_release_one_process_at_a_time_loses_no_reques
     start_previous(&mut fleet, &old, &web).await;
     let api = fleet.apiserver(0);
     let old_builds = lines_with(&fleet, "controller-0", "xced starting");
-    println!("upgrade: the previous release serves ({old_builds} controller start)");
+    println!(
+        "upgrade: the previous release serves ({old_builds} controller start) (at {})",
+        monotonic_ns()
+    );
 
     // Readers: the stream-following load client (the apiserver first, the controllers
     // after it, as a client's URL list), and the index a reader of the apiserver sees.
@@ -200,6 +234,10 @@ async fn upgrade_from_the_previous_release_one_process_at_a_time_loses_no_reques
         fleet.controller_api(0),
         fleet.controller_api(1),
     ];
+    println!(
+        "upgrade: apiserver-0 {}, controller-0 {}, controller-1 {}",
+        all[0].base, all[1].base, all[2].base
+    );
     let follower = Follower::start_any(&all).await;
     follower
         .wait_for("3 ready replicas", |l| l.len() == 3)
@@ -225,7 +263,10 @@ async fn upgrade_from_the_previous_release_one_process_at_a_time_loses_no_reques
         waiting,
     )
     .await;
-    println!("upgrade: standby controller-1 runs this build");
+    println!(
+        "upgrade: standby controller-1 runs this build (at {})",
+        monotonic_ns()
+    );
 
     // 2. The leader: it resigns, the upgraded standby takes over, it comes back as one.
     stop(&mut fleet, Slot::Controller(0));
@@ -247,7 +288,10 @@ async fn upgrade_from_the_previous_release_one_process_at_a_time_loses_no_reques
         waiting,
     )
     .await;
-    println!("upgrade: both controllers run this build, controller-1 leads");
+    println!(
+        "upgrade: both controllers run this build, controller-1 leads (at {})",
+        monotonic_ns()
+    );
 
     // 3. The apiserver.
     stop(&mut fleet, Slot::Apiserver(0));
@@ -256,7 +300,10 @@ async fn upgrade_from_the_previous_release_one_process_at_a_time_loses_no_reques
         Ok((api.get("/v1/services/web/endpoints").await?.0 == 200).then_some(()))
     })
     .await;
-    println!("upgrade: the apiserver runs this build");
+    println!(
+        "upgrade: the apiserver runs this build (at {})",
+        monotonic_ns()
+    );
 
     // 4. The workers, one at a time: each re-adopts every replica it ran.
     let mut adopted = 0;
@@ -274,7 +321,10 @@ async fn upgrade_from_the_previous_release_one_process_at_a_time_loses_no_reques
         .await;
         adopted += ran;
     }
-    println!("upgrade: both workers run this build ({adopted} replicas re-adopted)");
+    println!(
+        "upgrade: both workers run this build ({adopted} replicas re-adopted) (at {})",
+        monotonic_ns()
+    );
 
     // 5. One rollout on the upgraded cluster.
     let cfg = web.write(
@@ -316,7 +366,21 @@ async fn upgrade_from_the_previous_release_one_process_at_a_time_loses_no_reques
         "the load client sent {:.0} requests/s",
         r.rate
     );
-    assert_eq!(r.failed, 0, "failed requests (first 20): {:#?}", r.failures);
+    // Which server gave the load client an empty list, and when: the first thing to
+    // look at when requests found no endpoint.
+    let empties: Vec<String> = follower
+        .history()
+        .iter()
+        .filter(|s| s.eps.is_empty())
+        .map(|s| format!("at {} from {}", s.at, s.from))
+        .collect();
+    assert_eq!(
+        r.failed,
+        0,
+        "failed requests (first 20): {:#?}\nempty lists: {empties:#?}\nstreams ended: {:#?}",
+        r.failures,
+        follower.ended.lock().unwrap()
+    );
     assert_eq!(back, 0, "the index went back: {indexes:?}");
     assert!(r.listed_after_term.is_empty(), "{:?}", r.listed_after_term);
     assert_eq!(r.sent_after_term, 0, "requests sent after a SIGTERM");
