@@ -13,6 +13,8 @@ use std::time::Duration;
 /// domain = "xce"
 /// ttl = "1s"
 /// principal = "dns"
+/// per_source_qps = 5000
+/// # udp_readers = 2         # unset: one per worker thread
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -33,6 +35,10 @@ pub struct DnsConfig {
     /// of one second's worth); past it a source's queries are dropped and counted
     /// (`xce_dns_dropped_total{reason="rate_limited"}`). 0: no limit.
     pub per_source_qps: u32,
+    /// Tasks receiving and answering UDP queries, each on its own `SO_REUSEPORT` socket
+    /// of the listen address (the kernel spreads sources over them). `None`: one per
+    /// worker thread of the runtime (`XCED_WORKER_THREADS`, by default the cores).
+    pub udp_readers: Option<u16>,
 }
 
 /// The principal a listener answers as when `principal` is not set. DNS has no
@@ -45,6 +51,10 @@ pub const DEFAULT_PRINCIPAL: &str = "dns";
 /// what one core answers, so a single flooding address takes at most a share.
 pub const DEFAULT_PER_SOURCE_QPS: u32 = 5000;
 
+/// The most `udp_readers` accepted: past the cores of any machine we run on, more
+/// sockets only split the same work finer.
+pub const MAX_UDP_READERS: u16 = 64;
+
 /// The longest `ttl` accepted: past a day a cached answer outlives any rollout.
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 3600);
 
@@ -56,6 +66,7 @@ impl Default for DnsConfig {
             ttl: Duration::from_secs(1),
             principal: DEFAULT_PRINCIPAL.into(),
             per_source_qps: DEFAULT_PER_SOURCE_QPS,
+            udp_readers: None,
         }
     }
 }
@@ -83,6 +94,9 @@ pub enum ConfigError {
     /// `principal` is empty.
     #[error("dns.principal: must name a principal of the tokens file")]
     Principal,
+    /// `udp_readers` is out of bounds.
+    #[error("dns.udp_readers {0}: must be 1 to {MAX_UDP_READERS} (unset: one per worker thread)")]
+    UdpReaders(u16),
 }
 
 impl DnsConfig {
@@ -104,6 +118,12 @@ impl DnsConfig {
         }
         if self.principal.trim().is_empty() {
             return Err(ConfigError::Principal);
+        }
+        if let Some(n) = self
+            .udp_readers
+            .filter(|n| !(1..=MAX_UDP_READERS).contains(n))
+        {
+            return Err(ConfigError::UdpReaders(n));
         }
         Ok(())
     }
@@ -157,11 +177,11 @@ mod tests {
     fn defaults_and_errors_name_the_field() {
         assert_eq!(
             check(""),
-            "DnsConfig { listen: None, domain: \"xce\", ttl: 1s, principal: \"dns\", per_source_qps: 5000 }"
+            "DnsConfig { listen: None, domain: \"xce\", ttl: 1s, principal: \"dns\", per_source_qps: 5000, udp_readers: None }"
         );
         assert_eq!(
             check("listen = \"127.0.0.1:8600\"\ndomain = \"svc.example\"\nttl = \"5s\""),
-            "DnsConfig { listen: Some(127.0.0.1:8600), domain: \"svc.example\", ttl: 5s, principal: \"dns\", per_source_qps: 5000 }"
+            "DnsConfig { listen: Some(127.0.0.1:8600), domain: \"svc.example\", ttl: 5s, principal: \"dns\", per_source_qps: 5000, udp_readers: None }"
         );
         assert_eq!(
             check("domain = \"Bad_Zone\""),
@@ -187,6 +207,15 @@ mod tests {
             check("listen = \"nowhere\""),
             "parse error: invalid socket address syntax"
         );
+        assert_eq!(
+            check("udp_readers = 0"),
+            "invalid: dns.udp_readers 0: must be 1 to 64 (unset: one per worker thread)"
+        );
+        assert_eq!(
+            check("udp_readers = 65"),
+            "invalid: dns.udp_readers 65: must be 1 to 64 (unset: one per worker thread)"
+        );
+        assert!(check("udp_readers = 4").ends_with("udp_readers: Some(4) }"));
         assert!(check("lisen = \"x\"").starts_with("parse error: unknown field `lisen`"));
     }
 }

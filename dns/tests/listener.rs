@@ -238,17 +238,75 @@ async fn a_change_reaches_the_answers_within_a_rebuild() {
     );
 }
 
-/// The value of the rate-limited drops on the server's `/metrics` text.
-fn rate_limited(dns: &Arc<Dns>) -> f64 {
+/// The sum of the server's `/metrics` samples whose line starts with `name` and contains
+/// `label`.
+fn metric(dns: &Arc<Dns>, name: &str, label: &str) -> f64 {
     use plugin_api::ApiExtension;
     let mut registry = prometheus_client::registry::Registry::default();
     xce_dns::DnsApi(dns.clone()).register_metrics(&mut registry);
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     text.lines()
-        .find(|l| l.starts_with("xce_dns_dropped_total") && l.contains("rate_limited"))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0.0)
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The value of the rate-limited drops on the server's `/metrics` text.
+fn rate_limited(dns: &Arc<Dns>) -> f64 {
+    metric(dns, "xce_dns_dropped_total", "rate_limited")
+}
+
+/// With several UDP readers (sockets sharing the port), one source address sending from
+/// many ports reaches several of them: it is still limited once, by one shared bucket,
+/// not once per reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_is_limited_once_across_all_udp_readers() {
+    let cfg = DnsConfig {
+        per_source_qps: 50,
+        udp_readers: Some(4),
+        ..Default::default()
+    };
+    let (_table, dns) = server_with(&cfg).await;
+    let listener = dns
+        .listen("127.0.0.1:0".parse().unwrap(), admin())
+        .await
+        .unwrap();
+    assert_eq!(listener.udp_readers(), 4);
+    let addr = listener.addr();
+    let t0 = Instant::now();
+    let sent = tokio::task::spawn_blocking(move || {
+        let q = query(3, "web.default.xce.", RecordType::A);
+        let mut sent = 0;
+        // 8 ports of one address: the kernel hashes them over the 4 sockets.
+        for _ in 0..8 {
+            let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            s.connect(addr).unwrap();
+            for _ in 0..40 {
+                sent += usize::from(s.send(&q).is_ok());
+            }
+        }
+        sent
+    })
+    .await
+    .unwrap();
+    let udp_answered = || metric(&dns, "xce_dns_queries_total", "transport=\"udp\"");
+    while udp_answered() + rate_limited(&dns) < sent as f64 {
+        assert!(
+            t0.elapsed() < patience(),
+            "every query is answered or dropped"
+        );
+        tokio::task::yield_now().await;
+    }
+    let (answered, elapsed) = (udp_answered(), t0.elapsed().as_secs_f64());
+    // One bucket: a burst of 50 plus 50/s since; a bucket per reader would pass up to 4×.
+    let allowed = 50.0 + (50.0 * elapsed).ceil();
+    println!("FIGURE dns shared limit: sent={sent} answered={answered} allowed={allowed} readers=4 seconds={elapsed:.3}");
+    assert!(
+        answered <= allowed,
+        "{answered} answered, at most {allowed} allowed"
+    );
+    assert!(answered >= 50.0, "the burst is answered");
 }
 
 /// One address flooding the listener past `per_source_qps` is dropped (and counted),
