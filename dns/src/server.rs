@@ -4,7 +4,7 @@
 
 use crate::answer::{answer, Apex, Transport};
 use crate::config::{ConfigError, DnsConfig};
-use crate::limit::Shared;
+use crate::limit::{Shared, Verdict};
 use crate::metrics::Metrics;
 use crate::view::View;
 use crate::zone::Zone;
@@ -35,6 +35,7 @@ pub struct Dns {
     rebuilding: std::sync::Once,
     per_source_qps: u32,
     udp_readers: Option<u16>,
+    slip: u8,
 }
 
 impl Dns {
@@ -57,6 +58,7 @@ impl Dns {
             rebuilding: std::sync::Once::new(),
             per_source_qps: cfg.per_source_qps,
             udp_readers: cfg.udp_readers,
+            slip: cfg.slip,
         }))
     }
 
@@ -114,7 +116,7 @@ impl Dns {
             sockets.push(udp_socket(addr, true)?);
         }
         let principal = Arc::new(principal);
-        let limiter = Arc::new(Shared::new(self.per_source_qps));
+        let limiter = Arc::new(Shared::new(self.per_source_qps, self.slip));
         let mut tasks = JoinSet::new();
         for socket in sockets {
             let (dns, principal, limiter) = (self.clone(), principal.clone(), limiter.clone());
@@ -240,11 +242,18 @@ async fn serve_udp(
                 continue;
             }
         };
-        if !limiter.admit(peer.ip(), Instant::now()) {
-            dns.metrics.dropped(Transport::Udp, "rate_limited");
-            continue;
-        }
-        if let Some(reply) = dns.answer(&*principal, &buf[..n], Transport::Udp) {
+        let reply = match limiter.admit(peer.ip(), Instant::now()) {
+            Verdict::Answer => dns.answer(&*principal, &buf[..n], Transport::Udp),
+            Verdict::Slip => {
+                dns.metrics.slipped.inc();
+                crate::answer::slip(&buf[..n])
+            }
+            Verdict::Drop => {
+                dns.metrics.dropped(Transport::Udp, "rate_limited");
+                None
+            }
+        };
+        if let Some(reply) = reply {
             if let Err(error) = socket.send_to(&reply, peer).await {
                 tracing::debug!(%error, %peer, "dns: udp send");
             }
