@@ -11,7 +11,7 @@
 //! whichever reader its packets reach, and readers rarely wait on one another.
 
 use std::collections::HashMap;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -50,9 +50,7 @@ impl Shared {
 
     /// What to do with a query from `source` arriving `now`.
     pub(crate) fn admit(&self, source: IpAddr, now: Instant) -> Verdict {
-        let mut h = self.hasher.build_hasher();
-        source.hash(&mut h);
-        let shard = &self.shards[(h.finish() as usize) % SHARDS];
+        let shard = &self.shards[(self.hasher.hash_one(source) as usize) % SHARDS];
         // A poisoned shard only means a reader panicked mid-update of plain numbers.
         let mut limiter = shard.lock().unwrap_or_else(|e| e.into_inner());
         limiter.admit(source, now)
