@@ -171,20 +171,7 @@ fn main() -> std::process::ExitCode {
         Ok((_, limit)) => tracing::info!(limit, "open-file limit"),
         Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
     }
-    let rt = match worker_threads().and_then(|threads| {
-        let mut builder = tokio::runtime::Builder::new_multi_thread();
-        if let Some(n) = threads {
-            builder.worker_threads(n);
-        }
-        tracing::info!(
-            worker_threads = threads.map_or_else(|| "one per core".to_owned(), |n| n.to_string()),
-            "async runtime"
-        );
-        builder
-            .enable_all()
-            .build()
-            .context("cannot start the async runtime")
-    }) {
+    let rt = match build_runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: {e:#}");
@@ -198,6 +185,23 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// The daemons' multi-threaded runtime, with `XCED_WORKER_THREADS` worker threads if set.
+fn build_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    let threads = worker_threads()?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        builder.worker_threads(n);
+    }
+    tracing::info!(
+        worker_threads = threads.map_or_else(|| "one per core".to_owned(), |n| n.to_string()),
+        "async runtime"
+    );
+    builder
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
 }
 
 /// The environment variable that sets the daemons' worker threads.
