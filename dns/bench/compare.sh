@@ -19,6 +19,11 @@
 # Needs dnsperf, nsd, knot, dnsmasq, unbound and dig (Debian: apt-get install dnsperf nsd
 # knot dnsmasq unbound bind9-dnsutils). Prints one ROUND line per round and one SUMMARY
 # line (the best of the rounds for each server).
+#
+# ONE_CORE=1: every server (ours with XCED_WORKER_THREADS=1, so one UDP reader) runs pinned
+# to core SERVER_CORE (default 1) with taskset, and dnsperf to the other cores: a one-core
+# comparison. Unset: ours runs as deployed (a worker thread per core, as many UDP readers),
+# the others with their one worker, none pinned.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 secs=${1:-10}
@@ -39,7 +44,15 @@ declare -A port
 for s in ours nsd knot dnsmasq unbound; do port[$s]=$(free_port); done
 ours=${port[ours]}
 
-XCE_CONFIG=$tmp/cli.toml "$xced" dev --hosts 3 --listen 127.0.0.1:0 --data-dir "$tmp/data" \
+pin=() perf_pin=() mode=deployed
+if [ "${ONE_CORE:-}" = 1 ]; then
+  core=${SERVER_CORE:-1}
+  others=$(python3 -c "import os; print(','.join(str(c) for c in sorted(os.sched_getaffinity(0)) if c != $core) or '$core')")
+  pin=(taskset -c "$core") perf_pin=(taskset -c "$others") mode=one-core
+  export XCED_WORKER_THREADS=1
+fi
+
+XCE_CONFIG=$tmp/cli.toml "${pin[@]}" "$xced" dev --hosts 3 --listen 127.0.0.1:0 --data-dir "$tmp/data" \
   --client-config "$tmp/cli.toml" --dns "127.0.0.1:$ours" >"$tmp/xced.out" 2>&1 &
 pids+=($!)
 until grep -q "apiserver listening" "$tmp/xced.out"; do sleep 0.2; done
@@ -148,13 +161,13 @@ awk '$4 == "A" {sub(/\.$/, "", $1); print $5, $1}' "$tmp/records" >"$tmp/dnsmasq
   sed 's/.*/  local-data: "&"/' "$tmp/records"
 } >"$tmp/unbound.conf"
 
-nsd -d -c "$tmp/nsd.conf" >"$tmp/nsd.out" 2>&1 &
+"${pin[@]}" nsd -d -c "$tmp/nsd.conf" >"$tmp/nsd.out" 2>&1 &
 pids+=($!)
-knotd -c "$tmp/knot.conf" >"$tmp/knot.out" 2>&1 &
+"${pin[@]}" knotd -c "$tmp/knot.conf" >"$tmp/knot.out" 2>&1 &
 pids+=($!)
-dnsmasq -k -C "$tmp/dnsmasq.conf" >"$tmp/dnsmasq.out" 2>&1 &
+"${pin[@]}" dnsmasq -k -C "$tmp/dnsmasq.conf" >"$tmp/dnsmasq.out" 2>&1 &
 pids+=($!)
-unbound -d -c "$tmp/unbound.conf" >"$tmp/unbound.out" 2>&1 &
+"${pin[@]}" unbound -d -c "$tmp/unbound.conf" >"$tmp/unbound.out" 2>&1 &
 pids+=($!)
 for s in nsd knot dnsmasq unbound; do
   tries=0
@@ -182,7 +195,7 @@ wait_perf() { while pgrep -f "dnsperf -s 127.0.0.1" >/dev/null; do sleep 0.5; do
 qps() { # server -> queries per second (16 source addresses, one dnsperf each, in parallel)
   local p=${port[$1]} total=0 out
   for s in $(seq 2 17); do
-    dnsperf -s 127.0.0.1 -p "$p" -a "127.0.0.$s" -d "$tmp/queries" -l "$secs" -c 1 -q 20 \
+    "${perf_pin[@]}" dnsperf -s 127.0.0.1 -p "$p" -a "127.0.0.$s" -d "$tmp/queries" -l "$secs" -c 1 -q 20 \
       >"$tmp/perf.$p.$s" 2>&1 &
   done
   wait_perf
@@ -210,7 +223,7 @@ done
 # p99 latency at half our best rate: the same 16 sources, each sending 1/16 of the rate.
 half=$(python3 -c "print(max(1, ${best[ours]} // 2 // 16))")
 for s in $(seq 2 17); do
-  dnsperf -s 127.0.0.1 -p "$ours" -a "127.0.0.$s" -d "$tmp/queries" -l "$secs" -c 1 -q 20 \
+  "${perf_pin[@]}" dnsperf -s 127.0.0.1 -p "$ours" -a "127.0.0.$s" -d "$tmp/queries" -l "$secs" -c 1 -q 20 \
     -Q "$half" -v >"$tmp/half.$s" 2>&1 &
 done
 wait_perf
@@ -219,6 +232,8 @@ lost=$(cat "$tmp"/half.* | awk '/Queries lost/ {s+=$3} END {print s+0}')
 
 api=$(sed -n 's/^api = "\(.*\)"/\1/p' "$tmp/cli.toml"); token=$(sed -n 's/^token = "\(.*\)"/\1/p' "$tmp/cli.toml")
 limited=$(curl -s -H "Authorization: Bearer $token" "$api/metrics" | awk '/^xce_dns_dropped_total.*rate_limited/ {s+=$2} END {print s+0}')
+slipped=$(curl -s -H "Authorization: Bearer $token" "$api/metrics" | awk '/^xce_dns_slipped_total/ {s+=$2} END {print s+0}')
 threads=$(ls "/proc/${pids[0]}/task" | wc -l)
+readers=$(sed -n 's/.*, \([0-9]*\) udp readers\..*/\1/p' "$tmp/xced.out")
 ratio() { python3 -c "print(round(${best[ours]}/max(1, ${best[$1]}), 2))"; }
-echo "SUMMARY dns services=$services queries=$(wc -l <"$tmp/queries") seconds=$secs rounds=$rounds qps_ours=${best[ours]} qps_nsd=${best[nsd]} qps_knot=${best[knot]} qps_dnsmasq=${best[dnsmasq]} qps_unbound=${best[unbound]} ratio_nsd=$(ratio nsd) ratio_knot=$(ratio knot) ratio_dnsmasq=$(ratio dnsmasq) ratio_unbound=$(ratio unbound) p99_half_ms=$p99 half_qps=$((half * 16)) half_lost=$lost same_records=$same rate_limited_drops=$limited xced_threads=$threads"
+echo "SUMMARY dns services=$services queries=$(wc -l <"$tmp/queries") seconds=$secs rounds=$rounds qps_ours=${best[ours]} qps_nsd=${best[nsd]} qps_knot=${best[knot]} qps_dnsmasq=${best[dnsmasq]} qps_unbound=${best[unbound]} ratio_nsd=$(ratio nsd) ratio_knot=$(ratio knot) ratio_dnsmasq=$(ratio dnsmasq) ratio_unbound=$(ratio unbound) p99_half_ms=$p99 half_qps=$((half * 16)) half_lost=$lost same_records=$same rate_limited_drops=$limited slipped=$slipped mode=$mode xced_workers=${XCED_WORKER_THREADS:-cores} udp_readers=${readers:-?} xced_threads=$threads"

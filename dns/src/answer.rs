@@ -124,6 +124,21 @@ pub fn answer(
     Some(encode(response, limit, qtype))
 }
 
+/// The reply to a query refused by the rate limit that slips: its question, TC set, no
+/// records, no bigger than the query (no amplification). `None`: not a query we would
+/// answer (then it is dropped like any other).
+pub(crate) fn slip(bytes: &[u8]) -> Option<Vec<u8>> {
+    let request = Message::from_vec(bytes).ok()?;
+    if request.metadata.message_type != MessageType::Query || request.queries.len() != 1 {
+        return None;
+    }
+    let mut response = Message::response(request.metadata.id, request.metadata.op_code);
+    response.metadata.recursion_desired = request.metadata.recursion_desired;
+    response.metadata.truncation = true;
+    response.add_queries(request.queries);
+    response.to_vec().ok()
+}
+
 /// FORMERR for a packet with a query's header that does not parse; nothing for anything
 /// shorter than a header or flagged as a response.
 fn formerr(bytes: &[u8]) -> Option<Answered> {

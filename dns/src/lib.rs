@@ -21,7 +21,10 @@ mod view;
 mod zone;
 
 pub use answer::{answer, Answered, Apex, Transport, MAX_UDP};
-pub use config::{ConfigError, DnsConfig, DEFAULT_PER_SOURCE_QPS, DEFAULT_PRINCIPAL, MAX_TTL};
+pub use config::{
+    ConfigError, DnsConfig, DEFAULT_PER_SOURCE_QPS, DEFAULT_PRINCIPAL, DEFAULT_SLIP, MAX_SLIP,
+    MAX_TTL, MAX_UDP_READERS,
+};
 pub use doh::{DnsApi, DNS_MESSAGE};
 pub use server::{Dns, Listener};
 pub use view::View;

@@ -33,6 +33,7 @@ pub(crate) struct Metrics {
     latency: Family<TransportLabel, Histogram>,
     pub(crate) rebuilds: Counter,
     pub(crate) services: Gauge,
+    pub(crate) slipped: Counter,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -51,6 +52,7 @@ impl Metrics {
             }),
             rebuilds: Counter::default(),
             services: Gauge::default(),
+            slipped: Counter::default(),
         }
     }
 
@@ -64,6 +66,11 @@ impl Metrics {
             "xce_dns_dropped",
             "DNS packets not answered, by transport and reason (not_a_query, rate_limited, bad_frame)",
             self.dropped.clone(),
+        );
+        registry.register(
+            "xce_dns_slipped",
+            "UDP queries past the per-source rate answered with an empty truncated reply (TC) instead of dropped, so the client retries over TCP",
+            self.slipped.clone(),
         );
         registry.register(
             "xce_dns_answer_seconds",

@@ -4,7 +4,7 @@
 
 use crate::answer::{answer, Apex, Transport};
 use crate::config::{ConfigError, DnsConfig};
-use crate::limit::Limiter;
+use crate::limit::{Shared, Verdict};
 use crate::metrics::Metrics;
 use crate::view::View;
 use crate::zone::Zone;
@@ -34,6 +34,8 @@ pub struct Dns {
     pub(crate) metrics: Metrics,
     rebuilding: std::sync::Once,
     per_source_qps: u32,
+    udp_readers: Option<u16>,
+    slip: u8,
 }
 
 impl Dns {
@@ -55,6 +57,8 @@ impl Dns {
             metrics: Metrics::new(),
             rebuilding: std::sync::Once::new(),
             per_source_qps: cfg.per_source_qps,
+            udp_readers: cfg.udp_readers,
+            slip: cfg.slip,
         }))
     }
 
@@ -94,21 +98,35 @@ impl Dns {
     }
 
     /// Binds UDP and TCP on `addr` and answers there as `principal`, until the returned
-    /// [`Listener`] is dropped.
+    /// [`Listener`] is dropped. UDP is read by `udp_readers` tasks (default: one per
+    /// worker thread of the current runtime), each on its own socket of the address.
     pub async fn listen(
         self: &Arc<Self>,
         addr: SocketAddr,
         principal: Principal,
     ) -> std::io::Result<Listener> {
-        let (udp, tcp) = bind_both(addr).await?;
+        let readers = self.udp_readers.map_or_else(
+            || tokio::runtime::Handle::current().metrics().num_workers(),
+            usize::from,
+        );
+        let (udp, tcp) = bind_both(addr, readers > 1).await?;
         let addr = udp.local_addr()?;
+        let mut sockets = vec![udp];
+        for _ in 1..readers {
+            sockets.push(udp_socket(addr, true)?);
+        }
         let principal = Arc::new(principal);
+        let limiter = Arc::new(Shared::new(self.per_source_qps, self.slip));
         let mut tasks = JoinSet::new();
-        tasks.spawn(serve_udp(self.clone(), Arc::new(udp), principal.clone()));
+        for socket in sockets {
+            let (dns, principal, limiter) = (self.clone(), principal.clone(), limiter.clone());
+            tasks.spawn(serve_udp(dns, socket, principal, limiter));
+        }
         tasks.spawn(serve_tcp(self.clone(), tcp, principal.clone()));
-        tracing::info!(%addr, principal = %principal.name, domain = %self.apex_name(), "dns: listening on UDP and TCP");
+        tracing::info!(%addr, principal = %principal.name, domain = %self.apex_name(), udp_readers = readers, "dns: listening on UDP and TCP");
         Ok(Listener {
             addr,
+            udp_readers: readers,
             _tasks: tasks,
         })
     }
@@ -119,11 +137,15 @@ impl Dns {
 }
 
 /// UDP and TCP sockets on the same address and port. With port 0 the port is picked for
-/// UDP first; if TCP has that port taken, another is picked (a few times).
-async fn bind_both(addr: SocketAddr) -> std::io::Result<(UdpSocket, TcpListener)> {
+/// UDP first; if TCP has that port taken, another is picked (a few times). `reuse_port`:
+/// the UDP socket lets more join its port (see [`udp_socket`]).
+async fn bind_both(
+    addr: SocketAddr,
+    reuse_port: bool,
+) -> std::io::Result<(UdpSocket, TcpListener)> {
     let mut attempts = if addr.port() == 0 { 16 } else { 1 };
     loop {
-        let udp = UdpSocket::bind(addr).await?;
+        let udp = udp_socket(addr, reuse_port)?;
         match TcpListener::bind(udp.local_addr()?).await {
             Ok(tcp) => return Ok((udp, tcp)),
             Err(e) if attempts > 1 && e.kind() == std::io::ErrorKind::AddrInUse => attempts -= 1,
@@ -132,10 +154,27 @@ async fn bind_both(addr: SocketAddr) -> std::io::Result<(UdpSocket, TcpListener)
     }
 }
 
+/// A UDP socket bound to `addr`. With `reuse_port`, `SO_REUSEPORT`: several sockets of
+/// this process share the port and the kernel hands each source's packets to one of
+/// them, so each reader has its own receive queue (no lock shared by every packet, no
+/// reader woken for a packet another takes). Linux lets only sockets of the same user
+/// join a port this way.
+fn udp_socket(addr: SocketAddr, reuse_port: bool) -> std::io::Result<UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if reuse_port {
+        socket.set_reuse_port(true)?;
+    }
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    UdpSocket::from_std(socket.into())
+}
+
 /// The UDP and TCP listeners of a [`Dns`]; dropping it stops them.
 #[derive(Debug)]
 pub struct Listener {
     addr: SocketAddr,
+    udp_readers: usize,
     _tasks: JoinSet<()>,
 }
 
@@ -143,6 +182,11 @@ impl Listener {
     /// The address both listen on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// How many tasks (and sockets) receive UDP queries.
+    pub fn udp_readers(&self) -> usize {
+        self.udp_readers
     }
 }
 
@@ -178,11 +222,17 @@ async fn rebuild(dns: Weak<Dns>) {
     }
 }
 
-async fn serve_udp(dns: Arc<Dns>, socket: Arc<UdpSocket>, principal: Arc<Principal>) {
+/// One UDP reader: receives, answers and sends on its socket, one query at a time (the
+/// answer is synchronous and short; other readers take the other sockets' queries).
+async fn serve_udp(
+    dns: Arc<Dns>,
+    socket: UdpSocket,
+    principal: Arc<Principal>,
+    limiter: Arc<Shared>,
+) {
     // Bigger than any query we answer (a query is one question: well under 1 KiB);
     // a longer datagram is cut to it and answered FORMERR.
     let mut buf = vec![0u8; 4096];
-    let mut limiter = Limiter::new(dns.per_source_qps);
     loop {
         let (n, peer) = match socket.recv_from(&mut buf).await {
             Ok(got) => got,
@@ -192,11 +242,18 @@ async fn serve_udp(dns: Arc<Dns>, socket: Arc<UdpSocket>, principal: Arc<Princip
                 continue;
             }
         };
-        if !limiter.admit(peer.ip(), Instant::now()) {
-            dns.metrics.dropped(Transport::Udp, "rate_limited");
-            continue;
-        }
-        if let Some(reply) = dns.answer(&*principal, &buf[..n], Transport::Udp) {
+        let reply = match limiter.admit(peer.ip(), Instant::now()) {
+            Verdict::Answer => dns.answer(&*principal, &buf[..n], Transport::Udp),
+            Verdict::Slip => {
+                dns.metrics.slipped.inc();
+                crate::answer::slip(&buf[..n])
+            }
+            Verdict::Drop => {
+                dns.metrics.dropped(Transport::Udp, "rate_limited");
+                None
+            }
+        };
+        if let Some(reply) = reply {
             if let Err(error) = socket.send_to(&reply, peer).await {
                 tracing::debug!(%error, %peer, "dns: udp send");
             }

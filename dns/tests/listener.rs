@@ -181,18 +181,23 @@ fn bad_tcp_frames(addr: std::net::SocketAddr) -> usize {
             let a = Message::from_vec(&rest[2..]).unwrap();
             assert_eq!(a.metadata.response_code, ResponseCode::FormErr);
         }
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
-        s.set_read_timeout(Some(patience())).unwrap();
-        let q = query(7, "web.default.xce.", RecordType::A);
-        s.write_all(&[&(q.len() as u16).to_be_bytes()[..], &q].concat())
-            .unwrap();
-        let mut len = [0u8; 2];
-        s.read_exact(&mut len).unwrap();
-        let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
-        s.read_exact(&mut buf).unwrap();
-        assert_eq!(Message::from_vec(&buf).unwrap().answers.len(), 3);
+        let a = tcp_ask(addr, &query(7, "web.default.xce.", RecordType::A));
+        assert_eq!(a.answers.len(), 3);
     }
     frames.len()
+}
+
+/// One query over a new TCP connection, and its answer.
+fn tcp_ask(addr: std::net::SocketAddr, q: &[u8]) -> Message {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(patience())).unwrap();
+    s.write_all(&[&(q.len() as u16).to_be_bytes()[..], q].concat())
+        .unwrap();
+    let mut len = [0u8; 2];
+    s.read_exact(&mut len).unwrap();
+    let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
+    s.read_exact(&mut buf).unwrap();
+    Message::from_vec(&buf).unwrap()
 }
 
 /// How soon a replica that starts draining is gone from the answers: from applying the
@@ -238,17 +243,76 @@ async fn a_change_reaches_the_answers_within_a_rebuild() {
     );
 }
 
-/// The value of the rate-limited drops on the server's `/metrics` text.
-fn rate_limited(dns: &Arc<Dns>) -> f64 {
+/// The sum of the server's `/metrics` samples whose line starts with `name` and contains
+/// `label`.
+fn metric(dns: &Arc<Dns>, name: &str, label: &str) -> f64 {
     use plugin_api::ApiExtension;
     let mut registry = prometheus_client::registry::Registry::default();
     xce_dns::DnsApi(dns.clone()).register_metrics(&mut registry);
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
     text.lines()
-        .find(|l| l.starts_with("xce_dns_dropped_total") && l.contains("rate_limited"))
-        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-        .unwrap_or(0.0)
+        .filter(|l| l.starts_with(name) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The value of the rate-limited drops on the server's `/metrics` text.
+fn rate_limited(dns: &Arc<Dns>) -> f64 {
+    metric(dns, "xce_dns_dropped_total", "rate_limited")
+}
+
+/// With several UDP readers (sockets sharing the port), one source address sending from
+/// many ports reaches several of them: it is still limited once, by one shared bucket,
+/// not once per reader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_is_limited_once_across_all_udp_readers() {
+    let cfg = DnsConfig {
+        per_source_qps: 50,
+        udp_readers: Some(4),
+        slip: 0,
+        ..Default::default()
+    };
+    let (_table, dns) = server_with(&cfg).await;
+    let listener = dns
+        .listen("127.0.0.1:0".parse().unwrap(), admin())
+        .await
+        .unwrap();
+    assert_eq!(listener.udp_readers(), 4);
+    let addr = listener.addr();
+    let t0 = Instant::now();
+    let sent = tokio::task::spawn_blocking(move || {
+        let q = query(3, "web.default.xce.", RecordType::A);
+        let mut sent = 0;
+        // 8 ports of one address: the kernel hashes them over the 4 sockets.
+        for _ in 0..8 {
+            let s = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            s.connect(addr).unwrap();
+            for _ in 0..40 {
+                sent += usize::from(s.send(&q).is_ok());
+            }
+        }
+        sent
+    })
+    .await
+    .unwrap();
+    let udp_answered = || metric(&dns, "xce_dns_queries_total", "transport=\"udp\"");
+    while udp_answered() + rate_limited(&dns) < sent as f64 {
+        assert!(
+            t0.elapsed() < patience(),
+            "every query is answered or dropped"
+        );
+        tokio::task::yield_now().await;
+    }
+    let (answered, elapsed) = (udp_answered(), t0.elapsed().as_secs_f64());
+    // One bucket: a burst of 50 plus 50/s since; a bucket per reader would pass up to 4×.
+    let allowed = 50.0 + (50.0 * elapsed).ceil();
+    println!("FIGURE dns shared limit: sent={sent} answered={answered} allowed={allowed} readers=4 seconds={elapsed:.3}");
+    assert!(
+        answered <= allowed,
+        "{answered} answered, at most {allowed} allowed"
+    );
+    assert!(answered >= 50.0, "the burst is answered");
 }
 
 /// One address flooding the listener past `per_source_qps` is dropped (and counted),
@@ -292,5 +356,45 @@ async fn a_flood_from_one_address_does_not_starve_another() {
     .unwrap();
     let dropped = rate_limited(&dns);
     assert!(dropped > 0.0, "the flood was limited");
-    println!("FIGURE dns flood: flood_sent={sent} rate_limited_drops={dropped} other_source_answered={legit}/20");
+    let tries = tokio::task::spawn_blocking(move || client_behind_the_flood(addr))
+        .await
+        .unwrap();
+    let slipped = metric(&dns, "xce_dns_slipped_total", "");
+    assert!(slipped > 0.0, "refused queries slipped");
+    println!("FIGURE dns flood: flood_sent={sent} rate_limited_drops={dropped} slipped={slipped} other_source_answered={legit}/20 client_behind_flood_tries={tries}");
+}
+
+/// A client on the flooding address (as a forged flood makes it look): its UDP queries
+/// are refused with the flood's, but one of them slips (an empty TC reply) and the
+/// client's retry over TCP is answered. Returns how many UDP tries it took.
+fn client_behind_the_flood(addr: std::net::SocketAddr) -> usize {
+    let flood = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    flood.connect(addr).unwrap();
+    let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    client.connect(addr).unwrap();
+    client
+        .set_read_timeout(Some(std::time::Duration::from_millis(200)))
+        .unwrap();
+    let t0 = Instant::now();
+    for tries in 1.. {
+        assert!(t0.elapsed() < patience(), "no refused query slipped");
+        // Keep the address's bucket empty, then ask (a new id each try: a late reply to
+        // an earlier try is told apart).
+        for _ in 0..200 {
+            let _ = flood.send(&query(0, "web.default.xce.", RecordType::A));
+        }
+        let id = 1000 + tries as u16;
+        let q = query(id, "web.default.xce.", RecordType::A);
+        let Some(a) = udp_ask(&client, &q).filter(|a| a.metadata.id == id) else {
+            continue; // dropped: a client retransmits
+        };
+        if !a.metadata.truncation {
+            continue; // the bucket had refilled: answered, but not what this shows
+        }
+        assert!(a.answers.is_empty() && a.additionals.is_empty(), "{a:?}");
+        assert_eq!(a.queries, Message::from_vec(&q).unwrap().queries);
+        assert_eq!(tcp_ask(addr, &q).answers.len(), 3, "TCP is not limited");
+        return tries;
+    }
+    unreachable!()
 }

@@ -27,9 +27,10 @@ pub(crate) async fn listen(
         .await
         .with_context(|| format!("dns.listen {addr}: cannot listen on UDP and TCP"))?;
     println!(
-        "xced: dns on {} (udp, tcp), zone {}.",
+        "xced: dns on {} (udp, tcp), zone {}, {} udp readers.",
         listener.addr(),
-        cfg.domain
+        cfg.domain,
+        listener.udp_readers()
     );
     Ok(Some(listener))
 }

@@ -171,13 +171,10 @@ fn main() -> std::process::ExitCode {
         Ok((_, limit)) => tracing::info!(limit, "open-file limit"),
         Err(e) => tracing::warn!(error = %e, "cannot raise the open-file limit"),
     }
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match build_runtime() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            eprintln!("error: {e:#}");
             return std::process::ExitCode::FAILURE;
         }
     };
@@ -187,6 +184,46 @@ fn main() -> std::process::ExitCode {
             eprintln!("error: {e:#}");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// The daemons' multi-threaded runtime, with `XCED_WORKER_THREADS` worker threads if set.
+fn build_runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    let threads = worker_threads()?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(n) = threads {
+        builder.worker_threads(n);
+    }
+    tracing::info!(
+        worker_threads = threads.map_or_else(|| "one per core".to_owned(), |n| n.to_string()),
+        "async runtime"
+    );
+    builder
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// The environment variable that sets the daemons' worker threads.
+const WORKER_THREADS_ENV: &str = "XCED_WORKER_THREADS";
+
+/// `XCED_WORKER_THREADS`: how many worker threads the daemon's async runtime runs (unset:
+/// one per core, tokio's default). For pinning a daemon to fewer cores than the machine
+/// has (`taskset`), or measuring it on one.
+fn worker_threads() -> anyhow::Result<Option<usize>> {
+    parse_worker_threads(std::env::var_os(WORKER_THREADS_ENV).as_deref())
+}
+
+fn parse_worker_threads(raw: Option<&std::ffi::OsStr>) -> anyhow::Result<Option<usize>> {
+    let Some(raw) = raw else {
+        return Ok(None);
+    };
+    let text = raw.to_string_lossy();
+    match text.trim().parse::<usize>() {
+        Ok(n) if (1..=1024).contains(&n) => Ok(Some(n)),
+        _ => anyhow::bail!(
+            "{WORKER_THREADS_ENV} {text:?}: must be a whole number of threads from 1 to 1024"
+        ),
     }
 }
 
@@ -908,6 +945,34 @@ impl Signals {
                 let code = if signal == "SIGINT" { 130 } else { 143 };
                 std::process::exit(code);
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_worker_threads;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn worker_threads_are_a_bounded_whole_number_and_errors_name_the_variable() {
+        assert_eq!(parse_worker_threads(None).unwrap(), None);
+        assert_eq!(
+            parse_worker_threads(Some(OsStr::new("1"))).unwrap(),
+            Some(1)
+        );
+        assert_eq!(
+            parse_worker_threads(Some(OsStr::new(" 4 "))).unwrap(),
+            Some(4)
+        );
+        for bad in ["0", "-1", "two", "", "1025"] {
+            let e = parse_worker_threads(Some(OsStr::new(bad))).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "XCED_WORKER_THREADS {bad:?}: must be a whole number of threads from 1 to 1024"
+                )
+            );
         }
     }
 }
