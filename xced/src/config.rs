@@ -68,6 +68,12 @@ pub(crate) struct ControllerFile {
     /// refuses above; raised with it, a big change takes fewer transactions.
     #[serde(default = "d_max_txn_ops")]
     pub(crate) etcd_max_txn_ops: usize,
+    /// The store format the controller writes (2 unless set; 3: the events of a batch
+    /// refer to its job records, fewer bytes per placement on etcd). Set 3 only once
+    /// every controller and apiserver runs a release that reads it (UPGRADING.md): a
+    /// store never goes back, and older apiservers fail closed on it.
+    #[serde(default = "d_store_format")]
+    pub(crate) store_format: u64,
     /// With the etcd store: the lease TTL of the leader election (a standby takes over
     /// within about this long after the leader dies).
     #[serde(default = "d_leader_ttl", with = "humantime_serde")]
@@ -95,6 +101,10 @@ pub(crate) struct ControllerFile {
 
 fn d_max_txn_ops() -> usize {
     xce_store::DEFAULT_MAX_TXN_OPS
+}
+
+fn d_store_format() -> u64 {
+    xce_model::DEFAULT_STORE_FORMAT
 }
 
 fn d_drain_ack_timeout() -> Duration {
@@ -572,6 +582,15 @@ pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
             "etcd_max_txn_ops ({}) must be at least 2 (a change and its fence); etcd's \
              --max-txn-ops is 128 by default",
             cfg.etcd_max_txn_ops
+        ));
+    }
+    if !(xce_model::OLDEST_WRITABLE_FORMAT..=xce_model::FORMAT).contains(&cfg.store_format) {
+        problems.push(format!(
+            "store_format ({}) must be between {} and {}: the store formats this release \
+             writes",
+            cfg.store_format,
+            xce_model::OLDEST_WRITABLE_FORMAT,
+            xce_model::FORMAT
         ));
     }
     if !problems.is_empty() {

@@ -56,7 +56,7 @@ fn only_a_followed_store_gets_the_batches_events() {
         match (journals, events) {
             (false, None) => {}
             (true, Some((_, bytes))) => {
-                let last = xce_model::decode_events(bytes).unwrap();
+                let last = xce_model::decode_events(bytes, |_| None).unwrap();
                 let placed = last
                     .iter()
                     .filter(|e| matches!(e, ClusterEvent::Job { .. }))
