@@ -927,7 +927,7 @@ mod tests {
         std::fs::write(
             &path,
             "grace_period = \"2s\"\nunreachable_after = \"3s\"\ndisruption_threshold = 1.5\n\
-             etcd_max_txn_ops = 1\n",
+             etcd_max_txn_ops = 1\nstore_format = 4\n",
         )
         .unwrap();
         let err = load_controller(&path).unwrap_err().to_string();
@@ -938,6 +938,7 @@ mod tests {
                 "grace_period must be longer than unreachable_after",
                 "disruption_threshold (1.5) must be more than 0 and at most 1 (1 turns the full-disruption rule off)",
                 "etcd_max_txn_ops (1) must be at least 2 (a change and its fence); etcd's --max-txn-ops is 128 by default",
+                "store_format (4) must be between 2 and 3: the store formats this release writes",
             ],
             "{err}"
         );
@@ -951,6 +952,9 @@ mod tests {
         assert_eq!(cfg.etcd_max_txn_ops, 128, "etcd's own default");
         std::fs::write(&path, "etcd_max_txn_ops = 1024\n").unwrap();
         assert_eq!(load_controller(&path).unwrap().etcd_max_txn_ops, 1024);
+        assert_eq!(cfg.store_format, 2, "what the previous release's apiservers read");
+        std::fs::write(&path, "store_format = 3\n").unwrap();
+        assert_eq!(load_controller(&path).unwrap().store_format, 3);
     }
 
     /// `max_lag` (apiserver) and `drain_ack_timeout` (controller): defaults, and values
