@@ -952,7 +952,10 @@ mod tests {
         assert_eq!(cfg.etcd_max_txn_ops, 128, "etcd's own default");
         std::fs::write(&path, "etcd_max_txn_ops = 1024\n").unwrap();
         assert_eq!(load_controller(&path).unwrap().etcd_max_txn_ops, 1024);
-        assert_eq!(cfg.store_format, 2, "what the previous release's apiservers read");
+        assert_eq!(
+            cfg.store_format, 2,
+            "what the previous release's apiservers read"
+        );
         std::fs::write(&path, "store_format = 3\n").unwrap();
         assert_eq!(load_controller(&path).unwrap().store_format, 3);
     }

@@ -15,11 +15,9 @@
 //! a decode error, which it treats as an event it does not understand (it fails closed);
 //! `meta/format` = 3 in the store makes it refuse the store before that anyway.
 
-use crate::JobRec;
 use plugin_api::{ClusterEvent, JobId, JobInfo, JobState};
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
-use std::collections::BTreeMap;
 use std::fmt;
 
 /// The first format whose events refer to the job records of their batch.
@@ -73,11 +71,11 @@ fn same_but_state(a: &JobInfo, b: &JobInfo) -> bool {
 }
 
 /// The events record of a batch in `format`: whole events up to format 2; from
-/// [`REFERENCING_FORMAT`] on, a job event whose job's record `jobs` (the batch's job
-/// writes) holds refers to it.
-pub fn encode_events(
+/// [`REFERENCING_FORMAT`] on, a job event whose job's record the batch writes refers to
+/// it (`written(id)`: the job of the record the batch writes for job `id`, if any).
+pub fn encode_events<'a>(
     events: &[ClusterEvent],
-    jobs: &BTreeMap<JobId, Option<JobRec>>,
+    written: impl Fn(&str) -> Option<&'a JobInfo>,
     format: u64,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 * events.len() + 2);
@@ -88,10 +86,7 @@ pub fn encode_events(
         }
         let written = match e {
             ClusterEvent::Job { job, .. } if format >= REFERENCING_FORMAT => {
-                match jobs.get(&job.job) {
-                    Some(Some(rec)) => same_but_state(&rec.info, job),
-                    _ => false,
-                }
+                written(&job.job).is_some_and(|info| same_but_state(info, job))
             }
             _ => false,
         };

@@ -911,7 +911,8 @@ impl Txn {
         }
         section(NS_META, "rev", Some(enc(&self.rev)));
         if events && !self.events.is_empty() {
-            let record = events::encode_events(&self.events, &self.jobs, self.stored_format);
+            let written = |id: &str| self.jobs.get(id)?.as_ref().map(|j| &j.info);
+            let record = events::encode_events(&self.events, written, self.stored_format);
             section(NS_META, EVENTS, Some(record));
         }
         b
