@@ -32,7 +32,9 @@
 //! `XCE_SCALE_BIG` (10,000: the big service; the controller's per-service limit must
 //! allow it), `XCE_SCALE_EACH` (500: the size of the other services),
 //! `XCE_SCALE_STORES` (`redb,etcd`), `XCE_SCALE_ETCD_TXN_OPS` (128: etcd's
-//! `--max-txn-ops` and the controller's `etcd_max_txn_ops`, both). Needs `target/release/xced` (or `$XCED`) and `etcd`
+//! `--max-txn-ops` and the controller's `etcd_max_txn_ops`, both), `XCE_SCALE_STORE_FORMAT`
+//! (3: the controller's `store_format`, whose job events refer to the job records of
+//! their batch; 0 leaves the setting out, for an `xced` that predates it). Needs `target/release/xced` (or `$XCED`) and `etcd`
 //! (or `$ETCD`). Run: `sh integration-tests/bench-scale.sh controller_scale`. Children are
 //! killed when dropped, on a panic and by a watchdog past [`DEADLINE`].
 
@@ -71,6 +73,8 @@ struct Config {
     stores: Vec<String>,
     /// etcd's `--max-txn-ops` and the controller's `etcd_max_txn_ops` (etcd's default).
     etcd_txn_ops: usize,
+    /// The controller's `store_format` (0: not set).
+    store_format: usize,
 }
 
 fn knob(name: &str, default: usize) -> usize {
@@ -93,6 +97,7 @@ impl Config {
             each: knob("XCE_SCALE_EACH", 500),
             stores: stores.split(',').map(|s| s.trim().to_owned()).collect(),
             etcd_txn_ops: knob("XCE_SCALE_ETCD_TXN_OPS", 128),
+            store_format: knob("XCE_SCALE_STORE_FORMAT", 3),
         };
         if let Some(bad) = cfg
             .stores
@@ -202,6 +207,8 @@ struct Figures {
     /// while placing: how far its batching kept up.
     settles: f64,
     etcd_cpu_us_per_placement: Option<f64>,
+    /// What etcd wrote while placing, per placement: (transactions, keys put, bytes put).
+    etcd_writes_per_placement: Option<(f64, f64, f64)>,
     fakes_cpu_us_per_placement: f64,
     fake_posts: usize,
     fake_errors: usize,
@@ -255,6 +262,12 @@ impl Figures {
             self.fake_errors,
             self.settles
         );
+        if let Some((txns, puts, bytes)) = self.etcd_writes_per_placement {
+            println!(
+                "SUMMARY scale store={s} etcd_txns_per_placement={txns:.3} \
+                 etcd_puts_per_placement={puts:.2} etcd_put_bytes_per_placement={bytes:.0}"
+            );
+        }
     }
 }
 
@@ -285,8 +298,12 @@ async fn bench_store(cfg: &Config, store: &str, services: &[(String, usize)]) ->
     };
     if store == "etcd" {
         println!(
-            "  etcd --max-txn-ops={0}, the controller's etcd_max_txn_ops = {0}",
-            cfg.etcd_txn_ops
+            "  etcd --max-txn-ops={0}, the controller's etcd_max_txn_ops = {0}, store_format = {1}",
+            cfg.etcd_txn_ops,
+            match cfg.store_format {
+                0 => "(not set)".to_owned(),
+                n => n.to_string(),
+            }
         );
         c.start_apiserver().await?;
     }
@@ -299,6 +316,7 @@ async fn bench_store(cfg: &Config, store: &str, services: &[(String, usize)]) ->
         cpu_us(me),
         c.etcd_pid().map(cpu_us),
     );
+    let writes0 = c.etcd_writes().await?;
 
     // 1. placements
     let settles0 = c.counter("xce_controller_settles").await?;
@@ -337,6 +355,13 @@ async fn bench_store(cfg: &Config, store: &str, services: &[(String, usize)]) ->
         .etcd_pid()
         .zip(cpu0.2)
         .map(|(p, before)| (cpu_us(p) - before) / placements);
+    f.etcd_writes_per_placement = c.etcd_writes().await?.zip(writes0).map(|(a, b)| {
+        (
+            (a.0 - b.0) / placements,
+            (a.1 - b.1) / placements,
+            (a.2 - b.2) / placements,
+        )
+    });
     println!(
         "  placed: submitted in {:.2}s, committed after {:.2}s, ready after {:.2}s",
         f.submit_s, f.committed_s, f.ready_s
@@ -563,7 +588,11 @@ impl Cluster {
                         "store = \"etcd://{e}\"\nleader_ttl = \"3s\"\netcd_max_txn_ops = {}\n",
                         cfg.etcd_txn_ops
                     ))
-                    .unwrap_or_default(),
+                    .unwrap_or_default()
+                    + &match cfg.store_format {
+                        0 => String::new(),
+                        n => format!("store_format = {n}\n"),
+                    },
             ),
         )?;
         let mut c = Cluster {
@@ -790,15 +819,28 @@ impl Cluster {
             .await?
             .text()
             .await?;
-        Ok(text
-            .lines()
-            .filter(|l| {
-                l.strip_prefix(name)
-                    .is_some_and(|rest| rest.starts_with(['{', ' ']))
-            })
-            .filter(|l| keep(l))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum())
+        Ok(sum_of(&text, name, keep))
+    }
+
+    /// etcd's write counters (transactions, keys put, bytes of the keys and values put),
+    /// from its `/metrics`; `None` without etcd.
+    async fn etcd_writes(&self) -> Result<Option<(f64, f64, f64)>> {
+        let Some(endpoint) = &self.etcd_endpoint else {
+            return Ok(None);
+        };
+        let text = self
+            .http
+            .get(format!("http://{endpoint}/metrics"))
+            .send()
+            .await?
+            .text()
+            .await?;
+        let get = |name| sum_of(&text, name, |_| true);
+        Ok(Some((
+            get("etcd_mvcc_txn_total"),
+            get("etcd_mvcc_put_total"),
+            get("etcd_debugging_mvcc_total_put_size_in_bytes"),
+        )))
     }
 
     /// A counter of the controller's `/metrics` (`name` without `_total`), summed over
@@ -842,4 +884,17 @@ impl Cluster {
             .map(|h| h["ports"]["used"].as_u64().unwrap_or(0) as usize)
             .sum())
     }
+}
+
+/// The sum of the samples of metric `name` in a Prometheus text exposition, over the label
+/// sets `keep` accepts.
+fn sum_of(text: &str, name: &str, keep: impl Fn(&str) -> bool) -> f64 {
+    text.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(['{', ' ']))
+        })
+        .filter(|l| keep(l))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }

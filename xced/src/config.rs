@@ -68,6 +68,12 @@ pub(crate) struct ControllerFile {
     /// refuses above; raised with it, a big change takes fewer transactions.
     #[serde(default = "d_max_txn_ops")]
     pub(crate) etcd_max_txn_ops: usize,
+    /// The store format the controller writes (2 unless set; 3: the events of a batch
+    /// refer to its job records, fewer bytes per placement on etcd). Set 3 only once
+    /// every controller and apiserver runs a release that reads it (UPGRADING.md): a
+    /// store never goes back, and older apiservers fail closed on it.
+    #[serde(default = "d_store_format")]
+    pub(crate) store_format: u64,
     /// With the etcd store: the lease TTL of the leader election (a standby takes over
     /// within about this long after the leader dies).
     #[serde(default = "d_leader_ttl", with = "humantime_serde")]
@@ -95,6 +101,10 @@ pub(crate) struct ControllerFile {
 
 fn d_max_txn_ops() -> usize {
     xce_store::DEFAULT_MAX_TXN_OPS
+}
+
+fn d_store_format() -> u64 {
+    xce_model::DEFAULT_STORE_FORMAT
 }
 
 fn d_drain_ack_timeout() -> Duration {
@@ -574,6 +584,15 @@ pub(crate) fn load_controller(path: &Path) -> Result<ControllerFile> {
             cfg.etcd_max_txn_ops
         ));
     }
+    if !(xce_model::OLDEST_WRITABLE_FORMAT..=xce_model::FORMAT).contains(&cfg.store_format) {
+        problems.push(format!(
+            "store_format ({}) must be between {} and {}: the store formats this release \
+             writes",
+            cfg.store_format,
+            xce_model::OLDEST_WRITABLE_FORMAT,
+            xce_model::FORMAT
+        ));
+    }
     if !problems.is_empty() {
         bail!(
             "invalid controller config {}:\n  {}",
@@ -908,7 +927,7 @@ mod tests {
         std::fs::write(
             &path,
             "grace_period = \"2s\"\nunreachable_after = \"3s\"\ndisruption_threshold = 1.5\n\
-             etcd_max_txn_ops = 1\n",
+             etcd_max_txn_ops = 1\nstore_format = 4\n",
         )
         .unwrap();
         let err = load_controller(&path).unwrap_err().to_string();
@@ -919,6 +938,7 @@ mod tests {
                 "grace_period must be longer than unreachable_after",
                 "disruption_threshold (1.5) must be more than 0 and at most 1 (1 turns the full-disruption rule off)",
                 "etcd_max_txn_ops (1) must be at least 2 (a change and its fence); etcd's --max-txn-ops is 128 by default",
+                "store_format (4) must be between 2 and 3: the store formats this release writes",
             ],
             "{err}"
         );
@@ -932,6 +952,12 @@ mod tests {
         assert_eq!(cfg.etcd_max_txn_ops, 128, "etcd's own default");
         std::fs::write(&path, "etcd_max_txn_ops = 1024\n").unwrap();
         assert_eq!(load_controller(&path).unwrap().etcd_max_txn_ops, 1024);
+        assert_eq!(
+            cfg.store_format, 2,
+            "what the previous release's apiservers read"
+        );
+        std::fs::write(&path, "store_format = 3\n").unwrap();
+        assert_eq!(load_controller(&path).unwrap().store_format, 3);
     }
 
     /// `max_lag` (apiserver) and `drain_ack_timeout` (controller): defaults, and values

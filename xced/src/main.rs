@@ -420,6 +420,7 @@ async fn run_controller(
         metrics: cfg.metrics,
         drain_ack_timeout: cfg.drain_ack_timeout,
         dns_ttl: cfg.dns.listen.map(|_| cfg.dns.ttl),
+        store_format: cfg.store_format,
     };
     let endpoints = match store_flag.or(cfg.store.clone()) {
         None | Some(StoreSpec::Redb) => None,

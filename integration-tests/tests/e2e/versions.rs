@@ -260,8 +260,8 @@ async fn a_store_of_a_newer_release_stops_a_standby_and_closes_an_apiserver() {
     let api = fleet.apiserver(0);
     let served = api.wait_ready("web", 1).await;
 
-    // A newer release's leader migrated the store (format 3).
-    etcd_write(&fleet, "/xce/meta/format", Some("3")).await;
+    // A newer release's leader migrated the store (format 4; this release reads 1 to 3).
+    etcd_write(&fleet, "/xce/meta/format", Some("4")).await;
     let (status, body) = eventually("the apiserver fails closed", || async {
         let (status, body) = endpoints_answer(&api).await?;
         Ok((status == 503).then_some((status, body)))
@@ -269,11 +269,11 @@ async fn a_store_of_a_newer_release_stops_a_standby_and_closes_an_apiserver() {
     .await;
     assert!(
         body.contains(r#""code":"stale""#)
-            && body.contains("records of format 3")
-            && body.contains("(format 2 and older)"),
+            && body.contains("records of format 4")
+            && body.contains("(format 3 and older)"),
         "{body}"
     );
-    println!("apiserver on format 3: {status} {body}");
+    println!("apiserver on format 4: {status} {body}");
     // The standby exits rather than campaign for a store it cannot lead; the leader stays.
     let standby = std::sync::Mutex::new(fleet.controllers[1].take().unwrap());
     let code = eventually("the standby exits", || async {
@@ -283,7 +283,7 @@ async fn a_store_of_a_newer_release_stops_a_standby_and_closes_an_apiserver() {
     assert_eq!(code, Some(1));
     let said = log_line_with(
         &fleet.log("controller-1"),
-        &["format 3", "format 2", "leader stays in place"],
+        &["format 4", "format 3", "leader stays in place"],
     )
     .unwrap()
     .expect("the standby says why, naming both formats");

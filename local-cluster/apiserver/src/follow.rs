@@ -6,7 +6,11 @@
 //! controller commits rewrites `meta/events` with the batch's events (see
 //! `controller::model::events_key`), so the watch delivers each batch's events, in commit
 //! order, exactly as the leader's own listeners got them: the follower hands them to its
-//! listeners and the tables agree, indexes included. The global revision makes gaps
+//! listeners and the tables agree, indexes included. From store format 3 on, a job event
+//! refers to the job's record written in the same etcd revision instead of repeating it
+//! (`xce_model::events`): the follower keeps the job records of the revision it is
+//! reading and hands the revision's events on once the revision is complete (the next
+//! revision begins, or an answer ends that is not a fragment). The global revision makes gaps
 //! visible: events must follow the last applied one without a hole (a batch's events are
 //! consecutive revisions); anything else — and a watch that etcd compacted away — is met
 //! with a full reload and resync, never with a guess.
@@ -16,10 +20,12 @@ use super::metrics::Metrics;
 use plugin_api::{ClusterEvent, ClusterListener};
 use retry_backoff::Backoff;
 use serde_json::Value;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use xce_model::{
-    check_format, decode_events, decode_format, events_key, format_key, restored_key, Cluster,
+    check_format, decode_format, decode_stored_events, events_key, format_key, restored_key,
+    Cluster, EventsError,
 };
 use xce_store::etcd::gateway::int;
 use xce_store::{EtcdStore, Key, StoreError};
@@ -65,6 +71,20 @@ pub(crate) struct Follower {
     cluster_id: Option<String>,
     /// How fresh the listeners are (`fresh.rs`).
     fresh: Arc<Freshness>,
+    /// The etcd revision being read, not yet handed on.
+    revision: Revision,
+}
+
+/// What one etcd revision wrote that its events may refer to: the job records, and its
+/// events record.
+#[derive(Debug, Default)]
+struct Revision {
+    /// The etcd revision (0: none yet).
+    rev: i64,
+    /// Job records written, by job id.
+    jobs: HashMap<String, Vec<u8>>,
+    /// The events record, if the revision wrote one.
+    events: Option<Vec<u8>>,
 }
 
 impl std::fmt::Debug for Follower {
@@ -93,6 +113,7 @@ impl Follower {
             endpoint: 0,
             quiet_check: QUIET_CHECK,
             cluster_id: None,
+            revision: Revision::default(),
         }
     }
 
@@ -117,6 +138,7 @@ impl Follower {
         }
         self.applied = cluster.rev;
         self.etcd_rev = etcd_rev;
+        self.revision = Revision::default();
         self.cluster_id = cluster.cluster_id;
         self.metrics.resyncs.inc();
         self.metrics.applied.set(self.applied as i64);
@@ -192,6 +214,8 @@ impl Follower {
 
     /// One watch stream, from the revision after the last applied one, until it ends.
     async fn watch(&mut self) -> End {
+        // A revision not handed on yet is read again from `etcd_rev + 1`.
+        self.revision = Revision::default();
         let store = self.store.clone();
         self.metrics
             .watching_member(self.store.endpoints(), self.endpoint);
@@ -301,33 +325,93 @@ impl Follower {
             .map(Vec::as_slice)
             .unwrap_or_default()
         {
+            let rev = int(&ev["kv"]["mod_revision"]);
+            if rev != self.revision.rev {
+                if let Some(end) = self.hand_on() {
+                    return Some(end);
+                }
+                self.revision.rev = rev;
+            }
             let records = match self.store.records_of(ev) {
                 Ok(r) => r,
                 Err(e) => return Some(End::Reload(format!("unreadable watch event: {e}"))),
             };
             for (key, value) in records {
-                if let Some(end) = self.on_record(&key, value.as_deref()) {
+                if let Some(end) = self.on_record(key, value) {
                     return Some(end);
                 }
             }
-            self.etcd_rev = self.etcd_rev.max(int(&ev["kv"]["mod_revision"]));
+        }
+        // etcd splits a revision only into fragments; anything else ends with it.
+        if r["fragment"].as_bool() != Some(true) {
+            return self.hand_on();
+        }
+        None
+    }
+
+    /// The revision read so far is complete: its events go to the listeners, and the
+    /// watch has read up to it.
+    fn hand_on(&mut self) -> Option<End> {
+        let done = std::mem::take(&mut self.revision);
+        if let Some(bytes) = &done.events {
+            if let Some(end) = self.apply_record(bytes, &done.jobs) {
+                return Some(end);
+            }
+        }
+        self.etcd_rev = self.etcd_rev.max(done.rev);
+        None
+    }
+
+    /// Applies an events record; references take their job from `jobs`, the job records
+    /// of the same revision.
+    fn apply_record(&mut self, bytes: &[u8], jobs: &HashMap<String, Vec<u8>>) -> Option<End> {
+        // An event of a kind, or with a value (a job state), this build does not know is
+        // an error here (serde refuses unknown variants), never skipped: skipping it
+        // would serve a table that misses the change.
+        let events = match decode_stored_events(bytes) {
+            Ok(e) => e,
+            Err(e) => return Some(not_understood(&e)),
+        };
+        for stored in events {
+            // Already in (a journaled batch is seen twice, the journal then its writes; a
+            // load may have read a batch its watch then delivers): not resolved, as the
+            // later writes of a journaled batch need not carry the records it refers to.
+            if stored.rev() <= self.applied {
+                continue;
+            }
+            let event = match stored.resolve(|id| jobs.get(id).map(Vec::as_slice)) {
+                Ok(e) => e,
+                Err(e @ EventsError::Missing { .. }) => return Some(End::Reload(e.to_string())),
+                Err(e) => return Some(not_understood(&e)),
+            };
+            if let Err(end) = self.apply(&event) {
+                return Some(end);
+            }
         }
         None
     }
 
     /// One record change: only the events record matters (the state itself is only read
-    /// whole, at a load), the format record (a newer format is not understood), and the
-    /// restore marker: `xced store restore` replaced the records without events (the jobs
-    /// it restored are not ready until their workers say they run), so what the listeners
-    /// hold describes processes that may be gone; only a full reload is true.
-    fn on_record(&mut self, key: &Key, value: Option<&[u8]>) -> Option<End> {
-        if *key == restored_key() && value.is_some() {
+    /// whole, at a load; the job records are kept for the events of their revision), the
+    /// format record (a newer format is not understood), and the restore marker: `xced
+    /// store restore` replaced the records without events (the jobs it restored are not
+    /// ready until their workers say they run), so what the listeners hold describes
+    /// processes that may be gone; only a full reload is true.
+    fn on_record(&mut self, key: Key, value: Option<Vec<u8>>) -> Option<End> {
+        if key.ns == xce_model::JOB_NAMESPACE {
+            match value {
+                Some(v) => self.revision.jobs.insert(key.key, v),
+                None => self.revision.jobs.remove(&key.key),
+            };
+            return None;
+        }
+        if key == restored_key() && value.is_some() {
             return Some(End::Reload(
                 "the store was restored from a backup (xced store restore)".to_owned(),
             ));
         }
-        if *key == format_key() {
-            let format = value.map(decode_format);
+        if key == format_key() {
+            let format = value.as_deref().map(decode_format);
             return match format {
                 Some(Ok(f)) => check_format(f)
                     .err()
@@ -338,25 +422,8 @@ impl Follower {
                 None => None,
             };
         }
-        let (true, Some(bytes)) = (*key == events_key(), value) else {
-            return None;
-        };
-        // An event of a kind, or with a value (a job state), this build does not know is
-        // an error here (serde refuses unknown variants), never skipped: skipping it
-        // would serve a table that misses the change.
-        let events = match decode_events(bytes) {
-            Ok(e) => e,
-            Err(e) => {
-                return Some(End::NotUnderstood(format!(
-                    "an event this apiserver does not understand (written by a newer \
-                     release?): {e}"
-                )))
-            }
-        };
-        for event in &events {
-            if let Err(end) = self.apply(event) {
-                return Some(end);
-            }
+        if key == events_key() {
+            self.revision.events = value;
         }
         None
     }
@@ -364,8 +431,7 @@ impl Follower {
     fn apply(&mut self, event: &ClusterEvent) -> Result<(), End> {
         let rev = event.rev();
         if rev <= self.applied {
-            // Already in: a journaled batch is seen twice (the journal, then its writes),
-            // and a load may have read a batch its watch then delivers.
+            // Already in (see `apply_record`).
             return Ok(());
         }
         if rev != self.applied + 1 {
@@ -388,6 +454,12 @@ impl Follower {
         self.metrics.events.inc();
         Ok(())
     }
+}
+
+fn not_understood(e: &EventsError) -> End {
+    End::NotUnderstood(format!(
+        "an event this apiserver does not understand (written by a newer release?): {e}"
+    ))
 }
 
 #[cfg(test)]
@@ -735,5 +807,152 @@ mod tests {
         commit(&writer, &mut c, &["a"]);
         assert_eq!(until(&rec, 1).await, ["event@1"]);
         task.abort();
+    }
+
+    /// Every event a listener was told, whole.
+    #[derive(Default)]
+    struct Events(Mutex<Vec<ClusterEvent>>);
+
+    impl ClusterListener for Events {
+        fn resync(&self, _: &ClusterSnapshot) {}
+        fn on_event(&self, e: &ClusterEvent) {
+            self.0.lock().unwrap().push(e.clone());
+        }
+    }
+
+    fn job(id: &str, state: plugin_api::JobState, ready: bool) -> xce_model::JobRec {
+        xce_model::JobRec {
+            info: plugin_api::JobInfo {
+                job: id.into(),
+                service: "a".into(),
+                project: "p".into(),
+                replica: 0,
+                host: "h1".into(),
+                state,
+                ready,
+                grants: Default::default(),
+                generation: 1,
+            },
+            held: None,
+            held_ready: None,
+            log: None,
+        }
+    }
+
+    /// The same history committed in store format 2 and in format 3 (whose job events
+    /// refer to the job records of their revision), plain and journaled batches: the
+    /// followers of both hand their listeners the same events, the controller's own.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn both_store_formats_are_followed_to_the_same_events() {
+        use plugin_api::JobState::{Placed, Running};
+        let etcd = TestEtcd::start();
+        let mut told = Vec::new();
+        let mut committed = Vec::new();
+        for (format, prefix) in [(2, "/two/"), (3, "/three/")] {
+            // Small transactions: the third batch goes through the journal.
+            let writer = etcd.store(prefix).with_max_txn_ops(6);
+            let mut c = Cluster::load(&writer).unwrap();
+            let mut txn = Txn::new(&c);
+            txn.migrate(&c);
+            txn.upgrade_format(format);
+            txn.put_service(service("a"));
+            writer.commit(txn.batch()).unwrap();
+            txn.apply(&mut c);
+            let listener = Arc::new(Events::default());
+            let mut f = Follower::new(
+                Arc::new(etcd.store(prefix)),
+                vec![listener.clone()],
+                Metrics::default(),
+                fresh(),
+            );
+            f.load().await.unwrap();
+            let task = tokio::spawn(f.run());
+            let batches: [&[(&str, plugin_api::JobState, bool)]; 3] = [
+                &[("j-1", Placed, false), ("j-2", Placed, false)],
+                &[("j-1", Running, false), ("j-1", Running, true)],
+                &[
+                    ("j-2", Running, false),
+                    ("j-2", Running, true),
+                    ("j-3", Placed, false),
+                    ("j-4", Placed, false),
+                    ("j-5", Placed, false),
+                    ("j-6", Placed, false),
+                ],
+            ];
+            let mut events = Vec::new();
+            for batch in batches {
+                let mut txn = Txn::new(&c);
+                for (id, state, ready) in batch {
+                    txn.put_job(&c, job(id, *state, *ready));
+                }
+                events.extend(txn.events.clone());
+                writer.commit(txn.batch()).unwrap();
+                txn.apply(&mut c);
+            }
+            for _ in 0..500 {
+                if listener.0.lock().unwrap().len() >= events.len() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            task.abort();
+            told.push(std::mem::take(&mut *listener.0.lock().unwrap()));
+            committed.push(events);
+        }
+        assert_eq!(committed[0], committed[1]);
+        assert_eq!(told[0], committed[0], "format 2");
+        assert_eq!(told[1], committed[1], "format 3");
+    }
+
+    /// Format 3 behind a backlog that etcd sends in fragments (it cuts a catch-up answer by
+    /// size, so a fragment may end inside a revision, with a reference's record in the
+    /// fragment before it): every event still arrives once, in order, and whole.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fragmented_backlog_in_format_3_is_read_whole() {
+        let etcd = TestEtcd::start();
+        let writer = etcd.store("/xce/");
+        let mut c = Cluster::load(&writer).unwrap();
+        let mut txn = Txn::new(&c);
+        txn.migrate(&c);
+        txn.upgrade_format(3);
+        writer.commit(txn.batch()).unwrap();
+        txn.apply(&mut c);
+        let listener = Arc::new(Events::default());
+        let mut f = Follower::new(
+            Arc::new(etcd.store("/xce/")),
+            vec![listener.clone()],
+            Metrics::default(),
+            fresh(),
+        );
+        f.load().await.unwrap();
+        // 12 batches of 8 job records of ~60 KB (a long log path): ~5 MB of backlog, more
+        // than three times etcd's 1.5 MiB fragment.
+        let pad = "x".repeat(60 << 10);
+        let mut events = Vec::new();
+        for b in 0..12 {
+            let mut txn = Txn::new(&c);
+            for j in 0..8 {
+                let mut rec = job(&format!("j-{b}-{j}"), plugin_api::JobState::Placed, false);
+                rec.log = Some(pad.clone());
+                txn.put_job(&c, rec);
+            }
+            events.extend(txn.events.clone());
+            writer.commit(txn.batch()).unwrap();
+            txn.apply(&mut c);
+        }
+        let task = tokio::spawn(f.run());
+        for _ in 0..1000 {
+            if listener.0.lock().unwrap().len() >= events.len() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        task.abort();
+        let told = std::mem::take(&mut *listener.0.lock().unwrap());
+        assert_eq!(told.len(), events.len());
+        assert!(
+            told == events,
+            "the events told differ from the committed ones"
+        );
     }
 }

@@ -42,6 +42,9 @@ pub struct ControllerConfig {
     /// listen`): a service whose `drain` is shorter than twice it says so in its
     /// rollout status. `None`: no DNS listener, no such check.
     pub dns_ttl: Option<Duration>,
+    /// The store format to write (`store_format`): a store in an older one is moved to it
+    /// at load, a newer one is kept (a store never goes back). See `xce_model::FORMAT`.
+    pub store_format: u64,
 }
 
 /// `drain_ack_timeout` unless told otherwise.
@@ -67,6 +70,7 @@ impl Default for ControllerConfig {
             metrics: xce_serve::auth::MetricsConfig::default(),
             drain_ack_timeout: DEFAULT_DRAIN_ACK_TIMEOUT,
             dns_ttl: None,
+            store_format: xce_model::DEFAULT_STORE_FORMAT,
         }
     }
 }

@@ -199,6 +199,7 @@ impl Controller {
             tokio::time::Instant::now(),
         )
         .context("cannot load the controller state from the store")?;
+        core.upgrade_format(cfg.store_format, tokio::time::Instant::now());
         core.set_quotas(cfg.quotas.clone());
         core.watch_pauses()
             .context("cannot start the controller's pause-detection thread")?;

@@ -2,6 +2,7 @@
 //! transaction that changes both: a [`Txn`] collects new record values and the events
 //! they cause, is committed to the store as one batch, and only then applied in memory.
 
+pub mod events;
 pub mod job_key;
 pub mod job_rev;
 pub mod maintenance;
@@ -29,6 +30,8 @@ use xce_store::{Batch, Key, Store, StoreError};
 const NS_META: &str = "meta";
 const NS_SERVICE: &str = "service";
 const NS_JOB: &str = "job";
+/// The namespace of the job records (`job/<id>`), which format 3's events refer to.
+pub const JOB_NAMESPACE: &str = NS_JOB;
 const NS_HOST: &str = "host";
 /// `meta/events`: the events of the last committed batch, rewritten by every batch that
 /// has any, in a store that others follow (etcd; see `Store::journals_events`). Nobody reads it back at start; a follower of the store's change history (a
@@ -56,7 +59,21 @@ const FORMAT_KEY: &str = "format";
 /// - 1: the records before formats were numbered (no `meta/format`; service records may
 ///   be keyed by name alone, see [`Cluster::legacy_keys`]).
 /// - 2: `meta/format` is written; services are keyed by `project/name`.
-pub const FORMAT: u64 = 2;
+/// - 3: a job event in `meta/events` refers to the job's record written in the same batch
+///   instead of repeating it ([`events`]); the records themselves are as in format 2.
+///
+/// A controller writes [`DEFAULT_STORE_FORMAT`] unless its `store_format` setting asks
+/// for a newer one: readers of the previous release (apiservers, which are upgraded after
+/// the controllers) read format 2 only, and a store never goes back to an older format.
+pub const FORMAT: u64 = 3;
+
+/// The format a controller writes unless told otherwise (see [`FORMAT`]): the newest one
+/// the previous release reads, so that its apiservers keep following the store during an
+/// upgrade.
+pub const DEFAULT_STORE_FORMAT: u64 = 2;
+
+/// The oldest format a controller may be told to write (`store_format`).
+pub const OLDEST_WRITABLE_FORMAT: u64 = 2;
 
 /// The format of a store without `meta/format`.
 const UNNUMBERED_FORMAT: u64 = 1;
@@ -165,10 +182,7 @@ pub fn restored_records(records: Vec<(Key, Vec<u8>)>) -> Result<Vec<(Key, Vec<u8
     Ok(out)
 }
 
-/// Decodes a version of [`events_key`].
-pub fn decode_events(bytes: &[u8]) -> Result<Vec<ClusterEvent>, serde_json::Error> {
-    serde_json::from_slice(bytes)
-}
+pub use events::{decode_events, decode_stored_events, EventsError, StoredEvent};
 
 /// Whether a service runs or is being stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -396,9 +410,10 @@ impl Cluster {
         Ok(c)
     }
 
-    /// Whether the records are older than [`FORMAT`]: the controller writes them back.
+    /// Whether the records are older than [`DEFAULT_STORE_FORMAT`]: the controller writes
+    /// them back (in that format, or the stored one if newer: see [`Txn::migrate`]).
     pub fn needs_migration(&self) -> bool {
-        self.format < FORMAT || !self.legacy_keys.is_empty()
+        self.format < DEFAULT_STORE_FORMAT || !self.legacy_keys.is_empty()
     }
 
     pub fn snapshot(&self) -> ClusterSnapshot {
@@ -543,6 +558,8 @@ pub struct Txn {
     rev: u64,
     /// The format to record (a migration, see [`Txn::migrate`]).
     format: Option<u64>,
+    /// The format the store is in: the shape of `meta/events` (see [`events`]).
+    stored_format: u64,
     next_job: Option<u64>,
     services: BTreeMap<ServiceKey, Option<ServiceRec>>,
     /// Services whose `rev` moves without their record being written: a job write
@@ -567,6 +584,7 @@ impl Txn {
     pub fn new(c: &Cluster) -> Self {
         Txn {
             rev: c.rev,
+            stored_format: c.format,
             ..Txn::default()
         }
     }
@@ -618,11 +636,20 @@ impl Txn {
         }
     }
 
-    /// Writes the records of an older format back in [`FORMAT`]: service records under
-    /// legacy keys move to their canonical keys, and `meta/format` is written.
+    /// Writes the records of an older format back in [`DEFAULT_STORE_FORMAT`] (or the
+    /// stored format, if newer: a store never goes back): service records under legacy
+    /// keys move to their canonical keys, and `meta/format` is written.
     pub fn migrate(&mut self, c: &Cluster) {
         self.migrate_keys(c);
-        self.format = Some(FORMAT);
+        self.format = Some(c.format.max(DEFAULT_STORE_FORMAT));
+    }
+
+    /// Moves the store to `format` (newer than the stored one, at most [`FORMAT`]): only
+    /// `meta/format` changes (format 3 changes the shape of later events records, not the
+    /// records), and the batches after it write the new shape.
+    pub fn upgrade_format(&mut self, format: u64) {
+        debug_assert!(format <= FORMAT, "format {format} is unknown here");
+        self.format = Some(format);
     }
 
     /// Moves service records stored under legacy keys to their canonical keys.
@@ -884,7 +911,9 @@ impl Txn {
         }
         section(NS_META, "rev", Some(enc(&self.rev)));
         if events && !self.events.is_empty() {
-            section(NS_META, EVENTS, Some(enc(&self.events)));
+            let written = |id: &str| self.jobs.get(id)?.as_ref().map(|j| &j.info);
+            let record = events::encode_events(&self.events, written, self.stored_format);
+            section(NS_META, EVENTS, Some(record));
         }
         b
     }

@@ -489,6 +489,36 @@ impl Core {
         }
     }
 
+    /// The operator's switch to a newer store format (`store_format`): a store in an
+    /// older format than `target` moves to it in one batch (only `meta/format` changes;
+    /// later batches write the new format's events). A store already in a newer format
+    /// stays in it. A failed upgrade is tried again at the next start.
+    pub(crate) fn upgrade_format(&mut self, target: u64, now: Instant) {
+        let from = self.cluster.format;
+        if target < from {
+            info!(
+                format = from,
+                store_format = target,
+                "the store is in a newer format than store_format asks for; it stays in it"
+            );
+        }
+        if target <= from {
+            return;
+        }
+        let mut txn = Txn::new(&self.cluster);
+        txn.upgrade_format(target);
+        match self.commit(txn, now) {
+            Ok(()) => info!(
+                from,
+                to = target,
+                "stored records migrated to the format store_format asks for"
+            ),
+            Err(e) => {
+                warn!(error = %e, from, to = target, "moving the store to a newer format failed; trying again at the next start")
+            }
+        }
+    }
+
     /// The cluster's identity.
     pub(crate) fn cluster_id(&self) -> &str {
         &self.cluster_id

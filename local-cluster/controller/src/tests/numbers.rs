@@ -56,7 +56,7 @@ fn only_a_followed_store_gets_the_batches_events() {
         match (journals, events) {
             (false, None) => {}
             (true, Some((_, bytes))) => {
-                let last = xce_model::decode_events(bytes).unwrap();
+                let last = xce_model::decode_events(bytes, |_| None).unwrap();
                 let placed = last
                     .iter()
                     .filter(|e| matches!(e, ClusterEvent::Job { .. }))
@@ -67,6 +67,58 @@ fn only_a_followed_store_gets_the_batches_events() {
         }
         assert!(store.commits.load(std::sync::atomic::Ordering::SeqCst) >= 2);
     }
+}
+
+/// The stored format and the events' references, read back from `store`.
+fn format_and_references(store: &dyn Store) -> (u64, usize) {
+    let stored = store.load_all().unwrap();
+    let format = stored
+        .iter()
+        .find(|(k, _)| *k == xce_model::format_key())
+        .map(|(_, v)| xce_model::decode_format(v).unwrap())
+        .unwrap();
+    let events = stored
+        .iter()
+        .find(|(k, _)| *k == xce_model::events_key())
+        .map(|(_, v)| v.clone())
+        .unwrap();
+    let jobs: std::collections::HashMap<String, Vec<u8>> = stored
+        .iter()
+        .filter(|(k, _)| k.ns == xce_model::JOB_NAMESPACE)
+        .map(|(k, v)| (k.key.clone(), v.clone()))
+        .collect();
+    // Every reference resolves to the job record stored with it.
+    let resolved = xce_model::decode_events(&events, |id| jobs.get(id).map(Vec::as_slice));
+    assert!(resolved.is_ok(), "{resolved:?}");
+    let refs = xce_model::decode_stored_events(&events)
+        .unwrap()
+        .iter()
+        .filter(|e| e.is_reference())
+        .count();
+    (format, refs)
+}
+
+/// A controller writes format 2 (what the previous release's apiservers read) until its
+/// `store_format` says 3: then it moves the store to 3 at load and its events refer to
+/// their batch's job records. A store in format 3 stays there under a controller told 2.
+#[test]
+fn store_format_3_is_written_only_when_asked_and_kept() {
+    let inner = Arc::new(MemStore::new());
+    let now = Instant::now();
+    let (_, mut core) = Counting::core(inner.clone(), true, now);
+    register_on(&mut core, "exec-01", facts_of("exec-01", 10), now);
+    submit_on(&mut core, web("web", "default", 3), now);
+    assert_eq!(format_and_references(&*inner), (2, 0));
+
+    core.upgrade_format(3, now);
+    submit_on(&mut core, web("api", "default", 3), now);
+    assert_eq!(format_and_references(&*inner), (3, 3));
+    drop(core);
+
+    let (_, mut again) = Counting::core(inner.clone(), true, now);
+    again.upgrade_format(xce_model::DEFAULT_STORE_FORMAT, now);
+    submit_on(&mut again, web("db", "default", 2), now);
+    assert_eq!(format_and_references(&*inner), (3, 2));
 }
 
 /// A 1000-replica service on 10 hosts is placed by one scheduling pass that commits one

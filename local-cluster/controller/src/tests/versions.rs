@@ -162,7 +162,8 @@ async fn a_store_of_a_newer_format_is_refused_at_load() {
     );
 }
 
-/// A store of format 1 (no `meta/format`) is migrated when the controller loads it.
+/// A store of format 1 (no `meta/format`) is migrated when the controller loads it, to the
+/// format a controller writes unless told otherwise (`store_format`).
 #[tokio::test]
 async fn a_store_of_an_older_format_is_migrated_at_load() {
     let store = store_of_cluster("c1c1c1c1c1c1c1c1");
@@ -173,5 +174,5 @@ async fn a_store_of_an_older_format_is_migrated_at_load() {
         .into_iter()
         .find(|(k, _)| *k == xce_model::format_key())
         .map(|(_, v)| xce_model::decode_format(&v).unwrap());
-    assert_eq!(format, Some(xce_model::FORMAT));
+    assert_eq!(format, Some(xce_model::DEFAULT_STORE_FORMAT));
 }
