@@ -76,7 +76,7 @@ use anyhow::Context as _;
 use axum::body::Body;
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use retry_backoff::Backoff;
 use serde::Deserialize;
@@ -570,15 +570,18 @@ impl ConnCtx {
         if self.conn.evicted.load(Ordering::SeqCst) {
             return;
         }
-        let builder = http_builder(&self.shared.limits);
+        // The connection's streams run in this task (`ConnStreams`: one change's events
+        // of all its streams in one pass and one write).
+        let streams = crate::http2::ConnStreams::new();
+        let builder = http_builder(&self.shared.limits, streams.executor());
         // HTTP/2 writes batched across streams (`BatchedWrites`: a fan-out's answers
         // share system calls); HTTP/1.1 passes through.
         // The write clock sits under the batching, on the socket itself: it sees the
         // socket refuse bytes, not the batch buffer take them.
         let stream = exchange::WriteClock::new(stream, self.conn.writes.clone());
         let io = TokioIo::new(crate::http2::BatchedWrites::new(stream));
-        // Boxed so it can be dropped (its socket closed) before the accounting.
-        let mut c = Box::pin(builder.serve_connection_with_upgrades(io, self.service()));
+        // Dropped (its socket closed, its streams ended) before the accounting.
+        let mut c = streams.serve(builder.serve_connection_with_upgrades(io, self.service()));
         let mut clocks = Clocks {
             idle_since: Instant::now(),
             closing: None,
@@ -591,7 +594,7 @@ impl ConnCtx {
             let step = tokio::select! {
                 () = self.conn.wake.notified() => clocks.woken(&self.conn),
                 () = self.conn.writes.blocked.notified() => Step::Wait,
-                r = c.as_mut() => {
+                r = &mut c => {
                     if let Err(e) = r {
                         debug!(client = %ip, error = %e, "connection ended with an error");
                     }
@@ -604,7 +607,7 @@ impl ConnCtx {
                 Step::Wait => {}
                 Step::Shutdown => {
                     clocks.closing = Some(Instant::now());
-                    c.as_mut().graceful_shutdown();
+                    c.connection().graceful_shutdown();
                 }
                 Step::Drop => return,
             }
@@ -782,8 +785,11 @@ static WRITE_TIMEOUT_LOGGED: tls::LogLimit = tls::LogLimit::new();
 /// The connection builder: HTTP/1.1 or HTTP/2 with prior knowledge (h2c), told apart by
 /// the client's first bytes (the HTTP/2 preface). Every limit here holds for both: the
 /// clocks watch requests in flight, which under HTTP/2 are the connection's open streams.
-fn http_builder(limits: &ConnLimits) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+fn http_builder(
+    limits: &ConnLimits,
+    exec: crate::http2::StreamExecutor,
+) -> auto::Builder<crate::http2::StreamExecutor> {
+    let mut builder = auto::Builder::new(exec);
     // The read buffer bounds the request headers: 64 KiB, as HTTP/2's header list
     // (hyper's default of ~400 KiB let 2,000 connections of unfinished headers take half a
     // GiB); longer headers are answered 431. It bounds the write buffer too, so an answer
