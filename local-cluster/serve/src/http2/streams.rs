@@ -175,5 +175,25 @@ impl<C: Future> WithStreams<C> {
     }
 }
 
+impl std::fmt::Debug for StreamExecutor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamExecutor").finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for ConnStreams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnStreams").finish_non_exhaustive()
+    }
+}
+
+impl<C> std::fmt::Debug for WithStreams<C> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WithStreams")
+            .field("streams", &self.streams.len())
+            .finish_non_exhaustive()
+    }
+}
+
 #[cfg(test)]
 mod tests;
