@@ -600,8 +600,59 @@ impl WatcherGuard {
 
 // === impl Ending ===
 
-/// [`Ending::wait`] as a future a stream keeps across its events.
-pub(crate) type EndingFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Ended> + Send>>;
+/// [`Ending::wait`] as a future a stream keeps across its events, polled only when one
+/// of the channels it waits on woke it.
+///
+/// A stream polls it beside its wait for the next change every time the stream is polled,
+/// i.e. on every event; polling [`Ending::wait`] itself then re-checked the drain,
+/// staleness and credential channels each time, and re-registered the stream's waker in
+/// their waiter lists (a lock on a list every watcher of the host shares, per event and
+/// watcher: with 10,000 streams, 30,000 lock round trips per change, across the cores).
+/// Here a poll that was not woken by those channels is a flag test.
+pub(crate) struct EndingFuture {
+    wait: std::pin::Pin<Box<dyn std::future::Future<Output = Ended> + Send>>,
+    woken: Arc<WokenFlag>,
+}
+
+/// Set by the ending's own waker; tells the stream's task.
+#[derive(Default)]
+struct WokenFlag {
+    woken: std::sync::atomic::AtomicBool,
+    task: futures_util::task::AtomicWaker,
+}
+
+impl std::task::Wake for WokenFlag {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, std::sync::atomic::Ordering::Release);
+        self.task.wake();
+    }
+}
+
+impl std::future::Future for EndingFuture {
+    type Output = Ended;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Ended> {
+        self.woken.task.register(cx.waker());
+        if !self
+            .woken
+            .woken
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            return std::task::Poll::Pending;
+        }
+        let waker = std::task::Waker::from(self.woken.clone());
+        self.wait
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(&waker))
+    }
+}
 
 impl Ending {
     /// [`wait`](Self::wait), owned: a stream polls this one future beside each wait for
@@ -609,9 +660,18 @@ impl Ending {
     /// host's drain, staleness and credential channels, which every watcher shares, and
     /// unregisters when the event wins: two lock round trips on three shared lists per
     /// event and watcher (issue 31), where this future stays registered until it
-    /// resolves. Not polled again once it has resolved.
+    /// resolves, and is polled only when they woke it ([`EndingFuture`]). Not polled
+    /// again once it has resolved.
     pub(crate) fn boxed(mut self) -> EndingFuture {
-        Box::pin(async move { self.wait().await })
+        let woken = Arc::new(WokenFlag::default());
+        // Polled once at first: it may have to end at once, and it registers its waker.
+        woken
+            .woken
+            .store(true, std::sync::atomic::Ordering::Release);
+        EndingFuture {
+            wait: Box::pin(async move { self.wait().await }),
+            woken,
+        }
     }
 
     /// Resolves once the watcher must end (at once if it already must), saying why.
