@@ -55,6 +55,10 @@ pub(crate) struct Shared {
     pub(crate) draining: watch::Sender<bool>,
     /// Every change applied, numbered by cluster revision, for the all-services stream.
     pub(crate) journal: Journal,
+    /// The all-services streams, checked for lag right after each publish of the journal
+    /// (as a slot checks its streams): no watchdog task per stream, so one publish wakes
+    /// each stream once, not a stream and its watchdog.
+    pub(crate) all_laggards: Laggards,
     /// Raised after an update made at least one service appear (a slot was inserted):
     /// wakes the blocking queries parked on a name no visible service has yet, which
     /// then look again. Raised after the insert, so one that subscribes before it looks
@@ -140,6 +144,7 @@ impl Shared {
             draining: watch::Sender::new(false),
             appeared: watch::Sender::new(0),
             journal: Journal::new(cfg_journal(&cfg)),
+            all_laggards: Laggards::default(),
             all_delivery,
             stale: watch::Sender::new(None),
             changed: watch::Sender::new(0),
@@ -194,8 +199,8 @@ impl Shared {
                 self.apply_one(update, Some(at));
             }
             // One batch holds every change of the revisions in it: published whole, so an
-            // all-services stream never sees half of a revision.
-            self.journal.publish();
+            // all-services stream never sees half of a revision, and is woken once.
+            self.publish();
             self.applied.send_replace(drained.generation);
         }
     }
@@ -204,7 +209,14 @@ impl Shared {
     /// it reached the in-process feed.
     pub(crate) fn apply(&self, update: Update, received: Option<Instant>) {
         self.apply_one(update, received);
-        self.journal.publish();
+        self.publish();
+    }
+
+    /// Publishes the journal to the all-services streams, and cuts off those now past
+    /// their limit (read or not).
+    fn publish(&self) {
+        let end = self.journal.publish();
+        self.all_laggards.check(end);
     }
 
     /// Applies one update (recorded in the journal, not yet published).
@@ -552,7 +564,7 @@ impl Drop for WatcherGuard {
 
 /// The per-service streams of one service slot, checked by whoever changes the slot
 /// (`Laggards::check`, right after the change), so a client that never reads is cut
-/// off at the change that puts it past its limit, as a watchdog task would (`crate::lag::watchdog`), without a task
+/// off at the change that puts it past its limit, as a watchdog task would, without a task
 /// per stream that wakes on every change (issue 31: with 10,000 streams on a service, a
 /// change woke 20,000 tasks, half of them only to find nobody behind).
 #[derive(Debug, Default)]

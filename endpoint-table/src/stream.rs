@@ -1,5 +1,5 @@
 //! `GET /v1/services/{name}/endpoints/stream`: the SSE stream of one service's entry, with
-//! no queue of its own, and the watchdog that cuts off a client that falls behind.
+//! no queue of its own; its slot cuts off a client that falls behind (`Laggards`).
 
 use crate::lag::{Lag, Place};
 use crate::metrics::Kind;
