@@ -3,7 +3,7 @@
 #
 #   endpoint-table/bench.sh                      # everything once: about 4-6 minutes on 2 cores
 #   endpoint-table/bench.sh --runs N [--base C]  # N alternated runs, medians (README, issue 31)
-#       [--xced-base BIN [--xced BIN]]           # + reads through a real `xced dev`, A/B
+#       [--xced-base BIN [--xced BIN] [--xced-only]]  # + reads through a real `xced dev`, A/B
 #
 # With --runs: N runs of the fan-out (W = 1,000 and 10,000; SSE over one HTTP/1.1 connection
 # each, SSE and blocking queries over HTTP/2 at 100 per connection, etcd's native gRPC
@@ -18,7 +18,7 @@
 # the previous release), each run also reads through a real `xced dev` (the host's whole
 # read path: accept loop, connection accounting, audit layer, credential watch) of BIN and
 # of --xced (default: target/release/xced, build it first), alternated, and prints
-# `SUMMARY reads A/B xced ...` from the medians.
+# `SUMMARY reads A/B xced ...` from the medians; --xced-only runs only those.
 #
 # etcd: the comparison needs Debian's `etcd-server` (etcd 3.4). When `etcd` is missing and
 # this runs as root with apt-get, it is installed; otherwise the bench prints that it skips
@@ -29,12 +29,14 @@ runs=0
 base=""
 xced_base=""
 xced_this="target/release/xced"
+xced_only=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --runs) runs="$2"; shift 2 ;;
     --base) base="$2"; shift 2 ;;
     --xced-base) xced_base="$2"; shift 2 ;;
     --xced) xced_this="$2"; shift 2 ;;
+    --xced-only) xced_only=1; shift ;;
     *) echo "bench.sh: unknown argument $1 (expected --runs N, --base COMMIT, --xced-base BIN, --xced BIN)" >&2; exit 2 ;;
     esac
 done
@@ -95,6 +97,7 @@ kinds='xce sse,xce sse h2,xce blocking h2,etcd grpc'
 i=1
 while [ "$i" -le "$runs" ]; do
     for label in $labels; do
+        [ -n "$xced_only" ] && break
         for w in 1000 10000; do
             load=$(cut -d' ' -f1 /proc/loadavg)
             FANOUT_KINDS="$kinds" FANOUT_W=$w "$(bin_of "$label")" --bench 2>&1 |
