@@ -22,11 +22,9 @@ impl Drop for Dropped {
 }
 
 /// A connection's future for the tests: it ends when `end` fires (or is dropped).
-fn connection(end: oneshot::Receiver<()>) -> impl Future<Output = &'static str> {
-    async move {
-        let _ = end.await;
-        "ended"
-    }
+async fn connection(end: oneshot::Receiver<()>) -> &'static str {
+    let _ = end.await;
+    "ended"
 }
 
 /// Streams handed to the executor run inside the connection's future (no task of their
