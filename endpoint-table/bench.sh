@@ -80,6 +80,10 @@ if [ -n "$base" ]; then
     # The bench's own code is this checkout's: only the server side differs.
     rm -rf "$tmp/base/endpoint-table/benches"
     cp -r endpoint-table/benches "$tmp/base/endpoint-table/"
+    # ...except how the `--serve` process serves connections: the base's own way (its
+    # crates may lack what this one's uses, e.g. a per-connection stream executor).
+    git show "$base:endpoint-table/benches/fanout/server.rs" \
+        >"$tmp/base/endpoint-table/benches/fanout/server.rs"
     # A target dir of its own (crates of one name and version from two checkouts would
     # overwrite each other's artifacts in one), seeded once from this one's release
     # build so that only the workspace's own crates are compiled again.
