@@ -3,6 +3,7 @@
 #
 #   endpoint-table/bench.sh                      # everything once: about 4-6 minutes on 2 cores
 #   endpoint-table/bench.sh --runs N [--base C]  # N alternated runs, medians (README, issue 31)
+#       [--xced-base BIN [--xced BIN] [--xced-only]]  # + reads through a real `xced dev`, A/B
 #
 # With --runs: N runs of the fan-out (W = 1,000 and 10,000; SSE over one HTTP/1.1 connection
 # each, SSE and blocking queries over HTTP/2 at 100 per connection, etcd's native gRPC
@@ -13,7 +14,11 @@
 # COMMIT, the same bench (this checkout's bench code) is also built against the crates of
 # COMMIT, in a temporary git worktree (target dir target/bench-base), and the runs alternate
 # between the two binaries (base, this, base, this, ...), so the A/B ratios come from one
-# stretch of time on a machine whose load moves.
+# stretch of time on a machine whose load moves. With --xced-base BIN (a release `xced` of
+# the previous release), each run also reads through a real `xced dev` (the host's whole
+# read path: accept loop, connection accounting, audit layer, credential watch) of BIN and
+# of --xced (default: target/release/xced, build it first), alternated, and prints
+# `SUMMARY reads A/B xced ...` from the medians; --xced-only runs only those.
 #
 # etcd: the comparison needs Debian's `etcd-server` (etcd 3.4). When `etcd` is missing and
 # this runs as root with apt-get, it is installed; otherwise the bench prints that it skips
@@ -22,11 +27,17 @@ set -eu
 cd "$(dirname "$0")/.."
 runs=0
 base=""
+xced_base=""
+xced_this="target/release/xced"
+xced_only=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --runs) runs="$2"; shift 2 ;;
     --base) base="$2"; shift 2 ;;
-    *) echo "bench.sh: unknown argument $1 (expected --runs N, --base COMMIT)" >&2; exit 2 ;;
+    --xced-base) xced_base="$2"; shift 2 ;;
+    --xced) xced_this="$2"; shift 2 ;;
+    --xced-only) xced_only=1; shift ;;
+    *) echo "bench.sh: unknown argument $1 (expected --runs N, --base COMMIT, --xced-base BIN, --xced BIN)" >&2; exit 2 ;;
     esac
 done
 if ! command -v etcd >/dev/null 2>&1; then
@@ -69,6 +80,10 @@ if [ -n "$base" ]; then
     # The bench's own code is this checkout's: only the server side differs.
     rm -rf "$tmp/base/endpoint-table/benches"
     cp -r endpoint-table/benches "$tmp/base/endpoint-table/"
+    # ...except how the `--serve` process serves connections: the base's own way (its
+    # crates may lack what this one's uses, e.g. a per-connection stream executor).
+    git show "$base:endpoint-table/benches/fanout/server.rs" \
+        >"$tmp/base/endpoint-table/benches/fanout/server.rs"
     # A target dir of its own (crates of one name and version from two checkouts would
     # overwrite each other's artifacts in one), seeded once from this one's release
     # build so that only the workspace's own crates are compiled again.
@@ -86,6 +101,7 @@ kinds='xce sse,xce sse h2,xce blocking h2,etcd grpc'
 i=1
 while [ "$i" -le "$runs" ]; do
     for label in $labels; do
+        [ -n "$xced_only" ] && break
         for w in 1000 10000; do
             load=$(cut -d' ' -f1 /proc/loadavg)
             FANOUT_KINDS="$kinds" FANOUT_W=$w "$(bin_of "$label")" --bench 2>&1 |
@@ -97,6 +113,15 @@ while [ "$i" -le "$runs" ]; do
             awk -v l="$label" -v r="$i" -v load="$load" \
                 '/ svc-[0-9]+ / && !/@/ && !/^SUMMARY/ {print "READS", l, r, load, $0}'
     done
+    if [ -n "$xced_base" ]; then
+        for label in previous this; do
+            bin=$xced_this
+            [ "$label" = previous ] && bin=$xced_base
+            load=$(cut -d' ' -f1 /proc/loadavg)
+            XCED_READS="$bin" XCED_LABEL="$label" READ_ROUNDS=1 "$tmp/this" --bench 2>&1 |
+                awk -v r="$i" -v load="$load" '/^xced .* web / {print "XREADS", $2, r, load, $0}'
+        done
+    fi
     i=$((i + 1))
 done | tee "$tmp/rows"
 
@@ -110,6 +135,10 @@ function median(list,   n, a, i, j, t) {
     return (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
 }
 function emit(section, key, text) { printf "%d\t%s\t%s\n", section, key, text }
+$1 == "XREADS" {
+    xl = $2; xrps[xl] = xrps[xl] " " $(5 + 4); xp99[xl] = xp99[xl] " " $(5 + 6); xload[xl] = xload[xl] " " $4
+    next
+}
 {
     label = $2; load = $4
     if (!(label in lo) || load < lo[label]) lo[label] = load
@@ -161,6 +190,12 @@ END {
         b = "base|" p[2] "|" p[3]
         if (p[1] == "this" && b in mr)
             emit(7, p[3], sprintf("SUMMARY reads A/B %s job.view: this=%.0f/s base=%.0f/s ratio=%.2f", p[3], mr[key], mr[b], mr[key] / mr[b]))
+    }
+    if (("previous" in xrps) && ("this" in xrps)) {
+        mp = median(xrps["previous"]); mt = median(xrps["this"])
+        emit(8, "a", sprintf("xced dev reads (web, 3 replicas, admin token, 50 connections): previous %.0f/s p99 %.3fms, this %.0f/s p99 %.3fms", \
+            mp, median(xp99["previous"]), mt, median(xp99["this"])))
+        emit(8, "b", sprintf("SUMMARY reads A/B xced web: this=%.0f/s previous-release=%.0f/s ratio=%.2f (load%s)", mt, mp, mt / mp, xload["this"]))
     }
 }
 AWK

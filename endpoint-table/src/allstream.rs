@@ -23,7 +23,7 @@
 //! `?service=` are simply never matched.
 
 use crate::journal::Item;
-use crate::lag::{watchdog, Lag, Place};
+use crate::lag::{Lag, Place};
 use crate::metrics::Kind;
 use crate::query::{last_event_id, params, Params, RawParams};
 use crate::render;
@@ -37,7 +37,7 @@ use axum::Extension;
 use plugin_api::{ApiContext, ApiError, AuthError, Permission, Principal};
 use std::collections::{HashSet, VecDeque};
 use std::sync::Arc;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
 
 /// The most names `?service=` may list.
 pub(crate) const MAX_SERVICES: usize = 1000;
@@ -87,13 +87,10 @@ pub(crate) async fn all_stream(
         shared.cfg.all_stream_buffer,
         "all services".to_owned(),
     );
-    let (stop, stopped) = oneshot::channel();
-    tokio::spawn(watchdog(
-        published.clone(),
-        |p: &u64| *p,
-        lag.clone(),
-        stopped,
-    ));
+    // Cut off by the journal's publishes if it falls behind: no task of its own.
+    shared
+        .all_laggards
+        .register(Arc::downgrade(&lag) as std::sync::Weak<dyn crate::shared::Behind>);
     let events = AllStream {
         pending: start.items.into(),
         reset: start.reset,
@@ -109,7 +106,6 @@ pub(crate) async fn all_stream(
         filter,
         shared,
         lag,
-        _stop: stop,
     };
     let stream = futures_util::stream::unfold(events, |mut s| async move {
         let event = s.next().await?;
@@ -142,7 +138,8 @@ enum Wake {
 /// It holds no copy of the entries: the journal keeps the newest state of each service,
 /// and the stream only the records it has taken and not yet sent (at most a chunk, or
 /// the snapshot it starts with). A client more than `all_stream_buffer` changes behind
-/// is cut off by its watchdog (see `crate::lag`) and resumes with `Last-Event-ID`.
+/// is cut off right after the publish that puts it there (`Shared::all_laggards`, see
+/// `crate::lag`) and resumes with `Last-Event-ID`.
 struct AllStream {
     /// Taken, not sent yet, by id.
     pending: VecDeque<Item>,
@@ -163,8 +160,6 @@ struct AllStream {
     filter: Filter,
     shared: Arc<Shared>,
     lag: Arc<Lag>,
-    /// Dropped with the stream: tells its watchdog to end.
-    _stop: oneshot::Sender<()>,
 }
 
 // === impl Filter ===
@@ -323,7 +318,7 @@ impl AllStream {
     fn take_chunk(&mut self) -> bool {
         let taken = self.shared.journal.take(self.position, CHUNK);
         if taken.lost {
-            // Only past the cut-off: the watchdog ends it first.
+            // Only past the cut-off: the journal's publish cuts it off first.
             self.lag.check(u64::MAX);
             return false;
         }
@@ -404,7 +399,7 @@ impl AllStream {
 
 impl Drop for AllStream {
     fn drop(&mut self) {
-        // Frees the place now, not when the watchdog has noticed the stop.
+        // Frees the place now, not when the journal's next publish forgets it.
         self.lag.release();
     }
 }

@@ -174,8 +174,8 @@ impl Journal {
         .await;
     }
 
-    /// Makes every record so far readable and wakes the streams.
-    pub(crate) fn publish(&self) {
+    /// Makes every record so far readable and wakes the streams; the position published.
+    pub(crate) fn publish(&self) -> u64 {
         let end = {
             let inner = self.lock();
             inner.first + inner.log.len() as u64
@@ -185,6 +185,7 @@ impl Journal {
             *p = end;
             changed
         });
+        end
     }
 
     /// Wakes when records are published.

@@ -1,4 +1,5 @@
-//! What every SSE stream shares with its watchdog: how far behind its client is, its place
+//! What every SSE stream shares with what cuts it off (its slot's or the journal's
+//! `Laggards`, checked right after each change): how far behind its client is, its place
 //! among the watchers, and the cut-off of a client that falls too far behind. Used by the
 //! per-service stream (`crate::stream`, behind its service's watch channel) and the
 //! all-services stream (`crate::allstream`, behind the journal), so both cut off slow
@@ -9,9 +10,8 @@ use crate::metrics::Kind;
 use crate::shared::{Behind, WatcherGuard};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use tokio::sync::{oneshot, watch};
 
-/// What a stream shares with its watchdog.
+/// What a stream shares with the `Laggards` that follow it.
 #[derive(Debug)]
 pub(crate) struct Lag {
     /// The position of the last change the stream took (its source's position when it
@@ -98,7 +98,7 @@ impl Lag {
         }
     }
 
-    /// Cuts the client off (once: the stream and its watchdog may both see the lag).
+    /// Cuts the client off (once: the stream and its `Laggards` may both see the lag).
     fn cut_off(&self, behind: u64) {
         let Some(place) = self.release() else {
             return;
@@ -110,38 +110,6 @@ impl Lag {
             behind,
             "stream client fell behind, disconnecting it"
         );
-    }
-}
-
-/// Follows a stream's source (`rx`, whose position is `position(&value)`) and cuts the
-/// client off as soon as it is more than its limit behind, whether or not hyper polls the
-/// stream. It wakes only on the source's changes (no timer) and ends with the stream
-/// (`stopped`), when the source goes away, or once it has cut the client off. The
-/// all-services streams (a few per client, not one per service) have one each; the
-/// per-service streams are checked by their slot instead (`crate::shared::Laggards`).
-///
-/// The stream runs only when hyper polls it, and hyper polls it only when it can write,
-/// i.e. when the client reads; so without this task a client that never reads would
-/// never be found behind.
-pub(crate) async fn watchdog<T>(
-    mut rx: watch::Receiver<T>,
-    position: fn(&T) -> u64,
-    lag: Arc<Lag>,
-    mut stopped: oneshot::Receiver<()>,
-) {
-    loop {
-        tokio::select! {
-            _ = &mut stopped => return,
-            changed = rx.changed() => {
-                if changed.is_err() {
-                    return;
-                }
-            }
-        }
-        let at = position(&rx.borrow_and_update());
-        if lag.check(at) || lag.is_cut() {
-            return;
-        }
     }
 }
 

@@ -55,6 +55,10 @@ pub(crate) struct Shared {
     pub(crate) draining: watch::Sender<bool>,
     /// Every change applied, numbered by cluster revision, for the all-services stream.
     pub(crate) journal: Journal,
+    /// The all-services streams, checked for lag right after each publish of the journal
+    /// (as a slot checks its streams): no watchdog task per stream, so one publish wakes
+    /// each stream once, not a stream and its watchdog.
+    pub(crate) all_laggards: Laggards,
     /// Raised after an update made at least one service appear (a slot was inserted):
     /// wakes the blocking queries parked on a name no visible service has yet, which
     /// then look again. Raised after the insert, so one that subscribes before it looks
@@ -140,6 +144,7 @@ impl Shared {
             draining: watch::Sender::new(false),
             appeared: watch::Sender::new(0),
             journal: Journal::new(cfg_journal(&cfg)),
+            all_laggards: Laggards::default(),
             all_delivery,
             stale: watch::Sender::new(None),
             changed: watch::Sender::new(0),
@@ -194,8 +199,8 @@ impl Shared {
                 self.apply_one(update, Some(at));
             }
             // One batch holds every change of the revisions in it: published whole, so an
-            // all-services stream never sees half of a revision.
-            self.journal.publish();
+            // all-services stream never sees half of a revision, and is woken once.
+            self.publish();
             self.applied.send_replace(drained.generation);
         }
     }
@@ -204,7 +209,14 @@ impl Shared {
     /// it reached the in-process feed.
     pub(crate) fn apply(&self, update: Update, received: Option<Instant>) {
         self.apply_one(update, received);
-        self.journal.publish();
+        self.publish();
+    }
+
+    /// Publishes the journal to the all-services streams, and cuts off those now past
+    /// their limit (read or not).
+    fn publish(&self) {
+        let end = self.journal.publish();
+        self.all_laggards.check(end);
     }
 
     /// Applies one update (recorded in the journal, not yet published).
@@ -552,7 +564,7 @@ impl Drop for WatcherGuard {
 
 /// The per-service streams of one service slot, checked by whoever changes the slot
 /// (`Laggards::check`, right after the change), so a client that never reads is cut
-/// off at the change that puts it past its limit, as a watchdog task would (`crate::lag::watchdog`), without a task
+/// off at the change that puts it past its limit, as a watchdog task would, without a task
 /// per stream that wakes on every change (issue 31: with 10,000 streams on a service, a
 /// change woke 20,000 tasks, half of them only to find nobody behind).
 #[derive(Debug, Default)]
@@ -600,8 +612,59 @@ impl WatcherGuard {
 
 // === impl Ending ===
 
-/// [`Ending::wait`] as a future a stream keeps across its events.
-pub(crate) type EndingFuture = std::pin::Pin<Box<dyn std::future::Future<Output = Ended> + Send>>;
+/// [`Ending::wait`] as a future a stream keeps across its events, polled only when one
+/// of the channels it waits on woke it.
+///
+/// A stream polls it beside its wait for the next change every time the stream is polled,
+/// i.e. on every event; polling [`Ending::wait`] itself then re-checked the drain,
+/// staleness and credential channels each time, and re-registered the stream's waker in
+/// their waiter lists (a lock on a list every watcher of the host shares, per event and
+/// watcher: with 10,000 streams, 30,000 lock round trips per change, across the cores).
+/// Here a poll that was not woken by those channels is a flag test.
+pub(crate) struct EndingFuture {
+    wait: std::pin::Pin<Box<dyn std::future::Future<Output = Ended> + Send>>,
+    woken: Arc<WokenFlag>,
+}
+
+/// Set by the ending's own waker; tells the stream's task.
+#[derive(Default)]
+struct WokenFlag {
+    woken: std::sync::atomic::AtomicBool,
+    task: futures_util::task::AtomicWaker,
+}
+
+impl std::task::Wake for WokenFlag {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, std::sync::atomic::Ordering::Release);
+        self.task.wake();
+    }
+}
+
+impl std::future::Future for EndingFuture {
+    type Output = Ended;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Ended> {
+        self.woken.task.register(cx.waker());
+        if !self
+            .woken
+            .woken
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            return std::task::Poll::Pending;
+        }
+        let waker = std::task::Waker::from(self.woken.clone());
+        self.wait
+            .as_mut()
+            .poll(&mut std::task::Context::from_waker(&waker))
+    }
+}
 
 impl Ending {
     /// [`wait`](Self::wait), owned: a stream polls this one future beside each wait for
@@ -609,9 +672,18 @@ impl Ending {
     /// host's drain, staleness and credential channels, which every watcher shares, and
     /// unregisters when the event wins: two lock round trips on three shared lists per
     /// event and watcher (issue 31), where this future stays registered until it
-    /// resolves. Not polled again once it has resolved.
+    /// resolves, and is polled only when they woke it ([`EndingFuture`]). Not polled
+    /// again once it has resolved.
     pub(crate) fn boxed(mut self) -> EndingFuture {
-        Box::pin(async move { self.wait().await })
+        let woken = Arc::new(WokenFlag::default());
+        // Polled once at first: it may have to end at once, and it registers its waker.
+        woken
+            .woken
+            .store(true, std::sync::atomic::Ordering::Release);
+        EndingFuture {
+            wait: Box::pin(async move { self.wait().await }),
+            woken,
+        }
     }
 
     /// Resolves once the watcher must end (at once if it already must), saying why.

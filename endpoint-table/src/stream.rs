@@ -1,6 +1,7 @@
 //! `GET /v1/services/{name}/endpoints/stream`: the SSE stream of one service's entry, with
-//! no queue of its own, and the watchdog that cuts off a client that falls behind.
+//! no queue of its own; its slot cuts off a client that falls behind (`Laggards`).
 
+use crate::entry::Entry;
 use crate::lag::{Lag, Place};
 use crate::metrics::Kind;
 use crate::query::{last_event_id, params, with_index, Params, View};
@@ -11,7 +12,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
-use plugin_api::{ApiError, ErrorBody, Permission, Principal, ServiceKey};
+use plugin_api::{ApiError, ErrorBody, Principal, ServiceKey};
 use std::sync::Arc;
 use tokio::sync::watch;
 
@@ -146,8 +147,12 @@ impl EventStream {
                 return None;
             }
             self.lag.take(slot.seq);
+            // The slot is the service's (project, name): its entries are all of the
+            // project the stream was allowed to view when it opened, and the principal's
+            // grants do not change under it (a reload that takes the view away ends the
+            // stream through `ending`), so that check is not repeated per event.
             let entry = match slot.entry {
-                Some(e) if self.principal.may(Permission::JobView, &e.project) => e,
+                Some(e) => e,
                 _ => {
                     self.lag.settle(slot.seq, true);
                     return Some(self.gone());
@@ -160,18 +165,23 @@ impl EventStream {
                 continue;
             }
             self.sent = Some(entry.index);
-            // Every stream of the service in the default views shares one rendering.
-            let event = match self.view.port.as_deref() {
-                None => render::stream_event(&entry, self.view.all),
-                Some(port) => {
-                    let answer = wire::answer(&entry, Some(port), self.view.all);
-                    let data = serde_json::to_vec(&answer).expect("an answer always serializes");
-                    let id = entry.index.to_string();
-                    render::event(&[("id", id.as_bytes()), ("data", &data)])
-                }
-            };
+            let event = self.event(&entry);
             self.lag.settle(slot.seq, true);
             return Some(event);
+        }
+    }
+
+    /// The event of `entry` in the stream's view: every stream of the service in the
+    /// default views shares one rendering.
+    fn event(&self, entry: &Entry) -> Bytes {
+        match self.view.port.as_deref() {
+            None => render::stream_event(entry, self.view.all),
+            Some(port) => {
+                let answer = wire::answer(entry, Some(port), self.view.all);
+                let data = serde_json::to_vec(&answer).expect("an answer always serializes");
+                let id = entry.index.to_string();
+                render::event(&[("id", id.as_bytes()), ("data", &data)])
+            }
         }
     }
 

@@ -22,7 +22,8 @@
 //! Run: `cargo bench -p endpoint-table --bench fanout` (or `endpoint-table/bench.sh`);
 //! `$ETCD` names another etcd binary. `$FANOUT_KINDS` and `$FANOUT_W` run only some of the
 //! fan-out runs (to profile one; see `runs::Only`) and nothing else; `$READS_ONLY` the reads
-//! only, `$READ_ROUNDS` rounds of them (default 5).
+//! only, `$READ_ROUNDS` rounds of them (default 5); `$XCED_READS=<xced binary>` reads
+//! through a real `xced dev` instead, and nothing else (module `xced`).
 
 use endpoint_table::{endpoint_table, Table, TableConfig};
 use plugin_api::{
@@ -107,6 +108,10 @@ fn main() {
         );
     }
     rt.block_on(async {
+        if let Some(bin) = std::env::var_os("XCED_READS") {
+            xced_reads(std::path::Path::new(&bin)).await;
+            return;
+        }
         if reads_only {
             reads_all(etcd_found).await;
             return;
@@ -154,6 +159,7 @@ mod h2;
 mod reads;
 mod runs;
 mod server;
+mod xced;
 
 use data::*;
 use etcd::*;
@@ -161,6 +167,7 @@ use h2::*;
 use reads::*;
 use runs::*;
 use server::*;
+use xced::*;
 
 // === a minimal HTTP/1.1 client ===
 

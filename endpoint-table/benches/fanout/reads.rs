@@ -258,7 +258,7 @@ pub(crate) async fn reads_all(etcd_found: bool) {
 }
 
 /// Rounds of reads: `$READ_ROUNDS`, or [`READ_ROUNDS`].
-fn read_rounds() -> usize {
+pub(crate) fn read_rounds() -> usize {
     std::env::var("READ_ROUNDS")
         .ok()
         .and_then(|n| n.parse().ok())

@@ -6,11 +6,13 @@
 //! Each value is chosen, not left to hyper's default, for the reason given at it.
 
 mod batch;
+mod streams;
 
 pub use batch::{BatchedWrites, BATCH_BYTES};
 use hyper_util::rt::TokioTimer;
 use hyper_util::server::conn::auto::Http2Builder;
 use std::time::Duration;
+pub use streams::{ConnStreams, StreamExecutor, WithStreams};
 
 /// Streams (requests) one connection may have open at once. A watcher (blocking query,
 /// SSE stream) holds one for as long as it watches, so this is how many watches one
@@ -54,9 +56,10 @@ pub const MAX_SEND_BUF_SIZE: usize = 64 * 1024;
 
 /// Applies the settings above to an auto (HTTP/1.1 + HTTP/2) connection builder's HTTP/2
 /// side. Data frames are written as soon as a body yields them (hyper does not wait for a
-/// frame to fill), so SSE events and blocking-query answers go out at once; serve the
-/// connection's stream through [`BatchedWrites`] so that the answers of many streams that
-/// are ready together share one write.
+/// frame to fill), so SSE events and blocking-query answers go out at once; build the
+/// connection with a [`ConnStreams`] executor and serve its stream through
+/// [`BatchedWrites`], so that the streams one change wakes run in one pass of the
+/// connection's task and their frames share one write.
 pub fn configure<E>(h2: &mut Http2Builder<'_, E>) {
     // The timer drives the keep-alive pings.
     h2.timer(TokioTimer::new())

@@ -76,7 +76,7 @@ use anyhow::Context as _;
 use axum::body::Body;
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use retry_backoff::Backoff;
 use serde::Deserialize;
@@ -85,7 +85,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -370,8 +370,16 @@ struct Conn {
     evicted: AtomicBool,
     /// Evicted and told to drop its socket now ([`Registry::hurry_closing`]).
     dropped: AtomicBool,
-    /// A request started or ended, or the registry evicted it.
+    /// A request started or ended (unless `quiet`), or the registry evicted it.
     wake: Notify,
+    /// The supervision need not be told when a request starts or ends: it looks at the
+    /// connection again by itself before that could change what it does (see
+    /// [`Clocks::quiet`]). Spares a keep-alive connection two wake-ups of its task per
+    /// request, each of which re-armed its timers.
+    quiet: AtomicBool,
+    /// When the last request ended ([`since_epoch`]; 0: none yet), read by the supervision
+    /// when it next looks (a quiet end does not wake it).
+    ended: AtomicU64,
     /// What stops its answers from being written, and since when (`exchange.rs`).
     writes: Arc<exchange::Writes>,
 }
@@ -570,41 +578,59 @@ impl ConnCtx {
         if self.conn.evicted.load(Ordering::SeqCst) {
             return;
         }
-        let builder = http_builder(&self.shared.limits);
+        // The connection's streams run in this task (`ConnStreams`: one change's events
+        // of all its streams in one pass and one write).
+        let streams = crate::http2::ConnStreams::new();
+        let builder = http_builder(&self.shared.limits, streams.executor());
         // HTTP/2 writes batched across streams (`BatchedWrites`: a fan-out's answers
         // share system calls); HTTP/1.1 passes through.
         // The write clock sits under the batching, on the socket itself: it sees the
         // socket refuse bytes, not the batch buffer take them.
         let stream = exchange::WriteClock::new(stream, self.conn.writes.clone());
         let io = TokioIo::new(crate::http2::BatchedWrites::new(stream));
-        // Boxed so it can be dropped (its socket closed) before the accounting.
-        let mut c = Box::pin(builder.serve_connection_with_upgrades(io, self.service()));
+        // Dropped (its socket closed, its streams ended) before the accounting.
+        let mut c = streams.serve(builder.serve_connection_with_upgrades(io, self.service()));
         let mut clocks = Clocks {
             idle_since: Instant::now(),
             closing: None,
             write_check: None,
         };
         let limits = self.shared.limits;
+        // One timer for the connection's life, moved only when its deadline moves (a new
+        // timer per wake-up took the runtime's timer lock twice per request).
+        let mut timer = Box::pin(tokio::time::sleep(Duration::ZERO));
+        let mut armed = None;
         loop {
-            clocks.arm_write_check(&self.conn, &limits);
+            clocks.look(&self.conn, &limits);
             let deadline = clocks.deadline(&self.conn, &limits);
+            if deadline != armed {
+                if let Some(at) = deadline {
+                    timer.as_mut().reset(at);
+                }
+                armed = deadline;
+            }
             let step = tokio::select! {
                 () = self.conn.wake.notified() => clocks.woken(&self.conn),
                 () = self.conn.writes.blocked.notified() => Step::Wait,
-                r = c.as_mut() => {
+                r = &mut c => {
                     if let Err(e) = r {
                         debug!(client = %ip, error = %e, "connection ended with an error");
                     }
                     Step::Drop
                 }
-                () = sleep_until(deadline) => clocks.expired(&self.conn, &limits, ip),
+                () = &mut timer, if armed.is_some() => {
+                    armed = None; // fired: armed again below, whatever the deadline
+                    clocks.expired(&self.conn, &limits, ip)
+                }
                 _ = self.stop.wait_for(|s| *s), if clocks.closing.is_none() => Step::Shutdown,
             };
             match step {
                 Step::Wait => {}
                 Step::Shutdown => {
                     clocks.closing = Some(Instant::now());
-                    c.as_mut().graceful_shutdown();
+                    // Every request's end matters now (the closing deadline runs from it).
+                    self.conn.quiet.store(false, Ordering::SeqCst);
+                    c.connection().graceful_shutdown();
                 }
                 Step::Drop => return,
             }
@@ -691,6 +717,37 @@ impl Clocks {
         idle.then_some(since.max(self.idle_since) + limits.header_timeout)
     }
 
+    /// What the supervision does each time it looks at the connection: takes in the end
+    /// of the last request (a quiet one did not wake it), arms the write check, and tells
+    /// the requests whether they need to wake it.
+    fn look(&mut self, conn: &Conn, limits: &ConnLimits) {
+        self.take_ended(conn);
+        self.arm_write_check(conn, limits);
+        conn.quiet.store(self.quiet(conn, limits), Ordering::SeqCst);
+    }
+
+    /// Takes in the end of the last request: the connection is idle since then at least.
+    fn take_ended(&mut self, conn: &Conn) {
+        if let Some(ended) = from_epoch(conn.ended.load(Ordering::SeqCst)) {
+            self.idle_since = self.idle_since.max(ended);
+        }
+    }
+
+    /// Whether a request's start or end may go untold: the write check is armed, so the
+    /// supervision looks again within `write_timeout` by itself and arms the next one from
+    /// the oldest stalled answer (a start untold changes nothing before then); an end
+    /// untold moves the idle deadline to at least `idle_timeout` from it, no earlier than
+    /// that look when `idle_timeout >= write_timeout`, and the look takes it in. Never
+    /// while closing (the closing deadline runs from the last answer) or before the first
+    /// request (which ends the header timeout).
+    fn quiet(&self, conn: &Conn, limits: &ConnLimits) -> bool {
+        self.write_check.is_some()
+            && self.closing.is_none()
+            && limits.idle_timeout >= limits.write_timeout
+            && conn.served.load(Ordering::SeqCst)
+            && !conn.evicted.load(Ordering::SeqCst)
+    }
+
     /// Arms the write check when there is something to write and it is not armed.
     fn arm_write_check(&mut self, conn: &Conn, limits: &ConnLimits) {
         if self.write_check.is_none() && busy(conn) {
@@ -737,6 +794,8 @@ impl Clocks {
     /// The [`deadline`](Self::deadline) passed: the write check's, the idle one's or the
     /// closing one's.
     fn expired(&mut self, conn: &Conn, limits: &ConnLimits, ip: IpAddr) -> Step {
+        // A request may have ended untold since the last look.
+        self.take_ended(conn);
         let now = Instant::now();
         if self.write_check.is_some_and(|at| at <= now)
             && self.write_check(conn, limits, ip) == Step::Drop
@@ -782,8 +841,11 @@ static WRITE_TIMEOUT_LOGGED: tls::LogLimit = tls::LogLimit::new();
 /// The connection builder: HTTP/1.1 or HTTP/2 with prior knowledge (h2c), told apart by
 /// the client's first bytes (the HTTP/2 preface). Every limit here holds for both: the
 /// clocks watch requests in flight, which under HTTP/2 are the connection's open streams.
-fn http_builder(limits: &ConnLimits) -> auto::Builder<TokioExecutor> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+fn http_builder(
+    limits: &ConnLimits,
+    exec: crate::http2::StreamExecutor,
+) -> auto::Builder<crate::http2::StreamExecutor> {
+    let mut builder = auto::Builder::new(exec);
     // The read buffer bounds the request headers: 64 KiB, as HTTP/2's header list
     // (hyper's default of ~400 KiB let 2,000 connections of unfinished headers take half a
     // GiB); longer headers are answered 431. It bounds the write buffer too, so an answer
@@ -897,11 +959,20 @@ async fn evicted(conn: &Conn) {
     }
 }
 
-async fn sleep_until(at: Option<Instant>) {
-    match at {
-        Some(at) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
-    }
+/// `at` as nanoseconds (at least 1) since a process-wide epoch, for an atomic.
+fn since_epoch(at: Instant) -> u64 {
+    let nanos = at.saturating_duration_since(*epoch()).as_nanos();
+    u64::try_from(nanos).unwrap_or(u64::MAX).max(1)
+}
+
+/// The inverse of [`since_epoch`]; `None` for 0.
+fn from_epoch(nanos: u64) -> Option<Instant> {
+    (nanos != 0).then(|| *epoch() + Duration::from_nanos(nanos))
+}
+
+fn epoch() -> &'static Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    EPOCH.get_or_init(Instant::now)
 }
 
 /// A request in flight on a connection: from its headers to the end of its answer's body
@@ -916,7 +987,9 @@ impl InFlight {
     fn start(conn: &Arc<Conn>) -> Self {
         let n = conn.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         let exchange = conn.writes.exchange(n);
-        conn.wake.notify_one();
+        if !conn.quiet.load(Ordering::SeqCst) {
+            conn.wake.notify_one();
+        }
         InFlight {
             conn: conn.clone(),
             exchange,
@@ -926,8 +999,13 @@ impl InFlight {
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.conn.in_flight.fetch_sub(1, Ordering::SeqCst);
-        self.conn.wake.notify_one();
+        let conn = &self.conn;
+        conn.ended
+            .store(since_epoch(Instant::now()), Ordering::SeqCst);
+        conn.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if !conn.quiet.load(Ordering::SeqCst) {
+            conn.wake.notify_one();
+        }
     }
 }
 

@@ -6,6 +6,7 @@ use super::tests::{closed_within, limits, server_counting, LONG};
 use super::*;
 use axum::body::Body;
 use hyper::client::conn::http2;
+use hyper_util::rt::TokioExecutor;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -230,4 +231,53 @@ async fn alpn_picks_h2_under_tls_and_http1_still_works() {
         };
         assert_eq!(version, expected);
     }
+}
+
+/// The streams of an HTTP/2 connection run in the connection's task (`ConnStreams`), not
+/// in a task each: 100 watches held on one connection add no task to the server's
+/// runtime, and they all answer when released. (With a task per stream, as hyper's
+/// default executor runs them, the server's runtime counted 100 more.)
+#[test]
+fn the_streams_of_a_connection_run_in_its_task() {
+    let server_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (addr, _stop, release, mut held) = server_rt.block_on(server_counting(ConnLimits {
+        header_timeout: LONG * 6,
+        idle_timeout: LONG * 6,
+        ..limits(100, 1)
+    }));
+    let idle_tasks = server_rt.metrics().num_alive_tasks();
+    let client_rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    client_rt.block_on(async {
+        let (send, _conn) = h2(addr).await;
+        let watches: Vec<_> = (0..100)
+            .map(|_| {
+                let mut send = send.clone();
+                tokio::spawn(async move { get(&mut send, "/hold").await })
+            })
+            .collect();
+        for _ in 0..100 {
+            tokio::time::timeout(LONG, held.recv())
+                .await
+                .expect("the app has all 100 watches")
+                .unwrap();
+        }
+        // The accept loop and the connection's task: one more than before it connected.
+        let tasks = server_rt.metrics().num_alive_tasks();
+        assert!(
+            tasks <= idle_tasks + 1,
+            "100 streams on one connection: {tasks} tasks, {idle_tasks} before it"
+        );
+        release.send(true).unwrap();
+        for w in watches {
+            let answer = tokio::time::timeout(LONG, w).await.unwrap().unwrap();
+            assert_eq!(answer, Ok((200, "released".into())));
+        }
+    });
 }

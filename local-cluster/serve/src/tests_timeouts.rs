@@ -9,6 +9,7 @@ use super::*;
 use axum::body::{Body, Bytes};
 use axum::routing::{get, post};
 use hyper::client::conn::http2;
+use hyper_util::rt::TokioExecutor;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;

@@ -484,6 +484,64 @@ async fn a_followed_credential_is_authenticated_once_per_stream() {
     .assert_eq(&out);
 }
 
+/// An all-services stream costs no task of its own (issue 31: a watchdog task per stream
+/// woke on every publish beside the stream itself; five streams were five more tasks on
+/// the old code), and one batch of changes to several services wakes it once: its token,
+/// which this host does not follow, is authenticated again on every wake, here once for
+/// a batch of three services (and once when it opened).
+#[tokio::test]
+async fn all_services_streams_spawn_no_task_and_wake_once_per_batch() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    /// root, fixed (not followed); counts its calls.
+    struct Counting(AtomicUsize);
+    impl Authenticator for Counting {
+        fn authenticate(&self, token: Option<&str>) -> Result<Principal, AuthError> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            match token {
+                Some("root") => Ok(user("root", &[(Permission::Admin, "*")])),
+                _ => Err(AuthError::Invalid),
+            }
+        }
+    }
+    let tokens = Arc::new(Counting(AtomicUsize::new(0)));
+    let cx = ApiContext {
+        auth: tokens.clone(),
+    };
+    let c = Cluster::with_context(cx, snapshot(true)).await;
+    let runtime = tokio::runtime::Handle::current().metrics();
+    let before = runtime.num_alive_tasks();
+    let mut streams = Vec::new();
+    for _ in 0..5 {
+        let mut sub = Sub::new(c.get("root /v1/endpoints/stream").await);
+        sub.lines(4).await;
+        streams.push(sub);
+    }
+    assert_eq!(runtime.num_alive_tasks(), before, "tasks per stream");
+    let opened = tokens.0.load(Ordering::SeqCst);
+    assert_eq!(opened, 5, "one authentication per stream as it opens");
+    let batch: Vec<_> = (0..3)
+        .map(|i| ev_service(11 + i, service(&format!("new-{i}"), "team-a", &["http"])))
+        .collect();
+    c.feed.on_events(&batch);
+    c.api.flushed().await;
+    let mut out = String::new();
+    for sub in &mut streams {
+        out = sub.lines(3).await;
+    }
+    let _ = writeln!(
+        out,
+        "authenticated again: {} for 5 streams",
+        tokens.0.load(Ordering::SeqCst) - opened
+    );
+    expect![[r#"
+        11 team-a/new-0#11 endpoints=0 meta={}
+        12 team-a/new-1#12 endpoints=0 meta={}
+        13 team-a/new-2#13 endpoints=0 meta={}
+        authenticated again: 5 for 5 streams
+    "#]]
+    .assert_eq(&out);
+}
+
 /// A client more than `all_stream_buffer` changes behind is cut off (counted with
 /// `kind="all_services"`), even if it never reads; one that reads stays.
 #[tokio::test]
