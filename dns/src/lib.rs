@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 mod answer;
+mod cache;
 mod config;
 mod doh;
 mod limit;
