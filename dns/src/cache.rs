@@ -17,7 +17,7 @@
 use crate::answer::{answer, size_limit, Answered, Apex, Transport};
 use crate::zone::Zone;
 use hickory_proto::op::{Edns, Header, MessageType, OpCode, Query};
-use hickory_proto::rr::{Record, RecordType};
+use hickory_proto::rr::{RData, Record, RecordType};
 use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncodable, BinEncoder};
 use plugin_api::{LiveGrants, Principal};
 use std::collections::HashMap;
@@ -191,10 +191,12 @@ fn read_plain(bytes: &[u8], viewer: &Viewer, transport: Transport) -> Option<Pla
         0 => None,
         _ => {
             let record = Record::read(&mut decoder).ok()?;
-            if record.record_type() != RecordType::OPT {
-                return None;
+            // The OPT records `Message` takes for EDNS (and `Edns::from` accepts); any
+            // other additional record goes the uncached way.
+            match record.data {
+                RData::Update0(RecordType::OPT) | RData::OPT(_) => Some(Edns::from(&record)),
+                _ => return None,
             }
-            Some(Edns::from(&record))
         }
     };
     if edns.as_ref().is_some_and(|e| e.version() > 0) {

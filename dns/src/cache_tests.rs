@@ -219,6 +219,21 @@ fn a_plain_query_is_cached_and_others_bypass() {
     assert_eq!(outcome(&badvers), Outcome::Bypass);
     assert_eq!(outcome(&badvers), Outcome::Bypass);
     assert_eq!(outcome(&[0u8; 5]), Outcome::Bypass);
+    // An additional record other than OPT.
+    let mut m = Message::from_vec(
+        &Ask {
+            edns: None,
+            ..ask.clone()
+        }
+        .bytes(),
+    )
+    .unwrap();
+    m.add_additional(hickory_proto::rr::Record::from_rdata(
+        Name::from_ascii("x.").unwrap(),
+        1,
+        hickory_proto::rr::RData::A(hickory_proto::rr::rdata::A::new(127, 0, 0, 1)),
+    ));
+    assert_eq!(outcome(&m.to_vec().unwrap()), Outcome::Bypass);
     assert_eq!(zone.answers.len(), 1);
 }
 
