@@ -79,10 +79,13 @@ struct Cached {
     truncated: bool,
 }
 
+/// Each table's entries by the question's bytes.
+type Tables = HashMap<Table, HashMap<Box<[u8]>, Entry>>;
+
 /// The encoded answers of one zone.
 #[derive(Default)]
 pub(crate) struct AnswerCache {
-    tables: Mutex<HashMap<Table, HashMap<Box<[u8]>, Entry>>>,
+    tables: Mutex<Tables>,
 }
 
 impl AnswerCache {
@@ -91,7 +94,7 @@ impl AnswerCache {
         self.lock().values().map(HashMap::len).sum()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Table, HashMap<Box<[u8]>, Entry>>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Tables> {
         // A panic while holding the lock leaves at worst a missing answer: keep going.
         self.tables
             .lock()
