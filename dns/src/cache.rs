@@ -15,6 +15,7 @@
 //! the query's id and its RD and CD flags, the rest byte for byte what [`answer`] gives.
 
 use crate::answer::{answer, size_limit, Answered, Apex, Transport};
+use crate::encoded::{Cached, Entry, Table, MAX_ENTRIES};
 use crate::zone::Zone;
 use hickory_proto::op::{Edns, Header, MessageType, OpCode, Query};
 use hickory_proto::rr::{RData, Record, RecordType};
@@ -22,12 +23,7 @@ use hickory_proto::serialize::binary::{BinDecodable, BinDecoder, BinEncodable, B
 use plugin_api::{LiveGrants, Principal};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-
-/// Questions kept per zone (all listeners and limits together); past it, answers to new
-/// questions are computed and not kept until the next change of the zone. A bench's or a
-/// cluster's working set is a few answers per service.
-pub(crate) const MAX_ENTRIES: usize = 4096;
+use std::sync::Arc;
 
 /// Most answers a cached entry spreads over (one encoded answer each); bigger answer sets
 /// are rare and are not cached.
@@ -48,81 +44,6 @@ impl Viewer {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             principal,
         }
-    }
-}
-
-/// What selects a table of answers: everything but the question.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-struct Table {
-    viewer: u64,
-    edns: bool,
-    limit: usize,
-}
-
-/// One question's answers: one per rotation the query's id may choose, filled as
-/// queries ask.
-#[derive(Debug)]
-struct Entry {
-    /// The grants the answers were computed under (`None`: a principal the host does not
-    /// follow). Holding the `Arc` keeps its address from being reused.
-    grants: Option<LiveGrants>,
-    by_rotation: Vec<Option<Cached>>,
-}
-
-#[derive(Debug, Clone)]
-struct Cached {
-    /// The header as the answer had it (its id and RD/CD are replaced per query).
-    header: Header,
-    /// Everything after the header.
-    body: Arc<[u8]>,
-    rcode: hickory_proto::op::ResponseCode,
-    truncated: bool,
-}
-
-/// Each table's entries by the question's bytes.
-type Tables = HashMap<Table, HashMap<Box<[u8]>, Entry>>;
-
-/// The encoded answers of one zone.
-#[derive(Default)]
-pub(crate) struct AnswerCache {
-    tables: Mutex<Tables>,
-}
-
-impl AnswerCache {
-    /// How many questions it holds.
-    pub(crate) fn len(&self) -> usize {
-        self.lock().values().map(HashMap::len).sum()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Tables> {
-        // A panic while holding the lock leaves at worst a missing answer: keep going.
-        self.tables
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-/// A new zone's cache is empty, whatever the old one held.
-impl Clone for AnswerCache {
-    fn clone(&self) -> Self {
-        Self::default()
-    }
-}
-
-/// Zones compare by their names; what they have cached is no part of them.
-impl PartialEq for AnswerCache {
-    fn eq(&self, _: &Self) -> bool {
-        true
-    }
-}
-
-impl Eq for AnswerCache {}
-
-impl std::fmt::Debug for AnswerCache {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AnswerCache")
-            .field("questions", &self.len())
-            .finish()
     }
 }
 

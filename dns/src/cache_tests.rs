@@ -1,8 +1,9 @@
 //! The cached path gives the uncached path's bytes, byte for byte, for any query; a new
 //! zone or new grants start afresh.
 
-use super::{answer_cached, Outcome, Viewer, MAX_ENTRIES};
+use super::{answer_cached, Outcome, Viewer};
 use crate::answer::{answer, Transport};
+use crate::encoded::MAX_ENTRIES;
 use crate::tests::{apex, cluster, entry};
 use crate::zone::Zone;
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query};

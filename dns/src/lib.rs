@@ -15,6 +15,7 @@ mod answer;
 mod cache;
 mod config;
 mod doh;
+mod encoded;
 mod limit;
 mod metrics;
 mod server;

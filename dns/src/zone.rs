@@ -39,7 +39,7 @@ pub struct Zone {
     /// zone is SERVFAIL.
     pub(crate) live: Option<Names>,
     /// Its answers as encoded for the queries asked so far (empty in a new zone).
-    pub(crate) answers: crate::cache::AnswerCache,
+    pub(crate) answers: crate::encoded::AnswerCache,
 }
 
 /// The names of a live zone.
