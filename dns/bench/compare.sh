@@ -11,10 +11,11 @@
 # runs dnsperf against each server for SECONDS (default 10), ROUNDS (default 3) times with
 # the order rotated every round. Each of the others is pinned to one worker where it has
 # the setting (NSD server-count 1, Knot udp-workers 1, unbound num-threads 1; dnsmasq is
-# single-threaded); ours runs its listener on xced's tokio runtime. Our listener limits
-# each source address (per_source_qps, 5000 by default in xced dev), so dnsperf runs from
-# 16 loopback addresses at once for every server and the script prints how many queries
-# the limit dropped. Then it sends half of our best rate (dnsperf -Q) with -v and takes the
+# single-threaded); ours runs its listener on xced's tokio runtime. Like NSD (its response
+# rate limit off), ours runs with its per-source limit off (--dns-per-source-qps 0, i.e.
+# `[dns] per_source_qps = 0`; PER_SOURCE_QPS=N sets another): the bench measures answers,
+# not the limiter. dnsperf runs from 16 loopback addresses at once for every server and
+# the script prints how many queries a limit dropped. Then it sends half of our best rate (dnsperf -Q) with -v and takes the
 # 99th percentile of the per-query latencies dnsperf printed.
 # Needs dnsperf, nsd, knot, dnsmasq, unbound and dig (Debian: apt-get install dnsperf nsd
 # knot dnsmasq unbound bind9-dnsutils). Prints one ROUND line per round and one SUMMARY
@@ -53,7 +54,8 @@ if [ "${ONE_CORE:-}" = 1 ]; then
 fi
 
 XCE_CONFIG=$tmp/cli.toml "${pin[@]}" "$xced" dev --hosts 3 --listen 127.0.0.1:0 --data-dir "$tmp/data" \
-  --client-config "$tmp/cli.toml" --dns "127.0.0.1:$ours" >"$tmp/xced.out" 2>&1 &
+  --client-config "$tmp/cli.toml" --dns "127.0.0.1:$ours" \
+  --dns-per-source-qps "${PER_SOURCE_QPS:-0}" >"$tmp/xced.out" 2>&1 &
 pids+=($!)
 until grep -q "apiserver listening" "$tmp/xced.out"; do sleep 0.2; done
 export XCE_CONFIG=$tmp/cli.toml
@@ -233,7 +235,9 @@ lost=$(cat "$tmp"/half.* | awk '/Queries lost/ {s+=$3} END {print s+0}')
 api=$(sed -n 's/^api = "\(.*\)"/\1/p' "$tmp/cli.toml"); token=$(sed -n 's/^token = "\(.*\)"/\1/p' "$tmp/cli.toml")
 limited=$(curl -s -H "Authorization: Bearer $token" "$api/metrics" | awk '/^xce_dns_dropped_total.*rate_limited/ {s+=$2} END {print s+0}')
 slipped=$(curl -s -H "Authorization: Bearer $token" "$api/metrics" | awk '/^xce_dns_slipped_total/ {s+=$2} END {print s+0}')
+cache() { curl -s -H "Authorization: Bearer $token" "$api/metrics" | awk -v r="result=\"$1\"" 'index($0, "xce_dns_answer_cache_total") == 1 && index($0, r) {s+=$2} END {print s+0}'; }
+hits=$(cache hit); misses=$(cache miss)
 threads=$(ls "/proc/${pids[0]}/task" | wc -l)
 readers=$(sed -n 's/.*, \([0-9]*\) udp readers\..*/\1/p' "$tmp/xced.out")
 ratio() { python3 -c "print(round(${best[ours]}/max(1, ${best[$1]}), 2))"; }
-echo "SUMMARY dns services=$services queries=$(wc -l <"$tmp/queries") seconds=$secs rounds=$rounds qps_ours=${best[ours]} qps_nsd=${best[nsd]} qps_knot=${best[knot]} qps_dnsmasq=${best[dnsmasq]} qps_unbound=${best[unbound]} ratio_nsd=$(ratio nsd) ratio_knot=$(ratio knot) ratio_dnsmasq=$(ratio dnsmasq) ratio_unbound=$(ratio unbound) p99_half_ms=$p99 half_qps=$((half * 16)) half_lost=$lost same_records=$same rate_limited_drops=$limited slipped=$slipped mode=$mode xced_workers=${XCED_WORKER_THREADS:-cores} udp_readers=${readers:-?} xced_threads=$threads"
+echo "SUMMARY dns services=$services queries=$(wc -l <"$tmp/queries") seconds=$secs rounds=$rounds qps_ours=${best[ours]} qps_nsd=${best[nsd]} qps_knot=${best[knot]} qps_dnsmasq=${best[dnsmasq]} qps_unbound=${best[unbound]} ratio_nsd=$(ratio nsd) ratio_knot=$(ratio knot) ratio_dnsmasq=$(ratio dnsmasq) ratio_unbound=$(ratio unbound) p99_half_ms=$p99 half_qps=$((half * 16)) half_lost=$lost same_records=$same rate_limited_drops=$limited slipped=$slipped per_source_qps=${PER_SOURCE_QPS:-0} cache_hits=$hits cache_misses=$misses mode=$mode xced_workers=${XCED_WORKER_THREADS:-cores} udp_readers=${readers:-?} xced_threads=$threads"

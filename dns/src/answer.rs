@@ -79,6 +79,9 @@ pub struct Answered {
     pub rcode: ResponseCode,
     /// Whether it was truncated (TC).
     pub truncated: bool,
+    /// How many answers the query's id chose the first of (1 when none were rotated):
+    /// queries whose ids agree modulo it get the same answer apart from their header.
+    pub(crate) spread: usize,
 }
 
 /// Answers the query `bytes` from `zone` as `view` sees it, within `transport`'s size.
@@ -109,6 +112,7 @@ pub fn answer(
         response.set_edns(edns);
     }
     let qtype = request.queries.first().map(Query::query_type);
+    let mut spread = 1;
     if request.edns.as_ref().is_some_and(|e| e.version() > 0) {
         response.metadata.response_code = ResponseCode::BADVERS;
         if let Some(edns) = response.edns.as_mut() {
@@ -119,9 +123,11 @@ pub fn answer(
     } else if request.queries.len() != 1 {
         response.metadata.response_code = ResponseCode::FormErr;
     } else {
-        resolve(apex, zone, view, &request.queries[0], &mut response);
+        spread = resolve(apex, zone, view, &request.queries[0], &mut response);
     }
-    Some(encode(response, limit, qtype))
+    let mut answered = encode(response, limit, qtype);
+    answered.spread = spread;
+    Some(answered)
 }
 
 /// The reply to a query refused by the rate limit that slips: its question, TC set, no
@@ -151,7 +157,7 @@ fn formerr(bytes: &[u8]) -> Option<Answered> {
     Some(encode(response, 512, None))
 }
 
-fn size_limit(edns: Option<&Edns>, transport: Transport) -> usize {
+pub(crate) fn size_limit(edns: Option<&Edns>, transport: Transport) -> usize {
     match transport {
         Transport::Tcp | Transport::Https => usize::from(u16::MAX),
         Transport::Udp => match edns {
@@ -181,6 +187,7 @@ fn encode(mut response: Message, limit: usize, qtype: Option<RecordType>) -> Ans
         qtype,
         rcode: response.metadata.response_code,
         truncated: response.metadata.truncation,
+        spread: 1,
     }
 }
 
@@ -194,18 +201,26 @@ enum Found {
     NxDomain,
 }
 
-fn resolve(apex: &Apex, zone: &Zone, view: &dyn View, query: &Query, response: &mut Message) {
+/// Fills `response` with the answer to `query`; returns over how many answers the
+/// query's id chose the first (1: no rotation).
+fn resolve(
+    apex: &Apex,
+    zone: &Zone,
+    view: &dyn View,
+    query: &Query,
+    response: &mut Message,
+) -> usize {
     let qname = query.name();
     if query.query_class() != DNSClass::IN || !apex.domain.zone_of(qname) {
         // Not ours: not authoritative, no referral (we are no recursive resolver).
         response.metadata.response_code = ResponseCode::Refused;
-        return;
+        return 1;
     }
     response.metadata.authoritative = true;
     let Some(names) = &zone.live else {
         response.metadata.authoritative = false;
         response.metadata.response_code = ResponseCode::ServFail;
-        return;
+        return 1;
     };
     let labels = relative_labels(qname, &apex.domain);
     let rel: Vec<&str> = labels.iter().map(String::as_str).collect();
@@ -218,13 +233,16 @@ fn resolve(apex: &Apex, zone: &Zone, view: &dyn View, query: &Query, response: &
             answers.rotate_left(usize::from(response.metadata.id) % len);
             response.add_answers(answers);
             response.add_additionals(additionals);
+            len
         }
         Found::Records(..) | Found::NoData => {
             response.add_authority(apex.soa.clone());
+            1
         }
         Found::NxDomain => {
             response.metadata.response_code = ResponseCode::NXDomain;
             response.add_authority(apex.soa.clone());
+            1
         }
     }
 }

@@ -12,8 +12,10 @@
 #![forbid(unsafe_code)]
 
 mod answer;
+mod cache;
 mod config;
 mod doh;
+mod encoded;
 mod limit;
 mod metrics;
 mod server;

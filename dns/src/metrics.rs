@@ -11,6 +11,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::answer::{Answered, Transport};
+use crate::cache::Outcome;
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct QueryLabels {
@@ -34,6 +35,12 @@ pub(crate) struct Metrics {
     pub(crate) rebuilds: Counter,
     pub(crate) services: Gauge,
     pub(crate) slipped: Counter,
+    cache: Family<CacheLabel, Counter>,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheLabel {
+    result: &'static str,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -53,6 +60,7 @@ impl Metrics {
             rebuilds: Counter::default(),
             services: Gauge::default(),
             slipped: Counter::default(),
+            cache: Family::default(),
         }
     }
 
@@ -71,6 +79,11 @@ impl Metrics {
             "xce_dns_slipped",
             "UDP queries past the per-source rate answered with an empty truncated reply (TC) instead of dropped, so the client retries over TCP",
             self.slipped.clone(),
+        );
+        registry.register(
+            "xce_dns_answer_cache",
+            "Listener queries by what the zone's cache of encoded answers did: hit (copied), miss (computed, kept while there is room), bypass (not a plain query: computed)",
+            self.cache.clone(),
         );
         registry.register(
             "xce_dns_answer_seconds",
@@ -100,6 +113,15 @@ impl Metrics {
             transport: transport.as_str(),
         };
         self.latency.get_or_create(&transport).observe(seconds);
+    }
+
+    pub(crate) fn cache(&self, outcome: Outcome) {
+        let result = match outcome {
+            Outcome::Hit => "hit",
+            Outcome::Miss => "miss",
+            Outcome::Bypass => "bypass",
+        };
+        self.cache.get_or_create(&CacheLabel { result }).inc();
     }
 
     pub(crate) fn dropped(&self, transport: Transport, reason: &'static str) {

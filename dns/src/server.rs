@@ -3,6 +3,7 @@
 //! host holds.
 
 use crate::answer::{answer, Apex, Transport};
+use crate::cache::{answer_cached, Viewer};
 use crate::config::{ConfigError, DnsConfig};
 use crate::limit::{Shared, Verdict};
 use crate::metrics::Metrics;
@@ -80,11 +81,37 @@ impl Dns {
         self.zone.subscribe()
     }
 
-    /// Answers `bytes` as `view` sees the zone, counting it in the metrics.
+    /// Answers `bytes` as `view` sees the zone, counting it in the metrics. Computed for
+    /// every query (DNS over HTTPS: each caller is its own principal).
     pub fn answer(&self, view: &dyn View, bytes: &[u8], transport: Transport) -> Option<Vec<u8>> {
         let started = Instant::now();
         let zone = self.zone();
-        match answer(&self.apex, &zone, view, bytes, transport) {
+        let answered = answer(&self.apex, &zone, view, bytes, transport);
+        self.count(answered, transport, started)
+    }
+
+    /// Answers `bytes` for a listener, from the zone's cache of encoded answers when it
+    /// holds this one (the same bytes as [`answer`](Self::answer)).
+    pub(crate) fn answer_listener(
+        &self,
+        viewer: &Viewer,
+        bytes: &[u8],
+        transport: Transport,
+    ) -> Option<Vec<u8>> {
+        let started = Instant::now();
+        let zone = self.zone();
+        let (answered, outcome) = answer_cached(&self.apex, &zone, viewer, bytes, transport);
+        self.metrics.cache(outcome);
+        self.count(answered, transport, started)
+    }
+
+    fn count(
+        &self,
+        answered: Option<crate::answer::Answered>,
+        transport: Transport,
+        started: Instant,
+    ) -> Option<Vec<u8>> {
+        match answered {
             Some(a) => {
                 self.metrics
                     .answered(transport, &a, started.elapsed().as_secs_f64());
@@ -115,7 +142,7 @@ impl Dns {
         for _ in 1..readers {
             sockets.push(udp_socket(addr, true)?);
         }
-        let principal = Arc::new(principal);
+        let principal = Arc::new(Viewer::new(principal));
         let limiter = Arc::new(Shared::new(self.per_source_qps, self.slip));
         let mut tasks = JoinSet::new();
         for socket in sockets {
@@ -123,7 +150,7 @@ impl Dns {
             tasks.spawn(serve_udp(dns, socket, principal, limiter));
         }
         tasks.spawn(serve_tcp(self.clone(), tcp, principal.clone()));
-        tracing::info!(%addr, principal = %principal.name, domain = %self.apex_name(), udp_readers = readers, "dns: listening on UDP and TCP");
+        tracing::info!(%addr, principal = %principal.principal.name, domain = %self.apex_name(), udp_readers = readers, "dns: listening on UDP and TCP");
         Ok(Listener {
             addr,
             udp_readers: readers,
@@ -224,12 +251,7 @@ async fn rebuild(dns: Weak<Dns>) {
 
 /// One UDP reader: receives, answers and sends on its socket, one query at a time (the
 /// answer is synchronous and short; other readers take the other sockets' queries).
-async fn serve_udp(
-    dns: Arc<Dns>,
-    socket: UdpSocket,
-    principal: Arc<Principal>,
-    limiter: Arc<Shared>,
-) {
+async fn serve_udp(dns: Arc<Dns>, socket: UdpSocket, principal: Arc<Viewer>, limiter: Arc<Shared>) {
     // Bigger than any query we answer (a query is one question: well under 1 KiB);
     // a longer datagram is cut to it and answered FORMERR.
     let mut buf = vec![0u8; 4096];
@@ -243,7 +265,7 @@ async fn serve_udp(
             }
         };
         let reply = match limiter.admit(peer.ip(), Instant::now()) {
-            Verdict::Answer => dns.answer(&*principal, &buf[..n], Transport::Udp),
+            Verdict::Answer => dns.answer_listener(&principal, &buf[..n], Transport::Udp),
             Verdict::Slip => {
                 dns.metrics.slipped.inc();
                 crate::answer::slip(&buf[..n])
@@ -261,7 +283,7 @@ async fn serve_udp(
     }
 }
 
-async fn serve_tcp(dns: Arc<Dns>, listener: TcpListener, principal: Arc<Principal>) {
+async fn serve_tcp(dns: Arc<Dns>, listener: TcpListener, principal: Arc<Viewer>) {
     let slots = Arc::new(Semaphore::new(TCP_CONNECTIONS));
     let mut conns = JoinSet::new();
     loop {
@@ -290,11 +312,7 @@ async fn serve_tcp(dns: Arc<Dns>, listener: TcpListener, principal: Arc<Principa
 
 /// One TCP connection: length-prefixed queries (RFC 1035 4.2.2), answered in order, until
 /// the client closes, idles past [`TCP_IDLE`], or sends a frame that is no query.
-async fn serve_conn(
-    dns: &Dns,
-    mut stream: TcpStream,
-    principal: &Principal,
-) -> std::io::Result<()> {
+async fn serve_conn(dns: &Dns, mut stream: TcpStream, principal: &Viewer) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     let mut buf = Vec::new();
     loop {
@@ -309,7 +327,7 @@ async fn serve_conn(
         tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut buf))
             .await
             .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "query frame"))??;
-        let Some(reply) = dns.answer(principal, &buf, Transport::Tcp) else {
+        let Some(reply) = dns.answer_listener(principal, &buf, Transport::Tcp) else {
             dns.metrics.dropped(Transport::Tcp, "bad_frame");
             return Ok(());
         };

@@ -19,7 +19,11 @@ impl View for Sees {
 }
 
 /// A service entry: `replicas` as `(host, address, state, ready, http port)`.
-fn entry(project: &str, service: &str, replicas: &[(&str, &str, &str, bool, u16)]) -> Arc<Entry> {
+pub(crate) fn entry(
+    project: &str,
+    service: &str,
+    replicas: &[(&str, &str, &str, bool, u16)],
+) -> Arc<Entry> {
     let replicas: Vec<serde_json::Value> = replicas
         .iter()
         .enumerate()
@@ -40,7 +44,7 @@ fn entry(project: &str, service: &str, replicas: &[(&str, &str, &str, bool, u16)
     )
 }
 
-fn cluster() -> Vec<Arc<Entry>> {
+pub(crate) fn cluster() -> Vec<Arc<Entry>> {
     vec![
         entry(
             "default",
@@ -66,7 +70,7 @@ fn cluster() -> Vec<Arc<Entry>> {
     ]
 }
 
-fn apex() -> Apex {
+pub(crate) fn apex() -> Apex {
     Apex::new("xce", 1).unwrap()
 }
 

@@ -38,6 +38,8 @@ pub struct Zone {
     /// `None`: the table is not serving (catching up, or stale): every answer in the
     /// zone is SERVFAIL.
     pub(crate) live: Option<Names>,
+    /// Its answers as encoded for the queries asked so far (empty in a new zone).
+    pub(crate) answers: crate::encoded::AnswerCache,
 }
 
 /// The names of a live zone.
@@ -52,7 +54,10 @@ pub(crate) struct Names {
 impl Zone {
     /// A zone that answers SERVFAIL (the table is not serving).
     pub fn unavailable() -> Self {
-        Self { live: None }
+        Self {
+            live: None,
+            answers: Default::default(),
+        }
     }
 
     /// The zone of `entries` (a snapshot of the endpoint table). Only endpoints count
@@ -72,7 +77,10 @@ impl Zone {
                 .or_default()
                 .insert(entry.service.to_ascii_lowercase(), recs);
         }
-        Self { live: Some(names) }
+        Self {
+            live: Some(names),
+            answers: Default::default(),
+        }
     }
 
     /// How many services the zone holds (for logs).

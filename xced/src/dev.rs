@@ -66,6 +66,10 @@ pub(crate) struct DevArgs {
     /// `admin` (the generated token's) or, with --tokens, as principal `dns`.
     #[arg(long, value_name = "ADDR")]
     dns: Option<SocketAddr>,
+    /// The per-source UDP rate limit of --dns, in queries/s (`[dns] per_source_qps`;
+    /// 0: none, as for a benchmark).
+    #[arg(long, value_name = "QPS", requires = "dns", default_value_t = xce_dns::DEFAULT_PER_SOURCE_QPS)]
+    dns_per_source_qps: u32,
 }
 
 impl DevArgs {
@@ -80,6 +84,7 @@ impl DevArgs {
         xce_dns::DnsConfig {
             listen: self.dns,
             principal,
+            per_source_qps: self.dns_per_source_qps,
             ..Default::default()
         }
     }
