@@ -15,14 +15,13 @@ use std::sync::Arc;
 /// The media type of a DNS message (RFC 8484 section 6).
 pub const DNS_MESSAGE: &str = "application/dns-message";
 
-/// The DNS server as an apiserver extension: `/dns-query` and the metrics; building its
-/// routes starts the zone's rebuilds.
+/// The DNS server as an apiserver extension: `/dns-query` and the metrics. Without a
+/// listener, the zone is rebuilt at the first query after a change (see `Dns::zone`).
 #[derive(Debug, Clone)]
 pub struct DnsApi(pub Arc<Dns>);
 
 impl ApiExtension for DnsApi {
     fn router(&self, _cx: ApiContext) -> axum::Router {
-        self.0.start();
         axum::Router::new()
             .route("/dns-query", get(doh_get).post(doh_post))
             .with_state(self.0.clone())

@@ -398,3 +398,43 @@ fn client_behind_the_flood(addr: std::net::SocketAddr) -> usize {
     }
     unreachable!()
 }
+
+/// A host without `[dns] listen` (only `/dns-query` can ask): changes of the table build
+/// no zone until a query comes, and that query answers from the table as it is then.
+/// Before, every change rebuilt the whole zone: 9 % of a controller's CPU while it placed
+/// 50,000 replicas with nobody asking.
+#[tokio::test]
+async fn without_a_listener_a_zone_is_built_only_when_a_query_asks() {
+    let table = Arc::new(EndpointApi::standalone(TableConfig::default()));
+    let dns = Dns::new(&DnsConfig::default(), &table).unwrap();
+    let mut zones = dns.subscribe();
+    let view = admin();
+    let ask = |dns: &Dns| {
+        let q = query(7, "web.default.xce.", RecordType::A);
+        let a = dns.answer(&view, &q, xce_dns::Transport::Https).unwrap();
+        Message::from_vec(&a).unwrap().answers.len()
+    };
+    for index in 1..=50u64 {
+        let ready: Vec<bool> = (0..3).map(|i| (index + i) % 4 != 0).collect();
+        table.apply(Update::Resync {
+            entries: vec![entry(index, &ready)],
+            rev: index,
+        });
+    }
+    assert!(
+        !zones.has_changed().unwrap(),
+        "a zone was built for 50 changes nobody asked about"
+    );
+    // The last state: index 50, replicas 0..3 ready unless (50 + i) % 4 == 0 (i = 2).
+    assert_eq!(ask(&dns), 2, "the first query sees the table as it is");
+    zones.borrow_and_update();
+    assert_eq!(ask(&dns), 2);
+    assert!(!zones.has_changed().unwrap(), "no change, no second build");
+    table.apply(Update::Change {
+        change: Change::Upsert {
+            entry: entry(51, &[true, true, true]),
+        },
+    });
+    assert_eq!(ask(&dns), 3, "a query after a change sees it");
+    assert!(zones.has_changed().unwrap());
+}
