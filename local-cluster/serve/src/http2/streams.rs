@@ -19,6 +19,7 @@
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::task::AtomicWaker;
+use futures_util::FutureExt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,6 +67,14 @@ where
             // up to the connection's 256, which would otherwise split at the budget's 128
             // into two passes (and two writes). Each stream still hands over at most its
             // send buffer per pass (it waits for the connection to write it out).
+            // A panic in one stream ends that stream only, as it did when each stream
+            // was a task of its own (tokio caught it there): not its connection's other
+            // streams.
+            let fut = std::panic::AssertUnwindSafe(fut).catch_unwind().map(|ended| {
+                if ended.is_err() {
+                    tracing::error!("an HTTP/2 stream's handler panicked; the stream ends, its connection serves on");
+                }
+            });
             let fut = tokio::task::unconstrained(fut);
             spawned.new.lock().unwrap().push(Box::pin(fut));
             if !spawned.polling.load(Ordering::SeqCst) {

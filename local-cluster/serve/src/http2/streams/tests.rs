@@ -122,3 +122,34 @@ async fn a_stream_handed_over_from_elsewhere_wakes_the_connection() {
     tokio::time::timeout(LONG, nested).await.unwrap().unwrap();
     conn.abort();
 }
+
+/// A stream whose handler panics ends alone: the connection and its other streams go on
+/// (as when each stream was a task of its own, whose panic tokio caught).
+#[tokio::test(flavor = "current_thread")]
+async fn a_panicking_stream_ends_alone() {
+    let streams = ConnStreams::new();
+    let exec = streams.executor();
+    let (end_tx, end) = oneshot::channel();
+    let mut conn = streams.serve(connection(end));
+    let (change, rx) = watch::channel(0u32);
+    let seen = Arc::new(AtomicUsize::new(0));
+    for i in 0..3 {
+        let (mut rx, seen) = (rx.clone(), seen.clone());
+        exec.execute(async move {
+            while rx.changed().await.is_ok() {
+                assert_ne!(i, 1, "stream 1 panics at the first change");
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+    }
+    assert!(poll_once(&mut conn).await.is_pending());
+    change.send(1).unwrap();
+    assert!(poll_once(&mut conn).await.is_pending());
+    assert_eq!(seen.load(Ordering::SeqCst), 2);
+    assert_eq!(conn.streams(), 2, "the panicked stream is gone, the others run");
+    change.send(2).unwrap();
+    assert!(poll_once(&mut conn).await.is_pending());
+    assert_eq!(seen.load(Ordering::SeqCst), 4);
+    end_tx.send(()).unwrap();
+    assert_eq!(conn.await, "ended");
+}
