@@ -71,7 +71,9 @@ cargo test --workspace "$@"
 # first (without debug info: about two minutes of CPU on a 2-core machine, cached under
 # target/previous-release/), so it is #[ignore]d in the plain `cargo test` above and run
 # here, after every other test, when no test filter was given.
+# (`--workspace --test e2e`, not `-p integration-tests`: the same features as the run
+# above, so the test binary it built is reused instead of built again.)
 if [ "$#" -eq 0 ]; then
-  cargo test -p integration-tests --test e2e -- --ignored --exact \
+  cargo test --workspace --test e2e -- --ignored --exact \
     upgrade::upgrade_from_the_previous_release_one_process_at_a_time_loses_no_request
 fi
