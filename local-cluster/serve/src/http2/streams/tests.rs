@@ -27,6 +27,27 @@ async fn connection(end: oneshot::Receiver<()>) -> &'static str {
     "ended"
 }
 
+/// Hands `n` streams to `exec`, each counting every change of the returned channel in
+/// the returned counter; stream `panics` (if any) panics at the first change instead.
+fn watchers(
+    exec: &StreamExecutor,
+    n: usize,
+    panics: Option<usize>,
+) -> (watch::Sender<u32>, Arc<AtomicUsize>) {
+    let (change, rx) = watch::channel(0u32);
+    let seen = Arc::new(AtomicUsize::new(0));
+    for i in 0..n {
+        let (mut rx, seen) = (rx.clone(), seen.clone());
+        exec.execute(async move {
+            while rx.changed().await.is_ok() {
+                assert_ne!(Some(i), panics, "stream {i} panics at the first change");
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+    }
+    (change, seen)
+}
+
 /// Streams handed to the executor run inside the connection's future (no task of their
 /// own: the runtime counts none), each woken one is polled, and their results show.
 #[tokio::test(flavor = "current_thread")]
@@ -35,16 +56,7 @@ async fn streams_run_in_the_connections_future() {
     let exec = streams.executor();
     let (end_tx, end) = oneshot::channel();
     let mut conn = streams.serve(connection(end));
-    let (change, rx) = watch::channel(0u32);
-    let seen = Arc::new(AtomicUsize::new(0));
-    for _ in 0..100 {
-        let (mut rx, seen) = (rx.clone(), seen.clone());
-        exec.execute(async move {
-            while rx.changed().await.is_ok() {
-                seen.fetch_add(1, Ordering::SeqCst);
-            }
-        });
-    }
+    let (change, seen) = watchers(&exec, 100, None);
     let tasks = tokio::runtime::Handle::current()
         .metrics()
         .num_alive_tasks();
@@ -131,22 +143,16 @@ async fn a_panicking_stream_ends_alone() {
     let exec = streams.executor();
     let (end_tx, end) = oneshot::channel();
     let mut conn = streams.serve(connection(end));
-    let (change, rx) = watch::channel(0u32);
-    let seen = Arc::new(AtomicUsize::new(0));
-    for i in 0..3 {
-        let (mut rx, seen) = (rx.clone(), seen.clone());
-        exec.execute(async move {
-            while rx.changed().await.is_ok() {
-                assert_ne!(i, 1, "stream 1 panics at the first change");
-                seen.fetch_add(1, Ordering::SeqCst);
-            }
-        });
-    }
+    let (change, seen) = watchers(&exec, 3, Some(1));
     assert!(poll_once(&mut conn).await.is_pending());
     change.send(1).unwrap();
     assert!(poll_once(&mut conn).await.is_pending());
     assert_eq!(seen.load(Ordering::SeqCst), 2);
-    assert_eq!(conn.streams(), 2, "the panicked stream is gone, the others run");
+    assert_eq!(
+        conn.streams(),
+        2,
+        "the panicked stream is gone, the others run"
+    );
     change.send(2).unwrap();
     assert!(poll_once(&mut conn).await.is_pending());
     assert_eq!(seen.load(Ordering::SeqCst), 4);
