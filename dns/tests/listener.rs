@@ -65,6 +65,16 @@ async fn server_with(cfg: &DnsConfig) -> (Arc<EndpointApi>, Arc<Dns>) {
     (table, dns)
 }
 
+/// [`server_with`], with its UDP and TCP listener on a free loopback port.
+async fn listening(cfg: &DnsConfig) -> (Arc<EndpointApi>, Arc<Dns>, xce_dns::Listener) {
+    let (table, dns) = server_with(cfg).await;
+    let listener = dns
+        .listen("127.0.0.1:0".parse().unwrap(), admin())
+        .await
+        .unwrap();
+    (table, dns, listener)
+}
+
 fn query(id: u16, name: &str, qtype: RecordType) -> Vec<u8> {
     let mut m = Message::new(id, MessageType::Query, OpCode::Query);
     m.add_query(Query::query(Name::from_ascii(name).unwrap(), qtype));
@@ -120,11 +130,7 @@ fn bad_packet(rng: &mut fastrand::Rng, i: usize) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_packets_are_answered_formerr_or_dropped_and_never_stop_the_listener() {
-    let (_table, dns) = server().await;
-    let listener = dns
-        .listen("127.0.0.1:0".parse().unwrap(), admin())
-        .await
-        .unwrap();
+    let (_table, _dns, listener) = listening(&DnsConfig::default()).await;
     let addr = listener.addr();
     let (answered, dropped) = tokio::task::spawn_blocking(move || fuzz_udp(addr))
         .await
@@ -273,11 +279,7 @@ async fn a_source_is_limited_once_across_all_udp_readers() {
         slip: 0,
         ..Default::default()
     };
-    let (_table, dns) = server_with(&cfg).await;
-    let listener = dns
-        .listen("127.0.0.1:0".parse().unwrap(), admin())
-        .await
-        .unwrap();
+    let (_table, dns, listener) = listening(&cfg).await;
     assert_eq!(listener.udp_readers(), 4);
     let addr = listener.addr();
     let t0 = Instant::now();
@@ -323,11 +325,7 @@ async fn a_flood_from_one_address_does_not_starve_another() {
         per_source_qps: 100,
         ..Default::default()
     };
-    let (_table, dns) = server_with(&cfg).await;
-    let listener = dns
-        .listen("127.0.0.1:0".parse().unwrap(), admin())
-        .await
-        .unwrap();
+    let (_table, dns, listener) = listening(&cfg).await;
     let addr = listener.addr();
     let (legit, sent) = tokio::task::spawn_blocking(move || {
         let flood = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
