@@ -372,6 +372,11 @@ impl Follower {
             Ok(e) => e,
             Err(e) => return Some(not_understood(&e)),
         };
+        // The record's events go to the listeners together (one batch, as the controller
+        // committed them): a listener does its per-batch work once (the endpoint table
+        // wakes an all-services stream once), as it does behind the controller itself.
+        let mut batch = Vec::with_capacity(events.len());
+        let mut end = None;
         for stored in events {
             // Already in (a journaled batch is seen twice, the journal then its writes; a
             // load may have read a batch its watch then delivers): not resolved, as the
@@ -381,14 +386,29 @@ impl Follower {
             }
             let event = match stored.resolve(|id| jobs.get(id).map(Vec::as_slice)) {
                 Ok(e) => e,
-                Err(e @ EventsError::Missing { .. }) => return Some(End::Reload(e.to_string())),
-                Err(e) => return Some(not_understood(&e)),
+                Err(e @ EventsError::Missing { .. }) => {
+                    end = Some(End::Reload(e.to_string()));
+                    break;
+                }
+                Err(e) => {
+                    end = Some(not_understood(&e));
+                    break;
+                }
             };
-            if let Err(end) = self.apply(&event) {
-                return Some(end);
+            let rev = event.rev();
+            let follows = self.applied + batch.len() as u64 + 1;
+            if rev != follows {
+                end = Some(End::Reload(format!(
+                    "event revision {rev} does not follow {}",
+                    follows - 1
+                )));
+                break;
             }
+            batch.push(event);
         }
-        None
+        // What came before a failure is handed on, as it was read in order.
+        self.hand_on_events(&batch);
+        end
     }
 
     /// One record change: only the events record matters (the state itself is only read
@@ -428,31 +448,25 @@ impl Follower {
         None
     }
 
-    fn apply(&mut self, event: &ClusterEvent) -> Result<(), End> {
-        let rev = event.rev();
-        if rev <= self.applied {
-            // Already in (see `apply_record`).
-            return Ok(());
-        }
-        if rev != self.applied + 1 {
-            return Err(End::Reload(format!(
-                "event revision {rev} does not follow {}",
-                self.applied
-            )));
-        }
+    /// Hands `events` (in revision order, the first one right after `applied`) to the
+    /// listeners in one call, and records them as applied.
+    fn hand_on_events(&mut self, events: &[ClusterEvent]) {
+        let Some(last) = events.last() else {
+            return;
+        };
         // The delivery clock starts when this revision was first known to exist.
         let since = self
             .fresh
             .since()
             .map_or_else(std::time::Instant::now, |at| at.into_std());
         for l in &self.listeners {
-            l.on_events_since(std::slice::from_ref(event), since);
+            l.on_events_since(events, since);
         }
+        let rev = last.rev();
         self.applied = rev;
         self.metrics.applied.set(rev as i64);
         self.fresh.applied_controller(rev);
-        self.metrics.events.inc();
-        Ok(())
+        self.metrics.events.inc_by(events.len() as u64);
     }
 }
 
@@ -474,7 +488,8 @@ mod tests {
     use xce_store::testing::TestEtcd;
     use xce_store::{Batch, Store};
 
-    /// What a listener was told: `resync@REV(services)` and `event@REV`.
+    /// What a listener was told: `resync@REV(services)`, `event@REV` (a batch of one event)
+    /// and `events@FIRST..LAST` (a batch of several, told in one call).
     #[derive(Default)]
     struct Recorder(Mutex<Vec<String>>);
 
@@ -488,6 +503,18 @@ mod tests {
         }
         fn on_event(&self, e: &ClusterEvent) {
             self.0.lock().unwrap().push(format!("event@{}", e.rev()));
+        }
+        fn on_events(&self, events: &[ClusterEvent]) {
+            match events {
+                [one] => self.on_event(one),
+                [first, .., last] => {
+                    self.0
+                        .lock()
+                        .unwrap()
+                        .push(format!("events@{}..{}", first.rev(), last.rev()))
+                }
+                [] => panic!("told an empty batch"),
+            }
         }
         fn stale(&self, reason: &str) {
             self.0.lock().unwrap().push(format!("stale({reason})"));
@@ -575,13 +602,11 @@ mod tests {
         let (mut c, rec, f) = loaded_after_a(&etcd, &writer, Metrics::default()).await;
         let task = tokio::spawn(f.run());
 
-        // Plain batches, then a journaled one: every event once, in order.
+        // Plain batches, then a journaled one: every event once, in order, and a batch's
+        // events in one call (an all-services stream then wakes once for it).
         commit(&writer, &mut c, &["b"]);
         commit(&writer, &mut c, &["c", "d", "e"]);
-        assert_eq!(
-            until(&rec, 4).await,
-            ["event@2", "event@3", "event@4", "event@5"]
-        );
+        assert_eq!(until(&rec, 2).await, ["event@2", "events@3..5"]);
 
         // A batch whose events skip a revision (no controller writes that): the follower
         // does not guess, it reloads the whole state.
