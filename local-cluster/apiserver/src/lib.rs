@@ -438,7 +438,8 @@ mod tests {
             .await
             .unwrap();
         assert!(r.status().is_success());
-        for _ in 0..500 {
+        let deadline = std::time::Instant::now() + testkit::patience();
+        while std::time::Instant::now() < deadline {
             if changes(metric(base, "xce_apiserver_leader_changes_total").await) > before {
                 return;
             }
@@ -471,7 +472,8 @@ mod tests {
 
     /// Polls `url` until it answers `status` (bounded).
     async fn until_status(url: &str, status: u16) {
-        for _ in 0..500 {
+        let deadline = std::time::Instant::now() + testkit::patience();
+        while std::time::Instant::now() < deadline {
             if let Ok(r) = reqwest::get(url).await {
                 if r.status() == status {
                     return;
