@@ -24,6 +24,10 @@
 
 pub mod fleet;
 pub mod gateway;
+mod grpc;
+// The fields are etcd's, named and documented in its `rpc.proto` and `kv.proto`.
+#[allow(missing_docs)]
+pub mod pb;
 mod wire;
 
 use super::contract::{Batch, BatchLimit, Key, Op, Store, StoreError};

@@ -387,3 +387,50 @@ fn base64_round_trips() {
 fn check(actual: &str, expect: Expect) {
     expect.assert_eq(actual);
 }
+
+/// etcd's CPU per transaction of a placement's size (120 puts of 600 B), committed
+/// through the JSON gateway and through gRPC, alternately:
+/// `cargo test -p xce-store --release --lib gateway_and_grpc_cpu -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement, not a check"]
+fn gateway_and_grpc_cpu_per_transaction() {
+    let etcd = TestEtcd::start();
+    let s = etcd.store("/bench/");
+    let gw = &s.gateway;
+    let limits = Limits::each(DEFAULT_TIMEOUT);
+    let value = vec![b'x'; 600];
+    let key = |round: usize, i: usize| format!("/bench/port/r{round}-p{i:03}").into_bytes();
+    const TXNS: usize = 300;
+    for round in 0..6 {
+        let grpc = round % 2 == 1;
+        let before = testkit::cpu_us(etcd.pid());
+        let start = std::time::Instant::now();
+        for t in 0..TXNS {
+            if grpc {
+                let req = pb::TxnRequest {
+                    success: (0..120)
+                        .map(|i| pb::RequestOp::put(key(t, i), value.clone()))
+                        .collect(),
+                    ..Default::default()
+                };
+                let r: pb::TxnResponse =
+                    gateway::wait(gw.unary("KV/Txn", &req, limits)).unwrap();
+                assert!(r.succeeded);
+            } else {
+                let ops: Vec<Value> = (0..120)
+                    .map(|i| json!({ "request_put": { "key": b64(&key(t, i)), "value": b64(&value) } }))
+                    .collect();
+                let r = gateway::wait(gw.call("/v3/kv/txn", &json!({ "success": ops }), limits))
+                    .unwrap();
+                assert_eq!(r["succeeded"].as_bool(), Some(true));
+            }
+        }
+        let cpu = testkit::cpu_us(etcd.pid()) - before;
+        println!(
+            "{}: etcd {:.0} µs CPU per txn, {:.0} µs wall per txn",
+            if grpc { "grpc   " } else { "gateway" },
+            cpu / TXNS as f64,
+            start.elapsed().as_micros() as f64 / TXNS as f64
+        );
+    }
+}
