@@ -126,7 +126,9 @@ impl Channel {
             match trailers.as_ref().and_then(status_of) {
                 Some(err) => return Err(err),
                 None if trailers.is_none() => {
-                    return Err(Failure::Unknown("answer ended without a grpc-status".into()))
+                    return Err(Failure::Unknown(
+                        "answer ended without a grpc-status".into(),
+                    ))
                 }
                 None => {}
             }
@@ -145,9 +147,17 @@ impl Channel {
             }
             Ok(data)
         };
-        tokio::time::timeout_at(deadline, exchange)
+        let out = tokio::time::timeout_at(deadline, exchange)
             .await
-            .map_err(|_| Failure::Unknown(format!("no answer within {timeout:?}")))?
+            .unwrap_or_else(|_| Err(Failure::Unknown(format!("no answer within {timeout:?}"))));
+        if matches!(out, Err(Failure::Unknown(_))) {
+            // The connection may be half-open (a frozen or vanished member): the next call
+            // connects again, and fails fast as unreachable if nothing listens there.
+            // (Also after an error status that leaves the outcome open: rare, and a new
+            // connection is cheap.) A refusal came over a working connection: it is kept.
+            *self.sender.lock().unwrap() = None;
+        }
+        out
     }
 }
 
@@ -166,7 +176,13 @@ fn refused_stream(e: &hyper::Error) -> bool {
 /// The failure a `grpc-status` other than 0 says, classified like the gateway's HTTP
 /// statuses (grpc-gateway maps these codes to 5xx): `None` for OK or no status.
 fn status_of(headers: &http::HeaderMap) -> Option<Failure> {
-    let code: u32 = headers.get("grpc-status")?.to_str().ok()?.trim().parse().ok()?;
+    let code: u32 = headers
+        .get("grpc-status")?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
     if code == 0 {
         return None;
     }

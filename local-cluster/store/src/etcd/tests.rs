@@ -182,7 +182,8 @@ fn answer_losing_proxy(to: String) -> String {
                 let mut head = [0u8; 9];
                 while up.read_exact(&mut head).is_ok() {
                     let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-                    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & !(1 << 31);
+                    let stream =
+                        u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & !(1 << 31);
                     let mut payload = vec![0u8; len];
                     if up.read_exact(&mut payload).is_err() || stream != 0 {
                         break;
@@ -215,7 +216,9 @@ fn a_member_without_a_leader_is_skipped() {
         .unwrap()
         .with_timeout(testkit::patience());
     // Until it notices (an election timeout), it may still forward to a dead leader.
-    let probe = EtcdStore::new(vec![member.clone()]).unwrap().with_timeout(Duration::from_secs(1));
+    let probe = EtcdStore::new(vec![member.clone()])
+        .unwrap()
+        .with_timeout(Duration::from_secs(1));
     let deadline = std::time::Instant::now() + testkit::patience();
     let said = loop {
         let err = probe.load_all().map(|_| ()).unwrap_err().to_string();
@@ -262,7 +265,10 @@ fn a_frozen_member_is_skipped_after_the_per_endpoint_timeout() {
     // A failed attempt (while the others elected a leader) found member 0 silent for the
     // per-endpoint timeout.
     if let Some(e) = errors.first() {
-        assert!(e.contains(&format!("{}: no answer within 1.5s", eps[0])), "{e}");
+        assert!(
+            e.contains(&format!("{}: no answer within 1.5s", eps[0])),
+            "{e}"
+        );
     }
     let other = EtcdStore::new(vec![eps[1].clone()]).unwrap();
     assert_eq!(dump(&other), "job/j-1=a job/j-2=b");
@@ -329,8 +335,13 @@ fn endpoints_are_tried_in_turn_and_a_lost_answer_commits_once() {
         .unwrap()
         .with_timeout(Duration::from_millis(300));
     check(
-        &s.load_all().unwrap_err().to_string().replace(&addr, "SILENT"),
-        expect!["store backend: etcd KV/Range: no endpoint answered: SILENT: no answer within 300ms"],
+        &s.load_all()
+            .unwrap_err()
+            .to_string()
+            .replace(&addr, "SILENT"),
+        expect![
+            "store backend: etcd KV/Range: no endpoint answered: SILENT: no answer within 300ms"
+        ],
     );
 
     // Nothing answers: the error names every endpoint.
@@ -432,8 +443,7 @@ fn gateway_and_grpc_cpu_per_transaction() {
                         .collect(),
                     ..Default::default()
                 };
-                let r: pb::TxnResponse =
-                    gateway::wait(gw.unary("KV/Txn", &req, limits)).unwrap();
+                let r: pb::TxnResponse = gateway::wait(gw.unary("KV/Txn", &req, limits)).unwrap();
                 assert!(r.succeeded);
             } else {
                 let ops: Vec<Value> = (0..120)
