@@ -10,9 +10,9 @@
 //! per transaction of 120 puts of 600 B through the gateway, 1.2-1.4 ms through gRPC
 //! (`cargo test -p xce-store --release --lib gateway_and_grpc_cpu -- --ignored
 //! --nocapture`, three alternated rounds of 300 transactions, load average 7.9 on 2
-//! cores). In the controller bench on etcd, etcd's CPU per placement fell to 0.22-0.46x and
-//! placements/s rose 1.24-2.20x (5 pairs, load 8.7-18.7) (`integration-tests/README.md`, "The etcd store on etcd's
-//! native gRPC API").
+//! cores). In the controller bench on etcd (5 complete pairs, load 8.7-18.7), etcd's CPU
+//! per placement fell to 0.22-0.46x and placements/s rose 1.24-2.20x
+//! (`integration-tests/README.md`, "The etcd store on etcd's native gRPC API").
 //!
 //! Layout: every [`Key`] is the etcd key `<prefix><ns>/<key>` (default prefix `/xce/`).
 //! Keys starting `<prefix>.` are control keys, not state (no namespace starts with `.`:
