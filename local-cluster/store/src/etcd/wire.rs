@@ -2,6 +2,7 @@
 //! of a list of them, and the journal record (one value holding a whole batch).
 
 use super::gateway::{self, b64};
+use super::pb::RequestOp;
 use crate::contract::StoreError;
 use serde_json::{json, Value};
 
@@ -16,11 +17,11 @@ pub(super) fn op_bytes(ops: &[EtcdOp]) -> usize {
 }
 
 /// The transaction ops of puts and deletes.
-pub(super) fn txn_ops(ops: &[EtcdOp]) -> Vec<Value> {
+pub(super) fn txn_ops(ops: &[EtcdOp]) -> Vec<RequestOp> {
     ops.iter()
         .map(|(k, v)| match v {
-            Some(v) => json!({ "request_put": { "key": b64(k.as_bytes()), "value": b64(v) } }),
-            None => json!({ "request_delete_range": { "key": b64(k.as_bytes()) } }),
+            Some(v) => RequestOp::put(k.as_bytes(), v.as_slice()),
+            None => RequestOp::delete(k.as_bytes()),
         })
         .collect()
 }
