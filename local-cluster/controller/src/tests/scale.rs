@@ -1,7 +1,8 @@
 //! Big services through the real core: a 10,000-replica service is placed, scaled down
 //! and stopped in passes whose batches stay within the store's limit (on the embedded
-//! stores and on a real etcd), a failed pass leaves exactly what the committed passes
-//! made, and a retry completes it. Then the numbers: 50,000 replicas on 1,000 hosts.
+//! stores and on a real etcd), a failed batch leaves exactly what the committed batches
+//! made, and a retry completes it; a pass builds its facts once, not once per batch.
+//! Then the numbers: 50,000 replicas on 1,000 hosts.
 
 use super::*;
 use xce_model::Cluster;
@@ -200,20 +201,20 @@ fn a_failed_pass_leaves_what_the_committed_passes_made_and_a_retry_completes_it(
 /// The body of the failed-pass test, on a core with 100 empty hosts.
 fn failed_pass_in(mut core: Core, plugin: SharedSlots, store: Arc<Recording>, now: Instant) {
     let key = ServiceKey::new("default", "big");
-    // The submit, two passes, then the third pass fails.
+    // The submit, two batches of the pass, then its third batch fails.
     *store.fail_after.lock().unwrap() = Some(3);
     submit_on(&mut core, web("big", "default", BIG), now);
     store.assert_within("failed pass");
     let jobs = placed(&core);
     assert!(
         !jobs.is_empty() && jobs.len() < BIG as usize,
-        "two passes placed part: {}",
+        "two batches placed part: {}",
         jobs.len()
     );
     assert_eq!(
         stored(&*store),
         jobs,
-        "the store has exactly the committed passes"
+        "the store has exactly the committed batches"
     );
     assert_eq!(
         reserved(&plugin),
@@ -237,7 +238,7 @@ fn failed_pass_in(mut core: Core, plugin: SharedSlots, store: Arc<Recording>, no
     assert_eq!(all.len(), BIG as usize);
     assert!(
         jobs.is_subset(&all),
-        "the committed passes' jobs stay as they were"
+        "the committed batches' jobs stay as they were"
     );
     assert_eq!(stored(&*store), all);
     assert_eq!(reserved(&plugin), jobs_of(&all));
