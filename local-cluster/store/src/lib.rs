@@ -81,6 +81,8 @@ struct MemInner {
     fail_after: Option<usize>,
     /// Every commit fails with this.
     fail_with: Option<StoreError>,
+    /// The batch limit it claims (the embedded stores' when none).
+    limit: Option<BatchLimit>,
 }
 
 #[cfg(any(test, feature = "test-util"))]
@@ -88,6 +90,14 @@ impl MemStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store that claims `limit` as its batch limit (tests that cut changes into
+    /// many small batches; the store itself commits any batch).
+    pub fn with_limit(limit: BatchLimit) -> Self {
+        let store = Self::default();
+        store.inner.lock().unwrap().limit = Some(limit);
+        store
     }
 
     /// Makes the next [`Store::commit`] fail with [`StoreError::Injected`] (changing
@@ -150,6 +160,14 @@ impl Store for MemStore {
             return Err(e.clone());
         }
         Ok(inner.data.entry(key).or_insert(value).clone())
+    }
+
+    fn batch_limit(&self) -> BatchLimit {
+        self.inner
+            .lock()
+            .unwrap()
+            .limit
+            .unwrap_or(BatchLimit::EMBEDDED)
     }
 }
 

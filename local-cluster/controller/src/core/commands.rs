@@ -410,7 +410,7 @@ impl Core {
             .filter(|j| j.effective_state() != JobState::Draining || now_please)
             .cloned()
             .collect();
-        self.leave_within(&mut txn, leaving, drain);
+        self.leave_within(&mut txn, &mut leaving.into_iter().peekable(), drain);
         if jobs.is_empty() {
             let s = txn.service(&self.cluster, key).expect("service in txn");
             txn.remove_service(&s);

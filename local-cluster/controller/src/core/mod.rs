@@ -328,6 +328,9 @@ pub(crate) struct Core {
     /// The wall clock, for the times operators read (a replica's last exit); everything
     /// the controller decides runs on the monotonic `now` it is given instead.
     wall: fn() -> SystemTime,
+    /// How many job facts the core built (tests pin what a settle costs).
+    #[cfg(test)]
+    facts_built: std::cell::Cell<usize>,
 }
 
 impl std::fmt::Debug for Core {
@@ -461,6 +464,8 @@ impl Core {
             fatal: None,
             outbox: Vec::new(),
             wall: SystemTime::now,
+            #[cfg(test)]
+            facts_built: std::cell::Cell::new(0),
         }
     }
 
@@ -545,6 +550,13 @@ impl Core {
         self.dirty = true;
     }
 
+    /// How many job facts the core built so far (for the scheduling passes and the
+    /// view; the safety net of `check_skipped` not counted).
+    #[cfg(test)]
+    pub(crate) fn facts_built(&self) -> usize {
+        self.facts_built.get()
+    }
+
     /// What the rollout logic sees of `jobs` (a service's jobs) at `now`.
     fn job_facts<'a>(
         &self,
@@ -556,6 +568,10 @@ impl Core {
             .profiles
             .get(&s.key())
             .map_or(Duration::ZERO, |p| p.update.min_ready);
+        #[cfg(test)]
+        let jobs = jobs.into_iter().inspect(|_| {
+            self.facts_built.set(self.facts_built.get() + 1);
+        });
         jobs.into_iter()
             .filter_map(|j| {
                 let phase = match j.effective_state() {

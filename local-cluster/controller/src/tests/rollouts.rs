@@ -250,12 +250,21 @@ proptest::proptest! {
     /// and exits, and time, through the real core: a job that was ever ready gets SIGTERM
     /// (`Stopping`) only after it was `Draining` for the service's whole `drain`; a
     /// draining job never serves again; no slot grant is held twice (the plugin refuses
-    /// that); and once workers behave, the service settles complete.
+    /// that); and once workers behave, the service settles complete. `tiny`: on a store
+    /// whose batches hold two records, so each visit goes on over several batches.
     #[test]
-    fn drain_always_precedes_stop_through_the_core(steps in proptest::collection::vec(step(), 1..60)) {
+    fn drain_always_precedes_stop_through_the_core(
+        steps in proptest::collection::vec(step(), 1..60),
+        tiny in proptest::bool::ANY,
+    ) {
         const DRAIN: Duration = Duration::from_secs(2);
         let key = ServiceKey::new("default", "web");
-        let mut sim = Sim::new();
+        let mut sim = if tiny {
+            let limit = xce_store::BatchLimit { ops: 7, ..xce_store::BatchLimit::EMBEDDED };
+            Sim::load(Arc::new(MemStore::with_limit(limit)), Instant::now())
+        } else {
+            Sim::new()
+        };
         let hosts = ["exec-01", "exec-02", "exec-03"];
         sim.register_all(&hosts, 6);
         sim.put(versioned(3, "v0"));

@@ -1,7 +1,8 @@
 //! Big services through the real core: a 10,000-replica service is placed, scaled down
 //! and stopped in passes whose batches stay within the store's limit (on the embedded
-//! stores and on a real etcd), a failed pass leaves exactly what the committed passes
-//! made, and a retry completes it. Then the numbers: 50,000 replicas on 1,000 hosts.
+//! stores and on a real etcd), a failed batch leaves exactly what the committed batches
+//! made, and a retry completes it; a pass builds its facts once, not once per batch.
+//! Then the numbers: 50,000 replicas on 1,000 hosts.
 
 use super::*;
 use xce_model::Cluster;
@@ -200,20 +201,20 @@ fn a_failed_pass_leaves_what_the_committed_passes_made_and_a_retry_completes_it(
 /// The body of the failed-pass test, on a core with 100 empty hosts.
 fn failed_pass_in(mut core: Core, plugin: SharedSlots, store: Arc<Recording>, now: Instant) {
     let key = ServiceKey::new("default", "big");
-    // The submit, two passes, then the third pass fails.
+    // The submit, two batches of the pass, then its third batch fails.
     *store.fail_after.lock().unwrap() = Some(3);
     submit_on(&mut core, web("big", "default", BIG), now);
     store.assert_within("failed pass");
     let jobs = placed(&core);
     assert!(
         !jobs.is_empty() && jobs.len() < BIG as usize,
-        "two passes placed part: {}",
+        "two batches placed part: {}",
         jobs.len()
     );
     assert_eq!(
         stored(&*store),
         jobs,
-        "the store has exactly the committed passes"
+        "the store has exactly the committed batches"
     );
     assert_eq!(
         reserved(&plugin),
@@ -237,7 +238,7 @@ fn failed_pass_in(mut core: Core, plugin: SharedSlots, store: Arc<Recording>, no
     assert_eq!(all.len(), BIG as usize);
     assert!(
         jobs.is_subset(&all),
-        "the committed passes' jobs stay as they were"
+        "the committed batches' jobs stay as they were"
     );
     assert_eq!(stored(&*store), all);
     assert_eq!(reserved(&plugin), jobs_of(&all));
@@ -667,4 +668,90 @@ fn replicas_above_the_limit_or_the_whole_cluster_are_refused() {
         scale 10000: replicas: service.slots: 10000 replicas need more slots than all hosts have (9998)
         scale 2: Ok(())"#]]
     .assert_eq(&out.join("\n"));
+}
+
+/// A pass's cost follows what it changes, not the service's size: placing a
+/// 10,000-replica service in etcd's batches (~120 jobs each) builds each job's facts a
+/// few times in all (once in the pass, twice for the view: 30,000). When every batch was
+/// a pass of its own, each pass built the facts of every job placed so far again: 85
+/// passes, 876,640 facts.
+#[test]
+fn placing_a_ten_thousand_replica_service_in_small_batches_builds_its_facts_a_few_times() {
+    let store = Recording::new(Arc::new(MemStore::new()), etcd_like());
+    let now = Instant::now();
+    let (mut core, _) = cluster(store.clone(), 100, 100, now);
+    store.take();
+    let before = core.facts_built();
+    submit_on(&mut core, web("big", "default", BIG), now);
+    let built = core.facts_built() - before;
+    let batches = store.assert_within("placing");
+    assert!(
+        batches > (BIG as usize).div_ceil(etcd_like().ops),
+        "cut into many batches: {batches}"
+    );
+    assert_eq!(placed(&core).len(), BIG as usize);
+    assert!(
+        built <= 4 * BIG as usize,
+        "{built} job facts built for {BIG} replicas placed in {batches} batches"
+    );
+}
+
+/// A limit of a few records per batch: a visit that places many replicas goes on over
+/// many batches, and every replica is placed exactly once across
+/// them — one job per slot, each announced placed once, each with its own grant, the
+/// store holding what the view shows.
+#[test]
+fn a_big_placement_in_tiny_batches_places_every_replica_exactly_once() {
+    const N: u32 = 2_000;
+    let tiny = BatchLimit {
+        ops: 16,
+        ..etcd_like()
+    };
+    let store = Recording::new(Arc::new(MemStore::new()), tiny);
+    let now = Instant::now();
+    let raw = RawEvents::default();
+    let plugin = SharedSlots::new();
+    let mut core = core_with(
+        store.clone(),
+        plugin.clone(),
+        vec![Arc::new(raw.clone())],
+        now,
+    );
+    for i in 0..20 {
+        let facts = facts_at(&format!("10.0.{i}.1"), 100);
+        register_on(&mut core, &host_name(i), facts, now);
+    }
+    core.settle(now);
+    store.take();
+    raw.take();
+    submit_on(&mut core, web("big", "default", N), now);
+    let batches = store.assert_within("tiny batches");
+    assert!(batches > N as usize / tiny.ops, "{batches} batches");
+    let mut placed_events: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    for e in raw.take() {
+        if let ClusterEvent::Job { job, .. } = e {
+            if job.state == JobState::Placed {
+                placed_events.entry(job.replica).or_default().push(job.job);
+            }
+        }
+    }
+    let once: BTreeSet<u32> = placed_events
+        .iter()
+        .filter(|(_, jobs)| jobs.len() == 1)
+        .map(|(r, _)| *r)
+        .collect();
+    assert_eq!(once, (0..N).collect(), "every replica placed exactly once");
+    let jobs = placed(&core);
+    let ids: BTreeSet<String> = jobs.iter().map(|(j, _, _)| j.clone()).collect();
+    let announced: BTreeSet<String> = placed_events.into_values().flatten().collect();
+    assert_eq!(ids, announced, "the view holds the jobs announced");
+    let view = core.view();
+    let slots: BTreeSet<u32> = view.borrow().services[&ServiceKey::new("default", "big")]
+        .jobs
+        .iter()
+        .map(|j| j.info.replica)
+        .collect();
+    assert_eq!(slots.len(), N as usize, "one job per slot");
+    assert_eq!(stored(&*store), jobs, "the store has what the view shows");
+    assert_eq!(reserved(&plugin), jobs_of(&jobs), "one grant per job");
 }
