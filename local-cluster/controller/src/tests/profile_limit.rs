@@ -3,8 +3,10 @@
 //! and restarted, on redb and on etcd (whose one request per change was what failed: a
 //! 1 MB profile answered 500, a 300 KB one could never be updated or restarted).
 
-use super::app::{app_on, App, ADMIN, W1};
+use super::app::{app_with, App, ADMIN, W1};
 use super::fakes::versioned;
+use super::fakes::SharedSlots;
+use crate::config::ControllerConfig;
 use serde_json::Value;
 use std::sync::Arc;
 use xce_proto::profile::MAX_PROFILE_BYTES;
@@ -38,7 +40,15 @@ async fn change(app: &App, method: &str, path: &str, body: Option<Value>) -> Str
 /// Submits, updates and restarts a profile at the limit, then refuses one byte more;
 /// returns one line per step.
 async fn at_the_limit(store: Arc<dyn Store>) -> String {
-    let app = app_on(store).await;
+    // The host registers once and never heartbeats: it stays reachable for the tests'
+    // patience, not the default 3 s, which these big requests can outlast on a busy
+    // machine (the host then took no job: 0 of 6 placed).
+    let cfg = ControllerConfig {
+        unreachable_after: testkit::patience(),
+        grace_period: 2 * testkit::patience(),
+        ..ControllerConfig::default()
+    };
+    let app = app_with(cfg, store, SharedSlots::new()).await;
     app.register("exec-01", W1, 32).await;
     let mut out = Vec::new();
     for (name, fill) in [("quotes", '"'), ("plain", 'x')] {
