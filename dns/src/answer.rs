@@ -147,7 +147,7 @@ pub(crate) fn slip(bytes: &[u8]) -> Option<Vec<u8>> {
 
 /// FORMERR for a packet with a query's header that does not parse; nothing for anything
 /// shorter than a header or flagged as a response.
-fn formerr(bytes: &[u8]) -> Option<Answered> {
+pub(crate) fn formerr(bytes: &[u8]) -> Option<Answered> {
     if bytes.len() < 12 || bytes[2] & 0x80 != 0 {
         return None;
     }
