@@ -445,6 +445,8 @@ const MIXED: &[(&str, RecordType, ResponseCode, usize)] = &[
     ("nope.default.xce.", RecordType::A, ResponseCode::NXDomain, 0),
     ("exec-01.host.xce.", RecordType::A, ResponseCode::NoError, 1),
     ("example.com.", RecordType::A, ResponseCode::Refused, 0),
+    // The question comes back in the case it was asked (DNS 0x20).
+    ("WeB.DeFault.XCE.", RecordType::A, ResponseCode::NoError, 3),
 ];
 
 /// One client socket: `total` queries with ids `0..total` (question `id % MIXED.len()`),
