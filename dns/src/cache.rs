@@ -260,9 +260,7 @@ fn keep(
             e
         }
         None if held >= MAX_ENTRIES => return,
-        None => table
-            .entry(key.into())
-            .or_insert_with(|| fresh(grants)),
+        None => table.entry(key.into()).or_insert_with(|| fresh(grants)),
     };
     if entry.by_rotation.len() == spread {
         let slot = usize::from(plain.header.metadata.id) % spread;

@@ -386,17 +386,30 @@ fn a_mixed_case_question_is_echoed_and_answered_from_the_lower_case_entry() {
     assert_eq!(outcome, Outcome::Hit, "another case, the same entry");
     let hit = hit.unwrap().bytes;
     // The question follows the 12 bytes of the header.
-    let question = Query::query(Name::from_ascii("_http._tcp.web.default.xce.").unwrap(), RecordType::SRV);
-    let end = 12 + hickory_proto::serialize::binary::BinEncodable::to_bytes(&question).unwrap().len();
+    let question = Query::query(
+        Name::from_ascii("_http._tcp.web.default.xce.").unwrap(),
+        RecordType::SRV,
+    );
+    let end = 12
+        + hickory_proto::serialize::binary::BinEncodable::to_bytes(&question)
+            .unwrap()
+            .len();
     assert_eq!(hit[12..end], mixed[12..end], "the question as sent");
     assert_eq!(hit[..12], plain[..12]);
     assert_eq!(hit[end..], plain[end..], "the same records, byte for byte");
     let uncached = answer(&apex(), &zone, &viewer.principal, &mixed, Transport::Udp).unwrap();
     assert_eq!(hit, uncached.bytes);
     let m = Message::from_vec(&hit).unwrap();
-    assert_eq!(m.queries[0].name().to_ascii(), "_HTTP._Tcp.WEB.default.XCE.");
+    assert_eq!(
+        m.queries[0].name().to_ascii(),
+        "_HTTP._Tcp.WEB.default.XCE."
+    );
     assert_eq!(m.answers.len(), 3);
     for record in &m.answers {
-        assert_eq!(record.name.to_ascii(), "_HTTP._Tcp.WEB.default.XCE.", "points into the question");
+        assert_eq!(
+            record.name.to_ascii(),
+            "_HTTP._Tcp.WEB.default.XCE.",
+            "points into the question"
+        );
     }
 }

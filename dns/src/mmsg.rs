@@ -150,8 +150,10 @@ fn send_now(socket: &UdpSocket, replies: &[(Vec<u8>, SocketAddr)]) -> io::Result
         .iter()
         .map(|(bytes, _)| [IoSlice::new(bytes)])
         .collect();
-    let mut controls: Vec<SendAncillaryBuffer<'_, '_, '_>> =
-        replies.iter().map(|_| SendAncillaryBuffer::default()).collect();
+    let mut controls: Vec<SendAncillaryBuffer<'_, '_, '_>> = replies
+        .iter()
+        .map(|_| SendAncillaryBuffer::default())
+        .collect();
     let mut msgs: Vec<MMsgHdr<'_>> = addrs
         .iter()
         .zip(&iovs)

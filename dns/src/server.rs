@@ -371,7 +371,15 @@ async fn serve_udp(dns: Arc<Dns>, socket: UdpSocket, principal: Arc<Viewer>, lim
             }
         };
         let truncated = n == buf.len();
-        let reply = udp_reply(&dns, &principal, &limiter, &buf[..n], truncated, peer, Instant::now());
+        let reply = udp_reply(
+            &dns,
+            &principal,
+            &limiter,
+            &buf[..n],
+            truncated,
+            peer,
+            Instant::now(),
+        );
         if let Some(reply) = reply {
             if let Err(error) = socket.send_to(&reply, peer).await {
                 tracing::debug!(%error, %peer, "dns: udp send");

@@ -440,9 +440,24 @@ async fn without_a_listener_a_zone_is_built_only_when_a_query_asks() {
 /// The questions [`many_at_once`] asks, by id: (name, type, answer code, answers).
 const MIXED: &[(&str, RecordType, ResponseCode, usize)] = &[
     ("web.default.xce.", RecordType::A, ResponseCode::NoError, 3),
-    ("_http._tcp.web.default.xce.", RecordType::SRV, ResponseCode::NoError, 3),
-    ("web.default.xce.", RecordType::AAAA, ResponseCode::NoError, 0),
-    ("nope.default.xce.", RecordType::A, ResponseCode::NXDomain, 0),
+    (
+        "_http._tcp.web.default.xce.",
+        RecordType::SRV,
+        ResponseCode::NoError,
+        3,
+    ),
+    (
+        "web.default.xce.",
+        RecordType::AAAA,
+        ResponseCode::NoError,
+        0,
+    ),
+    (
+        "nope.default.xce.",
+        RecordType::A,
+        ResponseCode::NXDomain,
+        0,
+    ),
     ("exec-01.host.xce.", RecordType::A, ResponseCode::NoError, 1),
     ("example.com.", RecordType::A, ResponseCode::Refused, 0),
     // The question comes back in the case it was asked (DNS 0x20).
@@ -473,7 +488,11 @@ fn many_at_once(addr: std::net::SocketAddr, total: u16, window: u16) {
         assert!(!answered[usize::from(id)], "one answer per query ({id})");
         answered[usize::from(id)] = true;
         assert_eq!(a.queries.len(), 1);
-        assert_eq!(a.queries[0].name().to_ascii(), name, "the question of id {id}");
+        assert_eq!(
+            a.queries[0].name().to_ascii(),
+            name,
+            "the question of id {id}"
+        );
         assert_eq!(a.queries[0].query_type(), qtype, "the question of id {id}");
         assert_eq!(a.metadata.response_code, rcode, "{name} {qtype}");
         assert_eq!(a.answers.len(), answers, "{name} {qtype}");
