@@ -16,7 +16,8 @@
 # `[dns] per_source_qps = 0`; PER_SOURCE_QPS=N sets another): the bench measures answers,
 # not the limiter. dnsperf runs from 16 loopback addresses at once for every server and
 # the script prints how many queries a limit dropped. Then it sends half of our best rate (dnsperf -Q) with -v and takes the
-# 99th percentile of the per-query latencies dnsperf printed.
+# 99th percentile of the per-query latencies dnsperf printed, ours and NSD's at that same
+# rate (p99_half_ms_nsd: what the machine and dnsperf add whatever the server).
 # Needs dnsperf, nsd, knot, dnsmasq, unbound and dig (Debian: apt-get install dnsperf nsd
 # knot dnsmasq unbound bind9-dnsutils). Prints one ROUND line per round and one SUMMARY
 # line (the best of the rounds for each server).
@@ -223,14 +224,23 @@ for r in $(seq 1 "$rounds"); do
 done
 
 # p99 latency at half our best rate: the same 16 sources, each sending 1/16 of the rate.
+# Then NSD at that same rate, the same way: what the machine and dnsperf themselves add
+# (2 cores shared by the server, 16 dnsperf processes and whatever else runs) shows in
+# its figure too, so ours is read against it.
 half=$(python3 -c "print(max(1, ${best[ours]} // 2 // 16))")
-for s in $(seq 2 17); do
-  "${perf_pin[@]}" dnsperf -s 127.0.0.1 -p "$ours" -a "127.0.0.$s" -d "$tmp/queries" -l "$secs" -c 1 -q 20 \
-    -Q "$half" -v >"$tmp/half.$s" 2>&1 &
-done
-wait_perf
-p99=$(cat "$tmp"/half.* | awk '/^> / {print $NF}' | sort -g | awk '{v[NR]=$1} END {i=int(NR*0.99); if (i<1) i=1; printf "%.3f", v[i]*1000}')
-lost=$(cat "$tmp"/half.* | awk '/Queries lost/ {s+=$3} END {print s+0}')
+p99_at() { # server -> "p99_ms lost" at $half queries/s from each of the 16 sources
+  local p=${port[$1]}
+  rm -f "$tmp"/half.*
+  for s in $(seq 2 17); do
+    "${perf_pin[@]}" dnsperf -s 127.0.0.1 -p "$p" -a "127.0.0.$s" -d "$tmp/queries" -l "$secs" -c 1 -q 20 \
+      -Q "$half" -v >"$tmp/half.$s" 2>&1 &
+  done
+  wait_perf
+  cat "$tmp"/half.* | awk '/^> / {print $NF}' | sort -g | awk '{v[NR]=$1} END {i=int(NR*0.99); if (i<1) i=1; printf "%.3f ", v[i]*1000}'
+  cat "$tmp"/half.* | awk '/Queries lost/ {s+=$3} END {print s+0}'
+}
+read -r p99 lost < <(p99_at ours)
+read -r p99_nsd lost_nsd < <(p99_at nsd)
 
 api=$(sed -n 's/^api = "\(.*\)"/\1/p' "$tmp/cli.toml"); token=$(sed -n 's/^token = "\(.*\)"/\1/p' "$tmp/cli.toml")
 limited=$(curl -s -H "Authorization: Bearer $token" "$api/metrics" | awk '/^xce_dns_dropped_total.*rate_limited/ {s+=$2} END {print s+0}')
@@ -240,4 +250,4 @@ hits=$(cache hit); misses=$(cache miss)
 threads=$(ls "/proc/${pids[0]}/task" | wc -l)
 readers=$(sed -n 's/.*, \([0-9]*\) udp readers\..*/\1/p' "$tmp/xced.out")
 ratio() { python3 -c "print(round(${best[ours]}/max(1, ${best[$1]}), 2))"; }
-echo "SUMMARY dns services=$services queries=$(wc -l <"$tmp/queries") seconds=$secs rounds=$rounds qps_ours=${best[ours]} qps_nsd=${best[nsd]} qps_knot=${best[knot]} qps_dnsmasq=${best[dnsmasq]} qps_unbound=${best[unbound]} ratio_nsd=$(ratio nsd) ratio_knot=$(ratio knot) ratio_dnsmasq=$(ratio dnsmasq) ratio_unbound=$(ratio unbound) p99_half_ms=$p99 half_qps=$((half * 16)) half_lost=$lost same_records=$same rate_limited_drops=$limited slipped=$slipped per_source_qps=${PER_SOURCE_QPS:-0} cache_hits=$hits cache_misses=$misses mode=$mode xced_workers=${XCED_WORKER_THREADS:-cores} udp_readers=${readers:-?} xced_threads=$threads"
+echo "SUMMARY dns services=$services queries=$(wc -l <"$tmp/queries") seconds=$secs rounds=$rounds qps_ours=${best[ours]} qps_nsd=${best[nsd]} qps_knot=${best[knot]} qps_dnsmasq=${best[dnsmasq]} qps_unbound=${best[unbound]} ratio_nsd=$(ratio nsd) ratio_knot=$(ratio knot) ratio_dnsmasq=$(ratio dnsmasq) ratio_unbound=$(ratio unbound) p99_half_ms=$p99 half_qps=$((half * 16)) half_lost=$lost p99_half_ms_nsd=$p99_nsd half_lost_nsd=$lost_nsd same_records=$same rate_limited_drops=$limited slipped=$slipped per_source_qps=${PER_SOURCE_QPS:-0} cache_hits=$hits cache_misses=$misses mode=$mode xced_workers=${XCED_WORKER_THREADS:-cores} udp_readers=${readers:-?} xced_threads=$threads"

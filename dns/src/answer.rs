@@ -6,6 +6,7 @@ use crate::zone::{Names, ServiceRecords, Zone, HOSTS_LABEL};
 use hickory_proto::op::{Edns, Message, MessageType, OpCode, Query, ResponseCode};
 use hickory_proto::rr::rdata::{A, AAAA, NS, SOA, SRV};
 use hickory_proto::rr::{DNSClass, Name, RData, Record, RecordType};
+use hickory_proto::serialize::binary::BinEncodable;
 use std::net::IpAddr;
 
 /// How a query arrived: it decides how big an answer may be.
@@ -104,7 +105,22 @@ pub fn answer(
     let mut response = Message::response(request.metadata.id, request.metadata.op_code);
     response.metadata.recursion_desired = request.metadata.recursion_desired;
     response.metadata.checking_disabled = request.metadata.checking_disabled;
-    response.add_queries(request.queries.iter().cloned());
+    // One question is answered as if asked in lower case, and its bytes as sent are put
+    // back at the end (`echo_question`): the records' names point into the question
+    // (compression), so they follow its case, and the rest of the answer is the same
+    // bytes whatever the case (one cache entry serves every case, DNS 0x20 included).
+    let asked = match request.queries.as_slice() {
+        [query] => {
+            let mut lower = query.clone();
+            lower.set_name(query.name().to_lowercase());
+            Some((query.clone(), lower))
+        }
+        _ => None,
+    };
+    match &asked {
+        Some((_, lower)) => response.add_query(lower.clone()),
+        None => response.add_queries(request.queries.iter().cloned()),
+    };
     let limit = size_limit(request.edns.as_ref(), transport);
     if request.edns.is_some() {
         let mut edns = Edns::new();
@@ -120,14 +136,34 @@ pub fn answer(
         }
     } else if request.metadata.op_code != OpCode::Query {
         response.metadata.response_code = ResponseCode::NotImp;
-    } else if request.queries.len() != 1 {
-        response.metadata.response_code = ResponseCode::FormErr;
+    } else if let Some((_, lower)) = &asked {
+        spread = resolve(apex, zone, view, lower, &mut response);
     } else {
-        spread = resolve(apex, zone, view, &request.queries[0], &mut response);
+        // Not one question.
+        response.metadata.response_code = ResponseCode::FormErr;
     }
     let mut answered = encode(response, limit, qtype);
     answered.spread = spread;
+    if let Some((query, lower)) = &asked {
+        echo_question(&mut answered.bytes, query, lower);
+    }
     Some(answered)
+}
+
+/// Puts `query`'s bytes in place of the question `lower` (the same name in lower case)
+/// that the answer `bytes` was encoded with: the question section is copied from the
+/// query (RFC 1035 4.1.2), and names that point into it read in the query's case.
+fn echo_question(bytes: &mut [u8], query: &Query, lower: &Query) {
+    let (Ok(asked), Ok(lower)) = (query.to_bytes(), lower.to_bytes()) else {
+        return;
+    };
+    // The question is the first name of the message, never compressed, and lowering
+    // ASCII letters keeps every label's length: the two encodings have the same length.
+    if let Some(question) = bytes.get_mut(12..12 + lower.len()) {
+        if *question == *lower && asked.len() == lower.len() {
+            question.copy_from_slice(&asked);
+        }
+    }
 }
 
 /// The reply to a query refused by the rate limit that slips: its question, TC set, no
@@ -147,7 +183,7 @@ pub(crate) fn slip(bytes: &[u8]) -> Option<Vec<u8>> {
 
 /// FORMERR for a packet with a query's header that does not parse; nothing for anything
 /// shorter than a header or flagged as a response.
-fn formerr(bytes: &[u8]) -> Option<Answered> {
+pub(crate) fn formerr(bytes: &[u8]) -> Option<Answered> {
     if bytes.len() < 12 || bytes[2] & 0x80 != 0 {
         return None;
     }

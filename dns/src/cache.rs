@@ -8,11 +8,14 @@
 //! no answer or authority records, at most an OPT record of version 0), everything else is
 //! answered by [`answer`] as before. The key is what decides the answer's bytes: the
 //! listener (its principal) and its grants as they are now, whether the query has EDNS,
-//! the size limit (transport and EDNS payload size), the question's bytes **as sent**
-//! (case included: hickory-proto compresses names byte for byte, so an answer to
-//! `WEB.default.xce.` is not an answer to `web.default.xce.` with its question's case
-//! changed), and which answer the query's id puts first. A hit is the cached answer with
-//! the query's id and its RD and CD flags, the rest byte for byte what [`answer`] gives.
+//! the size limit (transport and EDNS payload size), the question's bytes with its name
+//! in lower case (names compare without case, RFC 4343: a resolver randomising the case
+//! of its questions, DNS 0x20, finds the answer another case put there), and which answer
+//! the query's id puts first. A hit is the cached answer with the query's id, its RD and
+//! CD flags and its question's bytes as sent, the rest byte for byte what [`answer`]
+//! gives: [`answer`] answers a question as if asked in lower case and echoes the
+//! question as sent, so the names that point into the question follow its case and
+//! nothing else depends on it.
 
 use crate::answer::{answer, size_limit, Answered, Apex, Transport};
 use crate::encoded::{Cached, Entry, Table, MAX_ENTRIES};
@@ -84,12 +87,14 @@ pub(crate) fn answer_cached(
     // computed under them or later ones (never older), and a reload is a new `Arc`.
     let grants = viewer.principal.credential.current();
     let question = &bytes[12..plain.question_end];
-    if let Some(hit) = lookup(zone, &plain, question, grants.as_ref()) {
+    let mut key = [0u8; MAX_QUESTION];
+    let key = lower_question(question, &mut key);
+    if let Some(hit) = lookup(zone, &plain, key, question, grants.as_ref()) {
         return (Some(hit), Outcome::Hit);
     }
     let answered = answer(apex, zone, &viewer.principal, bytes, transport);
     if let Some(a) = &answered {
-        keep(zone, &plain, question, grants, a);
+        keep(zone, &plain, key, question, grants, a);
     }
     (answered, Outcome::Miss)
 }
@@ -139,6 +144,33 @@ fn read_plain(bytes: &[u8], viewer: &Viewer, transport: Transport) -> Option<Pla
     })
 }
 
+/// The longest question: a name of at most 255 bytes, its type and class.
+const MAX_QUESTION: usize = 255 + 4;
+
+/// `question`'s bytes with the ASCII letters of its name's labels in lower case, in
+/// `buf`: the cache's key. Lengths, type and class are left alone (a type of 65 is the
+/// byte `A`). A name that is not plain labels (a compression pointer: its answer is never
+/// kept, see [`keep`]) is its bytes as they are.
+fn lower_question<'a>(question: &'a [u8], buf: &'a mut [u8; MAX_QUESTION]) -> &'a [u8] {
+    let Some(key) = buf.get_mut(..question.len()) else {
+        return question;
+    };
+    key.copy_from_slice(question);
+    let mut at = 0;
+    while let Some(&len) = key.get(at) {
+        let len = usize::from(len);
+        if len == 0 {
+            return key;
+        }
+        match key.get_mut(at + 1..at + 1 + len) {
+            Some(label) if len <= 63 => label.make_ascii_lowercase(),
+            _ => return question,
+        }
+        at += 1 + len;
+    }
+    question
+}
+
 fn same_grants(a: Option<&LiveGrants>, b: Option<&LiveGrants>) -> bool {
     match (a, b) {
         (None, None) => true,
@@ -148,15 +180,18 @@ fn same_grants(a: Option<&LiveGrants>, b: Option<&LiveGrants>) -> bool {
     }
 }
 
+/// The cached answer to `key` (the lower-case question), with the query's header fields
+/// and its `question` as sent.
 fn lookup(
     zone: &Zone,
     plain: &Plain,
+    key: &[u8],
     question: &[u8],
     grants: Option<&LiveGrants>,
 ) -> Option<Answered> {
     let cached = {
         let tables = zone.answers.lock();
-        let entry = tables.get(&plain.table)?.get(question)?;
+        let entry = tables.get(&plain.table)?.get(key)?;
         if !same_grants(entry.grants.as_ref(), grants) {
             return None;
         }
@@ -167,8 +202,9 @@ fn lookup(
     header.metadata.id = plain.header.metadata.id;
     header.metadata.recursion_desired = plain.header.metadata.recursion_desired;
     header.metadata.checking_disabled = plain.header.metadata.checking_disabled;
-    let mut bytes = Vec::with_capacity(12 + cached.body.len());
+    let mut bytes = Vec::with_capacity(12 + question.len() + cached.body.len());
     header.emit(&mut BinEncoder::new(&mut bytes)).ok()?;
+    bytes.extend_from_slice(question);
     bytes.extend_from_slice(&cached.body);
     Some(Answered {
         bytes,
@@ -180,13 +216,15 @@ fn lookup(
     })
 }
 
-/// Keeps `answered` for `question` if it is the answer to exactly that question (its
-/// question section is the query's bytes: a query naming its question through a
-/// compression pointer reads differently once re-encoded, and is not kept) and there is
-/// room.
+/// Keeps `answered` under `key` (its question in lower case) if it is the answer to
+/// exactly the query's `question` (its question section is the query's bytes: a query
+/// naming its question through a compression pointer reads differently once re-encoded,
+/// and is not kept) and there is room. What follows the question is kept: a hit puts its
+/// own question before it.
 fn keep(
     zone: &Zone,
     plain: &Plain,
+    key: &[u8],
     question: &[u8],
     grants: Option<LiveGrants>,
     answered: &Answered,
@@ -195,9 +233,10 @@ fn keep(
     if spread > MAX_SPREAD || answered.bytes.get(12..plain.question_end) != Some(question) {
         return;
     }
-    let Some((head, body)) = answered.bytes.split_first_chunk::<12>() else {
+    let Some((head, _)) = answered.bytes.split_first_chunk::<12>() else {
         return;
     };
+    let body = &answered.bytes[plain.question_end..];
     let Ok(header) = Header::read(&mut BinDecoder::new(head)) else {
         return;
     };
@@ -214,16 +253,14 @@ fn keep(
         grants,
         by_rotation: vec![None; spread],
     };
-    let entry = match table.get_mut(question) {
+    let entry = match table.get_mut(key) {
         Some(e) if same_grants(e.grants.as_ref(), grants.as_ref()) => e,
         Some(e) => {
             *e = fresh(grants);
             e
         }
         None if held >= MAX_ENTRIES => return,
-        None => table
-            .entry(question.into())
-            .or_insert_with(|| fresh(grants)),
+        None => table.entry(key.into()).or_insert_with(|| fresh(grants)),
     };
     if entry.by_rotation.len() == spread {
         let slot = usize::from(plain.header.metadata.id) % spread;

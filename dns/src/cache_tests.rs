@@ -107,6 +107,19 @@ fn mixed_case(name: &str, mask: u64) -> String {
         .collect()
 }
 
+/// `name` with every ASCII letter's case flipped.
+fn swap_case(name: &str) -> String {
+    name.chars()
+        .map(|c| {
+            if c.is_ascii_uppercase() {
+                c.to_ascii_lowercase()
+            } else {
+                c.to_ascii_uppercase()
+            }
+        })
+        .collect()
+}
+
 fn asks() -> impl Strategy<Value = Ask> {
     let name = prop_oneof![
         4 => (proptest::sample::select(NAMES), any::<u64>())
@@ -185,6 +198,13 @@ proptest! {
             let second = same_as_uncached(&zone, &viewer, &bytes, transport)?;
             if first != Outcome::Bypass {
                 prop_assert_eq!(second, Outcome::Hit, "asked again: {:?}", ask);
+            }
+            // The same question in another case (a resolver's DNS 0x20): the answer the
+            // first case put there, with this question echoed.
+            let recased = Ask { name: swap_case(&ask.name), ..ask.clone() };
+            let third = same_as_uncached(&zone, &viewer, &recased.bytes(), transport)?;
+            if first != Outcome::Bypass {
+                prop_assert_eq!(third, Outcome::Hit, "asked in another case: {:?}", recased);
             }
             // The same question under another id and flags: the answer's header follows
             // the query, and its rotation the id.
@@ -334,4 +354,62 @@ fn the_cache_keeps_at_most_its_bound() {
         answer_cached(&apex(), &zone, &viewer, &q, Transport::Udp);
     }
     assert_eq!(zone.answers.len(), MAX_ENTRIES);
+}
+
+/// A question in mixed case is answered from the entry its lower-case form put in the
+/// cache: its question comes back byte for byte as sent, the records are the same bytes
+/// (their names point into the question, so they read in its case), and the answer is
+/// the uncached path's.
+#[test]
+fn a_mixed_case_question_is_echoed_and_answered_from_the_lower_case_entry() {
+    let zone = zone();
+    let viewer = Viewer::new(principal(&["default"], Credential::fixed()));
+    let ask = |name: &str| {
+        Ask {
+            name: name.into(),
+            qtype: RecordType::SRV,
+            class: DNSClass::IN,
+            id: 9,
+            rd: true,
+            cd: false,
+            edns: Some((1232, 0, false)),
+            trailing: vec![],
+        }
+        .bytes()
+    };
+    let lower = ask("_http._tcp.web.default.xce.");
+    let (plain, outcome) = answer_cached(&apex(), &zone, &viewer, &lower, Transport::Udp);
+    assert_eq!(outcome, Outcome::Miss);
+    let plain = plain.unwrap().bytes;
+    let mixed = ask("_HTTP._Tcp.WEB.default.XCE.");
+    let (hit, outcome) = answer_cached(&apex(), &zone, &viewer, &mixed, Transport::Udp);
+    assert_eq!(outcome, Outcome::Hit, "another case, the same entry");
+    let hit = hit.unwrap().bytes;
+    // The question follows the 12 bytes of the header.
+    let question = Query::query(
+        Name::from_ascii("_http._tcp.web.default.xce.").unwrap(),
+        RecordType::SRV,
+    );
+    let end = 12
+        + hickory_proto::serialize::binary::BinEncodable::to_bytes(&question)
+            .unwrap()
+            .len();
+    assert_eq!(hit[12..end], mixed[12..end], "the question as sent");
+    assert_eq!(hit[..12], plain[..12]);
+    assert_eq!(hit[end..], plain[end..], "the same records, byte for byte");
+    let uncached = answer(&apex(), &zone, &viewer.principal, &mixed, Transport::Udp).unwrap();
+    assert_eq!(hit, uncached.bytes);
+    let m = Message::from_vec(&hit).unwrap();
+    assert_eq!(
+        m.queries[0].name().to_ascii(),
+        "_HTTP._Tcp.WEB.default.XCE."
+    );
+    assert_eq!(m.answers.len(), 3);
+    for record in &m.answers {
+        assert_eq!(
+            record.name.to_ascii(),
+            "_HTTP._Tcp.WEB.default.XCE.",
+            "points into the question"
+        );
+    }
 }

@@ -33,13 +33,13 @@ pub(crate) struct Entry {
 pub(crate) struct Cached {
     /// The header as the answer had it (its id and RD/CD are replaced per query).
     pub(crate) header: Header,
-    /// Everything after the header.
+    /// Everything after the question (a hit puts the query's header and question first).
     pub(crate) body: Arc<[u8]>,
     pub(crate) rcode: hickory_proto::op::ResponseCode,
     pub(crate) truncated: bool,
 }
 
-/// Each table's entries by the question's bytes.
+/// Each table's entries by the question's bytes, its name in lower case.
 pub(crate) type Tables = HashMap<Table, HashMap<Box<[u8]>, Entry>>;
 
 /// The encoded answers of one zone.

@@ -18,6 +18,8 @@ mod doh;
 mod encoded;
 mod limit;
 mod metrics;
+#[cfg(target_os = "linux")]
+mod mmsg;
 mod server;
 mod view;
 mod zone;

@@ -36,6 +36,7 @@ pub(crate) struct Metrics {
     pub(crate) services: Gauge,
     pub(crate) slipped: Counter,
     cache: Family<CacheLabel, Counter>,
+    udp_batch: Histogram,
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -61,6 +62,8 @@ impl Metrics {
             services: Gauge::default(),
             slipped: Counter::default(),
             cache: Family::default(),
+            // 1 to 64 datagrams.
+            udp_batch: Histogram::new(exponential_buckets(1.0, 2.0, 7)),
         }
     }
 
@@ -91,6 +94,11 @@ impl Metrics {
             self.latency.clone(),
         );
         registry.register(
+            "xce_dns_udp_batch",
+            "Datagrams a UDP reader took from its socket with one receive (recvmmsg on Linux: up to 32; 1 elsewhere)",
+            self.udp_batch.clone(),
+        );
+        registry.register(
             "xce_dns_zone_rebuilds",
             "Rebuilds of the DNS zone, one per applied change of the endpoint table (coalesced)",
             self.rebuilds.clone(),
@@ -113,6 +121,12 @@ impl Metrics {
             transport: transport.as_str(),
         };
         self.latency.get_or_create(&transport).observe(seconds);
+    }
+
+    /// One receive of a UDP reader took `datagrams`.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    pub(crate) fn udp_batch(&self, datagrams: usize) {
+        self.udp_batch.observe(datagrams as f64);
     }
 
     pub(crate) fn cache(&self, outcome: Outcome) {

@@ -159,6 +159,13 @@ impl Dns {
         self.count(answered, transport, started)
     }
 
+    /// FORMERR for a datagram a listener could not read whole (longer than its buffer),
+    /// counted like any answer; nothing if its header is no query's.
+    pub(crate) fn formerr_listener(&self, bytes: &[u8], transport: Transport) -> Option<Vec<u8>> {
+        let started = Instant::now();
+        self.count(crate::answer::formerr(bytes), transport, started)
+    }
+
     fn count(
         &self,
         answered: Option<crate::answer::Answered>,
@@ -285,12 +292,75 @@ async fn rebuild(dns: Weak<Dns>, mut changes: watch::Receiver<u64>) {
     }
 }
 
-/// One UDP reader: receives, answers and sends on its socket, one query at a time (the
-/// answer is synchronous and short; other readers take the other sockets' queries).
+/// What a UDP reader sends back for one datagram from `peer`: the limiter decides, then
+/// the answer (FORMERR for a datagram longer than the reader's buffer, `truncated`), a
+/// slip, or nothing.
+fn udp_reply(
+    dns: &Dns,
+    principal: &Viewer,
+    limiter: &Shared,
+    bytes: &[u8],
+    truncated: bool,
+    peer: SocketAddr,
+    now: Instant,
+) -> Option<Vec<u8>> {
+    match limiter.admit(peer.ip(), now) {
+        Verdict::Answer if truncated => dns.formerr_listener(bytes, Transport::Udp),
+        Verdict::Answer => dns.answer_listener(principal, bytes, Transport::Udp),
+        Verdict::Slip => {
+            dns.metrics.slipped.inc();
+            crate::answer::slip(bytes)
+        }
+        Verdict::Drop => {
+            dns.metrics.dropped(Transport::Udp, "rate_limited");
+            None
+        }
+    }
+}
+
+/// One UDP reader: receives up to [`BATCH`](crate::mmsg::BATCH) datagrams with one
+/// `recvmmsg`, answers them (the answer is synchronous and short; other readers take the
+/// other sockets' queries) and sends the replies with one `sendmmsg`. Under load that is
+/// two system calls for many queries instead of two per query; idle, the task sleeps on
+/// the socket's readiness like any other.
+#[cfg(target_os = "linux")]
 async fn serve_udp(dns: Arc<Dns>, socket: UdpSocket, principal: Arc<Viewer>, limiter: Arc<Shared>) {
-    // Bigger than any query we answer (a query is one question: well under 1 KiB);
-    // a longer datagram is cut to it and answered FORMERR.
-    let mut buf = vec![0u8; 4096];
+    let mut batch = crate::mmsg::RecvBatch::new();
+    let mut replies = Vec::with_capacity(crate::mmsg::BATCH);
+    loop {
+        if let Err(error) = batch.recv(&socket).await {
+            // ICMP errors queued from an earlier send, and the like: not fatal.
+            tracing::debug!(%error, "dns: udp receive");
+            continue;
+        }
+        dns.metrics.udp_batch(batch.len());
+        let now = Instant::now();
+        for (bytes, datagram) in batch.datagrams() {
+            let reply = udp_reply(
+                &dns,
+                &principal,
+                &limiter,
+                bytes,
+                datagram.truncated,
+                datagram.peer,
+                now,
+            );
+            if let Some(reply) = reply {
+                replies.push((reply, datagram.peer));
+            }
+        }
+        crate::mmsg::send_all(&socket, &replies).await;
+        replies.clear();
+    }
+}
+
+/// One UDP reader where there is no `recvmmsg`: receives, answers and sends one query at
+/// a time.
+#[cfg(not(target_os = "linux"))]
+async fn serve_udp(dns: Arc<Dns>, socket: UdpSocket, principal: Arc<Viewer>, limiter: Arc<Shared>) {
+    // Bigger than any query we answer (a query is one question: well under 1 KiB); a
+    // datagram that fills it may have been longer (cut): answered FORMERR.
+    let mut buf = vec![0u8; 4097];
     loop {
         let (n, peer) = match socket.recv_from(&mut buf).await {
             Ok(got) => got,
@@ -300,17 +370,16 @@ async fn serve_udp(dns: Arc<Dns>, socket: UdpSocket, principal: Arc<Viewer>, lim
                 continue;
             }
         };
-        let reply = match limiter.admit(peer.ip(), Instant::now()) {
-            Verdict::Answer => dns.answer_listener(&principal, &buf[..n], Transport::Udp),
-            Verdict::Slip => {
-                dns.metrics.slipped.inc();
-                crate::answer::slip(&buf[..n])
-            }
-            Verdict::Drop => {
-                dns.metrics.dropped(Transport::Udp, "rate_limited");
-                None
-            }
-        };
+        let truncated = n == buf.len();
+        let reply = udp_reply(
+            &dns,
+            &principal,
+            &limiter,
+            &buf[..n],
+            truncated,
+            peer,
+            Instant::now(),
+        );
         if let Some(reply) = reply {
             if let Err(error) = socket.send_to(&reply, peer).await {
                 tracing::debug!(%error, %peer, "dns: udp send");

@@ -436,3 +436,109 @@ async fn without_a_listener_a_zone_is_built_only_when_a_query_asks() {
     assert_eq!(ask(&dns), 3, "a query after a change sees it");
     assert!(zones.has_changed().unwrap());
 }
+
+/// The questions [`many_at_once`] asks, by id: (name, type, answer code, answers).
+const MIXED: &[(&str, RecordType, ResponseCode, usize)] = &[
+    ("web.default.xce.", RecordType::A, ResponseCode::NoError, 3),
+    (
+        "_http._tcp.web.default.xce.",
+        RecordType::SRV,
+        ResponseCode::NoError,
+        3,
+    ),
+    (
+        "web.default.xce.",
+        RecordType::AAAA,
+        ResponseCode::NoError,
+        0,
+    ),
+    (
+        "nope.default.xce.",
+        RecordType::A,
+        ResponseCode::NXDomain,
+        0,
+    ),
+    ("exec-01.host.xce.", RecordType::A, ResponseCode::NoError, 1),
+    ("example.com.", RecordType::A, ResponseCode::Refused, 0),
+    // The question comes back in the case it was asked (DNS 0x20).
+    ("WeB.DeFault.XCE.", RecordType::A, ResponseCode::NoError, 3),
+];
+
+/// One client socket: `total` queries with ids `0..total` (question `id % MIXED.len()`),
+/// `window` of them in flight at once; checks every answer against its question.
+fn many_at_once(addr: std::net::SocketAddr, total: u16, window: u16) {
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.connect(addr).unwrap();
+    sock.set_read_timeout(Some(patience())).unwrap();
+    let ask = |id: u16| {
+        let (name, qtype, ..) = MIXED[usize::from(id) % MIXED.len()];
+        sock.send(&query(id, name, qtype)).unwrap();
+    };
+    let mut answered = vec![false; usize::from(total)];
+    for id in 0..window.min(total) {
+        ask(id);
+    }
+    let mut next = window.min(total);
+    let mut buf = [0u8; 4096];
+    for _ in 0..total {
+        let n = sock.recv(&mut buf).expect("every query is answered");
+        let a = Message::from_vec(&buf[..n]).expect("every answer parses");
+        let id = a.metadata.id;
+        let (name, qtype, rcode, answers) = MIXED[usize::from(id) % MIXED.len()];
+        assert!(!answered[usize::from(id)], "one answer per query ({id})");
+        answered[usize::from(id)] = true;
+        assert_eq!(a.queries.len(), 1);
+        assert_eq!(
+            a.queries[0].name().to_ascii(),
+            name,
+            "the question of id {id}"
+        );
+        assert_eq!(a.queries[0].query_type(), qtype, "the question of id {id}");
+        assert_eq!(a.metadata.response_code, rcode, "{name} {qtype}");
+        assert_eq!(a.answers.len(), answers, "{name} {qtype}");
+        if next < total {
+            ask(next);
+            next += 1;
+        }
+    }
+}
+
+/// Many queries in flight at once from several sockets (so a reader finds several queued
+/// and takes them with one receive): every one is answered once, with its own id and
+/// question, whichever reader and batch it went through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_queries_at_once_from_several_sockets_are_each_answered() {
+    let cfg = DnsConfig {
+        per_source_qps: 0,
+        ..Default::default()
+    };
+    let (_table, dns, listener) = listening(&cfg).await;
+    let addr = listener.addr();
+    let clients: Vec<_> = (0..8)
+        .map(|_| tokio::task::spawn_blocking(move || many_at_once(addr, 600, 24)))
+        .collect();
+    for c in clients {
+        c.await.unwrap();
+    }
+    // Each receive is counted with how many datagrams it took.
+    let received = metric(&dns, "xce_dns_udp_batch_sum", "");
+    let receives = metric(&dns, "xce_dns_udp_batch_count", "");
+    println!("FIGURE dns udp batches: datagrams={received} receives={receives}");
+    assert_eq!(received, 8.0 * 600.0);
+}
+
+/// A datagram longer than a reader's buffer (4,096 bytes; a query is a few dozen) is
+/// answered FORMERR from its header, whatever follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_oversized_datagram_is_answered_formerr() {
+    let (_table, _dns, listener) = listening(&DnsConfig::default()).await;
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.connect(listener.addr()).unwrap();
+    sock.set_read_timeout(Some(patience())).unwrap();
+    let mut q = query(77, "web.default.xce.", RecordType::A);
+    q.resize(5000, 0);
+    let a = udp_ask(&sock, &q).expect("an answer");
+    assert_eq!(a.metadata.id, 77);
+    assert_eq!(a.metadata.response_code, ResponseCode::FormErr);
+    legit_udp(&sock, 78);
+}
