@@ -149,6 +149,19 @@ impl Core {
 }
 
 impl Core {
+    /// Whether any host is being drained: when none is (almost always), no job is on one,
+    /// and a caller asking for each of a service's jobs skips [`on_draining_host`]'s
+    /// lookup of the host by name (a B-tree search comparing host names per job: a fifth
+    /// of the controller's string comparisons while placing 50,000 replicas on etcd).
+    ///
+    /// [`on_draining_host`]: Self::on_draining_host
+    pub(super) fn any_host_drains(&self) -> bool {
+        self.cluster
+            .hosts
+            .values()
+            .any(|h| h.maintenance.as_ref().is_some_and(Maintenance::drains))
+    }
+
     /// Whether `j` runs on a host being drained (it is to move: see the module
     /// documentation).
     pub(super) fn on_draining_host(&self, j: &xce_model::JobRec) -> bool {

@@ -568,6 +568,8 @@ impl Core {
             .profiles
             .get(&s.key())
             .map_or(Duration::ZERO, |p| p.update.min_ready);
+        // Once per call, not a host lookup per job (see `any_host_drains`).
+        let any_drains = self.any_host_drains();
         #[cfg(test)]
         let jobs = jobs.into_iter().inspect(|_| {
             self.facts_built.set(self.facts_built.get() + 1);
@@ -596,7 +598,7 @@ impl Core {
                     phase,
                     ready,
                     available,
-                    moving: self.on_draining_host(j),
+                    moving: any_drains && self.on_draining_host(j),
                     ever_ready: ready || self.notes.ever_ready(&j.info.job),
                 })
             })
