@@ -223,15 +223,17 @@ for r in $(seq 1 "$rounds"); do
   order=("${order[@]:1}" "${order[0]}")
 done
 
-# p99 latency at half our best rate: the same 16 sources, each sending 1/16 of the rate.
-# Then NSD at that same rate, the same way: what the machine and dnsperf themselves add
-# (2 cores shared by the server, 16 dnsperf processes and whatever else runs) shows in
-# its figure too, so ours is read against it.
-half=$(python3 -c "print(max(1, ${best[ours]} // 2 // 16))")
-p99_at() { # server -> "p99_ms lost" at $half queries/s from each of the 16 sources
+# p99 latency at half our best rate: HALF_SOURCES (default the same 16) sources, each
+# sending its share of the rate. Then NSD at that same rate, the same way: what the machine
+# and dnsperf themselves add (2 cores shared by the server, the dnsperf processes and
+# whatever else runs) shows in its figure too, so ours is read against it. Fewer sources
+# (HALF_SOURCES=2) take less of the cores from the servers for the same rate.
+half_sources=${HALF_SOURCES:-16}
+half=$(python3 -c "print(max(1, ${best[ours]} // 2 // $half_sources))")
+p99_at() { # server -> "p99_ms lost" at $half queries/s from each of the sources
   local p=${port[$1]}
   rm -f "$tmp"/half.*
-  for s in $(seq 2 17); do
+  for s in $(seq 2 $((half_sources + 1))); do
     "${perf_pin[@]}" dnsperf -s 127.0.0.1 -p "$p" -a "127.0.0.$s" -d "$tmp/queries" -l "$secs" -c 1 -q 20 \
       -Q "$half" -v >"$tmp/half.$s" 2>&1 &
   done
@@ -250,4 +252,4 @@ hits=$(cache hit); misses=$(cache miss)
 threads=$(ls "/proc/${pids[0]}/task" | wc -l)
 readers=$(sed -n 's/.*, \([0-9]*\) udp readers\..*/\1/p' "$tmp/xced.out")
 ratio() { python3 -c "print(round(${best[ours]}/max(1, ${best[$1]}), 2))"; }
-echo "SUMMARY dns services=$services queries=$(wc -l <"$tmp/queries") seconds=$secs rounds=$rounds qps_ours=${best[ours]} qps_nsd=${best[nsd]} qps_knot=${best[knot]} qps_dnsmasq=${best[dnsmasq]} qps_unbound=${best[unbound]} ratio_nsd=$(ratio nsd) ratio_knot=$(ratio knot) ratio_dnsmasq=$(ratio dnsmasq) ratio_unbound=$(ratio unbound) p99_half_ms=$p99 half_qps=$((half * 16)) half_lost=$lost p99_half_ms_nsd=$p99_nsd half_lost_nsd=$lost_nsd same_records=$same rate_limited_drops=$limited slipped=$slipped per_source_qps=${PER_SOURCE_QPS:-0} cache_hits=$hits cache_misses=$misses mode=$mode xced_workers=${XCED_WORKER_THREADS:-cores} udp_readers=${readers:-?} xced_threads=$threads"
+echo "SUMMARY dns services=$services queries=$(wc -l <"$tmp/queries") seconds=$secs rounds=$rounds qps_ours=${best[ours]} qps_nsd=${best[nsd]} qps_knot=${best[knot]} qps_dnsmasq=${best[dnsmasq]} qps_unbound=${best[unbound]} ratio_nsd=$(ratio nsd) ratio_knot=$(ratio knot) ratio_dnsmasq=$(ratio dnsmasq) ratio_unbound=$(ratio unbound) p99_half_ms=$p99 half_qps=$((half * half_sources)) half_sources=$half_sources half_lost=$lost p99_half_ms_nsd=$p99_nsd half_lost_nsd=$lost_nsd same_records=$same rate_limited_drops=$limited slipped=$slipped per_source_qps=${PER_SOURCE_QPS:-0} cache_hits=$hits cache_misses=$misses mode=$mode xced_workers=${XCED_WORKER_THREADS:-cores} udp_readers=${readers:-?} xced_threads=$threads"

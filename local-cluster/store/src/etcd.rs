@@ -36,6 +36,7 @@
 pub mod fleet;
 pub mod gateway;
 mod grpc;
+mod outcome;
 // The fields are etcd's, named and documented in its `rpc.proto` and `kv.proto`.
 #[allow(missing_docs)]
 pub mod pb;

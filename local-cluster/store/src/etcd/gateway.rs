@@ -37,6 +37,7 @@
 //! transaction of 120 puts of 600 B, through gRPC 1.2-1.4 ms (`etcd.rs`'s module docs).
 
 use super::grpc::Channel;
+use super::outcome::{describe, Failure, MAX_ANSWER, NO_LEADER};
 use base64::Engine as _;
 use serde_json::Value;
 use std::future::Future;
@@ -50,10 +51,6 @@ use std::time::{Duration, Instant};
 /// or one waiting for an election, is then skipped for the next endpoint, and watches on it
 /// are cancelled rather than left silent.
 pub const REQUIRE_LEADER: &str = "grpc-metadata-hasleader";
-/// The error a member without a leader answers to [`REQUIRE_LEADER`] requests.
-pub(super) const NO_LEADER: &str = "etcdserver: no leader";
-/// The largest unary answer accepted (a range page of big values stays far below).
-pub(super) const MAX_ANSWER: usize = 256 << 20;
 /// The largest watch message (one line) accepted.
 pub const MAX_MESSAGE: usize = 16 << 20;
 
@@ -134,18 +131,6 @@ fn own_runtime() -> &'static tokio::runtime::Runtime {
             .build()
             .expect("a tokio runtime builds")
     })
-}
-
-/// Why one exchange with one endpoint failed.
-#[derive(Debug)]
-pub(super) enum Failure {
-    /// Nothing reached etcd (no connection, or a member without a leader): safe to try
-    /// elsewhere.
-    Unreachable(String),
-    /// The request may have been applied, no (good) answer came back.
-    Unknown(String),
-    /// etcd answered that it did not do it.
-    Refused(String),
 }
 
 /// Why a call failed on every endpoint (or was refused by one).
@@ -427,28 +412,6 @@ fn sent_error(e: &reqwest::Error) -> Failure {
     } else {
         Failure::Unknown(describe(e))
     }
-}
-
-/// An error with its causes (reqwest's own text names only the URL).
-pub(super) fn describe(e: &dyn std::error::Error) -> String {
-    let mut out = Vec::new();
-    let mut cur: Option<&dyn std::error::Error> = Some(e);
-    while let Some(err) = cur {
-        let s = err.to_string();
-        if !out.iter().any(|o: &String| o.contains(&s)) {
-            out.push(s);
-        }
-        cur = err.source();
-    }
-    // The innermost cause says what happened; reqwest's outer text adds the URL only.
-    out.into_iter()
-        .filter(|s| {
-            !["error sending request", "client error", "tcp connect error"]
-                .iter()
-                .any(|wrapper| s.starts_with(wrapper))
-        })
-        .collect::<Vec<_>>()
-        .join(": ")
 }
 
 /// An open watch: its messages (one JSON object per line), as they arrive.

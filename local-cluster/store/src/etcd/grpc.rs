@@ -4,7 +4,7 @@
 //! or in the headers of a trailers-only answer). [`Gateway`](super::gateway::Gateway)
 //! tries the endpoints in turn; this module only classifies what happened on one.
 
-use super::gateway::{describe, Failure, MAX_ANSWER, NO_LEADER};
+use super::outcome::{describe, Failure, MAX_ANSWER, NO_LEADER};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::client::conn::http2::SendRequest;
@@ -87,16 +87,7 @@ impl Channel {
     ) -> Result<Bytes, Failure> {
         let deadline = Instant::now() + timeout;
         let mut sender = self.sender(deadline, connect).await?;
-        let mut framed = BytesMut::with_capacity(5 + message.len());
-        framed.put_u8(0); // not compressed
-        framed.put_u32(message.len() as u32);
-        framed.put_slice(message);
-        let req = http::Request::post(format!("http://{}{path}", self.ep))
-            .header(http::header::CONTENT_TYPE, "application/grpc")
-            .header(http::header::TE, "trailers")
-            .header(HASLEADER, "true")
-            .body(Full::new(framed.freeze()))
-            .map_err(|e| Failure::Unreachable(format!("bad request: {e}")))?;
+        let req = self.request(path, message)?;
         let exchange = async {
             let resp = sender.send_request(req).await.map_err(|e| {
                 if e.is_canceled() {
@@ -109,43 +100,7 @@ impl Channel {
                     Failure::Unknown(describe(&e))
                 }
             })?;
-            let (parts, body) = resp.into_parts();
-            if parts.status != http::StatusCode::OK {
-                return Err(Failure::Unknown(format!("http {}", parts.status.as_u16())));
-            }
-            // A trailers-only answer (an error before any message) has it in its headers.
-            if let Some(err) = status_of(&parts.headers) {
-                return Err(err);
-            }
-            let collected = Limited::new(body, MAX_ANSWER)
-                .collect()
-                .await
-                .map_err(|e| Failure::Unknown(format!("cannot receive: {}", describe(&*e))))?;
-            let trailers = collected.trailers().cloned();
-            let mut data = collected.to_bytes();
-            match trailers.as_ref().and_then(status_of) {
-                Some(err) => return Err(err),
-                None if trailers.is_none() => {
-                    return Err(Failure::Unknown(
-                        "answer ended without a grpc-status".into(),
-                    ))
-                }
-                None => {}
-            }
-            if data.len() < 5 || data[0] != 0 {
-                return Err(Failure::Unknown(
-                    "answer is not one uncompressed gRPC message".into(),
-                ));
-            }
-            data.advance(1);
-            let len = data.get_u32() as usize;
-            if data.len() != len {
-                return Err(Failure::Unknown(format!(
-                    "answer of {} bytes says it holds {len}",
-                    data.len()
-                )));
-            }
-            Ok(data)
+            read_answer(resp).await
         };
         let out = tokio::time::timeout_at(deadline, exchange)
             .await
@@ -159,6 +114,62 @@ impl Channel {
         }
         out
     }
+
+    /// The HTTP/2 request of a call: `message` in gRPC's framing, with `hasleader`.
+    fn request(&self, path: &str, message: &[u8]) -> Result<http::Request<Full<Bytes>>, Failure> {
+        let mut framed = BytesMut::with_capacity(5 + message.len());
+        framed.put_u8(0); // not compressed
+        framed.put_u32(message.len() as u32);
+        framed.put_slice(message);
+        http::Request::post(format!("http://{}{path}", self.ep))
+            .header(http::header::CONTENT_TYPE, "application/grpc")
+            .header(http::header::TE, "trailers")
+            .header(HASLEADER, "true")
+            .body(Full::new(framed.freeze()))
+            .map_err(|e| Failure::Unreachable(format!("bad request: {e}")))
+    }
+}
+
+/// The one message of a unary answer, or why there is none (its status, from the headers of
+/// a trailers-only answer or from the trailers).
+async fn read_answer(resp: http::Response<hyper::body::Incoming>) -> Result<Bytes, Failure> {
+    let (parts, body) = resp.into_parts();
+    if parts.status != http::StatusCode::OK {
+        return Err(Failure::Unknown(format!("http {}", parts.status.as_u16())));
+    }
+    // A trailers-only answer (an error before any message) has it in its headers.
+    if let Some(err) = status_of(&parts.headers) {
+        return Err(err);
+    }
+    let collected = Limited::new(body, MAX_ANSWER)
+        .collect()
+        .await
+        .map_err(|e| Failure::Unknown(format!("cannot receive: {}", describe(&*e))))?;
+    let trailers = collected.trailers().cloned();
+    let mut data = collected.to_bytes();
+    match trailers.as_ref().and_then(status_of) {
+        Some(err) => return Err(err),
+        None if trailers.is_none() => {
+            return Err(Failure::Unknown(
+                "answer ended without a grpc-status".into(),
+            ))
+        }
+        None => {}
+    }
+    if data.len() < 5 || data[0] != 0 {
+        return Err(Failure::Unknown(
+            "answer is not one uncompressed gRPC message".into(),
+        ));
+    }
+    data.advance(1);
+    let len = data.get_u32() as usize;
+    if data.len() != len {
+        return Err(Failure::Unknown(format!(
+            "answer of {} bytes says it holds {len}",
+            data.len()
+        )));
+    }
+    Ok(data)
 }
 
 /// Whether hyper's error is the server's `REFUSED_STREAM` (a request it did not process).
