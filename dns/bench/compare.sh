@@ -15,7 +15,8 @@
 # rate limit off), ours runs with its per-source limit off (--dns-per-source-qps 0, i.e.
 # `[dns] per_source_qps = 0`; PER_SOURCE_QPS=N sets another): the bench measures answers,
 # not the limiter. dnsperf runs from 16 loopback addresses at once for every server and
-# the script prints how many queries a limit dropped. Then it sends half of our best rate (dnsperf -Q) with -v and takes the
+# the script prints how many queries a limit dropped. Then it sends half of our best rate
+# (dnsperf -Q, from HALF_SOURCES=2 processes) with -v and takes the
 # 99th percentile of the per-query latencies dnsperf printed, ours and NSD's at that same
 # rate (p99_half_ms_nsd: what the machine and dnsperf add whatever the server).
 # Needs dnsperf, nsd, knot, dnsmasq, unbound and dig (Debian: apt-get install dnsperf nsd
@@ -223,12 +224,15 @@ for r in $(seq 1 "$rounds"); do
   order=("${order[@]:1}" "${order[0]}")
 done
 
-# p99 latency at half our best rate: HALF_SOURCES (default the same 16) sources, each
+# p99 latency at half our best rate: HALF_SOURCES (default 2) dnsperf processes, each
 # sending its share of the rate. Then NSD at that same rate, the same way: what the machine
-# and dnsperf themselves add (2 cores shared by the server, the dnsperf processes and
-# whatever else runs) shows in its figure too, so ours is read against it. Fewer sources
-# (HALF_SOURCES=2) take less of the cores from the servers for the same rate.
-half_sources=${HALF_SOURCES:-16}
+# and dnsperf themselves add (the cores are shared by the server, the dnsperf processes
+# and whatever else runs) shows in its figure too, so ours is read against it. Two
+# processes send half our best rate without taking the cores from the server: with the
+# 16 of the throughput phase, each printing every query's latency (-v), the tail measured
+# dnsperf's own scheduling (6.7 ms for ours and 6.9 ms for NSD on a quiet machine, against
+# 0.49 and 0.64 ms with 2).
+half_sources=${HALF_SOURCES:-2}
 half=$(python3 -c "print(max(1, ${best[ours]} // 2 // $half_sources))")
 p99_at() { # server -> "p99_ms lost" at $half queries/s from each of the sources
   local p=${port[$1]}
