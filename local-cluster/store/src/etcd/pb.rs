@@ -1,5 +1,5 @@
 //! The messages of etcd's v3 API that the store sends and reads, as Protocol Buffers
-//! (package `etcdserverpb`, service `KV`; `mvccpb.KeyValue`). Written by hand with
+//! (package `etcdserverpb`, services `KV` and `Watch`; `mvccpb.KeyValue` and `Event`). Written by hand with
 //! `prost`'s derive, field numbers from etcd's `rpc.proto` and `kv.proto`: no `.proto`
 //! compiler at build time. Only the fields the store uses are declared; a decoder skips
 //! the others.
@@ -200,6 +200,72 @@ pub struct TxnResponse {
     pub succeeded: bool,
     #[prost(message, repeated, tag = "3")]
     pub responses: Vec<ResponseOp>,
+}
+
+/// `etcdserverpb.WatchRequest`: what a client sends on a watch stream (cancelling, tag 2,
+/// and progress requests, tag 3, are not used: a watch ends with its stream).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WatchRequest {
+    #[prost(message, optional, tag = "1")]
+    pub create_request: Option<WatchCreateRequest>,
+}
+
+/// `etcdserverpb.WatchCreateRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WatchCreateRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    pub key: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    pub range_end: Vec<u8>,
+    #[prost(int64, tag = "3")]
+    pub start_revision: i64,
+    #[prost(bool, tag = "4")]
+    pub progress_notify: bool,
+    #[prost(bool, tag = "6")]
+    pub prev_kv: bool,
+    /// Lets etcd split an answer above its request size limit into several messages,
+    /// every one but the last marked `fragment`.
+    #[prost(bool, tag = "8")]
+    pub fragment: bool,
+}
+
+/// `etcdserverpb.WatchResponse`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WatchResponse {
+    #[prost(message, optional, tag = "1")]
+    pub header: Option<ResponseHeader>,
+    #[prost(int64, tag = "2")]
+    pub watch_id: i64,
+    #[prost(bool, tag = "3")]
+    pub created: bool,
+    #[prost(bool, tag = "4")]
+    pub canceled: bool,
+    /// Set when the revision asked for was compacted: the oldest one etcd still has.
+    #[prost(int64, tag = "5")]
+    pub compact_revision: i64,
+    #[prost(string, tag = "6")]
+    pub cancel_reason: String,
+    /// More of the same answer follows (see [`WatchCreateRequest::fragment`]).
+    #[prost(bool, tag = "7")]
+    pub fragment: bool,
+    #[prost(message, repeated, tag = "11")]
+    pub events: Vec<Event>,
+}
+
+/// `mvccpb.Event.EventType`.
+pub mod event_type {
+    pub const PUT: i32 = 0;
+    pub const DELETE: i32 = 1;
+}
+
+/// `mvccpb.Event`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Event {
+    /// See [`event_type`].
+    #[prost(int32, tag = "1")]
+    pub r#type: i32,
+    #[prost(message, optional, tag = "2")]
+    pub kv: Option<KeyValue>,
 }
 
 // === building ===
