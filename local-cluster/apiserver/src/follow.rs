@@ -224,7 +224,7 @@ impl Follower {
             .watch_stream(self.endpoint, create, self.quiet_check);
         let mut watch = match sent.await {
             Ok(w) => w,
-            Err(e) => return End::Broken(e),
+            Err(e) => return End::Broken(e.message),
         };
         // The newest revision another member reported while this stream was quiet.
         let mut behind: Option<i64> = None;

@@ -525,11 +525,12 @@ impl EtcdStore {
         // takes, which it refused and then asked for again, for ever. The follower
         // handles each event on its own, so a split answer reads the same.
         pb::WatchCreateRequest {
-            key: self.prefix.as_bytes().to_vec(),
-            range_end: prefix_end(self.prefix.as_bytes()),
-            start_revision: start,
             fragment: true,
-            ..Default::default()
+            ..pb::WatchCreateRequest::new(
+                self.prefix.as_bytes(),
+                prefix_end(self.prefix.as_bytes()),
+                start,
+            )
         }
     }
 

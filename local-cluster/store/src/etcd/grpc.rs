@@ -116,27 +116,26 @@ impl Channel {
     }
 
     /// Opens the streaming call `path` with `message` as its first (and only) request
-    /// message, waiting within `timeout` for the answer to begin; its messages, each of at
-    /// most `max` bytes, are read from the [`Stream`], whose dropping ends the call.
+    /// message (connecting by `deadline` at the latest): its messages, each of at most
+    /// `max` bytes, are read from the [`Stream`], whose dropping ends the call. The caller
+    /// bounds the wait for the answer to begin, and calls [`forget`](Self::forget) when
+    /// it did not.
     pub(super) async fn stream(
         &self,
         path: &str,
         message: &[u8],
         max: usize,
-        timeout: Duration,
+        deadline: Instant,
         connect: Duration,
     ) -> Result<Stream, Failure> {
-        let deadline = Instant::now() + timeout;
-        let opened = self.open(path, message, true, max, connect, deadline);
-        let out = tokio::time::timeout_at(deadline, opened)
-            .await
-            .unwrap_or_else(|_| {
-                Err(Failure::Unknown(format!(
-                    "no answer began within {timeout:?}"
-                )))
-            });
+        let out = self.open(path, message, true, max, connect, deadline).await;
         self.forget_if_unknown(&out);
         out
+    }
+
+    /// Drops the connection (the next call connects again): it may be half-open.
+    pub(super) fn forget(&self) {
+        *self.sender.lock().unwrap() = None;
     }
 
     /// After a failure that leaves the outcome open the connection may be half-open (a
@@ -146,7 +145,7 @@ impl Channel {
     /// connection: it is kept.
     fn forget_if_unknown<T>(&self, out: &Result<T, Failure>) {
         if matches!(out, Err(Failure::Unknown(_))) {
-            *self.sender.lock().unwrap() = None;
+            self.forget();
         }
     }
 
@@ -502,7 +501,7 @@ mod tests {
         let ch = Channel::new(ep);
         let long = Duration::from_secs(30);
         let mut stream = ch
-            .stream("/x.Y/Z", b"ask", 1 << 10, long, long)
+            .stream("/x.Y/Z", b"ask", 1 << 10, Instant::now() + long, long)
             .await
             .unwrap();
         let mut log = Vec::new();

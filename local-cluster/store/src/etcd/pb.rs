@@ -303,6 +303,19 @@ impl RequestOp {
     }
 }
 
+impl WatchCreateRequest {
+    /// A watch of `key` (`range_end` empty), or of the keys from `key` up to `range_end`,
+    /// from etcd revision `start` on.
+    pub fn new(key: impl Into<Vec<u8>>, range_end: Vec<u8>, start: i64) -> Self {
+        Self {
+            key: key.into(),
+            range_end,
+            start_revision: start,
+            ..Default::default()
+        }
+    }
+}
+
 impl TxnResponse {
     /// The revision the transaction was applied at (0 when etcd sent no header).
     pub fn revision(&self) -> i64 {
