@@ -248,20 +248,17 @@ impl Gateway {
 
     /// The gRPC method `method` (as in [`unary`](Self::unary)) with `req` on endpoint `at`
     /// only, within `timeout`.
-    pub async fn unary_one<Req, Resp>(
+    pub async fn unary_one<Resp: prost::Message + Default>(
         &self,
         at: usize,
         method: &str,
-        req: &Req,
+        req: &impl prost::Message,
         timeout: Duration,
-    ) -> Result<Resp, String>
-    where
-        Req: prost::Message,
-        Resp: prost::Message + Default,
-    {
+    ) -> Result<Resp, String> {
         let at = at % self.endpoints.len();
         let path = format!("/etcdserverpb.{method}");
-        self.unary_at(at, &path, &req.encode_to_vec(), timeout)
+        let message = req.encode_to_vec();
+        self.unary_at(at, &path, &message, timeout)
             .await
             .map_err(|f| failure_text(method, &self.endpoints[at], f))
     }
