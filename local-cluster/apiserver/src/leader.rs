@@ -4,8 +4,8 @@
 //! change (a takeover while a request waits on a frozen leader, a standby where the
 //! leader was).
 //!
-//! The watcher reads the key once (what it holds, and the etcd revision of the read), then
-//! watches it from the next revision on: each put names a new leader, a delete nobody (the
+//! The watcher reads the key once (what it holds, and the etcd revision of the read;
+//! `KV/Range` over gRPC), then watches it from the next revision on (`Watch/Watch`): each put names a new leader, a delete nobody (the
 //! leader resigned, or its lease ran out). When the watch breaks (the member went away,
 //! etcd cancelled it or compacted the history it needed), the watcher reads the key again
 //! and watches again, after a pause growing with the failures (`Backoff`). A watch that

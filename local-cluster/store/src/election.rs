@@ -1,12 +1,13 @@
 //! Leader election on etcd: several controllers on one etcd, one active at a time.
 //!
-//! Through the same JSON gateway as [`EtcdStore`](super::EtcdStore):
+//! Through the same client as [`EtcdStore`](super::EtcdStore) (its JSON gateway for the
+//! leases and the campaign, its gRPC watch for the standbys):
 //! - **campaign**: grant a lease (`POST /v3/lease/grant`), then one transaction "if the
 //!   leader key `<prefix>.leader` does not exist (`create_revision == 0`), put it with my
 //!   id, attached to my lease; else read it". The winner leads while its lease lives.
 //! - **standby**: a loser revokes its lease, names the leader once, and watches the
-//!   leader key from the revision it read (`POST /v3/watch`, a streaming answer of
-//!   newline-delimited JSON) until it is deleted — by a resign (lease revoked) or by
+//!   leader key from the revision it read (etcd's gRPC stream `Watch/Watch`) until it
+//!   is deleted — by a resign (lease revoked) or by
 //!   the leader's lease running out — then campaigns again. A watch that stays silent
 //!   for twice the TTL is dropped and the campaign retried, so a half-open connection
 //!   to a dead etcd member cannot park a standby forever.

@@ -1,8 +1,8 @@
 //! [`EtcdStore`]: the controller's store in etcd v3, spoken to through etcd's native gRPC
 //! API (`etcdserverpb.KV/Range`, `KV/Txn`; messages in [`pb`]) by the [`gateway`] client,
 //! which also serves the apiserver's follower (its watch, `Watch/Watch`, and loads over
-//! gRPC too), speaks etcd's JSON gateway for the election, the fleet and the apiserver's
-//! leader watch, and holds the endpoints and their failover for all of them. The store trait is
+//! gRPC too) and every other watch, speaks etcd's JSON gateway for the election's and the
+//! fleet's leases and writes, and holds the endpoints and their failover for all of them. The store trait is
 //! synchronous: each call waits for the async client ([`gateway::wait`]).
 //!
 //! Why gRPC for the store: etcd's JSON gateway turns each request into a gRPC call to
