@@ -60,13 +60,14 @@ impl EtcdStore {
     /// its answer's `count` says whether anything under the prefix changed since (0: no),
     /// its header's `revision` is the store's current revision. Linearizable: a member
     /// cut off from the others cannot answer it.
-    pub fn changes_since_request(&self, from: i64) -> Value {
-        json!({
-            "key": b64(self.prefix.as_bytes()),
-            "range_end": b64(&super::prefix_end(self.prefix.as_bytes())),
-            "count_only": true,
-            "min_mod_revision": from.max(0).to_string(),
-        })
+    pub fn changes_since_request(&self, from: i64) -> pb::RangeRequest {
+        pb::RangeRequest {
+            key: self.prefix.as_bytes().to_vec(),
+            range_end: super::prefix_end(self.prefix.as_bytes()),
+            count_only: true,
+            min_mod_revision: from.max(0),
+            ..Default::default()
+        }
     }
 
     /// A new lease of `ttl` (whole seconds, at least 1) for a registration.

@@ -1,10 +1,11 @@
 //! The one client of etcd, and the one place that knows its endpoints and how to fail
 //! over between them: unary calls tried on each endpoint in turn, either through etcd's
 //! native gRPC API ([`Gateway::unary`]: the store's ([`EtcdStore`](super::EtcdStore))
-//! commits and loads, the apiserver's follower and leader-key reads, the fleet's reads;
+//! commits and loads, the apiserver's follower, freshness probe and leader-key reads, the
+//! fleet's reads;
 //! HTTP/2 in [`grpc`](super::grpc), messages in [`pb`](super::pb)) or through its JSON
 //! gateway (grpc-gateway, `POST /v3/...`, keys and values in base64; [`Gateway::call`]:
-//! the election's and the fleet's leases and writes, the apiserver's freshness probe),
+//! the election's and the fleet's leases and writes),
 //! and watches, all over gRPC ([`Gateway::watch_stream`]: etcd's `Watch/Watch` stream, on
 //! the endpoint the caller picks; the follower, the leader watch, the election's standbys
 //! and the fleet).
@@ -367,20 +368,6 @@ impl Gateway {
             unknown,
             message: format!("{what}: no endpoint answered: {}", errors.join("; ")),
         })
-    }
-
-    /// `body` to `path` on endpoint `at` only, within `timeout`.
-    pub async fn call_one(
-        &self,
-        at: usize,
-        path: &str,
-        body: &Value,
-        timeout: Duration,
-    ) -> Result<Value, String> {
-        let ep = &self.endpoints[at % self.endpoints.len()];
-        self.post(ep, path, body.to_string(), timeout)
-            .await
-            .map_err(|f| failure_text(path, ep, f))
     }
 
     /// One `POST` to one endpoint; the JSON answer of a 200.

@@ -56,6 +56,9 @@ pub struct RangeRequest {
     pub keys_only: bool,
     #[prost(bool, tag = "9")]
     pub count_only: bool,
+    /// Only keys modified at this revision or later (0: any).
+    #[prost(int64, tag = "10")]
+    pub min_mod_revision: i64,
 }
 
 /// `etcdserverpb.RangeResponse`.
@@ -200,6 +203,18 @@ pub struct TxnResponse {
     pub succeeded: bool,
     #[prost(message, repeated, tag = "3")]
     pub responses: Vec<ResponseOp>,
+}
+
+/// `etcdserverpb.StatusRequest` (`Maintenance/Status`: a member's own view, answered
+/// locally).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StatusRequest {}
+
+/// `etcdserverpb.StatusResponse` (only its header: the member's revision).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StatusResponse {
+    #[prost(message, optional, tag = "1")]
+    pub header: Option<ResponseHeader>,
 }
 
 /// `etcdserverpb.WatchRequest`: what a client sends on a watch stream (cancelling, tag 2,
