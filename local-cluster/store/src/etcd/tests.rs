@@ -638,3 +638,23 @@ fn http_get(ep: &str, path: &str) -> String {
         .map(|(_, b)| b.to_owned())
         .unwrap_or(out)
 }
+
+/// A member that takes the connection and never answers (frozen): the watch is reported
+/// silent, not failed (the leader watch and the standbys then look again at once, as they
+/// did when the JSON gateway's answer did not begin), and within the time given.
+#[test]
+fn a_watch_that_never_begins_is_silent() {
+    // Connections complete in the kernel's backlog; nothing ever reads them.
+    let frozen = TcpListener::bind("127.0.0.1:0").unwrap();
+    let ep = frozen.local_addr().unwrap().to_string();
+    let gw = Gateway::new(vec![ep], Duration::from_secs(5));
+    let create = pb::WatchCreateRequest::new(&b"/xce/.leader"[..], Vec::new(), 1);
+    let asked = std::time::Instant::now();
+    let err = gateway::wait(gw.watch_stream(0, create, Duration::from_millis(300))).unwrap_err();
+    assert!(err.silent, "{err}");
+    assert!(
+        asked.elapsed() < testkit::patience(),
+        "{:?}",
+        asked.elapsed()
+    );
+}
