@@ -26,7 +26,8 @@
 //!    processes); what is counted here is the controller's side of the same path: exits
 //!    whose report it acknowledged more than the worker's grace (10 s) after the
 //!    assignments answer that asked for the stop;
-//! 6. what the fakes cost: this process's CPU per placement next to the controller's.
+//! 6. what the fakes cost: this process's CPU per placement next to the controller's (and
+//!    etcd's, and the apiserver's, whose follower watches every committed batch).
 //!
 //! Knobs: `XCE_SCALE_HOSTS` (1,000), `XCE_SCALE_REPLICAS` (50,000 in all),
 //! `XCE_SCALE_BIG` (10,000: the big service; the controller's per-service limit must
@@ -207,6 +208,8 @@ struct Figures {
     /// while placing: how far its batching kept up.
     settles: f64,
     etcd_cpu_us_per_placement: Option<f64>,
+    /// The apiserver's (its follower watches every batch the controller commits).
+    apiserver_cpu_us_per_placement: Option<f64>,
     /// What etcd wrote while placing, per placement: (transactions, keys put, bytes put).
     etcd_writes_per_placement: Option<(f64, f64, f64)>,
     fakes_cpu_us_per_placement: f64,
@@ -250,12 +253,15 @@ impl Figures {
                 .unwrap_or_default()
         );
         println!(
-            "SUMMARY scale store={s} controller_cpu_us_per_placement={:.1}{} \
+            "SUMMARY scale store={s} controller_cpu_us_per_placement={:.1}{}{} \
              fakes_cpu_us_per_placement={:.1} fake_event_posts={} fake_failed_calls={} \
              settles_while_placing={:.0}",
             self.controller_cpu_us_per_placement,
             self.etcd_cpu_us_per_placement
                 .map(|c| format!(" etcd_cpu_us_per_placement={c:.1}"))
+                .unwrap_or_default(),
+            self.apiserver_cpu_us_per_placement
+                .map(|c| format!(" apiserver_cpu_us_per_placement={c:.1}"))
                 .unwrap_or_default(),
             self.fakes_cpu_us_per_placement,
             self.fake_posts,
@@ -315,6 +321,7 @@ async fn bench_store(cfg: &Config, store: &str, services: &[(String, usize)]) ->
         cpu_us(c.controller_pid()),
         cpu_us(me),
         c.etcd_pid().map(cpu_us),
+        c.apiserver.as_ref().map(|(p, _)| cpu_us(p.pid())),
     );
     let writes0 = c.etcd_writes().await?;
 
@@ -355,6 +362,11 @@ async fn bench_store(cfg: &Config, store: &str, services: &[(String, usize)]) ->
         .etcd_pid()
         .zip(cpu0.2)
         .map(|(p, before)| (cpu_us(p) - before) / placements);
+    f.apiserver_cpu_us_per_placement = c
+        .apiserver
+        .as_ref()
+        .zip(cpu0.3)
+        .map(|((p, _), before)| (cpu_us(p.pid()) - before) / placements);
     f.etcd_writes_per_placement = c.etcd_writes().await?.zip(writes0).map(|(a, b)| {
         (
             (a.0 - b.0) / placements,

@@ -19,7 +19,6 @@ use super::fresh::Freshness;
 use super::metrics::Metrics;
 use plugin_api::{ClusterEvent, ClusterListener};
 use retry_backoff::Backoff;
-use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,7 +26,7 @@ use xce_model::{
     check_format, decode_format, decode_stored_events, events_key, format_key, restored_key,
     Cluster, EventsError,
 };
-use xce_store::etcd::gateway::int;
+use xce_store::etcd::pb::WatchResponse;
 use xce_store::{EtcdStore, Key, StoreError};
 
 /// The longest pause between two attempts to reach etcd.
@@ -219,21 +218,13 @@ impl Follower {
         let store = self.store.clone();
         self.metrics
             .watching_member(self.store.endpoints(), self.endpoint);
-        let body = store.watch_request(self.etcd_rev + 1);
-        let sent = tokio::time::timeout(
-            self.quiet_check,
-            store.gateway().watch(self.endpoint, &body),
-        );
+        let create = store.watch_create(self.etcd_rev + 1);
+        let sent = store
+            .gateway()
+            .watch_stream(self.endpoint, create, self.quiet_check);
         let mut watch = match sent.await {
-            Ok(Ok(w)) => w,
-            Ok(Err(e)) => return End::Broken(e),
-            Err(_) => {
-                let endpoint = &store.endpoints()[self.endpoint];
-                return End::Broken(format!(
-                    "{endpoint}: watch: no answer within {:?}",
-                    self.quiet_check
-                ));
-            }
+            Ok(w) => w,
+            Err(e) => return End::Broken(e.message),
         };
         // The newest revision another member reported while this stream was quiet.
         let mut behind: Option<i64> = None;
@@ -280,52 +271,43 @@ impl Follower {
     /// next endpoint) sees it; `None` when it cannot tell (single endpoint, no answer).
     async fn newest_elsewhere(&self) -> Option<i64> {
         let other = (self.endpoint + 1) % self.store.endpoints().len();
-        let v = self
+        let newest: xce_store::etcd::pb::RangeResponse = self
             .store
             .gateway()
-            .call_one(
+            .unary_one(
                 other,
-                "/v3/kv/range",
+                "KV/Range",
                 &self.store.newest_request(),
                 Duration::from_secs(2),
             )
             .await
             .ok()?;
-        Some(int(&v["kvs"][0]["mod_revision"]))
+        Some(newest.kvs.first().map_or(0, |kv| kv.mod_revision))
     }
 
     /// Handles one watch answer; `Some` ends the watch.
-    fn on_answer(&mut self, msg: &Value) -> Option<End> {
-        if let Some(err) = msg.get("error") {
-            return Some(End::Broken(format!("etcd: {err}")));
-        }
-        let r = &msg["result"];
-        let compacted = int(&r["compact_revision"]);
-        if compacted > 0 {
+    fn on_answer(&mut self, r: &WatchResponse) -> Option<End> {
+        if r.compact_revision > 0 {
             return Some(End::Reload(format!(
-                "etcd compacted its history up to revision {compacted}, past {}",
-                self.etcd_rev
+                "etcd compacted its history up to revision {}, past {}",
+                r.compact_revision, self.etcd_rev
             )));
         }
-        if r["canceled"].as_bool() == Some(true) {
+        if r.canceled {
             return Some(End::Broken(format!(
-                "etcd canceled the watch: {}",
-                r["cancel_reason"]
+                "etcd canceled the watch: {:?}",
+                r.cancel_reason
             )));
         }
-        if r["created"].as_bool() == Some(true) {
+        if r.created {
             self.metrics.watching.set(1);
             tracing::info!(
                 etcd_revision = self.etcd_rev,
                 "follower: watching the store"
             );
         }
-        for ev in r["events"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or_default()
-        {
-            let rev = int(&ev["kv"]["mod_revision"]);
+        for ev in &r.events {
+            let rev = ev.kv.as_ref().map_or(0, |kv| kv.mod_revision);
             if rev != self.revision.rev {
                 if let Some(end) = self.hand_on() {
                     return Some(end);
@@ -343,7 +325,7 @@ impl Follower {
             }
         }
         // etcd splits a revision only into fragments; anything else ends with it.
-        if r["fragment"].as_bool() != Some(true) {
+        if !r.fragment {
             return self.hand_on();
         }
         None
@@ -483,8 +465,10 @@ mod bench;
 mod tests {
     use super::*;
     use plugin_api::{ClusterSnapshot, ServiceInfo};
+    use serde_json::Value;
     use std::sync::Mutex;
     use xce_model::Txn;
+    use xce_store::etcd::gateway::int;
     use xce_store::testing::TestEtcd;
     use xce_store::{Batch, Store};
 
@@ -785,29 +769,13 @@ mod tests {
     /// the follower notices that another member has moved on and watches elsewhere.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_watch_that_stays_quiet_while_the_store_moves_on_is_abandoned() {
-        use std::io::{Read, Write};
         let etcd = TestEtcd::start();
-        // A "member" that answers the watch request with "created", then goes quiet.
-        let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let mute_addr = mute.local_addr().unwrap().to_string();
-        std::thread::spawn(move || {
-            let mut held = Vec::new();
-            for mut conn in mute.incoming().flatten() {
-                let mut req = [0u8; 4096];
-                let _ = conn.read(&mut req);
-                let created = "{\"result\":{\"header\":{},\"created\":true}}\n";
-                let _ = write!(
-                    conn,
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{created}\r\n",
-                    created.len()
-                );
-                held.push(conn);
-            }
-        });
+        // A "member" that answers the watch with "created", then goes quiet.
+        let mute = xce_store::testing::mute_member();
         let writer = etcd.store("/xce/");
         let mut c = Cluster::load(&writer).unwrap();
         let rec = Arc::new(Recorder::default());
-        let store = xce_store::EtcdStore::new(vec![etcd.endpoint.clone(), mute_addr])
+        let store = xce_store::EtcdStore::new(vec![etcd.endpoint.clone(), mute])
             .unwrap()
             .with_prefix("/xce/")
             .unwrap();

@@ -2,8 +2,9 @@
 //!
 //! The follower's watch alone cannot tell: a member cut off from the others, or frozen,
 //! keeps the stream open and quiet, and etcd's progress notifications (which would carry
-//! the current revision on a quiet stream) come every 10 minutes by default and cannot be
-//! asked for through the JSON gateway. So a prober asks etcd, every [`probe_interval`],
+//! the current revision on a quiet stream) come every 10 minutes by default, and one
+//! asked for comes from the watched member, which may be the cut-off one. So a prober asks
+//! etcd (`KV/Range` over gRPC), every [`probe_interval`],
 //! for the store's current revision and whether anything under the store's prefix changed
 //! after the revision this apiserver has applied: one count-only, linearizable range with
 //! `min_mod_revision` (writes outside the prefix are no lag), to every member at once
@@ -41,7 +42,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
-use xce_store::etcd::gateway::int;
+use xce_store::etcd::pb::{RangeResponse, StatusRequest, StatusResponse};
 use xce_store::EtcdStore;
 
 /// How often the prober asks for the current revision: at least once a second, four
@@ -319,16 +320,23 @@ pub(crate) async fn probe(fresh: Arc<Freshness>, store: Arc<EtcdStore>) {
 /// during a quorum loss the "no leader" round would come later than `max_lag` allows
 /// (the apiserver would fail closed for nothing).
 async fn probe_once(fresh: &Freshness, store: &Arc<EtcdStore>, timeout: Duration) -> Probe {
-    let body = Arc::new(store.changes_since_request(fresh.etcd_rev() + 1));
+    let range = Arc::new(store.changes_since_request(fresh.etcd_rev() + 1));
     let mut leaderless = false;
-    let mut asked = ask_all(store, "/v3/kv/range", body, timeout);
+    let mut asked = ask_all(store, move |store, at| {
+        let range = range.clone();
+        async move {
+            let gateway = store.gateway();
+            let r: RangeResponse = gateway.unary_one(at, "KV/Range", &*range, timeout).await?;
+            Ok((r.revision(), r.count))
+        }
+    });
     // Dropping the set (on the first answer) cancels the calls still waiting.
     while let Some(done) = asked.join_next().await {
         match done {
-            Ok(Ok(v)) => {
+            Ok(Ok((rev, count))) => {
                 return Probe::Answer {
-                    rev: int(&v["header"]["revision"]),
-                    changed: int(&v["count"]) > 0,
+                    rev,
+                    changed: count > 0,
                 }
             }
             Ok(Err(e)) => {
@@ -346,17 +354,16 @@ async fn probe_once(fresh: &Freshness, store: &Arc<EtcdStore>, timeout: Duration
     // of saying "no leader"; their own status (answered locally) tells that from silence:
     // a live member with nothing this apiserver lacks, while no read can be served, is
     // the same as "no leader".
-    let mut asked = ask_all(
-        store,
-        "/v3/maintenance/status",
-        Arc::new(serde_json::json!({})),
-        timeout,
-    );
+    let mut asked = ask_all(store, move |store, at| async move {
+        let gateway = store.gateway();
+        let status: StatusResponse = gateway
+            .unary_one(at, "Maintenance/Status", &StatusRequest {}, timeout)
+            .await?;
+        Ok(status.header.map_or(0, |h| h.revision))
+    });
     while let Some(done) = asked.join_next().await {
         match done {
-            Ok(Ok(v)) if int(&v["header"]["revision"]) <= fresh.covered() => {
-                return Probe::Leaderless
-            }
+            Ok(Ok(rev)) if rev <= fresh.covered() => return Probe::Leaderless,
             Ok(Err(e)) if e.contains("no leader") => return Probe::Leaderless,
             _ => {}
         }
@@ -364,17 +371,16 @@ async fn probe_once(fresh: &Freshness, store: &Arc<EtcdStore>, timeout: Duration
     Probe::Silent
 }
 
-/// `body` to `path` on every member at once, each within `timeout`.
-fn ask_all(
-    store: &Arc<EtcdStore>,
-    path: &'static str,
-    body: Arc<serde_json::Value>,
-    timeout: Duration,
-) -> tokio::task::JoinSet<Result<serde_json::Value, String>> {
+/// `call` on every member at once (`call(store, member)`).
+fn ask_all<T, F, Fut>(store: &Arc<EtcdStore>, call: F) -> tokio::task::JoinSet<Result<T, String>>
+where
+    T: Send + 'static,
+    F: Fn(Arc<EtcdStore>, usize) -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>> + Send + 'static,
+{
     let mut asked = tokio::task::JoinSet::new();
     for at in 0..store.endpoints().len() {
-        let (store, body) = (store.clone(), body.clone());
-        asked.spawn(async move { store.gateway().call_one(at, path, &body, timeout).await });
+        asked.spawn(call(store.clone(), at));
     }
     asked
 }

@@ -4,8 +4,8 @@
 //! change (a takeover while a request waits on a frozen leader, a standby where the
 //! leader was).
 //!
-//! The watcher reads the key once (what it holds, and the etcd revision of the read), then
-//! watches it from the next revision on: each put names a new leader, a delete nobody (the
+//! The watcher reads the key once (what it holds, and the etcd revision of the read;
+//! `KV/Range` over gRPC), then watches it from the next revision on (`Watch/Watch`): each put names a new leader, a delete nobody (the
 //! leader resigned, or its lease ran out). When the watch breaks (the member went away,
 //! etcd cancelled it or compacted the history it needed), the watcher reads the key again
 //! and watches again, after a pause growing with the failures (`Backoff`). A watch that
@@ -16,11 +16,13 @@
 
 use super::metrics::Metrics;
 use retry_backoff::Backoff;
-use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
-use xce_store::etcd::gateway::{b64, int, unb64, Limits};
+use xce_store::etcd::gateway::Limits;
+use xce_store::etcd::pb::{
+    event_type, Event, RangeRequest, RangeResponse, WatchCreateRequest, WatchResponse,
+};
 use xce_store::EtcdStore;
 
 /// How long the watch may stay silent before it is replaced (the leader key is read
@@ -94,11 +96,14 @@ impl LeaderWatch {
     /// revision of the read.
     pub(crate) async fn read(&self) -> Result<i64, String> {
         self.metrics.leader_reads.inc();
-        let body = json!({ "key": b64(self.key.as_bytes()) });
-        let read = self
+        let req = RangeRequest {
+            key: self.key.as_bytes().to_vec(),
+            ..Default::default()
+        };
+        let read: Result<RangeResponse, String> = self
             .store
             .gateway()
-            .call("/v3/kv/range", &body, Limits::each(READ_TIMEOUT))
+            .unary("KV/Range", &req, Limits::each(READ_TIMEOUT))
             .await
             .map_err(|e| e.message);
         let answer = match read {
@@ -114,12 +119,12 @@ impl LeaderWatch {
                 return Err(e);
             }
         };
-        let id = match answer.pointer("/kvs/0/value") {
-            None => None,
-            Some(v) => Some(String::from_utf8_lossy(&unb64(v)?).into_owned()),
-        };
+        let id = answer
+            .kvs
+            .first()
+            .map(|kv| String::from_utf8_lossy(&kv.value).into_owned());
         self.publish(id);
-        Ok(int(&answer["header"]["revision"]))
+        Ok(answer.revision())
     }
 
     /// Follows the key until the task is dropped: watches from after `rev` (the first
@@ -157,56 +162,48 @@ impl LeaderWatch {
     /// publishing every change, until it breaks or stays silent.
     async fn watch_from(&self, from: i64) -> End {
         let gateway = self.store.gateway();
-        let body = json!({ "create_request": {
-            "key": b64(self.key.as_bytes()),
-            "start_revision": from.to_string(),
-        } });
-        let opened = tokio::time::timeout(self.silence, gateway.watch(gateway.current(), &body));
+        let create = WatchCreateRequest::new(self.key.as_bytes(), Vec::new(), from);
+        let opened = gateway.watch_stream(gateway.current(), create, self.silence);
         let mut watch = match opened.await {
-            Err(_silent) => return End::Silent,
-            Ok(Err(why)) => {
+            Err(e) if e.silent => return End::Silent,
+            Err(e) => {
                 return End::Broken {
                     established: false,
-                    why,
+                    why: e.message,
                 }
             }
-            Ok(Ok(w)) => w,
+            Ok(w) => w,
         };
         let mut established = false;
         loop {
-            let msg = match tokio::time::timeout(self.silence, watch.next()).await {
+            let answer = match tokio::time::timeout(self.silence, watch.next()).await {
                 Err(_silent) => return End::Silent,
-                Ok(Ok(Some(msg))) => msg,
+                Ok(Ok(Some(answer))) => answer,
                 Ok(Ok(None)) => {
                     let why = format!("{}: the watch ended", watch.endpoint());
                     return End::Broken { established, why };
                 }
                 Ok(Err(why)) => return End::Broken { established, why },
             };
-            let result = &msg["result"];
-            established |= result["created"].as_bool() == Some(true);
-            if let Some(why) = watch_failure(&msg, watch.endpoint(), from) {
+            established |= answer.created;
+            if let Some(why) = watch_failure(&answer, from) {
                 return End::Broken { established, why };
             }
-            for event in result["events"].as_array().map_or(&[][..], Vec::as_slice) {
-                if let Err(why) = self.on_event(event) {
-                    return End::Broken { established, why };
-                }
+            for event in &answer.events {
+                self.on_event(event);
             }
         }
     }
 
     /// One change of the key: a put names the leader, a delete nobody.
-    fn on_event(&self, event: &Value) -> Result<(), String> {
-        // A put's type is absent: it is the enum's default in etcd's JSON.
-        let id = if event["type"].as_str() == Some("DELETE") {
-            None
-        } else {
-            let value = unb64(&event["kv"]["value"])?;
-            Some(String::from_utf8_lossy(&value).into_owned())
+    fn on_event(&self, event: &Event) {
+        let id = match &event.kv {
+            Some(kv) if event.r#type != event_type::DELETE => {
+                Some(String::from_utf8_lossy(&kv.value).into_owned())
+            }
+            _ => None,
         };
         self.publish(id);
-        Ok(())
     }
 
     /// Publishes the key's holder; waiters wake only when it differs from what they saw.
@@ -231,20 +228,16 @@ impl LeaderWatch {
     }
 }
 
-/// Why a watch message ends the watch: an error, a compacted history (the watch would
-/// miss changes), a cancel.
-fn watch_failure(msg: &Value, endpoint: &str, from: i64) -> Option<String> {
-    if msg.get("error").is_some() {
-        return Some(format!("{endpoint}: watch: {msg}"));
-    }
-    let result = &msg["result"];
-    if int(&result["compact_revision"]) > 0 {
+/// Why a watch answer ends the watch: a compacted history (the watch would miss
+/// changes), a cancel.
+fn watch_failure(answer: &WatchResponse, from: i64) -> Option<String> {
+    if answer.compact_revision > 0 {
         return Some(format!("etcd compacted the history past revision {from}"));
     }
-    if result["canceled"].as_bool() == Some(true) {
+    if answer.canceled {
         return Some(format!(
-            "etcd canceled the watch: {}",
-            result["cancel_reason"]
+            "etcd canceled the watch: {:?}",
+            answer.cancel_reason
         ));
     }
     None
@@ -253,6 +246,8 @@ fn watch_failure(msg: &Value, endpoint: &str, from: i64) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+    use xce_store::etcd::gateway::b64;
     use xce_store::testing::TestEtcd;
 
     /// Puts (`Some`) or deletes (`None`) the leader key, as a controller's campaign and

@@ -1,12 +1,13 @@
 //! Leader election on etcd: several controllers on one etcd, one active at a time.
 //!
-//! Through the same JSON gateway as [`EtcdStore`](super::EtcdStore):
+//! Through the same client as [`EtcdStore`](super::EtcdStore) (its JSON gateway for the
+//! leases and the campaign, its gRPC watch for the standbys):
 //! - **campaign**: grant a lease (`POST /v3/lease/grant`), then one transaction "if the
 //!   leader key `<prefix>.leader` does not exist (`create_revision == 0`), put it with my
 //!   id, attached to my lease; else read it". The winner leads while its lease lives.
 //! - **standby**: a loser revokes its lease, names the leader once, and watches the
-//!   leader key from the revision it read (`POST /v3/watch`, a streaming answer of
-//!   newline-delimited JSON) until it is deleted — by a resign (lease revoked) or by
+//!   leader key from the revision it read (etcd's gRPC stream `Watch/Watch`) until it
+//!   is deleted — by a resign (lease revoked) or by
 //!   the leader's lease running out — then campaigns again. A watch that stays silent
 //!   for twice the TTL is dropped and the campaign retried, so a half-open connection
 //!   to a dead etcd member cannot park a standby forever.
@@ -26,6 +27,7 @@
 //! makes every commit conditional on the leader key being the one this leader created.
 
 use super::etcd::gateway::{self, b64, check_endpoint, int, Gateway, Limits};
+use super::etcd::pb;
 use retry_backoff::Backoff;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -396,37 +398,32 @@ impl Election {
     /// deleted, or the watch ends or stays silent for twice the TTL.
     fn watch_delete(&self, from: i64) -> Result<WatchEnd, String> {
         let i = &self.inner;
-        let body = json!({ "create_request": {
-            "key": b64(i.key.as_bytes()),
-            "start_revision": from.to_string(),
-        } });
+        let create = pb::WatchCreateRequest::new(i.key.as_bytes(), Vec::new(), from);
         gateway::wait(async {
             // Silence for twice the TTL, before or after the answer starts: look again
             // (see the module documentation).
             let silence = i.timings.ttl * 2;
-            let opened = tokio::time::timeout(silence, i.gateway.watch(i.gateway.current(), &body));
-            let Ok(opened) = opened.await else {
-                return Ok(WatchEnd::Recheck);
+            let opened = i.gateway.watch_stream(i.gateway.current(), create, silence);
+            let mut watch = match opened.await {
+                Ok(w) => w,
+                Err(e) if e.silent => return Ok(WatchEnd::Recheck),
+                Err(e) => return Err(e.message),
             };
-            let mut watch = opened?;
             loop {
-                let msg = match tokio::time::timeout(silence, watch.next()).await {
+                let answer = match tokio::time::timeout(silence, watch.next()).await {
                     Err(_silent) => return Ok(WatchEnd::Recheck),
                     Ok(Ok(None)) => return Ok(WatchEnd::Recheck),
-                    Ok(Ok(Some(msg))) => msg,
+                    Ok(Ok(Some(answer))) => answer,
                     Ok(Err(e)) => return Err(e),
                 };
-                if msg.get("error").is_some() {
-                    return Err(format!("{}: watch: {msg}", watch.endpoint()));
-                }
-                let result = &msg["result"];
-                let deleted = result["events"]
-                    .as_array()
-                    .is_some_and(|evs| evs.iter().any(|e| e["type"] == "DELETE"));
+                let deleted = answer
+                    .events
+                    .iter()
+                    .any(|e| e.r#type == pb::event_type::DELETE);
                 if deleted {
                     return Ok(WatchEnd::Deleted);
                 }
-                if result["canceled"].as_bool() == Some(true) {
+                if answer.canceled {
                     return Ok(WatchEnd::Recheck);
                 }
             }

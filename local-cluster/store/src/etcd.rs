@@ -1,7 +1,8 @@
 //! [`EtcdStore`]: the controller's store in etcd v3, spoken to through etcd's native gRPC
 //! API (`etcdserverpb.KV/Range`, `KV/Txn`; messages in [`pb`]) by the [`gateway`] client,
-//! which also speaks etcd's JSON gateway for the election and the apiserver's follower
-//! and holds the endpoints and their failover for all of them. The store trait is
+//! which also serves the apiserver's follower (its watch, `Watch/Watch`, and loads over
+//! gRPC too) and every other watch, speaks etcd's JSON gateway for the election's and the
+//! fleet's leases and writes, and holds the endpoints and their failover for all of them. The store trait is
 //! synchronous: each call waits for the async client ([`gateway::wait`]).
 //!
 //! Why gRPC for the store: etcd's JSON gateway turns each request into a gRPC call to
@@ -43,9 +44,8 @@ pub mod pb;
 mod wire;
 
 use super::contract::{Batch, BatchLimit, Key, Op, Store, StoreError};
-use gateway::{b64, Gateway, Limits};
+use gateway::{Gateway, Limits};
 use pb::{compare_result, compare_target, Compare, RangeRequest, RequestOp, TargetUnion};
-use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Mutex;
@@ -517,48 +517,53 @@ impl EtcdStore {
         Ok((out.into_iter().collect(), rev))
     }
 
-    /// The body of etcd's `POST /v3/watch` that follows every key of this store from
-    /// etcd revision `start` on.
-    pub fn watch_request(&self, start: i64) -> Value {
+    /// The watch that follows every key of this store from etcd revision `start` on.
+    pub fn watch_create(&self, start: i64) -> pb::WatchCreateRequest {
         // `fragment`: etcd splits an answer bigger than its request limit into several
         // messages. A catch-up answer holds up to 1,000 revisions; whole, one of a
-        // follower behind a placement burst was over the largest message the gateway
-        // client takes, which it refused and then asked for again, for ever. The
-        // follower handles each event on its own, so a split answer reads the same.
-        json!({ "create_request": {
-            "key": b64(self.prefix.as_bytes()),
-            "range_end": b64(&prefix_end(self.prefix.as_bytes())),
-            "start_revision": start.to_string(),
-            "fragment": true,
-        }})
+        // follower behind a placement burst was over the largest message the client
+        // takes, which it refused and then asked for again, for ever. The follower
+        // handles each event on its own, so a split answer reads the same.
+        pb::WatchCreateRequest {
+            fragment: true,
+            ..pb::WatchCreateRequest::new(
+                self.prefix.as_bytes(),
+                prefix_end(self.prefix.as_bytes()),
+                start,
+            )
+        }
     }
 
-    /// The body of etcd's `POST /v3/kv/range` that finds the most recently modified key of
-    /// this store (its `mod_revision` is the store's newest revision; keys only).
-    pub fn newest_request(&self) -> Value {
-        json!({
-            "key": b64(self.prefix.as_bytes()),
-            "range_end": b64(&prefix_end(self.prefix.as_bytes())),
-            "limit": "1",
-            "sort_order": "DESCEND",
-            "sort_target": "MOD",
-            "keys_only": true,
-        })
+    /// The range (`KV/Range`) that finds the most recently modified key of this store (its
+    /// `mod_revision` is the store's newest revision; keys only).
+    pub fn newest_request(&self) -> RangeRequest {
+        RangeRequest {
+            key: self.prefix.as_bytes().to_vec(),
+            range_end: prefix_end(self.prefix.as_bytes()),
+            limit: 1,
+            sort_order: 2,  // descend
+            sort_target: 3, // by mod revision
+            keys_only: true,
+            ..Default::default()
+        }
     }
 
-    /// The record changes one event of a watch answer carries (`{"type", "kv"}`): one for
-    /// a state key, a whole batch for a journal record (committed from then on: the
-    /// writes that follow repeat parts of it), none for the other control keys.
-    pub fn records_of(&self, event: &Value) -> Result<Vec<RecordChange>, StoreError> {
-        let kv = &event["kv"];
-        let key = String::from_utf8(unb64(&kv["key"])?)
+    /// The record changes one event of a watch answer carries: one for a state key, a
+    /// whole batch for a journal record (committed from then on: the writes that follow
+    /// repeat parts of it), none for the other control keys.
+    pub fn records_of(&self, event: &pb::Event) -> Result<Vec<RecordChange>, StoreError> {
+        let kv = event
+            .kv
+            .as_ref()
+            .ok_or_else(|| StoreError::Backend("etcd sent a watch event without its key".into()))?;
+        let key = std::str::from_utf8(&kv.key)
             .map_err(|_| StoreError::Backend("etcd sent a key that is not text".into()))?;
-        let delete = event["type"].as_str() == Some("DELETE");
+        let delete = event.r#type == pb::event_type::DELETE;
         if key == self.journal_key() {
             if delete {
                 return Ok(Vec::new());
             }
-            return parse_journal(&unb64(&kv["value"])?)?
+            return parse_journal(&kv.value)?
                 .into_iter()
                 .map(|(k, v)| Ok((self.decode_key(&k)?, v)))
                 .collect();
@@ -566,12 +571,8 @@ impl EtcdStore {
         if key[self.prefix.len().min(key.len())..].starts_with('.') {
             return Ok(Vec::new());
         }
-        let value = if delete {
-            None
-        } else {
-            Some(unb64(&kv["value"])?)
-        };
-        Ok(vec![(self.decode_key(&key)?, value)])
+        let value = (!delete).then(|| kv.value.clone());
+        Ok(vec![(self.decode_key(key)?, value)])
     }
 }
 
@@ -696,11 +697,6 @@ fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     }
     // All 0xff (not a prefix this store accepts): "\0" means "to the end" in etcd.
     vec![0]
-}
-
-/// Decodes a base64 JSON string; absent or null is empty (proto3 omits empty bytes).
-pub(super) fn unb64(v: &Value) -> Result<Vec<u8>, StoreError> {
-    gateway::unb64(v).map_err(StoreError::Backend)
 }
 
 #[cfg(test)]

@@ -159,11 +159,10 @@ fn a_maintained_leader_is_told_when_its_key_is_gone_and_its_store_stops_committi
     ));
     // Someone deletes the leader key (an operator, or etcd losing the lease).
     let gw = Gateway::new(vec![etcd.endpoint.clone()], Duration::from_secs(5));
-    gateway::wait(gw.call_one(
-        0,
+    gateway::wait(gw.call(
         "/v3/kv/deleterange",
         &json!({ "key": b64(b"/xce/.leader") }),
-        Duration::from_secs(5),
+        Limits::each(Duration::from_secs(5)),
     ))
     .unwrap();
     log.push("leader key deleted".into());

@@ -12,8 +12,8 @@
 //! apiserver applies (only the controller's events are), so writing it never makes more
 //! to acknowledge.
 
-use super::gateway::{b64, int, unb64, Gateway, Limits};
-use super::EtcdStore;
+use super::gateway::{b64, int, Gateway, Limits};
+use super::{pb, EtcdStore};
 use retry_backoff::Backoff;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -60,13 +60,14 @@ impl EtcdStore {
     /// its answer's `count` says whether anything under the prefix changed since (0: no),
     /// its header's `revision` is the store's current revision. Linearizable: a member
     /// cut off from the others cannot answer it.
-    pub fn changes_since_request(&self, from: i64) -> Value {
-        json!({
-            "key": b64(self.prefix.as_bytes()),
-            "range_end": b64(&super::prefix_end(self.prefix.as_bytes())),
-            "count_only": true,
-            "min_mod_revision": from.max(0).to_string(),
-        })
+    pub fn changes_since_request(&self, from: i64) -> pb::RangeRequest {
+        pb::RangeRequest {
+            key: self.prefix.as_bytes().to_vec(),
+            range_end: super::prefix_end(self.prefix.as_bytes()),
+            count_only: true,
+            min_mod_revision: from.max(0),
+            ..Default::default()
+        }
     }
 
     /// A new lease of `ttl` (whole seconds, at least 1) for a registration.
@@ -128,25 +129,29 @@ impl EtcdStore {
     /// Every registration now, and the etcd revision of the read.
     async fn read_fleet(&self) -> Result<(BTreeMap<String, Registration>, i64), FleetError> {
         let dir = format!("{}{DIR}", self.prefix);
-        let body = json!({
-            "key": b64(dir.as_bytes()),
-            "range_end": b64(&super::prefix_end(dir.as_bytes())),
-        });
-        let r = self.fleet_call("/v3/kv/range", &body).await?;
+        let req = pb::RangeRequest {
+            range_end: super::prefix_end(dir.as_bytes()),
+            key: dir.into_bytes(),
+            ..Default::default()
+        };
+        let r: pb::RangeResponse = self
+            .gateway
+            .unary("KV/Range", &req, Limits::each(CALL_TIMEOUT))
+            .await
+            .map_err(|e| FleetError(e.message))?;
         let mut fleet = BTreeMap::new();
-        for kv in r["kvs"].as_array().map_or(&[][..], Vec::as_slice) {
-            if let Some(reg) = decode(kv) {
+        for kv in &r.kvs {
+            if let Some(reg) = decode(&kv.value) {
                 fleet.insert(reg.id.clone(), reg);
             }
         }
-        Ok((fleet, int(&r["header"]["revision"])))
+        Ok((fleet, r.revision()))
     }
 }
 
 /// A registration's value; `None` (logged) when it is not one this build reads.
-fn decode(kv: &Value) -> Option<Registration> {
-    let bytes = unb64(&kv["value"]).ok()?;
-    match serde_json::from_slice(&bytes) {
+fn decode(value: &[u8]) -> Option<Registration> {
+    match serde_json::from_slice(value) {
         Ok(reg) => Some(reg),
         Err(e) => {
             tracing::warn!(error = %e, "fleet: an apiserver registration this build cannot read; ignored");
@@ -185,44 +190,46 @@ async fn watch_fleet(
 ) -> String {
     let gateway: &Gateway = store.gateway();
     let dir = format!("{}{DIR}", store.prefix);
-    let body = json!({ "create_request": {
-        "key": b64(dir.as_bytes()),
-        "range_end": b64(&super::prefix_end(dir.as_bytes())),
-        "start_revision": from.to_string(),
-    } });
-    let mut watch =
-        match tokio::time::timeout(SILENCE, gateway.watch(gateway.current(), &body)).await {
-            Ok(Ok(w)) => w,
-            Ok(Err(e)) => return e,
-            Err(_) => return "the watch was not created in time".into(),
-        };
+    let range_end = super::prefix_end(dir.as_bytes());
+    let create = pb::WatchCreateRequest::new(dir.as_bytes(), range_end, from);
+    let mut watch = match gateway
+        .watch_stream(gateway.current(), create, SILENCE)
+        .await
+    {
+        Ok(w) => w,
+        Err(e) if e.silent => return "the watch was not created in time".into(),
+        Err(e) => return e.message,
+    };
     loop {
-        let msg = match tokio::time::timeout(SILENCE, watch.next()).await {
-            Ok(Ok(Some(msg))) => msg,
+        let answer = match tokio::time::timeout(SILENCE, watch.next()).await {
+            Ok(Ok(Some(answer))) => answer,
             Ok(Ok(None)) => return format!("{}: the watch ended", watch.endpoint()),
             Ok(Err(e)) => return e,
             // Quiet is normal (registrations change only when revisions are applied);
             // read again anyway, so that a stuck stream costs at most this long.
             Err(_) => return format!("{}: silent for {SILENCE:?}", watch.endpoint()),
         };
-        let r = &msg["result"];
-        if msg.get("error").is_some() || r["canceled"].as_bool() == Some(true) {
-            return format!("{}: the watch failed: {msg}", watch.endpoint());
+        if answer.canceled {
+            return format!(
+                "{}: the watch failed: {:?} (compacted at {})",
+                watch.endpoint(),
+                answer.cancel_reason,
+                answer.compact_revision
+            );
         }
-        if r["created"].as_bool() == Some(true) {
+        if answer.created {
             backoff.reset();
         }
-        let events = r["events"].as_array().map_or(&[][..], Vec::as_slice);
-        for ev in events {
-            let key = unb64(&ev["kv"]["key"]).unwrap_or_default();
-            let id = String::from_utf8_lossy(&key[dir.len().min(key.len())..]).into_owned();
-            if ev["type"].as_str() == Some("DELETE") {
+        for ev in &answer.events {
+            let Some(kv) = &ev.kv else { continue };
+            let id = String::from_utf8_lossy(&kv.key[dir.len().min(kv.key.len())..]).into_owned();
+            if ev.r#type == pb::event_type::DELETE {
                 fleet.remove(&id);
-            } else if let Some(reg) = decode(&ev["kv"]) {
+            } else if let Some(reg) = decode(&kv.value) {
                 fleet.insert(id, reg);
             }
         }
-        if !events.is_empty() {
+        if !answer.events.is_empty() {
             publish(fleet.values().cloned().collect());
         }
     }

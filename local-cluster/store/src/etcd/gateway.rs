@@ -1,10 +1,14 @@
 //! The one client of etcd, and the one place that knows its endpoints and how to fail
 //! over between them: unary calls tried on each endpoint in turn, either through etcd's
-//! native gRPC API ([`Gateway::unary`], the store's ([`EtcdStore`](super::EtcdStore))
-//! commits and loads; HTTP/2 in [`grpc`](super::grpc), messages in [`pb`](super::pb)) or
-//! through its JSON gateway (grpc-gateway, `POST /v3/...`, keys and values in base64;
-//! [`Gateway::call`], the leader election and the apiserver's follower and leader watch),
-//! and watches through the gateway (one long answer of newline-delimited JSON).
+//! native gRPC API ([`Gateway::unary`]: the store's ([`EtcdStore`](super::EtcdStore))
+//! commits and loads, the apiserver's follower, freshness probe and leader-key reads, the
+//! fleet's reads;
+//! HTTP/2 in [`grpc`](super::grpc), messages in [`pb`](super::pb)) or through its JSON
+//! gateway (grpc-gateway, `POST /v3/...`, keys and values in base64; [`Gateway::call`]:
+//! the election's and the fleet's leases and writes),
+//! and watches, all over gRPC ([`Gateway::watch_stream`]: etcd's `Watch/Watch` stream, on
+//! the endpoint the caller picks; the follower, the leader watch, the election's standbys
+//! and the fleet).
 //!
 //! The gateway side speaks `reqwest` (async). The store and the election are synchronous (the store
 //! trait is, and the election runs on threads of its own): they go through [`wait`],
@@ -36,22 +40,27 @@
 //! hyper's HTTP/2 client. Through the gateway etcd spent 6.7-7.5 ms of CPU per
 //! transaction of 120 puts of 600 B, through gRPC 1.2-1.4 ms (`etcd.rs`'s module docs).
 
-use super::grpc::Channel;
+use super::grpc::{Channel, Stream};
 use super::outcome::{describe, Failure, MAX_ANSWER, NO_LEADER};
+use super::pb;
 use base64::Engine as _;
+use prost::Message as _;
 use serde_json::Value;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// A request header (gRPC metadata `hasleader`, through the JSON gateway) that makes a
+/// A request header (gRPC metadata `hasleader`, through the JSON gateway; the gRPC calls
+/// send the metadata itself) that makes a
 /// member without a raft leader refuse at once ("etcdserver: no leader") instead of holding
 /// the request until etcd's own timeout (7 s by default): a member cut off from the others,
 /// or one waiting for an election, is then skipped for the next endpoint, and watches on it
 /// are cancelled rather than left silent.
 pub const REQUIRE_LEADER: &str = "grpc-metadata-hasleader";
-/// The largest watch message (one line) accepted.
+/// The largest watch answer (one gRPC message) accepted. The follower asks etcd to split
+/// bigger answers (`fragment`), whose parts stay under etcd's request limit (1.5 MiB by
+/// default).
 pub const MAX_MESSAGE: usize = 16 << 20;
 
 /// Parses `etcd://HOST:PORT[,HOST:PORT…]` into its endpoints (`HOST:PORT` each).
@@ -233,16 +242,78 @@ impl Gateway {
         let path = format!("/etcdserverpb.{method}");
         let message = req.encode_to_vec();
         self.failover(method, limits, |at, timeout| {
-            let (path, message) = (&path, &message);
-            async move {
-                let answer = self.grpc[at]
-                    .unary(path, message, timeout, self.connect)
-                    .await?;
-                Resp::decode(answer)
-                    .map_err(|e| Failure::Unknown(format!("unreadable answer: {e}")))
-            }
+            self.unary_at(at, &path, &message, timeout)
         })
         .await
+    }
+
+    /// The gRPC method `method` (as in [`unary`](Self::unary)) with `req` on endpoint `at`
+    /// only, within `timeout`.
+    pub async fn unary_one<Resp: prost::Message + Default>(
+        &self,
+        at: usize,
+        method: &str,
+        req: &impl prost::Message,
+        timeout: Duration,
+    ) -> Result<Resp, String> {
+        let at = at % self.endpoints.len();
+        let path = format!("/etcdserverpb.{method}");
+        let message = req.encode_to_vec();
+        self.unary_at(at, &path, &message, timeout)
+            .await
+            .map_err(|f| failure_text(method, &self.endpoints[at], f))
+    }
+
+    /// One gRPC call of `path` with the encoded `message` to endpoint `at`: its decoded
+    /// answer.
+    async fn unary_at<Resp: prost::Message + Default>(
+        &self,
+        at: usize,
+        path: &str,
+        message: &[u8],
+        timeout: Duration,
+    ) -> Result<Resp, Failure> {
+        let answer = self.grpc[at]
+            .unary(path, message, timeout, self.connect)
+            .await?;
+        Resp::decode(answer).map_err(|e| Failure::Unknown(format!("unreadable answer: {e}")))
+    }
+
+    /// Opens a watch (etcd's gRPC stream `Watch/Watch`, created by `create`) on endpoint
+    /// `at`: its answers, as they come. `timeout` bounds the wait for the first one.
+    pub async fn watch_stream(
+        &self,
+        at: usize,
+        create: pb::WatchCreateRequest,
+        timeout: Duration,
+    ) -> Result<WatchStream, WatchError> {
+        let at = at % self.endpoints.len();
+        let ep = &self.endpoints[at];
+        let message = pb::WatchRequest {
+            create_request: Some(create),
+        }
+        .encode_to_vec();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let path = "/etcdserverpb.Watch/Watch";
+        let opened = self.grpc[at].stream(path, &message, MAX_MESSAGE, deadline, self.connect);
+        match tokio::time::timeout_at(deadline, opened).await {
+            Ok(Ok(stream)) => Ok(WatchStream {
+                stream,
+                ep: ep.clone(),
+            }),
+            Ok(Err(f)) => Err(WatchError {
+                silent: false,
+                message: failure_text("watch", ep, f),
+            }),
+            Err(_) => {
+                // A frozen member's connection stays open: the next call connects again.
+                self.grpc[at].forget();
+                Err(WatchError {
+                    silent: true,
+                    message: format!("watch: {ep}: no answer began within {timeout:?}"),
+                })
+            }
+        }
     }
 
     /// Runs `one` (an exchange with endpoint `at` within `timeout`) on each endpoint in
@@ -297,24 +368,6 @@ impl Gateway {
             unknown,
             message: format!("{what}: no endpoint answered: {}", errors.join("; ")),
         })
-    }
-
-    /// `body` to `path` on endpoint `at` only, within `timeout`.
-    pub async fn call_one(
-        &self,
-        at: usize,
-        path: &str,
-        body: &Value,
-        timeout: Duration,
-    ) -> Result<Value, String> {
-        let ep = &self.endpoints[at % self.endpoints.len()];
-        self.post(ep, path, body.to_string(), timeout)
-            .await
-            .map_err(
-                |(Failure::Unreachable(m) | Failure::Unknown(m) | Failure::Refused(m))| {
-                    format!("{path}: {ep}: {m}")
-                },
-            )
     }
 
     /// One `POST` to one endpoint; the JSON answer of a 200.
@@ -384,24 +437,56 @@ impl Gateway {
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body)
     }
+}
 
-    /// Opens a watch (`POST /v3/watch` with `body`) on endpoint `at`: the stream of its
-    /// messages. Waits for the answer's header only; the caller bounds that.
-    pub async fn watch(&self, at: usize, body: &Value) -> Result<Watch, String> {
-        let ep = &self.endpoints[at % self.endpoints.len()];
-        let resp = self
-            .request(ep, "/v3/watch", body.to_string())
-            .send()
+/// `WHAT: ENDPOINT: why`.
+fn failure_text(what: &str, ep: &str, f: Failure) -> String {
+    let (Failure::Unreachable(m) | Failure::Unknown(m) | Failure::Refused(m)) = f;
+    format!("{what}: {ep}: {m}")
+}
+
+/// Why a watch was not opened.
+#[derive(Debug)]
+pub struct WatchError {
+    /// Nothing answered within the time given (the member may be frozen, or cut off and
+    /// holding the request): not a refusal.
+    pub silent: bool,
+    /// `watch: ENDPOINT: why`.
+    pub message: String,
+}
+
+impl std::fmt::Display for WatchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// An open gRPC watch (see [`Gateway::watch_stream`]); dropping it cancels the watch.
+#[derive(Debug)]
+pub struct WatchStream {
+    stream: Stream,
+    ep: String,
+}
+
+impl WatchStream {
+    /// The next answer; `None` when etcd ended the stream.
+    pub async fn next(&mut self) -> Result<Option<pb::WatchResponse>, String> {
+        let Some(message) = self
+            .stream
+            .next()
             .await
-            .map_err(|e| format!("{ep}: watch: {}", describe(&e)))?;
-        if !resp.status().is_success() {
-            return Err(format!("{ep}: watch: answered {}", resp.status()));
-        }
-        Ok(Watch {
-            resp,
-            buf: Vec::new(),
-            ep: ep.clone(),
-        })
+            .map_err(|f| failure_text("watch", &self.ep, f))?
+        else {
+            return Ok(None);
+        };
+        pb::WatchResponse::decode(message)
+            .map(Some)
+            .map_err(|e| format!("watch: {}: unreadable answer: {e}", self.ep))
+    }
+
+    /// The endpoint watched.
+    pub fn endpoint(&self) -> &str {
+        &self.ep
     }
 }
 
@@ -411,48 +496,6 @@ fn sent_error(e: &reqwest::Error) -> Failure {
         Failure::Unreachable(format!("cannot connect: {}", describe(e)))
     } else {
         Failure::Unknown(describe(e))
-    }
-}
-
-/// An open watch: its messages (one JSON object per line), as they arrive.
-#[derive(Debug)]
-pub struct Watch {
-    resp: reqwest::Response,
-    /// Bytes not yet a complete line.
-    buf: Vec<u8>,
-    ep: String,
-}
-
-impl Watch {
-    /// The next message; `None` when the stream ended.
-    pub async fn next(&mut self) -> Result<Option<Value>, String> {
-        loop {
-            while let Some(nl) = self.buf.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = self.buf.drain(..=nl).collect();
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                return serde_json::from_slice(&line)
-                    .map(Some)
-                    .map_err(|e| format!("{}: unreadable watch answer: {e}", self.ep));
-            }
-            match self.resp.chunk().await {
-                Ok(Some(c)) => self.buf.extend_from_slice(&c),
-                Ok(None) => return Ok(None),
-                Err(e) => return Err(format!("{}: watch: {}", self.ep, describe(&e))),
-            }
-            if self.buf.len() > MAX_MESSAGE {
-                return Err(format!(
-                    "{}: watch: a message larger than {MAX_MESSAGE} bytes",
-                    self.ep
-                ));
-            }
-        }
-    }
-
-    /// The endpoint watched.
-    pub fn endpoint(&self) -> &str {
-        &self.ep
     }
 }
 
@@ -480,55 +523,5 @@ pub fn unb64(v: &Value) -> Result<Vec<u8>, String> {
             .decode(s)
             .map_err(|_| "etcd sent invalid base64".into()),
         other => Err(format!("etcd sent {other} where base64 was expected")),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::{Read, Write};
-
-    /// A watch answer split at odd places (inside chunk headers, inside lines) still
-    /// comes out as whole messages, and the end of the stream is seen.
-    #[test]
-    fn watch_messages_are_decoded_across_chunk_and_read_boundaries() {
-        let msg1 = "{\"result\":{\"created\":true}}\n";
-        let msg2 = "{\"result\":{\"events\":[{\"type\":\"DELETE\"}]}}\n";
-        let body = format!(
-            "{:x}\r\n{msg1}\r\n{:x}\r\n{}\r\n{:x}\r\n{}\r\n0\r\n\r\n",
-            msg1.len(),
-            10,
-            &msg2[..10],
-            msg2.len() - 10,
-            &msg2[10..]
-        );
-        let raw = format!("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{body}");
-        let server = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let ep = server.local_addr().unwrap().to_string();
-        std::thread::spawn(move || {
-            let (mut c, _) = server.accept().unwrap();
-            let _ = c.read(&mut [0u8; 4096]);
-            c.set_nodelay(true).unwrap();
-            // Three bytes at a time: every boundary falls somewhere odd.
-            for piece in raw.as_bytes().chunks(3) {
-                c.write_all(piece).unwrap();
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        });
-        let gw = Gateway::new(vec![ep], Duration::from_secs(5));
-        let log = wait(async {
-            let mut w = gw.watch(0, &serde_json::json!({})).await.unwrap();
-            let mut log = Vec::new();
-            while let Some(m) = w.next().await.unwrap() {
-                log.push(m.to_string());
-            }
-            log.push("ended".to_owned());
-            log
-        });
-        expect_test::expect![[r#"
-            {"result":{"created":true}}
-            {"result":{"events":[{"type":"DELETE"}]}}
-            ended"#]]
-        .assert_eq(&log.join("\n"));
     }
 }

@@ -1,5 +1,5 @@
 //! The messages of etcd's v3 API that the store sends and reads, as Protocol Buffers
-//! (package `etcdserverpb`, service `KV`; `mvccpb.KeyValue`). Written by hand with
+//! (package `etcdserverpb`, services `KV` and `Watch`; `mvccpb.KeyValue` and `Event`). Written by hand with
 //! `prost`'s derive, field numbers from etcd's `rpc.proto` and `kv.proto`: no `.proto`
 //! compiler at build time. Only the fields the store uses are declared; a decoder skips
 //! the others.
@@ -56,6 +56,9 @@ pub struct RangeRequest {
     pub keys_only: bool,
     #[prost(bool, tag = "9")]
     pub count_only: bool,
+    /// Only keys modified at this revision or later (0: any).
+    #[prost(int64, tag = "10")]
+    pub min_mod_revision: i64,
 }
 
 /// `etcdserverpb.RangeResponse`.
@@ -202,6 +205,84 @@ pub struct TxnResponse {
     pub responses: Vec<ResponseOp>,
 }
 
+/// `etcdserverpb.StatusRequest` (`Maintenance/Status`: a member's own view, answered
+/// locally).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StatusRequest {}
+
+/// `etcdserverpb.StatusResponse` (only its header: the member's revision).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StatusResponse {
+    #[prost(message, optional, tag = "1")]
+    pub header: Option<ResponseHeader>,
+}
+
+/// `etcdserverpb.WatchRequest`: what a client sends on a watch stream (cancelling, tag 2,
+/// and progress requests, tag 3, are not used: a watch ends with its stream).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WatchRequest {
+    #[prost(message, optional, tag = "1")]
+    pub create_request: Option<WatchCreateRequest>,
+}
+
+/// `etcdserverpb.WatchCreateRequest`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WatchCreateRequest {
+    #[prost(bytes = "vec", tag = "1")]
+    pub key: Vec<u8>,
+    #[prost(bytes = "vec", tag = "2")]
+    pub range_end: Vec<u8>,
+    #[prost(int64, tag = "3")]
+    pub start_revision: i64,
+    #[prost(bool, tag = "4")]
+    pub progress_notify: bool,
+    #[prost(bool, tag = "6")]
+    pub prev_kv: bool,
+    /// Lets etcd split an answer above its request size limit into several messages,
+    /// every one but the last marked `fragment`.
+    #[prost(bool, tag = "8")]
+    pub fragment: bool,
+}
+
+/// `etcdserverpb.WatchResponse`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WatchResponse {
+    #[prost(message, optional, tag = "1")]
+    pub header: Option<ResponseHeader>,
+    #[prost(int64, tag = "2")]
+    pub watch_id: i64,
+    #[prost(bool, tag = "3")]
+    pub created: bool,
+    #[prost(bool, tag = "4")]
+    pub canceled: bool,
+    /// Set when the revision asked for was compacted: the oldest one etcd still has.
+    #[prost(int64, tag = "5")]
+    pub compact_revision: i64,
+    #[prost(string, tag = "6")]
+    pub cancel_reason: String,
+    /// More of the same answer follows (see [`WatchCreateRequest::fragment`]).
+    #[prost(bool, tag = "7")]
+    pub fragment: bool,
+    #[prost(message, repeated, tag = "11")]
+    pub events: Vec<Event>,
+}
+
+/// `mvccpb.Event.EventType`.
+pub mod event_type {
+    pub const PUT: i32 = 0;
+    pub const DELETE: i32 = 1;
+}
+
+/// `mvccpb.Event`.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Event {
+    /// See [`event_type`].
+    #[prost(int32, tag = "1")]
+    pub r#type: i32,
+    #[prost(message, optional, tag = "2")]
+    pub kv: Option<KeyValue>,
+}
+
 // === building ===
 
 impl RequestOp {
@@ -233,6 +314,19 @@ impl RequestOp {
                 key: key.into(),
                 ..Default::default()
             })),
+        }
+    }
+}
+
+impl WatchCreateRequest {
+    /// A watch of `key` (`range_end` empty), or of the keys from `key` up to `range_end`,
+    /// from etcd revision `start` on.
+    pub fn new(key: impl Into<Vec<u8>>, range_end: Vec<u8>, start: i64) -> Self {
+        Self {
+            key: key.into(),
+            range_end,
+            start_revision: start,
+            ..Default::default()
         }
     }
 }

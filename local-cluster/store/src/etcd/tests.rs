@@ -2,11 +2,13 @@
 //! temporary dir, killed when the test ends, also on failure). Without an `etcd` binary
 //! these tests fail and say what to install.
 
+use super::gateway::{b64, unb64};
 use super::*;
 use crate::testing::TestEtcd;
 use crate::tests::{batch, dump, suite};
 use crate::StoreSpec;
 use expect_test::{expect, Expect};
+use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -410,7 +412,7 @@ fn base64_round_trips() {
             String::from_utf8(prefix_end(b"/xce/")),
             unb64(&json!("a$==")).map_err(|e| e.to_string())
         ),
-        expect![[r#"Ok("/xce0") Err("store backend: etcd sent invalid base64")"#]],
+        expect![[r#"Ok("/xce0") Err("etcd sent invalid base64")"#]],
     );
 }
 
@@ -462,4 +464,197 @@ fn gateway_and_grpc_cpu_per_transaction() {
             start.elapsed().as_micros() as f64 / TXNS as f64
         );
     }
+}
+
+// === the watch over gRPC ===
+
+/// Reads `watch` until its events reach etcd revision `upto`: the answers read.
+fn watch_until(watch: &mut gateway::WatchStream, upto: i64) -> Vec<pb::WatchResponse> {
+    let mut answers = Vec::new();
+    let mut last = 0;
+    while last < upto {
+        let answer =
+            gateway::wait(async { tokio::time::timeout(testkit::patience(), watch.next()).await })
+                .expect("an answer within the tests' patience")
+                .unwrap()
+                .expect("the watch goes on");
+        if let Some(kv) = answer.events.last().and_then(|e| e.kv.as_ref()) {
+            last = kv.mod_revision;
+        }
+        answers.push(answer);
+    }
+    answers
+}
+
+/// A backlog bigger than etcd's largest message, watched over gRPC with `fragment`: etcd
+/// splits its answer, every part but the last marked as a fragment, and the parts hold
+/// every event once, in revision order, values whole; the store reads them as records.
+#[test]
+fn a_watch_backlog_comes_over_grpc_in_fragments() {
+    let etcd = TestEtcd::start();
+    let s = etcd.store("/xce/");
+    s.load_all().unwrap();
+    // 12 transactions of 4 values of 150 KB: ~7 MB, over four times etcd's 1.5 MiB.
+    let value = "v".repeat(150 << 10);
+    for t in 0..12 {
+        let mut b = Batch::default();
+        for k in 0..4 {
+            b.put(
+                Key::new("big", format!("{t:02}-{k}")),
+                value.clone().into_bytes(),
+            );
+        }
+        s.commit(b).unwrap();
+    }
+    let (_, now) = s.load_all_at().unwrap();
+    let mut watch = gateway::wait(s.gateway.watch_stream(
+        0,
+        s.watch_create(1),
+        testkit::patience(),
+    ))
+    .unwrap();
+    let answers = watch_until(&mut watch, now);
+    assert!(answers[0].created, "the first answer says the watch exists");
+    let fragments = answers.iter().filter(|a| a.fragment).count();
+    assert!(
+        fragments >= 2,
+        "{fragments} fragments in {} answers",
+        answers.len()
+    );
+    let mut revs = Vec::new();
+    let mut big = Vec::new();
+    for ev in answers.iter().flat_map(|a| &a.events) {
+        revs.push(ev.kv.as_ref().unwrap().mod_revision);
+        for (key, v) in s.records_of(ev).unwrap() {
+            if key.ns == "big" {
+                assert_eq!(v.as_deref(), Some(value.as_bytes()), "{key}");
+                big.push(key.key);
+            }
+        }
+    }
+    assert!(
+        revs.windows(2).all(|w| w[0] <= w[1]),
+        "in revision order: {revs:?}"
+    );
+    let want: Vec<String> = (0..12)
+        .flat_map(|t| (0..4).map(move |k| format!("{t:02}-{k}")))
+        .collect();
+    assert_eq!(big, want);
+}
+
+/// A watch from a revision etcd compacted away: its answer says so (the revision it
+/// kept), and the watch is cancelled; one from the compacted revision on is served.
+#[test]
+fn a_watch_of_compacted_history_says_so_over_grpc() {
+    let etcd = TestEtcd::start();
+    let s = etcd.store("/xce/");
+    s.load_all().unwrap();
+    for i in 0..3 {
+        s.commit(batch(&[("job", &format!("j-{i}"), Some("a"))]))
+            .unwrap();
+    }
+    let (_, now) = s.load_all_at().unwrap();
+    let body = json!({ "revision": now.to_string(), "physical": true });
+    gateway::wait(s.gateway.call(
+        "/v3/kv/compaction",
+        &body,
+        Limits::each(testkit::patience()),
+    ))
+    .unwrap();
+    let mut watch = gateway::wait(s.gateway.watch_stream(
+        0,
+        s.watch_create(1),
+        testkit::patience(),
+    ))
+    .unwrap();
+    let answers = gateway::wait(async {
+        let mut answers = Vec::new();
+        while let Some(a) = watch.next().await.unwrap() {
+            let end = a.compact_revision > 0;
+            answers.push(a);
+            if end {
+                break;
+            }
+        }
+        answers
+    });
+    let last = answers.last().unwrap();
+    assert_eq!((last.compact_revision, last.canceled), (now, true));
+    s.commit(batch(&[("job", "j-3", Some("b"))])).unwrap();
+    let mut watch = gateway::wait(s.gateway.watch_stream(
+        0,
+        s.watch_create(now),
+        testkit::patience(),
+    ))
+    .unwrap();
+    let answers = watch_until(&mut watch, now + 1);
+    let keys: Vec<String> = answers
+        .iter()
+        .flat_map(|a| &a.events)
+        .flat_map(|ev| s.records_of(ev).unwrap())
+        .map(|(k, _)| k.to_string())
+        .collect();
+    assert_eq!(keys, ["job/j-2", "job/j-3"]);
+}
+
+/// Dropping a watch ends it at etcd too (the stream is reset; a half-closed one would
+/// be kept by etcd, sending to nobody): etcd's count of watchers goes back to zero.
+#[test]
+fn a_dropped_watch_is_cancelled_at_etcd() {
+    let etcd = TestEtcd::start();
+    let s = etcd.store("/xce/");
+    let watchers = || {
+        let metrics = http_get(&etcd.endpoint, "/metrics");
+        let line = metrics
+            .lines()
+            .find(|l| l.starts_with("etcd_debugging_mvcc_watcher_total "))
+            .expect("etcd counts its watchers");
+        line.rsplit(' ').next().unwrap().trim().to_owned()
+    };
+    gateway::wait(async {
+        let mut watch = s
+            .gateway
+            .watch_stream(0, s.watch_create(1), testkit::patience())
+            .await
+            .unwrap();
+        assert!(watch.next().await.unwrap().unwrap().created);
+        assert_eq!(watchers(), "1");
+        drop(watch);
+        let deadline = std::time::Instant::now() + testkit::patience();
+        while watchers() != "0" && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    });
+    assert_eq!(watchers(), "0");
+}
+
+/// The body of a plain `GET` of `path` on `ep`.
+fn http_get(ep: &str, path: &str) -> String {
+    let mut c = TcpStream::connect(ep).unwrap();
+    write!(c, "GET {path} HTTP/1.0\r\nHost: {ep}\r\n\r\n").unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).unwrap();
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or(out)
+}
+
+/// A member that takes the connection and never answers (frozen): the watch is reported
+/// silent, not failed (the leader watch and the standbys then look again at once, as they
+/// did when the JSON gateway's answer did not begin), and within the time given.
+#[test]
+fn a_watch_that_never_begins_is_silent() {
+    // Connections complete in the kernel's backlog; nothing ever reads them.
+    let frozen = TcpListener::bind("127.0.0.1:0").unwrap();
+    let ep = frozen.local_addr().unwrap().to_string();
+    let gw = Gateway::new(vec![ep], Duration::from_secs(5));
+    let create = pb::WatchCreateRequest::new(&b"/xce/.leader"[..], Vec::new(), 1);
+    let asked = std::time::Instant::now();
+    let err = gateway::wait(gw.watch_stream(0, create, Duration::from_millis(300))).unwrap_err();
+    assert!(err.silent, "{err}");
+    assert!(
+        asked.elapsed() < testkit::patience(),
+        "{:?}",
+        asked.elapsed()
+    );
 }
