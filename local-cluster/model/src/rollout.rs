@@ -239,19 +239,21 @@ impl Service<'_> {
 ///
 /// The caller drops slots whose restart backoff runs and slots no host can take.
 pub fn to_place(s: &Service) -> Vec<u32> {
-    let mut any = BTreeSet::new();
-    let mut new = BTreeSet::new();
+    // By slot (whether it holds any job, a current-generation one), not sets: this runs
+    // at every visit of a service, and a set of 10,000 slots was a visit's cost of its own.
+    let mut any = vec![false; s.replicas as usize];
+    let mut new = vec![false; s.replicas as usize];
     let mut total = 0u32;
     for j in s.in_slots() {
         total += 1;
-        any.insert(j.replica);
+        any[j.replica as usize] = true;
         if s.is_new(j) {
-            new.insert(j.replica);
+            new[j.replica as usize] = true;
         }
     }
     let budget = (s.replicas + s.policy.max_surge).saturating_sub(total) as usize;
-    let empty = (0..s.replicas).filter(|r| !any.contains(r));
-    let surge = (0..s.replicas).filter(|r| any.contains(r) && !new.contains(r));
+    let empty = (0..s.replicas).filter(|r| !any[*r as usize]);
+    let surge = (0..s.replicas).filter(|r| any[*r as usize] && !new[*r as usize]);
     empty.chain(surge).take(budget).collect()
 }
 
@@ -267,6 +269,9 @@ pub fn to_place(s: &Service) -> Vec<u32> {
 /// 5. with `max_unavailable > 0`: further older jobs (not ready first, then the highest
 ///    slots), within the same floor, so a rollout can proceed where no surge fits.
 pub fn to_drain(s: &Service) -> Vec<JobId> {
+    if settled(s) {
+        return Vec::new();
+    }
     let mut d = Drains::new(s);
     d.excess(s);
     let slots = Slots::of(s);
@@ -281,6 +286,25 @@ pub fn to_drain(s: &Service) -> Vec<JobId> {
         d.further_old(&old);
     }
     d.out
+}
+
+/// Whether every live job of `s` is a current-generation one in a slot of its own: then
+/// [`to_drain`] has nothing to let go (no excess, no second job in a slot, no older job).
+/// Checked first, without the slots' map (a vector per slot): most visits of a big
+/// service find it so.
+fn settled(s: &Service) -> bool {
+    let mut taken = vec![false; s.replicas as usize];
+    for j in s.live() {
+        if j.replica >= s.replicas || !s.is_new(j) {
+            return false;
+        }
+        let t = &mut taken[j.replica as usize];
+        if *t {
+            return false;
+        }
+        *t = true;
+    }
+    true
 }
 
 /// The jobs [`to_drain`] chose so far, in order, and the available count they leave.
@@ -433,19 +457,20 @@ pub fn first_wait<'a>(s: &Service<'a>) -> Option<Wait<'a>> {
     if s.is_complete() {
         return None;
     }
-    let mut best: BTreeMap<u32, &'a JobFacts> = BTreeMap::new();
+    // By slot, not a map: this runs at every visit of a progressing service.
+    let mut best: Vec<Option<&'a JobFacts>> = vec![None; s.replicas as usize];
     for j in s.jobs.iter().filter(|j| j.phase != Phase::Leaving) {
         if j.replica >= s.replicas || !s.is_new(j) {
             continue;
         }
         let rank = |j: &JobFacts| (j.available, j.ready, j.phase == Phase::Running);
-        let e = best.entry(j.replica).or_insert(j);
+        let e = best[j.replica as usize].get_or_insert(j);
         if rank(j) > rank(e) {
             *e = j;
         }
     }
     for r in 0..s.replicas {
-        match best.get(&r) {
+        match best[r as usize] {
             None => return Some(Wait::Placement(r)),
             Some(j) if j.available => continue,
             Some(j) if j.ready => return Some(Wait::MinReady(j)),

@@ -258,15 +258,7 @@ impl Core {
         let key = s.info.key();
         let mut facts = self.take_facts(&s.info, now);
         let kept = facts.len();
-        // (Mostly one generation: a set insert per job was a visit's cost of its own.)
-        let mut generations: BTreeSet<u64> = BTreeSet::new();
-        let mut last = None;
-        for g in self.cluster.jobs_of(&key).map(|j| j.info.generation) {
-            if last != Some(g) {
-                generations.insert(g);
-                last = Some(g);
-            }
-        }
+        let mut generations = self.generations(&key, &facts);
         let mut job_size = 0;
         let view = rollout::Service {
             jobs: &facts,
@@ -292,6 +284,29 @@ impl Core {
             drained_ids,
             generations,
         }
+    }
+
+    /// The generations the jobs of service `key` run; `facts`: those jobs' facts. From
+    /// the facts when every job has one (a lookup of each job in the cluster's map was a
+    /// visit's cost of its own), else from the jobs (an exited or unknown job has none).
+    fn generations(&self, key: &ServiceKey, facts: &[JobFacts]) -> BTreeSet<u64> {
+        let mut out = BTreeSet::new();
+        let mut last = None;
+        let mut add = |g: u64| {
+            // Mostly one generation: a set insert per job only when it changes.
+            if last != Some(g) {
+                out.insert(g);
+                last = Some(g);
+            }
+        };
+        if facts.len() == self.cluster.count_of(key) {
+            facts.iter().for_each(|f| add(f.generation));
+        } else {
+            self.cluster
+                .jobs_of(key)
+                .for_each(|j| add(j.info.generation));
+        }
+        out
     }
 
     /// Places the replicas the rollout asks for (`view`) but those waiting for their
