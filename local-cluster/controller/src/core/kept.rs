@@ -13,8 +13,10 @@
 //! - the job's `ready_since` and whether it was ever ready: changed only by events of the
 //!   job (a write, noted);
 //! - time: a ready current-generation job becomes available `min_ready` after it became
-//!   ready. Those instants are kept (`ripening`), and a use at `now` makes the jobs due by
-//!   then available; a use at an earlier `now` than the last rebuilds;
+//!   ready. The earliest such instant is kept (`ripe_at`): a use at or after it decides
+//!   those jobs' availability again (a scan of the facts, as often as time alone
+//!   makes some available, which visited the service and rebuilt its facts before); a use
+//!   at an earlier `now` than the last rebuilds;
 //! - the hosts' maintenance (`moving`: on a draining host), announced by no job write:
 //!   the facts are kept only while no host drains, and built whole meanwhile.
 //!
@@ -22,7 +24,6 @@
 
 use super::{Core, KeptFacts};
 use plugin_api::{JobId, ServiceInfo, ServiceKey};
-use std::cmp::Reverse;
 use std::time::Duration;
 use tokio::time::Instant;
 use xce_model::rollout::JobFacts;
@@ -75,8 +76,7 @@ impl Core {
             || k.generation != s.generation
             || k.min_ready != min_ready
             // Cheaper built whole than patched (a stop, a restart of most jobs).
-            || k.stale.len() > k.facts.len() / 2 + 64
-            || k.ripening.len() > 2 * k.facts.len() + 64;
+            || k.stale.len() > k.facts.len() / 2 + 64;
         if rebuild {
             k = KeptFacts {
                 generation: s.generation,
@@ -88,9 +88,8 @@ impl Core {
                 .jobs_of(&key)
                 .filter_map(|j| self.fact_of(s, j, now, min_ready, false))
                 .collect();
-            for f in &k.facts {
-                self.ripen_later(&mut k.ripening, s, f, min_ready);
-            }
+            k.facts.shrink_to_fit();
+            k.ripe_at = self.ripe_at(s, &k.facts, min_ready);
         } else {
             let mut stale = std::mem::take(&mut k.stale);
             stale.sort_unstable();
@@ -138,8 +137,8 @@ impl Core {
                 .jobs
                 .get(id.as_str())
                 .and_then(|j| self.fact_of(s, j, now, k.min_ready, false));
-            if let Some(f) = &f {
-                self.ripen_later(&mut k.ripening, s, f, k.min_ready);
+            if let Some(t) = f.as_ref().and_then(|f| self.ripens(s, f, k.min_ready)) {
+                k.ripe_at = Some(k.ripe_at.map_or(t, |r| r.min(t)));
             }
             match (k.facts.binary_search_by(|x| x.job.as_str().cmp(id)), f) {
                 (Ok(i), Some(f)) => k.facts[i] = f,
@@ -169,40 +168,42 @@ impl Core {
         k.facts = out;
     }
 
-    /// Notes when `f`, ready but not available, becomes available by time alone.
-    fn ripen_later(
-        &self,
-        ripening: &mut std::collections::BinaryHeap<Reverse<(Instant, JobId)>>,
-        s: &ServiceInfo,
-        f: &JobFacts,
-        min_ready: Duration,
-    ) {
+    /// When `f`, ready but not available, becomes available by time alone (`None`: not
+    /// by time alone).
+    fn ripens(&self, s: &ServiceInfo, f: &JobFacts, min_ready: Duration) -> Option<Instant> {
         if f.ready && !f.available && f.generation >= s.generation {
-            if let Some(t) = self.ready_since.get(&f.job) {
-                ripening.push(Reverse((*t + min_ready, f.job.clone())));
-            }
+            self.ready_since.get(&f.job).map(|t| *t + min_ready)
+        } else {
+            None
         }
     }
 
-    /// Makes the jobs of `k` that have been ready for `min_ready` by `now` available
-    /// (each one's availability decided again from its fact and `ready_since`: an entry
-    /// may be older than the fact).
+    /// The earliest instant one of `facts` becomes available by time alone.
+    fn ripe_at(&self, s: &ServiceInfo, facts: &[JobFacts], min_ready: Duration) -> Option<Instant> {
+        facts
+            .iter()
+            .filter_map(|f| self.ripens(s, f, min_ready))
+            .min()
+    }
+
+    /// Once `now` reaches `ripe_at`: the jobs of `k` that have been ready for `min_ready`
+    /// by `now` become available, and `ripe_at` moves to the next such instant.
     fn ripen(&self, k: &mut KeptFacts, s: &ServiceInfo, now: Instant) {
-        while k.ripening.peek().is_some_and(|Reverse((t, _))| *t <= now) {
-            let Some(Reverse((_, id))) = k.ripening.pop() else {
-                break;
-            };
-            let Ok(i) = k.facts.binary_search_by(|x| x.job.as_str().cmp(&id)) else {
+        if k.ripe_at.is_none_or(|t| t > now) {
+            return;
+        }
+        let mut next: Option<Instant> = None;
+        for f in &mut k.facts {
+            let Some(t) = self.ripens(s, f, k.min_ready) else {
                 continue;
             };
-            let f = &mut k.facts[i];
-            f.available = f.ready
-                && (f.generation < s.generation
-                    || self
-                        .ready_since
-                        .get(&f.job)
-                        .is_some_and(|t| now.saturating_duration_since(*t) >= k.min_ready));
+            if t <= now {
+                f.available = true;
+            } else {
+                next = Some(next.map_or(t, |n| n.min(t)));
+            }
         }
+        k.ripe_at = next;
     }
 
     /// The safety net of the kept facts (tests only): `facts` equal a rebuild.

@@ -208,10 +208,12 @@ pub(super) struct KeptFacts {
     now: Option<Instant>,
     /// The jobs the commits wrote since (ids, in commit order, repeats possible).
     stale: Vec<JobId>,
-    /// When each ready current-generation job that is not available yet becomes
-    /// available by time alone (`ready_since + min_ready`), earliest first: the only facts
-    /// time alone changes.
-    ripening: std::collections::BinaryHeap<std::cmp::Reverse<(Instant, JobId)>>,
+    /// The earliest instant a ready current-generation job that is not available yet
+    /// becomes available by time alone (`ready_since + min_ready`: the only facts time
+    /// alone changes), or earlier (a job counted here may have changed since). One
+    /// instant, not one per job: an instant per job waiting for `min_ready` was 70 bytes
+    /// a replica while a placement's replicas wait.
+    ripe_at: Option<Instant>,
 }
 
 /// The controller's in-memory notes on jobs, for its rollouts (kept by `waits.rs`;
