@@ -52,8 +52,15 @@ impl Core {
                 run = Some((key, kept));
             }
             if let Some((key, true)) = &run {
-                if let Some(k) = self.kept.get_mut(key) {
-                    k.stale.push(id.clone());
+                let Some(k) = self.kept.get_mut(key) else {
+                    continue;
+                };
+                k.stale.push(id.clone());
+                if k.stale.len() > patch_limit(k.size) {
+                    // Rebuilt at the next visit anyway: not kept meanwhile (a service
+                    // left unvisited, its readiness changing, would pile ids up).
+                    self.kept.remove(key);
+                    run = Some((key.clone(), false));
                 }
             }
         }
@@ -75,8 +82,7 @@ impl Core {
             || k.now.is_none_or(|t| now < t)
             || k.generation != s.generation
             || k.min_ready != min_ready
-            // Cheaper built whole than patched (a stop, a restart of most jobs).
-            || k.stale.len() > k.facts.len() / 2 + 64;
+            || k.stale.len() > patch_limit(k.size);
         if rebuild {
             k = KeptFacts {
                 generation: s.generation,
@@ -97,6 +103,7 @@ impl Core {
             self.patch_kept(&mut k, s, &stale, now);
         }
         self.ripen(&mut k, s, now);
+        k.size = k.facts.len();
         k.now = Some(now);
         k.out = true;
         let facts = std::mem::take(&mut k.facts);
@@ -219,4 +226,10 @@ impl Core {
             s.key()
         );
     }
+}
+
+/// How many written jobs a service's kept facts (`size` of them) are patched with at
+/// most: beyond, they are cheaper built whole (a stop, a restart of most jobs).
+fn patch_limit(size: usize) -> usize {
+    size / 2 + 64
 }

@@ -208,6 +208,8 @@ pub(super) struct KeptFacts {
     now: Option<Instant>,
     /// The jobs the commits wrote since (ids, in commit order, repeats possible).
     stale: Vec<JobId>,
+    /// How many facts there are (also while a visit holds them).
+    size: usize,
     /// The earliest instant a ready current-generation job that is not available yet
     /// becomes available by time alone (`ready_since + min_ready`: the only facts time
     /// alone changes), or earlier (a job counted here may have changed since). One
