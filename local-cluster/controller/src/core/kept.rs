@@ -34,9 +34,14 @@ use xce_model::Txn;
 /// job (its id's copy included), and a smaller service's facts cost little to build
 /// (placing 50,000 replicas, keeping every service's added 60–170 bytes a replica to
 /// the controller's RSS, against a goal of 2 KB; the 500-replica services hold four
-/// fifths of them). Every service's in the tests, so that the safety net compares them
-/// everywhere.
-const KEEP_AT_LEAST: usize = if cfg!(test) { 0 } else { 1_000 };
+/// fifths of them).
+const KEEP_AT_LEAST: usize = 1_000;
+
+/// Whether the facts of a service of `jobs` jobs are kept: from [`KEEP_AT_LEAST`] on;
+/// every service's in the tests, so that the safety net compares them everywhere.
+fn kept_for(jobs: usize) -> bool {
+    cfg!(test) || jobs >= KEEP_AT_LEAST
+}
 
 impl Core {
     /// Notes the jobs `txn` writes for their services' kept facts (before it is applied:
@@ -81,7 +86,7 @@ impl Core {
     pub(super) fn take_facts(&mut self, s: &ServiceInfo, now: Instant) -> Vec<JobFacts> {
         let key = s.key();
         // `moving` follows the hosts' maintenance, which no job write announces.
-        if self.any_host_drains() || self.cluster.count_of(&key) < KEEP_AT_LEAST {
+        if self.any_host_drains() || !kept_for(self.cluster.count_of(&key)) {
             self.kept.remove(&key);
             return self.job_facts(s, self.cluster.jobs_of(&key), now);
         }
