@@ -125,7 +125,9 @@ pub enum Phase {
 /// One live job of a service, as the rollout sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobFacts {
-    pub job: JobId,
+    /// The model's shared id (no copy of its own: a service's facts are kept, see the
+    /// controller's `kept.rs`).
+    pub job: crate::job_key::JobKey,
     pub replica: u32,
     pub generation: u64,
     pub phase: Phase,
@@ -279,7 +281,7 @@ pub fn to_drain(s: &Service) -> Vec<JobId> {
     d.older_crowds(&slots);
     let old: Vec<&JobFacts> = s
         .in_slots()
-        .filter(|j| !s.is_new(j) && !d.gone.contains(&j.job))
+        .filter(|j| !s.is_new(j) && !d.gone.contains(&*j.job))
         .collect();
     d.replaced_or_idle(&slots, &old);
     if s.policy.max_unavailable > 0 {
@@ -360,8 +362,8 @@ impl Drains {
     }
 
     fn drain(&mut self, j: &JobFacts) {
-        self.out.push(j.job.clone());
-        self.gone.insert(j.job.clone());
+        self.out.push(j.job.to_string());
+        self.gone.insert(j.job.to_string());
     }
 
     /// Drains `j` unless it is available and the available count is at the floor.
@@ -423,8 +425,10 @@ impl Drains {
     /// 5. With `max_unavailable > 0`: the other older jobs, not ready first, then the
     ///    highest slots, within the floor.
     fn further_old(&mut self, old: &[&JobFacts]) {
-        let mut rest: Vec<&&JobFacts> =
-            old.iter().filter(|j| !self.gone.contains(&j.job)).collect();
+        let mut rest: Vec<&&JobFacts> = old
+            .iter()
+            .filter(|j| !self.gone.contains(&*j.job))
+            .collect();
         rest.sort_by_key(|j| (j.ready, std::cmp::Reverse(j.replica)));
         for j in rest {
             self.drain_above_floor(j);

@@ -161,7 +161,7 @@ impl Core {
             if let Some(t) = f.as_ref().and_then(|f| self.ripens(s, f, k.min_ready)) {
                 k.ripe_at = Some(k.ripe_at.map_or(t, |r| r.min(t)));
             }
-            match (k.facts.binary_search_by(|x| x.job.as_str().cmp(id)), f) {
+            match (k.facts.binary_search_by(|x| (*x.job).cmp(id.as_str())), f) {
                 (Ok(i), Some(f)) => k.facts[i] = f,
                 (Ok(i), None) => gone.push(i),
                 (Err(_), Some(f)) => new.push(f),

@@ -645,7 +645,11 @@ impl Core {
                     .get(&j.info.job)
                     .is_some_and(|t| now.saturating_duration_since(*t) >= min_ready));
         Some(JobFacts {
-            job: j.info.job.clone(),
+            // The model's shared id (a job just placed is not in the model yet).
+            job: match self.cluster.job_key(&j.info.job) {
+                Some(k) => k.clone(),
+                None => j.info.job.as_str().into(),
+            },
             replica: j.info.replica,
             generation: j.info.generation,
             phase,

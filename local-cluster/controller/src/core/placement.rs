@@ -468,7 +468,7 @@ impl Core {
             .jobs
             .iter()
             .enumerate()
-            .filter(|(_, f)| leaving.contains(&f.job))
+            .filter(|(_, f)| leaving.contains(&*f.job))
             .map(|(i, f)| (i, rollout::stops_at_once(&view, f)))
             .collect();
         let mut drained = Vec::new();
@@ -487,7 +487,7 @@ impl Core {
             self.leave(&mut batch.txn, j, drain);
             batch.budget.add(*job_size);
             batch.drained = true;
-            drained.push(facts[i].job.clone());
+            drained.push(facts[i].job.to_string());
             if let Some(now_rec) = batch.txn.job(&self.cluster, &facts[i].job) {
                 if let Some(f) = self.job_facts(&s.info, [&now_rec], now).pop() {
                     facts[i] = f;

@@ -239,7 +239,7 @@ impl Core {
         // unless it was waiting (an older one when ready, whatever the time).
         for f in &mut before {
             f.available =
-                f.ready && (f.generation < s.info.generation || !book.waiting.contains(&f.job));
+                f.ready && (f.generation < s.info.generation || !book.waiting.contains(&*f.job));
         }
         let after = self.job_facts(&s.info, after, now);
         let counts = minus(
@@ -247,7 +247,7 @@ impl Core {
             self.counts(s, &before),
         );
         for f in &before {
-            book.waiting.remove(&f.job);
+            book.waiting.remove(&*f.job);
         }
         for (_, id) in &changed {
             book.waiting.remove(id);
@@ -437,7 +437,7 @@ fn waiting<'a>(s: &'a ServiceRec, facts: &'a [JobFacts]) -> impl Iterator<Item =
     facts
         .iter()
         .filter(|f| f.ready && !f.available && f.generation >= s.info.generation)
-        .map(|f| f.job.clone())
+        .map(|f| f.job.to_string())
 }
 
 fn plus(a: Counts, b: Counts) -> Counts {
