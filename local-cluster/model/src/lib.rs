@@ -443,6 +443,11 @@ impl Cluster {
         self.by_host.get(host).map_or(0, BTreeSet::len)
     }
 
+    /// How many live jobs `service` has.
+    pub fn count_of(&self, service: &ServiceKey) -> usize {
+        self.by_service.get(service).map_or(0, BTreeSet::len)
+    }
+
     /// The live jobs of `service`, by job id.
     pub fn jobs_of<'a>(&'a self, service: &'a ServiceKey) -> impl Iterator<Item = &'a JobRec> + 'a {
         self.indexed(self.by_service.get(service)).map(|j| &**j)

@@ -125,7 +125,9 @@ pub enum Phase {
 /// One live job of a service, as the rollout sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobFacts {
-    pub job: JobId,
+    /// The model's shared id (no copy of its own: a service's facts are kept, see the
+    /// controller's `kept.rs`).
+    pub job: crate::job_key::JobKey,
     pub replica: u32,
     pub generation: u64,
     pub phase: Phase,
@@ -239,19 +241,21 @@ impl Service<'_> {
 ///
 /// The caller drops slots whose restart backoff runs and slots no host can take.
 pub fn to_place(s: &Service) -> Vec<u32> {
-    let mut any = BTreeSet::new();
-    let mut new = BTreeSet::new();
+    // By slot (whether it holds any job, a current-generation one), not sets: this runs
+    // at every visit of a service, and a set of 10,000 slots was a visit's cost of its own.
+    let mut any = vec![false; s.replicas as usize];
+    let mut new = vec![false; s.replicas as usize];
     let mut total = 0u32;
     for j in s.in_slots() {
         total += 1;
-        any.insert(j.replica);
+        any[j.replica as usize] = true;
         if s.is_new(j) {
-            new.insert(j.replica);
+            new[j.replica as usize] = true;
         }
     }
     let budget = (s.replicas + s.policy.max_surge).saturating_sub(total) as usize;
-    let empty = (0..s.replicas).filter(|r| !any.contains(r));
-    let surge = (0..s.replicas).filter(|r| any.contains(r) && !new.contains(r));
+    let empty = (0..s.replicas).filter(|r| !any[*r as usize]);
+    let surge = (0..s.replicas).filter(|r| any[*r as usize] && !new[*r as usize]);
     empty.chain(surge).take(budget).collect()
 }
 
@@ -267,6 +271,9 @@ pub fn to_place(s: &Service) -> Vec<u32> {
 /// 5. with `max_unavailable > 0`: further older jobs (not ready first, then the highest
 ///    slots), within the same floor, so a rollout can proceed where no surge fits.
 pub fn to_drain(s: &Service) -> Vec<JobId> {
+    if settled(s) {
+        return Vec::new();
+    }
     let mut d = Drains::new(s);
     d.excess(s);
     let slots = Slots::of(s);
@@ -274,13 +281,32 @@ pub fn to_drain(s: &Service) -> Vec<JobId> {
     d.older_crowds(&slots);
     let old: Vec<&JobFacts> = s
         .in_slots()
-        .filter(|j| !s.is_new(j) && !d.gone.contains(&j.job))
+        .filter(|j| !s.is_new(j) && !d.gone.contains(&*j.job))
         .collect();
     d.replaced_or_idle(&slots, &old);
     if s.policy.max_unavailable > 0 {
         d.further_old(&old);
     }
     d.out
+}
+
+/// Whether every live job of `s` is a current-generation one in a slot of its own: then
+/// [`to_drain`] has nothing to let go (no excess, no second job in a slot, no older job).
+/// Checked first, without the slots' map (a vector per slot): most visits of a big
+/// service find it so.
+fn settled(s: &Service) -> bool {
+    let mut taken = vec![false; s.replicas as usize];
+    for j in s.live() {
+        if j.replica >= s.replicas || !s.is_new(j) {
+            return false;
+        }
+        let t = &mut taken[j.replica as usize];
+        if *t {
+            return false;
+        }
+        *t = true;
+    }
+    true
 }
 
 /// The jobs [`to_drain`] chose so far, in order, and the available count they leave.
@@ -336,8 +362,8 @@ impl Drains {
     }
 
     fn drain(&mut self, j: &JobFacts) {
-        self.out.push(j.job.clone());
-        self.gone.insert(j.job.clone());
+        self.out.push(j.job.to_string());
+        self.gone.insert(j.job.to_string());
     }
 
     /// Drains `j` unless it is available and the available count is at the floor.
@@ -399,8 +425,10 @@ impl Drains {
     /// 5. With `max_unavailable > 0`: the other older jobs, not ready first, then the
     ///    highest slots, within the floor.
     fn further_old(&mut self, old: &[&JobFacts]) {
-        let mut rest: Vec<&&JobFacts> =
-            old.iter().filter(|j| !self.gone.contains(&j.job)).collect();
+        let mut rest: Vec<&&JobFacts> = old
+            .iter()
+            .filter(|j| !self.gone.contains(&*j.job))
+            .collect();
         rest.sort_by_key(|j| (j.ready, std::cmp::Reverse(j.replica)));
         for j in rest {
             self.drain_above_floor(j);
@@ -433,19 +461,20 @@ pub fn first_wait<'a>(s: &Service<'a>) -> Option<Wait<'a>> {
     if s.is_complete() {
         return None;
     }
-    let mut best: BTreeMap<u32, &'a JobFacts> = BTreeMap::new();
+    // By slot, not a map: this runs at every visit of a progressing service.
+    let mut best: Vec<Option<&'a JobFacts>> = vec![None; s.replicas as usize];
     for j in s.jobs.iter().filter(|j| j.phase != Phase::Leaving) {
         if j.replica >= s.replicas || !s.is_new(j) {
             continue;
         }
         let rank = |j: &JobFacts| (j.available, j.ready, j.phase == Phase::Running);
-        let e = best.entry(j.replica).or_insert(j);
+        let e = best[j.replica as usize].get_or_insert(j);
         if rank(j) > rank(e) {
             *e = j;
         }
     }
     for r in 0..s.replicas {
-        match best.get(&r) {
+        match best[r as usize] {
             None => return Some(Wait::Placement(r)),
             Some(j) if j.available => continue,
             Some(j) if j.ready => return Some(Wait::MinReady(j)),

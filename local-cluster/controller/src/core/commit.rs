@@ -112,6 +112,7 @@ impl Core {
         self.store_retry = None;
         self.parts.touch(&txn, &self.cluster);
         self.note_assign(&txn);
+        self.note_kept(&txn);
         self.touch_sched(&txn, now);
         let (events, after) = txn.apply(&mut self.cluster);
         self.dirty = true;
@@ -232,6 +233,7 @@ impl Core {
     /// Drops what the core keeps of a removed service besides its records.
     fn forget_service(&mut self, key: &ServiceKey) {
         self.profiles.remove(key);
+        self.kept.remove(key);
         self.pending.remove(key);
         self.progress.remove(key);
         self.older.retain(|(k, _), _| k != key);

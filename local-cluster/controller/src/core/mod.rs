@@ -17,6 +17,7 @@ mod commands;
 mod commit;
 mod host_action;
 mod jobs;
+mod kept;
 mod maintenance;
 mod placement;
 mod publish;
@@ -189,6 +190,34 @@ pub(super) struct Sched {
     quiet: HashMap<ServiceKey, u32>,
 }
 
+/// A service's job facts kept from one scheduling pass to the next (kept by `kept.rs`;
+/// declared here for the same reason as [`Parts`]): patched with the jobs the commits
+/// since wrote, instead of rebuilt from every job of the service at every visit.
+#[derive(Debug, Default)]
+pub(super) struct KeptFacts {
+    /// The facts in the order of the service's jobs (`Cluster::jobs_of`: by job id);
+    /// empty while a visit holds them (`out`).
+    facts: Vec<JobFacts>,
+    /// A visit took the facts and did not give them back (its pass failed): rebuilt at
+    /// the next use.
+    out: bool,
+    /// What the facts were built with: another generation or `min_ready` rebuilds them.
+    generation: u64,
+    min_ready: Duration,
+    /// The latest `now` the facts are true at (a use at an earlier one rebuilds them).
+    now: Option<Instant>,
+    /// The jobs the commits wrote since (ids, in commit order, repeats possible).
+    stale: Vec<JobId>,
+    /// How many facts there are (also while a visit holds them).
+    size: usize,
+    /// The earliest instant a ready current-generation job that is not available yet
+    /// becomes available by time alone (`ready_since + min_ready`: the only facts time
+    /// alone changes), or earlier (a job counted here may have changed since). One
+    /// instant, not one per job: an instant per job waiting for `min_ready` was 70 bytes
+    /// a replica while a placement's replicas wait.
+    ripe_at: Option<Instant>,
+}
+
 /// The controller's in-memory notes on jobs, for its rollouts (kept by `waits.rs`;
 /// declared here for the same reason as [`Parts`]).
 #[derive(Debug, Default)]
@@ -311,6 +340,8 @@ pub(crate) struct Core {
     parts: Parts,
     /// Which services the next scheduling pass visits.
     sched: Sched,
+    /// Each visited service's job facts, kept across passes.
+    kept: HashMap<ServiceKey, KeptFacts>,
     /// Something changed since the last [`Core::settle`].
     dirty: bool,
     /// Committed events not yet announced: listeners hear of a change only after the
@@ -459,6 +490,7 @@ impl Core {
             view,
             parts: Parts::default(),
             sched: Sched::default(),
+            kept: HashMap::new(),
             dirty: true,
             store_retry: None,
             fatal: None,
@@ -557,6 +589,12 @@ impl Core {
         self.facts_built.get()
     }
 
+    /// The metrics the core keeps (tests read its counters).
+    #[cfg(test)]
+    pub(crate) fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
     /// What the rollout logic sees of `jobs` (a service's jobs) at `now`.
     fn job_facts<'a>(
         &self,
@@ -564,45 +602,62 @@ impl Core {
         jobs: impl IntoIterator<Item = &'a JobRec>,
         now: Instant,
     ) -> Vec<JobFacts> {
-        let min_ready = self
-            .profiles
-            .get(&s.key())
-            .map_or(Duration::ZERO, |p| p.update.min_ready);
+        let min_ready = self.min_ready_of(&s.key());
         // Once per call, not a host lookup per job (see `any_host_drains`).
         let any_drains = self.any_host_drains();
-        #[cfg(test)]
-        let jobs = jobs.into_iter().inspect(|_| {
-            self.facts_built.set(self.facts_built.get() + 1);
-        });
         jobs.into_iter()
-            .filter_map(|j| {
-                let phase = match j.effective_state() {
-                    JobState::Placed => Phase::Placed,
-                    JobState::Running => Phase::Running,
-                    JobState::Draining | JobState::Stopping => Phase::Leaving,
-                    JobState::Unknown | JobState::Exited | JobState::Lost => return None,
-                };
-                // A job a full disruption took out of the endpoints counts as it was: the
-                // rollout does not act on a readiness nobody reported.
-                let ready = j.held_ready.unwrap_or(j.info.ready) && phase == Phase::Running;
-                let available = ready
-                    && (j.info.generation < s.generation
-                        || self
-                            .ready_since
-                            .get(&j.info.job)
-                            .is_some_and(|t| now.saturating_duration_since(*t) >= min_ready));
-                Some(JobFacts {
-                    job: j.info.job.clone(),
-                    replica: j.info.replica,
-                    generation: j.info.generation,
-                    phase,
-                    ready,
-                    available,
-                    moving: any_drains && self.on_draining_host(j),
-                    ever_ready: ready || self.notes.ever_ready(&j.info.job),
-                })
-            })
+            .filter_map(|j| self.fact_of(s, j, now, min_ready, any_drains))
             .collect()
+    }
+
+    /// The `min_ready` of the service's current profile.
+    fn min_ready_of(&self, key: &ServiceKey) -> Duration {
+        self.profiles
+            .get(key)
+            .map_or(Duration::ZERO, |p| p.update.min_ready)
+    }
+
+    /// What the rollout logic sees of job `j` of `s` at `now` (`None`: not live),
+    /// with the service's `min_ready` and whether any host drains.
+    fn fact_of(
+        &self,
+        s: &ServiceInfo,
+        j: &JobRec,
+        now: Instant,
+        min_ready: Duration,
+        any_drains: bool,
+    ) -> Option<JobFacts> {
+        #[cfg(test)]
+        self.facts_built.set(self.facts_built.get() + 1);
+        let phase = match j.effective_state() {
+            JobState::Placed => Phase::Placed,
+            JobState::Running => Phase::Running,
+            JobState::Draining | JobState::Stopping => Phase::Leaving,
+            JobState::Unknown | JobState::Exited | JobState::Lost => return None,
+        };
+        // A job a full disruption took out of the endpoints counts as it was: the
+        // rollout does not act on a readiness nobody reported.
+        let ready = j.held_ready.unwrap_or(j.info.ready) && phase == Phase::Running;
+        let available = ready
+            && (j.info.generation < s.generation
+                || self
+                    .ready_since
+                    .get(&j.info.job)
+                    .is_some_and(|t| now.saturating_duration_since(*t) >= min_ready));
+        Some(JobFacts {
+            // The model's shared id (a job just placed is not in the model yet).
+            job: match self.cluster.job_key(&j.info.job) {
+                Some(k) => k.clone(),
+                None => j.info.job.as_str().into(),
+            },
+            replica: j.info.replica,
+            generation: j.info.generation,
+            phase,
+            ready,
+            available,
+            moving: any_drains && self.on_draining_host(j),
+            ever_ready: ready || self.notes.ever_ready(&j.info.job),
+        })
     }
 }
 

@@ -213,7 +213,8 @@ impl Core {
         };
         let acted = self.place_and_drain(batch, hosts, &s, base, drain, now);
         if batch.pass.failed {
-            // Not visited in full: it stays marked (or waiting) for the next pass.
+            // Not visited in full: it stays marked (or waiting) for the next pass (and
+            // its facts, not given back, are built whole then).
             return;
         }
         let view = rollout::Service {
@@ -236,6 +237,7 @@ impl Core {
             drained: acted.drained,
         };
         self.visited(&key, visit, now);
+        self.give_back(&key, acted.facts, acted.kept, acted.drained_ids);
         batch.visited.push((key, acted.drained));
     }
 
@@ -254,12 +256,9 @@ impl Core {
         now: Instant,
     ) -> Acted {
         let key = s.info.key();
-        let mut facts = self.job_facts(&s.info, self.cluster.jobs_of(&key), now);
-        let mut generations: BTreeSet<u64> = self
-            .cluster
-            .jobs_of(&key)
-            .map(|j| j.info.generation)
-            .collect();
+        let mut facts = self.take_facts(&s.info, now);
+        let kept = facts.len();
+        let mut generations = self.generations(&key, &facts);
         let mut job_size = 0;
         let view = rollout::Service {
             jobs: &facts,
@@ -271,15 +270,43 @@ impl Core {
         }
         // After the others, as the service's jobs were listed when they were rebuilt.
         facts.extend(placing.facts);
-        let drained = !batch.pass.failed
-            && self.drain_released(batch, s, &mut facts, base, drain, &mut job_size, now);
+        let drained_ids = if batch.pass.failed {
+            Vec::new()
+        } else {
+            self.drain_released(batch, s, &mut facts, base, drain, &mut job_size, now)
+        };
         Acted {
             facts,
+            kept,
             blocked: placing.blocked,
             waiting: placing.waiting,
-            drained,
+            drained: !drained_ids.is_empty(),
+            drained_ids,
             generations,
         }
+    }
+
+    /// The generations the jobs of service `key` run; `facts`: those jobs' facts. From
+    /// the facts when every job has one (a lookup of each job in the cluster's map was a
+    /// visit's cost of its own), else from the jobs (an exited or unknown job has none).
+    fn generations(&self, key: &ServiceKey, facts: &[JobFacts]) -> BTreeSet<u64> {
+        let mut out = BTreeSet::new();
+        let mut last = None;
+        let mut add = |g: u64| {
+            // Mostly one generation: a set insert per job only when it changes.
+            if last != Some(g) {
+                out.insert(g);
+                last = Some(g);
+            }
+        };
+        if facts.len() == self.cluster.count_of(key) {
+            facts.iter().for_each(|f| add(f.generation));
+        } else {
+            self.cluster
+                .jobs_of(key)
+                .for_each(|j| add(j.info.generation));
+        }
+        out
     }
 
     /// Places the replicas the rollout asks for (`view`) but those waiting for their
@@ -297,13 +324,17 @@ impl Core {
         now: Instant,
     ) -> Placing {
         let key = s.info.key();
-        let occupied: BTreeSet<u32> = view
-            .jobs
-            .iter()
-            .filter(|f| f.phase != Phase::Leaving)
-            .map(|f| f.replica)
-            .collect();
+        // By slot, not a set: built at every visit.
+        let mut occupied = vec![false; s.info.replicas as usize];
+        for f in view.jobs.iter().filter(|f| f.phase != Phase::Leaving) {
+            if let Some(o) = occupied.get_mut(f.replica as usize) {
+                *o = true;
+            }
+        }
         let mut out = Placing::default();
+        // Whether any host drains: asked once, at the first placement.
+        let mut drains: Option<bool> = None;
+        let min_ready = self.min_ready_of(&key);
         // Built at the service's first placement, so a service with nothing to place
         // costs nothing here.
         let mut spread: Option<Spread> = None;
@@ -327,13 +358,15 @@ impl Core {
                         *job_size = encoded_len(&rec) + 16;
                     }
                     batch.budget.add(*job_size);
-                    out.facts.extend(self.job_facts(&s.info, [&rec], now));
+                    let drains = *drains.get_or_insert_with(|| self.any_host_drains());
+                    out.facts
+                        .extend(self.fact_of(&s.info, &rec, now, min_ready, drains));
                     batch.txn.put_job(&self.cluster, rec);
                 }
                 Err(reason) => {
                     debug!(service = %s.info.name, replica, reason = %reason, "replica pending");
                     out.waiting = true;
-                    if occupied.contains(&replica) {
+                    if occupied.get(replica as usize).copied().unwrap_or(false) {
                         out.blocked.get_or_insert_with(|| reason.clone());
                     } else {
                         self.pending
@@ -408,7 +441,7 @@ impl Core {
 
     /// Puts the jobs the rollout lets go (the service `s` as `base` and `facts` show
     /// it, after this visit's placements) on their way out, into the pass's batches; each
-    /// drained job's facts become its new record's. Whether any drained.
+    /// drained job's facts become its new record's. Returns the jobs drained.
     #[allow(clippy::too_many_arguments)]
     fn drain_released(
         &mut self,
@@ -419,7 +452,7 @@ impl Core {
         drain: Duration,
         job_size: &mut usize,
         now: Instant,
-    ) -> bool {
+    ) -> Vec<JobId> {
         let key = s.info.key();
         let view = rollout::Service {
             jobs: &*facts,
@@ -427,7 +460,7 @@ impl Core {
         };
         let leaving: BTreeSet<JobId> = rollout::to_drain(&view).into_iter().collect();
         if leaving.is_empty() {
-            return false;
+            return Vec::new();
         }
         // In the service's job order, each with whether it stops at once (never ready,
         // superseded: nothing to drain, so no process held for `drain`).
@@ -435,10 +468,10 @@ impl Core {
             .jobs
             .iter()
             .enumerate()
-            .filter(|(_, f)| leaving.contains(&f.job))
+            .filter(|(_, f)| leaving.contains(&*f.job))
             .map(|(i, f)| (i, rollout::stops_at_once(&view, f)))
             .collect();
-        let mut drained = false;
+        let mut drained = Vec::new();
         for (i, at_once) in order {
             let Some(j) = batch.txn.job(&self.cluster, &facts[i].job) else {
                 continue;
@@ -454,7 +487,7 @@ impl Core {
             self.leave(&mut batch.txn, j, drain);
             batch.budget.add(*job_size);
             batch.drained = true;
-            drained = true;
+            drained.push(facts[i].job.to_string());
             if let Some(now_rec) = batch.txn.job(&self.cluster, &facts[i].job) {
                 if let Some(f) = self.job_facts(&s.info, [&now_rec], now).pop() {
                     facts[i] = f;
@@ -899,12 +932,16 @@ enum Drive {
 struct Acted {
     /// Its jobs as the rollout sees them now.
     facts: Vec<JobFacts>,
+    /// How many of `facts` were taken from the kept ones (the rest were placed).
+    kept: usize,
     /// Why a surge replica (one beside an old job) could not be placed.
     blocked: Option<String>,
     /// A replica did not fit.
     waiting: bool,
     /// A job drained.
     drained: bool,
+    /// The jobs drained (their facts patched in `facts`).
+    drained_ids: Vec<JobId>,
     /// The generations its jobs run (older generations' profiles are kept while any of
     /// their jobs is left).
     generations: BTreeSet<u64>,

@@ -252,12 +252,18 @@ impl Core {
                 .get(key)
                 .map(|(_, since)| *since + p.update.deadline);
             let min_ready = p.update.min_ready;
-            let ready = facts
-                .iter()
-                .filter(|f| !min_ready.is_zero() && f.ready && !f.available)
-                .filter(|f| f.generation >= generation)
-                .filter_map(|f| self.ready_since.get(&f.job))
-                .map(|t| *t + min_ready);
+            // The kept facts the visit took know it (or an instant before it: a spurious
+            // wake-up at worst; see `kept.rs`) without a clock lookup per job.
+            let ready = match self.kept.get(key).filter(|k| k.out) {
+                Some(k) => k.ripe_at,
+                None => facts
+                    .iter()
+                    .filter(|f| !min_ready.is_zero() && f.ready && !f.available)
+                    .filter(|f| f.generation >= generation)
+                    .filter_map(|f| self.ready_since.get(&f.job))
+                    .map(|t| *t + min_ready)
+                    .min(),
+            };
             // Only future instants: a past one would wake the state task at once, again
             // and again (a deadline that passed failed the rollout in this visit).
             deadline.into_iter().chain(ready).filter(|t| *t > now).min()

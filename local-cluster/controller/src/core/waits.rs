@@ -108,7 +108,7 @@ impl Core {
                 ),
             },
             Wait::Start(j) => format!("{} has not started yet", self.named(txn, j)),
-            Wait::Ready(j) => match self.notes.probes.get(&j.job) {
+            Wait::Ready(j) => match self.notes.probes.get(&*j.job) {
                 Some(probe) => format!("{} is not ready: {probe}", self.named(txn, j)),
                 None => format!("{} is not ready yet", self.named(txn, j)),
             },

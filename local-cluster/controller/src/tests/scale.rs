@@ -5,6 +5,7 @@
 //! Then the numbers: 50,000 replicas on 1,000 hosts.
 
 use super::*;
+use xce_model::rollout::RolloutState;
 use xce_model::Cluster;
 use xce_store::testing::TestEtcd;
 use xce_store::{BatchLimit, RedbStore};
@@ -694,6 +695,45 @@ fn placing_a_ten_thousand_replica_service_in_small_batches_builds_its_facts_a_fe
         built <= 4 * BIG as usize,
         "{built} job facts built for {BIG} replicas placed in {batches} batches"
     );
+}
+
+/// A settle's cost follows what its commits wrote, not the size of the services they
+/// wrote: with `min_ready`, readiness moves a rollout on, so every settle of a wave of
+/// reports visits the service; reports starting and readying a 10,000-replica service
+/// host by host (100 settles) build each job's facts a few times in all, the view's
+/// included (39,900). Built whole at every visit they were 1,020,000. Then time alone
+/// makes them available (the kept facts ripen) and the rollout completes.
+#[test]
+fn settles_while_a_ten_thousand_replica_service_gets_ready_build_its_facts_a_few_times() {
+    let store = Recording::new(Arc::new(MemStore::new()), etcd_like());
+    let now = Instant::now();
+    let (mut core, _) = cluster(store.clone(), 100, 100, now);
+    let doc = json!({"service": {"name": "big", "replicas": BIG, "command": ["sleep", "1000"],
+                                 "update": {"min_ready": "10s"}}});
+    submit_on(&mut core, doc, now);
+    let key = ServiceKey::new("default", "big");
+    let before = core.facts_built();
+    let visits = core.metrics().pass_visits.get();
+    start_all(&mut core, now);
+    let built = core.facts_built() - before;
+    assert!(
+        core.metrics().pass_visits.get() - visits >= 100,
+        "every settle visits the service"
+    );
+    assert!(
+        built <= 6 * BIG as usize,
+        "{built} job facts built while {BIG} replicas got ready in 100 settles"
+    );
+    let rollout = |core: &Core| core.view().borrow().services[&key].rollout.state;
+    assert_eq!(rollout(&core), RolloutState::Progressing);
+    let later = now + Duration::from_secs(11);
+    heartbeat_all(&mut core, later);
+    core.tick(later, None);
+    // The state task's timer for the service's `min_ready` fired.
+    core.mark_dirty();
+    core.settle(later);
+    assert_eq!(rollout(&core), RolloutState::Complete);
+    assert_eq!(core.view().borrow().services[&key].counts.available, BIG);
 }
 
 /// A limit of a few records per batch: a visit that places many replicas goes on over

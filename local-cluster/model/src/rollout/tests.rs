@@ -86,7 +86,7 @@ impl Model {
             let id = format!("j-{}", self.next_id);
             self.next_id += 1;
             self.jobs.push(JobFacts {
-                job: id,
+                job: id.into(),
                 replica: r,
                 generation: self.generation,
                 phase: Phase::Placed,
@@ -107,7 +107,7 @@ impl Model {
         let avail_before = self.available_in_slots();
         let drain = to_drain(&self.service());
         for id in &drain {
-            let f = self.jobs.iter().find(|j| &j.job == id);
+            let f = self.jobs.iter().find(|j| *j.job == **id);
             let f = f.ok_or_else(|| TestCaseError::fail("drained an unknown job"))?;
             if stops_at_once(&self.service(), f) {
                 prop_assert!(
@@ -123,7 +123,7 @@ impl Model {
             }
         }
         for id in &drain {
-            let j = self.jobs.iter_mut().find(|j| &j.job == id);
+            let j = self.jobs.iter_mut().find(|j| *j.job == **id);
             let j = j.ok_or_else(|| TestCaseError::fail("drained an unknown job"))?;
             prop_assert_ne!(j.phase, Phase::Leaving, "a leaving job drained again");
             j.phase = Phase::Leaving;
@@ -149,7 +149,7 @@ impl Model {
                     j.available &= ready;
                     j.ever_ready |= ready;
                     if ready {
-                        self.endpoints.insert(j.job.clone());
+                        self.endpoints.insert(j.job.to_string());
                     }
                 }
             }
@@ -200,7 +200,7 @@ impl Model {
                     j.ready = true;
                     j.available = true;
                     j.ever_ready = true;
-                    self.endpoints.insert(j.job.clone());
+                    self.endpoints.insert(j.job.to_string());
                 }
             }
             self.jobs.retain(|j| j.phase != Phase::Leaving);
@@ -394,9 +394,9 @@ fn the_first_wait_names_the_lowest_slot_not_done() {
     ];
     assert_eq!(first_wait(&m.service()), Some(Wait::MinReady(&min_ready)));
     m.jobs[3].available = true;
-    assert!(matches!(first_wait(&m.service()), Some(Wait::Start(j)) if j.job == "j-5"));
+    assert!(matches!(first_wait(&m.service()), Some(Wait::Start(j)) if &*j.job == "j-5"));
     m.jobs[4].phase = Phase::Running;
-    assert!(matches!(first_wait(&m.service()), Some(Wait::Ready(j)) if j.job == "j-5"));
+    assert!(matches!(first_wait(&m.service()), Some(Wait::Ready(j)) if &*j.job == "j-5"));
     m.jobs[4].ready = true;
     m.jobs[4].available = true;
     assert_eq!(first_wait(&m.service()), Some(Wait::Placement(2)));
@@ -406,7 +406,7 @@ fn the_first_wait_names_the_lowest_slot_not_done() {
 
 fn job(id: u32, replica: u32, generation: u64, ready: bool) -> JobFacts {
     JobFacts {
-        job: format!("j-{id}"),
+        job: format!("j-{id}").into(),
         replica,
         generation,
         phase: Phase::Running,
