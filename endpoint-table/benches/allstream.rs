@@ -3,8 +3,9 @@
 //! one run (issue 15): the server's RSS for the streams, and the time from a change to
 //! its event on the stream that follows it.
 //!
-//! Each side gets a fresh server process (this binary re-executed with `--serve`) holding
-//! the same 1,000 services, so a memory delta is not hidden by memory another run freed.
+//! Each side gets a fresh server process (this binary re-executed with `--serve`, serving as
+//! the apiserver does: `common/serve.rs`) holding the same 1,000 services, so a memory delta
+//! is not hidden by memory another run freed.
 //! Memory: the server's VmRSS once every stream has its first event(s), minus before
 //! any stream opened. Latency: [`CHANGES`] changes, each of a service picked at random
 //! (seeded), posted to the server's control route; the clock runs from just before the
@@ -16,6 +17,9 @@
 //! socket and client after the yield. Printed: one `SUMMARY allstream` line.
 //!
 //! Run: `cargo bench -p endpoint-table --bench allstream`.
+
+#[path = "common/serve.rs"]
+mod common_serve;
 
 use axum::routing::{get, post};
 use endpoint_table::{endpoint_table, TableConfig};
@@ -393,6 +397,6 @@ fn serve() {
             let _ = std::io::stdin().read_to_end(&mut Vec::new());
             std::process::exit(0);
         });
-        axum::serve(listener, routes.merge(control)).await.unwrap();
+        common_serve::http_serve(listener, routes.merge(control)).await;
     });
 }

@@ -153,6 +153,8 @@ fn fd_limit() -> u64 {
         .unwrap_or(u64::MAX)
 }
 
+#[path = "../common/serve.rs"]
+mod common_serve;
 mod data;
 mod etcd;
 mod h2;

@@ -1,9 +1,7 @@
 //! Our side: the `--serve` child process and its handle.
 
 use super::*;
-use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
-use hyper_util::server::conn::auto;
+use common_serve::http_serve;
 
 // === our server (`--serve`) ===
 
@@ -248,31 +246,5 @@ impl Drop for Server {
         let _ = self.child.kill();
         let _ = self.child.wait();
         forget_child(self.child.id());
-    }
-}
-
-/// Serves `app` on `listener` as the apiserver does: HTTP/1.1, or HTTP/2 with prior
-/// knowledge when a connection starts with its preface, with the apiserver's HTTP/2
-/// settings, its streams run in the connection's task and write batching
-/// (`xce_serve::http2`), so the per-watcher figures are the product's. (The
-/// apiserver's connection limits are left out: the bench stays far below them.)
-async fn http_serve(listener: tokio::net::TcpListener, app: axum::Router) {
-    loop {
-        let Ok((tcp, _)) = listener.accept().await else {
-            continue;
-        };
-        let _ = tcp.set_nodelay(true);
-        let app = app.clone();
-        tokio::spawn(async move {
-            let streams = xce_serve::http2::ConnStreams::new();
-            let mut builder = auto::Builder::new(streams.executor());
-            xce_serve::http2::configure(&mut builder.http2());
-            let svc = hyper::service::service_fn(move |req: axum::http::Request<Incoming>| {
-                use tower::Service as _;
-                app.clone().call(req.map(axum::body::Body::new))
-            });
-            let io = TokioIo::new(xce_serve::http2::BatchedWrites::new(tcp));
-            let _ = streams.serve(builder.serve_connection(io, svc)).await;
-        });
     }
 }

@@ -36,8 +36,8 @@ pub const MAX_FRAME_SIZE: u32 = 16 * 1024;
 
 /// The largest header list (decoded, with the path) a request may have: 64 KiB. hyper's
 /// default of 16 KiB would reset a `?service=` list of a few hundred names before our
-/// handler could answer it with a clear 400 naming the parameter; HTTP/1.1 here accepts
-/// more still (hyper's 400 KiB read buffer), but nothing we serve needs it.
+/// handler could answer it with a clear 400 naming the parameter. HTTP/1.1 has the same
+/// limit ([`crate::http1::MAX_BUF_SIZE`]).
 pub const MAX_HEADER_LIST_SIZE: u32 = 64 * 1024;
 
 /// Request-body bytes a client may send on one stream before we read them, and on the

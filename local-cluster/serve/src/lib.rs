@@ -47,6 +47,7 @@
 pub mod audit;
 pub mod auth;
 mod exchange;
+pub mod http1;
 pub mod http2;
 pub mod keyring;
 pub mod limits;
@@ -76,7 +77,7 @@ use anyhow::Context as _;
 use axum::body::Body;
 use http::{Request, Response};
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use hyper_util::server::conn::auto;
 use retry_backoff::Backoff;
 use serde::Deserialize;
@@ -846,15 +847,8 @@ fn http_builder(
     exec: crate::http2::StreamExecutor,
 ) -> auto::Builder<crate::http2::StreamExecutor> {
     let mut builder = auto::Builder::new(exec);
-    // The read buffer bounds the request headers: 64 KiB, as HTTP/2's header list
-    // (hyper's default of ~400 KiB let 2,000 connections of unfinished headers take half a
-    // GiB); longer headers are answered 431. It bounds the write buffer too, so an answer
-    // the peer does not read backs up into the socket, where the write clock sees it.
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout)
-        .max_buf_size(crate::http2::MAX_HEADER_LIST_SIZE as usize);
+    crate::http1::configure(&mut builder.http1());
+    builder.http1().header_read_timeout(limits.header_timeout);
     crate::http2::configure(&mut builder.http2());
     builder
 }
