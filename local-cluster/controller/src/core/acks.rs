@@ -1,6 +1,10 @@
 //! Drain waits for the fleet: a draining replica gets SIGTERM only when its `drain` has
 //! passed **and** every live separate apiserver has applied the revision that took it
-//! out of the endpoint, or that wait ran out (`drain_ack_timeout`).
+//! out of the endpoint, or that wait ran out (`drain_ack_timeout`). The `drain` counts
+//! from the last moment any reader could still be handed the replica: an apiserver that
+//! applies the removal late (behind, within its `max_lag`) served the old list until
+//! then, so the drain runs again from when its registration showed the removal, and a
+//! wait that runs out ends a `drain` after the apiserver began failing closed.
 //!
 //! Pure and synchronous, like the rest of the core: the apiservers' registrations (from
 //! an etcd watch, `xce_store::etcd::fleet`) arrive as a command ([`DrainAcks::fleet`]),
@@ -47,6 +51,41 @@ pub(crate) struct Member {
 struct Removal {
     rev: u64,
     at: Instant,
+    /// The last time a registration was seen to have applied `rev` that had not before
+    /// (an apiserver that served the old list until about then).
+    acked: Option<Instant>,
+}
+
+impl Removal {
+    fn new(rev: u64, at: Instant) -> Self {
+        Self {
+            rev,
+            at,
+            acked: None,
+        }
+    }
+
+    /// Notes the apiservers that stopped handing the job out by `now`: those whose
+    /// registration shows `rev` applied now and did not in `before` (one that joined
+    /// since counts: when it loaded is unknown), and those that left the fleet without
+    /// having applied it (they served the old list until they died or stopped).
+    fn note_acks(
+        &mut self,
+        before: &BTreeMap<String, Member>,
+        now_members: &BTreeMap<String, Member>,
+        now: Instant,
+    ) {
+        let applied = now_members.iter().any(|(id, m)| {
+            m.applied >= self.rev && before.get(id).is_none_or(|b| b.applied < self.rev)
+        });
+        let left = before
+            .iter()
+            .any(|(id, b)| b.applied < self.rev && !now_members.contains_key(id));
+        let newly = applied || left;
+        if newly {
+            self.acked = Some(now);
+        }
+    }
 }
 
 /// See the module documentation.
@@ -68,10 +107,7 @@ impl DrainAcks {
             timeout,
             members: BTreeMap::new(),
             removals: HashMap::new(),
-            loaded: Removal {
-                rev: loaded_rev,
-                at: now,
-            },
+            loaded: Removal::new(loaded_rev, now),
         }
     }
 
@@ -80,7 +116,7 @@ impl DrainAcks {
     pub(crate) fn removed(&mut self, job: &JobId, rev: u64, at: Instant) {
         self.removals
             .entry(job.clone())
-            .or_insert(Removal { rev, at });
+            .or_insert(Removal::new(rev, at));
     }
 
     /// `job` drains no longer (stopped, ended, or back in service).
@@ -88,9 +124,16 @@ impl DrainAcks {
         self.removals.remove(job);
     }
 
-    /// The live apiservers now (the whole set: one missing has left the fleet).
-    pub(crate) fn fleet(&mut self, members: impl IntoIterator<Item = (String, Member)>) {
-        self.members = members.into_iter().collect();
+    /// The live apiservers as of `now` (the whole set: one missing has left the fleet).
+    pub(crate) fn fleet(
+        &mut self,
+        members: impl IntoIterator<Item = (String, Member)>,
+        now: Instant,
+    ) {
+        let before = std::mem::replace(&mut self.members, members.into_iter().collect());
+        for r in self.removals.values_mut().chain([&mut self.loaded]) {
+            r.note_acks(&before, &self.members, now);
+        }
     }
 
     /// How long `m` is waited for, from a removal's commit.
@@ -99,14 +142,17 @@ impl DrainAcks {
     }
 
     /// When `job`, whose drain ends at `drain_end`, may get SIGTERM: at `drain_end` once
-    /// every live apiserver has applied its removal; otherwise when the wait for the last
-    /// one that has not runs out, if that is later.
+    /// every live apiserver has applied its removal, or a drain after the last of them
+    /// was seen to, if that is later; while one has not, when the wait for it runs out,
+    /// or a drain after it began failing closed, whichever is later.
     pub(crate) fn stop_at(&self, job: &JobId, drain_end: Instant) -> Instant {
         let r = self.removals.get(job).copied().unwrap_or(self.loaded);
+        let drain = drain_end.saturating_duration_since(r.at);
         self.members
             .values()
             .filter(|m| m.applied < r.rev)
-            .map(|m| r.at + self.patience(m))
+            .map(|m| r.at + self.patience(m).max(m.max_lag + SIGHTING + MARGIN + drain))
+            .chain(r.acked.map(|t| t + drain))
             .fold(drain_end, Instant::max)
     }
 

@@ -19,13 +19,16 @@ impl Core {
     /// The live separate apiservers, as their registrations say now (the whole fleet):
     /// what each drain waits for (`acks.rs`).
     pub(crate) fn fleet(&mut self, registrations: &[xce_store::etcd::fleet::Registration]) {
-        self.acks.fleet(registrations.iter().map(|r| {
-            let m = super::acks::Member {
-                applied: r.applied,
-                max_lag: Duration::from_millis(r.max_lag_ms),
-            };
-            (r.id.clone(), m)
-        }));
+        self.acks.fleet(
+            registrations.iter().map(|r| {
+                let m = super::acks::Member {
+                    applied: r.applied,
+                    max_lag: Duration::from_millis(r.max_lag_ms),
+                };
+                (r.id.clone(), m)
+            }),
+            Instant::now(),
+        );
     }
 
     /// The next instant something is due (a host deadline or a backoff), if any.
