@@ -922,10 +922,15 @@ async fn finish(api: &Api, r: &Replicas, run: Run, worker_logs: &[PathBuf]) -> F
             .filter(|j| j["state"] != "stopping" && !after.contains_key(job_str(j, "job")))
             .map(|j| job_str(j, "job"))
             .collect();
+        // Jobs "gone" here mostly means the observer saw nothing for a while after the
+        // restart (its first answer came after the rollout had moved on): say when.
         assert!(
             vanished.is_empty(),
-            "{}: jobs gone across the restart: {vanished:?}",
-            k.what
+            "{}: jobs gone across the restart: {vanished:?}; the first answer after the kill came {:?} after it ({:?} after the next controller served), {} reads failed in the whole run",
+            k.what,
+            ns(first_after.at - k.killed_at),
+            ns(first_after.at.saturating_sub(k.serving_at)),
+            observed.failed_reads
         );
         let mut drains = Vec::new();
         for d in &k.draining {

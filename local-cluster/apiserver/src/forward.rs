@@ -13,6 +13,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use plugin_api::{ApiError, ApiExtension, Parked, Principal, PrincipalKind};
+use retry_backoff::Backoff;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -75,6 +76,10 @@ pub(super) const STANDBY_HEADER: &str = "x-xce-standby";
 /// How long the leader may take to answer an ordinary request (and past its `wait`, a
 /// blocking query) before the apiserver stops waiting and answers 503 `no_leader`.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(10);
+/// The first and the longest pause before a standby's address is tried again (see
+/// [`Forwarder::deliver`]): an elected controller serves milliseconds after its standby
+/// listener last answered.
+const STANDBY_RETRY: (Duration, Duration) = (Duration::from_millis(20), Duration::from_secs(1));
 /// The longest `wait` of a blocking query the controller honours.
 const MAX_WAIT: Duration = Duration::from_secs(600);
 /// What a 503 `no_leader` tells the client (whole seconds): retry soon, a takeover takes
@@ -283,19 +288,27 @@ impl Forwarder {
     async fn deliver(&self, call: &Call) -> Result<(Target, reqwest::Response), Response> {
         let mut leader = self.leader.clone();
         let mut retried = false;
+        let mut standby_pauses = Backoff::new(STANDBY_RETRY.0, STANDBY_RETRY.1);
         loop {
             let target = self.target(&mut leader).map_err(|msg| {
                 self.metrics.forwarded("no_leader");
                 no_leader(msg)
             })?;
             match self.wait_answer(&target, call, &mut leader).await {
-                // A standby on the address etcd still names (the leader died, and a new
-                // process took its port before the old lease ran out). Its answer is a
-                // valid 503 that did nothing: relaying it would keep clients on a
-                // standby. Wait for the key to name another leader, until the deadline.
+                // A standby on the address etcd names. Either the leader died and a new
+                // process took its port before the old lease ran out, or the key names
+                // this very controller, elected a moment ago and still answering from
+                // its standby listener until it has stopped it and bound the API. Its
+                // answer is a valid 503 that did nothing: relaying it would keep
+                // clients on a standby. Try again when the key names another leader,
+                // or after a pause (nothing announces the end of the second case; it
+                // takes milliseconds), until the deadline.
                 Ok(r) if r.headers().contains_key(STANDBY_HEADER) => {
+                    self.metrics.forwarded("standby");
+                    let again = tokio::time::Instant::now() + standby_pauses.next_pause();
                     let next = other_leader(&mut leader, &target.id);
-                    if tokio::time::timeout_at(call.deadline, next).await.is_err() {
+                    let _ = tokio::time::timeout_at(again.min(call.deadline), next).await;
+                    if tokio::time::Instant::now() >= call.deadline {
                         self.metrics.forwarded("no_leader");
                         return Err(no_leader(format!(
                             "the controller at {} is a standby, not the leader; a takeover is under way",

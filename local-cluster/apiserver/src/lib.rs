@@ -637,6 +637,64 @@ mod tests {
         running.shutdown().await;
     }
 
+    /// An elected controller answers from its standby listener until it has stopped it
+    /// and bound the API (the key already names it): a request that hits it then is
+    /// tried again, and gets the controller's answer once it serves, however long the
+    /// request's deadline. (The apiserver used to wait for the key to name another
+    /// leader, which never came: a blocking query got a 503 after its whole wait plus
+    /// ten seconds, and the e2e rollout-faults observer missed a whole rollout.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_elected_controller_still_on_its_standby_listener_is_tried_again() {
+        use super::forward::STANDBY_HEADER;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let etcd = TestEtcd::start();
+        let running = start_on(&etcd, admin_tokens()).await;
+        let base = format!("http://{}", running.addr);
+        let hit = Arc::new(tokio::sync::Notify::new());
+        let serving = Arc::new(AtomicBool::new(false));
+        let me = axum::Router::new().fallback({
+            let (hit, serving) = (hit.clone(), serving.clone());
+            move || async move {
+                if serving.load(Ordering::SeqCst) {
+                    return (StatusCode::CREATED, "served").into_response();
+                }
+                hit.notify_one();
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    [(STANDBY_HEADER, "1")],
+                    r#"{"error":{"code":"standby","message":"a standby","details":[]}}"#,
+                )
+                    .into_response()
+            }
+        });
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let s = l.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(l, me).await.unwrap() });
+        set_leader(&etcd, &base, &format!("node-s/1@{s}")).await;
+        let req = tokio::spawn({
+            let url = format!("{base}/v1/services");
+            async move {
+                let r = reqwest::Client::new()
+                    .post(url)
+                    .bearer_auth(ADMIN)
+                    .body("{}")
+                    .send()
+                    .await
+                    .unwrap();
+                (r.status(), r.text().await.unwrap())
+            }
+        });
+        hit.notified().await;
+        // It serves now, on the same address, and the key does not change.
+        serving.store(true, Ordering::SeqCst);
+        let (status, text) = tokio::time::timeout(testkit::patience(), req)
+            .await
+            .expect("the request is answered once the elected controller serves")
+            .unwrap();
+        assert_eq!((status.as_u16(), text.as_str()), (201, "served"));
+        running.shutdown().await;
+    }
+
     /// Asserts a 503 `no_leader` with `Retry-After`; returns its message.
     async fn assert_no_leader(r: reqwest::Response) -> String {
         assert_eq!(r.status(), 503);
