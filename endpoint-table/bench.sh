@@ -7,7 +7,8 @@
 #
 # With --runs: N runs of the fan-out (W = 1,000 and 10,000; SSE over one HTTP/1.1 connection
 # each, SSE and blocking queries over HTTP/2 at 100 per connection, etcd's native gRPC
-# watch at 100 per stream and 10 streams per connection) and N of the reads (svc-3,
+# watch at 100 per stream and 10 streams per connection, and etcd's gRPC watch with one
+# connection per watch: the peer of our connection-per-watcher SSE) and N of the reads (svc-3,
 # svc-100; ours under RBAC, etcd linearizable and serializable), each run's load average
 # printed beside it, then the median of each row over the runs and `SUMMARY delivery ...`
 # / `SUMMARY reads ...` lines with the ratios computed from those medians. With --base
@@ -97,7 +98,7 @@ if [ -n "$base" ]; then
 fi
 bin_of() { if [ "$1" = base ]; then echo "$tmp/base-bin"; else echo "$tmp/this"; fi; }
 
-kinds='xce sse,xce sse h2,xce blocking h2,etcd grpc'
+kinds='xce sse,xce sse h2,xce blocking h2,etcd grpc,etcd grpc conn'
 i=1
 while [ "$i" -le "$runs" ]; do
     for label in $labels; do
@@ -163,10 +164,14 @@ END {
     }
     for (key in fkeys) {
         split(key, p, "|")
-        e = p[1] "|etcd grpc|" p[3]
+        # Like against like: a connection per watcher against etcd's, multiplexed against
+        # etcd's multiplexed watch streams.
+        peer = (p[2] == "xce sse") ? "etcd grpc conn" : "etcd grpc"
+        e = p[1] "|" peer "|" p[3]
         if (p[2] ~ /^etcd/ || !(e in ml)) continue
-        emit(3, sprintf("%s %05d %s", p[1], p[3] / 10, p[2]), sprintf("SUMMARY delivery %s W=%s %s: p50 last ours=%.2fms etcd-grpc=%.2fms ratio=%.2f; spread ours=%.2fms etcd-grpc=%.2fms", \
-            p[1], p[3], p[2], ml[key], ml[e], ml[key] / ml[e], ms[key], ms[e]))
+        tag = (p[2] == "xce sse") ? "etcd-grpc-conn" : "etcd-grpc"
+        emit(3, sprintf("%s %05d %s", p[1], p[3] / 10, p[2]), sprintf("SUMMARY delivery %s W=%s %s: p50 last ours=%.2fms %s=%.2fms ratio=%.2f; spread ours=%.2fms %s=%.2fms", \
+            p[1], p[3], p[2], ml[key], tag, ml[e], ml[key] / ml[e], ms[key], tag, ms[e]))
     }
     for (key in fkeys) {
         split(key, p, "|")

@@ -12,6 +12,7 @@ use crate::entry::Entry;
 use crate::table::Change;
 use plugin_api::ServiceKey;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 use tokio::sync::Notify;
@@ -82,6 +83,9 @@ pub(crate) struct Drained {
 pub(crate) struct Queue {
     pending: Mutex<Pending>,
     notify: Notify,
+    /// `pending.generation`, readable without the lock: a reader checks on every request
+    /// whether the apiserver side is behind (see [`pushed`](Self::pushed)).
+    pushed: AtomicU64,
 }
 
 // === impl Queue ===
@@ -104,6 +108,7 @@ impl Queue {
         pending.changes.clear();
         pending.stale = None;
         pending.generation += 1;
+        self.pushed.store(pending.generation, Ordering::Release);
         drop(pending);
         self.notify.notify_one();
     }
@@ -136,6 +141,7 @@ impl Queue {
             }
         }
         pending.generation += 1;
+        self.pushed.store(pending.generation, Ordering::Release);
         self.notify.notify_one();
     }
 
@@ -147,6 +153,7 @@ impl Queue {
         pending.changes.clear();
         pending.stale = Some((reason.to_owned(), at));
         pending.generation += 1;
+        self.pushed.store(pending.generation, Ordering::Release);
         drop(pending);
         self.notify.notify_one();
     }
@@ -160,6 +167,11 @@ impl Queue {
     /// How many pushes there were so far.
     pub(crate) fn generation(&self) -> u64 {
         self.lock().generation
+    }
+
+    /// The same, without taking the lock: every push that returned is counted.
+    pub(crate) fn pushed(&self) -> u64 {
+        self.pushed.load(Ordering::Acquire)
     }
 
     /// Takes everything pending, if anything is.

@@ -319,7 +319,16 @@ impl Shared {
     /// 503 until the first resync arrived: never serve an empty table while catching up;
     /// 503 `stale` from a stale mark until the next resync: never serve what may be out
     /// of date.
+    ///
+    /// First, what the in-process feed queued and the pump has not applied yet is applied
+    /// here: the controller answers a change once it has pushed it, and a read sent after
+    /// that answer must see it (read your writes), not race the pump.
     pub(crate) fn ensure_synced(&self) -> Result<(), ApiError> {
+        if let Some(queue) = &self.queue {
+            if queue.pushed() > *self.applied.borrow() {
+                self.catch_up();
+            }
+        }
         if !self.read().synced {
             // In one process the controller resyncs before the apiserver serves: take that
             // resync now rather than race the pump and answer 503 to the first requests.

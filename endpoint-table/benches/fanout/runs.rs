@@ -31,16 +31,20 @@ pub(crate) enum Kind {
     Etcd,
     /// etcd's native gRPC watch, [`GRPC_PER_STREAM`] per stream.
     EtcdGrpc,
+    /// etcd's native gRPC watch, one connection (and stream) per watch: the topology of
+    /// `xce sse`, one client connection per watcher.
+    EtcdGrpcConn,
 }
 
 impl Kind {
-    pub(crate) const ALL: [Kind; 6] = [
+    pub(crate) const ALL: [Kind; 7] = [
         Kind::Sse,
         Kind::Blocking,
         Kind::H2Sse,
         Kind::H2Blocking,
         Kind::Etcd,
         Kind::EtcdGrpc,
+        Kind::EtcdGrpcConn,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -51,17 +55,18 @@ impl Kind {
             Kind::H2Blocking => "xce blocking h2",
             Kind::Etcd => "etcd gateway",
             Kind::EtcdGrpc => "etcd grpc",
+            Kind::EtcdGrpcConn => "etcd grpc conn",
         }
     }
 
     pub(crate) fn etcd(self) -> bool {
-        matches!(self, Kind::Etcd | Kind::EtcdGrpc)
+        matches!(self, Kind::Etcd | Kind::EtcdGrpc | Kind::EtcdGrpcConn)
     }
 
     /// Client connections `watchers` watchers of this kind use.
     pub(crate) fn connections(self, watchers: usize) -> usize {
         match self {
-            Kind::Sse | Kind::Blocking | Kind::Etcd => watchers,
+            Kind::Sse | Kind::Blocking | Kind::Etcd | Kind::EtcdGrpcConn => watchers,
             Kind::H2Sse | Kind::H2Blocking => watchers.div_ceil(H2_PER_CONN),
             Kind::EtcdGrpc => watchers.div_ceil(GRPC_PER_STREAM * GRPC_STREAMS_PER_CONN),
         }
@@ -195,7 +200,7 @@ pub(crate) async fn fanout(kind: Kind, watchers: usize, changes: usize) -> Optio
     let (mut h2, mut raw_h2) = (Vec::new(), Vec::new());
     for _ in 0..kind.connections(watchers) {
         match kind {
-            Kind::H2Sse | Kind::EtcdGrpc => h2.push(h2_connect(addr).await),
+            Kind::H2Sse | Kind::EtcdGrpc | Kind::EtcdGrpcConn => h2.push(h2_connect(addr).await),
             Kind::H2Blocking => raw_h2.push(raw_h2_connect(addr).await),
             _ => break,
         }
@@ -217,6 +222,13 @@ pub(crate) async fn fanout(kind: Kind, watchers: usize, changes: usize) -> Optio
                 h2[i / (GRPC_PER_STREAM * GRPC_STREAMS_PER_CONN)].clone(),
                 b"svc-0",
                 GRPC_PER_STREAM.min(watchers - i),
+                changes,
+                tx.clone(),
+            )),
+            Kind::EtcdGrpcConn => tokio::spawn(grpc_watch_stream(
+                h2[i].clone(),
+                b"svc-0",
+                1,
                 changes,
                 tx.clone(),
             )),
@@ -502,6 +514,21 @@ fn summaries(watchers: usize, limit: u64, results: &[(Kind, Stats, f64)]) {
              connections: {h1}; goal RSS <= 10 KB: {}",
             Kind::H2Blocking.connections(watchers),
             verdict(h2_rss <= 10_240.0)
+        );
+    }
+    // The issue's first topology: one client connection per watcher on both sides.
+    if let (Some((sse, _)), Some((conn, _))) = (of(Kind::Sse), of(Kind::EtcdGrpcConn)) {
+        println!(
+            "SUMMARY etcd-grpc-conn W={watchers} one connection per watcher: p50 last \
+             sse-h1={:.2}ms etcd-grpc-conn={:.2}ms ratio={:.3} (goal <= 0.5: {}); spread \
+             sse-h1={:.2}ms etcd-grpc-conn={:.2}ms (goal <= 5 ms: {})",
+            sse.last,
+            conn.last,
+            sse.last / conn.last,
+            verdict(sse.last <= 0.5 * conn.last),
+            sse.spread,
+            conn.spread,
+            verdict(sse.spread <= 5.0)
         );
     }
     let Some((grpc, grpc_rss)) = of(Kind::EtcdGrpc) else {

@@ -239,3 +239,53 @@ async fn a_frozen_member_under_the_apiserver_fails_it_closed_and_no_endpoint_out
     );
     drop(fleet);
 }
+
+/// Read your writes, on the leader and on an apiserver: a service whose creation was
+/// answered 201 is there for the next read of its endpoints at the same address. Both used
+/// to race: the controller's endpoint routes took changes from an in-process queue after
+/// the answer had gone, and the apiserver relayed the leader's answer before its etcd
+/// watch had brought the change (a 404 right after the 201; CI saw it on the redb
+/// controller's shutdown test).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_answered_is_seen_by_the_next_read_on_the_leader_and_an_apiserver() {
+    const ROUNDS: usize = 20;
+    let etcd = EtcdCluster::start(1).await.unwrap();
+    let mut fleet = Fleet::new(etcd, 0, 1).unwrap();
+    fleet.start_leader(0).await;
+    fleet.start_apiserver(0).unwrap();
+    let port = fleet.apiserver_ports[0];
+    eventually("the apiserver serves", || async move {
+        let h = tokio::task::spawn_blocking(move || healthz(port)).await?;
+        Ok(h.filter(|(s, _)| *s == 200).map(|_| ()))
+    })
+    .await;
+    let mut missed = Vec::new();
+    for (at, api) in [
+        ("leader", fleet.controller_api(0)),
+        ("apiserver", fleet.apiserver(0)),
+    ] {
+        for i in 0..ROUNDS {
+            let name = format!("ryw-{at}-{i}");
+            // No hosts: the replica stays pending, the entry exists (without endpoints).
+            let (status, body) = api
+                .submit_toml(&http_service(&name, 1).toml())
+                .await
+                .unwrap();
+            assert_eq!(status, 201, "{body}");
+            let (status, _, text) = api
+                .get(&format!("/v1/services/{name}/endpoints"))
+                .await
+                .unwrap();
+            if status != 200 {
+                missed.push(format!("{at}: {name}: {status} {text}"));
+            }
+        }
+    }
+    assert!(
+        missed.is_empty(),
+        "reads right after a 201 that did not see the service ({} of {}):\n{}",
+        missed.len(),
+        2 * ROUNDS,
+        missed.join("\n")
+    );
+}

@@ -276,6 +276,7 @@ pub(super) async fn forward(
     match fwd.deliver(&call).await {
         Ok((target, answer)) => {
             fwd.metrics.forwarded("ok");
+            fwd.read_your_write(&call.parts, &answer).await;
             relay(&target.url, answer, &call.parts.method).await
         }
         Err(refusal) => refusal,
@@ -283,6 +284,36 @@ pub(super) async fn forward(
 }
 
 impl Forwarder {
+    /// A change the leader answered with success and an index (`X-Xce-Index`, the
+    /// revision it committed) is relayed once this apiserver's copy has applied that
+    /// revision, so a read sent here after the answer sees the change (read your writes),
+    /// the way it does on the controller. Bounded by `max_lag`: past it this apiserver
+    /// fails its reads closed anyway. The workers' protocol (`/internal/`) is left out:
+    /// nothing they do reads the endpoint table after their reports.
+    async fn read_your_write(&self, parts: &http::request::Parts, answer: &reqwest::Response) {
+        if parts.method.is_safe()
+            || !answer.status().is_success()
+            || parts.uri.path().starts_with("/internal/")
+        {
+            return;
+        }
+        let Some(index) = answer
+            .headers()
+            .get("x-xce-index")
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        else {
+            return;
+        };
+        let mut applied = self.fresh.applied.subscribe();
+        let caught_up = applied.wait_for(|a| *a >= index);
+        if tokio::time::timeout(self.fresh.max_lag, caught_up)
+            .await
+            .is_err()
+        {
+            tracing::warn!(index, applied = *applied.borrow(), max_lag = ?self.fresh.max_lag, "a forwarded change is answered before this apiserver applied it");
+        }
+    }
+
     /// Sends `call` to the leader until one answers it: the leader and its answer's head,
     /// or the 503 to answer instead (counted).
     async fn deliver(&self, call: &Call) -> Result<(Target, reqwest::Response), Response> {
