@@ -5,7 +5,7 @@ use crate::config::TableConfig;
 use crate::entry::Entry;
 use crate::metrics::{Kind, Metrics};
 use crate::queue::{Queue, Update};
-use crate::shared::{pump, Shared};
+use crate::shared::{pump, Authority, Shared};
 use plugin_api::{ApiContext, ApiError, ApiExtension, Parked, Principal, ServiceKey};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -42,6 +42,13 @@ impl EndpointApi {
     /// changes (and only those).
     pub fn apply(&self, update: Update) {
         self.shared.apply(update, None);
+    }
+
+    /// Answers from the table only while `authority` says so: every read, and every
+    /// blocking query again when its wait ends, asks it first and answers 503 `stale`
+    /// with its reason otherwise (see [`Authority`]). Set once; later calls change nothing.
+    pub fn answer_while(&self, authority: Authority) {
+        self.shared.set_authority(authority);
     }
 
     /// Waits until everything the in-process feed had queued when called is applied here

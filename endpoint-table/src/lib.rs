@@ -44,6 +44,7 @@ pub use config::{ConfigError, TableConfig};
 pub use entry::{DeclaredPort, Entry, PortMap, Replica};
 pub use feed::TableFeed;
 pub use queue::Update;
+pub use shared::Authority;
 pub use table::{Change, Table};
 
 use std::sync::Arc;

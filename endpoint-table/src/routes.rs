@@ -61,6 +61,8 @@ async fn entry(
             let entry =
                 wait_for_service(&shared, &principal, &name, p.project.as_deref(), blocking)
                     .await?;
+            // The wait may have spanned a freeze that cost the host its authority.
+            shared.ensure_authority()?;
             view.check(&entry)?;
             return view.render(&entry);
         }
@@ -83,6 +85,7 @@ async fn entry(
             )
             .await;
             let answer = waited.and_then(|entry| {
+                shared.ensure_authority()?;
                 view.check(&entry)?;
                 view.render(&entry)
             });

@@ -72,7 +72,24 @@ pub(crate) struct Shared {
     /// Raised after every applied update, whatever it changed: what a consumer of the
     /// whole table (the DNS zone) waits on to rebuild once per change, never polling.
     pub(crate) changed: watch::Sender<u64>,
+    /// Whether the host may still answer from this copy (see [`Authority`]); unset: always.
+    authority: std::sync::OnceLock<Hook>,
 }
+
+/// An [`Authority`], shown by `Debug` as being set.
+struct Hook(Authority);
+
+impl std::fmt::Debug for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Authority")
+    }
+}
+
+/// Asked before every answer from the table: `Err(why)` when the host may no longer be
+/// the one to answer (a controller whose leadership lease may have run out while it was
+/// frozen: another may lead and have changed everything since). The routes answer 503
+/// `stale` with the reason then, never the entry.
+pub type Authority = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
 
 #[derive(Debug, Default)]
 struct ApiState {
@@ -148,6 +165,7 @@ impl Shared {
             all_delivery,
             stale: watch::Sender::new(None),
             changed: watch::Sender::new(0),
+            authority: std::sync::OnceLock::new(),
             cfg,
         }
     }
@@ -161,6 +179,27 @@ impl Shared {
             credential: principal.credential.clone(),
             project: project.map(str::to_owned),
         }
+    }
+
+    /// See [`EndpointApi::answer_while`](crate::EndpointApi::answer_while).
+    pub(crate) fn set_authority(&self, authority: Authority) {
+        let _ = self.authority.set(Hook(authority));
+    }
+
+    /// 503 `stale` when the host may no longer answer from this copy (see [`Authority`]).
+    pub(crate) fn ensure_authority(&self) -> Result<(), ApiError> {
+        let Some(Hook(authority)) = self.authority.get() else {
+            return Ok(());
+        };
+        authority().map_err(|why| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "stale",
+                format!(
+                    "these endpoints may be out of date ({why}): retry shortly or ask an apiserver"
+                ),
+            )
+        })
     }
 
     /// See [`EndpointApi::flushed`](crate::EndpointApi::flushed).
@@ -324,6 +363,7 @@ impl Shared {
     /// here: the controller answers a change once it has pushed it, and a read sent after
     /// that answer must see it (read your writes), not race the pump.
     pub(crate) fn ensure_synced(&self) -> Result<(), ApiError> {
+        self.ensure_authority()?;
         if let Some(queue) = &self.queue {
             if queue.pushed() > *self.applied.borrow() {
                 self.catch_up();

@@ -283,6 +283,7 @@ async fn start_controller(
         address_policy,
         endpoint_table::TableConfig::default(),
         &args.dns_config(),
+        None,
     )?;
     let running = xce_controller::start(ccfg, keyring, plugins, Arc::new(store)).await?;
     Ok((running, dns))
@@ -556,6 +557,7 @@ mod tests {
             Default::default(),
             Default::default(),
             &Default::default(),
+            None,
         )
         .unwrap();
         let mut facts = HostFacts::default();

@@ -436,7 +436,7 @@ async fn run_controller(
     let store = daemon::open_redb(&cfg.data_dir)?;
     tracing::info!(data_dir = %cfg.data_dir.display(), "store: embedded redb");
     let (plugins, dns) =
-        plugins::controller_plugins(cfg.address.clone(), cfg.endpoints.clone(), &cfg.dns)?;
+        plugins::controller_plugins(cfg.address.clone(), cfg.endpoints.clone(), &cfg.dns, None)?;
     let tls = ccfg.tls.is_some();
     let running = xce_controller::start(ccfg, tokens.clone(), plugins, Arc::new(store)).await?;
     let _dns = dns::listen(&dns, &cfg.dns, &tokens).await?;
@@ -638,10 +638,15 @@ impl Candidate<'_> {
             tracing::error!(error = %e, "leadership lost: this term ends now");
             let _ = lost_tx.send(e);
         });
+        // A leader frozen past its lease may have been replaced: its endpoint reads stop
+        // at once when it runs again, before the renewing thread has noticed.
+        let clock = leadership.clock();
+        let authority: endpoint_table::Authority = Arc::new(move || clock.leading());
         let (plugins, dns) = plugins::controller_plugins(
             self.cfg.address.clone(),
             self.cfg.endpoints.clone(),
             &self.cfg.dns,
+            Some(authority),
         )?;
         let started = xce_controller::start_with_role(
             self.ccfg.clone(),

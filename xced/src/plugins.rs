@@ -12,12 +12,19 @@ use xce_worker::WorkerPlugins;
 /// The controller's plugins: ports as a resource, the address policy, the endpoint table,
 /// DNS answering from it (its UDP and TCP listeners are started by
 /// [`crate::dns::listen`] with the server returned here).
+///
+/// `authority`: with leader election, the term's lease clock — the endpoint table answers
+/// only while it says this controller may still lead (`EndpointApi::answer_while`).
 pub(crate) fn controller_plugins(
     address: host_address::PolicyConfig,
     endpoints: endpoint_table::TableConfig,
     dns: &xce_dns::DnsConfig,
+    authority: Option<endpoint_table::Authority>,
 ) -> Result<(ControllerPlugins, Arc<xce_dns::Dns>)> {
     let (feed, api) = endpoint_table::endpoint_table(endpoints);
+    if let Some(authority) = authority {
+        api.answer_while(authority);
+    }
     let api = Arc::new(api);
     let dns = xce_dns::Dns::new(dns, &api).context("invalid [dns] config")?;
     let plugins = ControllerPlugins {

@@ -1087,6 +1087,50 @@ async fn a_read_after_the_feed_queued_a_change_sees_it() {
     assert_eq!(resp.status(), 404, "{}", render(resp).await);
 }
 
+/// A host whose authority ends (a controller frozen past its leadership lease) answers no
+/// read from its copy: 503 `stale` with the reason, and a blocking query parked before
+/// it ends answers that too when its wait ends, never the entry it would have had.
+#[tokio::test]
+async fn reads_stop_when_the_hosts_authority_ends() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let c = Cluster::new(TableConfig::default()).await;
+    let leads = Arc::new(AtomicBool::new(true));
+    let flag = leads.clone();
+    c.api.answer_while(Arc::new(move || {
+        if flag.load(Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err("its lease ran out".into())
+        }
+    }));
+    let resp = c.get("alice /v1/services/web/endpoints").await;
+    assert_eq!(resp.status(), 200);
+    let waiting = tokio::spawn(c.router.clone().oneshot(Cluster::request(
+        "alice /v1/services/web/endpoints?index=10&wait=10m",
+    )));
+    c.watchers_reach(1).await;
+    leads.store(false, Ordering::SeqCst);
+    let mut ready = web_job("j-3", 2, "exec-01", 20419);
+    ready.ready = true;
+    c.event(ev_job(11, ready)).await;
+    let parked = tokio::time::timeout(PATIENCE, waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let now = c.get("alice /v1/services/web/endpoints").await;
+    let texts = [render(parked).await, render(now).await];
+    for text in texts {
+        assert!(
+            text.starts_with("503")
+                && text.contains("its lease ran out")
+                && text.contains(r#""code":"stale""#),
+            "{text}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn blocking_queries() {
     let c = Cluster::new(TableConfig::default()).await;

@@ -30,7 +30,7 @@ use super::etcd::gateway::{self, b64, check_endpoint, int, Gateway, Limits};
 use super::etcd::pb;
 use retry_backoff::Backoff;
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
@@ -564,6 +564,8 @@ impl Leadership {
         let create_revision = self.create_revision;
         let resigned = Arc::new(AtomicBool::new(false));
         let resigning = resigned.clone();
+        let clock = Arc::new(LeaseClock::new(self.step_down_at()));
+        let extended = clock.clone();
         let thread = std::thread::Builder::new()
             .name("xce-leader-lease".into())
             .spawn(move || {
@@ -585,6 +587,7 @@ impl Leadership {
                     let left = me.step_down_at().saturating_duration_since(Instant::now());
                     match renewed {
                         Ok(()) => {
+                            extended.extend(me.step_down_at());
                             wait = period;
                             // Visible before it costs the leadership: an etcd member that
                             // hangs, an election, an overloaded etcd.
@@ -620,7 +623,53 @@ impl Leadership {
             lease,
             create_revision,
             resigned,
+            clock,
         }
+    }
+}
+
+/// Until when a leader may still act as the leader, by its own clock: the step-down time
+/// of its last renewal that went through ([`Leadership::step_down_at`]), which the
+/// renewing thread moves on. Read on every request a leader answers from its memory: a
+/// leader frozen past it (SIGSTOP, a starved VM) may have been replaced meanwhile, and
+/// when it runs again its request handlers may answer before its renewing thread has
+/// learned the lease is gone; this check needs no thread to have run.
+#[derive(Debug)]
+pub struct LeaseClock {
+    base: Instant,
+    /// Nanoseconds after `base`.
+    until: AtomicU64,
+}
+
+impl LeaseClock {
+    fn new(until: Instant) -> Self {
+        let base = Instant::now();
+        let me = Self {
+            base,
+            until: AtomicU64::new(0),
+        };
+        me.extend(until);
+        me
+    }
+
+    fn extend(&self, until: Instant) {
+        let ns = until.saturating_duration_since(self.base).as_nanos();
+        self.until
+            .store(u64::try_from(ns).unwrap_or(u64::MAX), Ordering::Release);
+    }
+
+    /// `Err` with the reason once this leader may no longer lead.
+    pub fn leading(&self) -> Result<(), String> {
+        let until = self.base + Duration::from_nanos(self.until.load(Ordering::Acquire));
+        let now = Instant::now();
+        if now < until {
+            return Ok(());
+        }
+        Err(format!(
+            "this controller's leadership lease was last renewed more than its renew deadline \
+             ago ({:?} past it): another controller may lead now",
+            now - until
+        ))
     }
 }
 
@@ -634,9 +683,15 @@ pub struct Maintained {
     create_revision: i64,
     /// Set when resigning: a renewal still in flight then ends the thread quietly.
     resigned: Arc<AtomicBool>,
+    clock: Arc<LeaseClock>,
 }
 
 impl Maintained {
+    /// Until when this leader may act as the leader (see [`LeaseClock`]).
+    pub fn clock(&self) -> Arc<LeaseClock> {
+        self.clock.clone()
+    }
+
     /// Whether the leader key is still the one this leader created (one read, at most
     /// the usual call deadline): `false` once it is gone or another's. For a caller told
     /// by its store that a commit was refused, to learn whether that is the leadership

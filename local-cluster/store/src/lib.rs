@@ -22,7 +22,7 @@ pub mod testing;
 pub use contract::{Batch, BatchLimit, Key, Op, Store, StoreError};
 
 pub use election::{
-    Election, ElectionError, Leadership, LeaseTimings, Maintained, DEFAULT_LEADER_TTL,
+    Election, ElectionError, Leadership, LeaseClock, LeaseTimings, Maintained, DEFAULT_LEADER_TTL,
 };
 pub use etcd::{
     parse_url as parse_etcd_url, EtcdStore, RecordChange, Records, DEFAULT_MAX_TXN_OPS,
