@@ -564,7 +564,7 @@ impl Leadership {
         let create_revision = self.create_revision;
         let resigned = Arc::new(AtomicBool::new(false));
         let resigning = resigned.clone();
-        let clock = Arc::new(LeaseClock::new(self.step_down_at()));
+        let clock = Arc::new(LeaseClock::new(self.expires()));
         let extended = clock.clone();
         let thread = std::thread::Builder::new()
             .name("xce-leader-lease".into())
@@ -587,7 +587,7 @@ impl Leadership {
                     let left = me.step_down_at().saturating_duration_since(Instant::now());
                     match renewed {
                         Ok(()) => {
-                            extended.extend(me.step_down_at());
+                            extended.extend(me.expires());
                             wait = period;
                             // Visible before it costs the leadership: an etcd member that
                             // hangs, an election, an overloaded etcd.
@@ -628,12 +628,15 @@ impl Leadership {
     }
 }
 
-/// Until when a leader may still act as the leader, by its own clock: the step-down time
-/// of its last renewal that went through ([`Leadership::step_down_at`]), which the
-/// renewing thread moves on. Read on every request a leader answers from its memory: a
-/// leader frozen past it (SIGSTOP, a starved VM) may have been replaced meanwhile, and
-/// when it runs again its request handlers may answer before its renewing thread has
-/// learned the lease is gone; this check needs no thread to have run.
+/// Until when a leader may still act as the leader, by its own clock: the end of its lease
+/// counted from the sending of its last renewal that went through ([`Leadership::expires`]),
+/// which the renewing thread moves on. No other controller can be elected before etcd
+/// lets the lease run out, which is no earlier. Read on every request a leader answers
+/// from its memory: a leader frozen past it (SIGSTOP, a starved VM) may have been replaced
+/// meanwhile, and when it runs again its request handlers may answer before its renewing
+/// thread has learned the lease is gone; this check needs no thread to have run. (A leader
+/// that steps down at its renew deadline, before this, still answers its parked queries
+/// as it drains.)
 #[derive(Debug)]
 pub struct LeaseClock {
     base: Instant,
@@ -666,8 +669,8 @@ impl LeaseClock {
             return Ok(());
         }
         Err(format!(
-            "this controller's leadership lease was last renewed more than its renew deadline \
-             ago ({:?} past it): another controller may lead now",
+            "this controller's leadership lease may have run out ({:?} ago, counted from its \
+             last renewal): another controller may lead now",
             now - until
         ))
     }

@@ -443,11 +443,11 @@ fn a_candidate_never_follows_its_own_key_from_an_earlier_term() {
     drop(led);
 }
 
-/// The lease clock says a leader may lead until the step-down time it was given (moved
-/// on by each renewal), and not a moment after: a check that needs no thread to have run,
+/// The lease clock says a leader may lead until the lease's end it was given (moved on by
+/// each renewal), and not a moment after: a check that needs no thread to have run,
 /// for a leader that runs again after a freeze.
 #[test]
-fn the_lease_clock_ends_at_the_step_down_time() {
+fn the_lease_clock_ends_at_the_leases_end() {
     let clock = LeaseClock::new(Instant::now() + Duration::from_secs(3600));
     assert_eq!(clock.leading(), Ok(()));
     clock.extend(Instant::now());
