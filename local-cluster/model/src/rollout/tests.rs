@@ -60,11 +60,18 @@ impl Model {
             .count() as u32
     }
 
+    /// The slots served by an available job that is not leaving. Slots, not jobs: when
+    /// a host's drain ends (or moves to another host), a job that was moving off it and
+    /// its replacement are both current in one slot, and rule 2 of `to_drain` lets the
+    /// worse one go whatever the floor, because the slot stays served. Counting jobs
+    /// called that a drain below the floor (a proptest case of 2026-12-06, `cc 24b2074f…`).
     fn available_in_slots(&self) -> u32 {
         self.jobs
             .iter()
             .filter(|j| j.phase != Phase::Leaving && j.replica < self.replicas && j.available)
-            .count() as u32
+            .map(|j| j.replica)
+            .collect::<BTreeSet<u32>>()
+            .len() as u32
     }
 
     /// One pass of the core: placements (`fits` says which succeed), then drains; checks
