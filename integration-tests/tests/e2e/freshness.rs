@@ -105,6 +105,15 @@ fn listed_after_sigterm(seen: &[Seen], terms: &BTreeMap<String, u64>, end: u64) 
     out
 }
 
+/// Waits until the apiserver on `port` answers `/healthz` 200.
+async fn apiserver_serves(port: u16) {
+    eventually("the apiserver serves", || async move {
+        let h = tokio::task::spawn_blocking(move || healthz(port)).await?;
+        Ok(h.filter(|(s, _)| *s == 200).map(|_| ()))
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_frozen_member_under_the_apiserver_fails_it_closed_and_no_endpoint_outlives_its_sigterm()
 {
@@ -115,11 +124,7 @@ async fn a_frozen_member_under_the_apiserver_fails_it_closed_and_no_endpoint_out
     fleet.start_leader_and_standby().await;
     fleet.start_apiserver(0).unwrap();
     let port = fleet.apiserver_ports[0];
-    eventually("the apiserver serves", || async move {
-        let h = tokio::task::spawn_blocking(move || healthz(port)).await?;
-        Ok(h.filter(|(s, _)| *s == 200).map(|_| ()))
-    })
-    .await;
+    apiserver_serves(port).await;
     fleet.start_workers(3).unwrap();
     let api = fleet.apiserver(0);
     wait_for_hosts_of(&api, 3).unwrap();
@@ -254,11 +259,7 @@ async fn a_change_answered_is_seen_by_the_next_read_on_the_leader_and_an_apiserv
     fleet.start_leader(0).await;
     fleet.start_apiserver(0).unwrap();
     let port = fleet.apiserver_ports[0];
-    eventually("the apiserver serves", || async move {
-        let h = tokio::task::spawn_blocking(move || healthz(port)).await?;
-        Ok(h.filter(|(s, _)| *s == 200).map(|_| ()))
-    })
-    .await;
+    apiserver_serves(port).await;
     let mut missed = Vec::new();
     for (at, api) in [
         ("leader", fleet.controller_api(0)),
