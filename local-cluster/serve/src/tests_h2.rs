@@ -281,3 +281,115 @@ fn the_streams_of_a_connection_run_in_its_task() {
         }
     });
 }
+
+/// Counts the writes that reach it: the socket's system calls, under the batching.
+struct CountWrites<T> {
+    inner: T,
+    writes: Arc<AtomicUsize>,
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for CountWrites<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for CountWrites<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, data);
+        if let Poll::Ready(Ok(_)) = r {
+            self.writes.fetch_add(1, Ordering::SeqCst);
+        }
+        r
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// One change that gives each of 100 streams of a connection an event of 400 bytes (an
+/// SSE event of a 3-replica service is about that) leaves in one or two writes, as the
+/// host serves HTTP/2 (`ConnStreams`, `BatchedWrites`, its settings). They left in 50
+/// (two frames a write) before both of these were fixed: a pass of the connection's
+/// streams ended after two of them had queued a frame (`Pass`), and h2 flushes before
+/// each data frame of 256 bytes or more, where the batching wrote at the second flush.
+#[tokio::test(flavor = "current_thread")]
+async fn one_change_of_100_streams_leaves_in_one_write() {
+    const STREAMS: usize = 100;
+    const EVENT: usize = 400;
+    let (client_io, server_io) = tokio::io::duplex(4 << 20);
+    let writes = Arc::new(AtomicUsize::new(0));
+    let (change, changes) = watch::channel(0u32);
+    // Each request: an answer whose body yields one event per change.
+    let app = hyper::service::service_fn(move |_: Request<Incoming>| {
+        let events = futures_util::stream::unfold(changes.clone(), |mut rx| async move {
+            rx.changed().await.ok()?;
+            Some((Ok::<_, Infallible>(vec![b'e'; EVENT]), rx))
+        });
+        async move { Ok::<_, Infallible>(Response::new(Body::from_stream(events))) }
+    });
+    let server_writes = writes.clone();
+    tokio::spawn(async move {
+        let streams = crate::http2::ConnStreams::new();
+        let mut builder = auto::Builder::new(streams.executor());
+        crate::http2::configure(&mut builder.http2());
+        let io = CountWrites {
+            inner: server_io,
+            writes: server_writes,
+        };
+        let io = TokioIo::new(crate::http2::BatchedWrites::new(io));
+        let _ = streams.serve(builder.serve_connection(io, app)).await;
+    });
+    let (send, conn) = http2::Builder::new(TokioExecutor::new())
+        .initial_connection_window_size(16 << 20)
+        .handshake(TokioIo::new(client_io))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let received = Arc::new(AtomicUsize::new(0));
+    let arrived = Arc::new(Notify::new());
+    let mut answers = Vec::new();
+    for _ in 0..STREAMS {
+        let req = Request::get("http://x/events").body(Body::empty()).unwrap();
+        answers.push(send.clone().send_request(req));
+    }
+    for answer in answers {
+        let mut body = Body::new(answer.await.unwrap().into_body()).into_data_stream();
+        let (received, arrived) = (received.clone(), arrived.clone());
+        tokio::spawn(async move {
+            use futures_util::StreamExt as _;
+            while let Some(Ok(data)) = body.next().await {
+                received.fetch_add(data.len(), Ordering::SeqCst);
+                arrived.notify_one();
+            }
+        });
+    }
+    // Every answer's head arrived: what the server wrote so far is out.
+    let before = writes.load(Ordering::SeqCst);
+    change.send(1).unwrap();
+    tokio::time::timeout(LONG, async {
+        while received.load(Ordering::SeqCst) < STREAMS * EVENT {
+            arrived.notified().await;
+        }
+    })
+    .await
+    .expect("every stream has its event");
+    let took = writes.load(Ordering::SeqCst) - before;
+    assert!(
+        (1..=2).contains(&took),
+        "{STREAMS} events of {EVENT} bytes on one connection left in {took} writes"
+    );
+}

@@ -18,13 +18,13 @@
 //! over the runtime's threads.
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use futures_util::task::AtomicWaker;
+use futures_util::task::{ArcWake, AtomicWaker};
 use futures_util::FutureExt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 type StreamFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -110,10 +110,13 @@ impl ConnStreams {
     /// polled together with its streams. When the connection ends, the streams still
     /// running end with it (their connection cannot carry a frame any more).
     pub fn serve<C: Future>(self, conn: C) -> WithStreams<C> {
+        let pass = Arc::new(Pass::default());
         WithStreams {
             conn: Box::pin(conn),
             streams: FuturesUnordered::new(),
             spawned: self.spawned,
+            pass_waker: futures_util::task::waker(pass.clone()),
+            pass,
         }
     }
 }
@@ -123,6 +126,33 @@ pub struct WithStreams<C> {
     conn: Pin<Box<C>>,
     streams: FuturesUnordered<StreamFuture>,
     spawned: Arc<Spawned>,
+    /// The streams are polled with this waker (see [`Pass`]).
+    pass: Arc<Pass>,
+    pass_waker: Waker,
+}
+
+/// The waker of the streams of one connection: it notes that a stream was woken before it
+/// wakes the connection's task.
+///
+/// Why: `FuturesUnordered` ends a pass (it wakes the task and returns pending) once two of
+/// the futures it polled woke themselves while polled, and an HTTP/2 stream does that each
+/// time it queues a DATA frame (h2 gives it send capacity at once, and tells it so through
+/// its waker). So a pass polled two streams, not every stream a change woke, and 100
+/// events of one connection left in 50 writes. With the note, a round goes on with
+/// another pass while one was woken.
+#[derive(Default)]
+struct Pass {
+    /// A stream was woken (or the set yielded) since the note was last taken.
+    woken: AtomicBool,
+    /// The connection's task.
+    task: AtomicWaker,
+}
+
+impl ArcWake for Pass {
+    fn wake_by_ref(pass: &Arc<Self>) {
+        pass.woken.store(true, Ordering::SeqCst);
+        pass.task.wake();
+    }
 }
 
 impl<C> WithStreams<C> {
@@ -175,12 +205,35 @@ impl<C: Future> WithStreams<C> {
                 // Nothing new since the streams' pass: the frames it queued are written.
                 return Poll::Pending;
             }
-            // Every stream that was woken (or is new), once; their frames go out with the
-            // connection's next poll, at the top of the next round.
-            while let Poll::Ready(Some(())) = me.streams.poll_next_unpin(cx) {}
+            // Every stream that was woken (or is new), at least once; their frames go
+            // out with the connection's next poll, at the top of the next round.
+            me.poll_streams(cx);
         }
         cx.waker().wake_by_ref();
         Poll::Pending
+    }
+
+    /// Polls the streams that are woken until none is, or until each had a pass of its
+    /// own (a pass polls one at least, so every stream woken at the start is polled; a
+    /// stream that keeps waking itself cannot hold the connection's task).
+    fn poll_streams(&mut self, cx: &mut Context<'_>) {
+        let mut passes = self.streams.len() + 1;
+        loop {
+            self.pass.task.register(cx.waker());
+            self.pass.woken.store(false, Ordering::SeqCst);
+            let mut pass = Context::from_waker(&self.pass_waker);
+            while let Poll::Ready(Some(())) = self.streams.poll_next_unpin(&mut pass) {}
+            passes -= 1;
+            if !self.pass.woken.load(Ordering::SeqCst) || passes == 0 {
+                break;
+            }
+        }
+        // A stream woken from another thread after the last pass woke the task through
+        // `task` (registered again before each pass), or set `woken` and is polled in
+        // the next round or the next poll: `WithStreams::poll` leaves the task woken.
+        if self.pass.woken.load(Ordering::SeqCst) {
+            cx.waker().wake_by_ref();
+        }
     }
 }
 
