@@ -313,6 +313,7 @@ fn job(i: usize) -> JobInfo {
 }
 
 fn serve() {
+    common_serve::log_as_xced();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

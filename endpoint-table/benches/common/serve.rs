@@ -4,6 +4,9 @@
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::conn::auto;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
 
 /// Serves `app` on `listener` as the apiserver does: HTTP/1.1 with its buffer limit
 /// (`xce_serve::http1`), or HTTP/2 with prior knowledge when a connection starts with its
@@ -31,4 +34,19 @@ pub(crate) async fn http_serve(listener: tokio::net::TcpListener, app: axum::Rou
             let _ = streams.serve(builder.serve_connection(io, svc)).await;
         });
     }
+}
+
+/// Logs as `xced` does by default: `info` and above, to stderr. Without a subscriber,
+/// `tracing` would hand every span that hyper and h2 open (several per HTTP/2 frame) to the
+/// `log` crate (axum turns on `tracing/log`): 2-3 % of the `--serve` process's CPU in a
+/// profile of the fan-out, a cost the product does not have.
+pub(crate) fn log_as_xced() {
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(false)
+                .with_writer(std::io::stderr)
+                .with_filter(EnvFilter::new("info")),
+        )
+        .init();
 }

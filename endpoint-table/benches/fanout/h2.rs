@@ -1,8 +1,8 @@
-//! HTTP/2 clients of the fan-out (prior knowledge): our blocking queries (on the `h2` crate,
-//! see [`RawH2`]) and SSE streams (hyper's client) multiplexed on few connections, and
-//! etcd's native gRPC watch (hyper's client).
+//! HTTP/2 clients of the fan-out (prior knowledge, all on the `h2` crate, see [`RawH2`]):
+//! our blocking queries and SSE streams multiplexed on few connections, and etcd's native
+//! gRPC watch.
 //!
-//! The gRPC watch client is written here on the same hyper HTTP/2 client rather than taken
+//! The gRPC watch client is written here on the same HTTP/2 client rather than taken
 //! from the `etcd-client` crate: that crate needs `protoc` and tonic at build time, and the
 //! two messages a watch needs (a create request out, watch responses in) are a few lines of
 //! protobuf. On the wire it is what etcd's own Go client sends: `POST
@@ -11,57 +11,27 @@
 //! `WatchResponse`.
 
 use super::*;
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use futures_util::StreamExt;
-use hyper::client::conn::http2;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 
-/// One HTTP/2 connection's request sender (cheap to clone: every clone shares it).
-pub(crate) type H2 = http2::SendRequest<Body>;
-
-/// Opens an HTTP/2 connection with prior knowledge to `addr`; it lives as long as a clone
-/// of the sender does.
-pub(crate) async fn h2_connect(addr: SocketAddr) -> H2 {
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    tcp.set_nodelay(true).unwrap();
-    let (send, conn) = http2::Builder::new(TokioExecutor::new())
-        // Room for every stream's events without waiting for window updates: the client's
-        // reading speed is not what is measured.
-        .initial_connection_window_size(16 << 20)
-        .handshake(TokioIo::new(tcp))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    send
-}
-
-/// `GET path` with the view token, on `send`'s connection.
-async fn h2_get(send: &H2, path: &str) -> axum::http::Response<hyper::body::Incoming> {
-    let req = axum::http::Request::get(format!("http://b{path}"))
-        .header("authorization", format!("Bearer {VIEW_TOKEN}"))
-        .body(Body::empty())
-        .unwrap();
-    let resp = send.clone().send_request(req).await.unwrap();
-    assert_eq!(resp.status(), 200, "GET {path} over HTTP/2");
-    resp
-}
-
-/// One HTTP/2 connection of the blocking-query watchers, on the `h2` crate directly.
+/// One HTTP/2 connection of the watchers, on the `h2` crate directly.
 ///
 /// Not hyper's client, whose every request hops through its dispatch task and a task of
 /// its own before the caller sees the answer: in a profile of this bench those hops made
 /// the client cost a third more CPU per answer than the raw HTTP/1.1 client (27 vs 35-45
 /// µs), CPU taken from the server on these two shared cores, so hyper's client timed
 /// itself as much as our server. The HTTP/1.1 watchers are a minimal client too; this
-/// keeps the two runs comparable.
+/// keeps the runs comparable. Our watchers and etcd's use the same client.
 pub(crate) type RawH2 = ::h2::client::SendRequest<Bytes>;
 
-/// Opens an HTTP/2 connection with prior knowledge to `addr` for [`h2_blocking_watcher`]s.
+/// Opens an HTTP/2 connection with prior knowledge to `addr`; it lives as long as a clone
+/// of the sender does.
 pub(crate) async fn raw_h2_connect(addr: SocketAddr) -> RawH2 {
     let tcp = TcpStream::connect(addr).await.unwrap();
     tcp.set_nodelay(true).unwrap();
     let (send, conn) = ::h2::client::Builder::new()
-        // As in `h2_connect`: the client's window is not what is measured.
+        // Room for every stream's events without waiting for window updates: the client's
+        // reading speed is not what is measured.
         .initial_connection_window_size(16 << 20)
         // Requests batched as the server batches its answers: the watchers that had an
         // answer together ask again together.
@@ -104,53 +74,92 @@ pub(crate) async fn h2_blocking_watcher(mut send: RawH2, changes: usize, seen: S
     }
 }
 
-/// An SSE watcher on a shared HTTP/2 connection (one stream): reports each marker as it
-/// shows up in the stream's data, in order.
-pub(crate) async fn h2_stream_watcher(send: H2, markers: Arc<Vec<String>>, seen: Seen) {
-    let resp = h2_get(&send, "/v1/services/svc-0/endpoints/stream").await;
-    let mut body = Body::new(resp.into_body()).into_data_stream();
-    let mut buf = Vec::new();
-    let mut next = 0;
-    while next < markers.len() {
-        let chunk = body.next().await.expect("the stream goes on").unwrap();
+/// `n` SSE watchers on one HTTP/2 connection, a stream each, all read by one task (as a
+/// client following many services over one connection reads them, and as etcd's client
+/// reads the watches of a Watch stream): reports each marker as it shows up in a stream's
+/// data, in order.
+pub(crate) async fn h2_stream_watchers(
+    mut send: RawH2,
+    n: usize,
+    markers: Arc<Vec<String>>,
+    seen: Seen,
+) {
+    let mut answers = Vec::with_capacity(n);
+    for _ in 0..n {
+        let req = axum::http::Request::get("http://b/v1/services/svc-0/endpoints/stream")
+            .header("authorization", format!("Bearer {VIEW_TOKEN}"))
+            .body(())
+            .unwrap();
+        send = send.ready().await.unwrap();
+        answers.push(send.send_request(req, true).unwrap().0);
+    }
+    let mut bodies = Vec::with_capacity(n);
+    for (i, answer) in answers.into_iter().enumerate() {
+        let resp = answer.await.unwrap();
+        assert_eq!(resp.status(), 200, "an SSE stream over HTTP/2");
+        // Each stream yields `(its watcher, a chunk of its data)`.
+        let chunks = futures_util::stream::unfold(resp.into_body(), move |mut body| async move {
+            let chunk = body.data().await?.unwrap();
+            body.flow_control().release_capacity(chunk.len()).unwrap();
+            Some(((i, chunk), body))
+        });
+        bodies.push(Box::pin(chunks));
+    }
+    // One poll per woken stream, not per stream.
+    let mut all = futures_util::stream::select_all(bodies);
+    let mut watchers = vec![(Vec::new(), 0); n];
+    let mut done = 0;
+    while done < n {
+        let (i, chunk) = all.next().await.expect("the streams go on");
+        let (buf, next) = &mut watchers[i];
         buf.extend_from_slice(&chunk);
-        take_markers(&mut buf, &markers, &mut next, &seen);
+        take_markers(buf, &markers, next, &seen);
+        if *next == markers.len() {
+            done += 1;
+        }
     }
 }
 
 /// `watches` watches of `key` on one etcd gRPC Watch stream (over `send`'s connection):
 /// reports `0` per watch when etcd confirms it, and `k` per watch when it delivers the
-/// put of `value(k)` (the value ends in the change's number).
+/// put of `value(k)` (the value starts with `value-` and the change's number in 5 digits).
 pub(crate) async fn grpc_watch_stream(
-    send: H2,
+    send: RawH2,
     key: &'static [u8],
     watches: usize,
     changes: usize,
     seen: Seen,
 ) {
-    // WatchRequest { create_request (1): WatchCreateRequest { key (1) } }, gRPC-framed.
-    let create = grpc_frame(&pb_field(1, &pb_field(1, key)));
-    let requests = (0..watches).map(move |_| Ok::<_, std::io::Error>(Bytes::from(create.clone())));
-    // The request side stays open: a client that half-closes ends its watches.
-    let body = Body::from_stream(
-        futures_util::stream::iter(requests).chain(futures_util::stream::pending()),
-    );
     let req = axum::http::Request::post("http://b/etcdserverpb.Watch/Watch")
         .header("content-type", "application/grpc")
         .header("te", "trailers")
-        .body(body)
+        .body(())
         .unwrap();
-    let resp = send.clone().send_request(req).await.unwrap();
+    let (resp, mut requests) = send
+        .ready()
+        .await
+        .unwrap()
+        .send_request(req, false)
+        .unwrap();
+    // WatchRequest { create_request (1): WatchCreateRequest { key (1) } }, gRPC-framed.
+    let create = Bytes::from(grpc_frame(&pb_field(1, &pb_field(1, key))));
+    for _ in 0..watches {
+        // The request side stays open (`requests` lives to the end): a client that
+        // half-closes ends its watches.
+        requests.send_data(create.clone(), false).unwrap();
+    }
+    let resp = resp.await.unwrap();
     assert_eq!(resp.status(), 200, "etcd gRPC watch");
-    let mut body = Body::new(resp.into_body()).into_data_stream();
+    let mut body = resp.into_body();
     let mut buf = Vec::new();
     let mut reported = 0;
     while reported < watches * (changes + 1) {
         let chunk = body
-            .next()
+            .data()
             .await
             .expect("the watch stream goes on")
             .unwrap();
+        body.flow_control().release_capacity(chunk.len()).unwrap();
         buf.extend_from_slice(&chunk);
         while let Some(msg) = grpc_message(&mut buf) {
             let now = Instant::now();
@@ -162,7 +171,7 @@ pub(crate) async fn grpc_watch_stream(
             for v in values {
                 let k = std::str::from_utf8(&v)
                     .ok()
-                    .and_then(|v| v.strip_prefix("value-"))
+                    .and_then(|v| v.strip_prefix("value-")?.get(..5))
                     .and_then(|n| n.parse().ok())
                     .unwrap_or_else(|| panic!("an unexpected value {v:?}"));
                 let _ = seen.send((k, now));

@@ -20,8 +20,9 @@
 //! our server also exits when its stdin (a pipe from this process) closes.
 //!
 //! Run: `cargo bench -p endpoint-table --bench fanout` (or `endpoint-table/bench.sh`);
-//! `$ETCD` names another etcd binary. `$FANOUT_KINDS` and `$FANOUT_W` run only some of the
-//! fan-out runs (to profile one; see `runs::Only`) and nothing else; `$READS_ONLY` the reads
+//! `$ETCD` names another etcd binary. `$FANOUT_KINDS`, `$FANOUT_W` and `$FANOUT_CHANGES` run
+//! only some of the fan-out runs, or more changes each (to profile one; see `runs::Only`),
+//! and nothing else; `$READS_ONLY` the reads
 //! only, `$READ_ROUNDS` rounds of them (default 5); `$XCED_READS=<xced binary>` reads
 //! through a real `xced dev` instead, and nothing else (module `xced`).
 
@@ -81,8 +82,9 @@ fn main() {
         std::process::exit(2);
     });
 
-    // `$FANOUT_KINDS` / `$FANOUT_W` pick fan-out runs to profile: nothing else runs then.
-    let fanout_only = ["FANOUT_KINDS", "FANOUT_W"]
+    // `$FANOUT_KINDS` / `$FANOUT_W` / `$FANOUT_CHANGES` pick fan-out runs to profile:
+    // nothing else runs then.
+    let fanout_only = ["FANOUT_KINDS", "FANOUT_W", "FANOUT_CHANGES"]
         .iter()
         .any(|v| std::env::var_os(v).is_some());
     // `$READS_ONLY`: the reads and nothing else (`bench.sh --runs`: alternated rounds).

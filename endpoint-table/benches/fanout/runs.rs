@@ -141,21 +141,31 @@ pub(crate) struct Run {
     samples: Samples,
     rss: (u64, u64),
     cpu: (f64, f64),
-    /// Read and write system calls (`/proc/<pid>/io`) of the server and the clients over
-    /// the same windows as `cpu`: how well answers and requests are batched.
-    io: ((u64, u64), (u64, u64)),
+    /// TCP segments sent on this machine (both ends, ACKs included) over the same
+    /// windows as `cpu`: how well events, answers and requests are batched.
+    segments: u64,
 }
 
-/// `(read, write)` system calls of a process so far; zeros when they cannot be read.
-fn syscalls(pid: u32) -> (u64, u64) {
-    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap_or_default();
-    let field = |name: &str| {
-        io.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
+/// TCP segments sent so far on this machine's network namespace (`OutSegs` of
+/// `/proc/net/snmp`); 0 when it cannot be read.
+///
+/// Not `/proc/<pid>/io`'s `syscw`, which this bench counted first: it counts `write` and
+/// `writev`, not the `send` that Rust's (and tokio's) sockets use, so our side showed no
+/// writes at all where it made one per two events (`xce_serve::http2`, `BatchedWrites`).
+/// A segment is counted whatever call sent it, for etcd (Go uses `write`) as for us. Other
+/// traffic on the machine counts too: read it on a quiet machine.
+fn tcp_segments() -> u64 {
+    let snmp = std::fs::read_to_string("/proc/net/snmp").unwrap_or_default();
+    let mut tcp = snmp.lines().filter(|l| l.starts_with("Tcp:"));
+    let (Some(names), Some(values)) = (tcp.next(), tcp.next()) else {
+        return 0;
     };
-    (field("syscr:"), field("syscw:"))
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(name, _)| *name == "OutSegs")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
 }
 
 /// Connects `watchers` watchers of `kind`, then makes `changes` changes one at a time,
@@ -173,7 +183,16 @@ pub(crate) async fn fanout(kind: Kind, watchers: usize, changes: usize) -> Optio
         _ => unreachable!(),
     };
     let key = b64(b"svc-0");
-    let value = |k: usize| b64(format!("value-{k:05}").as_bytes());
+    // The value put at change k: as long as our answer for svc-0 after change k, so that
+    // etcd's watchers get the bytes ours get (a cluster keeping endpoints in etcd would
+    // store the endpoint list), numbered for the watchers.
+    let lens = svc0_json_lens();
+    let value = |k: usize| {
+        let mut v = format!("value-{k:05}");
+        let len = lens[k % 2];
+        v.extend(std::iter::repeat_n('.', len.saturating_sub(v.len())));
+        b64(v.as_bytes())
+    };
     let rss_before = rss_kib(pid);
 
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -197,24 +216,32 @@ pub(crate) async fn fanout(kind: Kind, watchers: usize, changes: usize) -> Optio
             .collect(),
         _ => Vec::new(),
     });
-    let (mut h2, mut raw_h2) = (Vec::new(), Vec::new());
+    let mut h2 = Vec::new();
     for _ in 0..kind.connections(watchers) {
         match kind {
-            Kind::H2Sse | Kind::EtcdGrpc | Kind::EtcdGrpcConn => h2.push(h2_connect(addr).await),
-            Kind::H2Blocking => raw_h2.push(raw_h2_connect(addr).await),
+            Kind::H2Sse | Kind::H2Blocking | Kind::EtcdGrpc | Kind::EtcdGrpcConn => {
+                h2.push(raw_h2_connect(addr).await)
+            }
             _ => break,
         }
     }
     let tasks: Vec<_> = (0..watchers)
-        .filter(|i| kind != Kind::EtcdGrpc || i % GRPC_PER_STREAM == 0)
+        // A task per watcher, but one per connection of SSE over HTTP/2 and one per Watch
+        // stream of etcd's gRPC: each reads many streams (watches).
+        .filter(|i| match kind {
+            Kind::EtcdGrpc => i % GRPC_PER_STREAM == 0,
+            Kind::H2Sse => i % H2_PER_CONN == 0,
+            _ => true,
+        })
         .map(|i| match kind {
             Kind::H2Blocking => tokio::spawn(h2_blocking_watcher(
-                raw_h2[i / H2_PER_CONN].clone(),
+                h2[i / H2_PER_CONN].clone(),
                 changes,
                 tx.clone(),
             )),
-            Kind::H2Sse => tokio::spawn(h2_stream_watcher(
+            Kind::H2Sse => tokio::spawn(h2_stream_watchers(
                 h2[i / H2_PER_CONN].clone(),
+                H2_PER_CONN.min(watchers - i),
                 markers.clone(),
                 tx.clone(),
             )),
@@ -261,7 +288,7 @@ pub(crate) async fn fanout(kind: Kind, watchers: usize, changes: usize) -> Optio
 
     let mut samples = Vec::new();
     let mut cpu = (0.0, 0.0);
-    let mut io = ((0, 0), (0, 0));
+    let mut segments = 0;
     let me = std::process::id();
     for k in 1..=changes {
         if let Some(server) = &server {
@@ -277,7 +304,7 @@ pub(crate) async fn fanout(kind: Kind, watchers: usize, changes: usize) -> Optio
             post("/bench/flip", "")
         };
         let cpu0 = (cpu_us(pid), cpu_us(me));
-        let io0 = (syscalls(pid), syscalls(me));
+        let segments0 = tcp_segments();
         let t0 = Instant::now();
         fire(addr, change).await;
         let mut seen = Vec::with_capacity(watchers);
@@ -291,11 +318,7 @@ pub(crate) async fn fanout(kind: Kind, watchers: usize, changes: usize) -> Optio
         }
         cpu.0 += cpu_us(pid) - cpu0.0;
         cpu.1 += cpu_us(me) - cpu0.1;
-        let io1 = (syscalls(pid), syscalls(me));
-        for (sum, (a, b)) in [(&mut io.0, (io0.0, io1.0)), (&mut io.1, (io0.1, io1.1))] {
-            sum.0 += b.0 - a.0;
-            sum.1 += b.1 - a.1;
-        }
+        segments += tcp_segments() - segments0;
         samples.push((t0, seen));
     }
     for t in tasks {
@@ -305,7 +328,7 @@ pub(crate) async fn fanout(kind: Kind, watchers: usize, changes: usize) -> Optio
         samples,
         rss: (rss_before, rss_after),
         cpu,
-        io,
+        segments,
     })
 }
 
@@ -358,10 +381,12 @@ pub(crate) async fn fanout_all(etcd: bool) -> (usize, Memory) {
         "\nfan-out: one readiness change -> the last of W watchers has it (servers and clients \
          in separate processes; HTTP/1.1: one connection per watcher; h2: {H2_PER_CONN} \
          watchers per connection; etcd grpc: {GRPC_PER_STREAM} watches per stream, \
-         {GRPC_STREAMS_PER_CONN} streams per connection)"
+         {GRPC_STREAMS_PER_CONN} streams per connection; each change puts into etcd a value as \
+         long as our answer after it: {:?} bytes)",
+        svc0_json_lens()
     );
     println!(
-        "{:<16} {:>6} {:>6} {:>8} {:>13} {:>13} {:>13} {:>13} {:>12} {:>9} {:>9} {:>11} {:>11}",
+        "{:<16} {:>6} {:>6} {:>8} {:>13} {:>13} {:>13} {:>13} {:>12} {:>9} {:>9} {:>10}",
         "system",
         "W",
         "conns",
@@ -373,8 +398,7 @@ pub(crate) async fn fanout_all(etcd: bool) -> (usize, Memory) {
         "RSS/watcher",
         "srv µs/w",
         "cli µs/w",
-        "srv rd/wr",
-        "cli rd/wr"
+        "TCP segs/w"
     );
     let mut memory = (0, Memory::new());
     let limit = fd_limit();
@@ -401,6 +425,7 @@ pub(crate) async fn fanout_all(etcd: bool) -> (usize, Memory) {
                 );
                 continue;
             }
+            let changes = only.changes.unwrap_or(changes);
             let Some(run) = fanout(kind, watchers, changes).await else {
                 continue;
             };
@@ -409,11 +434,10 @@ pub(crate) async fn fanout_all(etcd: bool) -> (usize, Memory) {
             // CPU per delivery (change x watcher), between a change and its last delivery.
             let deliveries = (watchers * changes) as f64;
             println!(
-                "{:<16} {watchers:>6} {conns:>6} {changes:>8} {:>13.3} {:>13.3} {:>13.3} {:>13.3} {per:>10.0} B {:>9.1} {:>9.1} {:>11} {:>11}",
+                "{:<16} {watchers:>6} {conns:>6} {changes:>8} {:>13.3} {:>13.3} {:>13.3} {:>13.3} {per:>10.0} B {:>9.1} {:>9.1} {:>10.3}",
                 kind.name(), s.first, s.last, s.p99, s.spread,
                 run.cpu.0 / deliveries, run.cpu.1 / deliveries,
-                format!("{:.2}/{:.2}", run.io.0 .0 as f64 / deliveries, run.io.0 .1 as f64 / deliveries),
-                format!("{:.2}/{:.2}", run.io.1 .0 as f64 / deliveries, run.io.1 .1 as f64 / deliveries),
+                run.segments as f64 / deliveries,
             );
             results.push((kind, s, per));
             if watchers == memory.0 {
@@ -427,10 +451,12 @@ pub(crate) async fn fanout_all(etcd: bool) -> (usize, Memory) {
 
 /// A part of the fan-out runs, chosen for profiling one of them: `$FANOUT_KINDS` (names as
 /// in the table, comma-separated, e.g. `xce blocking,xce blocking h2`) and `$FANOUT_W`
-/// (e.g. `10000`). Unset: everything.
+/// (e.g. `10000`). Unset: everything. `$FANOUT_CHANGES` changes per run instead of the
+/// default (more, so that a profile of the run is mostly deliveries, not connecting).
 struct Only {
     kinds: Option<Vec<String>>,
     watchers: Option<usize>,
+    changes: Option<usize>,
 }
 
 impl Only {
@@ -457,7 +483,17 @@ impl Only {
                     panic!("$FANOUT_W: {w:?} is not one of the watcher counts {FANOUT:?}")
                 })
         });
-        Self { kinds, watchers }
+        let changes = std::env::var("FANOUT_CHANGES").ok().map(|c| {
+            c.parse()
+                .ok()
+                .filter(|c| *c > 0)
+                .unwrap_or_else(|| panic!("$FANOUT_CHANGES: {c:?} is not a positive count"))
+        });
+        Self {
+            kinds,
+            watchers,
+            changes,
+        }
     }
 
     fn kind(&self, kind: Kind) -> bool {
