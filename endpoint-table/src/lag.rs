@@ -7,7 +7,7 @@
 
 use crate::delivery::Recipient;
 use crate::metrics::Kind;
-use crate::shared::{Behind, WatcherGuard};
+use crate::shared::{Behind, StableWaker, WatcherGuard};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -29,6 +29,10 @@ pub(crate) struct Lag {
     /// What the stream follows, for the log line of a cut-off.
     what: String,
     principal: String,
+    /// The stream's task, woken by its `Laggards` after each change when the stream
+    /// registered it (a per-service stream does: its slot's changes wake it this way, not
+    /// through the slot's watch channel).
+    waker: StableWaker,
 }
 
 /// What an open stream holds: its count against the caps, and (a per-service stream) its
@@ -51,7 +55,18 @@ impl Lag {
             place: Mutex::new(Some(place)),
             limit,
             what,
+            waker: StableWaker::default(),
         })
+    }
+
+    /// Has the `Laggards` that follow the stream wake `waker` after each change (`kept`:
+    /// see [`StableWaker::register`]).
+    pub(crate) fn wake_on_change(
+        &self,
+        waker: &std::task::Waker,
+        kept: &mut Option<std::task::Waker>,
+    ) {
+        self.waker.register(waker, kept);
     }
 
     fn place(&self) -> std::sync::MutexGuard<'_, Option<Place>> {
@@ -115,6 +130,9 @@ impl Lag {
 
 impl Behind for Lag {
     fn check(&self, position: u64) -> bool {
-        Lag::check(self, position)
+        let cut = Lag::check(self, position);
+        // A stream cut off is woken too: it ends its answer.
+        self.waker.wake();
+        cut
     }
 }

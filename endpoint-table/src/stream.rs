@@ -13,7 +13,10 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::Response;
 use plugin_api::{ApiError, ErrorBody, Principal, ServiceKey};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
 use tokio::sync::watch;
 
 /// `GET /v1/services/{name}/endpoints/stream`
@@ -56,12 +59,9 @@ pub(crate) async fn stream(
         view,
         ending: ending.boxed(),
         lag,
+        kept: None,
     };
-    let stream = futures_util::stream::unfold(events, |mut s| async move {
-        let event = s.next().await?;
-        Some((event, s))
-    });
-    let mut resp = render::sse(stream);
+    let mut resp = render::sse(events);
     with_index(&mut resp, entry.index);
     Ok(resp)
 }
@@ -90,84 +90,107 @@ struct EventStream {
     lag: Arc<Lag>,
     /// What ends every watcher from outside (see [`Shared::ending`]).
     ending: EndingFuture,
+    /// The waker last registered with the slot's `Laggards` (see `Lag::wake_on_change`).
+    kept: Option<Waker>,
 }
 
 // === impl EventStream ===
 
-impl EventStream {
-    async fn next(&mut self) -> Option<Bytes> {
-        if self.done || self.lag.is_cut() {
-            return None;
+impl futures_util::Stream for EventStream {
+    type Item = Bytes;
+
+    /// The next event: the current entry at first, then one per change of the slot (the
+    /// newest entry, skipping what the client missed meanwhile), until the service is
+    /// gone, the stream is cut off, or the host ends it.
+    ///
+    /// Woken by the slot's `Laggards` after each change (registered once, see
+    /// `Lag::wake_on_change`) and by the ending's channels: a poll that finds neither is a
+    /// version compare and a flag test.
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        let me = self.get_mut();
+        if me.done || me.lag.is_cut() {
+            return me.end();
         }
         loop {
-            if !self.first {
-                let changed = tokio::select! {
-                    r = self.rx.changed() => Some(r),
-                    ended = &mut self.ending => match ended {
-                        // The host stops serving: end the stream (the client resumes
-                        // elsewhere with Last-Event-ID).
-                        // The entries may be out of date: end the stream (the client
-                        // reconnects, and gets 503 `stale` until the next resync).
-                        Ended::Draining | Ended::Stale => {
-                            self.done = true;
-                            return None;
-                        }
-                        // The token was removed (or may no longer view the service) when
-                        // the host re-read its tokens.
-                        Ended::Revoked => None,
-                    },
-                };
-                let Some(changed) = changed else {
-                    tracing::info!(
-                        service = %self.key,
-                        principal = %self.principal.name,
-                        "stream ended: its token was revoked"
-                    );
-                    // The last event says so, as the next request would be answered
-                    // (401, or the 404 of a service out of sight).
-                    let answer = self.principal.credential.lost_answer(&self.name);
-                    return Some(self.last_error(answer));
-                };
-                if changed.is_err() {
-                    // The slot is gone for good: whatever it still had to send is this
-                    // event.
-                    self.lag.settle(u64::MAX, true);
-                    return Some(self.gone());
+            if !me.first {
+                // Looked at first, so a service that changes all the time cannot keep a
+                // revoked or drained stream going.
+                if let Poll::Ready(ended) = Pin::new(&mut me.ending).poll(cx) {
+                    return match me.ended(ended) {
+                        Some(last) => Poll::Ready(Some(last)),
+                        None => me.end(),
+                    };
+                }
+                // Registered before looking: a change after the look wakes the task.
+                me.lag.wake_on_change(cx.waker(), &mut me.kept);
+                match me.rx.has_changed() {
+                    Ok(true) => {}
+                    Ok(false) => return Poll::Pending,
+                    Err(_) => {
+                        // The slot is gone for good: whatever it still had to send is
+                        // this event.
+                        me.lag.settle(u64::MAX, true);
+                        return Poll::Ready(Some(me.gone()));
+                    }
                 }
             }
-            self.first = false;
-            // Cut off by the watchdog while hyper was not polling: end the body.
-            if self.lag.is_cut() {
-                self.done = true;
-                return None;
+            me.first = false;
+            // Cut off by its slot while hyper was not polling: end the body.
+            if me.lag.is_cut() {
+                return me.end();
             }
-            let slot = self.rx.borrow_and_update().clone();
-            if self.lag.check(slot.seq) {
-                self.done = true;
-                return None;
+            let slot = me.rx.borrow_and_update().clone();
+            if me.lag.check(slot.seq) {
+                return me.end();
             }
-            self.lag.take(slot.seq);
+            me.lag.take(slot.seq);
             // The slot is the service's (project, name): its entries are all of the
             // project the stream was allowed to view when it opened, and the principal's
             // grants do not change under it (a reload that takes the view away ends the
             // stream through `ending`), so that check is not repeated per event.
-            let entry = match slot.entry {
-                Some(e) => e,
-                _ => {
-                    self.lag.settle(slot.seq, true);
-                    return Some(self.gone());
-                }
+            let Some(entry) = slot.entry else {
+                me.lag.settle(slot.seq, true);
+                return Poll::Ready(Some(me.gone()));
             };
-            if self.sent.is_some_and(|sent| entry.index <= sent) {
+            if me.sent.is_some_and(|sent| entry.index <= sent) {
                 // The client has a newer entry (Last-Event-ID from an apiserver ahead of
                 // this one): not sent here.
-                self.lag.settle(slot.seq, false);
+                me.lag.settle(slot.seq, false);
                 continue;
             }
-            self.sent = Some(entry.index);
-            let event = self.event(&entry);
-            self.lag.settle(slot.seq, true);
-            return Some(event);
+            me.sent = Some(entry.index);
+            let event = me.event(&entry);
+            me.lag.settle(slot.seq, true);
+            return Poll::Ready(Some(event));
+        }
+    }
+}
+
+impl EventStream {
+    /// The end of the stream: its place among the watchers is free from now on, not only
+    /// once hyper drops the answer.
+    fn end(&mut self) -> Poll<Option<Bytes>> {
+        self.done = true;
+        self.lag.release();
+        Poll::Ready(None)
+    }
+
+    /// What the stream sends when the host ends it: nothing when it drains or its entries
+    /// may be stale (the client resumes elsewhere with `Last-Event-ID`, or gets 503
+    /// `stale` until the next resync), the answer a request would get when its token was
+    /// revoked (401, or the 404 of a service out of sight).
+    fn ended(&mut self, ended: Ended) -> Option<Bytes> {
+        match ended {
+            Ended::Draining | Ended::Stale => None,
+            Ended::Revoked => {
+                tracing::info!(
+                    service = %self.key,
+                    principal = %self.principal.name,
+                    "stream ended: its token was revoked"
+                );
+                let answer = self.principal.credential.lost_answer(&self.name);
+                Some(self.last_error(answer))
+            }
         }
     }
 
