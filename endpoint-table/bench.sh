@@ -81,10 +81,11 @@ if [ -n "$base" ]; then
     # The bench's own code is this checkout's: only the server side differs.
     rm -rf "$tmp/base/endpoint-table/benches"
     cp -r endpoint-table/benches "$tmp/base/endpoint-table/"
-    # ...except how the `--serve` process serves connections: the base's own way (its
-    # crates may lack what this one's uses, e.g. a per-connection stream executor).
-    git show "$base:endpoint-table/benches/fanout/server.rs" \
-        >"$tmp/base/endpoint-table/benches/fanout/server.rs"
+    # The bench's servers log as xced does (a dev-dependency the base may not have).
+    if ! grep -q '^tracing-subscriber' "$tmp/base/endpoint-table/Cargo.toml"; then
+        sed -i '/^\[dev-dependencies\]/a tracing-subscriber.workspace = true' \
+            "$tmp/base/endpoint-table/Cargo.toml"
+    fi
     # A target dir of its own (crates of one name and version from two checkouts would
     # overwrite each other's artifacts in one), seeded once from this one's release
     # build so that only the workspace's own crates are compiled again.
@@ -92,6 +93,12 @@ if [ -n "$base" ]; then
         mkdir -p target/bench-base && cp -r target/release target/bench-base/
     fi
     base_bin=$(CARGO_TARGET_DIR="$PWD/target/bench-base" bench_bin "$tmp/base/Cargo.toml")
+    if [ -z "$base_bin" ]; then
+        # The base's crates may lack what this `--serve` process uses: serve its way.
+        git show "$base:endpoint-table/benches/fanout/server.rs" \
+            >"$tmp/base/endpoint-table/benches/fanout/server.rs"
+        base_bin=$(CARGO_TARGET_DIR="$PWD/target/bench-base" bench_bin "$tmp/base/Cargo.toml")
+    fi
     [ -n "$base_bin" ] || { echo "bench.sh: the base bench did not build" >&2; exit 1; }
     cp "$base_bin" "$tmp/base-bin"
     labels="base this"

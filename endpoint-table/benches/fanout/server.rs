@@ -28,21 +28,6 @@ pub(crate) fn serve_snapshot() -> ClusterSnapshot {
     )
 }
 
-/// The length of svc-0's JSON answer after an even number of changes (its first replica
-/// ready) and after an odd number (not ready): the sizes of the values the etcd runs put.
-pub(crate) fn svc0_json_lens() -> [usize; 2] {
-    let snap = serve_snapshot();
-    let key = plugin_api::ServiceKey::new("default", "svc-0");
-    [true, false].map(|ready| {
-        let mut snap = snap.clone();
-        snap.jobs[0].ready = ready;
-        let mut table = Table::new();
-        table.resync(&snap);
-        let answer = endpoint_table::wire::answer(table.entry(&key).unwrap(), None, false);
-        serde_json::to_vec(&answer).unwrap().len()
-    })
-}
-
 /// Server CPU to build and serialize the JSON answer of `service` (µs), alone.
 pub(crate) fn render_us(service: &str) -> f64 {
     let mut table = Table::new();
