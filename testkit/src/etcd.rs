@@ -44,6 +44,11 @@ pub fn binary() -> Result<PathBuf> {
     })
 }
 
+/// Starts of a cluster whose ports were taken before etcd bound them, in all.
+const START_ATTEMPTS: u32 = 3;
+/// What etcd logs when it cannot bind a port (`bind: address already in use`).
+const IN_USE: &str = "address already in use";
+
 impl Etcd {
     /// `members` members in a temp dir of their own, ready (every member reports itself
     /// healthy) when it returns.
@@ -64,13 +69,49 @@ impl Etcd {
 
     /// As [`Etcd::start_with`], with data and logs (`etcd-m0.log`, …) in `dir`, which the
     /// caller owns.
+    ///
+    /// The ports are picked free ([`free_port`]), and another process can take one before
+    /// etcd binds it (an outgoing connection's ephemeral port, another test's pick: it
+    /// happened in a full run beside two CPU burners). A member that exits because its
+    /// address is in use is not the test's failure: the cluster is started again on new
+    /// ports, up to [`START_ATTEMPTS`] times in all.
     pub fn start_in(dir: &Path, members: usize, extra: &[&str]) -> Result<Self> {
+        Self::start_picking(dir, members, extra, free_port)
+    }
+
+    /// [`Etcd::start_in`] with its ports from `pick`.
+    fn start_picking(
+        dir: &Path,
+        members: usize,
+        extra: &[&str],
+        mut pick: impl FnMut() -> u16,
+    ) -> Result<Self> {
+        let mut attempt = 1;
+        loop {
+            let ports: Vec<(u16, u16)> = (0..members).map(|_| (pick(), pick())).collect();
+            match Self::start_once(dir, &ports, extra) {
+                Err(e) if attempt < START_ATTEMPTS && e.to_string().contains(IN_USE) => {
+                    eprintln!("testkit: etcd could not bind a port picked free, new ports: {e:#}");
+                    // What the failed start left: its members' data and logs.
+                    for i in 0..members {
+                        let _ = std::fs::remove_dir_all(dir.join(format!("data-m{i}")));
+                        let _ = std::fs::remove_file(dir.join(format!("etcd-m{i}.log")));
+                    }
+                    attempt += 1;
+                }
+                started => return started,
+            }
+        }
+    }
+
+    /// One try of [`Etcd::start_in`], a member per `(client, peer)` port pair; the members
+    /// it started are killed if it fails.
+    fn start_once(dir: &Path, ports: &[(u16, u16)], extra: &[&str]) -> Result<Self> {
         binary()?;
-        let names: Vec<String> = (0..members).map(|i| format!("m{i}")).collect();
-        let ports: Vec<(u16, u16)> = names.iter().map(|_| (free_port(), free_port())).collect();
+        let names: Vec<String> = (0..ports.len()).map(|i| format!("m{i}")).collect();
         let initial = names
             .iter()
-            .zip(&ports)
+            .zip(ports)
             .map(|(name, (_, peer))| format!("{name}=http://127.0.0.1:{peer}"))
             .collect::<Vec<_>>()
             .join(",");
@@ -90,7 +131,7 @@ impl Etcd {
             root: dir.to_owned(),
             _dir: None,
         };
-        for (name, (client, peer)) in names.iter().zip(&ports) {
+        for (name, (client, peer)) in names.iter().zip(ports) {
             let mut args = vec![
                 "--name".to_owned(),
                 name.clone(),
@@ -226,5 +267,36 @@ impl Drop for Etcd {
         for m in 0..self.members.len() {
             self.kill_9(m);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A port taken between its pick and etcd's bind (here: held by this test) fails
+    /// that start only: the cluster starts on new ports. (A full run beside two CPU
+    /// burners lost a test to this: "bind: address already in use".)
+    #[test]
+    fn a_port_taken_before_etcd_binds_it_gives_new_ports() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let taken_port = taken.local_addr().unwrap().port();
+        let dir = tempfile::tempdir().unwrap();
+        let mut picks = 0;
+        let etcd = Etcd::start_picking(dir.path(), 1, &[], || {
+            picks += 1;
+            // The first client port is the taken one.
+            if picks == 1 {
+                taken_port
+            } else {
+                free_port()
+            }
+        })
+        .expect("etcd starts on new ports");
+        assert_eq!(picks, 4, "two ports for the failed start, two for the next");
+        assert_ne!(etcd.endpoint(), format!("127.0.0.1:{taken_port}"));
+        let port: u16 = etcd.endpoint().rsplit(':').next().unwrap().parse().unwrap();
+        let health = crate::http::get(port, "/health").map(|(status, _)| status);
+        assert_eq!(health, Some(200));
     }
 }
