@@ -307,7 +307,9 @@ impl AllStream {
             return Wake::End(None);
         }
         let end = *self.published.borrow_and_update();
-        if self.lag.check(end) || !self.authenticate() {
+        // A host that lost its authority (a leader frozen past its lease) sends nothing
+        // more from its copy: the client reconnects and gets 503 `stale` here.
+        if self.lag.check(end) || !self.authenticate() || self.shared.ensure_authority().is_err() {
             return Wake::End(None);
         }
         Wake::More

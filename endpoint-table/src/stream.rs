@@ -60,6 +60,7 @@ pub(crate) async fn stream(
         ending: ending.boxed(),
         lag,
         kept: None,
+        shared: shared.clone(),
     };
     let mut resp = render::sse(events);
     with_index(&mut resp, entry.index);
@@ -92,6 +93,9 @@ struct EventStream {
     ending: EndingFuture,
     /// The waker last registered with the slot's `Laggards` (see `Lag::wake_on_change`).
     kept: Option<Waker>,
+    /// Asked before each change is sent: a host that lost its authority meanwhile (a
+    /// leader frozen past its lease) sends none ([`Shared::ensure_authority`]).
+    shared: Arc<Shared>,
 }
 
 // === impl EventStream ===
@@ -124,6 +128,10 @@ impl futures_util::Stream for EventStream {
                 // Registered before looking: a change after the look wakes the task.
                 me.lag.wake_on_change(cx.waker(), &mut me.kept);
                 match me.rx.has_changed() {
+                    // The change may be this copy's alone: another controller may lead
+                    // now. End the stream: its client reconnects and gets 503 `stale`
+                    // here, or the entry from where it is current.
+                    Ok(true) if me.shared.ensure_authority().is_err() => return me.end(),
                     Ok(true) => {}
                     Ok(false) => return Poll::Pending,
                     Err(_) => {

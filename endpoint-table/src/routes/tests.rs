@@ -1089,7 +1089,8 @@ async fn a_read_after_the_feed_queued_a_change_sees_it() {
 
 /// A host whose authority ends (a controller frozen past its leadership lease) answers no
 /// read from its copy: 503 `stale` with the reason, and a blocking query parked before
-/// it ends answers that too when its wait ends, never the entry it would have had.
+/// it ends answers that too when its wait ends, never the entry it would have had; open
+/// streams of both kinds end at the next change instead of sending it.
 #[tokio::test]
 async fn reads_stop_when_the_hosts_authority_ends() {
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -1109,7 +1110,18 @@ async fn reads_stop_when_the_hosts_authority_ends() {
     let waiting = tokio::spawn(c.router.clone().oneshot(Cluster::request(
         "alice /v1/services/web/endpoints?index=10&wait=10m",
     )));
-    c.watchers_reach(1).await;
+    // Streams of both kinds, opened while it leads: each has its first event(s).
+    let mut stream = Events::new(c.get("alice /v1/services/web/endpoints/stream").await);
+    assert!(stream.next().await.unwrap().starts_with("id: 10"));
+    let mut all = Events::new(c.get("alice /v1/endpoints/stream").await);
+    let mut snapshot = Vec::new();
+    while snapshot
+        .last()
+        .is_none_or(|e: &String| !e.contains("\nid: "))
+    {
+        snapshot.push(all.next().await.unwrap());
+    }
+    c.watchers_reach(3).await;
     leads.store(false, Ordering::SeqCst);
     let mut ready = web_job("j-3", 2, "exec-01", 20419);
     ready.ready = true;
@@ -1119,6 +1131,9 @@ async fn reads_stop_when_the_hosts_authority_ends() {
         .unwrap()
         .unwrap()
         .unwrap();
+    // The change after the authority ended is sent on no stream: both end.
+    assert_eq!(stream.next().await, None, "a per-service stream ends");
+    assert_eq!(all.next().await, None, "an all-services stream ends");
     let now = c.get("alice /v1/services/web/endpoints").await;
     let texts = [render(parked).await, render(now).await];
     for text in texts {
