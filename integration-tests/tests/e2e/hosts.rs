@@ -647,12 +647,21 @@ async fn a_lost_host_whose_worker_still_hears_the_controller_drains_before_sigte
         term_ns > left_ns,
         "SIGTERM before the replica left the endpoint"
     );
+    // The drain counts from the controller's removal; the follower sees that removal a
+    // delivery later (a stream event), and the replica its stop a worker's call later.
+    // On a busy machine the follower's path can be the slower by a few ms (1.997 s in a
+    // fresh-clone run beside two CPU burners), so a delivery's worth of slack; the broken
+    // rule sent SIGTERM at once, far below.
     assert!(
-        gap >= Duration::from_secs(2),
-        "SIGTERM {gap:?} after leaving"
+        gap >= Duration::from_secs(2) - DELIVERY_SLACK,
+        "SIGTERM {gap:?} after leaving (drain 2 s, less {DELIVERY_SLACK:?} for the delivery)"
     );
     assert_eq!(failed, 0);
 }
+
+/// How much later than its replica's worker a follower may learn of a change the
+/// controller made (a stream event against an assignments answer), on a busy machine.
+const DELIVERY_SLACK: Duration = Duration::from_millis(250);
 
 /// `web` with one replica on exec-02 and one on exec-01: placed while exec-01's worker is
 /// away, then scaled to 2 once it is back (the emptier host takes the second).
